@@ -1,0 +1,1 @@
+"""Pallas kernels for rhhjax. Model code reaches them only through `rhhjax.recurrence`."""
