@@ -1,0 +1,126 @@
+"""Penn Treebank character-level language modelling (Suarez 2017).
+
+Command (the paper's HyperRHN, 15,262,736 parameters):
+
+    python train.py --config=configs/ptb.py --workdir=workdirs/ptb_hyperrhn
+
+Variants, chosen after a colon:
+
+    configs/ptb.py           the paper's HyperRHN: depth 7, main 1000, hyper 128, keep 0.65
+                             on the transform gate, embedding 27, Adam 1e-3, batch 256, length
+                             100, L1-norm clipping at 10 as in the paper's code.
+    configs/ptb.py:rhn       the paper's plain RHN baseline (same sizes, Adam 5e-4).
+    configs/ptb.py:lstm      the paper's 2 x 1125 LSTM baseline.
+    configs/ptb.py:cpu       a small HyperRHN sized for a 2-core CPU (see README for the
+                             measured result and wall time).
+    configs/ptb.py:tiny      a seconds-long smoke configuration used by the tests.
+
+Cost and expected result of the paper recipe: the paper trained ~660 epochs (2-3 days on a
+GTX 1080 Ti) and reports 1.21 validation BPC under its own evaluation protocol (the authors'
+saved curve bottoms out at 1.2275); see README for what this implementation has measured.
+
+Any field can be overridden: `--config.model.depth=5 --config.train.learning_rate=5e-4`.
+"""
+
+import ml_collections
+
+VARIANTS = ("", "rhn", "lstm", "cpu", "tiny")
+
+
+def get_config(variant: str = "") -> ml_collections.ConfigDict:
+    """The paper configuration, or one of `VARIANTS`."""
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown variant {variant!r} of configs/ptb.py; one of {VARIANTS}")
+    config = ml_collections.ConfigDict()
+    config.variant = variant  # Which variant of this file produced the config.
+    config.seed = 0  # Seeds parameters, dropout and the batch sampler.
+
+    config.data = data = ml_collections.ConfigDict()
+    data.format = "chars"  # chars (raw ptb.*.txt, 50 symbols) | mikolov_char | text.
+    data.dir = ""  # PTB folder; "" = $RHHJAX_CACHE/ptb (~/.cache/rhhjax/ptb), downloaded.
+    data.download = True  # Download simple-examples.tgz when the files are missing.
+    data.unk = False  # Map unseen valid/test symbols to <unk> instead of failing.
+    data.text_files = ""  # format=text: one file (hutter split) or "train,valid,test".
+    data.text_split = "hutter"  # format=text: hutter (last N test, previous N valid) | files.
+    data.text_vocab = "char"  # format=text: char (Unicode characters) | byte.
+    data.hutter_holdout = 5_000_000  # format=text, hutter split: symbols in valid and test.
+    data.sampler = "windows"  # windows (paper: random 101-char windows) | stream (TBPTT).
+
+    config.model = model = ml_collections.ConfigDict()
+    model.type = "hyperrhn"  # hyperrhn | rhn | lstm.
+    model.vocab_size = 50  # Overwritten from the data's vocabulary at training time.
+    model.embed_dim = 27  # Character embedding width (paper: 27).
+    model.hidden = 1000  # Main cell width n (LSTM: units per layer).
+    model.hyper_hidden = 128  # Hypernetwork width h (hyperrhn only).
+    model.depth = 7  # Recurrence depth L: micro-layers per time step (rhn, hyperrhn).
+    model.lstm_layers = 2  # Stacked layers (lstm only).
+    model.dropout = "gate"  # gate (paper) | variational (Zilly/Gal) | none.
+    model.keep = 0.65  # Keep probability of gate dropout (lstm: between layers).
+    model.keep_input = 1.0  # variational: keep probability on the cell input.
+    model.keep_hidden = 1.0  # variational: keep probability on the state fed to W_l.
+    model.keep_output = 1.0  # variational: keep probability on the output before softmax.
+    model.t_bias_init = 0.0  # Added to the transform-gate bias at init (Zilly: -2 / -4).
+    model.init = "orthogonal"  # orthogonal (paper code) | uniform (PyTorch default Linear).
+    model.hyper_input = "x"  # x (paper) | x_and_state (Ha's HyperLSTM: also the main state).
+    model.impl = "scan"  # scan (reference nn.scan) | fused (custom VJP) | pallas (GPU kernels).
+    model.dtype = "float32"  # Matmul input dtype: float32 | bfloat16 (carry stays float32).
+
+    config.train = train = ml_collections.ConfigDict()
+    train.batch_size = 256  # Sequences per step (paper: 256; the paper's code used 200).
+    train.seq_len = 100  # Characters per training sequence (inputs and targets each).
+    train.learning_rate = 1e-3  # Adam step size (paper HyperRHN: 1e-3; RHN: 5e-4).
+    train.b1 = 0.9  # Adam beta1.
+    train.b2 = 0.999  # Adam beta2.
+    train.weight_decay = 0.0  # Decoupled weight decay (AdamW) when > 0.
+    train.clip_norm = 10.0  # Gradient clipping threshold; 0 disables clipping.
+    train.clip_type = "l1"  # l1 (the paper code's total L1 norm) | l2 (global L2 norm).
+    train.max_epochs = 1000  # Upper bound on epochs (an epoch = len(train) / (batch*seq_len)).
+    train.max_steps = 0  # Stop after this many steps when > 0 (takes precedence).
+    train.max_minutes = 0.0  # Stop (and evaluate) after this wall time when > 0.
+    train.eval_every_steps = 0  # Validate every N steps; 0 = once per epoch.
+    train.patience = 20  # Early stopping: evaluations without a new best validation BPC.
+    train.log_every_steps = 50  # Progress line and metrics record every N steps.
+    train.checkpoint_every_steps = 0  # Extra checkpoints every N steps; 0 = at evaluations.
+    train.keep_checkpoints = 3  # Latest checkpoints kept (the best one is kept as well).
+    train.on_nonfinite = "stop"  # stop | rollback (restore the last checkpoint and go on).
+
+    config.eval = evaluation = ml_collections.ConfigDict()
+    evaluation.batch_size = 256  # Rows per evaluation batch.
+    evaluation.seq_len = 100  # Window / chunk length for the honest protocols.
+    evaluation.min_context = 50  # windows protocol: minimum context of every scored char.
+    evaluation.valid_protocol = "windows"  # Protocol of the periodic validation.
+    evaluation.final_protocols = "windows,stream,paper"  # Run on the best checkpoint at the end.
+    evaluation.max_valid_chars = 0  # Periodic validation on a prefix of valid if > 0.
+
+    if variant == "rhn":
+        model.type = "rhn"
+        train.learning_rate = 5e-4
+    elif variant == "lstm":
+        model.type = "lstm"
+        model.hidden = 1125
+        model.keep = 1.0
+    elif variant == "cpu":
+        model.hidden = 256
+        model.hyper_hidden = 64
+        model.depth = 3
+        train.batch_size = 64
+        train.seq_len = 100
+        train.learning_rate = 2e-3
+        train.max_minutes = 12.0
+        train.eval_every_steps = 200
+        train.log_every_steps = 25
+        evaluation.max_valid_chars = 100_000
+    elif variant == "tiny":
+        model.hidden = 16
+        model.hyper_hidden = 8
+        model.depth = 2
+        train.batch_size = 4
+        train.seq_len = 20
+        train.max_steps = 6
+        train.eval_every_steps = 3
+        train.log_every_steps = 1
+        evaluation.batch_size = 8
+        evaluation.seq_len = 20
+        evaluation.min_context = 5
+        evaluation.max_valid_chars = 2_000
+    return config
