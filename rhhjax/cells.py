@@ -146,10 +146,14 @@ def hyper_scales(proj_kernel: Array, proj_bias: Array, hyper_states: Array, dtyp
     Returns:
       [..., L, B, n] float32 scales.
     """
-    z = jnp.einsum(
-        "...lbh,lhn->...lbn",
-        hyper_states.astype(dtype),
+    # As one batched matmul [L, (...)*B, h] x [L, h, n] with the layer axis leading (XLA:CPU
+    # has no bf16 x bf16 -> f32 dot for other batch layouts).
+    *lead, depth, batch, width = hyper_states.shape
+    states = jnp.moveaxis(hyper_states, -3, 0).reshape(depth, -1, width)
+    z = jnp.matmul(
+        states.astype(dtype),
         proj_kernel.astype(dtype),
         preferred_element_type=accumulation_dtype(dtype),
     )
-    return z + proj_bias[:, None, :]
+    z = z + proj_bias[:, None, :]
+    return jnp.moveaxis(z.reshape(depth, *lead, batch, -1), 0, -3)

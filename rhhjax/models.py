@@ -93,6 +93,16 @@ class ModelConfig:
             value = getattr(self, name)
             if not 0.0 < float(value) <= 1.0:
                 raise ConfigError(f"model.{name}={value!r} must be in (0, 1]")
+        if self.impl != "scan" and self.hyper_input != "x" and self.type == "hyperrhn":
+            raise ConfigError(
+                f"model.impl={self.impl!r} needs model.hyper_input='x' (x_and_state reads the "
+                "main state, so the hyper recurrence cannot run first); use impl='scan'"
+            )
+        if self.impl == "pallas" and self.dropout == "variational":
+            raise ConfigError(
+                "model.impl='pallas' supports dropout='gate' or 'none'; use impl='fused' "
+                "for variational dropout"
+            )
         if self.type == "lstm" and self.impl != "scan":
             raise ConfigError(
                 f"model.impl={self.impl!r} is only for RHN models; use 'scan' for lstm"

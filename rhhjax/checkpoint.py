@@ -1,0 +1,239 @@
+"""Checkpoints of a training run (orbax ``CheckpointManager``).
+
+Layout of a workdir::
+
+    checkpoints/<step>/params      model parameters
+                      /opt_state   optimizer state
+                      /carry       the training recurrent state (stream sampler; zeros otherwise)
+                      /meta        JSON: step, sampler state, RNG state, vocabulary, config, ...
+    best/<step>/params             the parameters with the best validation BPC so far
+               /meta               the same JSON as above, at that step
+
+``checkpoints/`` keeps the latest ``train.keep_checkpoints`` steps (written at every
+validation, every ``train.checkpoint_every_steps``, at the end and on SIGTERM/SIGINT).
+``best/`` is a second manager that keeps exactly one step: it is written whenever a periodic
+validation improves on the best BPC. Keeping it separate means the best model survives however
+many later checkpoints are written, and ``evaluate``/``sample`` read only what they need.
+
+Saves are synchronous and atomic (orbax writes to a temporary folder and renames it), so a
+``kill -9`` at any moment leaves the previous checkpoints intact.
+
+The ``meta`` JSON (version 1):
+    step, epoch                 the number of finished training steps / epochs (float)
+    sampler                     ``WindowSampler.state()`` / ``StreamSampler.state()``
+    rng                         {"seed", "retry"}: dropout keys are
+                                ``fold_in(key(seed), step)`` (then ``fold_in(., retry)`` after a
+                                non-finite rollback); nothing else is random
+    vocab                       ``Vocab.to_dict()``
+    model                       the ``ModelConfig`` fields (vocab_size included)
+    config                      the full resolved config (``ConfigDict.to_dict()``)
+    best                        {"bpc", "step"} of the best validation so far (or nulls)
+    evals_since_best            early-stopping counter
+    pending                     {"loss": [...], "grad_norm": [...]}: per-step values since the
+                                last progress record (so a resumed run logs identical records)
+    train_seconds               training wall time so far (for ``train.max_minutes``)
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import jax
+import orbax.checkpoint as ocp
+
+LATEST_DIR = "checkpoints"
+BEST_DIR = "best"
+META_VERSION = 1
+LATEST_ITEMS = ("params", "opt_state", "carry", "meta")
+BEST_ITEMS = ("params", "meta")
+
+
+class CheckpointError(ValueError):
+    """A missing or unreadable checkpoint; the message is one line."""
+
+
+def abstract(tree: Any) -> Any:
+    """Shapes / dtypes / shardings of a tree of arrays (restore templates)."""
+
+    def leaf(x):
+        return x if isinstance(x, jax.ShapeDtypeStruct) else ocp.utils.to_shape_dtype_struct(x)
+
+    return jax.tree.map(leaf, tree)
+
+
+def _manager(directory: Path, items: tuple[str, ...], keep: int | None, read_only: bool):
+    options = ocp.CheckpointManagerOptions(
+        max_to_keep=keep,
+        create=not read_only,
+        enable_async_checkpointing=False,
+        cleanup_tmp_directories=not read_only,
+    )
+    return ocp.CheckpointManager(directory.absolute(), options=options, item_names=items)
+
+
+class Checkpoints:
+    """The ``checkpoints/`` (latest) and ``best/`` managers of one workdir.
+
+    With ``read_only=True`` nothing is created or deleted (for evaluation and sampling).
+    """
+
+    def __init__(self, workdir: str | os.PathLike, keep: int = 3, read_only: bool = False):
+        self.workdir = Path(workdir)
+        self.read_only = read_only
+        self._latest = None
+        self._best = None
+        self._keep = keep
+        if not read_only or (self.workdir / LATEST_DIR).is_dir():
+            self._latest = _manager(self.workdir / LATEST_DIR, LATEST_ITEMS, keep, read_only)
+        if not read_only or (self.workdir / BEST_DIR).is_dir():
+            self._best = _manager(self.workdir / BEST_DIR, BEST_ITEMS, 1, read_only)
+
+    # -- queries --------------------------------------------------------------------------------
+
+    def latest_step(self) -> int | None:
+        return self._latest.latest_step() if self._latest is not None else None
+
+    def best_step(self) -> int | None:
+        return self._best.latest_step() if self._best is not None else None
+
+    def steps(self, which: str = "latest") -> list[int]:
+        manager = self._which(which)
+        return list(manager.all_steps()) if manager is not None else []
+
+    def _which(self, which: str):
+        if which not in ("latest", "best"):
+            raise CheckpointError(f"checkpoint must be 'best' or 'latest', got {which!r}")
+        return self._latest if which == "latest" else self._best
+
+    # -- saving ---------------------------------------------------------------------------------
+
+    def save_latest(self, step: int, params, opt_state, carry, meta: dict) -> None:
+        """Save the full training state at ``step`` (replacing a checkpoint of that step)."""
+        self._save(
+            self._latest,
+            step,
+            params=ocp.args.StandardSave(params),
+            opt_state=ocp.args.StandardSave(opt_state),
+            carry=ocp.args.StandardSave(carry),
+            meta=ocp.args.JsonSave(meta),
+        )
+
+    def save_best(self, step: int, params, meta: dict) -> None:
+        """Save the parameters of a new best model (the previous best is deleted)."""
+        self._save(
+            self._best, step, params=ocp.args.StandardSave(params), meta=ocp.args.JsonSave(meta)
+        )
+
+    def _save(self, manager, step: int, **items) -> None:
+        if self.read_only:
+            raise CheckpointError("checkpoints opened read-only")
+        if step in manager.all_steps():
+            manager.delete(step)
+        manager.save(step, args=ocp.args.Composite(**items), force=True)
+        manager.wait_until_finished()
+
+    def prune_after(self, step: int) -> list[int]:
+        """Delete every checkpoint (latest and best) after ``step``; returns the steps deleted.
+
+        Used when a run resumes from ``step`` (after ``kill -9`` or a non-finite rollback):
+        anything later belongs to an abandoned continuation.
+        """
+        deleted = []
+        for manager in (self._latest, self._best):
+            if manager is None:
+                continue
+            for s in manager.all_steps():
+                if s > step:
+                    manager.delete(s)
+                    deleted.append(s)
+        return deleted
+
+    # -- restoring ------------------------------------------------------------------------------
+
+    def restore_latest(self, step: int, params, opt_state, carry) -> tuple[Any, Any, Any, dict]:
+        """The full training state at ``step``; the arguments are templates (shapes, dtypes,
+        tree structure), e.g. a freshly initialised state."""
+        restored = self._latest.restore(
+            step,
+            args=ocp.args.Composite(
+                params=ocp.args.StandardRestore(abstract(params)),
+                opt_state=ocp.args.StandardRestore(abstract(opt_state)),
+                carry=ocp.args.StandardRestore(abstract(carry)),
+                meta=ocp.args.JsonRestore(),
+            ),
+        )
+        return restored.params, restored.opt_state, restored.carry, dict(restored.meta)
+
+    def read_meta(self, which: str = "latest", step: int | None = None) -> dict | None:
+        """The meta JSON of a checkpoint (default: the newest of ``which``), or None."""
+        manager = self._which(which)
+        if manager is None:
+            return None
+        step = manager.latest_step() if step is None else step
+        if step is None:
+            return None
+        restored = manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
+        return dict(restored.meta)
+
+    def restore_params(self, which: str = "best", step: int | None = None, template=None):
+        """(params, meta) of a checkpoint (default: the newest of ``which``).
+
+        ``template``: optional params tree giving shapes/dtypes; without it the arrays are
+        restored as saved.
+        """
+        manager = self._which(which)
+        step = manager.latest_step() if (manager is not None and step is None) else step
+        if manager is None or step is None:
+            raise CheckpointError(f"no {which} checkpoint in {self.workdir}")
+        target = abstract(template) if template is not None else None
+        restored = manager.restore(
+            step,
+            args=ocp.args.Composite(
+                params=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore()
+            ),
+        )
+        return restored.params, dict(restored.meta)
+
+    def close(self) -> None:
+        for manager in (self._latest, self._best):
+            if manager is not None:
+                manager.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def has_checkpoint(workdir: str | os.PathLike) -> bool:
+    """Whether ``workdir`` holds any finished checkpoint (without creating anything)."""
+    for sub in (LATEST_DIR, BEST_DIR):
+        folder = Path(workdir) / sub
+        if folder.is_dir() and any(p.name.isdigit() for p in folder.iterdir()):
+            return True
+    return False
+
+
+def load_for_inference(workdir: str | os.PathLike, which: str = "best"):
+    """(params, meta, which_used) of the ``which`` checkpoint of a workdir.
+
+    ``which="best"`` falls back to the latest checkpoint when no best exists yet.
+    Raises CheckpointError when the workdir holds no checkpoint.
+    """
+    workdir = Path(workdir)
+    if not workdir.is_dir():
+        raise CheckpointError(f"workdir {workdir} does not exist")
+    if not has_checkpoint(workdir):
+        raise CheckpointError(f"no checkpoint in {workdir} (train first: python train.py ...)")
+    with Checkpoints(workdir, read_only=True) as ckpts:
+        if which == "best" and ckpts.best_step() is None:
+            which = "latest"
+        if which == "latest" and ckpts.latest_step() is None:
+            raise CheckpointError(f"no latest checkpoint in {workdir / LATEST_DIR}")
+        params, meta = ckpts.restore_params(which)
+    if meta.get("version") != META_VERSION:
+        raise CheckpointError(f"unsupported checkpoint meta version {meta.get('version')!r}")
+    return params, meta, which

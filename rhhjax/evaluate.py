@@ -1,0 +1,274 @@
+"""Evaluation: cross-entropy, BPC, perplexity and accuracy of a model on a split.
+
+Protocols (``rhhjax.data.eval_batches``):
+
+    windows   overlapping windows with a minimum context; every character but the first is
+              scored exactly once (stateless).
+    stream    the split cut into ``eval.batch_size`` rows read left to right with the state
+              carried; every character but the first is scored exactly once.
+    paper     the Recurrent Highway Hypernetworks paper's own protocol: 51-character chunks,
+              100-character rows, positions >= 50 scored (NOT every character once).
+              On the test split the paper's code raised the mask to 95 on the same batches
+              (only 5 of every 51 characters scored); that number is reported separately as
+              ``paper_test_mask95``.
+
+Metrics: ``nats`` (mean cross-entropy), ``bpc`` = nats / ln 2, ``ppl`` = e^nats,
+``acc`` = argmax hits / scored characters, ``chars`` = number of scored characters.
+
+Command line (any checkpoint of a workdir, no training)::
+
+    python -m rhhjax.evaluate --workdir=workdirs/ptb [--split=valid|test|all]
+        [--protocol=windows|stream|paper|all] [--checkpoint=best|latest] [--output=FILE.json]
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rhhjax import data as data_lib
+from rhhjax import models
+
+PROTOCOLS = data_lib.EVAL_PROTOCOLS
+PAPER_TEST_MASK = 95
+PAPER_VALID_MASK = 50
+MASK95_LABEL = "paper_test_mask95"
+
+
+@functools.lru_cache(maxsize=32)
+def make_eval_step(model_config: models.ModelConfig) -> Callable:
+    """Jitted ``(params, carry, inputs, targets, mask, reset) -> (carry, [nll, hits, count])``.
+
+    ``reset`` zeroes the carry before the batch; sums are over masked positions.
+    """
+    model = models.build_model(model_config)
+
+    def step(params, carry, inputs, targets, mask, reset):
+        carry = jax.tree.map(lambda c: jnp.where(reset, jnp.zeros_like(c), c), carry)
+        logits, carry = model.apply({"params": params}, inputs, carry, train=False)
+        logits = logits.astype(jnp.float32)
+        logp = jax.nn.log_softmax(logits, axis=-1)
+        nll = -jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
+        hits = (jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32)
+        sums = jnp.stack([jnp.sum(nll * mask), jnp.sum(hits * mask), jnp.sum(mask)])
+        return carry, sums
+
+    return jax.jit(step)
+
+
+def zero_carry(model_config: models.ModelConfig, params, batch: int):
+    """The model's zero recurrent state for ``batch`` rows."""
+    model = models.build_model(model_config)
+    return model.apply({"params": params}, batch, method=models.CharLM.initial_carry)
+
+
+def metrics_from_sums(nll: float, hits: float, count: float) -> dict:
+    """{nats, bpc, ppl, acc, chars} from summed negative log-likelihood / hits / count."""
+    nll, hits, count = float(nll), float(hits), float(count)
+    chars = int(round(count))
+    if chars <= 0:
+        raise data_lib.DataError("nothing to score: the evaluation scored 0 characters")
+    nats = nll / count
+    return {
+        "nats": nats,
+        "bpc": nats / math.log(2.0),
+        "ppl": math.exp(nats) if nats < 700 else float("inf"),
+        "acc": hits / count,
+        "chars": chars,
+    }
+
+
+def evaluate_tokens(
+    model_config: models.ModelConfig,
+    params,
+    tokens: np.ndarray,
+    protocol: str,
+    *,
+    batch_size: int,
+    seq_len: int,
+    min_context: int = 50,
+    paper_mask: int = PAPER_VALID_MASK,
+    should_stop: Callable[[], bool] | None = None,
+) -> dict:
+    """Metrics of the model on ``tokens`` under ``protocol`` (see module docstring).
+
+    ``should_stop`` is polled between batches; when it returns True a ``KeyboardInterrupt``
+    is raised (used for SIGTERM during the final evaluation).
+    """
+    step = make_eval_step(model_config)
+    carry = zero_carry(model_config, params, batch_size)
+    sums = []
+    batches = data_lib.eval_batches(
+        tokens, protocol, batch_size, seq_len, min_context=min_context, paper_mask=paper_mask
+    )
+    for batch in batches:
+        if should_stop is not None and should_stop():
+            raise KeyboardInterrupt("evaluation interrupted")
+        carry, s = step(params, carry, batch.inputs, batch.targets, batch.mask, batch.reset)
+        sums.append(s)
+    if not sums:
+        raise data_lib.DataError(f"no evaluation batches for {len(tokens)} tokens ({protocol})")
+    total = np.sum(np.asarray(jax.device_get(sums), dtype=np.float64), axis=0)
+    return metrics_from_sums(*total)
+
+
+def evaluate_splits(
+    model_config: models.ModelConfig,
+    params,
+    corpus: data_lib.Corpus,
+    eval_config,
+    splits: Sequence[str] = ("valid", "test"),
+    protocols: Iterable[str] = PROTOCOLS,
+    log: Callable[[str], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
+) -> dict:
+    """{split: {protocol: metrics}} for every split and protocol.
+
+    On the test split the ``paper`` protocol is also run with the paper's test mask 95
+    (``paper_test_mask95``).
+    """
+    results: dict = {}
+    for split in splits:
+        tokens = corpus.split(split)
+        results[split] = {}
+        runs = []
+        for protocol in protocols:
+            runs.append((protocol, protocol, PAPER_VALID_MASK))
+            if protocol == "paper" and split == "test":
+                runs.append((MASK95_LABEL, "paper", PAPER_TEST_MASK))
+        for label, protocol, mask in runs:
+            start = time.time()
+            metrics = evaluate_tokens(
+                model_config,
+                params,
+                tokens,
+                protocol,
+                batch_size=int(eval_config.batch_size),
+                seq_len=int(eval_config.seq_len),
+                min_context=int(eval_config.min_context),
+                paper_mask=mask,
+                should_stop=should_stop,
+            )
+            results[split][label] = metrics
+            if log is not None:
+                log(
+                    f"  {split:<5} {label:<18} bpc {metrics['bpc']:.4f}  "
+                    f"({metrics['chars']:,} chars, {time.time() - start:.1f}s)"
+                )
+    return results
+
+
+def format_table(results: dict) -> str:
+    """The {split: {protocol: metrics}} results as a text table."""
+    header = f"{'split':<6} {'protocol':<18} {'BPC':>8} {'ppl':>8} {'acc':>8} {'chars':>12}"
+    lines = [header, "-" * len(header)]
+    for split, by_protocol in results.items():
+        for label, m in by_protocol.items():
+            lines.append(
+                f"{split:<6} {label:<18} {m['bpc']:>8.4f} {m['ppl']:>8.4f} "
+                f"{100 * m['acc']:>7.2f}% {m['chars']:>12,}"
+            )
+    return "\n".join(lines)
+
+
+def parse_protocols(text: str) -> list[str]:
+    """ "windows,stream" -> ["windows", "stream"]; "all" -> every protocol."""
+    if text.strip() == "all":
+        return list(PROTOCOLS)
+    items = [p.strip() for p in text.split(",") if p.strip()]
+    for p in items:
+        if p not in PROTOCOLS:
+            raise data_lib.DataError(f"unknown protocol {p!r}: expected {', '.join(PROTOCOLS)}")
+    return items
+
+
+# ----------------------------------------------------------------------------- command line
+
+
+def run(
+    workdir: str,
+    split: str = "valid",
+    protocol: str = "all",
+    which: str = "best",
+    impl: str = "",
+    batch_size: int = 0,
+    log: Callable[[str], None] = print,
+) -> dict:
+    """Evaluate a checkpoint of ``workdir``; returns {"step", "checkpoint", "results"}."""
+    import ml_collections
+
+    from rhhjax import checkpoint as ckpt_lib
+    from rhhjax import downloads
+
+    splits = ["valid", "test"] if split == "all" else [split]
+    for s in splits:
+        if s not in ("valid", "test", "train"):
+            raise data_lib.DataError(f"unknown split {s!r}: expected valid, test, train or all")
+    protocols = parse_protocols(protocol)
+    params, meta, used = ckpt_lib.load_for_inference(workdir, which)
+    config = ml_collections.ConfigDict(meta["config"])
+    fields = dict(meta["model"])
+    if impl:
+        fields["impl"] = impl
+    model_config = models.ModelConfig.from_config(fields)
+    corpus = downloads.load_corpus(config.data)
+    if corpus.vocab.to_dict() != meta["vocab"]:
+        raise ckpt_lib.CheckpointError(
+            f"the data's vocabulary ({corpus.vocab.size} symbols) differs from the checkpoint's "
+            f"({len(meta['vocab']['symbols'])} symbols): the config's data section no longer "
+            f"describes the training data"
+        )
+    eval_config = config.eval
+    if batch_size:
+        eval_config.batch_size = batch_size
+    log(f"evaluating the {used} checkpoint of {workdir} (step {meta['step']})")
+    results = evaluate_splits(model_config, params, corpus, eval_config, splits, protocols, log)
+    log(format_table(results))
+    return {"step": meta["step"], "checkpoint": used, "results": results}
+
+
+def main(argv: list[str]) -> int:
+    from absl import app, flags, logging
+
+    from rhhjax import checkpoint as ckpt_lib
+
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    f = flags.FLAGS
+    if not f["verbosity"].present:
+        logging.set_verbosity(logging.WARNING)
+    try:
+        out = run(f.workdir, f.split, f.protocol, f.checkpoint, f.impl, f.batch_size)
+    except (data_lib.DataError, models.ConfigError, ckpt_lib.CheckpointError) as e:
+        sys.exit(f"error: {' '.join(str(e).split())}")
+    if f.output:
+        Path(f.output).write_text(json.dumps(out, indent=2) + "\n")
+    return 0
+
+
+def _define_flags() -> None:
+    from absl import flags
+
+    flags.DEFINE_string("workdir", None, "Training workdir holding checkpoints.", required=True)
+    flags.DEFINE_enum("split", "valid", ["valid", "test", "train", "all"], "Split to evaluate.")
+    flags.DEFINE_string("protocol", "all", "windows | stream | paper | all (comma-separated ok).")
+    flags.DEFINE_enum("checkpoint", "best", ["best", "latest"], "Which checkpoint.")
+    flags.DEFINE_string("impl", "", "Override model.impl (scan | fused | pallas).")
+    flags.DEFINE_integer("batch_size", 0, "Override eval.batch_size (0 = from the config).")
+    flags.DEFINE_string("output", "", "Also write the results as JSON to this file.")
+
+
+if __name__ == "__main__":
+    from absl import app
+
+    _define_flags()
+    app.run(main)

@@ -1,0 +1,1032 @@
+"""The training loop: ``train_and_evaluate(config, workdir) -> results``.
+
+What a run does, in order:
+
+1. Validates the whole config, loads the data (downloading it if configured), checks the
+   workdir (writable; if it holds a run, that run's model config, vocabulary and sampler shape
+   match) -- all before anything is written or compiled. Problems raise ``TrainError``,
+   ``models.ConfigError`` or ``data.DataError`` with a one-line message (see ``USER_ERRORS``).
+2. Resumes from the latest checkpoint of the workdir if there is one (``metrics.jsonl`` is cut
+   back to that step, later checkpoints are deleted), else initialises from ``config.seed``.
+3. Trains with a jitted step: Adam (AdamW when ``train.weight_decay > 0``) or SGD with the RHN
+   paper's per-epoch decay (``train.optimizer="sgd"``), gradient clipping by the total L1 norm
+   (the paper code's) or the global L2 norm. Dropout keys are ``fold_in(key(seed), step)``.
+   A progress line every ``train.log_every_steps`` (also a ``train`` record in
+   ``metrics.jsonl``); validation BPC every ``train.eval_every_steps`` (0 = once per epoch) on
+   ``eval.valid_protocol`` (a ``valid`` record); checkpoints (see ``rhhjax.checkpoint``).
+4. Stops at ``max_steps`` / ``max_epochs`` / ``max_minutes``, or when ``patience`` validations
+   in a row brought no new best (``patience=0`` disables early stopping).
+5. Evaluates the best checkpoint (the best periodic validation; the final parameters if no
+   validation ran) on valid and test under every protocol in ``eval.final_protocols``, prints
+   a table and writes ``results.json``.
+
+Interruptions: SIGTERM / SIGINT save a checkpoint at the current step and return with
+``results["exit_code"] = 128 + signum`` (``train.py`` exits with it); a second signal aborts
+at once. Rerunning the same command resumes; the continued run's records in ``metrics.jsonl``
+(``train`` and ``valid``; timing fields aside) and parameters are bitwise identical to an
+uninterrupted run's, also after ``kill -9`` (the restart goes back to the last checkpoint).
+
+Non-finite loss: ``on_nonfinite="stop"`` raises ``NonFiniteLossError`` (the last checkpoint,
+which only ever holds finite parameters, is left as it is); ``"rollback"`` restores the last
+checkpoint and continues with the dropout keys folded with a retry counter.
+
+Files in the workdir: ``config.json`` (the resolved config of the latest start),
+``metrics.jsonl``, ``results.json``, ``checkpoints/``, ``best/``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import math
+import os
+import signal
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+
+from rhhjax import checkpoint as ckpt_lib
+from rhhjax import data as data_lib
+from rhhjax import downloads, models
+from rhhjax import evaluate as eval_lib
+
+LN2 = math.log(2.0)
+MAX_ROLLBACKS = 10
+METRICS_FILE = "metrics.jsonl"
+CONFIG_FILE = "config.json"
+RESULTS_FILE = "results.json"
+
+# Fields a config file may leave out (configs/ptb.py predates them).
+OPTIONAL_DEFAULTS: dict[str, dict[str, Any]] = {
+    "train": {"optimizer": "adam", "lr_decay": 1.0, "lr_decay_start_epoch": 0},
+    "data": {"corpus": "", "url": "", "sha256": ""},
+}
+
+# Fields that must match between a workdir's run and the config that resumes it (besides the
+# vocabulary): everything that shapes the parameters, optimizer state or sampler state.
+RESUME_FIELDS = (
+    "seed",
+    "data.format",
+    "data.text_vocab",
+    "data.unk",
+    "data.sampler",
+    "train.batch_size",
+    "train.seq_len",
+    "train.optimizer",
+)
+MODEL_FIELDS_FREE = ("impl", "dtype", "vocab_size")  # may change on resume
+
+
+class TrainError(ValueError):
+    """A user-facing problem with the config or the workdir; the message is one line."""
+
+
+class NonFiniteLossError(TrainError):
+    """The training loss became NaN or inf (``train.on_nonfinite="stop"``)."""
+
+
+USER_ERRORS = (TrainError, models.ConfigError, data_lib.DataError, ckpt_lib.CheckpointError)
+
+
+# ----------------------------------------------------------------------------- config
+
+
+def prepare_config(config: Any) -> ml_collections.ConfigDict:
+    """An unlocked copy of ``config`` with the optional fields filled in, validated.
+
+    Raises TrainError / ConfigError (one line) on the first invalid value.
+    """
+    try:
+        items = config.to_dict() if hasattr(config, "to_dict") else dict(config)
+    except (OSError, AttributeError, TypeError) as e:
+        raise TrainError(f"cannot read the config: {e}") from e
+    for section in ("data", "model", "train", "eval"):
+        if not isinstance(items.get(section), Mapping):
+            raise TrainError(f"config has no {section!r} section")
+    for section, defaults in OPTIONAL_DEFAULTS.items():
+        for key, value in defaults.items():
+            items[section].setdefault(key, value)
+    items.setdefault("seed", 0)
+    cfg = ml_collections.ConfigDict(items)
+    validate_config(cfg)
+    return cfg
+
+
+def _check_int(name: str, value: Any, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise TrainError(f"{name}={value!r} must be an integer >= {minimum}")
+
+
+def _check_float(name: str, value: Any, low: float, high: float = math.inf, **kw) -> None:
+    low_open = kw.get("low_open", False)
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if ok:
+        ok = (value > low if low_open else value >= low) and value <= high
+    if not ok:
+        bracket = "(" if low_open else "["
+        raise TrainError(f"{name}={value!r} must be a number in {bracket}{low}, {high}]")
+
+
+def _check_choice(name: str, value: Any, choices: tuple) -> None:
+    if value not in choices:
+        raise TrainError(f"{name}={value!r} is not one of {', '.join(map(str, choices))}")
+
+
+def validate_config(cfg: ml_collections.ConfigDict) -> None:
+    """Checks every field the trainer reads; raises TrainError / ConfigError (one line)."""
+    _check_int("seed", cfg.seed, 0)
+    models.ModelConfig.from_config(cfg.model)  # raises models.ConfigError
+    d, t, e = cfg.data, cfg.train, cfg.eval
+    _check_choice("data.format", d.get("format"), data_lib.FORMATS)
+    _check_choice("data.sampler", d.get("sampler", "windows"), ("windows", "stream"))
+    if d.get("corpus"):
+        _check_choice("data.corpus", d.corpus, tuple(downloads.CORPORA))
+    _check_int("train.batch_size", t.batch_size, 1)
+    _check_int("train.seq_len", t.seq_len, 1)
+    _check_choice("train.optimizer", t.optimizer, ("adam", "sgd"))
+    _check_float("train.learning_rate", t.learning_rate, 0.0, low_open=True)
+    _check_float("train.b1", t.b1, 0.0, 1.0)
+    _check_float("train.b2", t.b2, 0.0, 1.0)
+    _check_float("train.weight_decay", t.weight_decay, 0.0)
+    _check_float("train.clip_norm", t.clip_norm, 0.0)
+    _check_choice("train.clip_type", t.clip_type, ("l1", "l2"))
+    _check_float("train.lr_decay", t.lr_decay, 1.0)
+    _check_int("train.lr_decay_start_epoch", t.lr_decay_start_epoch, 0)
+    _check_int("train.max_epochs", t.max_epochs, 0)
+    _check_int("train.max_steps", t.max_steps, 0)
+    _check_float("train.max_minutes", t.max_minutes, 0.0)
+    _check_int("train.eval_every_steps", t.eval_every_steps, 0)
+    _check_int("train.patience", t.patience, 0)
+    _check_int("train.log_every_steps", t.log_every_steps, 1)
+    _check_int("train.checkpoint_every_steps", t.checkpoint_every_steps, 0)
+    _check_int("train.keep_checkpoints", t.keep_checkpoints, 1)
+    _check_choice("train.on_nonfinite", t.on_nonfinite, ("stop", "rollback"))
+    if not (t.max_epochs or t.max_steps or t.max_minutes or t.patience):
+        raise TrainError(
+            "nothing stops training: set train.max_steps, max_epochs, max_minutes or patience"
+        )
+    _check_int("eval.batch_size", e.batch_size, 1)
+    _check_int("eval.seq_len", e.seq_len, 1)
+    _check_int("eval.min_context", e.min_context, 0)
+    if e.min_context >= e.seq_len:
+        raise TrainError(f"eval.min_context={e.min_context} must be < eval.seq_len={e.seq_len}")
+    _check_choice("eval.valid_protocol", e.valid_protocol, eval_lib.PROTOCOLS)
+    try:
+        eval_lib.parse_protocols(e.final_protocols)
+    except data_lib.DataError as err:
+        raise TrainError(f"eval.final_protocols={e.final_protocols!r}: {err}") from None
+    _check_int("eval.max_valid_chars", e.max_valid_chars, 0)
+    if e.max_valid_chars:
+        need = data_lib.PAPER_SEQ_LEN + 1 if e.valid_protocol == "paper" else 2
+        if e.max_valid_chars < need:
+            raise TrainError(f"eval.max_valid_chars={e.max_valid_chars} must be 0 or >= {need}")
+
+
+def config_to_json(cfg: ml_collections.ConfigDict) -> str:
+    return json.dumps(cfg.to_dict(), indent=2, sort_keys=True) + "\n"
+
+
+# ----------------------------------------------------------------------------- optimizer
+
+
+def clip_by_l1_norm(max_norm: float) -> optax.GradientTransformation:
+    """Scale updates so that their total L1 norm is at most ``max_norm``.
+
+    The paper code's ``torch.nn.utils.clip_grad_norm(params, max_norm, norm_type=1)``:
+    ``g *= max_norm / (||g||_1 + 1e-6)`` when that factor is < 1.
+    """
+
+    def init_fn(params):
+        del params
+        return optax.EmptyState()
+
+    def update_fn(updates, state, params=None):
+        del params
+        norm = l1_norm(updates)
+        scale = jnp.minimum(1.0, max_norm / (norm + 1e-6))
+        updates = jax.tree.map(lambda g: (g * scale).astype(g.dtype), updates)
+        return updates, state
+
+    return optax.GradientTransformation(init_fn, update_fn)
+
+
+def l1_norm(tree) -> jax.Array:
+    return sum(jnp.sum(jnp.abs(x.astype(jnp.float32))) for x in jax.tree.leaves(tree))
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerConfig:
+    """The hashable subset of ``config.train`` that defines the optimizer."""
+
+    optimizer: str
+    learning_rate: float
+    b1: float
+    b2: float
+    weight_decay: float
+    clip_norm: float
+    clip_type: str
+    lr_decay: float
+    lr_decay_start_epoch: int
+    batches_per_epoch: int
+
+    @classmethod
+    def from_config(cls, train: Any, batches_per_epoch: int) -> OptimizerConfig:
+        return cls(
+            optimizer=str(train.optimizer),
+            learning_rate=float(train.learning_rate),
+            b1=float(train.b1),
+            b2=float(train.b2),
+            weight_decay=float(train.weight_decay),
+            clip_norm=float(train.clip_norm),
+            clip_type=str(train.clip_type),
+            lr_decay=float(train.lr_decay),
+            lr_decay_start_epoch=int(train.lr_decay_start_epoch),
+            batches_per_epoch=int(batches_per_epoch),
+        )
+
+    def learning_rate_at(self, step):
+        """SGD: ``lr / lr_decay ** max(epoch - start + 1, 0)`` with the 0-based epoch of the
+        step (Zilly et al.'s schedule: with start 5 the sixth epoch is the first decayed);
+        Adam: constant."""
+        if self.optimizer != "sgd" or self.lr_decay == 1.0:
+            return self.learning_rate
+        epoch = step // self.batches_per_epoch
+        exponent = jnp.maximum(epoch - self.lr_decay_start_epoch + 1, 0)
+        return self.learning_rate / jnp.power(self.lr_decay, exponent)
+
+
+def make_optimizer(oc: OptimizerConfig) -> optax.GradientTransformation:
+    """Clipping (L1 or L2, skipped when clip_norm is 0) followed by Adam / AdamW / SGD."""
+    parts = []
+    if oc.optimizer == "sgd" and oc.weight_decay > 0:
+        # Zilly et al. add the L2 penalty to the loss, so it is clipped with the gradient.
+        parts.append(optax.add_decayed_weights(oc.weight_decay))
+    if oc.clip_norm > 0:
+        if oc.clip_type == "l1":
+            parts.append(clip_by_l1_norm(oc.clip_norm))
+        else:
+            parts.append(optax.clip_by_global_norm(oc.clip_norm))
+    if oc.optimizer == "sgd":
+        parts.append(optax.sgd(oc.learning_rate_at))
+    elif oc.weight_decay > 0:
+        parts.append(optax.adamw(oc.learning_rate, oc.b1, oc.b2, weight_decay=oc.weight_decay))
+    else:
+        parts.append(optax.adam(oc.learning_rate, oc.b1, oc.b2))
+    return optax.chain(*parts)
+
+
+# ----------------------------------------------------------------------------- jitted step
+
+
+def dropout_key(seed: int, step, retry) -> jax.Array:
+    """``fold_in(key(seed), step)``, folded once more with ``retry`` when it is > 0."""
+    key = jax.random.fold_in(jax.random.key(seed), step)
+    retried = jax.random.fold_in(key, retry)
+    data = jnp.where(retry > 0, jax.random.key_data(retried), jax.random.key_data(key))
+    return jax.random.wrap_key_data(data)
+
+
+def init_key(seed: int) -> jax.Array:
+    """The parameter-initialisation key (distinct from every dropout key)."""
+    return jax.random.fold_in(jax.random.key(seed), 0xFFFFFFFF)
+
+
+@functools.lru_cache(maxsize=16)
+def make_train_step(mc: models.ModelConfig, oc: OptimizerConfig, seed: int) -> Callable:
+    """Jitted ``(params, opt_state, carry, inputs, targets, reset, step, retry)
+    -> (params, opt_state, carry, loss, grad_norm)``.
+
+    ``reset`` zeroes the carry (always for the window sampler); gradients do not flow into
+    the incoming carry (truncated BPTT). ``grad_norm`` is the norm clipping uses (L1 or L2),
+    before clipping. ``step`` is the index of this batch (0-based) and seeds its dropout.
+    """
+    model = models.build_model(mc)
+    tx = make_optimizer(oc)
+
+    def loss_fn(params, carry, inputs, targets, key):
+        logits, carry = model.apply(
+            {"params": params}, inputs, carry, train=True, rngs={"dropout": key}
+        )
+        logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+        nll = -jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
+        return jnp.mean(nll), carry
+
+    def step_fn(params, opt_state, carry, inputs, targets, reset, step, retry):
+        carry = jax.tree.map(
+            lambda c: jax.lax.stop_gradient(jnp.where(reset, jnp.zeros_like(c), c)), carry
+        )
+        key = dropout_key(seed, step, retry)
+        (loss, carry), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+            params, carry, inputs, targets, key
+        )
+        grad_norm = l1_norm(grads) if oc.clip_type == "l1" else optax.global_norm(grads)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        params = optax.apply_updates(params, updates)
+        return params, opt_state, carry, loss, grad_norm
+
+    return jax.jit(step_fn, donate_argnums=(0, 1, 2))
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+class MetricsLog:
+    """``metrics.jsonl``: one JSON object per line, appended and flushed as it goes."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def read(self) -> list[dict]:
+        if not self.path.exists():
+            return []
+        records = []
+        for line in self.path.read_text().splitlines():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue  # a line cut by kill -9
+        return records
+
+    def truncate_after(self, step: int) -> None:
+        """Drop every record of a step after ``step`` (an abandoned continuation)."""
+        if not self.path.exists():
+            return
+        kept = [r for r in self.read() if r.get("step", 0) <= step]
+        _atomic_write(self.path, "".join(json.dumps(r) + "\n" for r in kept))
+
+    def append(self, record: dict) -> None:
+        with open(self.path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+            f.flush()
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _check_workdir_writable(workdir: Path) -> None:
+    """Raise TrainError unless ``workdir`` exists and is writable or can be created."""
+    if workdir.exists() and not workdir.is_dir():
+        raise TrainError(f"workdir {workdir} exists and is not a directory")
+    probe = workdir
+    while not probe.exists():
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    if not probe.is_dir():
+        raise TrainError(f"cannot create workdir {workdir}: {probe} is not a directory")
+    try:
+        fd, name = tempfile.mkstemp(prefix=".rhhjax-write-test.", dir=probe)
+        os.close(fd)
+        os.unlink(name)
+    except OSError as e:
+        reason = e.strerror or str(e)
+        raise TrainError(f"workdir {workdir} is not writable ({probe}: {reason})") from None
+
+
+def _flat(d: Mapping, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, Mapping):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def _check_compatible(
+    workdir: Path, cfg: ml_collections.ConfigDict, mc: models.ModelConfig, vocab: data_lib.Vocab
+) -> dict | None:
+    """Compare the workdir's run (checkpoint meta, else config.json) with this config.
+
+    Returns the latest checkpoint's meta (None if there is none); raises TrainError naming
+    the first difference.
+    """
+    meta = None
+    if ckpt_lib.has_checkpoint(workdir):
+        try:
+            with ckpt_lib.Checkpoints(workdir, read_only=True) as ckpts:
+                meta = ckpts.read_meta("latest") or ckpts.read_meta("best")
+        except Exception as e:  # unreadable checkpoint
+            raise TrainError(f"cannot read the checkpoint in {workdir}: {e}") from None
+    saved_cfg = meta["config"] if meta else None
+    where = "its checkpoint"
+    if saved_cfg is None and (workdir / CONFIG_FILE).exists():
+        try:
+            saved_cfg = json.loads((workdir / CONFIG_FILE).read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise TrainError(f"cannot read {workdir / CONFIG_FILE}: {e}") from None
+        where = CONFIG_FILE
+    if saved_cfg is None:
+        return None
+    hint = "use another --workdir, or delete this one to start over"
+    if meta is not None and meta.get("version") != ckpt_lib.META_VERSION:
+        raise TrainError(f"workdir {workdir} holds a checkpoint of another format; {hint}")
+    old_model = dict(meta["model"]) if meta else dict(saved_cfg.get("model", {}))
+    new_model = dataclasses.asdict(mc)
+    for name, value in new_model.items():
+        if name in MODEL_FIELDS_FREE:
+            continue
+        if old_model.get(name) != value:
+            raise TrainError(
+                f"workdir {workdir} holds a run with model.{name}={old_model.get(name)!r} "
+                f"({where}), this config has {value!r}; {hint}"
+            )
+    old_flat, new_flat = _flat(saved_cfg), _flat(cfg.to_dict())
+    for name in RESUME_FIELDS:
+        old = old_flat.get(name, _flat(OPTIONAL_DEFAULTS).get(name))
+        if old != new_flat.get(name):
+            raise TrainError(
+                f"workdir {workdir} holds a run with {name}={old!r} ({where}), this config has "
+                f"{new_flat.get(name)!r}; {hint}"
+            )
+    if meta is not None and meta.get("vocab") != vocab.to_dict():
+        raise TrainError(
+            f"workdir {workdir} holds a run with a different vocabulary "
+            f"({len(meta['vocab']['symbols'])} symbols, the data now gives {len(vocab.symbols)}); "
+            f"{hint}"
+        )
+    return meta
+
+
+def _format_duration(seconds: float) -> str:
+    if not math.isfinite(seconds):
+        return "?"
+    seconds = int(round(seconds))
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}"
+
+
+def _make_sampler(cfg, tokens: np.ndarray):
+    t = cfg.train
+    if cfg.data.get("sampler", "windows") == "stream":
+        return data_lib.StreamSampler(tokens, t.batch_size, t.seq_len, seed=cfg.seed)
+    return data_lib.WindowSampler(tokens, t.batch_size, t.seq_len, seed=cfg.seed)
+
+
+class _SignalCatcher:
+    """SIGTERM / SIGINT set a flag (the loop saves and exits); a second one aborts at once."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self, log: Callable[[str], None]):
+        self.signum: int | None = None
+        self._log = log
+        self._previous: dict = {}
+
+    def _handler(self, signum, frame):
+        if self.signum is not None:
+            raise KeyboardInterrupt(f"second signal {signal.Signals(signum).name}")
+        self.signum = signum
+        self._log(
+            f"received {signal.Signals(signum).name}: saving a checkpoint and stopping "
+            f"(send it again to abort at once)"
+        )
+
+    def __enter__(self):
+        try:
+            for s in self.SIGNALS:
+                self._previous[s] = signal.signal(s, self._handler)
+        except ValueError:  # not the main thread: signals cannot be caught here
+            self._previous = {}
+        return self
+
+    def __exit__(self, *exc):
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
+
+
+def _log(message: str) -> None:
+    print(message, flush=True)
+
+
+# ----------------------------------------------------------------------------- the loop
+
+
+@dataclasses.dataclass
+class _State:
+    """Everything the loop carries between steps (device arrays and host bookkeeping)."""
+
+    params: Any
+    opt_state: Any
+    carry: Any
+    step: int = 0
+    retry: int = 0
+    best_bpc: float | None = None
+    best_step: int | None = None
+    evals_since_best: int = 0
+    pending_loss: list = dataclasses.field(default_factory=list)
+    pending_gnorm: list = dataclasses.field(default_factory=list)
+    train_seconds: float = 0.0
+
+
+def train_and_evaluate(
+    config: Any, workdir: str | os.PathLike, *, log: Callable[[str], None] = _log
+) -> dict:
+    """Train (or resume) a model in ``workdir`` and evaluate its best checkpoint.
+
+    Returns a dict with ``status`` ("finished" | "interrupted"), ``exit_code`` (0, or
+    128 + signum after SIGTERM/SIGINT), ``step``, ``epoch``, ``stop_reason``, ``best_step``,
+    ``best_valid_bpc``, ``num_params`` and ``final`` ({split: {protocol: metrics}}, absent
+    when interrupted). Raises one of ``USER_ERRORS`` for bad input, before writing anything.
+    """
+    workdir = Path(workdir)
+    cfg = prepare_config(config)
+    corpus = downloads.load_corpus(cfg.data)
+    mc = models.ModelConfig.from_config(cfg.model, vocab_size=corpus.vocab.size)
+    cfg.model.vocab_size = corpus.vocab.size
+    sampler = _make_sampler(cfg, corpus.train)
+    valid_tokens = corpus.valid
+    if cfg.eval.max_valid_chars:
+        valid_tokens = valid_tokens[: cfg.eval.max_valid_chars]
+    _check_eval_data(cfg, corpus, valid_tokens)
+    _check_workdir_writable(workdir)
+    _check_compatible(workdir, cfg, mc, corpus.vocab)
+
+    # ---- validation passed: from here on the workdir is written.
+    workdir.mkdir(parents=True, exist_ok=True)
+    _atomic_write(workdir / CONFIG_FILE, config_to_json(cfg))
+    metrics = MetricsLog(workdir / METRICS_FILE)
+    t = cfg.train
+    bpe = sampler.batches_per_epoch
+    oc = OptimizerConfig.from_config(t, bpe)
+    model = models.build_model(mc)
+    train_step = make_train_step(mc, oc, int(cfg.seed))
+    tx = make_optimizer(oc)
+
+    def initial_state(retry: int = 0) -> _State:
+        params = models.init_params(model, init_key(int(cfg.seed)))
+        carry = eval_lib.zero_carry(mc, params, t.batch_size)
+        return _State(params=params, opt_state=tx.init(params), carry=carry, retry=retry)
+
+    ckpts = ckpt_lib.Checkpoints(workdir, keep=t.keep_checkpoints)
+    try:
+        state = initial_state()
+        num_params = models.count_params(state.params)
+        templates = ckpt_lib.abstract((state.params, state.opt_state, state.carry))
+        base_meta = {
+            "version": ckpt_lib.META_VERSION,
+            "vocab": corpus.vocab.to_dict(),
+            "model": dataclasses.asdict(mc),
+            "config": cfg.to_dict(),
+            "num_params": num_params,
+        }
+
+        def restore(step: int) -> _State:
+            params, opt_state, carry, m = ckpts.restore_latest(step, *templates)
+            sampler.restore(m["sampler"])
+            return _State(
+                params=params,
+                opt_state=opt_state,
+                carry=carry,
+                step=int(m["step"]),
+                retry=int(m["rng"]["retry"]),
+                best_bpc=m["best"]["bpc"],
+                best_step=m["best"]["step"],
+                evals_since_best=int(m["evals_since_best"]),
+                pending_loss=list(m["pending"]["loss"]),
+                pending_gnorm=list(m["pending"]["grad_norm"]),
+                train_seconds=float(m["train_seconds"]),
+            )
+
+        latest = ckpts.latest_step()
+        if latest is not None:
+            state = restore(latest)
+            log(f"resuming {workdir} from step {state.step} (epoch {state.step / bpe:.2f})")
+        else:
+            log(f"training {mc.type} ({num_params:,} parameters) in {workdir}")
+        start_step = state.step
+        metrics.truncate_after(start_step)
+        ckpts.prune_after(start_step)
+        metrics.append(
+            {
+                "kind": "event",
+                "event": "resume" if latest is not None else "start",
+                "step": start_step,
+                "time": time.time(),
+            }
+        )
+        log(
+            f"data {corpus.name}: vocab {corpus.vocab.size}, train {len(corpus.train):,} / "
+            f"valid {len(corpus.valid):,} / test {len(corpus.test):,} symbols; "
+            f"{bpe:,} steps per epoch of {t.batch_size} x {t.seq_len}"
+        )
+
+        def save_meta(s: _State) -> dict:
+            return {
+                **base_meta,
+                "step": s.step,
+                "epoch": s.step / bpe,
+                "sampler": sampler.state(),
+                "rng": {"seed": int(cfg.seed), "retry": s.retry},
+                "best": {"bpc": s.best_bpc, "step": s.best_step},
+                "evals_since_best": s.evals_since_best,
+                "pending": {"loss": list(s.pending_loss), "grad_norm": list(s.pending_gnorm)},
+                "train_seconds": s.train_seconds,
+            }
+
+        loop = _Loop(
+            cfg=cfg,
+            mc=mc,
+            oc=oc,
+            bpe=bpe,
+            sampler=sampler,
+            train_step=train_step,
+            ckpts=ckpts,
+            metrics=metrics,
+            save_meta=save_meta,
+            restore=restore,
+            initial_state=initial_state,
+            valid_tokens=valid_tokens,
+            log=log,
+            workdir=workdir,
+        )
+        with _SignalCatcher(log) as signals:
+            loop.signals = signals
+            state, stop_reason = loop.run(state)
+            if stop_reason == "signal":
+                signum = signals.signum
+                log(
+                    f"stopped by {signal.Signals(signum).name} at step {state.step}; checkpoint "
+                    f"saved; run the same command again to resume"
+                )
+                return {
+                    "status": "interrupted",
+                    "exit_code": 128 + signum,
+                    "step": state.step,
+                    "epoch": state.step / bpe,
+                    "stop_reason": stop_reason,
+                    "num_params": num_params,
+                    "best_step": state.best_step,
+                    "best_valid_bpc": state.best_bpc,
+                }
+            final, used = loop.final_evaluation(state, corpus)
+            if signals.signum is not None and final is None:
+                return {
+                    "status": "interrupted",
+                    "exit_code": 128 + signals.signum,
+                    "step": state.step,
+                    "epoch": state.step / bpe,
+                    "stop_reason": "signal",
+                    "num_params": num_params,
+                    "best_step": state.best_step,
+                    "best_valid_bpc": state.best_bpc,
+                }
+        results = {
+            "status": "finished",
+            "exit_code": 0,
+            "step": state.step,
+            "epoch": state.step / bpe,
+            "stop_reason": stop_reason,
+            "num_params": num_params,
+            "best_step": state.best_step,
+            "best_valid_bpc": state.best_bpc,
+            "evaluated_checkpoint": used,
+            "valid_protocol": cfg.eval.valid_protocol,
+            "final": final,
+        }
+        _atomic_write(workdir / RESULTS_FILE, json.dumps(results, indent=2) + "\n")
+        log(f"results ({used}) written to {workdir / RESULTS_FILE}:")
+        log(eval_lib.format_table(final))
+        return results
+    finally:
+        ckpts.close()
+
+
+def _check_eval_data(cfg, corpus: data_lib.Corpus, valid_tokens: np.ndarray) -> None:
+    e = cfg.eval
+    checks = [(valid_tokens, e.valid_protocol, "valid")]
+    for protocol in eval_lib.parse_protocols(e.final_protocols):
+        checks += [(corpus.valid, protocol, "valid"), (corpus.test, protocol, "test")]
+    for tokens, protocol, split in checks:
+        try:
+            data_lib.scored_count(
+                len(tokens), protocol, seq_len=e.seq_len, min_context=e.min_context
+            )
+        except data_lib.DataError as err:
+            raise TrainError(f"{split} split, {protocol} protocol: {err}") from None
+        need = data_lib.PAPER_SEQ_LEN + 1 if protocol == "paper" else 2
+        if len(tokens) < need:
+            raise TrainError(
+                f"the {split} split ({len(tokens)} symbols) is too short for the {protocol} "
+                f"protocol (needs {need})"
+            )
+
+
+@dataclasses.dataclass
+class _Loop:
+    cfg: Any
+    mc: models.ModelConfig
+    oc: OptimizerConfig
+    bpe: int
+    sampler: Any
+    train_step: Callable
+    ckpts: ckpt_lib.Checkpoints
+    metrics: MetricsLog
+    save_meta: Callable
+    restore: Callable
+    initial_state: Callable
+    valid_tokens: np.ndarray
+    log: Callable
+    workdir: Path
+    signals: Any = None
+
+    # -- bounds -----------------------------------------------------------------------------
+
+    def _stop_reason(self, s: _State) -> str | None:
+        t = self.cfg.train
+        if self.signals is not None and self.signals.signum is not None:
+            return "signal"
+        if t.max_steps and s.step >= t.max_steps:
+            return "max_steps"
+        if t.max_epochs and s.step >= t.max_epochs * self.bpe:
+            return "max_epochs"
+        if t.max_minutes and s.train_seconds >= 60.0 * t.max_minutes:
+            return "max_minutes"
+        if t.patience and s.evals_since_best >= t.patience:
+            return "early_stopping"
+        return None
+
+    def _eta(self, s: _State, sec_per_step: float) -> float:
+        t = self.cfg.train
+        remaining = []
+        if t.max_steps:
+            remaining.append((t.max_steps - s.step) * sec_per_step)
+        if t.max_epochs:
+            remaining.append((t.max_epochs * self.bpe - s.step) * sec_per_step)
+        if t.max_minutes:
+            remaining.append(60.0 * t.max_minutes - s.train_seconds)
+        return max(0.0, min(remaining)) if remaining else math.inf
+
+    # -- the loop ---------------------------------------------------------------------------
+
+    def run(self, s: _State) -> tuple[_State, str]:
+        t = self.cfg.train
+        eval_every = t.eval_every_steps or self.bpe
+        device_pending: list = []  # [(step, loss, grad_norm)] device scalars not yet fetched
+        last_saved = s.step if self.ckpts.latest_step() == s.step else None
+        timer = time.time()
+        interval_start, interval_steps = time.time(), 0
+        sec_per_step = math.nan
+        first = True
+
+        def fetch() -> _State | None:
+            """Move device losses to the host; handle a non-finite one. Returns a replacement
+            state after a rollback, else None."""
+            nonlocal device_pending
+            if not device_pending:
+                return None
+            values = jax.device_get([(loss, g) for _, loss, g in device_pending])
+            steps = [st for st, _, _ in device_pending]
+            device_pending = []
+            for st, (loss, g) in zip(steps, values, strict=True):
+                if not (math.isfinite(float(loss)) and math.isfinite(float(g))):
+                    return self._nonfinite(s, st, float(loss))
+                s.pending_loss.append(float(loss))
+                s.pending_gnorm.append(float(g))
+            return None
+
+        while True:
+            reason = self._stop_reason(s)
+            if reason is not None:
+                break
+            batch = next(self.sampler)
+            out = self.train_step(
+                s.params,
+                s.opt_state,
+                s.carry,
+                batch.inputs,
+                batch.targets,
+                np.bool_(batch.reset),
+                np.int32(s.step),
+                np.int32(s.retry),
+            )
+            s.params, s.opt_state, s.carry, loss, gnorm = out
+            device_pending.append((s.step + 1, loss, gnorm))
+            s.step += 1
+            interval_steps += 1
+            if first:  # exclude compilation from the throughput
+                jax.block_until_ready(loss)
+                now = time.time()
+                s.train_seconds += now - timer
+                timer = interval_start = now
+                interval_steps = 0
+                first = False
+            log_due = s.step % t.log_every_steps == 0
+            eval_due = s.step % eval_every == 0
+            ckpt_due = eval_due or (
+                t.checkpoint_every_steps and s.step % t.checkpoint_every_steps == 0
+            )
+            stopping = self._stop_reason(s) == "signal"
+            if not (log_due or eval_due or ckpt_due or stopping):
+                continue
+            replacement = fetch()
+            now = time.time()
+            s.train_seconds += now - timer
+            timer = now
+            if replacement is not None:
+                s = replacement
+                last_saved = s.step if self.ckpts.latest_step() == s.step else None
+                interval_start, interval_steps = time.time(), 0
+                continue
+            if log_due and s.pending_loss:
+                elapsed = now - interval_start
+                if interval_steps:
+                    sec_per_step = elapsed / interval_steps
+                self._log_train(s, sec_per_step)
+                interval_start, interval_steps = now, 0
+            if eval_due:
+                self._validate(s)
+            if ckpt_due or stopping:
+                self._save(s)
+                last_saved = s.step
+            timer = time.time()
+            interval_start += timer - now  # evaluation and saving are not training time
+        # the end: make sure the final state is saved (pending losses stay pending)
+        replacement = fetch()
+        if replacement is not None:  # a non-finite loss in the last steps: rolled back
+            return self.run(replacement)
+        s.train_seconds += time.time() - timer
+        if last_saved != s.step:
+            self._save(s)
+        if reason != "signal":
+            self.log(f"training stopped at step {s.step} (epoch {s.step / self.bpe:.2f}): {reason}")
+        self.metrics.append(
+            {
+                "kind": "event",
+                "event": "stop",
+                "reason": reason,
+                "step": s.step,
+                "time": time.time(),
+            }
+        )
+        return s, reason
+
+    # -- pieces -----------------------------------------------------------------------------
+
+    def _log_train(self, s: _State, sec_per_step: float) -> None:
+        t = self.cfg.train
+        loss = float(np.mean(np.asarray(s.pending_loss, dtype=np.float64)))
+        gnorm = float(np.mean(np.asarray(s.pending_gnorm, dtype=np.float64)))
+        n = len(s.pending_loss)
+        s.pending_loss.clear()
+        s.pending_gnorm.clear()
+        chars_per_sec = t.batch_size * t.seq_len / sec_per_step if sec_per_step > 0 else math.nan
+        lr = float(self.oc.learning_rate_at(s.step - 1))
+        record = {
+            "kind": "train",
+            "step": s.step,
+            "epoch": s.step / self.bpe,
+            "loss": loss,
+            "bpc": loss / LN2,
+            "grad_norm": gnorm,
+            "lr": lr,
+            "steps": n,
+            "chars_per_sec": chars_per_sec if math.isfinite(chars_per_sec) else None,
+            "time": time.time(),
+        }
+        self.metrics.append(record)
+        eta = _format_duration(self._eta(s, sec_per_step))
+        speed = f"{chars_per_sec:,.0f} char/s" if math.isfinite(chars_per_sec) else "- char/s"
+        total = self._total_steps()
+        self.log(
+            f"step {s.step}{'/' + format(total, ',') if total else ''} "
+            f"epoch {s.step / self.bpe:.2f}  loss {loss:.4f}  bpc {loss / LN2:.4f}  "
+            f"|g| {gnorm:.3g}  {speed}  ETA {eta}"
+        )
+
+    def _total_steps(self) -> int:
+        t = self.cfg.train
+        bounds = [b for b in (t.max_steps, t.max_epochs * self.bpe) if b]
+        return min(bounds) if bounds else 0
+
+    def _validate(self, s: _State) -> None:
+        e = self.cfg.eval
+        start = time.time()
+        m = eval_lib.evaluate_tokens(
+            self.mc,
+            s.params,
+            self.valid_tokens,
+            e.valid_protocol,
+            batch_size=e.batch_size,
+            seq_len=e.seq_len,
+            min_context=e.min_context,
+        )
+        improved = math.isfinite(m["bpc"]) and (s.best_bpc is None or m["bpc"] < s.best_bpc)
+        if improved:
+            s.best_bpc, s.best_step, s.evals_since_best = m["bpc"], s.step, 0
+        else:
+            s.evals_since_best += 1
+        self.metrics.append(
+            {
+                "kind": "valid",
+                "step": s.step,
+                "epoch": s.step / self.bpe,
+                "protocol": e.valid_protocol,
+                "loss": m["nats"],
+                "bpc": m["bpc"],
+                "ppl": m["ppl"],
+                "acc": m["acc"],
+                "chars": m["chars"],
+                "best": improved,
+                "seconds": time.time() - start,
+            }
+        )
+        if improved:
+            self.ckpts.save_best(s.step, s.params, self.save_meta(s))
+        best = f"{s.best_bpc:.4f} @ {s.best_step}" if s.best_bpc is not None else "-"
+        new_best = "  *new best*" if improved else ""
+        self.log(
+            f"validation step {s.step}: bpc {m['bpc']:.4f}  acc {100 * m['acc']:.2f}%  "
+            f"({m['chars']:,} chars, {time.time() - start:.1f}s){new_best}  best {best}"
+        )
+
+    def _save(self, s: _State) -> None:
+        self.ckpts.save_latest(s.step, s.params, s.opt_state, s.carry, self.save_meta(s))
+
+    def _nonfinite(self, s: _State, step: int, loss: float) -> _State:
+        t = self.cfg.train
+        last = self.ckpts.latest_step()
+        self.metrics.append({"kind": "event", "event": "nonfinite", "step": step, "loss": loss})
+        where = f"checkpoint at step {last}" if last is not None else "no checkpoint yet"
+        if t.on_nonfinite == "stop":
+            raise NonFiniteLossError(
+                f"non-finite training loss ({loss}) at step {step}; the last good {where} is "
+                f"left intact in {self.workdir}; lower train.learning_rate or clip_norm, or set "
+                f"train.on_nonfinite=rollback"
+            )
+        retry = s.retry + 1
+        if retry > MAX_ROLLBACKS:
+            raise NonFiniteLossError(
+                f"non-finite training loss at step {step} after {MAX_ROLLBACKS} rollbacks; "
+                f"giving up (the last good {where} is intact)"
+            )
+        if last is not None:
+            new = self.restore(last)
+        else:
+            new = self.initial_state()
+            self.sampler.restore({**self.sampler.state(), "step": 0})
+        new.retry = retry
+        self.metrics.truncate_after(new.step)
+        self.ckpts.prune_after(new.step)
+        self.metrics.append(
+            {
+                "kind": "event",
+                "event": "rollback",
+                "step": new.step,
+                "from_step": step,
+                "retry": retry,
+            }
+        )
+        self.log(
+            f"non-finite loss ({loss}) at step {step}: rolled back to step {new.step}, "
+            f"retry {retry} with other dropout keys"
+        )
+        return new
+
+    # -- the end ----------------------------------------------------------------------------
+
+    def final_evaluation(self, s: _State, corpus: data_lib.Corpus):
+        """({split: {protocol: metrics}}, "best step N" | "final step N") or (None, ...)
+        when interrupted by a signal."""
+        protocols = eval_lib.parse_protocols(self.cfg.eval.final_protocols)
+        params, used = s.params, f"final step {s.step}"
+        if self.ckpts.best_step() is not None:
+            params, _ = self.ckpts.restore_params("best", template=s.params)
+            used = f"best step {self.ckpts.best_step()}"
+        if not protocols:
+            return {}, used
+        self.log(f"final evaluation of the {used} checkpoint:")
+        try:
+            final = eval_lib.evaluate_splits(
+                self.mc,
+                params,
+                corpus,
+                self.cfg.eval,
+                ("valid", "test"),
+                protocols,
+                log=self.log,
+                should_stop=lambda: self.signals is not None and self.signals.signum is not None,
+            )
+        except KeyboardInterrupt:
+            if self.signals is not None and self.signals.signum is not None:
+                return None, used
+            raise
+        return final, used

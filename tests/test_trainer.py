@@ -1,0 +1,407 @@
+"""The training loop end to end on the tiny config: train, checkpoint, resume, evaluate, sample.
+
+Data: the first 30,000 characters of Tiny Shakespeare (``../shared/data/tinyshakespeare``,
+or ``$RHHJAX_SHAKESPEARE``) written to a temporary file, split 24,000 / 3,000 / 3,000; a
+synthetic text stands in when the file is absent, so nothing is skipped.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rhhjax import checkpoint as ckpt_lib
+from rhhjax import data as data_lib
+from rhhjax import evaluate as eval_lib
+from rhhjax import models, plot, sample, trainer
+
+ROOT = Path(__file__).resolve().parents[1]
+SHAKESPEARE = Path(
+    os.environ.get(
+        "RHHJAX_SHAKESPEARE", ROOT.parent / "shared" / "data" / "tinyshakespeare" / "input.txt"
+    )
+)
+TIMING_FIELDS = ("time", "chars_per_sec", "seconds")
+
+
+def write_text(path: Path, n: int = 30_000) -> Path:
+    if SHAKESPEARE.is_file():
+        text = SHAKESPEARE.read_text(encoding="utf-8")[:n]
+    else:  # a deterministic stand-in with a small alphabet
+        rng = np.random.default_rng(0)
+        words = ["the", "king", "and", "queen", "of", "a", "castle", "speak", "now", "Thou"]
+        text = " ".join(rng.choice(words, size=n // 3))[:n]
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def ptb_config(variant: str = "tiny"):
+    spec = importlib.util.spec_from_file_location("ptb_config", ROOT / "configs" / "ptb.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.get_config(variant)
+
+
+def tiny_config(text_file: Path, **overrides):
+    """configs/ptb.py:tiny on a text file; overrides like train__max_steps=8."""
+    cfg = ptb_config("tiny")
+    cfg.data.format = "text"
+    cfg.data.text_files = str(text_file)
+    cfg.data.hutter_holdout = 3000
+    for key, value in overrides.items():
+        section, name = key.split("__")
+        cfg[section][name] = value
+    return cfg
+
+
+def quiet(message: str) -> None:
+    del message
+
+
+def records(workdir: Path, kinds=("train", "valid")) -> list[dict]:
+    out = []
+    for line in (workdir / "metrics.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        if r["kind"] in kinds:
+            out.append({k: v for k, v in r.items() if k not in TIMING_FIELDS})
+    return out
+
+
+def latest_params(workdir: Path):
+    with ckpt_lib.Checkpoints(workdir, read_only=True) as c:
+        params, meta = c.restore_params("latest")
+    return params, meta
+
+
+def assert_trees_equal(a, b):
+    la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
+    assert jax.tree.structure(a) == jax.tree.structure(b)
+    for x, y in zip(la, lb, strict=True):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+@pytest.fixture(scope="module")
+def text_file(tmp_path_factory) -> Path:
+    return write_text(tmp_path_factory.mktemp("data") / "shake.txt")
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, text_file):
+    """One tiny run (6 steps, validation at 3 and 6): (workdir, config, results, log)."""
+    workdir = tmp_path_factory.mktemp("runs") / "tiny"
+    lines: list[str] = []
+    cfg = tiny_config(text_file)
+    results = trainer.train_and_evaluate(cfg, workdir, log=lines.append)
+    return workdir, cfg, results, lines
+
+
+# ----------------------------------------------------------------------------- end to end
+
+
+def test_end_to_end_outputs(trained):
+    workdir, cfg, results, lines = trained
+    assert results["status"] == "finished" and results["exit_code"] == 0
+    assert results["step"] == 6 and results["stop_reason"] == "max_steps"
+    assert results["best_step"] in (3, 6)
+    # files
+    for name in ("config.json", "metrics.jsonl", "results.json"):
+        assert (workdir / name).is_file(), name
+    saved_cfg = json.loads((workdir / "config.json").read_text())
+    assert saved_cfg["model"]["depth"] == cfg.model.depth
+    assert saved_cfg["train"]["optimizer"] == "adam"  # optional field filled in
+    assert json.loads((workdir / "results.json").read_text()) == json.loads(json.dumps(results))
+    # metrics: a train record per step (log_every_steps=1), validation at 3 and 6
+    recs = records(workdir)
+    assert [r["step"] for r in recs if r["kind"] == "train"] == [1, 2, 3, 4, 5, 6]
+    valid = [r for r in recs if r["kind"] == "valid"]
+    assert [r["step"] for r in valid] == [3, 6]
+    assert all(r["chars"] == cfg.eval.max_valid_chars - 1 for r in valid)
+    for r in recs:
+        assert math.isclose(r["bpc"], r["loss"] / math.log(2))
+    # the progress line
+    progress = [line for line in lines if line.startswith("step ")]
+    assert len(progress) == 6
+    assert all(k in progress[-1] for k in ("epoch", "loss", "bpc", "char/s", "ETA"))
+    # the final evaluation: both splits, every protocol, the paper's mask-95 test number
+    final = results["final"]
+    assert set(final) == {"valid", "test"}
+    assert set(final["valid"]) == {"windows", "stream", "paper"}
+    assert set(final["test"]) == {"windows", "stream", "paper", "paper_test_mask95"}
+    for split in ("valid", "test"):
+        for protocol in ("windows", "stream"):
+            m = final[split][protocol]
+            assert m["chars"] == 3000 - 1  # every character but the first, exactly once
+            assert math.isclose(m["bpc"], m["nats"] / math.log(2))
+            assert math.isclose(m["ppl"], math.exp(m["nats"]))
+            assert 0.0 <= m["acc"] <= 1.0
+        assert final[split]["paper"]["chars"] == data_lib.scored_count(3000, "paper")
+    assert final["test"]["paper_test_mask95"]["chars"] == data_lib.scored_count(
+        3000, "paper", paper_mask=95
+    )
+    # checkpoints: latest and best
+    with ckpt_lib.Checkpoints(workdir, read_only=True) as c:
+        assert c.latest_step() == 6
+        assert c.best_step() == results["best_step"]
+        meta = c.read_meta("latest")
+    assert meta["step"] == 6 and meta["vocab"]["kind"] == "char"
+    assert meta["sampler"]["step"] == 6 and meta["rng"] == {"seed": 0, "retry": 0}
+    assert meta["config"]["model"]["hidden"] == 16
+
+
+def test_rerun_resumes_and_reevaluates(trained, text_file):
+    workdir, cfg, results, _ = trained
+    lines: list[str] = []
+    again = trainer.train_and_evaluate(cfg, workdir, log=lines.append)
+    assert any(line.startswith("resuming") and "step 6" in line for line in lines)
+    assert not any(line.startswith("step ") for line in lines)  # no training step
+    assert again["final"] == results["final"]
+
+
+def test_evaluate_checkpoint_matches_training_results(trained):
+    workdir, _, results, _ = trained
+    out = eval_lib.run(str(workdir), split="all", protocol="all", which="best", log=quiet)
+    assert out["checkpoint"] == "best" and out["step"] == results["best_step"]
+    assert out["results"] == results["final"]
+    latest = eval_lib.run(str(workdir), split="test", protocol="stream", which="latest", log=quiet)
+    assert latest["step"] == 6 and set(latest["results"]) == {"test"}
+
+
+def test_sample_from_checkpoint(trained):
+    workdir, _, _, _ = trained
+    a = sample.run(str(workdir), "the ", 40, 0.8, seed=0)
+    b = sample.run(str(workdir), "the ", 40, 0.8, seed=0)
+    assert a == b and a.startswith("the ") and len(a) == 44
+    greedy = sample.run(str(workdir), "First", 10, 0.0, seed=1)
+    assert greedy == sample.run(str(workdir), "First", 10, 0.0, seed=2)  # seed-free
+
+
+def test_plot_of_run(trained, tmp_path):
+    workdir, _, _, _ = trained
+    out = plot.plot([workdir], tmp_path / "bpc.png")
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# ----------------------------------------------------------------------------- resume exactness
+
+
+@pytest.mark.parametrize("sampler", ["windows", "stream"])
+def test_resume_reproduces_uninterrupted_run(tmp_path, text_file, sampler):
+    """8 steps straight == 5 steps, stop, resume to 8 == 7 steps, 'kill -9' back to 4, to 8.
+
+    log_every_steps=3 does not divide the stop points, so the loss values of an unfinished
+    progress interval must travel with the checkpoint.
+    """
+    common = dict(
+        data__sampler=sampler,
+        train__eval_every_steps=4,
+        train__log_every_steps=3,
+        train__checkpoint_every_steps=2,
+    )
+    straight = tmp_path / "straight"
+    trainer.train_and_evaluate(
+        tiny_config(text_file, train__max_steps=8, **common), straight, log=quiet
+    )
+
+    stopped = tmp_path / "stopped"
+    r1 = trainer.train_and_evaluate(
+        tiny_config(text_file, train__max_steps=5, **common), stopped, log=quiet
+    )
+    assert r1["step"] == 5
+    trainer.train_and_evaluate(
+        tiny_config(text_file, train__max_steps=8, **common), stopped, log=quiet
+    )
+
+    # kill -9 after step 7: its metrics are on disk, the last checkpoint is step 4
+    killed = tmp_path / "killed"
+    trainer.train_and_evaluate(
+        tiny_config(text_file, train__max_steps=7, **common), killed, log=quiet
+    )
+    with ckpt_lib.Checkpoints(killed) as c:
+        for step in c.steps("latest"):
+            if step > 4:
+                c._latest.delete(step)
+    assert max(r["step"] for r in records(killed)) == 6  # written after checkpoint 4
+    lines: list[str] = []
+    trainer.train_and_evaluate(
+        tiny_config(text_file, train__max_steps=8, **common), killed, log=lines.append
+    )
+    assert any("resuming" in line and "step 4" in line for line in lines)
+
+    expected = records(straight)
+    assert [r["step"] for r in expected if r["kind"] == "train"] == [3, 6]
+    assert [r["step"] for r in expected if r["kind"] == "valid"] == [4, 8]
+    reference, _ = latest_params(straight)
+    for workdir in (stopped, killed):
+        assert records(workdir) == expected  # bitwise: floats survive JSON exactly
+        params, meta = latest_params(workdir)
+        assert meta["step"] == 8
+        assert_trees_equal(params, reference)
+
+
+# ----------------------------------------------------------------------------- non-finite loss
+
+
+def _nan_at(monkeypatch, bad_step: int, only_first_try: bool):
+    real = trainer.make_train_step
+
+    def patched(mc, oc, seed):
+        fn = real(mc, oc, seed)
+
+        def wrapped(params, opt_state, carry, inputs, targets, reset, step, retry):
+            out = fn(params, opt_state, carry, inputs, targets, reset, step, retry)
+            if int(step) == bad_step and (int(retry) == 0 or not only_first_try):
+                nan = jnp.float32(jnp.nan)
+                params = jax.tree.map(lambda p: p * nan, out[0])
+                out = (params, out[1], out[2], nan, out[4])
+            return out
+
+        return wrapped
+
+    monkeypatch.setattr(trainer, "make_train_step", patched)
+
+
+def test_nonfinite_loss_stops_and_keeps_last_good_checkpoint(tmp_path, text_file, monkeypatch):
+    _nan_at(monkeypatch, bad_step=4, only_first_try=False)  # the 5th step
+    workdir = tmp_path / "nan"
+    cfg = tiny_config(text_file)
+    with pytest.raises(trainer.NonFiniteLossError) as info:
+        trainer.train_and_evaluate(cfg, workdir, log=quiet)
+    message = str(info.value)
+    assert "\n" not in message and "step 5" in message and "step 3" in message
+    with ckpt_lib.Checkpoints(workdir, read_only=True) as c:
+        assert c.steps("latest") == [3]
+    params, _ = latest_params(workdir)
+    assert all(np.isfinite(np.asarray(p)).all() for p in jax.tree.leaves(params))
+    assert any(r.get("event") == "nonfinite" for r in records(workdir, kinds=("event",)))
+
+
+def test_nonfinite_loss_rollback_continues(tmp_path, text_file, monkeypatch):
+    _nan_at(monkeypatch, bad_step=4, only_first_try=True)
+    workdir = tmp_path / "rollback"
+    cfg = tiny_config(text_file, train__on_nonfinite="rollback")
+    lines: list[str] = []
+    results = trainer.train_and_evaluate(cfg, workdir, log=lines.append)
+    assert results["status"] == "finished" and results["step"] == 6
+    assert any("rolled back to step 3" in line for line in lines)
+    events = [r for r in records(workdir, kinds=("event",)) if r["event"] == "rollback"]
+    assert events and events[0]["retry"] == 1
+    assert [r["step"] for r in records(workdir, ("train",))] == [1, 2, 3, 4, 5, 6]
+    _, meta = latest_params(workdir)
+    assert meta["rng"]["retry"] == 1
+
+
+# ----------------------------------------------------------------------------- bad input
+
+
+BAD_CONFIGS = [
+    (dict(model__depth=0), models.ConfigError, "model.depth"),
+    (dict(model__keep=1.5), models.ConfigError, "model.keep"),
+    (dict(model__hidden=-3), models.ConfigError, "model.hidden"),
+    (dict(model__impl="magic"), models.ConfigError, "model.impl"),
+    (dict(data__format="nope"), trainer.TrainError, "data.format"),
+    (dict(data__text_files="/nonexistent/file.txt"), data_lib.DataError, "/nonexistent"),
+    (dict(train__clip_type="l3"), trainer.TrainError, "train.clip_type"),
+    (dict(train__learning_rate=0.0), trainer.TrainError, "train.learning_rate"),
+    (dict(train__on_nonfinite="ignore"), trainer.TrainError, "train.on_nonfinite"),
+    (dict(eval__min_context=20), trainer.TrainError, "eval.min_context"),
+    (dict(eval__final_protocols="windows,bogus"), trainer.TrainError, "bogus"),
+    (dict(data__hutter_holdout=20_000), data_lib.DataError, "hutter_holdout"),
+]
+
+
+@pytest.mark.parametrize("overrides,error,needle", BAD_CONFIGS)
+def test_bad_config_fails_before_writing(tmp_path, text_file, overrides, error, needle):
+    workdir = tmp_path / "never"
+    with pytest.raises(error) as info:
+        trainer.train_and_evaluate(tiny_config(text_file, **overrides), workdir, log=quiet)
+    assert needle in str(info.value) and "\n" not in str(info.value)
+    assert isinstance(info.value, trainer.USER_ERRORS)
+    assert not workdir.exists()
+
+
+def test_unwritable_workdir(tmp_path, text_file):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    with pytest.raises(trainer.TrainError, match="not a directory"):
+        trainer.train_and_evaluate(tiny_config(text_file), blocker / "run", log=quiet)
+    with pytest.raises(trainer.TrainError, match="not a directory"):
+        trainer.train_and_evaluate(tiny_config(text_file), blocker, log=quiet)
+
+
+def test_incompatible_workdir_is_refused(trained, text_file):
+    workdir, _, _, _ = trained
+    before = sorted(p.name for p in workdir.rglob("*"))
+    for overrides, needle in [
+        (dict(model__hidden=32), "model.hidden"),
+        (dict(model__type="rhn"), "model.type"),
+        (dict(train__batch_size=8), "train.batch_size"),
+        (dict(data__text_vocab="byte"), "data.text_vocab"),
+    ]:
+        with pytest.raises(trainer.TrainError, match=needle):
+            trainer.train_and_evaluate(tiny_config(text_file, **overrides), workdir, log=quiet)
+    assert sorted(p.name for p in workdir.rglob("*")) == before
+
+
+def test_incompatible_config_json_without_checkpoint(tmp_path, text_file):
+    workdir = tmp_path / "run"
+    workdir.mkdir()
+    other = tiny_config(text_file, model__depth=3)
+    (workdir / "config.json").write_text(json.dumps(other.to_dict()))
+    with pytest.raises(trainer.TrainError, match="model.depth=3"):
+        trainer.train_and_evaluate(tiny_config(text_file), workdir, log=quiet)
+
+
+# ----------------------------------------------------------------------------- pieces
+
+
+def test_l1_clip_matches_paper_code():
+    grads = {"a": jnp.array([3.0, -4.0]), "b": jnp.array([[1.0, -2.0]])}  # L1 = 10
+    tx = trainer.clip_by_l1_norm(5.0)
+    out, _ = tx.update(grads, tx.init(grads))
+    scale = 5.0 / (10.0 + 1e-6)
+    np.testing.assert_allclose(out["a"], np.array([3.0, -4.0]) * scale, rtol=1e-6)
+    np.testing.assert_allclose(out["b"], np.array([[1.0, -2.0]]) * scale, rtol=1e-6)
+    small, _ = trainer.clip_by_l1_norm(100.0).update(grads, tx.init(grads))
+    assert_trees_equal(small, grads)
+
+
+def test_optimizer_choices():
+    base = dict(
+        learning_rate=0.2,
+        b1=0.9,
+        b2=0.999,
+        clip_norm=10.0,
+        clip_type="l2",
+        lr_decay=1.03,
+        lr_decay_start_epoch=5,
+        batches_per_epoch=10,
+    )
+    sgd = trainer.OptimizerConfig(optimizer="sgd", weight_decay=1e-7, **base)
+    # Zilly et al.: epochs 0-4 at 0.2, epoch 5 at 0.2 / 1.03, epoch 6 at 0.2 / 1.03**2
+    lrs = [float(sgd.learning_rate_at(step)) for step in (0, 49, 50, 59, 60)]
+    np.testing.assert_allclose(lrs, [0.2, 0.2, 0.2 / 1.03, 0.2 / 1.03, 0.2 / 1.03**2], rtol=1e-6)
+    params = {"w": jnp.ones((3,))}
+    for oc in (
+        sgd,
+        trainer.OptimizerConfig(optimizer="adam", weight_decay=0.0, **base),
+        trainer.OptimizerConfig(optimizer="adam", weight_decay=0.1, **base),
+    ):
+        tx = trainer.make_optimizer(oc)
+        updates, _ = tx.update({"w": jnp.ones((3,))}, tx.init(params), params)
+        assert np.all(np.asarray(updates["w"]) < 0)
+
+
+def test_dropout_keys():
+    a = trainer.dropout_key(0, jnp.int32(5), jnp.int32(0))
+    ref = jax.random.fold_in(jax.random.key(0), 5)
+    assert np.array_equal(jax.random.key_data(a), jax.random.key_data(ref))
+    b = trainer.dropout_key(0, jnp.int32(5), jnp.int32(1))
+    assert not np.array_equal(jax.random.key_data(a), jax.random.key_data(b))
