@@ -25,6 +25,7 @@ Shapes: T time, L depth, B batch, n width.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 from typing import Any
@@ -48,11 +49,27 @@ class SequenceSpec:
     interpret: bool = False  # Pallas interpret mode (automatic off GPU).
 
 
+_PALLAS_TARGET = {"platform": None}
+
+
+@contextlib.contextmanager
+def pallas_target(platform: str):
+    """Trace `pallas` kernels for `platform` ("gpu": compiled Triton; "cpu": interpret mode)
+    instead of the default backend, e.g. to lower a GPU train step on a CPU-only machine."""
+    previous = _PALLAS_TARGET["platform"]
+    _PALLAS_TARGET["platform"] = platform
+    try:
+        yield
+    finally:
+        _PALLAS_TARGET["platform"] = previous
+
+
 def resolve_spec(impl: str, keep: float, dtype: Any, gate_dropout: bool) -> SequenceSpec:
     """The one place that turns `model.impl` into an executable choice."""
     if impl not in ("fused", "pallas"):
         raise ValueError(f"impl {impl!r} is not a whole-sequence implementation")
-    interpret = impl == "pallas" and jax.default_backend() != "gpu"
+    platform = _PALLAS_TARGET["platform"] or jax.default_backend()
+    interpret = impl == "pallas" and platform != "gpu"
     return SequenceSpec(impl, float(keep), jnp.dtype(dtype), gate_dropout, interpret)
 
 
@@ -69,11 +86,11 @@ def _scaled_preactivation(pre, xproj_t, z_l, bias_l, bias_x, layer):
     return a + bias_x if layer == 0 else a
 
 
-def _gate_backward(ds, s, a, mask):
-    """Elementwise backward of `cells.highway_gate`: returns (da [B, 2n], ds_carry [B, n])."""
-    n = s.shape[-1]
-    h = jnp.tanh(a[..., :n])
-    t = jax.nn.sigmoid(a[..., n:])
+def _gate_backward(ds, s, h, t, mask):
+    """Elementwise backward of `cells.highway_gate` from the saved gates h, t [B, n].
+
+    Returns (da [B, 2n], ds_carry [B, n]).
+    """
     t_used = t if mask is None else t * mask
     h_used = h if mask is None else h * mask
     da_h = ds * t_used * (1.0 - h * h)
@@ -81,63 +98,95 @@ def _gate_backward(ds, s, a, mask):
     return jnp.concatenate([da_h, da_t], axis=-1), ds * (1.0 - t)
 
 
+def _layer_extra(z_l, bias_x, xproj_t, layer):
+    """The Pallas kernel's addend: (x U) * [z_0, z_0] + b_U at layer 0, else None."""
+    if layer != 0:
+        return None
+    extra = xproj_t * cells.double(z_l) if z_l is not None else xproj_t
+    return extra + bias_x
+
+
 def _layer_forward(spec, s, w_l, z_l, bias_l, bias_x, xproj_t, mask, hidden_mask, layer):
-    """One micro-layer: returns (s_new [B, n], pre [B, 2n] = (s * hidden_mask) W_l)."""
+    """One micro-layer: returns (s_new [B, n], saved) with what the backward needs.
+
+    saved["pre"] = (s * hidden_mask) W_l [B, 2n] (pallas always; fused only with z, for
+    dz); fused also saves the gates saved["h"], saved["t"] [B, n] so that its backward
+    recomputes no transcendental function.
+    """
     if spec.impl == "pallas":
         from kernels import highway
 
-        extra = None
-        if layer == 0:
-            extra = xproj_t * cells.double(z_l) if z_l is not None else xproj_t
-            extra = extra + bias_x
-        return highway.highway_forward(
+        extra = _layer_extra(z_l, bias_x, xproj_t, layer)
+        s_new, pre = highway.highway_forward(
             s, w_l.astype(spec.dtype), z_l, bias_l, extra, mask, interpret=spec.interpret
         )
+        return s_new, {"pre": pre}
     s_in = s if hidden_mask is None else s * hidden_mask
     pre = cells.matmul(s_in, w_l, spec.dtype)
     a = _scaled_preactivation(pre, xproj_t, z_l, bias_l, bias_x, layer)
-    return cells.highway_gate(a, s, mask), pre
+    n = s.shape[-1]
+    h = jnp.tanh(a[..., :n])
+    t = jax.nn.sigmoid(a[..., n:])
+    t_used = t if mask is None else t * mask
+    saved = {"h": h, "t": t}
+    if z_l is not None:
+        saved["pre"] = pre
+    return h * t_used + s * (1.0 - t), saved
 
 
-def _layer_backward(spec, ds, s, pre, z_l, bias_l, bias_x, xproj_t, mask, layer):
+def _layer_backward(spec, ds, s, saved, z_l, bias_l, bias_x, xproj_t, mask, layer):
     """Pre-activation gradient da [B, 2n] and carry gradient ds * (1 - t) [B, n]."""
     if spec.impl == "pallas":
         from kernels import highway
 
-        extra = None
-        if layer == 0:
-            extra = xproj_t * cells.double(z_l) if z_l is not None else xproj_t
-            extra = extra + bias_x
+        extra = _layer_extra(z_l, bias_x, xproj_t, layer)
         da, ds_carry, _ = highway.highway_backward(
-            ds, s, pre, z_l, bias_l, extra, mask, interpret=spec.interpret
+            ds, s, saved["pre"], z_l, bias_l, extra, mask, interpret=spec.interpret
         )
         return da, ds_carry
-    a = _scaled_preactivation(pre, xproj_t, z_l, bias_l, bias_x, layer)
-    return _gate_backward(ds, s, a, mask)
+    return _gate_backward(ds, s, saved["h"], saved["t"], mask)
 
 
-def _step_masks(spec, key_data, step, depth, batch, width):
+def _sequence_masks(spec, key_data, length, depth, batch, width):
+    """Gate-dropout keep decisions for every step, bool [T, L, B, n] (or None).
+
+    Generated for all steps at once (vectorised over t) from the same per-step keys as
+    the `scan` model, and saved for the backward instead of being regenerated.
+    """
     if not spec.gate_dropout:
-        return [None] * depth
+        return None
     key = jax.random.wrap_key_data(key_data)
-    masks = cells.gate_masks(key, step, (depth, batch, width), spec.keep)
-    return list(masks)
+    shape = (depth, batch, width)
+    return jax.vmap(lambda t: cells.gate_masks(key, t, shape, spec.keep) > 0)(
+        jnp.arange(length)
+    )
+
+
+def _layer_masks(spec, keep_t, depth):
+    """bool [L, B, n] keep decisions of one step -> list of float masks (0 or 1/keep)."""
+    if keep_t is None:
+        return [None] * depth
+    return [keep_t[layer].astype(jnp.float32) / spec.keep for layer in range(depth)]
 
 
 # ----------------------------------------------------------------------------- the op
 
 
 def _run_forward(spec, kernel_s, bias_s, bias_x, s0, xproj, z, key_data, hidden_masks):
-    """Forward over all steps: (states [T, L, B, n], pres [T, L, B, 2n])."""
+    """Forward over all steps: (states [T, L, B, n], saved {name: [T, L, B, *]}, keep).
+
+    keep: bool [T, L, B, n] gate-dropout decisions, or None.
+    """
     depth = kernel_s.shape[0]
     batch, width = s0.shape
+    keep = _sequence_masks(spec, key_data, xproj.shape[0], depth, batch, width)
 
     def body(s, inputs):
-        step, xproj_t, z_t = inputs
-        masks = _step_masks(spec, key_data, step, depth, batch, width)
-        states, pres = [], []
+        xproj_t, z_t, keep_t = inputs
+        masks = _layer_masks(spec, keep_t, depth)
+        states, saved = [], []
         for layer in range(depth):
-            s, pre = _layer_forward(
+            s, saved_l = _layer_forward(
                 spec,
                 s,
                 kernel_s[layer],
@@ -150,12 +199,11 @@ def _run_forward(spec, kernel_s, bias_s, bias_x, s0, xproj, z, key_data, hidden_
                 layer,
             )
             states.append(s)
-            pres.append(pre)
-        return s, (jnp.stack(states), jnp.stack(pres))
+            saved.append(saved_l)
+        return s, (jnp.stack(states), jax.tree_util.tree_map(lambda *a: jnp.stack(a), *saved))
 
-    steps = jnp.arange(xproj.shape[0])
-    _, (states, pres) = jax.lax.scan(body, s0, (steps, xproj, z))
-    return states, pres
+    _, (states, saved) = jax.lax.scan(body, s0, (xproj, z, keep))
+    return states, saved, keep
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
@@ -164,17 +212,19 @@ def _sequence(spec, kernel_s, bias_s, bias_x, s0, xproj, z, key_data, hidden_mas
 
 
 def _sequence_fwd(spec, kernel_s, bias_s, bias_x, s0, xproj, z, key_data, hidden_masks):
-    states, pres = _run_forward(
+    states, saved, keep = _run_forward(
         spec, kernel_s, bias_s, bias_x, s0, xproj, z, key_data, hidden_masks
     )
-    residuals = (kernel_s, bias_s, bias_x, s0, xproj, z, key_data, hidden_masks, states, pres)
-    return states, residuals
+    key_zero = None if key_data is None else _zero_cotangent(key_data)
+    residuals = (kernel_s, bias_s, bias_x, s0, xproj, z, key_zero, hidden_masks, states, saved)
+    return states, (residuals, keep)
 
 
-def _sequence_bwd(spec, residuals, g_states):
-    kernel_s, bias_s, bias_x, s0, xproj, z, key_data, hidden_masks, states, pres = residuals
+def _sequence_bwd(spec, saved, g_states):
+    residuals, keep = saved
+    kernel_s, bias_s, bias_x, s0, xproj, z, key_zero, hidden_masks, states, saved = residuals
     depth = kernel_s.shape[0]
-    batch, width = s0.shape
+    width = s0.shape[1]
     # Input state of every (t, l): the previous layer's output, or the previous step's.
     previous_step = jnp.concatenate([s0[None], states[:-1, -1]], axis=0)
     inputs = jnp.concatenate([previous_step[:, None], states[:, :-1]], axis=1)
@@ -182,8 +232,8 @@ def _sequence_bwd(spec, residuals, g_states):
 
     def body(carry, xs):
         ds, dbias = carry
-        step, xproj_t, z_t, inputs_t, pres_t, g_t = xs
-        masks = _step_masks(spec, key_data, step, depth, batch, width)
+        xproj_t, z_t, keep_t, inputs_t, saved_t, g_t = xs
+        masks = _layer_masks(spec, keep_t, depth)
         d_scaled, dz = [None] * depth, [None] * depth
         dbias_t = [None] * depth
         for layer in reversed(range(depth)):
@@ -193,7 +243,7 @@ def _sequence_bwd(spec, residuals, g_states):
                 spec,
                 ds,
                 inputs_t[layer],
-                pres_t[layer],
+                jax.tree_util.tree_map(lambda a, i=layer: a[i], saved_t),
                 z_l,
                 bias_s[layer],
                 bias_x,
@@ -206,7 +256,8 @@ def _sequence_bwd(spec, residuals, g_states):
                 d_pre = da
             else:
                 d_pre = da * cells.double(z_l)
-                full_pre = pres_t[layer] + xproj_t if layer == 0 else pres_t[layer]
+                pre = saved_t["pre"][layer]
+                full_pre = pre + xproj_t if layer == 0 else pre
                 product = da * full_pre
                 dz[layer] = product[:, :width] + product[:, width:]
             d_scaled[layer] = d_pre
@@ -217,9 +268,8 @@ def _sequence_bwd(spec, residuals, g_states):
         outputs = (jnp.stack(d_scaled), None if z_t is None else jnp.stack(dz))
         return (ds, dbias + jnp.stack(dbias_t)), outputs
 
-    steps = jnp.arange(xproj.shape[0])
     init = (jnp.zeros_like(s0), jnp.zeros_like(bias_s))
-    xs = (steps, xproj, z, inputs, pres, g_states)
+    xs = (xproj, z, keep, inputs, saved, g_states)
     (ds0, dbias_s), (d_scaled, dz) = jax.lax.scan(body, init, xs, reverse=True)
     # Deferred weight gradient: one [n, T*B] x [T*B, 2n] matmul per layer.
     matmul_inputs = inputs if hidden_masks is None else inputs * hidden_masks[None]
@@ -232,8 +282,7 @@ def _sequence_bwd(spec, residuals, g_states):
     dxproj = d_scaled[:, 0]
     dbias_x = dbias_s[0]
     dhidden = None if hidden_masks is None else jnp.zeros_like(hidden_masks)
-    dkey = None if key_data is None else _zero_cotangent(key_data)
-    return dkernel, dbias_s, dbias_x, ds0, dxproj, dz, dkey, dhidden
+    return dkernel, dbias_s, dbias_x, ds0, dxproj, dz, key_zero, dhidden
 
 
 def _zero_cotangent(x):

@@ -7,7 +7,7 @@ import numpy as np
 import optax
 import pytest
 
-from rhhjax import models
+from rhhjax import models, recurrence
 
 # Tolerances per matmul dtype: f32 paths differ only in summation order; bf16 rounds the
 # matmul inputs identically in all implementations but the backward of `scan` (autodiff)
@@ -141,3 +141,40 @@ def test_one_checkpoint_runs_on_every_impl():
 def test_unsupported_impl_combinations_are_config_errors(overrides, message):
     with pytest.raises(models.ConfigError, match=message):
         _config(**overrides).validate()
+
+
+TRITON_CALL_TARGETS = ("__gpu$xla.gpu.triton", "triton_kernel_call")
+
+
+@pytest.mark.parametrize("model_type", ["rhn", "hyperrhn"])
+def test_pallas_train_step_lowers_for_cuda_with_triton_calls(model_type):
+    config = _config(type=model_type, impl="pallas", hidden=1000, hyper_hidden=128, depth=2)
+    config = models.ModelConfig(**{**config.__dict__, "vocab_size": 50, "embed_dim": 27})
+    model = models.build_model(config)
+    optimizer = optax.adam(1e-3)
+    params = jax.eval_shape(lambda: models.init_params(model, jax.random.key(0)))
+    opt_state = jax.eval_shape(optimizer.init, params)
+    tokens = jax.ShapeDtypeStruct((256, 11), jnp.int32)
+
+    def train_step(p, state, tokens, key):
+        def loss_fn(p):
+            logits, _ = model.apply({"params": p}, tokens[:, :-1], train=True, rngs={"dropout": key})
+            return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
+
+        loss, grads = jax.value_and_grad(loss_fn)(p)
+        updates, state = optimizer.update(grads, state, p)
+        return optax.apply_updates(p, updates), state, loss
+
+    key = jax.eval_shape(lambda: jax.random.key(0))
+    with recurrence.pallas_target("gpu"):
+        lowered = (
+            jax.jit(train_step)
+            .trace(params, opt_state, tokens, key)
+            .lower(lowering_platforms=("cuda",))
+        )
+    text = lowered.as_text()
+    found = [t for t in TRITON_CALL_TARGETS if t in text]
+    assert found, "no Triton custom call in the lowered train step"
+    # Forward and backward kernels, for the hyper and main recurrences.
+    assert text.count('name = "highway_forward"') >= 1
+    assert text.count('name = "highway_backward"') >= 1

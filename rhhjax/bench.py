@@ -1,0 +1,218 @@
+"""Training-step benchmark: impl x model x size x dtype, in one run.
+
+    python -m rhhjax.bench --out=bench.json
+    python -m rhhjax.bench --sizes=small --impls=scan,fused --repeats=5
+
+Each row times a full training step (forward, backward, Adam update; gate dropout on)
+after compilation and a warm-up step: the median of `--repeats` steps. It also measures
+the rate of a large matmul on the same device and dtype, and reports
+efficiency = flops_per_step / (step time x matmul rate), where flops_per_step counts the
+matmul FLOPs of forward + backward (3x the forward matmuls).
+
+On CPU, `pallas` runs in Pallas interpret mode, so it is only measured at the small size,
+and only to show it runs: interpret-mode timings say nothing about GPU speed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import statistics
+import time
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from absl import app, flags
+
+from rhhjax import models
+
+SIZES = {
+    # name: (hidden, hyper_hidden, depth, batch, seq_len)
+    "paper": (1000, 128, 7, 256, 100),
+    "small": (256, 64, 3, 64, 50),
+}
+VOCAB, EMBED = 50, 27
+
+_OUT = flags.DEFINE_string("out", "", "Write the rows as JSON to this file.")
+_IMPLS = flags.DEFINE_list("impls", ["scan", "fused", "pallas"], "Implementations.")
+_MODELS = flags.DEFINE_list("models", ["rhn", "hyperrhn"], "Model types.")
+_SIZES = flags.DEFINE_list("sizes", ["paper", "small"], f"Sizes: {', '.join(SIZES)}.")
+_DTYPES = flags.DEFINE_list("dtypes", ["float32", "bfloat16"], "Matmul input dtypes.")
+_REPEATS = flags.DEFINE_integer("repeats", 3, "Timed steps per row (median reported).")
+
+
+@dataclasses.dataclass
+class Row:
+    impl: str
+    model: str
+    size: str
+    dtype: str
+    device: str
+    step_ms_median: float
+    step_ms_min: float
+    flops_per_step: float
+    matmul_tflops: float
+    efficiency: float
+    compile_s: float
+
+
+def model_config(model: str, size: str, impl: str, dtype: str) -> models.ModelConfig:
+    """The benchmarked model: paper hyper-parameters at `size`."""
+    hidden, hyper, depth, _, _ = SIZES[size]
+    return models.ModelConfig(
+        type=model,
+        vocab_size=VOCAB,
+        embed_dim=EMBED,
+        hidden=hidden,
+        hyper_hidden=hyper,
+        depth=depth,
+        impl=impl,
+        dtype=dtype,
+        keep=0.65,
+    )
+
+
+def flops_per_step(config: models.ModelConfig, batch: int, length: int) -> float:
+    """Matmul FLOPs of one training step (forward x 3), counted from the shapes."""
+    n, h, depth = config.hidden, config.hyper_hidden, config.depth
+    per_token = 2 * config.embed_dim * 2 * n + depth * 2 * n * 2 * n + 2 * n * config.vocab_size
+    if config.type == "hyperrhn":
+        per_token += 2 * config.embed_dim * 2 * h + depth * (2 * h * 2 * h + 2 * h * n)
+    return 3.0 * per_token * batch * length
+
+
+def matmul_rate(dtype: str, size: int = 2048, repeats: int = 5) -> float:
+    """Measured FLOP/s of a [size, size] x [size, size] matmul (f32 accumulation)."""
+    key = jax.random.key(0)
+    a = jax.random.normal(key, (size, size), models.DTYPES[dtype])
+    b = jax.random.normal(jax.random.fold_in(key, 1), (size, size), models.DTYPES[dtype])
+    f = jax.jit(lambda a, b: jnp.matmul(a, b, preferred_element_type=jnp.float32))
+    f(a, b).block_until_ready()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        f(a, b).block_until_ready()
+        times.append(time.perf_counter() - start)
+    return 2.0 * size**3 / statistics.median(times)
+
+
+def make_train_step(config: models.ModelConfig):
+    """A jitted (params, opt_state, tokens, key) -> (params, opt_state, loss)."""
+    model = models.build_model(config)
+    optimizer = optax.adam(1e-3)
+
+    def loss_fn(params, tokens, key):
+        logits, _ = model.apply(
+            {"params": params}, tokens[:, :-1], train=True, rngs={"dropout": key}
+        )
+        return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
+
+    def step(params, opt_state, tokens, key):
+        loss, grads = jax.value_and_grad(loss_fn)(params, tokens, key)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    return model, optimizer, jax.jit(step, donate_argnums=(0, 1))
+
+
+def time_row(impl: str, model: str, size: str, dtype: str, repeats: int, rate: float) -> Row:
+    """Compiles, warms up and times one configuration."""
+    config = model_config(model, size, impl, dtype)
+    _, _, _, batch, length = SIZES[size]
+    lm, optimizer, step = make_train_step(config)
+    params = models.init_params(lm, jax.random.key(0))
+    opt_state = optimizer.init(params)
+    tokens = jnp.asarray(
+        np.random.default_rng(0).integers(0, VOCAB, (batch, length + 1)), jnp.int32
+    )
+    start = time.perf_counter()
+    params, opt_state, loss = step(params, opt_state, tokens, jax.random.key(1))
+    loss.block_until_ready()
+    compile_s = time.perf_counter() - start
+    times = []
+    for i in range(repeats):
+        start = time.perf_counter()
+        params, opt_state, loss = step(params, opt_state, tokens, jax.random.key(2 + i))
+        loss.block_until_ready()
+        times.append(time.perf_counter() - start)
+    median = statistics.median(times)
+    flops = flops_per_step(config, batch, length)
+    return Row(
+        impl=impl,
+        model=model,
+        size=size,
+        dtype=dtype,
+        device=device_name(),
+        step_ms_median=1e3 * median,
+        step_ms_min=1e3 * min(times),
+        flops_per_step=flops,
+        matmul_tflops=rate / 1e12,
+        efficiency=flops / (median * rate),
+        compile_s=compile_s,
+    )
+
+
+def device_name() -> str:
+    device = jax.devices()[0]
+    return f"{device.platform}:{getattr(device, 'device_kind', '?')}"
+
+
+def plan(impls, model_types, sizes, dtypes) -> list[tuple[str, str, str, str]]:
+    """The rows to run; pallas on CPU only at the small size (interpret mode)."""
+    on_gpu = jax.default_backend() == "gpu"
+    rows = []
+    for size in sizes:
+        for dtype in dtypes:
+            for model in model_types:
+                for impl in impls:
+                    if impl == "pallas" and not on_gpu and size != "small":
+                        continue
+                    rows.append((impl, model, size, dtype))
+    return rows
+
+
+def format_table(rows: Sequence[Row]) -> str:
+    header = f"{'impl':<7}{'model':<10}{'size':<7}{'dtype':<10}{'step ms':>10}{'GFLOP':>9}"
+    header += f"{'mm TFLOP/s':>12}{'eff':>7}"
+    lines = [header]
+    for r in rows:
+        lines.append(
+            f"{r.impl:<7}{r.model:<10}{r.size:<7}{r.dtype:<10}{r.step_ms_median:>10.1f}"
+            f"{r.flops_per_step / 1e9:>9.1f}{r.matmul_tflops:>12.3f}{r.efficiency:>7.2f}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str]) -> None:
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    unknown = [s for s in _SIZES.value if s not in SIZES]
+    unknown += [i for i in _IMPLS.value if i not in models.IMPLS]
+    unknown += [d for d in _DTYPES.value if d not in ("float32", "bfloat16")]
+    unknown += [m for m in _MODELS.value if m not in ("rhn", "hyperrhn")]
+    if unknown:
+        raise SystemExit(f"error: unknown benchmark choice(s): {', '.join(unknown)}")
+    rates = {dtype: matmul_rate(dtype) for dtype in _DTYPES.value}
+    rows = []
+    for impl, model, size, dtype in plan(_IMPLS.value, _MODELS.value, _SIZES.value, _DTYPES.value):
+        row = time_row(impl, model, size, dtype, _REPEATS.value, rates[dtype])
+        rows.append(row)
+        print(format_table([row]).splitlines()[1], flush=True)
+    print(format_table(rows))
+    if _OUT.value:
+        record = {
+            "command": "python -m rhhjax.bench " + " ".join(argv[1:]),
+            "date": time.strftime("%Y-%m-%d"),
+            "jax": jax.__version__,
+            "device": device_name(),
+            "rows": [dataclasses.asdict(r) for r in rows],
+        }
+        with open(_OUT.value, "w") as f:
+            json.dump(record, f, indent=1)
+
+
+if __name__ == "__main__":
+    app.run(main)
