@@ -64,11 +64,15 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
     model.hyper_input = "x"  # x (paper) | x_and_state (Ha's HyperLSTM: also the main state).
     model.impl = "scan"  # scan (reference nn.scan) | fused (custom VJP) | pallas (GPU kernels).
     model.dtype = "float32"  # Matmul input dtype: float32 | bfloat16 (carry stays float32).
+    model.hyper_rank = 0  # 0 = paper's column scaling; d > 0: rank-d W o sum u_i v_i^T (sec. 4).
 
     config.train = train = ml_collections.ConfigDict()
     train.batch_size = 256  # Sequences per step (paper: 256; the paper's code used 200).
     train.seq_len = 100  # Characters per training sequence (inputs and targets each).
-    train.learning_rate = 1e-3  # Adam step size (paper HyperRHN: 1e-3; RHN: 5e-4).
+    train.optimizer = "adam"  # adam (paper) | sgd (Zilly's recipe, with lr_decay).
+    train.learning_rate = 1e-3  # Step size (paper HyperRHN: Adam 1e-3; RHN: 5e-4).
+    train.lr_decay = 1.0  # sgd: divide the learning rate by this once per epoch...
+    train.lr_decay_start_epoch = 0  # ...from this 0-based epoch on.
     train.b1 = 0.9  # Adam beta1.
     train.b2 = 0.999  # Adam beta2.
     train.weight_decay = 0.0  # Decoupled weight decay (AdamW) when > 0.
@@ -78,7 +82,7 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
     train.max_steps = 0  # Stop after this many steps when > 0 (takes precedence).
     train.max_minutes = 0.0  # Stop (and evaluate) after this wall time when > 0.
     train.eval_every_steps = 0  # Validate every N steps; 0 = once per epoch.
-    train.patience = 20  # Early stopping: evaluations without a new best validation BPC.
+    train.patience = 20  # Early stopping: evaluations without a new best valid BPC; 0 = off.
     train.log_every_steps = 50  # Progress line and metrics record every N steps.
     train.checkpoint_every_steps = 0  # Extra checkpoints every N steps; 0 = at evaluations.
     train.keep_checkpoints = 3  # Latest checkpoints kept (the best one is kept as well).

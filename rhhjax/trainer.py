@@ -240,6 +240,7 @@ class OptimizerConfig:
 
     @classmethod
     def from_config(cls, train: Any, batches_per_epoch: int) -> OptimizerConfig:
+        decays = train.optimizer == "sgd" and float(train.lr_decay) != 1.0
         return cls(
             optimizer=str(train.optimizer),
             learning_rate=float(train.learning_rate),
@@ -250,7 +251,8 @@ class OptimizerConfig:
             clip_type=str(train.clip_type),
             lr_decay=float(train.lr_decay),
             lr_decay_start_epoch=int(train.lr_decay_start_epoch),
-            batches_per_epoch=int(batches_per_epoch),
+            # only the SGD decay reads it: keep it out of the jit cache key otherwise
+            batches_per_epoch=int(batches_per_epoch) if decays else 1,
         )
 
     def learning_rate_at(self, step):
@@ -301,6 +303,15 @@ def init_key(seed: int) -> jax.Array:
 
 
 @functools.lru_cache(maxsize=16)
+def make_init(mc: models.ModelConfig) -> Callable:
+    """``key -> params``, run eagerly, NOT under jit: on jax 0.10.x a jitted CPU computation
+    holding several LAPACK calls (the orthogonal inits' QRs) can deadlock on few cores
+    (github.com/qiskit-community/ffsim/pull/684 reports the same hang)."""
+    model = models.build_model(mc)
+    return lambda key: models.init_params(model, key)
+
+
+@functools.lru_cache(maxsize=16)
 def make_train_step(mc: models.ModelConfig, oc: OptimizerConfig, seed: int) -> Callable:
     """Jitted ``(params, opt_state, carry, inputs, targets, reset, step, retry)
     -> (params, opt_state, carry, loss, grad_norm)``.
@@ -328,7 +339,7 @@ def make_train_step(mc: models.ModelConfig, oc: OptimizerConfig, seed: int) -> C
         (loss, carry), grads = jax.value_and_grad(loss_fn, has_aux=True)(
             params, carry, inputs, targets, key
         )
-        grad_norm = l1_norm(grads) if oc.clip_type == "l1" else optax.global_norm(grads)
+        grad_norm = l1_norm(grads) if oc.clip_type == "l1" else optax.tree.norm(grads)
         updates, opt_state = tx.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
         return params, opt_state, carry, loss, grad_norm
@@ -411,7 +422,11 @@ def _flat(d: Mapping, prefix: str = "") -> dict:
 
 
 def _check_compatible(
-    workdir: Path, cfg: ml_collections.ConfigDict, mc: models.ModelConfig, vocab: data_lib.Vocab
+    workdir: Path,
+    cfg: ml_collections.ConfigDict,
+    mc: models.ModelConfig,
+    vocab: data_lib.Vocab,
+    sampler_state: dict,
 ) -> dict | None:
     """Compare the workdir's run (checkpoint meta, else config.json) with this config.
 
@@ -440,10 +455,11 @@ def _check_compatible(
         raise TrainError(f"workdir {workdir} holds a checkpoint of another format; {hint}")
     old_model = dict(meta["model"]) if meta else dict(saved_cfg.get("model", {}))
     new_model = dataclasses.asdict(mc)
+    defaults = {f.name: f.default for f in dataclasses.fields(models.ModelConfig)}
     for name, value in new_model.items():
         if name in MODEL_FIELDS_FREE:
             continue
-        if old_model.get(name) != value:
+        if old_model.get(name, defaults[name]) != value:  # fields added later: their default
             raise TrainError(
                 f"workdir {workdir} holds a run with model.{name}={old_model.get(name)!r} "
                 f"({where}), this config has {value!r}; {hint}"
@@ -462,6 +478,15 @@ def _check_compatible(
             f"({len(meta['vocab']['symbols'])} symbols, the data now gives {len(vocab.symbols)}); "
             f"{hint}"
         )
+    if meta is not None:
+        old_sampler = meta.get("sampler", {})
+        for key in ("sampler", "n_tokens", "batch_size", "seq_len", "random_offset"):
+            if old_sampler.get(key) != sampler_state.get(key):
+                raise TrainError(
+                    f"workdir {workdir} holds a run whose sampler had {key}="
+                    f"{old_sampler.get(key)!r}, this config's has {sampler_state.get(key)!r} "
+                    f"(different training data?); {hint}"
+                )
     return meta
 
 
@@ -558,7 +583,7 @@ def train_and_evaluate(
         valid_tokens = valid_tokens[: cfg.eval.max_valid_chars]
     _check_eval_data(cfg, corpus, valid_tokens)
     _check_workdir_writable(workdir)
-    _check_compatible(workdir, cfg, mc, corpus.vocab)
+    _check_compatible(workdir, cfg, mc, corpus.vocab, sampler.state())
 
     # ---- validation passed: from here on the workdir is written.
     workdir.mkdir(parents=True, exist_ok=True)
@@ -567,13 +592,13 @@ def train_and_evaluate(
     t = cfg.train
     bpe = sampler.batches_per_epoch
     oc = OptimizerConfig.from_config(t, bpe)
-    model = models.build_model(mc)
     train_step = make_train_step(mc, oc, int(cfg.seed))
     tx = make_optimizer(oc)
 
     def initial_state(retry: int = 0) -> _State:
-        params = models.init_params(model, init_key(int(cfg.seed)))
+        params = make_init(mc)(init_key(int(cfg.seed)))
         carry = eval_lib.zero_carry(mc, params, t.batch_size)
+        carry = jax.tree.map(jnp.copy, carry)  # distinct buffers (the LSTM's alias): donated
         return _State(params=params, opt_state=tx.init(params), carry=carry, retry=retry)
 
     ckpts = ckpt_lib.Checkpoints(workdir, keep=t.keep_checkpoints)
@@ -661,43 +686,29 @@ def train_and_evaluate(
         with _SignalCatcher(log) as signals:
             loop.signals = signals
             state, stop_reason = loop.run(state)
-            if stop_reason == "signal":
-                signum = signals.signum
+            summary = {
+                "step": state.step,
+                "epoch": state.step / bpe,
+                "stop_reason": stop_reason,
+                "num_params": num_params,
+                "best_step": state.best_step,
+                "best_valid_bpc": state.best_bpc,
+            }
+            final = None
+            if stop_reason != "signal":
+                final, used = loop.final_evaluation(state, corpus)
+            if final is None:  # SIGTERM / SIGINT during training or the final evaluation
+                name = signal.Signals(signals.signum).name
                 log(
-                    f"stopped by {signal.Signals(signum).name} at step {state.step}; checkpoint "
-                    f"saved; run the same command again to resume"
+                    f"stopped by {name} at step {state.step}; checkpoint saved; run the same "
+                    f"command again to resume"
                 )
-                return {
-                    "status": "interrupted",
-                    "exit_code": 128 + signum,
-                    "step": state.step,
-                    "epoch": state.step / bpe,
-                    "stop_reason": stop_reason,
-                    "num_params": num_params,
-                    "best_step": state.best_step,
-                    "best_valid_bpc": state.best_bpc,
-                }
-            final, used = loop.final_evaluation(state, corpus)
-            if signals.signum is not None and final is None:
-                return {
-                    "status": "interrupted",
-                    "exit_code": 128 + signals.signum,
-                    "step": state.step,
-                    "epoch": state.step / bpe,
-                    "stop_reason": "signal",
-                    "num_params": num_params,
-                    "best_step": state.best_step,
-                    "best_valid_bpc": state.best_bpc,
-                }
+                summary["stop_reason"] = "signal"
+                return {"status": "interrupted", "exit_code": 128 + signals.signum, **summary}
         results = {
             "status": "finished",
             "exit_code": 0,
-            "step": state.step,
-            "epoch": state.step / bpe,
-            "stop_reason": stop_reason,
-            "num_params": num_params,
-            "best_step": state.best_step,
-            "best_valid_bpc": state.best_bpc,
+            **summary,
             "evaluated_checkpoint": used,
             "valid_protocol": cfg.eval.valid_protocol,
             "final": final,
