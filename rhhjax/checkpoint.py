@@ -116,7 +116,7 @@ class Checkpoints:
             step,
             params=ocp.args.StandardSave(params),
             opt_state=ocp.args.StandardSave(opt_state),
-            carry=ocp.args.StandardSave(carry),
+            carry=ocp.args.StandardSave({"carry": carry}),  # a bare array is not a tree
             meta=ocp.args.JsonSave(meta),
         )
 
@@ -160,11 +160,11 @@ class Checkpoints:
             args=ocp.args.Composite(
                 params=ocp.args.StandardRestore(abstract(params)),
                 opt_state=ocp.args.StandardRestore(abstract(opt_state)),
-                carry=ocp.args.StandardRestore(abstract(carry)),
+                carry=ocp.args.StandardRestore({"carry": abstract(carry)}),
                 meta=ocp.args.JsonRestore(),
             ),
         )
-        return restored.params, restored.opt_state, restored.carry, dict(restored.meta)
+        return restored.params, restored.opt_state, restored.carry["carry"], dict(restored.meta)
 
     def read_meta(self, which: str = "latest", step: int | None = None) -> dict | None:
         """The meta JSON of a checkpoint (default: the newest of ``which``), or None."""

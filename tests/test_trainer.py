@@ -29,6 +29,7 @@ SHAKESPEARE = Path(
         "RHHJAX_SHAKESPEARE", ROOT.parent / "shared" / "data" / "tinyshakespeare" / "input.txt"
     )
 )
+PTB_DIR = Path(os.environ.get("RHHJAX_PTB_DIR", ROOT.parent / "shared" / "data" / "ptb"))
 TIMING_FIELDS = ("time", "chars_per_sec", "seconds")
 
 
@@ -189,6 +190,26 @@ def test_plot_of_run(trained, tmp_path):
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.skipif(
+    not (PTB_DIR / "ptb.train.txt").is_file(),
+    reason=f"real PTB not found in {PTB_DIR} (set RHHJAX_PTB_DIR to the folder of ptb.*.txt)",
+)
+def test_real_ptb_tiny(tmp_path):
+    """configs/ptb.py:tiny as shipped (raw PTB characters), only the data folder and a larger
+    evaluation batch set: 50 symbols, every valid/test character scored once."""
+    cfg = ptb_config("tiny")
+    cfg.data.dir = str(PTB_DIR)
+    cfg.eval.batch_size = 512
+    cfg.eval.final_protocols = "windows,stream"
+    results = trainer.train_and_evaluate(cfg, tmp_path / "ptb", log=quiet)
+    meta = ckpt_lib.load_for_inference(tmp_path / "ptb")[1]
+    assert meta["model"]["vocab_size"] == 50 and len(meta["vocab"]["symbols"]) == 50
+    assert results["final"]["valid"]["windows"]["chars"] == 399_782 - 1
+    assert results["final"]["test"]["stream"]["chars"] == 449_945 - 1
+    # an untrained model is close to uniform over 50 symbols (log2 50 = 5.64 bits)
+    assert 4.5 < results["final"]["test"]["windows"]["bpc"] < 6.5
+
+
 # ----------------------------------------------------------------------------- resume exactness
 
 
@@ -244,6 +265,38 @@ def test_resume_reproduces_uninterrupted_run(tmp_path, text_file, sampler):
         params, meta = latest_params(workdir)
         assert meta["step"] == 8
         assert_trees_equal(params, reference)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        dict(model__type="lstm", data__sampler="stream"),
+        dict(
+            model__type="rhn",
+            model__dropout="variational",
+            model__keep_input=0.7,
+            model__keep_hidden=0.8,
+            model__keep_output=0.9,
+            train__optimizer="sgd",
+            train__learning_rate=0.2,
+            train__lr_decay=1.03,
+            train__clip_type="l2",
+            train__weight_decay=1e-7,
+        ),
+    ],
+    ids=["lstm-stream", "rhn-variational-sgd"],
+)
+def test_other_models_and_optimizers_resume(tmp_path, text_file, overrides):
+    common = dict(train__eval_every_steps=2, eval__final_protocols="stream", **overrides)
+    results = trainer.train_and_evaluate(
+        tiny_config(text_file, train__max_steps=2, **common), tmp_path / "run", log=quiet
+    )
+    assert results["status"] == "finished" and results["step"] == 2
+    results = trainer.train_and_evaluate(
+        tiny_config(text_file, train__max_steps=4, **common), tmp_path / "run", log=quiet
+    )
+    assert results["step"] == 4
+    assert math.isfinite(results["final"]["test"]["stream"]["bpc"])
 
 
 # ----------------------------------------------------------------------------- non-finite loss
@@ -344,6 +397,7 @@ def test_incompatible_workdir_is_refused(trained, text_file):
         (dict(model__type="rhn"), "model.type"),
         (dict(train__batch_size=8), "train.batch_size"),
         (dict(data__text_vocab="byte"), "data.text_vocab"),
+        (dict(data__hutter_holdout=2500), "n_tokens"),
     ]:
         with pytest.raises(trainer.TrainError, match=needle):
             trainer.train_and_evaluate(tiny_config(text_file, **overrides), workdir, log=quiet)

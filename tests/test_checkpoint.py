@@ -1,0 +1,114 @@
+"""Checkpoint managers: bitwise round trip, retention of latest / best, pruning, read-only use."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from rhhjax import checkpoint as ckpt_lib
+
+
+def make_state(seed: int = 0):
+    key = jax.random.key(seed)
+    params = {
+        "embed": {"embedding": jax.random.normal(key, (5, 3))},
+        "head": {
+            "kernel": jax.random.normal(jax.random.fold_in(key, 1), (3, 5)),
+            "bias": jnp.arange(5, dtype=jnp.float32),
+        },
+    }
+    tx = optax.adam(1e-3)
+    opt_state = tx.init(params)
+    _, opt_state = tx.update(params, opt_state, params)  # non-trivial moments and count
+    carry = (jnp.ones((2, 4)), jnp.full((2, 3), 0.5))
+    return params, opt_state, carry
+
+
+def meta(step: int, **extra) -> dict:
+    return {"version": ckpt_lib.META_VERSION, "step": step, "vocab": {"symbols": ["a"]}, **extra}
+
+
+def assert_equal(a, b):
+    assert jax.tree.structure(a) == jax.tree.structure(b)
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_round_trip_is_bitwise(tmp_path):
+    params, opt_state, carry = make_state()
+    with ckpt_lib.Checkpoints(tmp_path, keep=2) as c:
+        c.save_latest(7, params, opt_state, carry, meta(7, pending={"loss": [0.1, 1 / 3]}))
+    templates = ckpt_lib.abstract(make_state(seed=1))
+    with ckpt_lib.Checkpoints(tmp_path, keep=2) as c:
+        assert c.latest_step() == 7
+        p, o, k, m = c.restore_latest(7, *templates)
+    assert_equal(p, params)
+    assert_equal(o, opt_state)  # optax named tuples come back as such
+    assert isinstance(o[0], optax.ScaleByAdamState)
+    assert_equal(k, carry)
+    assert m["pending"]["loss"] == [0.1, 1 / 3]  # floats survive JSON exactly
+
+
+def test_bare_array_carry(tmp_path):
+    """The plain RHN's carry is one array (not a tree)."""
+    params, opt_state, _ = make_state()
+    carry = jnp.arange(6.0).reshape(2, 3)
+    with ckpt_lib.Checkpoints(tmp_path) as c:
+        c.save_latest(1, params, opt_state, carry, meta(1))
+        _, _, k, _ = c.restore_latest(1, *ckpt_lib.abstract((params, opt_state, carry)))
+    assert_equal(k, carry)
+
+
+def test_retention_and_prune(tmp_path):
+    params, opt_state, carry = make_state()
+    with ckpt_lib.Checkpoints(tmp_path, keep=2) as c:
+        for step in (1, 2, 3, 4):
+            c.save_latest(step, params, opt_state, carry, meta(step))
+        c.save_best(2, params, meta(2))
+        c.save_best(4, params, meta(4))
+        assert c.steps("latest") == [3, 4]
+        assert c.steps("best") == [4]  # one best kept
+        c.save_latest(4, params, opt_state, carry, meta(4, again=True))  # same step: replaced
+        assert c.read_meta("latest")["again"] is True
+        assert sorted(c.prune_after(3)) == [4, 4]
+        assert c.steps("latest") == [3] and c.steps("best") == []
+
+
+def test_read_only_and_inference_loading(tmp_path):
+    with pytest.raises(ckpt_lib.CheckpointError, match="does not exist"):
+        ckpt_lib.load_for_inference(tmp_path / "missing")
+    with pytest.raises(ckpt_lib.CheckpointError, match="no checkpoint"):
+        ckpt_lib.load_for_inference(tmp_path)
+    assert not ckpt_lib.has_checkpoint(tmp_path)
+    params, opt_state, carry = make_state()
+    with ckpt_lib.Checkpoints(tmp_path, keep=3) as c:
+        c.save_latest(5, params, opt_state, carry, meta(5))
+    # no best yet: "best" falls back to the latest
+    p, m, used = ckpt_lib.load_for_inference(tmp_path, "best")
+    assert used == "latest" and m["step"] == 5
+    assert_equal(p, params)
+    with ckpt_lib.Checkpoints(tmp_path, keep=3) as c:
+        c.save_best(3, jax.tree.map(lambda x: x + 1, params), meta(3))
+    p, m, used = ckpt_lib.load_for_inference(tmp_path, "best")
+    assert used == "best" and m["step"] == 3
+    assert_equal(p, jax.tree.map(lambda x: x + 1, params))
+    before = sorted(str(p) for p in tmp_path.rglob("*"))
+    with ckpt_lib.Checkpoints(tmp_path, read_only=True) as c:
+        assert c.latest_step() == 5 and c.best_step() == 3
+        with pytest.raises(ckpt_lib.CheckpointError, match="read-only"):
+            c.save_best(9, params, meta(9))
+    assert sorted(str(p) for p in tmp_path.rglob("*")) == before
+
+
+def test_unfinished_save_is_ignored(tmp_path):
+    """A temporary folder left by kill -9 during a save is not a checkpoint."""
+    (tmp_path / "checkpoints" / "12.orbax-checkpoint-tmp-1").mkdir(parents=True)
+    assert not ckpt_lib.has_checkpoint(tmp_path)
+    params, opt_state, carry = make_state()
+    with ckpt_lib.Checkpoints(tmp_path) as c:
+        assert c.latest_step() is None
+        c.save_latest(3, params, opt_state, carry, meta(3))
+        assert c.steps("latest") == [3]

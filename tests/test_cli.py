@@ -1,0 +1,300 @@
+"""The command lines as a user runs them (subprocesses): train.py, rhhjax.evaluate,
+rhhjax.sample, rhhjax.plot -- bad input, SIGTERM and resume, default workdir.
+
+The subprocesses share a persistent JAX compilation cache (a temporary folder) so only the
+first one pays for compiling the tiny model.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PTB_CONFIG = ROOT / "configs" / "ptb.py"
+SHAKESPEARE = Path(
+    os.environ.get(
+        "RHHJAX_SHAKESPEARE", ROOT.parent / "shared" / "data" / "tinyshakespeare" / "input.txt"
+    )
+)
+
+
+def write_text(path: Path, n: int = 30_000) -> Path:
+    if SHAKESPEARE.is_file():
+        text = SHAKESPEARE.read_text(encoding="utf-8")[:n]
+    else:  # a deterministic stand-in
+        words = ["the", "king", "and", "queen", "of", "a", "castle", "speak", "now", "First"]
+        text = " ".join(words[(i * 7 + i // 3) % len(words)] for i in range(n // 3))[:n]
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    cache = tmp_path_factory.mktemp("jax_cache")
+    return {
+        **os.environ,
+        "JAX_COMPILATION_CACHE_DIR": str(cache),
+        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+        "PYTHONUNBUFFERED": "1",
+    }
+
+
+@pytest.fixture(scope="module")
+def text_file(tmp_path_factory) -> Path:
+    return write_text(tmp_path_factory.mktemp("data") / "shake.txt")
+
+
+def train_args(text_file: Path, *extra: str, workdir: Path | None = None) -> list[str]:
+    args = [
+        sys.executable,
+        str(ROOT / "train.py"),
+        f"--config={PTB_CONFIG}:tiny",
+        "--config.data.format=text",
+        f"--config.data.text_files={text_file}",
+        "--config.data.hutter_holdout=3000",
+        *extra,
+    ]
+    if workdir is not None:
+        args.append(f"--workdir={workdir}")
+    return args
+
+
+def run(args, env, cwd=ROOT, timeout=240):
+    return subprocess.run(args, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+
+
+# ----------------------------------------------------------------------------- bad input
+
+
+def _incompatible(tmp_path: Path, text_file: Path) -> Path:
+    workdir = tmp_path / "old_run"
+    workdir.mkdir()
+    spec = importlib.util.spec_from_file_location("ptb_config", PTB_CONFIG)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    cfg = module.get_config("tiny")
+    cfg.data.format, cfg.data.text_files, cfg.data.hutter_holdout = "text", str(text_file), 3000
+    cfg.model.hidden = 64
+    (workdir / "config.json").write_text(json.dumps(cfg.to_dict()))
+    return workdir
+
+
+BAD = {
+    "depth": (lambda tmp, tf: tmp / "w", ["--config.model.depth=0"], "model.depth=0"),
+    "keep": (lambda tmp, tf: tmp / "w", ["--config.model.keep=0.0"], "model.keep"),
+    "impl": (lambda tmp, tf: tmp / "w", ["--config.model.impl=cuda"], "model.impl"),
+    "missing data": (
+        lambda tmp, tf: tmp / "w",
+        ["--config.data.text_files=/nonexistent/corpus.txt"],
+        "/nonexistent/corpus.txt",
+    ),
+    "unwritable": (lambda tmp, tf: tmp / "a_file" / "w", [], "not a directory"),
+    "incompatible": (_incompatible, [], "model.hidden=64"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_bad_input_is_one_line_and_writes_nothing(tmp_path, text_file, env, case):
+    make_workdir, extra, needle = BAD[case]
+    (tmp_path / "a_file").write_text("x")
+    workdir = make_workdir(tmp_path, text_file)
+    before = sorted(str(p) for p in tmp_path.rglob("*"))
+    proc = run(train_args(text_file, *extra, workdir=workdir), env)
+    assert proc.returncode == 1, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+    assert needle in lines[0]
+    assert sorted(str(p) for p in tmp_path.rglob("*")) == before  # nothing created
+
+
+# ----------------------------------------------------------------------------- SIGTERM, resume
+
+
+@pytest.fixture(scope="module")
+def interrupted(tmp_path_factory, text_file, env):
+    """Start a long run without --workdir (-> workdirs/ptb_tiny), SIGTERM it after its first
+    checkpoint, then rerun the same command with a near step bound: (workdir, outputs)."""
+    cwd = tmp_path_factory.mktemp("cwd")
+    workdir = cwd / "workdirs" / "ptb_tiny"
+    args = train_args(
+        text_file,
+        "--config.train.max_steps=1000000",
+        "--config.train.eval_every_steps=1000000",
+        "--config.train.checkpoint_every_steps=5",
+        "--config.train.log_every_steps=25",
+    )
+    proc = subprocess.Popen(
+        args, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    ckpt_dir = workdir / "checkpoints"
+    deadline = time.time() + 180
+    while time.time() < deadline and proc.poll() is None:
+        if ckpt_dir.is_dir() and any(p.name.isdigit() for p in ckpt_dir.iterdir()):
+            break
+        time.sleep(0.2)
+    assert proc.poll() is None, proc.communicate()
+    proc.send_signal(signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=120)
+    first = (proc.returncode, stdout, stderr)
+    steps = sorted(int(p.name) for p in ckpt_dir.iterdir() if p.name.isdigit())
+    second = run(
+        [
+            *args[:-4],
+            f"--config.train.max_steps={steps[-1] + 4}",
+            "--config.train.eval_every_steps=2",
+            "--config.train.checkpoint_every_steps=5",
+            "--config.train.log_every_steps=25",
+        ],
+        env,
+        cwd=cwd,
+    )
+    return workdir, steps, first, second
+
+
+def test_sigterm_saves_and_exits_143(interrupted):
+    workdir, steps, (code, stdout, stderr), _ = interrupted
+    assert code == 128 + signal.SIGTERM, stderr
+    assert "received SIGTERM" in stdout and "stopped by SIGTERM" in stdout
+    assert steps[-1] >= 5
+    events = [json.loads(x) for x in (workdir / "metrics.jsonl").read_text().splitlines()]
+    stops = [e for e in events if e.get("event") == "stop"]
+    assert stops[0]["reason"] == "signal" and stops[0]["step"] == steps[-1]
+    assert not (workdir / "results.json").exists() or stops[-1]["reason"] != "signal"
+
+
+def test_rerun_resumes_to_the_end(interrupted):
+    workdir, steps, _, second = interrupted
+    assert second.returncode == 0, second.stderr
+    assert f"from step {steps[-1]}" in second.stdout
+    results = json.loads((workdir / "results.json").read_text())
+    assert results["step"] == steps[-1] + 4 and results["status"] == "finished"
+    assert "paper_test_mask95" in results["final"]["test"]
+    assert "paper_test_mask95" in second.stdout  # the printed table
+    assert second.stderr.strip() == ""
+
+
+def test_evaluate_cli(interrupted, env, tmp_path):
+    workdir = interrupted[0]
+    out = tmp_path / "eval.json"
+    proc = run(
+        [
+            sys.executable,
+            "-m",
+            "rhhjax.evaluate",
+            f"--workdir={workdir}",
+            "--split=test",
+            "--protocol=windows,paper",
+            "--checkpoint=best",
+            f"--output={out}",
+        ],
+        env,
+    )
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads(out.read_text())
+    assert set(got["results"]["test"]) == {"windows", "paper", "paper_test_mask95"}
+    assert got["results"]["test"]["windows"]["chars"] == 2999
+    final = json.loads((workdir / "results.json").read_text())["final"]
+    assert got["results"]["test"]["windows"] == final["test"]["windows"]
+    assert "paper_test_mask95" in proc.stdout
+
+
+def test_sample_cli(interrupted, env):
+    workdir = interrupted[0]
+    args = [
+        sys.executable,
+        "-m",
+        "rhhjax.sample",
+        f"--workdir={workdir}",
+        "--prompt=First",
+        "--length=30",
+        "--temperature=0.8",
+        "--seed=3",
+    ]
+    a, b = run(args, env), run(args, env)
+    assert a.returncode == 0, a.stderr
+    assert a.stdout == b.stdout and a.stdout.startswith("First")
+    assert len(a.stdout) == len("First") + 30 + 1  # print() adds the last newline
+    bad = run([*args[:3], "--workdir=/nonexistent/run"], env)
+    assert bad.returncode == 1 and bad.stderr.strip().splitlines() == [
+        "error: workdir /nonexistent/run does not exist"
+    ]
+
+
+def test_plot_cli(interrupted, env):
+    workdir = interrupted[0]
+    proc = run([sys.executable, "-m", "rhhjax.plot", str(workdir)], env)
+    assert proc.returncode == 0, proc.stderr
+    assert (workdir / "bpc.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def _records(workdir: Path) -> list[dict]:
+    out = []
+    for line in (workdir / "metrics.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        if r["kind"] in ("train", "valid"):
+            out.append(
+                {k: v for k, v in r.items() if k not in ("time", "chars_per_sec", "seconds")}
+            )
+    return out
+
+
+def test_kill9_restart_reproduces_straight_run(tmp_path, text_file, env):
+    """SIGKILL a run after a checkpoint; the restart (same command, a step bound added)
+    writes the same metrics and ends with the same parameters as one uninterrupted run."""
+    import numpy as np
+
+    from rhhjax import checkpoint as ckpt_lib
+
+    common = [
+        "--config.train.eval_every_steps=10",
+        "--config.train.checkpoint_every_steps=5",
+        "--config.train.log_every_steps=3",
+        "--config.data.sampler=stream",
+    ]
+    killed = tmp_path / "killed"
+    proc = subprocess.Popen(
+        train_args(text_file, *common, "--config.train.max_steps=1000000", workdir=killed),
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    ckpt_dir = killed / "checkpoints"
+    deadline = time.time() + 180
+    while time.time() < deadline and proc.poll() is None:
+        if ckpt_dir.is_dir() and any(p.name.isdigit() for p in ckpt_dir.iterdir()):
+            break
+        time.sleep(0.05)
+    proc.kill()
+    proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+    last = max(int(p.name) for p in ckpt_dir.iterdir() if p.name.isdigit())
+    bound = f"--config.train.max_steps={last + 12}"
+    resumed = run(train_args(text_file, *common, bound, workdir=killed), env)
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"from step {last}" in resumed.stdout
+    straight = tmp_path / "straight"
+    ref = run(train_args(text_file, *common, bound, workdir=straight), env)
+    assert ref.returncode == 0, ref.stderr
+    assert _records(killed) == _records(straight)
+    params = []
+    for workdir in (killed, straight):
+        with ckpt_lib.Checkpoints(workdir, read_only=True) as c:
+            params.append(c.restore_params("latest")[0])
+    for a, b in zip(*(jax_leaves(p) for p in params), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def jax_leaves(tree):
+    import jax
+    import numpy as np
+
+    return [np.asarray(x) for x in jax.tree.leaves(tree)]

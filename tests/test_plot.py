@@ -1,0 +1,67 @@
+"""The BPC-against-epochs figure from metrics.jsonl."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rhhjax import plot
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def write_metrics(workdir, records):
+    workdir.mkdir(parents=True, exist_ok=True)
+    lines = [json.dumps(r) for r in records]
+    (workdir / "metrics.jsonl").write_text("\n".join(lines) + "\n{truncated by kill -9")
+
+
+def fake_run(workdir, offset=0.0):
+    records = [{"kind": "event", "event": "start", "step": 0}]
+    for step in range(1, 41):
+        epoch = step / 10
+        records.append(
+            {"kind": "train", "step": step, "epoch": epoch, "bpc": 3 - epoch / 2 + offset}
+        )
+        if step % 10 == 0:
+            records.append(
+                {
+                    "kind": "valid",
+                    "step": step,
+                    "epoch": epoch,
+                    "bpc": 3.1 - epoch / 3 + offset,
+                    "protocol": "windows",
+                }
+            )
+    # a resumed run re-logged step 40: the later record wins
+    records.append({"kind": "valid", "step": 40, "epoch": 4.0, "bpc": 1.5, "protocol": "windows"})
+    write_metrics(workdir, records)
+
+
+def test_curves_and_png(tmp_path):
+    fake_run(tmp_path / "run")
+    curves = plot.load_curves(tmp_path / "run")
+    assert len(curves["train"]) == 40 and len(curves["valid"]) == 4
+    assert curves["valid"][-1] == (4.0, 1.5) and curves["protocol"] == "windows"
+    out = plot.plot([tmp_path / "run"])
+    assert out == tmp_path / "run" / "bpc.png" and out.read_bytes()[:8] == PNG
+
+
+def test_several_runs_and_cli(tmp_path, capsys):
+    fake_run(tmp_path / "a")
+    fake_run(tmp_path / "b", offset=0.2)
+    out = tmp_path / "figs" / "both.png"
+    assert plot.main([str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(out)]) == 0
+    assert out.read_bytes()[:8] == PNG
+    assert str(out) in capsys.readouterr().out
+
+
+def test_missing_or_empty_metrics(tmp_path):
+    with pytest.raises(plot.PlotError, match="not found"):
+        plot.load_curves(tmp_path)
+    write_metrics(tmp_path, [{"kind": "event", "event": "start", "step": 0}])
+    with pytest.raises(plot.PlotError, match="no train or valid records"):
+        plot.load_curves(tmp_path)
+    with pytest.raises(SystemExit, match="error: "):
+        plot.main([str(tmp_path / "nowhere")])

@@ -1,0 +1,71 @@
+"""Train a character-level language model (RHN / HyperRHN / LSTM) and evaluate it.
+
+    python train.py --config=configs/ptb.py                  # the paper's HyperRHN on PTB
+    python train.py --config=configs/ptb.py:cpu              # a small model for a laptop CPU
+    python train.py --config=configs/ptb.py:rhn --workdir=workdirs/rhn --config.train.max_steps=1000
+    python train.py --config=configs/enwik8.py               # the RHN paper's enwik8 recipe
+
+--workdir defaults to workdirs/<config file stem>[_<variant>] (e.g. workdirs/ptb_cpu).
+Rerunning the same command in the same workdir resumes from its latest checkpoint.
+The loop is rhhjax.trainer.train_and_evaluate; see its docstring for what is written where.
+
+Set JAX_COMPILATION_CACHE_DIR=/some/folder to reuse compiled steps across restarts.
+
+Exit status:
+    0             training finished (results.json written)
+    1             bad input (one line "error: ..." on stderr, nothing written) or a
+                  non-finite loss with train.on_nonfinite=stop
+    128 + signum  stopped by SIGTERM (143) or SIGINT (130) after saving a checkpoint;
+                  run the same command again to resume
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", None, "Config file, optionally with a variant: configs/ptb.py[:cpu]."
+)
+_WORKDIR = flags.DEFINE_string(
+    "workdir", None, "Run directory; default workdirs/<config stem>[_<variant>]."
+)
+
+
+def default_workdir(config_argument: str) -> str:
+    """workdirs/<stem>[_<variant>] for a --config value like "configs/ptb.py:cpu"."""
+    path, _, variant = config_argument.partition(":")
+    stem = Path(path).stem
+    return str(Path("workdirs") / (f"{stem}_{variant}" if variant else stem))
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    if not flags.FLAGS["verbosity"].present:
+        logging.set_verbosity(logging.WARNING)  # orbax and jax are chatty at INFO
+    try:
+        config = _CONFIG.value
+        if config is None:
+            sys.exit("error: --config is required, e.g. --config=configs/ptb.py")
+        config.to_dict()  # a missing config file raises here
+    except OSError as e:
+        sys.exit(f"error: cannot read the config file: {' '.join(str(e).split())}")
+    workdir = _WORKDIR.value or default_workdir(
+        config_flags.get_config_filename(flags.FLAGS["config"])
+    )
+
+    from rhhjax import trainer  # after flag parsing: importing jax takes a moment
+
+    try:
+        results = trainer.train_and_evaluate(config, workdir)
+    except trainer.USER_ERRORS as e:
+        sys.exit(f"error: {' '.join(str(e).split())}")
+    return int(results.get("exit_code", 0))
+
+
+if __name__ == "__main__":
+    app.run(main)
