@@ -87,6 +87,11 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
     train.checkpoint_every_steps = 0  # Extra checkpoints every N steps; 0 = at evaluations.
     train.keep_checkpoints = 3  # Latest checkpoints kept (the best one is kept as well).
     train.on_nonfinite = "stop"  # stop | rollback (restore the last checkpoint and go on).
+    # Data parallelism: the batch is split over all devices of all processes (batch sizes must
+    # divide by the device count). Several hosts: True (or $JAX_COORDINATOR_ADDRESS set) calls
+    # jax.distributed.initialize() (JAX_NUM_PROCESSES / JAX_PROCESS_ID, or SLURM / MPI).
+    train.distributed = False
+    train.fsdp = False  # Also split parameters / optimizer state over devices (FSDP-style).
 
     config.eval = evaluation = ml_collections.ConfigDict()
     evaluation.batch_size = 256  # Rows per evaluation batch.

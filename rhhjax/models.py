@@ -18,7 +18,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from rhhjax import cells
+from rhhjax import cells, lowrank
 
 Array = jax.Array
 
@@ -59,6 +59,7 @@ class ModelConfig:
     hyper_input: str = "x"
     impl: str = "scan"
     dtype: str = "float32"
+    hyper_rank: int = 0
 
     @classmethod
     def from_config(cls, cfg: Any, **overrides: Any) -> ModelConfig:
@@ -107,6 +108,18 @@ class ModelConfig:
             raise ConfigError(
                 f"model.impl={self.impl!r} is only for RHN models; use 'scan' for lstm"
             )
+        rank = self.hyper_rank
+        if not isinstance(rank, int) or isinstance(rank, bool) or rank < 0:
+            raise ConfigError(f"model.hyper_rank={rank!r} must be a non-negative integer")
+        if rank > 0 and self.type != "hyperrhn":
+            raise ConfigError(
+                f"model.hyper_rank={rank} needs model.type='hyperrhn' (got {self.type!r})"
+            )
+        if rank > 0 and self.impl == "pallas":
+            raise ConfigError(
+                f"model.hyper_rank={rank} is not supported by model.impl='pallas' (its kernels "
+                "scale output columns only); use impl='fused' or 'scan'"
+            )
 
     @property
     def compute_dtype(self) -> jnp.dtype:
@@ -134,8 +147,17 @@ def uniform_init(fan_in: int, shift: float = 0.0) -> Callable[..., Array]:
 def matrix_init(kind: str, fan_in: int) -> Callable[..., Array]:
     """Weight init for a [fan_in, fan_out] matrix: orthogonal (paper code) or uniform."""
     if kind == "orthogonal":
-        return nn.initializers.orthogonal()
+        return float32_init(nn.initializers.orthogonal())
     return uniform_init(fan_in)
+
+
+def float32_init(init: Callable[..., Array]) -> Callable[..., Array]:
+    """`init` with a float32 default dtype (Flax's default follows jax_enable_x64)."""
+
+    def wrapped(key, shape, dtype=jnp.float32):
+        return init(key, shape, dtype)
+
+    return wrapped
 
 
 def stacked(init: Callable[..., Array]) -> Callable[..., Array]:
@@ -234,6 +256,11 @@ class HyperRHNCell(nn.Module):
 
     Parameters: hyper/* (an RHNCell), main/* (an RHNCell), proj_kernel [L, h, n],
     proj_bias [L, n].
+
+    With `hyper_rank = d > 0` (Suarez section 4) the main matmuls are instead scaled by a
+    per-example rank-d matrix, W~_l = W_l o sum_i u_l,i [v_l,i, v_l,i]^T (and U~ at l = 0);
+    proj_* are replaced by u_kernel, u_bias, v_kernel, v_bias, u_x_kernel, u_x_bias and
+    the main input is not pre-projected. See `rhhjax.lowrank`.
     """
 
     features: int
@@ -244,6 +271,7 @@ class HyperRHNCell(nn.Module):
     init: str = "orthogonal"
     t_bias_init: float = 0.0
     dtype: str = "float32"
+    hyper_rank: int = 0
 
     def setup(self):
         n, h, depth = self.features, self.hyper_features, self.depth
@@ -251,6 +279,12 @@ class HyperRHNCell(nn.Module):
         common = dict(depth=depth, init=self.init, t_bias_init=self.t_bias_init, dtype=self.dtype)
         self.hyper = RHNCell(features=h, input_features=hyper_in, **common)
         self.main = RHNCell(features=n, input_features=self.input_features, **common)
+        if self.hyper_rank > 0:
+            self.lowrank_scales = lowrank.declare_params(
+                self, depth, h, n, self.input_features, self.hyper_rank,
+                matrix_init(self.init, h), uniform_init(h),
+            )  # fmt: skip
+            return
         self.proj_kernel = self.param(
             "proj_kernel", stacked(matrix_init(self.init, h)), (depth, h, n)
         )
@@ -264,6 +298,8 @@ class HyperRHNCell(nn.Module):
         """
         e = self.input_features
         hyper_xproj = cells.matmul(x, self.hyper.kernel_x[:e], DTYPES[self.dtype])
+        if self.hyper_rank > 0:  # x U~ depends on the step's u^x: the main cell gets x.
+            return hyper_xproj, x
         return hyper_xproj, self.main.input_projection(x)
 
     def scales(self, hyper_layer_states: Array) -> Array:
@@ -291,6 +327,12 @@ class HyperRHNCell(nn.Module):
         s_hyper, hyper_layers = self.hyper.step(
             s_hyper, hyper_xproj, None, masks.get("hyper_gate"), masks.get("hyper_hidden")
         )
+        if self.hyper_rank > 0:
+            s_main, _ = lowrank.highway_step(
+                self.main.weights(), self.lowrank_scales, s_main, main_xproj, hyper_layers,
+                masks.get("main_gate"), masks.get("main_hidden"), DTYPES[self.dtype],
+            )  # fmt: skip
+            return (s_hyper, s_main), s_main
         z = self.scales(hyper_layers)
         s_main, _ = self.main.step(
             s_main, main_xproj, z, masks.get("main_gate"), masks.get("main_hidden")
@@ -467,6 +509,7 @@ class HyperRHNCore(nn.Module):
             init=c.init,
             t_bias_init=c.t_bias_init,
             dtype=c.dtype,
+            hyper_rank=c.hyper_rank,
         )
 
     def initial_carry(self, batch: int):

@@ -172,7 +172,9 @@ def _layer_masks(spec, keep_t, depth):
 # ----------------------------------------------------------------------------- the op
 
 
-def _run_forward(spec, kernel_s, bias_s, bias_x, s0, xproj, z, key_data, hidden_masks):
+def _run_forward(
+    spec, kernel_s, bias_s, bias_x, s0, xproj, z, key_data, hidden_masks, save=True
+):
     """Forward over all steps: (states [T, L, B, n], saved {name: [T, L, B, *]}, keep).
 
     keep: bool [T, L, B, n] gate-dropout decisions, or None.
@@ -199,7 +201,7 @@ def _run_forward(spec, kernel_s, bias_s, bias_x, s0, xproj, z, key_data, hidden_
                 layer,
             )
             states.append(s)
-            saved.append(saved_l)
+            saved.append(saved_l if save else {})
         return s, (jnp.stack(states), jax.tree_util.tree_map(lambda *a: jnp.stack(a), *saved))
 
     _, (states, saved) = jax.lax.scan(body, s0, (xproj, z, keep))
@@ -208,7 +210,9 @@ def _run_forward(spec, kernel_s, bias_s, bias_x, s0, xproj, z, key_data, hidden_
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _sequence(spec, kernel_s, bias_s, bias_x, s0, xproj, z, key_data, hidden_masks):
-    return _run_forward(spec, kernel_s, bias_s, bias_x, s0, xproj, z, key_data, hidden_masks)[0]
+    # Without differentiation nothing is saved for a backward pass.
+    args = (spec, kernel_s, bias_s, bias_x, s0, xproj, z, key_data, hidden_masks)
+    return _run_forward(*args, save=False)[0]
 
 
 def _sequence_fwd(spec, kernel_s, bias_s, bias_x, s0, xproj, z, key_data, hidden_masks):
@@ -358,6 +362,14 @@ def hyper_rhn_sequence(impl, cell, carry, xprojs, keys, keep, hidden_masks, dtyp
         spec, cell.hyper.weights(), s_hyper, hyper_xproj, None, hyper_key,
         hidden_masks.get("hyper_hidden"),
     )
+    if cell.hyper_rank > 0:  # Suarez section 4: main_xproj holds the raw input x here.
+        from rhhjax import lowrank
+
+        main_states = lowrank.lowrank_sequence(
+            spec, cell.main.weights(), cell.lowrank_scales, s_main, main_xproj, hyper_states,
+            main_key, hidden_masks.get("main_hidden"),
+        )  # fmt: skip
+        return (hyper_states[-1, -1], main_states[-1, -1]), main_states[:, -1]
     z = cell.scales(hyper_states)  # [T, L, B, n] in one batched matmul.
     main_states = highway_sequence(
         spec, cell.main.weights(), s_main, main_xproj, z, main_key,

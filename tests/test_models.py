@@ -45,7 +45,10 @@ def _np_lm(params, tokens, config, masks=None):
     outputs = []
     for step in range(length):
         x = x_all[:, step]
-        gate = (lambda name: None) if masks is None else (lambda name: masks[name][step])
+
+        def gate(name, step=step):
+            return None if masks is None else masks[name][step]
+
         if config.type == "rhn":
             s_main, _ = _np_highway_step(cell, s_main, x, None, gate("main"))
         else:

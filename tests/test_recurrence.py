@@ -1,6 +1,7 @@
 """`fused` and `pallas` recurrences against the `scan` reference: values and gradients."""
 
 import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -23,7 +24,7 @@ def _config(**overrides):
     return models.ModelConfig(**base)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _value_and_grad_fn(config):
     model = models.build_model(config)
 
@@ -51,8 +52,12 @@ def _fresh_case(config, seed, batch=5, length=9):
 
 
 def _assert_trees_close(actual, expected, tol):
-    for a, e in zip(jax.tree_util.tree_leaves(actual), jax.tree_util.tree_leaves(expected), strict=True):
-        np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(e, np.float32), rtol=tol, atol=tol)
+    for a, e in zip(
+        jax.tree_util.tree_leaves(actual), jax.tree_util.tree_leaves(expected), strict=True
+    ):
+        np.testing.assert_allclose(
+            np.asarray(a, np.float32), np.asarray(e, np.float32), rtol=tol, atol=tol
+        )
 
 
 CASES = [
@@ -72,7 +77,9 @@ def test_impl_matches_scan_values_and_gradients(impl, model_type, depth, hidden,
     seed = depth * 31 + hidden
     params, tokens, key = _fresh_case(config, seed)
     expected = _loss_and_grads(config, params, tokens, key)
-    actual = _loss_and_grads(config.__class__(**{**config.__dict__, "impl": impl}), params, tokens, key)
+    actual = _loss_and_grads(
+        config.__class__(**{**config.__dict__, "impl": impl}), params, tokens, key
+    )
     _assert_trees_close(actual, expected, TOLERANCE["float32"])
 
 
@@ -90,7 +97,9 @@ def test_bfloat16_matches_scan_within_documented_tolerance(impl):
     config = _config(dtype="bfloat16")
     params, tokens, key = _fresh_case(config, 5)
     expected = _loss_and_grads(config, params, tokens, key)
-    actual = _loss_and_grads(models.ModelConfig(**{**config.__dict__, "impl": impl}), params, tokens, key)
+    actual = _loss_and_grads(
+        models.ModelConfig(**{**config.__dict__, "impl": impl}), params, tokens, key
+    )
     _assert_trees_close(actual, expected, TOLERANCE["bfloat16"])
     # And bf16 stays near the f32 model (same params), i.e. it is not garbage.
     f32 = _loss_and_grads(_config(), params, tokens, key)
@@ -158,7 +167,9 @@ def test_pallas_train_step_lowers_for_cuda_with_triton_calls(model_type):
 
     def train_step(p, state, tokens, key):
         def loss_fn(p):
-            logits, _ = model.apply({"params": p}, tokens[:, :-1], train=True, rngs={"dropout": key})
+            logits, _ = model.apply(
+                {"params": p}, tokens[:, :-1], train=True, rngs={"dropout": key}
+            )
             return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
 
         loss, grads = jax.value_and_grad(loss_fn)(p)

@@ -1,0 +1,553 @@
+"""Low-rank hyper scaling of the main cell's weights (Suarez 2017, section 4, eq. 8).
+
+The paper's HyperRHN scales every output column of a weight matrix by the hypervector z,
+i.e. W~ = W o (1 z^T), a special rank-1 scaling. Section 4 proposes the general rank-d
+version, per example:
+
+    W~ = W o sum_{i=1..d} u_i v_i^T        u_i: input side (n_in), v_i: output side
+
+and notes that autodiff frameworks would store W~ (n_in x n_out) per example. This module
+never forms W~. It uses
+
+    y = x W~ = sum_i ((x o u_i) W) o v_i
+
+which is d ordinary matmuls of the whole batch: X_u = [x o u_i]_(b,i) is [B*d, n_in],
+X_u W is [B*d, n_out]. The backward of the same identity is
+
+    dW  = sum_(b,i) (x o u_i)^T (dy o v_i) = X_u^T DY_v     ONE matmul, K = B*d
+    dX_u = DY_v W^T;   dx = sum_i dX_u,i o u_i;   du_i = dX_u,i o x
+    dv_i = dy o ((x o u_i) W)                  (summed over the tiles, see below)
+
+Implementations of `y = scaled_matmul(x, w, u, v)` (selected by `op=` or `options(op=)`):
+
+- `custom_vjp` (default): a `jax.custom_vjp` whose residuals are x, u, v and W (W is the
+  parameter itself, shared by the batch); the backward recomputes X_u and X_u W.
+- `factored`: the same forward with plain autodiff (which saves X_u and X_u W).
+- `materialized`: forms W~ [B, n_in, n_out] per example. The reference; small sizes only.
+
+Tiling of v ("[z, z]"): v may be shorter than the output by an integer factor k; output
+column j is then scaled by v[j mod m] (m = len(v)). For the HyperRHN main cell the output is
+the 2n gate pre-activations (h-half, t-half) and v has length n, so both halves get the same
+v_i, exactly as the paper's z is doubled to [z, z] (the paper reports that the doubled z
+"works much better than simply using larger projection matrices"; it also halves the
+parameters and memory of the output side). Rank 1 with u = 1 and v = z is therefore exactly
+the paper's cell (`paper_equivalent_scales`).
+
+The HyperRHN main cell with `hyper_rank = d` (see `models.HyperRHNCell`), micro-layer l:
+
+    u_l,i = s_h,l P^u_l,i + p^u_l,i   [n]    v_l,i = s_h,l P^v_l,i + p^v_l,i   [n]
+    a = s W~_l + b_l      with W~_l = W_l o sum_i u_l,i [v_l,i, v_l,i]^T
+    at l = 0 also + x U~ + b_U  with U~ = U o sum_i u^x_i [v_0,i, v_0,i]^T, u^x_i [E]
+        (from s_h,0; v_0 is shared by U and W_0, i.e. [U; W_0] is scaled as one matrix,
+        like the paper's z_0 scales both x U and s W_0).
+
+Parameters (`LowRankScales`, names as in the Flax tree): u_kernel [L, h, d, n],
+u_bias [L, d, n], v_kernel [L, h, d, n], v_bias [L, d, n], u_x_kernel [h, d, E],
+u_x_bias [d, E].
+
+Initialisation (so that every rank starts as the paper's column scaling): u kernels are
+zero and u biases 1/sqrt(d), so at init u_i = 1/sqrt(d) for every i and example and
+sum_i u_i v_i^T = 1 (sum_i v_i / sqrt(d))^T -- a pure column scaling. Each P^v_l,i and
+p^v_l,i gets the paper's init of P_l and p_l (matrix init per [h, n] slice; uniform
++-1/sqrt(h) bias), independently per i, so sum_i v_i / sqrt(d) has the same distribution as
+the paper's z at every rank; at rank 1 the init is the paper's exactly (u = 1). The u
+kernels still get gradients at once (du_i = dX_u,i o x differs between i because the v_i
+differ), so the model can leave the column-scaling subspace as it learns.
+
+Memory: in the `scan` model each layer's "project u, v from s_h; scaled matmul" is wrapped
+in `jax.checkpoint` (`options(remat=True)`, the default), so per step and layer autodiff
+keeps only s and s_h (n + h numbers per example) whatever d is; u and v are recomputed in
+the backward. The `fused` model (`lowrank_sequence`) is one custom VJP over the whole main
+recurrence that saves the layer inputs and gates only, recomputes u, v and X_u W per step in
+the reverse loop, and accumulates dW per step with the K = B*d matmul above.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from rhhjax import cells
+
+Array = jax.Array
+
+OPS = ("custom_vjp", "factored", "materialized")
+
+_OPTIONS: dict[str, Any] = {"op": "custom_vjp", "remat": True}
+
+
+@contextlib.contextmanager
+def options(op: str | None = None, remat: bool | None = None):
+    """Selects, while tracing, the op used by the `scan` model (`op`, one of OPS) and whether
+    its per-layer scale projection + scaled matmul is rematerialised (`remat`). For tests and
+    benchmarks; the defaults (custom_vjp, remat) are what training uses."""
+    if op is not None and op not in OPS:
+        raise ValueError(f"op {op!r} is not one of {OPS}")
+    previous = dict(_OPTIONS)
+    if op is not None:
+        _OPTIONS["op"] = op
+    if remat is not None:
+        _OPTIONS["remat"] = bool(remat)
+    try:
+        yield
+    finally:
+        _OPTIONS.update(previous)
+
+
+# ----------------------------------------------------------------------------- the op
+
+
+def _tiles(n_out: int, m: int) -> int:
+    if n_out % m:
+        raise ValueError(f"output width {n_out} is not a multiple of len(v) = {m}")
+    return n_out // m
+
+
+def _products(x: Array, w: Array, u: Array, dtype) -> Array:
+    """X_u W: x [B, n_in], u [B, d, n_in] -> [B, d, n_out] (one [B*d, n_in] matmul)."""
+    batch, rank, n_in = u.shape
+    xu = (x[:, None, :] * u).reshape(batch * rank, n_in)
+    return cells.matmul(xu, w, dtype).reshape(batch, rank, -1)
+
+
+def _apply_v(products: Array, v: Array) -> Array:
+    """sum_i products_i o tile(v_i): [B, d, n_out], [B, d, m] -> [B, n_out]."""
+    batch, rank, n_out = products.shape
+    m = v.shape[-1]
+    k = _tiles(n_out, m)
+    scaled = products.reshape(batch, rank, k, m) * v[:, :, None, :]
+    return jnp.sum(scaled, axis=1).reshape(batch, n_out)
+
+
+def _forward(x: Array, w: Array, u: Array, v: Array, dtype) -> Array:
+    return _apply_v(_products(x, w, u, dtype), v)
+
+
+def _backward(x: Array, w: Array, u: Array, v: Array, dy: Array, dtype):
+    """Gradients (dx, dw, du, dv) of `_forward` from x, u, v, W only (see module docstring)."""
+    batch, rank, n_in = u.shape
+    n_out = w.shape[1]
+    m = v.shape[-1]
+    k = _tiles(n_out, m)
+    acc = cells.accumulation_dtype(dtype)
+    xu = (x[:, None, :] * u).reshape(batch * rank, n_in)
+    dy4 = dy.reshape(batch, 1, k, m)
+    dyv = (dy4 * v[:, :, None, :]).reshape(batch * rank, n_out)
+    # The whole batch's weight gradient as one matmul with K = B*d.
+    dw = jnp.einsum("ki,ko->io", xu.astype(dtype), dyv.astype(dtype), preferred_element_type=acc)
+    dxu = cells.matmul(dyv, w.T, dtype).reshape(batch, rank, n_in)
+    dx = jnp.sum(dxu * u, axis=1)
+    du = dxu * x[:, None, :]
+    products = cells.matmul(xu, w, dtype).reshape(batch, rank, k, m)  # recomputed
+    dv = jnp.sum(products * dy4, axis=2)
+    return dx, dw, du, dv
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _scaled_matmul_vjp(x, w, u, v, dtype):
+    return _forward(x, w, u, v, dtype)
+
+
+def _scaled_matmul_fwd(x, w, u, v, dtype):
+    return _forward(x, w, u, v, dtype), (x, w, u, v)
+
+
+def _scaled_matmul_bwd(dtype, residuals, dy):
+    x, w, u, v = residuals
+    dx, dw, du, dv = _backward(x, w, u, v, dy, dtype)
+    return dx.astype(x.dtype), dw.astype(w.dtype), du.astype(u.dtype), dv.astype(v.dtype)
+
+
+_scaled_matmul_vjp.defvjp(_scaled_matmul_fwd, _scaled_matmul_bwd)
+
+
+def _materialized(x: Array, w: Array, u: Array, v: Array, dtype) -> Array:
+    """The reference: W~ [B, n_in, n_out] per example, then a batched matvec."""
+    n_out = w.shape[1]
+    v_full = jnp.tile(v, (1, 1, _tiles(n_out, v.shape[-1])))  # [v, v, ...]
+    w_tilde = w[None] * jnp.einsum("bdi,bdo->bio", u, v_full)
+    return jnp.einsum(
+        "bi,bio->bo",
+        x.astype(dtype),
+        w_tilde.astype(dtype),
+        preferred_element_type=cells.accumulation_dtype(dtype),
+    )
+
+
+def materialized_size(batch: int, n_in: int, n_out: int, itemsize: int = 4) -> int:
+    """Bytes of the per-example W~ one materialised scaled matmul would keep."""
+    return batch * n_in * n_out * itemsize
+
+
+def scaled_matmul(
+    x: Array, w: Array, u: Array, v: Array, dtype: Any = jnp.float32, op: str | None = None
+) -> Array:
+    """y = x W~ per example, W~ = W o sum_i u_i tile(v_i)^T, without forming W~.
+
+    Args:
+      x: [..., n_in] inputs.
+      w: [n_in, n_out] the shared weight.
+      u: [..., d, n_in] input-side factors.
+      v: [..., d, m] output-side factors, n_out a multiple of m (output column j is scaled
+        by v[j mod m]; m = n_out / 2 is the paper's [z, z]).
+      dtype: matmul input dtype (accumulation in float32, float64 for float64).
+      op: "custom_vjp" | "factored" | "materialized"; None = the `options` setting.
+    Returns:
+      [..., n_out] in the accumulation dtype.
+    """
+    op = op or _OPTIONS["op"]
+    if op not in OPS:
+        raise ValueError(f"op {op!r} is not one of {OPS}")
+    dtype = jnp.dtype(dtype)
+    lead = x.shape[:-1]
+    if u.shape[:-2] != lead or v.shape[:-2] != lead or u.shape[-2] != v.shape[-2]:
+        raise ValueError(f"shapes do not match: x {x.shape}, u {u.shape}, v {v.shape}")
+    x2 = x.reshape(-1, x.shape[-1])
+    u3 = u.reshape(-1, *u.shape[-2:])
+    v3 = v.reshape(-1, *v.shape[-2:])
+    if op == "custom_vjp":
+        y = _scaled_matmul_vjp(x2, w, u3, v3, dtype)
+    elif op == "factored":
+        y = _forward(x2, w, u3, v3, dtype)
+    else:
+        y = _materialized(x2, w, u3, v3, dtype)
+    return y.reshape(*lead, w.shape[1])
+
+
+# ----------------------------------------------------------------------------- parameters
+
+
+class LowRankScales(NamedTuple):
+    """Hyper projections of a rank-d HyperRHN main cell (names match the Flax tree).
+
+    u_kernel [L, h, d, n], u_bias [L, d, n]: input side of W_l.
+    v_kernel [L, h, d, n], v_bias [L, d, n]: output side (doubled over the gate halves).
+    u_x_kernel [h, d, E], u_x_bias [d, E]: input side of U (layer 0, reads s_h,0).
+    """
+
+    u_kernel: Array
+    u_bias: Array
+    v_kernel: Array
+    v_bias: Array
+    u_x_kernel: Array
+    u_x_bias: Array
+
+
+def rank_stacked(init: Callable[..., Array]) -> Callable[..., Array]:
+    """Init of a [L, h, d, m] kernel: `init` applied independently to every [h, m] slice."""
+
+    def stacked_init(key, shape, dtype=jnp.float32):
+        depth, h, rank, m = shape
+        keys = jax.random.split(key, depth * rank)
+        slices = jax.vmap(lambda k: init(k, (h, m), dtype))(keys)  # [L*d, h, m]
+        return jnp.transpose(slices.reshape(depth, rank, h, m), (0, 2, 1, 3))
+
+    return stacked_init
+
+
+def u_bias_init(rank: int) -> Callable[..., Array]:
+    """Constant 1/sqrt(d): sum_i u_i v_i^T starts as 1 (sum_i v_i / sqrt(d))^T."""
+    return jax.nn.initializers.constant(1.0 / math.sqrt(rank))
+
+
+def declare_params(
+    module,
+    depth: int,
+    hyper: int,
+    width: int,
+    embed: int,
+    rank: int,
+    v_kernel_init: Callable[..., Array],
+    v_bias_init: Callable[..., Array],
+) -> LowRankScales:
+    """Declares the rank-d parameters on a Flax module (call from `setup`).
+
+    `v_kernel_init` / `v_bias_init` are the paper's init of one [h, n] projection and of its
+    bias (the rank-0 model's proj_kernel / proj_bias init).
+    """
+    zeros = jax.nn.initializers.zeros
+    return LowRankScales(
+        u_kernel=module.param("u_kernel", zeros, (depth, hyper, rank, width)),
+        u_bias=module.param("u_bias", u_bias_init(rank), (depth, rank, width)),
+        v_kernel=module.param("v_kernel", rank_stacked(v_kernel_init), (depth, hyper, rank, width)),
+        v_bias=module.param("v_bias", v_bias_init, (depth, rank, width)),
+        u_x_kernel=module.param("u_x_kernel", zeros, (hyper, rank, embed)),
+        u_x_bias=module.param("u_x_bias", u_bias_init(rank), (rank, embed)),
+    )
+
+
+def paper_equivalent_scales(proj_kernel: Array, proj_bias: Array, embed: int) -> LowRankScales:
+    """Rank-1 parameters equal to the paper's column scaling: u = 1, v = z = s_h P + p."""
+    depth, hyper, width = proj_kernel.shape
+    dtype = proj_kernel.dtype
+    return LowRankScales(
+        u_kernel=jnp.zeros((depth, hyper, 1, width), dtype),
+        u_bias=jnp.ones((depth, 1, width), dtype),
+        v_kernel=proj_kernel[:, :, None, :],
+        v_bias=proj_bias[:, None, :],
+        u_x_kernel=jnp.zeros((hyper, 1, embed), dtype),
+        u_x_bias=jnp.ones((1, embed), dtype),
+    )
+
+
+def project(kernel: Array, bias: Array, s_h: Array, dtype: Any) -> Array:
+    """Factors from a hyper state: kernel [h, d, m], bias [d, m], s_h [B, h] -> [B, d, m]."""
+    hyper = kernel.shape[0]
+    out = jnp.matmul(
+        s_h.astype(dtype),
+        kernel.reshape(hyper, -1).astype(dtype),
+        preferred_element_type=cells.accumulation_dtype(dtype),
+    )
+    return out.reshape(s_h.shape[0], *bias.shape) + bias
+
+
+# ----------------------------------------------------------------------------- scan model
+
+
+def _layer_matmul(
+    s_in, w_l, s_h, u_kernel, u_bias, v_kernel, v_bias, x, w_x, ux_kernel, ux_bias, *, dtype, op
+):
+    """s_in W~_l (+ x U~ at layer 0, when x is given): [B, 2n] float32, no biases."""
+    u = project(u_kernel, u_bias, s_h, dtype)
+    v = project(v_kernel, v_bias, s_h, dtype)
+    a = scaled_matmul(s_in, w_l, u, v, dtype, op)
+    if x is not None:
+        a = a + scaled_matmul(x, w_x, project(ux_kernel, ux_bias, s_h, dtype), v, dtype, op)
+    return a
+
+
+def highway_step(
+    weights: cells.HighwayWeights,
+    scales: LowRankScales,
+    s: Array,
+    x: Array,
+    hyper_layer_states: Array,
+    gate_masks: Array | None,
+    hidden_masks: Array | None,
+    dtype: Any = jnp.float32,
+) -> tuple[Array, Array]:
+    """One time step of the rank-d main cell (the `cells.highway_step` of hyper_rank > 0).
+
+    Args:
+      weights: main cell parameters (kernel_x is U, used here on the raw input).
+      scales: the rank-d projections.
+      s: [B, n] state; x: [B, E] the cell input (NOT projected).
+      hyper_layer_states: [L, B, h] hyper state after each hyper micro-layer.
+      gate_masks / hidden_masks: [L, B, n] or None, as in `cells.highway_step`.
+    Returns:
+      (s_new [B, n], layer_states [L, B, n]).
+    """
+    dtype = jnp.dtype(dtype)
+    layer_fn = functools.partial(_layer_matmul, dtype=dtype, op=_OPTIONS["op"])
+    if _OPTIONS["remat"]:
+        layer_fn = jax.checkpoint(layer_fn)
+    depth = weights.kernel_s.shape[0]
+    states = []
+    for layer in range(depth):
+        s_in = s if hidden_masks is None else s * hidden_masks[layer]
+        first = layer == 0
+        a = layer_fn(
+            s_in,
+            weights.kernel_s[layer],
+            hyper_layer_states[layer],
+            scales.u_kernel[layer],
+            scales.u_bias[layer],
+            scales.v_kernel[layer],
+            scales.v_bias[layer],
+            x if first else None,
+            weights.kernel_x if first else None,
+            scales.u_x_kernel if first else None,
+            scales.u_x_bias if first else None,
+        )
+        a = a + weights.bias_s[layer]
+        if first:
+            a = a + weights.bias_x
+        s = cells.highway_gate(a, s, None if gate_masks is None else gate_masks[layer])
+        states.append(s)
+    return s, jnp.stack(states)
+
+
+# ----------------------------------------------------------------------------- fused model
+
+
+def _run_forward(spec, weights, scales, s0, x, hyper_states, key_data, hidden_masks):
+    """Forward over all steps: (states [T, L, B, n], gates {h, t: [T, L, B, n]}, keep)."""
+    from rhhjax import recurrence
+
+    depth = weights.kernel_s.shape[0]
+    batch, width = s0.shape
+    dtype = spec.dtype
+    keep = recurrence._sequence_masks(spec, key_data, x.shape[0], depth, batch, width)
+
+    def body(s, inputs):
+        x_t, hyper_t, keep_t = inputs
+        masks = recurrence._layer_masks(spec, keep_t, depth)
+        states, hs, ts = [], [], []
+        for layer in range(depth):
+            s_in = s if hidden_masks is None else s * hidden_masks[layer]
+            s_h = hyper_t[layer]
+            u = project(scales.u_kernel[layer], scales.u_bias[layer], s_h, dtype)
+            v = project(scales.v_kernel[layer], scales.v_bias[layer], s_h, dtype)
+            a = _forward(s_in, weights.kernel_s[layer], u, v, dtype) + weights.bias_s[layer]
+            if layer == 0:
+                u_x = project(scales.u_x_kernel, scales.u_x_bias, s_h, dtype)
+                a = a + _forward(x_t, weights.kernel_x, u_x, v, dtype) + weights.bias_x
+            h = jnp.tanh(a[..., :width])
+            t = jax.nn.sigmoid(a[..., width:])
+            t_used = t if masks[layer] is None else t * masks[layer]
+            s = h * t_used + s * (1.0 - t)
+            states.append(s)
+            hs.append(h)
+            ts.append(t)
+        return s, (jnp.stack(states), jnp.stack(hs), jnp.stack(ts))
+
+    _, (states, hs, ts) = jax.lax.scan(body, s0, (x, hyper_states, keep))
+    return states, {"h": hs, "t": ts}, keep
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _sequence(spec, weights, scales, s0, x, hyper_states, key_data, hidden_masks):
+    return _run_forward(spec, weights, scales, s0, x, hyper_states, key_data, hidden_masks)[0]
+
+
+def _sequence_fwd(spec, weights, scales, s0, x, hyper_states, key_data, hidden_masks):
+    states, gates, keep = _run_forward(
+        spec, weights, scales, s0, x, hyper_states, key_data, hidden_masks
+    )
+    key_zero = None if key_data is None else jnp.zeros(key_data.shape, jax.dtypes.float0)
+    residuals = (weights, scales, s0, x, hyper_states, key_zero, hidden_masks, states, gates)
+    return states, (residuals, keep)
+
+
+def _project_backward(kernel, s_h, d_factor, dtype):
+    """Gradients of `project` for d_factor [B, d, m]: (dkernel [h, d, m], dbias, ds_h)."""
+    acc = cells.accumulation_dtype(dtype)
+    hyper = kernel.shape[0]
+    flat = d_factor.reshape(d_factor.shape[0], -1)
+    dkernel = jnp.einsum(
+        "bh,bk->hk", s_h.astype(dtype), flat.astype(dtype), preferred_element_type=acc
+    ).reshape(kernel.shape)
+    ds_h = cells.matmul(flat, kernel.reshape(hyper, -1).T, dtype)
+    return dkernel, jnp.sum(d_factor, axis=0), ds_h
+
+
+def _sequence_bwd(spec, saved, g_states):
+    from rhhjax import recurrence
+
+    residuals, keep = saved
+    weights, scales, s0, x, hyper_states, key_zero, hidden_masks, states, gates = residuals
+    depth = weights.kernel_s.shape[0]
+    dtype = spec.dtype
+    previous_step = jnp.concatenate([s0[None], states[:-1, -1]], axis=0)
+    inputs = jnp.concatenate([previous_step[:, None], states[:, :-1]], axis=1)
+
+    def add(a, b):
+        return jax.tree_util.tree_map(jnp.add, a, b)
+
+    def body(carry, xs):
+        ds, grads = carry
+        x_t, hyper_t, keep_t, inputs_t, h_t, t_t, g_t = xs
+        masks = recurrence._layer_masks(spec, keep_t, depth)
+        d_hyper = [None] * depth
+        dw, dbias_s, du_k, du_b, dv_k, dv_b = ([None] * depth for _ in range(6))
+        dx_t = d_kernel_x = d_bias_x = d_ux_k = d_ux_b = None
+        for layer in reversed(range(depth)):
+            ds = ds + g_t[layer]
+            s_prev = inputs_t[layer]
+            da, ds_carry = recurrence._gate_backward(
+                ds, s_prev, h_t[layer], t_t[layer], masks[layer]
+            )
+            s_in = s_prev if hidden_masks is None else s_prev * hidden_masks[layer]
+            s_h = hyper_t[layer]
+            u = project(scales.u_kernel[layer], scales.u_bias[layer], s_h, dtype)
+            v = project(scales.v_kernel[layer], scales.v_bias[layer], s_h, dtype)
+            ds_in, dw[layer], du, dv = _backward(s_in, weights.kernel_s[layer], u, v, da, dtype)
+            dbias_s[layer] = jnp.sum(da, axis=0)
+            if hidden_masks is not None:
+                ds_in = ds_in * hidden_masks[layer]
+            ds = ds_carry + ds_in
+            if layer == 0:
+                u_x = project(scales.u_x_kernel, scales.u_x_bias, s_h, dtype)
+                dx_t, d_kernel_x, du_x, dv_x = _backward(x_t, weights.kernel_x, u_x, v, da, dtype)
+                dv = dv + dv_x
+                d_bias_x = dbias_s[0]
+                d_ux_k, d_ux_b, dsh_x = _project_backward(scales.u_x_kernel, s_h, du_x, dtype)
+            du_k[layer], du_b[layer], dsh_u = _project_backward(
+                scales.u_kernel[layer], s_h, du, dtype
+            )
+            dv_k[layer], dv_b[layer], dsh_v = _project_backward(
+                scales.v_kernel[layer], s_h, dv, dtype
+            )
+            d_hyper[layer] = dsh_u + dsh_v + (dsh_x if layer == 0 else 0.0)
+        step_grads = (
+            cells.HighwayWeights(d_kernel_x, d_bias_x, jnp.stack(dw), jnp.stack(dbias_s)),
+            LowRankScales(
+                jnp.stack(du_k), jnp.stack(du_b), jnp.stack(dv_k), jnp.stack(dv_b), d_ux_k, d_ux_b
+            ),
+        )
+        return (ds, add(grads, step_grads)), (dx_t, jnp.stack(d_hyper))
+
+    zeros = jax.tree_util.tree_map(
+        lambda a: jnp.zeros(a.shape, cells.accumulation_dtype(dtype)), (weights, scales)
+    )
+    xs = (x, hyper_states, keep, inputs, gates["h"], gates["t"], g_states)
+    (ds0, (d_weights, d_scales)), (dx, d_hyper) = jax.lax.scan(
+        body, (jnp.zeros_like(s0), zeros), xs, reverse=True
+    )
+    d_weights = jax.tree_util.tree_map(lambda g, p: g.astype(p.dtype), d_weights, weights)
+    d_scales = jax.tree_util.tree_map(lambda g, p: g.astype(p.dtype), d_scales, scales)
+    dhidden = None if hidden_masks is None else jnp.zeros_like(hidden_masks)
+    return (
+        d_weights,
+        d_scales,
+        ds0.astype(s0.dtype),
+        dx.astype(x.dtype),
+        d_hyper.astype(hyper_states.dtype),
+        key_zero,
+        dhidden,
+    )
+
+
+_sequence.defvjp(_sequence_fwd, _sequence_bwd)
+
+
+def lowrank_sequence(
+    spec,
+    weights: cells.HighwayWeights,
+    scales: LowRankScales,
+    s0: Array,
+    x: Array,
+    hyper_states: Array,
+    gate_key: Array | None,
+    hidden_masks: Array | None,
+) -> Array:
+    """The rank-d HyperRHN main recurrence over a whole sequence as one differentiable op.
+
+    Args:
+      spec: `recurrence.SequenceSpec` (impl "fused").
+      weights: main cell parameters (kernel_x = U applies to `x`).
+      scales: the rank-d projections.
+      s0: [B, n] initial main state.
+      x: [T, B, E] cell inputs (embeddings, not projected).
+      hyper_states: [T, L, B, h] hyper state after every hyper micro-layer.
+      gate_key: gate-dropout key (required when spec.gate_dropout).
+      hidden_masks: [L, B, n] variational masks on the state fed to W_l, or None.
+    Returns:
+      states [T, L, B, n].
+
+    Residuals: the layer inputs (= `states`, shifted), the gates h, t [T, L, B, n] and the
+    dropout decisions; u, v and X_u W are recomputed per step in the backward, so the saved
+    memory does not grow with d.
+    """
+    if spec.impl != "fused":
+        raise ValueError(f"hyper_rank > 0 runs with impl 'scan' or 'fused', not {spec.impl!r}")
+    key_data = None if gate_key is None else jax.random.key_data(gate_key)
+    if spec.gate_dropout and key_data is None:
+        raise ValueError("gate dropout needs a key")
+    return _sequence(spec, weights, scales, s0, x, hyper_states, key_data, hidden_masks)
