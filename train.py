@@ -11,6 +11,12 @@ The loop is rhhjax.trainer.train_and_evaluate; see its docstring for what is wri
 
 Set JAX_COMPILATION_CACHE_DIR=/some/folder to reuse compiled steps across restarts.
 
+Devices: the batch is split over every local device (train.batch_size and eval.batch_size must
+divide by their number). Several hosts: run the same command on each with
+JAX_COORDINATOR_ADDRESS=host0:port JAX_NUM_PROCESSES=N JAX_PROCESS_ID=i (or
+--config.train.distributed=True under SLURM / Open MPI) and a workdir on a shared filesystem;
+see rhhjax.parallel.
+
 Exit status:
     0             training finished (results.json written)
     1             bad input (one line "error: ..." on stderr, nothing written) or a

@@ -180,14 +180,18 @@ class Checkpoints:
     def restore_params(self, which: str = "best", step: int | None = None, template=None):
         """(params, meta) of a checkpoint (default: the newest of ``which``).
 
-        ``template``: optional params tree giving shapes/dtypes; without it the arrays are
-        restored as saved.
+        ``template``: optional params tree giving shapes/dtypes (and shardings); without it
+        the arrays are restored as saved, on this process's first device (so a checkpoint
+        written by a multi-device or multi-host run loads on one device).
         """
         manager = self._which(which)
         step = manager.latest_step() if (manager is not None and step is None) else step
         if manager is None or step is None:
             raise CheckpointError(f"no {which} checkpoint in {self.workdir}")
-        target = abstract(template) if template is not None else None
+        if template is not None:
+            target = abstract(template)
+        else:
+            target = _single_device_target(Path(manager.directory) / str(step) / "params")
         restored = manager.restore(
             step,
             args=ocp.args.Composite(
@@ -206,6 +210,15 @@ class Checkpoints:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def _single_device_target(item_dir: Path):
+    """Restore target for a saved array tree: its shapes / dtypes on the first local device
+    (orbax refuses the saved shardings when the device topology differs)."""
+    metadata = ocp.StandardCheckpointHandler().metadata(item_dir)
+    tree = getattr(metadata, "tree", metadata)
+    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    return jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device), tree)
 
 
 def has_checkpoint(workdir: str | os.PathLike) -> bool:

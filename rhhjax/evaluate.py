@@ -36,7 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rhhjax import data as data_lib
-from rhhjax import models
+from rhhjax import models, parallel
 
 PROTOCOLS = data_lib.EVAL_PROTOCOLS
 PAPER_TEST_MASK = 95
@@ -45,10 +45,13 @@ MASK95_LABEL = "paper_test_mask95"
 
 
 @functools.lru_cache(maxsize=32)
-def make_eval_step(model_config: models.ModelConfig) -> Callable:
+def make_eval_step(
+    model_config: models.ModelConfig, mesh: jax.sharding.Mesh | None = None
+) -> Callable:
     """Jitted ``(params, carry, inputs, targets, mask, reset) -> (carry, [nll, hits, count])``.
 
-    ``reset`` zeroes the carry before the batch; sums are over masked positions.
+    ``reset`` zeroes the carry before the batch; sums are over masked positions. With
+    ``mesh`` the carry stays split along the batch over ``"data"`` and the sums replicated.
     """
     model = models.build_model(model_config)
 
@@ -60,6 +63,9 @@ def make_eval_step(model_config: models.ModelConfig) -> Callable:
         nll = -jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
         hits = (jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32)
         sums = jnp.stack([jnp.sum(nll * mask), jnp.sum(hits * mask), jnp.sum(mask)])
+        if mesh is not None:
+            carry = parallel.constrain_batch(carry, mesh)
+            sums = parallel.constrain_replicated(sums, mesh)
         return carry, sums
 
     return jax.jit(step)
@@ -98,14 +104,25 @@ def evaluate_tokens(
     min_context: int = 50,
     paper_mask: int = PAPER_VALID_MASK,
     should_stop: Callable[[], bool] | None = None,
+    mesh: jax.sharding.Mesh | None = None,
 ) -> dict:
     """Metrics of the model on ``tokens`` under ``protocol`` (see module docstring).
 
     ``should_stop`` is polled between batches; when it returns True a ``KeyboardInterrupt``
     is raised (used for SIGTERM during the final evaluation).
+
+    ``mesh`` (``rhhjax.parallel.make_mesh``): the batches are split over its ``"data"`` axis
+    (``batch_size`` must divide by its size; every process builds the same global batches and
+    places its rows), the parameters replicated unless already on the mesh. The metrics are
+    those of the unsharded evaluation up to float summation order.
     """
-    step = make_eval_step(model_config)
+    step = make_eval_step(model_config, mesh)
     carry = zero_carry(model_config, params, batch_size)
+    if mesh is not None:
+        parallel.check_batch_divisible("eval.batch_size", batch_size, mesh)
+        if not parallel.on_mesh(params, mesh):
+            params = parallel.put_state(params, mesh)
+        carry = parallel.shard_batch(carry, mesh)
     sums = []
     batches = data_lib.eval_batches(
         tokens, protocol, batch_size, seq_len, min_context=min_context, paper_mask=paper_mask
@@ -113,7 +130,12 @@ def evaluate_tokens(
     for batch in batches:
         if should_stop is not None and should_stop():
             raise KeyboardInterrupt("evaluation interrupted")
-        carry, s = step(params, carry, batch.inputs, batch.targets, batch.mask, batch.reset)
+        if mesh is None:
+            carry, s = step(params, carry, batch.inputs, batch.targets, batch.mask, batch.reset)
+        else:
+            arrays = parallel.shard_batch((batch.inputs, batch.targets, batch.mask), mesh)
+            (reset,) = parallel.put_scalars((np.bool_(batch.reset),), mesh)
+            carry, s = step(params, carry, *arrays, reset)
         sums.append(s)
     if not sums:
         raise data_lib.DataError(f"no evaluation batches for {len(tokens)} tokens ({protocol})")
@@ -130,6 +152,7 @@ def evaluate_splits(
     protocols: Iterable[str] = PROTOCOLS,
     log: Callable[[str], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
+    mesh: jax.sharding.Mesh | None = None,
 ) -> dict:
     """{split: {protocol: metrics}} for every split and protocol.
 
@@ -157,6 +180,7 @@ def evaluate_splits(
                 min_context=int(eval_config.min_context),
                 paper_mask=mask,
                 should_stop=should_stop,
+                mesh=mesh,
             )
             results[split][label] = metrics
             if log is not None:

@@ -56,7 +56,7 @@ import optax
 
 from rhhjax import checkpoint as ckpt_lib
 from rhhjax import data as data_lib
-from rhhjax import downloads, models
+from rhhjax import downloads, models, parallel
 from rhhjax import evaluate as eval_lib
 
 LN2 = math.log(2.0)
@@ -67,7 +67,13 @@ RESULTS_FILE = "results.json"
 
 # Fields a config file may leave out (configs/ptb.py predates them).
 OPTIONAL_DEFAULTS: dict[str, dict[str, Any]] = {
-    "train": {"optimizer": "adam", "lr_decay": 1.0, "lr_decay_start_epoch": 0},
+    "train": {
+        "optimizer": "adam",
+        "lr_decay": 1.0,
+        "lr_decay_start_epoch": 0,
+        "distributed": False,
+        "fsdp": False,
+    },
     "data": {"corpus": "", "url": "", "sha256": ""},
 }
 
@@ -94,7 +100,13 @@ class NonFiniteLossError(TrainError):
     """The training loss became NaN or inf (``train.on_nonfinite="stop"``)."""
 
 
-USER_ERRORS = (TrainError, models.ConfigError, data_lib.DataError, ckpt_lib.CheckpointError)
+USER_ERRORS = (
+    TrainError,
+    models.ConfigError,
+    data_lib.DataError,
+    ckpt_lib.CheckpointError,
+    parallel.ParallelError,
+)
 
 
 # ----------------------------------------------------------------------------- config
@@ -170,6 +182,8 @@ def validate_config(cfg: ml_collections.ConfigDict) -> None:
     _check_int("train.checkpoint_every_steps", t.checkpoint_every_steps, 0)
     _check_int("train.keep_checkpoints", t.keep_checkpoints, 1)
     _check_choice("train.on_nonfinite", t.on_nonfinite, ("stop", "rollback"))
+    _check_choice("train.distributed", t.distributed, (False, True))
+    _check_choice("train.fsdp", t.fsdp, (False, True))
     if not (t.max_epochs or t.max_steps or t.max_minutes or t.patience):
         raise TrainError(
             "nothing stops training: set train.max_steps, max_epochs, max_minutes or patience"
@@ -312,13 +326,23 @@ def make_init(mc: models.ModelConfig) -> Callable:
 
 
 @functools.lru_cache(maxsize=16)
-def make_train_step(mc: models.ModelConfig, oc: OptimizerConfig, seed: int) -> Callable:
+def make_train_step(
+    mc: models.ModelConfig,
+    oc: OptimizerConfig,
+    seed: int,
+    mesh: jax.sharding.Mesh | None = None,
+    fsdp: bool = False,
+) -> Callable:
     """Jitted ``(params, opt_state, carry, inputs, targets, reset, step, retry)
     -> (params, opt_state, carry, loss, grad_norm)``.
 
     ``reset`` zeroes the carry (always for the window sampler); gradients do not flow into
     the incoming carry (truncated BPTT). ``grad_norm`` is the norm clipping uses (L1 or L2),
     before clipping. ``step`` is the index of this batch (0-based) and seeds its dropout.
+
+    With ``mesh`` the outputs are constrained to the data-parallel layout (``rhhjax.parallel``):
+    carry split along the batch over ``"data"``, parameters and optimizer state replicated
+    (``fsdp``: split), loss and norm replicated. The inputs must already be placed so.
     """
     model = models.build_model(mc)
     tx = make_optimizer(oc)
@@ -342,6 +366,11 @@ def make_train_step(mc: models.ModelConfig, oc: OptimizerConfig, seed: int) -> C
         grad_norm = l1_norm(grads) if oc.clip_type == "l1" else optax.tree.norm(grads)
         updates, opt_state = tx.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
+        if mesh is not None:
+            params = parallel.constrain_state(params, mesh, fsdp)
+            opt_state = parallel.constrain_state(opt_state, mesh, fsdp)
+            carry = parallel.constrain_batch(carry, mesh)
+            loss, grad_norm = parallel.constrain_replicated((loss, grad_norm), mesh)
         return params, opt_state, carry, loss, grad_norm
 
     return jax.jit(step_fn, donate_argnums=(0, 1, 2))
@@ -353,8 +382,9 @@ def make_train_step(mc: models.ModelConfig, oc: OptimizerConfig, seed: int) -> C
 class MetricsLog:
     """``metrics.jsonl``: one JSON object per line, appended and flushed as it goes."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, enabled: bool = True):
         self.path = path
+        self.enabled = enabled  # False on processes other than 0: nothing is written
 
     def read(self) -> list[dict]:
         if not self.path.exists():
@@ -369,12 +399,14 @@ class MetricsLog:
 
     def truncate_after(self, step: int) -> None:
         """Drop every record of a step after ``step`` (an abandoned continuation)."""
-        if not self.path.exists():
+        if not self.enabled or not self.path.exists():
             return
         kept = [r for r in self.read() if r.get("step", 0) <= step]
         _atomic_write(self.path, "".join(json.dumps(r) + "\n" for r in kept))
 
     def append(self, record: dict) -> None:
+        if not self.enabled:
+            return
         with open(self.path, "a") as f:
             f.write(json.dumps(record) + "\n")
             f.flush()
@@ -542,6 +574,10 @@ def _log(message: str) -> None:
     print(message, flush=True)
 
 
+def _silent(message: str) -> None:
+    del message
+
+
 # ----------------------------------------------------------------------------- the loop
 
 
@@ -574,7 +610,20 @@ def train_and_evaluate(
     """
     workdir = Path(workdir)
     cfg = prepare_config(config)
+    # data parallelism (rhhjax.parallel): every device of every process, batch split over them
+    parallel.maybe_initialize_distributed(bool(cfg.train.distributed))
+    primary = parallel.is_primary()
+    if not primary:  # only process 0 logs and writes metrics / results / config.json
+        log = _silent
+    parallel.assert_same_across_processes(config_to_json(cfg), "config")
+    mesh = parallel.make_mesh()
+    parallel.check_batch_divisible("train.batch_size", cfg.train.batch_size, mesh)
+    parallel.check_batch_divisible("eval.batch_size", cfg.eval.batch_size, mesh)
+    fsdp = bool(cfg.train.fsdp)
     corpus = downloads.load_corpus(cfg.data)
+    parallel.assert_same_across_processes(
+        json.dumps([corpus.vocab.to_dict(), len(corpus.train), len(corpus.valid)]), "data"
+    )
     mc = models.ModelConfig.from_config(cfg.model, vocab_size=corpus.vocab.size)
     cfg.model.vocab_size = corpus.vocab.size
     sampler = _make_sampler(cfg, corpus.train)
@@ -584,22 +633,29 @@ def train_and_evaluate(
     _check_eval_data(cfg, corpus, valid_tokens)
     _check_workdir_writable(workdir)
     _check_compatible(workdir, cfg, mc, corpus.vocab, sampler.state())
+    parallel.sync("rhhjax-validated")  # every process has read the workdir before it changes
 
     # ---- validation passed: from here on the workdir is written.
     workdir.mkdir(parents=True, exist_ok=True)
-    _atomic_write(workdir / CONFIG_FILE, config_to_json(cfg))
-    metrics = MetricsLog(workdir / METRICS_FILE)
+    if primary:
+        _atomic_write(workdir / CONFIG_FILE, config_to_json(cfg))
+    metrics = MetricsLog(workdir / METRICS_FILE, enabled=primary)
     t = cfg.train
     bpe = sampler.batches_per_epoch
     oc = OptimizerConfig.from_config(t, bpe)
-    train_step = make_train_step(mc, oc, int(cfg.seed))
+    # one device: no layout to constrain (and the plain 3-argument call, as tests patch it)
+    layout = (mesh, fsdp) if mesh.size > 1 else ()
+    train_step = make_train_step(mc, oc, int(cfg.seed), *layout)
     tx = make_optimizer(oc)
 
     def initial_state(retry: int = 0) -> _State:
-        params = make_init(mc)(init_key(int(cfg.seed)))
-        carry = eval_lib.zero_carry(mc, params, t.batch_size)
+        params = make_init(mc)(init_key(int(cfg.seed)))  # eagerly, on every process
+        opt_state = tx.init(params)
+        carry = parallel.shard_batch(eval_lib.zero_carry(mc, params, t.batch_size), mesh)
         carry = jax.tree.map(jnp.copy, carry)  # distinct buffers (the LSTM's alias): donated
-        return _State(params=params, opt_state=tx.init(params), carry=carry, retry=retry)
+        params = parallel.put_state(params, mesh, fsdp)
+        opt_state = parallel.put_state(opt_state, mesh, fsdp)
+        return _State(params=params, opt_state=opt_state, carry=carry, retry=retry)
 
     ckpts = ckpt_lib.Checkpoints(workdir, keep=t.keep_checkpoints)
     try:
@@ -682,6 +738,7 @@ def train_and_evaluate(
             valid_tokens=valid_tokens,
             log=log,
             workdir=workdir,
+            mesh=mesh,
         )
         with _SignalCatcher(log) as signals:
             loop.signals = signals
@@ -713,7 +770,8 @@ def train_and_evaluate(
             "valid_protocol": cfg.eval.valid_protocol,
             "final": final,
         }
-        _atomic_write(workdir / RESULTS_FILE, json.dumps(results, indent=2) + "\n")
+        if primary:
+            _atomic_write(workdir / RESULTS_FILE, json.dumps(results, indent=2) + "\n")
         log(f"results ({used}) written to {workdir / RESULTS_FILE}:")
         log(eval_lib.format_table(final))
         return results
@@ -757,19 +815,48 @@ class _Loop:
     valid_tokens: np.ndarray
     log: Callable
     workdir: Path
+    mesh: Any = None  # the data-parallel mesh (rhhjax.parallel)
     signals: Any = None
+    _agreed: tuple | None = None  # (step, host stop reason) agreed by all processes
 
     # -- bounds -----------------------------------------------------------------------------
 
-    def _stop_reason(self, s: _State) -> str | None:
+    def _host_stop(self, s: _State) -> str | None:
+        """The stop reasons that depend on this process (signals, its clock)."""
         t = self.cfg.train
         if self.signals is not None and self.signals.signum is not None:
+            return "signal"
+        if t.max_minutes and s.train_seconds >= 60.0 * t.max_minutes:
+            return "max_minutes"
+        return None
+
+    def _agreed_host_stop(self, s: _State) -> str | None:
+        """``_host_stop``; with several processes process 0's, taken only every
+        ``log_every_steps`` steps (a broadcast), so that all stop at the same step."""
+        if jax.process_count() == 1:
+            return self._host_stop(s)
+        if self._agreed is not None and self._agreed[0] == s.step:
+            return self._agreed[1]
+        reason = None
+        if s.step % self.cfg.train.log_every_steps == 0:
+            from jax.experimental import multihost_utils
+
+            codes = (None, "signal", "max_minutes")
+            mine = np.int32(codes.index(self._host_stop(s)))
+            reason = codes[int(multihost_utils.broadcast_one_to_all(mine))]
+        self._agreed = (s.step, reason)
+        return reason
+
+    def _stop_reason(self, s: _State) -> str | None:
+        t = self.cfg.train
+        host = self._agreed_host_stop(s)
+        if host == "signal":
             return "signal"
         if t.max_steps and s.step >= t.max_steps:
             return "max_steps"
         if t.max_epochs and s.step >= t.max_epochs * self.bpe:
             return "max_epochs"
-        if t.max_minutes and s.train_seconds >= 60.0 * t.max_minutes:
+        if host == "max_minutes":
             return "max_minutes"
         if t.patience and s.evals_since_best >= t.patience:
             return "early_stopping"
@@ -818,16 +905,17 @@ class _Loop:
             reason = self._stop_reason(s)
             if reason is not None:
                 break
-            batch = next(self.sampler)
+            batch = next(self.sampler)  # the global batch; each process places its rows
+            inputs, targets = parallel.shard_batch((batch.inputs, batch.targets), self.mesh)
             out = self.train_step(
                 s.params,
                 s.opt_state,
                 s.carry,
-                batch.inputs,
-                batch.targets,
-                np.bool_(batch.reset),
-                np.int32(s.step),
-                np.int32(s.retry),
+                inputs,
+                targets,
+                *parallel.put_scalars(
+                    (np.bool_(batch.reset), np.int32(s.step), np.int32(s.retry)), self.mesh
+                ),
             )
             s.params, s.opt_state, s.carry, loss, gnorm = out
             device_pending.append((s.step + 1, loss, gnorm))
@@ -939,6 +1027,7 @@ class _Loop:
             batch_size=e.batch_size,
             seq_len=e.seq_len,
             min_context=e.min_context,
+            mesh=self.mesh,
         )
         improved = math.isfinite(m["bpc"]) and (s.best_bpc is None or m["bpc"] < s.best_bpc)
         if improved:
@@ -1035,6 +1124,7 @@ class _Loop:
                 protocols,
                 log=self.log,
                 should_stop=lambda: self.signals is not None and self.signals.signum is not None,
+                mesh=self.mesh,
             )
         except KeyboardInterrupt:
             if self.signals is not None and self.signals.signum is not None:
