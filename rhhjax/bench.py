@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import statistics
+import sys
 import time
 from collections.abc import Sequence
 
@@ -204,7 +205,7 @@ def main(argv: Sequence[str]) -> None:
     print(format_table(rows))
     if _OUT.value:
         record = {
-            "command": "python -m rhhjax.bench " + " ".join(argv[1:]),
+            "command": "python -m rhhjax.bench " + " ".join(sys.argv[1:]),
             "date": time.strftime("%Y-%m-%d"),
             "jax": jax.__version__,
             "device": device_name(),
