@@ -37,12 +37,15 @@ SIZES = {
 }
 VOCAB, EMBED = 50, 27
 
-_OUT = flags.DEFINE_string("out", "", "Write the rows as JSON to this file.")
-_IMPLS = flags.DEFINE_list("impls", ["scan", "fused", "pallas"], "Implementations.")
-_MODELS = flags.DEFINE_list("models", ["rhn", "hyperrhn"], "Model types.")
-_SIZES = flags.DEFINE_list("sizes", ["paper", "small"], f"Sizes: {', '.join(SIZES)}.")
-_DTYPES = flags.DEFINE_list("dtypes", ["float32", "bfloat16"], "Matmul input dtypes.")
-_REPEATS = flags.DEFINE_integer("repeats", 3, "Timed steps per row (median reported).")
+
+def _define_flags() -> None:
+    """Command-line flags (defined only when run as a program, so others can import us)."""
+    flags.DEFINE_string("out", "", "Write the rows as JSON to this file.")
+    flags.DEFINE_list("impls", ["scan", "fused", "pallas"], "Implementations.")
+    flags.DEFINE_list("models", ["rhn", "hyperrhn"], "Model types.")
+    flags.DEFINE_list("sizes", ["paper", "small"], f"Sizes: {', '.join(SIZES)}.")
+    flags.DEFINE_list("dtypes", ["float32", "bfloat16"], "Matmul input dtypes.")
+    flags.DEFINE_integer("repeats", 3, "Timed steps per row (median reported).")
 
 
 @dataclasses.dataclass
@@ -190,20 +193,21 @@ def format_table(rows: Sequence[Row]) -> str:
 def main(argv: Sequence[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    unknown = [s for s in _SIZES.value if s not in SIZES]
-    unknown += [i for i in _IMPLS.value if i not in models.IMPLS]
-    unknown += [d for d in _DTYPES.value if d not in ("float32", "bfloat16")]
-    unknown += [m for m in _MODELS.value if m not in ("rhn", "hyperrhn")]
+    f = flags.FLAGS
+    unknown = [s for s in f.sizes if s not in SIZES]
+    unknown += [i for i in f.impls if i not in models.IMPLS]
+    unknown += [d for d in f.dtypes if d not in ("float32", "bfloat16")]
+    unknown += [m for m in f.models if m not in ("rhn", "hyperrhn")]
     if unknown:
         raise SystemExit(f"error: unknown benchmark choice(s): {', '.join(unknown)}")
-    rates = {dtype: matmul_rate(dtype) for dtype in _DTYPES.value}
+    rates = {dtype: matmul_rate(dtype) for dtype in f.dtypes}
     rows = []
-    for impl, model, size, dtype in plan(_IMPLS.value, _MODELS.value, _SIZES.value, _DTYPES.value):
-        row = time_row(impl, model, size, dtype, _REPEATS.value, rates[dtype])
+    for impl, model, size, dtype in plan(f.impls, f.models, f.sizes, f.dtypes):
+        row = time_row(impl, model, size, dtype, f.repeats, rates[dtype])
         rows.append(row)
         print(format_table([row]).splitlines()[1], flush=True)
     print(format_table(rows))
-    if _OUT.value:
+    if f.out:
         record = {
             "command": "python -m rhhjax.bench " + " ".join(sys.argv[1:]),
             "date": time.strftime("%Y-%m-%d"),
@@ -211,9 +215,10 @@ def main(argv: Sequence[str]) -> None:
             "device": device_name(),
             "rows": [dataclasses.asdict(r) for r in rows],
         }
-        with open(_OUT.value, "w") as f:
-            json.dump(record, f, indent=1)
+        with open(f.out, "w") as out:
+            json.dump(record, out, indent=1)
 
 
 if __name__ == "__main__":
+    _define_flags()
     app.run(main)

@@ -36,10 +36,10 @@ from collections.abc import Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from absl import app, flags
 
 from rhhjax import lowrank, models
+from rhhjax.bench import device_name, make_train_step
 
 SIZES = {
     # name: (hidden, hyper_hidden, depth, batch, seq_len)
@@ -61,31 +61,6 @@ def define_flags() -> None:
     flags.DEFINE_string("time_size", "short", "Size of the timed rows; none = skip.")
     flags.DEFINE_integer("repeats", 2, "Timed steps per row (median reported).")
     flags.DEFINE_string("dtype", "float32", "Matmul input dtype.")
-
-
-def device_name() -> str:
-    device = jax.devices()[0]
-    return f"{device.platform}:{getattr(device, 'device_kind', '?')}"
-
-
-def make_train_step(config: models.ModelConfig):
-    """A jitted (params, opt_state, tokens, key) -> (params, opt_state, loss): Adam, gate
-    dropout, params and optimizer state donated (as `rhhjax.bench`)."""
-    model = models.build_model(config)
-    optimizer = optax.adam(1e-3)
-
-    def loss_fn(params, tokens, key):
-        logits, _ = model.apply(
-            {"params": params}, tokens[:, :-1], train=True, rngs={"dropout": key}
-        )
-        return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
-
-    def step(params, opt_state, tokens, key):
-        loss, grads = jax.value_and_grad(loss_fn)(params, tokens, key)
-        updates, opt_state = optimizer.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss
-
-    return model, optimizer, jax.jit(step, donate_argnums=(0, 1))
 
 
 @dataclasses.dataclass

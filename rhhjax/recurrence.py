@@ -157,9 +157,7 @@ def _sequence_masks(spec, key_data, length, depth, batch, width):
         return None
     key = jax.random.wrap_key_data(key_data)
     shape = (depth, batch, width)
-    return jax.vmap(lambda t: cells.gate_masks(key, t, shape, spec.keep) > 0)(
-        jnp.arange(length)
-    )
+    return jax.vmap(lambda t: cells.gate_masks(key, t, shape, spec.keep) > 0)(jnp.arange(length))
 
 
 def _layer_masks(spec, keep_t, depth):
@@ -172,9 +170,7 @@ def _layer_masks(spec, keep_t, depth):
 # ----------------------------------------------------------------------------- the op
 
 
-def _run_forward(
-    spec, kernel_s, bias_s, bias_x, s0, xproj, z, key_data, hidden_masks, save=True
-):
+def _run_forward(spec, kernel_s, bias_s, bias_x, s0, xproj, z, key_data, hidden_masks, save=True):
     """Forward over all steps: (states [T, L, B, n], saved {name: [T, L, B, *]}, keep).
 
     keep: bool [T, L, B, n] gate-dropout decisions, or None.
@@ -359,7 +355,12 @@ def hyper_rhn_sequence(impl, cell, carry, xprojs, keys, keep, hidden_masks, dtyp
     hyper_key, main_key = (None, None) if keys is None else keys
     spec = resolve_spec(impl, keep, dtype, keys is not None)
     hyper_states = highway_sequence(
-        spec, cell.hyper.weights(), s_hyper, hyper_xproj, None, hyper_key,
+        spec,
+        cell.hyper.weights(),
+        s_hyper,
+        hyper_xproj,
+        None,
+        hyper_key,
         hidden_masks.get("hyper_hidden"),
     )
     if cell.hyper_rank > 0:  # Suarez section 4: main_xproj holds the raw input x here.
@@ -372,7 +373,12 @@ def hyper_rhn_sequence(impl, cell, carry, xprojs, keys, keep, hidden_masks, dtyp
         return (hyper_states[-1, -1], main_states[-1, -1]), main_states[:, -1]
     z = cell.scales(hyper_states)  # [T, L, B, n] in one batched matmul.
     main_states = highway_sequence(
-        spec, cell.main.weights(), s_main, main_xproj, z, main_key,
+        spec,
+        cell.main.weights(),
+        s_main,
+        main_xproj,
+        z,
+        main_key,
         hidden_masks.get("main_hidden"),
     )
     return (hyper_states[-1, -1], main_states[-1, -1]), main_states[:, -1]
