@@ -204,6 +204,23 @@ def _check_shapes(s, w, z, bias, extra, mask) -> tuple[int, int]:
 # --- forward kernel ----------------------------------------------------------------------------
 
 
+def _gates_in_kernel(pre_h, pre_t, z_ref, bias_ref, extra_ref):
+    """h, t [block_b, block_n] from the unscaled matmul halves, inside a kernel.
+
+    a = pre * [z, z] + bias + extra (z_ref / extra_ref None when absent).
+    """
+    a_h, a_t = pre_h, pre_t
+    if z_ref is not None:
+        z = z_ref[...]
+        a_h, a_t = a_h * z, a_t * z
+    a_h += bias_ref[0, :][None, :]
+    a_t += bias_ref[1, :][None, :]
+    if extra_ref is not None:
+        a_h += extra_ref[:, 0, :]
+        a_t += extra_ref[:, 1, :]
+    return jnp.tanh(a_h), jax.nn.sigmoid(a_t)
+
+
 def _highway_forward_kernel(
     *refs,
     has_z: bool,
@@ -252,18 +269,7 @@ def _highway_forward_kernel(
     zeros = jnp.zeros((block_b, block_n), _F32)
     pre_h, pre_t = lax.fori_loop(0, n_pad // block_k, k_step, (zeros, zeros))
 
-    a_h, a_t = pre_h, pre_t
-    if has_z:
-        z = z_ref[...]
-        a_h, a_t = a_h * z, a_t * z
-    a_h += bias_ref[0, :][None, :]
-    a_t += bias_ref[1, :][None, :]
-    if has_extra:
-        a_h += extra_ref[:, 0, :]
-        a_t += extra_ref[:, 1, :]
-
-    h = jnp.tanh(a_h)
-    t = jax.nn.sigmoid(a_t)
+    h, t = _gates_in_kernel(pre_h, pre_t, z_ref, bias_ref, extra_ref)
     gate = t * mask_ref[...] if has_mask else t
     col = pl.ds(pl.multiple_of(pl.program_id(1) * block_n, block_n), block_n)
     s_col = s_ref[:, col]
@@ -374,17 +380,7 @@ def _highway_backward_kernel(*refs, has_z: bool, has_extra: bool, has_mask: bool
     g = ds_new_ref[...]
     pre_h = pre_ref[:, 0, :]
     pre_t = pre_ref[:, 1, :]
-    a_h, a_t = pre_h, pre_t
-    if has_z:
-        z = z_ref[...]
-        a_h, a_t = a_h * z, a_t * z
-    a_h += bias_ref[0, :][None, :]
-    a_t += bias_ref[1, :][None, :]
-    if has_extra:
-        a_h += extra_ref[:, 0, :]
-        a_t += extra_ref[:, 1, :]
-    h = jnp.tanh(a_h)
-    t = jax.nn.sigmoid(a_t)
+    h, t = _gates_in_kernel(pre_h, pre_t, z_ref, bias_ref, extra_ref)
     if has_mask:
         m = mask_ref[...]
         tm, hm = t * m, h * m
