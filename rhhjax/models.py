@@ -441,6 +441,21 @@ class DropoutKeys:
         return jax.random.fold_in(key, which)
 
 
+def _gate_key(c: ModelConfig, key: Array | None, which: int) -> Array | None:
+    """The gate-dropout key of one cell, or None when gate dropout is off."""
+    if key is None or c.dropout != "gate" or c.keep >= 1.0:
+        return None
+    return DropoutKeys.get(key, which)
+
+
+def _hidden_masks(c: ModelConfig, key: Array | None, which: int, batch: int, width: int):
+    """Variational masks [L, B, width] on the state fed to W_l, or None when off."""
+    if key is None or c.dropout != "variational" or c.keep_hidden >= 1.0:
+        return None
+    mkey = DropoutKeys.get(key, which)
+    return cells.sequence_masks(mkey, (c.depth, batch, width), c.keep_hidden)
+
+
 class RHNCore(nn.Module):
     """Plain RHN over a sequence. x [B, T, E] -> (outputs [B, T, n], carry [B, n])."""
 
@@ -463,13 +478,8 @@ class RHNCore(nn.Module):
 
     def __call__(self, x: Array, carry: Array, key: Array | None):
         c = self.config
-        gate_key, hidden_masks = None, None
-        if key is not None and c.dropout == "gate" and c.keep < 1.0:
-            gate_key = DropoutKeys.get(key, DropoutKeys.MAIN_GATE)
-        if key is not None and c.dropout == "variational" and c.keep_hidden < 1.0:
-            shape = (c.depth, x.shape[0], c.hidden)
-            mkey = DropoutKeys.get(key, DropoutKeys.MAIN_HIDDEN)
-            hidden_masks = cells.sequence_masks(mkey, shape, c.keep_hidden)
+        gate_key = _gate_key(c, key, DropoutKeys.MAIN_GATE)
+        hidden_masks = _hidden_masks(c, key, DropoutKeys.MAIN_HIDDEN, x.shape[0], c.hidden)
         xproj = jnp.swapaxes(self.cell.input_projection(x), 0, 1)  # [T, B, 2n]
         steps = jnp.arange(x.shape[1])
         if c.impl == "scan":
@@ -522,21 +532,13 @@ class HyperRHNCore(nn.Module):
     def __call__(self, x: Array, carry, key: Array | None):
         c = self.config
         batch = x.shape[0]
-        keys, hidden_masks = None, {}
-        if key is not None and c.dropout == "gate" and c.keep < 1.0:
-            keys = (
-                DropoutKeys.get(key, DropoutKeys.HYPER_GATE),
-                DropoutKeys.get(key, DropoutKeys.MAIN_GATE),
-            )
-        if key is not None and c.dropout == "variational" and c.keep_hidden < 1.0:
-            for name, which, width in (
-                ("hyper_hidden", DropoutKeys.HYPER_HIDDEN, c.hyper_hidden),
-                ("main_hidden", DropoutKeys.MAIN_HIDDEN, c.hidden),
-            ):
-                mkey = DropoutKeys.get(key, which)
-                hidden_masks[name] = cells.sequence_masks(
-                    mkey, (c.depth, batch, width), c.keep_hidden
-                )
+        hyper_key = _gate_key(c, key, DropoutKeys.HYPER_GATE)
+        keys = None if hyper_key is None else (hyper_key, _gate_key(c, key, DropoutKeys.MAIN_GATE))
+        masks = {
+            "hyper_hidden": _hidden_masks(c, key, DropoutKeys.HYPER_HIDDEN, batch, c.hyper_hidden),
+            "main_hidden": _hidden_masks(c, key, DropoutKeys.MAIN_HIDDEN, batch, c.hidden),
+        }
+        hidden_masks = {name: m for name, m in masks.items() if m is not None}
         hyper_xproj, main_xproj = self.cell.input_projections(x)
         xprojs = (jnp.swapaxes(hyper_xproj, 0, 1), jnp.swapaxes(main_xproj, 0, 1))
         steps = jnp.arange(x.shape[1])
