@@ -2,43 +2,70 @@
 
 One highway micro-layer step, with ``B`` the batch and ``n`` the number of units::
 
-    s     [B, n]   f32        carry
+    s     [B, n]   f32        carry (the layer's input state)
     w     [n, 2n]  f32 | bf16 recurrent weight; columns [:n] feed h, columns [n:] feed t
     z     [B, n]   f32 | None per-example column scale (HyperRHN); the same z scales both halves
     bias  [2n]     f32
-    extra [B, 2n]  f32 | None addend computed outside (e.g. the input projection at layer 0)
-    mask  [B, n]   f32 | None inverted-dropout mask on the transform gate (0 or 1/keep)
+    xproj [B, 2n]  f32 | None addend *inside* the scale (layer 0: the input projection x U)
+    extra [B, 2n]  f32 | None addend *outside* the scale (legacy API only)
+    mask           gate-dropout mask on t: int8 keep decisions (0/1, scaled by 1/keep in the
+                   kernel) in the padded API, f32 (0 or 1/keep) in the legacy API
 
-    pre   = s @ w                        [B, 2n]  f32 accumulation (s cast to w.dtype for the dot)
-    a     = pre * [z, z] + bias + extra  [B, 2n]
+    pre   = s @ w                                [B, 2n]  f32 accumulation (s cast to w.dtype)
+    u     = pre + xproj                          [B, 2n]  the unscaled pre-activation
+    a     = u * [z, z] + bias + extra            [B, 2n]
     h     = tanh(a[:, :n])
     t     = sigmoid(a[:, n:])
-    s_new = h * (t * mask) + s * (1 - t) [B, n]   the carry gate uses the *undropped* t
+    s_new = h * (t * mask) + s * (1 - t)         [B, n]   the carry gate uses the *undropped* t
 
-All gate arithmetic and all outputs are f32 whatever the dtype of ``w``.
+This is the HyperRHN layer of ``rhhjax.recurrence``: at layer 0,
+``a = (s W_0 + x U) * [z_0, z_0] + b_0 + b_U``, so the caller passes ``xproj = x U`` and
+``bias = b_0 + b_U``; at the other layers ``xproj`` is None. All gate arithmetic and all
+outputs are f32 whatever the dtype of ``w``.
 
-Public API:
+Backward of one layer, given ``ds`` (the cotangent of ``s_new``, plus ``g`` from outside)::
+
+    da       = d a                                    [B, 2n]
+    d_scaled = da * [z, z]  (= da without z)          [B, 2n]  = d u = d pre = d xproj
+    ds_carry = ds * (1 - t)                           [B, n]   the carry part of d s
+    dz       = da[:, :n] * u[:, :n] + da[:, n:] * u[:, n:]     (u includes xproj!)
+    ds_in    = ds_carry + d_scaled @ w.T              [B, n]   the state gradient of the layer
+    dw       = s.T @ d_scaled   (deferred by the caller to one GEMM after the time loop)
+
+Public API, padded layout (for use inside a time loop; pad everything once outside it):
 
 * :class:`HighwayConfig` -- block sizes and Triton launch parameters.
-* :func:`highway_forward` -- one Triton kernel: matmul for both halves of a column block,
-  scale, bias, extra, gates and the highway combine. Returns ``(s_new, pre)``.
-* :func:`highway_backward` -- elementwise Triton kernel: ``(da, ds_carry, dz)``.
-* :func:`highway_step` -- ``jax.custom_vjp`` over the two; the weight-side matmuls of the
-  backward pass (``d_pre @ w.T`` and ``s.T @ d_pre``) are left to XLA.
-* :func:`highway_forward_reference`, :func:`highway_backward_reference`,
-  :func:`highway_step_reference` -- pure ``jax.numpy`` versions for testing.
+* :class:`Geometry` -- effective block sizes and padded extents for one (batch, n), with
+  the padding helpers ``pad_rows``, ``pad_halves``, ``pad_weight``, ``pad_weight_t``,
+  ``pad_bias``, ``unpad_rows``, ``unpad_halves`` (methods, and module functions taking ``geo``).
+* :func:`forward_padded` -- one kernel: both matmul halves of a column block, gates, combine.
+* :func:`backward_padded` -- one elementwise kernel: ``(d_scaled, ds_carry, dz, dbias_partial)``.
+* :func:`backward_fused_padded` -- one kernel: the state-gradient GEMM of the layer above
+  (``ds = ds_carry_above + d_scaled_above @ W_above^T + g``) then :func:`backward_padded`'s
+  elementwise backward, per column block. The backward of a micro-layer is ONE launch.
+* :func:`state_grad_padded` -- the GEMM part alone (e.g. the gradient of the initial state).
+* References: :func:`forward_padded_reference`, :func:`backward_padded_reference`,
+  :func:`state_grad_reference`, :func:`backward_fused_reference` (pure ``jax.numpy``).
+
+Legacy API (unpadded; pads and unpads per call, so do not use it inside a time loop):
+:func:`highway_forward`, :func:`highway_backward`, :func:`highway_step` and their
+``*_reference`` functions.
+
+Padded layout: ``B`` is padded up to ``b_pad`` (a multiple of ``block_b``) and ``n`` up to
+``n_pad`` (a multiple of ``block_n`` and ``block_k``) with zeros. Arrays with two halves are
+``[..., 2, n_pad]`` so that the h and t halves stay aligned: ``x2[..., half, u]`` is
+``x[..., half * n + u]``. The weight is ``w3 [n_pad, 2, n_pad]`` (``w3[k, half, j] =
+w[k, half * n + j]``) for the forward and ``w_t [2, n_pad, n_pad]`` (``w_t[half, k, j] =
+w[j, half * n + k]``) for the state-gradient GEMM. Padded *units* have zero weights, bias,
+z and xproj, hence ``a = 0`` and ``s_new = tanh(0) * t + 0 * (1 - t) = 0`` there: padded units
+of the carry stay exactly zero. Padded *rows* of the carry do not stay zero (bias drives
+them) but stay finite and never mix with real rows; their state gradient stays zero as long as
+the incoming cotangents ``g`` are zero-padded, so they contribute nothing to ``dz``,
+``dbias_partial``, ``d_scaled`` or a deferred ``dW``.
 
 The Triton backend is selected explicitly by passing
 ``jax.experimental.pallas.triton.CompilerParams`` to ``pl.pallas_call``; without it, recent JAX
-versions lower GPU ``pallas_call`` through Mosaic GPU (``jax_pallas_use_mosaic_gpu``), which
-cannot lower these kernels.
-
-Layout inside the kernels: ``B`` is padded up to a multiple of ``block_b`` and ``n`` up to a
-multiple of ``block_n`` and ``block_k`` with zeros, outside the kernels. Arrays with two halves
-(``w``, ``bias``, ``extra``, ``pre``, ``da``) are viewed as ``[..., 2, n]`` and padded per half,
-so that the h and t halves stay aligned: unit ``u`` of the t half lives at column
-``n_pad + u`` of the padded 2-D array. Padded units have zero weights, bias and input, hence
-``s_new = tanh(0) * t + 0 * (1 - t) = 0`` there; padded batch rows are discarded.
+versions lower GPU ``pallas_call`` through Mosaic GPU, which cannot lower these kernels.
 """
 
 from __future__ import annotations
@@ -55,8 +82,13 @@ from jax.experimental.pallas import triton as plgpu
 
 # The Triton compiler-params class was called `TritonCompilerParams` in older JAX versions.
 _TritonCompilerParams = getattr(plgpu, "CompilerParams", None) or plgpu.TritonCompilerParams
+# A squeezed block dimension: `pl.squeezed` in newer JAX, `None` in older ones.
+_SQUEEZED = getattr(pl, "squeezed", None)
 
 _F32 = jnp.float32
+
+# H100 (sm_90) opt-in shared memory per block, bytes.
+H100_SMEM_PER_BLOCK = 232_448
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,31 +99,42 @@ class HighwayConfig:
       block_b: rows (batch) per program. Power of two, >= 16 (the M dim of ``tl.dot``).
       block_n: units per program; each program computes both the h and the t column block.
         Power of two, >= 16.
-      block_k: K chunk of the matmul loop. Power of two, >= 16 (``tl.dot`` minimum).
+      block_k: K chunk of the matmul loops. Power of two, >= 16 (``tl.dot`` minimum).
       num_warps: Triton warps per program.
-      num_stages: Triton software-pipelining stages of the K loop.
-      allow_tf32: when ``w`` is f32, let the kernel and the backward matmuls use TF32 tensor
-        cores (faster, ~1e-3 relative error). Default: exact f32 (``Precision.HIGHEST``).
-        Ignored for bf16 weights.
+      num_stages: Triton software-pipelining stages of the K loops.
+      allow_tf32: when ``w`` is f32, let the matmuls use TF32 tensor cores (faster, ~1e-3
+        relative error). Default: exact f32 (``Precision.HIGHEST``). Ignored for bf16 weights.
 
-    The defaults target n = 1000..1024, B = 256 on an H100: a (4, 32) grid of 128 programs,
-    about one per SM. The block sizes are clamped down for small problems (never below 16).
+    The defaults target n = 1000..1024, B = 256 on an H100: a (8, 32) grid of 256 programs,
+    about two per SM. The block sizes are clamped down for small problems (never below 16).
     """
 
-    block_b: int = 64
+    block_b: int = 32
     block_n: int = 32
-    block_k: int = 64
+    block_k: int = 32
     num_warps: int = 4
     num_stages: int = 3
     allow_tf32: bool = False
+
+    def smem_bytes(self, dot_dtype) -> int:
+        """Predicted shared memory per program (bytes) of the matmul kernels.
+
+        Model (it reproduces the 294,912 B that ptxas reported for f32, 128/128/64, 4
+        stages): Triton's pipeliner keeps ``max(num_stages - 1, 1)`` copies of one K step's
+        operands, the f32 row tile ``[block_b, block_k]`` (loaded as f32, cast in registers)
+        and the two weight tiles ``2 x [block_k, block_n]`` in the dot dtype.
+        """
+        w_bytes = jnp.dtype(dot_dtype).itemsize
+        per_stage = self.block_b * self.block_k * 4 + 2 * self.block_k * self.block_n * w_bytes
+        return max(self.num_stages - 1, 1) * per_stage
 
 
 def _is_pow2(x: int) -> bool:
     return x > 0 and (x & (x - 1)) == 0
 
 
-def _validate_config(config: HighwayConfig) -> None:
-    """Rejects configurations that Triton cannot lower, with a readable message."""
+def _validate_config(config: HighwayConfig, dot_dtype=None) -> None:
+    """Rejects configurations that Triton cannot lower or an H100 cannot run, one line each."""
     for name in ("block_b", "block_n", "block_k"):
         value = getattr(config, name)
         if not _is_pow2(value) or value < 16:
@@ -100,6 +143,14 @@ def _validate_config(config: HighwayConfig) -> None:
         raise ValueError(f"HighwayConfig.num_warps must be a power of two, got {config.num_warps}.")
     if config.num_stages < 1:
         raise ValueError(f"HighwayConfig.num_stages must be >= 1, got {config.num_stages}.")
+    if dot_dtype is not None:
+        need = config.smem_bytes(dot_dtype)
+        if need > H100_SMEM_PER_BLOCK:
+            raise ValueError(
+                f"HighwayConfig {config} needs ~{need} B of shared memory with "
+                f"{jnp.dtype(dot_dtype).name} weights, over the H100's {H100_SMEM_PER_BLOCK} B "
+                "per block: lower num_stages or the block sizes."
+            )
 
 
 def _round_up(x: int, m: int) -> int:
@@ -111,10 +162,28 @@ def _clamp_block(block: int, size: int) -> int:
     return min(block, max(16, pl.next_power_of_2(size)))
 
 
-@dataclasses.dataclass(frozen=True)
-class _Geometry:
-    """Effective block sizes and padded extents for one problem size."""
+def _pad_trailing(x: jax.Array, trailing: tuple[int, ...]) -> jax.Array:
+    """Zero-pads the last ``len(trailing)`` axes of ``x`` up to ``trailing``."""
+    lead = x.ndim - len(trailing)
+    widths = [(0, 0)] * lead + [
+        (0, target - size) for size, target in zip(x.shape[lead:], trailing, strict=True)
+    ]
+    if any(hi < 0 for _, hi in widths):
+        raise ValueError(f"cannot pad shape {x.shape} to trailing {trailing}.")
+    if all(hi == 0 for _, hi in widths):
+        return x
+    return jnp.pad(x, widths)
 
+
+@dataclasses.dataclass(frozen=True)
+class Geometry:
+    """Effective block sizes and padded extents for one problem size (hashable, static).
+
+    Build it with :meth:`make`. ``grid = (b_pad // block_b, n_pad // block_n)``.
+    """
+
+    batch: int
+    n: int
     block_b: int
     block_n: int
     block_k: int
@@ -122,11 +191,15 @@ class _Geometry:
     n_pad: int
 
     @classmethod
-    def make(cls, config: HighwayConfig, batch: int, n: int) -> _Geometry:
+    def make(cls, config: HighwayConfig, batch: int, n: int) -> Geometry:
+        """Clamps the config's blocks to the problem and rounds ``batch`` and ``n`` up."""
+        _validate_config(config)
         block_b = _clamp_block(config.block_b, batch)
         block_n = _clamp_block(config.block_n, n)
         block_k = _clamp_block(config.block_k, n)
         return cls(
+            batch=batch,
+            n=n,
             block_b=block_b,
             block_n=block_n,
             block_k=block_k,
@@ -137,6 +210,77 @@ class _Geometry:
     @property
     def grid(self) -> tuple[int, int]:
         return (self.b_pad // self.block_b, self.n_pad // self.block_n)
+
+    # --- padding helpers: all accept leading axes ([T, L, ...], [L, ...]) -------------------
+
+    def pad_rows(self, x: jax.Array) -> jax.Array:
+        """[..., B, n] -> [..., b_pad, n_pad], dtype kept (f32 states, int8 masks)."""
+        return _pad_trailing(x, (self.b_pad, self.n_pad))
+
+    def pad_halves(self, x: jax.Array) -> jax.Array:
+        """[..., B, 2n] -> [..., b_pad, 2, n_pad] f32."""
+        x = x.astype(_F32).reshape(*x.shape[:-1], 2, self.n)
+        return _pad_trailing(x, (self.b_pad, 2, self.n_pad))
+
+    def pad_weight(self, w: jax.Array, dtype) -> jax.Array:
+        """[..., n, 2n] -> [..., n_pad, 2, n_pad] in ``dtype`` (the forward layout ``w3``)."""
+        w3 = w.astype(dtype).reshape(*w.shape[:-1], 2, self.n)
+        return _pad_trailing(w3, (self.n_pad, 2, self.n_pad))
+
+    def pad_weight_t(self, w: jax.Array, dtype) -> jax.Array:
+        """[..., n, 2n] -> [..., 2, n_pad, n_pad] in ``dtype``; ``w_t[h, k, j] = w[j, h*n+k]``."""
+        w3 = w.astype(dtype).reshape(*w.shape[:-1], 2, self.n)  # [..., j, h, k]
+        w_t = jnp.moveaxis(w3, -3, -1)  # [..., h, k, j]
+        return _pad_trailing(w_t, (2, self.n_pad, self.n_pad))
+
+    def pad_bias(self, b: jax.Array) -> jax.Array:
+        """[..., 2n] -> [..., 2, n_pad] f32."""
+        b2 = b.astype(_F32).reshape(*b.shape[:-1], 2, self.n)
+        return _pad_trailing(b2, (2, self.n_pad))
+
+    def unpad_rows(self, x: jax.Array) -> jax.Array:
+        """[..., b_pad, n_pad] -> [..., B, n]."""
+        return x[..., : self.batch, : self.n]
+
+    def unpad_halves(self, x: jax.Array) -> jax.Array:
+        """[..., b_pad, 2, n_pad] -> [..., B, 2n]."""
+        x = x[..., : self.batch, :, : self.n]
+        return x.reshape(*x.shape[:-3], self.batch, 2 * self.n)
+
+
+def pad_rows(x: jax.Array, geo: Geometry) -> jax.Array:
+    """Module-level :meth:`Geometry.pad_rows`."""
+    return geo.pad_rows(x)
+
+
+def pad_halves(x: jax.Array, geo: Geometry) -> jax.Array:
+    """Module-level :meth:`Geometry.pad_halves`."""
+    return geo.pad_halves(x)
+
+
+def pad_weight(w: jax.Array, dtype, geo: Geometry) -> jax.Array:
+    """Module-level :meth:`Geometry.pad_weight`."""
+    return geo.pad_weight(w, dtype)
+
+
+def pad_weight_t(w: jax.Array, dtype, geo: Geometry) -> jax.Array:
+    """Module-level :meth:`Geometry.pad_weight_t`."""
+    return geo.pad_weight_t(w, dtype)
+
+
+def pad_bias(b: jax.Array, geo: Geometry) -> jax.Array:
+    """Module-level :meth:`Geometry.pad_bias`."""
+    return geo.pad_bias(b)
+
+
+def unpad_rows(x: jax.Array, geo: Geometry) -> jax.Array:
+    """Module-level :meth:`Geometry.unpad_rows`."""
+    return geo.unpad_rows(x)
+
+
+def unpad_halves(x: jax.Array, geo: Geometry) -> jax.Array:
+    """Module-level :meth:`Geometry.unpad_halves`."""
+    return geo.unpad_halves(x)
 
 
 def _compiler_params(config: HighwayConfig):
@@ -149,38 +293,631 @@ def _dot_precision(dtype, allow_tf32: bool):
     return None
 
 
-# --- padding helpers (outside the kernels) ----------------------------------------------------
-
-
-def _pad_to(x: jax.Array, shape: tuple[int, ...]) -> jax.Array:
-    widths = [(0, target - size) for size, target in zip(x.shape, shape, strict=True)]
-    if all(hi == 0 for _, hi in widths):
-        return x
-    return jnp.pad(x, widths)
-
-
-def _halves(x: jax.Array, n: int) -> jax.Array:
-    """[..., 2n] -> [..., 2, n] (a free reshape)."""
-    return x.reshape(*x.shape[:-1], 2, n)
-
-
-def _pad_rows(x: jax.Array | None, geo: _Geometry) -> jax.Array | None:
-    """[B, n] -> [b_pad, n_pad] f32."""
+def _check(name: str, x: jax.Array | None, shape: tuple[int, ...], dtypes=None) -> None:
+    """One-line shape (and dtype) check of a padded operand."""
     if x is None:
+        return
+    if tuple(x.shape) != tuple(shape):
+        raise ValueError(f"{name} must have padded shape {tuple(shape)}, got {tuple(x.shape)}.")
+    if dtypes is not None and jnp.dtype(x.dtype) not in [jnp.dtype(d) for d in dtypes]:
+        names = ", ".join(jnp.dtype(d).name for d in dtypes)
+        raise ValueError(f"{name} must have dtype {names}, got {jnp.dtype(x.dtype).name}.")
+
+
+def _mask_scale(keep_mask: jax.Array | None, keep: float) -> float:
+    """1/keep for integer keep decisions; 1 for float masks (already 0 or 1/keep)."""
+    if keep_mask is None or jnp.issubdtype(keep_mask.dtype, jnp.floating):
+        return 1.0
+    if not 0.0 < keep <= 1.0:
+        raise ValueError(f"keep must be in (0, 1] with an int8 keep_mask, got {keep}.")
+    return 1.0 / keep
+
+
+# --- in-kernel helpers -------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class _Has:
+    """Which optional operands a kernel gets (static)."""
+
+    z: bool = False
+    xproj: bool = False
+    extra: bool = False
+    mask: bool = False
+    g: bool = False
+    ds_carry_above: bool = False
+
+
+def _pop(refs: list, present: bool):
+    return refs.pop(0) if present else None
+
+
+def _gates_in_kernel(pre_h, pre_t, z, bias_ref, xproj_ref, extra_ref):
+    """Unscaled u and gates h, t [block_b, block_n] from the matmul halves, inside a kernel.
+
+    u = pre + xproj; a = u * [z, z] + bias + extra (absent operands are None).
+    Returns (u_h, u_t, h, t).
+    """
+    u_h, u_t = pre_h, pre_t
+    if xproj_ref is not None:
+        u_h = u_h + xproj_ref[:, 0, :]
+        u_t = u_t + xproj_ref[:, 1, :]
+    a_h, a_t = (u_h * z, u_t * z) if z is not None else (u_h, u_t)
+    a_h = a_h + bias_ref[0, :][None, :]
+    a_t = a_t + bias_ref[1, :][None, :]
+    if extra_ref is not None:
+        a_h = a_h + extra_ref[:, 0, :]
+        a_t = a_t + extra_ref[:, 1, :]
+    return u_h, u_t, jnp.tanh(a_h), jax.nn.sigmoid(a_t)
+
+
+def _load_mask(mask_ref, mask_scale: float):
+    """f32 dropout multiplier [block_b, block_n] (0 or 1/keep), or None."""
+    if mask_ref is None:
         return None
-    return _pad_to(x.astype(_F32), (geo.b_pad, geo.n_pad))
+    m = mask_ref[...].astype(_F32)
+    return m * mask_scale if mask_scale != 1.0 else m
 
 
-def _pad_halves_rows(x: jax.Array | None, n: int, geo: _Geometry) -> jax.Array | None:
-    """[B, 2n] -> [b_pad, 2, n_pad] f32."""
-    if x is None:
+def _k_loop(n_k: int, block_k: int, step, init):
+    """fori_loop over K chunks; ``step(k_slice, acc)`` gets an aligned ``pl.ds``."""
+
+    def body(kk, acc):
+        return step(pl.ds(pl.multiple_of(kk * block_k, block_k), block_k), acc)
+
+    return lax.fori_loop(0, n_k, body, init)
+
+
+# --- forward kernel ----------------------------------------------------------------------------
+
+
+def _forward_kernel(*refs, has: _Has, block_k: int, precision, mask_scale: float):
+    """One (batch block i, unit block j) program of the forward.
+
+    Refs (block shapes):
+      s_ref      [block_b, n_pad]       whole rows of the carry (K operand and carry term)
+      w_h_ref    [n_pad, block_n]       h-half columns of w3
+      w_t_ref    [n_pad, block_n]       t-half columns of w3
+      bias_ref   [2, block_n]
+      z_ref      [block_b, block_n]     if has.z
+      xproj_ref  [block_b, 2, block_n]  if has.xproj (inside the scale)
+      extra_ref  [block_b, 2, block_n]  if has.extra (outside the scale)
+      mask_ref   [block_b, block_n]     if has.mask (int8 keep decisions or f32 mask)
+      s_new_ref  [block_b, block_n]     output
+      pre_ref    [block_b, 2, block_n]  output: unscaled s @ w
+    """
+    refs = list(refs)
+    s_ref, w_h_ref, w_t_ref, bias_ref = refs[:4]
+    del refs[:4]
+    z_ref = _pop(refs, has.z)
+    xproj_ref = _pop(refs, has.xproj)
+    extra_ref = _pop(refs, has.extra)
+    mask_ref = _pop(refs, has.mask)
+    s_new_ref, pre_ref = refs
+
+    block_b, block_n = s_new_ref.shape
+    dot_dtype = w_h_ref.dtype
+
+    def k_step(k, acc):
+        acc_h, acc_t = acc
+        s_blk = s_ref[:, k].astype(dot_dtype)
+        acc_h += jnp.dot(s_blk, w_h_ref[k, :], precision=precision, preferred_element_type=_F32)
+        acc_t += jnp.dot(s_blk, w_t_ref[k, :], precision=precision, preferred_element_type=_F32)
+        return acc_h, acc_t
+
+    zeros = jnp.zeros((block_b, block_n), _F32)
+    pre_h, pre_t = _k_loop(s_ref.shape[1] // block_k, block_k, k_step, (zeros, zeros))
+
+    z = z_ref[...] if has.z else None
+    _, _, h, t = _gates_in_kernel(pre_h, pre_t, z, bias_ref, xproj_ref, extra_ref)
+    m = _load_mask(mask_ref, mask_scale)
+    gate = t if m is None else t * m
+    col = pl.ds(pl.multiple_of(pl.program_id(1) * block_n, block_n), block_n)
+    s_new_ref[...] = h * gate + s_ref[:, col] * (1.0 - t)
+    pre_ref[:, 0, :] = pre_h
+    pre_ref[:, 1, :] = pre_t
+
+
+def forward_padded(
+    s: jax.Array,
+    w3: jax.Array,
+    z: jax.Array | None,
+    bias2: jax.Array,
+    xproj: jax.Array | None,
+    keep_mask: jax.Array | None,
+    *,
+    keep: float = 1.0,
+    geo: Geometry,
+    config: HighwayConfig = HighwayConfig(),
+    interpret: bool = False,
+    extra: jax.Array | None = None,
+) -> tuple[jax.Array, jax.Array]:
+    """Forward of one micro-layer in the padded layout: ONE kernel launch, no pad or cast.
+
+    Args:
+      s: [b_pad, n_pad] f32 input state.
+      w3: [n_pad, 2, n_pad] weight in the dot dtype (``geo.pad_weight(w, dtype)``).
+      z: [b_pad, n_pad] f32 scale, or None.
+      bias2: [2, n_pad] f32 (at layer 0 the sum of both biases, b_0 + b_U).
+      xproj: [b_pad, 2, n_pad] f32 addend inside the scale (layer 0: x U), or None.
+      keep_mask: [b_pad, n_pad] int8 keep decisions (0/1; scaled by 1/``keep`` in the kernel),
+        or f32 (0 or 1/keep, used as is), or None.
+      keep: static keep probability (used with an int8 mask only).
+      geo: the :class:`Geometry` the operands were padded with.
+      extra: [b_pad, 2, n_pad] f32 addend outside the scale (legacy API), or None.
+    Returns:
+      s_new [b_pad, n_pad] f32 and pre [b_pad, 2, n_pad] f32 (the unscaled ``s @ w``, without
+      xproj).
+    """
+    _validate_config(config, w3.dtype)
+    bb, bn, n_pad = geo.block_b, geo.block_n, geo.n_pad
+    rows, rows2 = (geo.b_pad, n_pad), (geo.b_pad, 2, n_pad)
+    _check("s", s, rows, (_F32,))
+    _check("w3", w3, (n_pad, 2, n_pad))
+    _check("z", z, rows, (_F32,))
+    _check("bias2", bias2, (2, n_pad), (_F32,))
+    _check("xproj", xproj, rows2, (_F32,))
+    _check("extra", extra, rows2, (_F32,))
+    _check("keep_mask", keep_mask, rows)
+    has = _Has(z=z is not None, xproj=xproj is not None, extra=extra is not None)
+    has = dataclasses.replace(has, mask=keep_mask is not None)
+
+    block_rows = pl.BlockSpec((bb, bn), lambda i, j: (i, j))
+    block_rows2 = pl.BlockSpec((bb, 2, bn), lambda i, j: (i, 0, j))
+    # w3 is passed twice, once per half: the two BlockSpecs pick the h / t column block.
+    args = [s, w3, w3, bias2]
+    in_specs = [
+        pl.BlockSpec((bb, n_pad), lambda i, j: (i, 0)),
+        pl.BlockSpec((n_pad, _SQUEEZED, bn), lambda i, j: (0, 0, j)),
+        pl.BlockSpec((n_pad, _SQUEEZED, bn), lambda i, j: (0, 1, j)),
+        pl.BlockSpec((2, bn), lambda i, j: (0, j)),
+    ]
+    for x, spec in ((z, block_rows), (xproj, block_rows2), (extra, block_rows2)):
+        if x is not None:
+            args.append(x)
+            in_specs.append(spec)
+    if keep_mask is not None:
+        args.append(keep_mask)
+        in_specs.append(block_rows)
+
+    kernel = functools.partial(
+        _forward_kernel,
+        has=has,
+        block_k=geo.block_k,
+        precision=_dot_precision(w3.dtype, config.allow_tf32),
+        mask_scale=_mask_scale(keep_mask, keep),
+    )
+    s_new, pre = pl.pallas_call(
+        kernel,
+        grid=geo.grid,
+        in_specs=in_specs,
+        out_specs=[block_rows, block_rows2],
+        out_shape=[jax.ShapeDtypeStruct(rows, _F32), jax.ShapeDtypeStruct(rows2, _F32)],
+        compiler_params=_compiler_params(config),
+        interpret=interpret,
+        name="highway_forward",
+    )(*args)
+    return s_new, pre
+
+
+# --- backward kernels --------------------------------------------------------------------------
+
+
+def _state_grad_in_kernel(d_h_ref, d_t_ref, wt_h_ref, wt_t_ref, block_k: int, precision):
+    """[block_b, block_n] f32: d_scaled_above @ W_above^T for this column block (K = 2 n_pad)."""
+    dot_dtype = wt_h_ref.dtype
+    block_b = d_h_ref.shape[0]
+    block_n = wt_h_ref.shape[1]
+
+    def k_step(k, acc):
+        acc += jnp.dot(
+            d_h_ref[:, k].astype(dot_dtype),
+            wt_h_ref[k, :],
+            precision=precision,
+            preferred_element_type=_F32,
+        )
+        acc += jnp.dot(
+            d_t_ref[:, k].astype(dot_dtype),
+            wt_t_ref[k, :],
+            precision=precision,
+            preferred_element_type=_F32,
+        )
+        return acc
+
+    init = jnp.zeros((block_b, block_n), _F32)
+    return _k_loop(d_h_ref.shape[1] // block_k, block_k, k_step, init)
+
+
+def _backward_kernel(
+    *refs,
+    has: _Has,
+    gemm: bool,
+    elementwise: bool,
+    scale_da: bool,
+    block_k: int,
+    precision,
+    mask_scale: float,
+):
+    """One (batch block i, unit block j) program of the backward.
+
+    Refs (block shapes), in this order:
+      if gemm: d_h_ref, d_t_ref [block_b, n_pad] (h / t halves of d_scaled_above, whole
+        rows), wt_h_ref, wt_t_ref [n_pad, block_n] (w_t_above[half, :, j block]);
+        ds_carry_above_ref [block_b, block_n] if has.ds_carry_above;
+      else: ds_ref [block_b, block_n] (the incoming state gradient);
+      g_ref [block_b, block_n] if has.g;
+      if elementwise: s_ref [block_b, block_n]; pre_ref [block_b, 2, block_n];
+        bias_ref [2, block_n]; z_ref, xproj_ref, extra_ref, mask_ref as in the forward;
+      outputs: if elementwise: d_out_ref [block_b, 2, block_n] (d_scaled, or da when not
+        scale_da), ds_carry_ref [block_b, block_n], dz_ref [block_b, block_n] if has.z,
+        dbias_ref [2, block_n] (this program's column sums of da); else ds_ref_out.
+    """
+    refs = list(refs)
+    if gemm:
+        d_h_ref, d_t_ref, wt_h_ref, wt_t_ref = refs[:4]
+        del refs[:4]
+        ds = _state_grad_in_kernel(d_h_ref, d_t_ref, wt_h_ref, wt_t_ref, block_k, precision)
+        carry_ref = _pop(refs, has.ds_carry_above)
+        if carry_ref is not None:
+            ds = ds + carry_ref[...]
+    else:
+        ds = refs.pop(0)[...]
+    g_ref = _pop(refs, has.g)
+    if g_ref is not None:
+        ds = ds + g_ref[...]
+    if not elementwise:
+        refs[0][...] = ds
+        return
+
+    s_ref, pre_ref, bias_ref = refs[:3]
+    del refs[:3]
+    z_ref = _pop(refs, has.z)
+    xproj_ref = _pop(refs, has.xproj)
+    extra_ref = _pop(refs, has.extra)
+    mask_ref = _pop(refs, has.mask)
+    d_out_ref, ds_carry_ref = refs[:2]
+    del refs[:2]
+    dz_ref = _pop(refs, has.z)
+    (dbias_ref,) = refs
+
+    z = z_ref[...] if has.z else None
+    u_h, u_t, h, t = _gates_in_kernel(
+        pre_ref[:, 0, :], pre_ref[:, 1, :], z, bias_ref, xproj_ref, extra_ref
+    )
+    m = _load_mask(mask_ref, mask_scale)
+    tm, hm = (t, h) if m is None else (t * m, h * m)
+    da_h = ds * tm * (1.0 - h * h)
+    da_t = ds * (hm - s_ref[...]) * t * (1.0 - t)
+    if has.z and scale_da:
+        d_out_ref[:, 0, :] = da_h * z
+        d_out_ref[:, 1, :] = da_t * z
+    else:
+        d_out_ref[:, 0, :] = da_h
+        d_out_ref[:, 1, :] = da_t
+    ds_carry_ref[...] = ds * (1.0 - t)
+    if dz_ref is not None:
+        dz_ref[...] = da_h * u_h + da_t * u_t
+    dbias_ref[0, :] = jnp.sum(da_h, axis=0)
+    dbias_ref[1, :] = jnp.sum(da_t, axis=0)
+
+
+def _backward_call(
+    gemm_args,
+    ds,
+    g,
+    elementwise_args,
+    *,
+    keep,
+    geo,
+    config,
+    interpret,
+    scale_da=True,
+    name,
+):
+    """Builds and runs one backward pallas_call (shared by the three backward entry points).
+
+    gemm_args: (d_scaled_above, w_t_above, ds_carry_above | None) or None.
+    ds: incoming state gradient [b_pad, n_pad] when gemm_args is None.
+    elementwise_args: (s, pre, z, bias2, xproj, extra, keep_mask) or None (GEMM only).
+    """
+    bb, bn, n_pad, b_pad = geo.block_b, geo.block_n, geo.n_pad, geo.b_pad
+    rows, rows2 = (b_pad, n_pad), (b_pad, 2, n_pad)
+    block_rows = pl.BlockSpec((bb, bn), lambda i, j: (i, j))
+    block_rows2 = pl.BlockSpec((bb, 2, bn), lambda i, j: (i, 0, j))
+    args, in_specs = [], []
+    has = _Has(g=g is not None)
+    dot_dtype = None
+    if gemm_args is not None:
+        d_above, w_t, ds_carry_above = gemm_args
+        _check("d_scaled_above", d_above, rows2, (_F32,))
+        _check("w_t_above", w_t, (2, n_pad, n_pad))
+        _check("ds_carry_above", ds_carry_above, rows, (_F32,))
+        dot_dtype = w_t.dtype
+        args += [d_above, d_above, w_t, w_t]
+        in_specs += [
+            pl.BlockSpec((bb, _SQUEEZED, n_pad), lambda i, j: (i, 0, 0)),
+            pl.BlockSpec((bb, _SQUEEZED, n_pad), lambda i, j: (i, 1, 0)),
+            pl.BlockSpec((_SQUEEZED, n_pad, bn), lambda i, j: (0, 0, j)),
+            pl.BlockSpec((_SQUEEZED, n_pad, bn), lambda i, j: (1, 0, j)),
+        ]
+        if ds_carry_above is not None:
+            has = dataclasses.replace(has, ds_carry_above=True)
+            args.append(ds_carry_above)
+            in_specs.append(block_rows)
+    else:
+        _check("ds", ds, rows, (_F32,))
+        args.append(ds)
+        in_specs.append(block_rows)
+    _validate_config(config, dot_dtype)
+    _check("g", g, rows, (_F32,))
+    if g is not None:
+        args.append(g)
+        in_specs.append(block_rows)
+
+    mask_scale = 1.0
+    if elementwise_args is None:
+        out_specs, out_shape = [block_rows], [jax.ShapeDtypeStruct(rows, _F32)]
+    else:
+        s, pre, z, bias2, xproj, extra, keep_mask = elementwise_args
+        _check("s", s, rows, (_F32,))
+        _check("pre", pre, rows2, (_F32,))
+        _check("z", z, rows, (_F32,))
+        _check("bias2", bias2, (2, n_pad), (_F32,))
+        _check("xproj", xproj, rows2, (_F32,))
+        _check("extra", extra, rows2, (_F32,))
+        _check("keep_mask", keep_mask, rows)
+        mask_scale = _mask_scale(keep_mask, keep)
+        has = dataclasses.replace(
+            has,
+            z=z is not None,
+            xproj=xproj is not None,
+            extra=extra is not None,
+            mask=keep_mask is not None,
+        )
+        args += [s, pre, bias2]
+        in_specs += [block_rows, block_rows2, pl.BlockSpec((2, bn), lambda i, j: (0, j))]
+        for x, spec in (
+            (z, block_rows),
+            (xproj, block_rows2),
+            (extra, block_rows2),
+            (keep_mask, block_rows),
+        ):
+            if x is not None:
+                args.append(x)
+                in_specs.append(spec)
+        out_specs = [block_rows2, block_rows]
+        out_shape = [jax.ShapeDtypeStruct(rows2, _F32), jax.ShapeDtypeStruct(rows, _F32)]
+        if z is not None:
+            out_specs.append(block_rows)
+            out_shape.append(jax.ShapeDtypeStruct(rows, _F32))
+        out_specs.append(pl.BlockSpec((_SQUEEZED, 2, bn), lambda i, j: (i, 0, j)))
+        out_shape.append(jax.ShapeDtypeStruct((geo.grid[0], 2, n_pad), _F32))
+
+    kernel = functools.partial(
+        _backward_kernel,
+        has=has,
+        gemm=gemm_args is not None,
+        elementwise=elementwise_args is not None,
+        scale_da=scale_da,
+        block_k=geo.block_k,
+        precision=None if dot_dtype is None else _dot_precision(dot_dtype, config.allow_tf32),
+        mask_scale=mask_scale,
+    )
+    return pl.pallas_call(
+        kernel,
+        grid=geo.grid,
+        in_specs=in_specs,
+        out_specs=out_specs,
+        out_shape=out_shape,
+        compiler_params=_compiler_params(config),
+        interpret=interpret,
+        name=name,
+    )(*args)
+
+
+def _split_backward_outputs(outs, has_z: bool):
+    d_scaled, ds_carry = outs[0], outs[1]
+    dz = outs[2] if has_z else None
+    return d_scaled, ds_carry, dz, outs[-1]
+
+
+def backward_padded(
+    ds: jax.Array,
+    s: jax.Array,
+    pre: jax.Array,
+    z: jax.Array | None,
+    bias2: jax.Array,
+    xproj: jax.Array | None,
+    keep_mask: jax.Array | None,
+    *,
+    g: jax.Array | None = None,
+    keep: float = 1.0,
+    geo: Geometry,
+    config: HighwayConfig = HighwayConfig(),
+    interpret: bool = False,
+    extra: jax.Array | None = None,
+    scale_da: bool = True,
+) -> tuple[jax.Array, jax.Array, jax.Array | None, jax.Array]:
+    """Elementwise gate backward of one micro-layer, padded layout: ONE kernel launch.
+
+    Args:
+      ds: [b_pad, n_pad] f32 cotangent of this layer's ``s_new``.
+      s, pre, z, bias2, xproj, keep_mask, keep, extra: as given to :func:`forward_padded`
+        (``pre`` is its output).
+      g: [b_pad, n_pad] f32 added to ``ds`` (cotangent from outside), or None.
+      scale_da: when False the first output is ``da`` instead of ``da * [z, z]`` (legacy).
+    Returns:
+      d_scaled [b_pad, 2, n_pad] f32: ``da * [z, z]`` (``da`` without z): the input of the
+        state-gradient GEMM and of the deferred dW; also ``d xproj``.
+      ds_carry [b_pad, n_pad] f32: ``(ds + g) * (1 - t)``.
+      dz [b_pad, n_pad] f32 | None: ``sum over halves of da * (pre + xproj)``; None without z.
+      dbias_partial [b_pad // block_b, 2, n_pad] f32: per-batch-block column sums of ``da``
+        (sum over axis 0, after the time loop, for d bias2).
+    """
+    outs = _backward_call(
+        None,
+        ds,
+        g,
+        (s, pre, z, bias2, xproj, extra, keep_mask),
+        keep=keep,
+        geo=geo,
+        config=config,
+        interpret=interpret,
+        scale_da=scale_da,
+        name="highway_backward",
+    )
+    return _split_backward_outputs(outs, z is not None)
+
+
+def backward_fused_padded(
+    d_scaled_above: jax.Array,
+    w_t_above: jax.Array,
+    ds_carry_above: jax.Array | None,
+    g: jax.Array | None,
+    s: jax.Array,
+    pre: jax.Array,
+    z: jax.Array | None,
+    bias2: jax.Array,
+    xproj: jax.Array | None,
+    keep_mask: jax.Array | None,
+    *,
+    keep: float = 1.0,
+    geo: Geometry,
+    config: HighwayConfig = HighwayConfig(),
+    interpret: bool = False,
+    extra: jax.Array | None = None,
+) -> tuple[jax.Array, jax.Array, jax.Array | None, jax.Array]:
+    """State-gradient GEMM of the layer above + gate backward of this layer: ONE launch.
+
+    Per column block: ``ds = ds_carry_above + d_scaled_above @ W_above^T (+ g)``, with the
+    GEMM's K loop over both halves of ``w_t_above``, then :func:`backward_padded` with that
+    ``ds``. "Above" is the layer that consumed this layer's output: (t, l + 1), or (t + 1, 0)
+    for the last micro-layer.
+
+    Args:
+      d_scaled_above: [b_pad, 2, n_pad] f32, the layer above's ``d_scaled``.
+      w_t_above: [2, n_pad, n_pad] the layer above's weight in the dot dtype
+        (``geo.pad_weight_t(w, dtype)``); ``d_scaled_above`` is cast to it for the dot.
+      ds_carry_above: [b_pad, n_pad] f32, the layer above's ``ds_carry``, or None (zero).
+      g, s, pre, z, bias2, xproj, keep_mask, keep, extra: as in :func:`backward_padded`.
+    Returns:
+      (d_scaled, ds_carry, dz, dbias_partial) as in :func:`backward_padded`.
+    """
+    outs = _backward_call(
+        (d_scaled_above, w_t_above, ds_carry_above),
+        None,
+        g,
+        (s, pre, z, bias2, xproj, extra, keep_mask),
+        keep=keep,
+        geo=geo,
+        config=config,
+        interpret=interpret,
+        name="highway_backward_fused",
+    )
+    return _split_backward_outputs(outs, z is not None)
+
+
+def state_grad_padded(
+    d_scaled: jax.Array,
+    w_t: jax.Array,
+    ds_carry: jax.Array | None,
+    g: jax.Array | None = None,
+    *,
+    geo: Geometry,
+    config: HighwayConfig = HighwayConfig(),
+    interpret: bool = False,
+) -> jax.Array:
+    """``ds_carry + d_scaled @ W^T (+ g)`` [b_pad, n_pad] f32, one kernel (the GEMM part of
+    :func:`backward_fused_padded` alone, e.g. for the gradient of the initial state)."""
+    (ds,) = _backward_call(
+        (d_scaled, w_t, ds_carry),
+        None,
+        g,
+        None,
+        keep=1.0,
+        geo=geo,
+        config=config,
+        interpret=interpret,
+        name="highway_state_grad",
+    )
+    return ds
+
+
+# --- references for the padded kernels (pure jnp, same padded layout) --------------------------
+
+
+def _ref_dot(x, w, dims):
+    precision = _dot_precision(w.dtype, allow_tf32=False)
+    return jnp.einsum(dims, x.astype(w.dtype), w, precision=precision, preferred_element_type=_F32)
+
+
+def _ref_mask(keep_mask, keep):
+    if keep_mask is None:
         return None
-    return _pad_to(_halves(x.astype(_F32), n), (geo.b_pad, 2, geo.n_pad))
+    return keep_mask.astype(_F32) * _mask_scale(keep_mask, keep)
 
 
-def _unpad_halves(x: jax.Array, batch: int, n: int) -> jax.Array:
-    """[b_pad, 2, n_pad] -> [B, 2n]."""
-    return x[:batch, :, :n].reshape(batch, 2 * n)
+def _ref_combine(a, s, m):
+    """s_new from a [b, 2, n] and s [b, n]; m the f32 dropout multiplier or None."""
+    h, t = jnp.tanh(a[:, 0]), jax.nn.sigmoid(a[:, 1])
+    gate = t if m is None else t * m
+    return h * gate + s * (1.0 - t)
+
+
+def _ref_a(u, z, bias2, extra):
+    a = u if z is None else u * z[:, None, :]
+    a = a + bias2[None]
+    return a if extra is None else a + extra
+
+
+def forward_padded_reference(s, w3, z, bias2, xproj, keep_mask, *, keep=1.0, extra=None):
+    """Pure-jnp :func:`forward_padded` on the same padded operands: ``(s_new, pre)``."""
+    pre = _ref_dot(s, w3, "bk,khj->bhj")
+    u = pre if xproj is None else pre + xproj
+    return _ref_combine(_ref_a(u, z, bias2, extra), s, _ref_mask(keep_mask, keep)), pre
+
+
+def backward_padded_reference(
+    ds, s, pre, z, bias2, xproj, keep_mask, *, g=None, keep=1.0, extra=None, scale_da=True
+):
+    """Pure-jnp :func:`backward_padded`, derived by autodiff of the forward combine.
+
+    ``dbias_partial`` is returned with a single row (the column sums over all rows): compare
+    it with the kernel's partial sums summed over axis 0.
+    """
+    m = _ref_mask(keep_mask, keep)
+    u = pre if xproj is None else pre + xproj
+    zeros = jnp.zeros_like(pre)
+
+    def f(a_add, s_, u_, z_):
+        return _ref_combine(_ref_a(u_, z_, bias2, extra) + a_add, s_, m)
+
+    z_arg = jnp.ones_like(s) if z is None else z
+    _, vjp = jax.vjp(f, zeros, s, u, z_arg)
+    cot = ds if g is None else ds + g
+    da, ds_carry, du, dz = vjp(cot)
+    d_out = du if scale_da else da
+    return d_out, ds_carry, (None if z is None else dz), jnp.sum(da, axis=0)[None]
+
+
+def state_grad_reference(d_scaled, w_t, ds_carry, g=None):
+    """Pure-jnp :func:`state_grad_padded`: ``ds_carry + d_scaled @ W^T (+ g)``."""
+    ds = _ref_dot(d_scaled, w_t, "bhk,hkj->bj")
+    if ds_carry is not None:
+        ds = ds + ds_carry
+    return ds if g is None else ds + g
+
+
+def backward_fused_reference(
+    d_scaled_above, w_t_above, ds_carry_above, g, s, pre, z, bias2, xproj, keep_mask, *,
+    keep=1.0, extra=None,
+):  # fmt: skip
+    """Pure-jnp :func:`backward_fused_padded`: the GEMM, then the elementwise backward."""
+    ds = state_grad_reference(d_scaled_above, w_t_above, ds_carry_above, g)
+    return backward_padded_reference(ds, s, pre, z, bias2, xproj, keep_mask, keep=keep, extra=extra)
+
+
+# --- legacy unpadded API (pads and unpads per call) --------------------------------------------
 
 
 def _check_shapes(s, w, z, bias, extra, mask) -> tuple[int, int]:
@@ -201,134 +938,12 @@ def _check_shapes(s, w, z, bias, extra, mask) -> tuple[int, int]:
     return batch, n
 
 
-# --- forward kernel ----------------------------------------------------------------------------
+def _pad_opt_rows(x, geo):
+    return None if x is None else geo.pad_rows(x.astype(_F32))
 
 
-def _gates_in_kernel(pre_h, pre_t, z_ref, bias_ref, extra_ref):
-    """h, t [block_b, block_n] from the unscaled matmul halves, inside a kernel.
-
-    a = pre * [z, z] + bias + extra (z_ref / extra_ref None when absent).
-    """
-    a_h, a_t = pre_h, pre_t
-    if z_ref is not None:
-        z = z_ref[...]
-        a_h, a_t = a_h * z, a_t * z
-    a_h += bias_ref[0, :][None, :]
-    a_t += bias_ref[1, :][None, :]
-    if extra_ref is not None:
-        a_h += extra_ref[:, 0, :]
-        a_t += extra_ref[:, 1, :]
-    return jnp.tanh(a_h), jax.nn.sigmoid(a_t)
-
-
-def _highway_forward_kernel(
-    *refs,
-    has_z: bool,
-    has_extra: bool,
-    has_mask: bool,
-    block_k: int,
-    precision,
-):
-    """One (batch block, unit block) program.
-
-    Refs (block shapes):
-      s_ref      [block_b, n_pad]       whole rows of the carry (K operand and carry term)
-      w_h_ref    [n_pad, block_n]       h-half columns of w
-      w_t_ref    [n_pad, block_n]       t-half columns of w
-      bias_ref   [2, block_n]
-      z_ref      [block_b, block_n]     if has_z
-      extra_ref  [block_b, 2, block_n]  if has_extra
-      mask_ref   [block_b, block_n]     if has_mask
-      s_new_ref  [block_b, block_n]     output
-      pre_ref    [block_b, 2, block_n]  output: unscaled s @ w
-    """
-    refs = list(refs)
-    s_ref, w_h_ref, w_t_ref, bias_ref = refs[:4]
-    del refs[:4]
-    z_ref = refs.pop(0) if has_z else None
-    extra_ref = refs.pop(0) if has_extra else None
-    mask_ref = refs.pop(0) if has_mask else None
-    s_new_ref, pre_ref = refs
-
-    block_b, block_n = s_new_ref.shape
-    n_pad = s_ref.shape[1]
-    dot_dtype = w_h_ref.dtype
-
-    def k_step(kk, carry):
-        acc_h, acc_t = carry
-        k_slice = pl.ds(pl.multiple_of(kk * block_k, block_k), block_k)
-        s_blk = s_ref[:, k_slice].astype(dot_dtype)
-        acc_h += jnp.dot(
-            s_blk, w_h_ref[k_slice, :], precision=precision, preferred_element_type=_F32
-        )
-        acc_t += jnp.dot(
-            s_blk, w_t_ref[k_slice, :], precision=precision, preferred_element_type=_F32
-        )
-        return acc_h, acc_t
-
-    zeros = jnp.zeros((block_b, block_n), _F32)
-    pre_h, pre_t = lax.fori_loop(0, n_pad // block_k, k_step, (zeros, zeros))
-
-    h, t = _gates_in_kernel(pre_h, pre_t, z_ref, bias_ref, extra_ref)
-    gate = t * mask_ref[...] if has_mask else t
-    col = pl.ds(pl.multiple_of(pl.program_id(1) * block_n, block_n), block_n)
-    s_col = s_ref[:, col]
-    s_new_ref[...] = h * gate + s_col * (1.0 - t)
-    pre_ref[:, 0, :] = pre_h
-    pre_ref[:, 1, :] = pre_t
-
-
-def _highway_forward_padded(s, w, z, bias, extra, mask, *, config, interpret):
-    """Runs the forward kernel; returns padded (s_new [b_pad, n_pad], pre [b_pad, 2, n_pad])."""
-    batch, n = _check_shapes(s, w, z, bias, extra, mask)
-    _validate_config(config)
-    geo = _Geometry.make(config, batch, n)
-    bb, bn, n_pad = geo.block_b, geo.block_n, geo.n_pad
-
-    w3 = _pad_to(_halves(w, n), (n_pad, 2, n_pad))
-    # w is passed twice, once per half: the two BlockSpecs pick the h / t column block.
-    args = [_pad_rows(s, geo), w3, w3, _pad_to(_halves(bias.astype(_F32), n), (2, n_pad))]
-    in_specs = [
-        pl.BlockSpec((bb, n_pad), lambda i, j: (i, 0)),
-        pl.BlockSpec((n_pad, None, bn), lambda i, j: (0, 0, j)),
-        pl.BlockSpec((n_pad, None, bn), lambda i, j: (0, 1, j)),
-        pl.BlockSpec((2, bn), lambda i, j: (0, j)),
-    ]
-    if z is not None:
-        args.append(_pad_rows(z, geo))
-        in_specs.append(pl.BlockSpec((bb, bn), lambda i, j: (i, j)))
-    if extra is not None:
-        args.append(_pad_halves_rows(extra, n, geo))
-        in_specs.append(pl.BlockSpec((bb, 2, bn), lambda i, j: (i, 0, j)))
-    if mask is not None:
-        args.append(_pad_rows(mask, geo))
-        in_specs.append(pl.BlockSpec((bb, bn), lambda i, j: (i, j)))
-
-    kernel = functools.partial(
-        _highway_forward_kernel,
-        has_z=z is not None,
-        has_extra=extra is not None,
-        has_mask=mask is not None,
-        block_k=geo.block_k,
-        precision=_dot_precision(w.dtype, config.allow_tf32),
-    )
-    s_new, pre = pl.pallas_call(
-        kernel,
-        grid=geo.grid,
-        in_specs=in_specs,
-        out_specs=[
-            pl.BlockSpec((bb, bn), lambda i, j: (i, j)),
-            pl.BlockSpec((bb, 2, bn), lambda i, j: (i, 0, j)),
-        ],
-        out_shape=[
-            jax.ShapeDtypeStruct((geo.b_pad, n_pad), _F32),
-            jax.ShapeDtypeStruct((geo.b_pad, 2, n_pad), _F32),
-        ],
-        compiler_params=_compiler_params(config),
-        interpret=interpret,
-        name="highway_forward",
-    )(*args)
-    return s_new, pre
+def _pad_opt_halves(x, geo):
+    return None if x is None else geo.pad_halves(x)
 
 
 @functools.partial(jax.jit, static_argnames=("config", "interpret"))
@@ -343,57 +958,28 @@ def highway_forward(
     config: HighwayConfig = HighwayConfig(),
     interpret: bool = False,
 ) -> tuple[jax.Array, jax.Array]:
-    """Fused highway step. Returns ``(s_new [B, n] f32, pre [B, 2n] f32)``.
+    """Fused highway step (legacy API). Returns ``(s_new [B, n] f32, pre [B, 2n] f32)``.
 
+    ``a = pre * [z, z] + bias + extra`` (``extra`` is added *outside* the scale here).
     ``pre = s @ w`` is the unscaled matmul output (saved for ``dz`` in the backward pass).
-    ``z``, ``extra`` and ``mask`` may be None (no scaling / zero / all-ones).
+    ``z``, ``extra`` and ``mask`` (f32, 0 or 1/keep) may be None. Pads and unpads per call:
+    inside a time loop use :func:`forward_padded`.
     """
-    batch, n = s.shape
-    s_new, pre = _highway_forward_padded(
-        s, w, z, bias, extra, mask, config=config, interpret=interpret
+    batch, n = _check_shapes(s, w, z, bias, extra, mask)
+    geo = Geometry.make(config, batch, n)
+    s_new, pre = forward_padded(
+        geo.pad_rows(s.astype(_F32)),
+        geo.pad_weight(w, w.dtype),
+        _pad_opt_rows(z, geo),
+        geo.pad_bias(bias),
+        None,
+        _pad_opt_rows(mask, geo),
+        geo=geo,
+        config=config,
+        interpret=interpret,
+        extra=_pad_opt_halves(extra, geo),
     )
-    return s_new[:batch, :n], _unpad_halves(pre, batch, n)
-
-
-# --- backward kernel (elementwise) -------------------------------------------------------------
-
-
-def _highway_backward_kernel(*refs, has_z: bool, has_extra: bool, has_mask: bool):
-    """Elementwise backward of the gates and the highway combine.
-
-    Refs (block shapes):
-      ds_new_ref [block_b, block_n]; s_ref [block_b, block_n]; pre_ref [block_b, 2, block_n];
-      bias_ref [2, block_n]; z_ref [block_b, block_n] if has_z;
-      extra_ref [block_b, 2, block_n] if has_extra; mask_ref [block_b, block_n] if has_mask;
-      outputs: da_ref [block_b, 2, block_n], ds_carry_ref [block_b, block_n],
-      dz_ref [block_b, block_n] if has_z.
-    """
-    refs = list(refs)
-    ds_new_ref, s_ref, pre_ref, bias_ref = refs[:4]
-    del refs[:4]
-    z_ref = refs.pop(0) if has_z else None
-    extra_ref = refs.pop(0) if has_extra else None
-    mask_ref = refs.pop(0) if has_mask else None
-    da_ref, ds_carry_ref = refs[:2]
-    dz_ref = refs[2] if has_z else None
-
-    g = ds_new_ref[...]
-    pre_h = pre_ref[:, 0, :]
-    pre_t = pre_ref[:, 1, :]
-    h, t = _gates_in_kernel(pre_h, pre_t, z_ref, bias_ref, extra_ref)
-    if has_mask:
-        m = mask_ref[...]
-        tm, hm = t * m, h * m
-    else:
-        tm, hm = t, h
-
-    da_h = g * tm * (1.0 - h * h)
-    da_t = g * (hm - s_ref[...]) * t * (1.0 - t)
-    da_ref[:, 0, :] = da_h
-    da_ref[:, 1, :] = da_t
-    ds_carry_ref[...] = g * (1.0 - t)
-    if has_z:
-        dz_ref[...] = da_h * pre_h + da_t * pre_t
+    return geo.unpad_rows(s_new), geo.unpad_halves(pre)
 
 
 @functools.partial(jax.jit, static_argnames=("config", "interpret"))
@@ -409,10 +995,11 @@ def highway_backward(
     config: HighwayConfig = HighwayConfig(),
     interpret: bool = False,
 ) -> tuple[jax.Array, jax.Array, jax.Array | None]:
-    """Backward of the gates. Returns ``(da [B, 2n], ds_carry [B, n], dz [B, n] | None)``, f32.
+    """Backward of the gates (legacy API). Returns ``(da [B, 2n], ds_carry [B, n], dz [B, n] |
+    None)``, f32.
 
     ``da`` is the cotangent of ``a = pre * [z, z] + bias + extra``; ``ds_carry`` the part of
-    ``ds`` through the carry term ``s * (1 - t)``; ``dz`` is None when ``z`` is None.
+    ``ds`` through the carry term ``s * (1 - t)``; ``dz = sum of halves of da * pre``.
     """
     batch, n = s.shape
     if ds_new.shape != (batch, n) or pre.shape != (batch, 2 * n):
@@ -420,61 +1007,30 @@ def highway_backward(
             f"ds_new must be {(batch, n)} and pre {(batch, 2 * n)}, "
             f"got {ds_new.shape} and {pre.shape}."
         )
-    _validate_config(config)
-    geo = _Geometry.make(config, batch, n)
-    bb, bn = geo.block_b, geo.block_n
-
-    args = [
-        _pad_rows(ds_new, geo),
-        _pad_rows(s, geo),
-        _pad_halves_rows(pre, n, geo),
-        _pad_to(_halves(bias.astype(_F32), n), (2, geo.n_pad)),
-    ]
-    rows = pl.BlockSpec((bb, bn), lambda i, j: (i, j))
-    rows2 = pl.BlockSpec((bb, 2, bn), lambda i, j: (i, 0, j))
-    in_specs = [rows, rows, rows2, pl.BlockSpec((2, bn), lambda i, j: (0, j))]
-    if z is not None:
-        args.append(_pad_rows(z, geo))
-        in_specs.append(rows)
-    if extra is not None:
-        args.append(_pad_halves_rows(extra, n, geo))
-        in_specs.append(rows2)
-    if mask is not None:
-        args.append(_pad_rows(mask, geo))
-        in_specs.append(rows)
-
-    out_shape = [
-        jax.ShapeDtypeStruct((geo.b_pad, 2, geo.n_pad), _F32),
-        jax.ShapeDtypeStruct((geo.b_pad, geo.n_pad), _F32),
-    ]
-    out_specs = [rows2, rows]
-    if z is not None:
-        out_shape.append(jax.ShapeDtypeStruct((geo.b_pad, geo.n_pad), _F32))
-        out_specs.append(rows)
-
-    kernel = functools.partial(
-        _highway_backward_kernel,
-        has_z=z is not None,
-        has_extra=extra is not None,
-        has_mask=mask is not None,
-    )
-    outs = pl.pallas_call(
-        kernel,
-        grid=geo.grid,
-        in_specs=in_specs,
-        out_specs=out_specs,
-        out_shape=out_shape,
-        compiler_params=_compiler_params(config),
+    _check_shapes(s, jax.ShapeDtypeStruct((n, 2 * n), _F32), z, bias, extra, mask)
+    geo = Geometry.make(config, batch, n)
+    da, ds_carry, dz, _ = backward_padded(
+        geo.pad_rows(ds_new.astype(_F32)),
+        geo.pad_rows(s.astype(_F32)),
+        geo.pad_halves(pre),
+        _pad_opt_rows(z, geo),
+        geo.pad_bias(bias),
+        None,
+        _pad_opt_rows(mask, geo),
+        geo=geo,
+        config=config,
         interpret=interpret,
-        name="highway_backward",
-    )(*args)
-    da = _unpad_halves(outs[0], batch, n)
-    ds_carry = outs[1][:batch, :n]
-    dz = outs[2][:batch, :n] if z is not None else None
-    return da, ds_carry, dz
+        extra=_pad_opt_halves(extra, geo),
+        scale_da=False,
+    )
+    return (
+        geo.unpad_halves(da),
+        geo.unpad_rows(ds_carry),
+        None if dz is None else geo.unpad_rows(dz),
+    )
 
 
-# --- custom_vjp ------------------------------------------------------------------------------
+# --- custom_vjp (legacy) -----------------------------------------------------------------------
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
@@ -540,7 +1096,7 @@ def highway_step(
     config: HighwayConfig = HighwayConfig(),
     interpret: bool = False,
 ) -> jax.Array:
-    """Differentiable fused highway step; returns ``s_new [B, n] f32``.
+    """Differentiable fused highway step (legacy API); returns ``s_new [B, n] f32``.
 
     Gradients flow to ``s``, ``w``, ``z``, ``bias``, ``extra`` (and ``mask``). The forward
     and the gate backward are Triton kernels; ``d_pre @ w.T`` and ``s.T @ d_pre`` are XLA dots
@@ -550,7 +1106,7 @@ def highway_step(
     return _highway_step(config, interpret, s, w, z, bias, extra, mask)
 
 
-# --- references --------------------------------------------------------------------------------
+# --- legacy references -------------------------------------------------------------------------
 
 
 def _preactivation(pre, z, bias, extra):
