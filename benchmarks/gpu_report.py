@@ -1,0 +1,688 @@
+"""H100 compile report without a GPU: the real training step, compiled by XLA for an H100.
+
+    # once: a second venv with the CUDA plugin (the CPU venv stays as it is)
+    python3.11 -m venv /opt/venv-cuda
+    /opt/venv-cuda/bin/pip install "jax[cuda12]==0.10.2" -e .
+    # the report (minutes per config on 2 cores)
+    /opt/venv-cuda/bin/python benchmarks/gpu_report.py --out=results/gpu_report_h100.json
+    # fast iteration: paper HyperRHN, rank 0, fused and pallas, float32 and bfloat16
+    /opt/venv-cuda/bin/python benchmarks/gpu_report.py --quick
+
+For every impl x dtype x model (``hyperrhn`` once per ``--ranks`` value) it builds the
+model and optimizer from ``configs/ptb.py`` (the paper size unless overridden), compiles
+``rhhjax.trainer.make_train_step`` for a compile-only H100 device
+(``jax.experimental.topologies``, no GPU needed) and reports, from the optimised HLO
+(``benchmarks/hlo_launches.py`` defines every figure):
+
+* launches per time step in the 100-trip time loops, split hyper/main x forward/backward;
+* in-loop data-movement launches (pad / convert / copy / transpose ...), by name;
+* bytes moved per time step by the in-loop launches;
+* each Pallas (Triton) kernel's registers, spill bytes and shared memory (ptxas via XLA's
+  dumped PTX, and XLA's own log lines);
+* compiled peak memory (``compiled.memory_analysis()``);
+* a predicted step time from a stated cost model (``--launch-us``, ``--hbm-gbs``,
+  ``--bf16-tflops``, ``--f32-mm-tflops``, ``--f32-simt-tflops``; every one an assumption).
+
+Configs that the model config rejects (``pallas`` with ``hyper_rank > 0``) are rows with
+``status: "unsupported"``; a compile error is a row with ``status: "compile_error"``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import datetime
+import glob
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import hlo_launches as hl  # noqa: E402
+
+IMPLS = ("scan", "fused", "pallas")
+DTYPES = ("float32", "bfloat16")
+MODELS = ("rhn", "hyperrhn")
+VOCAB = 50  # PTB characters (configs/ptb.py: model.vocab_size, set from the data)
+
+# H100 SXM 80GB (compute capability 9.0) as XLA's GpuTargetConfigProto text; the figures
+# of NVIDIA's deviceQuery for the card (XLA's own xla/tools/hlo_opt/gpu_specs/h100_sxm).
+H100_TARGET_CONFIG = """\
+gpu_device_info {
+  threads_per_block_limit: 1024
+  threads_per_warp: 32
+  shared_memory_per_block: 49152
+  shared_memory_per_core: 233472
+  threads_per_core_limit: 2048
+  core_count: 132
+  fpus_per_core: 128
+  block_dim_limit_x: 2147483647
+  block_dim_limit_y: 65535
+  block_dim_limit_z: 65535
+  memory_bandwidth: 3352320000000
+  l2_cache_size: 52428800
+  clock_rate_ghz: 1.98
+  device_memory_size: 84978434048
+  shared_memory_per_block_optin: 232448
+  cuda_compute_capability { major: 9 minor: 0 }
+  registers_per_core_limit: 65536
+  registers_per_block_limit: 65536
+}
+platform_name: "CUDA"
+device_description_str: "NVIDIA H100 80GB HBM3"
+"""
+SMEM_PER_BLOCK_OPTIN = 232448
+REGISTERS_PER_THREAD_MAX = 255
+
+
+class ReportError(ValueError):
+    """Bad input or a missing CUDA plugin; the message is one line."""
+
+
+# ----------------------------------------------------------------------------- environment
+
+
+def set_deviceless_env(dump_dir: str | None = None, log_ptxas: bool = True) -> None:
+    """Environment for compiling for CUDA without a GPU; call before importing jax."""
+    os.environ["JAX_SKIP_CUDA_CONSTRAINTS_CHECK"] = "1"
+    os.environ["CUDA_VISIBLE_DEVICES"] = "-1"  # else the plugin's init fails on cuInit
+    if log_ptxas:
+        os.environ["TF_CPP_MIN_LOG_LEVEL"] = "0"  # XLA's ptxas warnings (spills)
+    if dump_dir:
+        flags = os.environ.get("XLA_FLAGS", "")
+        os.environ["XLA_FLAGS"] = f"{flags} --xla_dump_to={dump_dir}".strip()
+
+
+def cuda_plugin_available() -> tuple[bool, str]:
+    """(True, "") if jax's CUDA plugin is importable here, else (False, why)."""
+    try:
+        import jax_plugins.xla_cuda12  # noqa: F401
+    except ImportError as e:
+        return False, f"the JAX CUDA plugin is not installed ({e}); pip install 'jax[cuda12]'"
+    return True, ""
+
+
+def h100_mesh():
+    """A 1-device mesh (axis "data") on a compile-only H100."""
+    import jax
+    from jax.experimental import topologies
+
+    topo = topologies.get_topology_desc(
+        platform="cuda", target_config=H100_TARGET_CONFIG, topology="1x1x1"
+    )
+    return jax.sharding.Mesh(topo.devices, ("data",))
+
+
+@contextlib.contextmanager
+def capture_fd2():
+    """Captures the process's stderr (C++ logs included) into a list of one string."""
+    out: list[str] = [""]
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile(mode="w+b") as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield out
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            out[0] = tmp.read().decode(errors="replace")
+
+
+# ----------------------------------------------------------------------------- configs
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """One row: model x impl x dtype x hyper rank."""
+
+    model: str
+    impl: str
+    dtype: str
+    rank: int = 0
+
+    @property
+    def label(self) -> str:
+        rank = f" r{self.rank}" if self.model == "hyperrhn" else ""
+        return f"{self.model}{rank} {self.impl} {self.dtype}"
+
+
+def cases(models, impls, dtypes, ranks) -> list[Case]:
+    out = []
+    for model in models:
+        for rank in ranks if model == "hyperrhn" else (0,):
+            for impl in impls:
+                for dtype in dtypes:
+                    out.append(Case(model, impl, dtype, rank))
+    return out
+
+
+def build_configs(case: Case, overrides: dict):
+    """(ModelConfig, OptimizerConfig, seed, batch, seq_len) from configs/ptb.py.
+
+    Raises models.ConfigError / trainer.TrainError (one line) for an invalid combination.
+    """
+    from rhhjax import models, trainer
+
+    config = load_ptb_config("rhn" if case.model == "rhn" else "")
+    config.model.impl = case.impl
+    config.model.dtype = case.dtype
+    config.model.hyper_rank = case.rank
+    for key, value in overrides.items():
+        section, name = key.split(".")
+        config[section][name] = value
+    if "pallas_mode" in {f.name for f in dataclasses.fields(models.ModelConfig)}:
+        config.model.pallas_mode = "compiled"
+    cfg = trainer.prepare_config(config)
+    mc = models.ModelConfig.from_config(cfg.model, vocab_size=VOCAB)
+    oc = trainer.OptimizerConfig.from_config(cfg.train, 1)
+    return mc, oc, int(cfg.seed), int(cfg.train.batch_size), int(cfg.train.seq_len)
+
+
+def ptb_config_path() -> Path:
+    """configs/ptb.py of the source tree the imported ``rhhjax`` comes from."""
+    import rhhjax
+
+    return Path(rhhjax.__file__).resolve().parents[1] / "configs" / "ptb.py"
+
+
+def load_ptb_config(variant: str):
+    """``configs/ptb.py``'s ``get_config(variant)`` (the paper HyperRHN for "")."""
+    import importlib.util
+
+    path = ptb_config_path()
+    spec = importlib.util.spec_from_file_location("rhhjax_gpu_report_ptb", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.get_config(variant) if variant else module.get_config()
+
+
+def pallas_context(mc):
+    """Traces Pallas kernels as compiled Triton: the config field if the model has it,
+    else ``recurrence.pallas_target("gpu")``."""
+    if hasattr(mc, "pallas_mode"):
+        return contextlib.nullcontext()
+    from rhhjax import recurrence
+
+    if hasattr(recurrence, "pallas_target"):
+        return recurrence.pallas_target("gpu")
+    return contextlib.nullcontext()
+
+
+def abstract_args(mc, oc, batch: int, seq_len: int, mesh):
+    """ShapeDtypeStructs of the train step's arguments, replicated on ``mesh``."""
+    import jax
+    import jax.numpy as jnp
+
+    from rhhjax import evaluate, trainer
+
+    rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    params = jax.eval_shape(trainer.make_init(mc), jax.random.key(0))
+    opt_state = jax.eval_shape(trainer.make_optimizer(oc).init, params)
+    carry = jax.eval_shape(lambda p: evaluate.zero_carry(mc, p, batch), params)
+
+    def place(x):
+        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=rep)
+
+    tokens = jax.ShapeDtypeStruct((batch, seq_len), jnp.int32, sharding=rep)
+    scalars = [
+        jax.ShapeDtypeStruct((), dt, sharding=rep) for dt in (jnp.bool_, jnp.int32, jnp.int32)
+    ]
+    tree = jax.tree.map(place, (params, opt_state, carry))
+    return (*tree, tokens, tokens, *scalars)
+
+
+def compile_step(mc, oc, seed: int, batch: int, seq_len: int, mesh):
+    """The trainer's jitted step compiled for the mesh's CUDA device -> (compiled, seconds)."""
+    from rhhjax import trainer
+
+    step = trainer.make_train_step(mc, oc, seed)
+    args = abstract_args(mc, oc, batch, seq_len, mesh)
+    t0 = time.perf_counter()
+    with pallas_context(mc):
+        lowered = step.trace(*args).lower(lowering_platforms=("cuda",))
+    compiled = lowered.compile()
+    return compiled, time.perf_counter() - t0
+
+
+# ----------------------------------------------------------------------------- kernels
+
+_SPILL_LOG_RE = re.compile(
+    r"Registers are spilled to local memory in function '([^']+)',\s*(\d+) bytes spill stores,"
+    r"\s*(\d+) bytes spill loads"
+)
+_PTXAS_FUNC_RE = re.compile(r"Compiling entry function '([^']+)'")
+_PTXAS_SPILL_RE = re.compile(
+    r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads"
+)
+_PTXAS_REGS_RE = re.compile(r"Used (\d+) registers(?:.*?(\d+) bytes smem)?")
+_SMEM_ERR_RE = re.compile(r"[Ss]hared memory size limit exceeded[^\n]*?(\d+)[^\n]*?(\d+)")
+
+
+def parse_spill_log(log: str) -> dict[str, dict]:
+    """XLA's ptxas warnings -> {kernel: {"spill_stores": B, "spill_loads": B}}."""
+    out = {}
+    for name, stores, loads in _SPILL_LOG_RE.findall(log):
+        out[name] = {"spill_stores": int(stores), "spill_loads": int(loads)}
+    return out
+
+
+def parse_ptxas_verbose(text: str) -> dict[str, dict]:
+    """``ptxas -v`` output -> {function: {registers, spill_stores, spill_loads, stack, smem}}."""
+    out: dict[str, dict] = {}
+    current = None
+    for line in text.splitlines():
+        m = _PTXAS_FUNC_RE.search(line)
+        if m:
+            current = m.group(1)
+            out[current] = {}
+            continue
+        if current is None:
+            continue
+        m = _PTXAS_SPILL_RE.search(line)
+        if m:
+            out[current].update(
+                stack=int(m.group(1)), spill_stores=int(m.group(2)), spill_loads=int(m.group(3))
+            )
+        m = _PTXAS_REGS_RE.search(line)
+        if m:
+            out[current]["registers"] = int(m.group(1))
+            out[current]["static_smem"] = int(m.group(2) or 0)
+    return out
+
+
+def ptxas_path() -> str | None:
+    """ptxas of the nvidia-cuda-nvcc wheel (or on PATH)."""
+    try:
+        import nvidia.cuda_nvcc as nvcc
+
+        for base in nvcc.__path__:
+            cand = Path(base) / "bin" / "ptxas"
+            if cand.exists():
+                return str(cand)
+    except ImportError:
+        pass
+    return shutil.which("ptxas")
+
+
+_THUNK_KERNEL_RE = re.compile(
+    r"\]\s+(\S+)\s+grid:\s*\[([\d, ]+)\]\s+threads:\s*\[([\d, ]+)\]\s+shared_memory:\s*(\d+)"
+)
+
+
+def parse_thunk_kernels(text: str) -> dict[str, dict]:
+    """XLA's dumped thunk sequence -> {kernel: {"grid", "threads", "shared_memory"}}."""
+    out = {}
+    for name, grid, threads, smem in _THUNK_KERNEL_RE.findall(text):
+        out[name] = {
+            "grid": [int(x) for x in grid.split(",")],
+            "threads": [int(x) for x in threads.split(",")],
+            "shared_memory": int(smem),
+        }
+    return out
+
+
+def triton_kernel_names(hlo_text: str) -> set[str]:
+    """The ``name`` of every Triton (Pallas) custom call of an HLO module."""
+    names = set()
+    for line in hlo_text.splitlines():
+        if any(t in line for t in hl.TRITON_TARGETS):
+            m = re.search(r'\bname = "([\w.\-]+)"', line) or re.search(
+                r'\\?"name\\?"\s*:\s*\\?"([\w.\-]+)', line
+            )
+            if m:
+                names.add(m.group(1))
+    return names
+
+
+def _base_name(kernel: str) -> str:
+    return re.sub(r"__\d+$", "", kernel)
+
+
+def kernel_stats(dump_dir: str, hlo_text: str, log: str) -> list[dict]:
+    """Registers, spills and shared memory of every Pallas kernel of a compile.
+
+    Launch shapes and dynamic shared memory come from the dumped thunk sequence, registers
+    and spills from ``ptxas -v -arch=sm_90a`` on the dumped PTX (the same ptxas XLA ran),
+    cross-checked with XLA's own spill warnings in ``log``.
+    """
+    wanted = triton_kernel_names(hlo_text)
+    thunks: dict[str, dict] = {}
+    for path in glob.glob(os.path.join(dump_dir, "*.thunk_sequence.txt")):
+        thunks.update(parse_thunk_kernels(Path(path).read_text()))
+    kernels = {k: v for k, v in thunks.items() if _base_name(k) in wanted}
+    ptxas = ptxas_path()
+    verbose: dict[str, dict] = {}
+    if ptxas and kernels:
+        for path in sorted(glob.glob(os.path.join(dump_dir, "*.ptx"))):
+            text = Path(path).read_text(errors="replace")
+            if not any(f".entry {k}(" in text for k in kernels):
+                continue
+            run = subprocess.run(
+                [ptxas, "-v", "-arch=sm_90a", path, "-o", os.devnull],
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            verbose.update(parse_ptxas_verbose(run.stdout + run.stderr))
+    logged = parse_spill_log(log)
+    out = []
+    for name in sorted(kernels):
+        row = {"kernel": name, **kernels[name], **verbose.get(name, {})}
+        if name in logged:
+            row["xla_log_spill_stores"] = logged[name]["spill_stores"]
+            row["xla_log_spill_loads"] = logged[name]["spill_loads"]
+        row["spills"] = bool(row.get("spill_stores") or row.get("spill_loads") or name in logged)
+        row["smem_overflow"] = row["shared_memory"] > SMEM_PER_BLOCK_OPTIN
+        out.append(row)
+    return out
+
+
+# ----------------------------------------------------------------------------- one row
+
+
+@dataclasses.dataclass
+class Options:
+    overrides: dict
+    cost: hl.CostModel
+    keep_dumps: str = ""  # directory to keep XLA's dumps in ("" = temporary)
+
+
+def run_case(case: Case, mesh, opts: Options) -> dict:
+    """Compile one config and summarise it; never raises for a config or compile error."""
+    from rhhjax import models, trainer
+
+    row: dict = {"model": case.model, "impl": case.impl, "dtype": case.dtype}
+    if case.model == "hyperrhn":
+        row["hyper_rank"] = case.rank
+    try:
+        mc, oc, seed, batch, seq_len = build_configs(case, opts.overrides)
+    except (models.ConfigError, trainer.TrainError) as e:
+        return {**row, "status": "unsupported", "reason": str(e)}
+    row.update(batch=batch, seq_len=seq_len, depth=mc.depth, hidden=mc.hidden)
+    if case.model == "hyperrhn":
+        row["hyper_hidden"] = mc.hyper_hidden
+    dump_root = opts.keep_dumps or tempfile.mkdtemp(prefix="rhhjax_gpu_report_")
+    dump_dir = os.path.join(dump_root, re.sub(r"\W+", "_", case.label))
+    from rhhjax import trainer as tr
+
+    step = tr.make_train_step(mc, oc, seed)
+    args = abstract_args(mc, oc, batch, seq_len, mesh)
+    t0 = time.perf_counter()
+    try:
+        with capture_fd2() as log:
+            with pallas_context(mc):
+                lowered = step.trace(*args).lower(lowering_platforms=("cuda",))
+            compiled = lowered.compile(
+                compiler_options={"xla_dump_to": dump_dir, "xla_dump_hlo_module_re": "step_fn"}
+            )
+    except Exception as e:  # a compile error is a result of the report, not a crash
+        msg = " ".join(str(e).split())
+        smem = re.search(r"[Ss]hared memory[^.]*?(\d{4,})[^.]*?(\d{4,})", msg)
+        out = {**row, "status": "compile_error", "error": msg[:2000]}
+        if smem:
+            out["smem_requested"], out["smem_available"] = int(smem.group(1)), int(smem.group(2))
+        out["compile_log_tail"] = log[0][-2000:]
+        if not opts.keep_dumps:
+            shutil.rmtree(dump_root, ignore_errors=True)
+        return out
+    seconds = time.perf_counter() - t0
+    text = compiled.as_text()
+    summary = hl.summarize(text, seq_len, mc.hidden, opts.cost)
+    mem = compiled.memory_analysis()
+    kernels = kernel_stats(dump_dir, text, log[0]) if case.impl == "pallas" else []
+    if not opts.keep_dumps:
+        shutil.rmtree(dump_root, ignore_errors=True)
+    peak = None
+    if mem is not None:
+        peak = getattr(mem, "peak_memory_in_bytes", None) or (
+            mem.argument_size_in_bytes
+            + mem.output_size_in_bytes
+            - mem.alias_size_in_bytes
+            + mem.temp_size_in_bytes
+        )
+    return {
+        **row,
+        "status": "ok",
+        "compile_s": round(seconds, 1),
+        **summary,
+        "memory": {
+            "peak_bytes": int(peak) if peak is not None else None,
+            "argument_bytes": getattr(mem, "argument_size_in_bytes", None),
+            "output_bytes": getattr(mem, "output_size_in_bytes", None),
+            "alias_bytes": getattr(mem, "alias_size_in_bytes", None),
+            "temp_bytes": getattr(mem, "temp_size_in_bytes", None),
+        },
+        "pallas_kernels": kernels,
+        "pallas_spills": any(k["spills"] for k in kernels),
+        "pallas_smem_overflow": any(k["smem_overflow"] for k in kernels),
+    }
+
+
+# ----------------------------------------------------------------------------- output
+
+
+def format_table(rows: list[dict]) -> str:
+    """One line per row: launches per step (split), movement, bytes, kernels, memory, time."""
+    head = (
+        f"{'config':<28} {'status':<13} {'launch/step':>11} {'hf/hb/mf/mb':>15} "
+        f"{'pad/cvt/copy':>12} {'MB/step':>8} {'kernels regs/spill/smem':<26} "
+        f"{'peak GB':>7} {'pred ms':>8}"
+    )
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        label = Case(r["model"], r["impl"], r["dtype"], r.get("hyper_rank", 0)).label
+        if r["status"] != "ok":
+            lines.append(f"{label:<28} {r['status']:<13}")
+            continue
+        sp = r["launches_split"]
+        split = "/".join(
+            str(sp.get(k, 0))
+            for k in ("hyper_forward", "hyper_backward", "main_forward", "main_backward")
+        )
+        mv = r["movement_per_step"]
+        moves = f"{mv.get('pad', 0)}/{mv.get('convert', 0)}/{mv.get('copy', 0)}"
+        ks = r.get("pallas_kernels") or []
+        kern = ""
+        if ks:
+            regs = max(k.get("registers", 0) for k in ks)
+            spill = max(k.get("spill_stores", 0) for k in ks)
+            smem = max(k["shared_memory"] for k in ks)
+            kern = f"max {regs}/{spill}B/{smem // 1024}KiB"
+        peak = r["memory"]["peak_bytes"]
+        peak_gb = f"{peak / 1e9:.2f}" if peak else "?"
+        lines.append(
+            f"{label:<28} {r['status']:<13} {r['launches_per_step']:>11} {split:>15} "
+            f"{moves:>12} {r['bytes_per_step'] / 1e6:>8.1f} {kern:<26} {peak_gb:>7} "
+            f"{r['predicted_step_ms']:>8.2f}"
+        )
+    return "\n".join(lines)
+
+
+ASSUMPTIONS = {
+    "cost_model": "per launch max(flops / rate, bytes / hbm_bandwidth) + launch_s; "
+    "in-loop launches x seq_len + out-of-loop launches; no overlap between launches, "
+    "every byte from HBM (none from L2), peak datasheet rates",
+    "flops": "dots / cuBLAS gemms: 2*M*N*K from HLO shapes; Pallas kernels: 2*M*K*N with "
+    "the weight [K, ...] and state [M, K] operands found by shape (hlo_launches.triton_flops); "
+    "elementwise work: 0 FLOPs (bandwidth bound)",
+    "rates": "bf16/f16 launches at bf16_matmul_flops; f32 gemms and Pallas kernels at "
+    "f32_matmul_flops (TF32, XLA's default f32 dot precision; the Pallas f32 kernel is exact "
+    "f32 by default, so this is optimistic for it); other f32 launches at f32_simt_flops",
+}
+
+DEFINITIONS = {
+    "launches_per_step": "GPU-work instructions (fusions, custom calls incl. cuBLAS and "
+    "Triton, copies, ...; not parameter/tuple/get-tuple-element/bitcast/constant) in the "
+    "bodies of the while loops whose trip count is seq_len, summed over those loops",
+    "launches_split": "per loop part_role: part = main if the loop carries an array with two "
+    "dims >= hidden (the main W), else hyper (the scan HyperRHN runs both cells in one main "
+    "loop); role = forward for the first loop of a part in schedule order, backward after",
+    "movement_per_step": "in-loop launches that only move or reformat data (pad, convert, "
+    "copy, transpose, slice, concatenate, broadcast; fusions of only those ops count as "
+    "their most specific kind)",
+    "bytes_per_step": "sum over in-loop launches of operand + result bytes from HLO shapes; "
+    "a fused dynamic-slice / slice of an operand counts as the slice, a fused "
+    "dynamic-update-slice as the update; a buffer passed twice counts once",
+    "pallas_kernels": "thunk sequence (grid, threads, dynamic shared memory) + ptxas -v on "
+    "XLA's dumped PTX (registers, spill bytes); smem_overflow: shared_memory > 232448 B "
+    "(H100 opt-in per block)",
+    "memory.peak_bytes": "compiled.memory_analysis(): arguments + outputs - aliased + temps",
+}
+
+
+def _parse_list(value: str, allowed: tuple, name: str) -> list[str]:
+    items = [v.strip() for v in value.split(",") if v.strip()]
+    bad = [v for v in items if v not in allowed]
+    if bad or not items:
+        raise ReportError(f"--{name}={value!r}: each must be one of {', '.join(allowed)}")
+    return items
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", default="", help="write the rows as JSON to this file")
+    p.add_argument("--impls", default=",".join(IMPLS))
+    p.add_argument("--dtypes", default=",".join(DTYPES))
+    p.add_argument("--models", default=",".join(MODELS))
+    p.add_argument("--ranks", default="0,4", help="hyper ranks of the hyperrhn rows")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="fast iteration: hyperrhn rank 0, fused and pallas, both dtypes (unless "
+        "--impls/--dtypes/--models/--ranks are given)",
+    )
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="config override, e.g. --set=model.depth=2 --set=train.seq_len=10 (int/float)",
+    )
+    p.add_argument("--launch-us", type=float, default=4.0, help="assumed cost per launch")
+    p.add_argument("--hbm-gbs", type=float, default=3350.0, help="assumed HBM GB/s")
+    p.add_argument("--bf16-tflops", type=float, default=989.0, help="assumed bf16 rate")
+    p.add_argument("--f32-mm-tflops", type=float, default=494.7, help="assumed f32 gemm rate")
+    p.add_argument("--f32-simt-tflops", type=float, default=66.9, help="assumed f32 SIMT rate")
+    p.add_argument("--keep-dumps", default="", help="keep XLA's dumps in this directory")
+    args = p.parse_args(argv)
+    explicit = {a.split("=")[0] for a in (argv if argv is not None else sys.argv[1:])}
+    if args.quick:
+        if "--models" not in explicit:
+            args.models = "hyperrhn"
+        if "--impls" not in explicit:
+            args.impls = "fused,pallas"
+        if "--ranks" not in explicit:
+            args.ranks = "0"
+    return args
+
+
+def _override_value(text: str):
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return text
+
+
+def resolve(args: argparse.Namespace) -> tuple[list[Case], Options]:
+    """Validated cases and options; raises ReportError (one line) before any compile."""
+    models = _parse_list(args.models, MODELS, "models")
+    impls = _parse_list(args.impls, IMPLS, "impls")
+    dtypes = _parse_list(args.dtypes, DTYPES, "dtypes")
+    try:
+        ranks = [int(r) for r in args.ranks.split(",") if r.strip()]
+    except ValueError:
+        raise ReportError(f"--ranks={args.ranks!r} must be comma-separated integers") from None
+    if not ranks or any(r < 0 for r in ranks):
+        raise ReportError(f"--ranks={args.ranks!r} must be non-negative integers")
+    overrides = {}
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep or key.count(".") != 1 or key.split(".")[0] not in ("model", "train"):
+            raise ReportError(f"--set={item!r} must be model.KEY=VALUE or train.KEY=VALUE")
+        overrides[key] = _override_value(value)
+    for name in ("launch_us", "hbm_gbs", "bf16_tflops", "f32_mm_tflops", "f32_simt_tflops"):
+        if not getattr(args, name) > 0:
+            raise ReportError(f"--{name.replace('_', '-')} must be > 0")
+    if args.out and not Path(args.out).resolve().parent.is_dir():
+        raise ReportError(f"--out={args.out}: directory does not exist")
+    cost = hl.CostModel(
+        bf16_matmul_flops=args.bf16_tflops * 1e12,
+        f32_matmul_flops=args.f32_mm_tflops * 1e12,
+        f32_simt_flops=args.f32_simt_tflops * 1e12,
+        hbm_bytes_per_s=args.hbm_gbs * 1e9,
+        launch_s=args.launch_us * 1e-6,
+    )
+    return cases(models, impls, dtypes, ranks), Options(overrides, cost, args.keep_dumps)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        todo, opts = resolve(args)
+    except ReportError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    ok, why = cuda_plugin_available()
+    if not ok:
+        print(f"error: {why}", file=sys.stderr)
+        return 2
+    set_deviceless_env()
+    import jax
+
+    mesh = h100_mesh()
+    rows = []
+    for case in todo:
+        print(f"compiling {case.label} ...", file=sys.stderr, flush=True)
+        row = run_case(case, mesh, opts)
+        rows.append(row)
+        print(format_table([row]).splitlines()[-1], file=sys.stderr, flush=True)
+        if args.out:
+            write_json(args.out, rows, opts, jax)
+    print(format_table(rows))
+    if args.out:
+        write_json(args.out, rows, opts, jax)
+        print(f"wrote {args.out}")
+    return 0
+
+
+def write_json(path: str, rows: list[dict], opts: Options, jax) -> None:
+    import rhhjax
+
+    meta = {
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "host": f"{platform.node()} ({os.cpu_count()} CPUs, no GPU)",
+        "jax": jax.__version__,
+        "target": "NVIDIA H100 80GB HBM3 (compile-only topology, sm_90a)",
+        "source_tree": str(Path(rhhjax.__file__).resolve().parents[1]),
+        "git_commit": _git_commit(Path(rhhjax.__file__).resolve().parents[1]),
+        "overrides": opts.overrides,
+        "cost_model_parameters": dataclasses.asdict(opts.cost),
+        "assumptions": ASSUMPTIONS,
+        "definitions": DEFINITIONS,
+    }
+    Path(path).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
+
+
+def _git_commit(tree: Path) -> str:
+    run = subprocess.run(
+        ["git", "-C", str(tree), "rev-parse", "HEAD"], capture_output=True, text=True, check=False
+    )
+    return run.stdout.strip() if run.returncode == 0 else ""
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,748 @@
+"""Parse XLA's optimised GPU HLO text: time loops, launches per step, bytes and FLOPs per launch.
+
+Pure Python (no JAX import), so the parser is tested everywhere on small HLO text
+(``tests/test_gpu_report.py``). ``benchmarks/gpu_report.py`` feeds it
+``compiled.as_text()`` of the training step compiled for an H100.
+
+Definitions (documented in the report's JSON under ``"definitions"``):
+
+* A *launch* is an instruction that starts GPU work: every instruction except the ones in
+  ``NO_LAUNCH`` (parameters, tuples, get-tuple-element, bitcasts, constants, ...). ``call``
+  and ``conditional`` are not launches themselves; the launches of the computations they call
+  are counted instead (a ``call`` may be a command buffer holding several kernels).
+  ``while`` is not a launch; the launches of its body count ``trip count`` times. Of an async
+  pair (``copy-start`` / ``copy-done``) only the start counts.
+* A *time loop* is a ``while`` whose trip count is the sequence length (100 at the paper
+  size). XLA writes the trip count into the while's ``backend_config``
+  (``"known_trip_count":{"n":"100"}``); without it the loop condition's ``compare`` against a
+  constant is read.
+* *Launches per time step* of a time loop are the launches of its body, with a nested loop's
+  body counted trip-count times. The condition computation's launches are reported apart
+  (``cond_launches``): with a known trip count XLA's while thunk does not need them.
+* *Bytes* of a launch: the sizes of its operands plus the size of its result, from the HLO
+  shapes, with two corrections for in-place loop buffers: a fusion operand that the fused
+  computation only reads through ``dynamic-slice`` counts as the slices it reads, and a
+  fused ``dynamic-update-slice`` into an operand counts as the update it writes (read and
+  written once each), not as the whole buffer.
+* *FLOPs* of a launch: ``2 * M * N * K`` (times batch dims) of every ``dot`` / ``convolution``
+  in it (fused computations included) and of cuBLAS gemm custom calls; Triton (Pallas)
+  custom calls are given FLOPs by ``triton_flops`` (a stated model of the highway kernels);
+  everything else counts as 0 FLOPs (bandwidth bound).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import re
+from collections.abc import Iterable
+
+# Instructions that start no GPU work of their own.
+NO_LAUNCH = frozenset(
+    {
+        "parameter",
+        "tuple",
+        "get-tuple-element",
+        "bitcast",
+        "constant",
+        "after-all",
+        "add-dependency",
+        "opt-barrier",
+        "domain",
+        "partition-id",
+        "replica-id",
+        "copy-done",
+        "send-done",
+        "recv-done",
+        "all-reduce-done",
+        "all-gather-done",
+        "collective-permute-done",
+        "async-done",
+        "async-update",
+        "while",
+        "call",
+        "conditional",
+    }
+)
+
+# Launches that only move or reformat data; reported by kind ("in-loop pads/converts/copies").
+DATA_MOVEMENT = ("pad", "convert", "copy", "transpose", "slice", "concatenate", "broadcast")
+
+DTYPE_BYTES = {
+    "pred": 1,
+    "s4": 1,
+    "u4": 1,
+    "s8": 1,
+    "u8": 1,
+    "f8e4m3fn": 1,
+    "f8e5m2": 1,
+    "s16": 2,
+    "u16": 2,
+    "f16": 2,
+    "bf16": 2,
+    "s32": 4,
+    "u32": 4,
+    "f32": 4,
+    "s64": 8,
+    "u64": 8,
+    "f64": 8,
+    "c64": 8,
+    "c128": 16,
+    "token": 0,
+}
+
+SLICES = ("dynamic-slice", "slice")
+GEMM_TARGETS = ("__cublas$gemm", "__cublas$lt$matmul", "__cudnn$matmul")
+TRITON_TARGETS = ("__gpu$xla.gpu.triton", "triton_kernel_call")
+
+_ARRAY_RE = re.compile(
+    r"\b(" + "|".join(sorted(DTYPE_BYTES, key=len, reverse=True)) + r")\[([0-9,]*)\]"
+)
+_COMP_HEADER_RE = re.compile(r"^(ENTRY\s+)?%?([\w.\-$]+)\s*(\(.*)?\{\s*$")
+_INSTR_RE = re.compile(r"^\s*(ROOT\s+)?%?([\w.\-$]+)\s*=\s*(.*)$")
+_COMMENT_RE = re.compile(r"/\*.*?\*/")
+_TRIP_RE = re.compile(r'"known_trip_count"\s*:\s*\{\s*"n"\s*:\s*"?(\d+)"?')
+
+
+# ----------------------------------------------------------------------------- shapes
+
+
+def array_shapes(shape_text: str) -> list[tuple[str, tuple[int, ...]]]:
+    """Every array shape in an HLO shape string: ``"(f32[2,3]{1,0}, s32[])"`` ->
+    ``[("f32", (2, 3)), ("s32", ())]``."""
+    out = []
+    for dtype, dims in _ARRAY_RE.findall(shape_text):
+        out.append((dtype, tuple(int(d) for d in dims.split(",") if d)))
+    return out
+
+
+def shape_bytes(shape_text: str) -> int:
+    """Total bytes of every array in an HLO shape string (tuples summed)."""
+    return sum(DTYPE_BYTES[d] * math.prod(dims) for d, dims in array_shapes(shape_text))
+
+
+# ----------------------------------------------------------------------------- parsing
+
+
+@dataclasses.dataclass
+class Instr:
+    """One HLO instruction: ``name = shape opcode(operands), attributes``."""
+
+    name: str
+    shape: str  # result shape text
+    opcode: str
+    operands: list[str]  # operand names (without %)
+    operand_shapes: list[str]  # operand shape text where printed, else ""
+    attrs: str  # everything after the operand list
+    is_root: bool = False
+    literal: str = ""  # a constant's value text
+
+    @property
+    def called(self) -> list[str]:
+        """Computations this instruction calls (calls=, to_apply=, body=, condition=, ...)."""
+        names = re.findall(
+            r"\b(?:calls|to_apply|body|condition|true_computation|false_computation)=%?([\w.\-$]+)",
+            self.attrs,
+        )
+        m = re.search(r"branch_computations=\{([^}]*)\}", self.attrs)
+        if m:
+            names += [s.strip().lstrip("%") for s in m.group(1).split(",") if s.strip()]
+        return names
+
+    def attr(self, key: str) -> str | None:
+        """The value text of ``key=...`` (up to the next top-level comma), or None."""
+        m = re.search(r"\b" + re.escape(key) + r"=", self.attrs)
+        if not m:
+            return None
+        return _balanced_prefix(self.attrs[m.end() :])
+
+    @property
+    def custom_call_target(self) -> str:
+        target = self.attr("custom_call_target")
+        return target.strip('"') if target else ""
+
+
+@dataclasses.dataclass
+class Computation:
+    name: str
+    instrs: list[Instr]
+    is_entry: bool = False
+
+    def by_name(self) -> dict[str, Instr]:
+        return {i.name: i for i in self.instrs}
+
+    @property
+    def root(self) -> Instr | None:
+        for i in self.instrs:
+            if i.is_root:
+                return i
+        return self.instrs[-1] if self.instrs else None
+
+
+def _balanced_prefix(text: str) -> str:
+    """The prefix of ``text`` up to the first comma outside brackets / quotes."""
+    depth, quoted = 0, False
+    for k, ch in enumerate(text):
+        if ch == '"' and (k == 0 or text[k - 1] != "\\"):
+            quoted = not quoted
+        elif quoted:
+            continue
+        elif ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            if depth == 0:
+                return text[:k].strip()
+            depth -= 1
+        elif ch == "," and depth == 0:
+            return text[:k].strip()
+    return text.strip()
+
+
+def _split_shape(rest: str) -> tuple[str, str]:
+    """``"f32[2]{0} add(...), x=y"`` -> (shape text, remainder starting at the opcode)."""
+    rest = rest.strip()
+    if rest.startswith("("):  # tuple shape: balanced parentheses
+        depth = 0
+        for k, ch in enumerate(rest):
+            if ch == "(":
+                depth += 1
+            elif ch == ")":
+                depth -= 1
+                if depth == 0:
+                    return rest[: k + 1], rest[k + 1 :].strip()
+    m = re.match(r"(\S+)\s+(.*)$", rest)
+    if not m:
+        return rest, ""
+    shape, remainder = m.group(1), m.group(2)
+    # a layout such as {1,0:T(8,128)} is part of the token already (no spaces inside)
+    return shape, remainder
+
+
+def _split_operands(text: str) -> tuple[str, str]:
+    """``"(a, b), attrs"`` -> (``"a, b"``, ``"attrs"``) with balanced parentheses."""
+    depth = 0
+    for k, ch in enumerate(text):
+        if ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+            if depth == 0:
+                return text[1:k], text[k + 1 :].lstrip(", ").strip()
+    return text[1:], ""
+
+
+def _split_top_level(text: str) -> list[str]:
+    parts, depth, start = [], 0, 0
+    for k, ch in enumerate(text):
+        if ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            parts.append(text[start:k].strip())
+            start = k + 1
+    if text[start:].strip():
+        parts.append(text[start:].strip())
+    return parts
+
+
+def parse_instr(line: str) -> Instr | None:
+    """One instruction line of HLO text, or None if the line is not an instruction."""
+    m = _INSTR_RE.match(_COMMENT_RE.sub("", line))
+    if not m:
+        return None
+    is_root, name, rest = bool(m.group(1)), m.group(2), m.group(3)
+    shape, remainder = _split_shape(rest)
+    om = re.match(r"([\w\-$.]+)(\(.*)$", remainder)
+    if not om:
+        return None
+    opcode = om.group(1)
+    operand_text, attrs = _split_operands(om.group(2))
+    names, shapes = [], []
+    if opcode == "constant":
+        return Instr(name, shape, opcode, [], [], attrs, is_root, operand_text.strip())
+    for part in _split_top_level(operand_text):
+        nm = re.search(r"%?([\w.\-$]+)\s*$", part)
+        if not nm:
+            continue
+        names.append(nm.group(1))
+        head = part[: nm.start()].strip()
+        shapes.append(head)
+    return Instr(name, shape, opcode, names, shapes, attrs, is_root)
+
+
+def parse_module(text: str) -> dict[str, Computation]:
+    """HLO module text -> {computation name: Computation}, in file order."""
+    comps: dict[str, Computation] = {}
+    current: Computation | None = None
+    for raw in text.splitlines():
+        line = raw.rstrip()
+        if not line.strip() or line.lstrip().startswith("//"):
+            continue
+        if current is None:
+            m = _COMP_HEADER_RE.match(line.strip())
+            if m and not line.startswith("HloModule"):
+                current = Computation(m.group(2), [], is_entry=bool(m.group(1)))
+            continue
+        if line.strip() == "}":
+            comps[current.name] = current
+            current = None
+            continue
+        instr = parse_instr(line)
+        if instr is not None:
+            current.instrs.append(instr)
+    return comps
+
+
+def entry_name(comps: dict[str, Computation]) -> str:
+    for name, comp in comps.items():
+        if comp.is_entry:
+            return name
+    raise ValueError("the HLO module has no ENTRY computation")
+
+
+# ----------------------------------------------------------------------------- loops
+
+
+def trip_count(instr: Instr, comps: dict[str, Computation]) -> int | None:
+    """A while's trip count: ``known_trip_count`` in its backend_config, else the constant
+    its condition compares the counter with (``i < N``), else None."""
+    m = _TRIP_RE.search(instr.attrs)
+    if m:
+        return int(m.group(1))
+    cond = comps.get((instr.attr("condition") or "").lstrip("%"))
+    if cond is None:
+        return None
+    # the compare may sit in the condition or in a fusion it calls
+    scopes = [cond] + [comps[c] for i in cond.instrs for c in i.called if c in comps]
+    for scope in scopes:
+        consts = {
+            i.name: int(i.literal)
+            for i in scope.instrs
+            if i.opcode == "constant" and re.fullmatch(r"-?\d+", i.literal)
+        }
+        for i in scope.instrs:
+            if i.opcode == "compare" and "direction=LT" in i.attrs:
+                for op in i.operands[1:]:
+                    if op in consts:
+                        return consts[op]
+    return None
+
+
+@dataclasses.dataclass
+class Launch:
+    """One launch inside a loop body (or the entry), with its cost figures."""
+
+    name: str
+    opcode: str
+    kind: str  # fusion kind / custom-call target / opcode
+    bytes: int
+    flops: int
+    dtype: str  # dtype of the result's first array
+    fused_ops: tuple[str, ...] = ()  # opcodes inside the fused computation
+    multiplicity: int = 1  # times per enclosing-loop iteration (nested loops)
+
+    @property
+    def category(self) -> str:
+        """gemm | triton | pad | convert | copy | transpose | ... | fusion | other."""
+        if self.kind in GEMM_TARGETS or self.kind == "triton_gemm":
+            return "gemm"
+        if self.kind in TRITON_TARGETS:
+            return "triton"
+        movement = movement_kind(self)
+        if movement:
+            return movement
+        return "fusion" if self.opcode == "fusion" else self.opcode
+
+
+def movement_kind(launch: Launch) -> str:
+    """pad / convert / copy / ... if the launch only moves or reformats data, else ""."""
+    if launch.opcode in DATA_MOVEMENT:
+        return launch.opcode
+    if launch.opcode == "fusion":
+        ops = [o for o in launch.fused_ops if o not in ("parameter", "bitcast", "tuple")]
+        ops = [o for o in ops if o not in ("get-tuple-element", "constant")]
+        if ops and all(o in DATA_MOVEMENT + ("reshape",) for o in ops):
+            for kind in DATA_MOVEMENT:  # the most specific first
+                if kind in ops:
+                    return kind
+    return ""
+
+
+def _fused_computation(instr: Instr, comps: dict[str, Computation]) -> Computation | None:
+    for name in instr.called:
+        if name in comps:
+            return comps[name]
+    return None
+
+
+def _operand_shape(instr: Instr, k: int, table: dict[str, Instr]) -> str:
+    if k < len(instr.operand_shapes) and instr.operand_shapes[k]:
+        return instr.operand_shapes[k]
+    src = table.get(instr.operands[k])
+    return src.shape if src is not None else ""
+
+
+def launch_bytes(instr: Instr, table: dict[str, Instr], comps: dict[str, Computation]) -> int:
+    """Bytes a launch reads and writes (see the module docstring for the in-place rules)."""
+    operand_bytes = [
+        shape_bytes(_operand_shape(instr, k, table)) for k in range(len(instr.operands))
+    ]
+    result = shape_bytes(instr.shape)
+    fused = _fused_computation(instr, comps) if instr.opcode == "fusion" else None
+    if fused is None:
+        for k, nm in enumerate(instr.operands):
+            if nm in instr.operands[:k]:
+                operand_bytes[k] = 0  # the same buffer passed twice is read once
+        if instr.opcode == "dynamic-update-slice" and len(operand_bytes) > 1:
+            return 2 * operand_bytes[1] + sum(operand_bytes[2:])
+        if instr.opcode == "dynamic-slice" and operand_bytes:
+            return 2 * result + sum(operand_bytes[1:])
+        return sum(operand_bytes) + result
+    params: dict[int, Instr] = {}
+    for i in fused.instrs:
+        if i.opcode == "parameter":
+            m = re.match(r"\s*(\d+)", i.attrs) or re.search(r"parameter\((\d+)\)", i.attrs)
+            idx = int(m.group(1)) if m else len(params)
+            params[idx] = i
+    users: dict[str, list[Instr]] = {}
+    for i in fused.instrs:
+        for op in i.operands:
+            users.setdefault(op, []).append(i)
+    total = 0
+    in_place_results = 0
+    duplicate = {k for k, nm in enumerate(instr.operands) if nm in instr.operands[:k]}
+    for k, nbytes in enumerate(operand_bytes):
+        p = params.get(k)
+        uses = users.get(p.name, []) if p is not None else []
+        if k in duplicate:
+            continue  # the same buffer passed twice is read once
+        if uses and all(u.opcode in SLICES and u.operands[0] == p.name for u in uses):
+            total += sum(shape_bytes(u.shape) for u in uses)
+        elif uses and all(
+            u.opcode == "dynamic-update-slice" and u.operands[0] == p.name for u in uses
+        ):
+            ftable = fused.by_name()
+            for u in uses:
+                upd = ftable.get(u.operands[1])
+                ub = shape_bytes(upd.shape) if upd is not None else 0
+                # the buffer is not read; of the result only the update is written
+                in_place_results += shape_bytes(u.shape) - ub
+        else:
+            total += nbytes
+    return total + max(result - in_place_results, 0)
+
+
+def dot_flops(instr: Instr, table: dict[str, Instr]) -> int:
+    """2 * prod(batch) * M * N * K of a dot / cuBLAS gemm from its shapes and dimension numbers."""
+    lhs = array_shapes(_operand_shape(instr, 0, table))
+    out = array_shapes(instr.shape)
+    if not lhs or not out:
+        return 0
+    lhs_dims = lhs[0][1]
+    contracting = re.search(r"lhs_contracting_dims=\{([\d,]*)\}", instr.attrs)
+    if contracting:
+        cdims = [int(d) for d in contracting.group(1).split(",") if d]
+    else:  # cuBLAS backend_config: "lhs_contracting_dimensions":["1"]
+        cm = re.search(r'"lhs_contracting_dimensions"\s*:\s*\[([^\]]*)\]', instr.attrs)
+        cdims = (
+            [int(d.strip().strip('"')) for d in cm.group(1).split(",") if d.strip()]
+            if cm
+            else [len(lhs_dims) - 1]
+        )
+    k = math.prod(lhs_dims[d] for d in cdims if d < len(lhs_dims))
+    out_elems = math.prod(out[0][1])  # a gemm custom call's first result is the product
+    return 2 * out_elems * k
+
+
+def triton_flops(instr: Instr, table: dict[str, Instr]) -> int:
+    """Model of a Pallas kernel's FLOPs: ``2 * M * K * N`` with ``[K, ...]`` the largest
+    operand of rank >= 2 that has a partner (the weight; ``N`` the product of its other dims)
+    and ``M`` the rows of the partner, another rank-2 operand ``[M, K]`` (the state); 0 if
+    there is no such pair (an elementwise kernel). A stated assumption of the report."""
+    mats = []
+    for k, name in enumerate(instr.operands):
+        shapes = array_shapes(_operand_shape(instr, k, table))
+        if shapes and len(shapes[0][1]) >= 2 and name not in instr.operands[:k]:
+            mats.append((shapes[0][1], k))
+    if not mats:
+        return 0
+    for wdims, wk in sorted(mats, key=lambda m: -math.prod(m[0])):
+        kdim, ndim = wdims[0], math.prod(wdims[1:])
+        for dims, k in mats:
+            if k != wk and len(dims) == 2 and dims[-1] == kdim:
+                return 2 * dims[0] * kdim * ndim
+    return 0
+
+
+def launch_flops(instr: Instr, table: dict[str, Instr], comps: dict[str, Computation]) -> int:
+    if instr.opcode in ("dot", "convolution"):
+        return dot_flops(instr, table)
+    if instr.opcode == "custom-call":
+        target = instr.custom_call_target
+        if target in GEMM_TARGETS:
+            return dot_flops(instr, table)
+        if target in TRITON_TARGETS:
+            return triton_flops(instr, table)
+        return 0
+    if instr.opcode == "fusion":
+        fused = _fused_computation(instr, comps)
+        if fused is not None:
+            ftable = fused.by_name()
+            return sum(
+                dot_flops(i, ftable) for i in fused.instrs if i.opcode in ("dot", "convolution")
+            )
+    return 0
+
+
+def launch_kind(instr: Instr) -> str:
+    if instr.opcode == "custom-call":
+        return instr.custom_call_target
+    if instr.opcode == "fusion":
+        if "__triton_gemm" in instr.attrs or '"kind":"__triton' in instr.attrs:
+            return "triton_gemm"
+        kind = instr.attr("kind")
+        return kind or "fusion"
+    return instr.opcode
+
+
+def is_launch(instr: Instr) -> bool:
+    return instr.opcode not in NO_LAUNCH
+
+
+def computation_launches(
+    name: str, comps: dict[str, Computation], multiplicity: int = 1, _depth: int = 0
+) -> list[Launch]:
+    """Every launch of computation ``name`` per execution, recursing into ``call`` /
+    ``conditional`` (each branch counted: an upper bound) and nested ``while`` bodies
+    (times their trip count, 1 if unknown)."""
+    comp = comps[name]
+    table = comp.by_name()
+    out: list[Launch] = []
+    for instr in comp.instrs:
+        if instr.opcode == "while":
+            body = instr.attr("body")
+            trips = trip_count(instr, comps) or 1
+            if body and body.lstrip("%") in comps and _depth < 16:
+                out += computation_launches(
+                    body.lstrip("%"), comps, multiplicity * trips, _depth + 1
+                )
+            continue
+        if instr.opcode in ("call", "conditional"):
+            for callee in instr.called:
+                if callee in comps and _depth < 16:
+                    out += computation_launches(callee, comps, multiplicity, _depth + 1)
+            continue
+        if not is_launch(instr):
+            continue
+        fused = _fused_computation(instr, comps) if instr.opcode == "fusion" else None
+        dtypes = array_shapes(instr.shape)
+        out.append(
+            Launch(
+                name=instr.name,
+                opcode=instr.opcode,
+                kind=launch_kind(instr),
+                bytes=launch_bytes(instr, table, comps),
+                flops=launch_flops(instr, table, comps),
+                dtype=dtypes[0][0] if dtypes else "",
+                fused_ops=tuple(i.opcode for i in fused.instrs) if fused else (),
+                multiplicity=multiplicity,
+            )
+        )
+    return out
+
+
+@dataclasses.dataclass
+class Loop:
+    """A ``while`` of the module with its body's launches per iteration."""
+
+    name: str
+    computation: str  # where the while instruction is
+    body: str
+    condition: str
+    trips: int | None
+    carried: list[tuple[str, tuple[int, ...]]]
+    launches: list[Launch]
+    cond_launches: int
+    order: int  # position in file order among all whiles
+    role: str = ""  # forward | backward (set by classify_loops)
+    part: str = ""  # hyper | main
+
+
+def find_loops(comps: dict[str, Computation]) -> list[Loop]:
+    """Every ``while`` in the module (outermost and nested), in file order."""
+    loops = []
+    for cname, comp in comps.items():
+        for instr in comp.instrs:
+            if instr.opcode != "while":
+                continue
+            body = (instr.attr("body") or "").lstrip("%")
+            cond = (instr.attr("condition") or "").lstrip("%")
+            launches = computation_launches(body, comps) if body in comps else []
+            cond_n = len(computation_launches(cond, comps)) if cond in comps else 0
+            loops.append(
+                Loop(
+                    name=instr.name,
+                    computation=cname,
+                    body=body,
+                    condition=cond,
+                    trips=trip_count(instr, comps),
+                    carried=array_shapes(instr.shape),
+                    launches=launches,
+                    cond_launches=cond_n,
+                    order=len(loops),
+                )
+            )
+    return loops
+
+
+def classify_loops(loops: Iterable[Loop], seq_len: int, hidden: int) -> list[Loop]:
+    """The time loops (trip count == ``seq_len``), each given a part and a role.
+
+    part: ``main`` if the loop carries a weight-sized array (an array with at least two
+    dims >= ``hidden``, e.g. W [n, 2n] or its padded copy), else ``hyper``. (The scan
+    HyperRHN runs both cells in one loop: it is ``main``.)
+    role: within one part, loops in schedule (file) order; the first is ``forward``, every
+    later one ``backward`` (the backward loop consumes the forward's residuals, so it is
+    always scheduled after it; a rematerialised forward would count as backward).
+    """
+    time_loops = [lp for lp in loops if lp.trips == seq_len]
+    seen: set[str] = set()
+    for lp in sorted(time_loops, key=lambda lp: lp.order):
+        big = any(sum(d >= hidden for d in dims) >= 2 for _, dims in lp.carried)
+        lp.part = "main" if big else "hyper"
+        lp.role = "backward" if lp.part in seen else "forward"
+        seen.add(lp.part)
+    return time_loops
+
+
+# ----------------------------------------------------------------------------- summaries
+
+
+def per_step(launches: Iterable[Launch]) -> int:
+    return sum(lc.multiplicity for lc in launches)
+
+
+def movement_counts(launches: Iterable[Launch]) -> dict[str, int]:
+    """{pad: k, convert: k, copy: k, ...} of the data-movement launches, per iteration."""
+    out: dict[str, int] = {}
+    for lc in launches:
+        kind = movement_kind(lc)
+        if kind:
+            out[kind] = out.get(kind, 0) + lc.multiplicity
+    return out
+
+
+def category_counts(launches: Iterable[Launch]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for lc in launches:
+        out[lc.category] = out.get(lc.category, 0) + lc.multiplicity
+    return dict(sorted(out.items()))
+
+
+@dataclasses.dataclass(frozen=True)
+class CostModel:
+    """Per launch: ``max(flops / rate, bytes / bandwidth) + launch_s``. All assumptions."""
+
+    bf16_matmul_flops: float = 989e12  # H100 SXM dense bf16 tensor core (datasheet)
+    f32_matmul_flops: float = 494.7e12  # TF32 tensor core: XLA's default f32 dot precision
+    f32_simt_flops: float = 66.9e12  # 132 SMs x 128 lanes x 2 x 1.98 GHz (CUDA cores)
+    hbm_bytes_per_s: float = 3.35e12
+    launch_s: float = 4e-6  # fixed cost per launch (launch latency + tail)
+
+    def rate(self, launch: Launch) -> float:
+        if launch.dtype in ("bf16", "f16"):
+            return self.bf16_matmul_flops
+        if launch.category in ("gemm", "triton"):
+            return self.f32_matmul_flops
+        return self.f32_simt_flops
+
+    def seconds(self, launch: Launch) -> float:
+        compute = launch.flops / self.rate(launch) if launch.flops else 0.0
+        return max(compute, launch.bytes / self.hbm_bytes_per_s) + self.launch_s
+
+
+def predict_seconds(launches: Iterable[Launch], model: CostModel) -> float:
+    return sum(model.seconds(lc) * lc.multiplicity for lc in launches)
+
+
+def summarize(text: str, seq_len: int, hidden: int, model: CostModel | None = None) -> dict:
+    """Everything the report needs from one optimised HLO module (JSON-ready)."""
+    model = model or CostModel()
+    comps = parse_module(text)
+    entry = entry_name(comps)
+    loops = find_loops(comps)
+    time_loops = classify_loops(loops, seq_len, hidden)
+    time_bodies = {lp.body for lp in time_loops}
+    # out-of-loop launches: the entry's own launches (and calls), time loops excluded
+    outside = []
+    for lc in computation_launches(entry, comps):
+        outside.append(lc)
+    in_loop_names = set()
+    for lp in time_loops:
+        in_loop_names.update(lc.name for lc in lp.launches)
+    # computation_launches(entry) already expanded time-loop bodies x trips: remove them
+    outside = [lc for lc in outside if lc.name not in in_loop_names]
+    loops_out = []
+    split: dict[str, int] = {}
+    moves: dict[str, int] = {}
+    in_loop_bytes = 0
+    in_loop_seconds = 0.0
+    for lp in time_loops:
+        key = f"{lp.part}_{lp.role}"
+        n = per_step(lp.launches)
+        split[key] = split.get(key, 0) + n
+        for k, v in movement_counts(lp.launches).items():
+            moves[k] = moves.get(k, 0) + v
+        b = sum(lc.bytes * lc.multiplicity for lc in lp.launches)
+        in_loop_bytes += b
+        secs = predict_seconds(lp.launches, model)
+        in_loop_seconds += secs
+        loops_out.append(
+            {
+                "name": lp.name,
+                "part": lp.part,
+                "role": lp.role,
+                "launches_per_step": n,
+                "cond_launches": lp.cond_launches,
+                "categories": category_counts(lp.launches),
+                "movement": movement_counts(lp.launches),
+                "bytes_per_step": b,
+                "flops_per_step": sum(lc.flops * lc.multiplicity for lc in lp.launches),
+                "predicted_us_per_step": secs * 1e6,
+                "movement_launches": [
+                    {"name": lc.name, "kind": movement_kind(lc), "bytes": lc.bytes}
+                    for lc in lp.launches
+                    if movement_kind(lc)
+                ],
+            }
+        )
+    del time_bodies
+    outside_seconds = predict_seconds(outside, model)
+    return {
+        "time_loops": loops_out,
+        "other_loops": [
+            {
+                "name": lp.name,
+                "in": lp.computation,
+                "trips": lp.trips,
+                "launches_per_iter": per_step(lp.launches),
+            }
+            for lp in loops
+            if lp not in time_loops
+        ],
+        "launches_per_step": sum(split.values()),
+        "launches_split": dict(sorted(split.items())),
+        "movement_per_step": dict(sorted(moves.items())),
+        "bytes_per_step": in_loop_bytes,
+        "launches_outside_loops": per_step(outside),
+        "bytes_outside_loops": sum(lc.bytes * lc.multiplicity for lc in outside),
+        "predicted_step_ms": (in_loop_seconds * seq_len + outside_seconds) * 1e3,
+        "predicted_in_loop_ms": in_loop_seconds * seq_len * 1e3,
+        "predicted_outside_ms": outside_seconds * 1e3,
+    }
+
+
+def dumps(obj) -> str:
+    return json.dumps(obj, indent=2, sort_keys=True)
