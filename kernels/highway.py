@@ -105,28 +105,39 @@ class HighwayConfig:
       allow_tf32: when ``w`` is f32, let the matmuls use TF32 tensor cores (faster, ~1e-3
         relative error). Default: exact f32 (``Precision.HIGHEST``). Ignored for bf16 weights.
 
-    The defaults target n = 1000..1024, B = 256 on an H100: a (8, 32) grid of 256 programs,
-    about two per SM. The block sizes are clamped down for small problems (never below 16).
+    The defaults target n = 1000..1024, B = 256 on an H100: a (4, 32) grid of 128 programs,
+    one wave on 132 SMs. Deviceless H100 compile (ptxas via XLA, jax 0.10.2, 2026-11-22): no
+    kernel spills, in f32 or bf16; at most 106 registers per thread; at most 49,152 B of shared
+    memory; bf16 dots use Hopper ``wgmma`` (block_b = 64 is needed for it: 32 gives
+    ``mma.sync``); exact f32 dots are FMA loops (``allow_tf32`` for tensor cores). The
+    previous default 64/32/64 with 4 warps spilled in f32 (forward 255 registers). The block
+    sizes are clamped down for small problems (never below 16).
     """
 
-    block_b: int = 32
+    block_b: int = 64
     block_n: int = 32
     block_k: int = 32
-    num_warps: int = 4
+    num_warps: int = 8
     num_stages: int = 3
     allow_tf32: bool = False
 
     def smem_bytes(self, dot_dtype) -> int:
-        """Predicted shared memory per program (bytes) of the matmul kernels.
+        """Predicted shared memory per program (bytes) of the largest kernel (the fused
+        backward), a conservative model fitted to ptxas through XLA (H100, jax 0.10.2):
 
-        Model (it reproduces the 294,912 B that ptxas reported for f32, 128/128/64, 4
-        stages): Triton's pipeliner keeps ``max(num_stages - 1, 1)`` copies of one K step's
-        operands, the f32 row tile ``[block_b, block_k]`` (loaded as f32, cast in registers)
-        and the two weight tiles ``2 x [block_k, block_n]`` in the dot dtype.
+            max(num_stages - 1, 1) * (2 * block_b * block_k * 4 + 2 * block_k * block_n * w)
+              + block_b * block_n * 4
+
+        Triton's pipeliner keeps ``num_stages - 1`` copies of one K step's operands (two f32
+        row tiles, loaded as f32 and cast in registers; two weight tiles in the dot dtype of
+        ``w`` bytes per element), plus one f32 output tile for layout conversions. It equals
+        or exceeds every measured kernel (forward, backward, fused, state-grad; 32/32/32,
+        64/32/32, 64/32/64), e.g. 294,912 B for the forward and 393,216 B for the fused
+        kernel pipeline at f32 128/128/64 with 4 stages.
         """
         w_bytes = jnp.dtype(dot_dtype).itemsize
-        per_stage = self.block_b * self.block_k * 4 + 2 * self.block_k * self.block_n * w_bytes
-        return max(self.num_stages - 1, 1) * per_stage
+        per_stage = 2 * self.block_b * self.block_k * 4 + 2 * self.block_k * self.block_n * w_bytes
+        return max(self.num_stages - 1, 1) * per_stage + self.block_b * self.block_n * 4
 
 
 def _is_pow2(x: int) -> bool:
@@ -151,6 +162,12 @@ def _validate_config(config: HighwayConfig, dot_dtype=None) -> None:
                 f"{jnp.dtype(dot_dtype).name} weights, over the H100's {H100_SMEM_PER_BLOCK} B "
                 "per block: lower num_stages or the block sizes."
             )
+
+
+def validate_config(config: HighwayConfig, dot_dtype=None) -> None:
+    """Raises ValueError (one line) for a config Triton cannot lower or that needs more shared
+    memory than an H100 block has with ``dot_dtype`` weights (checked when given)."""
+    _validate_config(config, dot_dtype)
 
 
 def _round_up(x: int, m: int) -> int:

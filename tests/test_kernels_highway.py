@@ -451,9 +451,10 @@ def test_invalid_config_rejected(bad):
 
 
 def test_shared_memory_overflow_rejected():
-    """128/128/64 with 4 stages needs 294,912 B with f32 weights (ptxas, H100): rejected."""
+    """128/128/64 with 4 stages: ptxas reported 294,912 B for the f32 forward alone (over the
+    H100's 232,448 B); the model (fused kernel, the largest) predicts more: rejected."""
     big = hw.HighwayConfig(block_b=128, block_n=128, block_k=64, num_stages=4)
-    assert big.smem_bytes(jnp.float32) == 294_912
+    assert big.smem_bytes(jnp.float32) >= 294_912
     geo = hw.Geometry.make(big, 256, 1000)
     p = pad_layer(make_unpadded(jax.random.key(0), 256, 1000, "float32", False, False, False),
                   geo, jnp.float32)  # fmt: skip
