@@ -242,8 +242,10 @@ def abstract_args(mc, oc, batch: int, seq_len: int, mesh):
     return (*tree, tokens, tokens, *scalars)
 
 
-def compile_step(mc, oc, seed: int, batch: int, seq_len: int, mesh):
-    """The trainer's jitted step compiled for the mesh's CUDA device -> (compiled, seconds)."""
+def compile_step(mc, oc, seed: int, batch: int, seq_len: int, mesh, options=None):
+    """The trainer's jitted step compiled for the mesh's CUDA device -> (compiled, seconds).
+
+    ``options``: XLA debug options for this compile (e.g. ``{"xla_dump_to": dir}``)."""
     from rhhjax import trainer
 
     step = trainer.make_train_step(mc, oc, seed)
@@ -251,7 +253,7 @@ def compile_step(mc, oc, seed: int, batch: int, seq_len: int, mesh):
     t0 = time.perf_counter()
     with pallas_context(mc):
         lowered = step.trace(*args).lower(lowering_platforms=("cuda",))
-    compiled = lowered.compile()
+    compiled = lowered.compile(compiler_options=options or {})
     return compiled, time.perf_counter() - t0
 
 
@@ -396,6 +398,7 @@ class Options:
     overrides: dict
     cost: hl.CostModel
     keep_dumps: str = ""  # directory to keep XLA's dumps in ("" = temporary)
+    save_hlo: str = ""  # directory to write each config's optimised HLO text to
 
 
 def run_case(case: Case, mesh, opts: Options) -> dict:
@@ -414,18 +417,13 @@ def run_case(case: Case, mesh, opts: Options) -> dict:
         row["hyper_hidden"] = mc.hyper_hidden
     dump_root = opts.keep_dumps or tempfile.mkdtemp(prefix="rhhjax_gpu_report_")
     dump_dir = os.path.join(dump_root, re.sub(r"\W+", "_", case.label))
-    from rhhjax import trainer as tr
-
-    step = tr.make_train_step(mc, oc, seed)
-    args = abstract_args(mc, oc, batch, seq_len, mesh)
-    t0 = time.perf_counter()
+    # XLA's dumps (PTX, thunk sequence) are only read for the Pallas kernels
+    options = {"xla_dump_to": dump_dir, "xla_dump_hlo_module_re": "step_fn"}
+    if case.impl != "pallas" and not opts.keep_dumps:
+        options = {}
     try:
         with capture_fd2() as log:
-            with pallas_context(mc):
-                lowered = step.trace(*args).lower(lowering_platforms=("cuda",))
-            compiled = lowered.compile(
-                compiler_options={"xla_dump_to": dump_dir, "xla_dump_hlo_module_re": "step_fn"}
-            )
+            compiled, seconds = compile_step(mc, oc, seed, batch, seq_len, mesh, options)
     except Exception as e:  # a compile error is a result of the report, not a crash
         msg = " ".join(str(e).split())
         smem = re.search(r"[Ss]hared memory[^.]*?(\d{4,})[^.]*?(\d{4,})", msg)
@@ -436,8 +434,11 @@ def run_case(case: Case, mesh, opts: Options) -> dict:
         if not opts.keep_dumps:
             shutil.rmtree(dump_root, ignore_errors=True)
         return out
-    seconds = time.perf_counter() - t0
     text = compiled.as_text()
+    if opts.save_hlo:
+        Path(opts.save_hlo).mkdir(parents=True, exist_ok=True)
+        name = re.sub(r"\W+", "_", case.label) + ".hlo.txt"
+        (Path(opts.save_hlo) / name).write_text(text)
     summary = hl.summarize(text, seq_len, mc.hidden, opts.cost)
     mem = compiled.memory_analysis()
     kernels = kernel_stats(dump_dir, text, log[0]) if case.impl == "pallas" else []
@@ -473,10 +474,13 @@ def run_case(case: Case, mesh, opts: Options) -> dict:
 
 
 def format_table(rows: list[dict]) -> str:
-    """One line per row: launches per step (split), movement, bytes, kernels, memory, time."""
+    """One line per row: launches per time step (total; hyper fwd / hyper bwd / main fwd /
+    main bwd), in-loop launches that only pad / convert / copy, launches containing a pad,
+    MB moved per time step, the Pallas kernels' max registers / spill stores / shared
+    memory, compiled peak memory, predicted step time."""
     head = (
         f"{'config':<28} {'status':<13} {'launch/step':>11} {'hf/hb/mf/mb':>15} "
-        f"{'pad/cvt/copy':>12} {'MB/step':>8} {'kernels regs/spill/smem':<26} "
+        f"{'pad/cvt/copy':>12} {'w/pad':>5} {'MB/step':>8} {'kernels regs/spill/smem':<26} "
         f"{'peak GB':>7} {'pred ms':>8}"
     )
     lines = [head, "-" * len(head)]
@@ -503,7 +507,8 @@ def format_table(rows: list[dict]) -> str:
         peak_gb = f"{peak / 1e9:.2f}" if peak else "?"
         lines.append(
             f"{label:<28} {r['status']:<13} {r['launches_per_step']:>11} {split:>15} "
-            f"{moves:>12} {r['bytes_per_step'] / 1e6:>8.1f} {kern:<26} {peak_gb:>7} "
+            f"{moves:>12} {r['launches_with_op_per_step'].get('pad', 0):>5} "
+            f"{r['bytes_per_step'] / 1e6:>8.1f} {kern:<26} {peak_gb:>7} "
             f"{r['predicted_step_ms']:>8.2f}"
         )
     return "\n".join(lines)
@@ -575,6 +580,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--f32-mm-tflops", type=float, default=494.7, help="assumed f32 gemm rate")
     p.add_argument("--f32-simt-tflops", type=float, default=66.9, help="assumed f32 SIMT rate")
     p.add_argument("--keep-dumps", default="", help="keep XLA's dumps in this directory")
+    p.add_argument("--save-hlo", default="", help="write each optimised HLO text here")
     args = p.parse_args(argv)
     explicit = {a.split("=")[0] for a in (argv if argv is not None else sys.argv[1:])}
     if args.quick:
@@ -625,7 +631,8 @@ def resolve(args: argparse.Namespace) -> tuple[list[Case], Options]:
         hbm_bytes_per_s=args.hbm_gbs * 1e9,
         launch_s=args.launch_us * 1e-6,
     )
-    return cases(models, impls, dtypes, ranks), Options(overrides, cost, args.keep_dumps)
+    opts = Options(overrides, cost, args.keep_dumps, args.save_hlo)
+    return cases(models, impls, dtypes, ranks), opts
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,10 +20,11 @@ Definitions (documented in the report's JSON under ``"definitions"``):
   body counted trip-count times. The condition computation's launches are reported apart
   (``cond_launches``): with a known trip count XLA's while thunk does not need them.
 * *Bytes* of a launch: the sizes of its operands plus the size of its result, from the HLO
-  shapes, with two corrections for in-place loop buffers: a fusion operand that the fused
-  computation only reads through ``dynamic-slice`` counts as the slices it reads, and a
-  fused ``dynamic-update-slice`` into an operand counts as the update it writes (read and
-  written once each), not as the whole buffer.
+  shapes, with corrections for in-place loop buffers: a fusion operand that the fused
+  computation only reads through ``dynamic-slice`` / ``slice`` (and bitcasts / reshapes
+  between them) counts as the elements finally used, a fused ``dynamic-update-slice`` into
+  an operand counts as the update it writes (not as the whole buffer), and a buffer passed
+  twice counts once.
 * *FLOPs* of a launch: ``2 * M * N * K`` (times batch dims) of every ``dot`` / ``convolution``
   in it (fused computations included) and of cuBLAS gemm custom calls; Triton (Pallas)
   custom calls are given FLOPs by ``triton_flops`` (a stated model of the highway kernels);
@@ -68,6 +69,12 @@ NO_LAUNCH = frozenset(
 
 # Launches that only move or reformat data; reported by kind ("in-loop pads/converts/copies").
 DATA_MOVEMENT = ("pad", "convert", "copy", "transpose", "slice", "concatenate", "broadcast")
+
+# Fused ops that only select elements (a fusion of these and DATA_MOVEMENT ops moves data).
+INDEXING = ("reshape", "dynamic-slice", "dynamic-update-slice", "reverse")
+PLUMBING = ("parameter", "bitcast", "tuple", "get-tuple-element", "constant")
+# Ops whose presence in an in-loop launch is counted ("launches with a pad per step").
+WATCHED_OPS = ("pad", "convert", "copy", "transpose")
 
 DTYPE_BYTES = {
     "pred": 1,
@@ -361,9 +368,8 @@ def movement_kind(launch: Launch) -> str:
     if launch.opcode in DATA_MOVEMENT:
         return launch.opcode
     if launch.opcode == "fusion":
-        ops = [o for o in launch.fused_ops if o not in ("parameter", "bitcast", "tuple")]
-        ops = [o for o in ops if o not in ("get-tuple-element", "constant")]
-        if ops and all(o in DATA_MOVEMENT + ("reshape",) for o in ops):
+        ops = [o for o in launch.fused_ops if o not in PLUMBING]
+        if ops and all(o in DATA_MOVEMENT + INDEXING for o in ops):
             for kind in DATA_MOVEMENT:  # the most specific first
                 if kind in ops:
                     return kind
@@ -419,7 +425,7 @@ def launch_bytes(instr: Instr, table: dict[str, Instr], comps: dict[str, Computa
         if k in duplicate:
             continue  # the same buffer passed twice is read once
         if uses and all(u.opcode in SLICES and u.operands[0] == p.name for u in uses):
-            total += sum(shape_bytes(u.shape) for u in uses)
+            total += min(_read_bytes(p, users), nbytes)
         elif uses and all(
             u.opcode == "dynamic-update-slice" and u.operands[0] == p.name for u in uses
         ):
@@ -432,6 +438,18 @@ def launch_bytes(instr: Instr, table: dict[str, Instr], comps: dict[str, Computa
         else:
             total += nbytes
     return total + max(result - in_place_results, 0)
+
+
+def _read_bytes(value: Instr, users: dict[str, list[Instr]], _depth: int = 0) -> int:
+    """Bytes of ``value`` a fused computation reads: through chains of slices, bitcasts and
+    reshapes only the elements finally used (XLA's emitters read what the output needs)."""
+    uses = users.get(value.name, [])
+    through = SLICES + ("bitcast", "reshape")
+    if not uses or _depth > 32:
+        return shape_bytes(value.shape)
+    if all(u.opcode in through and u.operands[0] == value.name for u in uses):
+        return min(sum(_read_bytes(u, users, _depth + 1) for u in uses), shape_bytes(value.shape))
+    return shape_bytes(value.shape)
 
 
 def dot_flops(instr: Instr, table: dict[str, Instr]) -> int:
@@ -634,6 +652,17 @@ def movement_counts(launches: Iterable[Launch]) -> dict[str, int]:
     return out
 
 
+def watched_op_counts(launches: Iterable[Launch]) -> dict[str, int]:
+    """{pad: k, ...}: launches per iteration that contain the op (fused or alone)."""
+    out: dict[str, int] = {}
+    for lc in launches:
+        ops = set(lc.fused_ops) | {lc.opcode}
+        for op in WATCHED_OPS:
+            if op in ops:
+                out[op] = out.get(op, 0) + lc.multiplicity
+    return out
+
+
 def category_counts(launches: Iterable[Launch]) -> dict[str, int]:
     out: dict[str, int] = {}
     for lc in launches:
@@ -687,6 +716,7 @@ def summarize(text: str, seq_len: int, hidden: int, model: CostModel | None = No
     loops_out = []
     split: dict[str, int] = {}
     moves: dict[str, int] = {}
+    with_ops: dict[str, int] = {}
     in_loop_bytes = 0
     in_loop_seconds = 0.0
     for lp in time_loops:
@@ -695,6 +725,8 @@ def summarize(text: str, seq_len: int, hidden: int, model: CostModel | None = No
         split[key] = split.get(key, 0) + n
         for k, v in movement_counts(lp.launches).items():
             moves[k] = moves.get(k, 0) + v
+        for k, v in watched_op_counts(lp.launches).items():
+            with_ops[k] = with_ops.get(k, 0) + v
         b = sum(lc.bytes * lc.multiplicity for lc in lp.launches)
         in_loop_bytes += b
         secs = predict_seconds(lp.launches, model)
@@ -708,6 +740,7 @@ def summarize(text: str, seq_len: int, hidden: int, model: CostModel | None = No
                 "cond_launches": lp.cond_launches,
                 "categories": category_counts(lp.launches),
                 "movement": movement_counts(lp.launches),
+                "launches_with_op": watched_op_counts(lp.launches),
                 "bytes_per_step": b,
                 "flops_per_step": sum(lc.flops * lc.multiplicity for lc in lp.launches),
                 "predicted_us_per_step": secs * 1e6,
@@ -735,6 +768,7 @@ def summarize(text: str, seq_len: int, hidden: int, model: CostModel | None = No
         "launches_per_step": sum(split.values()),
         "launches_split": dict(sorted(split.items())),
         "movement_per_step": dict(sorted(moves.items())),
+        "launches_with_op_per_step": dict(sorted(with_ops.items())),
         "bytes_per_step": in_loop_bytes,
         "launches_outside_loops": per_step(outside),
         "bytes_outside_loops": sum(lc.bytes * lc.multiplicity for lc in outside),
