@@ -313,6 +313,35 @@ def test_bytes_count_operands_and_results_with_in_place_slices(comps):
     assert tri.bytes == 4 * 8 * F32 + (4 * 8 + 4 * 2 * 8) * F32
 
 
+SLICE_CHAIN = """\
+%fused_chain (param_0: f32[3,2,4,64], param_1: s32[], param_2: f32[4,64]) -> f32[4,64] {
+  %param_0 = f32[3,2,4,64]{3,2,1,0} parameter(0)
+  %param_1 = s32[] parameter(1)
+  %c0 = s32[] constant(0)
+  %ds = f32[1,2,4,64]{3,2,1,0} dynamic-slice(%param_0, %param_1, %c0, %c0, %c0), dynamic_slice_sizes={1,2,4,64}
+  %bc = f32[2,4,64]{2,1,0} bitcast(%ds)
+  %sl = f32[1,4,64]{2,1,0} slice(%bc), slice={[1:2], [0:4], [0:64]}
+  %bc2 = f32[4,64]{1,0} bitcast(%sl)
+  %param_2 = f32[4,64]{1,0} parameter(2)
+  ROOT %add = f32[4,64]{1,0} add(%bc2, %param_2)
+}
+
+ENTRY %main (buf: f32[3,2,4,64], i: s32[], x: f32[4,64]) -> f32[4,64] {
+  %buf = f32[3,2,4,64]{3,2,1,0} parameter(0)
+  %i = s32[] parameter(1)
+  %x = f32[4,64]{1,0} parameter(2)
+  ROOT %f = f32[4,64]{1,0} fusion(%buf, %i, %x), kind=kLoop, calls=%fused_chain
+}
+"""
+
+
+def test_bytes_follow_slice_chains_to_the_elements_used():
+    comps = hl.parse_module(SLICE_CHAIN)
+    (launch,) = hl.computation_launches("main", comps)
+    # one [4, 64] layer of one step of the [3, 2, 4, 64] buffer, the index, x, the result
+    assert launch.bytes == 4 * 64 * F32 + 4 + 4 * 64 * F32 + 4 * 64 * F32
+
+
 def test_flops_of_dots_gemm_custom_calls_and_elementwise(comps):
     gemm = _launch(comps, "while.fwd", "gemm_fusion_dot")
     assert gemm.flops == 2 * 4 * 64 * 128 and gemm.category == "gemm"
