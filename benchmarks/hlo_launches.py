@@ -409,9 +409,7 @@ def launch_bytes(instr: Instr, table: dict[str, Instr], comps: dict[str, Computa
     params: dict[int, Instr] = {}
     for i in fused.instrs:
         if i.opcode == "parameter":
-            m = re.match(r"\s*(\d+)", i.attrs) or re.search(r"parameter\((\d+)\)", i.attrs)
-            idx = int(m.group(1)) if m else len(params)
-            params[idx] = i
+            params[parameter_number(i)] = i
     users: dict[str, list[Instr]] = {}
     for i in fused.instrs:
         for op in i.operands:
@@ -438,6 +436,13 @@ def launch_bytes(instr: Instr, table: dict[str, Instr], comps: dict[str, Computa
         else:
             total += nbytes
     return total + max(result - in_place_results, 0)
+
+
+def parameter_number(instr: Instr) -> int:
+    """N of ``parameter(N)`` (the parser keeps it as the instruction's only operand)."""
+    if instr.operands and instr.operands[0].isdigit():
+        return int(instr.operands[0])
+    raise ValueError(f"{instr.name} is not a numbered parameter")
 
 
 def _read_bytes(value: Instr, users: dict[str, list[Instr]], _depth: int = 0) -> int:

@@ -313,10 +313,10 @@ def test_bytes_count_operands_and_results_with_in_place_slices(comps):
     assert tri.bytes == 4 * 8 * F32 + (4 * 8 + 4 * 2 * 8) * F32
 
 
-SLICE_CHAIN = """\
+FUSED_CHAIN = """\
 %fused_chain (param_0: f32[3,2,4,64], param_1: s32[], param_2: f32[4,64]) -> f32[4,64] {
-  %param_0 = f32[3,2,4,64]{3,2,1,0} parameter(0)
   %param_1 = s32[] parameter(1)
+  %param_0 = f32[3,2,4,64]{3,2,1,0} parameter(0)
   %c0 = s32[] constant(0)
   %ds = f32[1,2,4,64]{3,2,1,0} dynamic-slice(%param_0, %param_1, %c0, %c0, %c0), dynamic_slice_sizes={1,2,4,64}
   %bc = f32[2,4,64]{2,1,0} bitcast(%ds)
@@ -333,12 +333,21 @@ ENTRY %main (buf: f32[3,2,4,64], i: s32[], x: f32[4,64]) -> f32[4,64] {
   ROOT %f = f32[4,64]{1,0} fusion(%buf, %i, %x), kind=kLoop, calls=%fused_chain
 }
 """
+# the buffer as the last operand: fusion operand k is parameter(k), whatever the order
+FUSED_CHAIN_BUFFER_LAST = (
+    FUSED_CHAIN.replace("parameter(0)", "parameter(@)")
+    .replace("parameter(2)", "parameter(0)")
+    .replace("parameter(@)", "parameter(2)")
+    .replace("fusion(%buf, %i, %x)", "fusion(%x, %i, %buf)")
+)
 
 
-def test_bytes_follow_slice_chains_to_the_elements_used():
-    comps = hl.parse_module(SLICE_CHAIN)
+@pytest.mark.parametrize("text", [FUSED_CHAIN, FUSED_CHAIN_BUFFER_LAST])
+def test_bytes_follow_slice_chains_to_the_elements_used(text):
+    comps = hl.parse_module(text)
     (launch,) = hl.computation_launches("main", comps)
-    # one [4, 64] layer of one step of the [3, 2, 4, 64] buffer, the index, x, the result
+    # one [4, 64] layer of one step of the [3, 2, 4, 64] buffer, the index, x, the result;
+    # fusion operand k is the fused computation's parameter(k), whatever the listing order
     assert launch.bytes == 4 * 64 * F32 + 4 + 4 * 64 * F32 + 4 * 64 * F32
 
 
