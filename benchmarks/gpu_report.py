@@ -437,8 +437,7 @@ def run_case(case: Case, mesh, opts: Options) -> dict:
     text = compiled.as_text()
     if opts.save_hlo:
         Path(opts.save_hlo).mkdir(parents=True, exist_ok=True)
-        name = re.sub(r"\W+", "_", case.label) + ".hlo.txt"
-        (Path(opts.save_hlo) / name).write_text(text)
+        hlo_file(opts.save_hlo, case).write_text(text)
     summary = hl.summarize(text, seq_len, mc.hidden, opts.cost)
     mem = compiled.memory_analysis()
     kernels = kernel_stats(dump_dir, text, log[0]) if case.impl == "pallas" else []
@@ -503,7 +502,7 @@ def format_table(rows: list[dict]) -> str:
             spill = max(k.get("spill_stores", 0) for k in ks)
             smem = max(k["shared_memory"] for k in ks)
             kern = f"max {regs}/{spill}B/{smem // 1024}KiB"
-        peak = r["memory"]["peak_bytes"]
+        peak = (r.get("memory") or {}).get("peak_bytes")
         peak_gb = f"{peak / 1e9:.2f}" if peak else "?"
         lines.append(
             f"{label:<28} {r['status']:<13} {r['launches_per_step']:>11} {split:>15} "
@@ -581,6 +580,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--f32-simt-tflops", type=float, default=66.9, help="assumed f32 SIMT rate")
     p.add_argument("--keep-dumps", default="", help="keep XLA's dumps in this directory")
     p.add_argument("--save-hlo", default="", help="write each optimised HLO text here")
+    p.add_argument(
+        "--reanalyze",
+        default="",
+        metavar="JSON",
+        help="recompute the HLO figures of a report's rows from the HLO texts in --save-hlo "
+        "(no compile; compile time, memory and kernel figures are kept)",
+    )
     args = p.parse_args(argv)
     explicit = {a.split("=")[0] for a in (argv if argv is not None else sys.argv[1:])}
     if args.quick:
@@ -642,6 +648,8 @@ def main(argv: list[str] | None = None) -> int:
     except ReportError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if args.reanalyze:
+        return reanalyze(args.reanalyze, opts, args.out)
     ok, why = cuda_plugin_available()
     if not ok:
         print(f"error: {why}", file=sys.stderr)
@@ -662,6 +670,40 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         write_json(args.out, rows, opts, jax)
         print(f"wrote {args.out}")
+    return 0
+
+
+def hlo_file(directory: str, case: Case) -> Path:
+    return Path(directory) / (re.sub(r"\W+", "_", case.label) + ".hlo.txt")
+
+
+def reanalyze(report_json: str, opts: Options, out: str) -> int:
+    """Recompute the HLO-derived fields of a report from saved HLO texts (no compile)."""
+    if not opts.save_hlo:
+        print("error: --reanalyze needs --save-hlo=DIR (where the HLO texts are)", file=sys.stderr)
+        return 2
+    try:
+        report = json.loads(Path(report_json).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        print(f"error: cannot read {report_json}: {e}", file=sys.stderr)
+        return 2
+    for row in report["rows"]:
+        if row.get("status") != "ok":
+            continue
+        case = Case(row["model"], row["impl"], row["dtype"], row.get("hyper_rank", 0))
+        path = hlo_file(opts.save_hlo, case)
+        if not path.exists():
+            print(f"error: {path} not found", file=sys.stderr)
+            return 2
+        row.update(hl.summarize(path.read_text(), row["seq_len"], row["hidden"], opts.cost))
+    meta = report["meta"]
+    meta["cost_model_parameters"] = dataclasses.asdict(opts.cost)
+    meta["assumptions"], meta["definitions"] = ASSUMPTIONS, DEFINITIONS
+    meta["reanalyzed"] = " ".join([Path(sys.executable).name, *sys.argv])
+    print(format_table(report["rows"]))
+    if out:
+        Path(out).write_text(json.dumps(report, indent=1) + "\n")
+        print(f"wrote {out}")
     return 0
 
 

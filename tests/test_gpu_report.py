@@ -601,3 +601,27 @@ except Exception as e:
     result = json.loads(run.stdout.strip().splitlines()[-1])
     assert not result["compiled"]
     assert "shared memory" in result["error"].lower(), result["error"]
+
+
+def test_reanalyze_recomputes_hlo_figures_from_saved_hlo(tmp_path, capsys):
+    case = report.Case("hyperrhn", "fused", "float32", 0)
+    hlo_dir = tmp_path / "hlo"
+    hlo_dir.mkdir()
+    report.hlo_file(str(hlo_dir), case).write_text(HLO)
+    row = {"model": "hyperrhn", "impl": "fused", "dtype": "float32", "hyper_rank": 0}
+    row.update(status="ok", seq_len=SEQ, hidden=HIDDEN, launches_per_step=-1, memory={})
+    skipped = {"model": "rhn", "impl": "pallas", "dtype": "float32", "status": "unsupported"}
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps({"meta": {}, "rows": [row, skipped]}))
+    out = tmp_path / "new.json"
+    argv = [f"--reanalyze={old}", f"--save-hlo={hlo_dir}", f"--out={out}", "--launch-us=7"]
+    assert report.main(argv) == 0
+    new = json.loads(out.read_text())
+    assert new["rows"][0]["launches_per_step"] == 17
+    assert new["rows"][0]["launches_split"]["main_forward"] == 11
+    assert new["rows"][1] == skipped
+    assert new["meta"]["cost_model_parameters"]["launch_s"] == pytest.approx(7e-6)
+    assert "hyperrhn r0 fused float32" in capsys.readouterr().out
+    # a missing HLO file is a one-line error
+    report.hlo_file(str(hlo_dir), case).unlink()
+    assert report.main(argv) == 2
