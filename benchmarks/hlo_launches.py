@@ -364,12 +364,18 @@ class Launch:
 
 
 def movement_kind(launch: Launch) -> str:
-    """pad / convert / copy / ... if the launch only moves or reformats data, else ""."""
+    """pad / convert / copy / ... if the launch only moves or reformats data, else "".
+
+    A fusion of only data-movement and indexing ops is named after its most specific op;
+    one that writes with ``dynamic-update-slice`` is a ``store`` (a slice written into a loop
+    buffer, e.g. the stacked residuals of a scan)."""
     if launch.opcode in DATA_MOVEMENT:
         return launch.opcode
     if launch.opcode == "fusion":
         ops = [o for o in launch.fused_ops if o not in PLUMBING]
         if ops and all(o in DATA_MOVEMENT + INDEXING for o in ops):
+            if "dynamic-update-slice" in ops:
+                return "store"  # writes a slice into a loop buffer (stacked residuals)
             for kind in DATA_MOVEMENT:  # the most specific first
                 if kind in ops:
                     return kind

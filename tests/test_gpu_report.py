@@ -169,6 +169,16 @@ HloModule jit_step_fn, is_scheduled=true, entry_computation_layout={(f32[64,128]
   ROOT %tuple.m = (s32[], f32[4,64]{1,0}, f32[64,128]{1,0}, f32[3,4,64]{2,1,0}) tuple(%next.m, %copy.1, %w.m, %loop_dynamic_update_slice_fusion)
 }
 
+%fused_store (param_0.8: f32[3,4,64], param_1.8: s32[], param_2.8: f32[4,64]) -> f32[3,4,64] {
+  %param_0.8 = f32[3,4,64]{2,1,0} parameter(0)
+  %param_2.8 = f32[4,64]{1,0} parameter(2)
+  %copy.8 = f32[4,64]{0,1} copy(%param_2.8)
+  %bitcast.8 = f32[1,4,64]{2,1,0} bitcast(%copy.8)
+  %param_1.8 = s32[] parameter(1)
+  %constant_10 = s32[] constant(0)
+  ROOT %dynamic-update-slice.8 = f32[3,4,64]{2,1,0} dynamic-update-slice(%param_0.8, %bitcast.8, %param_1.8, %constant_10, %constant_10)
+}
+
 %main_bwd_body (arg.b: (s32[], f32[4,64], f32[64,128], f32[3,4,64])) -> (s32[], f32[4,64], f32[64,128], f32[3,4,64]) {
   %arg.b = (s32[], f32[4,64]{1,0}, f32[64,128]{1,0}, f32[3,4,64]{2,1,0}) parameter(0)
   %i.b = s32[] get-tuple-element(%arg.b), index=0
@@ -178,8 +188,9 @@ HloModule jit_step_fn, is_scheduled=true, entry_computation_layout={(f32[64,128]
   %custom-call.g = (f32[4,128]{1,0}, s8[1024]{0}) custom-call(%loop_dynamic_slice_fusion, %w.b), custom_call_target="__cublas$gemm", backend_config={"gemm_backend_config":{"dot_dimension_numbers":{"lhs_contracting_dimensions":["1"],"rhs_contracting_dimensions":["0"]}}}
   %gte.g = f32[4,128]{1,0} get-tuple-element(%custom-call.g), index=0
   %slice.b = f32[4,64]{1,0} slice(%gte.g), slice={[0:4], [0:64]}
+  %loop_store_fusion = f32[3,4,64]{2,1,0} fusion(%buf.b, %i.b, %slice.b), kind=kLoop, calls=%fused_store
   %next.b = s32[] fusion(%i.b), kind=kLoop, calls=%fused_add
-  ROOT %tuple.b = (s32[], f32[4,64]{1,0}, f32[64,128]{1,0}, f32[3,4,64]{2,1,0}) tuple(%next.b, %slice.b, %w.b, %buf.b)
+  ROOT %tuple.b = (s32[], f32[4,64]{1,0}, f32[64,128]{1,0}, f32[3,4,64]{2,1,0}) tuple(%next.b, %slice.b, %w.b, %loop_store_fusion)
 }
 
 %plain_body (arg.q: (s32[], f32[4,8])) -> (s32[], f32[4,8]) {
@@ -279,15 +290,22 @@ def test_launches_per_step_count_work_not_plumbing(comps):
     # main fwd: pad, convert, gemm, 2 x (layer tanh + counter) from the nested loop,
     # the call's tanh, copy, dynamic-update-slice, counter = 11
     assert hl.per_step(loops["while.fwd"].launches) == 11
-    # main bwd: dynamic-slice fusion, cuBLAS gemm, slice, counter
-    assert hl.per_step(loops["while.bwd"].launches) == 4
+    # main bwd: dynamic-slice fusion, cuBLAS gemm, slice, store, counter
+    assert hl.per_step(loops["while.bwd"].launches) == 5
     assert loops["while.fwd"].cond_launches == 1
 
 
 def test_movement_launches_are_named_by_kind(comps):
     loops = _loops(comps)
-    assert hl.movement_counts(loops["while.fwd"].launches) == {"pad": 1, "convert": 1, "copy": 1}
-    assert hl.movement_counts(loops["while.bwd"].launches) == {"slice": 1}
+    assert hl.movement_counts(loops["while.fwd"].launches) == {
+        "pad": 1,
+        "convert": 1,
+        "copy": 1,
+        "store": 1,  # the dynamic-update-slice fusion
+    }
+    assert hl.movement_counts(loops["while.bwd"].launches) == {"slice": 1, "store": 1}
+    # the store fusion copies and writes a slice: it contains a copy
+    assert hl.watched_op_counts(loops["while.bwd"].launches) == {"copy": 1}
     cats = hl.category_counts(loops["while.fwd"].launches)
     assert cats["gemm"] == 1 and cats["pad"] == 1 and cats["convert"] == 1
 
@@ -379,9 +397,9 @@ def test_triton_flops_find_the_weight_and_state_operands():
 def test_summarize_splits_counts_and_predicts_time():
     model = hl.CostModel(launch_s=1e-6, hbm_bytes_per_s=1e9, f32_matmul_flops=1e12)
     s = hl.summarize(HLO, SEQ, HIDDEN, model)
-    assert s["launches_split"] == {"hyper_forward": 2, "main_backward": 4, "main_forward": 11}
-    assert s["launches_per_step"] == 17
-    assert s["movement_per_step"] == {"convert": 1, "copy": 1, "pad": 1, "slice": 1}
+    assert s["launches_split"] == {"hyper_forward": 2, "main_backward": 5, "main_forward": 11}
+    assert s["launches_per_step"] == 18
+    assert s["movement_per_step"] == {"convert": 1, "copy": 1, "pad": 1, "slice": 1, "store": 2}
     # outside the time loops: the entry's broadcasts (3), the 5-trip loop's counter x 5,
     # the final fusion
     assert s["launches_outside_loops"] == 3 + 5 + 1
@@ -397,7 +415,7 @@ def test_summarize_splits_counts_and_predicts_time():
         s["predicted_in_loop_ms"] + s["predicted_outside_ms"]
     )
     # each launch costs at least the launch overhead
-    assert s["predicted_in_loop_ms"] >= 17 * SEQ * 1e-6 * 1e3
+    assert s["predicted_in_loop_ms"] >= 18 * SEQ * 1e-6 * 1e3
 
 
 def test_cost_model_takes_the_max_of_compute_and_bandwidth():
@@ -617,7 +635,7 @@ def test_reanalyze_recomputes_hlo_figures_from_saved_hlo(tmp_path, capsys):
     argv = [f"--reanalyze={old}", f"--save-hlo={hlo_dir}", f"--out={out}", "--launch-us=7"]
     assert report.main(argv) == 0
     new = json.loads(out.read_text())
-    assert new["rows"][0]["launches_per_step"] == 17
+    assert new["rows"][0]["launches_per_step"] == 18
     assert new["rows"][0]["launches_split"]["main_forward"] == 11
     assert new["rows"][1] == skipped
     assert new["meta"]["cost_model_parameters"]["launch_s"] == pytest.approx(7e-6)
