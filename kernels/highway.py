@@ -86,6 +86,7 @@ _TritonCompilerParams = getattr(plgpu, "CompilerParams", None) or plgpu.TritonCo
 _SQUEEZED = getattr(pl, "squeezed", None)
 
 _F32 = jnp.float32
+_MASK_DTYPES = (jnp.int8, jnp.float32)  # keep decisions 0/1, or a ready mask 0 or 1/keep
 
 # H100 (sm_90) opt-in shared memory per block, bytes.
 H100_SMEM_PER_BLOCK = 232_448
@@ -209,8 +210,14 @@ class Geometry:
 
     @classmethod
     def make(cls, config: HighwayConfig, batch: int, n: int) -> Geometry:
-        """Clamps the config's blocks to the problem and rounds ``batch`` and ``n`` up."""
+        """Clamps the config's blocks to the problem and rounds ``batch`` and ``n`` up.
+
+        The kernels take their block sizes from the geometry and only the launch parameters
+        (warps, stages, ``allow_tf32``) from the config they are given.
+        """
         _validate_config(config)
+        if batch < 1 or n < 1:
+            raise ValueError(f"Geometry needs batch >= 1 and n >= 1, got {batch} and {n}.")
         block_b = _clamp_block(config.block_b, batch)
         block_n = _clamp_block(config.block_n, n)
         block_k = _clamp_block(config.block_k, n)
@@ -475,7 +482,7 @@ def forward_padded(
     _check("bias2", bias2, (2, n_pad), (_F32,))
     _check("xproj", xproj, rows2, (_F32,))
     _check("extra", extra, rows2, (_F32,))
-    _check("keep_mask", keep_mask, rows)
+    _check("keep_mask", keep_mask, rows, _MASK_DTYPES)
     has = _Has(z=z is not None, xproj=xproj is not None, extra=extra is not None)
     has = dataclasses.replace(has, mask=keep_mask is not None)
 
@@ -682,7 +689,7 @@ def _backward_call(
         _check("bias2", bias2, (2, n_pad), (_F32,))
         _check("xproj", xproj, rows2, (_F32,))
         _check("extra", extra, rows2, (_F32,))
-        _check("keep_mask", keep_mask, rows)
+        _check("keep_mask", keep_mask, rows, _MASK_DTYPES)
         mask_scale = _mask_scale(keep_mask, keep)
         has = dataclasses.replace(
             has,

@@ -475,6 +475,10 @@ def test_shape_errors():
     with pytest.raises(ValueError, match="xproj must have dtype float32"):
         hw.forward_padded(p["s"], p["w3"], None, p["bias2"], p["xproj"].astype(jnp.bfloat16),
                           None, geo=geo)  # fmt: skip
+    with pytest.raises(ValueError, match="keep_mask must have dtype int8, float32"):
+        hw.forward_padded(p["s"], p["w3"], None, p["bias2"], None, p["keep8"] > 0, geo=geo)
+    with pytest.raises(ValueError, match="Geometry needs batch >= 1"):
+        hw.Geometry.make(TEST_CONFIG, 0, 20)
     with pytest.raises(ValueError, match="keep must be in"):
         hw.forward_padded(p["s"], p["w3"], None, p["bias2"], None, p["keep8"], keep=0.0, geo=geo)
     s, w = jnp.zeros((4, 16)), jnp.zeros((16, 16))
@@ -485,8 +489,23 @@ def test_shape_errors():
 # --- CUDA lowering (no GPU needed) ---------------------------------------------------------
 
 
+def h100_abstract_device():
+    """Lowering context naming an H100 as the abstract GPU device.
+
+    Since jax 0.11 the Triton lowering asks for the GPU's compute capability and, without a
+    GPU, takes it from the abstract mesh's device; jax 0.10.2 accepts it too (and does not
+    need it). Verified on 0.10.2, 0.11.2 and 0.12.0.1.
+    """
+    device = jax.sharding.AbstractDevice(
+        device_kind="NVIDIA H100 80GB HBM3", num_cores=132, platform="gpu"
+    )
+    mesh = jax.sharding.AbstractMesh((1,), ("x",), abstract_device=device)
+    return jax.sharding.use_abstract_mesh(mesh)
+
+
 def lower_for_cuda(fn, *args) -> str:
-    return jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+    with h100_abstract_device():
+        return jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
 
 
 def count_triton_calls(text: str) -> int:
