@@ -58,10 +58,10 @@ Padded layout: ``B`` is padded up to ``b_pad`` (a multiple of ``block_b``) and `
 w[k, half * n + j]``) for the forward and ``w_t [2, n_pad, n_pad]`` (``w_t[half, k, j] =
 w[j, half * n + k]``) for the state-gradient GEMM. Padded *units* have zero weights, bias,
 z and xproj, hence ``a = 0`` and ``s_new = tanh(0) * t + 0 * (1 - t) = 0`` there: padded units
-of the carry stay exactly zero. Padded *rows* of the carry do not stay zero (bias drives
-them) but stay finite and never mix with real rows; their state gradient stays zero as long as
-the incoming cotangents ``g`` are zero-padded, so they contribute nothing to ``dz``,
-``dbias_partial``, ``d_scaled`` or a deferred ``dW``.
+of the carry stay exactly zero. Padded *rows* of the carry need not stay zero (without a
+mask the bias drives them) but stay finite and never mix with real rows; their state
+gradient stays zero as long as the incoming cotangents ``g`` are zero-padded, so they
+contribute nothing to ``dz``, ``dbias_partial``, ``d_scaled`` or a deferred ``dW``.
 
 The Triton backend is selected explicitly by passing
 ``jax.experimental.pallas.triton.CompilerParams`` to ``pl.pallas_call``; without it, recent JAX
