@@ -334,6 +334,66 @@ def parse_thunk_kernels(text: str) -> dict[str, dict]:
     return out
 
 
+def parse_thunk_loops(text: str) -> list[dict]:
+    """XLA's thunk sequence (after thunk passes) -> one entry per top-level ``kWhile``, in
+    execution order: thunks in its body and condition (containers not counted) and whether
+    the body runs as a command buffer (a CUDA graph: one graph launch per iteration)."""
+    lines = text.splitlines()
+    loops, i = [], 0
+    while i < len(lines):
+        if not re.match(r"^\d+: kWhile", lines[i]):
+            i += 1
+            continue
+        counts, mode, graph = {"condition": 0, "body": 0}, None, False
+        i += 1
+        while i < len(lines) and (lines[i].startswith(" ") or lines[i].startswith("condition")):
+            item = lines[i].strip()
+            if item.startswith("condition"):
+                mode = "condition"
+            elif item.startswith("body"):
+                mode = "body"
+            elif "kCommandBuffer" in item:
+                graph = graph or mode == "body"
+            elif mode and re.match(r"\d+: k\w+", item) and "kWhile" not in item:
+                counts[mode] += 1
+            i += 1
+        loops.append(
+            {
+                "body_thunks": counts["body"],
+                "condition_thunks": counts["condition"],
+                "command_buffer": graph,
+            }
+        )
+    return loops
+
+
+def thunk_check(dump_dir: str, summary: dict, hlo_text: str) -> dict | None:
+    """Launches per iteration of each time loop as XLA's thunk sequence has them, next to
+    the HLO count (the thunk sequence is what the GPU runs)."""
+    paths = glob.glob(os.path.join(dump_dir, "*step_fn*.thunk_sequence_after_thunk_passes.txt"))
+    if not paths:
+        return None
+    thunk_loops = parse_thunk_loops(Path(paths[0]).read_text())
+    comps = hl.parse_module(hlo_text)
+    entry = comps[hl.entry_name(comps)]
+    whiles = [i.name for i in entry.instrs if i.opcode == "while"]
+    if len(whiles) != len(thunk_loops):
+        return {"matched": False, "reason": f"{len(whiles)} HLO whiles, {len(thunk_loops)} kWhile"}
+    by_name = dict(zip(whiles, thunk_loops, strict=True))
+    loops = []
+    for lp in summary["time_loops"]:
+        th = by_name.get(lp["name"])
+        if th is None:
+            return {"matched": False, "reason": f"{lp['name']} is not a top-level while"}
+        loops.append({"name": lp["name"], "hlo": lp["launches_per_step"], **th})
+    return {
+        "matched": all(lp["hlo"] == lp["body_thunks"] for lp in loops),
+        "launches_per_step": sum(lp["body_thunks"] for lp in loops),
+        "graph_launches_per_step": sum(lp["command_buffer"] for lp in loops),
+        "loops": loops,
+    }
+
+
 def triton_kernel_names(hlo_text: str) -> set[str]:
     """The ``name`` of every Triton (Pallas) custom call of an HLO module."""
     names = set()
@@ -417,10 +477,7 @@ def run_case(case: Case, mesh, opts: Options) -> dict:
         row["hyper_hidden"] = mc.hyper_hidden
     dump_root = opts.keep_dumps or tempfile.mkdtemp(prefix="rhhjax_gpu_report_")
     dump_dir = os.path.join(dump_root, re.sub(r"\W+", "_", case.label))
-    # XLA's dumps (PTX, thunk sequence) are only read for the Pallas kernels
     options = {"xla_dump_to": dump_dir, "xla_dump_hlo_module_re": "step_fn"}
-    if case.impl != "pallas" and not opts.keep_dumps:
-        options = {}
     try:
         with capture_fd2() as log:
             compiled, seconds = compile_step(mc, oc, seed, batch, seq_len, mesh, options)
@@ -441,6 +498,7 @@ def run_case(case: Case, mesh, opts: Options) -> dict:
     summary = hl.summarize(text, seq_len, mc.hidden, opts.cost)
     mem = compiled.memory_analysis()
     kernels = kernel_stats(dump_dir, text, log[0]) if case.impl == "pallas" else []
+    thunks = thunk_check(dump_dir, summary, text)
     if not opts.keep_dumps:
         shutil.rmtree(dump_root, ignore_errors=True)
     peak = None
@@ -463,6 +521,7 @@ def run_case(case: Case, mesh, opts: Options) -> dict:
             "alias_bytes": getattr(mem, "alias_size_in_bytes", None),
             "temp_bytes": getattr(mem, "temp_size_in_bytes", None),
         },
+        "thunks": thunks,
         "pallas_kernels": kernels,
         "pallas_spills": any(k["spills"] for k in kernels),
         "pallas_smem_overflow": any(k["smem_overflow"] for k in kernels),
@@ -541,6 +600,9 @@ DEFINITIONS = {
     "pallas_kernels": "thunk sequence (grid, threads, dynamic shared memory) + ptxas -v on "
     "XLA's dumped PTX (registers, spill bytes); smem_overflow: shared_memory > 232448 B "
     "(H100 opt-in per block)",
+    "thunks": "cross-check from XLA's dumped thunk sequence (after thunk passes): thunks "
+    "per iteration in each time loop's body (what the GPU runs; matched = equal to the HLO "
+    "count) and whether the body is a command buffer (CUDA graph)",
     "memory.peak_bytes": "compiled.memory_analysis(): arguments + outputs - aliased + temps",
 }
 
