@@ -534,11 +534,13 @@ def run_case(case: Case, mesh, opts: Options) -> dict:
 def format_table(rows: list[dict]) -> str:
     """One line per row: launches per time step (total; hyper fwd / hyper bwd / main fwd /
     main bwd), in-loop launches that only pad / convert / copy, launches containing a pad,
-    MB moved per time step, the Pallas kernels' max registers / spill stores / shared
-    memory, compiled peak memory, predicted step time."""
+    launches that pad / convert a weight-sized array, MB moved per time step, the Pallas
+    kernels' max registers / spill stores / shared memory, compiled peak memory, predicted
+    step time."""
     head = (
         f"{'config':<28} {'status':<13} {'launch/step':>11} {'hf/hb/mf/mb':>15} "
-        f"{'pad/cvt/copy':>12} {'w/pad':>5} {'MB/step':>8} {'kernels regs/spill/smem':<26} "
+        f"{'pad/cvt/copy':>12} {'w/pad':>5} {'W pad/cvt':>9} {'MB/step':>8} "
+        f"{'kernels regs/spill/smem':<26} "
         f"{'peak GB':>7} {'pred ms':>8}"
     )
     lines = [head, "-" * len(head)]
@@ -554,6 +556,8 @@ def format_table(rows: list[dict]) -> str:
         )
         mv = r["movement_per_step"]
         moves = f"{mv.get('pad', 0)}/{mv.get('convert', 0)}/{mv.get('copy', 0)}"
+        wo = r.get("weight_sized_ops_per_step", {})
+        wmoves = f"{wo.get('pad', 0)}/{wo.get('convert', 0)}"
         ks = r.get("pallas_kernels") or []
         kern = ""
         if ks:
@@ -565,7 +569,7 @@ def format_table(rows: list[dict]) -> str:
         peak_gb = f"{peak / 1e9:.2f}" if peak else "?"
         lines.append(
             f"{label:<28} {r['status']:<13} {r['launches_per_step']:>11} {split:>15} "
-            f"{moves:>12} {r['launches_with_op_per_step'].get('pad', 0):>5} "
+            f"{moves:>12} {r['launches_with_op_per_step'].get('pad', 0):>5} {wmoves:>9} "
             f"{r['bytes_per_step'] / 1e6:>8.1f} {kern:<26} {peak_gb:>7} "
             f"{r['predicted_step_ms']:>8.2f}"
         )
@@ -594,6 +598,10 @@ DEFINITIONS = {
     "movement_per_step": "in-loop launches that only move or reformat data (pad, convert, "
     "copy, transpose, slice, concatenate, broadcast; fusions of only those ops count as "
     "their most specific kind)",
+    "launches_with_op_per_step": "in-loop launches that contain a pad / convert / copy / "
+    "transpose op (fused with other work or alone)",
+    "weight_sized_ops_per_step": "of those, the launches that write a weight-sized array (an "
+    "array with two dims >= hidden: W [n, 2n] or a padded / cast copy of it)",
     "bytes_per_step": "sum over in-loop launches of operand + result bytes from HLO shapes; "
     "a fused dynamic-slice / slice of an operand counts as the slice, a fused "
     "dynamic-update-slice as the update; a buffer passed twice counts once",

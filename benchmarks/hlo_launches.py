@@ -349,6 +349,7 @@ class Launch:
     dtype: str  # dtype of the result's first array
     fused_ops: tuple[str, ...] = ()  # opcodes inside the fused computation
     multiplicity: int = 1  # times per enclosing-loop iteration (nested loops)
+    result_dims: tuple[tuple[int, ...], ...] = ()  # dims of each array of the result
 
     @property
     def category(self) -> str:
@@ -577,6 +578,7 @@ def computation_launches(
                 dtype=dtypes[0][0] if dtypes else "",
                 fused_ops=tuple(i.opcode for i in fused.instrs) if fused else (),
                 multiplicity=multiplicity,
+                result_dims=tuple(dims for _, dims in dtypes),
             )
         )
     return out
@@ -674,6 +676,18 @@ def watched_op_counts(launches: Iterable[Launch]) -> dict[str, int]:
     return out
 
 
+def weight_sized(launch: Launch, hidden: int) -> bool:
+    """Whether the launch writes a weight-sized array (two dims >= ``hidden``, e.g. W
+    [n, 2n] or a padded / cast copy of it; the batch, < n, never qualifies)."""
+    return any(sum(d >= hidden for d in dims) >= 2 for dims in launch.result_dims)
+
+
+def weight_op_counts(launches: Iterable[Launch], hidden: int) -> dict[str, int]:
+    """{pad: k, convert: k, ...}: launches per iteration that contain the op and write a
+    weight-sized array (the pads / casts of W that belong outside the time loop)."""
+    return watched_op_counts(lc for lc in launches if weight_sized(lc, hidden))
+
+
 def category_counts(launches: Iterable[Launch]) -> dict[str, int]:
     out: dict[str, int] = {}
     for lc in launches:
@@ -728,6 +742,7 @@ def summarize(text: str, seq_len: int, hidden: int, model: CostModel | None = No
     split: dict[str, int] = {}
     moves: dict[str, int] = {}
     with_ops: dict[str, int] = {}
+    weight_ops: dict[str, int] = {}
     in_loop_bytes = 0
     in_loop_seconds = 0.0
     for lp in time_loops:
@@ -738,6 +753,8 @@ def summarize(text: str, seq_len: int, hidden: int, model: CostModel | None = No
             moves[k] = moves.get(k, 0) + v
         for k, v in watched_op_counts(lp.launches).items():
             with_ops[k] = with_ops.get(k, 0) + v
+        for k, v in weight_op_counts(lp.launches, hidden).items():
+            weight_ops[k] = weight_ops.get(k, 0) + v
         b = sum(lc.bytes * lc.multiplicity for lc in lp.launches)
         in_loop_bytes += b
         secs = predict_seconds(lp.launches, model)
@@ -752,6 +769,7 @@ def summarize(text: str, seq_len: int, hidden: int, model: CostModel | None = No
                 "categories": category_counts(lp.launches),
                 "movement": movement_counts(lp.launches),
                 "launches_with_op": watched_op_counts(lp.launches),
+                "weight_sized_ops": weight_op_counts(lp.launches, hidden),
                 "bytes_per_step": b,
                 "flops_per_step": sum(lc.flops * lc.multiplicity for lc in lp.launches),
                 "predicted_us_per_step": secs * 1e6,
@@ -780,6 +798,7 @@ def summarize(text: str, seq_len: int, hidden: int, model: CostModel | None = No
         "launches_split": dict(sorted(split.items())),
         "movement_per_step": dict(sorted(moves.items())),
         "launches_with_op_per_step": dict(sorted(with_ops.items())),
+        "weight_sized_ops_per_step": dict(sorted(weight_ops.items())),
         "bytes_per_step": in_loop_bytes,
         "launches_outside_loops": per_step(outside),
         "bytes_outside_loops": sum(lc.bytes * lc.multiplicity for lc in outside),

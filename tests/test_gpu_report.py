@@ -306,6 +306,9 @@ def test_movement_launches_are_named_by_kind(comps):
     assert hl.movement_counts(loops["while.bwd"].launches) == {"slice": 1, "store": 1}
     # the store fusion copies and writes a slice: it contains a copy
     assert hl.watched_op_counts(loops["while.bwd"].launches) == {"copy": 1}
+    # the pad and the convert write [128, 128] copies of W [64, 128] (hidden 64)
+    assert hl.weight_op_counts(loops["while.fwd"].launches, HIDDEN) == {"pad": 1, "convert": 1}
+    assert hl.weight_op_counts(loops["while.bwd"].launches, HIDDEN) == {}
     cats = hl.category_counts(loops["while.fwd"].launches)
     assert cats["gemm"] == 1 and cats["pad"] == 1 and cats["convert"] == 1
 
@@ -400,6 +403,7 @@ def test_summarize_splits_counts_and_predicts_time():
     assert s["launches_split"] == {"hyper_forward": 2, "main_backward": 5, "main_forward": 11}
     assert s["launches_per_step"] == 18
     assert s["movement_per_step"] == {"convert": 1, "copy": 1, "pad": 1, "slice": 1, "store": 2}
+    assert s["weight_sized_ops_per_step"] == {"convert": 1, "pad": 1}
     # outside the time loops: the entry's broadcasts (3), the 5-trip loop's counter x 5,
     # the final fusion
     assert s["launches_outside_loops"] == 3 + 5 + 1
