@@ -7,6 +7,13 @@
     /opt/venv-cuda/bin/python benchmarks/gpu_report.py --out=results/gpu_report_h100.json
     # fast iteration: paper HyperRHN, rank 0, fused and pallas, float32 and bfloat16
     /opt/venv-cuda/bin/python benchmarks/gpu_report.py --quick
+    # smaller and faster still (not comparable with the paper size), any config override
+    /opt/venv-cuda/bin/python benchmarks/gpu_report.py --quick --set=model.depth=2
+    # keep the optimised HLO, then re-read it (new parser / cost model) without compiling
+    /opt/venv-cuda/bin/python benchmarks/gpu_report.py --save-hlo=DIR --out=r.json
+    python benchmarks/gpu_report.py --reanalyze=r.json --save-hlo=DIR --launch-us=2 --out=r2.json
+    # the kernel check: compile error / spill / shared-memory overflow of a Pallas kernel
+    /opt/venv-cuda/bin/python -m pytest -q -m gpu_compile tests/test_gpu_report.py
 
 For every impl x dtype x model (``hyperrhn`` once per ``--ranks`` value) it builds the
 model and optimizer from ``configs/ptb.py`` (the paper size unless overridden), compiles
@@ -720,11 +727,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.reanalyze:
         return reanalyze(args.reanalyze, opts, args.out)
+    set_deviceless_env()  # before the plugin or jax initialise anything
     ok, why = cuda_plugin_available()
     if not ok:
         print(f"error: {why}", file=sys.stderr)
         return 2
-    set_deviceless_env()
     import jax
 
     mesh = h100_mesh()

@@ -678,3 +678,15 @@ def test_thunk_loops_count_body_thunks_and_command_buffers():
         {"body_thunks": 3, "condition_thunks": 1, "command_buffer": True},
         {"body_thunks": 2, "condition_thunks": 1, "command_buffer": False},
     ]
+
+
+@pytest.mark.skipif(_PLUGIN, reason="the CUDA plugin is installed here")
+def test_without_the_cuda_plugin_the_command_says_so_and_exits_2():
+    run = subprocess.run(
+        [sys.executable, str(BENCH / "gpu_report.py"), "--quick"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 2
+    assert run.stderr.strip().splitlines()[-1].startswith("error: the JAX CUDA plugin")
