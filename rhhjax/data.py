@@ -344,6 +344,7 @@ class Corpus:
     train: np.ndarray
     valid: np.ndarray
     test: np.ndarray
+    source: str = ""  # where it was read: the PTB folder or the text file(s)
 
     def split(self, name: str) -> np.ndarray:
         if name not in SPLITS:
@@ -351,10 +352,12 @@ class Corpus:
         return getattr(self, name)
 
 
-def _corpus_from_codes(name: str, kind: str, codes: Mapping[str, np.ndarray], unk: bool) -> Corpus:
+def _corpus_from_codes(
+    name: str, kind: str, codes: Mapping[str, np.ndarray], unk: bool, source: str = ""
+) -> Corpus:
     vocab = Vocab.from_codes(codes["train"], kind, unk)
     enc = {s: vocab.encode_codes(codes[s], split=s) for s in SPLITS}
-    return Corpus(name=name, vocab=vocab, **enc)
+    return Corpus(name=name, vocab=vocab, **enc, source=source)
 
 
 # --------------------------------------------------------------------------------------------
@@ -491,9 +494,20 @@ def _locate_ptb(
     if unknown:
         raise DataError(f"unknown PTB file(s) {unknown}: expected some of {list(PTB_SHA256)}")
     explicit = pathlib.Path(dir).expanduser() if dir not in (None, "") else None
-    if explicit is not None and all((explicit / n).is_file() for n in names):
-        return explicit, _read_verified(explicit, names)
     cache = ptb_cache_dir()
+    if explicit is not None:  # an explicit folder is used or refused, never silently replaced
+        if not explicit.is_dir():
+            raise DataError(
+                f"data dir {explicit} is not a folder (set it to the folder holding "
+                f"{', '.join(names)}, or leave it empty to use the cache {cache})"
+            )
+        missing = [n for n in names if not (explicit / n).is_file()]
+        if missing:
+            raise DataError(
+                f"data dir {explicit} lacks {', '.join(missing)} (take them from {PTB_URL}, "
+                f"{PTB_ARCHIVE_DIR}/, or leave dir empty to use the cache {cache})"
+            )
+        return explicit, _read_verified(explicit, names)
     if all((cache / n).is_file() for n in names):
         return cache, _read_verified(cache, names)
     if not download:
@@ -558,7 +572,7 @@ def load_ptb(
         if format == "mikolov_char":
             text = _parse_mikolov(text, str(folder / names[s]))
         codes[s] = _codepoints(text)
-    return _corpus_from_codes(f"ptb_{format}", "char", codes, unk)
+    return _corpus_from_codes(f"ptb_{format}", "char", codes, unk, source=str(folder))
 
 
 # --------------------------------------------------------------------------------------------
@@ -636,7 +650,8 @@ def load_text_corpus(
     for s in SPLITS:
         if len(parts[s]) < 2:
             raise DataError(f"text corpus: the {s} split has fewer than 2 {unit}s")
-    return _corpus_from_codes(f"text_{vocab}:{paths[0].name}", vocab, parts, unk)
+    source = ",".join(str(p) for p in paths)
+    return _corpus_from_codes(f"text_{vocab}:{paths[0].name}", vocab, parts, unk, source=source)
 
 
 # --------------------------------------------------------------------------------------------

@@ -260,9 +260,29 @@ def test_simulated_download_writes_verified_files_into_the_cache(
     assert sorted(p.name for p in cache.iterdir()) == sorted(ALL_PTB_FILES)  # no temp files
     assert all((cache / n).read_bytes() == ptb_bytes[n] for n in ALL_PTB_FILES)
     assert not (tmp_path / "cache" / "evil.txt").exists() and not (tmp_path / "evil.txt").exists()
-    # the cache is used from now on (no second download), also when dir lacks the files
-    corpus = data.load_ptb("chars", tmp_path / "empty", download=True)
+    # the cache is used from now on (no second download)
+    corpus = data.load_ptb("chars", None, download=True)
     assert calls == [data.PTB_URL] and corpus.vocab.size == 50
+    assert corpus.source == str(cache)
+
+
+def test_explicit_dir_that_is_wrong_is_an_error_not_the_cache(
+    tmp_path, monkeypatch, fake_tgz, ptb_bytes
+):
+    """An explicit data dir is used or refused: never silently replaced by the cache."""
+    _serve(monkeypatch, fake_tgz, [])
+    data.resolve_ptb_dir(None, download=True)  # the cache holds every file
+    with pytest.raises(data.DataError, match="is not a folder") as err:
+        data.load_ptb("chars", tmp_path / "missing", download=True)
+    assert str(tmp_path / "missing") in str(err.value) and "\n" not in str(err.value)
+    partial = tmp_path / "partial"
+    partial.mkdir()
+    (partial / "ptb.train.txt").write_bytes(ptb_bytes["ptb.train.txt"])
+    with pytest.raises(data.DataError, match="lacks ptb.valid.txt, ptb.test.txt"):
+        data.load_ptb("chars", partial, download=True)
+    for name in ("ptb.valid.txt", "ptb.test.txt"):
+        (partial / name).write_bytes(ptb_bytes[name])
+    assert data.load_ptb("chars", partial, download=False).source == str(partial)
 
 
 def test_simulated_download_of_a_tampered_archive_writes_nothing(
