@@ -10,13 +10,18 @@ Layout of a workdir::
                /meta               the same JSON as above, at that step
 
 ``checkpoints/`` keeps the latest ``train.keep_checkpoints`` steps (written at every
-validation, every ``train.checkpoint_every_steps``, at the end and on SIGTERM/SIGINT).
-``best/`` is a second manager that keeps exactly one step: it is written whenever a periodic
-validation improves on the best BPC. Keeping it separate means the best model survives however
-many later checkpoints are written, and ``evaluate``/``sample`` read only what they need.
+validation, every ``train.checkpoint_every_steps`` / ``checkpoint_every_minutes``, at the end
+and on SIGTERM/SIGINT). ``best/`` is a second manager holding the best model: it is written
+whenever a validation improves on the best BPC. Keeping it separate means the best model
+survives however many later checkpoints are written, and ``evaluate``/``sample`` read only
+what they need.
 
 Saves are synchronous and atomic (orbax writes to a temporary folder and renames it), so a
-``kill -9`` at any moment leaves the previous checkpoints intact.
+``kill -9`` at any moment leaves the previous checkpoints intact. A new best is saved before
+the latest checkpoint that records it, and the previous best is deleted only after that
+(``keep_only_best``), so after any kill ``best/`` still holds the checkpoint the latest one
+names (a resume deletes the other). A save that fails (a full disk) raises
+``CheckpointError`` with one line naming the folder, the step and the space it needs.
 
 The ``meta`` JSON (version 1):
     step, epoch                 the number of finished training steps / epochs (float)
@@ -37,6 +42,7 @@ The ``meta`` JSON (version 1):
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -88,7 +94,9 @@ class Checkpoints:
         if not read_only or (self.workdir / LATEST_DIR).is_dir():
             self._latest = _manager(self.workdir / LATEST_DIR, LATEST_ITEMS, keep, read_only)
         if not read_only or (self.workdir / BEST_DIR).is_dir():
-            self._best = _manager(self.workdir / BEST_DIR, BEST_ITEMS, 1, read_only)
+            # no automatic deletion: the old best goes only once the latest checkpoint
+            # records the new one (keep_only_best)
+            self._best = _manager(self.workdir / BEST_DIR, BEST_ITEMS, None, read_only)
 
     # -- queries --------------------------------------------------------------------------------
 
@@ -114,6 +122,7 @@ class Checkpoints:
         self._save(
             self._latest,
             step,
+            _tree_bytes((params, opt_state, carry)),
             params=ocp.args.StandardSave(params),
             opt_state=ocp.args.StandardSave(opt_state),
             carry=ocp.args.StandardSave({"carry": carry}),  # a bare array is not a tree
@@ -121,18 +130,44 @@ class Checkpoints:
         )
 
     def save_best(self, step: int, params, meta: dict) -> None:
-        """Save the parameters of a new best model (the previous best is deleted)."""
+        """Save the parameters of a new best model. The previous best stays until
+        ``keep_only_best(step)`` (after the latest checkpoint recording this one is saved)."""
         self._save(
-            self._best, step, params=ocp.args.StandardSave(params), meta=ocp.args.JsonSave(meta)
+            self._best,
+            step,
+            _tree_bytes(params),
+            params=ocp.args.StandardSave(params),
+            meta=ocp.args.JsonSave(meta),
         )
 
-    def _save(self, manager, step: int, **items) -> None:
+    def keep_only_best(self, step: int | None) -> list[int]:
+        """Delete every best checkpoint but ``step`` (all of them when None); returns the
+        steps deleted."""
+        if self._best is None or self.read_only:
+            return []
+        deleted = [s for s in self._best.all_steps() if s != step]
+        for s in deleted:
+            self._best.delete(s)
+        return deleted
+
+    def _save(self, manager, step: int, nbytes: int, **items) -> None:
         if self.read_only:
             raise CheckpointError("checkpoints opened read-only")
         if step in manager.all_steps():
             manager.delete(step)
-        manager.save(step, args=ocp.args.Composite(**items), force=True)
-        manager.wait_until_finished()
+        try:
+            manager.save(step, args=ocp.args.Composite(**items), force=True)
+            manager.wait_until_finished()
+        except Exception as e:  # orbax / tensorstore / OSError: report it in one line
+            folder = Path(manager.directory)
+            _remove_unfinished(folder)
+            previous = [s for s in manager.all_steps() if s != step]
+            if previous:  # a finished checkpoint of the same kind: its size on disk
+                nbytes = max(nbytes, _folder_bytes(folder / str(max(previous))))
+            kept = [s for s in self._latest.all_steps() if s != step] if self._latest else []
+            raise CheckpointError(
+                _save_failure(folder, step, nbytes, e, max(kept) if kept else None)
+            ) from None
 
     def prune_after(self, step: int) -> list[int]:
         """Delete every checkpoint (latest and best) after ``step``; returns the steps deleted.
@@ -210,6 +245,67 @@ class Checkpoints:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def _tree_bytes(tree) -> int:
+    """Bytes of the arrays in ``tree`` (what a checkpoint of it needs, metadata aside)."""
+    return int(sum(getattr(x, "nbytes", 0) for x in jax.tree.leaves(tree)))
+
+
+def _folder_bytes(folder: Path) -> int:
+    """Bytes of the files under ``folder``."""
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+
+
+def _remove_unfinished(folder: Path) -> None:
+    """Delete orbax's temporary folders of unfinished saves (they hold the space a retry
+    needs); finished checkpoints are untouched."""
+    if not folder.is_dir():
+        return
+    for path in folder.iterdir():
+        if path.is_dir() and ".orbax-checkpoint-tmp" in path.name:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _save_failure(
+    folder: Path, step: int, nbytes: int, error: BaseException, last: int | None
+) -> str:
+    """One line for a failed save: where, which step, why, the space needed, and ``last``,
+    the step of the latest training checkpoint left (None: none)."""
+    text = " ".join(str(error).split()) or type(error).__name__
+    try:
+        free = shutil.disk_usage(folder).free
+    except OSError:
+        free = None
+    left = (
+        f"the last checkpoint (step {last}) is intact"
+        if last is not None
+        else "no checkpoint was written before"
+    )
+    need = f"it needs about {_size(nbytes)}"
+    if free is not None:
+        need += f", {_size(free)} free"
+    no_space = "no space left on device" in text.lower() or "enospc" in text.lower()
+    if no_space:
+        return (
+            f"cannot write the checkpoint of step {step} to {folder}: no space left on device "
+            f"({need}); {left}; free some space and run the same command again to resume"
+        )
+    if len(text) > 300:
+        text = text[:300] + "..."
+    return (
+        f"cannot write the checkpoint of step {step} to {folder} ({need}): {text}; {left}; "
+        f"run the same command again to resume"
+    )
+
+
+def _size(n: int) -> str:
+    """Bytes for people: "23 kB", "61.2 MB", "3.1 GB"."""
+    if n < 1e6:
+        return f"{max(n, 0) / 1e3:,.0f} kB"
+    if n < 1e9:
+        return f"{n / 1e6:,.1f} MB"
+    return f"{n / 1e9:,.1f} GB"
 
 
 def _single_device_target(item_dir: Path):

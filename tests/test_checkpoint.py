@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -70,7 +72,10 @@ def test_retention_and_prune(tmp_path):
         c.save_best(2, params, meta(2))
         c.save_best(4, params, meta(4))
         assert c.steps("latest") == [3, 4]
-        assert c.steps("best") == [4]  # one best kept
+        # the old best stays until the latest checkpoint records the new one (a kill between
+        # the two saves must not leave the resumed run without its best)
+        assert c.steps("best") == [2, 4]
+        assert c.keep_only_best(4) == [2] and c.steps("best") == [4]
         c.save_latest(4, params, opt_state, carry, meta(4, again=True))  # same step: replaced
         assert c.read_meta("latest")["again"] is True
         assert sorted(c.prune_after(3)) == [4, 4]
@@ -112,3 +117,36 @@ def test_unfinished_save_is_ignored(tmp_path):
         assert c.latest_step() is None
         c.save_latest(3, params, opt_state, carry, meta(3))
         assert c.steps("latest") == [3]
+
+
+def test_failed_save_is_one_line_and_cleans_up(tmp_path, monkeypatch):
+    """A save that fails mid-way (ENOSPC from the storage layer) raises CheckpointError with
+    one line naming the folder, the step, the space needed and the checkpoint left; orbax's
+    unfinished folder is removed."""
+    import orbax.checkpoint as ocp
+
+    params, opt_state, carry = make_state()
+    real_save = ocp.CheckpointManager.save
+
+    def failing(self, step, *args, **kwargs):
+        (Path(self.directory) / f"{step}.orbax-checkpoint-tmp-99").mkdir()
+        raise ValueError("RESOURCE_EXHAUSTED: write failed: No space left on device")
+
+    with ckpt_lib.Checkpoints(tmp_path, keep=3) as c:
+        c.save_latest(1, params, opt_state, carry, meta(1))
+        monkeypatch.setattr(ocp.CheckpointManager, "save", failing)
+        with pytest.raises(ckpt_lib.CheckpointError) as info:
+            c.save_latest(2, params, opt_state, carry, meta(2))
+        monkeypatch.setattr(ocp.CheckpointManager, "save", real_save)
+        assert c.steps("latest") == [1]
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith(
+        f"cannot write the checkpoint of step 2 to {tmp_path.absolute() / 'checkpoints'}: "
+        "no space left on device (it needs about "
+    )
+    assert message.endswith(
+        "the last checkpoint (step 1) is intact; free some space and run the same command "
+        "again to resume"
+    )
+    assert not any("tmp" in p.name for p in (tmp_path / "checkpoints").iterdir())
