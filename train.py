@@ -17,12 +17,21 @@ JAX_COORDINATOR_ADDRESS=host0:port JAX_NUM_PROCESSES=N JAX_PROCESS_ID=i (or
 --config.train.distributed=True under SLURM / Open MPI) and a workdir on a shared filesystem;
 see rhhjax.parallel.
 
+Stopping: SIGTERM or SIGINT (Ctrl-C) stops after the step in flight and saves a checkpoint
+(a step, or compiling the first one, can take minutes on a CPU); a second signal aborts at
+once, losing the work since the last checkpoint. Checkpoints are also written every
+train.checkpoint_every_minutes of wall time, so a SIGKILL loses at most that much.
+
 Exit status:
-    0             training finished (results.json written)
-    1             bad input (one line "error: ..." on stderr, nothing written) or a
-                  non-finite loss with train.on_nonfinite=stop
-    128 + signum  stopped by SIGTERM (143) or SIGINT (130) after saving a checkpoint;
-                  run the same command again to resume
+    0             training finished (results.json written), or it had finished before
+    1             bad input (one line "error: ..." on stderr, nothing written), a failed
+                  checkpoint write (e.g. a full disk; one "error:" line), or a non-finite /
+                  diverged loss with train.on_nonfinite=stop
+    128 + signum  stopped by SIGTERM (143) or SIGINT (130): after the step in flight with a
+                  checkpoint saved (before training started: nothing written), or at once by a
+                  second signal; run the same command again to resume
+
+--help lists the variants and every field of --config (default configs/ptb.py).
 """
 
 from __future__ import annotations
@@ -32,6 +41,8 @@ from pathlib import Path
 
 from absl import app, flags, logging
 from ml_collections import config_flags
+
+from rhhjax import cli
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Config file, optionally with a variant: configs/ptb.py[:cpu]."
@@ -46,6 +57,9 @@ def default_workdir(config_argument: str) -> str:
     path, _, variant = config_argument.partition(":")
     stem = Path(path).stem
     return str(Path("workdirs") / (f"{stem}_{variant}" if variant else stem))
+
+
+_SIGNALS: cli.SignalCatcher | None = None  # entered before jax starts any thread
 
 
 def main(argv: list[str]) -> int:
@@ -67,11 +81,12 @@ def main(argv: list[str]) -> int:
     from rhhjax import trainer  # after flag parsing: importing jax takes a moment
 
     try:
-        results = trainer.train_and_evaluate(config, workdir)
+        results = trainer.train_and_evaluate(config, workdir, signals=_SIGNALS)
     except trainer.USER_ERRORS as e:
-        sys.exit(f"error: {' '.join(str(e).split())}")
+        cli.exit_with_error(e)
     return int(results.get("exit_code", 0))
 
 
 if __name__ == "__main__":
-    app.run(main)
+    _SIGNALS = cli.SignalCatcher(hard_abort=True, thread=True).__enter__()
+    app.run(main, flags_parser=lambda argv: cli.parse_flags(argv, __doc__))

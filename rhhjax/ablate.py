@@ -416,5 +416,10 @@ def define_flags() -> None:
 if __name__ == "__main__":
     from absl import app
 
+    from rhhjax import cli
+
     define_flags()
-    app.run(lambda argv: sys.exit(main(argv)))
+    app.run(
+        lambda argv: sys.exit(main(argv)),
+        flags_parser=lambda argv: cli.parse_flags(argv, __doc__),
+    )

@@ -19,12 +19,16 @@ Command line (any checkpoint of a workdir, no training)::
 
     python -m rhhjax.evaluate --workdir=workdirs/ptb [--split=valid|test|all]
         [--protocol=windows|stream|paper|all] [--checkpoint=best|latest] [--output=FILE.json]
+        [--data_dir=FOLDER | --text_files=FILE[,FILE,FILE]]
+
+The data is found as the run's config says (its ``data`` section); ``--data_dir`` (PTB) or
+``--text_files`` (format=text) point it at data that has moved since training. The vocabulary
+must still match the checkpoint's.
 """
 
 from __future__ import annotations
 
 import functools
-import json
 import math
 import sys
 import time
@@ -226,8 +230,12 @@ def run(
     impl: str = "",
     batch_size: int = 0,
     log: Callable[[str], None] = print,
+    data_dir: str = "",
+    text_files: str = "",
 ) -> dict:
-    """Evaluate a checkpoint of ``workdir``; returns {"step", "checkpoint", "results"}."""
+    """Evaluate a checkpoint of ``workdir``; returns {"step", "checkpoint", "results"}.
+
+    ``data_dir`` / ``text_files``: override the run's ``data.dir`` / ``data.text_files``."""
     import ml_collections
 
     from rhhjax import checkpoint as ckpt_lib
@@ -240,6 +248,18 @@ def run(
     protocols = parse_protocols(protocol)
     params, meta, used = ckpt_lib.load_for_inference(workdir, which)
     config = ml_collections.ConfigDict(meta["config"])
+    if data_dir:
+        if config.data.get("format") == "text":
+            raise data_lib.DataError(
+                "--data_dir is for PTB runs; this run read text files: use --text_files"
+            )
+        config.data.dir = data_dir
+    if text_files:
+        if config.data.get("format") != "text":
+            raise data_lib.DataError(
+                "--text_files is for format=text runs; this run read PTB: use --data_dir"
+            )
+        config.data.text_files = text_files
     fields = dict(meta["model"])
     if impl:
         fields["impl"] = impl
@@ -254,7 +274,10 @@ def run(
     eval_config = config.eval
     if batch_size:
         eval_config.batch_size = batch_size
-    log(f"evaluating the {used} checkpoint of {workdir} (step {meta['step']})")
+    log(
+        f"evaluating the {used} checkpoint of {workdir} (step {meta['step']}) on "
+        f"{corpus.name} from {corpus.source or '?'}"
+    )
     results = evaluate_splits(model_config, params, corpus, eval_config, splits, protocols, log)
     log(format_table(results))
     return {"step": meta["step"], "checkpoint": used, "results": results}
@@ -271,11 +294,22 @@ def main(argv: list[str]) -> int:
     if not f["verbosity"].present:
         logging.set_verbosity(logging.WARNING)
     try:
-        out = run(f.workdir, f.split, f.protocol, f.checkpoint, f.impl, f.batch_size)
+        out = run(
+            f.workdir,
+            f.split,
+            f.protocol,
+            f.checkpoint,
+            f.impl,
+            f.batch_size,
+            data_dir=f.data_dir,
+            text_files=f.text_files,
+        )
     except (data_lib.DataError, models.ConfigError, ckpt_lib.CheckpointError) as e:
         sys.exit(f"error: {' '.join(str(e).split())}")
     if f.output:
-        Path(f.output).write_text(json.dumps(out, indent=2) + "\n")
+        from rhhjax.trainer import json_dumps  # NaN / inf as null: valid JSON
+
+        Path(f.output).write_text(json_dumps(out, indent=2) + "\n")
     return 0
 
 
@@ -289,10 +323,18 @@ def _define_flags() -> None:
     flags.DEFINE_string("impl", "", "Override model.impl (scan | fused | pallas).")
     flags.DEFINE_integer("batch_size", 0, "Override eval.batch_size (0 = from the config).")
     flags.DEFINE_string("output", "", "Also write the results as JSON to this file.")
+    flags.DEFINE_string("data_dir", "", "PTB folder, instead of the run's data.dir (moved data).")
+    flags.DEFINE_string(
+        "text_files",
+        "",
+        "format=text runs: the text file(s), instead of the run's data.text_files.",
+    )
 
 
 if __name__ == "__main__":
     from absl import app
 
+    from rhhjax import cli
+
     _define_flags()
-    app.run(main)
+    app.run(main, flags_parser=lambda argv: cli.parse_flags(argv, __doc__, flag=None))

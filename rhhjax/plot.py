@@ -51,7 +51,12 @@ def load_curves(workdir: str | Path) -> dict:
 
 def plot(workdirs: list[str | Path], out: str | Path | None = None) -> Path:
     """Draw the BPC curves of ``workdirs`` into a PNG; returns its path."""
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        raise PlotError(
+            'matplotlib is not installed: pip install -e ".[plot]" (or pip install matplotlib)'
+        ) from None
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -1,7 +1,9 @@
-"""Generate text from a trained model.
+r"""Generate text from a trained model.
 
     python -m rhhjax.sample --workdir=workdirs/ptb --prompt="the " --length=300 \
         --temperature=0.8 [--seed=0] [--checkpoint=best|latest]
+
+Only the checkpoint is read (its vocabulary travels with it): no data folder is needed.
 
 The prompt is run through the model in one call (the state carried to its end), then
 ``length`` characters are drawn one at a time, each fed back with the carried state; the whole
@@ -137,5 +139,7 @@ def _define_flags() -> None:
 if __name__ == "__main__":
     from absl import app
 
+    from rhhjax import cli
+
     _define_flags()
-    app.run(main)
+    app.run(main, flags_parser=lambda argv: cli.parse_flags(argv, __doc__, flag=None))

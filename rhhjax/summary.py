@@ -15,7 +15,7 @@ import jax
 from absl import app
 from ml_collections import config_flags
 
-from rhhjax import models
+from rhhjax import cli, models
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (path[:variant]).")
 
@@ -54,4 +54,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=lambda argv: cli.parse_flags(argv, __doc__))

@@ -15,23 +15,35 @@ What a run does, in order:
    ``metrics.jsonl``); validation BPC every ``train.eval_every_steps`` (0 = once per epoch) on
    ``eval.valid_protocol`` (a ``valid`` record); checkpoints (see ``rhhjax.checkpoint``).
 4. Stops at ``max_steps`` / ``max_epochs`` / ``max_minutes``, or when ``patience`` validations
-   in a row brought no new best (``patience=0`` disables early stopping).
-5. Evaluates the best checkpoint (the best periodic validation; the final parameters if no
+   in a row brought no new best (``patience=0`` disables early stopping). ``max_minutes``
+   counts training time across restarts (first-step compilation included, validation and
+   saving not); a stop by it validates and checkpoints the stop step first.
+5. Evaluates the best checkpoint (the best validation; the final parameters if no
    validation ran) on valid and test under every protocol in ``eval.final_protocols``, prints
-   a table and writes ``results.json``.
+   a table and writes ``results.json``. A rerun of a finished run with the same ``eval``
+   settings does nothing (the stored results are returned).
 
-Interruptions: SIGTERM / SIGINT save a checkpoint at the current step and return with
-``results["exit_code"] = 128 + signum`` (``train.py`` exits with it); a second signal aborts
-at once. Rerunning the same command resumes; the continued run's records in ``metrics.jsonl``
-(``train`` and ``valid``; timing fields aside) and parameters are bitwise identical to an
-uninterrupted run's, also after ``kill -9`` (the restart goes back to the last checkpoint).
+The host keeps at most one step queued behind the one the device runs, so a stop takes effect
+after the step in flight. Checkpoints: at every validation, every ``checkpoint_every_steps``,
+every ``checkpoint_every_minutes`` of wall time, and at the stop.
 
-Non-finite loss: ``on_nonfinite="stop"`` raises ``NonFiniteLossError`` (the last checkpoint,
-which only ever holds finite parameters, is left as it is); ``"rollback"`` restores the last
-checkpoint and continues with the dropout keys folded with a retry counter.
+Interruptions: SIGTERM / SIGINT (``cli.SignalCatcher``) stop after the step in flight, save a
+checkpoint and return with ``results["exit_code"] = 128 + signum`` (``train.py`` exits with
+it); before training starts, nothing is written; a second signal aborts at once. Rerunning
+the same command resumes; the continued run's records in ``metrics.jsonl`` (``train`` and
+``valid``; timing fields aside) and parameters are bitwise identical to an uninterrupted
+run's, also after ``kill -9`` (the restart goes back to the last checkpoint, and ``best/``
+to the best checkpoint that one records).
+
+Non-finite or diverged loss (above ``train.divergence_factor`` x ln(vocab)):
+``on_nonfinite="stop"`` raises ``NonFiniteLossError`` (the last checkpoint, which only ever
+holds finite parameters, is left as it is); ``"rollback"`` restores the last checkpoint and
+continues with the dropout keys folded with a retry counter (an error at once when there is
+no checkpoint yet). JSON outputs write non-finite numbers as null.
 
 Files in the workdir: ``config.json`` (the resolved config of the latest start),
-``metrics.jsonl``, ``results.json``, ``checkpoints/``, ``best/``.
+``metrics.jsonl``, ``results.json``, ``checkpoints/``, ``best/``, ``tensorboard/`` (with
+``train.tensorboard=True``) and ``.lock`` (held by the running process: one run per workdir).
 """
 
 from __future__ import annotations
@@ -55,8 +67,8 @@ import numpy as np
 import optax
 
 from rhhjax import checkpoint as ckpt_lib
+from rhhjax import cli, downloads, models, parallel
 from rhhjax import data as data_lib
-from rhhjax import downloads, models, parallel
 from rhhjax import evaluate as eval_lib
 
 LN2 = math.log(2.0)
@@ -73,6 +85,9 @@ OPTIONAL_DEFAULTS: dict[str, dict[str, Any]] = {
         "lr_decay_start_epoch": 0,
         "distributed": False,
         "fsdp": False,
+        "checkpoint_every_minutes": 10.0,
+        "divergence_factor": 10.0,
+        "tensorboard": False,
     },
     "data": {"corpus": "", "url": "", "sha256": ""},
 }
@@ -181,6 +196,14 @@ def validate_config(cfg: ml_collections.ConfigDict) -> None:
     _check_int("train.log_every_steps", t.log_every_steps, 1)
     _check_int("train.checkpoint_every_steps", t.checkpoint_every_steps, 0)
     _check_int("train.keep_checkpoints", t.keep_checkpoints, 1)
+    _check_float("train.checkpoint_every_minutes", t.checkpoint_every_minutes, 0.0)
+    _check_float("train.divergence_factor", t.divergence_factor, 0.0)
+    if 0 < t.divergence_factor <= 1:
+        raise TrainError(
+            f"train.divergence_factor={t.divergence_factor!r} must be 0 (off) or > 1: a loss of "
+            f"ln(vocab) is what an untrained model scores"
+        )
+    _check_choice("train.tensorboard", t.tensorboard, (False, True))
     _check_choice("train.on_nonfinite", t.on_nonfinite, ("stop", "rollback"))
     _check_choice("train.distributed", t.distributed, (False, True))
     _check_choice("train.fsdp", t.fsdp, (False, True))
@@ -379,6 +402,22 @@ def make_train_step(
 # ----------------------------------------------------------------------------- helpers
 
 
+def json_safe(value: Any) -> Any:
+    """``value`` with every non-finite float replaced by None (JSON has no NaN / Infinity)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, Mapping):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value
+
+
+def json_dumps(value: Any, **kwargs) -> str:
+    """``json.dumps`` that always writes valid JSON: NaN / inf become null."""
+    return json.dumps(json_safe(value), allow_nan=False, **kwargs)
+
+
 class MetricsLog:
     """``metrics.jsonl``: one JSON object per line, appended and flushed as it goes."""
 
@@ -401,15 +440,28 @@ class MetricsLog:
         """Drop every record of a step after ``step`` (an abandoned continuation)."""
         if not self.enabled or not self.path.exists():
             return
-        kept = [r for r in self.read() if r.get("step", 0) <= step]
-        _atomic_write(self.path, "".join(json.dumps(r) + "\n" for r in kept))
+        kept = [r for r in self.read() if (r.get("step") or 0) <= step]
+        _atomic_write(self.path, "".join(json_dumps(r) + "\n" for r in kept))
 
     def append(self, record: dict) -> None:
         if not self.enabled:
             return
         with open(self.path, "a") as f:
-            f.write(json.dumps(record) + "\n")
+            f.write(json_dumps(record) + "\n")
             f.flush()
+
+
+def _loss_limit(factor: float, vocab_size: int) -> float:
+    """The training loss (nats) above which a run counts as diverged: ``factor`` x ln(V), the
+    loss of a uniform guess; inf when ``factor`` is 0 (the guard is off)."""
+    return factor * math.log(max(vocab_size, 2)) if factor else math.inf
+
+
+def _file_mode() -> int:
+    """0o666 less the process umask (what ``open()`` gives a new file)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
 
 
 def _atomic_write(path: Path, text: str) -> None:
@@ -417,10 +469,137 @@ def _atomic_write(path: Path, text: str) -> None:
     try:
         with os.fdopen(fd, "w") as f:
             f.write(text)
+        os.chmod(tmp, _file_mode())  # mkstemp makes 0600; the other files are 0666 - umask
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+class _WorkdirLock:
+    """An exclusive ``flock`` on ``<workdir>/.lock`` for the duration of a run, so a second
+    run on the same workdir fails at once instead of interleaving ``metrics.jsonl``."""
+
+    NAME = ".lock"
+
+    def __init__(self, workdir: Path):
+        self.path = workdir / self.NAME
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        import fcntl
+
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, _file_mode())
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise TrainError(
+                f"workdir {self.path.parent} is in use by another run (process {holder}); wait "
+                f"for it to finish or use another --workdir"
+            ) from None
+        except OSError:  # a filesystem without flock (some network filesystems): no lock
+            pass
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing releases the lock; the file stays (harmless)
+            self._fd = None
+
+
+def _reconcile_best(ckpts: ckpt_lib.Checkpoints, s: _State, log: Callable[[str], None]) -> None:
+    """Make ``best/`` hold exactly the best checkpoint the state records (``s.best_step``).
+
+    A kill between saving a new best and the latest checkpoint that records it leaves two best
+    checkpoints: the one the resumed state points to is kept, the other deleted. A state
+    pointing to a best checkpoint that is missing (workdirs of older versions) forgets it, so
+    the next validation makes a new one.
+    """
+    if s.best_step is not None and s.best_step not in ckpts.steps("best"):
+        log(
+            f"the best checkpoint of step {s.best_step} is missing from "
+            f"{ckpts.workdir / ckpt_lib.BEST_DIR}: the next validation makes a new one"
+        )
+        s.best_step, s.best_bpc = None, None
+    ckpts.keep_only_best(s.best_step)
+
+
+def _finished_results(workdir: Path, cfg, meta: dict | None, s: _State) -> dict | None:
+    """The stored results when the workdir's run finished at ``s.step`` and evaluated with the
+    same ``eval`` settings (so there is nothing to redo), else None."""
+    path = workdir / RESULTS_FILE
+    if meta is None or not path.is_file():
+        return None
+    try:
+        results = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    if results.get("status") != "finished" or results.get("step") != s.step:
+        return None
+    if (meta.get("config") or {}).get("eval") != cfg.to_dict()["eval"]:
+        return None
+    return results
+
+
+# ----------------------------------------------------------------------------- TensorBoard
+
+
+def _tensorboard_writer_class():
+    """tensorboardX's ``SummaryWriter``; TrainError (one line) when it is not installed."""
+    try:
+        from tensorboardX import SummaryWriter
+    except ImportError:
+        raise TrainError(
+            "train.tensorboard=True needs the tensorboardX package: "
+            'pip install -e ".[tensorboard]" (or set train.tensorboard=False)'
+        ) from None
+    return SummaryWriter
+
+
+class _EventWriter:
+    """TensorBoard event files in ``<workdir>/tensorboard`` (``metrics.jsonl`` stays the
+    source of truth). A resumed run purges the events after its start step."""
+
+    DIR = "tensorboard"
+
+    def __init__(self, writer_class, workdir: Path, start_step: int):
+        kwargs = {"purge_step": start_step} if start_step > 0 else {}
+        self._writer = writer_class(logdir=str(workdir / self.DIR), **kwargs)
+
+    def _scalars(self, step: int, values: dict) -> None:
+        for tag, value in values.items():
+            if value is not None and math.isfinite(value):
+                self._writer.add_scalar(tag, value, global_step=step)
+        self._writer.flush()
+
+    def train(self, r: dict) -> None:
+        self._scalars(
+            r["step"],
+            {
+                "train/loss": r["loss"],
+                "train/bpc": r["bpc"],
+                "train/grad_norm": r["grad_norm"],
+                "train/learning_rate": r["lr"],
+                "train/chars_per_sec": r["chars_per_sec"],
+            },
+        )
+
+    def valid(self, r: dict) -> None:
+        self._scalars(
+            r["step"],
+            {
+                f"valid_{r['protocol']}/bpc": r["bpc"],
+                f"valid_{r['protocol']}/accuracy": r["acc"],
+                f"valid_{r['protocol']}/loss": r["loss"],
+            },
+        )
+
+    def close(self) -> None:
+        self._writer.close()
 
 
 def _check_workdir_writable(workdir: Path) -> None:
@@ -538,38 +717,6 @@ def _make_sampler(cfg, tokens: np.ndarray):
     return data_lib.WindowSampler(tokens, t.batch_size, t.seq_len, seed=cfg.seed)
 
 
-class _SignalCatcher:
-    """SIGTERM / SIGINT set a flag (the loop saves and exits); a second one aborts at once."""
-
-    SIGNALS = (signal.SIGTERM, signal.SIGINT)
-
-    def __init__(self, log: Callable[[str], None]):
-        self.signum: int | None = None
-        self._log = log
-        self._previous: dict = {}
-
-    def _handler(self, signum, frame):
-        if self.signum is not None:
-            raise KeyboardInterrupt(f"second signal {signal.Signals(signum).name}")
-        self.signum = signum
-        self._log(
-            f"received {signal.Signals(signum).name}: saving a checkpoint and stopping "
-            f"(send it again to abort at once)"
-        )
-
-    def __enter__(self):
-        try:
-            for s in self.SIGNALS:
-                self._previous[s] = signal.signal(s, self._handler)
-        except ValueError:  # not the main thread: signals cannot be caught here
-            self._previous = {}
-        return self
-
-    def __exit__(self, *exc):
-        for s, handler in self._previous.items():
-            signal.signal(s, handler)
-
-
 def _log(message: str) -> None:
     print(message, flush=True)
 
@@ -596,10 +743,15 @@ class _State:
     pending_loss: list = dataclasses.field(default_factory=list)
     pending_gnorm: list = dataclasses.field(default_factory=list)
     train_seconds: float = 0.0
+    valid_step: int | None = None  # the step of the last validation (None: none yet)
 
 
 def train_and_evaluate(
-    config: Any, workdir: str | os.PathLike, *, log: Callable[[str], None] = _log
+    config: Any,
+    workdir: str | os.PathLike,
+    *,
+    log: Callable[[str], None] = _log,
+    signals: cli.SignalCatcher | None = None,
 ) -> dict:
     """Train (or resume) a model in ``workdir`` and evaluate its best checkpoint.
 
@@ -607,19 +759,42 @@ def train_and_evaluate(
     128 + signum after SIGTERM/SIGINT), ``step``, ``epoch``, ``stop_reason``, ``best_step``,
     ``best_valid_bpc``, ``num_params`` and ``final`` ({split: {protocol: metrics}}, absent
     when interrupted). Raises one of ``USER_ERRORS`` for bad input, before writing anything.
+
+    ``signals``: an entered ``cli.SignalCatcher`` (``train.py`` starts one before importing
+    jax); None = catch SIGTERM / SIGINT here for the duration of the call.
     """
-    workdir = Path(workdir)
+    if signals is not None:
+        return _train_and_evaluate(config, Path(workdir), log, signals)
+    with cli.SignalCatcher(log) as own:
+        return _train_and_evaluate(config, Path(workdir), log, own)
+
+
+def _agreed_flag(value: bool) -> bool:
+    """Process 0's ``value`` on every process (a broadcast; the value itself with one)."""
+    if jax.process_count() == 1:
+        return value
+    from jax.experimental import multihost_utils
+
+    return bool(multihost_utils.broadcast_one_to_all(np.int32(value)))
+
+
+def _train_and_evaluate(
+    config: Any, workdir: Path, log: Callable[[str], None], signals: cli.SignalCatcher
+) -> dict:
+    signals.phase = "startup"
     cfg = prepare_config(config)
     # data parallelism (rhhjax.parallel): every device of every process, batch split over them
     parallel.maybe_initialize_distributed(bool(cfg.train.distributed))
     primary = parallel.is_primary()
     if not primary:  # only process 0 logs and writes metrics / results / config.json
         log = _silent
+        signals.log = _silent
     parallel.assert_same_across_processes(config_to_json(cfg), "config")
     mesh = parallel.make_mesh()
     parallel.check_batch_divisible("train.batch_size", cfg.train.batch_size, mesh)
     parallel.check_batch_divisible("eval.batch_size", cfg.eval.batch_size, mesh)
     fsdp = bool(cfg.train.fsdp)
+    tensorboard = _tensorboard_writer_class() if cfg.train.tensorboard else None
     corpus = downloads.load_corpus(cfg.data)
     parallel.assert_same_across_processes(
         json.dumps([corpus.vocab.to_dict(), len(corpus.train), len(corpus.valid)]), "data"
@@ -634,9 +809,52 @@ def train_and_evaluate(
     _check_workdir_writable(workdir)
     _check_compatible(workdir, cfg, mc, corpus.vocab, sampler.state())
     parallel.sync("rhhjax-validated")  # every process has read the workdir before it changes
+    if _agreed_flag(signals.signum is not None):
+        name = signal.Signals(signals.signum or signal.SIGTERM).name
+        log(f"stopped by {name} before training started; nothing was written")
+        return {"status": "interrupted", "exit_code": 128 + (signals.signum or 15), "step": None}
+    signals.phase = "training"  # from here on the loop acts on a signal (saving a checkpoint)
 
     # ---- validation passed: from here on the workdir is written.
     workdir.mkdir(parents=True, exist_ok=True)
+    lock = _WorkdirLock(workdir) if primary else None
+    try:
+        if lock is not None:
+            lock.acquire()
+        return _run_in_workdir(
+            cfg,
+            workdir,
+            log,
+            signals,
+            primary,
+            mesh,
+            fsdp,
+            corpus,
+            mc,
+            sampler,
+            valid_tokens,
+            tensorboard,
+        )
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _run_in_workdir(
+    cfg,
+    workdir,
+    log,
+    signals,
+    primary,
+    mesh,
+    fsdp,
+    corpus,
+    mc,
+    sampler,
+    valid_tokens,
+    tensorboard,
+) -> dict:
+    """The part of ``train_and_evaluate`` that writes ``workdir`` (its lock held)."""
     if primary:
         _atomic_write(workdir / CONFIG_FILE, config_to_json(cfg))
     metrics = MetricsLog(workdir / METRICS_FILE, enabled=primary)
@@ -658,6 +876,7 @@ def train_and_evaluate(
         return _State(params=params, opt_state=opt_state, carry=carry, retry=retry)
 
     ckpts = ckpt_lib.Checkpoints(workdir, keep=t.keep_checkpoints)
+    events = None
     try:
         state = initial_state()
         num_params = models.count_params(state.params)
@@ -685,17 +904,21 @@ def train_and_evaluate(
                 pending_loss=list(m["pending"]["loss"]),
                 pending_gnorm=list(m["pending"]["grad_norm"]),
                 train_seconds=float(m["train_seconds"]),
+                valid_step=m.get("valid_step"),
             )
 
         latest = ckpts.latest_step()
+        resumed_meta = None
         if latest is not None:
             state = restore(latest)
+            resumed_meta = ckpts.read_meta("latest", latest)
             log(f"resuming {workdir} from step {state.step} (epoch {state.step / bpe:.2f})")
         else:
             log(f"training {mc.type} ({num_params:,} parameters) in {workdir}")
         start_step = state.step
         metrics.truncate_after(start_step)
         ckpts.prune_after(start_step)
+        _reconcile_best(ckpts, state, log)
         metrics.append(
             {
                 "kind": "event",
@@ -705,9 +928,10 @@ def train_and_evaluate(
             }
         )
         log(
-            f"data {corpus.name}: vocab {corpus.vocab.size}, train {len(corpus.train):,} / "
-            f"valid {len(corpus.valid):,} / test {len(corpus.test):,} symbols; "
-            f"{bpe:,} steps per epoch of {t.batch_size} x {t.seq_len}"
+            f"data {corpus.name} from {corpus.source or '?'}: vocab {corpus.vocab.size}, "
+            f"train {len(corpus.train):,} / valid {len(corpus.valid):,} / "
+            f"test {len(corpus.test):,} symbols; {bpe:,} steps per epoch of "
+            f"{t.batch_size} x {t.seq_len}"
         )
 
         def save_meta(s: _State) -> dict:
@@ -721,6 +945,7 @@ def train_and_evaluate(
                 "evals_since_best": s.evals_since_best,
                 "pending": {"loss": list(s.pending_loss), "grad_norm": list(s.pending_gnorm)},
                 "train_seconds": s.train_seconds,
+                "valid_step": s.valid_step,
             }
 
         loop = _Loop(
@@ -739,29 +964,40 @@ def train_and_evaluate(
             log=log,
             workdir=workdir,
             mesh=mesh,
+            signals=signals,
+            loss_limit=_loss_limit(t.divergence_factor, corpus.vocab.size),
         )
-        with _SignalCatcher(log) as signals:
-            loop.signals = signals
-            state, stop_reason = loop.run(state)
-            summary = {
-                "step": state.step,
-                "epoch": state.step / bpe,
-                "stop_reason": stop_reason,
-                "num_params": num_params,
-                "best_step": state.best_step,
-                "best_valid_bpc": state.best_bpc,
-            }
-            final = None
-            if stop_reason != "signal":
-                final, used = loop.final_evaluation(state, corpus)
-            if final is None:  # SIGTERM / SIGINT during training or the final evaluation
-                name = signal.Signals(signals.signum).name
-                log(
-                    f"stopped by {name} at step {state.step}; checkpoint saved; run the same "
-                    f"command again to resume"
-                )
-                summary["stop_reason"] = "signal"
-                return {"status": "interrupted", "exit_code": 128 + signals.signum, **summary}
+        finished = _finished_results(workdir, cfg, resumed_meta, state)
+        if finished is not None and loop.stop_reason(state) not in (None, "signal"):
+            log(
+                f"{workdir} already finished at step {state.step}: nothing to do (results in "
+                f"{workdir / RESULTS_FILE}); raise train.max_steps / max_epochs / max_minutes "
+                f"to train further, or run python -m rhhjax.evaluate for other protocols"
+            )
+            return finished
+        if tensorboard is not None and primary:
+            events = loop.events = _EventWriter(tensorboard, workdir, start_step)
+        state, stop_reason = loop.run(state)
+        summary = {
+            "step": state.step,
+            "epoch": state.step / bpe,
+            "stop_reason": stop_reason,
+            "num_params": num_params,
+            "best_step": state.best_step,
+            "best_valid_bpc": state.best_bpc,
+        }
+        final = None
+        if stop_reason != "signal":
+            signals.phase = "evaluation"
+            final, used = loop.final_evaluation(state, corpus)
+        if final is None:  # SIGTERM / SIGINT during training or the final evaluation
+            name = signal.Signals(signals.signum).name
+            log(
+                f"stopped by {name} at step {state.step}; checkpoint saved; run the same "
+                f"command again to resume"
+            )
+            summary["stop_reason"] = "signal"
+            return {"status": "interrupted", "exit_code": 128 + signals.signum, **summary}
         results = {
             "status": "finished",
             "exit_code": 0,
@@ -770,13 +1006,20 @@ def train_and_evaluate(
             "valid_protocol": cfg.eval.valid_protocol,
             "final": final,
         }
-        if primary:
-            _atomic_write(workdir / RESULTS_FILE, json.dumps(results, indent=2) + "\n")
-        log(f"results ({used}) written to {workdir / RESULTS_FILE}:")
-        log(eval_lib.format_table(final))
+        if primary and (final or not (workdir / RESULTS_FILE).exists()):
+            _atomic_write(workdir / RESULTS_FILE, json_dumps(results, indent=2) + "\n")
+            log(f"results ({used}) written to {workdir / RESULTS_FILE}:")
+            log(eval_lib.format_table(final))
+        elif primary:
+            log(f"eval.final_protocols is empty: {workdir / RESULTS_FILE} is left as it was")
         return results
     finally:
-        ckpts.close()
+        if events is not None:
+            events.close()
+        try:
+            ckpts.close()
+        except Exception:  # noqa: BLE001 -- a failed save already raised the error to report
+            pass
 
 
 def _check_eval_data(cfg, corpus: data_lib.Corpus, valid_tokens: np.ndarray) -> None:
@@ -817,39 +1060,50 @@ class _Loop:
     workdir: Path
     mesh: Any = None  # the data-parallel mesh (rhhjax.parallel)
     signals: Any = None
-    _agreed: tuple | None = None  # (step, host stop reason) agreed by all processes
+    events: Any = None  # the TensorBoard writer (_EventWriter) or None
+    loss_limit: float = math.inf  # a training loss above it counts as diverged
+    _agreed: tuple | None = None  # (step, host stop reason, checkpoint due) agreed by all
+    _last_save_time: float = dataclasses.field(default_factory=time.time)
 
     # -- bounds -----------------------------------------------------------------------------
 
-    def _host_stop(self, s: _State) -> str | None:
-        """The stop reasons that depend on this process (signals, its clock)."""
-        t = self.cfg.train
-        if self.signals is not None and self.signals.signum is not None:
-            return "signal"
-        if t.max_minutes and s.train_seconds >= 60.0 * t.max_minutes:
-            return "max_minutes"
-        return None
+    _HOST_STOPS = (None, "signal", "max_minutes")
 
-    def _agreed_host_stop(self, s: _State) -> str | None:
-        """``_host_stop``; with several processes process 0's, taken only every
-        ``log_every_steps`` steps (a broadcast), so that all stop at the same step."""
-        if jax.process_count() == 1:
-            return self._host_stop(s)
-        if self._agreed is not None and self._agreed[0] == s.step:
-            return self._agreed[1]
+    def _host_state(self, s: _State) -> tuple[str | None, bool]:
+        """(stop reason, wall-time checkpoint due) as this process sees them (signals, its
+        clock)."""
+        t = self.cfg.train
         reason = None
+        if self.signals is not None and self.signals.signum is not None:
+            reason = "signal"
+        elif t.max_minutes and s.train_seconds >= 60.0 * t.max_minutes:
+            reason = "max_minutes"
+        minutes = t.checkpoint_every_minutes
+        due = bool(minutes) and time.time() - self._last_save_time >= 60.0 * minutes
+        return reason, due
+
+    def _agreed_host_state(self, s: _State) -> tuple[str | None, bool]:
+        """``_host_state``; with several processes process 0's, taken only every
+        ``log_every_steps`` steps (a broadcast), so that all stop / save at the same step."""
+        if jax.process_count() == 1:
+            return self._host_state(s)
+        if self._agreed is not None and self._agreed[0] == s.step:
+            return self._agreed[1], self._agreed[2]
+        reason, due = None, False
         if s.step % self.cfg.train.log_every_steps == 0:
             from jax.experimental import multihost_utils
 
-            codes = (None, "signal", "max_minutes")
-            mine = np.int32(codes.index(self._host_stop(s)))
-            reason = codes[int(multihost_utils.broadcast_one_to_all(mine))]
-        self._agreed = (s.step, reason)
-        return reason
+            mine_reason, mine_due = self._host_state(s)
+            mine = np.int32(2 * self._HOST_STOPS.index(mine_reason) + int(mine_due))
+            code = int(multihost_utils.broadcast_one_to_all(mine))
+            reason, due = self._HOST_STOPS[code // 2], bool(code % 2)
+        self._agreed = (s.step, reason, due)
+        return reason, due
 
-    def _stop_reason(self, s: _State) -> str | None:
+    def stop_reason(self, s: _State) -> str | None:
+        """Why training stops at ``s.step`` (None: it goes on)."""
         t = self.cfg.train
-        host = self._agreed_host_stop(s)
+        host, _ = self._agreed_host_state(s)
         if host == "signal":
             return "signal"
         if t.max_steps and s.step >= t.max_steps:
@@ -876,18 +1130,26 @@ class _Loop:
     # -- the loop ---------------------------------------------------------------------------
 
     def run(self, s: _State) -> tuple[_State, str]:
+        """Train from ``s`` until a stop reason; returns (final state, reason).
+
+        The host keeps at most one step queued behind the step in flight: after dispatching
+        step k it waits for step k-1 to finish, so a stop (signal, time budget) takes effect
+        after the step in flight rather than after every step asynchronous dispatch queued.
+        """
         t = self.cfg.train
         eval_every = t.eval_every_steps or self.bpe
         device_pending: list = []  # [(step, loss, grad_norm)] device scalars not yet fetched
         last_saved = s.step if self.ckpts.latest_step() == s.step else None
+        self._last_save_time = time.time()
         timer = time.time()
         interval_start, interval_steps = time.time(), 0
         sec_per_step = math.nan
         first = True
+        previous_loss = None  # the loss of the step before the one just dispatched
 
         def fetch() -> _State | None:
-            """Move device losses to the host; handle a non-finite one. Returns a replacement
-            state after a rollback, else None."""
+            """Move device losses to the host; handle a non-finite or diverged one. Returns a
+            replacement state after a rollback, else None."""
             nonlocal device_pending
             if not device_pending:
                 return None
@@ -895,14 +1157,15 @@ class _Loop:
             steps = [st for st, _, _ in device_pending]
             device_pending = []
             for st, (loss, g) in zip(steps, values, strict=True):
-                if not (math.isfinite(float(loss)) and math.isfinite(float(g))):
-                    return self._nonfinite(s, st, float(loss))
-                s.pending_loss.append(float(loss))
-                s.pending_gnorm.append(float(g))
+                loss, g = float(loss), float(g)
+                if not (math.isfinite(loss) and math.isfinite(g)) or loss > self.loss_limit:
+                    return self._nonfinite(s, st, loss)
+                s.pending_loss.append(loss)
+                s.pending_gnorm.append(g)
             return None
 
         while True:
-            reason = self._stop_reason(s)
+            reason = self.stop_reason(s)
             if reason is not None:
                 break
             batch = next(self.sampler)  # the global batch; each process places its rows
@@ -921,19 +1184,33 @@ class _Loop:
             device_pending.append((s.step + 1, loss, gnorm))
             s.step += 1
             interval_steps += 1
+            if previous_loss is not None:
+                jax.block_until_ready(previous_loss)  # do not run ahead of the device
+            previous_loss = loss
             if first:  # exclude compilation from the throughput
                 jax.block_until_ready(loss)
                 now = time.time()
+                self.log(
+                    f"first step done in {now - timer:.1f}s (compilation included); a progress "
+                    f"line every {t.log_every_steps} steps"
+                )
                 s.train_seconds += now - timer
                 timer = interval_start = now
                 interval_steps = 0
                 first = False
+            else:  # training time on every step, so max_minutes is checked on every step
+                now = time.time()
+                s.train_seconds += now - timer
+                timer = now
             log_due = s.step % t.log_every_steps == 0
             eval_due = s.step % eval_every == 0
-            ckpt_due = eval_due or (
-                t.checkpoint_every_steps and s.step % t.checkpoint_every_steps == 0
+            host_reason, time_due = self._agreed_host_state(s)
+            ckpt_due = (
+                eval_due
+                or time_due
+                or bool(t.checkpoint_every_steps and s.step % t.checkpoint_every_steps == 0)
             )
-            stopping = self._stop_reason(s) == "signal"
+            stopping = host_reason == "signal"
             if not (log_due or eval_due or ckpt_due or stopping):
                 continue
             replacement = fetch()
@@ -944,6 +1221,7 @@ class _Loop:
                 s = replacement
                 last_saved = s.step if self.ckpts.latest_step() == s.step else None
                 interval_start, interval_steps = time.time(), 0
+                previous_loss = None
                 continue
             if log_due and s.pending_loss:
                 elapsed = now - interval_start
@@ -963,6 +1241,11 @@ class _Loop:
         if replacement is not None:  # a non-finite loss in the last steps: rolled back
             return self.run(replacement)
         s.train_seconds += time.time() - timer
+        if reason == "max_minutes" and s.valid_step != s.step:
+            # the time budget stops at any step: validate it so the best can be this one
+            self.log(f"time budget reached at step {s.step}: validating it before stopping")
+            self._validate(s)
+            last_saved = None  # the checkpoint must record this validation
         if last_saved != s.step:
             self._save(s)
         if reason != "signal":
@@ -1002,17 +1285,23 @@ class _Loop:
             "time": time.time(),
         }
         self.metrics.append(record)
+        if self.events is not None:
+            self.events.train(record)
         eta = _format_duration(self._eta(s, sec_per_step))
         speed = f"{chars_per_sec:,.0f} char/s" if math.isfinite(chars_per_sec) else "- char/s"
         total = self._total_steps()
         self.log(
             f"step {s.step}{'/' + format(total, ',') if total else ''} "
             f"epoch {s.step / self.bpe:.2f}  loss {loss:.4f}  bpc {loss / LN2:.4f}  "
-            f"|g| {gnorm:.3g}  {speed}  ETA {eta}"
+            f"|g| {gnorm:.3g}  {speed}  ETA {eta} + final evaluation"
         )
 
     def _total_steps(self) -> int:
+        """The step training ends at, when a step bound decides it (0: unknown, e.g. when
+        ``max_minutes`` may stop it first)."""
         t = self.cfg.train
+        if t.max_minutes:
+            return 0
         bounds = [b for b in (t.max_steps, t.max_epochs * self.bpe) if b]
         return min(bounds) if bounds else 0
 
@@ -1029,26 +1318,29 @@ class _Loop:
             min_context=e.min_context,
             mesh=self.mesh,
         )
-        improved = math.isfinite(m["bpc"]) and (s.best_bpc is None or m["bpc"] < s.best_bpc)
+        s.valid_step = s.step
+        sane = math.isfinite(m["bpc"]) and m["nats"] <= self.loss_limit
+        improved = sane and (s.best_bpc is None or m["bpc"] < s.best_bpc)
         if improved:
             s.best_bpc, s.best_step, s.evals_since_best = m["bpc"], s.step, 0
         else:
             s.evals_since_best += 1
-        self.metrics.append(
-            {
-                "kind": "valid",
-                "step": s.step,
-                "epoch": s.step / self.bpe,
-                "protocol": e.valid_protocol,
-                "loss": m["nats"],
-                "bpc": m["bpc"],
-                "ppl": m["ppl"],
-                "acc": m["acc"],
-                "chars": m["chars"],
-                "best": improved,
-                "seconds": time.time() - start,
-            }
-        )
+        record = {
+            "kind": "valid",
+            "step": s.step,
+            "epoch": s.step / self.bpe,
+            "protocol": e.valid_protocol,
+            "loss": m["nats"],
+            "bpc": m["bpc"],
+            "ppl": m["ppl"],
+            "acc": m["acc"],
+            "chars": m["chars"],
+            "best": improved,
+            "seconds": time.time() - start,
+        }
+        self.metrics.append(record)
+        if self.events is not None:
+            self.events.valid(record)
         if improved:
             self.ckpts.save_best(s.step, s.params, self.save_meta(s))
         best = f"{s.best_bpc:.4f} @ {s.best_step}" if s.best_bpc is not None else "-"
@@ -1059,33 +1351,49 @@ class _Loop:
         )
 
     def _save(self, s: _State) -> None:
+        """Save the latest checkpoint, then drop any best checkpoint it does not point to
+        (the best is written first, so a kill between the two leaves the old pair)."""
         self.ckpts.save_latest(s.step, s.params, s.opt_state, s.carry, self.save_meta(s))
+        self.ckpts.keep_only_best(s.best_step)
+        self._last_save_time = time.time()
 
     def _nonfinite(self, s: _State, step: int, loss: float) -> _State:
         t = self.cfg.train
         last = self.ckpts.latest_step()
         self.metrics.append({"kind": "event", "event": "nonfinite", "step": step, "loss": loss})
-        where = f"checkpoint at step {last}" if last is not None else "no checkpoint yet"
+        if math.isfinite(loss) and loss > self.loss_limit:
+            what = (
+                f"diverged training loss ({loss:.4g} nats, above {t.divergence_factor:g} x "
+                f"ln(vocab) = {self.loss_limit:.4g})"
+            )
+        else:
+            what = f"non-finite training loss ({loss})"
+        kept = (
+            f"the last good checkpoint (step {last}) is left intact in {self.workdir}"
+            if last is not None
+            else "no checkpoint was written yet"
+        )
         if t.on_nonfinite == "stop":
             raise NonFiniteLossError(
-                f"non-finite training loss ({loss}) at step {step}; the last good {where} is "
-                f"left intact in {self.workdir}; lower train.learning_rate or clip_norm, or set "
+                f"{what} at step {step}; {kept}; lower train.learning_rate or clip_norm, or set "
                 f"train.on_nonfinite=rollback"
+            )
+        if last is None:
+            raise NonFiniteLossError(
+                f"{what} at step {step} and no checkpoint to roll back to (none is written "
+                f"before the first validation or checkpoint); lower train.learning_rate or "
+                f"clip_norm"
             )
         retry = s.retry + 1
         if retry > MAX_ROLLBACKS:
             raise NonFiniteLossError(
-                f"non-finite training loss at step {step} after {MAX_ROLLBACKS} rollbacks; "
-                f"giving up (the last good {where} is intact)"
+                f"{what} at step {step} after {MAX_ROLLBACKS} rollbacks; giving up ({kept})"
             )
-        if last is not None:
-            new = self.restore(last)
-        else:
-            new = self.initial_state()
-            self.sampler.restore({**self.sampler.state(), "step": 0})
+        new = self.restore(last)
         new.retry = retry
         self.metrics.truncate_after(new.step)
         self.ckpts.prune_after(new.step)
+        _reconcile_best(self.ckpts, new, self.log)
         self.metrics.append(
             {
                 "kind": "event",
@@ -1096,7 +1404,7 @@ class _Loop:
             }
         )
         self.log(
-            f"non-finite loss ({loss}) at step {step}: rolled back to step {new.step}, "
+            f"{what} at step {step}: rolled back to step {new.step}, "
             f"retry {retry} with other dropout keys"
         )
         return new
@@ -1108,9 +1416,9 @@ class _Loop:
         when interrupted by a signal."""
         protocols = eval_lib.parse_protocols(self.cfg.eval.final_protocols)
         params, used = s.params, f"final step {s.step}"
-        if self.ckpts.best_step() is not None:
-            params, _ = self.ckpts.restore_params("best", template=s.params)
-            used = f"best step {self.ckpts.best_step()}"
+        if s.best_step is not None and s.best_step in self.ckpts.steps("best"):
+            params, _ = self.ckpts.restore_params("best", s.best_step, template=s.params)
+            used = f"best step {s.best_step}"
         if not protocols:
             return {}, used
         self.log(f"final evaluation of the {used} checkpoint:")

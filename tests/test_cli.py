@@ -99,6 +99,26 @@ BAD = {
     ),
     "unwritable": (lambda tmp, tf: tmp / "a_file" / "w", [], "not a directory"),
     "incompatible": (_incompatible, [], "model.hidden=64"),
+    "typo": (
+        lambda tmp, tf: tmp / "w",
+        ["--config.model.dept=3"],
+        "unknown config field model.dept (did you mean model.depth?)",
+    ),
+    "variant": (
+        lambda tmp, tf: tmp / "w",
+        [f"--config={PTB_CONFIG}:gpu"],
+        "unknown variant 'gpu' of configs/ptb.py",
+    ),
+    "bad value": (
+        lambda tmp, tf: tmp / "w",
+        ["--config.model.depth=abc"],
+        "--config.model.depth=abc",
+    ),
+    "data dir": (
+        lambda tmp, tf: tmp / "w",
+        ["--config.data.format=chars", "--config.data.dir=/nonexistent/ptb"],
+        "data dir /nonexistent/ptb is not a folder",
+    ),
 }
 
 
@@ -298,3 +318,74 @@ def jax_leaves(tree):
     import numpy as np
 
     return [np.asarray(x) for x in jax.tree.leaves(tree)]
+
+
+# ----------------------------------------------------------------------------- faults (issue 15)
+
+
+def _signal_during_startup(tmp_path, text_file, env, count: int):
+    """Send ``count`` SIGTERMs 1.5 s after launch (while jax is imported / data loaded)."""
+    workdir = tmp_path / "w"
+    proc = subprocess.Popen(
+        train_args(text_file, workdir=workdir),
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    time.sleep(1.5)
+    for _ in range(count):
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.2)
+    stdout, stderr = proc.communicate(timeout=120)
+    return proc.returncode, stdout, stderr, workdir
+
+
+def test_sigterm_during_startup_is_acknowledged(tmp_path, text_file, env):
+    code, stdout, stderr, workdir = _signal_during_startup(tmp_path, text_file, env, 1)
+    assert code == 143, (stdout, stderr)
+    assert "received SIGTERM" in stdout and "before training started" in stdout
+    assert stderr.strip() == ""
+    assert not workdir.exists()  # nothing written
+
+
+def test_second_signal_aborts_with_one_line(tmp_path, text_file, env):
+    code, stdout, stderr, _ = _signal_during_startup(tmp_path, text_file, env, 2)
+    assert code == 143, (stdout, stderr)
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: aborted by a second SIGTERM"), stderr
+
+
+@pytest.mark.parametrize("module", ["rhhjax.summary", "rhhjax.ablate"])
+def test_other_config_programs_report_typos_in_one_line(tmp_path, env, module):
+    proc = run(
+        [
+            sys.executable,
+            "-m",
+            module,
+            f"--config={PTB_CONFIG}:tiny",
+            "--config.train.max_setps=3",
+            f"--out={tmp_path / 'out'}",
+        ],
+        env,
+    )
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines() == [
+        "error: unknown config field train.max_setps (did you mean train.max_steps?)"
+    ]
+
+
+def test_help_lists_variants_and_fields_and_exits_0(env):
+    proc = run(
+        [sys.executable, str(ROOT / "train.py"), f"--config={PTB_CONFIG}:cpu", "--help"], env
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "Exit status:" in proc.stdout and f"{PTB_CONFIG}:tiny" in proc.stdout
+    assert "  model.depth = 3" in proc.stdout  # the cpu variant's value
+    assert "  train.checkpoint_every_minutes = " in proc.stdout
+
+
+def test_sample_help_keeps_its_line_breaks(env):
+    proc = run([sys.executable, "-m", "rhhjax.sample", "--help"], env)
+    assert "--length=300 \\\n        --temperature=0.8" in proc.stdout, proc.stdout[:600]

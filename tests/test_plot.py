@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 
@@ -65,3 +66,14 @@ def test_missing_or_empty_metrics(tmp_path):
         plot.load_curves(tmp_path)
     with pytest.raises(SystemExit, match="error: "):
         plot.main([str(tmp_path / "nowhere")])
+
+
+def test_missing_matplotlib_is_one_line(tmp_path, monkeypatch, capsys):
+    fake_run(tmp_path / "run")
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
+    with pytest.raises(SystemExit) as info:
+        plot.main([str(tmp_path / "run")])
+    assert str(info.value) == (
+        'error: matplotlib is not installed: pip install -e ".[plot]" (or pip install matplotlib)'
+    )
+    assert not (tmp_path / "run" / "bpc.png").exists()

@@ -11,6 +11,7 @@ import importlib.util
 import json
 import math
 import os
+import sys
 from pathlib import Path
 
 import jax
@@ -31,6 +32,7 @@ SHAKESPEARE = Path(
 )
 PTB_DIR = Path(os.environ.get("RHHJAX_PTB_DIR", ROOT.parent / "shared" / "data" / "ptb"))
 TIMING_FIELDS = ("time", "chars_per_sec", "seconds")
+HAS_TENSORBOARDX = importlib.util.find_spec("tensorboardX") is not None
 
 
 def write_text(path: Path, n: int = 30_000) -> Path:
@@ -99,7 +101,7 @@ def trained(tmp_path_factory, text_file):
     """One tiny run (6 steps, validation at 3 and 6): (workdir, config, results, log)."""
     workdir = tmp_path_factory.mktemp("runs") / "tiny"
     lines: list[str] = []
-    cfg = tiny_config(text_file)
+    cfg = tiny_config(text_file, train__tensorboard=HAS_TENSORBOARDX)
     results = trainer.train_and_evaluate(cfg, workdir, log=lines.append)
     return workdir, cfg, results, lines
 
@@ -131,6 +133,11 @@ def test_end_to_end_outputs(trained):
     progress = [line for line in lines if line.startswith("step ")]
     assert len(progress) == 6
     assert all(k in progress[-1] for k in ("epoch", "loss", "bpc", "char/s", "ETA"))
+    assert progress[-1].startswith("step 6/6 ") and progress[-1].endswith("+ final evaluation")
+    # a line right after the first step (whose compilation can take minutes)
+    first = [i for i, line in enumerate(lines) if line.startswith("first step done in")]
+    assert len(first) == 1 and lines[first[0] + 1].startswith("step 1/6 ")
+    assert any(line.startswith("data text_char:shake.txt from ") for line in lines)
     # the final evaluation: both splits, every protocol, the paper's mask-95 test number
     final = results["final"]
     assert set(final) == {"valid", "test"}
@@ -157,13 +164,22 @@ def test_end_to_end_outputs(trained):
     assert meta["config"]["model"]["hidden"] == 16
 
 
-def test_rerun_resumes_and_reevaluates(trained, text_file):
+def test_rerun_of_a_finished_run_does_nothing(trained, text_file):
+    """The same command again: nothing trained, nothing re-evaluated, results.json kept; an
+    empty eval.final_protocols does not overwrite it with an empty table either."""
     workdir, cfg, results, _ = trained
+    before = (workdir / "results.json").read_text()
     lines: list[str] = []
     again = trainer.train_and_evaluate(cfg, workdir, log=lines.append)
     assert any(line.startswith("resuming") and "step 6" in line for line in lines)
-    assert not any(line.startswith("step ") for line in lines)  # no training step
+    assert any("already finished at step 6: nothing to do" in line for line in lines)
+    assert not any(line.startswith(("step ", "final evaluation")) for line in lines)
     assert again["final"] == results["final"]
+    empty = tiny_config(text_file, eval__final_protocols="")
+    lines.clear()
+    trainer.train_and_evaluate(empty, workdir, log=lines.append)
+    assert (workdir / "results.json").read_text() == before
+    assert any("results.json is left as it was" in line for line in lines)
 
 
 def test_evaluate_checkpoint_matches_training_results(trained):
@@ -459,3 +475,342 @@ def test_dropout_keys():
     assert np.array_equal(jax.random.key_data(a), jax.random.key_data(ref))
     b = trainer.dropout_key(0, jnp.int32(5), jnp.int32(1))
     assert not np.array_equal(jax.random.key_data(a), jax.random.key_data(b))
+
+
+# ----------------------------------------------------------------------------- faults (issue 15)
+
+
+def _slow_steps(monkeypatch, seconds: float, signal_at: int | None = None, executed=None):
+    """Patch the train step so that each one takes ``seconds`` more on the device (a host
+    callback that sleeps), and the one of 0-based index ``signal_at`` sends this process a
+    SIGTERM while it runs. ``executed`` collects the indices as the device runs them."""
+    import signal as signal_lib
+    import time
+
+    real = trainer.make_train_step
+
+    def slow(step):
+        time.sleep(seconds)
+        if executed is not None:
+            executed.append(int(step))
+        if signal_at is not None and int(step) == signal_at:
+            os.kill(os.getpid(), signal_lib.SIGTERM)
+        return np.float32(0.0)
+
+    @jax.jit
+    def delay(loss, step):
+        zero = jax.pure_callback(slow, jax.ShapeDtypeStruct((), jnp.float32), step)
+        return loss + zero
+
+    def patched(mc, oc, seed):
+        fn = real(mc, oc, seed)
+
+        def wrapped(params, opt_state, carry, inputs, targets, reset, step, retry):
+            out = fn(params, opt_state, carry, inputs, targets, reset, step, retry)
+            return (*out[:3], delay(out[3], step), out[4])
+
+        return wrapped
+
+    monkeypatch.setattr(trainer, "make_train_step", patched)
+
+
+def test_sigterm_stops_after_the_step_in_flight(tmp_path, text_file, monkeypatch):
+    """Asynchronous dispatch must not queue steps ahead: a SIGTERM that arrives while the
+    device runs step 3 stops the run at step 3 or 4 (the one in flight), not at the bound."""
+    executed: list[int] = []
+    _slow_steps(monkeypatch, 0.2, signal_at=2, executed=executed)
+    cfg = tiny_config(
+        text_file,
+        train__max_steps=30,
+        train__eval_every_steps=100,
+        train__log_every_steps=100,
+    )
+    lines: list[str] = []
+    results = trainer.train_and_evaluate(cfg, tmp_path / "run", log=lines.append)
+    assert results["status"] == "interrupted" and results["exit_code"] == 143
+    assert results["step"] in (3, 4), results["step"]
+    assert max(executed) + 1 <= 4  # no step queued behind the one in flight ran
+    assert any("stopping after the current step" in line for line in lines)
+    assert any("send SIGTERM again to abort now" in line for line in lines)
+    with ckpt_lib.Checkpoints(tmp_path / "run", read_only=True) as c:
+        assert c.latest_step() == results["step"]
+
+
+def test_checkpoint_every_minutes(tmp_path, text_file, monkeypatch):
+    """Wall-time checkpoints besides the evaluations: with steps of 0.15 s and a checkpoint
+    due every 0.3 s, steps other than the final one are saved."""
+    _slow_steps(monkeypatch, 0.15)
+    cfg = tiny_config(
+        text_file,
+        train__max_steps=8,
+        train__eval_every_steps=100,
+        train__log_every_steps=100,
+        train__keep_checkpoints=20,
+        train__checkpoint_every_minutes=0.005,
+    )
+    trainer.train_and_evaluate(cfg, tmp_path / "run", log=quiet)
+    with ckpt_lib.Checkpoints(tmp_path / "run", read_only=True) as c:
+        steps = c.steps("latest")
+    assert steps[-1] == 8 and len(steps) >= 3, steps
+
+
+def test_time_limited_stop_validates_the_stop_step(tmp_path, text_file, monkeypatch):
+    """max_minutes stops at an arbitrary step: it is validated (and checkpointed) there and
+    can be the best, instead of the steps since the last validation being thrown away."""
+    _slow_steps(monkeypatch, 0.1)
+    cfg = tiny_config(
+        text_file,
+        train__max_steps=0,
+        train__max_minutes=0.01,  # 0.6 s of training: a few 0.1 s steps
+        train__eval_every_steps=1000,
+        train__log_every_steps=1000,
+        eval__final_protocols="windows",
+    )
+    results = trainer.train_and_evaluate(cfg, tmp_path / "run", log=quiet)
+    step = results["step"]
+    assert results["stop_reason"] == "max_minutes" and 0 < step < 1000
+    assert [r["step"] for r in records(tmp_path / "run", ("valid",))] == [step]
+    assert results["best_step"] == step and results["evaluated_checkpoint"] == f"best step {step}"
+    with ckpt_lib.Checkpoints(tmp_path / "run", read_only=True) as c:
+        assert c.latest_step() == step and c.steps("best") == [step]
+        assert c.read_meta("latest")["best"]["step"] == step
+
+
+class _Killed(BaseException):
+    """Stands in for kill -9 at a chosen point."""
+
+
+def test_kill_between_best_and_latest_save_keeps_the_best(tmp_path, text_file, monkeypatch):
+    """A kill after a new best (step 4) is saved but before the latest checkpoint of step 4:
+    the resumed run (from step 2) still has the best checkpoint its state names (step 2), and
+    results.json evaluates that checkpoint."""
+    common = dict(
+        train__eval_every_steps=2, train__log_every_steps=100, eval__final_protocols="windows"
+    )
+    workdir = tmp_path / "run"
+    real_save = ckpt_lib.Checkpoints.save_latest
+
+    def save_latest(self, step, *args, **kwargs):
+        if step == 4:
+            raise _Killed()
+        return real_save(self, step, *args, **kwargs)
+
+    monkeypatch.setattr(ckpt_lib.Checkpoints, "save_latest", save_latest)
+    with pytest.raises(_Killed):
+        trainer.train_and_evaluate(
+            tiny_config(text_file, train__max_steps=6, **common), workdir, log=quiet
+        )
+    monkeypatch.setattr(ckpt_lib.Checkpoints, "save_latest", real_save)
+    with ckpt_lib.Checkpoints(workdir, read_only=True) as c:
+        assert c.steps("latest") == [2] and 4 in c.steps("best")  # the kill's aftermath
+    results = trainer.train_and_evaluate(
+        tiny_config(text_file, train__max_steps=3, **common), workdir, log=quiet
+    )
+    assert results["step"] == 3 and results["best_step"] == 2
+    assert results["evaluated_checkpoint"] == "best step 2"
+    with ckpt_lib.Checkpoints(workdir, read_only=True) as c:
+        assert c.steps("best") == [2]
+    saved = json.loads((workdir / "results.json").read_text())
+    assert saved["best_step"] == 2 and saved["evaluated_checkpoint"] == "best step 2"
+
+
+def test_full_disk_during_a_checkpoint_is_one_line(tmp_path, text_file, monkeypatch):
+    """A save that fails (here: the storage layer's ENOSPC error) raises CheckpointError with
+    one line naming the folder, the step and the space needed; the previous checkpoint is
+    intact and the same command resumes from it."""
+    import orbax.checkpoint as ocp
+
+    common = dict(
+        train__eval_every_steps=2, train__log_every_steps=100, eval__final_protocols="windows"
+    )
+    workdir = tmp_path / "run"
+    real_save = ocp.CheckpointManager.save
+
+    def full_disk(self, step, *args, **kwargs):
+        if step == 4:
+            raise ValueError(
+                "RESOURCE_EXHAUSTED: Error writing local file "
+                f"{self.directory}/4/params/d/abc: No space left on device"
+            )
+        return real_save(self, step, *args, **kwargs)
+
+    monkeypatch.setattr(ocp.CheckpointManager, "save", full_disk)
+    cfg = tiny_config(text_file, train__max_steps=6, **common)
+    with pytest.raises(ckpt_lib.CheckpointError) as info:
+        trainer.train_and_evaluate(cfg, workdir, log=quiet)
+    message = str(info.value)
+    assert "\n" not in message and isinstance(info.value, trainer.USER_ERRORS)
+    assert "step 4" in message and str(workdir) in message
+    assert "no space left on device" in message and "it needs about" in message
+    assert "the last checkpoint (step 2) is intact" in message
+    monkeypatch.setattr(ocp.CheckpointManager, "save", real_save)
+    lines: list[str] = []
+    results = trainer.train_and_evaluate(cfg, workdir, log=lines.append)
+    assert any(line.startswith("resuming") and "step 2" in line for line in lines)
+    assert results["status"] == "finished" and results["step"] == 6
+    assert [r["step"] for r in records(workdir, ("valid",))] == [2, 4, 6]
+
+
+def _strict_json(text: str):
+    def refuse(name):
+        raise ValueError(f"invalid JSON constant {name}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_json_outputs_stay_valid_with_infinite_values(tmp_path):
+    log = trainer.MetricsLog(tmp_path / "metrics.jsonl")
+    log.append({"kind": "valid", "step": 1, "ppl": math.inf, "loss": math.nan, "bpc": 2.5})
+    (record,) = [_strict_json(line) for line in log.path.read_text().splitlines()]
+    assert record == {"kind": "valid", "step": 1, "ppl": None, "loss": None, "bpc": 2.5}
+    assert _strict_json(trainer.json_dumps({"a": [1.0, -math.inf]})) == {"a": [1.0, None]}
+
+
+def _diverge_at(monkeypatch, bad_step: int):
+    """From the step of 0-based index ``bad_step`` on, the loss reads 1e8 nats (finite)."""
+    real = trainer.make_train_step
+
+    def patched(mc, oc, seed):
+        fn = real(mc, oc, seed)
+
+        def wrapped(params, opt_state, carry, inputs, targets, reset, step, retry):
+            out = fn(params, opt_state, carry, inputs, targets, reset, step, retry)
+            if int(step) >= bad_step:
+                out = (*out[:3], out[3] * 0 + 1e8, out[4])
+            return out
+
+        return wrapped
+
+    monkeypatch.setattr(trainer, "make_train_step", patched)
+
+
+def test_divergence_that_stays_finite_is_caught(tmp_path, text_file, monkeypatch):
+    _diverge_at(monkeypatch, bad_step=4)
+    workdir = tmp_path / "run"
+    with pytest.raises(trainer.NonFiniteLossError) as info:
+        trainer.train_and_evaluate(tiny_config(text_file), workdir, log=quiet)
+    message = str(info.value)
+    assert "diverged training loss" in message and "step 5" in message
+    assert "the last good checkpoint (step 3) is left intact" in message
+    for line in (workdir / "metrics.jsonl").read_text().splitlines():
+        _strict_json(line)
+    assert not (workdir / "results.json").exists()
+
+
+def test_divergence_before_any_checkpoint(tmp_path, text_file, monkeypatch):
+    """With nothing to roll back to, one error (not ten retries) and a sentence that reads."""
+    _diverge_at(monkeypatch, bad_step=0)
+    for mode in ("stop", "rollback"):
+        workdir = tmp_path / mode
+        with pytest.raises(trainer.NonFiniteLossError) as info:
+            trainer.train_and_evaluate(
+                tiny_config(text_file, train__on_nonfinite=mode), workdir, log=quiet
+            )
+        message = str(info.value)
+        assert "step 1" in message and "last good no checkpoint" not in message
+        assert "no checkpoint" in message
+        events = [r["event"] for r in records(workdir, ("event",))]
+        assert events.count("nonfinite") == 1 and "rollback" not in events
+
+
+def test_divergence_guard_config(tmp_path, text_file):
+    with pytest.raises(trainer.TrainError, match="divergence_factor"):
+        trainer.train_and_evaluate(
+            tiny_config(text_file, train__divergence_factor=0.5), tmp_path / "w", log=quiet
+        )
+    assert trainer._loss_limit(10.0, 50) == pytest.approx(10 * math.log(50))
+    assert trainer._loss_limit(0.0, 50) == math.inf
+
+
+def test_workdir_lock_refuses_a_second_run(tmp_path, text_file):
+    workdir = tmp_path / "run"
+    workdir.mkdir()
+    lock = trainer._WorkdirLock(workdir)
+    lock.acquire()  # another run holds the workdir
+    try:
+        with pytest.raises(trainer.TrainError, match="in use by another run") as info:
+            trainer.train_and_evaluate(tiny_config(text_file), workdir, log=quiet)
+        assert str(os.getpid()) in str(info.value)
+        assert not (workdir / "metrics.jsonl").exists()
+    finally:
+        lock.release()
+
+
+def test_files_share_one_mode(trained):
+    """config.json / results.json are written like metrics.jsonl (0666 less the umask), not
+    0600 as tempfile.mkstemp makes them."""
+    workdir = trained[0]
+    mode = (workdir / "metrics.jsonl").stat().st_mode & 0o777
+    for name in ("config.json", "results.json"):
+        assert (workdir / name).stat().st_mode & 0o777 == mode, name
+
+
+def read_event_scalars(folder: Path) -> dict[str, list[tuple[int, float]]]:
+    """{tag: [(step, value)]} from the TensorBoard event files in ``folder`` (TFRecord framing:
+    length, its CRC, the Event proto, its CRC), parsed with tensorboardX's own protos."""
+    import struct
+
+    from tensorboardX.proto import event_pb2
+
+    scalars: dict[str, list[tuple[int, float]]] = {}
+    for path in sorted(folder.glob("events.out.tfevents.*")):
+        data = path.read_bytes()
+        i = 0
+        while i < len(data):
+            (n,) = struct.unpack("<Q", data[i : i + 8])
+            event = event_pb2.Event.FromString(data[i + 12 : i + 12 + n])
+            i += 12 + n + 4
+            for value in event.summary.value:
+                scalars.setdefault(value.tag, []).append((event.step, value.simple_value))
+    return scalars
+
+
+@pytest.mark.skipif(
+    not HAS_TENSORBOARDX, reason='tensorboardX not installed (pip install -e ".[tensorboard]")'
+)
+def test_tensorboard_events_match_metrics(trained):
+    workdir = trained[0]
+    scalars = read_event_scalars(workdir / "tensorboard")
+    recs = records(workdir)
+    train = [r for r in recs if r["kind"] == "train"]
+    valid = [r for r in recs if r["kind"] == "valid"]
+    for tag, field in [
+        ("train/bpc", "bpc"),
+        ("train/loss", "loss"),
+        ("train/grad_norm", "grad_norm"),
+        ("train/learning_rate", "lr"),
+    ]:
+        assert [s for s, _ in scalars[tag]] == [r["step"] for r in train], tag
+        np.testing.assert_allclose([v for _, v in scalars[tag]], [r[field] for r in train], 1e-6)
+    assert [s for s, _ in scalars["train/chars_per_sec"]] == [r["step"] for r in train][1:]
+    for tag, field in [("valid_windows/bpc", "bpc"), ("valid_windows/accuracy", "acc")]:
+        assert [s for s, _ in scalars[tag]] == [r["step"] for r in valid], tag
+        np.testing.assert_allclose([v for _, v in scalars[tag]], [r[field] for r in valid], 1e-6)
+
+
+def test_tensorboard_without_the_package_is_one_line(tmp_path, text_file, monkeypatch):
+    monkeypatch.setitem(sys.modules, "tensorboardX", None)
+    workdir = tmp_path / "run"
+    with pytest.raises(trainer.TrainError, match="needs the tensorboardX package") as info:
+        trainer.train_and_evaluate(
+            tiny_config(text_file, train__tensorboard=True), workdir, log=quiet
+        )
+    assert "\n" not in str(info.value) and not workdir.exists()
+
+
+def test_evaluate_reads_moved_data(trained, tmp_path, text_file):
+    """rhhjax.evaluate --text_files / --data_dir: the run's data folder can be overridden."""
+    workdir, _, results, _ = trained
+    moved = tmp_path / "elsewhere" / "shake.txt"
+    moved.parent.mkdir()
+    moved.write_bytes(text_file.read_bytes())
+    lines: list[str] = []
+    out = eval_lib.run(
+        str(workdir), "test", "stream", "best", log=lines.append, text_files=str(moved)
+    )
+    assert str(moved) in lines[0]
+    assert out["results"]["test"]["stream"] == results["final"]["test"]["stream"]
+    with pytest.raises(data_lib.DataError, match="use --text_files"):
+        eval_lib.run(str(workdir), "test", "stream", "best", log=quiet, data_dir=str(tmp_path))
+    with pytest.raises(data_lib.DataError, match="nowhere.txt"):
+        eval_lib.run(str(workdir), "test", "stream", log=quiet, text_files="/nowhere.txt")
