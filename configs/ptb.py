@@ -70,8 +70,22 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
     model.init = "orthogonal"  # orthogonal (paper code) | uniform (PyTorch default Linear).
     model.hyper_input = "x"  # x (paper) | x_and_state (Ha's HyperLSTM: also the main state).
     model.impl = "scan"  # scan (reference nn.scan) | fused (custom VJP) | pallas (GPU kernels).
+    # pallas: auto (compiled Triton on a GPU, interpret mode elsewhere) | compiled (e.g. to
+    # compile a GPU step on a CPU host) | interpret.
+    model.pallas_mode = "auto"
+    # Block sizes of the Pallas kernels (kernels/highway.py HighwayConfig); the defaults
+    # compile without register spills or shared-memory overflow for an H100 (see README).
+    model.kernel = kernel = ml_collections.ConfigDict()
+    kernel.block_b = 32  # Batch rows per program (power of two >= 16).
+    kernel.block_n = 32  # Units per program, both gate halves (power of two >= 16).
+    kernel.block_k = 32  # K chunk of the matmul loops (power of two >= 16).
+    kernel.num_warps = 4  # Triton warps per program.
+    kernel.num_stages = 3  # Software-pipelining stages of the K loops.
+    kernel.allow_tf32 = False  # float32 weights: TF32 tensor cores (~1e-3 relative error).
     model.dtype = "float32"  # Matmul input dtype: float32 | bfloat16 (carry stays float32).
     model.hyper_rank = 0  # 0 = paper's column scaling; d > 0: rank-d W o sum u_i v_i^T (sec. 4).
+    model.lowrank_op = "custom_vjp"  # hyper_rank > 0, scan: custom_vjp | factored | materialized.
+    model.lowrank_remat = True  # hyper_rank > 0 with scan: recompute u, v, X_u W in the backward.
 
     config.train = train = ml_collections.ConfigDict()
     train.batch_size = 256  # Sequences per step (paper: 256; the paper's code used 200).

@@ -132,6 +132,33 @@ def gate_masks(key: Array, step: Array | int, shape: tuple[int, ...], keep: floa
     return bits.astype(jnp.float32) / keep
 
 
+def gate_keeps(key: Array, length: int, shape: tuple[int, ...], keep: float) -> Array:
+    """Gate-dropout keep decisions of a whole sequence, bool [T, *shape].
+
+    Step t holds exactly the decisions of `gate_masks(key, t, shape, keep)` (the same
+    per-step keys), generated for all steps at once, outside any time loop.
+    """
+    return jax.vmap(lambda t: gate_masks(key, t, shape, keep) > 0)(jnp.arange(length))
+
+
+def gate_backward(
+    ds: Array, s: Array, h: Array, t: Array, mask: Array | None
+) -> tuple[Array, Array]:
+    """Backward of `highway_gate` from its gates h = tanh(a_h), t = sigmoid(a_t).
+
+    Args:
+      ds: [B, n] cotangent of the new state; s: [B, n] previous state.
+      h, t: [B, n] the gates; mask: [B, n] inverted-dropout mask on t, or None.
+    Returns:
+      (da [B, 2n] cotangent of the pre-activation, ds_carry [B, n] = ds * (1 - t)).
+    """
+    t_used = t if mask is None else t * mask
+    h_used = h if mask is None else h * mask
+    da_h = ds * t_used * (1.0 - h * h)
+    da_t = ds * (h_used - s) * t * (1.0 - t)
+    return jnp.concatenate([da_h, da_t], axis=-1), ds * (1.0 - t)
+
+
 def sequence_masks(key: Array, shape: tuple[int, ...], keep: float) -> Array:
     """Variational (per-sequence) inverted-dropout masks of `shape`, 0 or 1/keep."""
     return jax.random.bernoulli(key, keep, shape).astype(jnp.float32) / keep

@@ -18,7 +18,8 @@ X_u W is [B*d, n_out]. The backward of the same identity is
     dX_u = DY_v W^T;   dx = sum_i dX_u,i o u_i;   du_i = dX_u,i o x
     dv_i = dy o ((x o u_i) W)                  (summed over the tiles, see below)
 
-Implementations of `y = scaled_matmul(x, w, u, v)` (selected by `op=` or `options(op=)`):
+Implementations of `y = scaled_matmul(x, w, u, v)` (selected by `op=`; in the model by
+`model.lowrank_op`):
 
 - `custom_vjp` (default): a `jax.custom_vjp` whose residuals are x, u, v and W (W is the
   parameter itself, shared by the batch); the backward recomputes X_u and X_u W.
@@ -55,7 +56,7 @@ kernels still get gradients at once (du_i = dX_u,i o x differs between i because
 differ), so the model can leave the column-scaling subspace as it learns.
 
 Memory: in the `scan` model each layer's "project u, v from s_h; scaled matmul" is wrapped
-in `jax.checkpoint` (`options(remat=True)`, the default), so per step and layer autodiff
+in `jax.checkpoint` (`model.lowrank_remat=True`, the default), so per step and layer autodiff
 keeps only s and s_h (n + h numbers per example) whatever d is; u and v are recomputed in
 the backward. The `fused` model (`lowrank_sequence`) is one custom VJP over the whole main
 recurrence that saves the layer inputs and gates only, recomputes u, v and X_u W per step in
@@ -64,7 +65,6 @@ the reverse loop, and accumulates dW per step with the K = B*d matmul above.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
 from collections.abc import Callable
@@ -78,26 +78,6 @@ from rhhjax import cells
 Array = jax.Array
 
 OPS = ("custom_vjp", "factored", "materialized")
-
-_OPTIONS: dict[str, Any] = {"op": "custom_vjp", "remat": True}
-
-
-@contextlib.contextmanager
-def options(op: str | None = None, remat: bool | None = None):
-    """Selects, while tracing, the op used by the `scan` model (`op`, one of OPS) and whether
-    its per-layer scale projection + scaled matmul is rematerialised (`remat`). For tests and
-    benchmarks; the defaults (custom_vjp, remat) are what training uses."""
-    if op is not None and op not in OPS:
-        raise ValueError(f"op {op!r} is not one of {OPS}")
-    previous = dict(_OPTIONS)
-    if op is not None:
-        _OPTIONS["op"] = op
-    if remat is not None:
-        _OPTIONS["remat"] = bool(remat)
-    try:
-        yield
-    finally:
-        _OPTIONS.update(previous)
 
 
 # ----------------------------------------------------------------------------- the op
@@ -186,7 +166,7 @@ def materialized_size(batch: int, n_in: int, n_out: int, itemsize: int = 4) -> i
 
 
 def scaled_matmul(
-    x: Array, w: Array, u: Array, v: Array, dtype: Any = jnp.float32, op: str | None = None
+    x: Array, w: Array, u: Array, v: Array, dtype: Any = jnp.float32, op: str = "custom_vjp"
 ) -> Array:
     """y = x W~ per example, W~ = W o sum_i u_i tile(v_i)^T, without forming W~.
 
@@ -197,11 +177,10 @@ def scaled_matmul(
       v: [..., d, m] output-side factors, n_out a multiple of m (output column j is scaled
         by v[j mod m]; m = n_out / 2 is the paper's [z, z]).
       dtype: matmul input dtype (accumulation in float32, float64 for float64).
-      op: "custom_vjp" | "factored" | "materialized"; None = the `options` setting.
+      op: "custom_vjp" | "factored" | "materialized".
     Returns:
       [..., n_out] in the accumulation dtype.
     """
-    op = op or _OPTIONS["op"]
     if op not in OPS:
         raise ValueError(f"op {op!r} is not one of {OPS}")
     dtype = jnp.dtype(dtype)
@@ -331,6 +310,8 @@ def highway_step(
     gate_masks: Array | None,
     hidden_masks: Array | None,
     dtype: Any = jnp.float32,
+    op: str = "custom_vjp",
+    remat: bool = True,
 ) -> tuple[Array, Array]:
     """One time step of the rank-d main cell (the `cells.highway_step` of hyper_rank > 0).
 
@@ -340,12 +321,14 @@ def highway_step(
       s: [B, n] state; x: [B, E] the cell input (NOT projected).
       hyper_layer_states: [L, B, h] hyper state after each hyper micro-layer.
       gate_masks / hidden_masks: [L, B, n] or None, as in `cells.highway_step`.
+      op: the `scaled_matmul` op; remat: rematerialise each layer's projections and scaled
+        matmul in the backward (keeps only s and s_h per step and layer).
     Returns:
       (s_new [B, n], layer_states [L, B, n]).
     """
     dtype = jnp.dtype(dtype)
-    layer_fn = functools.partial(_layer_matmul, dtype=dtype, op=_OPTIONS["op"])
-    if _OPTIONS["remat"]:
+    layer_fn = functools.partial(_layer_matmul, dtype=dtype, op=op)
+    if remat:
         layer_fn = jax.checkpoint(layer_fn)
     depth = weights.kernel_s.shape[0]
     states = []
@@ -378,16 +361,17 @@ def highway_step(
 
 def _run_forward(spec, weights, scales, s0, x, hyper_states, key_data, hidden_masks):
     """Forward over all steps: (states [T, L, B, n], gates {h, t: [T, L, B, n]}, keep)."""
-    from rhhjax import recurrence
-
     depth = weights.kernel_s.shape[0]
     batch, width = s0.shape
     dtype = spec.dtype
-    keep = recurrence._sequence_masks(spec, key_data, x.shape[0], depth, batch, width)
+    keep = None
+    if spec.gate_dropout:
+        key = jax.random.wrap_key_data(key_data)
+        keep = cells.gate_keeps(key, x.shape[0], (depth, batch, width), spec.keep)
 
     def body(s, inputs):
         x_t, hyper_t, keep_t = inputs
-        masks = recurrence._layer_masks(spec, keep_t, depth)
+        masks = _layer_masks(spec, keep_t, depth)
         states, hs, ts = [], [], []
         for layer in range(depth):
             s_in = s if hidden_masks is None else s * hidden_masks[layer]
@@ -437,9 +421,14 @@ def _project_backward(kernel, s_h, d_factor, dtype):
     return dkernel, jnp.sum(d_factor, axis=0), ds_h
 
 
-def _sequence_bwd(spec, saved, g_states):
-    from rhhjax import recurrence
+def _layer_masks(spec, keep_t: Array | None, depth: int) -> list[Array | None]:
+    """bool [L, B, n] keep decisions of one step -> float masks (0 or 1/keep) per layer."""
+    if keep_t is None:
+        return [None] * depth
+    return [keep_t[layer].astype(jnp.float32) / spec.keep for layer in range(depth)]
 
+
+def _sequence_bwd(spec, saved, g_states):
     residuals, keep = saved
     weights, scales, s0, x, hyper_states, key_zero, hidden_masks, states, gates = residuals
     depth = weights.kernel_s.shape[0]
@@ -453,16 +442,14 @@ def _sequence_bwd(spec, saved, g_states):
     def body(carry, xs):
         ds, grads = carry
         x_t, hyper_t, keep_t, inputs_t, h_t, t_t, g_t = xs
-        masks = recurrence._layer_masks(spec, keep_t, depth)
+        masks = _layer_masks(spec, keep_t, depth)
         d_hyper = [None] * depth
         dw, dbias_s, du_k, du_b, dv_k, dv_b = ([None] * depth for _ in range(6))
         dx_t = d_kernel_x = d_bias_x = d_ux_k = d_ux_b = None
         for layer in reversed(range(depth)):
             ds = ds + g_t[layer]
             s_prev = inputs_t[layer]
-            da, ds_carry = recurrence._gate_backward(
-                ds, s_prev, h_t[layer], t_t[layer], masks[layer]
-            )
+            da, ds_carry = cells.gate_backward(ds, s_prev, h_t[layer], t_t[layer], masks[layer])
             s_in = s_prev if hidden_masks is None else s_prev * hidden_masks[layer]
             s_h = hyper_t[layer]
             u = project(scales.u_kernel[layer], scales.u_bias[layer], s_h, dtype)
@@ -530,7 +517,8 @@ def lowrank_sequence(
     """The rank-d HyperRHN main recurrence over a whole sequence as one differentiable op.
 
     Args:
-      spec: `recurrence.SequenceSpec` (impl "fused").
+      spec: the `recurrence.SequenceSpec` of the call (impl "fused"; its keep, dtype and
+        gate_dropout are read).
       weights: main cell parameters (kernel_x = U applies to `x`).
       scales: the rank-d projections.
       s0: [B, n] initial main state.

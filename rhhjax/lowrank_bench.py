@@ -91,16 +91,17 @@ def model_config(mode: str, rank: int, size: str, dtype: str = "float32") -> mod
         impl="fused" if mode == "fused" else "scan",
         dtype=dtype,
         hyper_rank=rank,
+        **op_options(mode),
     )
 
 
 def op_options(mode: str) -> dict:
-    """`lowrank.options` for a mode."""
+    """The `lowrank_op` / `lowrank_remat` model fields of a mode."""
     if mode == "scan-factored":
-        return {"op": "factored", "remat": False}
+        return {"lowrank_op": "factored", "lowrank_remat": False}
     if mode == "scan-vjp":
-        return {"op": "custom_vjp", "remat": False}
-    return {"op": "custom_vjp", "remat": True}
+        return {"lowrank_op": "custom_vjp", "lowrank_remat": False}
+    return {"lowrank_op": "custom_vjp", "lowrank_remat": True}
 
 
 def materialized_bytes(config: models.ModelConfig, batch: int, length: int) -> int:
@@ -121,13 +122,12 @@ def abstract_args(config: models.ModelConfig, batch: int, length: int):
     return params, opt_state, tokens, key
 
 
-def compiled_memory(config: models.ModelConfig, batch: int, length: int, **options):
+def compiled_memory(config: models.ModelConfig, batch: int, length: int):
     """(memory_analysis, compile seconds, parameter count) of one training step."""
     _, _, step = make_train_step(config)
     args = abstract_args(config, batch, length)
     start = time.perf_counter()
-    with lowrank.options(**options):
-        compiled = step.lower(*args).compile()
+    compiled = step.lower(*args).compile()
     return compiled.memory_analysis(), time.perf_counter() - start, models.count_params(args[0])
 
 
@@ -141,23 +141,22 @@ def peak_bytes(analysis) -> int:
     )
 
 
-def time_step(config: models.ModelConfig, batch: int, length: int, repeats: int, **options):
+def time_step(config: models.ModelConfig, batch: int, length: int, repeats: int):
     """Median seconds of a training step after a warm-up step."""
     model, optimizer, step = make_train_step(config)
-    with lowrank.options(**options):
-        params = models.init_params(model, jax.random.key(0))
-        opt_state = optimizer.init(params)
-        tokens = jnp.asarray(
-            np.random.default_rng(0).integers(0, VOCAB, (batch, length + 1)), jnp.int32
-        )
-        params, opt_state, loss = step(params, opt_state, tokens, jax.random.key(1))
+    params = models.init_params(model, jax.random.key(0))
+    opt_state = optimizer.init(params)
+    tokens = jnp.asarray(
+        np.random.default_rng(0).integers(0, VOCAB, (batch, length + 1)), jnp.int32
+    )
+    params, opt_state, loss = step(params, opt_state, tokens, jax.random.key(1))
+    loss.block_until_ready()
+    times = []
+    for i in range(repeats):
+        start = time.perf_counter()
+        params, opt_state, loss = step(params, opt_state, tokens, jax.random.key(2 + i))
         loss.block_until_ready()
-        times = []
-        for i in range(repeats):
-            start = time.perf_counter()
-            params, opt_state, loss = step(params, opt_state, tokens, jax.random.key(2 + i))
-            loss.block_until_ready()
-            times.append(time.perf_counter() - start)
+        times.append(time.perf_counter() - start)
     return statistics.median(times)
 
 
@@ -168,10 +167,9 @@ def plan(ranks: Sequence[int], modes: Sequence[str]) -> list[tuple[str, int]]:
 
 def run_row(mode, rank, memory_size, time_size, repeats, dtype) -> Row:
     base_mode = "fused" if mode == "fused" else "scan"
-    options = op_options(mode) if rank else {}
     config = model_config(base_mode if rank == 0 else mode, rank, memory_size, dtype)
     _, _, _, batch, length = SIZES[memory_size]
-    analysis, compile_s, params = compiled_memory(config, batch, length, **options)
+    analysis, compile_s, params = compiled_memory(config, batch, length)
     gb = 1e-9
     row = Row(
         mode=mode,
@@ -188,7 +186,7 @@ def run_row(mode, rank, memory_size, time_size, repeats, dtype) -> Row:
         timed = model_config(base_mode if rank == 0 else mode, rank, time_size, dtype)
         _, _, _, t_batch, t_length = SIZES[time_size]
         row.time_size = time_size
-        row.step_s = time_step(timed, t_batch, t_length, repeats, **options)
+        row.step_s = time_step(timed, t_batch, t_length, repeats)
     return row
 
 

@@ -18,7 +18,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from rhhjax import cells, lowrank
+from kernels import highway
+from rhhjax import cells, lowrank, recurrence
 
 Array = jax.Array
 
@@ -26,7 +27,7 @@ MODEL_TYPES = ("hyperrhn", "rhn", "lstm")
 DROPOUT_MODES = ("gate", "variational", "none")
 INITS = ("orthogonal", "uniform")
 HYPER_INPUTS = ("x", "x_and_state")
-IMPLS = ("scan", "fused", "pallas")
+IMPLS = ("scan", *recurrence.IMPLS)
 # float64 exists for gradient checks (needs jax_enable_x64); carry and accumulation follow it.
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float64": jnp.float64}
 
@@ -58,16 +59,33 @@ class ModelConfig:
     init: str = "orthogonal"
     hyper_input: str = "x"
     impl: str = "scan"
+    pallas_mode: str = "auto"
+    kernel: highway.HighwayConfig = highway.HighwayConfig()
     dtype: str = "float32"
     hyper_rank: int = 0
+    lowrank_op: str = "custom_vjp"
+    lowrank_remat: bool = True
 
     @classmethod
     def from_config(cls, cfg: Any, **overrides: Any) -> ModelConfig:
-        """Builds from a ConfigDict / mapping, ignoring unknown keys, then validates."""
+        """Builds from a ConfigDict / mapping, ignoring unknown keys, then validates.
+
+        The nested `kernel` block becomes a `highway.HighwayConfig`.
+        """
         items = dict(cfg.items()) if hasattr(cfg, "items") else dict(cfg)
         names = {f.name for f in dataclasses.fields(cls)}
         kwargs = {k: v for k, v in items.items() if k in names}
         kwargs.update(overrides)
+        kernel = kwargs.get("kernel")
+        if kernel is not None and not isinstance(kernel, highway.HighwayConfig):
+            kernel = dict(kernel.items()) if hasattr(kernel, "items") else dict(kernel)
+            known = {f.name for f in dataclasses.fields(highway.HighwayConfig)}
+            unknown = sorted(set(kernel) - known)
+            if unknown:
+                raise ConfigError(
+                    f"model.kernel has no field {unknown[0]!r}; one of {sorted(known)}"
+                )
+            kwargs["kernel"] = highway.HighwayConfig(**kernel)
         config = cls(**kwargs)
         config.validate()
         return config
@@ -80,7 +98,9 @@ class ModelConfig:
             "init": INITS,
             "hyper_input": HYPER_INPUTS,
             "impl": IMPLS,
+            "pallas_mode": recurrence.PALLAS_MODES,
             "dtype": tuple(DTYPES),
+            "lowrank_op": lowrank.OPS,
         }
         for name, allowed in choices.items():
             value = getattr(self, name)
@@ -108,6 +128,12 @@ class ModelConfig:
             raise ConfigError(
                 f"model.impl={self.impl!r} is only for RHN models; use 'scan' for lstm"
             )
+        try:
+            highway.validate_config(self.kernel, self.compute_dtype)
+        except ValueError as error:
+            raise ConfigError(f"model.kernel: {error}") from None
+        if not isinstance(self.lowrank_remat, bool):
+            raise ConfigError(f"model.lowrank_remat={self.lowrank_remat!r} must be True or False")
         rank = self.hyper_rank
         if not isinstance(rank, int) or isinstance(rank, bool) or rank < 0:
             raise ConfigError(f"model.hyper_rank={rank!r} must be a non-negative integer")
@@ -272,6 +298,8 @@ class HyperRHNCell(nn.Module):
     t_bias_init: float = 0.0
     dtype: str = "float32"
     hyper_rank: int = 0
+    lowrank_op: str = "custom_vjp"
+    lowrank_remat: bool = True
 
     def setup(self):
         n, h, depth = self.features, self.hyper_features, self.depth
@@ -331,6 +359,7 @@ class HyperRHNCell(nn.Module):
             s_main, _ = lowrank.highway_step(
                 self.main.weights(), self.lowrank_scales, s_main, main_xproj, hyper_layers,
                 masks.get("main_gate"), masks.get("main_hidden"), DTYPES[self.dtype],
+                op=self.lowrank_op, remat=self.lowrank_remat,
             )  # fmt: skip
             return (s_hyper, s_main), s_main
         z = self.scales(hyper_layers)
@@ -487,19 +516,11 @@ class RHNCore(nn.Module):
                 _rhn_body, self.cell, carry, (steps, xproj), gate_key, hidden_masks
             )
         else:
-            from rhhjax import recurrence
-
-            carry, ys = recurrence.rhn_sequence(
-                c.impl,
-                self.cell.weights(),
-                carry,
-                xproj,
-                None,
-                gate_key,
-                c.keep,
-                hidden_masks,
-                c.compute_dtype,
+            spec = recurrence.resolve_spec(c, gate_key is not None)
+            states = recurrence.highway_sequence(
+                spec, self.cell.weights(), carry, xproj, None, gate_key, hidden_masks
             )
+            carry, ys = states[-1, -1], states[:, -1]
         return jnp.swapaxes(ys, 0, 1), carry
 
 
@@ -520,6 +541,8 @@ class HyperRHNCore(nn.Module):
             t_bias_init=c.t_bias_init,
             dtype=c.dtype,
             hyper_rank=c.hyper_rank,
+            lowrank_op=c.lowrank_op,
+            lowrank_remat=c.lowrank_remat,
         )
 
     def initial_carry(self, batch: int):
@@ -547,12 +570,37 @@ class HyperRHNCore(nn.Module):
                 _hyper_body, self.cell, carry, (steps, xprojs), c.keep, keys, hidden_masks
             )
         else:
-            from rhhjax import recurrence
-
-            carry, ys = recurrence.hyper_rhn_sequence(
-                c.impl, self.cell, carry, xprojs, keys, c.keep, hidden_masks, c.compute_dtype
-            )
+            carry, ys = self._whole_sequence(carry, xprojs, keys, hidden_masks)
         return jnp.swapaxes(ys, 0, 1), carry
+
+    def _whole_sequence(self, carry, xprojs, keys, hidden_masks):
+        """`fused` / `pallas` (hyper_input="x"): the hyper recurrence over the whole sequence,
+        every z at once (one batched matmul), then the main recurrence.
+
+        carry: (s_hyper [B, h], s_main [B, n]); xprojs: ([T, B, 2h], [T, B, 2n] or, with
+        hyper_rank > 0, the raw input [T, B, E]). Returns (carry, outputs [T, B, n]).
+        """
+        c, cell = self.config, self.cell
+        s_hyper, s_main = carry
+        hyper_xproj, main_xproj = xprojs
+        hyper_key, main_key = (None, None) if keys is None else keys
+        spec = recurrence.resolve_spec(c, keys is not None)
+        hyper_states = recurrence.highway_sequence(
+            spec, cell.hyper.weights(), s_hyper, hyper_xproj, None, hyper_key,
+            hidden_masks.get("hyper_hidden"),
+        )  # fmt: skip
+        main_hidden = hidden_masks.get("main_hidden")
+        if c.hyper_rank > 0:  # Suarez section 4: main_xproj holds the raw input x here.
+            main_states = lowrank.lowrank_sequence(
+                spec, cell.main.weights(), cell.lowrank_scales, s_main, main_xproj,
+                hyper_states, main_key, main_hidden,
+            )  # fmt: skip
+        else:
+            main_states = recurrence.highway_sequence(
+                spec, cell.main.weights(), s_main, main_xproj, cell.scales(hyper_states),
+                main_key, main_hidden,
+            )  # fmt: skip
+        return (hyper_states[-1, -1], main_states[-1, -1]), main_states[:, -1]
 
 
 class LSTMCore(nn.Module):

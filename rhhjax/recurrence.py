@@ -1,31 +1,37 @@
-"""The time recurrence as one op: `fused` (pure XLA) and `pallas` (Pallas kernels per step).
+"""The RHN time recurrence as one differentiable op: `fused` (pure XLA) and `pallas`.
 
-`model.impl` is resolved here and only here:
+`model.impl` and the kernel knobs are resolved in `resolve_spec` and nowhere else:
 
 - `scan`: the textbook `nn.scan` over the cell in `rhhjax.models` (plain autodiff; the
   reference). It never reaches this module.
-- `fused`: `highway_sequence` below, a `jax.custom_vjp` around the WHOLE time loop. The
-  forward saves, per time step and micro-layer, the layer's input state and its unscaled
-  matmul output; the reverse loop computes only the pre-activation gradients and the state
-  gradient; dW, the biases' and z's gradients are formed after the loop as large matmuls
-  and reductions (deferred weight gradients, as fused RNN libraries do).
-- `pallas`: the same op whose per-step work (matmul + scale + bias + gates + dropout +
-  highway combine; and the elementwise backward) runs in the kernels of
-  `kernels/highway.py`. Off GPU it runs them in Pallas interpret mode.
+- `fused`: `highway_sequence` below, a `jax.custom_vjp` around the WHOLE time loop, each
+  micro-layer one XLA matmul and one elementwise fusion.
+- `pallas`: the same op whose micro-layer steps are the Pallas kernels of
+  `kernels/highway.py`: one forward kernel per micro-layer (matmul, scale, bias, gates,
+  dropout, combine) and one backward kernel per micro-layer (the state-gradient matmul of
+  the layer above fused with the gate backward of the layer below). Compiled on a GPU,
+  interpret mode elsewhere (`model.pallas_mode`).
 
-HyperRHN with the paper's `hyper_input="x"`: the hyper recurrence is run first over the
-whole sequence, every z for every step and layer is produced by one batched matmul, then
-the main recurrence runs with those z (see `hyper_rhn_sequence`).
+Everything that depends only on the parameters or on the whole sequence happens ONCE per
+call, outside the time loops: padding to the kernel layout, casting the weights to the
+matmul dtype, the transposed weight for the backward, the gate-dropout decisions of every
+step, and, after the reverse loop, the weight gradients (one large matmul per layer:
+deferred weight gradients) and the unpadding.
 
-Dropout masks are regenerated from the same key with `cells.gate_masks`, so every
-implementation drops the same units.
+Padded layout inside the loops (B -> Bp rows, n -> Np units, halves kept aligned):
+
+    s      [Bp, Np]        f32 carry            w      [L, Np, 2, Np]  matmul dtype
+    xproj  [T, Bp, 2, Np]  f32 (x U, no bias)   bias   [L, 2, Np]      f32 (b_U added at l=0)
+    z      [T, L, Bp, Np]  f32 | None           keep   [T, L, Bp, Np]  bool | None
+
+Padded units have zero weights, bias and input, so their state stays 0; padded batch rows
+get zero cotangents, so they add nothing to any gradient.
 
 Shapes: T time, L depth, B batch, n width.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 from typing import Any
@@ -33,9 +39,17 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from kernels import highway
 from rhhjax import cells
 
 Array = jax.Array
+
+IMPLS = ("fused", "pallas")
+PALLAS_MODES = ("auto", "compiled", "interpret")
+# XLA's GPU matmuls pad a contraction dimension that is not a multiple of this (1000 -> 1024
+# for its Triton GEMMs, found in the H100 compile report); the fused path pads once per call
+# instead of once per time step.
+FUSED_UNIT_MULTIPLE = 64
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,247 +60,417 @@ class SequenceSpec:
     keep: float  # Gate-dropout keep probability (used when gate dropout is on).
     dtype: Any  # Matmul input dtype.
     gate_dropout: bool  # Whether gate masks are generated from the key.
-    interpret: bool = False  # Pallas interpret mode (automatic off GPU).
+    interpret: bool = False  # Pallas interpret mode.
+    kernel: highway.HighwayConfig = highway.HighwayConfig()  # Pallas block sizes.
 
 
-_PALLAS_TARGET = {"platform": None}
+def resolve_spec(config: Any, gate_dropout: bool) -> SequenceSpec:
+    """The one place that turns a `models.ModelConfig` into an executable choice.
 
-
-@contextlib.contextmanager
-def pallas_target(platform: str):
-    """Trace `pallas` kernels for `platform` ("gpu": compiled Triton; "cpu": interpret mode)
-    instead of the default backend, e.g. to lower a GPU train step on a CPU-only machine."""
-    previous = _PALLAS_TARGET["platform"]
-    _PALLAS_TARGET["platform"] = platform
-    try:
-        yield
-    finally:
-        _PALLAS_TARGET["platform"] = previous
-
-
-def resolve_spec(impl: str, keep: float, dtype: Any, gate_dropout: bool) -> SequenceSpec:
-    """The one place that turns `model.impl` into an executable choice."""
-    if impl not in ("fused", "pallas"):
-        raise ValueError(f"impl {impl!r} is not a whole-sequence implementation")
-    platform = _PALLAS_TARGET["platform"] or jax.default_backend()
-    interpret = impl == "pallas" and platform != "gpu"
-    return SequenceSpec(impl, float(keep), jnp.dtype(dtype), gate_dropout, interpret)
-
-
-# ----------------------------------------------------------------------------- per-step math
-
-
-def _scaled_preactivation(pre, xproj_t, z_l, bias_l, bias_x, layer):
-    """a = (pre [+ xproj at layer 0]) * [z, z] + b_l [+ b_x at layer 0]."""
-    if layer == 0:
-        pre = pre + xproj_t
-    if z_l is not None:
-        pre = pre * cells.double(z_l)
-    a = pre + bias_l
-    return a + bias_x if layer == 0 else a
-
-
-def _gate_backward(ds, s, h, t, mask):
-    """Elementwise backward of `cells.highway_gate` from the saved gates h, t [B, n].
-
-    Returns (da [B, 2n], ds_carry [B, n]).
+    Reads `impl`, `keep`, `compute_dtype`, `pallas_mode` ("auto": compiled Triton on a GPU
+    backend, interpret mode elsewhere; "compiled" e.g. to trace a GPU step on a CPU host;
+    "interpret") and `kernel` (a `HighwayConfig`).
     """
-    t_used = t if mask is None else t * mask
-    h_used = h if mask is None else h * mask
-    da_h = ds * t_used * (1.0 - h * h)
-    da_t = ds * (h_used - s) * t * (1.0 - t)
-    return jnp.concatenate([da_h, da_t], axis=-1), ds * (1.0 - t)
+    if config.impl not in IMPLS:
+        raise ValueError(f"impl {config.impl!r} is not a whole-sequence implementation")
+    if config.pallas_mode not in PALLAS_MODES:
+        raise ValueError(f"pallas_mode {config.pallas_mode!r} is not one of {PALLAS_MODES}")
+    interpret = config.impl == "pallas" and (
+        config.pallas_mode == "interpret"
+        or (config.pallas_mode == "auto" and jax.default_backend() != "gpu")
+    )
+    return SequenceSpec(
+        config.impl,
+        float(config.keep),
+        jnp.dtype(config.compute_dtype),
+        bool(gate_dropout),
+        interpret,
+        config.kernel,
+    )
 
 
-def _layer_extra(z_l, bias_x, xproj_t, layer):
-    """The Pallas kernel's addend: (x U) * [z_0, z_0] + b_U at layer 0, else None."""
-    if layer != 0:
-        return None
-    extra = xproj_t * cells.double(z_l) if z_l is not None else xproj_t
-    return extra + bias_x
+# ----------------------------------------------------------------------------- layout
 
 
-def _layer_forward(spec, s, w_l, z_l, bias_l, bias_x, xproj_t, mask, hidden_mask, layer):
-    """One micro-layer: returns (s_new [B, n], saved) with what the backward needs.
+@dataclasses.dataclass(frozen=True)
+class _Layout:
+    """Padded extents of one call: B -> b_pad rows, n -> n_pad units."""
 
-    saved["pre"] = (s * hidden_mask) W_l [B, 2n] (pallas always; fused only with z, for
-    dz); fused also saves the gates saved["h"], saved["t"] [B, n] so that its backward
-    recomputes no transcendental function.
+    batch: int
+    width: int
+    b_pad: int
+    n_pad: int
+    geo: highway.Geometry | None = None  # The kernels' geometry (pallas only).
+
+    @classmethod
+    def make(cls, spec: SequenceSpec, batch: int, width: int) -> _Layout:
+        if spec.impl == "pallas":
+            geo = highway.Geometry.make(spec.kernel, batch, width)
+            return cls(batch, width, geo.b_pad, geo.n_pad, geo)
+        n_pad = -(-width // FUSED_UNIT_MULTIPLE) * FUSED_UNIT_MULTIPLE
+        return cls(batch, width, batch, n_pad)
+
+    def rows(self, x: Array | None) -> Array | None:
+        """[..., B, n] -> [..., Bp, Np] (zeros appended)."""
+        if x is None:
+            return None
+        lead = [(0, 0)] * (x.ndim - 2)
+        return jnp.pad(x, [*lead, (0, self.b_pad - self.batch), (0, self.n_pad - self.width)])
+
+    def halves(self, x: Array) -> Array:
+        """[..., B, 2n] -> [..., Bp, 2, Np]."""
+        x = x.reshape(*x.shape[:-1], 2, self.width)
+        lead = [(0, 0)] * (x.ndim - 3)
+        pads = [(0, self.b_pad - self.batch), (0, 0), (0, self.n_pad - self.width)]
+        return jnp.pad(x, [*lead, *pads])
+
+    def bias(self, b: Array) -> Array:
+        """[..., 2n] -> [..., 2, Np]."""
+        b = b.reshape(*b.shape[:-1], 2, self.width)
+        return jnp.pad(b, [(0, 0)] * (b.ndim - 1) + [(0, self.n_pad - self.width)])
+
+    def weight(self, w: Array, dtype: Any) -> Array:
+        """[L, n, 2n] -> [L, Np, 2, Np] in the matmul dtype."""
+        w = w.reshape(w.shape[0], self.width, 2, self.width).astype(dtype)
+        pad = self.n_pad - self.width
+        return jnp.pad(w, [(0, 0), (0, pad), (0, 0), (0, pad)])
+
+    def unrows(self, x: Array) -> Array:
+        """[..., Bp, Np] -> [..., B, n]."""
+        return x[..., : self.batch, : self.width]
+
+    def unhalves(self, x: Array) -> Array:
+        """[..., Bp, 2, Np] -> [..., B, 2n]."""
+        x = x[..., : self.batch, :, : self.width]
+        return x.reshape(*x.shape[:-2], 2 * self.width)
+
+    def unbias(self, b: Array) -> Array:
+        """[..., 2, Np] -> [..., 2n]."""
+        b = b[..., : self.width]
+        return b.reshape(*b.shape[:-2], 2 * self.width)
+
+    def unweight(self, w: Array) -> Array:
+        """[L, Np, 2, Np] -> [L, n, 2n]."""
+        w = w[:, : self.width, :, : self.width]
+        return w.reshape(w.shape[0], self.width, 2 * self.width)
+
+
+# ----------------------------------------------------------------------------- fused layers
+
+
+def _mask(spec: SequenceSpec, keep_l: Array | None, dtype: Any) -> Array | None:
+    """bool keep decisions [Bp, Np] -> inverted-dropout mask (0 or 1/keep), or None."""
+    return None if keep_l is None else keep_l.astype(dtype) / spec.keep
+
+
+def _fused_forward(spec, geo, s, w_l, z_l, bias_l, xproj_t, keep_l, hidden_l):
+    """One micro-layer in XLA: one matmul and one elementwise fusion.
+
+    s [Bp, Np]; w_l [Np, 2 * Np] in the matmul dtype. Returns (s_new [Bp, Np], saved) with
+    the gates "h", "t" [Bp, Np] (the backward recomputes no transcendental) and, with z,
+    "full" [Bp, 2, Np] = the unscaled sum (s W_l [+ x U at l = 0]) that z multiplies.
     """
-    if spec.impl == "pallas":
-        from kernels import highway
-
-        extra = _layer_extra(z_l, bias_x, xproj_t, layer)
-        s_new, pre = highway.highway_forward(
-            s, w_l.astype(spec.dtype), z_l, bias_l, extra, mask, interpret=spec.interpret
-        )
-        return s_new, {"pre": pre}
-    s_in = s if hidden_mask is None else s * hidden_mask
-    pre = cells.matmul(s_in, w_l, spec.dtype)
-    a = _scaled_preactivation(pre, xproj_t, z_l, bias_l, bias_x, layer)
-    n = s.shape[-1]
-    h = jnp.tanh(a[..., :n])
-    t = jax.nn.sigmoid(a[..., n:])
-    t_used = t if mask is None else t * mask
-    saved = {"h": h, "t": t}
-    if z_l is not None:
-        saved["pre"] = pre
-    return h * t_used + s * (1.0 - t), saved
+    del geo
+    s_in = s if hidden_l is None else s * hidden_l
+    n_pad = s.shape[-1]
+    pre = cells.matmul(s_in, w_l, spec.dtype).reshape(-1, 2, n_pad)
+    full = pre if xproj_t is None else pre + xproj_t
+    a = (full if z_l is None else full * z_l[:, None]) + bias_l
+    h, t = jnp.tanh(a[:, 0]), jax.nn.sigmoid(a[:, 1])
+    mask = _mask(spec, keep_l, s.dtype)
+    s_new = h * (t if mask is None else t * mask) + s * (1.0 - t)
+    saved = {"h": h, "t": t} if z_l is None else {"h": h, "t": t, "full": full}
+    return s_new, saved
 
 
-def _layer_backward(spec, ds, s, saved, z_l, bias_l, bias_x, xproj_t, mask, layer):
-    """Pre-activation gradient da [B, 2n] and carry gradient ds * (1 - t) [B, n]."""
-    if spec.impl == "pallas":
-        from kernels import highway
+def _fused_state_gradient(spec, above) -> Array:
+    """ds_carry + (d_scaled @ W^T) [* hidden mask] of the layer above: [Bp, Np].
 
-        extra = _layer_extra(z_l, bias_x, xproj_t, layer)
-        da, ds_carry, _ = highway.highway_backward(
-            ds, s, saved["pre"], z_l, bias_l, extra, mask, interpret=spec.interpret
-        )
-        return da, ds_carry
-    return _gate_backward(ds, s, saved["h"], saved["t"], mask)
-
-
-def _sequence_masks(spec, key_data, length, depth, batch, width):
-    """Gate-dropout keep decisions for every step, bool [T, L, B, n] (or None).
-
-    Generated for all steps at once (vectorised over t) from the same per-step keys as
-    the `scan` model, and saved for the backward instead of being regenerated.
+    above: (d_scaled [Bp, 2 * Np] and W^T [2 * Np, Np], both in the matmul dtype,
+    hidden mask [Bp, Np] | None, ds_carry [Bp, 2, Np] (both halves equal)).
     """
-    if not spec.gate_dropout:
-        return None
-    key = jax.random.wrap_key_data(key_data)
-    shape = (depth, batch, width)
-    return jax.vmap(lambda t: cells.gate_masks(key, t, shape, spec.keep) > 0)(jnp.arange(length))
+    d_scaled, w_t, hidden, ds_carry = above
+    ds_in = cells.matmul(d_scaled, w_t, spec.dtype)
+    return ds_carry[:, 0] + (ds_in if hidden is None else ds_in * hidden)
 
 
-def _layer_masks(spec, keep_t, depth):
-    """bool [L, B, n] keep decisions of one step -> list of float masks (0 or 1/keep)."""
-    if keep_t is None:
-        return [None] * depth
-    return [keep_t[layer].astype(jnp.float32) / spec.keep for layer in range(depth)]
+def _fused_backward(spec, geo, above, ds_out, s_prev, saved_l, z_l, keep_l, bias_l, xproj_t):
+    """Incoming state gradient of a micro-layer from the layer above, then its gate backward.
+
+    ds_out: [Bp, Np] cotangent of this layer's output from outside the recurrence.
+    Returns (d_scaled [Bp, 2 * Np] in the matmul dtype (the next matmul's operand),
+    ds_carry [Bp, 2, Np] (ds * (1 - t), the same in both halves), outputs {"da": [Bp, 2, Np]},
+    None). Every output has the [Bp, 2, Np] shape of da, so that XLA computes them in ONE
+    fusion; the bias gradient, d_scaled = da * [z, z] for dW and dz are formed from the
+    stacked da after the loop, with no per-step reduction.
+    """
+    del geo, bias_l, xproj_t  # `saved_l` holds what is needed.
+    ds = _fused_state_gradient(spec, above) + ds_out
+    h, t = saved_l["h"], saved_l["t"]
+    mask = _mask(spec, keep_l, ds.dtype)
+    t_used, h_used = (t, h) if mask is None else (t * mask, h * mask)
+    # da = ds * [t_used (1 - h^2), (h_used - s) t (1 - t)] without a concatenate.
+    is_h = jax.lax.broadcasted_iota(jnp.int32, (1, 2, 1), 1) == 0
+    coefficient = jnp.where(
+        is_h, (t_used * (1.0 - h * h))[:, None], ((h_used - s_prev) * t * (1.0 - t))[:, None]
+    )
+    da = ds[:, None] * coefficient
+    ds_carry = jnp.broadcast_to((ds * (1.0 - t))[:, None], da.shape)
+    d_scaled = da if z_l is None else da * z_l[:, None]
+    d_scaled = d_scaled.reshape(da.shape[0], -1).astype(spec.dtype)
+    return d_scaled, ds_carry, {"da": da}, None
+
+
+# ----------------------------------------------------------------------------- pallas layers
+
+
+def _pallas_forward(spec, geo, s, w_l, z_l, bias_l, xproj_t, keep_l, hidden_l):
+    """One micro-layer as one Pallas kernel; saved = {"pre": [Bp, 2, Np]} (s W_l)."""
+    del hidden_l  # pallas has no variational dropout (a config error).
+    s_new, pre = highway.forward_padded(
+        s,
+        w_l,
+        z_l,
+        bias_l,
+        xproj_t,
+        keep_l,
+        keep=spec.keep,
+        geo=geo,
+        config=spec.kernel,
+        interpret=spec.interpret,
+    )
+    return s_new, {"pre": pre}
+
+
+def _pallas_backward(spec, geo, above, ds_out, s_prev, saved_l, z_l, keep_l, bias_l, xproj_t):
+    """`_fused_backward` as ONE Pallas kernel (state-gradient matmul + gate backward).
+
+    Returns (d_scaled [Bp, 2, Np], ds_carry, outputs {"d_scaled", "dz" (with z)},
+    per-batch-block column sums of da [Bp / block_b, 2, Np]).
+    """
+    d_scaled_above, w_t_above, _, ds_carry_above = above
+    d_scaled, ds_carry, dz, da_parts = highway.backward_fused_padded(
+        d_scaled_above,
+        w_t_above,
+        ds_carry_above,
+        ds_out,
+        s_prev,
+        saved_l["pre"],
+        z_l,
+        bias_l,
+        xproj_t,
+        keep_l,
+        keep=spec.keep,
+        geo=geo,
+        config=spec.kernel,
+        interpret=spec.interpret,
+    )
+    outputs = {"d_scaled": d_scaled} if dz is None else {"d_scaled": d_scaled, "dz": dz}
+    return d_scaled, ds_carry, outputs, da_parts
 
 
 # ----------------------------------------------------------------------------- the op
 
 
-def _run_forward(spec, kernel_s, bias_s, bias_x, s0, xproj, z, key_data, hidden_masks, save=True):
-    """Forward over all steps: (states [T, L, B, n], saved {name: [T, L, B, *]}, keep).
+def _forward_loop(spec, geo, w, bias, s0, xproj, z, keep, hidden, save: bool):
+    """Forward over all steps in the padded layout.
 
-    keep: bool [T, L, B, n] gate-dropout decisions, or None.
+    w: per-layer weights (a tuple of L arrays, prepared by `_prepared_weights`).
+    Returns (states [T, L, Bp, Np], saved {name: [T, L, ...]}) (saved empty unless `save`).
     """
-    depth = kernel_s.shape[0]
-    batch, width = s0.shape
-    keep = _sequence_masks(spec, key_data, xproj.shape[0], depth, batch, width)
+    depth = len(w)
+    layer_forward = _pallas_forward if spec.impl == "pallas" else _fused_forward
+    bias = _per_layer(bias)  # Sliced here, not in every step (the kernels take whole arrays).
 
     def body(s, inputs):
         xproj_t, z_t, keep_t = inputs
-        masks = _layer_masks(spec, keep_t, depth)
         states, saved = [], []
         for layer in range(depth):
-            s, saved_l = _layer_forward(
+            s, saved_l = layer_forward(
                 spec,
+                geo,
                 s,
-                kernel_s[layer],
+                w[layer],
                 None if z_t is None else z_t[layer],
-                bias_s[layer],
-                bias_x,
-                xproj_t,
-                masks[layer],
-                None if hidden_masks is None else hidden_masks[layer],
-                layer,
+                bias[layer],
+                xproj_t if layer == 0 else None,
+                None if keep_t is None else keep_t[layer],
+                None if hidden is None else hidden[layer],
             )
             states.append(s)
             saved.append(saved_l if save else {})
         return s, (jnp.stack(states), jax.tree_util.tree_map(lambda *a: jnp.stack(a), *saved))
 
     _, (states, saved) = jax.lax.scan(body, s0, (xproj, z, keep))
-    return states, saved, keep
+    return states, saved
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _sequence(spec, kernel_s, bias_s, bias_x, s0, xproj, z, key_data, hidden_masks):
-    # Without differentiation nothing is saved for a backward pass.
-    args = (spec, kernel_s, bias_s, bias_x, s0, xproj, z, key_data, hidden_masks)
-    return _run_forward(*args, save=False)[0]
+def _backward_loop(spec, geo, w_t, bias, s0, xproj, z, keep, hidden, states, saved, g_states):
+    """Reverse loop over all steps; every micro-layer is the state-gradient matmul of the
+    layer above plus its own gate backward (one Pallas kernel, or one matmul and one fusion).
 
-
-def _sequence_fwd(spec, kernel_s, bias_s, bias_x, s0, xproj, z, key_data, hidden_masks):
-    states, saved, keep = _run_forward(
-        spec, kernel_s, bias_s, bias_x, s0, xproj, z, key_data, hidden_masks
-    )
-    key_zero = None if key_data is None else _zero_cotangent(key_data)
-    residuals = (kernel_s, bias_s, bias_x, s0, xproj, z, key_zero, hidden_masks, states, saved)
-    return states, (residuals, keep)
-
-
-def _sequence_bwd(spec, saved, g_states):
-    residuals, keep = saved
-    kernel_s, bias_s, bias_x, s0, xproj, z, key_zero, hidden_masks, states, saved = residuals
-    depth = kernel_s.shape[0]
-    width = s0.shape[1]
+    w_t: per-layer transposed weights (`_prepared_weights(..., transposed=True)`).
+    Returns (ds0 [Bp, Np], outputs {name: [T, L, ...]} of the layer backward, da_parts
+    [L, P, 2, Np] accumulated partial bias gradients (pallas) or None, inputs [T, L, Bp, Np]
+    (the input state of every micro-layer)).
+    """
+    depth = len(w_t)
+    layer_backward = _pallas_backward if spec.impl == "pallas" else _fused_backward
+    bias = _per_layer(bias)
     # Input state of every (t, l): the previous layer's output, or the previous step's.
     previous_step = jnp.concatenate([s0[None], states[:-1, -1]], axis=0)
     inputs = jnp.concatenate([previous_step[:, None], states[:, :-1]], axis=1)
-    w_t = jnp.swapaxes(kernel_s, 1, 2).astype(spec.dtype)
+
+    def hidden_of(layer):
+        return None if hidden is None else hidden[layer]
 
     def body(carry, xs):
-        ds, dbias = carry
+        d_scaled_above, ds_carry_above, da_acc = carry
         xproj_t, z_t, keep_t, inputs_t, saved_t, g_t = xs
-        masks = _layer_masks(spec, keep_t, depth)
-        d_scaled, dz = [None] * depth, [None] * depth
-        dbias_t = [None] * depth
+        above = (d_scaled_above, w_t[0], hidden_of(0), ds_carry_above)
+        outputs, da_parts = [None] * depth, [None] * depth
         for layer in reversed(range(depth)):
-            ds = ds + g_t[layer]
-            z_l = None if z_t is None else z_t[layer]
-            da, ds_carry = _layer_backward(
-                spec,
-                ds,
-                inputs_t[layer],
-                jax.tree_util.tree_map(lambda a, i=layer: a[i], saved_t),
-                z_l,
-                bias_s[layer],
-                bias_x,
-                xproj_t,
-                masks[layer],
-                layer,
-            )
-            dbias_t[layer] = da.sum(0)
-            if z_l is None:
-                d_pre = da
-            else:
-                d_pre = da * cells.double(z_l)
-                pre = saved_t["pre"][layer]
-                full_pre = pre + xproj_t if layer == 0 else pre
-                product = da * full_pre
-                dz[layer] = product[:, :width] + product[:, width:]
-            d_scaled[layer] = d_pre
-            ds_matmul = cells.matmul(d_pre, w_t[layer], spec.dtype)
-            if hidden_masks is not None:
-                ds_matmul = ds_matmul * hidden_masks[layer]
-            ds = ds_carry + ds_matmul
-        outputs = (jnp.stack(d_scaled), None if z_t is None else jnp.stack(dz))
-        return (ds, dbias + jnp.stack(dbias_t)), outputs
+            saved_l = jax.tree_util.tree_map(lambda a, i=layer: a[i], saved_t)
+            d_scaled, ds_carry, outputs[layer], da_parts[layer] = layer_backward(
+                spec, geo, above, g_t[layer], inputs_t[layer], saved_l,
+                None if z_t is None else z_t[layer],
+                None if keep_t is None else keep_t[layer],
+                bias[layer], xproj_t if layer == 0 else None,
+            )  # fmt: skip
+            above = (d_scaled, w_t[layer], hidden_of(layer), ds_carry)
+        if da_acc is not None:
+            da_acc = da_acc + jnp.stack(da_parts)
+        stacked = jax.tree_util.tree_map(lambda *a: jnp.stack(a), *outputs)
+        return (above[0], above[3], da_acc), stacked
 
-    init = (jnp.zeros_like(s0), jnp.zeros_like(bias_s))
+    b_pad, n_pad = s0.shape
+    if spec.impl == "pallas":
+        d_scaled0 = jnp.zeros((b_pad, 2, n_pad), s0.dtype)
+        da_acc = jnp.zeros((depth, geo.grid[0], 2, n_pad), s0.dtype)
+    else:
+        d_scaled0, da_acc = jnp.zeros((b_pad, 2 * n_pad), spec.dtype), None
+    ds_carry0 = jnp.zeros_like(s0) if spec.impl == "pallas" else jnp.zeros((b_pad, 2, n_pad))
+    init = (d_scaled0, ds_carry0.astype(s0.dtype), da_acc)
     xs = (xproj, z, keep, inputs, saved, g_states)
-    (ds0, dbias_s), (d_scaled, dz) = jax.lax.scan(body, init, xs, reverse=True)
-    # Deferred weight gradient: one [n, T*B] x [T*B, 2n] matmul per layer.
-    matmul_inputs = inputs if hidden_masks is None else inputs * hidden_masks[None]
-    dkernel = jnp.einsum(
-        "tlbi,tlbo->lio",
+    (d_scaled0, ds_carry0, da_acc), outputs = jax.lax.scan(body, init, xs, reverse=True)
+    # The state gradient of s0 through W_0 (no gate backward below it).
+    if spec.impl == "pallas":
+        ds0 = highway.state_grad_padded(
+            d_scaled0, w_t[0], ds_carry0, geo=geo, config=spec.kernel, interpret=spec.interpret
+        )
+    else:
+        ds0 = _fused_state_gradient(spec, (d_scaled0, w_t[0], hidden_of(0), ds_carry0))
+    return ds0, outputs, da_acc, inputs
+
+
+def _prepared_weights(spec, layout, kernel_s, transposed=False) -> tuple[Array, ...]:
+    """W_l [L, n, 2n] -> a tuple of L per-layer arrays, padded and cast ONCE per call.
+
+    fused: [Np, 2 * Np] (transposed: [2 * Np, Np]); pallas: [Np, 2, Np] (transposed:
+    [2, Np, Np], w_t[h, k, j] = w[j, h * n + k]), the layouts of `kernels/highway.py`.
+    """
+    w = layout.weight(kernel_s, spec.dtype)  # [L, Np, 2, Np]
+    n_pad = layout.n_pad
+    if spec.impl == "pallas":
+        w = jnp.transpose(w, (0, 2, 3, 1)) if transposed else w
+    else:
+        w = w.reshape(-1, n_pad, 2 * n_pad)
+        w = jnp.swapaxes(w, 1, 2) if transposed else w
+    return _per_layer(w)
+
+
+def _per_layer(x: Array) -> tuple[Array, ...]:
+    """[L, ...] -> L arrays, sliced once outside the time loops."""
+    return tuple(x[layer] for layer in range(x.shape[0]))
+
+
+def _padded_operands(spec, layout, weights, s0, xproj, z, key_data, hidden_masks):
+    """What the loops read besides the weights, padded once: (bias [L, 2, Np] with b_U added
+    at layer 0, s0 [Bp, Np], xproj [T, Bp, 2, Np], z, keep [T, L, Bp, Np], hidden)."""
+    depth = weights.kernel_s.shape[0]
+    bias = layout.bias(weights.bias_s).at[0].add(layout.bias(weights.bias_x))
+    keep = None
+    if spec.gate_dropout:
+        key = jax.random.wrap_key_data(key_data)
+        decisions = cells.gate_keeps(
+            key, xproj.shape[0], (depth, layout.batch, layout.width), spec.keep
+        )
+        keep = layout.rows(decisions.astype(jnp.int8 if spec.impl == "pallas" else jnp.bool_))
+    return (
+        bias,
+        layout.rows(s0),
+        layout.halves(xproj),
+        layout.rows(z),
+        keep,
+        layout.rows(hidden_masks),
+    )
+
+
+def _run_forward(spec, weights, s0, xproj, z, key_data, hidden_masks, save: bool):
+    """Pads, runs the forward loop: (layout, operands, states [T, L, Bp, Np], saved)."""
+    layout = _Layout.make(spec, *s0.shape)
+    operands = _padded_operands(spec, layout, weights, s0, xproj, z, key_data, hidden_masks)
+    w = _prepared_weights(spec, layout, weights.kernel_s)
+    states, saved = _forward_loop(spec, layout.geo, w, *operands, save=save)
+    return layout, operands, states, saved
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _sequence(spec, weights, s0, xproj, z, key_data, hidden_masks):
+    # Without differentiation nothing is saved for a backward pass.
+    layout, _, states, _ = _run_forward(
+        spec, weights, s0, xproj, z, key_data, hidden_masks, save=False
+    )
+    return layout.unrows(states)
+
+
+def _sequence_fwd(spec, weights, s0, xproj, z, key_data, hidden_masks):
+    layout, operands, states, saved = _run_forward(
+        spec, weights, s0, xproj, z, key_data, hidden_masks, save=True
+    )
+    key_zero = None if key_data is None else jnp.zeros(key_data.shape, jax.dtypes.float0)
+    return layout.unrows(states), (operands, states, saved, key_zero, weights)
+
+
+def _sequence_bwd(spec, residuals, g_states):
+    operands, states, saved, key_zero, weights = residuals
+    bias, s0, xproj, z, keep, hidden = operands
+    batch, width = g_states.shape[-2:]
+    layout = _Layout.make(spec, batch, width)
+    w_t = _prepared_weights(spec, layout, weights.kernel_s, transposed=True)
+    ds0, outputs, da_acc, inputs = _backward_loop(
+        spec, layout.geo, w_t, bias, s0, xproj, z, keep, hidden, states, saved,
+        layout.rows(g_states),
+    )  # fmt: skip
+    if spec.impl == "pallas":
+        d_scaled, dbias = outputs["d_scaled"], da_acc.sum(1)
+    else:  # d_scaled = da * [z, z], dz and the bias gradient, from the stacked da.
+        da = outputs["da"]
+        d_scaled = da if z is None else da * z[:, :, :, None]
+        dbias = da.sum((0, 2))
+        if z is not None:
+            outputs = {"dz": jnp.sum(da * saved["full"], axis=-2)}
+    # Deferred weight gradient: one [Np, T*Bp] x [T*Bp, 2*Np] matmul per layer.
+    matmul_inputs = inputs if hidden is None else inputs * hidden[None]
+    dw = jnp.einsum(
+        "tlbi,tlbho->liho",
         matmul_inputs.astype(spec.dtype),
         d_scaled.astype(spec.dtype),
         preferred_element_type=cells.accumulation_dtype(spec.dtype),
-    ).astype(kernel_s.dtype)
-    dxproj = d_scaled[:, 0]
-    dbias_x = dbias_s[0]
-    dhidden = None if hidden_masks is None else jnp.zeros_like(hidden_masks)
-    return dkernel, dbias_s, dbias_x, ds0, dxproj, dz, key_zero, dhidden
-
-
-def _zero_cotangent(x):
-    return jnp.zeros(x.shape, jax.dtypes.float0)
+    )
+    dbias = layout.unbias(dbias)
+    d_weights = cells.HighwayWeights(
+        kernel_x=jnp.zeros_like(weights.kernel_x),
+        bias_x=dbias[0],
+        kernel_s=layout.unweight(dw),
+        bias_s=dbias,
+    )
+    d_weights = jax.tree_util.tree_map(lambda g, p: g.astype(p.dtype), d_weights, weights)
+    dxproj = layout.unhalves(d_scaled[:, 0])
+    dz = outputs.get("dz")
+    dz = None if dz is None else layout.unrows(dz)
+    dhidden = None if hidden is None else jnp.zeros((hidden.shape[0], batch, width), hidden.dtype)
+    return d_weights, layout.unrows(ds0), dxproj, dz, key_zero, dhidden
 
 
 _sequence.defvjp(_sequence_fwd, _sequence_bwd)
@@ -305,80 +489,19 @@ def highway_sequence(
 
     Args:
       spec: static implementation choice (see `resolve_spec`).
-      weights: cell parameters (kernel_x is not used: pass `xproj` instead).
-      s0: [B, n] initial state.
-      xproj: [T, B, 2n] input projections `x U` (no bias).
+      weights: cell parameters (kernel_x is not used: pass `xproj` instead; its gradient is
+        zero here and flows through `xproj`).
+      s0: [B, n] initial state (float32).
+      xproj: [T, B, 2n] input projections `x U` (no bias, unscaled).
       z: [T, L, B, n] hyper scales, or None.
       gate_key: dropout key for gate masks (required when spec.gate_dropout).
-      hidden_masks: [L, B, n] variational masks on the matmul input, or None.
+      hidden_masks: [L, B, n] variational masks on the matmul input, or None (fused only).
     Returns:
-      states [T, L, B, n]: the state after every micro-layer of every step.
+      states [T, L, B, n]: the state after every micro-layer of every step (float32).
     """
     key_data = None if gate_key is None else jax.random.key_data(gate_key)
     if spec.gate_dropout and key_data is None:
         raise ValueError("gate dropout needs a key")
-    return _sequence(
-        spec,
-        weights.kernel_s,
-        weights.bias_s,
-        weights.bias_x,
-        s0,
-        xproj,
-        z,
-        key_data,
-        hidden_masks,
-    )
-
-
-def rhn_sequence(impl, weights, s0, xproj, z, gate_key, keep, hidden_masks, dtype):
-    """Plain RHN: returns (final state [B, n], outputs [T, B, n])."""
-    spec = resolve_spec(impl, keep, dtype, gate_key is not None)
-    states = highway_sequence(spec, weights, s0, xproj, z, gate_key, hidden_masks)
-    return states[-1, -1], states[:, -1]
-
-
-def hyper_rhn_sequence(impl, cell, carry, xprojs, keys, keep, hidden_masks, dtype):
-    """HyperRHN (hyper_input="x"): hyper recurrence, all z at once, then the main one.
-
-    Args:
-      cell: the bound `models.HyperRHNCell` (its parameters are read, not re-declared).
-      carry: (s_hyper [B, h], s_main [B, n]).
-      xprojs: (hyper xproj [T, B, 2h], main xproj [T, B, 2n]).
-      keys: (hyper gate key, main gate key) or None.
-    Returns:
-      ((s_hyper, s_main), outputs [T, B, n]).
-    """
-    if cell.hyper_input != "x":
-        raise ValueError("fused/pallas HyperRHN needs hyper_input='x' (the paper's)")
-    s_hyper, s_main = carry
-    hyper_xproj, main_xproj = xprojs
-    hyper_key, main_key = (None, None) if keys is None else keys
-    spec = resolve_spec(impl, keep, dtype, keys is not None)
-    hyper_states = highway_sequence(
-        spec,
-        cell.hyper.weights(),
-        s_hyper,
-        hyper_xproj,
-        None,
-        hyper_key,
-        hidden_masks.get("hyper_hidden"),
-    )
-    if cell.hyper_rank > 0:  # Suarez section 4: main_xproj holds the raw input x here.
-        from rhhjax import lowrank
-
-        main_states = lowrank.lowrank_sequence(
-            spec, cell.main.weights(), cell.lowrank_scales, s_main, main_xproj, hyper_states,
-            main_key, hidden_masks.get("main_hidden"),
-        )  # fmt: skip
-        return (hyper_states[-1, -1], main_states[-1, -1]), main_states[:, -1]
-    z = cell.scales(hyper_states)  # [T, L, B, n] in one batched matmul.
-    main_states = highway_sequence(
-        spec,
-        cell.main.weights(),
-        s_main,
-        main_xproj,
-        z,
-        main_key,
-        hidden_masks.get("main_hidden"),
-    )
-    return (hyper_states[-1, -1], main_states[-1, -1]), main_states[:, -1]
+    if spec.impl == "pallas" and hidden_masks is not None:
+        raise ValueError("impl 'pallas' has no variational dropout")
+    return _sequence(spec, weights, s0, xproj, z, key_data, hidden_masks)

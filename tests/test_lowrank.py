@@ -229,8 +229,10 @@ def test_scan_gradients_agree_for_every_op_and_remat_setting():
     )
     expected = _value_and_grad(config, params, tokens, key)  # custom_vjp + remat (default)
     for op, remat in (("factored", False), ("custom_vjp", False), ("materialized", True)):
-        with lowrank.options(op=op, remat=remat):
-            actual = _value_and_grad(config, params, tokens, key)
+        variant = models.ModelConfig(
+            **{**config.__dict__, "lowrank_op": op, "lowrank_remat": remat}
+        )
+        actual = _value_and_grad(variant, params, tokens, key)
         _assert_trees_close(actual, expected, 2e-5)
 
 
@@ -323,10 +325,11 @@ def test_saved_memory_barely_grows_with_rank(impl):
     while u and v alone would be 4x (scan without remat keeps them)."""
 
     def saved(rank, remat=True):
-        config = _config(hidden=64, hyper_hidden=16, depth=3, hyper_rank=rank, impl=impl)
+        config = _config(
+            hidden=64, hyper_hidden=16, depth=3, hyper_rank=rank, impl=impl, lowrank_remat=remat
+        )
         model, params, tokens, key = _case(config, 0, batch=8, length=12)
-        with lowrank.options(remat=remat):
-            return _saved_bytes(_loss_fn(model), params, tokens, key)
+        return _saved_bytes(_loss_fn(model), params, tokens, key)
 
     ratio = saved(4) / saved(1)
     assert ratio <= 1.3, ratio

@@ -8,7 +8,7 @@ import numpy as np
 import optax
 import pytest
 
-from rhhjax import models, recurrence
+from rhhjax import models
 
 # Tolerances per matmul dtype: f32 paths differ only in summation order; bf16 rounds the
 # matmul inputs identically in all implementations but the backward of `scan` (autodiff)
@@ -157,7 +157,10 @@ TRITON_CALL_TARGETS = ("__gpu$xla.gpu.triton", "triton_kernel_call")
 
 @pytest.mark.parametrize("model_type", ["rhn", "hyperrhn"])
 def test_pallas_train_step_lowers_for_cuda_with_triton_calls(model_type):
-    config = _config(type=model_type, impl="pallas", hidden=1000, hyper_hidden=128, depth=2)
+    config = _config(
+        type=model_type, impl="pallas", pallas_mode="compiled", hidden=1000, hyper_hidden=128,
+        depth=2,
+    )  # fmt: skip
     config = models.ModelConfig(**{**config.__dict__, "vocab_size": 50, "embed_dim": 27})
     model = models.build_model(config)
     optimizer = optax.adam(1e-3)
@@ -177,12 +180,11 @@ def test_pallas_train_step_lowers_for_cuda_with_triton_calls(model_type):
         return optax.apply_updates(p, updates), state, loss
 
     key = jax.eval_shape(lambda: jax.random.key(0))
-    with recurrence.pallas_target("gpu"):
-        lowered = (
-            jax.jit(train_step)
-            .trace(params, opt_state, tokens, key)
-            .lower(lowering_platforms=("cuda",))
-        )
+    lowered = (
+        jax.jit(train_step)
+        .trace(params, opt_state, tokens, key)
+        .lower(lowering_platforms=("cuda",))
+    )
     text = lowered.as_text()
     found = [t for t in TRITON_CALL_TARGETS if t in text]
     assert found, "no Triton custom call in the lowered train step"
