@@ -272,20 +272,50 @@ def _pallas_backward(spec, geo, above, ds_out, s_prev, saved_l, z_l, keep_l, bia
 # ----------------------------------------------------------------------------- the op
 
 
+def _saved_rows(spec: SequenceSpec, has_z: bool) -> tuple[tuple[str, int], ...]:
+    """What the forward saves per micro-layer besides its input state, as (name, rows of Np).
+
+    pallas: the kernel's unscaled matmul "pre" [Bp, 2, Np]; fused: the gates "h", "t"
+    [Bp, Np] and, with z, "full" [Bp, 2, Np] (see `_fused_forward`).
+    """
+    if spec.impl == "pallas":
+        return (("pre", 2),)
+    return (("h", 1), ("t", 1), ("full", 2)) if has_z else (("h", 1), ("t", 1))
+
+
+def _pack(s_in: Array, saved_l: dict, fields) -> Array:
+    """[Bp, Np] input state + saved arrays -> ONE [Bp, K, Np] array (one store per step)."""
+    rows = [s_in[:, None]] + [saved_l[name].reshape(s_in.shape[0], n, -1) for name, n in fields]
+    return jnp.concatenate(rows, axis=1)
+
+
+def _unpack(packed: Array, fields) -> tuple[Array, dict]:
+    """Inverse of `_pack` ([..., Bp, K, Np]): (input state [..., Bp, Np], saved arrays)."""
+    saved, offset = {}, 1
+    for name, n in fields:
+        saved[name] = packed[..., offset, :] if n == 1 else packed[..., offset : offset + n, :]
+        offset += n
+    return packed[..., 0, :], saved
+
+
 def _forward_loop(spec, geo, w, bias, s0, xproj, z, keep, hidden, save: bool):
     """Forward over all steps in the padded layout.
 
     w: per-layer weights (a tuple of L arrays, prepared by `_prepared_weights`).
-    Returns (states [T, L, Bp, Np], saved {name: [T, L, ...]}) (saved empty unless `save`).
+    Returns (states [T, L, Bp, Np], packed [T, L, Bp, K, Np] or None): with `save`, each
+    micro-layer's input state and saved arrays (`_saved_rows`) in one array, so that every
+    step stores one array and the backward reads one.
     """
     depth = len(w)
     layer_forward = _pallas_forward if spec.impl == "pallas" else _fused_forward
     bias = _per_layer(bias)  # Sliced here, not in every step (the kernels take whole arrays).
+    fields = _saved_rows(spec, z is not None)
 
     def body(s, inputs):
         xproj_t, z_t, keep_t = inputs
-        states, saved = [], []
+        outputs = []
         for layer in range(depth):
+            s_in = s
             s, saved_l = layer_forward(
                 spec,
                 geo,
@@ -297,42 +327,44 @@ def _forward_loop(spec, geo, w, bias, s0, xproj, z, keep, hidden, save: bool):
                 None if keep_t is None else keep_t[layer],
                 None if hidden is None else hidden[layer],
             )
-            states.append(s)
-            saved.append(saved_l if save else {})
-        return s, (jnp.stack(states), jax.tree_util.tree_map(lambda *a: jnp.stack(a), *saved))
+            outputs.append(_pack(s_in, saved_l, fields) if save else s)
+        return s, jnp.stack(outputs)
 
-    _, (states, saved) = jax.lax.scan(body, s0, (xproj, z, keep))
-    return states, saved
+    s_last, outputs = jax.lax.scan(body, s0, (xproj, z, keep))
+    if not save:
+        return outputs, None
+    # The output of (t, l) is the input of (t, l + 1), or of (t + 1, 0).
+    inputs = outputs[..., 0, :]
+    last_layer = jnp.concatenate([inputs[1:, 0], s_last[None]], axis=0)
+    return jnp.concatenate([inputs[:, 1:], last_layer[:, None]], axis=1), outputs
 
 
-def _backward_loop(spec, geo, w_t, bias, s0, xproj, z, keep, hidden, states, saved, g_states):
+def _backward_loop(spec, geo, w_t, bias, s0, xproj, z, keep, hidden, packed, g_states):
     """Reverse loop over all steps; every micro-layer is the state-gradient matmul of the
     layer above plus its own gate backward (one Pallas kernel, or one matmul and one fusion).
 
-    w_t: per-layer transposed weights (`_prepared_weights(..., transposed=True)`).
-    Returns (ds0 [Bp, Np], outputs {name: [T, L, ...]} of the layer backward, da_parts
-    [L, P, 2, Np] accumulated partial bias gradients (pallas) or None, inputs [T, L, Bp, Np]
-    (the input state of every micro-layer)).
+    w_t: per-layer transposed weights (`_prepared_weights(..., transposed=True)`);
+    packed: the forward's saved arrays (`_forward_loop`).
+    Returns (ds0 [Bp, Np], outputs {name: [T, L, ...]} of the layer backward, da_acc
+    [L, P, 2, Np] accumulated partial bias gradients (pallas with z) or None).
     """
     depth = len(w_t)
     layer_backward = _pallas_backward if spec.impl == "pallas" else _fused_backward
     bias = _per_layer(bias)
-    # Input state of every (t, l): the previous layer's output, or the previous step's.
-    previous_step = jnp.concatenate([s0[None], states[:-1, -1]], axis=0)
-    inputs = jnp.concatenate([previous_step[:, None], states[:, :-1]], axis=1)
+    fields = _saved_rows(spec, z is not None)
 
     def hidden_of(layer):
         return None if hidden is None else hidden[layer]
 
     def body(carry, xs):
         d_scaled_above, ds_carry_above, da_acc = carry
-        xproj_t, z_t, keep_t, inputs_t, saved_t, g_t = xs
+        xproj_t, z_t, keep_t, packed_t, g_t = xs
         above = (d_scaled_above, w_t[0], hidden_of(0), ds_carry_above)
         outputs, da_parts = [None] * depth, [None] * depth
         for layer in reversed(range(depth)):
-            saved_l = jax.tree_util.tree_map(lambda a, i=layer: a[i], saved_t)
+            s_prev, saved_l = _unpack(packed_t[layer], fields)
             d_scaled, ds_carry, outputs[layer], da_parts[layer] = layer_backward(
-                spec, geo, above, g_t[layer], inputs_t[layer], saved_l,
+                spec, geo, above, g_t[layer], s_prev, saved_l,
                 None if z_t is None else z_t[layer],
                 None if keep_t is None else keep_t[layer],
                 bias[layer], xproj_t if layer == 0 else None,
@@ -346,12 +378,13 @@ def _backward_loop(spec, geo, w_t, bias, s0, xproj, z, keep, hidden, states, sav
     b_pad, n_pad = s0.shape
     if spec.impl == "pallas":
         d_scaled0 = jnp.zeros((b_pad, 2, n_pad), s0.dtype)
-        da_acc = jnp.zeros((depth, geo.grid[0], 2, n_pad), s0.dtype)
+        # Partial bias sums are accumulated only when z scales da (else dbias = sum d_scaled).
+        da_acc = None if z is None else jnp.zeros((depth, geo.grid[0], 2, n_pad), s0.dtype)
     else:
         d_scaled0, da_acc = jnp.zeros((b_pad, 2 * n_pad), spec.dtype), None
     ds_carry0 = jnp.zeros_like(s0) if spec.impl == "pallas" else jnp.zeros((b_pad, 2, n_pad))
     init = (d_scaled0, ds_carry0.astype(s0.dtype), da_acc)
-    xs = (xproj, z, keep, inputs, saved, g_states)
+    xs = (xproj, z, keep, packed, g_states)
     (d_scaled0, ds_carry0, da_acc), outputs = jax.lax.scan(body, init, xs, reverse=True)
     # The state gradient of s0 through W_0 (no gate backward below it).
     if spec.impl == "pallas":
@@ -360,7 +393,7 @@ def _backward_loop(spec, geo, w_t, bias, s0, xproj, z, keep, hidden, states, sav
         )
     else:
         ds0 = _fused_state_gradient(spec, (d_scaled0, w_t[0], hidden_of(0), ds_carry0))
-    return ds0, outputs, da_acc, inputs
+    return ds0, outputs, da_acc
 
 
 def _prepared_weights(spec, layout, kernel_s, transposed=False) -> tuple[Array, ...]:
@@ -407,12 +440,12 @@ def _padded_operands(spec, layout, weights, s0, xproj, z, key_data, hidden_masks
 
 
 def _run_forward(spec, weights, s0, xproj, z, key_data, hidden_masks, save: bool):
-    """Pads, runs the forward loop: (layout, operands, states [T, L, Bp, Np], saved)."""
+    """Pads, runs the forward loop: (layout, operands, states [T, L, Bp, Np], packed)."""
     layout = _Layout.make(spec, *s0.shape)
     operands = _padded_operands(spec, layout, weights, s0, xproj, z, key_data, hidden_masks)
     w = _prepared_weights(spec, layout, weights.kernel_s)
-    states, saved = _forward_loop(spec, layout.geo, w, *operands, save=save)
-    return layout, operands, states, saved
+    states, packed = _forward_loop(spec, layout.geo, w, *operands, save=save)
+    return layout, operands, states, packed
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
@@ -425,25 +458,26 @@ def _sequence(spec, weights, s0, xproj, z, key_data, hidden_masks):
 
 
 def _sequence_fwd(spec, weights, s0, xproj, z, key_data, hidden_masks):
-    layout, operands, states, saved = _run_forward(
+    layout, operands, states, packed = _run_forward(
         spec, weights, s0, xproj, z, key_data, hidden_masks, save=True
     )
     key_zero = None if key_data is None else jnp.zeros(key_data.shape, jax.dtypes.float0)
-    return layout.unrows(states), (operands, states, saved, key_zero, weights)
+    return layout.unrows(states), (operands, packed, key_zero, weights)
 
 
 def _sequence_bwd(spec, residuals, g_states):
-    operands, states, saved, key_zero, weights = residuals
+    operands, packed, key_zero, weights = residuals
     bias, s0, xproj, z, keep, hidden = operands
     batch, width = g_states.shape[-2:]
     layout = _Layout.make(spec, batch, width)
     w_t = _prepared_weights(spec, layout, weights.kernel_s, transposed=True)
-    ds0, outputs, da_acc, inputs = _backward_loop(
-        spec, layout.geo, w_t, bias, s0, xproj, z, keep, hidden, states, saved,
-        layout.rows(g_states),
-    )  # fmt: skip
+    ds0, outputs, da_acc = _backward_loop(
+        spec, layout.geo, w_t, bias, s0, xproj, z, keep, hidden, packed, layout.rows(g_states)
+    )
+    inputs, saved = _unpack(packed, _saved_rows(spec, z is not None))
     if spec.impl == "pallas":
-        d_scaled, dbias = outputs["d_scaled"], da_acc.sum(1)
+        d_scaled = outputs["d_scaled"]
+        dbias = d_scaled.sum((0, 2)) if da_acc is None else da_acc.sum(1)
     else:  # d_scaled = da * [z, z], dz and the bias gradient, from the stacked da.
         da = outputs["da"]
         d_scaled = da if z is None else da * z[:, :, :, None]
