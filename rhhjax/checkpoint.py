@@ -41,6 +41,8 @@ The ``meta`` JSON (version 1):
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import shutil
 from pathlib import Path
@@ -156,14 +158,18 @@ class Checkpoints:
         if step in manager.all_steps():
             manager.delete(step)
         try:
-            manager.save(step, args=ocp.args.Composite(**items), force=True)
-            manager.wait_until_finished()
+            with quiet_orbax_errors():
+                manager.save(step, args=ocp.args.Composite(**items), force=True)
+                manager.wait_until_finished()
         except Exception as e:  # orbax / tensorstore / OSError: report it in one line
             folder = Path(manager.directory)
             _remove_unfinished(folder)
-            previous = [s for s in manager.all_steps() if s != step]
-            if previous:  # a finished checkpoint of the same kind: its size on disk
-                nbytes = max(nbytes, _folder_bytes(folder / str(max(previous))))
+            for other in (manager, self._latest):  # a finished checkpoint: its size on disk
+                previous = [s for s in other.all_steps() if s != step] if other else []
+                if previous:
+                    where = Path(other.directory) / str(max(previous))
+                    nbytes = max(nbytes, _folder_bytes(where))
+                    break
             kept = [s for s in self._latest.all_steps() if s != step] if self._latest else []
             raise CheckpointError(
                 _save_failure(folder, step, nbytes, e, max(kept) if kept else None)
@@ -245,6 +251,27 @@ class Checkpoints:
 
     def __exit__(self, *exc):
         self.close()
+
+
+class _OrbaxErrorFilter(logging.Filter):
+    """Drops the error records (with tracebacks) orbax's writer threads log."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.levelno >= logging.ERROR and "orbax" in record.pathname)
+
+
+@contextlib.contextmanager
+def quiet_orbax_errors():
+    """During a save: orbax's threads log every failed write with a traceback (pages of them
+    for a full disk) before the save raises; the failure is reported once, as the
+    CheckpointError, so those records are dropped."""
+    logger = logging.getLogger("absl")
+    quiet = _OrbaxErrorFilter()
+    logger.addFilter(quiet)
+    try:
+        yield
+    finally:
+        logger.removeFilter(quiet)
 
 
 def _tree_bytes(tree) -> int:

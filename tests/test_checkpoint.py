@@ -150,3 +150,35 @@ def test_failed_save_is_one_line_and_cleans_up(tmp_path, monkeypatch):
         "again to resume"
     )
     assert not any("tmp" in p.name for p in (tmp_path / "checkpoints").iterdir())
+
+
+def test_orbax_error_records_are_dropped_during_a_save():
+    """orbax's writer threads log each failed write (with a traceback) before the save
+    raises; inside quiet_orbax_errors those records are dropped, other records are kept."""
+    import logging
+
+    seen: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            seen.append(record.getMessage())
+
+    logger = logging.getLogger("absl")
+    handler = Keep()
+    logger.addHandler(handler)
+    old_level = logger.level
+    logger.setLevel(logging.INFO)
+
+    def log(pathname: str, level: int, message: str) -> None:
+        logger.handle(logger.makeRecord("absl", level, pathname, 1, message, (), None))
+
+    try:
+        with ckpt_lib.quiet_orbax_errors():
+            log("/x/site-packages/orbax/checkpoint/_src/futures/future.py", logging.ERROR, "a")
+            log("/x/site-packages/orbax/checkpoint/_src/futures/future.py", logging.INFO, "b")
+            log("/x/rhhjax/trainer.py", logging.ERROR, "c")
+        log("/x/site-packages/orbax/checkpoint/_src/futures/future.py", logging.ERROR, "d")
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(old_level)
+    assert seen == ["b", "c", "d"]

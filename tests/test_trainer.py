@@ -814,3 +814,19 @@ def test_evaluate_reads_moved_data(trained, tmp_path, text_file):
         eval_lib.run(str(workdir), "test", "stream", "best", log=quiet, data_dir=str(tmp_path))
     with pytest.raises(data_lib.DataError, match="nowhere.txt"):
         eval_lib.run(str(workdir), "test", "stream", log=quiet, text_files="/nowhere.txt")
+
+
+def test_progress_total_only_when_a_step_bound_decides():
+    """A time-budgeted run (configs/ptb.py:cpu) showed "step 25/797,000": no total there."""
+    import ml_collections
+
+    loop = trainer._Loop.__new__(trainer._Loop)  # only cfg and bpe are read
+    loop.bpe = 797
+    loop.cfg = ml_collections.ConfigDict(
+        {"train": {"max_steps": 0, "max_epochs": 1000, "max_minutes": 12.0}}
+    )
+    assert loop._total_steps() == 0
+    loop.cfg.train.max_minutes = 0.0
+    assert loop._total_steps() == 797_000
+    loop.cfg.train.max_steps = 500
+    assert loop._total_steps() == 500
