@@ -107,18 +107,20 @@ class HighwayConfig:
         relative error). Default: exact f32 (``Precision.HIGHEST``). Ignored for bf16 weights.
 
     The defaults target n = 1000..1024, B = 256 on an H100: a (4, 32) grid of 128 programs,
-    one wave on 132 SMs. Deviceless H100 compile (ptxas via XLA, jax 0.10.2, 2026-11-22): no
-    kernel spills, in f32 or bf16; at most 106 registers per thread; at most 49,152 B of shared
-    memory; bf16 dots use Hopper ``wgmma`` (block_b = 64 is needed for it: 32 gives
-    ``mma.sync``); exact f32 dots are FMA loops (``allow_tf32`` for tensor cores). The
-    previous default 64/32/64 with 4 warps spilled in f32 (forward 255 registers). The block
-    sizes are clamped down for small problems (never below 16).
+    one wave on 132 SMs. Deviceless H100 compiles (ptxas via XLA, jax 0.10.2, 2026-11-22) of
+    the paper HyperRHN and RHN training steps (every kernel variant they use, n = 1000 and
+    the hyper n = 128), f32 and bf16: no spills, at most 180 registers per thread, at most
+    49,152 B of shared memory. bf16 dots compile to Hopper ``wgmma`` (``block_b = 32`` gives
+    ``mma.sync``); exact f32 dots are FMA loops (``allow_tf32`` for tensor cores). Spilling
+    alternatives, measured: 64/32/64 with 4 warps (f32 forward: 255 registers), 32/32/32 with 4
+    warps (bf16 hyper forward: 8 B), 64/32/32 with 8 warps (f32 hyper forward with xproj and
+    mask: 8 B). The block sizes are clamped down for small problems (never below 16).
     """
 
     block_b: int = 64
     block_n: int = 32
     block_k: int = 32
-    num_warps: int = 8
+    num_warps: int = 4
     num_stages: int = 3
     allow_tf32: bool = False
 
