@@ -191,3 +191,60 @@ def test_pallas_train_step_lowers_for_cuda_with_triton_calls(model_type):
     # Forward and backward kernels, for the hyper and main recurrences.
     assert text.count('name = "highway_forward"') >= 1
     assert text.count('name = "highway_backward"') >= 1
+
+
+def _time_loops(jaxpr, length):
+    """The bodies of the scans of `length` steps inside `jaxpr` (not inside kernels)."""
+    bodies = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "pallas_call":
+            continue
+        for param in eqn.params.values():
+            for sub in param if isinstance(param, (tuple, list)) else (param,):
+                inner = getattr(sub, "jaxpr", sub)
+                if isinstance(inner, jax.extend.core.Jaxpr):
+                    if eqn.primitive.name == "scan" and eqn.params["length"] == length:
+                        bodies.append(inner)
+                    bodies += _time_loops(inner, length)
+    return bodies
+
+
+def _equations(jaxpr):
+    """The equations of `jaxpr` and of its sub-jaxprs (jit, custom_vjp, ...), not looking
+    inside kernels or nested scans."""
+    for eqn in jaxpr.eqns:
+        yield eqn
+        if eqn.primitive.name in ("scan", "pallas_call"):
+            continue
+        for param in eqn.params.values():
+            inner = getattr(param, "jaxpr", param)
+            if isinstance(inner, jax.extend.core.Jaxpr):
+                yield from _equations(inner)
+
+
+@pytest.mark.parametrize("impl", ["fused", "pallas"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_time_loops_hold_no_weight_preparation_and_one_kernel_per_micro_layer(impl, dtype):
+    """Inside every time loop of a training gradient: no pad, no transpose, no dtype cast of a
+    weight-sized array (two dims >= n); with pallas exactly one kernel per micro-layer and
+    step, forward and backward, hyper and main."""
+    depth, hidden = 3, 24
+    config = _config(impl=impl, dtype=dtype, depth=depth, hidden=hidden, hyper_hidden=hidden)
+    params, tokens, key = _fresh_case(config, 2)
+    model = models.build_model(config)
+
+    def loss(p):
+        logits, _ = model.apply({"params": p}, tokens[:, :-1], train=True, rngs={"dropout": key})
+        return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
+
+    bodies = _time_loops(jax.make_jaxpr(jax.grad(loss))(params).jaxpr, tokens.shape[1] - 1)
+    assert len(bodies) == 4  # hyper and main, forward and backward.
+    for body in bodies:
+        equations = list(_equations(body))
+        for eqn in equations:
+            assert eqn.primitive.name not in ("pad", "transpose"), eqn
+            if eqn.primitive.name == "convert_element_type":
+                shape = eqn.invars[0].aval.shape
+                assert sum(d >= hidden for d in shape) < 2, eqn
+        if impl == "pallas":
+            assert [e.primitive.name for e in equations].count("pallas_call") == depth
