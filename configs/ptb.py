@@ -76,7 +76,7 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
     # Block sizes of the Pallas kernels (kernels/highway.py HighwayConfig); the defaults
     # compile without register spills or shared-memory overflow for an H100 (see README).
     model.kernel = kernel = ml_collections.ConfigDict()
-    kernel.block_b = 32  # Batch rows per program (power of two >= 16).
+    kernel.block_b = 64  # Batch rows per program (power of two >= 16).
     kernel.block_n = 32  # Units per program, both gate halves (power of two >= 16).
     kernel.block_k = 32  # K chunk of the matmul loops (power of two >= 16).
     kernel.num_warps = 4  # Triton warps per program.

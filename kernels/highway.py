@@ -1184,3 +1184,19 @@ def highway_backward_reference(ds_new, s, pre, z, bias, extra, mask):
 def highway_step_reference(s, w, z, bias, extra, mask) -> jax.Array:
     """Pure-jnp highway step (differentiate it with plain autodiff)."""
     return highway_forward_reference(s, w, z, bias, extra, mask)[0]
+
+
+def cuda_lowering_device(device_kind: str = "NVIDIA H100 80GB HBM3", num_cores: int = 132):
+    """Context naming a GPU as the abstract device, to trace AND lower Triton kernels for
+    CUDA on a host without a GPU (``jit(f).trace(...).lower(lowering_platforms=("cuda",))``).
+
+    Since jax 0.11 the Triton lowering asks for the GPU's compute capability and, without a
+    GPU, takes it from the abstract mesh's device ("No supported GPU devices found"
+    otherwise); jax 0.10.2 accepts the context and does not need it. The mesh is recorded at
+    trace time, so wrap the trace too, not only the lowering.
+    """
+    device = jax.sharding.AbstractDevice(
+        device_kind=device_kind, num_cores=num_cores, platform="gpu"
+    )
+    mesh = jax.sharding.AbstractMesh((1,), ("x",), abstract_device=device)
+    return jax.sharding.use_abstract_mesh(mesh)

@@ -8,7 +8,8 @@ import numpy as np
 import optax
 import pytest
 
-from rhhjax import models
+from kernels import highway
+from rhhjax import models, recurrence
 
 # Tolerances per matmul dtype: f32 paths differ only in summation order; bf16 rounds the
 # matmul inputs identically in all implementations but the backward of `scan` (autodiff)
@@ -180,17 +181,21 @@ def test_pallas_train_step_lowers_for_cuda_with_triton_calls(model_type):
         return optax.apply_updates(p, updates), state, loss
 
     key = jax.eval_shape(lambda: jax.random.key(0))
-    lowered = (
-        jax.jit(train_step)
-        .trace(params, opt_state, tokens, key)
-        .lower(lowering_platforms=("cuda",))
-    )
+    with highway.cuda_lowering_device():
+        lowered = (
+            jax.jit(train_step)
+            .trace(params, opt_state, tokens, key)
+            .lower(lowering_platforms=("cuda",))
+        )
     text = lowered.as_text()
     found = [t for t in TRITON_CALL_TARGETS if t in text]
     assert found, "no Triton custom call in the lowered train step"
-    # Forward and backward kernels, for the hyper and main recurrences.
-    assert text.count('name = "highway_forward"') >= 1
-    assert text.count('name = "highway_backward"') >= 1
+    # One forward and one fused backward kernel per micro-layer (hyper and main cells), and
+    # the state gradient of the initial state once per cell.
+    cells = 2 if model_type == "hyperrhn" else 1
+    assert text.count('name = "highway_forward"') == config.depth * cells
+    assert text.count('name = "highway_backward_fused"') == config.depth * cells
+    assert text.count('name = "highway_state_grad"') == cells
 
 
 def _time_loops(jaxpr, length):
@@ -248,3 +253,48 @@ def test_time_loops_hold_no_weight_preparation_and_one_kernel_per_micro_layer(im
                 assert sum(d >= hidden for d in shape) < 2, eqn
         if impl == "pallas":
             assert [e.primitive.name for e in equations].count("pallas_call") == depth
+
+
+def _ptb_model_block():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "configs" / "ptb.py"
+    spec = importlib.util.spec_from_file_location("ptb_config_for_test", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.get_config().model
+
+
+def test_config_kernel_block_is_the_kernels_default_and_reaches_the_spec():
+    mc = models.ModelConfig.from_config(_ptb_model_block(), impl="pallas")
+    assert mc.kernel == highway.HighwayConfig()
+    spec = recurrence.resolve_spec(mc, gate_dropout=True)
+    assert spec.kernel == highway.HighwayConfig() and spec.gate_dropout
+
+
+@pytest.mark.parametrize(
+    ("mode", "interpret"), [("interpret", True), ("compiled", False), ("auto", True)]
+)
+def test_pallas_mode_decides_interpretation_on_a_cpu_host(mode, interpret):
+    mc = _config(impl="pallas", pallas_mode=mode)
+    assert recurrence.resolve_spec(mc, gate_dropout=False).interpret is interpret
+    # fused never interprets anything.
+    fused = models.ModelConfig(**{**mc.__dict__, "impl": "fused"})
+    assert recurrence.resolve_spec(fused, gate_dropout=False).interpret is False
+
+
+@pytest.mark.parametrize(
+    ("kernel", "message"),
+    [
+        ({"block_b": 48}, "power of two"),
+        ({"blok_b": 64}, "no field 'blok_b'"),
+        ({"block_b": 128, "block_n": 128, "block_k": 64, "num_stages": 4}, "shared memory"),
+    ],
+)
+def test_bad_kernel_blocks_are_one_line_config_errors(kernel, message):
+    block = dict(_ptb_model_block().items())
+    block["kernel"] = {**dict(block["kernel"].items()), **kernel}
+    with pytest.raises(models.ConfigError, match=message) as error:
+        models.ModelConfig.from_config(block)
+    assert "\n" not in str(error.value)
