@@ -343,9 +343,17 @@ def parse_thunk_kernels(text: str) -> dict[str, dict]:
 
 def parse_thunk_loops(text: str) -> list[dict]:
     """XLA's thunk sequence (after thunk passes) -> one entry per top-level ``kWhile``, in
-    execution order: thunks in its body and condition (containers not counted) and whether
-    the body runs as a command buffer (a CUDA graph: one graph launch per iteration)."""
+    execution order: the leaf thunks in its body and condition (a wrapper such as
+    ``kCommandBuffer`` or ``kDynamicSliceFusion`` counts as the thunks nested in it) and
+    whether the body holds a command buffer (a CUDA graph: one graph launch per iteration)."""
     lines = text.splitlines()
+
+    def indent(line: str) -> int:
+        return len(line) - len(line.lstrip(" "))
+
+    def is_thunk(line: str) -> bool:
+        return re.match(r"\s*\d+: k\w+", line) is not None
+
     loops, i = [], 0
     while i < len(lines):
         if not re.match(r"^\d+: kWhile", lines[i]):
@@ -354,15 +362,17 @@ def parse_thunk_loops(text: str) -> list[dict]:
         counts, mode, graph = {"condition": 0, "body": 0}, None, False
         i += 1
         while i < len(lines) and (lines[i].startswith(" ") or lines[i].startswith("condition")):
-            item = lines[i].strip()
+            line, item = lines[i], lines[i].strip()
             if item.startswith("condition"):
                 mode = "condition"
             elif item.startswith("body"):
                 mode = "body"
-            elif "kCommandBuffer" in item:
-                graph = graph or mode == "body"
-            elif mode and re.match(r"\d+: k\w+", item) and "kWhile" not in item:
-                counts[mode] += 1
+            elif mode and is_thunk(line):
+                graph = graph or (mode == "body" and "kCommandBuffer" in item)
+                nxt = lines[i + 1] if i + 1 < len(lines) else ""
+                wrapper = is_thunk(nxt) and indent(nxt) > indent(line)
+                if not wrapper and "kWhile" not in item:
+                    counts[mode] += 1
             i += 1
         loops.append(
             {
