@@ -967,8 +967,9 @@ def _run_in_workdir(
             signals=signals,
             loss_limit=_loss_limit(t.divergence_factor, corpus.vocab.size),
         )
+        at_start = loop.stop_reason(state)  # on every process (it may broadcast)
         finished = _finished_results(workdir, cfg, resumed_meta, state)
-        if finished is not None and loop.stop_reason(state) not in (None, "signal"):
+        if finished is not None and at_start not in (None, "signal"):
             log(
                 f"{workdir} already finished at step {state.step}: nothing to do (results in "
                 f"{workdir / RESULTS_FILE}); raise train.max_steps / max_epochs / max_minutes "
