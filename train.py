@@ -64,7 +64,7 @@ _SIGNALS: cli.SignalCatcher | None = None  # entered before jax starts any threa
 
 def main(argv: list[str]) -> int:
     if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+        sys.exit(f"error: unexpected arguments: {' '.join(argv[1:])} (flags are --name=value)")
     if not flags.FLAGS["verbosity"].present:
         logging.set_verbosity(logging.WARNING)  # orbax and jax are chatty at INFO
     try:

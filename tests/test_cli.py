@@ -114,6 +114,7 @@ BAD = {
         ["--config.model.depth=abc"],
         "--config.model.depth=abc",
     ),
+    "stray argument": (lambda tmp, tf: tmp / "w", ["extra"], "unexpected arguments: extra"),
     "data dir": (
         lambda tmp, tf: tmp / "w",
         ["--config.data.format=chars", "--config.data.dir=/nonexistent/ptb"],
