@@ -5,7 +5,7 @@
 - `scan`: the textbook `nn.scan` over the cell in `rhhjax.models` (plain autodiff; the
   reference). It never reaches this module.
 - `fused`: `highway_sequence` below, a `jax.custom_vjp` around the WHOLE time loop, each
-  micro-layer one XLA matmul and one elementwise fusion.
+  micro-layer one XLA matmul plus elementwise work, forward and backward.
 - `pallas`: the same op whose micro-layer steps are the Pallas kernels of
   `kernels/highway.py`: one forward kernel per micro-layer (matmul, scale, bias, gates,
   dropout, combine) and one backward kernel per micro-layer (the state-gradient matmul of
@@ -20,9 +20,13 @@ deferred weight gradients) and the unpadding.
 
 Padded layout inside the loops (B -> Bp rows, n -> Np units, halves kept aligned):
 
-    s      [Bp, Np]        f32 carry            w      [L, Np, 2, Np]  matmul dtype
-    xproj  [T, Bp, 2, Np]  f32 (x U, no bias)   bias   [L, 2, Np]      f32 (b_U added at l=0)
-    z      [T, L, Bp, Np]  f32 | None           keep   [T, L, Bp, Np]  bool | None
+    s      [Bp, Np]        f32 carry            w      L x [Np, 2, Np]  matmul dtype
+    xproj  [T, Bp, 2, Np]  f32 (x U, no bias)   bias   [L, 2, Np]       f32 (b_U added at l=0)
+    z      [T, L, Bp, Np]  f32 | None           keep   [T, L, Bp, Np]   bool / int8 | None
+
+(fused keeps the weight as L x [Np, 2 * Np]; the backward reads L transposed copies.) The
+forward stores ONE packed array per step, each micro-layer's input state and saved arrays
+([T, L, Bp, K, Np], `_saved_rows`).
 
 Padded units have zero weights, bias and input, so their state stays 0; padded batch rows
 get zero cotangents, so they add nothing to any gradient.
@@ -187,11 +191,11 @@ def _fused_state_gradient(spec, above) -> Array:
     """ds_carry + (d_scaled @ W^T) [* hidden mask] of the layer above: [Bp, Np].
 
     above: (d_scaled [Bp, 2 * Np] and W^T [2 * Np, Np], both in the matmul dtype,
-    hidden mask [Bp, Np] | None, ds_carry [Bp, 2, Np] (both halves equal)).
+    hidden mask [Bp, Np] | None, ds_carry [Bp, Np]).
     """
     d_scaled, w_t, hidden, ds_carry = above
     ds_in = cells.matmul(d_scaled, w_t, spec.dtype)
-    return ds_carry[:, 0] + (ds_in if hidden is None else ds_in * hidden)
+    return ds_carry + (ds_in if hidden is None else ds_in * hidden)
 
 
 def _fused_backward(spec, geo, above, ds_out, s_prev, saved_l, z_l, keep_l, bias_l, xproj_t):
@@ -199,23 +203,15 @@ def _fused_backward(spec, geo, above, ds_out, s_prev, saved_l, z_l, keep_l, bias
 
     ds_out: [Bp, Np] cotangent of this layer's output from outside the recurrence.
     Returns (d_scaled [Bp, 2 * Np] in the matmul dtype (the next matmul's operand),
-    ds_carry [Bp, 2, Np] (ds * (1 - t), the same in both halves), outputs {"da": [Bp, 2, Np]},
-    None). Every output has the [Bp, 2, Np] shape of da, so that XLA computes them in ONE
-    fusion; the bias gradient, d_scaled = da * [z, z] for dW and dz are formed from the
-    stacked da after the loop, with no per-step reduction.
+    ds_carry [Bp, Np], outputs {"da": [Bp, 2, Np]}, None). The bias gradient, d_scaled =
+    da * [z, z] for dW and dz are formed from the stacked da after the loop, with no
+    per-step reduction.
     """
     del geo, bias_l, xproj_t  # `saved_l` holds what is needed.
     ds = _fused_state_gradient(spec, above) + ds_out
-    h, t = saved_l["h"], saved_l["t"]
     mask = _mask(spec, keep_l, ds.dtype)
-    t_used, h_used = (t, h) if mask is None else (t * mask, h * mask)
-    # da = ds * [t_used (1 - h^2), (h_used - s) t (1 - t)] without a concatenate.
-    is_h = jax.lax.broadcasted_iota(jnp.int32, (1, 2, 1), 1) == 0
-    coefficient = jnp.where(
-        is_h, (t_used * (1.0 - h * h))[:, None], ((h_used - s_prev) * t * (1.0 - t))[:, None]
-    )
-    da = ds[:, None] * coefficient
-    ds_carry = jnp.broadcast_to((ds * (1.0 - t))[:, None], da.shape)
+    da, ds_carry = cells.gate_backward(ds, s_prev, saved_l["h"], saved_l["t"], mask)
+    da = da.reshape(da.shape[0], 2, -1)
     d_scaled = da if z_l is None else da * z_l[:, None]
     d_scaled = d_scaled.reshape(da.shape[0], -1).astype(spec.dtype)
     return d_scaled, ds_carry, {"da": da}, None
@@ -382,8 +378,7 @@ def _backward_loop(spec, geo, w_t, bias, s0, xproj, z, keep, hidden, packed, g_s
         da_acc = None if z is None else jnp.zeros((depth, geo.grid[0], 2, n_pad), s0.dtype)
     else:
         d_scaled0, da_acc = jnp.zeros((b_pad, 2 * n_pad), spec.dtype), None
-    ds_carry0 = jnp.zeros_like(s0) if spec.impl == "pallas" else jnp.zeros((b_pad, 2, n_pad))
-    init = (d_scaled0, ds_carry0.astype(s0.dtype), da_acc)
+    init = (d_scaled0, jnp.zeros_like(s0), da_acc)
     xs = (xproj, z, keep, packed, g_states)
     (d_scaled0, ds_carry0, da_acc), outputs = jax.lax.scan(body, init, xs, reverse=True)
     # The state gradient of s0 through W_0 (no gate backward below it).
