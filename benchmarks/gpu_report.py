@@ -613,8 +613,9 @@ DEFINITIONS = {
     "dims >= hidden (the main W), else hyper (the scan HyperRHN runs both cells in one main "
     "loop); role = forward for the first loop of a part in schedule order, backward after",
     "movement_per_step": "in-loop launches that only move or reformat data (pad, convert, "
-    "copy, transpose, slice, concatenate, broadcast; fusions of only those ops count as "
-    "their most specific kind)",
+    "copy, transpose, slice, concatenate, broadcast; fusions of only those ops and "
+    "indexing ops count as their most specific kind; store = a slice written into a loop "
+    "buffer with dynamic-update-slice, e.g. stacked residuals)",
     "launches_with_op_per_step": "in-loop launches that contain a pad / convert / copy / "
     "transpose op (fused with other work or alone)",
     "weight_sized_ops_per_step": "of those, the launches that write a weight-sized array (an "
