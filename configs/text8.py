@@ -73,6 +73,18 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
     model.init = "uniform"  # Closest to Zilly's U(-0.04, 0.04) (see the docstring).
     model.hyper_input = "x"  # Unused (hyperrhn only).
     model.impl = "scan"  # scan (reference) | fused (custom VJP) | pallas (GPU kernels).
+    # pallas: auto (compiled Triton on a GPU, interpret mode elsewhere) | compiled (e.g. to
+    # compile a GPU step on a CPU host) | interpret.
+    model.pallas_mode = "auto"
+    # Block sizes of the Pallas kernels (kernels/highway.py HighwayConfig); the defaults
+    # compile without register spills or shared-memory overflow for an H100 (see README).
+    model.kernel = kernel = ml_collections.ConfigDict()
+    kernel.block_b = 64  # Batch rows per program (power of two >= 16).
+    kernel.block_n = 32  # Units per program, both gate halves (power of two >= 16).
+    kernel.block_k = 32  # K chunk of the matmul loops (power of two >= 16).
+    kernel.num_warps = 4  # Triton warps per program.
+    kernel.num_stages = 3  # Software-pipelining stages of the K loops.
+    kernel.allow_tf32 = False  # float32 weights: TF32 tensor cores (~1e-3 relative error).
     model.dtype = "float32"  # Matmul input dtype: float32 | bfloat16 (carry stays float32).
     model.hyper_rank = 0  # Unused (hyperrhn only: low-rank hypernetwork scaling).
 
@@ -95,6 +107,13 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
     train.patience = 0  # No early stopping (Zilly keeps the best validation checkpoint).
     train.log_every_steps = 100  # Progress line and metrics record every N steps.
     train.checkpoint_every_steps = 1000  # Checkpoint every N steps (~1/14 of an epoch).
+    # Also checkpoint after this much wall time since the last save (0 = off): bounds what a
+    # SIGKILL (a scheduler's, after its grace period) can lose.
+    train.checkpoint_every_minutes = 10.0
+    # A training loss above this x ln(vocab) (the loss of a uniform guess) counts as diverged,
+    # like NaN (on_nonfinite applies); 0 = off.
+    train.divergence_factor = 10.0
+    train.tensorboard = False  # Also write TensorBoard events (pip install -e ".[tensorboard]").
     train.keep_checkpoints = 3  # Latest checkpoints kept (the best one is kept as well).
     train.on_nonfinite = "stop"  # stop | rollback (restore the last checkpoint and go on).
 
