@@ -600,9 +600,10 @@ ASSUMPTIONS = {
     "flops": "dots / cuBLAS gemms: 2*M*N*K from HLO shapes; Pallas kernels: 2*M*K*N with "
     "the weight [K, ...] and state [M, K] operands found by shape (hlo_launches.triton_flops); "
     "elementwise work: 0 FLOPs (bandwidth bound)",
-    "rates": "bf16/f16 launches at bf16_matmul_flops; f32 gemms and Pallas kernels at "
-    "f32_matmul_flops (TF32, XLA's default f32 dot precision; the Pallas f32 kernel is exact "
-    "f32 by default, so this is optimistic for it); other f32 launches at f32_simt_flops",
+    "rates": "launches with bf16/f16 matmul inputs at bf16_matmul_flops; f32 XLA gemms at "
+    "f32_matmul_flops (TF32, XLA's default f32 dot precision); f32 Pallas kernels at "
+    "f32_pallas_flops (exact f32 dots by default: CUDA cores); other launches at "
+    "f32_simt_flops",
 }
 
 DEFINITIONS = {
@@ -666,6 +667,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--bf16-tflops", type=float, default=989.0, help="assumed bf16 rate")
     p.add_argument("--f32-mm-tflops", type=float, default=494.7, help="assumed f32 gemm rate")
     p.add_argument("--f32-simt-tflops", type=float, default=66.9, help="assumed f32 SIMT rate")
+    p.add_argument(
+        "--f32-pallas-tflops",
+        type=float,
+        default=66.9,
+        help="assumed rate of f32 Pallas kernels (exact f32 dots: CUDA cores)",
+    )
     p.add_argument("--keep-dumps", default="", help="keep XLA's dumps in this directory")
     p.add_argument("--save-hlo", default="", help="write each optimised HLO text here")
     p.add_argument(
@@ -713,7 +720,8 @@ def resolve(args: argparse.Namespace) -> tuple[list[Case], Options]:
         if not sep or key.count(".") != 1 or key.split(".")[0] not in ("model", "train"):
             raise ReportError(f"--set={item!r} must be model.KEY=VALUE or train.KEY=VALUE")
         overrides[key] = _override_value(value)
-    for name in ("launch_us", "hbm_gbs", "bf16_tflops", "f32_mm_tflops", "f32_simt_tflops"):
+    rates = ("bf16_tflops", "f32_mm_tflops", "f32_simt_tflops", "f32_pallas_tflops")
+    for name in ("launch_us", "hbm_gbs", *rates):
         if not getattr(args, name) > 0:
             raise ReportError(f"--{name.replace('_', '-')} must be > 0")
     if args.out and not Path(args.out).resolve().parent.is_dir():
@@ -722,6 +730,7 @@ def resolve(args: argparse.Namespace) -> tuple[list[Case], Options]:
         bf16_matmul_flops=args.bf16_tflops * 1e12,
         f32_matmul_flops=args.f32_mm_tflops * 1e12,
         f32_simt_flops=args.f32_simt_tflops * 1e12,
+        f32_pallas_flops=args.f32_pallas_tflops * 1e12,
         hbm_bytes_per_s=args.hbm_gbs * 1e9,
         launch_s=args.launch_us * 1e-6,
     )

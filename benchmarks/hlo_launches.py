@@ -350,6 +350,7 @@ class Launch:
     fused_ops: tuple[str, ...] = ()  # opcodes inside the fused computation
     multiplicity: int = 1  # times per enclosing-loop iteration (nested loops)
     result_dims: tuple[tuple[int, ...], ...] = ()  # dims of each array of the result
+    input_dtype: str = ""  # bf16 if a matmul input (or any operand) is bf16 / f16, else f32
 
     @property
     def category(self) -> str:
@@ -579,9 +580,33 @@ def computation_launches(
                 fused_ops=tuple(i.opcode for i in fused.instrs) if fused else (),
                 multiplicity=multiplicity,
                 result_dims=tuple(dims for _, dims in dtypes),
+                input_dtype=input_dtype(instr, table, fused),
             )
         )
     return out
+
+
+def input_dtype(instr: Instr, table: dict[str, Instr], fused: Computation | None) -> str:
+    """``bf16`` if the launch multiplies bf16 / f16 inputs (a fused dot's operands, else any
+    operand of the launch), else ``f32``: what decides the tensor-core rate."""
+    half = ("bf16", "f16")
+    if fused is not None:
+        ftable = fused.by_name()
+        dots = [i for i in fused.instrs if i.opcode in ("dot", "convolution")]
+        if dots:
+            found = {
+                d
+                for i in dots
+                for k in range(len(i.operands))
+                for d, _ in array_shapes(_operand_shape(i, k, ftable))
+            }
+            return "bf16" if found & set(half) else "f32"
+    found = {
+        d
+        for k in range(len(instr.operands))
+        for d, _ in array_shapes(_operand_shape(instr, k, table))
+    }
+    return "bf16" if found & set(half) else "f32"
 
 
 @dataclasses.dataclass
@@ -697,19 +722,28 @@ def category_counts(launches: Iterable[Launch]) -> dict[str, int]:
 
 @dataclasses.dataclass(frozen=True)
 class CostModel:
-    """Per launch: ``max(flops / rate, bytes / bandwidth) + launch_s``. All assumptions."""
+    """Per launch: ``max(flops / rate, bytes / bandwidth) + launch_s``. All assumptions.
+
+    Rates: launches with bf16 / f16 matmul inputs at ``bf16_matmul_flops``; f32 XLA gemms
+    (cuBLAS / Triton gemm fusions) at ``f32_matmul_flops`` (TF32: XLA's default f32 dot
+    precision); f32 Pallas (Triton custom call) kernels at ``f32_pallas_flops`` (the highway
+    kernels' default is exact f32 dots, FMA loops on the CUDA cores; set it to the TF32 rate
+    for ``HighwayConfig(allow_tf32=True)``); everything else at ``f32_simt_flops``."""
 
     bf16_matmul_flops: float = 989e12  # H100 SXM dense bf16 tensor core (datasheet)
     f32_matmul_flops: float = 494.7e12  # TF32 tensor core: XLA's default f32 dot precision
     f32_simt_flops: float = 66.9e12  # 132 SMs x 128 lanes x 2 x 1.98 GHz (CUDA cores)
+    f32_pallas_flops: float = 66.9e12  # exact-f32 Pallas dots: CUDA cores
     hbm_bytes_per_s: float = 3.35e12
     launch_s: float = 4e-6  # fixed cost per launch (launch latency + tail)
 
     def rate(self, launch: Launch) -> float:
-        if launch.dtype in ("bf16", "f16"):
+        if launch.input_dtype in ("bf16", "f16"):
             return self.bf16_matmul_flops
-        if launch.category in ("gemm", "triton"):
+        if launch.category == "gemm":
             return self.f32_matmul_flops
+        if launch.category == "triton":
+            return self.f32_pallas_flops
         return self.f32_simt_flops
 
     def seconds(self, launch: Launch) -> float:

@@ -424,10 +424,41 @@ def test_summarize_splits_counts_and_predicts_time():
 
 def test_cost_model_takes_the_max_of_compute_and_bandwidth():
     model = hl.CostModel(bf16_matmul_flops=1e12, hbm_bytes_per_s=1e9, launch_s=2e-6)
-    compute_bound = hl.Launch("a", "fusion", "triton_gemm", bytes=1000, flops=10**9, dtype="bf16")
+    compute_bound = hl.Launch(
+        "a", "fusion", "triton_gemm", bytes=1000, flops=10**9, dtype="f32", input_dtype="bf16"
+    )
     memory_bound = hl.Launch("b", "fusion", "kLoop", bytes=10**6, flops=0, dtype="f32")
     assert model.seconds(compute_bound) == pytest.approx(1e-3 + 2e-6)
     assert model.seconds(memory_bound) == pytest.approx(1e-3 + 2e-6)
+
+
+def test_cost_model_rates_by_matmul_input_dtype_and_kind():
+    model = hl.CostModel(
+        bf16_matmul_flops=4.0, f32_matmul_flops=3.0, f32_pallas_flops=2.0, f32_simt_flops=1.0
+    )
+
+    def launch(kind, input_dtype):
+        return hl.Launch("x", "custom-call", kind, 0, 1, "f32", input_dtype=input_dtype)
+
+    assert model.rate(launch("__gpu$xla.gpu.triton", "bf16")) == 4.0  # f32 out, bf16 in
+    assert model.rate(launch("__cublas$gemm", "f32")) == 3.0
+    assert model.rate(launch("__gpu$xla.gpu.triton", "f32")) == 2.0
+    assert model.rate(launch("kLoop", "f32")) == 1.0
+
+
+def test_input_dtype_reads_the_fused_dot_operands():
+    comps = hl.parse_module(HLO)
+    fwd = {lc.name: lc for lc in _loops(comps)["while.fwd"].launches}
+    assert fwd["gemm_fusion_dot"].input_dtype == "f32"
+    bf16 = HLO.replace(
+        "%gemm_computation (p0: f32[4,64], p1: f32[64,128]) -> f32[4,128] {\n"
+        "  %p0 = f32[4,64]{1,0} parameter(0)",
+        "%gemm_computation (p0: bf16[4,64], p1: f32[64,128]) -> f32[4,128] {\n"
+        "  %p0 = bf16[4,64]{1,0} parameter(0)",
+    )
+    assert bf16 != HLO
+    fwd = {lc.name: lc for lc in _loops(hl.parse_module(bf16))["while.fwd"].launches}
+    assert fwd["gemm_fusion_dot"].input_dtype == "bf16"
 
 
 # ----------------------------------------------------------------------------- kernel logs
