@@ -104,7 +104,10 @@ RESUME_FIELDS = (
     "train.seq_len",
     "train.optimizer",
 )
-MODEL_FIELDS_FREE = ("impl", "dtype", "vocab_size")  # may change on resume
+# May change on resume: how the recurrence runs, not what it computes.
+MODEL_FIELDS_FREE = (
+    "impl", "pallas_mode", "kernel", "dtype", "lowrank_op", "lowrank_remat", "vocab_size"
+)  # fmt: skip
 
 
 class TrainError(ValueError):

@@ -315,6 +315,35 @@ def test_other_models_and_optimizers_resume(tmp_path, text_file, overrides):
     assert math.isfinite(results["final"]["test"]["stream"]["bpc"])
 
 
+def test_a_run_from_before_the_kernel_fields_resumes_with_another_impl_and_blocks(
+    tmp_path, text_file
+):
+    """Checkpoints written before model.pallas_mode / kernel / lowrank_* existed resume, and
+    those fields (how the recurrence runs, like impl) may change on resume."""
+    common = dict(train__eval_every_steps=2, eval__final_protocols="")
+    workdir = tmp_path / "run"
+    trainer.train_and_evaluate(
+        tiny_config(text_file, train__max_steps=2, **common), workdir, log=quiet
+    )
+    new_fields = ("pallas_mode", "kernel", "lowrank_op", "lowrank_remat")
+    rewritten = 0
+    for path in [workdir / trainer.CONFIG_FILE, *workdir.glob("checkpoints/**/meta/*")]:
+        try:
+            data = json.loads(path.read_text())
+        except (IsADirectoryError, UnicodeDecodeError, json.JSONDecodeError):
+            continue  # orbax's own files
+        block = data.get("model") or {}
+        for section in (block, (data.get("config") or {}).get("model") or {}):
+            for name in new_fields:
+                rewritten += section.pop(name, None) is not None
+        path.write_text(json.dumps(data))
+    assert rewritten > 0  # the old format really lacks them now
+    cfg = tiny_config(text_file, train__max_steps=4, model__impl="fused", **common)
+    cfg.model.kernel.block_b = 16
+    results = trainer.train_and_evaluate(cfg, workdir, log=quiet)
+    assert results["step"] == 4
+
+
 # ----------------------------------------------------------------------------- non-finite loss
 
 
