@@ -398,8 +398,33 @@ def _operand_shape(instr: Instr, k: int, table: dict[str, Instr]) -> str:
     return src.shape if src is not None else ""
 
 
+_STACKED_KERNEL_RE = re.compile(r'name\s*=\s*\\*"(\w+_stacked)\\*"')
+
+
+def _stacked_slice_bytes(instr: Instr, table: dict[str, Instr]) -> int:
+    """Bytes of a Pallas kernel that reads and writes whole-sequence [T, L, ...] arrays at
+    one time step (`kernels/highway.py` ``*_stacked``): of every operand and result only the
+    step's slice counts, the trailing dims from the one that equals the batch rows of the
+    kernel's rank-2 state operand [B, n] (whole arrays otherwise, e.g. the weight)."""
+    shapes = [array_shapes(_operand_shape(instr, k, table)) for k in range(len(instr.operands))]
+    states = [s[0][1] for s in shapes if s and len(s[0][1]) == 2]
+    if not states:
+        return sum(shape_bytes(_operand_shape(instr, k, table)) for k in range(len(shapes)))
+    rows, width = max(states, key=math.prod)
+    unique = [s for k, s in enumerate(shapes) if instr.operands[k] not in instr.operands[:k]]
+    total = 0
+    for dtype, dims in [a for s in unique for a in s] + array_shapes(instr.shape):
+        sliced = dims
+        if len(dims) > 2 and dims[-1] == width and rows in dims[:-1]:
+            sliced = dims[dims.index(rows) :]
+        total += DTYPE_BYTES.get(dtype, 4) * math.prod(sliced)
+    return total
+
+
 def launch_bytes(instr: Instr, table: dict[str, Instr], comps: dict[str, Computation]) -> int:
     """Bytes a launch reads and writes (see the module docstring for the in-place rules)."""
+    if instr.opcode == "custom-call" and _STACKED_KERNEL_RE.search(instr.attrs):
+        return _stacked_slice_bytes(instr, table)
     operand_bytes = [
         shape_bytes(_operand_shape(instr, k, table)) for k in range(len(instr.operands))
     ]
@@ -489,9 +514,10 @@ def dot_flops(instr: Instr, table: dict[str, Instr]) -> int:
 
 def triton_flops(instr: Instr, table: dict[str, Instr]) -> int:
     """Model of a Pallas kernel's FLOPs: ``2 * M * K * N`` with ``[K, ...]`` the largest
-    operand of rank >= 2 that has a partner (the weight; ``N`` the product of its other dims)
-    and ``M`` the rows of the partner, another rank-2 operand ``[M, K]`` (the state); 0 if
-    there is no such pair (an elementwise kernel). A stated assumption of the report."""
+    operand of rank >= 2 that has a partner (the weight; ``N`` the product of its other dims;
+    a backward weight ``[2, K, N]`` contracts both halves: ``2 * M * 2K * N``) and ``M`` the
+    rows of the partner, another rank-2 operand ``[M, K]`` (the state); 0 if there is no
+    such pair (an elementwise kernel). A stated assumption of the report."""
     mats = []
     for k, name in enumerate(instr.operands):
         shapes = array_shapes(_operand_shape(instr, k, table))
@@ -501,6 +527,8 @@ def triton_flops(instr: Instr, table: dict[str, Instr]) -> int:
         return 0
     for wdims, wk in sorted(mats, key=lambda m: -math.prod(m[0])):
         kdim, ndim = wdims[0], math.prod(wdims[1:])
+        if len(wdims) == 3 and wdims[0] == 2:  # the backward's W^T [2, K, N]: K = 2 halves
+            kdim, ndim = wdims[1], 2 * wdims[2]
         for dims, k in mats:
             if k != wk and len(dims) == 2 and dims[-1] == kdim:
                 return 2 * dims[0] * kdim * ndim

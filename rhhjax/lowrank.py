@@ -359,6 +359,13 @@ def highway_step(
 # ----------------------------------------------------------------------------- fused model
 
 
+def _matmul_weights(weights: cells.HighwayWeights, dtype) -> tuple[list[Array], Array]:
+    """(W_l in the matmul dtype per layer, U in the matmul dtype): cast and sliced ONCE,
+    outside the time loops."""
+    kernel_s = weights.kernel_s.astype(dtype)
+    return [kernel_s[layer] for layer in range(kernel_s.shape[0])], weights.kernel_x.astype(dtype)
+
+
 def _run_forward(spec, weights, scales, s0, x, hyper_states, key_data, hidden_masks):
     """Forward over all steps: (states [T, L, B, n], gates {h, t: [T, L, B, n]}, keep)."""
     depth = weights.kernel_s.shape[0]
@@ -368,6 +375,7 @@ def _run_forward(spec, weights, scales, s0, x, hyper_states, key_data, hidden_ma
     if spec.gate_dropout:
         key = jax.random.wrap_key_data(key_data)
         keep = cells.gate_keeps(key, x.shape[0], (depth, batch, width), spec.keep)
+    kernel_s, kernel_x = _matmul_weights(weights, dtype)
 
     def body(s, inputs):
         x_t, hyper_t, keep_t = inputs
@@ -378,10 +386,10 @@ def _run_forward(spec, weights, scales, s0, x, hyper_states, key_data, hidden_ma
             s_h = hyper_t[layer]
             u = project(scales.u_kernel[layer], scales.u_bias[layer], s_h, dtype)
             v = project(scales.v_kernel[layer], scales.v_bias[layer], s_h, dtype)
-            a = _forward(s_in, weights.kernel_s[layer], u, v, dtype) + weights.bias_s[layer]
+            a = _forward(s_in, kernel_s[layer], u, v, dtype) + weights.bias_s[layer]
             if layer == 0:
                 u_x = project(scales.u_x_kernel, scales.u_x_bias, s_h, dtype)
-                a = a + _forward(x_t, weights.kernel_x, u_x, v, dtype) + weights.bias_x
+                a = a + _forward(x_t, kernel_x, u_x, v, dtype) + weights.bias_x
             h = jnp.tanh(a[..., :width])
             t = jax.nn.sigmoid(a[..., width:])
             t_used = t if masks[layer] is None else t * masks[layer]
@@ -433,6 +441,7 @@ def _sequence_bwd(spec, saved, g_states):
     weights, scales, s0, x, hyper_states, key_zero, hidden_masks, states, gates = residuals
     depth = weights.kernel_s.shape[0]
     dtype = spec.dtype
+    kernel_s, kernel_x = _matmul_weights(weights, dtype)
     previous_step = jnp.concatenate([s0[None], states[:-1, -1]], axis=0)
     inputs = jnp.concatenate([previous_step[:, None], states[:, :-1]], axis=1)
 
@@ -454,14 +463,14 @@ def _sequence_bwd(spec, saved, g_states):
             s_h = hyper_t[layer]
             u = project(scales.u_kernel[layer], scales.u_bias[layer], s_h, dtype)
             v = project(scales.v_kernel[layer], scales.v_bias[layer], s_h, dtype)
-            ds_in, dw[layer], du, dv = _backward(s_in, weights.kernel_s[layer], u, v, da, dtype)
+            ds_in, dw[layer], du, dv = _backward(s_in, kernel_s[layer], u, v, da, dtype)
             dbias_s[layer] = jnp.sum(da, axis=0)
             if hidden_masks is not None:
                 ds_in = ds_in * hidden_masks[layer]
             ds = ds_carry + ds_in
             if layer == 0:
                 u_x = project(scales.u_x_kernel, scales.u_x_bias, s_h, dtype)
-                dx_t, d_kernel_x, du_x, dv_x = _backward(x_t, weights.kernel_x, u_x, v, da, dtype)
+                dx_t, d_kernel_x, du_x, dv_x = _backward(x_t, kernel_x, u_x, v, da, dtype)
                 dv = dv + dv_x
                 d_bias_x = dbias_s[0]
                 d_ux_k, d_ux_b, dsh_x = _project_backward(scales.u_x_kernel, s_h, du_x, dtype)

@@ -198,23 +198,22 @@ def _fused_state_gradient(spec, above) -> Array:
     return ds_carry + (ds_in if hidden is None else ds_in * hidden)
 
 
-def _fused_backward(spec, geo, above, ds_out, s_prev, saved_l, z_l, keep_l, bias_l, xproj_t):
+def _fused_backward(spec, above, ds_out, s_prev, saved_l, z_l, keep_l):
     """Incoming state gradient of a micro-layer from the layer above, then its gate backward.
 
     ds_out: [Bp, Np] cotangent of this layer's output from outside the recurrence.
     Returns (d_scaled [Bp, 2 * Np] in the matmul dtype (the next matmul's operand),
-    ds_carry [Bp, Np], outputs {"da": [Bp, 2, Np]}, None). The bias gradient, d_scaled =
+    ds_carry [Bp, Np], outputs {"da": [Bp, 2, Np]}). The bias gradient, d_scaled =
     da * [z, z] for dW and dz are formed from the stacked da after the loop, with no
     per-step reduction.
     """
-    del geo, bias_l, xproj_t  # `saved_l` holds what is needed.
     ds = _fused_state_gradient(spec, above) + ds_out
     mask = _mask(spec, keep_l, ds.dtype)
     da, ds_carry = cells.gate_backward(ds, s_prev, saved_l["h"], saved_l["t"], mask)
     da = da.reshape(da.shape[0], 2, -1)
     d_scaled = da if z_l is None else da * z_l[:, None]
     d_scaled = d_scaled.reshape(da.shape[0], -1).astype(spec.dtype)
-    return d_scaled, ds_carry, {"da": da}, None
+    return d_scaled, ds_carry, {"da": da}
 
 
 # ----------------------------------------------------------------------------- pallas layers
@@ -236,33 +235,6 @@ def _pallas_forward(spec, geo, s, w_l, z_l, bias_l, xproj_t, keep_l, hidden_l):
         interpret=spec.interpret,
     )
     return s_new, {"pre": pre}
-
-
-def _pallas_backward(spec, geo, above, ds_out, s_prev, saved_l, z_l, keep_l, bias_l, xproj_t):
-    """`_fused_backward` as ONE Pallas kernel (state-gradient matmul + gate backward).
-
-    Returns (d_scaled [Bp, 2, Np], ds_carry, outputs {"d_scaled", "dz" (with z)},
-    per-batch-block column sums of da [Bp / block_b, 2, Np]).
-    """
-    d_scaled_above, w_t_above, _, ds_carry_above = above
-    d_scaled, ds_carry, dz, da_parts = highway.backward_fused_padded(
-        d_scaled_above,
-        w_t_above,
-        ds_carry_above,
-        ds_out,
-        s_prev,
-        saved_l["pre"],
-        z_l,
-        bias_l,
-        xproj_t,
-        keep_l,
-        keep=spec.keep,
-        geo=geo,
-        config=spec.kernel,
-        interpret=spec.interpret,
-    )
-    outputs = {"d_scaled": d_scaled} if dz is None else {"d_scaled": d_scaled, "dz": dz}
-    return d_scaled, ds_carry, outputs, da_parts
 
 
 # ----------------------------------------------------------------------------- the op
@@ -306,6 +278,9 @@ def _forward_loop(spec, geo, w, bias, s0, xproj, z, keep, hidden, save: bool):
     layer_forward = _pallas_forward if spec.impl == "pallas" else _fused_forward
     bias = _per_layer(bias)  # Sliced here, not in every step (the kernels take whole arrays).
     fields = _saved_rows(spec, z is not None)
+    if spec.impl == "pallas" and save:
+        s_last, outputs = _pallas_forward_loop(spec, geo, w, bias, s0, xproj, z, keep)
+        return _states_from_inputs(outputs[..., 0, :], s_last), outputs
 
     def body(s, inputs):
         xproj_t, z_t, keep_t = inputs
@@ -329,23 +304,28 @@ def _forward_loop(spec, geo, w, bias, s0, xproj, z, keep, hidden, save: bool):
     s_last, outputs = jax.lax.scan(body, s0, (xproj, z, keep))
     if not save:
         return outputs, None
-    # The output of (t, l) is the input of (t, l + 1), or of (t + 1, 0).
-    inputs = outputs[..., 0, :]
+    return _states_from_inputs(outputs[..., 0, :], s_last), outputs
+
+
+def _states_from_inputs(inputs: Array, s_last: Array) -> Array:
+    """[T, L, Bp, Np] input states + final state -> the output state of every micro-layer:
+    the output of (t, l) is the input of (t, l + 1), or of (t + 1, 0)."""
     last_layer = jnp.concatenate([inputs[1:, 0], s_last[None]], axis=0)
-    return jnp.concatenate([inputs[:, 1:], last_layer[:, None]], axis=1), outputs
+    return jnp.concatenate([inputs[:, 1:], last_layer[:, None]], axis=1)
 
 
 def _backward_loop(spec, geo, w_t, bias, s0, xproj, z, keep, hidden, packed, g_states):
     """Reverse loop over all steps; every micro-layer is the state-gradient matmul of the
-    layer above plus its own gate backward (one Pallas kernel, or one matmul and one fusion).
+    layer above plus its own gate backward.
 
     w_t: per-layer transposed weights (`_prepared_weights(..., transposed=True)`);
     packed: the forward's saved arrays (`_forward_loop`).
-    Returns (ds0 [Bp, Np], outputs {name: [T, L, ...]} of the layer backward, da_acc
-    [L, P, 2, Np] accumulated partial bias gradients (pallas with z) or None).
+    Returns (ds0 [Bp, Np], outputs {name: [T, L, ...]}, da_acc [L, P, 2, Np] partial bias
+    gradients or None): fused {"da"}, pallas {"d_scaled", "dz" (with z)} and da_acc.
     """
+    if spec.impl == "pallas":
+        return _pallas_backward_loop(spec, geo, w_t, bias, s0, xproj, z, keep, packed, g_states)
     depth = len(w_t)
-    layer_backward = _pallas_backward if spec.impl == "pallas" else _fused_backward
     bias = _per_layer(bias)
     fields = _saved_rows(spec, z is not None)
 
@@ -353,41 +333,92 @@ def _backward_loop(spec, geo, w_t, bias, s0, xproj, z, keep, hidden, packed, g_s
         return None if hidden is None else hidden[layer]
 
     def body(carry, xs):
-        d_scaled_above, ds_carry_above, da_acc = carry
+        d_scaled_above, ds_carry_above = carry
         xproj_t, z_t, keep_t, packed_t, g_t = xs
         above = (d_scaled_above, w_t[0], hidden_of(0), ds_carry_above)
-        outputs, da_parts = [None] * depth, [None] * depth
+        outputs = [None] * depth
         for layer in reversed(range(depth)):
             s_prev, saved_l = _unpack(packed_t[layer], fields)
-            d_scaled, ds_carry, outputs[layer], da_parts[layer] = layer_backward(
-                spec, geo, above, g_t[layer], s_prev, saved_l,
+            d_scaled, ds_carry, outputs[layer] = _fused_backward(
+                spec, above, g_t[layer], s_prev, saved_l,
                 None if z_t is None else z_t[layer],
                 None if keep_t is None else keep_t[layer],
-                bias[layer], xproj_t if layer == 0 else None,
             )  # fmt: skip
             above = (d_scaled, w_t[layer], hidden_of(layer), ds_carry)
-        if da_acc is not None:
-            da_acc = da_acc + jnp.stack(da_parts)
         stacked = jax.tree_util.tree_map(lambda *a: jnp.stack(a), *outputs)
-        return (above[0], above[3], da_acc), stacked
+        return (above[0], above[3]), stacked
 
     b_pad, n_pad = s0.shape
-    if spec.impl == "pallas":
-        d_scaled0 = jnp.zeros((b_pad, 2, n_pad), s0.dtype)
-        # Partial bias sums are accumulated only when z scales da (else dbias = sum d_scaled).
-        da_acc = None if z is None else jnp.zeros((depth, geo.grid[0], 2, n_pad), s0.dtype)
-    else:
-        d_scaled0, da_acc = jnp.zeros((b_pad, 2 * n_pad), spec.dtype), None
-    init = (d_scaled0, jnp.zeros_like(s0), da_acc)
+    init = (jnp.zeros((b_pad, 2 * n_pad), spec.dtype), jnp.zeros_like(s0))
     xs = (xproj, z, keep, packed, g_states)
-    (d_scaled0, ds_carry0, da_acc), outputs = jax.lax.scan(body, init, xs, reverse=True)
+    (d_scaled0, ds_carry0), outputs = jax.lax.scan(body, init, xs, reverse=True)
     # The state gradient of s0 through W_0 (no gate backward below it).
-    if spec.impl == "pallas":
-        ds0 = highway.state_grad_padded(
-            d_scaled0, w_t[0], ds_carry0, geo=geo, config=spec.kernel, interpret=spec.interpret
-        )
-    else:
-        ds0 = _fused_state_gradient(spec, (d_scaled0, w_t[0], hidden_of(0), ds_carry0))
+    ds0 = _fused_state_gradient(spec, (d_scaled0, w_t[0], hidden_of(0), ds_carry0))
+    return ds0, outputs, None
+
+
+def _pallas_forward_loop(spec, geo, w, bias, s0, xproj, z, keep):
+    """The saving forward of `pallas`: ONE kernel per micro-layer and step and nothing else.
+
+    The kernels read z, keep and xproj at the step index straight from the whole-sequence
+    arrays and write each micro-layer's (input state, pre) into `packed` [T, L, Bp, 3, Np]
+    in place (`highway.forward_stacked`), so no per-step slice or store surrounds them.
+    Returns (s_last [Bp, Np], packed).
+    """
+    length, depth = xproj.shape[0], len(w)
+    packed = jnp.zeros((length, depth, *s0.shape[:1], 3, s0.shape[1]), s0.dtype)
+
+    def body(carry, _):
+        (s, packed), t = carry
+        for layer in range(depth):
+            s, packed = highway.forward_stacked(
+                t, s, w[layer], z, bias[layer], xproj if layer == 0 else None, keep, packed,
+                layer=layer, keep=spec.keep, geo=geo, config=spec.kernel,
+                interpret=spec.interpret,
+            )  # fmt: skip
+        return ((s, packed), t + 1), None
+
+    ((s_last, packed), _), _ = jax.lax.scan(body, ((s0, packed), jnp.int32(0)), None, length=length)
+    return s_last, packed
+
+
+def _pallas_backward_loop(spec, geo, w_t, bias, s0, xproj, z, keep, packed, g_states):
+    """The reverse loop of `pallas`: ONE kernel per micro-layer and step and nothing else.
+
+    `highway.backward_fused_stacked` reads the layer above's d_scaled, the saved (s, pre),
+    z, keep, xproj and g at the step index from the whole-sequence arrays and writes
+    d_scaled and dz at (t, l) and the partial bias sums in place. A while loop counting t
+    down is the only loop state besides the carried state gradient.
+    """
+    length, depth = xproj.shape[0], len(w_t)
+    b_pad, n_pad = s0.shape
+    bias = _per_layer(bias)  # Sliced here, not in every step.
+    kernel_args = dict(keep=spec.keep, geo=geo, config=spec.kernel, interpret=spec.interpret)
+    init = (
+        jnp.zeros_like(s0),
+        jnp.zeros((length, depth, b_pad, 2, n_pad), s0.dtype),
+        None if z is None else jnp.zeros((length, depth, b_pad, n_pad), s0.dtype),
+        jnp.zeros((depth, geo.grid[0], 2, n_pad), s0.dtype),
+    )
+
+    def body(carry):
+        (ds_carry, d_scaled, dz, da_acc), t = carry
+        for layer in reversed(range(depth)):
+            d_scaled, ds_carry, dz, da_acc = highway.backward_fused_stacked(
+                t, d_scaled, w_t[(layer + 1) % depth], ds_carry, g_states, packed, z,
+                bias[layer], xproj if layer == 0 else None, keep, dz, da_acc, layer=layer,
+                **kernel_args,
+            )  # fmt: skip
+        return (ds_carry, d_scaled, dz, da_acc), t - 1
+
+    (ds_carry, d_scaled, dz, da_acc), _ = jax.lax.while_loop(
+        lambda carry: carry[1] >= 0, body, (init, jnp.int32(length - 1))
+    )
+    # The state gradient of s0 through W_0 (no gate backward below it).
+    ds0 = highway.state_grad_padded(
+        d_scaled[0, 0], w_t[0], ds_carry, geo=geo, config=spec.kernel, interpret=spec.interpret
+    )
+    outputs = {"d_scaled": d_scaled} if dz is None else {"d_scaled": d_scaled, "dz": dz}
     return ds0, outputs, da_acc
 
 

@@ -751,3 +751,29 @@ def test_compare_table_pairs_configs_and_shows_before_and_after():
     assert len(lines) == 3  # header, separator, the one config in both reports
     assert "| hyperrhn r0 pallas bfloat16 | 154 -> 56 | 1 / 2 / 3 / 4 | 9 -> 0 |" in lines[2]
     assert "90 / 8 B -> 90 / 0 B" in lines[2]
+
+
+def test_stacked_kernels_count_only_the_time_step_slice_of_whole_sequence_arrays():
+    line = (
+        "%pallas_call.1 = (f32[8,16]{1,0}, f32[4,3,8,3,16]{4,3,2,1,0}) custom-call("
+        "s32[1]{0} %t, f32[8,16]{1,0} %s, bf16[16,2,16]{2,1,0} %w, bf16[16,2,16]{2,1,0} %w, "
+        "f32[4,3,8,16]{3,2,1,0} %z, f32[4,3,8,3,16]{4,3,2,1,0} %packed), "
+        'custom_call_target="__gpu$xla.gpu.triton", output_to_operand_aliasing={{1}: (5, {})}, '
+        'backend_config={name = "highway_forward_stacked"}'
+    )
+    instr = hl.parse_instr(line)
+    step = 4 * (1 + 8 * 16 + 8 * 16 + 8 * 3 * 16) + 2 * 16 * 2 * 16  # t, s, z, packed; w once
+    assert hl.launch_bytes(instr, {}, {}) == step + 4 * (8 * 16 + 8 * 3 * 16)  # + results
+    # The same call under another kernel name counts whole operands (and w twice).
+    plain = hl.parse_instr(line.replace("highway_forward_stacked", "highway_forward"))
+    assert hl.launch_bytes(plain, {}, {}) > 4 * 4 * 3 * 8 * 3 * 16
+
+
+def test_backward_kernel_flops_contract_both_halves_of_the_transposed_weight():
+    line = (
+        "%pallas_call.2 = f32[8,16]{1,0} custom-call(f32[8,16]{1,0} %ds, "
+        "bf16[2,16,16]{2,1,0} %w_t, f32[8,2,16]{2,1,0} %d), "
+        'custom_call_target="__gpu$xla.gpu.triton"'
+    )
+    instr = hl.parse_instr(line)
+    assert hl.triton_flops(instr, {}) == 2 * 8 * (2 * 16) * 16

@@ -193,22 +193,24 @@ def test_pallas_train_step_lowers_for_cuda_with_triton_calls(model_type):
     # One forward and one fused backward kernel per micro-layer (hyper and main cells), and
     # the state gradient of the initial state once per cell.
     cells = 2 if model_type == "hyperrhn" else 1
-    assert text.count('name = "highway_forward"') == config.depth * cells
-    assert text.count('name = "highway_backward_fused"') == config.depth * cells
+    assert text.count('name = "highway_forward_stacked"') == config.depth * cells
+    assert text.count('name = "highway_backward_fused_stacked"') == config.depth * cells
     assert text.count('name = "highway_state_grad"') == cells
 
 
 def _time_loops(jaxpr, length):
-    """The bodies of the scans of `length` steps inside `jaxpr` (not inside kernels)."""
+    """The bodies of the time loops inside `jaxpr`, not inside kernels: scans of `length`
+    steps and while loops (the pallas backward counts its step index down)."""
     bodies = []
     for eqn in jaxpr.eqns:
         if eqn.primitive.name == "pallas_call":
             continue
-        for param in eqn.params.values():
+        for key, param in eqn.params.items():
             for sub in param if isinstance(param, (tuple, list)) else (param,):
                 inner = getattr(sub, "jaxpr", sub)
                 if isinstance(inner, jax.extend.core.Jaxpr):
-                    if eqn.primitive.name == "scan" and eqn.params["length"] == length:
+                    scan = eqn.primitive.name == "scan" and eqn.params["length"] == length
+                    if scan or (eqn.primitive.name == "while" and key == "body_jaxpr"):
                         bodies.append(inner)
                     bodies += _time_loops(inner, length)
     return bodies
