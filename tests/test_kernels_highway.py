@@ -497,22 +497,8 @@ def test_shape_errors():
 # --- CUDA lowering (no GPU needed) ---------------------------------------------------------
 
 
-def h100_abstract_device():
-    """Lowering context naming an H100 as the abstract GPU device.
-
-    Since jax 0.11 the Triton lowering asks for the GPU's compute capability and, without a
-    GPU, takes it from the abstract mesh's device; jax 0.10.2 accepts it too (and does not
-    need it). Verified on 0.10.2, 0.11.2 and 0.12.0.1.
-    """
-    device = jax.sharding.AbstractDevice(
-        device_kind="NVIDIA H100 80GB HBM3", num_cores=132, platform="gpu"
-    )
-    mesh = jax.sharding.AbstractMesh((1,), ("x",), abstract_device=device)
-    return jax.sharding.use_abstract_mesh(mesh)
-
-
 def lower_for_cuda(fn, *args) -> str:
-    with h100_abstract_device():
+    with hw.cuda_lowering_device():
         return jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
 
 
