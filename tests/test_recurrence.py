@@ -190,12 +190,11 @@ def test_pallas_train_step_lowers_for_cuda_with_triton_calls(model_type):
     text = lowered.as_text()
     found = [t for t in TRITON_CALL_TARGETS if t in text]
     assert found, "no Triton custom call in the lowered train step"
-    # One forward and one fused backward kernel per micro-layer (hyper and main cells), and
-    # the state gradient of the initial state once per cell.
+    # One forward and one fused backward kernel per micro-layer (hyper and main cells). (The
+    # initial state's gradient kernel is dead code here: jax >= 0.12 drops it before lowering.)
     cells = 2 if model_type == "hyperrhn" else 1
     assert text.count('name = "highway_forward_stacked"') == config.depth * cells
     assert text.count('name = "highway_backward_fused_stacked"') == config.depth * cells
-    assert text.count('name = "highway_state_grad"') == cells
 
 
 def _time_loops(jaxpr, length):
