@@ -7,6 +7,7 @@ it is absent.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -194,7 +195,7 @@ def make_workdir(tmp_path: Path, model_type: str) -> tuple[Path, ml_collections.
     meta = {
         "version": ckpt_lib.META_VERSION,
         "vocab": corpus.vocab.to_dict(),
-        "model": {f: getattr(mc, f) for f in mc.__dataclass_fields__},
+        "model": dataclasses.asdict(mc),  # as the trainer writes it
         "config": cfg.to_dict(),
         "step": 7,
         "epoch": 0.25,
