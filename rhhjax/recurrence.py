@@ -9,8 +9,10 @@
 - `pallas`: the same op whose micro-layer steps are the Pallas kernels of
   `kernels/highway.py`: one forward kernel per micro-layer (matmul, scale, bias, gates,
   dropout, combine) and one backward kernel per micro-layer (the state-gradient matmul of
-  the layer above fused with the gate backward of the layer below). Compiled on a GPU,
-  interpret mode elsewhere (`model.pallas_mode`).
+  the layer above fused with the gate backward of the layer below). When differentiated,
+  the kernels read and write the whole-sequence arrays at the step index (`*_stacked`), so
+  the time loops hold nothing but the kernels. Compiled on a GPU, interpret mode elsewhere
+  (`model.pallas_mode`).
 
 Everything that depends only on the parameters or on the whole sequence happens ONCE per
 call, outside the time loops: padding to the kernel layout, casting the weights to the
