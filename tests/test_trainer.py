@@ -196,8 +196,9 @@ def test_sample_from_checkpoint(trained):
     a = sample.run(str(workdir), "the ", 40, 0.8, seed=0)
     b = sample.run(str(workdir), "the ", 40, 0.8, seed=0)
     assert a == b and a.startswith("the ") and len(a) == 44
-    greedy = sample.run(str(workdir), "First", 10, 0.0, seed=1)
-    assert greedy == sample.run(str(workdir), "First", 10, 0.0, seed=2)  # seed-free
+    # "Thou": characters of Tiny Shakespeare and of the stand-in text used without shared/.
+    greedy = sample.run(str(workdir), "Thou", 10, 0.0, seed=1)
+    assert greedy == sample.run(str(workdir), "Thou", 10, 0.0, seed=2)  # seed-free
 
 
 def test_plot_of_run(trained, tmp_path):
