@@ -322,8 +322,8 @@ def _backward_loop(spec, geo, w_t, bias, s0, xproj, z, keep, hidden, packed, g_s
 
     w_t: per-layer transposed weights (`_prepared_weights(..., transposed=True)`);
     packed: the forward's saved arrays (`_forward_loop`).
-    Returns (ds0 [Bp, Np], outputs {name: [T, L, ...]}, da_acc [L, P, 2, Np] partial bias
-    gradients or None): fused {"da"}, pallas {"d_scaled", "dz" (with z)} and da_acc.
+    Returns (ds0 [Bp, Np], outputs {name: [T, L, ...]}, da_acc): fused {"da"} and None;
+    pallas {"d_scaled", "dz" (with z)} and the partial bias gradients [L, P, 2, Np].
     """
     if spec.impl == "pallas":
         return _pallas_backward_loop(spec, geo, w_t, bias, s0, xproj, z, keep, packed, g_states)
@@ -505,7 +505,7 @@ def _sequence_bwd(spec, residuals, g_states):
     inputs, saved = _unpack(packed, _saved_rows(spec, z is not None))
     if spec.impl == "pallas":
         d_scaled = outputs["d_scaled"]
-        dbias = d_scaled.sum((0, 2)) if da_acc is None else da_acc.sum(1)
+        dbias = da_acc.sum(1)  # The stacked backward kernel always accumulates it.
     else:  # d_scaled = da * [z, z], dz and the bias gradient, from the stacked da.
         da = outputs["da"]
         d_scaled = da if z is None else da * z[:, :, :, None]
