@@ -42,7 +42,9 @@ from pathlib import Path
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from rhhjax import cli
+from rhhjax.errors import UserError, exit_with_error
+from rhhjax.tools import common as cli
+from rhhjax.train.signals import SignalCatcher
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Config file, optionally with a variant: configs/ptb.py[:cpu]."
@@ -59,7 +61,7 @@ def default_workdir(config_argument: str) -> str:
     return str(Path("workdirs") / (f"{stem}_{variant}" if variant else stem))
 
 
-_SIGNALS: cli.SignalCatcher | None = None  # entered before jax starts any thread
+_SIGNALS: SignalCatcher | None = None  # entered before jax starts any thread
 
 
 def main(argv: list[str]) -> int:
@@ -78,15 +80,15 @@ def main(argv: list[str]) -> int:
         config_flags.get_config_filename(flags.FLAGS["config"])
     )
 
-    from rhhjax import trainer  # after flag parsing: importing jax takes a moment
+    from rhhjax.train import loop as trainer  # after flag parsing: importing jax takes a moment
 
     try:
         results = trainer.train_and_evaluate(config, workdir, signals=_SIGNALS)
-    except trainer.USER_ERRORS as e:
-        cli.exit_with_error(e)
+    except UserError as e:
+        exit_with_error(e)
     return int(results.get("exit_code", 0))
 
 
 if __name__ == "__main__":
-    _SIGNALS = cli.SignalCatcher(hard_abort=True, thread=True).__enter__()
+    _SIGNALS = SignalCatcher(hard_abort=True, thread=True).__enter__()
     app.run(main, flags_parser=lambda argv: cli.parse_flags(argv, __doc__))

@@ -55,6 +55,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import hlo_launches as hl  # noqa: E402
 
+from rhhjax.errors import UserError
+
 IMPLS = ("scan", "fused", "pallas")
 DTYPES = ("float32", "bfloat16")
 MODELS = ("rhn", "hyperrhn")
@@ -90,7 +92,7 @@ SMEM_PER_BLOCK_OPTIN = 232448
 REGISTERS_PER_THREAD_MAX = 255
 
 
-class ReportError(ValueError):
+class ReportError(UserError):
     """Bad input or a missing CUDA plugin; the message is one line."""
 
 
@@ -179,7 +181,8 @@ def build_configs(case: Case, overrides: dict):
 
     Raises models.ConfigError / trainer.TrainError (one line) for an invalid combination.
     """
-    from rhhjax import models, trainer
+    from rhhjax import models
+    from rhhjax.train import loop as trainer
 
     config = load_ptb_config("rhn" if case.model == "rhn" else "")
     config.model.impl = case.impl
@@ -219,7 +222,7 @@ def pallas_context(mc):
     else ``recurrence.pallas_target("gpu")``."""
     if hasattr(mc, "pallas_mode"):
         return contextlib.nullcontext()
-    from rhhjax import recurrence
+    from rhhjax.ops import recurrence
 
     if hasattr(recurrence, "pallas_target"):
         return recurrence.pallas_target("gpu")
@@ -231,7 +234,8 @@ def abstract_args(mc, oc, batch: int, seq_len: int, mesh):
     import jax
     import jax.numpy as jnp
 
-    from rhhjax import evaluate, trainer
+    from rhhjax import evaluation as evaluate
+    from rhhjax.train import loop as trainer
 
     rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
     params = jax.eval_shape(trainer.make_init(mc), jax.random.key(0))
@@ -253,7 +257,7 @@ def compile_step(mc, oc, seed: int, batch: int, seq_len: int, mesh, options=None
     """The trainer's jitted step compiled for the mesh's CUDA device -> (compiled, seconds).
 
     ``options``: XLA debug options for this compile (e.g. ``{"xla_dump_to": dir}``)."""
-    from rhhjax import trainer
+    from rhhjax.train import loop as trainer
 
     step = trainer.make_train_step(mc, oc, seed)
     args = abstract_args(mc, oc, batch, seq_len, mesh)
@@ -480,14 +484,13 @@ class Options:
 
 def run_case(case: Case, mesh, opts: Options) -> dict:
     """Compile one config and summarise it; never raises for a config or compile error."""
-    from rhhjax import models, trainer
 
     row: dict = {"model": case.model, "impl": case.impl, "dtype": case.dtype}
     if case.model == "hyperrhn":
         row["hyper_rank"] = case.rank
     try:
         mc, oc, seed, batch, seq_len = build_configs(case, opts.overrides)
-    except (models.ConfigError, trainer.TrainError) as e:
+    except UserError as e:
         return {**row, "status": "unsupported", "reason": str(e)}
     row.update(batch=batch, seq_len=seq_len, depth=mc.depth, hidden=mc.hidden)
     if case.model == "hyperrhn":

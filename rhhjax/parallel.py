@@ -24,13 +24,15 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from rhhjax.errors import UserError
+
 DATA_AXIS = "data"
 ENV_COORDINATOR = "JAX_COORDINATOR_ADDRESS"
 ENV_NUM_PROCESSES = "JAX_NUM_PROCESSES"
 ENV_PROCESS_ID = "JAX_PROCESS_ID"
 
 
-class ParallelError(ValueError):
+class ParallelError(UserError):
     """A user-facing problem with the device / process setup; the message is one line."""
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from rhhjax import ablate
+from rhhjax.tools import ablate
 
 ROOT = Path(__file__).resolve().parents[1]
 PTB_DIR = Path(os.environ.get("RHHJAX_PTB_DIR", ROOT.parent / "shared" / "data" / "ptb"))
@@ -104,7 +104,7 @@ def test_cli_records_a_failing_variant_and_exits_1(tmp_path):
     command = [
         sys.executable,
         "-m",
-        "rhhjax.ablate",
+        "rhhjax.tools.ablate",
         f"--config={ROOT / 'configs' / 'ptb.py'}:tiny",
         f"--config.data.dir={PTB_DIR}",
         "--config.data.download=false",

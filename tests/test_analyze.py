@@ -20,9 +20,11 @@ import ml_collections
 import numpy as np
 import pytest
 
-from rhhjax import analyze, models, trainer
-from rhhjax import checkpoint as ckpt_lib
+from rhhjax import analysis as analyze
 from rhhjax import data as data_lib
+from rhhjax import models
+from rhhjax.train import checkpoint as ckpt_lib
+from rhhjax.train import loop as trainer
 
 ROOT = Path(__file__).resolve().parents[1]
 PTB_DIR = Path(
@@ -265,7 +267,7 @@ def test_command_line_at_init_on_real_ptb(tmp_path):
     cmd = [
         sys.executable,
         "-m",
-        "rhhjax.analyze",
+        "rhhjax.tools.analyze",
         "--init=configs/ptb.py:tiny,model.type=rhn",
         "--init=configs/ptb.py:tiny,model.type=lstm,model.hidden=12",
         f"--data_dir={PTB_DIR}",

@@ -1,9 +1,15 @@
 """The benchmark's bookkeeping: FLOP counts, row plan, and one timed row."""
 
+import sys
+from pathlib import Path
+
 import jax
 import pytest
 
-from rhhjax import bench, models
+from rhhjax import models
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import bench  # noqa: E402
 
 
 def test_flops_per_step_counts_every_matmul_three_times():

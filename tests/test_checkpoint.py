@@ -10,7 +10,7 @@ import numpy as np
 import optax
 import pytest
 
-from rhhjax import checkpoint as ckpt_lib
+from rhhjax.train import checkpoint as ckpt_lib
 
 
 def make_state(seed: int = 0):

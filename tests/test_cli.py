@@ -210,7 +210,7 @@ def test_evaluate_cli(interrupted, env, tmp_path):
         [
             sys.executable,
             "-m",
-            "rhhjax.evaluate",
+            "rhhjax.tools.evaluate",
             f"--workdir={workdir}",
             "--split=test",
             "--protocol=windows,paper",
@@ -233,7 +233,7 @@ def test_sample_cli(interrupted, env):
     args = [
         sys.executable,
         "-m",
-        "rhhjax.sample",
+        "rhhjax.tools.sample",
         f"--workdir={workdir}",
         "--prompt=First",
         "--length=30",
@@ -252,7 +252,7 @@ def test_sample_cli(interrupted, env):
 
 def test_plot_cli(interrupted, env):
     workdir = interrupted[0]
-    proc = run([sys.executable, "-m", "rhhjax.plot", str(workdir)], env)
+    proc = run([sys.executable, "-m", "rhhjax.tools.plot", str(workdir)], env)
     assert proc.returncode == 0, proc.stderr
     assert (workdir / "bpc.png").read_bytes()[:4] == b"\x89PNG"
 
@@ -273,7 +273,7 @@ def test_kill9_restart_reproduces_straight_run(tmp_path, text_file, env):
     writes the same metrics and ends with the same parameters as one uninterrupted run."""
     import numpy as np
 
-    from rhhjax import checkpoint as ckpt_lib
+    from rhhjax.train import checkpoint as ckpt_lib
 
     common = [
         "--config.train.eval_every_steps=10",
@@ -358,7 +358,7 @@ def test_second_signal_aborts_with_one_line(tmp_path, text_file, env):
     assert len(lines) == 1 and lines[0].startswith("error: aborted by a second SIGTERM"), stderr
 
 
-@pytest.mark.parametrize("module", ["rhhjax.summary", "rhhjax.ablate"])
+@pytest.mark.parametrize("module", ["rhhjax.tools.summary", "rhhjax.tools.ablate"])
 def test_other_config_programs_report_typos_in_one_line(tmp_path, env, module):
     proc = run(
         [
@@ -388,5 +388,5 @@ def test_help_lists_variants_and_fields_and_exits_0(env):
 
 
 def test_sample_help_keeps_its_line_breaks(env):
-    proc = run([sys.executable, "-m", "rhhjax.sample", "--help"], env)
+    proc = run([sys.executable, "-m", "rhhjax.tools.sample", "--help"], env)
     assert "--length=300 \\\n        --temperature=0.8" in proc.stdout, proc.stdout[:600]

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from rhhjax import data as data_lib
-from rhhjax import downloads
+from rhhjax.data import downloads
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXT = ("the quick brown fox jumps over the lazy dog " * 400).encode()
@@ -118,6 +118,6 @@ def test_embedded_sources_and_configs():
         assert cfg.data.corpus == name and cfg.data.text_vocab == kind
         assert cfg.model.embed_dim == vocab and cfg.model.depth == 10 and cfg.model.hidden == 1500
         assert (cfg.train.batch_size, cfg.train.seq_len, cfg.data.sampler) == (128, 50, "stream")
-        from rhhjax import trainer
+        from rhhjax.train import loop as trainer
 
         trainer.prepare_config(cfg)  # every field valid

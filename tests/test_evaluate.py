@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from rhhjax import data as data_lib
-from rhhjax import evaluate as eval_lib
+from rhhjax import evaluation as eval_lib
 from rhhjax import models
 
 VOCAB = 11

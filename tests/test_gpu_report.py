@@ -638,7 +638,7 @@ sys.path.insert(0, {str(BENCH)!r})
 import gpu_report as g
 g.set_deviceless_env()
 import jax, jax.numpy as jnp
-from kernels import highway as hw
+from rhhjax.kernels import highway as hw
 mesh = g.h100_mesh()
 rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
 def sds(shape):

@@ -19,8 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.experimental import pallas as pl
-
-from kernels import highway as hw
+from rhhjax.kernels import highway as hw
 
 # Custom-call target of a Triton pallas_call: "__gpu$xla.gpu.triton" (jaxlib <= 0.10.2, Triton
 # IR serialized in the backend config) or "triton_kernel_call" (compiled-at-lowering path).

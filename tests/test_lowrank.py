@@ -14,7 +14,8 @@ import optax
 import pytest
 from jax.ad_checkpoint import print_saved_residuals
 
-from rhhjax import lowrank, models
+from rhhjax import models
+from rhhjax.ops import lowrank
 
 BYTES = {
     "float0": 0,

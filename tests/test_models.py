@@ -7,7 +7,8 @@ import numpy as np
 import optax
 import pytest
 
-from rhhjax import cells, models
+from rhhjax import models
+from rhhjax.ops import cells
 
 
 def _sigmoid(x):

@@ -69,7 +69,8 @@ def _child(mode: str, text_file: str, out: str, four: str = "") -> None:
     copy both runs to ``out/both`` and resume them to step 6 here (one compilation)."""
     import jax
 
-    from rhhjax import parallel, trainer
+    from rhhjax import parallel
+    from rhhjax.train import loop as trainer
 
     parallel.maybe_initialize_distributed()  # multi: from the env, before jax.device_count
     out = Path(out)
@@ -154,7 +155,7 @@ def _resume(text_file: str, out: Path, four: Path) -> list[str]:
     """Copies of this run and the 4-device run (at step 4) continued to step 6 here."""
     import time
 
-    from rhhjax import trainer
+    from rhhjax.train import loop as trainer
 
     deadline = time.time() + 280
     while not (four / "report_train.json").exists():
@@ -198,7 +199,7 @@ def _records(workdir: Path, kind: str) -> list[dict]:
 
 
 def _params(workdir: Path, step: int):
-    from rhhjax import checkpoint as ckpt_lib
+    from rhhjax.train import checkpoint as ckpt_lib
 
     with ckpt_lib.Checkpoints(workdir, read_only=True) as c:
         params, _ = c.restore_params("latest", step)  # no template: on one device

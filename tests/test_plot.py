@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from rhhjax import plot
+from rhhjax.tools import plot
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

@@ -7,9 +7,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from rhhjax.kernels import highway
 
-from kernels import highway
-from rhhjax import models, recurrence
+from rhhjax import models
+from rhhjax.ops import recurrence
 
 # Tolerances per matmul dtype: f32 paths differ only in summation order; bf16 rounds the
 # matmul inputs identically in all implementations but the backward of `scan` (autodiff)

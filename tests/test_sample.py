@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from rhhjax import data as data_lib
-from rhhjax import models, sample
+from rhhjax import models
+from rhhjax.tools import sample
 
 VOCAB = data_lib.Vocab("char", tuple(" abcdefgh"))
 MC = models.ModelConfig(type="rhn", vocab_size=VOCAB.size, embed_dim=4, hidden=8, depth=2)

@@ -1,10 +1,11 @@
-"""`python -m rhhjax.summary`: the parameter table."""
+"""`python -m rhhjax.tools.summary`: the parameter table."""
 
 import subprocess
 import sys
 from pathlib import Path
 
-from rhhjax import models, summary
+from rhhjax import models
+from rhhjax.tools import summary
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -18,11 +19,11 @@ def test_rows_add_up_to_the_paper_count_and_table_ends_with_total():
 
 def test_command_line_prints_total_and_rejects_bad_config():
     ok = subprocess.run(
-        [sys.executable, "-m", "rhhjax.summary", "--config=configs/ptb.py:rhn"],
+        [sys.executable, "-m", "rhhjax.tools.summary", "--config=configs/ptb.py:rhn"],
         cwd=ROOT, capture_output=True, text=True, check=True,
     )  # fmt: skip
     assert ok.stdout.strip().splitlines()[-1] == "total_params 14121400"
-    command = [sys.executable, "-m", "rhhjax.summary", "--config=configs/ptb.py"]
+    command = [sys.executable, "-m", "rhhjax.tools.summary", "--config=configs/ptb.py"]
     bad = subprocess.run(
         [*command, "--config.model.depth=0"], cwd=ROOT, capture_output=True, text=True
     )

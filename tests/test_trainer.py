@@ -19,10 +19,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rhhjax import checkpoint as ckpt_lib
 from rhhjax import data as data_lib
-from rhhjax import evaluate as eval_lib
-from rhhjax import models, plot, sample, trainer
+from rhhjax import evaluation as eval_lib
+from rhhjax import models
+from rhhjax.tools import plot, sample
+from rhhjax.train import checkpoint as ckpt_lib
+from rhhjax.train import loop as trainer
+from rhhjax.train import optim
+from rhhjax.train import step as train_step
 
 ROOT = Path(__file__).resolve().parents[1]
 SHAKESPEARE = Path(
@@ -464,12 +468,12 @@ def test_incompatible_config_json_without_checkpoint(tmp_path, text_file):
 
 def test_l1_clip_matches_paper_code():
     grads = {"a": jnp.array([3.0, -4.0]), "b": jnp.array([[1.0, -2.0]])}  # L1 = 10
-    tx = trainer.clip_by_l1_norm(5.0)
+    tx = optim.clip_by_l1_norm(5.0)
     out, _ = tx.update(grads, tx.init(grads))
     scale = 5.0 / (10.0 + 1e-6)
     np.testing.assert_allclose(out["a"], np.array([3.0, -4.0]) * scale, rtol=1e-6)
     np.testing.assert_allclose(out["b"], np.array([[1.0, -2.0]]) * scale, rtol=1e-6)
-    small, _ = trainer.clip_by_l1_norm(100.0).update(grads, tx.init(grads))
+    small, _ = optim.clip_by_l1_norm(100.0).update(grads, tx.init(grads))
     assert_trees_equal(small, grads)
 
 
@@ -484,26 +488,26 @@ def test_optimizer_choices():
         lr_decay_start_epoch=5,
         batches_per_epoch=10,
     )
-    sgd = trainer.OptimizerConfig(optimizer="sgd", weight_decay=1e-7, **base)
+    sgd = optim.OptimizerConfig(optimizer="sgd", weight_decay=1e-7, **base)
     # Zilly et al.: epochs 0-4 at 0.2, epoch 5 at 0.2 / 1.03, epoch 6 at 0.2 / 1.03**2
     lrs = [float(sgd.learning_rate_at(step)) for step in (0, 49, 50, 59, 60)]
     np.testing.assert_allclose(lrs, [0.2, 0.2, 0.2 / 1.03, 0.2 / 1.03, 0.2 / 1.03**2], rtol=1e-6)
     params = {"w": jnp.ones((3,))}
     for oc in (
         sgd,
-        trainer.OptimizerConfig(optimizer="adam", weight_decay=0.0, **base),
-        trainer.OptimizerConfig(optimizer="adam", weight_decay=0.1, **base),
+        optim.OptimizerConfig(optimizer="adam", weight_decay=0.0, **base),
+        optim.OptimizerConfig(optimizer="adam", weight_decay=0.1, **base),
     ):
-        tx = trainer.make_optimizer(oc)
+        tx = optim.make_optimizer(oc)
         updates, _ = tx.update({"w": jnp.ones((3,))}, tx.init(params), params)
         assert np.all(np.asarray(updates["w"]) < 0)
 
 
 def test_dropout_keys():
-    a = trainer.dropout_key(0, jnp.int32(5), jnp.int32(0))
+    a = train_step.dropout_key(0, jnp.int32(5), jnp.int32(0))
     ref = jax.random.fold_in(jax.random.key(0), 5)
     assert np.array_equal(jax.random.key_data(a), jax.random.key_data(ref))
-    b = trainer.dropout_key(0, jnp.int32(5), jnp.int32(1))
+    b = train_step.dropout_key(0, jnp.int32(5), jnp.int32(1))
     assert not np.array_equal(jax.random.key_data(a), jax.random.key_data(b))
 
 

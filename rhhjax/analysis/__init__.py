@@ -1,6 +1,6 @@
 """Gradient-flow and gate analysis of trained (or freshly initialised) models.
 
-    python -m rhhjax.analyze --workdir=A [--workdir=B@init ...] [--init=CONFIG ...] --out=DIR
+    python -m rhhjax.tools.analyze --workdir=A [--workdir=B@init ...] [--init=CONFIG ...] --out=DIR
         [--checkpoint=best|latest|init|STEP] [--analyses=weights,gradients,gates,lesion]
         [--data_dir=PTB_DIR] [--prefix=NAME_] [--labels=a,b,...]
 
@@ -63,9 +63,11 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from rhhjax import cells, models
 from rhhjax import data as data_lib
-from rhhjax import evaluate as eval_lib
+from rhhjax import evaluation as eval_lib
+from rhhjax import models
+from rhhjax.errors import UserError
+from rhhjax.ops import cells
 
 Array = jax.Array
 
@@ -76,7 +78,7 @@ DPI = 80
 JSON_FILE = "analysis.json"
 
 
-class AnalysisError(ValueError):
+class AnalysisError(UserError):
     """Bad input to the analysis (unknown checkpoint, too little data); one line."""
 
 
@@ -143,14 +145,14 @@ def load_config_spec(spec: str) -> ml_collections.ConfigDict:
 
 def init_params(model_config: models.ModelConfig, seed: int):
     """The parameters a training run with ``seed`` starts from (the trainer's own init)."""
-    from rhhjax import trainer
+    from rhhjax.train import step as train_step
 
-    return trainer.make_init(model_config)(trainer.init_key(int(seed)))
+    return train_step.make_init(model_config)(train_step.init_key(int(seed)))
 
 
 @functools.lru_cache(maxsize=8)
 def _load_corpus_cached(data_json: str) -> data_lib.Corpus:
-    from rhhjax import downloads
+    from rhhjax.data import downloads
 
     return downloads.load_corpus(json.loads(data_json))
 
@@ -205,8 +207,8 @@ def subject_from_workdir(
     label: str = "",
 ) -> Subject:
     """A workdir's checkpoint (or its init) as a Subject."""
-    from rhhjax import checkpoint as ckpt_lib
-    from rhhjax import trainer
+    from rhhjax.train import checkpoint as ckpt_lib
+    from rhhjax.train import loop as trainer
 
     path, which = split_workdir_spec(spec, default_which)
     workdir = Path(path)
@@ -256,7 +258,7 @@ def subject_from_workdir(
 
 
 def _restore_step(workdir: Path, step: int):
-    from rhhjax import checkpoint as ckpt_lib
+    from rhhjax.train import checkpoint as ckpt_lib
 
     with ckpt_lib.Checkpoints(workdir, read_only=True) as ckpts:
         for which in ("latest", "best"):
@@ -276,7 +278,7 @@ def subject_from_config(
     label: str = "",
 ) -> Subject:
     """A config (``FILE[:VARIANT][,key=value ...]``) at initialisation as a Subject."""
-    from rhhjax import trainer
+    from rhhjax.train import loop as trainer
 
     cfg = trainer.prepare_config(load_config_spec(spec))
     corpus = _corpus(cfg, data_dir)
@@ -879,13 +881,6 @@ def write_outputs(results: list[dict], out: Path, prefix: str = "", meta: dict |
     return written
 
 
-def _command_line() -> str:
-    argv = list(sys.argv)
-    if argv and Path(argv[0]).name == "analyze.py":
-        argv = ["python", "-m", "rhhjax.analyze", *argv[1:]]
-    return shlex.join(argv)
-
-
 def run(
     workdirs: Sequence[str],
     inits: Sequence[str],
@@ -899,8 +894,11 @@ def run(
     labels: Sequence[str] = (),
     prefix: str = "",
     log: Callable[[str], None] = print,
+    command: str | None = None,
 ) -> list[Path]:
-    """Load every subject, analyse it and write the figures and JSON into ``out``."""
+    """Load every subject, analyse it and write the figures and JSON into ``out``.
+
+    ``command``: recorded in the JSON (default: this process's command line)."""
     settings = settings or Settings()
     for name in settings.analyses:
         if name not in ANALYSES:
@@ -929,7 +927,7 @@ def run(
         results.append(analyse(subject, settings, log))
     meta = {
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "command": _command_line(),
+        "command": shlex.join(sys.argv) if command is None else command,
         "settings": dataclasses.asdict(settings),
         "jax_backend": jax.default_backend(),
         "float64": float64,
@@ -938,86 +936,3 @@ def run(
     for path in written:
         log(f"wrote {path}")
     return written
-
-
-# ----------------------------------------------------------------------------- command line
-
-
-def main(argv: list[str]) -> int:
-    from absl import app, flags, logging
-
-    from rhhjax import checkpoint as ckpt_lib
-    from rhhjax import trainer
-
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-    f = flags.FLAGS
-    if not f["verbosity"].present:
-        logging.set_verbosity(logging.WARNING)
-    analyses = (
-        ANALYSES
-        if f.analyses == "all"
-        else tuple(a.strip() for a in f.analyses.split(",") if a.strip())
-    )
-    settings = Settings(
-        analyses=analyses,
-        split=f.split,
-        seq_len=f.seq_len,
-        grad_sequences=f.grad_sequences,
-        gate_sequences=f.gate_sequences,
-        lesion_chars=f.lesion_chars,
-        batch_size=f.batch_size,
-    )
-    labels = [x.strip() for x in f.labels.split(",")] if f.labels else []
-    try:
-        run(
-            f.workdir or [],
-            f.init or [],
-            f.out,
-            checkpoint=f.checkpoint,
-            settings=settings,
-            data_dir=f.data_dir,
-            impl=f.impl,
-            float64=f.float64,
-            labels=labels,
-            prefix=f.prefix,
-        )
-    except (
-        AnalysisError,
-        data_lib.DataError,
-        models.ConfigError,
-        ckpt_lib.CheckpointError,
-        trainer.TrainError,
-    ) as e:
-        sys.exit(f"error: {' '.join(str(e).split())}")
-    return 0
-
-
-def _define_flags() -> None:
-    from absl import flags
-
-    flags.DEFINE_multi_string("workdir", [], "Training workdir[@best|latest|init|STEP].")
-    flags.DEFINE_multi_string(
-        "init", [], "Config at initialisation: FILE[:VARIANT][,section.key=value...]."
-    )
-    flags.DEFINE_string("out", None, "Output folder for the PNGs and analysis.json.", required=True)
-    flags.DEFINE_string("checkpoint", "best", "Default for workdirs: best|latest|init|STEP.")
-    flags.DEFINE_string("analyses", "all", "all, or a comma list of " + ", ".join(ANALYSES))
-    flags.DEFINE_enum("split", "valid", ["valid", "test", "train"], "Held-out split.")
-    flags.DEFINE_string("data_dir", "", "Override data.dir of every model (e.g. the PTB folder).")
-    flags.DEFINE_integer("seq_len", 100, "Window length (time steps) of every analysis.")
-    flags.DEFINE_integer("grad_sequences", 64, "Windows averaged for the gradient curve.")
-    flags.DEFINE_integer("gate_sequences", 4, "Windows drawn in the gate figure.")
-    flags.DEFINE_integer("lesion_chars", 20_000, "Held-out symbols scored per lesion (0 = all).")
-    flags.DEFINE_integer("batch_size", 32, "Rows per forward / backward pass.")
-    flags.DEFINE_string("impl", "scan", "model.impl for the analysis ('' = as trained).")
-    flags.DEFINE_bool("float64", False, "Compute in float64 (gradients below float32 range).")
-    flags.DEFINE_string("labels", "", "Comma list of legend labels, one per model (in order).")
-    flags.DEFINE_string("prefix", "", "Prefix of every output file name (e.g. init_).")
-
-
-if __name__ == "__main__":
-    from absl import app
-
-    _define_flags()
-    app.run(main)

@@ -1,9 +1,9 @@
 """Ablation runner: train config variants with the same seeds and budget, tabulate results.
 
-    python -m rhhjax.ablate --config=configs/ptb.py:cpu \\
+    python -m rhhjax.tools.ablate --config=configs/ptb.py:cpu \\
         --sweep=model.hyper_rank=0,1,2,4,8 --max_minutes=12 --out=ablations/rank
 
-    python -m rhhjax.ablate --config=configs/ptb.py:cpu --config.data.dir=/path/to/ptb \\
+    python -m rhhjax.tools.ablate --config=configs/ptb.py:cpu --config.data.dir=/path/to/ptb \\
         --sweep=model.type=rhn,hyperrhn --sweep=model.depth=3,5 --max_steps=2000 --out=DIR
 
 Every `--sweep=FIELD=V1,V2,...` names any config field (dotted, e.g. model.depth,
@@ -42,10 +42,12 @@ from typing import Any
 
 import ml_collections
 
+from rhhjax.errors import UserError
+
 RESULTS_FILE = "results.json"
 
 
-class SweepError(ValueError):
+class SweepError(UserError):
     """A malformed --sweep (one line)."""
 
 
@@ -177,21 +179,24 @@ def step_seconds(workdir: Path, batch: int, seq_len: int) -> float | None:
 
 
 def peak_memory_gb(config: ml_collections.ConfigDict, vocab_size: int) -> float | None:
-    """XLA's compile-time peak estimate (GB) of the variant's training step."""
-    from rhhjax import lowrank_bench, models
+    """XLA's compile-time peak estimate (GB) of the variant's training step (the very step
+    ``train.py`` runs, compiled but not run)."""
+    from rhhjax import models
+    from rhhjax.train import optim, step
 
     mc = models.ModelConfig.from_config(config.model, vocab_size=vocab_size)
-    analysis, _, _ = lowrank_bench.compiled_memory(
-        mc, int(config.train.batch_size), int(config.train.seq_len)
+    oc = optim.OptimizerConfig.from_config(config.train, batches_per_epoch=1)
+    analysis, _ = step.compiled_memory(
+        mc, oc, int(config.train.batch_size), int(config.train.seq_len)
     )
-    return lowrank_bench.peak_bytes(analysis) * 1e-9
+    return step.peak_bytes(analysis) * 1e-9
 
 
 def _final_valid(results: dict, config: ml_collections.ConfigDict) -> tuple[float | None, str]:
     final = (results.get("final") or {}).get("valid") or {}
-    from rhhjax import evaluate
+    from rhhjax import evaluation
 
-    for protocol in evaluate.parse_protocols(config.eval.final_protocols):
+    for protocol in evaluation.parse_protocols(config.eval.final_protocols):
         for label, metrics in final.items():
             if label == protocol or label.startswith(protocol):
                 return metrics.get("bpc"), label
@@ -210,7 +215,7 @@ def run_variant(
     log: Callable[[str], None],
 ) -> dict:
     """Trains one variant (or reuses its results) and returns its row."""
-    from rhhjax import trainer
+    from rhhjax.train import loop as trainer
 
     config = variant_config(base, variant, max_steps, max_minutes)
     workdir = out / variant.name
@@ -231,7 +236,7 @@ def run_variant(
                 config, workdir, log=lambda m: log(f"[{variant.name}] {m}")
             )
     except Exception as e:  # one failing variant must not stop the ablation
-        known = isinstance(e, trainer.USER_ERRORS)
+        known = isinstance(e, UserError)
         row.update(status="error", error=" ".join(str(e).split()) or type(e).__name__)
         if not known:
             row["error"] = f"{type(e).__name__}: {row['error']}"
@@ -389,7 +394,7 @@ def main(argv: Sequence[str]) -> int:
             seeds=seeds,
             memory=FLAGS.memory,
             rerun=FLAGS.rerun,
-            command="python -m rhhjax.ablate " + " ".join(sys.argv[1:]),
+            command="python -m rhhjax.tools.ablate " + " ".join(sys.argv[1:]),
             config_label=config_flags.get_config_filename(FLAGS["config"]),
         )
     except SweepError as e:
@@ -416,7 +421,7 @@ def define_flags() -> None:
 if __name__ == "__main__":
     from absl import app
 
-    from rhhjax import cli
+    from rhhjax.tools import common as cli
 
     define_flags()
     app.run(

@@ -45,8 +45,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from kernels import highway
-from rhhjax import cells
+from rhhjax.kernels import highway
+from rhhjax.ops import cells
 
 Array = jax.Array
 

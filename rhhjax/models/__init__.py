@@ -18,8 +18,9 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from kernels import highway
-from rhhjax import cells, lowrank, recurrence
+from rhhjax.errors import UserError
+from rhhjax.kernels import highway
+from rhhjax.ops import cells, lowrank, recurrence
 
 Array = jax.Array
 
@@ -32,7 +33,7 @@ IMPLS = ("scan", *recurrence.IMPLS)
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float64": jnp.float64}
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError):
     """An invalid configuration value; the message is one line."""
 
 

@@ -51,6 +51,8 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 
+from rhhjax.errors import UserError
+
 LATEST_DIR = "checkpoints"
 BEST_DIR = "best"
 META_VERSION = 1
@@ -58,7 +60,7 @@ LATEST_ITEMS = ("params", "opt_state", "carry", "meta")
 BEST_ITEMS = ("params", "meta")
 
 
-class CheckpointError(ValueError):
+class CheckpointError(UserError):
     """A missing or unreadable checkpoint; the message is one line."""
 
 

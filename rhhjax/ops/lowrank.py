@@ -73,7 +73,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from rhhjax import cells
+from rhhjax.ops import cells
 
 Array = jax.Array
 

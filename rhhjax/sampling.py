@@ -1,6 +1,6 @@
 r"""Generate text from a trained model.
 
-    python -m rhhjax.sample --workdir=workdirs/ptb --prompt="the " --length=300 \
+    python -m rhhjax.tools.sample --workdir=workdirs/ptb --prompt="the " --length=300 \
         --temperature=0.8 [--seed=0] [--checkpoint=best|latest]
 
 Only the checkpoint is read (its vocabulary travels with it): no data folder is needed.
@@ -14,7 +14,6 @@ most likely character (greedy). The reserved unknown symbol (``data.unk=True``) 
 from __future__ import annotations
 
 import functools
-import sys
 from collections.abc import Callable
 
 import jax
@@ -85,61 +84,3 @@ def generate(
     key = jax.random.key(seed)
     tokens = fn(params, ids, key, jnp.float32(max(temperature, 1e-6)))
     return vocab.decode(np.asarray(tokens))
-
-
-def run(
-    workdir: str,
-    prompt: str,
-    length: int,
-    temperature: float,
-    seed: int = 0,
-    which: str = "best",
-) -> str:
-    """Prompt + generated text from a checkpoint of ``workdir`` (bytes decoded as UTF-8)."""
-    from rhhjax import checkpoint as ckpt_lib
-
-    params, meta, _ = ckpt_lib.load_for_inference(workdir, which)
-    vocab = data_lib.Vocab.from_dict(meta["vocab"])
-    model_config = models.ModelConfig.from_config(meta["model"])
-    out = generate(model_config, params, vocab, prompt, length, temperature, seed)
-    if isinstance(out, bytes):
-        out = out.decode("utf-8", errors="replace")
-    return prompt + out
-
-
-def main(argv: list[str]) -> int:
-    from absl import app, flags, logging
-
-    from rhhjax import checkpoint as ckpt_lib
-
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-    f = flags.FLAGS
-    if not f["verbosity"].present:
-        logging.set_verbosity(logging.WARNING)
-    try:
-        text = run(f.workdir, f.prompt, f.length, f.temperature, f.seed, f.checkpoint)
-    except (data_lib.DataError, models.ConfigError, ckpt_lib.CheckpointError) as e:
-        sys.exit(f"error: {' '.join(str(e).split())}")
-    print(text)
-    return 0
-
-
-def _define_flags() -> None:
-    from absl import flags
-
-    flags.DEFINE_string("workdir", None, "Training workdir holding checkpoints.", required=True)
-    flags.DEFINE_string("prompt", "the ", "Text to start from (every character in the vocab).")
-    flags.DEFINE_integer("length", 300, "Characters to generate.")
-    flags.DEFINE_float("temperature", 0.8, "Softmax temperature; 0 = greedy.")
-    flags.DEFINE_integer("seed", 0, "Sampling seed.")
-    flags.DEFINE_enum("checkpoint", "best", ["best", "latest"], "Which checkpoint.")
-
-
-if __name__ == "__main__":
-    from absl import app
-
-    from rhhjax import cli
-
-    _define_flags()
-    app.run(main, flags_parser=lambda argv: cli.parse_flags(argv, __doc__, flag=None))

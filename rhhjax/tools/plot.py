@@ -1,6 +1,6 @@
 """Training and validation BPC against epochs (the paper's Fig. 1) from a workdir.
 
-    python -m rhhjax.plot WORKDIR [--out=FILE.png] [WORKDIR ...]
+    python -m rhhjax.tools.plot WORKDIR [--out=FILE.png] [WORKDIR ...]
 
 Reads ``WORKDIR/metrics.jsonl`` (``train`` and ``valid`` records written by the trainer) and
 writes ``WORKDIR/bpc.png`` (or ``--out``). Several workdirs are drawn in one figure (one
@@ -15,10 +15,12 @@ import json
 import sys
 from pathlib import Path
 
+from rhhjax.errors import UserError
+
 METRICS_FILE = "metrics.jsonl"
 
 
-class PlotError(ValueError):
+class PlotError(UserError):
     """Missing or empty metrics; the message is one line."""
 
 
@@ -109,7 +111,7 @@ def plot(workdirs: list[str | Path], out: str | Path | None = None) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m rhhjax.plot", description=__doc__.split("\n")[0]
+        prog="python -m rhhjax.tools.plot", description=__doc__.split("\n")[0]
     )
     parser.add_argument("workdirs", nargs="+", metavar="WORKDIR", help="training workdir(s)")
     parser.add_argument("--out", default=None, help="PNG path (default WORKDIR/bpc.png)")

@@ -4,8 +4,9 @@ What a run does, in order:
 
 1. Validates the whole config, loads the data (downloading it if configured), checks the
    workdir (writable; if it holds a run, that run's model config, vocabulary and sampler shape
-   match) -- all before anything is written or compiled. Problems raise ``TrainError``,
-   ``models.ConfigError`` or ``data.DataError`` with a one-line message (see ``USER_ERRORS``).
+   match) -- all before anything is written or compiled. Problems raise a
+   ``rhhjax.errors.UserError`` (``TrainError``, ``ConfigError``, ``DataError``, ...) with a
+   one-line message.
 2. Resumes from the latest checkpoint of the workdir if there is one (``metrics.jsonl`` is cut
    back to that step, later checkpoints are deleted), else initialises from ``config.seed``.
 3. Trains with a jitted step: Adam (AdamW when ``train.weight_decay > 0``) or SGD with the RHN
@@ -27,7 +28,7 @@ The host keeps at most one step queued behind the one the device runs, so a stop
 after the step in flight. Checkpoints: at every validation, every ``checkpoint_every_steps``,
 every ``checkpoint_every_minutes`` of wall time, and at the stop.
 
-Interruptions: SIGTERM / SIGINT (``cli.SignalCatcher``) stop after the step in flight, save a
+Interruptions: SIGTERM / SIGINT (``signals.SignalCatcher``) stop after the step in flight, save a
 checkpoint and return with ``results["exit_code"] = 128 + signum`` (``train.py`` exits with
 it); before training starts, nothing is written; a second signal aborts at once. Rerunning
 the same command resumes; the continued run's records in ``metrics.jsonl`` (``train`` and
@@ -49,7 +50,6 @@ Files in the workdir: ``config.json`` (the resolved config of the latest start),
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import math
 import os
@@ -64,12 +64,16 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-import optax
 
-from rhhjax import checkpoint as ckpt_lib
-from rhhjax import cli, downloads, models, parallel
 from rhhjax import data as data_lib
-from rhhjax import evaluate as eval_lib
+from rhhjax import evaluation as eval_lib
+from rhhjax import models, parallel
+from rhhjax.data import downloads
+from rhhjax.errors import UserError
+from rhhjax.train import checkpoint as ckpt_lib
+from rhhjax.train import signals
+from rhhjax.train.optim import OptimizerConfig, make_optimizer
+from rhhjax.train.step import init_key, make_init, make_train_step
 
 LN2 = math.log(2.0)
 MAX_ROLLBACKS = 10
@@ -110,21 +114,12 @@ MODEL_FIELDS_FREE = (
 )  # fmt: skip
 
 
-class TrainError(ValueError):
+class TrainError(UserError):
     """A user-facing problem with the config or the workdir; the message is one line."""
 
 
 class NonFiniteLossError(TrainError):
     """The training loss became NaN or inf (``train.on_nonfinite="stop"``)."""
-
-
-USER_ERRORS = (
-    TrainError,
-    models.ConfigError,
-    data_lib.DataError,
-    ckpt_lib.CheckpointError,
-    parallel.ParallelError,
-)
 
 
 # ----------------------------------------------------------------------------- config
@@ -233,173 +228,6 @@ def validate_config(cfg: ml_collections.ConfigDict) -> None:
 
 def config_to_json(cfg: ml_collections.ConfigDict) -> str:
     return json.dumps(cfg.to_dict(), indent=2, sort_keys=True) + "\n"
-
-
-# ----------------------------------------------------------------------------- optimizer
-
-
-def clip_by_l1_norm(max_norm: float) -> optax.GradientTransformation:
-    """Scale updates so that their total L1 norm is at most ``max_norm``.
-
-    The paper code's ``torch.nn.utils.clip_grad_norm(params, max_norm, norm_type=1)``:
-    ``g *= max_norm / (||g||_1 + 1e-6)`` when that factor is < 1.
-    """
-
-    def init_fn(params):
-        del params
-        return optax.EmptyState()
-
-    def update_fn(updates, state, params=None):
-        del params
-        norm = l1_norm(updates)
-        scale = jnp.minimum(1.0, max_norm / (norm + 1e-6))
-        updates = jax.tree.map(lambda g: (g * scale).astype(g.dtype), updates)
-        return updates, state
-
-    return optax.GradientTransformation(init_fn, update_fn)
-
-
-def l1_norm(tree) -> jax.Array:
-    return sum(jnp.sum(jnp.abs(x.astype(jnp.float32))) for x in jax.tree.leaves(tree))
-
-
-@dataclasses.dataclass(frozen=True)
-class OptimizerConfig:
-    """The hashable subset of ``config.train`` that defines the optimizer."""
-
-    optimizer: str
-    learning_rate: float
-    b1: float
-    b2: float
-    weight_decay: float
-    clip_norm: float
-    clip_type: str
-    lr_decay: float
-    lr_decay_start_epoch: int
-    batches_per_epoch: int
-
-    @classmethod
-    def from_config(cls, train: Any, batches_per_epoch: int) -> OptimizerConfig:
-        decays = train.optimizer == "sgd" and float(train.lr_decay) != 1.0
-        return cls(
-            optimizer=str(train.optimizer),
-            learning_rate=float(train.learning_rate),
-            b1=float(train.b1),
-            b2=float(train.b2),
-            weight_decay=float(train.weight_decay),
-            clip_norm=float(train.clip_norm),
-            clip_type=str(train.clip_type),
-            lr_decay=float(train.lr_decay),
-            lr_decay_start_epoch=int(train.lr_decay_start_epoch),
-            # only the SGD decay reads it: keep it out of the jit cache key otherwise
-            batches_per_epoch=int(batches_per_epoch) if decays else 1,
-        )
-
-    def learning_rate_at(self, step):
-        """SGD: ``lr / lr_decay ** max(epoch - start + 1, 0)`` with the 0-based epoch of the
-        step (Zilly et al.'s schedule: with start 5 the sixth epoch is the first decayed);
-        Adam: constant."""
-        if self.optimizer != "sgd" or self.lr_decay == 1.0:
-            return self.learning_rate
-        epoch = step // self.batches_per_epoch
-        exponent = jnp.maximum(epoch - self.lr_decay_start_epoch + 1, 0)
-        return self.learning_rate / jnp.power(self.lr_decay, exponent)
-
-
-def make_optimizer(oc: OptimizerConfig) -> optax.GradientTransformation:
-    """Clipping (L1 or L2, skipped when clip_norm is 0) followed by Adam / AdamW / SGD."""
-    parts = []
-    if oc.optimizer == "sgd" and oc.weight_decay > 0:
-        # Zilly et al. add the L2 penalty to the loss, so it is clipped with the gradient.
-        parts.append(optax.add_decayed_weights(oc.weight_decay))
-    if oc.clip_norm > 0:
-        if oc.clip_type == "l1":
-            parts.append(clip_by_l1_norm(oc.clip_norm))
-        else:
-            parts.append(optax.clip_by_global_norm(oc.clip_norm))
-    if oc.optimizer == "sgd":
-        parts.append(optax.sgd(oc.learning_rate_at))
-    elif oc.weight_decay > 0:
-        parts.append(optax.adamw(oc.learning_rate, oc.b1, oc.b2, weight_decay=oc.weight_decay))
-    else:
-        parts.append(optax.adam(oc.learning_rate, oc.b1, oc.b2))
-    return optax.chain(*parts)
-
-
-# ----------------------------------------------------------------------------- jitted step
-
-
-def dropout_key(seed: int, step, retry) -> jax.Array:
-    """``fold_in(key(seed), step)``, folded once more with ``retry`` when it is > 0."""
-    key = jax.random.fold_in(jax.random.key(seed), step)
-    retried = jax.random.fold_in(key, retry)
-    data = jnp.where(retry > 0, jax.random.key_data(retried), jax.random.key_data(key))
-    return jax.random.wrap_key_data(data)
-
-
-def init_key(seed: int) -> jax.Array:
-    """The parameter-initialisation key (distinct from every dropout key)."""
-    return jax.random.fold_in(jax.random.key(seed), 0xFFFFFFFF)
-
-
-@functools.lru_cache(maxsize=16)
-def make_init(mc: models.ModelConfig) -> Callable:
-    """``key -> params``, run eagerly, NOT under jit: on jax 0.10.x a jitted CPU computation
-    holding several LAPACK calls (the orthogonal inits' QRs) can deadlock on few cores
-    (github.com/qiskit-community/ffsim/pull/684 reports the same hang)."""
-    model = models.build_model(mc)
-    return lambda key: models.init_params(model, key)
-
-
-@functools.lru_cache(maxsize=16)
-def make_train_step(
-    mc: models.ModelConfig,
-    oc: OptimizerConfig,
-    seed: int,
-    mesh: jax.sharding.Mesh | None = None,
-    fsdp: bool = False,
-) -> Callable:
-    """Jitted ``(params, opt_state, carry, inputs, targets, reset, step, retry)
-    -> (params, opt_state, carry, loss, grad_norm)``.
-
-    ``reset`` zeroes the carry (always for the window sampler); gradients do not flow into
-    the incoming carry (truncated BPTT). ``grad_norm`` is the norm clipping uses (L1 or L2),
-    before clipping. ``step`` is the index of this batch (0-based) and seeds its dropout.
-
-    With ``mesh`` the outputs are constrained to the data-parallel layout (``rhhjax.parallel``):
-    carry split along the batch over ``"data"``, parameters and optimizer state replicated
-    (``fsdp``: split), loss and norm replicated. The inputs must already be placed so.
-    """
-    model = models.build_model(mc)
-    tx = make_optimizer(oc)
-
-    def loss_fn(params, carry, inputs, targets, key):
-        logits, carry = model.apply(
-            {"params": params}, inputs, carry, train=True, rngs={"dropout": key}
-        )
-        logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-        nll = -jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
-        return jnp.mean(nll), carry
-
-    def step_fn(params, opt_state, carry, inputs, targets, reset, step, retry):
-        carry = jax.tree.map(
-            lambda c: jax.lax.stop_gradient(jnp.where(reset, jnp.zeros_like(c), c)), carry
-        )
-        key = dropout_key(seed, step, retry)
-        (loss, carry), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-            params, carry, inputs, targets, key
-        )
-        grad_norm = l1_norm(grads) if oc.clip_type == "l1" else optax.tree.norm(grads)
-        updates, opt_state = tx.update(grads, opt_state, params)
-        params = optax.apply_updates(params, updates)
-        if mesh is not None:
-            params = parallel.constrain_state(params, mesh, fsdp)
-            opt_state = parallel.constrain_state(opt_state, mesh, fsdp)
-            carry = parallel.constrain_batch(carry, mesh)
-            loss, grad_norm = parallel.constrain_replicated((loss, grad_norm), mesh)
-        return params, opt_state, carry, loss, grad_norm
-
-    return jax.jit(step_fn, donate_argnums=(0, 1, 2))
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -754,21 +582,21 @@ def train_and_evaluate(
     workdir: str | os.PathLike,
     *,
     log: Callable[[str], None] = _log,
-    signals: cli.SignalCatcher | None = None,
+    signals: signals.SignalCatcher | None = None,
 ) -> dict:
     """Train (or resume) a model in ``workdir`` and evaluate its best checkpoint.
 
     Returns a dict with ``status`` ("finished" | "interrupted"), ``exit_code`` (0, or
     128 + signum after SIGTERM/SIGINT), ``step``, ``epoch``, ``stop_reason``, ``best_step``,
     ``best_valid_bpc``, ``num_params`` and ``final`` ({split: {protocol: metrics}}, absent
-    when interrupted). Raises one of ``USER_ERRORS`` for bad input, before writing anything.
+    when interrupted). Raises a ``UserError`` for bad input, before writing anything.
 
-    ``signals``: an entered ``cli.SignalCatcher`` (``train.py`` starts one before importing
+    ``signals``: an entered ``signals.SignalCatcher`` (``train.py`` starts one before importing
     jax); None = catch SIGTERM / SIGINT here for the duration of the call.
     """
     if signals is not None:
         return _train_and_evaluate(config, Path(workdir), log, signals)
-    with cli.SignalCatcher(log) as own:
+    with signals.SignalCatcher(log) as own:
         return _train_and_evaluate(config, Path(workdir), log, own)
 
 
@@ -782,7 +610,7 @@ def _agreed_flag(value: bool) -> bool:
 
 
 def _train_and_evaluate(
-    config: Any, workdir: Path, log: Callable[[str], None], signals: cli.SignalCatcher
+    config: Any, workdir: Path, log: Callable[[str], None], signals: signals.SignalCatcher
 ) -> dict:
     signals.phase = "startup"
     cfg = prepare_config(config)
@@ -976,7 +804,7 @@ def _run_in_workdir(
             log(
                 f"{workdir} already finished at step {state.step}: nothing to do (results in "
                 f"{workdir / RESULTS_FILE}); raise train.max_steps / max_epochs / max_minutes "
-                f"to train further, or run python -m rhhjax.evaluate for other protocols"
+                f"to train further, or run python -m rhhjax.tools.evaluate for other protocols"
             )
             return finished
         if tensorboard is not None and primary:

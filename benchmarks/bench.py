@@ -1,9 +1,10 @@
 """Training-step benchmark: impl x model x size x dtype, in one run.
 
-    python -m rhhjax.bench --out=bench.json
-    python -m rhhjax.bench --sizes=small --impls=scan,fused --repeats=5
+    python benchmarks/bench.py --out=bench.json
+    python benchmarks/bench.py --sizes=small --impls=scan,fused --repeats=5
 
-Each row times a full training step (forward, backward, Adam update; gate dropout on)
+Each row times the training step of ``train.py`` (``rhhjax.train.step``: forward, backward,
+L1-norm clipping, Adam update; gate dropout on)
 after compilation and a warm-up step: the median of `--repeats` steps. It also measures
 the rate of a large matmul on the same device and dtype, and reports
 efficiency = flops_per_step / (step time x matmul rate), where flops_per_step counts the
@@ -24,11 +25,11 @@ from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
-import numpy as np
-import optax
 from absl import app, flags
 
-from rhhjax import models
+from rhhjax import configs, models
+from rhhjax.train.optim import OptimizerConfig
+from rhhjax.train.step import make_train_step, step_inputs
 
 SIZES = {
     # name: (hidden, hyper_hidden, depth, batch, seq_len)
@@ -103,45 +104,34 @@ def matmul_rate(dtype: str, size: int = 2048, repeats: int = 5) -> float:
     return 2.0 * size**3 / statistics.median(times)
 
 
-def make_train_step(config: models.ModelConfig):
-    """A jitted (params, opt_state, tokens, key) -> (params, opt_state, loss)."""
-    model = models.build_model(config)
-    optimizer = optax.adam(1e-3)
+def paper_optimizer() -> OptimizerConfig:
+    """The paper recipe's optimizer (configs/ptb.py: Adam 1e-3, L1-norm clipping at 10)."""
+    return OptimizerConfig.from_config(configs.load("ptb").train, batches_per_epoch=1)
 
-    def loss_fn(params, tokens, key):
-        logits, _ = model.apply(
-            {"params": params}, tokens[:, :-1], train=True, rngs={"dropout": key}
-        )
-        return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
 
-    def step(params, opt_state, tokens, key):
-        loss, grads = jax.value_and_grad(loss_fn)(params, tokens, key)
-        updates, opt_state = optimizer.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss
-
-    return model, optimizer, jax.jit(step, donate_argnums=(0, 1))
+def time_step(config: models.ModelConfig, batch: int, length: int, repeats: int):
+    """(compile seconds, [seconds of each timed step]) of the training step ``train.py`` runs
+    (``rhhjax.train.step``: forward, backward, clipping, Adam) on random tokens; the first call
+    compiles and warms up, the next ``repeats`` are timed."""
+    oc = paper_optimizer()
+    step = make_train_step(config, oc, 0)
+    args = list(step_inputs(config, oc, batch, length))
+    times = []
+    for i in range(repeats + 1):
+        args[6] = jnp.asarray(i, jnp.int32)  # the step index seeds the dropout masks
+        start = time.perf_counter()
+        out = step(*args)
+        out[3].block_until_ready()
+        times.append(time.perf_counter() - start)
+        args[:3] = out[:3]  # params, opt_state, carry were donated
+    return times[0], times[1:]
 
 
 def time_row(impl: str, model: str, size: str, dtype: str, repeats: int, rate: float) -> Row:
     """Compiles, warms up and times one configuration."""
     config = model_config(model, size, impl, dtype)
     _, _, _, batch, length = SIZES[size]
-    lm, optimizer, step = make_train_step(config)
-    params = models.init_params(lm, jax.random.key(0))
-    opt_state = optimizer.init(params)
-    tokens = jnp.asarray(
-        np.random.default_rng(0).integers(0, VOCAB, (batch, length + 1)), jnp.int32
-    )
-    start = time.perf_counter()
-    params, opt_state, loss = step(params, opt_state, tokens, jax.random.key(1))
-    loss.block_until_ready()
-    compile_s = time.perf_counter() - start
-    times = []
-    for i in range(repeats):
-        start = time.perf_counter()
-        params, opt_state, loss = step(params, opt_state, tokens, jax.random.key(2 + i))
-        loss.block_until_ready()
-        times.append(time.perf_counter() - start)
+    compile_s, times = time_step(config, batch, length, repeats)
     median = statistics.median(times)
     flops = flops_per_step(config, batch, length)
     return Row(
@@ -209,7 +199,7 @@ def main(argv: Sequence[str]) -> None:
     print(format_table(rows))
     if f.out:
         record = {
-            "command": "python -m rhhjax.bench " + " ".join(sys.argv[1:]),
+            "command": "python benchmarks/bench.py " + " ".join(sys.argv[1:]),
             "date": time.strftime("%Y-%m-%d"),
             "jax": jax.__version__,
             "device": device_name(),

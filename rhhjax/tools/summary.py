@@ -1,7 +1,7 @@
 """Parameter table of any config, without allocating the parameters.
 
-    python -m rhhjax.summary --config=configs/ptb.py
-    python -m rhhjax.summary --config=configs/ptb.py:rhn --config.model.depth=5
+    python -m rhhjax.tools.summary --config=configs/ptb.py
+    python -m rhhjax.tools.summary --config=configs/ptb.py:rhn --config.model.depth=5
 
 Prints one row per parameter array (path, shape, count) and ends with `total_params N`.
 The vocabulary size is `model.vocab_size` from the config (50 for PTB characters).
@@ -15,7 +15,8 @@ import jax
 from absl import app
 from ml_collections import config_flags
 
-from rhhjax import cli, models
+from rhhjax import models
+from rhhjax.tools import common as cli
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (path[:variant]).")
 

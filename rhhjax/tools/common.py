@@ -20,18 +20,17 @@ from __future__ import annotations
 
 import difflib
 import importlib.util
-import os
-import signal
 import sys
-import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from rhhjax.errors import UserError, one_line
+
 DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "ptb.py"
 
 
-class ConfigArgumentError(ValueError):
+class ConfigArgumentError(UserError):
     """A bad ``--config`` argument or override; the message is one line."""
 
 
@@ -53,13 +52,13 @@ def load_config_file(argument: str) -> tuple[Any, Any]:
     try:
         spec.loader.exec_module(module)
     except Exception as e:  # a broken config file: its own error, in one line
-        raise ConfigArgumentError(f"cannot load config file {path}: {_one_line(e)}") from None
+        raise ConfigArgumentError(f"cannot load config file {path}: {one_line(e)}") from None
     if not hasattr(module, "get_config"):
         raise ConfigArgumentError(f"config file {path} defines no get_config()")
     try:
         config = module.get_config(variant) if variant else module.get_config()
     except (ValueError, TypeError, KeyError) as e:
-        raise ConfigArgumentError(_one_line(e)) from None
+        raise ConfigArgumentError(one_line(e)) from None
     return module, config
 
 
@@ -124,13 +123,6 @@ def check_config_arguments(argv: Sequence[str], flag: str = "config") -> Any:
 
 
 # ----------------------------------------------------------------------------- flags / help
-
-
-def _one_line(e: BaseException | str) -> str:
-    text = str(e)
-    if isinstance(e, KeyError) and len(e.args) == 1 and isinstance(e.args[0], str):
-        text = e.args[0]
-    return " ".join(text.split())
 
 
 def describe_config(config: Any, prefix: str = "") -> list[str]:
@@ -210,123 +202,3 @@ def _flag_error(e: BaseException) -> str:
     if any(line.startswith("Traceback") for line in lines):
         lines = lines[-1:]  # "ValueError: ..." of the embedded traceback
     return " ".join(" ".join(lines).split()) or type(e).__name__
-
-
-def exit_with_error(e: BaseException | str, code: int = 1) -> None:
-    """Print ``error: <one line>`` on stderr and end the process with ``code`` at once.
-
-    ``os._exit`` skips interpreter shutdown, where the background threads of a failed
-    checkpoint write (orbax, asyncio) would otherwise print pages of tracebacks.
-    """
-    sys.stdout.flush()
-    sys.stderr.write(f"error: {_one_line(e)}\n")
-    sys.stderr.flush()
-    os._exit(code)
-
-
-# ----------------------------------------------------------------------------- signals
-
-
-class SignalCatcher:
-    """SIGTERM / SIGINT set ``signum``; the training loop stops after the step in flight.
-
-    ``phase`` ("startup" | "training" | "evaluation") picks the acknowledgement printed for the
-    first signal. A second signal: with ``hard_abort`` one ``error:`` line on stderr and exit
-    status 128 + signum at once (like ``kill -9``: the last checkpoint is intact); without it a
-    ``KeyboardInterrupt`` in the main thread (library use).
-
-    ``thread=True`` (command lines; must be entered before jax starts its threads) blocks the
-    signals in every thread and receives them in a watcher thread with ``sigwait``, so they
-    are acknowledged at once even while the main thread is inside a long XLA call.
-    """
-
-    SIGNALS = (signal.SIGTERM, signal.SIGINT)
-
-    def __init__(
-        self,
-        log: Callable[[str], None] | None = None,
-        *,
-        hard_abort: bool = False,
-        thread: bool = False,
-    ):
-        self.signum: int | None = None
-        self.phase = "startup"
-        self.log = log or _print
-        self.hard_abort = hard_abort
-        self.thread = thread
-        self._previous: dict = {}
-        self._watcher: threading.Thread | None = None
-        self._active = False
-
-    # -- messages ---------------------------------------------------------------------------
-
-    def _first_message(self, name: str) -> str:
-        if self.phase == "startup":
-            return f"received {name} while starting up: stopping before training starts"
-        if self.phase == "evaluation":
-            return (
-                f"received {name}: stopping the final evaluation after the current batch "
-                f"(send {name} again to abort now)"
-            )
-        return (
-            f"received {name}: stopping after the current step and saving a checkpoint; "
-            f"compiling or running a step can take minutes; send {name} again to abort now "
-            f"(the last checkpoint is kept)"
-        )
-
-    def handle(self, signum: int) -> None:
-        """Record a signal (the first) or abort (the second)."""
-        name = signal.Signals(signum).name
-        if self.signum is not None:
-            if self.hard_abort:
-                sys.stdout.flush()
-                sys.stderr.write(
-                    f"error: aborted by a second {name}; work since the last checkpoint is "
-                    f"lost; run the same command again to resume from it\n"
-                )
-                sys.stderr.flush()
-                os._exit(128 + signum)
-            raise KeyboardInterrupt(f"second signal {name}")
-        self.signum = signum
-        self.log(self._first_message(name))
-
-    def _handler(self, signum, frame):
-        del frame
-        self.handle(signum)
-
-    def _watch(self) -> None:
-        while self._active:
-            signum = signal.sigwait(self.SIGNALS)
-            if not self._active:
-                break
-            self.handle(signum)
-
-    # -- context ----------------------------------------------------------------------------
-
-    def __enter__(self) -> SignalCatcher:
-        if threading.current_thread() is not threading.main_thread():
-            return self  # signals can only be caught in the main thread
-        self._active = True
-        if self.thread:
-            signal.pthread_sigmask(signal.SIG_BLOCK, self.SIGNALS)
-            self._watcher = threading.Thread(target=self._watch, name="signals", daemon=True)
-            self._watcher.start()
-        else:
-            for s in self.SIGNALS:
-                self._previous[s] = signal.signal(s, self._handler)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if not self._active:
-            return
-        self._active = False
-        if self.thread:
-            # the watcher sleeps in sigwait: it exits with the process (daemon); signals stay
-            # blocked, so one arriving now is left to it, or to nobody once the process ends
-            return
-        for s, handler in self._previous.items():
-            signal.signal(s, handler)
-
-
-def _print(message: str) -> None:
-    print(message, flush=True)

@@ -1,7 +1,7 @@
 """Memory and speed of the rank-d HyperRHN training step (Suarez 2017 section 4).
 
-    python -m rhhjax.lowrank_bench --out=lowrank_bench.json
-    python -m rhhjax.lowrank_bench --ranks=1,4 --modes=fused --time_size=none
+    python benchmarks/lowrank_bench.py --out=lowrank_bench.json
+    python benchmarks/lowrank_bench.py --ranks=1,4 --modes=fused --time_size=none
 
 Modes (how the rank-d scaled matmuls are differentiated; rank 0 is the paper's column
 scaling and is measured with the plain `scan` and `fused` models as the baseline):
@@ -34,12 +34,12 @@ import time
 from collections.abc import Sequence
 
 import jax
-import jax.numpy as jnp
-import numpy as np
 from absl import app, flags
+from bench import device_name, paper_optimizer, time_step
 
-from rhhjax import lowrank, models
-from rhhjax.bench import device_name, make_train_step
+from rhhjax import models
+from rhhjax.ops import lowrank
+from rhhjax.train import step as train_step
 
 SIZES = {
     # name: (hidden, hyper_hidden, depth, batch, seq_len)
@@ -112,51 +112,16 @@ def materialized_bytes(config: models.ModelConfig, batch: int, length: int) -> i
     return length * per_step
 
 
-def abstract_args(config: models.ModelConfig, batch: int, length: int):
-    """Shapes of (params, opt_state, tokens, key) for lowering without allocating."""
-    model, optimizer, _ = make_train_step(config)
-    params = jax.eval_shape(lambda: models.init_params(model, jax.random.key(0)))
-    opt_state = jax.eval_shape(optimizer.init, params)
-    tokens = jax.ShapeDtypeStruct((batch, length + 1), jnp.int32)
-    key = jax.eval_shape(lambda: jax.random.key(0))
-    return params, opt_state, tokens, key
-
-
 def compiled_memory(config: models.ModelConfig, batch: int, length: int):
-    """(memory_analysis, compile seconds, parameter count) of one training step."""
-    _, _, step = make_train_step(config)
-    args = abstract_args(config, batch, length)
-    start = time.perf_counter()
-    compiled = step.lower(*args).compile()
-    return compiled.memory_analysis(), time.perf_counter() - start, models.count_params(args[0])
+    """(memory_analysis, compile seconds, parameter count) of the training step."""
+    analysis, seconds = train_step.compiled_memory(config, paper_optimizer(), batch, length)
+    params = jax.eval_shape(train_step.make_init(config), train_step.init_key(0))
+    return analysis, seconds, models.count_params(params)
 
 
-def peak_bytes(analysis) -> int:
-    """arguments + outputs + temporaries - aliased (donated) bytes."""
-    return (
-        analysis.argument_size_in_bytes
-        + analysis.output_size_in_bytes
-        + analysis.temp_size_in_bytes
-        - analysis.alias_size_in_bytes
-    )
-
-
-def time_step(config: models.ModelConfig, batch: int, length: int, repeats: int):
+def time_step_median(config: models.ModelConfig, batch: int, length: int, repeats: int):
     """Median seconds of a training step after a warm-up step."""
-    model, optimizer, step = make_train_step(config)
-    params = models.init_params(model, jax.random.key(0))
-    opt_state = optimizer.init(params)
-    tokens = jnp.asarray(
-        np.random.default_rng(0).integers(0, VOCAB, (batch, length + 1)), jnp.int32
-    )
-    params, opt_state, loss = step(params, opt_state, tokens, jax.random.key(1))
-    loss.block_until_ready()
-    times = []
-    for i in range(repeats):
-        start = time.perf_counter()
-        params, opt_state, loss = step(params, opt_state, tokens, jax.random.key(2 + i))
-        loss.block_until_ready()
-        times.append(time.perf_counter() - start)
+    _, times = time_step(config, batch, length, repeats)
     return statistics.median(times)
 
 
@@ -176,7 +141,7 @@ def run_row(mode, rank, memory_size, time_size, repeats, dtype) -> Row:
         rank=rank,
         size=memory_size,
         params=params,
-        peak_gb=peak_bytes(analysis) * gb,
+        peak_gb=train_step.peak_bytes(analysis) * gb,
         temp_gb=analysis.temp_size_in_bytes * gb,
         argument_gb=analysis.argument_size_in_bytes * gb,
         materialized_gb=materialized_bytes(config, batch, length) * gb,
@@ -186,7 +151,7 @@ def run_row(mode, rank, memory_size, time_size, repeats, dtype) -> Row:
         timed = model_config(base_mode if rank == 0 else mode, rank, time_size, dtype)
         _, _, _, t_batch, t_length = SIZES[time_size]
         row.time_size = time_size
-        row.step_s = time_step(timed, t_batch, t_length, repeats)
+        row.step_s = time_step_median(timed, t_batch, t_length, repeats)
     return row
 
 
@@ -231,7 +196,7 @@ def main(argv: Sequence[str]) -> None:
     print(format_table(rows))
     if FLAGS.out:
         record = {
-            "command": "python -m rhhjax.lowrank_bench " + " ".join(argv[1:]),
+            "command": "python benchmarks/lowrank_bench.py " + " ".join(argv[1:]),
             "date": time.strftime("%Y-%m-%d"),
             "jax": jax.__version__,
             "device": device_name(),

@@ -56,6 +56,8 @@ from typing import Any, NamedTuple
 import ml_collections
 import numpy as np
 
+from rhhjax.errors import UserError
+
 __all__ = [
     "DEFAULT_HUTTER_HOLDOUT",
     "EVAL_PROTOCOLS",
@@ -85,7 +87,7 @@ __all__ = [
 ]
 
 
-class DataError(ValueError):
+class DataError(UserError):
     """Every user-facing data problem; the message is a single line."""
 
     def __init__(self, message: str):

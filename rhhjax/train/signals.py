@@ -1,0 +1,119 @@
+"""SIGTERM / SIGINT as a flag the training loop polls (``SignalCatcher``).
+
+With ``thread=True`` a watcher thread receives the signals, so the first one is acknowledged
+and a second one aborts at once even while the main thread is inside a minutes-long
+compilation.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable
+
+
+class SignalCatcher:
+    """SIGTERM / SIGINT set ``signum``; the training loop stops after the step in flight.
+
+    ``phase`` ("startup" | "training" | "evaluation") picks the acknowledgement printed for the
+    first signal. A second signal: with ``hard_abort`` one ``error:`` line on stderr and exit
+    status 128 + signum at once (like ``kill -9``: the last checkpoint is intact); without it a
+    ``KeyboardInterrupt`` in the main thread (library use).
+
+    ``thread=True`` (command lines; must be entered before jax starts its threads) blocks the
+    signals in every thread and receives them in a watcher thread with ``sigwait``, so they
+    are acknowledged at once even while the main thread is inside a long XLA call.
+    """
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(
+        self,
+        log: Callable[[str], None] | None = None,
+        *,
+        hard_abort: bool = False,
+        thread: bool = False,
+    ):
+        self.signum: int | None = None
+        self.phase = "startup"
+        self.log = log or _print
+        self.hard_abort = hard_abort
+        self.thread = thread
+        self._previous: dict = {}
+        self._watcher: threading.Thread | None = None
+        self._active = False
+
+    # -- messages ---------------------------------------------------------------------------
+
+    def _first_message(self, name: str) -> str:
+        if self.phase == "startup":
+            return f"received {name} while starting up: stopping before training starts"
+        if self.phase == "evaluation":
+            return (
+                f"received {name}: stopping the final evaluation after the current batch "
+                f"(send {name} again to abort now)"
+            )
+        return (
+            f"received {name}: stopping after the current step and saving a checkpoint; "
+            f"compiling or running a step can take minutes; send {name} again to abort now "
+            f"(the last checkpoint is kept)"
+        )
+
+    def handle(self, signum: int) -> None:
+        """Record a signal (the first) or abort (the second)."""
+        name = signal.Signals(signum).name
+        if self.signum is not None:
+            if self.hard_abort:
+                sys.stdout.flush()
+                sys.stderr.write(
+                    f"error: aborted by a second {name}; work since the last checkpoint is "
+                    f"lost; run the same command again to resume from it\n"
+                )
+                sys.stderr.flush()
+                os._exit(128 + signum)
+            raise KeyboardInterrupt(f"second signal {name}")
+        self.signum = signum
+        self.log(self._first_message(name))
+
+    def _handler(self, signum, frame):
+        del frame
+        self.handle(signum)
+
+    def _watch(self) -> None:
+        while self._active:
+            signum = signal.sigwait(self.SIGNALS)
+            if not self._active:
+                break
+            self.handle(signum)
+
+    # -- context ----------------------------------------------------------------------------
+
+    def __enter__(self) -> SignalCatcher:
+        if threading.current_thread() is not threading.main_thread():
+            return self  # signals can only be caught in the main thread
+        self._active = True
+        if self.thread:
+            signal.pthread_sigmask(signal.SIG_BLOCK, self.SIGNALS)
+            self._watcher = threading.Thread(target=self._watch, name="signals", daemon=True)
+            self._watcher.start()
+        else:
+            for s in self.SIGNALS:
+                self._previous[s] = signal.signal(s, self._handler)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if not self._active:
+            return
+        self._active = False
+        if self.thread:
+            # the watcher sleeps in sigwait: it exits with the process (daemon); signals stay
+            # blocked, so one arriving now is left to it, or to nobody once the process ends
+            return
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
+
+
+def _print(message: str) -> None:
+    print(message, flush=True)
