@@ -80,7 +80,7 @@ def main(argv: list[str]) -> int:
         config_flags.get_config_filename(flags.FLAGS["config"])
     )
 
-    from rhhjax.train import loop as trainer  # after flag parsing: importing jax takes a moment
+    from rhhjax.train import trainer  # after flag parsing: importing jax takes a moment
 
     try:
         results = trainer.train_and_evaluate(config, workdir, signals=_SIGNALS)

@@ -27,23 +27,31 @@ Cost and expected result of the paper recipe: the paper trained ~660 epochs of 1
 implementation has not yet been trained to convergence (see README).
 
 Any field can be overridden: `--config.model.depth=5 --config.train.learning_rate=5e-4`.
+
+This file holds every field of every block, each with its comment: it is the project's one
+place for defaults. `configs/hutter.py` (enwik8, text8) starts from it; a workdir's older
+`config.json` that lacks a field gets it from here (`rhhjax.train.config.prepare_config`);
+`rhhjax.models.ModelConfig()` equals its model block (a test checks it).
 """
 
 import ml_collections
+from rhhjax.configs import check_variant
 
 VARIANTS = ("", "rhn", "lstm", "cpu", "tiny")
 
 
 def get_config(variant: str = "") -> ml_collections.ConfigDict:
     """The paper configuration, or one of `VARIANTS`."""
-    if variant not in VARIANTS:
-        raise ValueError(f"unknown variant {variant!r} of configs/ptb.py; one of {VARIANTS}")
+    check_variant("ptb", variant, VARIANTS)
     config = ml_collections.ConfigDict()
     config.variant = variant  # Which variant of this file produced the config.
     config.seed = 0  # Seeds parameters, dropout and the batch sampler.
 
     config.data = data = ml_collections.ConfigDict()
     data.format = "chars"  # chars (raw ptb.*.txt, 50 symbols) | mikolov_char | text.
+    data.corpus = ""  # format=text: a known corpus (enwik8 | text8) to download; "" = none.
+    data.url = ""  # data.corpus: a mirror of its download address; "" = the official one.
+    data.sha256 = ""  # data.corpus: expected SHA256 of the download; "" = the embedded hash.
     data.dir = ""  # PTB folder; "" = $RHHJAX_CACHE/ptb (~/.cache/rhhjax/ptb), downloaded.
     data.download = True  # Download simple-examples.tgz when the files are missing.
     data.unk = False  # Map unseen valid/test symbols to <unk> instead of failing.

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -11,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from rhhjax import configs
 from rhhjax.tools import ablate
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -21,10 +21,7 @@ needs_ptb = pytest.mark.skipif(
 
 
 def tiny_config():
-    spec = importlib.util.spec_from_file_location("ptb_config", ROOT / "configs" / "ptb.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    config = module.get_config("tiny")
+    config = configs.load("ptb:tiny")
     config.data.dir = str(PTB_DIR)
     config.data.download = False
     config.eval.final_protocols = ""  # the periodic validation (2,000 chars) is enough here

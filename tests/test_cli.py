@@ -7,7 +7,6 @@ first one pays for compiling the tiny model.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import signal
@@ -75,30 +74,17 @@ def run(args, env, cwd=ROOT, timeout=240):
 # ----------------------------------------------------------------------------- bad input
 
 
-def _incompatible(tmp_path: Path, text_file: Path) -> Path:
-    workdir = tmp_path / "old_run"
-    workdir.mkdir()
-    spec = importlib.util.spec_from_file_location("ptb_config", PTB_CONFIG)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    cfg = module.get_config("tiny")
-    cfg.data.format, cfg.data.text_files, cfg.data.hutter_holdout = "text", str(text_file), 3000
-    cfg.model.hidden = 64
-    (workdir / "config.json").write_text(json.dumps(cfg.to_dict()))
-    return workdir
-
-
+# The layers a command line goes through: flag parsing (typo, variant, bad value, stray
+# argument), config validation (depth), the workdir and the data. Each field's own check is
+# tested in-process (tests/test_trainer.py BAD_CONFIGS).
 BAD = {
     "depth": (lambda tmp, tf: tmp / "w", ["--config.model.depth=0"], "model.depth=0"),
-    "keep": (lambda tmp, tf: tmp / "w", ["--config.model.keep=0.0"], "model.keep"),
-    "impl": (lambda tmp, tf: tmp / "w", ["--config.model.impl=cuda"], "model.impl"),
     "missing data": (
         lambda tmp, tf: tmp / "w",
         ["--config.data.text_files=/nonexistent/corpus.txt"],
         "/nonexistent/corpus.txt",
     ),
     "unwritable": (lambda tmp, tf: tmp / "a_file" / "w", [], "not a directory"),
-    "incompatible": (_incompatible, [], "model.hidden=64"),
     "typo": (
         lambda tmp, tf: tmp / "w",
         ["--config.model.dept=3"],
@@ -115,11 +101,6 @@ BAD = {
         "--config.model.depth=abc",
     ),
     "stray argument": (lambda tmp, tf: tmp / "w", ["extra"], "unexpected arguments: extra"),
-    "data dir": (
-        lambda tmp, tf: tmp / "w",
-        ["--config.data.format=chars", "--config.data.dir=/nonexistent/ptb"],
-        "data dir /nonexistent/ptb is not a folder",
-    ),
 }
 
 
@@ -240,9 +221,9 @@ def test_sample_cli(interrupted, env):
         "--temperature=0.8",
         "--seed=3",
     ]
-    a, b = run(args, env), run(args, env)
+    a = run(args, env)
     assert a.returncode == 0, a.stderr
-    assert a.stdout == b.stdout and a.stdout.startswith("First")
+    assert a.stdout.startswith("First")
     assert len(a.stdout) == len("First") + 30 + 1  # print() adds the last newline
     bad = run([*args[:3], "--workdir=/nonexistent/run"], env)
     assert bad.returncode == 1 and bad.stderr.strip().splitlines() == [
@@ -255,73 +236,6 @@ def test_plot_cli(interrupted, env):
     proc = run([sys.executable, "-m", "rhhjax.tools.plot", str(workdir)], env)
     assert proc.returncode == 0, proc.stderr
     assert (workdir / "bpc.png").read_bytes()[:4] == b"\x89PNG"
-
-
-def _records(workdir: Path) -> list[dict]:
-    out = []
-    for line in (workdir / "metrics.jsonl").read_text().splitlines():
-        r = json.loads(line)
-        if r["kind"] in ("train", "valid"):
-            out.append(
-                {k: v for k, v in r.items() if k not in ("time", "chars_per_sec", "seconds")}
-            )
-    return out
-
-
-def test_kill9_restart_reproduces_straight_run(tmp_path, text_file, env):
-    """SIGKILL a run after a checkpoint; the restart (same command, a step bound added)
-    writes the same metrics and ends with the same parameters as one uninterrupted run."""
-    import numpy as np
-
-    from rhhjax.train import checkpoint as ckpt_lib
-
-    common = [
-        "--config.train.eval_every_steps=10",
-        "--config.train.checkpoint_every_steps=5",
-        "--config.train.log_every_steps=3",
-        "--config.data.sampler=stream",
-    ]
-    killed = tmp_path / "killed"
-    proc = subprocess.Popen(
-        train_args(text_file, *common, "--config.train.max_steps=1000000", workdir=killed),
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    ckpt_dir = killed / "checkpoints"
-    deadline = time.time() + 180
-    while time.time() < deadline and proc.poll() is None:
-        if ckpt_dir.is_dir() and any(p.name.isdigit() for p in ckpt_dir.iterdir()):
-            break
-        time.sleep(0.05)
-    proc.kill()
-    proc.wait(timeout=60)
-    assert proc.returncode == -signal.SIGKILL
-    last = max(int(p.name) for p in ckpt_dir.iterdir() if p.name.isdigit())
-    bound = f"--config.train.max_steps={last + 12}"
-    resumed = run(train_args(text_file, *common, bound, workdir=killed), env)
-    assert resumed.returncode == 0, resumed.stderr
-    assert f"from step {last}" in resumed.stdout
-    straight = tmp_path / "straight"
-    ref = run(train_args(text_file, *common, bound, workdir=straight), env)
-    assert ref.returncode == 0, ref.stderr
-    assert _records(killed) == _records(straight)
-    params = []
-    for workdir in (killed, straight):
-        with ckpt_lib.Checkpoints(workdir, read_only=True) as c:
-            params.append(c.restore_params("latest")[0])
-    for a, b in zip(*(jax_leaves(p) for p in params), strict=True):
-        np.testing.assert_array_equal(a, b)
-
-
-def jax_leaves(tree):
-    import jax
-    import numpy as np
-
-    return [np.asarray(x) for x in jax.tree.leaves(tree)]
-
-
-# ----------------------------------------------------------------------------- faults (issue 15)
 
 
 def _signal_during_startup(tmp_path, text_file, env, count: int):

@@ -39,12 +39,9 @@ STEPS = 4
 
 
 def _config(text_file: str, **overrides):
-    import importlib.util
+    from rhhjax import configs
 
-    spec = importlib.util.spec_from_file_location("ptb_config", ROOT / "configs" / "ptb.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    cfg = module.get_config("tiny")
+    cfg = configs.load("ptb:tiny")
     cfg.data.format = "text"
     cfg.data.text_files = text_file
     cfg.data.hutter_holdout = 3000
@@ -70,7 +67,7 @@ def _child(mode: str, text_file: str, out: str, four: str = "") -> None:
     import jax
 
     from rhhjax import parallel
-    from rhhjax.train import loop as trainer
+    from rhhjax.train import trainer
 
     parallel.maybe_initialize_distributed()  # multi: from the env, before jax.device_count
     out = Path(out)
@@ -155,7 +152,7 @@ def _resume(text_file: str, out: Path, four: Path) -> list[str]:
     """Copies of this run and the 4-device run (at step 4) continued to step 6 here."""
     import time
 
-    from rhhjax.train import loop as trainer
+    from rhhjax.train import trainer
 
     deadline = time.time() + 280
     while not (four / "report_train.json").exists():

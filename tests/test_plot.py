@@ -49,13 +49,12 @@ def test_curves_and_png(tmp_path):
     assert out == tmp_path / "run" / "bpc.png" and out.read_bytes()[:8] == PNG
 
 
-def test_several_runs_and_cli(tmp_path, capsys):
+def test_several_runs_in_one_figure(tmp_path):
     fake_run(tmp_path / "a")
     fake_run(tmp_path / "b", offset=0.2)
     out = tmp_path / "figs" / "both.png"
-    assert plot.main([str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(out)]) == 0
+    assert plot.plot([tmp_path / "a", tmp_path / "b"], out) == out
     assert out.read_bytes()[:8] == PNG
-    assert str(out) in capsys.readouterr().out
 
 
 def test_missing_or_empty_metrics(tmp_path):
@@ -64,16 +63,18 @@ def test_missing_or_empty_metrics(tmp_path):
     write_metrics(tmp_path, [{"kind": "event", "event": "start", "step": 0}])
     with pytest.raises(plot.PlotError, match="no train or valid records"):
         plot.load_curves(tmp_path)
-    with pytest.raises(SystemExit, match="error: "):
-        plot.main([str(tmp_path / "nowhere")])
+    with pytest.raises(plot.PlotError, match="not found"):
+        plot.plot([tmp_path / "nowhere"])
+    with pytest.raises(plot.PlotError, match="at least one workdir"):
+        plot.main(["plot"])
 
 
 def test_missing_matplotlib_is_one_line(tmp_path, monkeypatch, capsys):
     fake_run(tmp_path / "run")
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
-    with pytest.raises(SystemExit) as info:
-        plot.main([str(tmp_path / "run")])
+    with pytest.raises(plot.PlotError) as info:
+        plot.plot([tmp_path / "run"])
     assert str(info.value) == (
-        'error: matplotlib is not installed: pip install -e ".[plot]" (or pip install matplotlib)'
+        'matplotlib is not installed: pip install -e ".[plot]" (or pip install matplotlib)'
     )
     assert not (tmp_path / "run" / "bpc.png").exists()

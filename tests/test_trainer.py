@@ -19,14 +19,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from rhhjax import configs, models
 from rhhjax import data as data_lib
 from rhhjax import evaluation as eval_lib
-from rhhjax import models
+from rhhjax.errors import UserError
 from rhhjax.tools import plot, sample
 from rhhjax.train import checkpoint as ckpt_lib
-from rhhjax.train import loop as trainer
-from rhhjax.train import optim
+from rhhjax.train import loop as train_loop
+from rhhjax.train import optim, trainer
 from rhhjax.train import step as train_step
+from rhhjax.train import workdir as workdir_lib
 
 ROOT = Path(__file__).resolve().parents[1]
 SHAKESPEARE = Path(
@@ -51,10 +53,7 @@ def write_text(path: Path, n: int = 30_000) -> Path:
 
 
 def ptb_config(variant: str = "tiny"):
-    spec = importlib.util.spec_from_file_location("ptb_config", ROOT / "configs" / "ptb.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config(variant)
+    return configs.load(f"ptb:{variant}")
 
 
 def tiny_config(text_file: Path, **overrides):
@@ -332,7 +331,7 @@ def test_a_run_from_before_the_kernel_fields_resumes_with_another_impl_and_block
     )
     new_fields = ("pallas_mode", "kernel", "lowrank_op", "lowrank_remat")
     rewritten = 0
-    for path in [workdir / trainer.CONFIG_FILE, *workdir.glob("checkpoints/**/meta/*")]:
+    for path in [workdir / workdir_lib.CONFIG_FILE, *workdir.glob("checkpoints/**/meta/*")]:
         try:
             data = json.loads(path.read_text())
         except (IsADirectoryError, UnicodeDecodeError, json.JSONDecodeError):
@@ -409,7 +408,7 @@ BAD_CONFIGS = [
     (dict(model__keep=1.5), models.ConfigError, "model.keep"),
     (dict(model__hidden=-3), models.ConfigError, "model.hidden"),
     (dict(model__impl="magic"), models.ConfigError, "model.impl"),
-    (dict(data__format="nope"), trainer.TrainError, "data.format"),
+    (dict(data__format="nope"), data_lib.DataError, "data.format"),
     (dict(data__text_files="/nonexistent/file.txt"), data_lib.DataError, "/nonexistent"),
     (dict(train__clip_type="l3"), trainer.TrainError, "train.clip_type"),
     (dict(train__learning_rate=0.0), trainer.TrainError, "train.learning_rate"),
@@ -426,7 +425,7 @@ def test_bad_config_fails_before_writing(tmp_path, text_file, overrides, error, 
     with pytest.raises(error) as info:
         trainer.train_and_evaluate(tiny_config(text_file, **overrides), workdir, log=quiet)
     assert needle in str(info.value) and "\n" not in str(info.value)
-    assert isinstance(info.value, trainer.USER_ERRORS)
+    assert isinstance(info.value, UserError)
     assert not workdir.exists()
 
 
@@ -673,7 +672,7 @@ def test_full_disk_during_a_checkpoint_is_one_line(tmp_path, text_file, monkeypa
     with pytest.raises(ckpt_lib.CheckpointError) as info:
         trainer.train_and_evaluate(cfg, workdir, log=quiet)
     message = str(info.value)
-    assert "\n" not in message and isinstance(info.value, trainer.USER_ERRORS)
+    assert "\n" not in message and isinstance(info.value, UserError)
     assert "step 4" in message and str(workdir) in message
     assert "no space left on device" in message and "it needs about" in message
     assert "the last checkpoint (step 2) is intact" in message
@@ -693,11 +692,11 @@ def _strict_json(text: str):
 
 
 def test_json_outputs_stay_valid_with_infinite_values(tmp_path):
-    log = trainer.MetricsLog(tmp_path / "metrics.jsonl")
+    log = workdir_lib.MetricsLog(tmp_path / "metrics.jsonl")
     log.append({"kind": "valid", "step": 1, "ppl": math.inf, "loss": math.nan, "bpc": 2.5})
     (record,) = [_strict_json(line) for line in log.path.read_text().splitlines()]
     assert record == {"kind": "valid", "step": 1, "ppl": None, "loss": None, "bpc": 2.5}
-    assert _strict_json(trainer.json_dumps({"a": [1.0, -math.inf]})) == {"a": [1.0, None]}
+    assert _strict_json(workdir_lib.json_dumps({"a": [1.0, -math.inf]})) == {"a": [1.0, None]}
 
 
 def _diverge_at(monkeypatch, bad_step: int):
@@ -752,14 +751,14 @@ def test_divergence_guard_config(tmp_path, text_file):
         trainer.train_and_evaluate(
             tiny_config(text_file, train__divergence_factor=0.5), tmp_path / "w", log=quiet
         )
-    assert trainer._loss_limit(10.0, 50) == pytest.approx(10 * math.log(50))
-    assert trainer._loss_limit(0.0, 50) == math.inf
+    assert train_loop.loss_limit(10.0, 50) == pytest.approx(10 * math.log(50))
+    assert train_loop.loss_limit(0.0, 50) == math.inf
 
 
 def test_workdir_lock_refuses_a_second_run(tmp_path, text_file):
     workdir = tmp_path / "run"
     workdir.mkdir()
-    lock = trainer._WorkdirLock(workdir)
+    lock = workdir_lib.WorkdirLock(workdir)
     lock.acquire()  # another run holds the workdir
     try:
         with pytest.raises(trainer.TrainError, match="in use by another run") as info:
@@ -854,7 +853,7 @@ def test_progress_total_only_when_a_step_bound_decides():
     """A time-budgeted run (configs/ptb.py:cpu) showed "step 25/797,000": no total there."""
     import ml_collections
 
-    loop = trainer._Loop.__new__(trainer._Loop)  # only cfg and bpe are read
+    loop = train_loop.Loop.__new__(train_loop.Loop)  # only cfg and bpe are read
     loop.bpe = 797
     loop.cfg = ml_collections.ConfigDict(
         {"train": {"max_steps": 0, "max_epochs": 1000, "max_minutes": 12.0}}

@@ -58,6 +58,11 @@ def double(z: Array) -> Array:
     return jnp.concatenate([z, z], axis=-1)
 
 
+def transform_gate(a: Array) -> Array:
+    """t = sigmoid(a_t): [B, 2n] pre-activation (h-half then t-half) -> [B, n], undropped."""
+    return jax.nn.sigmoid(a[..., a.shape[-1] // 2 :])
+
+
 def highway_gate(a: Array, s: Array, mask: Array | None) -> Array:
     """Gate non-linearities and the coupled highway combine.
 
@@ -70,7 +75,7 @@ def highway_gate(a: Array, s: Array, mask: Array | None) -> Array:
     """
     n = s.shape[-1]
     h = jnp.tanh(a[..., :n])
-    t = jax.nn.sigmoid(a[..., n:])
+    t = transform_gate(a)
     carry_gate = 1.0 - t
     if mask is not None:
         t = t * mask
@@ -85,7 +90,7 @@ def highway_step(
     gate_masks: Array | None,
     hidden_masks: Array | None,
     dtype: jnp.dtype = jnp.float32,
-) -> tuple[Array, Array]:
+) -> tuple[Array, Array, Array]:
     """One time step of an RHN cell: L micro-layers.
 
     Args:
@@ -97,11 +102,12 @@ def highway_step(
       hidden_masks: [L, B, n] variational masks on the state fed to W_l, or None.
       dtype: matmul input dtype.
     Returns:
-      (s_new [B, n], layer_states [L, B, n]) where layer_states[l] is the state after
-      micro-layer l (the hypernetwork reads these).
+      (s_new [B, n], layer_states [L, B, n], gates [L, B, n]) where layer_states[l] is the
+      state after micro-layer l (the hypernetwork reads these) and gates[l] its transform
+      gate t before dropout (for analysis; an unused output costs nothing under jit).
     """
     depth = weights.kernel_s.shape[0]
-    layer_states = []
+    layer_states, gates = [], []
     for layer in range(depth):
         s_in = s if hidden_masks is None else s * hidden_masks[layer]
         a = matmul(s_in, weights.kernel_s[layer], dtype)
@@ -112,9 +118,10 @@ def highway_step(
         a = a + weights.bias_s[layer]
         if layer == 0:
             a = a + weights.bias_x
+        gates.append(transform_gate(a))
         s = highway_gate(a, s, None if gate_masks is None else gate_masks[layer])
         layer_states.append(s)
-    return s, jnp.stack(layer_states)
+    return s, jnp.stack(layer_states), jnp.stack(gates)
 
 
 def gate_masks(key: Array, step: Array | int, shape: tuple[int, ...], keep: float) -> Array:

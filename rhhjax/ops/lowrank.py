@@ -312,7 +312,7 @@ def highway_step(
     dtype: Any = jnp.float32,
     op: str = "custom_vjp",
     remat: bool = True,
-) -> tuple[Array, Array]:
+) -> tuple[Array, Array, Array]:
     """One time step of the rank-d main cell (the `cells.highway_step` of hyper_rank > 0).
 
     Args:
@@ -324,14 +324,15 @@ def highway_step(
       op: the `scaled_matmul` op; remat: rematerialise each layer's projections and scaled
         matmul in the backward (keeps only s and s_h per step and layer).
     Returns:
-      (s_new [B, n], layer_states [L, B, n]).
+      (s_new [B, n], layer_states [L, B, n], gates [L, B, n]): as `cells.highway_step`
+      (gates[l] = the transform gate t of micro-layer l before dropout).
     """
     dtype = jnp.dtype(dtype)
     layer_fn = functools.partial(_layer_matmul, dtype=dtype, op=op)
     if remat:
         layer_fn = jax.checkpoint(layer_fn)
     depth = weights.kernel_s.shape[0]
-    states = []
+    states, gates = [], []
     for layer in range(depth):
         s_in = s if hidden_masks is None else s * hidden_masks[layer]
         first = layer == 0
@@ -351,9 +352,10 @@ def highway_step(
         a = a + weights.bias_s[layer]
         if first:
             a = a + weights.bias_x
+        gates.append(cells.transform_gate(a))
         s = cells.highway_gate(a, s, None if gate_masks is None else gate_masks[layer])
         states.append(s)
-    return s, jnp.stack(states)
+    return s, jnp.stack(states), jnp.stack(gates)
 
 
 # ----------------------------------------------------------------------------- fused model

@@ -215,7 +215,7 @@ def run_variant(
     log: Callable[[str], None],
 ) -> dict:
     """Trains one variant (or reuses its results) and returns its row."""
-    from rhhjax.train import loop as trainer
+    from rhhjax.train import trainer
 
     config = variant_config(base, variant, max_steps, max_minutes)
     workdir = out / variant.name
@@ -384,21 +384,18 @@ def main(argv: Sequence[str]) -> int:
         seeds = [int(s) for s in FLAGS.seeds] if FLAGS.seeds else None
     except ValueError:
         raise SystemExit(f"error: --seeds must be integers, got {FLAGS.seeds}") from None
-    try:
-        rows = run_ablation(
-            config,
-            FLAGS.sweep or [],
-            FLAGS.out,
-            max_steps=FLAGS.max_steps,
-            max_minutes=FLAGS.max_minutes,
-            seeds=seeds,
-            memory=FLAGS.memory,
-            rerun=FLAGS.rerun,
-            command="python -m rhhjax.tools.ablate " + " ".join(sys.argv[1:]),
-            config_label=config_flags.get_config_filename(FLAGS["config"]),
-        )
-    except SweepError as e:
-        raise SystemExit(f"error: {e}") from None
+    rows = run_ablation(
+        config,
+        FLAGS.sweep or [],
+        FLAGS.out,
+        max_steps=FLAGS.max_steps,
+        max_minutes=FLAGS.max_minutes,
+        seeds=seeds,
+        memory=FLAGS.memory,
+        rerun=FLAGS.rerun,
+        command="python -m rhhjax.tools.ablate " + " ".join(sys.argv[1:]),
+        config_label=config_flags.get_config_filename(FLAGS["config"]),
+    )
     return 1 if any(r.get("status") == "error" for r in rows) else 0
 
 
@@ -419,12 +416,6 @@ def define_flags() -> None:
 
 
 if __name__ == "__main__":
-    from absl import app
-
     from rhhjax.tools import common as cli
 
-    define_flags()
-    app.run(
-        lambda argv: sys.exit(main(argv)),
-        flags_parser=lambda argv: cli.parse_flags(argv, __doc__),
-    )
+    cli.run_program(main, define_flags, __doc__)

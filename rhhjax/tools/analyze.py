@@ -23,20 +23,14 @@ def _command_line() -> str:
     return shlex.join(argv)
 
 
-def main(argv: list[str]) -> int:
-    from absl import app, flags, logging
-
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-    f = flags.FLAGS
-    if not f["verbosity"].present:
-        logging.set_verbosity(logging.WARNING)
+def settings_from_flags(f) -> Settings:
+    """The `Settings` given by parsed flags ``f`` (``--analyses=all`` or a comma list)."""
     analyses = (
         ANALYSES
         if f.analyses == "all"
         else tuple(a.strip() for a in f.analyses.split(",") if a.strip())
     )
-    settings = Settings(
+    return Settings(
         analyses=analyses,
         split=f.split,
         seq_len=f.seq_len,
@@ -45,51 +39,95 @@ def main(argv: list[str]) -> int:
         lesion_chars=f.lesion_chars,
         batch_size=f.batch_size,
     )
+
+
+def run_from_flags(f, command: str | None = None) -> list[Path]:
+    """`analysis.run` with the parsed flags ``f``; returns the files written."""
     labels = [x.strip() for x in f.labels.split(",")] if f.labels else []
+    return analysis.run(
+        f.workdir or [],
+        f.init or [],
+        f.out,
+        checkpoint=f.checkpoint,
+        settings=settings_from_flags(f),
+        data_dir=f.data_dir,
+        impl=f.impl,
+        float64=f.float64,
+        labels=labels,
+        prefix=f.prefix,
+        command=command,
+    )
+
+
+def main(argv: list[str]) -> int:
+    """absl entry point: analyse the flags' models; a `UserError` ends with one line, exit 1."""
+    from absl import app, flags, logging
+
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    if not flags.FLAGS["verbosity"].present:
+        logging.set_verbosity(logging.WARNING)
     try:
-        analysis.run(
-            f.workdir or [],
-            f.init or [],
-            f.out,
-            checkpoint=f.checkpoint,
-            settings=settings,
-            data_dir=f.data_dir,
-            impl=f.impl,
-            float64=f.float64,
-            labels=labels,
-            prefix=f.prefix,
-            command=_command_line(),
-        )
+        run_from_flags(flags.FLAGS, _command_line())
     except UserError as e:
         exit_with_error(e)
     return 0
 
 
-def _define_flags() -> None:
+def define_flags(flag_values=None) -> None:
+    """Defines the program's flags on ``flag_values`` (default: absl's global FLAGS)."""
     from absl import flags
 
-    flags.DEFINE_multi_string("workdir", [], "Training workdir[@best|latest|init|STEP].")
+    fv = flags.FLAGS if flag_values is None else flag_values
     flags.DEFINE_multi_string(
-        "init", [], "Config at initialisation: FILE[:VARIANT][,section.key=value...]."
+        "workdir", [], "Training workdir[@best|latest|init|STEP].", flag_values=fv
     )
-    flags.DEFINE_string("out", None, "Output folder for the PNGs and analysis.json.", required=True)
-    flags.DEFINE_string("checkpoint", "best", "Default for workdirs: best|latest|init|STEP.")
-    flags.DEFINE_string("analyses", "all", "all, or a comma list of " + ", ".join(ANALYSES))
-    flags.DEFINE_enum("split", "valid", ["valid", "test", "train"], "Held-out split.")
-    flags.DEFINE_string("data_dir", "", "Override data.dir of every model (e.g. the PTB folder).")
-    flags.DEFINE_integer("seq_len", 100, "Window length (time steps) of every analysis.")
-    flags.DEFINE_integer("grad_sequences", 64, "Windows averaged for the gradient curve.")
-    flags.DEFINE_integer("gate_sequences", 4, "Windows drawn in the gate figure.")
-    flags.DEFINE_integer("lesion_chars", 20_000, "Held-out symbols scored per lesion (0 = all).")
-    flags.DEFINE_integer("batch_size", 32, "Rows per forward / backward pass.")
-    flags.DEFINE_string("impl", "scan", "model.impl for the analysis ('' = as trained).")
-    flags.DEFINE_bool("float64", False, "Compute in float64 (gradients below float32 range).")
-    flags.DEFINE_string("labels", "", "Comma list of legend labels, one per model (in order).")
-    flags.DEFINE_string("prefix", "", "Prefix of every output file name (e.g. init_).")
+    flags.DEFINE_multi_string(
+        "init", [], "Config at initialisation: FILE[:VARIANT][,section.key=value...].",
+        flag_values=fv,
+    )  # fmt: skip
+    flags.DEFINE_string(
+        "out", None, "Output folder for the PNGs and analysis.json.", required=True, flag_values=fv
+    )
+    flags.DEFINE_string(
+        "checkpoint", "best", "Default for workdirs: best|latest|init|STEP.", flag_values=fv
+    )
+    flags.DEFINE_string(
+        "analyses", "all", "all, or a comma list of " + ", ".join(ANALYSES), flag_values=fv
+    )
+    flags.DEFINE_enum(
+        "split", "valid", ["valid", "test", "train"], "Held-out split.", flag_values=fv
+    )
+    flags.DEFINE_string(
+        "data_dir", "", "Override data.dir of every model (e.g. the PTB folder).", flag_values=fv
+    )
+    flags.DEFINE_integer(
+        "seq_len", 100, "Window length (time steps) of every analysis.", flag_values=fv
+    )
+    flags.DEFINE_integer(
+        "grad_sequences", 64, "Windows averaged for the gradient curve.", flag_values=fv
+    )
+    flags.DEFINE_integer("gate_sequences", 4, "Windows drawn in the gate figure.", flag_values=fv)
+    flags.DEFINE_integer(
+        "lesion_chars", 20_000, "Held-out symbols scored per lesion (0 = all).", flag_values=fv
+    )
+    flags.DEFINE_integer("batch_size", 32, "Rows per forward / backward pass.", flag_values=fv)
+    flags.DEFINE_string(
+        "impl", "scan", "model.impl for the analysis ('' = as trained).", flag_values=fv
+    )
+    flags.DEFINE_bool(
+        "float64", False, "Compute in float64 (gradients below float32 range).", flag_values=fv
+    )
+    flags.DEFINE_string(
+        "labels", "", "Comma list of legend labels, one per model (in order).", flag_values=fv
+    )
+    flags.DEFINE_string(
+        "prefix", "", "Prefix of every output file name (e.g. init_).", flag_values=fv
+    )
 
 
 if __name__ == "__main__":
     from absl import app
 
-    _define_flags()
+    define_flags()
     app.run(main)

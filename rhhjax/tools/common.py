@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from rhhjax.errors import UserError, one_line
+from rhhjax.errors import UserError, exit_with_error, one_line
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "ptb.py"
 
@@ -202,3 +202,25 @@ def _flag_error(e: BaseException) -> str:
     if any(line.startswith("Traceback") for line in lines):
         lines = lines[-1:]  # "ValueError: ..." of the embedded traceback
     return " ".join(" ".join(lines).split()) or type(e).__name__
+
+
+def run_program(
+    main: Callable[[list[str]], int | None],
+    define_flags: Callable[[], None],
+    doc: str,
+    flag: str | None = "config",
+) -> None:
+    """The ``__main__`` of every program: define its flags, parse them with ``parse_flags``
+    (``flag``: its config-file flag, None for programs without one), run ``main``, and turn a
+    ``UserError`` into one ``error:`` line and exit status 1."""
+    from absl import app
+
+    def run(argv: list[str]) -> None:
+        try:
+            code = main(argv)
+        except UserError as e:
+            exit_with_error(e)
+        sys.exit(code or 0)
+
+    define_flags()
+    app.run(run, flags_parser=lambda argv: parse_flags(argv, doc, flag=flag))

@@ -36,7 +36,6 @@ def run(
     ``data_dir`` / ``text_files``: override the run's ``data.dir`` / ``data.text_files``."""
     import ml_collections
 
-    from rhhjax.data import downloads
     from rhhjax.train import checkpoint as ckpt_lib
 
     splits = ["valid", "test"] if split == "all" else [split]
@@ -62,7 +61,7 @@ def run(
     if impl:
         fields["impl"] = impl
     model_config = models.ModelConfig.from_config(fields)
-    corpus = downloads.load_corpus(config.data)
+    corpus = data_lib.load_corpus(config.data)
     if corpus.vocab.to_dict() != meta["vocab"]:
         raise ckpt_lib.CheckpointError(
             f"the data's vocabulary ({corpus.vocab.size} symbols) differs from the checkpoint's "
@@ -109,7 +108,7 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def _define_flags() -> None:
+def define_flags() -> None:
     from absl import flags
 
     flags.DEFINE_string("workdir", None, "Training workdir holding checkpoints.", required=True)
@@ -128,9 +127,6 @@ def _define_flags() -> None:
 
 
 if __name__ == "__main__":
-    from absl import app
-
     from rhhjax.tools import common as cli
 
-    _define_flags()
-    app.run(main, flags_parser=lambda argv: cli.parse_flags(argv, __doc__, flag=None))
+    cli.run_program(main, define_flags, __doc__, flag=None)

@@ -10,9 +10,7 @@ first workdir's ``bpc.png``). Uses matplotlib's Agg backend (no display needed).
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 from pathlib import Path
 
 from rhhjax.errors import UserError
@@ -109,20 +107,24 @@ def plot(workdirs: list[str | Path], out: str | Path | None = None) -> Path:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m rhhjax.tools.plot", description=__doc__.split("\n")[0]
-    )
-    parser.add_argument("workdirs", nargs="+", metavar="WORKDIR", help="training workdir(s)")
-    parser.add_argument("--out", default=None, help="PNG path (default WORKDIR/bpc.png)")
-    args = parser.parse_args(argv)
-    try:
-        path = plot(args.workdirs, args.out)
-    except PlotError as e:
-        sys.exit(f"error: {e}")
-    print(path)
+def main(argv: list[str]) -> int:
+    """``argv[1:]``: the workdirs (absl leaves positional arguments to the program)."""
+    from absl import flags
+
+    workdirs = argv[1:]
+    if not workdirs:
+        raise PlotError("give at least one workdir: python -m rhhjax.tools.plot WORKDIR [...]")
+    print(plot(workdirs, flags.FLAGS.out or None))
     return 0
 
 
+def define_flags() -> None:
+    from absl import flags
+
+    flags.DEFINE_string("out", "", "PNG path (default WORKDIR/bpc.png).")
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    from rhhjax.tools import common as cli
+
+    cli.run_program(main, define_flags, __doc__, flag=None)

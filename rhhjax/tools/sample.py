@@ -51,7 +51,7 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def _define_flags() -> None:
+def define_flags() -> None:
     from absl import flags
 
     flags.DEFINE_string("workdir", None, "Training workdir holding checkpoints.", required=True)
@@ -63,9 +63,6 @@ def _define_flags() -> None:
 
 
 if __name__ == "__main__":
-    from absl import app
-
     from rhhjax.tools import common as cli
 
-    _define_flags()
-    app.run(main, flags_parser=lambda argv: cli.parse_flags(argv, __doc__, flag=None))
+    cli.run_program(main, define_flags, __doc__, flag=None)

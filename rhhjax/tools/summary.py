@@ -9,16 +9,13 @@ The vocabulary size is `model.vocab_size` from the config (50 for PTB characters
 
 from __future__ import annotations
 
-import sys
-
 import jax
-from absl import app
+from absl import app, flags
 from ml_collections import config_flags
 
 from rhhjax import models
+from rhhjax.errors import UserError
 from rhhjax.tools import common as cli
-
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (path[:variant]).")
 
 
 def parameter_rows(model_config: models.ModelConfig) -> list[tuple[str, tuple[int, ...], int]]:
@@ -42,17 +39,19 @@ def format_table(rows: list[tuple[str, tuple[int, ...], int]]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str]) -> None:
+def main(argv: list[str]) -> int:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    if _CONFIG.value is None:
-        sys.exit("error: --config is required, e.g. --config=configs/ptb.py")
-    try:
-        model_config = models.ModelConfig.from_config(_CONFIG.value.model)
-    except models.ConfigError as error:
-        sys.exit(f"error: {error}")
-    print(format_table(parameter_rows(model_config)))
+    config = flags.FLAGS.config
+    if config is None:
+        raise UserError("--config is required, e.g. --config=configs/ptb.py")
+    print(format_table(parameter_rows(models.ModelConfig.from_config(config.model))))
+    return 0
+
+
+def define_flags() -> None:
+    config_flags.DEFINE_config_file("config", None, "Config file (path[:variant]).")
 
 
 if __name__ == "__main__":
-    app.run(main, flags_parser=lambda argv: cli.parse_flags(argv, __doc__))
+    cli.run_program(main, define_flags, __doc__)

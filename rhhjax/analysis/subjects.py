@@ -1,0 +1,238 @@
+"""The models to analyse ("subjects"): a training workdir's checkpoint or its init, or a
+config at initialisation; and the held-out windows every analysis reads."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from rhhjax import configs, models
+from rhhjax import data as data_lib
+from rhhjax.errors import UserError
+
+CHECKPOINT_NAMES = ("best", "latest", "init")
+
+
+class AnalysisError(UserError):
+    """Bad input to the analysis (unknown checkpoint, too little data); one line."""
+
+
+@dataclasses.dataclass
+class Subject:
+    """One model to analyse: its config, parameters, held-out tokens and provenance."""
+
+    label: str
+    config: models.ModelConfig
+    params: Any
+    tokens: np.ndarray  # the held-out split, encoded
+    vocab: data_lib.Vocab | None = None
+    source: dict = dataclasses.field(default_factory=dict)
+
+
+def slug(text: str) -> str:
+    """``text`` as a file-name fragment: runs of other characters become ``_``."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("_") or "model"
+
+
+def load_config_spec(spec: str) -> ml_collections.ConfigDict:
+    """``FILE[:VARIANT][,section.key=value ...]`` -> the config (overrides applied).
+
+    FILE is a config name or file (``ptb``, ``configs/ptb.py``); see `rhhjax.configs.load`.
+    """
+    head, *overrides = [part for part in spec.split(",") if part]
+    return configs.load(head, overrides)
+
+
+def init_params(model_config: models.ModelConfig, seed: int):
+    """The parameters a training run with ``seed`` starts from (the trainer's own init)."""
+    from rhhjax.train import step as train_step
+
+    return train_step.make_init(model_config)(train_step.init_key(int(seed)))
+
+
+@functools.lru_cache(maxsize=8)
+def _load_corpus_cached(data_json: str) -> data_lib.Corpus:
+
+    return data_lib.load_corpus(json.loads(data_json))
+
+
+def _corpus(cfg: ml_collections.ConfigDict, data_dir: str) -> data_lib.Corpus:
+    data = cfg.data.to_dict()
+    if data_dir:
+        data["dir"] = data_dir
+    return _load_corpus_cached(json.dumps(data, sort_keys=True))
+
+
+def _model_config(fields: dict, impl: str) -> models.ModelConfig:
+    overrides = {"impl": impl} if impl else {}
+    return models.ModelConfig.from_config(dict(fields), **overrides)
+
+
+def to_float64(subject: Subject) -> Subject:
+    """The subject computed in float64 (needs ``jax_enable_x64``). Load (and initialise) the
+    parameters BEFORE enabling x64: under x64 the orthogonal initialiser draws float64
+    matrices from different random bits, i.e. not the parameters a run started from."""
+    return dataclasses.replace(
+        subject,
+        config=dataclasses.replace(subject.config, dtype="float64"),
+        params=jax.tree.map(lambda a: jnp.asarray(a, jnp.float64), subject.params),
+    )
+
+
+def parse_which(text: str) -> str | int:
+    """``best`` | ``latest`` | ``init`` | a step number (-> int)."""
+    text = str(text).strip()
+    if text in CHECKPOINT_NAMES:
+        return text
+    if text.isdigit():
+        return int(text)
+    raise AnalysisError(f"checkpoint must be best, latest, init or a step number, got {text!r}")
+
+
+def split_workdir_spec(spec: str, default: str) -> tuple[str, str | int]:
+    """``DIR[@WHICH]`` -> (DIR, WHICH); a suffix that is no checkpoint name stays in DIR."""
+    path, sep, which = spec.rpartition("@")
+    if sep and path and (which in CHECKPOINT_NAMES or which.isdigit()):
+        return path, parse_which(which)
+    return spec, parse_which(default)
+
+
+def _at_init(workdir: Path, data_dir: str, impl: str):
+    """(model config, params, corpus, source) of the run in ``workdir`` at its start."""
+    from rhhjax.train import config as train_config
+    from rhhjax.train import workdir as workdir_lib
+
+    config_file = workdir / workdir_lib.CONFIG_FILE
+    if not config_file.is_file():
+        raise AnalysisError(f"{workdir} has neither a checkpoint nor {workdir_lib.CONFIG_FILE}")
+    cfg = train_config.prepare_config(json.loads(config_file.read_text()))
+    corpus = _corpus(cfg, data_dir)
+    fields = cfg.model.to_dict()
+    fields["vocab_size"] = corpus.vocab.size
+    mc = _model_config(fields, impl)
+    source = {"workdir": str(workdir), "checkpoint": "init", "seed": int(cfg.seed)}
+    source.update(step=0, epoch=0.0)
+    return mc, init_params(mc, int(cfg.seed)), corpus, source
+
+
+def _saved(workdir: Path, which: str | int, data_dir: str, impl: str):
+    """(model config, params, corpus, source) of a saved checkpoint of ``workdir``."""
+    from rhhjax.train import checkpoint as ckpt_lib
+
+    if isinstance(which, int):
+        params, meta = _restore_step(workdir, which)
+        used = f"step {which}"
+    else:
+        params, meta, used = ckpt_lib.load_for_inference(workdir, which)
+    corpus = _corpus(ml_collections.ConfigDict(meta["config"]), data_dir)
+    if corpus.vocab.to_dict() != meta["vocab"]:
+        raise AnalysisError(
+            f"the data's vocabulary ({corpus.vocab.size} symbols) differs from the "
+            f"checkpoint's in {workdir}: pass --data_dir with the training data"
+        )
+    mc = _model_config(meta["model"], impl)
+    step, epoch = int(meta["step"]), float(meta.get("epoch", float("nan")))
+    source = {"workdir": str(workdir), "checkpoint": used, "step": step, "epoch": epoch}
+    return mc, params, corpus, source
+
+
+def subject_from_workdir(
+    spec: str,
+    default_which: str = "best",
+    *,
+    split: str = "valid",
+    data_dir: str = "",
+    impl: str = "scan",
+    label: str = "",
+) -> Subject:
+    """A workdir's checkpoint (``DIR[@WHICH]``) or its init as a Subject."""
+    from rhhjax.train import checkpoint as ckpt_lib
+
+    path, which = split_workdir_spec(spec, default_which)
+    workdir = Path(path)
+    if not workdir.is_dir():
+        raise AnalysisError(f"workdir {workdir} does not exist")
+    if which != "init" and not ckpt_lib.has_checkpoint(workdir):
+        which = "init"  # nothing saved yet: analyse the run's starting point
+    if which == "init":
+        mc, params, corpus, source = _at_init(workdir, data_dir, impl)
+        default_label = f"{workdir.name} init"
+    else:
+        mc, params, corpus, source = _saved(workdir, which, data_dir, impl)
+        default_label = f"{workdir.name} step {source['step']} (ep {source['epoch']:.2f})"
+    return Subject(
+        label=label or default_label,
+        config=mc,
+        params=params,
+        tokens=corpus.split(split),
+        vocab=corpus.vocab,
+        source=source,
+    )
+
+
+def _restore_step(workdir: Path, step: int):
+    from rhhjax.train import checkpoint as ckpt_lib
+
+    with ckpt_lib.Checkpoints(workdir, read_only=True) as ckpts:
+        for which in ("latest", "best"):
+            if step in ckpts.steps(which):
+                params, meta = ckpts.restore_params(which, step)
+                return params, meta
+        available = sorted(set(ckpts.steps("latest")) | set(ckpts.steps("best")))
+    raise AnalysisError(f"no checkpoint of step {step} in {workdir} (saved steps: {available})")
+
+
+def subject_from_config(
+    spec: str,
+    *,
+    split: str = "valid",
+    data_dir: str = "",
+    impl: str = "scan",
+    label: str = "",
+) -> Subject:
+    """A config (``FILE[:VARIANT][,key=value ...]``) at initialisation as a Subject."""
+    from rhhjax.train import config as train_config
+
+    cfg = train_config.prepare_config(load_config_spec(spec))
+    corpus = _corpus(cfg, data_dir)
+    fields = cfg.model.to_dict()
+    fields["vocab_size"] = corpus.vocab.size
+    mc = _model_config(fields, impl)
+    params = init_params(mc, int(cfg.seed))
+    variant = cfg.get("variant", "") or ""
+    default_label = f"{mc.type} {variant} init".replace("  ", " ")
+    return Subject(
+        label=label or default_label,
+        config=mc,
+        params=params,
+        tokens=corpus.split(split),
+        vocab=corpus.vocab,
+        source={"config": spec, "checkpoint": "init", "seed": int(cfg.seed), "step": 0},
+    )
+
+
+def heldout_windows(
+    tokens: np.ndarray, count: int, length: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``count`` windows of ``length`` inputs (+ targets shifted by one), evenly spaced over
+    ``tokens`` (deterministic). Returns (inputs, targets) int32 [count, length] and the start
+    positions [count]."""
+    tokens = np.asarray(tokens)
+    if count < 1 or length < 1:
+        raise AnalysisError(f"need count >= 1 and length >= 1, got {count}, {length}")
+    last = len(tokens) - length - 1
+    if last < 0:
+        raise AnalysisError(f"the split has {len(tokens)} symbols; windows need {length + 1}")
+    starts = np.linspace(0, last, count).round().astype(np.int64)
+    idx = starts[:, None] + np.arange(length + 1)[None, :]
+    rows = tokens[idx].astype(np.int32)
+    return rows[:, :-1], rows[:, 1:], starts

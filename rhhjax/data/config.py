@@ -1,0 +1,160 @@
+"""The ``data`` block of a config: its defaults, its validation, and the one ``load_corpus``.
+
+``default_data_config()`` is the only place the block's defaults live (the field comments are
+the documentation); ``optional_data_defaults()`` are the fields an older config may lack.
+``validate_data_config`` holds every check of the block that needs no file. ``load_corpus``
+fills missing fields from the defaults, validates, resolves a known ``corpus`` (enwik8 /
+text8: ``resolve_data_config``, downloading when needed) and reads the corpus.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import ml_collections
+import numpy as np
+
+from rhhjax.data import text
+from rhhjax.data.corpus import Corpus
+from rhhjax.data.errors import DataError
+from rhhjax.data.ptb import PTB_FILES, load_ptb
+from rhhjax.data.samplers import SAMPLERS
+
+FORMATS = ("chars", "mikolov_char", "text")
+OPTIONAL_DATA_FIELDS = ("corpus", "url", "sha256")  # configs/ptb.py predates them
+
+
+def default_data_config() -> ml_collections.ConfigDict:
+    """Defaults of the ``data`` config section (the field comments are the documentation)."""
+    c = ml_collections.ConfigDict()
+    # Corpus: "chars" (raw characters of PTB ptb.*.txt, the paper's), "mikolov_char"
+    # (tokens of PTB ptb.char.*.txt, '\n' = end of line) or "text" (your own files, below).
+    c.format = "chars"
+    # PTB folder holding ptb.*.txt; None/"" -> the cache $RHHJAX_CACHE/ptb (~/.cache/rhhjax/ptb).
+    c.dir = None
+    # Download simple-examples.tgz (PTB) or the known corpus' zip into the cache when missing.
+    c.download = True
+    # True: symbols of valid/test missing from the training vocabulary map to a reserved id;
+    # False: they are an error.
+    c.unk = False
+    # format="text": one path (text_split="hutter") or "train,valid,test" paths ("files").
+    c.text_files = ""
+    # format="text": "hutter" (last N symbols test, previous N valid) or "files".
+    c.text_split = "hutter"
+    # format="text": "char" (UTF-8 code points) or "byte" vocabulary.
+    c.text_vocab = "char"
+    # format="text", text_split="hutter": N, symbols in each of valid and test.
+    c.hutter_holdout = text.DEFAULT_HUTTER_HOLDOUT
+    # Training batches: "windows" (the paper's random windows) or "stream" (TBPTT, state carried).
+    c.sampler = "windows"
+    # format="text" with empty text_files: a known corpus ("enwik8" | "text8") read from the
+    # cache, downloaded when missing; "" = none.
+    c.corpus = ""
+    # Another address (a mirror) for the known corpus' zip; "" = the official one.
+    c.url = ""
+    # Expected SHA256 of that zip; "" = the hash embedded in rhhjax/data/text.py (CORPORA).
+    c.sha256 = ""
+    return c
+
+
+def optional_data_defaults() -> dict[str, Any]:
+    """Defaults of the data fields an older config (or a workdir's config.json) may lack."""
+    defaults = default_data_config()
+    return {key: defaults[key] for key in OPTIONAL_DATA_FIELDS}
+
+
+def _as_dict(cfg: Any) -> dict[str, Any]:
+    """A data block (ConfigDict, mapping or attribute object) as a plain dict."""
+    if hasattr(cfg, "to_dict"):
+        return cfg.to_dict()
+    if isinstance(cfg, Mapping):
+        return dict(cfg)
+    try:
+        return dict(vars(cfg))
+    except TypeError:
+        raise DataError(f"data config must be a mapping, got {type(cfg).__name__}") from None
+
+
+def _with_defaults(cfg: Any) -> dict[str, Any]:
+    """The data block as a dict, missing fields taken from ``default_data_config()``."""
+    return {**default_data_config().to_dict(), **_as_dict(cfg)}
+
+
+def _check_choice(name: str, value: Any, choices: tuple) -> None:
+    """DataError ``name=value is not one of ...`` unless ``value`` is in ``choices``."""
+    if value not in choices:
+        raise DataError(f"{name}={value!r} is not one of {', '.join(map(str, choices))}")
+
+
+def _check_bool(key: str, value: Any) -> None:
+    """DataError unless the data field ``key`` holds a bool."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise DataError(f"data config {key} must be a bool, got {value!r}")
+
+
+def validate_data_config(cfg_data: Any) -> None:
+    """Every check of the data block that needs no file; DataError (one line) on the first.
+
+    Missing fields take their defaults. File-level problems (a missing or too short text file,
+    a PTB checksum) are found by ``load_corpus``.
+    """
+    d = _with_defaults(cfg_data)
+    _check_choice("data.format", d["format"], FORMATS)
+    _check_choice("data.sampler", d["sampler"], SAMPLERS)
+    if d["corpus"]:
+        _check_choice("data.corpus", d["corpus"], tuple(text.CORPORA))
+    _check_bool("unk", d["unk"])
+    _check_bool("download", d["download"])
+    folder = d["dir"]
+    if folder is not None and not isinstance(folder, (str, os.PathLike)):
+        raise DataError(f"data config dir must be a path or None, got {folder!r}")
+    if d["format"] == "text":
+        split = text.check_text_split(d["text_split"])
+        text.check_text_vocab(d["text_vocab"])
+        if split == "hutter":
+            text.check_holdout(d["hutter_holdout"])
+
+
+def resolve_data_config(cfg: Any) -> dict[str, Any]:
+    """The data config as a dict, with ``text_files`` filled in for a known ``corpus``.
+
+    Only ``format="text"`` with an empty ``text_files`` and ``corpus`` in ``text.CORPORA`` is
+    resolved (downloading when needed); everything else is returned unchanged.
+    """
+    items = _as_dict(cfg)
+    corpus = items.get("corpus") or ""
+    if items.get("format") == "text" and not items.get("text_files") and corpus:
+        path = text.ensure_corpus(
+            corpus,
+            download=bool(items.get("download", True)),
+            url=items.get("url") or "",
+            sha256=items.get("sha256") or "",
+        )
+        items["text_files"] = str(path)
+    return items
+
+
+def load_corpus(cfg: Any) -> Corpus:
+    """The corpus a data block describes (ConfigDict, mapping or attribute object).
+
+    Missing fields take the defaults of ``default_data_config()``; the block is validated, a
+    known ``corpus`` is resolved to its cached file (downloaded when needed), then PTB
+    (``format`` chars | mikolov_char) or the text file(s) are read.
+    """
+    d = _with_defaults(cfg)
+    validate_data_config(d)
+    d = resolve_data_config(d)
+    if d["format"] in PTB_FILES:
+        return load_ptb(d["format"], d["dir"], bool(d["download"]), bool(d["unk"]))
+    files = d["text_files"]
+    if not files or not text.split_paths(files):
+        raise DataError("data config format='text' needs text_files (one path or train,valid,test)")
+    return text.load_text_corpus(
+        files,
+        split=d["text_split"],
+        vocab=d["text_vocab"],
+        unk=bool(d["unk"]),
+        holdout=d["hutter_holdout"],
+    )

@@ -1,0 +1,203 @@
+"""Evaluation batches of a split under three protocols, and how many symbols each scores.
+
+``eval_batches`` with ``windows`` and ``stream`` (honest: every symbol but the first scored
+exactly once) and ``paper`` (the paper's own protocol, which is not). ``scored_count`` gives the
+number of scored symbols of each, ``num_eval_batches`` the number of batches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import NamedTuple
+
+import numpy as np
+
+from rhhjax.data.errors import DataError, check_int, check_tokens
+
+EVAL_PROTOCOLS = ("windows", "stream", "paper")
+PAPER_CHUNK = 51  # the paper's evaluation: rows start every 51 symbols ...
+PAPER_SEQ_LEN = 100  # ... and hold 100 inputs / 100 targets (101 symbols)
+
+
+class EvalBatch(NamedTuple):
+    """One evaluation batch: ``[batch, time]`` inputs, targets and the mask of scored ones."""
+
+    inputs: np.ndarray  # int32 [B, T]
+    targets: np.ndarray  # int32 [B, T]
+    mask: np.ndarray  # float32 [B, T], 1 = scored
+    reset: bool  # True -> zero the recurrent state before this batch
+
+
+def _check_protocol(
+    n_tokens: int, protocol: str, seq_len: int, min_context: int, paper_mask: int
+) -> None:
+    """DataError unless the protocol and its parameters are valid for ``n_tokens``."""
+    if protocol not in EVAL_PROTOCOLS:
+        raise DataError(f"eval protocol must be one of {EVAL_PROTOCOLS}, got {protocol!r}")
+    check_int("number of tokens", n_tokens, 0)
+    if protocol == "paper":
+        check_int("paper_mask", paper_mask, 0)
+        if paper_mask >= PAPER_SEQ_LEN:
+            raise DataError(f"paper_mask must be < {PAPER_SEQ_LEN}, got {paper_mask}")
+        return
+    check_int("seq_len", seq_len, 1)
+    if protocol == "windows":
+        check_int("min_context", min_context, 0)
+        if min_context >= seq_len:
+            raise DataError(f"min_context ({min_context}) must be < seq_len ({seq_len})")
+
+
+def _paper_rows(n_tokens: int) -> int:
+    """Rows of the paper protocol: every 51 symbols, where all 101 symbols exist."""
+    if n_tokens < PAPER_SEQ_LEN + 1:
+        return 0
+    return (n_tokens - PAPER_SEQ_LEN - 1) // PAPER_CHUNK + 1
+
+
+def _n_windows(n_tokens: int, seq_len: int, min_context: int) -> int:
+    """Windows of the windows protocol needed to score every target once."""
+    if n_tokens - 1 <= seq_len:
+        return 1
+    return 1 + -(-(n_tokens - 1 - seq_len) // (seq_len - min_context))
+
+
+def scored_count(
+    n_tokens: int,
+    protocol: str,
+    *,
+    seq_len: int = 100,
+    min_context: int = 50,
+    paper_mask: int = 50,
+) -> int:
+    """Number of symbols ``eval_batches`` scores (the sum of its masks).
+
+    ``windows`` / ``stream``: ``n_tokens - 1`` (all but the first symbol).
+    ``paper``: ``rows * (100 - paper_mask)`` with ``rows = (n_tokens - 101) // 51 + 1`` (0 when
+    ``n_tokens < 101``).
+    """
+    _check_protocol(n_tokens, protocol, seq_len, min_context, paper_mask)
+    if protocol == "paper":
+        return _paper_rows(n_tokens) * (PAPER_SEQ_LEN - paper_mask)
+    return max(n_tokens - 1, 0)
+
+
+def num_eval_batches(
+    n_tokens: int,
+    protocol: str,
+    batch_size: int,
+    seq_len: int = 100,
+    min_context: int = 50,
+) -> int:
+    """Number of batches ``eval_batches`` yields."""
+    _check_protocol(n_tokens, protocol, seq_len, min_context, 50)
+    batch_size = check_int("batch_size", batch_size, 1)
+    if protocol == "paper":
+        return -(-_paper_rows(n_tokens) // batch_size)
+    if n_tokens < 2:
+        return 0
+    if protocol == "windows":
+        return -(-_n_windows(n_tokens, seq_len, min_context) // batch_size)
+    row_len = -(-(n_tokens - 1) // batch_size)
+    return -(-row_len // seq_len)
+
+
+def _batch(
+    tokens: np.ndarray, pos: np.ndarray, valid: np.ndarray, scored: np.ndarray, reset: bool
+) -> EvalBatch:
+    """Inputs at ``pos``, targets at ``pos + 1``; invalid entries are 0, mask = scored."""
+    n = len(tokens)
+    inputs = np.where(valid, tokens[np.clip(pos, 0, n - 1)], 0).astype(np.int32)
+    targets = np.where(valid, tokens[np.clip(pos + 1, 0, n - 1)], 0).astype(np.int32)
+    return EvalBatch(inputs, targets, (scored & valid).astype(np.float32), bool(reset))
+
+
+def eval_batches(
+    tokens,
+    protocol: str,
+    batch_size: int,
+    seq_len: int,
+    min_context: int = 50,
+    paper_mask: int = 50,
+) -> Iterator[EvalBatch]:
+    """Evaluation batches of a split; every batch has shape ``[batch_size, T]``.
+
+    Symbol ``j`` of the split is a *target* predicted from symbols ``0 .. j-1``; symbol 0 is
+    never a target (nothing predicts it).
+
+    ``windows`` (honest, stateless, ``reset`` True on every batch): windows of ``seq_len``
+    inputs starting at ``k * (seq_len - min_context)``. Window 0 scores all its targets
+    ``1 .. seq_len``; window ``k > 0`` scores only positions ``t >= min_context`` (targets with at
+    least ``min_context + 1`` symbols of context inside the window), i.e. exactly the targets the
+    previous window did not reach. Excluded: only symbol 0. Each of ``1 .. N-1`` is scored once.
+
+    ``stream`` (honest, stateful): the split is cut into ``batch_size`` contiguous rows; row ``r``
+    predicts targets ``r*L + 1 .. (r+1)*L`` (``L = ceil((N-1)/batch_size)``) from inputs
+    ``r*L .. (r+1)*L - 1`` (rows overlap by one symbol), in chunks of ``seq_len`` with the state
+    carried; ``reset`` only on the first batch. Excluded: only symbol 0; each of ``1 .. N-1`` is
+    scored once. Row ``r > 0`` starts from a zero state, so its first targets see only the row's
+    own history: ``batch_size=1`` gives every symbol its full history.
+
+    ``paper`` (the RHHN paper's protocol, NOT every symbol once; ``reset`` on every batch):
+    row ``i`` is ``text[51*i : 51*i + 101]`` (chunk ``i`` and the first 50 symbols of chunk
+    ``i+1``), inputs ``row[:100]``, targets ``row[1:]``; only target positions
+    ``>= paper_mask`` are scored. Rows exist only where all 101 symbols do. Excluded: with
+    ``paper_mask=50`` (the paper's validation) symbols ``0 .. 50``, the last symbol of every
+    51-symbol chunk and the tail after the last full row; with ``paper_mask=95`` (the paper's
+    test, run on the same batches) all but 5 of every 51 symbols. ``seq_len`` and
+    ``min_context`` are ignored (T is 100).
+
+    Padding (the last batch of ``windows`` / ``paper``, the ends of ``stream`` rows) is zeros
+    with mask 0. ``scored_count`` gives the sum of all masks.
+    """
+    tokens = check_tokens(tokens)
+    batch_size = check_int("batch_size", batch_size, 1)
+    n = len(tokens)
+    _check_protocol(n, protocol, seq_len, min_context, paper_mask)
+    if protocol == "paper":
+        if _paper_rows(n) == 0:
+            raise DataError(
+                f"the paper protocol needs at least {PAPER_SEQ_LEN + 1} tokens, got {n}"
+            )
+        return _paper_batches(tokens, batch_size, paper_mask)
+    if n < 2:
+        raise DataError(f"evaluation needs at least 2 tokens (one target), got {n}")
+    if protocol == "windows":
+        return _window_batches(tokens, batch_size, seq_len, min_context)
+    return _stream_batches(tokens, batch_size, seq_len)
+
+
+def _window_batches(
+    tokens: np.ndarray, batch_size: int, seq_len: int, min_context: int
+) -> Iterator[EvalBatch]:
+    n = len(tokens)
+    n_windows = _n_windows(n, seq_len, min_context)
+    stride = seq_len - min_context
+    t = np.arange(seq_len)
+    for first in range(0, n_windows, batch_size):
+        k = np.arange(first, first + batch_size)
+        pos = (k * stride)[:, None] + t
+        valid = (k < n_windows)[:, None] & (pos + 1 <= n - 1)
+        scored = (t >= min_context)[None, :] | (k == 0)[:, None]
+        yield _batch(tokens, pos, valid, scored, True)
+
+
+def _stream_batches(tokens: np.ndarray, batch_size: int, seq_len: int) -> Iterator[EvalBatch]:
+    n = len(tokens)
+    row_len = -(-(n - 1) // batch_size)
+    rows = np.arange(batch_size)[:, None] * row_len
+    for c in range(-(-row_len // seq_len)):
+        offset = c * seq_len + np.arange(seq_len)[None, :]
+        pos = rows + offset
+        valid = (offset < row_len) & (pos + 1 <= n - 1)
+        yield _batch(tokens, pos, valid, valid, c == 0)
+
+
+def _paper_batches(tokens: np.ndarray, batch_size: int, paper_mask: int) -> Iterator[EvalBatch]:
+    n_rows = _paper_rows(len(tokens))
+    t = np.arange(PAPER_SEQ_LEN)
+    for first in range(0, n_rows, batch_size):
+        i = np.arange(first, first + batch_size)
+        pos = (i * PAPER_CHUNK)[:, None] + t
+        valid = np.broadcast_to((i < n_rows)[:, None], pos.shape)
+        scored = np.broadcast_to((t >= paper_mask)[None, :], pos.shape)
+        yield _batch(tokens, pos, valid, scored, True)

@@ -1,0 +1,274 @@
+"""Text-file corpora: the user's own UTF-8 / byte files, and the known corpora enwik8 / text8.
+
+``load_text_corpus`` reads one file split the Hutter way (last N symbols test, previous N valid,
+the rest train) or three files (train, valid, test), with a ``char`` (Unicode code points) or
+``byte`` vocabulary built from the training split.
+
+The RHN paper's character-level corpora are single 100,000,000-byte files inside a zip:
+
+    enwik8  http://mattmahoney.net/dc/enwik8.zip  (Hutter Prize; 205 byte values)
+    text8   http://mattmahoney.net/dc/text8.zip   (27 symbols: a-z and space)
+
+``ensure_corpus(name)`` returns the path of the unzipped file in the cache
+(``$RHHJAX_CACHE/<name>/<name>``, default ``~/.cache/rhhjax``). When it is missing, the zip is
+downloaded to a temporary file, its SHA256 is checked against ``CORPORA`` (or the
+``data.sha256`` override), the member is extracted to a temporary file and renamed into place,
+so the cache never holds a half-written file. Without network, or with ``data.download=False``,
+the error says what to download and where to put it.
+
+The embedded hashes are the widely published ones (the same values appear in many independent
+public download scripts); the zip sizes are 36,445,475 B (enwik8) and 31,344,016 B (text8).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pathlib
+import shutil
+import tempfile
+import zipfile
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from rhhjax.data import cache as cache_lib
+from rhhjax.data.corpus import SPLITS, Corpus, corpus_from_codes
+from rhhjax.data.errors import DataError
+from rhhjax.data.vocab import TEXT_VOCABS, codepoints, decode_utf8
+
+TEXT_SPLITS = ("files", "hutter")
+DEFAULT_HUTTER_HOLDOUT = 5_000_000
+
+
+# --------------------------------------------------------------------------------------------
+# The user's own text files
+# --------------------------------------------------------------------------------------------
+
+
+def check_text_split(split: Any) -> str:
+    """``split`` if it is one of ``TEXT_SPLITS``, else DataError."""
+    if split not in TEXT_SPLITS:
+        raise DataError(f"text_split must be one of {TEXT_SPLITS}, got {split!r}")
+    return split
+
+
+def check_text_vocab(vocab: Any) -> str:
+    """``vocab`` if it is one of ``TEXT_VOCABS``, else DataError."""
+    if vocab not in TEXT_VOCABS:
+        raise DataError(f"text_vocab must be one of {TEXT_VOCABS}, got {vocab!r}")
+    return vocab
+
+
+def check_holdout(holdout: Any) -> int:
+    """``holdout`` as an int if it is a positive integer (not a bool), else DataError."""
+    if isinstance(holdout, bool) or not isinstance(holdout, (int, np.integer)) or holdout < 1:
+        raise DataError(f"hutter_holdout must be a positive integer, got {holdout!r}")
+    return int(holdout)
+
+
+def split_paths(files: str | os.PathLike | Sequence[str | os.PathLike]) -> list[pathlib.Path]:
+    """The paths of ``files``: one comma-separated string or a sequence; empty items dropped."""
+    if isinstance(files, (str, os.PathLike)):
+        items = [p.strip() for p in os.fspath(files).split(",")]
+    else:
+        items = [os.fspath(p).strip() for p in files]
+    return [pathlib.Path(p).expanduser() for p in items if p]
+
+
+def _read_codes(path: pathlib.Path, vocab: str) -> np.ndarray:
+    """Symbol codes ``[n_symbols]`` of a file: byte values, or code points of its UTF-8 text."""
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise DataError(f"cannot read text file {path}: {e}") from e
+    if vocab == "byte":
+        return np.frombuffer(data, dtype=np.uint8)
+    return codepoints(decode_utf8(data, str(path)))
+
+
+def load_text_corpus(
+    files: str | os.PathLike | Sequence[str | os.PathLike],
+    split: str = "hutter",
+    vocab: str = "char",
+    unk: bool = False,
+    holdout: int = DEFAULT_HUTTER_HOLDOUT,
+) -> Corpus:
+    """The user's own text: one file (``split="hutter"``) or train,valid,test (``"files"``).
+
+    ``vocab="char"``: UTF-8 decoded, one symbol per code point; ``"byte"``: one per byte.
+    Hutter split (RHN paper, enwik8/text8): the last ``holdout`` symbols are test, the
+    ``holdout`` before them valid, everything before train; a file of at most ``2 * holdout``
+    symbols is an error.
+    """
+    check_text_split(split)
+    check_text_vocab(vocab)
+    paths = split_paths(files)
+    unit = "character" if vocab == "char" else "byte"
+    if split == "hutter":
+        if len(paths) != 1:
+            raise DataError(
+                f"text_split='hutter' needs exactly one file in text_files, got {len(paths)}"
+            )
+        holdout = check_holdout(holdout)
+        codes = _read_codes(paths[0], vocab)
+        n = len(codes)
+        if n <= 2 * holdout:
+            raise DataError(
+                f"{paths[0]} has {n} {unit}s, too short for a Hutter split with "
+                f"hutter_holdout={holdout} (needs more than {2 * holdout}: the last {holdout} "
+                f"test, the {holdout} before valid, the rest train); lower hutter_holdout or use "
+                f"text_split='files'"
+            )
+        parts = {
+            "train": codes[: n - 2 * holdout],
+            "valid": codes[n - 2 * holdout : n - holdout],
+            "test": codes[n - holdout :],
+        }
+    else:
+        if len(paths) != 3:
+            raise DataError(
+                f"text_split='files' needs text_files='train,valid,test' (3 comma-separated "
+                f"paths), got {len(paths)}"
+            )
+        parts = {s: _read_codes(p, vocab) for s, p in zip(SPLITS, paths, strict=True)}
+    for s in SPLITS:
+        if len(parts[s]) < 2:
+            raise DataError(f"text corpus: the {s} split has fewer than 2 {unit}s")
+    source = ",".join(str(p) for p in paths)
+    return corpus_from_codes(f"text_{vocab}:{paths[0].name}", vocab, parts, unk, source=source)
+
+
+# --------------------------------------------------------------------------------------------
+# Known corpora: enwik8 / text8 in the cache, downloaded when missing
+# --------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class CorpusSource:
+    """Where a corpus comes from and what it must look like."""
+
+    url: str  # the zip archive
+    sha256: str  # SHA256 of the zip archive
+    member: str  # the file inside the zip (and its name in the cache)
+    size: int  # bytes of the unzipped member
+
+
+CORPORA: dict[str, CorpusSource] = {
+    "enwik8": CorpusSource(
+        url="http://mattmahoney.net/dc/enwik8.zip",
+        sha256="547994d9980ebed1288380d652999f38a14fe291a6247c157c3d33d4932534bc",
+        member="enwik8",
+        size=100_000_000,
+    ),
+    "text8": CorpusSource(
+        url="http://mattmahoney.net/dc/text8.zip",
+        sha256="a6640522afe85d1963ad56c05b0ede0a0c000dddc9671758a6cc09b7a38e5232",
+        member="text8",
+        size=100_000_000,
+    ),
+}
+
+
+def corpus_path(name: str, cache: str | os.PathLike | None = None) -> pathlib.Path:
+    """Where the unzipped corpus ``name`` lives in the cache."""
+    source = _source(name)
+    folder = pathlib.Path(cache).expanduser() if cache else cache_lib.cache_root() / name
+    return folder / source.member
+
+
+def _source(name: str) -> CorpusSource:
+    """The ``CORPORA`` entry ``name``, else DataError."""
+    if name not in CORPORA:
+        raise DataError(f"unknown corpus {name!r}: expected one of {', '.join(CORPORA)}")
+    return CORPORA[name]
+
+
+def ensure_corpus(
+    name: str,
+    *,
+    download: bool = True,
+    url: str = "",
+    sha256: str = "",
+    cache: str | os.PathLike | None = None,
+) -> pathlib.Path:
+    """Path of the unzipped corpus ``name`` ("enwik8" | "text8"), downloading it if needed.
+
+    Args:
+      name: a key of ``CORPORA``.
+      download: fetch the zip when the file is not in the cache (else: error).
+      url: another address for the zip (a mirror); "" = the official one.
+      sha256: expected SHA256 of the zip instead of the embedded one (for a mirror that
+        serves a different archive of the same file).
+      cache: folder for the file; None = ``$RHHJAX_CACHE/<name>``.
+    Raises:
+      DataError (one line): offline / download disabled, hash mismatch, bad archive.
+    """
+    source = _source(name)
+    path = corpus_path(name, cache)
+    url = url or source.url
+    expected = (sha256 or source.sha256).lower()
+    if path.is_file():
+        size = path.stat().st_size
+        if size != source.size:
+            raise DataError(
+                f"{path} has {size:,} bytes, expected {source.size:,} for {name}; delete it and "
+                f"run again to download {url}"
+            )
+        return path
+    hint = (
+        f"download {url}, unzip it and put {source.member} in {path.parent} "
+        f"(or set --config.data.text_files=PATH)"
+    )
+    if not download:
+        raise DataError(f"{name} not found at {path} and data.download=False: {hint}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp_zip = tempfile.mkstemp(prefix=f".{name}.", suffix=".zip.part", dir=path.parent)
+        os.close(fd)
+    except OSError as e:
+        raise DataError(f"cannot write to the cache folder {path.parent}: {e}") from e
+    tmp_zip = pathlib.Path(tmp_zip)
+    try:
+        try:
+            cache_lib.fetch(url, tmp_zip)
+        except Exception as e:  # any failure to fetch means "offline"
+            reason = " ".join(f"{type(e).__name__}: {e}".split())
+            raise DataError(
+                f"{name} not found at {path} and the download failed ({reason}): {hint}"
+            ) from None
+        got = cache_lib.sha256_file(tmp_zip)
+        if got != expected:
+            raise DataError(
+                f"SHA256 mismatch for {url}: expected {expected}, got {got}; the download is "
+                f"corrupt or not the expected archive (pass --config.data.sha256=... only if you "
+                f"trust this file)"
+            )
+        _extract(tmp_zip, source, path, url)
+    finally:
+        tmp_zip.unlink(missing_ok=True)
+    return path
+
+
+def _extract(archive: pathlib.Path, source: CorpusSource, path: pathlib.Path, url: str) -> None:
+    """Unzip ``source.member`` of ``archive`` to ``path`` atomically, checking its size."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{source.member}.", suffix=".part", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            try:
+                with zipfile.ZipFile(archive) as z, z.open(source.member) as member:
+                    shutil.copyfileobj(member, out, length=1 << 20)
+            except (zipfile.BadZipFile, KeyError, OSError) as e:
+                raise DataError(f"{url} is not a zip archive holding {source.member!r}: {e}") from e
+            out.flush()
+            os.fsync(out.fileno())
+        size = os.path.getsize(tmp)
+        if size != source.size:
+            raise DataError(
+                f"{source.member} in {url} has {size:,} bytes, expected {source.size:,}"
+            )
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    finally:
+        pathlib.Path(tmp).unlink(missing_ok=True)

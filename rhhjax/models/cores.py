@@ -1,0 +1,248 @@
+"""Recurrent cores: a cell run over a sequence, x [B, T, E] -> (outputs [B, T, n], carry).
+
+The time recurrence of the RHN cores is selected by `ModelConfig.impl`: `scan` is the
+textbook Flax `nn.scan` over the cell with plain autodiff (the reference, and the only one
+that records gates: see `rhhjax.models.cells`); `fused` and `pallas` run the whole
+recurrence as one op (`rhhjax.ops.recurrence`, rank-d: `rhhjax.ops.lowrank`). Dropout keys
+and masks are derived the same way (`DropoutKeys`) by every implementation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from rhhjax.models.cells import GATES_COLLECTION, HyperRHNCell, LSTMCell, RHNCell
+from rhhjax.models.config import ModelConfig
+from rhhjax.ops import cells, lowrank, recurrence
+
+Array = jax.Array
+
+
+def _scan_over_time(body: Callable, module: nn.Module, carry, xs, *broadcast):
+    """`nn.scan` of `body(module, carry, xs_t, *broadcast)` over the leading (time) axis.
+
+    Values sown into the gates collection are stacked over time (leading axis T).
+    """
+    scanned = nn.scan(
+        body,
+        variable_broadcast="params",
+        variable_axes={GATES_COLLECTION: 0},
+        split_rngs={"params": False},
+        in_axes=(0,) + (nn.broadcast,) * len(broadcast),
+        out_axes=0,
+    )
+    return scanned(module, carry, xs, *broadcast)
+
+
+def _rhn_body(cell: RHNCell, s, xs, gate_key, hidden_masks):
+    step, xproj = xs
+    gate = None
+    if gate_key is not None:
+        gate = cells.gate_masks(gate_key, step, (cell.depth, *s.shape), cell.keep)
+    s, _ = cell.step(s, xproj, None, gate, hidden_masks)
+    return s, s
+
+
+def _hyper_body(cell: HyperRHNCell, carry, xs, keep, keys, hidden_masks):
+    step, xprojs = xs
+    masks = dict(hidden_masks)
+    if keys is not None:
+        s_hyper, s_main = carry
+        masks["hyper_gate"] = cells.gate_masks(keys[0], step, (cell.depth, *s_hyper.shape), keep)
+        masks["main_gate"] = cells.gate_masks(keys[1], step, (cell.depth, *s_main.shape), keep)
+    return cell.step(carry, xprojs, masks)
+
+
+def _lstm_body(cell: LSTMCell, carry, xproj):
+    return cell.step(carry, xproj)
+
+
+class DropoutKeys:
+    """Named sub-keys of one dropout key, identical for every implementation."""
+
+    HYPER_GATE, MAIN_GATE, INPUT, HYPER_HIDDEN, MAIN_HIDDEN, OUTPUT = range(6)
+
+    @staticmethod
+    def get(key: Array, which: int) -> Array:
+        return jax.random.fold_in(key, which)
+
+
+def _gate_key(c: ModelConfig, key: Array | None, which: int) -> Array | None:
+    """The gate-dropout key of one cell, or None when gate dropout is off."""
+    if key is None or c.dropout != "gate" or c.keep >= 1.0:
+        return None
+    return DropoutKeys.get(key, which)
+
+
+def _hidden_masks(c: ModelConfig, key: Array | None, which: int, batch: int, width: int):
+    """Variational masks [L, B, width] on the state fed to W_l, or None when off."""
+    if key is None or c.dropout != "variational" or c.keep_hidden >= 1.0:
+        return None
+    mkey = DropoutKeys.get(key, which)
+    return cells.sequence_masks(mkey, (c.depth, batch, width), c.keep_hidden)
+
+
+class RHNCore(nn.Module):
+    """Plain RHN over a sequence. x [B, T, E] -> (outputs [B, T, n], carry [B, n])."""
+
+    config: ModelConfig
+
+    def setup(self):
+        c = self.config
+        self.cell = RHNCell(
+            features=c.hidden,
+            input_features=c.embed_dim,
+            depth=c.depth,
+            init=c.init,
+            t_bias_init=c.t_bias_init,
+            keep=c.keep,
+            dtype=c.dtype,
+        )
+
+    def initial_carry(self, batch: int) -> Array:
+        return jnp.zeros((batch, self.config.hidden), self.config.carry_dtype)
+
+    def __call__(self, x: Array, carry: Array, key: Array | None):
+        c = self.config
+        gate_key = _gate_key(c, key, DropoutKeys.MAIN_GATE)
+        hidden_masks = _hidden_masks(c, key, DropoutKeys.MAIN_HIDDEN, x.shape[0], c.hidden)
+        xproj = jnp.swapaxes(self.cell.input_projection(x), 0, 1)  # [T, B, 2n]
+        steps = jnp.arange(x.shape[1])
+        if c.impl == "scan":
+            carry, ys = _scan_over_time(
+                _rhn_body, self.cell, carry, (steps, xproj), gate_key, hidden_masks
+            )
+        else:
+            spec = recurrence.resolve_spec(c, gate_key is not None)
+            states = recurrence.highway_sequence(
+                spec, self.cell.weights(), carry, xproj, None, gate_key, hidden_masks
+            )
+            carry, ys = states[-1, -1], states[:, -1]
+        return jnp.swapaxes(ys, 0, 1), carry
+
+
+class HyperRHNCore(nn.Module):
+    """HyperRHN over a sequence. x [B, T, E] -> (outputs [B, T, n], (s_hyper, s_main))."""
+
+    config: ModelConfig
+
+    def setup(self):
+        c = self.config
+        self.cell = HyperRHNCell(
+            features=c.hidden,
+            hyper_features=c.hyper_hidden,
+            input_features=c.embed_dim,
+            depth=c.depth,
+            hyper_input=c.hyper_input,
+            init=c.init,
+            t_bias_init=c.t_bias_init,
+            dtype=c.dtype,
+            hyper_rank=c.hyper_rank,
+            lowrank_op=c.lowrank_op,
+            lowrank_remat=c.lowrank_remat,
+        )
+
+    def initial_carry(self, batch: int):
+        c = self.config
+        return (
+            jnp.zeros((batch, c.hyper_hidden), c.carry_dtype),
+            jnp.zeros((batch, c.hidden), c.carry_dtype),
+        )
+
+    def __call__(self, x: Array, carry, key: Array | None):
+        c = self.config
+        batch = x.shape[0]
+        hyper_key = _gate_key(c, key, DropoutKeys.HYPER_GATE)
+        keys = None if hyper_key is None else (hyper_key, _gate_key(c, key, DropoutKeys.MAIN_GATE))
+        masks = {
+            "hyper_hidden": _hidden_masks(c, key, DropoutKeys.HYPER_HIDDEN, batch, c.hyper_hidden),
+            "main_hidden": _hidden_masks(c, key, DropoutKeys.MAIN_HIDDEN, batch, c.hidden),
+        }
+        hidden_masks = {name: m for name, m in masks.items() if m is not None}
+        hyper_xproj, main_xproj = self.cell.input_projections(x)
+        xprojs = (jnp.swapaxes(hyper_xproj, 0, 1), jnp.swapaxes(main_xproj, 0, 1))
+        steps = jnp.arange(x.shape[1])
+        if c.impl == "scan":
+            carry, ys = _scan_over_time(
+                _hyper_body, self.cell, carry, (steps, xprojs), c.keep, keys, hidden_masks
+            )
+        else:
+            carry, ys = self._whole_sequence(carry, xprojs, keys, hidden_masks)
+        return jnp.swapaxes(ys, 0, 1), carry
+
+    def _whole_sequence(self, carry, xprojs, keys, hidden_masks):
+        """`fused` / `pallas` (hyper_input="x"): the hyper recurrence over the whole sequence,
+        every z at once (one batched matmul), then the main recurrence.
+
+        carry: (s_hyper [B, h], s_main [B, n]); xprojs: ([T, B, 2h], [T, B, 2n] or, with
+        hyper_rank > 0, the raw input [T, B, E]). Returns (carry, outputs [T, B, n]).
+        """
+        c, cell = self.config, self.cell
+        s_hyper, s_main = carry
+        hyper_xproj, main_xproj = xprojs
+        hyper_key, main_key = (None, None) if keys is None else keys
+        spec = recurrence.resolve_spec(c, keys is not None)
+        hyper_states = recurrence.highway_sequence(
+            spec, cell.hyper.weights(), s_hyper, hyper_xproj, None, hyper_key,
+            hidden_masks.get("hyper_hidden"),
+        )  # fmt: skip
+        main_hidden = hidden_masks.get("main_hidden")
+        if c.hyper_rank > 0:  # Suarez section 4: main_xproj holds the raw input x here.
+            main_states = lowrank.lowrank_sequence(
+                spec, cell.main.weights(), cell.lowrank_scales, s_main, main_xproj,
+                hyper_states, main_key, main_hidden,
+            )  # fmt: skip
+        else:
+            main_states = recurrence.highway_sequence(
+                spec, cell.main.weights(), s_main, main_xproj, cell.scales(hyper_states),
+                main_key, main_hidden,
+            )  # fmt: skip
+        return (hyper_states[-1, -1], main_states[-1, -1]), main_states[:, -1]
+
+
+class LSTMCore(nn.Module):
+    """Stacked LSTM (the paper's baseline: 2 x 1125). x [B, T, E] -> (outputs, carry).
+
+    Dropout (`dropout != "none"`, keep probability `keep`) is applied to the output of
+    every layer but the last (the LM applies its own output dropout), Zaremba-style.
+    """
+
+    config: ModelConfig
+
+    def setup(self):
+        c = self.config
+        self.layers = [
+            LSTMCell(
+                features=c.hidden,
+                input_features=c.embed_dim if i == 0 else c.hidden,
+                init=c.init,
+                dtype=c.dtype,
+            )
+            for i in range(c.lstm_layers)
+        ]
+
+    def initial_carry(self, batch: int):
+        zeros = jnp.zeros((batch, self.config.hidden), self.config.carry_dtype)
+        return tuple((zeros, zeros) for _ in range(self.config.lstm_layers))
+
+    def __call__(self, x: Array, carry, key: Array | None):
+        c = self.config
+        new_carry = []
+        h = x
+        for i, layer in enumerate(self.layers):
+            xproj = jnp.swapaxes(layer.input_projection(h), 0, 1)
+            layer_carry, ys = _scan_over_time(_lstm_body, layer, carry[i], xproj)
+            new_carry.append(layer_carry)
+            h = jnp.swapaxes(ys, 0, 1)
+            last = i == len(self.layers) - 1
+            if key is not None and not last and c.dropout != "none" and c.keep < 1.0:
+                mask_key = jax.random.fold_in(DropoutKeys.get(key, DropoutKeys.OUTPUT), i + 1)
+                h = h * jax.random.bernoulli(mask_key, c.keep, h.shape) / c.keep
+        return h, tuple(new_carry)
+
+
+CORES = {"rhn": RHNCore, "hyperrhn": HyperRHNCore, "lstm": LSTMCore}

@@ -1,0 +1,79 @@
+"""The character language model `CharLM` (Embedding -> core -> Linear) and its helpers."""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from rhhjax.models.cells import Linear
+from rhhjax.models.config import ModelConfig
+from rhhjax.models.cores import CORES, DropoutKeys
+from rhhjax.ops import cells
+
+Array = jax.Array
+
+
+class CharLM(nn.Module):
+    """Embedding(V, E) -> core -> Dense(V).
+
+    `__call__(tokens [B, T] int, carry=None, train=False) -> (logits [B, T, V] f32, carry)`.
+    With `train=True` and dropout configured, a 'dropout' RNG is required.
+    """
+
+    config: ModelConfig
+
+    def setup(self):
+        c = self.config
+        embed_init = (
+            nn.initializers.orthogonal() if c.init == "orthogonal" else nn.initializers.normal(1.0)
+        )
+        self.embed = nn.Embed(c.vocab_size, c.embed_dim, embedding_init=embed_init)
+        self.core = CORES[c.type](c)
+        self.head = Linear(c.hidden, c.vocab_size, init=c.init, dtype=c.dtype)
+
+    def initial_carry(self, batch: int):
+        """The zero recurrent state for `batch` sequences."""
+        return self.core.initial_carry(batch)
+
+    def __call__(self, tokens: Array, carry=None, train: bool = False):
+        c = self.config
+        if carry is None:
+            carry = self.core.initial_carry(tokens.shape[0])
+        key = self.make_rng("dropout") if train and uses_dropout(c) else None
+        x = self.embed(tokens)
+        if key is not None and c.dropout == "variational" and c.keep_input < 1.0:
+            mkey = DropoutKeys.get(key, DropoutKeys.INPUT)
+            x = x * cells.sequence_masks(mkey, (x.shape[0], 1, x.shape[2]), c.keep_input)
+        outputs, carry = self.core(x, carry, key)
+        if key is not None and c.dropout == "variational" and c.keep_output < 1.0:
+            mkey = DropoutKeys.get(key, DropoutKeys.OUTPUT)
+            shape = (outputs.shape[0], 1, outputs.shape[2])
+            outputs = outputs * cells.sequence_masks(mkey, shape, c.keep_output)
+        return self.head(outputs), carry
+
+
+def uses_dropout(c: ModelConfig) -> bool:
+    """Whether training with `c` draws any dropout mask (and so needs a 'dropout' RNG)."""
+    if c.dropout == "gate" or c.type == "lstm":
+        return c.dropout != "none" and c.keep < 1.0
+    if c.dropout == "variational":
+        return min(c.keep_input, c.keep_hidden, c.keep_output) < 1.0
+    return False
+
+
+def build_model(config: ModelConfig) -> CharLM:
+    """The language model for a validated `ModelConfig`."""
+    config.validate()
+    return CharLM(config)
+
+
+def init_params(model: CharLM, rng: Array, batch: int = 1, length: int = 1):
+    """Initial parameters (a nested dict) from `rng`."""
+    tokens = jnp.zeros((batch, length), jnp.int32)
+    return model.init({"params": rng}, tokens)["params"]
+
+
+def count_params(params) -> int:
+    """Total number of scalar parameters."""
+    return sum(int(x.size) for x in jax.tree_util.tree_leaves(params))

@@ -1,0 +1,298 @@
+"""The files of a workdir: ``config.json``, ``metrics.jsonl``, ``results.json``, TensorBoard
+events and the ``.lock`` of the running process; and the check that a workdir's run can be
+resumed by a config (same model, data, sampler and optimizer shape)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import ml_collections
+
+from rhhjax import data as data_lib
+from rhhjax import models
+from rhhjax.train import checkpoint as ckpt_lib
+from rhhjax.train.config import MODEL_FIELDS_FREE, RESUME_FIELDS, TrainError, defaults
+
+METRICS_FILE = "metrics.jsonl"
+CONFIG_FILE = "config.json"
+RESULTS_FILE = "results.json"
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` with every non-finite float replaced by None (JSON has no NaN / Infinity)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, Mapping):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value
+
+
+def json_dumps(value: Any, **kwargs) -> str:
+    """``json.dumps`` that always writes valid JSON: NaN / inf become null."""
+    return json.dumps(json_safe(value), allow_nan=False, **kwargs)
+
+
+class MetricsLog:
+    """``metrics.jsonl``: one JSON object per line, appended and flushed as it goes."""
+
+    def __init__(self, path: Path, enabled: bool = True):
+        self.path = path
+        self.enabled = enabled  # False on processes other than 0: nothing is written
+
+    def read(self) -> list[dict]:
+        if not self.path.exists():
+            return []
+        records = []
+        for line in self.path.read_text().splitlines():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue  # a line cut by kill -9
+        return records
+
+    def truncate_after(self, step: int) -> None:
+        """Drop every record of a step after ``step`` (an abandoned continuation)."""
+        if not self.enabled or not self.path.exists():
+            return
+        kept = [r for r in self.read() if (r.get("step") or 0) <= step]
+        atomic_write(self.path, "".join(json_dumps(r) + "\n" for r in kept))
+
+    def append(self, record: dict) -> None:
+        if not self.enabled:
+            return
+        with open(self.path, "a") as f:
+            f.write(json_dumps(record) + "\n")
+            f.flush()
+
+
+def file_mode() -> int:
+    """0o666 less the process umask (what ``open()`` gives a new file)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+def atomic_write(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.chmod(tmp, file_mode())  # mkstemp makes 0600; the other files are 0666 - umask
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+class WorkdirLock:
+    """An exclusive ``flock`` on ``<workdir>/.lock`` for the duration of a run, so a second
+    run on the same workdir fails at once instead of interleaving ``metrics.jsonl``."""
+
+    NAME = ".lock"
+
+    def __init__(self, workdir: Path):
+        self.path = workdir / self.NAME
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        import fcntl
+
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, file_mode())
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise TrainError(
+                f"workdir {self.path.parent} is in use by another run (process {holder}); wait "
+                f"for it to finish or use another --workdir"
+            ) from None
+        except OSError:  # a filesystem without flock (some network filesystems): no lock
+            pass
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing releases the lock; the file stays (harmless)
+            self._fd = None
+
+
+def finished_results(workdir: Path, cfg, meta: dict | None, step: int) -> dict | None:
+    """The stored results when the workdir's run finished at ``step`` and evaluated with the
+    same ``eval`` settings (so there is nothing to redo), else None."""
+    path = workdir / RESULTS_FILE
+    if meta is None or not path.is_file():
+        return None
+    try:
+        results = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    if results.get("status") != "finished" or results.get("step") != step:
+        return None
+    if (meta.get("config") or {}).get("eval") != cfg.to_dict()["eval"]:
+        return None
+    return results
+
+
+def tensorboard_writer_class():
+    """tensorboardX's ``SummaryWriter``; TrainError (one line) when it is not installed."""
+    try:
+        from tensorboardX import SummaryWriter
+    except ImportError:
+        raise TrainError(
+            "train.tensorboard=True needs the tensorboardX package: "
+            'pip install -e ".[tensorboard]" (or set train.tensorboard=False)'
+        ) from None
+    return SummaryWriter
+
+
+class EventWriter:
+    """TensorBoard event files in ``<workdir>/tensorboard`` (``metrics.jsonl`` stays the
+    source of truth). A resumed run purges the events after its start step."""
+
+    DIR = "tensorboard"
+
+    def __init__(self, writer_class, workdir: Path, start_step: int):
+        kwargs = {"purge_step": start_step} if start_step > 0 else {}
+        self._writer = writer_class(logdir=str(workdir / self.DIR), **kwargs)
+
+    def _scalars(self, step: int, values: dict) -> None:
+        for tag, value in values.items():
+            if value is not None and math.isfinite(value):
+                self._writer.add_scalar(tag, value, global_step=step)
+        self._writer.flush()
+
+    def train(self, r: dict) -> None:
+        self._scalars(
+            r["step"],
+            {
+                "train/loss": r["loss"],
+                "train/bpc": r["bpc"],
+                "train/grad_norm": r["grad_norm"],
+                "train/learning_rate": r["lr"],
+                "train/chars_per_sec": r["chars_per_sec"],
+            },
+        )
+
+    def valid(self, r: dict) -> None:
+        self._scalars(
+            r["step"],
+            {
+                f"valid_{r['protocol']}/bpc": r["bpc"],
+                f"valid_{r['protocol']}/accuracy": r["acc"],
+                f"valid_{r['protocol']}/loss": r["loss"],
+            },
+        )
+
+    def close(self) -> None:
+        self._writer.close()
+
+
+def check_workdir_writable(workdir: Path) -> None:
+    """Raise TrainError unless ``workdir`` exists and is writable or can be created."""
+    if workdir.exists() and not workdir.is_dir():
+        raise TrainError(f"workdir {workdir} exists and is not a directory")
+    probe = workdir
+    while not probe.exists():
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    if not probe.is_dir():
+        raise TrainError(f"cannot create workdir {workdir}: {probe} is not a directory")
+    try:
+        fd, name = tempfile.mkstemp(prefix=".rhhjax-write-test.", dir=probe)
+        os.close(fd)
+        os.unlink(name)
+    except OSError as e:
+        reason = e.strerror or str(e)
+        raise TrainError(f"workdir {workdir} is not writable ({probe}: {reason})") from None
+
+
+def flat_fields(d: Mapping, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, Mapping):
+            out.update(flat_fields(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def check_compatible(
+    workdir: Path,
+    cfg: ml_collections.ConfigDict,
+    mc: models.ModelConfig,
+    vocab: data_lib.Vocab,
+    sampler_state: dict,
+) -> dict | None:
+    """Compare the workdir's run (checkpoint meta, else config.json) with this config.
+
+    Returns the latest checkpoint's meta (None if there is none); raises TrainError naming
+    the first difference.
+    """
+    meta = None
+    if ckpt_lib.has_checkpoint(workdir):
+        try:
+            with ckpt_lib.Checkpoints(workdir, read_only=True) as ckpts:
+                meta = ckpts.read_meta("latest") or ckpts.read_meta("best")
+        except Exception as e:  # unreadable checkpoint
+            raise TrainError(f"cannot read the checkpoint in {workdir}: {e}") from None
+    saved_cfg = meta["config"] if meta else None
+    where = "its checkpoint"
+    if saved_cfg is None and (workdir / CONFIG_FILE).exists():
+        try:
+            saved_cfg = json.loads((workdir / CONFIG_FILE).read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise TrainError(f"cannot read {workdir / CONFIG_FILE}: {e}") from None
+        where = CONFIG_FILE
+    if saved_cfg is None:
+        return None
+    hint = "use another --workdir, or delete this one to start over"
+    if meta is not None and meta.get("version") != ckpt_lib.META_VERSION:
+        raise TrainError(f"workdir {workdir} holds a checkpoint of another format; {hint}")
+    old_model = dict(meta["model"]) if meta else dict(saved_cfg.get("model", {}))
+    new_model = dataclasses.asdict(mc)
+    model_defaults = {f.name: f.default for f in dataclasses.fields(models.ModelConfig)}
+    for name, value in new_model.items():
+        if name in MODEL_FIELDS_FREE:
+            continue
+        if old_model.get(name, model_defaults[name]) != value:  # fields added later: their default
+            raise TrainError(
+                f"workdir {workdir} holds a run with model.{name}={old_model.get(name)!r} "
+                f"({where}), this config has {value!r}; {hint}"
+            )
+    old_flat, new_flat = flat_fields(saved_cfg), flat_fields(cfg.to_dict())
+    for name in RESUME_FIELDS:
+        old = old_flat.get(name, flat_fields(defaults()).get(name))
+        if old != new_flat.get(name):
+            raise TrainError(
+                f"workdir {workdir} holds a run with {name}={old!r} ({where}), this config has "
+                f"{new_flat.get(name)!r}; {hint}"
+            )
+    if meta is not None and meta.get("vocab") != vocab.to_dict():
+        raise TrainError(
+            f"workdir {workdir} holds a run with a different vocabulary "
+            f"({len(meta['vocab']['symbols'])} symbols, the data now gives {len(vocab.symbols)}); "
+            f"{hint}"
+        )
+    if meta is not None:
+        old_sampler = meta.get("sampler", {})
+        for key in ("sampler", "n_tokens", "batch_size", "seq_len", "random_offset"):
+            if old_sampler.get(key) != sampler_state.get(key):
+                raise TrainError(
+                    f"workdir {workdir} holds a run whose sampler had {key}="
+                    f"{old_sampler.get(key)!r}, this config's has {sampler_state.get(key)!r} "
+                    f"(different training data?); {hint}"
+                )
+    return meta

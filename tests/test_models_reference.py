@@ -1,0 +1,208 @@
+"""The models against a float64 numpy reference written straight from the equations:
+logits, gate dropout, and the transform gates the cells record (rank 0 and rank d)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rhhjax import models
+from rhhjax.ops import cells
+
+
+def _sigmoid(x):
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+def _np_highway_step(w, s, x, z=None, gate_masks=None, hidden_masks=None, lowrank=None):
+    """Zilly eq. 6-9 / Suarez eq. 3-7 (and section 4 with `lowrank`) for one time step.
+
+    `lowrank`: (u [L, B, d, n], v [L, B, d, n], u_x [B, d, E]) factors of the rank-d
+    scaling, materialised as W~ = W o sum_i u_i [v_i, v_i]^T per example.
+    Returns (s [B, n], layer states [L, B, n], transform gates before dropout [L, B, n]).
+    """
+    n = s.shape[-1]
+    states, gates = [], []
+    for layer in range(w["kernel_s"].shape[0]):
+        s_in = s if hidden_masks is None else s * hidden_masks[layer]
+        if lowrank is None:
+            a = s_in @ w["kernel_s"][layer]
+            scale = 1.0 if z is None else np.concatenate([z[layer], z[layer]], -1)
+            a = a * scale + w["bias_s"][layer]
+            if layer == 0:
+                a = a + (x @ w["kernel_x"]) * scale + w["bias_x"]
+        else:
+            u, v, u_x = lowrank
+            vv = np.concatenate([v[layer], v[layer]], -1)  # [B, d, 2n]
+            w_tilde = w["kernel_s"][layer][None] * np.einsum("bdi,bdo->bio", u[layer], vv)
+            a = np.einsum("bi,bio->bo", s_in, w_tilde) + w["bias_s"][layer]
+            if layer == 0:
+                u_tilde = w["kernel_x"][None] * np.einsum("bdi,bdo->bio", u_x, vv)
+                a = a + np.einsum("bi,bio->bo", x, u_tilde) + w["bias_x"]
+        h, t = np.tanh(a[:, :n]), _sigmoid(a[:, n:])
+        gates.append(t)
+        c = 1.0 - t
+        if gate_masks is not None:
+            t = t * gate_masks[layer]
+        s = h * t + s * c
+        states.append(s)
+    return s, np.stack(states), np.stack(gates)
+
+
+def _np_lowrank_factors(cell, hyper_states):
+    """u, v [L, B, d, n] and u_x [B, d, E] from the hyper layer states [L, B, h]."""
+    u = np.einsum("lbh,lhdn->lbdn", hyper_states, cell["u_kernel"]) + cell["u_bias"][:, None]
+    v = np.einsum("lbh,lhdn->lbdn", hyper_states, cell["v_kernel"]) + cell["v_bias"][:, None]
+    u_x = np.einsum("bh,hde->bde", hyper_states[0], cell["u_x_kernel"]) + cell["u_x_bias"]
+    return u, v, u_x
+
+
+def np_core(params, tokens, config, masks=None):
+    """Reference core outputs [B, T, n] and gates {cell: [B, L, T, width]} (rhn / hyperrhn)."""
+    p = jax.tree_util.tree_map(lambda a: np.asarray(a, np.float64), params)
+    x_all = p["embed"]["embedding"][tokens]
+    batch, length = tokens.shape
+    cell = p["core"]["cell"]
+    s_main = np.zeros((batch, config.hidden))
+    s_hyper = np.zeros((batch, config.hyper_hidden))
+    outputs, gates = [], {"main": [], "hyper": []}
+    for step in range(length):
+        x = x_all[:, step]
+
+        def gate(name, step=step):
+            return None if masks is None else masks[name][step]
+
+        if config.type == "rhn":
+            s_main, _, g = _np_highway_step(cell, s_main, x, None, gate("main"))
+        else:
+            hyper_x = x
+            if config.hyper_input == "x_and_state":
+                hyper_x = np.concatenate([x, s_main], -1)
+            s_hyper, hyper_states, hg = _np_highway_step(
+                cell["hyper"], s_hyper, hyper_x, None, gate("hyper")
+            )
+            gates["hyper"].append(hg)
+            if config.hyper_rank > 0:
+                lowrank = _np_lowrank_factors(cell, hyper_states)
+                s_main, _, g = _np_highway_step(
+                    cell["main"], s_main, x, None, gate("main"), lowrank=lowrank
+                )
+            else:
+                z = (
+                    np.einsum("lbh,lhn->lbn", hyper_states, cell["proj_kernel"])
+                    + cell["proj_bias"][:, None]
+                )
+                s_main, _, g = _np_highway_step(cell["main"], s_main, x, z, gate("main"))
+        gates["main"].append(g)
+        outputs.append(s_main)
+    gates = {k: np.stack(v, 2) for k, v in gates.items() if v}  # [L, B, T, w]
+    return np.stack(outputs, 1), {k: np.swapaxes(v, 0, 1) for k, v in gates.items()}
+
+
+def _np_lm(params, tokens, config, masks=None):
+    """Reference logits [B, T, V] of the whole language model (rhn or hyperrhn)."""
+    out, _ = np_core(params, tokens, config, masks)
+    head = params["head"]
+    return out @ np.asarray(head["kernel"], np.float64) + np.asarray(head["bias"], np.float64)
+
+
+def _tiny(**overrides):
+    base = dict(type="hyperrhn", vocab_size=11, embed_dim=5, hidden=12, hyper_hidden=6, depth=3)
+    base.update(overrides)
+    return models.ModelConfig(**base)
+
+
+def _init(config, seed):
+    model = models.build_model(config)
+    return model, models.init_params(model, jax.random.key(seed))
+
+
+@pytest.mark.parametrize("model_type", ["rhn", "hyperrhn"])
+@pytest.mark.parametrize("hyper_input", ["x", "x_and_state"])
+@pytest.mark.parametrize("depth", [1, 3])
+def test_logits_match_numpy_reference(model_type, hyper_input, depth):
+    config = _tiny(type=model_type, hyper_input=hyper_input, depth=depth)
+    seed = 100 * depth + len(hyper_input) + len(model_type)
+    model, params = _init(config, seed)
+    tokens = np.random.default_rng(seed).integers(0, config.vocab_size, (3, 7))
+    logits, _ = model.apply({"params": params}, jnp.asarray(tokens))
+    np.testing.assert_allclose(logits, _np_lm(params, tokens, config), rtol=2e-5, atol=2e-5)
+
+
+def test_gate_dropout_uses_fresh_masks_per_layer_and_step_and_matches_reference():
+    config = _tiny(keep=0.5)
+    model, params = _init(config, 3)
+    tokens = np.random.default_rng(3).integers(0, config.vocab_size, (4, 6))
+    key = jax.random.key(42)
+    logits, _ = model.apply(
+        {"params": params}, jnp.asarray(tokens), train=True, rngs={"dropout": key}
+    )
+    # The masks the model must have used, from the documented key derivation.
+    dkey = model.apply(
+        {"params": params}, method=lambda m: m.make_rng("dropout"), rngs={"dropout": key}
+    )
+    masks = {"main": [], "hyper": []}
+    for step in range(tokens.shape[1]):
+        for name, which, width in (
+            ("main", models.DropoutKeys.MAIN_GATE, config.hidden),
+            ("hyper", models.DropoutKeys.HYPER_GATE, config.hyper_hidden),
+        ):
+            k = models.DropoutKeys.get(dkey, which)
+            masks[name].append(np.asarray(cells.gate_masks(k, step, (config.depth, 4, width), 0.5)))
+    reference = _np_lm(params, tokens, config, masks)
+    np.testing.assert_allclose(logits, reference, rtol=2e-5, atol=2e-5)
+    main = np.stack(masks["main"])
+    assert not np.array_equal(main[0, 0], main[0, 1]), "layers must get different masks"
+    assert not np.array_equal(main[0], main[1]), "time steps must get different masks"
+
+
+def _recorded_gates(model, params, tokens, **apply_kw):
+    """{cell: [B, L, T, width]} sown by the model's cells in one forward pass."""
+    _, state = model.apply(
+        {"params": params}, tokens, mutable=[models.GATES_COLLECTION], **apply_kw
+    )
+    cell = state[models.GATES_COLLECTION]["core"]["cell"]
+    recorded = {"main": cell} if models.GATES_NAME in cell else cell
+    return {
+        name: np.transpose(v[models.GATES_NAME][0], (2, 1, 0, 3)) for name, v in recorded.items()
+    }
+
+
+@pytest.mark.parametrize(
+    ("model_type", "rank", "hyper_input"),
+    [("rhn", 0, "x"), ("hyperrhn", 0, "x"), ("hyperrhn", 0, "x_and_state"), ("hyperrhn", 2, "x")],
+)
+def test_recorded_transform_gates_match_numpy_reference(model_type, rank, hyper_input):
+    config = _tiny(type=model_type, hyper_rank=rank, hyper_input=hyper_input)
+    model, params = _init(config, 7 + rank)
+    if rank:  # move u off its constant init so that the rank-d scaling is not a column scaling
+        cell = dict(params["core"]["cell"])
+        for name in ("u_kernel", "u_x_kernel"):
+            noise = jax.random.normal(jax.random.key(len(name)), cell[name].shape)
+            cell[name] = 0.5 * noise
+        params = {**params, "core": {"cell": cell}}
+    tokens = np.random.default_rng(rank).integers(0, config.vocab_size, (3, 6))
+    recorded = _recorded_gates(model, params, jnp.asarray(tokens))
+    _, expected = np_core(params, tokens, config)
+    assert (
+        set(recorded) == set(expected) == ({"main", "hyper"} if model_type != "rhn" else {"main"})
+    )
+    for name, gates in recorded.items():
+        width = config.hidden if name == "main" else config.hyper_hidden
+        assert gates.shape == (3, config.depth, 6, width)
+        np.testing.assert_allclose(gates, expected[name], rtol=2e-5, atol=2e-6)
+
+
+def test_recorded_gates_are_taken_before_dropout():
+    config = _tiny(type="rhn", keep=0.5)
+    model, params = _init(config, 3)
+    tokens = jnp.asarray(np.random.default_rng(3).integers(0, config.vocab_size, (2, 5)))
+    plain = _recorded_gates(model, params, tokens)
+    rngs = {"dropout": jax.random.key(1)}
+    dropped = _recorded_gates(model, params, tokens, train=True, rngs=rngs)
+    # layer 0 of the first step reads only x and the zero state: dropout cannot change it yet
+    np.testing.assert_allclose(dropped["main"][:, 0, 0], plain["main"][:, 0, 0], rtol=1e-6)
+    # later layers read dropped states: their gates differ, but are gates (0 < t < 1),
+    # not dropped gates (0 or t / keep)
+    assert not np.allclose(dropped["main"][:, 1:], plain["main"][:, 1:])
+    assert np.all((dropped["main"] > 0) & (dropped["main"] < 1))
