@@ -76,11 +76,11 @@ def test_bad_config_values_are_one_line_data_errors():
         data.load_corpus(types.SimpleNamespace(format="text", text_files=""))
 
 
-def test_default_config_has_the_documented_defaults():
+def test_default_config_is_the_ptb_block_with_the_documented_defaults():
     cfg = data.default_data_config()
     assert cfg.to_dict() == {
         "format": "chars",
-        "dir": None,
+        "dir": "",
         "download": True,
         "unk": False,
         "text_files": "",
@@ -92,7 +92,7 @@ def test_default_config_has_the_documented_defaults():
         "url": "",
         "sha256": "",
     }
-    cfg.dir = "/some/where"  # a None default accepts a path
+    cfg.dir = "/some/where"
 
 
 def test_optional_defaults_are_the_default_values_of_the_newer_fields():

@@ -1,7 +1,7 @@
 """The ``data`` block of a config: its defaults, its validation, and the one ``load_corpus``.
 
-``default_data_config()`` is the only place the block's defaults live (the field comments are
-the documentation); ``optional_data_defaults()`` are the fields an older config may lack.
+``default_data_config()`` is the block of ``configs/ptb.py`` (the one place for defaults);
+``optional_data_defaults()`` are the fields an older config may lack.
 ``validate_data_config`` holds every check of the block that needs no file. ``load_corpus``
 fills missing fields from the defaults, validates, resolves a known ``corpus`` (enwik8 /
 text8: ``resolve_data_config``, downloading when needed) and reads the corpus.
@@ -27,36 +27,11 @@ OPTIONAL_DATA_FIELDS = ("corpus", "url", "sha256")  # configs/ptb.py predates th
 
 
 def default_data_config() -> ml_collections.ConfigDict:
-    """Defaults of the ``data`` config section (the field comments are the documentation)."""
-    c = ml_collections.ConfigDict()
-    # Corpus: "chars" (raw characters of PTB ptb.*.txt, the paper's), "mikolov_char"
-    # (tokens of PTB ptb.char.*.txt, '\n' = end of line) or "text" (your own files, below).
-    c.format = "chars"
-    # PTB folder holding ptb.*.txt; None/"" -> the cache $RHHJAX_CACHE/ptb (~/.cache/rhhjax/ptb).
-    c.dir = None
-    # Download simple-examples.tgz (PTB) or the known corpus' zip into the cache when missing.
-    c.download = True
-    # True: symbols of valid/test missing from the training vocabulary map to a reserved id;
-    # False: they are an error.
-    c.unk = False
-    # format="text": one path (text_split="hutter") or "train,valid,test" paths ("files").
-    c.text_files = ""
-    # format="text": "hutter" (last N symbols test, previous N valid) or "files".
-    c.text_split = "hutter"
-    # format="text": "char" (UTF-8 code points) or "byte" vocabulary.
-    c.text_vocab = "char"
-    # format="text", text_split="hutter": N, symbols in each of valid and test.
-    c.hutter_holdout = text.DEFAULT_HUTTER_HOLDOUT
-    # Training batches: "windows" (the paper's random windows) or "stream" (TBPTT, state carried).
-    c.sampler = "windows"
-    # format="text" with empty text_files: a known corpus ("enwik8" | "text8") read from the
-    # cache, downloaded when missing; "" = none.
-    c.corpus = ""
-    # Another address (a mirror) for the known corpus' zip; "" = the official one.
-    c.url = ""
-    # Expected SHA256 of that zip; "" = the hash embedded in rhhjax/data/text.py (CORPORA).
-    c.sha256 = ""
-    return c
+    """Defaults of the ``data`` block: the one in ``configs/ptb.py`` (each field's comment is
+    there), the project's one place for every default."""
+    from rhhjax import configs
+
+    return configs.load("ptb").data
 
 
 def optional_data_defaults() -> dict[str, Any]:
