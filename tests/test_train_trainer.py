@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from test_train_workdir import strict_json
 
 from rhhjax import configs, models
 from rhhjax import data as data_lib
@@ -26,8 +27,7 @@ from rhhjax.errors import UserError
 from rhhjax.tools import plot, sample
 from rhhjax.train import checkpoint as ckpt_lib
 from rhhjax.train import loop as train_loop
-from rhhjax.train import optim, trainer
-from rhhjax.train import step as train_step
+from rhhjax.train import trainer
 from rhhjax.train import workdir as workdir_lib
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -462,54 +462,6 @@ def test_incompatible_config_json_without_checkpoint(tmp_path, text_file):
         trainer.train_and_evaluate(tiny_config(text_file), workdir, log=quiet)
 
 
-# ----------------------------------------------------------------------------- pieces
-
-
-def test_l1_clip_matches_paper_code():
-    grads = {"a": jnp.array([3.0, -4.0]), "b": jnp.array([[1.0, -2.0]])}  # L1 = 10
-    tx = optim.clip_by_l1_norm(5.0)
-    out, _ = tx.update(grads, tx.init(grads))
-    scale = 5.0 / (10.0 + 1e-6)
-    np.testing.assert_allclose(out["a"], np.array([3.0, -4.0]) * scale, rtol=1e-6)
-    np.testing.assert_allclose(out["b"], np.array([[1.0, -2.0]]) * scale, rtol=1e-6)
-    small, _ = optim.clip_by_l1_norm(100.0).update(grads, tx.init(grads))
-    assert_trees_equal(small, grads)
-
-
-def test_optimizer_choices():
-    base = dict(
-        learning_rate=0.2,
-        b1=0.9,
-        b2=0.999,
-        clip_norm=10.0,
-        clip_type="l2",
-        lr_decay=1.03,
-        lr_decay_start_epoch=5,
-        batches_per_epoch=10,
-    )
-    sgd = optim.OptimizerConfig(optimizer="sgd", weight_decay=1e-7, **base)
-    # Zilly et al.: epochs 0-4 at 0.2, epoch 5 at 0.2 / 1.03, epoch 6 at 0.2 / 1.03**2
-    lrs = [float(sgd.learning_rate_at(step)) for step in (0, 49, 50, 59, 60)]
-    np.testing.assert_allclose(lrs, [0.2, 0.2, 0.2 / 1.03, 0.2 / 1.03, 0.2 / 1.03**2], rtol=1e-6)
-    params = {"w": jnp.ones((3,))}
-    for oc in (
-        sgd,
-        optim.OptimizerConfig(optimizer="adam", weight_decay=0.0, **base),
-        optim.OptimizerConfig(optimizer="adam", weight_decay=0.1, **base),
-    ):
-        tx = optim.make_optimizer(oc)
-        updates, _ = tx.update({"w": jnp.ones((3,))}, tx.init(params), params)
-        assert np.all(np.asarray(updates["w"]) < 0)
-
-
-def test_dropout_keys():
-    a = train_step.dropout_key(0, jnp.int32(5), jnp.int32(0))
-    ref = jax.random.fold_in(jax.random.key(0), 5)
-    assert np.array_equal(jax.random.key_data(a), jax.random.key_data(ref))
-    b = train_step.dropout_key(0, jnp.int32(5), jnp.int32(1))
-    assert not np.array_equal(jax.random.key_data(a), jax.random.key_data(b))
-
-
 # ----------------------------------------------------------------------------- faults (issue 15)
 
 
@@ -684,21 +636,6 @@ def test_full_disk_during_a_checkpoint_is_one_line(tmp_path, text_file, monkeypa
     assert [r["step"] for r in records(workdir, ("valid",))] == [2, 4, 6]
 
 
-def _strict_json(text: str):
-    def refuse(name):
-        raise ValueError(f"invalid JSON constant {name}")
-
-    return json.loads(text, parse_constant=refuse)
-
-
-def test_json_outputs_stay_valid_with_infinite_values(tmp_path):
-    log = workdir_lib.MetricsLog(tmp_path / "metrics.jsonl")
-    log.append({"kind": "valid", "step": 1, "ppl": math.inf, "loss": math.nan, "bpc": 2.5})
-    (record,) = [_strict_json(line) for line in log.path.read_text().splitlines()]
-    assert record == {"kind": "valid", "step": 1, "ppl": None, "loss": None, "bpc": 2.5}
-    assert _strict_json(workdir_lib.json_dumps({"a": [1.0, -math.inf]})) == {"a": [1.0, None]}
-
-
 def _diverge_at(monkeypatch, bad_step: int):
     """From the step of 0-based index ``bad_step`` on, the loss reads 1e8 nats (finite)."""
     real = trainer.make_train_step
@@ -726,7 +663,7 @@ def test_divergence_that_stays_finite_is_caught(tmp_path, text_file, monkeypatch
     assert "diverged training loss" in message and "step 5" in message
     assert "the last good checkpoint (step 3) is left intact" in message
     for line in (workdir / "metrics.jsonl").read_text().splitlines():
-        _strict_json(line)
+        strict_json(line)
     assert not (workdir / "results.json").exists()
 
 

@@ -1,0 +1,22 @@
+"""rhhjax.train.workdir: the workdir's JSON files stay valid with non-finite values. (The lock,
+file modes and resume checks run through whole runs: tests/test_train_trainer.py.)"""
+
+import json
+import math
+
+from rhhjax.train import workdir as workdir_lib
+
+
+def strict_json(text: str):
+    def refuse(name):
+        raise ValueError(f"invalid JSON constant {name}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_json_outputs_stay_valid_with_infinite_values(tmp_path):
+    log = workdir_lib.MetricsLog(tmp_path / "metrics.jsonl")
+    log.append({"kind": "valid", "step": 1, "ppl": math.inf, "loss": math.nan, "bpc": 2.5})
+    (record,) = [strict_json(line) for line in log.path.read_text().splitlines()]
+    assert record == {"kind": "valid", "step": 1, "ppl": None, "loss": None, "bpc": 2.5}
+    assert strict_json(workdir_lib.json_dumps({"a": [1.0, -math.inf]})) == {"a": [1.0, None]}
