@@ -17,7 +17,7 @@
 
 For every impl x dtype x model (``hyperrhn`` once per ``--ranks`` value) it builds the
 model and optimizer from ``configs/ptb.py`` (the paper size unless overridden), compiles
-``rhhjax.trainer.make_train_step`` for a compile-only H100 device
+``rhhjax.train.step.make_train_step`` for a compile-only H100 device
 (``jax.experimental.topologies``, no GPU needed) and reports, from the optimised HLO
 (``benchmarks/hlo_launches.py`` defines every figure):
 
@@ -179,10 +179,11 @@ def cases(models, impls, dtypes, ranks) -> list[Case]:
 def build_configs(case: Case, overrides: dict):
     """(ModelConfig, OptimizerConfig, seed, batch, seq_len) from configs/ptb.py.
 
-    Raises models.ConfigError / trainer.TrainError (one line) for an invalid combination.
+    Raises models.ConfigError / train.config.TrainError (one line) for an invalid combination.
     """
     from rhhjax import models
-    from rhhjax.train import loop as trainer
+    from rhhjax.train import config as train_config
+    from rhhjax.train import optim
 
     config = load_ptb_config("rhn" if case.model == "rhn" else "")
     config.model.impl = case.impl
@@ -193,9 +194,9 @@ def build_configs(case: Case, overrides: dict):
         config[section][name] = value
     if "pallas_mode" in {f.name for f in dataclasses.fields(models.ModelConfig)}:
         config.model.pallas_mode = "compiled"
-    cfg = trainer.prepare_config(config)
+    cfg = train_config.prepare_config(config)
     mc = models.ModelConfig.from_config(cfg.model, vocab_size=VOCAB)
-    oc = trainer.OptimizerConfig.from_config(cfg.train, 1)
+    oc = optim.OptimizerConfig.from_config(cfg.train, 1)
     return mc, oc, int(cfg.seed), int(cfg.train.batch_size), int(cfg.train.seq_len)
 
 
@@ -208,13 +209,9 @@ def ptb_config_path() -> Path:
 
 def load_ptb_config(variant: str):
     """``configs/ptb.py``'s ``get_config(variant)`` (the paper HyperRHN for "")."""
-    import importlib.util
+    from rhhjax import configs
 
-    path = ptb_config_path()
-    spec = importlib.util.spec_from_file_location("rhhjax_gpu_report_ptb", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config(variant) if variant else module.get_config()
+    return configs.load(f"ptb:{variant}")
 
 
 def pallas_context(mc):
@@ -235,11 +232,12 @@ def abstract_args(mc, oc, batch: int, seq_len: int, mesh):
     import jax.numpy as jnp
 
     from rhhjax import evaluation as evaluate
-    from rhhjax.train import loop as trainer
+    from rhhjax.train import optim
+    from rhhjax.train import step as train_step
 
     rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-    params = jax.eval_shape(trainer.make_init(mc), jax.random.key(0))
-    opt_state = jax.eval_shape(trainer.make_optimizer(oc).init, params)
+    params = jax.eval_shape(train_step.make_init(mc), jax.random.key(0))
+    opt_state = jax.eval_shape(optim.make_optimizer(oc).init, params)
     carry = jax.eval_shape(lambda p: evaluate.zero_carry(mc, p, batch), params)
 
     def place(x):
@@ -257,9 +255,9 @@ def compile_step(mc, oc, seed: int, batch: int, seq_len: int, mesh, options=None
     """The trainer's jitted step compiled for the mesh's CUDA device -> (compiled, seconds).
 
     ``options``: XLA debug options for this compile (e.g. ``{"xla_dump_to": dir}``)."""
-    from rhhjax.train import loop as trainer
+    from rhhjax.train import step as train_step
 
-    step = trainer.make_train_step(mc, oc, seed)
+    step = train_step.make_train_step(mc, oc, seed)
     args = abstract_args(mc, oc, batch, seq_len, mesh)
     t0 = time.perf_counter()
     with pallas_context(mc):

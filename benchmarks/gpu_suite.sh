@@ -36,7 +36,7 @@ print('backend', jax.default_backend(), jax.devices())"
 # On a GPU, `pallas` resolves to compiled Triton kernels (interpret only off GPU), and
 # the GPU-only kernel tests run instead of skipping.
 timeout 270 "$PY" -m pytest -q -p no:cacheprovider -x \
-  tests/test_kernels_highway.py tests/test_recurrence.py 2>&1 | tee "$OUT/tests.log"
+  tests/test_kernels_config.py tests/test_kernels_padded.py tests/test_kernels_legacy.py tests/test_kernels_stacked.py tests/test_recurrence.py 2>&1 | tee "$OUT/tests.log"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 
 timeout 270 "$PY" -m rhhjax.bench --sizes=paper --dtypes=bfloat16,float32 --repeats=10 \

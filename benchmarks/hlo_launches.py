@@ -403,7 +403,7 @@ _STACKED_KERNEL_RE = re.compile(r'name\s*=\s*\\*"(\w+_stacked)\\*"')
 
 def _stacked_slice_bytes(instr: Instr, table: dict[str, Instr]) -> int:
     """Bytes of a Pallas kernel that reads and writes whole-sequence [T, L, ...] arrays at
-    one time step (`kernels/highway.py` ``*_stacked``): of every operand and result only the
+    one time step (`kernels/stacked.py` ``*_stacked``): of every operand and result only the
     step's slice counts, the trailing dims from the one that equals the batch rows of the
     kernel's rank-2 state operand [B, n] (whole arrays otherwise, e.g. the weight)."""
     shapes = [array_shapes(_operand_shape(instr, k, table)) for k in range(len(instr.operands))]

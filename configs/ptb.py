@@ -81,7 +81,7 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
     # pallas: auto (compiled Triton on a GPU, interpret mode elsewhere) | compiled (e.g. to
     # compile a GPU step on a CPU host) | interpret.
     model.pallas_mode = "auto"
-    # Block sizes of the Pallas kernels (kernels/highway.py HighwayConfig); the defaults
+    # Block sizes of the Pallas kernels (kernels/config.py HighwayConfig); the defaults
     # compile without register spills or shared-memory overflow for an H100 (see README).
     model.kernel = kernel = ml_collections.ConfigDict()
     kernel.block_b = 64  # Batch rows per program (power of two >= 16).

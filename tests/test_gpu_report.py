@@ -631,7 +631,12 @@ def test_pallas_kernels_compile_for_h100_without_spills_or_smem_overflow(kernel_
 @pytest.mark.gpu_compile
 @needs_cuda
 def test_shared_memory_overflow_is_reported_as_a_compile_error(tmp_path):
-    """The check can fail: a too-large block config must come back as a compile error."""
+    """The check can fail: a too-large block config must come back as a compile error.
+
+    The kernels' own shared-memory check (`HighwayConfig.validate`) rejects the config before
+    any compile, so the probe switches it off to reach XLA's compile; the probe exits non-zero
+    if that method is gone or still rejects the config, and the error must come from the
+    compile, not from the config check."""
     code = f"""
 import sys, json
 sys.path.insert(0, {str(BENCH)!r})
@@ -644,6 +649,12 @@ rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
 def sds(shape):
     return jax.ShapeDtypeStruct(shape, jnp.float32, sharding=rep)
 config = hw.HighwayConfig(block_b=128, block_n=128, block_k=64, num_stages=4)
+try:
+    config.validate(jnp.float32)
+    sys.exit("HighwayConfig.validate accepts the probe's config: no overflow to compile")
+except hw.KernelConfigError:
+    pass
+hw.HighwayConfig.validate = lambda self, dot_dtype=None: None  # reach the compile
 def f(s, w, z, bias):
     return hw.highway_forward(s, w, z, bias, None, None, config=config)
 try:
@@ -651,13 +662,15 @@ try:
     jax.jit(f).trace(*args).lower(lowering_platforms=("cuda",)).compile()
     print(json.dumps({{"compiled": True}}))
 except Exception as e:
-    print(json.dumps({{"compiled": False, "error": " ".join(str(e).split())[:500]}}))
+    print(json.dumps({{"compiled": False, "type": type(e).__name__,
+                      "error": " ".join(str(e).split())[:500]}}))
 """
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
     if run.returncode != 0 or not run.stdout.strip():
         pytest.fail(f"could not run the overflow probe: {run.stderr[-2000:]}")
     result = json.loads(run.stdout.strip().splitlines()[-1])
     assert not result["compiled"]
+    assert result["type"] != "KernelConfigError", result
     assert "shared memory" in result["error"].lower(), result["error"]
 
 

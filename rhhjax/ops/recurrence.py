@@ -7,8 +7,8 @@
 - `fused`: `highway_sequence` below, a `jax.custom_vjp` around the WHOLE time loop, each
   micro-layer one XLA matmul plus elementwise work, forward and backward.
 - `pallas`: the same op whose micro-layer steps are the Pallas kernels of
-  `kernels/highway.py`: one forward kernel per micro-layer (matmul, scale, bias, gates,
-  dropout, combine) and one backward kernel per micro-layer (the state-gradient matmul of
+  `rhhjax.kernels.highway` (kernels/forward.py, backward.py, stacked.py): one forward kernel
+  per micro-layer (matmul, scale, bias, gates, dropout, combine) and one backward kernel per micro-layer (the state-gradient matmul of
   the layer above fused with the gate backward of the layer below). When differentiated,
   the kernels read and write the whole-sequence arrays at the step index (`*_stacked`), so
   the time loops hold nothing but the kernels. Compiled on a GPU, interpret mode elsewhere
@@ -428,7 +428,7 @@ def _prepared_weights(spec, layout, kernel_s, transposed=False) -> tuple[Array, 
     """W_l [L, n, 2n] -> a tuple of L per-layer arrays, padded and cast ONCE per call.
 
     fused: [Np, 2 * Np] (transposed: [2 * Np, Np]); pallas: [Np, 2, Np] (transposed:
-    [2, Np, Np], w_t[h, k, j] = w[j, h * n + k]), the layouts of `kernels/highway.py`.
+    [2, Np, Np], w_t[h, k, j] = w[j, h * n + k]), the layouts of `kernels/config.py`.
     """
     w = layout.weight(kernel_s, spec.dtype)  # [L, Np, 2, Np]
     n_pad = layout.n_pad

@@ -1,0 +1,173 @@
+"""Forward kernel of one highway micro-layer, padded layout: its wrapper and reference.
+
+``pre = s @ w`` (both halves of a column block, f32 accumulation), ``u = pre + xproj``,
+``a = u * [z, z] + bias (+ extra)``, ``h = tanh(a_h)``, ``t = sigmoid(a_t)``,
+``s_new = h * (t * mask) + s * (1 - t)``: ONE kernel launch per micro-layer.
+The stacked variant (on whole-sequence arrays) is :func:`rhhjax.kernels.stacked.forward_stacked`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from rhhjax.kernels.common import (
+    F32,
+    MASK_DTYPES,
+    SQUEEZED,
+    OptionalOperands,
+    check_operand,
+    compiler_params,
+    dot_precision,
+    dropout_scale,
+    gates_in_kernel,
+    k_loop,
+    load_mask,
+    pop_optional,
+    reference_combine,
+    reference_dot,
+    reference_mask,
+    reference_preactivation,
+)
+from rhhjax.kernels.config import DEFAULT_CONFIG, Geometry, HighwayConfig
+
+
+def forward_kernel(*refs, has: OptionalOperands, block_k: int, precision, mask_scale: float):
+    """One (batch block i, unit block j) program of the forward.
+
+    Refs (block shapes):
+      s_ref      [block_b, n_pad]       whole rows of the carry (K operand and carry term)
+      w_h_ref    [n_pad, block_n]       h-half columns of w3
+      w_t_ref    [n_pad, block_n]       t-half columns of w3
+      bias_ref   [2, block_n]
+      z_ref      [block_b, block_n]     if has.z
+      xproj_ref  [block_b, 2, block_n]  if has.xproj (inside the scale)
+      extra_ref  [block_b, 2, block_n]  if has.extra (outside the scale)
+      mask_ref   [block_b, block_n]     if has.mask (int8 keep decisions or f32 mask)
+      s_new_ref  [block_b, block_n]     output
+      pre_ref    [block_b, 2, block_n]  output: unscaled s @ w
+    """
+    refs = list(refs)
+    s_ref, w_h_ref, w_t_ref, bias_ref = refs[:4]
+    del refs[:4]
+    z_ref = pop_optional(refs, has.z)
+    xproj_ref = pop_optional(refs, has.xproj)
+    extra_ref = pop_optional(refs, has.extra)
+    mask_ref = pop_optional(refs, has.mask)
+    s_new_ref, pre_ref = refs
+
+    block_b, block_n = s_new_ref.shape
+    dot_dtype = w_h_ref.dtype
+
+    def k_step(k, acc):
+        acc_h, acc_t = acc
+        s_blk = s_ref[:, k].astype(dot_dtype)
+        acc_h += jnp.dot(s_blk, w_h_ref[k, :], precision=precision, preferred_element_type=F32)
+        acc_t += jnp.dot(s_blk, w_t_ref[k, :], precision=precision, preferred_element_type=F32)
+        return acc_h, acc_t
+
+    zeros = jnp.zeros((block_b, block_n), F32)
+    pre_h, pre_t = k_loop(s_ref.shape[1] // block_k, block_k, k_step, (zeros, zeros))
+
+    z = z_ref[...] if has.z else None
+    _, _, h, t = gates_in_kernel(pre_h, pre_t, z, bias_ref, xproj_ref, extra_ref)
+    m = load_mask(mask_ref, mask_scale)
+    gate = t if m is None else t * m
+    col = pl.ds(pl.multiple_of(pl.program_id(1) * block_n, block_n), block_n)
+    s_new_ref[...] = h * gate + s_ref[:, col] * (1.0 - t)
+    pre_ref[:, 0, :] = pre_h
+    pre_ref[:, 1, :] = pre_t
+
+
+def forward_padded(
+    s: jax.Array,
+    w3: jax.Array,
+    z: jax.Array | None,
+    bias2: jax.Array,
+    xproj: jax.Array | None,
+    keep_mask: jax.Array | None,
+    *,
+    keep: float = 1.0,
+    geo: Geometry,
+    config: HighwayConfig = DEFAULT_CONFIG,
+    interpret: bool = False,
+    extra: jax.Array | None = None,
+) -> tuple[jax.Array, jax.Array]:
+    """Forward of one micro-layer in the padded layout: ONE kernel launch, no pad or cast.
+
+    Args:
+      s: [b_pad, n_pad] f32 input state.
+      w3: [n_pad, 2, n_pad] weight in the dot dtype (``geo.pad_weight(w, dtype)``).
+      z: [b_pad, n_pad] f32 scale, or None.
+      bias2: [2, n_pad] f32 (at layer 0 the sum of both biases, b_0 + b_U).
+      xproj: [b_pad, 2, n_pad] f32 addend inside the scale (layer 0: x U), or None.
+      keep_mask: [b_pad, n_pad] int8 keep decisions (0/1; scaled by 1/``keep`` in the kernel),
+        or f32 (0 or 1/keep, used as is), or None.
+      keep: static keep probability (used with an int8 mask only).
+      geo: the :class:`Geometry` the operands were padded with.
+      extra: [b_pad, 2, n_pad] f32 addend outside the scale (legacy API), or None.
+    Returns:
+      s_new [b_pad, n_pad] f32 and pre [b_pad, 2, n_pad] f32 (the unscaled ``s @ w``, without
+      xproj).
+    """
+    config.validate(w3.dtype)
+    bb, bn, n_pad = geo.block_b, geo.block_n, geo.n_pad
+    rows, rows2 = (geo.b_pad, n_pad), (geo.b_pad, 2, n_pad)
+    check_operand("s", s, rows, (F32,))
+    check_operand("w3", w3, (n_pad, 2, n_pad))
+    check_operand("z", z, rows, (F32,))
+    check_operand("bias2", bias2, (2, n_pad), (F32,))
+    check_operand("xproj", xproj, rows2, (F32,))
+    check_operand("extra", extra, rows2, (F32,))
+    check_operand("keep_mask", keep_mask, rows, MASK_DTYPES)
+    has = OptionalOperands(z=z is not None, xproj=xproj is not None, extra=extra is not None)
+    has = dataclasses.replace(has, mask=keep_mask is not None)
+
+    block_rows = pl.BlockSpec((bb, bn), lambda i, j: (i, j))
+    block_rows2 = pl.BlockSpec((bb, 2, bn), lambda i, j: (i, 0, j))
+    # w3 is passed twice, once per half: the two BlockSpecs pick the h / t column block.
+    args = [s, w3, w3, bias2]
+    in_specs = [
+        pl.BlockSpec((bb, n_pad), lambda i, j: (i, 0)),
+        pl.BlockSpec((n_pad, SQUEEZED, bn), lambda i, j: (0, 0, j)),
+        pl.BlockSpec((n_pad, SQUEEZED, bn), lambda i, j: (0, 1, j)),
+        pl.BlockSpec((2, bn), lambda i, j: (0, j)),
+    ]
+    for x, spec in ((z, block_rows), (xproj, block_rows2), (extra, block_rows2)):
+        if x is not None:
+            args.append(x)
+            in_specs.append(spec)
+    if keep_mask is not None:
+        args.append(keep_mask)
+        in_specs.append(block_rows)
+
+    kernel = functools.partial(
+        forward_kernel,
+        has=has,
+        block_k=geo.block_k,
+        precision=dot_precision(w3.dtype, config.allow_tf32),
+        mask_scale=dropout_scale(keep_mask, keep),
+    )
+    s_new, pre = pl.pallas_call(
+        kernel,
+        grid=geo.grid,
+        in_specs=in_specs,
+        out_specs=[block_rows, block_rows2],
+        out_shape=[jax.ShapeDtypeStruct(rows, F32), jax.ShapeDtypeStruct(rows2, F32)],
+        compiler_params=compiler_params(config),
+        interpret=interpret,
+        name="highway_forward",
+    )(*args)
+    return s_new, pre
+
+
+def forward_padded_reference(s, w3, z, bias2, xproj, keep_mask, *, keep=1.0, extra=None):
+    """Pure-jnp :func:`forward_padded` on the same padded operands: ``(s_new, pre)``."""
+    pre = reference_dot(s, w3, "bk,khj->bhj")
+    u = pre if xproj is None else pre + xproj
+    return reference_combine(
+        reference_preactivation(u, z, bias2, extra), s, reference_mask(keep_mask, keep)
+    ), pre
