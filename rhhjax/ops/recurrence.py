@@ -8,8 +8,8 @@
   micro-layer one XLA matmul plus elementwise work, forward and backward.
 - `pallas`: the same op whose micro-layer steps are the Pallas kernels of
   `rhhjax.kernels.highway` (kernels/forward.py, backward.py, stacked.py): one forward kernel
-  per micro-layer (matmul, scale, bias, gates, dropout, combine) and one backward kernel per micro-layer (the state-gradient matmul of
-  the layer above fused with the gate backward of the layer below). When differentiated,
+  per micro-layer (matmul, scale, bias, gates, dropout, combine) and one backward kernel per
+  micro-layer (the state-gradient matmul of the layer above fused with the gate backward of the layer below). When differentiated,
   the kernels read and write the whole-sequence arrays at the step index (`*_stacked`), so
   the time loops hold nothing but the kernels. Compiled on a GPU, interpret mode elsewhere
   (`model.pallas_mode`).
