@@ -6,12 +6,12 @@
   reference). It never reaches this module.
 - `fused`: `highway_sequence` below, a `jax.custom_vjp` around the WHOLE time loop, each
   micro-layer one XLA matmul plus elementwise work, forward and backward.
-- `pallas`: the same op whose micro-layer steps are the Pallas kernels of
-  `rhhjax.kernels.highway` (kernels/forward.py, backward.py, stacked.py): one forward kernel
-  per micro-layer (matmul, scale, bias, gates, dropout, combine) and one backward kernel per
-  micro-layer (the state-gradient matmul of the layer above fused with the gate backward of the layer below). When differentiated,
-  the kernels read and write the whole-sequence arrays at the step index (`*_stacked`), so
-  the time loops hold nothing but the kernels. Compiled on a GPU, interpret mode elsewhere
+- `pallas`: the same op whose micro-layer steps are the Pallas kernels of `rhhjax.kernels.highway`
+  (kernels/forward.py, backward.py, stacked.py): one forward kernel per micro-layer (matmul, scale,
+  bias, gates, dropout, combine) and one backward kernel per micro-layer (the state-gradient matmul
+  of the layer above fused with the gate backward of the layer below). When differentiated, the
+  kernels read and write the whole-sequence arrays at the step index (`*_stacked`), so the time
+  loops hold nothing but the kernels. Compiled on a GPU, interpret mode elsewhere
   (`model.pallas_mode`).
 
 Everything that depends only on the parameters or on the whole sequence happens ONCE per
