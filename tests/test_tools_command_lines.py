@@ -239,20 +239,27 @@ def test_plot_cli(interrupted, env):
 
 
 def _signal_during_startup(tmp_path, text_file, env, count: int):
-    """Send ``count`` SIGTERMs 1.5 s after launch (while jax is imported / data loaded)."""
+    """Send ``count`` SIGTERMs while the run is loading its data: the corpus is a named pipe,
+    so the run blocks reading it (after the signal catcher started) until the test has sent
+    the signals and then writes the text. Deterministic on a fast or a loaded machine."""
     workdir = tmp_path / "w"
+    fifo = tmp_path / "corpus.fifo"
+    os.mkfifo(fifo)
+    args = [
+        a if not a.startswith("--config.data.text_files=") else f"--config.data.text_files={fifo}"
+        for a in train_args(text_file, workdir=workdir)
+    ]
     proc = subprocess.Popen(
-        train_args(text_file, workdir=workdir),
-        env=env,
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+        args, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
-    time.sleep(1.5)
-    for _ in range(count):
-        proc.send_signal(signal.SIGTERM)
-        time.sleep(0.2)
+    with open(fifo, "wb") as pipe:  # returns once the run has opened the pipe for reading
+        for _ in range(count):
+            proc.send_signal(signal.SIGTERM)
+            time.sleep(0.2)
+        try:
+            pipe.write(text_file.read_bytes())
+        except BrokenPipeError:  # the second signal ended the run at once
+            pass
     stdout, stderr = proc.communicate(timeout=120)
     return proc.returncode, stdout, stderr, workdir
 

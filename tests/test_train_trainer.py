@@ -22,8 +22,8 @@ from test_train_workdir import strict_json
 
 from rhhjax import configs, models
 from rhhjax import data as data_lib
-from rhhjax import evaluation as eval_lib
 from rhhjax.errors import UserError
+from rhhjax.tools import evaluate as evaluate_tool
 from rhhjax.tools import plot, sample
 from rhhjax.train import checkpoint as ckpt_lib
 from rhhjax.train import loop as train_loop
@@ -187,10 +187,12 @@ def test_rerun_of_a_finished_run_does_nothing(trained, text_file):
 
 def test_evaluate_checkpoint_matches_training_results(trained):
     workdir, _, results, _ = trained
-    out = eval_lib.run(str(workdir), split="all", protocol="all", which="best", log=quiet)
+    out = evaluate_tool.run(str(workdir), split="all", protocol="all", which="best", log=quiet)
     assert out["checkpoint"] == "best" and out["step"] == results["best_step"]
     assert out["results"] == results["final"]
-    latest = eval_lib.run(str(workdir), split="test", protocol="stream", which="latest", log=quiet)
+    latest = evaluate_tool.run(
+        str(workdir), split="test", protocol="stream", which="latest", log=quiet
+    )
     assert latest["step"] == 6 and set(latest["results"]) == {"test"}
 
 
@@ -775,15 +777,15 @@ def test_evaluate_reads_moved_data(trained, tmp_path, text_file):
     moved.parent.mkdir()
     moved.write_bytes(text_file.read_bytes())
     lines: list[str] = []
-    out = eval_lib.run(
+    out = evaluate_tool.run(
         str(workdir), "test", "stream", "best", log=lines.append, text_files=str(moved)
     )
     assert str(moved) in lines[0]
     assert out["results"]["test"]["stream"] == results["final"]["test"]["stream"]
     with pytest.raises(data_lib.DataError, match="use --text_files"):
-        eval_lib.run(str(workdir), "test", "stream", "best", log=quiet, data_dir=str(tmp_path))
+        evaluate_tool.run(str(workdir), "test", "stream", "best", log=quiet, data_dir=str(tmp_path))
     with pytest.raises(data_lib.DataError, match="nowhere.txt"):
-        eval_lib.run(str(workdir), "test", "stream", log=quiet, text_files="/nowhere.txt")
+        evaluate_tool.run(str(workdir), "test", "stream", log=quiet, text_files="/nowhere.txt")
 
 
 def test_progress_total_only_when_a_step_bound_decides():

@@ -102,7 +102,7 @@ def main(argv: list[str]) -> int:
     except UserError as e:
         exit_with_error(e)
     if f.output:
-        from rhhjax.train.loop import json_dumps  # NaN / inf as null: valid JSON
+        from rhhjax.train.workdir import json_dumps  # NaN / inf as null: valid JSON
 
         Path(f.output).write_text(json_dumps(out, indent=2) + "\n")
     return 0

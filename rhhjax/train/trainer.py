@@ -320,7 +320,7 @@ def _run_in_workdir(
             loss_limit=loss_limit(t.divergence_factor, corpus.vocab.size),
         )
         at_start = loop.stop_reason(state)  # on every process (it may broadcast)
-        finished = workdir_lib.finished_results(workdir, cfg, resumed_meta, state)
+        finished = workdir_lib.finished_results(workdir, cfg, resumed_meta, state.step)
         if finished is not None and at_start not in (None, "signal"):
             log(
                 f"{workdir} already finished at step {state.step}: nothing to do (results in "
