@@ -13,22 +13,13 @@ import pytest
 
 from rhhjax import data
 from rhhjax.data import DataError, text
-from rhhjax.data import cache as cache_lib
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY_SHAKESPEARE = Path(__file__).resolve().parents[2] / "shared/data/tinyshakespeare/input.txt"
 TEXT = ("the quick brown fox jumps over the lazy dog " * 400).encode()
 
 
-@pytest.fixture(autouse=True)
-def _no_network_and_private_cache(tmp_path, monkeypatch):
-    """Every test: the cache lives in tmp_path and any attempt to download fails loudly."""
-    monkeypatch.setenv("RHHJAX_CACHE", str(tmp_path / "cache"))
-
-    def no_network(url, dest):
-        raise AssertionError(f"test tried to download {url}")
-
-    monkeypatch.setattr(cache_lib, "fetch", no_network)
+pytestmark = pytest.mark.usefixtures("offline_cache")
 
 
 @pytest.fixture

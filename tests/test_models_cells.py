@@ -7,20 +7,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import traverse_util
+from model_cases import init, tiny
 
 from rhhjax import models
 from rhhjax.ops import cells
-
-
-def _tiny(**overrides):
-    base = dict(type="hyperrhn", vocab_size=11, embed_dim=5, hidden=12, hyper_hidden=6, depth=3)
-    base.update(overrides)
-    return models.ModelConfig(**base)
-
-
-def _init(config, seed):
-    model = models.build_model(config)
-    return model, models.init_params(model, jax.random.key(seed))
 
 
 def test_carry_gate_uses_undropped_transform_gate():
@@ -35,8 +25,8 @@ def test_carry_gate_uses_undropped_transform_gate():
 
 
 def test_rhn_cell_works_with_flax_rnn():
-    config = _tiny(type="rhn")
-    model, params = _init(config, 2)
+    config = tiny(type="rhn")
+    model, params = init(config, 2)
     tokens = jnp.asarray(np.random.default_rng(2).integers(0, 11, (3, 6)))
     logits, _ = model.apply({"params": params}, tokens)
     cell = models.RHNCell(features=12, input_features=5, depth=3)
@@ -97,21 +87,21 @@ def _prefixed(prefix, shapes):
     ],
 )
 def test_parameter_tree_is_the_checkpoint_format(overrides, cell):
-    model = models.build_model(_tiny(**overrides))
+    model = models.build_model(tiny(**overrides))
     shapes = jax.eval_shape(lambda: models.init_params(model, jax.random.key(0)))
     flat = traverse_util.flatten_dict(shapes, sep="/")
     assert {name: leaf.shape for name, leaf in flat.items()} == {**LM, **cell}
 
 
 def test_gates_are_recorded_only_when_collected_and_only_by_scan():
-    config = _tiny(type="rhn")
-    model, params = _init(config, 0)
+    config = tiny(type="rhn")
+    model, params = init(config, 0)
     tokens = jnp.zeros((2, 4), jnp.int32)
     _, state = model.apply({"params": params}, tokens, mutable=[models.GATES_COLLECTION])
     assert state[models.GATES_COLLECTION]["core"]["cell"][models.GATES_NAME][0].shape == (
         4, 3, 2, 12
     )  # fmt: skip
-    fused = models.build_model(_tiny(type="rhn", impl="fused"))
+    fused = models.build_model(tiny(type="rhn", impl="fused"))
     _, state = fused.apply({"params": params}, tokens, mutable=[models.GATES_COLLECTION])
     assert not state  # the whole-sequence op records nothing
     plain = model.apply({"params": params}, tokens)

@@ -4,20 +4,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from model_cases import init, tiny
 
-from rhhjax import models
 from rhhjax.ops import cells
-
-
-def _tiny(**overrides):
-    base = dict(type="hyperrhn", vocab_size=11, embed_dim=5, hidden=12, hyper_hidden=6, depth=3)
-    base.update(overrides)
-    return models.ModelConfig(**base)
-
-
-def _init(config, seed):
-    model = models.build_model(config)
-    return model, models.init_params(model, jax.random.key(seed))
 
 
 def test_gate_mask_statistics():
@@ -29,10 +18,10 @@ def test_gate_mask_statistics():
 
 
 def test_variational_masks_are_shared_over_time():
-    config = _tiny(
+    config = tiny(
         type="rhn", dropout="variational", keep_hidden=0.5, keep_input=0.7, keep_output=0.8
     )
-    model, params = _init(config, 5)
+    model, params = init(config, 5)
     tokens = jnp.asarray(np.random.default_rng(5).integers(0, 11, (2, 5)))
     rngs = {"dropout": jax.random.key(9)}
     a, _ = model.apply({"params": params}, tokens, train=True, rngs=rngs)
@@ -46,8 +35,8 @@ def test_variational_masks_are_shared_over_time():
 
 
 def test_carry_continues_a_sequence_exactly():
-    config = _tiny()
-    model, params = _init(config, 4)
+    config = tiny()
+    model, params = init(config, 4)
     tokens = jnp.asarray(np.random.default_rng(4).integers(0, 11, (2, 10)))
     whole, _ = model.apply({"params": params}, tokens)
     first, carry = model.apply({"params": params}, tokens[:, :4])
@@ -57,10 +46,8 @@ def test_carry_continues_a_sequence_exactly():
 
 def test_float64_gradient_matches_finite_differences():
     with jax.enable_x64(True):
-        config = _tiny(
-            hidden=5, hyper_hidden=3, depth=2, embed_dim=3, vocab_size=6, dtype="float64"
-        )
-        model, params = _init(config, 11)
+        config = tiny(hidden=5, hyper_hidden=3, depth=2, embed_dim=3, vocab_size=6, dtype="float64")
+        model, params = init(config, 11)
         params = jax.tree_util.tree_map(lambda a: a.astype(jnp.float64), params)
         tokens = jnp.asarray(np.random.default_rng(11).integers(0, 6, (2, 4)))
 

@@ -5,6 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from model_cases import init, tiny
 
 from rhhjax import models
 from rhhjax.ops import cells
@@ -106,32 +107,21 @@ def _np_lm(params, tokens, config, masks=None):
     return out @ np.asarray(head["kernel"], np.float64) + np.asarray(head["bias"], np.float64)
 
 
-def _tiny(**overrides):
-    base = dict(type="hyperrhn", vocab_size=11, embed_dim=5, hidden=12, hyper_hidden=6, depth=3)
-    base.update(overrides)
-    return models.ModelConfig(**base)
-
-
-def _init(config, seed):
-    model = models.build_model(config)
-    return model, models.init_params(model, jax.random.key(seed))
-
-
 @pytest.mark.parametrize("model_type", ["rhn", "hyperrhn"])
 @pytest.mark.parametrize("hyper_input", ["x", "x_and_state"])
 @pytest.mark.parametrize("depth", [1, 3])
 def test_logits_match_numpy_reference(model_type, hyper_input, depth):
-    config = _tiny(type=model_type, hyper_input=hyper_input, depth=depth)
+    config = tiny(type=model_type, hyper_input=hyper_input, depth=depth)
     seed = 100 * depth + len(hyper_input) + len(model_type)
-    model, params = _init(config, seed)
+    model, params = init(config, seed)
     tokens = np.random.default_rng(seed).integers(0, config.vocab_size, (3, 7))
     logits, _ = model.apply({"params": params}, jnp.asarray(tokens))
     np.testing.assert_allclose(logits, _np_lm(params, tokens, config), rtol=2e-5, atol=2e-5)
 
 
 def test_gate_dropout_uses_fresh_masks_per_layer_and_step_and_matches_reference():
-    config = _tiny(keep=0.5)
-    model, params = _init(config, 3)
+    config = tiny(keep=0.5)
+    model, params = init(config, 3)
     tokens = np.random.default_rng(3).integers(0, config.vocab_size, (4, 6))
     key = jax.random.key(42)
     logits, _ = model.apply(
@@ -173,8 +163,8 @@ def _recorded_gates(model, params, tokens, **apply_kw):
     [("rhn", 0, "x"), ("hyperrhn", 0, "x"), ("hyperrhn", 0, "x_and_state"), ("hyperrhn", 2, "x")],
 )
 def test_recorded_transform_gates_match_numpy_reference(model_type, rank, hyper_input):
-    config = _tiny(type=model_type, hyper_rank=rank, hyper_input=hyper_input)
-    model, params = _init(config, 7 + rank)
+    config = tiny(type=model_type, hyper_rank=rank, hyper_input=hyper_input)
+    model, params = init(config, 7 + rank)
     if rank:  # move u off its constant init so that the rank-d scaling is not a column scaling
         cell = dict(params["core"]["cell"])
         for name in ("u_kernel", "u_x_kernel"):
@@ -194,8 +184,8 @@ def test_recorded_transform_gates_match_numpy_reference(model_type, rank, hyper_
 
 
 def test_recorded_gates_are_taken_before_dropout():
-    config = _tiny(type="rhn", keep=0.5)
-    model, params = _init(config, 3)
+    config = tiny(type="rhn", keep=0.5)
+    model, params = init(config, 3)
     tokens = jnp.asarray(np.random.default_rng(3).integers(0, config.vocab_size, (2, 5)))
     plain = _recorded_gates(model, params, tokens)
     rngs = {"dropout": jax.random.key(1)}

@@ -367,23 +367,20 @@ def run_ablation(
 
 
 def main(argv: Sequence[str]) -> int:
-    from absl import flags, logging
+    from absl import flags
     from ml_collections import config_flags
 
     FLAGS = flags.FLAGS  # noqa: N806
-    if len(argv) > 1:
-        raise SystemExit(f"error: unexpected arguments: {' '.join(argv[1:])}")
-    if not FLAGS["verbosity"].present:
-        logging.set_verbosity(logging.WARNING)
+    del argv  # run_program refuses positional arguments
     config = FLAGS.config
     if config is None:
-        raise SystemExit("error: --config is required, e.g. --config=configs/ptb.py:cpu")
+        raise SweepError("--config is required, e.g. --config=configs/ptb.py:cpu")
     if not FLAGS.out:
-        raise SystemExit("error: --out=DIR is required")
+        raise SweepError("--out=DIR is required")
     try:
         seeds = [int(s) for s in FLAGS.seeds] if FLAGS.seeds else None
     except ValueError:
-        raise SystemExit(f"error: --seeds must be integers, got {FLAGS.seeds}") from None
+        raise SweepError(f"--seeds must be integers, got {FLAGS.seeds}") from None
     rows = run_ablation(
         config,
         FLAGS.sweep or [],

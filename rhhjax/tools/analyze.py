@@ -61,12 +61,8 @@ def run_from_flags(f, command: str | None = None) -> list[Path]:
 
 def main(argv: list[str]) -> int:
     """absl entry point: analyse the flags' models; a `UserError` ends with one line, exit 1."""
-    from absl import app, flags, logging
+    from absl import flags
 
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-    if not flags.FLAGS["verbosity"].present:
-        logging.set_verbosity(logging.WARNING)
     try:
         run_from_flags(flags.FLAGS, _command_line())
     except UserError as e:

@@ -209,13 +209,20 @@ def run_program(
     define_flags: Callable[[], None],
     doc: str,
     flag: str | None = "config",
+    positional: bool = False,
 ) -> None:
     """The ``__main__`` of every program: define its flags, parse them with ``parse_flags``
-    (``flag``: its config-file flag, None for programs without one), run ``main``, and turn a
-    ``UserError`` into one ``error:`` line and exit status 1."""
-    from absl import app
+    (``flag``: its config-file flag, None for programs without one), refuse positional
+    arguments unless the program takes them, quiet absl logging to warnings (unless
+    ``--verbosity`` is given), run ``main``, and turn a ``UserError`` into one ``error:`` line
+    and exit status 1."""
+    from absl import app, flags, logging
 
     def run(argv: list[str]) -> None:
+        if len(argv) > 1 and not positional:
+            exit_with_error(f"unexpected arguments: {' '.join(argv[1:])} (flags are --name=value)")
+        if not flags.FLAGS["verbosity"].present:
+            logging.set_verbosity(logging.WARNING)  # orbax and jax are chatty at INFO
         try:
             code = main(argv)
         except UserError as e:

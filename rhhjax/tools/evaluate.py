@@ -81,13 +81,9 @@ def run(
 
 
 def main(argv: list[str]) -> int:
-    from absl import app, flags, logging
+    from absl import flags
 
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
     f = flags.FLAGS
-    if not f["verbosity"].present:
-        logging.set_verbosity(logging.WARNING)
     try:
         out = run(
             f.workdir,

@@ -127,4 +127,4 @@ def define_flags() -> None:
 if __name__ == "__main__":
     from rhhjax.tools import common as cli
 
-    cli.run_program(main, define_flags, __doc__, flag=None)
+    cli.run_program(main, define_flags, __doc__, flag=None, positional=True)

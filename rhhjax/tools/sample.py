@@ -36,13 +36,9 @@ def run(
 
 
 def main(argv: list[str]) -> int:
-    from absl import app, flags, logging
+    from absl import flags
 
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
     f = flags.FLAGS
-    if not f["verbosity"].present:
-        logging.set_verbosity(logging.WARNING)
     try:
         text = run(f.workdir, f.prompt, f.length, f.temperature, f.seed, f.checkpoint)
     except UserError as e:

@@ -10,7 +10,7 @@ The vocabulary size is `model.vocab_size` from the config (50 for PTB characters
 from __future__ import annotations
 
 import jax
-from absl import app, flags
+from absl import flags
 from ml_collections import config_flags
 
 from rhhjax import models
@@ -40,8 +40,6 @@ def format_table(rows: list[tuple[str, tuple[int, ...], int]]) -> str:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     config = flags.FLAGS.config
     if config is None:
         raise UserError("--config is required, e.g. --config=configs/ptb.py")
