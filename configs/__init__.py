@@ -18,6 +18,7 @@ from __future__ import annotations
 import ast
 import difflib
 import importlib
+import importlib.util
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -38,20 +39,34 @@ def check_variant(file: str, variant: str, variants: Iterable[str]) -> None:
 
 
 def split_spec(spec: str) -> tuple[str, str]:
-    """``"ptb:cpu"`` or ``"configs/ptb.py:cpu"`` -> ``("ptb", "cpu")``."""
+    """``"ptb:cpu"`` -> ``("ptb", "cpu")``; ``"my/exp.py:cpu"`` -> ``("my/exp.py", "cpu")``."""
     name, _, variant = str(spec).partition(":")
-    stem = Path(name).name.removesuffix(".py")
-    if stem not in NAMES:
-        raise UserError(f"unknown config {name!r}: one of {', '.join(NAMES)} (configs/NAME.py)")
-    return stem, variant
+    return name, variant
+
+
+def _config_module(name: str):
+    """The module of a known config (``ptb``) or of a config file (``path/to/file.py``: that
+    file, e.g. a modified copy, not the installed config of the same name)."""
+    if name.endswith(".py"):
+        path = Path(name).expanduser()
+        if not path.is_file():
+            raise UserError(f"config file {name} not found")
+        spec = importlib.util.spec_from_file_location(f"rhhjax_config_{path.stem}", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    if name not in NAMES:
+        raise UserError(f"unknown config {name!r}: one of {', '.join(NAMES)}, or a .py file")
+    return importlib.import_module(f"{__name__}.{name}")
 
 
 def load(spec: str, overrides: Iterable[str] | Mapping[str, Any] = ()) -> ml_collections.ConfigDict:
-    """The config ``spec`` (``ptb``, ``ptb:cpu``, ``configs/ptb.py:cpu``) with ``overrides``
-    applied: ``"block.field=value"`` strings (typed like the default) or a mapping from dotted
-    field names to values."""
+    """The config ``spec`` (``ptb``, ``ptb:cpu``, ``configs/ptb.py:cpu``, any config file with an
+    optional variant) with ``overrides`` applied: ``"block.field=value"`` strings (typed like the
+    default) or a mapping from dotted field names to values."""
     name, variant = split_spec(spec)
-    config = importlib.import_module(f"{__name__}.{name}").get_config(variant)
+    module = _config_module(name)
+    config = module.get_config(variant) if variant else module.get_config()
     items = overrides.items() if isinstance(overrides, Mapping) else map(_split_override, overrides)
     for field, value in items:
         override(config, field, value)

@@ -29,6 +29,17 @@ def test_unknown_names_and_variants_are_one_line_errors(spec, needle):
     assert "\n" not in str(info.value)
 
 
+def test_a_config_file_path_loads_that_file_not_the_installed_one(tmp_path):
+    edited = tmp_path / "ptb.py"
+    edited.write_text(
+        "import ml_collections\n\n\ndef get_config(variant=''):\n"
+        "    c = ml_collections.ConfigDict()\n    c.marker = 'edited:' + variant\n    return c\n"
+    )
+    assert configs.load(f"{edited}:cpu").marker == "edited:cpu"
+    with pytest.raises(UserError, match="not found"):
+        configs.load(str(tmp_path / "missing.py"))
+
+
 def test_string_overrides_are_typed_like_the_default():
     config = configs.load(
         "ptb", ["model.depth=5", "train.learning_rate=3e-4", "data.unk=true", "model.type=rhn"]
