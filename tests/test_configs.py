@@ -96,7 +96,10 @@ def test_model_config_defaults_are_the_ptb_model_block():
 
 def test_prepare_config_fills_fields_an_old_config_lacks():
     config = configs.load("ptb:tiny").to_dict()
-    del config["train"]["divergence_factor"], config["data"]["sha256"], config["seed"]
+    del config["train"]["divergence_factor"], config["seed"]
+    for field in ("corpus", "url", "sha256"):  # data fields older configs predate
+        del config["data"][field]
     prepared = train_config.prepare_config(config)
     assert prepared.train.divergence_factor == configs.load("ptb").train.divergence_factor
-    assert prepared.data.sha256 == "" and prepared.seed == 0
+    assert (prepared.data.corpus, prepared.data.url, prepared.data.sha256) == ("", "", "")
+    assert prepared.seed == 0

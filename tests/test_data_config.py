@@ -86,12 +86,6 @@ def test_default_config_is_the_ptb_block_with_the_documented_defaults():
     cfg.dir = "/some/where"
 
 
-def test_optional_defaults_are_the_default_values_of_the_newer_fields():
-    assert data.optional_data_defaults() == {"corpus": "", "url": "", "sha256": ""}
-    defaults = data.default_data_config()
-    assert all(defaults[k] == v for k, v in data.optional_data_defaults().items())
-
-
 @pytest.mark.parametrize(
     "field,value,message",
     [

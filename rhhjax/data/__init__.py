@@ -22,10 +22,8 @@ from __future__ import annotations
 
 from rhhjax.data.config import (
     FORMATS,
-    OPTIONAL_DATA_FIELDS,
     default_data_config,
     load_corpus,
-    optional_data_defaults,
     resolve_data_config,
     validate_data_config,
 )
@@ -67,7 +65,6 @@ __all__ = [
     "EVAL_PROTOCOLS",
     "FORMATS",
     "MIKOLOV_EOL",
-    "OPTIONAL_DATA_FIELDS",
     "PAPER_CHUNK",
     "PAPER_SEQ_LEN",
     "PTB_FILES",
@@ -94,7 +91,6 @@ __all__ = [
     "load_ptb",
     "load_text_corpus",
     "num_eval_batches",
-    "optional_data_defaults",
     "ptb_cache_dir",
     "resolve_data_config",
     "resolve_ptb_dir",

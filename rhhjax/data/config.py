@@ -1,7 +1,7 @@
 """The ``data`` block of a config: its defaults, its validation, and the one ``load_corpus``.
 
-``default_data_config()`` is the block of ``configs/ptb.py`` (the one place for defaults);
-``optional_data_defaults()`` are the fields an older config may lack.
+``default_data_config()`` is the block of ``configs/ptb.py`` (the one place for defaults;
+fields an older config lacks are filled from it).
 ``validate_data_config`` holds every check of the block that needs no file. ``load_corpus``
 fills missing fields from the defaults, validates, resolves a known ``corpus`` (enwik8 /
 text8: ``resolve_data_config``, downloading when needed) and reads the corpus.
@@ -23,7 +23,6 @@ from rhhjax.data.ptb import PTB_FILES, load_ptb
 from rhhjax.data.samplers import SAMPLERS
 
 FORMATS = ("chars", "mikolov_char", "text")
-OPTIONAL_DATA_FIELDS = ("corpus", "url", "sha256")  # configs/ptb.py predates them
 
 
 def default_data_config() -> ml_collections.ConfigDict:
@@ -32,12 +31,6 @@ def default_data_config() -> ml_collections.ConfigDict:
     from rhhjax import configs
 
     return configs.load("ptb").data
-
-
-def optional_data_defaults() -> dict[str, Any]:
-    """Defaults of the data fields an older config (or a workdir's config.json) may lack."""
-    defaults = default_data_config()
-    return {key: defaults[key] for key in OPTIONAL_DATA_FIELDS}
 
 
 def _as_dict(cfg: Any) -> dict[str, Any]:

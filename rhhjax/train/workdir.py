@@ -273,8 +273,9 @@ def check_compatible(
                 f"({where}), this config has {value!r}; {hint}"
             )
     old_flat, new_flat = flat_fields(saved_cfg), flat_fields(cfg.to_dict())
+    default_flat = flat_fields(defaults())  # fields older runs lacked: their default
     for name in RESUME_FIELDS:
-        old = old_flat.get(name, flat_fields(defaults()).get(name))
+        old = old_flat.get(name, default_flat.get(name))
         if old != new_flat.get(name):
             raise TrainError(
                 f"workdir {workdir} holds a run with {name}={old!r} ({where}), this config has "
