@@ -191,22 +191,38 @@ def main(argv: Sequence[str]) -> None:
     if unknown:
         raise SystemExit(f"error: unknown benchmark choice(s): {', '.join(unknown)}")
     rates = {dtype: matmul_rate(dtype) for dtype in f.dtypes}
-    rows = []
+    rows, failed = [], []
     for impl, model, size, dtype in plan(f.impls, f.models, f.sizes, f.dtypes):
-        row = time_row(impl, model, size, dtype, f.repeats, rates[dtype])
+        try:
+            row = time_row(impl, model, size, dtype, f.repeats, rates[dtype])
+        except Exception as e:  # one failing row (e.g. a kernel that does not compile)
+            error = f"{type(e).__name__}: {' '.join(str(e).split())[:2000]}"
+            failed.append(dict(impl=impl, model=model, size=size, dtype=dtype, error=error))
+            print(f"{impl} {model} {size} {dtype} FAILED: {failed[-1]['error'][:300]}", flush=True)
+            continue
         rows.append(row)
         print(format_table([row]).splitlines()[1], flush=True)
+        if f.out:  # after every row, so a command cut at its time limit keeps what it measured
+            write_record(f.out, rows, failed)
     print(format_table(rows))
     if f.out:
-        record = {
-            "command": "python benchmarks/bench.py " + " ".join(sys.argv[1:]),
-            "date": time.strftime("%Y-%m-%d"),
-            "jax": jax.__version__,
-            "device": device_name(),
-            "rows": [dataclasses.asdict(r) for r in rows],
-        }
-        with open(f.out, "w") as out:
-            json.dump(record, out, indent=1)
+        write_record(f.out, rows, failed)
+    if failed:
+        raise SystemExit(f"error: {len(failed)} row(s) failed")
+
+
+def write_record(path: str, rows: Sequence[Row], failed: Sequence[dict]) -> None:
+    """The rows (and failed rows) as JSON, with the command, date, JAX version and device."""
+    record = {
+        "command": "python benchmarks/bench.py " + " ".join(sys.argv[1:]),
+        "date": time.strftime("%Y-%m-%d"),
+        "jax": jax.__version__,
+        "device": device_name(),
+        "rows": [dataclasses.asdict(r) for r in rows],
+        "failed": list(failed),
+    }
+    with open(path, "w") as out:
+        json.dump(record, out, indent=1)
 
 
 if __name__ == "__main__":

@@ -1,17 +1,20 @@
 #!/usr/bin/env bash
-# GPU suite: versions, compiled kernel + equivalence tests, paper-size benchmark.
+# GPU suite: versions, compiled kernel and equivalence tests, paper-size benchmark beside the
+# compile report's prediction. For a GPU machine with JAX preinstalled and no network (the
+# device tool's H100 / H200); it never installs JAX. Packages the machine lacks travel as
+# wheels in .whl/ (see README, "On a GPU"):
 #
-# Runs in one call of at most 10 minutes on a GPU machine with JAX preinstalled and no
-# network (the device tool's H100 / H200). It never installs JAX. Packages the machine
-# lacks (ml_collections) travel as wheels in .whl/ (see README, "On a GPU"):
+#   pip download --no-deps --only-binary=:all: --python-version 3.12 -d .whl ml_collections
+#   bash benchmarks/gpu_suite.sh tests     # compiled tests (about 5 min on an H100)
+#   bash benchmarks/gpu_suite.sh bench     # paper-size benchmark of every impl x model x dtype
+#   bash benchmarks/gpu_suite.sh all       # both (over one 10-minute device command)
+#   bash benchmarks/gpu_suite.sh dry-run   # on a CPU: every step at the small size
 #
-#   pip download --no-deps --only-binary=:all: -d .whl ml_collections
-#   bash benchmarks/gpu_suite.sh            # with .whl carried to the machine
-#
-# Writes versions.txt, tests.log, bench.log and bench.json under $OUT (default
-# /tmp/rhhjax_gpu_suite). Exits non-zero if the tests or the benchmark fail.
+# Writes versions.txt, tests.log, bench.log, bench.json and bench_vs_report.md under $OUT
+# (default /tmp/rhhjax_gpu_suite). Exits non-zero if a test or a benchmark row fails.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+MODE=${1:-all}
 OUT=${OUT:-/tmp/rhhjax_gpu_suite}
 mkdir -p "$OUT"
 PY=${PYTHON:-python3}
@@ -20,26 +23,72 @@ if compgen -G ".whl/*.whl" > /dev/null; then
     --target /tmp/rhhjax_site .whl/*.whl || exit 1
   export PYTHONPATH=/tmp/rhhjax_site:${PYTHONPATH:-}
 fi
+# Without an install, rhhjax.kernels and rhhjax.configs (kernels/ and configs/, mapped by
+# pyproject's package-dir) are reached through links in this copy of the tree.
+if ! "$PY" -c "import rhhjax.kernels, rhhjax.configs" 2> /dev/null; then
+  [ -e rhhjax/kernels ] || ln -s ../kernels rhhjax/kernels
+  [ -e rhhjax/configs ] || ln -s ../configs rhhjax/configs
+fi
 export PYTHONPATH=$PWD:${PYTHONPATH:-}
-export PYTHONUNBUFFERED=1
+export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
+# XLA default level 3, not the level 0 that conftest.py sets for the tests on a CPU
+export XLA_FLAGS=${XLA_FLAGS:---xla_backend_optimization_level=3}
 status=0
 
 {
   date -u +"%Y-%m-%dT%H:%M:%SZ"
+  git log -1 --format='commit %H %s' 2> /dev/null || true
   "$PY" -c "import sys, jax, jaxlib, flax, optax, orbax.checkpoint as ocp, ml_collections
 print('python', sys.version.split()[0]); print('jax', jax.__version__, 'jaxlib', jaxlib.__version__)
-print('flax', flax.__version__, 'optax', optax.__version__, 'orbax', ocp.__version__)
-print('backend', jax.default_backend(), jax.devices())"
-  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv || true
+print('flax', flax.__version__, 'optax', optax.__version__)
+print('backend', jax.default_backend(), jax.devices())" || status=1
+  nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm \
+    --format=csv 2> /dev/null || true
 } 2>&1 | tee "$OUT/versions.txt"
 
-# On a GPU, `pallas` resolves to compiled Triton kernels (interpret only off GPU), and
-# the GPU-only kernel tests run instead of skipping.
-timeout 270 "$PY" -m pytest -q -p no:cacheprovider -x \
-  tests/test_kernels_config.py tests/test_kernels_padded.py tests/test_kernels_legacy.py tests/test_kernels_stacked.py tests/test_recurrence.py 2>&1 | tee "$OUT/tests.log"
-[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+TESTS="tests/test_kernels_config.py tests/test_kernels_padded.py tests/test_kernels_legacy.py
+  tests/test_kernels_stacked.py tests/test_recurrence.py tests/test_lowrank.py
+  tests/test_models_cores.py tests/test_train_step.py"
+if [ "$MODE" = tests ] || [ "$MODE" = all ]; then
+  # On a GPU, `pallas` resolves to compiled Triton kernels and the GPU-only tests run.
+  # shellcheck disable=SC2086
+  timeout 300 "$PY" -m pytest -q -p no:cacheprovider -n 6 --dist loadfile $TESTS 2>&1 \
+    | tee "$OUT/tests.log"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
 
-timeout 270 "$PY" -m rhhjax.bench --sizes=paper --dtypes=bfloat16,float32 --repeats=10 \
-  --out="$OUT/bench.json" 2>&1 | tee "$OUT/bench.log"
-[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+bench() {  # bench DTYPE SIZE: one invocation per dtype, so a cut run keeps the other's rows
+  timeout 280 "$PY" benchmarks/bench.py --sizes="$2" --dtypes="$1" --repeats=10 \
+    --out="$OUT/bench_$1.json" 2>&1 | tee -a "$OUT/bench.log"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+}
+if [ "$MODE" = bench ] || [ "$MODE" = all ]; then
+  bench bfloat16 paper
+  bench float32 paper
+fi
+if [ "$MODE" = dry-run ]; then  # the CPU rehearsal: same steps, small and fast
+  # shellcheck disable=SC2086
+  timeout 600 "$PY" -m pytest -q -p no:cacheprovider -x -k "not Stacked and not Padded" \
+    tests/test_kernels_config.py tests/test_train_step.py 2>&1 | tee "$OUT/tests.log"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  timeout 280 "$PY" benchmarks/bench.py --sizes=small --dtypes=float32 --impls=scan \
+    --models=rhn --repeats=1 --out="$OUT/bench_float32.json" 2>&1 | tee -a "$OUT/bench.log"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
+"$PY" - "$OUT" << 'PYEOF'
+import glob, json, sys
+out = sys.argv[1]
+parts = [json.load(open(p)) for p in sorted(glob.glob(f"{out}/bench_*.json"))]
+if parts:
+    merged = dict(parts[0], rows=[r for p in parts for r in p["rows"]],
+                  failed=[r for p in parts for r in p.get("failed", [])],
+                  commands=[p["command"] for p in parts])
+    merged.pop("command")
+    json.dump(merged, open(f"{out}/bench.json", "w"), indent=1)
+PYEOF
+if [ -f "$OUT/bench.json" ]; then
+  "$PY" benchmarks/bench_vs_report.py "$OUT/bench.json" --report=results/gpu_report_h100.json \
+    | tee "$OUT/bench_vs_report.md" || status=1
+fi
+echo "gpu_suite $MODE: status $status"
 exit $status

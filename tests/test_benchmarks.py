@@ -72,3 +72,37 @@ def test_plan_runs_pallas_only_at_small_size_on_cpu():
     assert ("pallas", "rhn", "paper", "float32") not in rows
     assert ("pallas", "rhn", "small", "float32") in rows
     assert ("scan", "rhn", "paper", "float32") in rows
+
+
+def test_bench_vs_report_puts_each_measurement_beside_its_prediction():
+    import bench_vs_report
+
+    def row(impl, ms, model="hyperrhn"):
+        return dict(model=model, impl=impl, dtype="bfloat16", size="paper", step_ms_median=ms)
+
+    measured = dict(device="gpu:H100", jax="0.11.2", date="d", commands=["a", "b"])
+    measured["rows"] = [row("scan", 120.0), row("fused", 40.0), row("pallas", 60.0)]
+    measured["rows"].append(dict(row("fused", 1.0), size="small"))  # not the paper size
+    predicted = dict(meta=dict(target="H100", git_commit="0123456789"), rows=[])
+    for impl, ms, rank in (("fused", 50.0, 0), ("pallas", 30.0, 0), ("fused", 9.0, 4)):
+        predicted["rows"].append(
+            dict(model="hyperrhn", impl=impl, dtype="bfloat16", hyper_rank=rank, status="ok",
+                 predicted_step_ms=ms)
+        )  # fmt: skip
+    table = bench_vs_report.table(measured, predicted)
+    assert "| hyperrhn | bfloat16 | fused | 40.0 | 50.0 | 0.80 | 3.00x |" in table
+    assert "| hyperrhn | bfloat16 | pallas | 60.0 | 30.0 | 2.00 | 2.00x |" in table
+    assert "| hyperrhn | bfloat16 | scan | 120.0 | - | - | 1.00x |" in table
+    assert "pallas over fused, hyperrhn bfloat16: 0.67x" in table and "`a`; `b`" in table
+
+
+def test_kernel_blocks_parses_block_settings():
+    import kernel_blocks
+    from absl import app
+    from rhhjax.kernels import highway
+
+    assert kernel_blocks.parse_blocks("64/32/128/4/3") == highway.HighwayConfig(64, 32, 128, 4, 3)
+    assert kernel_blocks.parse_blocks("32/16/64/2/3/tf32").allow_tf32
+    for bad in ("64/32/128/4", "64/32/128/4/3/fp8", "a/32/128/4/3"):
+        with pytest.raises(app.UsageError, match="B/N/K"):
+            kernel_blocks.parse_blocks(bad)

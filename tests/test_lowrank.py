@@ -200,10 +200,11 @@ def _assert_trees_close(actual, expected, tol):
 
 
 @pytest.mark.parametrize(
-    ("rank", "dropout", "depth"), [(1, "gate", 3), (3, "gate", 2), (2, "none", 1)]
+    ("rank", "dropout", "depth", "original"),
+    [(1, "gate", 3, False), (3, "gate", 2, False), (2, "none", 1, False), (2, "gate", 2, True)],
 )
-def test_fused_matches_scan_values_and_gradients(rank, dropout, depth):
-    config = _config(hyper_rank=rank, dropout=dropout, depth=depth)
+def test_fused_matches_scan_values_and_gradients(rank, dropout, depth, original):
+    config = _config(hyper_rank=rank, dropout=dropout, depth=depth, original_first_step=original)
     _, params, tokens, key = _case(config, 10 * rank + depth)
     # Move away from the init (u = 1/sqrt(d) everywhere) so every factor matters.
     params = jax.tree_util.tree_map(

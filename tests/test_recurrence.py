@@ -85,6 +85,30 @@ def test_impl_matches_scan_values_and_gradients(impl, model_type, depth, hidden,
     _assert_trees_close(actual, expected, TOLERANCE["float32"])
 
 
+@pytest.mark.parametrize(
+    ("impl", "model_type", "dtype"),
+    [
+        ("fused", "rhn", "float32"),
+        ("fused", "hyperrhn", "float32"),
+        ("pallas", "rhn", "float32"),
+        ("pallas", "hyperrhn", "float32"),
+        ("fused", "hyperrhn", "bfloat16"),
+    ],
+)
+def test_original_first_step_matches_scan_values_and_gradients(impl, model_type, dtype):
+    """`original_first_step`: the op runs steps 1..T-1 after a pure-JAX step 0, with the same
+    dropout masks per step as `scan` (gate dropout on)."""
+    config = _config(type=model_type, dtype=dtype, original_first_step=True)
+    params, tokens, key = _fresh_case(config, 123 + len(model_type))
+    expected = _loss_and_grads(config, params, tokens, key)
+    actual = _loss_and_grads(
+        models.ModelConfig(**{**config.__dict__, "impl": impl}), params, tokens, key
+    )
+    _assert_trees_close(actual, expected, TOLERANCE[dtype])
+    default = _loss_and_grads(_config(type=model_type, dtype=dtype), params, tokens, key)
+    assert abs(float(default[0]) - float(expected[0])) > 1e-6, "the option changed nothing"
+
+
 @pytest.mark.parametrize("model_type", ["rhn", "hyperrhn"])
 def test_fused_matches_scan_with_variational_dropout(model_type):
     config = _config(type=model_type, dropout="variational", keep_hidden=0.7, keep_input=0.8)

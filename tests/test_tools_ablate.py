@@ -59,10 +59,59 @@ def test_plan_is_the_cross_product_with_readable_names():
         "hyper_rank-4_dropout-none",
     ]
     seeded = ablate.plan(config, sweeps[:1], [0, 1])
-    assert [(v.name, v.seed) for v in seeded][:2] == [
-        ("hyper_rank-0_seed-0", 0),
-        ("hyper_rank-0_seed-1", 1),
+    # seed-major: every variant with the first seed before any with the second
+    assert [(v.name, v.seed, v.group) for v in seeded] == [
+        ("hyper_rank-0_seed-0", 0, "hyper_rank-0"),
+        ("hyper_rank-4_seed-0", 0, "hyper_rank-4"),
+        ("hyper_rank-0_seed-1", 1, "hyper_rank-0"),
+        ("hyper_rank-4_seed-1", 1, "hyper_rank-4"),
     ]
+
+
+def test_named_variants_change_fields_together_and_cross_the_sweeps():
+    config = tiny_config()
+    named = [
+        ablate.parse_variant("hyperrhn", config),
+        ablate.parse_variant("rhn:model.type=rhn,model.hidden=20", config),
+    ]
+    assert named == [("hyperrhn", {}), ("rhn", {"model.type": "rhn", "model.hidden": 20})]
+    sweep = [ablate.parse_sweep("model.depth=1,2", config)]
+    plan = ablate.plan(config, sweep, [3, 4], named)
+    assert [v.name for v in plan[:4]] == [
+        "hyperrhn_depth-1_seed-3",
+        "hyperrhn_depth-2_seed-3",
+        "rhn_depth-1_seed-3",
+        "rhn_depth-2_seed-3",
+    ]
+    assert plan[2].overrides == {"model.type": "rhn", "model.hidden": 20, "model.depth": 1}
+    assert {v.seed for v in plan[4:]} == {4} and plan[6].group == "rhn_depth-1"
+    assert [v.name for v in ablate.plan(config, [], None, named)] == ["hyperrhn", "rhn"]
+    for bad, message in [
+        ("r hn:model.depth=2", "NAME"),
+        ("rhn:model.nope=1", "not in the config"),
+        ("rhn:model.depth", "not FIELD=VALUE"),
+        ("rhn:model.depth=1,model.depth=2", "set twice"),
+    ]:
+        with pytest.raises(ablate.SweepError, match=message):
+            ablate.parse_variant(bad, config)
+    with pytest.raises(ablate.SweepError, match="also swept"):
+        ablate.plan(config, sweep, None, [("d", {"model.depth": 3})])
+    with pytest.raises(ablate.SweepError, match="given twice"):
+        ablate.plan(config, [], None, [named[0], named[0]])
+
+
+def test_table_gives_mean_and_range_over_seeds():
+    def row(name, group, bpc):
+        final = {f"{s}_{p}": bpc for s, p in ablate.FINAL_COLUMNS}
+        return dict(variant=name, group=group, params=10, steps=5, final=final, status="finished")
+
+    rows = [row("a_seed-0", "a", 1.5), row("a_seed-1", "a", 1.7), row("b_seed-0", "b", 2.0)]
+    header = dict(config="c", command="x", date="d", device="cpu", budget="b")
+    table = ablate.format_markdown(rows, header)
+    assert "| a | 2 | 10 (10-10) | 5 (5-5) | - | 1.6000 (1.5000-1.7000) |" in table
+    assert "| b | 1 | 10 | 5 | - | 2.0000 |" in table
+    widths = {line.count("|") for line in table.splitlines() if line.startswith("| a_seed")}
+    assert widths == {table.splitlines()[6].count("|")}  # every run row has the header's columns
 
 
 @needs_ptb
@@ -81,13 +130,14 @@ def test_rank_ablation_on_tiny_ptb(tmp_path):
         assert row["status"] == "finished" and row["steps"] == 3, row
         assert 2.0 < row["best_valid_bpc"] < 7.0  # ~log2(50) = 5.6 after 3 steps
         assert row["params"] > 0 and row["step_s"] > 0 and row["peak_memory_gb"] > 0
+        assert row["chars_per_sec"] > 0 and 0 < row["train_minutes"] < row["wall_s"] / 60
         assert (tmp_path / row["variant"] / "metrics.jsonl").exists()
     assert rows[1]["params"] > rows[0]["params"]  # the rank-2 projections
     saved = json.loads((tmp_path / "results.json").read_text())
     assert saved["sweeps"] == {"model.hyper_rank": [0, 2]}
     assert [r["variant"] for r in saved["rows"]] == ["hyper_rank-0", "hyper_rank-2"]
     table = (tmp_path / "results.md").read_text()
-    assert "| hyper_rank-2 |" in table and "best valid BPC" in table
+    assert "| hyper_rank-2 |" in table and "best periodic valid" in table
     # Rerunning reuses the finished variants instead of training again.
     again = ablate.run_ablation(
         config, ["model.hyper_rank=0,2"], tmp_path, max_steps=3, memory=False, log=messages.append
@@ -124,3 +174,22 @@ def test_cli_records_a_failing_variant_and_exits_1(tmp_path):
         timeout=120,
     )
     assert bad.returncode != 0 and "not a valid int" in bad.stderr
+
+
+def test_metrics_summary_reads_speed_training_clock_and_the_validation_curve(tmp_path):
+    records = [
+        {"kind": "event", "event": "start", "step": 0, "time": 100.0},
+        {"kind": "train", "step": 2, "chars_per_sec": 10.0, "train_seconds": 60.0, "time": 160.0},
+        {"kind": "valid", "step": 2, "bpc": 3.0, "train_seconds": 60.0, "time": 161.0},
+        {"kind": "train", "step": 4, "chars_per_sec": 30.0, "train_seconds": 120.0, "time": 220.0},
+        {"kind": "valid", "step": 4, "bpc": 2.5, "train_seconds": 120.0, "time": 221.0},
+        {"kind": "valid", "step": 4, "bpc": 2.4, "train_seconds": 120.0, "time": 300.0},  # resumed
+    ]
+    (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in records) + "\n{cut")
+    summary = ablate.metrics_summary(tmp_path, batch=2, seq_len=5)
+    assert summary["chars_per_sec"] == 20.0 and summary["step_s"] == 0.5
+    assert summary["train_minutes"] == 2.0 and summary["wall_s"] == 200.0
+    assert summary["valid_curve"] == [[2, 1.0, 3.0], [4, 2.0, 2.4]]
+    header = dict(config="c", command="x", date="d", device="cpu", budget="b", at_steps=[2, 4, 6])
+    rows = [dict(variant="a", params=1, steps=4, status="finished", **summary)]
+    assert "| a | 3.0000 | 2.4000 | - |" in ablate.format_markdown(rows, header)

@@ -78,3 +78,24 @@ def test_missing_matplotlib_is_one_line(tmp_path, monkeypatch, capsys):
         'matplotlib is not installed: pip install -e ".[plot]" (or pip install matplotlib)'
     )
     assert not (tmp_path / "run" / "bpc.png").exists()
+
+
+def test_minutes_axis_reads_the_training_clock_and_old_metrics_say_so(tmp_path):
+    records = [
+        {
+            "kind": "valid",
+            "step": s,
+            "epoch": s / 10,
+            "bpc": 2.0 - s / 100,
+            "train_seconds": 30.0 * s,
+        }
+        for s in (10, 20)
+    ]
+    write_metrics(tmp_path / "new", records)
+    curves = plot.load_curves(tmp_path / "new", x="minutes")
+    assert curves["valid"] == [(5.0, 1.9), (10.0, 1.8)]
+    out = plot.plot([tmp_path / "new"], tmp_path / "m.png", x="minutes", train=False, title="t")
+    assert out.read_bytes()[:8] == PNG
+    fake_run(tmp_path / "old")  # no train_seconds: written before the trainer recorded it
+    with pytest.raises(plot.PlotError, match="--x=epoch"):
+        plot.load_curves(tmp_path / "old", x="minutes")

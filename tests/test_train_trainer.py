@@ -37,7 +37,7 @@ SHAKESPEARE = Path(
     )
 )
 PTB_DIR = Path(os.environ.get("RHHJAX_PTB_DIR", ROOT.parent / "shared" / "data" / "ptb"))
-TIMING_FIELDS = ("time", "chars_per_sec", "seconds")
+TIMING_FIELDS = ("time", "chars_per_sec", "seconds", "train_seconds")
 HAS_TENSORBOARDX = importlib.util.find_spec("tensorboardX") is not None
 
 

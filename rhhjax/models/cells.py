@@ -64,10 +64,10 @@ class RHNCell(nn.RNNCellBase):
         """[..., E] -> [..., 2n]: `x U` without bias, float32."""
         return cells.matmul(x, self.kernel_x, DTYPES[self.dtype])
 
-    def step(self, s, xproj, z=None, gate_masks=None, hidden_masks=None):
+    def step(self, s, xproj, z=None, gate_masks=None, hidden_masks=None, bias0_scale=None):
         """One time step; see `cells.highway_step` for shapes. Records the gates [L, B, n]."""
         s, layer_states, gates = cells.highway_step(
-            self.weights(), s, xproj, z, gate_masks, hidden_masks, DTYPES[self.dtype]
+            self.weights(), s, xproj, z, gate_masks, hidden_masks, DTYPES[self.dtype], bias0_scale
         )
         self.record_gates(gates)
         return s, layer_states
@@ -162,7 +162,7 @@ class HyperRHNCell(nn.Module):
             self.proj_kernel, self.proj_bias, hyper_layer_states, DTYPES[self.dtype]
         )
 
-    def step(self, carry, xprojs, masks):
+    def step(self, carry, xprojs, masks, bias0_scales=(None, None)):
         """One time step: all hyper layers, then all main layers.
 
         Args:
@@ -170,6 +170,8 @@ class HyperRHNCell(nn.Module):
           xprojs: (hyper xproj [B, 2h], main xproj [B, 2n]) for this step.
           masks: dict with optional "hyper_gate", "main_gate" ([L, B, *]) and
             "hyper_hidden", "main_hidden" ([L, B, *]) arrays (missing = no dropout).
+          bias0_scales: (hyper, main) [B, 1] factors on each cell's layer-0 recurrent bias,
+            or None (see `cells.highway_step`).
         Returns:
           (new carry, s_main [B, n]).
         """
@@ -179,20 +181,22 @@ class HyperRHNCell(nn.Module):
             state_part = self.hyper.kernel_x[self.input_features :]
             hyper_xproj = hyper_xproj + cells.matmul(s_main, state_part, DTYPES[self.dtype])
         s_hyper, hyper_layers = self.hyper.step(
-            s_hyper, hyper_xproj, None, masks.get("hyper_gate"), masks.get("hyper_hidden")
-        )
+            s_hyper, hyper_xproj, None, masks.get("hyper_gate"), masks.get("hyper_hidden"),
+            bias0_scales[0],
+        )  # fmt: skip
         if self.hyper_rank > 0:
             s_main, _, gates = lowrank.highway_step(
                 self.main.weights(), self.lowrank_scales, s_main, main_xproj, hyper_layers,
                 masks.get("main_gate"), masks.get("main_hidden"), DTYPES[self.dtype],
-                op=self.lowrank_op, remat=self.lowrank_remat,
+                op=self.lowrank_op, remat=self.lowrank_remat, bias0_scale=bias0_scales[1],
             )  # fmt: skip
             self.main.record_gates(gates)
             return (s_hyper, s_main), s_main
         z = self.scales(hyper_layers)
         s_main, _ = self.main.step(
-            s_main, main_xproj, z, masks.get("main_gate"), masks.get("main_hidden")
-        )
+            s_main, main_xproj, z, masks.get("main_gate"), masks.get("main_hidden"),
+            bias0_scales[1],
+        )  # fmt: skip
         return (s_hyper, s_main), s_main
 
     def __call__(self, carry, x):

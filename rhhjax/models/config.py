@@ -53,6 +53,7 @@ class ModelConfig:
     hyper_rank: int = 0
     lowrank_op: str = "custom_vjp"
     lowrank_remat: bool = True
+    original_first_step: bool = False
 
     @classmethod
     def from_config(cls, cfg: Any, **overrides: Any) -> ModelConfig:
@@ -80,8 +81,9 @@ class ModelConfig:
             highway.validate_config(self.kernel, self.compute_dtype)
         except ValueError as error:
             raise ConfigError(f"model.kernel: {error}") from None
-        if not isinstance(self.lowrank_remat, bool):
-            raise ConfigError(f"model.lowrank_remat={self.lowrank_remat!r} must be True or False")
+        for name in ("lowrank_remat", "original_first_step"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"model.{name}={getattr(self, name)!r} must be True or False")
         _check_rank(self)
 
     @property

@@ -5,10 +5,15 @@ textbook Flax `nn.scan` over the cell with plain autodiff (the reference, and th
 that records gates: see `rhhjax.models.cells`); `fused` and `pallas` run the whole
 recurrence as one op (`rhhjax.ops.recurrence`, rank-d: `rhhjax.ops.lowrank`). Dropout keys
 and masks are derived the same way (`DropoutKeys`) by every implementation.
+
+`ModelConfig.original_first_step` (the paper code's first step, without layer 0's recurrent
+bias where the state is zero): `scan` passes a per-step factor on b_0 through the scan;
+`fused` and `pallas` run step 0 with the pure-JAX step here and the op on steps 1..T-1.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import flax.linen as nn
@@ -39,22 +44,70 @@ def _scan_over_time(body: Callable, module: nn.Module, carry, xs, *broadcast):
 
 
 def _rhn_body(cell: RHNCell, s, xs, gate_key, hidden_masks):
-    step, xproj = xs
+    step, xproj, bias0 = xs
     gate = None
     if gate_key is not None:
         gate = cells.gate_masks(gate_key, step, (cell.depth, *s.shape), cell.keep)
-    s, _ = cell.step(s, xproj, None, gate, hidden_masks)
+    s, _ = cell.step(s, xproj, None, gate, hidden_masks, bias0)
     return s, s
 
 
 def _hyper_body(cell: HyperRHNCell, carry, xs, keep, keys, hidden_masks):
-    step, xprojs = xs
+    step, xprojs, bias0s = xs
     masks = dict(hidden_masks)
     if keys is not None:
         s_hyper, s_main = carry
         masks["hyper_gate"] = cells.gate_masks(keys[0], step, (cell.depth, *s_hyper.shape), keep)
         masks["main_gate"] = cells.gate_masks(keys[1], step, (cell.depth, *s_main.shape), keep)
-    return cell.step(carry, xprojs, masks)
+    return cell.step(carry, xprojs, masks, (None, None) if bias0s is None else bias0s)
+
+
+def _bias0_per_step(c: ModelConfig, s0: Array, length: int) -> Array | None:
+    """[T, B, 1] factors on layer 0's recurrent bias for the `scan` bodies (1 after step 0;
+    see `cells.first_step_bias0_scale`), or None when `original_first_step` is off."""
+    if not c.original_first_step:
+        return None
+    ones = jnp.ones((length, s0.shape[0], 1), jnp.float32)
+    return ones.at[0].set(cells.first_step_bias0_scale(s0))
+
+
+def _first_step_apart(c: ModelConfig, s0: Array, xs, run_step, run_sequence) -> Array:
+    """States [T, L, B, n] of a whole-sequence op, with `original_first_step` honoured.
+
+    Off: `run_sequence(first_step=0, s0, xs)`. On: step 0 by the pure-JAX
+    `run_step(s0, xs[0], bias0_scale)` (b_0 dropped for zero-state rows), steps 1..T-1 by
+    `run_sequence(first_step=1, s1, xs[1:])`; `xs` is a tuple of time-major arrays or None.
+    """
+    if not c.original_first_step:
+        return run_sequence(0, s0, xs)
+    first = jax.tree_util.tree_map(lambda x: x[0], xs)
+    s1, layers0, _ = run_step(s0, first, cells.first_step_bias0_scale(s0))
+    length = jax.tree_util.tree_leaves(xs)[0].shape[0]
+    if length == 1:
+        return layers0[None]
+    rest = run_sequence(1, s1, jax.tree_util.tree_map(lambda x: x[1:], xs))
+    return jnp.concatenate([layers0[None], rest])
+
+
+def _step_masks(key: Array | None, keep: float, depth: int, s0: Array) -> Array | None:
+    """Gate masks [L, B, n] of step 0 (those of every implementation), or None."""
+    return None if key is None else cells.gate_masks(key, 0, (depth, *s0.shape), keep)
+
+
+def _highway_states(c, spec, weights, s0, xproj, z, gate_key, hidden_masks) -> Array:
+    """`recurrence.highway_sequence` states [T, L, B, n] (xproj [T, B, 2n], z [T, L, B, n] or
+    None), with `original_first_step` honoured."""
+    masks0 = _step_masks(gate_key, spec.keep, weights.kernel_s.shape[0], s0)
+
+    def run_step(s, xs, bias0):
+        x_t, z_t = xs
+        return cells.highway_step(weights, s, x_t, z_t, masks0, hidden_masks, spec.dtype, bias0)
+
+    def run_sequence(first_step, s, xs):
+        spec_t = dataclasses.replace(spec, first_step=first_step)
+        return recurrence.highway_sequence(spec_t, weights, s, *xs, gate_key, hidden_masks)
+
+    return _first_step_apart(c, s0, (xproj, z), run_step, run_sequence)
 
 
 def _lstm_body(cell: LSTMCell, carry, xproj):
@@ -113,13 +166,14 @@ class RHNCore(nn.Module):
         xproj = jnp.swapaxes(self.cell.input_projection(x), 0, 1)  # [T, B, 2n]
         steps = jnp.arange(x.shape[1])
         if c.impl == "scan":
+            bias0 = _bias0_per_step(c, carry, x.shape[1])
             carry, ys = _scan_over_time(
-                _rhn_body, self.cell, carry, (steps, xproj), gate_key, hidden_masks
+                _rhn_body, self.cell, carry, (steps, xproj, bias0), gate_key, hidden_masks
             )
         else:
             spec = recurrence.resolve_spec(c, gate_key is not None)
-            states = recurrence.highway_sequence(
-                spec, self.cell.weights(), carry, xproj, None, gate_key, hidden_masks
+            states = _highway_states(
+                c, spec, self.cell.weights(), carry, xproj, None, gate_key, hidden_masks
             )
             carry, ys = states[-1, -1], states[:, -1]
         return jnp.swapaxes(ys, 0, 1), carry
@@ -167,8 +221,11 @@ class HyperRHNCore(nn.Module):
         xprojs = (jnp.swapaxes(hyper_xproj, 0, 1), jnp.swapaxes(main_xproj, 0, 1))
         steps = jnp.arange(x.shape[1])
         if c.impl == "scan":
+            bias0s = None
+            if c.original_first_step:
+                bias0s = tuple(_bias0_per_step(c, s, x.shape[1]) for s in carry)
             carry, ys = _scan_over_time(
-                _hyper_body, self.cell, carry, (steps, xprojs), c.keep, keys, hidden_masks
+                _hyper_body, self.cell, carry, (steps, xprojs, bias0s), c.keep, keys, hidden_masks
             )
         else:
             carry, ys = self._whole_sequence(carry, xprojs, keys, hidden_masks)
@@ -186,22 +243,40 @@ class HyperRHNCore(nn.Module):
         hyper_xproj, main_xproj = xprojs
         hyper_key, main_key = (None, None) if keys is None else keys
         spec = recurrence.resolve_spec(c, keys is not None)
-        hyper_states = recurrence.highway_sequence(
-            spec, cell.hyper.weights(), s_hyper, hyper_xproj, None, hyper_key,
+        hyper_states = _highway_states(
+            c, spec, cell.hyper.weights(), s_hyper, hyper_xproj, None, hyper_key,
             hidden_masks.get("hyper_hidden"),
         )  # fmt: skip
         main_hidden = hidden_masks.get("main_hidden")
         if c.hyper_rank > 0:  # Suarez section 4: main_xproj holds the raw input x here.
-            main_states = lowrank.lowrank_sequence(
-                spec, cell.main.weights(), cell.lowrank_scales, s_main, main_xproj,
-                hyper_states, main_key, main_hidden,
-            )  # fmt: skip
+            main_states = self._lowrank_states(
+                spec, s_main, main_xproj, hyper_states, main_key, main_hidden
+            )
         else:
-            main_states = recurrence.highway_sequence(
-                spec, cell.main.weights(), s_main, main_xproj, cell.scales(hyper_states),
+            main_states = _highway_states(
+                c, spec, cell.main.weights(), s_main, main_xproj, cell.scales(hyper_states),
                 main_key, main_hidden,
             )  # fmt: skip
         return (hyper_states[-1, -1], main_states[-1, -1]), main_states[:, -1]
+
+    def _lowrank_states(self, spec, s0, x, hyper_states, gate_key, hidden_masks) -> Array:
+        """`lowrank.lowrank_sequence` states [T, L, B, n] (x [T, B, E], hyper_states
+        [T, L, B, h]), with `original_first_step` honoured."""
+        c, weights, scales = self.config, self.cell.main.weights(), self.cell.lowrank_scales
+        masks0 = _step_masks(gate_key, spec.keep, c.depth, s0)
+
+        def run_step(s, xs, bias0):
+            x_t, hyper_t = xs
+            return lowrank.highway_step(
+                weights, scales, s, x_t, hyper_t, masks0, hidden_masks, spec.dtype,
+                op=c.lowrank_op, remat=c.lowrank_remat, bias0_scale=bias0,
+            )  # fmt: skip
+
+        def run_sequence(first_step, s, xs):
+            spec_t = dataclasses.replace(spec, first_step=first_step)
+            return lowrank.lowrank_sequence(spec_t, weights, scales, s, *xs, gate_key, hidden_masks)
+
+        return _first_step_apart(c, s0, (x, hyper_states), run_step, run_sequence)
 
 
 class LSTMCore(nn.Module):

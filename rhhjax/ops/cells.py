@@ -90,6 +90,7 @@ def highway_step(
     gate_masks: Array | None,
     hidden_masks: Array | None,
     dtype: jnp.dtype = jnp.float32,
+    bias0_scale: Array | None = None,
 ) -> tuple[Array, Array, Array]:
     """One time step of an RHN cell: L micro-layers.
 
@@ -101,6 +102,9 @@ def highway_step(
       gate_masks: [L, B, n] dropout masks on the transform gate, or None.
       hidden_masks: [L, B, n] variational masks on the state fed to W_l, or None.
       dtype: matmul input dtype.
+      bias0_scale: [B, 1] factor on the layer-0 recurrent bias b_0, or None (= 1). The
+        paper's code skips layer 0's recurrent Linear (matmul and b_0) on a sequence's first
+        step: `first_step_bias0_scale` gives 0 for those rows (see `ModelConfig`).
     Returns:
       (s_new [B, n], layer_states [L, B, n], gates [L, B, n]) where layer_states[l] is the
       state after micro-layer l (the hypernetwork reads these) and gates[l] its transform
@@ -115,13 +119,29 @@ def highway_step(
             a = a + xproj
         if z is not None:
             a = a * double(z[layer])
-        a = a + weights.bias_s[layer]
-        if layer == 0:
-            a = a + weights.bias_x
+        a = a + layer_bias(weights, layer, bias0_scale)
         gates.append(transform_gate(a))
         s = highway_gate(a, s, None if gate_masks is None else gate_masks[layer])
         layer_states.append(s)
     return s, jnp.stack(layer_states), jnp.stack(gates)
+
+
+def layer_bias(weights: HighwayWeights, layer: int, bias0_scale: Array | None) -> Array:
+    """The biases added to micro-layer `layer`'s pre-activation: b_l, plus b_U at layer 0.
+
+    Returns [2n], or [B, 2n] when `bias0_scale` [B, 1] scales b_0 (layer 0 only)."""
+    if layer > 0:
+        return weights.bias_s[layer]
+    bias_s = weights.bias_s[0] if bias0_scale is None else weights.bias_s[0] * bias0_scale
+    return bias_s + weights.bias_x
+
+
+def first_step_bias0_scale(s0: Array) -> Array:
+    """[B, n] state entering a sequence's first step -> [B, 1]: 0.0 where the row's state is
+    exactly zero (the paper's code: the state is the integer 0 and layer 0's recurrent
+    Linear, b_0 included, is skipped), 1.0 elsewhere (e.g. a state carried from the
+    previous chunk of a stream)."""
+    return jnp.any(s0 != 0, axis=-1, keepdims=True).astype(jnp.float32)
 
 
 def gate_masks(key: Array, step: Array | int, shape: tuple[int, ...], keep: float) -> Array:
@@ -139,13 +159,16 @@ def gate_masks(key: Array, step: Array | int, shape: tuple[int, ...], keep: floa
     return bits.astype(jnp.float32) / keep
 
 
-def gate_keeps(key: Array, length: int, shape: tuple[int, ...], keep: float) -> Array:
+def gate_keeps(
+    key: Array, length: int, shape: tuple[int, ...], keep: float, first_step: int = 0
+) -> Array:
     """Gate-dropout keep decisions of a whole sequence, bool [T, *shape].
 
-    Step t holds exactly the decisions of `gate_masks(key, t, shape, keep)` (the same
-    per-step keys), generated for all steps at once, outside any time loop.
+    Entry i holds exactly the decisions of `gate_masks(key, first_step + i, shape, keep)`
+    (the same per-step keys), generated for all steps at once, outside any time loop.
     """
-    return jax.vmap(lambda t: gate_masks(key, t, shape, keep) > 0)(jnp.arange(length))
+    steps = jnp.arange(first_step, first_step + length)
+    return jax.vmap(lambda t: gate_masks(key, t, shape, keep) > 0)(steps)
 
 
 def gate_backward(

@@ -312,6 +312,7 @@ def highway_step(
     dtype: Any = jnp.float32,
     op: str = "custom_vjp",
     remat: bool = True,
+    bias0_scale: Array | None = None,
 ) -> tuple[Array, Array, Array]:
     """One time step of the rank-d main cell (the `cells.highway_step` of hyper_rank > 0).
 
@@ -323,6 +324,7 @@ def highway_step(
       gate_masks / hidden_masks: [L, B, n] or None, as in `cells.highway_step`.
       op: the `scaled_matmul` op; remat: rematerialise each layer's projections and scaled
         matmul in the backward (keeps only s and s_h per step and layer).
+      bias0_scale: [B, 1] factor on the layer-0 recurrent bias, as in `cells.highway_step`.
     Returns:
       (s_new [B, n], layer_states [L, B, n], gates [L, B, n]): as `cells.highway_step`
       (gates[l] = the transform gate t of micro-layer l before dropout).
@@ -349,9 +351,7 @@ def highway_step(
             scales.u_x_kernel if first else None,
             scales.u_x_bias if first else None,
         )
-        a = a + weights.bias_s[layer]
-        if first:
-            a = a + weights.bias_x
+        a = a + cells.layer_bias(weights, layer, bias0_scale)
         gates.append(cells.transform_gate(a))
         s = cells.highway_gate(a, s, None if gate_masks is None else gate_masks[layer])
         states.append(s)
@@ -376,7 +376,7 @@ def _run_forward(spec, weights, scales, s0, x, hyper_states, key_data, hidden_ma
     keep = None
     if spec.gate_dropout:
         key = jax.random.wrap_key_data(key_data)
-        keep = cells.gate_keeps(key, x.shape[0], (depth, batch, width), spec.keep)
+        keep = cells.gate_keeps(key, x.shape[0], (depth, batch, width), spec.keep, spec.first_step)
     kernel_s, kernel_x = _matmul_weights(weights, dtype)
 
     def body(s, inputs):

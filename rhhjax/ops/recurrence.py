@@ -68,6 +68,9 @@ class SequenceSpec:
     gate_dropout: bool  # Whether gate masks are generated from the key.
     interpret: bool = False  # Pallas interpret mode.
     kernel: highway.HighwayConfig = highway.HighwayConfig()  # Pallas block sizes.
+    # Time index of the call's first step: gate masks of entry i are those of step
+    # first_step + i (1 when the caller ran step 0 itself, e.g. model.original_first_step).
+    first_step: int = 0
 
 
 def resolve_spec(config: Any, gate_dropout: bool) -> SequenceSpec:
@@ -454,7 +457,7 @@ def _padded_operands(spec, layout, weights, s0, xproj, z, key_data, hidden_masks
     if spec.gate_dropout:
         key = jax.random.wrap_key_data(key_data)
         decisions = cells.gate_keeps(
-            key, xproj.shape[0], (depth, layout.batch, layout.width), spec.keep
+            key, xproj.shape[0], (depth, layout.batch, layout.width), spec.keep, spec.first_step
         )
         keep = layout.rows(decisions.astype(jnp.int8 if spec.impl == "pallas" else jnp.bool_))
     return (

@@ -4,24 +4,33 @@
         --sweep=model.hyper_rank=0,1,2,4,8 --max_minutes=12 --out=ablations/rank
 
     python -m rhhjax.tools.ablate --config=configs/ptb.py:cpu --config.data.dir=/path/to/ptb \\
-        --sweep=model.type=rhn,hyperrhn --sweep=model.depth=3,5 --max_steps=2000 --out=DIR
+        --variant=hyperrhn --variant=rhn:model.type=rhn,model.hidden=280 \\
+        --variant=lstm:model.type=lstm,model.hidden=197 --seeds=0,1 --max_minutes=12 --out=DIR
 
 Every `--sweep=FIELD=V1,V2,...` names any config field (dotted, e.g. model.depth,
 model.type, model.dropout, train.learning_rate); values are converted to the field's type.
 Several sweeps give their cross product, in order (the base config's value of a field is not
-added: list it to include it). `--config.FIELD=VALUE` changes the base of every variant.
-`--max_steps` / `--max_minutes` set the same budget for every variant (train.max_steps /
-train.max_minutes); `--seeds=0,1` repeats every variant per seed (default: config.seed).
+added: list it to include it). `--variant=NAME:FIELD=V,FIELD=V` (repeatable) is a named set
+of fields changed together (e.g. a model type and the width that matches a parameter
+count; `NAME` alone is the base config); named variants are crossed with the sweeps.
+`--config.FIELD=VALUE` changes the base of every variant. `--max_steps` / `--max_minutes`
+set the same budget for every variant (train.max_steps / train.max_minutes); `--seeds=0,1`
+repeats every variant per seed (default: config.seed), seed-major: every variant runs with
+the first seed before any runs with the second, so a cut ablation still compares them all.
 
-Each variant trains with `rhhjax.trainer.train_and_evaluate` in its own workdir DIR/<name>
-(rerunning the command resumes unfinished variants and reuses finished ones, i.e. those with
-a results.json, unless --rerun). DIR/results.md and DIR/results.json hold one row per variant:
-parameters, steps, step time (median of the trainer's logged throughput, compilation
-excluded), peak memory (XLA's compile-time estimate for the training step: arguments +
-outputs + temporaries - donated, see `rhhjax.lowrank_bench`), the best periodic validation
-BPC and the final validation BPC of the best checkpoint (first protocol of
-eval.final_protocols). A variant that fails (e.g. an invalid combination) is recorded with
-its error and the others still run; the exit status is then 1.
+Each run trains with `rhhjax.train.trainer.train_and_evaluate` in its own workdir DIR/<name>
+(rerunning the command resumes unfinished runs and reuses finished ones, i.e. those with a
+results.json, unless --rerun). DIR/results.md and DIR/results.json hold one row per run:
+parameters, steps, epochs, characters/s (median of the trainer's progress records,
+compilation excluded), training minutes (the max_minutes clock), wall minutes (first
+record to results.json), peak memory (XLA's compile-time estimate for the training step:
+arguments + outputs + temporaries - donated), the best periodic validation BPC and the
+final BPC of the best checkpoint on the whole valid and test splits under the windows and
+stream protocols (those of eval.final_protocols); with several seeds, a second table gives
+the mean and range per variant; `--at_steps=800,1600` adds the periodic validation BPC of
+every run at those steps (an equal-steps view beside the equal-budget one). A run that fails
+(e.g. an invalid combination) is recorded with its error and the others still run; the exit
+status is then 1.
 """
 
 from __future__ import annotations
@@ -62,6 +71,7 @@ class Variant:
     name: str
     overrides: dict[str, Any]
     seed: int
+    group: str = ""  # the name without the seed: runs of one group differ only in seed
 
 
 def _get(config: ml_collections.ConfigDict, field: str) -> Any:
@@ -125,19 +135,66 @@ def variant_name(overrides: dict[str, Any], seed: int | None) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", name)
 
 
+def parse_variant(text: str, config: ml_collections.ConfigDict) -> tuple[str, dict[str, Any]]:
+    """'rhn:model.type=rhn,model.hidden=280' -> ('rhn', {'model.type': 'rhn', ...}).
+
+    A named variant changes several fields together (e.g. a model type and the width that
+    matches a parameter count); 'hyperrhn' alone (or 'hyperrhn:') is the base config."""
+    name, _, body = text.partition(":")
+    name = name.strip()
+    if not name or re.search(r"[^A-Za-z0-9._-]", name):
+        raise SweepError(
+            f"--variant={text!r}: expected NAME[:FIELD=V,FIELD=V] with NAME of letters, "
+            "digits, '.', '_', '-', e.g. rhn:model.type=rhn,model.hidden=280"
+        )
+    overrides: dict[str, Any] = {}
+    for item in filter(str.strip, body.split(",")):
+        field, sep, value = item.partition("=")
+        field = field.strip()
+        if not sep or not field:
+            raise SweepError(f"--variant={text!r}: {item!r} is not FIELD=VALUE")
+        like = _get(config, field)
+        if isinstance(like, ml_collections.ConfigDict):
+            raise SweepError(f"--variant field {field!r} is a section, not a value")
+        if field in overrides:
+            raise SweepError(f"--variant={text!r}: {field} is set twice")
+        overrides[field] = convert(value, like, field)
+    return name, overrides
+
+
 def plan(
-    config: ml_collections.ConfigDict, sweeps: Sequence[Sweep], seeds: Sequence[int] | None
+    config: ml_collections.ConfigDict,
+    sweeps: Sequence[Sweep],
+    seeds: Sequence[int] | None,
+    named: Sequence[tuple[str, dict[str, Any]]] = (),
 ) -> list[Variant]:
-    """The cross product of the sweeps (then seeds), in the order given."""
+    """The named variants x the cross product of the sweeps, repeated per seed.
+
+    Seed-major: every variant runs with the first seed before any runs with the second, so
+    a cut ablation still compares all variants."""
     fields = [s.field for s in sweeps]
     if len(set(fields)) != len(fields):
         raise SweepError(f"a field is swept twice: {', '.join(fields)}")
+    names = [name for name, _ in named]
+    if len(set(names)) != len(names):
+        raise SweepError(f"a --variant name is given twice: {', '.join(names)}")
+    for name, overrides in named:
+        both = sorted(set(overrides) & set(fields))
+        if both:
+            raise SweepError(f"--variant {name} sets {', '.join(both)}, which is also swept")
+    combos = []
+    for prefix, fixed in named or [("", {})]:
+        for values in itertools.product(*(s.values for s in sweeps)):
+            swept = dict(zip(fields, values, strict=True))
+            combos.append((prefix, {**fixed, **swept}, swept))
     variants = []
-    for values in itertools.product(*(s.values for s in sweeps)):
-        overrides = dict(zip(fields, values, strict=True))
-        for seed in seeds or [None]:
-            name = variant_name(overrides, seed if seeds and len(seeds) > 1 else None)
-            variants.append(Variant(name, overrides, int(config.seed if seed is None else seed)))
+    for seed in seeds or [None]:
+        for prefix, overrides, swept in combos:
+            group = "_".join(p for p in (prefix, variant_name(swept, None)) if p != "base" and p)
+            suffix = variant_name({}, seed) if seeds and len(seeds) > 1 else ""
+            name = "_".join(p for p in (group, suffix) if p) or "base"
+            seed_value = int(config.seed if seed is None else seed)
+            variants.append(Variant(name, overrides, seed_value, group or "base"))
     return variants
 
 
@@ -161,21 +218,45 @@ def variant_config(
 # ----------------------------------------------------------------------------- measurements
 
 
-def step_seconds(workdir: Path, batch: int, seq_len: int) -> float | None:
-    """Median seconds per step from the trainer's `train` records (chars_per_sec)."""
+def metrics_summary(workdir: Path, batch: int, seq_len: int) -> dict[str, Any]:
+    """From the trainer's ``metrics.jsonl``: the median seconds per step and characters per
+    second of its ``train`` records (compilation excluded), the training minutes (the
+    max_minutes clock), the wall seconds from the first start to the last record or to
+    ``results.json`` (written after the final evaluation), whichever is later, and the
+    periodic validation curve ``valid_curve`` [[step, training minutes, BPC], ...]."""
     path = workdir / "metrics.jsonl"
+    summary: dict[str, Any] = dict(
+        step_s=None, chars_per_sec=None, train_minutes=None, wall_s=None, valid_curve=[]
+    )
     if not path.exists():
-        return None
-    values = []
+        return summary
+    speeds, times, train_seconds, curve = [], [], None, {}
     for line in path.read_text().splitlines():
         try:
             record = json.loads(line)
         except json.JSONDecodeError:
             continue
-        cps = record.get("chars_per_sec") if record.get("kind") == "train" else None
-        if cps:
-            values.append(batch * seq_len / cps)
-    return statistics.median(values) if values else None
+        if record.get("time") is not None:
+            times.append(float(record["time"]))
+        if record.get("train_seconds") is not None:
+            train_seconds = float(record["train_seconds"])
+        if record.get("kind") == "train" and record.get("chars_per_sec"):
+            speeds.append(float(record["chars_per_sec"]))
+        if record.get("kind") == "valid" and record.get("bpc") is not None:
+            minutes = record.get("train_seconds")
+            minutes = None if minutes is None else float(minutes) / 60.0
+            curve[int(record["step"])] = [int(record["step"]), minutes, float(record["bpc"])]
+    if speeds:
+        summary["chars_per_sec"] = statistics.median(speeds)
+        summary["step_s"] = batch * seq_len / summary["chars_per_sec"]
+    if train_seconds is not None:
+        summary["train_minutes"] = train_seconds / 60.0
+    if (workdir / RESULTS_FILE).exists():
+        times.append((workdir / RESULTS_FILE).stat().st_mtime)
+    if len(times) > 1:
+        summary["wall_s"] = max(times) - min(times)
+    summary["valid_curve"] = [curve[step] for step in sorted(curve)]  # a re-logged step: last
+    return summary
 
 
 def peak_memory_gb(config: ml_collections.ConfigDict, vocab_size: int) -> float | None:
@@ -192,15 +273,17 @@ def peak_memory_gb(config: ml_collections.ConfigDict, vocab_size: int) -> float 
     return step.peak_bytes(analysis) * 1e-9
 
 
-def _final_valid(results: dict, config: ml_collections.ConfigDict) -> tuple[float | None, str]:
-    final = (results.get("final") or {}).get("valid") or {}
-    from rhhjax import evaluation
+FINAL_COLUMNS = (("valid", "windows"), ("valid", "stream"), ("test", "windows"), ("test", "stream"))
 
-    for protocol in evaluation.parse_protocols(config.eval.final_protocols):
-        for label, metrics in final.items():
-            if label == protocol or label.startswith(protocol):
-                return metrics.get("bpc"), label
-    return None, ""
+
+def final_bpcs(results: dict) -> dict[str, float | None]:
+    """{"valid_windows": bpc, ...} of the best checkpoint's final evaluation (`FINAL_COLUMNS`;
+    None where that protocol was not run)."""
+    final = results.get("final") or {}
+    return {
+        f"{split}_{protocol}": ((final.get(split) or {}).get(protocol) or {}).get("bpc")
+        for split, protocol in FINAL_COLUMNS
+    }
 
 
 def run_variant(
@@ -221,11 +304,11 @@ def run_variant(
     workdir = out / variant.name
     row: dict[str, Any] = {
         "variant": variant.name,
+        "group": variant.group,
         "overrides": variant.overrides,
         "seed": variant.seed,
         "workdir": str(workdir),
     }
-    start = time.time()
     try:
         cached = workdir / RESULTS_FILE
         if cached.exists() and not rerun:
@@ -244,12 +327,10 @@ def run_variant(
         else:
             log(f"[{variant.name}] error: {row['error']}")
         return row
-    row["wall_s"] = time.time() - start
     vocab_size = int(config.model.vocab_size)
     if (workdir / "config.json").exists():  # the trainer's resolved config: the data's vocab
         saved = json.loads((workdir / "config.json").read_text())
         vocab_size = int(saved.get("model", {}).get("vocab_size", vocab_size))
-    final_bpc, protocol = _final_valid(results, config)
     row.update(
         status=results.get("status"),
         stop_reason=results.get("stop_reason"),
@@ -258,9 +339,8 @@ def run_variant(
         params=results.get("num_params"),
         best_valid_bpc=results.get("best_valid_bpc"),
         best_step=results.get("best_step"),
-        final_valid_bpc=final_bpc,
-        final_valid_protocol=protocol,
-        step_s=step_seconds(workdir, int(config.train.batch_size), int(config.train.seq_len)),
+        final=final_bpcs(results),
+        **metrics_summary(workdir, int(config.train.batch_size), int(config.train.seq_len)),
     )
     if memory:
         try:
@@ -277,35 +357,99 @@ def _fmt(value: Any, spec: str) -> str:
     return format(value, spec)
 
 
+def _mean_range(values: Sequence[float | None], spec: str) -> str:
+    """'mean' of one value, 'mean (min-max)' of several; '-' when none is known."""
+    known = [v for v in values if v is not None and math.isfinite(v)]
+    if not known:
+        return "-"
+    mean = format(statistics.fmean(known), spec)
+    if len(known) == 1:
+        return mean
+    return f"{mean} ({format(min(known), spec)}-{format(max(known), spec)})"
+
+
+FINAL_HEADER = " | ".join(f"{split} {protocol}" for split, protocol in FINAL_COLUMNS)
+
+
+def _valid_at(row: dict, step: int) -> float | None:
+    """The periodic validation BPC of a run at `step`, or None when it did not validate there."""
+    for curve_step, _, bpc in row.get("valid_curve") or []:
+        if curve_step == step:
+            return bpc
+    return None
+
+
 def format_markdown(rows: Sequence[dict], header: dict) -> str:
+    """The results table: one row per run, then (when a variant ran with several seeds) the
+    mean and range per variant, then (``header["at_steps"]``) the periodic validation BPC of
+    every run at equal steps. BPC: best periodic validation (its step), then the final
+    evaluation of the best checkpoint on the whole valid and test splits."""
     lines = [
         f"# Ablation: {header['config']}",
         "",
         f"Command: `{header['command']}`  ",
         f"Date: {header['date']}; device: {header['device']}; budget: {header['budget']}",
         "",
-        "| variant | params | steps | step s | peak mem GB | best valid BPC (step) | "
-        "final valid BPC | status |",
-        "|---|---|---|---|---|---|---|---|",
+        "| run | params | steps | epochs | char/s | train min | wall min | peak mem GB | "
+        f"best periodic valid (step) | {FINAL_HEADER} | status |",
+        "|---|" + "---|" * (9 + len(FINAL_COLUMNS)),
     ]
     for r in rows:
         if r.get("status") == "error":
-            lines.append(f"| {r['variant']} | - | - | - | - | - | - | error: {r['error']} |")
+            blanks = " - |" * (8 + len(FINAL_COLUMNS))
+            lines.append(f"| {r['variant']} |{blanks} error: {r['error']} |")
             continue
         best = _fmt(r.get("best_valid_bpc"), ".4f")
         if r.get("best_step") is not None and best != "-":
             best += f" ({r['best_step']})"
-        final = _fmt(r.get("final_valid_bpc"), ".4f")
-        if final != "-":
-            final += f" ({r['final_valid_protocol']})"
+        final = r.get("final") or {}
+        finals = " | ".join(_fmt(final.get(f"{s}_{p}"), ".4f") for s, p in FINAL_COLUMNS)
         status = r.get("status", "")
         if r.get("stop_reason"):
             status += f", {r['stop_reason']}"
+        wall = r.get("wall_s")
         lines.append(
             f"| {r['variant']} | {_fmt(r.get('params'), ',')} | {_fmt(r.get('steps'), ',')} | "
-            f"{_fmt(r.get('step_s'), '.3f')} | {_fmt(r.get('peak_memory_gb'), '.3f')} | "
-            f"{best} | {final} | {status} |"
+            f"{_fmt(r.get('epochs'), '.2f')} | {_fmt(r.get('chars_per_sec'), ',.0f')} | "
+            f"{_fmt(r.get('train_minutes'), '.1f')} | "
+            f"{_fmt(None if wall is None else wall / 60, '.1f')} | "
+            f"{_fmt(r.get('peak_memory_gb'), '.3f')} | {best} | {finals} | {status} |"
         )
+    groups: dict[str, list[dict]] = {}
+    for r in rows:
+        if r.get("status") != "error":
+            groups.setdefault(r.get("group") or r["variant"], []).append(r)
+    if any(len(g) > 1 for g in groups.values()):
+        lines += [
+            "",
+            "Mean (min-max) over seeds:",
+            "",
+            f"| variant | runs | params | steps | char/s | {FINAL_HEADER} |",
+            "|---|" + "---|" * (4 + len(FINAL_COLUMNS)),
+        ]
+        for name, group in groups.items():
+            finals = " | ".join(
+                _mean_range([(r.get("final") or {}).get(f"{s}_{p}") for r in group], ".4f")
+                for s, p in FINAL_COLUMNS
+            )
+            lines.append(
+                f"| {name} | {len(group)} | {_mean_range([r.get('params') for r in group], ',.0f')}"
+                f" | {_mean_range([r.get('steps') for r in group], ',.0f')}"
+                f" | {_mean_range([r.get('chars_per_sec') for r in group], ',.0f')} | {finals} |"
+            )
+    at_steps = header.get("at_steps") or []
+    if at_steps:
+        lines += [
+            "",
+            "Periodic validation BPC at equal steps (whatever the time each run needed):",
+            "",
+            "| run | " + " | ".join(f"step {s:,}" for s in at_steps) + " |",
+            "|---|" + "---|" * len(at_steps),
+        ]
+        for r in rows:
+            if r.get("status") != "error":
+                values = " | ".join(_fmt(_valid_at(r, s), ".4f") for s in at_steps)
+                lines.append(f"| {r['variant']} | {values} |")
     return "\n".join(lines) + "\n"
 
 
@@ -314,11 +458,13 @@ def run_ablation(
     sweeps: Sequence[str],
     out: str | Path,
     *,
+    variants: Sequence[str] = (),
     max_steps: int | None = None,
     max_minutes: float | None = None,
     seeds: Sequence[int] | None = None,
     memory: bool = True,
     rerun: bool = False,
+    at_steps: Sequence[int] = (),
     command: str = "",
     config_label: str = "",
     log: Callable[[str], None] = print,
@@ -327,9 +473,10 @@ def run_ablation(
     import jax
 
     parsed = [parse_sweep(s, config) for s in sweeps]
-    if not parsed:
-        raise SweepError("give at least one --sweep=FIELD=V1,V2,...")
-    variants = plan(config, parsed, seeds)
+    named = [parse_variant(v, config) for v in variants]
+    if not parsed and not named:
+        raise SweepError("give at least one --sweep=FIELD=V1,V2,... or --variant=NAME:...")
+    planned = plan(config, parsed, seeds, named)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     budget = ", ".join(
@@ -342,10 +489,12 @@ def run_ablation(
         "device": f"{jax.devices()[0].platform}:{getattr(jax.devices()[0], 'device_kind', '?')}",
         "budget": budget or "the config's",
         "sweeps": {s.field: s.values for s in parsed},
+        "variants": dict(named),
+        "at_steps": [int(s) for s in at_steps],
     }
-    log(f"ablation: {len(variants)} variant(s) in {out}: {', '.join(v.name for v in variants)}")
+    log(f"ablation: {len(planned)} run(s) in {out}: {', '.join(v.name for v in planned)}")
     rows: list[dict] = []
-    for variant in variants:
+    for variant in planned:
         row = run_variant(
             config,
             variant,
@@ -381,10 +530,16 @@ def main(argv: Sequence[str]) -> int:
         seeds = [int(s) for s in FLAGS.seeds] if FLAGS.seeds else None
     except ValueError:
         raise SweepError(f"--seeds must be integers, got {FLAGS.seeds}") from None
+    try:
+        at_steps = [int(s) for s in FLAGS.at_steps]
+    except ValueError:
+        raise SweepError(f"--at_steps must be integers, got {FLAGS.at_steps}") from None
     rows = run_ablation(
         config,
         FLAGS.sweep or [],
         FLAGS.out,
+        variants=FLAGS.variant or [],
+        at_steps=at_steps,
         max_steps=FLAGS.max_steps,
         max_minutes=FLAGS.max_minutes,
         seeds=seeds,
@@ -404,12 +559,16 @@ def define_flags() -> None:
         "config", None, "Config file, optionally with a variant: configs/ptb.py[:cpu]."
     )
     flags.DEFINE_multi_string("sweep", [], "FIELD=V1,V2,... (repeatable; cross product).")
+    flags.DEFINE_multi_string(
+        "variant", [], "NAME:FIELD=V,FIELD=V (repeatable): fields changed together."
+    )
     flags.DEFINE_integer("max_steps", None, "train.max_steps for every variant.")
     flags.DEFINE_float("max_minutes", None, "train.max_minutes for every variant.")
     flags.DEFINE_list("seeds", [], "Seeds to repeat every variant with (default config.seed).")
     flags.DEFINE_string("out", None, "Output folder (one workdir per variant + results).")
     flags.DEFINE_bool("memory", True, "Estimate each variant's training-step peak memory.")
     flags.DEFINE_bool("rerun", False, "Retrain variants that already have results.")
+    flags.DEFINE_list("at_steps", [], "Also tabulate the periodic validation BPC at these steps.")
 
 
 if __name__ == "__main__":

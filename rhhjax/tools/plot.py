@@ -1,11 +1,15 @@
 """Training and validation BPC against epochs (the paper's Fig. 1) from a workdir.
 
     python -m rhhjax.tools.plot WORKDIR [--out=FILE.png] [WORKDIR ...]
+    python -m rhhjax.tools.plot --x=minutes --notrain --out=FILE.png WORKDIR [WORKDIR ...]
 
 Reads ``WORKDIR/metrics.jsonl`` (``train`` and ``valid`` records written by the trainer) and
 writes ``WORKDIR/bpc.png`` (or ``--out``). Several workdirs are drawn in one figure (one
 colour per run; solid = validation, dotted = training), written to ``--out`` (default: the
-first workdir's ``bpc.png``). Uses matplotlib's Agg backend (no display needed).
+first workdir's ``bpc.png``). ``--x=minutes`` puts training time on the x axis (the
+``train.max_minutes`` clock: compilation counts, validation and saving do not; recorded by
+the trainer since 2026-11-23), to compare runs at equal wall-clock budget. Uses
+matplotlib's Agg backend (no display needed).
 """
 
 from __future__ import annotations
@@ -22,11 +26,24 @@ class PlotError(UserError):
     """Missing or empty metrics; the message is one line."""
 
 
-def load_curves(workdir: str | Path) -> dict:
-    """{"train": [(epoch, bpc)], "valid": [(epoch, bpc)], "protocol": str | None}.
+X_AXES = {"epoch": "epoch", "minutes": "training minutes"}
+
+
+def _x_value(record: dict, x: str) -> float | None:
+    if x == "epoch":
+        return float(record["epoch"])
+    seconds = record.get("train_seconds")
+    return None if seconds is None else float(seconds) / 60.0
+
+
+def load_curves(workdir: str | Path, x: str = "epoch") -> dict:
+    """{"train": [(x, bpc)], "valid": [(x, bpc)], "protocol": str | None}, x = epoch or
+    training minutes (`X_AXES`).
 
     When a step was recorded twice (a resumed run re-logging it), the later record wins.
     """
+    if x not in X_AXES:
+        raise PlotError(f"--x={x!r}: expected one of {', '.join(X_AXES)}")
     path = Path(workdir) / METRICS_FILE
     if not path.is_file():
         raise PlotError(f"{path} not found (is {workdir} a training workdir?)")
@@ -39,18 +56,30 @@ def load_curves(workdir: str | Path) -> dict:
             continue
         kind = record.get("kind")
         if kind in by_kind and record.get("bpc") is not None:
-            by_kind[kind][int(record["step"])] = (float(record["epoch"]), float(record["bpc"]))
+            value = _x_value(record, x)
+            if value is None:
+                continue
+            by_kind[kind][int(record["step"])] = (value, float(record["bpc"]))
             if kind == "valid":
                 protocol = record.get("protocol", protocol)
     curves = {kind: [v for _, v in sorted(d.items())] for kind, d in by_kind.items()}
     if not curves["train"] and not curves["valid"]:
+        if x == "minutes":
+            raise PlotError(f"{path} records no training time (older trainer): use --x=epoch")
         raise PlotError(f"{path} holds no train or valid records yet")
     curves["protocol"] = protocol
     return curves
 
 
-def plot(workdirs: list[str | Path], out: str | Path | None = None) -> Path:
-    """Draw the BPC curves of ``workdirs`` into a PNG; returns its path."""
+def plot(
+    workdirs: list[str | Path],
+    out: str | Path | None = None,
+    x: str = "epoch",
+    train: bool = True,
+    title: str = "",
+) -> Path:
+    """Draw the BPC curves of ``workdirs`` into a PNG (x: `X_AXES`; train: also the training
+    curves); returns its path."""
     try:
         import matplotlib
     except ImportError:
@@ -67,14 +96,14 @@ def plot(workdirs: list[str | Path], out: str | Path | None = None) -> Path:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for i, workdir in enumerate(workdirs):
-        curves = load_curves(workdir)
+        curves = load_curves(workdir, x)
         color = colors[i % len(colors)]
         name = Path(workdir).resolve().name
         prefix = f"{name}: " if len(workdirs) > 1 else ""
-        if curves["train"]:
-            x, y = zip(*curves["train"], strict=True)
+        if curves["train"] and train:
+            xs, y = zip(*curves["train"], strict=True)
             ax.plot(
-                x,
+                xs,
                 y,
                 ":" if len(workdirs) > 1 else "-",
                 color=color,
@@ -82,10 +111,10 @@ def plot(workdirs: list[str | Path], out: str | Path | None = None) -> Path:
                 label=f"{prefix}train",
             )
         if curves["valid"]:
-            x, y = zip(*curves["valid"], strict=True)
-            second = colors[(i + 1) % len(colors)] if len(workdirs) == 1 else color
+            xs, y = zip(*curves["valid"], strict=True)
+            second = colors[(i + 1) % len(colors)] if len(workdirs) == 1 and train else color
             ax.plot(
-                x,
+                xs,
                 y,
                 "o-",
                 color=second,
@@ -94,10 +123,10 @@ def plot(workdirs: list[str | Path], out: str | Path | None = None) -> Path:
             )
             best = min(y)
             ax.axhline(best, color=second, linewidth=0.6, linestyle="--")
-    ax.set_xlabel("epoch")
+    ax.set_xlabel(X_AXES[x])
     ax.set_ylabel("bits per character")
-    title = Path(workdirs[0]).resolve().name if len(workdirs) == 1 else "BPC"
-    ax.set_title(title)
+    default_title = Path(workdirs[0]).resolve().name if len(workdirs) == 1 else "BPC"
+    ax.set_title(title or default_title)
     ax.grid(True, alpha=0.3)
     ax.legend()
     fig.tight_layout()
@@ -114,7 +143,8 @@ def main(argv: list[str]) -> int:
     workdirs = argv[1:]
     if not workdirs:
         raise PlotError("give at least one workdir: python -m rhhjax.tools.plot WORKDIR [...]")
-    print(plot(workdirs, flags.FLAGS.out or None))
+    f = flags.FLAGS
+    print(plot(workdirs, f.out or None, x=f.x, train=f.train, title=f.title))
     return 0
 
 
@@ -122,6 +152,9 @@ def define_flags() -> None:
     from absl import flags
 
     flags.DEFINE_string("out", "", "PNG path (default WORKDIR/bpc.png).")
+    flags.DEFINE_enum("x", "epoch", list(X_AXES), "x axis: epoch or training minutes.")
+    flags.DEFINE_bool("train", True, "Also draw the training curves (--notrain: only valid).")
+    flags.DEFINE_string("title", "", "Figure title (default: the workdir's name or 'BPC').")
 
 
 if __name__ == "__main__":

@@ -320,6 +320,7 @@ class Loop:
             "lr": lr,
             "steps": n,
             "chars_per_sec": chars_per_sec if math.isfinite(chars_per_sec) else None,
+            "train_seconds": s.train_seconds,  # the max_minutes clock (compilation included)
             "time": time.time(),
         }
         self.metrics.append(record)
@@ -375,6 +376,8 @@ class Loop:
             "chars": m["chars"],
             "best": improved,
             "seconds": time.time() - start,
+            "train_seconds": s.train_seconds,  # the max_minutes clock (compilation included)
+            "time": time.time(),
         }
         self.metrics.append(record)
         if self.events is not None:
