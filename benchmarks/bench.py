@@ -199,14 +199,12 @@ def main(argv: Sequence[str]) -> None:
             error = f"{type(e).__name__}: {' '.join(str(e).split())[:2000]}"
             failed.append(dict(impl=impl, model=model, size=size, dtype=dtype, error=error))
             print(f"{impl} {model} {size} {dtype} FAILED: {failed[-1]['error'][:300]}", flush=True)
-            continue
-        rows.append(row)
-        print(format_table([row]).splitlines()[1], flush=True)
+        else:
+            rows.append(row)
+            print(format_table([row]).splitlines()[1], flush=True)
         if f.out:  # after every row, so a command cut at its time limit keeps what it measured
             write_record(f.out, rows, failed)
     print(format_table(rows))
-    if f.out:
-        write_record(f.out, rows, failed)
     if failed:
         raise SystemExit(f"error: {len(failed)} row(s) failed")
 

@@ -59,7 +59,7 @@ def _hyper_body(cell: HyperRHNCell, carry, xs, keep, keys, hidden_masks):
         s_hyper, s_main = carry
         masks["hyper_gate"] = cells.gate_masks(keys[0], step, (cell.depth, *s_hyper.shape), keep)
         masks["main_gate"] = cells.gate_masks(keys[1], step, (cell.depth, *s_main.shape), keep)
-    return cell.step(carry, xprojs, masks, (None, None) if bias0s is None else bias0s)
+    return cell.step(carry, xprojs, masks, bias0s)
 
 
 def _bias0_per_step(c: ModelConfig, s0: Array, length: int) -> Array | None:
@@ -221,9 +221,7 @@ class HyperRHNCore(nn.Module):
         xprojs = (jnp.swapaxes(hyper_xproj, 0, 1), jnp.swapaxes(main_xproj, 0, 1))
         steps = jnp.arange(x.shape[1])
         if c.impl == "scan":
-            bias0s = None
-            if c.original_first_step:
-                bias0s = tuple(_bias0_per_step(c, s, x.shape[1]) for s in carry)
+            bias0s = tuple(_bias0_per_step(c, s, x.shape[1]) for s in carry)  # (None, None): off
             carry, ys = _scan_over_time(
                 _hyper_body, self.cell, carry, (steps, xprojs, bias0s), c.keep, keys, hidden_masks
             )

@@ -111,15 +111,21 @@ def convert(text: str, like: Any, field: str) -> Any:
     return text
 
 
+def _leaf_value(config: ml_collections.ConfigDict, field: str, flag: str) -> Any:
+    """The current value of a config field that holds a value (not a section)."""
+    like = _get(config, field)
+    if isinstance(like, ml_collections.ConfigDict):
+        raise SweepError(f"--{flag} field {field!r} is a section, not a value")
+    return like
+
+
 def parse_sweep(text: str, config: ml_collections.ConfigDict) -> Sweep:
     """'model.hyper_rank=1,2,4' -> Sweep('model.hyper_rank', [1, 2, 4])."""
     field, sep, values = text.partition("=")
     field = field.strip()
     if not sep or not field or not values.strip():
         raise SweepError(f"--sweep={text!r}: expected FIELD=V1,V2,... e.g. model.depth=3,5")
-    like = _get(config, field)
-    if isinstance(like, ml_collections.ConfigDict):
-        raise SweepError(f"--sweep field {field!r} is a section, not a value")
+    like = _leaf_value(config, field, "sweep")
     parsed = [convert(v, like, field) for v in values.split(",") if v.strip()]
     if len(set(map(repr, parsed))) != len(parsed):
         raise SweepError(f"--sweep {field}: repeated values in {values!r}")
@@ -153,12 +159,9 @@ def parse_variant(text: str, config: ml_collections.ConfigDict) -> tuple[str, di
         field = field.strip()
         if not sep or not field:
             raise SweepError(f"--variant={text!r}: {item!r} is not FIELD=VALUE")
-        like = _get(config, field)
-        if isinstance(like, ml_collections.ConfigDict):
-            raise SweepError(f"--variant field {field!r} is a section, not a value")
         if field in overrides:
             raise SweepError(f"--variant={text!r}: {field} is set twice")
-        overrides[field] = convert(value, like, field)
+        overrides[field] = convert(value, _leaf_value(config, field, "variant"), field)
     return name, overrides
 
 
@@ -224,18 +227,13 @@ def metrics_summary(workdir: Path, batch: int, seq_len: int) -> dict[str, Any]:
     max_minutes clock), the wall seconds from the first start to the last record or to
     ``results.json`` (written after the final evaluation), whichever is later, and the
     periodic validation curve ``valid_curve`` [[step, training minutes, BPC], ...]."""
-    path = workdir / "metrics.jsonl"
+    from rhhjax.train import workdir as workdir_lib
+
     summary: dict[str, Any] = dict(
         step_s=None, chars_per_sec=None, train_minutes=None, wall_s=None, valid_curve=[]
     )
-    if not path.exists():
-        return summary
     speeds, times, train_seconds, curve = [], [], None, {}
-    for line in path.read_text().splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue
+    for record in workdir_lib.MetricsLog(workdir / workdir_lib.METRICS_FILE).read():
         if record.get("time") is not None:
             times.append(float(record["time"]))
         if record.get("train_seconds") is not None:
