@@ -88,7 +88,8 @@ def backward_kernel(
       g_ref [block_b, block_n] if has.g;
       if elementwise: s_ref [block_b, block_n]; pre_ref [block_b, 2, block_n];
         bias_ref [2, block_n]; z_ref, xproj_ref, mask_ref as in the forward;
-      outputs: if elementwise: d_out_ref [block_b, 2, block_n] (d_scaled), ds_carry_ref [block_b, block_n], dz_ref [block_b, block_n] if has.z,
+      outputs: if elementwise: d_out_ref [block_b, 2, block_n] (d_scaled), ds_carry_ref
+        [block_b, block_n], dz_ref [block_b, block_n] if has.z,
         dbias_ref [2, block_n] (this program's column sums of da); else ds_ref_out.
     """
     refs = list(refs)

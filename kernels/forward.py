@@ -117,9 +117,7 @@ def forward_padded(
     check_operand("bias2", bias2, (2, n_pad), (F32,))
     check_operand("xproj", xproj, rows2, (F32,))
     check_operand("keep_mask", keep_mask, rows, MASK_DTYPES)
-    has = OptionalOperands(
-        z=z is not None, xproj=xproj is not None, mask=keep_mask is not None
-    )
+    has = OptionalOperands(z=z is not None, xproj=xproj is not None, mask=keep_mask is not None)
 
     block_rows = pl.BlockSpec((bb, bn), lambda i, j: (i, j))
     block_rows2 = pl.BlockSpec((bb, 2, bn), lambda i, j: (i, 0, j))
