@@ -46,7 +46,7 @@ print('backend', jax.default_backend(), jax.devices())" || status=1
     --format=csv 2> /dev/null || true
 } 2>&1 | tee "$OUT/versions.txt"
 
-TESTS="tests/test_kernels_config.py tests/test_kernels_padded.py tests/test_kernels_legacy.py
+TESTS="tests/test_kernels_config.py tests/test_kernels_padded.py
   tests/test_kernels_stacked.py tests/test_recurrence.py tests/test_lowrank.py
   tests/test_models_cores.py tests/test_train_step.py"
 if [ "$MODE" = tests ] || [ "$MODE" = all ]; then

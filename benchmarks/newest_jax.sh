@@ -82,5 +82,5 @@ EOF
 echo "== tests"
 # shellcheck disable=SC2086
 exec "$VENV/bin/python" -m pytest -q -p no:cacheprovider -W default::DeprecationWarning \
-  tests/test_kernels_config.py tests/test_kernels_padded.py tests/test_kernels_legacy.py tests/test_kernels_stacked.py tests/test_recurrence.py tests/test_lowrank.py \
+  tests/test_kernels_config.py tests/test_kernels_padded.py tests/test_kernels_stacked.py tests/test_recurrence.py tests/test_lowrank.py \
   tests/test_models.py ${PYTEST_ARGS:-}

@@ -74,7 +74,6 @@ def backward_kernel(
     has: OptionalOperands,
     gemm: bool,
     elementwise: bool,
-    scale_da: bool,
     block_k: int,
     precision,
     mask_scale: float,
@@ -88,9 +87,9 @@ def backward_kernel(
       else: ds_ref [block_b, block_n] (the incoming state gradient);
       g_ref [block_b, block_n] if has.g;
       if elementwise: s_ref [block_b, block_n]; pre_ref [block_b, 2, block_n];
-        bias_ref [2, block_n]; z_ref, xproj_ref, extra_ref, mask_ref as in the forward;
-      outputs: if elementwise: d_out_ref [block_b, 2, block_n] (d_scaled, or da when not
-        scale_da), ds_carry_ref [block_b, block_n], dz_ref [block_b, block_n] if has.z,
+        bias_ref [2, block_n]; z_ref, xproj_ref, mask_ref as in the forward;
+      outputs: if elementwise: d_out_ref [block_b, 2, block_n] (d_scaled), ds_carry_ref
+        [block_b, block_n], dz_ref [block_b, block_n] if has.z,
         dbias_ref [2, block_n] (this program's column sums of da); else ds_ref_out.
     """
     refs = list(refs)
@@ -114,7 +113,6 @@ def backward_kernel(
     del refs[:3]
     z_ref = pop_optional(refs, has.z)
     xproj_ref = pop_optional(refs, has.xproj)
-    extra_ref = pop_optional(refs, has.extra)
     mask_ref = pop_optional(refs, has.mask)
     d_out_ref, ds_carry_ref = refs[:2]
     del refs[:2]
@@ -122,14 +120,12 @@ def backward_kernel(
     (dbias_ref,) = refs
 
     z = z_ref[...] if has.z else None
-    u_h, u_t, h, t = gates_in_kernel(
-        pre_ref[:, 0, :], pre_ref[:, 1, :], z, bias_ref, xproj_ref, extra_ref
-    )
+    u_h, u_t, h, t = gates_in_kernel(pre_ref[:, 0, :], pre_ref[:, 1, :], z, bias_ref, xproj_ref)
     m = load_mask(mask_ref, mask_scale)
     tm, hm = (t, h) if m is None else (t * m, h * m)
     da_h = ds * tm * (1.0 - h * h)
     da_t = ds * (hm - s_ref[...]) * t * (1.0 - t)
-    if has.z and scale_da:
+    if has.z:
         d_out_ref[:, 0, :] = da_h * z
         d_out_ref[:, 1, :] = da_t * z
     else:
@@ -152,14 +148,13 @@ def _backward_call(
     geo,
     config,
     interpret,
-    scale_da=True,
     name,
 ):
     """Builds and runs one backward pallas_call (shared by the three backward entry points).
 
     gemm_args: (d_scaled_above, w_t_above, ds_carry_above | None) or None.
     ds: incoming state gradient [b_pad, n_pad] when gemm_args is None.
-    elementwise_args: (s, pre, z, bias2, xproj, extra, keep_mask) or None (GEMM only).
+    elementwise_args: (s, pre, z, bias2, xproj, keep_mask) or None (GEMM only).
     """
     bb, bn, n_pad, b_pad = geo.block_b, geo.block_n, geo.n_pad, geo.b_pad
     rows, rows2 = (b_pad, n_pad), (b_pad, 2, n_pad)
@@ -199,20 +194,18 @@ def _backward_call(
     if elementwise_args is None:
         out_specs, out_shape = [block_rows], [jax.ShapeDtypeStruct(rows, F32)]
     else:
-        s, pre, z, bias2, xproj, extra, keep_mask = elementwise_args
+        s, pre, z, bias2, xproj, keep_mask = elementwise_args
         check_operand("s", s, rows, (F32,))
         check_operand("pre", pre, rows2, (F32,))
         check_operand("z", z, rows, (F32,))
         check_operand("bias2", bias2, (2, n_pad), (F32,))
         check_operand("xproj", xproj, rows2, (F32,))
-        check_operand("extra", extra, rows2, (F32,))
         check_operand("keep_mask", keep_mask, rows, MASK_DTYPES)
         mask_scale = dropout_scale(keep_mask, keep)
         has = dataclasses.replace(
             has,
             z=z is not None,
             xproj=xproj is not None,
-            extra=extra is not None,
             mask=keep_mask is not None,
         )
         args += [s, pre, bias2]
@@ -220,7 +213,6 @@ def _backward_call(
         for x, spec in (
             (z, block_rows),
             (xproj, block_rows2),
-            (extra, block_rows2),
             (keep_mask, block_rows),
         ):
             if x is not None:
@@ -239,7 +231,6 @@ def _backward_call(
         has=has,
         gemm=gemm_args is not None,
         elementwise=elementwise_args is not None,
-        scale_da=scale_da,
         block_k=geo.block_k,
         precision=None if dot_dtype is None else dot_precision(dot_dtype, config.allow_tf32),
         mask_scale=mask_scale,
@@ -276,17 +267,14 @@ def backward_padded(
     geo: Geometry,
     config: HighwayConfig = DEFAULT_CONFIG,
     interpret: bool = False,
-    extra: jax.Array | None = None,
-    scale_da: bool = True,
 ) -> tuple[jax.Array, jax.Array, jax.Array | None, jax.Array]:
     """Elementwise gate backward of one micro-layer, padded layout: ONE kernel launch.
 
     Args:
       ds: [b_pad, n_pad] f32 cotangent of this layer's ``s_new``.
-      s, pre, z, bias2, xproj, keep_mask, keep, extra: as given to :func:`forward_padded`
+      s, pre, z, bias2, xproj, keep_mask, keep: as given to :func:`forward_padded`
         (``pre`` is its output).
       g: [b_pad, n_pad] f32 added to ``ds`` (cotangent from outside), or None.
-      scale_da: when False the first output is ``da`` instead of ``da * [z, z]`` (legacy).
     Returns:
       d_scaled [b_pad, 2, n_pad] f32: ``da * [z, z]`` (``da`` without z): the input of the
         state-gradient GEMM and of the deferred dW; also ``d xproj``.
@@ -299,12 +287,11 @@ def backward_padded(
         None,
         ds,
         g,
-        (s, pre, z, bias2, xproj, extra, keep_mask),
+        (s, pre, z, bias2, xproj, keep_mask),
         keep=keep,
         geo=geo,
         config=config,
         interpret=interpret,
-        scale_da=scale_da,
         name="highway_backward",
     )
     return _split_backward_outputs(outs, z is not None)
@@ -326,7 +313,6 @@ def backward_fused_padded(
     geo: Geometry,
     config: HighwayConfig = DEFAULT_CONFIG,
     interpret: bool = False,
-    extra: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array, jax.Array | None, jax.Array]:
     """State-gradient GEMM of the layer above + gate backward of this layer: ONE launch.
 
@@ -340,7 +326,7 @@ def backward_fused_padded(
       w_t_above: [2, n_pad, n_pad] the layer above's weight in the dot dtype
         (``geo.pad_weight_t(w, dtype)``); ``d_scaled_above`` is cast to it for the dot.
       ds_carry_above: [b_pad, n_pad] f32, the layer above's ``ds_carry``, or None (zero).
-      g, s, pre, z, bias2, xproj, keep_mask, keep, extra: as in :func:`backward_padded`.
+      g, s, pre, z, bias2, xproj, keep_mask, keep: as in :func:`backward_padded`.
     Returns:
       (d_scaled, ds_carry, dz, dbias_partial) as in :func:`backward_padded`.
     """
@@ -348,7 +334,7 @@ def backward_fused_padded(
         (d_scaled_above, w_t_above, ds_carry_above),
         None,
         g,
-        (s, pre, z, bias2, xproj, extra, keep_mask),
+        (s, pre, z, bias2, xproj, keep_mask),
         keep=keep,
         geo=geo,
         config=config,
@@ -387,9 +373,7 @@ def state_grad_padded(
 # --- references (pure jnp, same padded layout) ----------------------------------------------------
 
 
-def backward_padded_reference(
-    ds, s, pre, z, bias2, xproj, keep_mask, *, g=None, keep=1.0, extra=None, scale_da=True
-):
+def backward_padded_reference(ds, s, pre, z, bias2, xproj, keep_mask, *, g=None, keep=1.0):
     """Pure-jnp :func:`backward_padded`, derived by autodiff of the forward combine.
 
     ``dbias_partial`` is returned with a single row (the column sums over all rows): compare
@@ -400,14 +384,13 @@ def backward_padded_reference(
     zeros = jnp.zeros_like(pre)
 
     def f(a_add, s_, u_, z_):
-        return reference_combine(reference_preactivation(u_, z_, bias2, extra) + a_add, s_, m)
+        return reference_combine(reference_preactivation(u_, z_, bias2) + a_add, s_, m)
 
     z_arg = jnp.ones_like(s) if z is None else z
     _, vjp = jax.vjp(f, zeros, s, u, z_arg)
     cot = ds if g is None else ds + g
     da, ds_carry, du, dz = vjp(cot)
-    d_out = du if scale_da else da
-    return d_out, ds_carry, (None if z is None else dz), jnp.sum(da, axis=0)[None]
+    return du, ds_carry, (None if z is None else dz), jnp.sum(da, axis=0)[None]
 
 
 def state_grad_reference(d_scaled, w_t, ds_carry, g=None):
@@ -420,8 +403,8 @@ def state_grad_reference(d_scaled, w_t, ds_carry, g=None):
 
 def backward_fused_reference(
     d_scaled_above, w_t_above, ds_carry_above, g, s, pre, z, bias2, xproj, keep_mask, *,
-    keep=1.0, extra=None,
+    keep=1.0,
 ):  # fmt: skip
     """Pure-jnp :func:`backward_fused_padded`: the GEMM, then the elementwise backward."""
     ds = state_grad_reference(d_scaled_above, w_t_above, ds_carry_above, g)
-    return backward_padded_reference(ds, s, pre, z, bias2, xproj, keep_mask, keep=keep, extra=extra)
+    return backward_padded_reference(ds, s, pre, z, bias2, xproj, keep_mask, keep=keep)

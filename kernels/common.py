@@ -1,4 +1,4 @@
-"""Pieces shared by the highway kernel families (forward, backward, stacked, legacy).
+"""Pieces shared by the highway kernel families (forward, backward, stacked).
 
 Triton launch parameters and dot precision, one-line operand checks, the in-kernel gate math
 and K loop, the pure-``jax.numpy`` helpers of the references, and
@@ -26,7 +26,7 @@ TritonCompilerParams = getattr(plgpu, "CompilerParams", None) or plgpu.TritonCom
 SQUEEZED = getattr(pl, "squeezed", None)
 
 F32 = jnp.float32
-MASK_DTYPES = (jnp.int8, jnp.float32)  # keep decisions 0/1, or a ready mask 0 or 1/keep
+MASK_DTYPES = (jnp.int8,)  # keep decisions 0/1, scaled by 1/keep in the kernels
 
 
 def compiler_params(config: HighwayConfig):
@@ -53,8 +53,8 @@ def check_operand(name: str, x: jax.Array | None, shape: tuple[int, ...], dtypes
 
 
 def dropout_scale(keep_mask: jax.Array | None, keep: float) -> float:
-    """1/keep for integer keep decisions; 1 for float masks (already 0 or 1/keep)."""
-    if keep_mask is None or jnp.issubdtype(keep_mask.dtype, jnp.floating):
+    """1/keep for int8 keep decisions (0/1); 1 without a mask."""
+    if keep_mask is None:
         return 1.0
     if not 0.0 < keep <= 1.0:
         raise ValueError(f"keep must be in (0, 1] with an int8 keep_mask, got {keep}.")
@@ -70,7 +70,6 @@ class OptionalOperands:
 
     z: bool = False
     xproj: bool = False
-    extra: bool = False
     mask: bool = False
     g: bool = False
     ds_carry_above: bool = False
@@ -81,10 +80,10 @@ def pop_optional(refs: list, present: bool):
     return refs.pop(0) if present else None
 
 
-def gates_in_kernel(pre_h, pre_t, z, bias_ref, xproj_ref, extra_ref):
+def gates_in_kernel(pre_h, pre_t, z, bias_ref, xproj_ref):
     """Unscaled u and gates h, t [block_b, block_n] from the matmul halves, inside a kernel.
 
-    u = pre + xproj; a = u * [z, z] + bias + extra (absent operands are None).
+    u = pre + xproj; a = u * [z, z] + bias (absent operands are None).
     Returns (u_h, u_t, h, t).
     """
     u_h, u_t = pre_h, pre_t
@@ -94,9 +93,6 @@ def gates_in_kernel(pre_h, pre_t, z, bias_ref, xproj_ref, extra_ref):
     a_h, a_t = (u_h * z, u_t * z) if z is not None else (u_h, u_t)
     a_h = a_h + bias_ref[0, :][None, :]
     a_t = a_t + bias_ref[1, :][None, :]
-    if extra_ref is not None:
-        a_h = a_h + extra_ref[:, 0, :]
-        a_t = a_t + extra_ref[:, 1, :]
     return u_h, u_t, jnp.tanh(a_h), jax.nn.sigmoid(a_t)
 
 
@@ -140,11 +136,10 @@ def reference_combine(a, s, m):
     return h * gate + s * (1.0 - t)
 
 
-def reference_preactivation(u, z, bias2, extra):
-    """a [b, 2, n] = u * [z, z] + bias2 (+ extra); z [b, n], bias2 [2, n] (or None parts)."""
+def reference_preactivation(u, z, bias2):
+    """a [b, 2, n] = u * [z, z] + bias2; z [b, n] or None, bias2 [2, n]."""
     a = u if z is None else u * z[:, None, :]
-    a = a + bias2[None]
-    return a if extra is None else a + extra
+    return a + bias2[None]
 
 
 # --- CUDA lowering without a GPU ------------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 :class:`HighwayConfig` holds the tuning knobs (block sizes, Triton warps and stages);
 :class:`Geometry` the effective block sizes and padded extents of one problem size, with the
-padding helpers (also as module functions taking ``geo``). Padded layout: ``B`` is padded up
+padding helpers. Padded layout: ``B`` is padded up
 to ``b_pad`` (a multiple of ``block_b``) and ``n`` up to ``n_pad`` (a multiple of ``block_n``
 and ``block_k``) with zeros; arrays with two halves (h and t) are ``[..., 2, n_pad]``, the
 forward weight is ``w3 [n_pad, 2, n_pad]`` and the state-gradient weight ``w_t [2, n_pad,
@@ -145,9 +145,12 @@ def _pad_trailing(x: jax.Array, trailing: tuple[int, ...]) -> jax.Array:
 
 @dataclasses.dataclass(frozen=True)
 class Geometry:
-    """Effective block sizes and padded extents for one problem size (hashable, static).
+    """The padded layout of one problem size: effective block sizes and padded extents
+    (hashable, static), with the padding helpers. The ONE layout of the whole-sequence
+    recurrence: the Pallas kernels' (:meth:`make`) and the XLA ``fused`` path's
+    (:meth:`for_units`: units only, no batch padding).
 
-    Build it with :meth:`make`. ``grid = (b_pad // block_b, n_pad // block_n)``.
+    ``grid = (b_pad // block_b, n_pad // block_n)``.
     """
 
     batch: int
@@ -181,19 +184,29 @@ class Geometry:
             n_pad=_round_up(n, math.lcm(block_n, block_k)),
         )
 
+    @classmethod
+    def for_units(cls, batch: int, n: int, unit_multiple: int) -> Geometry:
+        """``n`` rounded up to a multiple of ``unit_multiple``, the batch unpadded (one block
+        of ``batch`` rows, unit blocks of ``unit_multiple``): the layout of the XLA path."""
+        if batch < 1 or n < 1:
+            raise ValueError(f"Geometry needs batch >= 1 and n >= 1, got {batch} and {n}.")
+        n_pad = _round_up(n, unit_multiple)
+        return cls(batch, n, batch, unit_multiple, unit_multiple, batch, n_pad)
+
     @property
     def grid(self) -> tuple[int, int]:
         return (self.b_pad // self.block_b, self.n_pad // self.block_n)
 
     # --- padding helpers: all accept leading axes ([T, L, ...], [L, ...]) -------------------
 
-    def pad_rows(self, x: jax.Array) -> jax.Array:
-        """[..., B, n] -> [..., b_pad, n_pad], dtype kept (f32 states, int8 masks)."""
-        return _pad_trailing(x, (self.b_pad, self.n_pad))
+    def pad_rows(self, x: jax.Array | None) -> jax.Array | None:
+        """[..., B, n] -> [..., b_pad, n_pad], dtype kept (f32 states, int8 masks); None
+        stays None."""
+        return None if x is None else _pad_trailing(x, (self.b_pad, self.n_pad))
 
     def pad_halves(self, x: jax.Array) -> jax.Array:
-        """[..., B, 2n] -> [..., b_pad, 2, n_pad] f32."""
-        x = x.astype(jnp.float32).reshape(*x.shape[:-1], 2, self.n)
+        """[..., B, 2n] -> [..., b_pad, 2, n_pad], dtype kept (the h and t halves aligned)."""
+        x = x.reshape(*x.shape[:-1], 2, self.n)
         return _pad_trailing(x, (self.b_pad, 2, self.n_pad))
 
     def pad_weight(self, w: jax.Array, dtype) -> jax.Array:
@@ -208,8 +221,8 @@ class Geometry:
         return _pad_trailing(w_t, (2, self.n_pad, self.n_pad))
 
     def pad_bias(self, b: jax.Array) -> jax.Array:
-        """[..., 2n] -> [..., 2, n_pad] f32."""
-        b2 = b.astype(jnp.float32).reshape(*b.shape[:-1], 2, self.n)
+        """[..., 2n] -> [..., 2, n_pad], dtype kept."""
+        b2 = b.reshape(*b.shape[:-1], 2, self.n)
         return _pad_trailing(b2, (2, self.n_pad))
 
     def unpad_rows(self, x: jax.Array) -> jax.Array:
@@ -221,37 +234,12 @@ class Geometry:
         x = x[..., : self.batch, :, : self.n]
         return x.reshape(*x.shape[:-3], self.batch, 2 * self.n)
 
+    def unpad_bias(self, b: jax.Array) -> jax.Array:
+        """[..., 2, n_pad] -> [..., 2n]."""
+        b = b[..., : self.n]
+        return b.reshape(*b.shape[:-2], 2 * self.n)
 
-def pad_rows(x: jax.Array, geo: Geometry) -> jax.Array:
-    """Module-level :meth:`Geometry.pad_rows`."""
-    return geo.pad_rows(x)
-
-
-def pad_halves(x: jax.Array, geo: Geometry) -> jax.Array:
-    """Module-level :meth:`Geometry.pad_halves`."""
-    return geo.pad_halves(x)
-
-
-def pad_weight(w: jax.Array, dtype, geo: Geometry) -> jax.Array:
-    """Module-level :meth:`Geometry.pad_weight`."""
-    return geo.pad_weight(w, dtype)
-
-
-def pad_weight_t(w: jax.Array, dtype, geo: Geometry) -> jax.Array:
-    """Module-level :meth:`Geometry.pad_weight_t`."""
-    return geo.pad_weight_t(w, dtype)
-
-
-def pad_bias(b: jax.Array, geo: Geometry) -> jax.Array:
-    """Module-level :meth:`Geometry.pad_bias`."""
-    return geo.pad_bias(b)
-
-
-def unpad_rows(x: jax.Array, geo: Geometry) -> jax.Array:
-    """Module-level :meth:`Geometry.unpad_rows`."""
-    return geo.unpad_rows(x)
-
-
-def unpad_halves(x: jax.Array, geo: Geometry) -> jax.Array:
-    """Module-level :meth:`Geometry.unpad_halves`."""
-    return geo.unpad_halves(x)
+    def unpad_weight(self, w: jax.Array) -> jax.Array:
+        """[..., n_pad, 2, n_pad] -> [..., n, 2n] (the inverse of :meth:`pad_weight`)."""
+        w = w[..., : self.n, :, : self.n]
+        return w.reshape(*w.shape[:-3], self.n, 2 * self.n)

@@ -1,14 +1,13 @@
 """Forward kernel of one highway micro-layer, padded layout: its wrapper and reference.
 
 ``pre = s @ w`` (both halves of a column block, f32 accumulation), ``u = pre + xproj``,
-``a = u * [z, z] + bias (+ extra)``, ``h = tanh(a_h)``, ``t = sigmoid(a_t)``,
+``a = u * [z, z] + bias``, ``h = tanh(a_h)``, ``t = sigmoid(a_t)``,
 ``s_new = h * (t * mask) + s * (1 - t)``: ONE kernel launch per micro-layer.
 The stacked variant (on whole-sequence arrays) is :func:`rhhjax.kernels.stacked.forward_stacked`.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 import jax
@@ -45,8 +44,7 @@ def forward_kernel(*refs, has: OptionalOperands, block_k: int, precision, mask_s
       bias_ref   [2, block_n]
       z_ref      [block_b, block_n]     if has.z
       xproj_ref  [block_b, 2, block_n]  if has.xproj (inside the scale)
-      extra_ref  [block_b, 2, block_n]  if has.extra (outside the scale)
-      mask_ref   [block_b, block_n]     if has.mask (int8 keep decisions or f32 mask)
+      mask_ref   [block_b, block_n]     if has.mask (int8 keep decisions)
       s_new_ref  [block_b, block_n]     output
       pre_ref    [block_b, 2, block_n]  output: unscaled s @ w
     """
@@ -55,7 +53,6 @@ def forward_kernel(*refs, has: OptionalOperands, block_k: int, precision, mask_s
     del refs[:4]
     z_ref = pop_optional(refs, has.z)
     xproj_ref = pop_optional(refs, has.xproj)
-    extra_ref = pop_optional(refs, has.extra)
     mask_ref = pop_optional(refs, has.mask)
     s_new_ref, pre_ref = refs
 
@@ -73,7 +70,7 @@ def forward_kernel(*refs, has: OptionalOperands, block_k: int, precision, mask_s
     pre_h, pre_t = k_loop(s_ref.shape[1] // block_k, block_k, k_step, (zeros, zeros))
 
     z = z_ref[...] if has.z else None
-    _, _, h, t = gates_in_kernel(pre_h, pre_t, z, bias_ref, xproj_ref, extra_ref)
+    _, _, h, t = gates_in_kernel(pre_h, pre_t, z, bias_ref, xproj_ref)
     m = load_mask(mask_ref, mask_scale)
     gate = t if m is None else t * m
     col = pl.ds(pl.multiple_of(pl.program_id(1) * block_n, block_n), block_n)
@@ -94,7 +91,6 @@ def forward_padded(
     geo: Geometry,
     config: HighwayConfig = DEFAULT_CONFIG,
     interpret: bool = False,
-    extra: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """Forward of one micro-layer in the padded layout: ONE kernel launch, no pad or cast.
 
@@ -105,10 +101,9 @@ def forward_padded(
       bias2: [2, n_pad] f32 (at layer 0 the sum of both biases, b_0 + b_U).
       xproj: [b_pad, 2, n_pad] f32 addend inside the scale (layer 0: x U), or None.
       keep_mask: [b_pad, n_pad] int8 keep decisions (0/1; scaled by 1/``keep`` in the kernel),
-        or f32 (0 or 1/keep, used as is), or None.
-      keep: static keep probability (used with an int8 mask only).
+        or None.
+      keep: static keep probability (used with a mask only).
       geo: the :class:`Geometry` the operands were padded with.
-      extra: [b_pad, 2, n_pad] f32 addend outside the scale (legacy API), or None.
     Returns:
       s_new [b_pad, n_pad] f32 and pre [b_pad, 2, n_pad] f32 (the unscaled ``s @ w``, without
       xproj).
@@ -121,10 +116,8 @@ def forward_padded(
     check_operand("z", z, rows, (F32,))
     check_operand("bias2", bias2, (2, n_pad), (F32,))
     check_operand("xproj", xproj, rows2, (F32,))
-    check_operand("extra", extra, rows2, (F32,))
     check_operand("keep_mask", keep_mask, rows, MASK_DTYPES)
-    has = OptionalOperands(z=z is not None, xproj=xproj is not None, extra=extra is not None)
-    has = dataclasses.replace(has, mask=keep_mask is not None)
+    has = OptionalOperands(z=z is not None, xproj=xproj is not None, mask=keep_mask is not None)
 
     block_rows = pl.BlockSpec((bb, bn), lambda i, j: (i, j))
     block_rows2 = pl.BlockSpec((bb, 2, bn), lambda i, j: (i, 0, j))
@@ -136,13 +129,10 @@ def forward_padded(
         pl.BlockSpec((n_pad, SQUEEZED, bn), lambda i, j: (0, 1, j)),
         pl.BlockSpec((2, bn), lambda i, j: (0, j)),
     ]
-    for x, spec in ((z, block_rows), (xproj, block_rows2), (extra, block_rows2)):
+    for x, spec in ((z, block_rows), (xproj, block_rows2), (keep_mask, block_rows)):
         if x is not None:
             args.append(x)
             in_specs.append(spec)
-    if keep_mask is not None:
-        args.append(keep_mask)
-        in_specs.append(block_rows)
 
     kernel = functools.partial(
         forward_kernel,
@@ -164,10 +154,10 @@ def forward_padded(
     return s_new, pre
 
 
-def forward_padded_reference(s, w3, z, bias2, xproj, keep_mask, *, keep=1.0, extra=None):
+def forward_padded_reference(s, w3, z, bias2, xproj, keep_mask, *, keep=1.0):
     """Pure-jnp :func:`forward_padded` on the same padded operands: ``(s_new, pre)``."""
     pre = reference_dot(s, w3, "bk,khj->bhj")
     u = pre if xproj is None else pre + xproj
     return reference_combine(
-        reference_preactivation(u, z, bias2, extra), s, reference_mask(keep_mask, keep)
+        reference_preactivation(u, z, bias2), s, reference_mask(keep_mask, keep)
     ), pre

@@ -7,18 +7,17 @@ One highway micro-layer step, with ``B`` the batch and ``n`` the number of units
     z     [B, n]   f32 | None per-example column scale (HyperRHN); the same z scales both halves
     bias  [2n]     f32
     xproj [B, 2n]  f32 | None addend *inside* the scale (layer 0: the input projection x U)
-    extra [B, 2n]  f32 | None addend *outside* the scale (legacy API only)
-    mask           gate-dropout mask on t: int8 keep decisions (0/1, scaled by 1/keep in the
-                   kernel) in the padded API, f32 (0 or 1/keep) in the legacy API
+    mask  [B, n]   int8 | None gate-dropout keep decisions on t (0/1, scaled by 1/keep in the
+                   kernel)
 
     pre   = s @ w                                [B, 2n]  f32 accumulation (s cast to w.dtype)
     u     = pre + xproj                          [B, 2n]  the unscaled pre-activation
-    a     = u * [z, z] + bias + extra            [B, 2n]
+    a     = u * [z, z] + bias                    [B, 2n]
     h     = tanh(a[:, :n])
     t     = sigmoid(a[:, n:])
     s_new = h * (t * mask) + s * (1 - t)         [B, n]   the carry gate uses the *undropped* t
 
-This is the HyperRHN layer of ``rhhjax.recurrence``: at layer 0,
+This is the HyperRHN layer of ``rhhjax.ops.recurrence``: at layer 0,
 ``a = (s W_0 + x U) * [z_0, z_0] + b_0 + b_U``, so the caller passes ``xproj = x U`` and
 ``bias = b_0 + b_U``; at the other layers ``xproj`` is None. All gate arithmetic and all
 outputs are f32 whatever the dtype of ``w``.
@@ -35,10 +34,10 @@ Backward of one layer, given ``ds`` (the cotangent of ``s_new``, plus ``g`` from
 This module is the public API; the kernels live in one module per family:
 
 * :mod:`rhhjax.kernels.config` -- :class:`HighwayConfig` (block sizes and Triton launch
-  parameters; :func:`validate_config`), :class:`Geometry` (effective block sizes and padded
-  extents for one (batch, n)) and the padding helpers ``pad_rows``, ``pad_halves``,
-  ``pad_weight``, ``pad_weight_t``, ``pad_bias``, ``unpad_rows``, ``unpad_halves`` (methods,
-  and module functions taking ``geo``).
+  parameters; :func:`validate_config`), :class:`Geometry` (the padded layout of one
+  (batch, n): effective block sizes, padded extents and the padding methods ``pad_rows``,
+  ``pad_halves``, ``pad_weight``, ``pad_weight_t``, ``pad_bias`` and their inverses; also the
+  layout of the XLA ``fused`` path, :meth:`Geometry.for_units`).
 * :mod:`rhhjax.kernels.forward` -- :func:`forward_padded` (one kernel: both matmul halves of
   a column block, gates, combine) and :func:`forward_padded_reference`.
 * :mod:`rhhjax.kernels.backward` -- :func:`backward_padded` (the elementwise gate backward),
@@ -50,9 +49,6 @@ This module is the public API; the kernels live in one module per family:
   the same kernels on the WHOLE stacked ``[T, L, ...]`` arrays at a traced time index ``t``
   and a static ``layer``; they write their outputs in place into stacked buffers aliased to
   the outputs, so a time loop needs no slice or update-slice launch around them.
-* :mod:`rhhjax.kernels.legacy` -- the unpadded API (pads and unpads per call, so not for use
-  inside a time loop): :func:`highway_forward`, :func:`highway_backward`,
-  :func:`highway_step` (custom VJP) and their ``*_reference`` functions.
 * :mod:`rhhjax.kernels.common` -- shared helpers and :func:`cuda_lowering_device` (trace and
   lower the Triton kernels for CUDA on a host without a GPU).
 
@@ -84,24 +80,9 @@ from rhhjax.kernels.config import (
     Geometry,
     HighwayConfig,
     KernelConfigError,
-    pad_bias,
-    pad_halves,
-    pad_rows,
-    pad_weight,
-    pad_weight_t,
-    unpad_halves,
-    unpad_rows,
     validate_config,
 )
 from rhhjax.kernels.forward import forward_padded, forward_padded_reference
-from rhhjax.kernels.legacy import (
-    highway_backward,
-    highway_backward_reference,
-    highway_forward,
-    highway_forward_reference,
-    highway_step,
-    highway_step_reference,
-)
 from rhhjax.kernels.stacked import backward_fused_stacked, forward_stacked
 
 __all__ = [
@@ -119,20 +100,7 @@ __all__ = [
     "forward_padded",
     "forward_padded_reference",
     "forward_stacked",
-    "highway_backward",
-    "highway_backward_reference",
-    "highway_forward",
-    "highway_forward_reference",
-    "highway_step",
-    "highway_step_reference",
-    "pad_bias",
-    "pad_halves",
-    "pad_rows",
-    "pad_weight",
-    "pad_weight_t",
     "state_grad_padded",
     "state_grad_reference",
-    "unpad_halves",
-    "unpad_rows",
     "validate_config",
 ]

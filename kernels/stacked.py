@@ -98,7 +98,7 @@ def forward_stacked(
       w3, bias2: this layer's, as in :func:`forward_padded`.
       z_all: [T, L, b_pad, n_pad] f32, or None; read at [t, layer].
       xproj_all: [T, b_pad, 2, n_pad] f32, or None (pass it at layer 0 only); read at [t].
-      keep_all: [T, L, b_pad, n_pad] int8 (0/1) or f32 masks, or None; read at [t, layer].
+      keep_all: [T, L, b_pad, n_pad] int8 keep decisions (0/1), or None; read at [t, layer].
       packed_all: [T, L, b_pad, 3, n_pad] f32, ALIASED to the second output (donate it: carry
         it through the scan and never use the input value again).
       layer: static layer index into the L axis.
@@ -231,7 +231,7 @@ def _backward_stacked_kernel(
     if has.z:
         views.append(View(dz_out, tl4))
     views.append(View(dbias_out, (layer, FREE, FREE), acc_from=dbias_in))
-    backward_kernel(*views, has=has, gemm=False, elementwise=True, scale_da=True, **kernel_kw)
+    backward_kernel(*views, has=has, gemm=False, elementwise=True, **kernel_kw)
 
 
 def backward_fused_stacked(

@@ -654,11 +654,12 @@ try:
     sys.exit("HighwayConfig.validate accepts the probe's config: no overflow to compile")
 except hw.KernelConfigError:
     pass
+geo = hw.Geometry.make(config, 256, 1000)  # n_pad = 1024
 hw.HighwayConfig.validate = lambda self, dot_dtype=None: None  # reach the compile
-def f(s, w, z, bias):
-    return hw.highway_forward(s, w, z, bias, None, None, config=config)
+def f(s, w3, z, bias2):
+    return hw.forward_padded(s, w3, z, bias2, None, None, geo=geo, config=config)
 try:
-    args = sds((256, 1000)), sds((1000, 2000)), sds((256, 1000)), sds((2000,))
+    args = sds((256, 1024)), sds((1024, 2, 1024)), sds((256, 1024)), sds((2, 1024))
     jax.jit(f).trace(*args).lower(lowering_platforms=("cuda",)).compile()
     print(json.dumps({{"compiled": True}}))
 except Exception as e:

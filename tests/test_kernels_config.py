@@ -54,7 +54,19 @@ def test_padding_helpers_with_leading_axes():
     b2 = geo.pad_bias(bias)
     assert b2.shape == (2, 2, 16)
     np.testing.assert_array_equal(b2[:, 1, :5], bias[:, 5:])
-    np.testing.assert_array_equal(hw.pad_rows(rows, geo), pr)  # module-level aliases
+    np.testing.assert_array_equal(geo.unpad_bias(b2), bias)
+    np.testing.assert_array_equal(geo.unpad_weight(w3), w.astype(jnp.bfloat16))
+    assert geo.pad_rows(None) is None
+
+
+def test_xla_layout_pads_units_only():
+    geo = hw.Geometry.for_units(batch=3, n=70, unit_multiple=64)
+    assert (geo.b_pad, geo.n_pad) == (3, 128)
+    rows = jax.random.normal(jax.random.key(1), (2, 3, 70))
+    padded = geo.pad_rows(rows)
+    assert padded.shape == (2, 3, 128)
+    np.testing.assert_array_equal(padded[..., 70:], 0.0)
+    np.testing.assert_array_equal(geo.unpad_rows(padded), rows)
 
 
 @pytest.mark.parametrize(
@@ -91,12 +103,12 @@ def test_shape_errors():
     with pytest.raises(ValueError, match="xproj must have dtype float32"):
         hw.forward_padded(p["s"], p["w3"], None, p["bias2"], p["xproj"].astype(jnp.bfloat16),
                           None, geo=geo)  # fmt: skip
-    with pytest.raises(ValueError, match="keep_mask must have dtype int8, float32"):
+    with pytest.raises(ValueError, match="keep_mask must have dtype int8"):
         hw.forward_padded(p["s"], p["w3"], None, p["bias2"], None, p["keep8"] > 0, geo=geo)
     with pytest.raises(ValueError, match="Geometry needs batch >= 1"):
         hw.Geometry.make(TEST_CONFIG, 0, 20)
     with pytest.raises(ValueError, match="keep must be in"):
         hw.forward_padded(p["s"], p["w3"], None, p["bias2"], None, p["keep8"], keep=0.0, geo=geo)
-    s, w = jnp.zeros((4, 16)), jnp.zeros((16, 16))
-    with pytest.raises(ValueError, match="w must be"):
-        hw.highway_forward(s, w, None, jnp.zeros(32), None, None)
+    with pytest.raises(ValueError, match="keep_mask must have dtype int8"):  # no float masks
+        hw.forward_padded(p["s"], p["w3"], None, p["bias2"], None,
+                          p["keep8"].astype(jnp.float32), geo=geo)  # fmt: skip

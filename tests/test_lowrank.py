@@ -160,8 +160,9 @@ def _all_eqns(jaxpr):
 
 def _config(**overrides):
     base = dict(
-        type="hyperrhn", vocab_size=13, embed_dim=6, hidden=20, hyper_hidden=7, depth=3, keep=0.6
-    )
+        type="hyperrhn", vocab_size=13, embed_dim=6, hidden=20, hyper_hidden=7, depth=3, keep=0.6,
+        impl="scan",  # the reference
+    )  # fmt: skip
     base.update(overrides)
     return models.ModelConfig(**base)
 

@@ -10,7 +10,6 @@ import pytest
 from rhhjax.kernels import highway
 
 from rhhjax import models
-from rhhjax.ops import recurrence
 
 # Tolerances per matmul dtype: f32 paths differ only in summation order; bf16 rounds the
 # matmul inputs identically in all implementations but the backward of `scan` (autodiff)
@@ -20,8 +19,9 @@ TOLERANCE = {"float32": 2e-5, "bfloat16": 3e-2}
 
 def _config(**overrides):
     base = dict(
-        type="hyperrhn", vocab_size=13, embed_dim=6, hidden=20, hyper_hidden=7, depth=3, keep=0.6
-    )
+        type="hyperrhn", vocab_size=13, embed_dim=6, hidden=20, hyper_hidden=7, depth=3, keep=0.6,
+        impl="scan",  # the reference
+    )  # fmt: skip
     base.update(overrides)
     return models.ModelConfig(**base)
 
@@ -299,8 +299,8 @@ def _ptb_model_block():
 def test_config_kernel_block_is_the_kernels_default_and_reaches_the_spec():
     mc = models.ModelConfig.from_config(_ptb_model_block(), impl="pallas")
     assert mc.kernel == highway.HighwayConfig()
-    spec = recurrence.resolve_spec(mc, gate_dropout=True)
-    assert spec.kernel == highway.HighwayConfig() and spec.gate_dropout
+    spec = models.sequence_spec(mc)
+    assert spec.kernel == highway.HighwayConfig() and spec.impl == "pallas"
 
 
 ON_GPU = jax.default_backend() == "gpu"
@@ -311,10 +311,10 @@ ON_GPU = jax.default_backend() == "gpu"
 )
 def test_pallas_mode_decides_interpretation_auto_compiles_on_a_gpu_only(mode, interpret):
     mc = _config(impl="pallas", pallas_mode=mode)
-    assert recurrence.resolve_spec(mc, gate_dropout=False).interpret is interpret
+    assert models.sequence_spec(mc).interpret is interpret
     # fused never interprets anything.
     fused = models.ModelConfig(**{**mc.__dict__, "impl": "fused"})
-    assert recurrence.resolve_spec(fused, gate_dropout=False).interpret is False
+    assert models.sequence_spec(fused).interpret is False
 
 
 @pytest.mark.parametrize(

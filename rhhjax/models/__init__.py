@@ -1,16 +1,18 @@
 """Flax (linen) models: RHN cell, HyperRHN cell, stacked LSTM and the character LM.
 
 The language model is Embedding(V, E) -> recurrent core -> Dense(V) (Suarez 2017).
-All implementations (`ModelConfig.impl`: `scan`, `fused`, `pallas`) read the same parameter
-tree, so a checkpoint runs on any of them.
+All implementations (`ModelConfig.impl`: `scan`, `fused`, `pallas`, or `auto`, the fastest
+measured one for the platform: `rhhjax.ops.spec`) read the same parameter tree, so a
+checkpoint runs on any of them.
 
     config.py        `ModelConfig`, its allowed values (MODEL_TYPES, IMPLS, DTYPES, ...),
-                     `ConfigError` and validation.
+                     `ConfigError`, validation and `sequence_spec` (the implementation,
+                     resolved once).
     initializers.py  parameter initialisers (orthogonal / PyTorch-uniform, stacked per layer).
     cells.py         `RHNCell`, `HyperRHNCell`, `LSTMCell`, `Linear`; the RHN cells record
                      their transform gates (collection "intermediates", `GATES_NAME`).
-    cores.py         the cores over time (`RHNCore`, `HyperRHNCore`, `LSTMCore`), the
-                     `impl` dispatch and the dropout keys (`DropoutKeys`).
+    cores.py         the cores over time (`RHNCore`, `HyperRHNCore`, `LSTMCore`), their one
+                     dispatch on the spec (scan or op) and the dropout keys (`DropoutKeys`).
     lm.py            `CharLM`, `build_model`, `init_params`, `count_params`.
 
 Every public name is re-exported here: ``from rhhjax import models; models.ModelConfig``.
@@ -33,6 +35,7 @@ from rhhjax.models.config import (
     MODEL_TYPES,
     ConfigError,
     ModelConfig,
+    sequence_spec,
 )
 from rhhjax.models.cores import CORES, DropoutKeys, HyperRHNCore, LSTMCore, RHNCore
 from rhhjax.models.initializers import (
@@ -71,6 +74,7 @@ __all__ = [
     "init_params",
     "matrix_init",
     "rhn_bias_init",
+    "sequence_spec",
     "stacked",
     "uniform_init",
     "uses_dropout",

@@ -9,13 +9,13 @@ import jax.numpy as jnp
 
 from rhhjax.errors import UserError
 from rhhjax.kernels import highway
-from rhhjax.ops import cells, lowrank, recurrence
+from rhhjax.ops import cells, lowrank, spec
 
 MODEL_TYPES = ("hyperrhn", "rhn", "lstm")
 DROPOUT_MODES = ("gate", "variational", "none")
 INITS = ("orthogonal", "uniform")
 HYPER_INPUTS = ("x", "x_and_state")
-IMPLS = ("scan", *recurrence.IMPLS)
+IMPLS = spec.CHOICES  # "auto" and every implementation (decided by `sequence_spec`)
 # float64 exists for gradient checks (needs jax_enable_x64); carry and accumulation follow it.
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float64": jnp.float64}
 
@@ -46,7 +46,7 @@ class ModelConfig:
     t_bias_init: float = 0.0
     init: str = "orthogonal"
     hyper_input: str = "x"
-    impl: str = "scan"
+    impl: str = "auto"
     pallas_mode: str = "auto"
     kernel: highway.HighwayConfig = highway.HighwayConfig()
     dtype: str = "float32"
@@ -76,6 +76,7 @@ class ModelConfig:
         """Raises ConfigError (one line) on the first invalid field."""
         _check_choices(self)
         _check_numbers(self)
+        _check_rank(self)
         _check_combinations(self)
         try:
             highway.validate_config(self.kernel, self.compute_dtype)
@@ -84,7 +85,6 @@ class ModelConfig:
         for name in ("lowrank_remat", "original_first_step"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"model.{name}={getattr(self, name)!r} must be True or False")
-        _check_rank(self)
 
     @property
     def compute_dtype(self) -> jnp.dtype:
@@ -113,7 +113,7 @@ def _check_choices(c: ModelConfig) -> None:
         "init": INITS,
         "hyper_input": HYPER_INPUTS,
         "impl": IMPLS,
-        "pallas_mode": recurrence.PALLAS_MODES,
+        "pallas_mode": spec.PALLAS_MODES,
         "dtype": tuple(DTYPES),
         "lowrank_op": lowrank.OPS,
     }
@@ -134,19 +134,32 @@ def _check_numbers(c: ModelConfig) -> None:
             raise ConfigError(f"model.{name}={value!r} must be in (0, 1]")
 
 
+def _model_facts(c: ModelConfig) -> spec.ModelFacts:
+    """The plain values an implementation's support depends on."""
+    return spec.ModelFacts(c.type, c.hyper_input, c.dropout, c.hyper_rank)
+
+
 def _check_combinations(c: ModelConfig) -> None:
-    if c.impl != "scan" and c.hyper_input != "x" and c.type == "hyperrhn":
-        raise ConfigError(
-            f"model.impl={c.impl!r} needs model.hyper_input='x' (x_and_state reads the "
-            "main state, so the hyper recurrence cannot run first); use impl='scan'"
-        )
-    if c.impl == "pallas" and c.dropout == "variational":
-        raise ConfigError(
-            "model.impl='pallas' supports dropout='gate' or 'none'; use impl='fused' "
-            "for variational dropout"
-        )
-    if c.type == "lstm" and c.impl != "scan":
-        raise ConfigError(f"model.impl={c.impl!r} is only for RHN models; use 'scan' for lstm")
+    """Whether `impl` can run the model (`rhhjax.ops.spec.check`; needs no device)."""
+    try:
+        spec.check(c.impl, _model_facts(c))
+    except spec.UnsupportedImpl as error:
+        raise ConfigError(str(error)) from None
+
+
+def sequence_spec(c: ModelConfig, platform: str | None = None) -> spec.SequenceSpec:
+    """The recurrence's implementation for a validated `ModelConfig`: the ONE resolution
+    (`rhhjax.ops.spec.resolve`), done once when the model is built. `platform` defaults to
+    `jax.default_backend()` (read only for impl "auto" or pallas_mode "auto")."""
+    return spec.resolve(
+        c.impl,
+        _model_facts(c),
+        dtype=c.compute_dtype,
+        keep=c.keep,
+        pallas_mode=c.pallas_mode,
+        kernel=c.kernel,
+        platform=platform,
+    )
 
 
 def _check_rank(c: ModelConfig) -> None:
@@ -155,8 +168,3 @@ def _check_rank(c: ModelConfig) -> None:
         raise ConfigError(f"model.hyper_rank={rank!r} must be a non-negative integer")
     if rank > 0 and c.type != "hyperrhn":
         raise ConfigError(f"model.hyper_rank={rank} needs model.type='hyperrhn' (got {c.type!r})")
-    if rank > 0 and c.impl == "pallas":
-        raise ConfigError(
-            f"model.hyper_rank={rank} is not supported by model.impl='pallas' (its kernels "
-            "scale output columns only); use impl='fused' or 'scan'"
-        )

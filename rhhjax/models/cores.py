@@ -1,14 +1,16 @@
 """Recurrent cores: a cell run over a sequence, x [B, T, E] -> (outputs [B, T, n], carry).
 
-The time recurrence of the RHN cores is selected by `ModelConfig.impl`: `scan` is the
-textbook Flax `nn.scan` over the cell with plain autodiff (the reference, and the only one
-that records gates: see `rhhjax.models.cells`); `fused` and `pallas` run the whole
-recurrence as one op (`rhhjax.ops.recurrence`, rank-d: `rhhjax.ops.lowrank`). Dropout keys
-and masks are derived the same way (`DropoutKeys`) by every implementation.
+Every core receives the model's `SequenceSpec` (`rhhjax.ops.spec`, resolved once from
+`ModelConfig.impl` when the model is built: `models.build_model`) and dispatches once on it:
+`spec.is_scan`, the textbook Flax `nn.scan` over the cell with plain autodiff (the reference,
+and the only one that records gates: see `rhhjax.models.cells`), or else the whole
+recurrence as one op (`rhhjax.ops.recurrence`, rank-d: `rhhjax.ops.lowrank`) with the
+implementation the spec names. Dropout keys and masks are derived the same way
+(`DropoutKeys`) by every implementation.
 
 `ModelConfig.original_first_step` (the paper code's first step, without layer 0's recurrent
 bias where the state is zero): `scan` passes a per-step factor on b_0 through the scan;
-`fused` and `pallas` run step 0 with the pure-JAX step here and the op on steps 1..T-1.
+the whole-sequence ops run step 0 with the pure-JAX step here and the op on steps 1..T-1.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import jax.numpy as jnp
 from rhhjax.models.cells import GATES_COLLECTION, HyperRHNCell, LSTMCell, RHNCell
 from rhhjax.models.config import ModelConfig
 from rhhjax.ops import cells, lowrank, recurrence
+from rhhjax.ops.spec import SequenceSpec
 
 Array = jax.Array
 
@@ -143,6 +146,7 @@ class RHNCore(nn.Module):
     """Plain RHN over a sequence. x [B, T, E] -> (outputs [B, T, n], carry [B, n])."""
 
     config: ModelConfig
+    spec: SequenceSpec  # The resolved implementation (`models.config.sequence_spec`).
 
     def setup(self):
         c = self.config
@@ -165,13 +169,13 @@ class RHNCore(nn.Module):
         hidden_masks = _hidden_masks(c, key, DropoutKeys.MAIN_HIDDEN, x.shape[0], c.hidden)
         xproj = jnp.swapaxes(self.cell.input_projection(x), 0, 1)  # [T, B, 2n]
         steps = jnp.arange(x.shape[1])
-        if c.impl == "scan":
+        if self.spec.is_scan:
             bias0 = _bias0_per_step(c, carry, x.shape[1])
             carry, ys = _scan_over_time(
                 _rhn_body, self.cell, carry, (steps, xproj, bias0), gate_key, hidden_masks
             )
         else:
-            spec = recurrence.resolve_spec(c, gate_key is not None)
+            spec = dataclasses.replace(self.spec, gate_dropout=gate_key is not None)
             states = _highway_states(
                 c, spec, self.cell.weights(), carry, xproj, None, gate_key, hidden_masks
             )
@@ -183,6 +187,7 @@ class HyperRHNCore(nn.Module):
     """HyperRHN over a sequence. x [B, T, E] -> (outputs [B, T, n], (s_hyper, s_main))."""
 
     config: ModelConfig
+    spec: SequenceSpec  # The resolved implementation (`models.config.sequence_spec`).
 
     def setup(self):
         c = self.config
@@ -220,7 +225,7 @@ class HyperRHNCore(nn.Module):
         hyper_xproj, main_xproj = self.cell.input_projections(x)
         xprojs = (jnp.swapaxes(hyper_xproj, 0, 1), jnp.swapaxes(main_xproj, 0, 1))
         steps = jnp.arange(x.shape[1])
-        if c.impl == "scan":
+        if self.spec.is_scan:
             bias0s = tuple(_bias0_per_step(c, s, x.shape[1]) for s in carry)  # (None, None): off
             carry, ys = _scan_over_time(
                 _hyper_body, self.cell, carry, (steps, xprojs, bias0s), c.keep, keys, hidden_masks
@@ -230,7 +235,7 @@ class HyperRHNCore(nn.Module):
         return jnp.swapaxes(ys, 0, 1), carry
 
     def _whole_sequence(self, carry, xprojs, keys, hidden_masks):
-        """`fused` / `pallas` (hyper_input="x"): the hyper recurrence over the whole sequence,
+        """A whole-sequence op (hyper_input="x"): the hyper recurrence over the whole sequence,
         every z at once (one batched matmul), then the main recurrence.
 
         carry: (s_hyper [B, h], s_main [B, n]); xprojs: ([T, B, 2h], [T, B, 2n] or, with
@@ -240,7 +245,7 @@ class HyperRHNCore(nn.Module):
         s_hyper, s_main = carry
         hyper_xproj, main_xproj = xprojs
         hyper_key, main_key = (None, None) if keys is None else keys
-        spec = recurrence.resolve_spec(c, keys is not None)
+        spec = dataclasses.replace(self.spec, gate_dropout=keys is not None)
         hyper_states = _highway_states(
             c, spec, cell.hyper.weights(), s_hyper, hyper_xproj, None, hyper_key,
             hidden_masks.get("hyper_hidden"),
@@ -285,6 +290,7 @@ class LSTMCore(nn.Module):
     """
 
     config: ModelConfig
+    spec: SequenceSpec  # Always scan (the only implementation that runs an LSTM).
 
     def setup(self):
         c = self.config

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import functools
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from absl import logging
 
 from rhhjax.models.cells import Linear
-from rhhjax.models.config import ModelConfig
+from rhhjax.models.config import ModelConfig, sequence_spec
 from rhhjax.models.cores import CORES, DropoutKeys
 from rhhjax.ops import cells
+from rhhjax.ops.spec import SequenceSpec
 
 Array = jax.Array
 
@@ -18,10 +22,12 @@ class CharLM(nn.Module):
     """Embedding(V, E) -> core -> Dense(V).
 
     `__call__(tokens [B, T] int, carry=None, train=False) -> (logits [B, T, V] f32, carry)`.
-    With `train=True` and dropout configured, a 'dropout' RNG is required.
+    With `train=True` and dropout configured, a 'dropout' RNG is required. Build it with
+    `build_model`, which resolves `spec` (the recurrence's implementation) from the config.
     """
 
     config: ModelConfig
+    spec: SequenceSpec
 
     def setup(self):
         c = self.config
@@ -29,7 +35,7 @@ class CharLM(nn.Module):
             nn.initializers.orthogonal() if c.init == "orthogonal" else nn.initializers.normal(1.0)
         )
         self.embed = nn.Embed(c.vocab_size, c.embed_dim, embedding_init=embed_init)
-        self.core = CORES[c.type](c)
+        self.core = CORES[c.type](c, self.spec)
         self.head = Linear(c.hidden, c.vocab_size, init=c.init, dtype=c.dtype)
 
     def initial_carry(self, batch: int):
@@ -62,10 +68,20 @@ def uses_dropout(c: ModelConfig) -> bool:
     return False
 
 
-def build_model(config: ModelConfig) -> CharLM:
-    """The language model for a validated `ModelConfig`."""
+def build_model(config: ModelConfig, platform: str | None = None) -> CharLM:
+    """The language model for a `ModelConfig` (validated here), with its implementation
+    resolved once (`models.config.sequence_spec`; `platform` defaults to JAX's backend).
+    Logs one line per process and distinct choice saying which implementation runs and why."""
     config.validate()
-    return CharLM(config)
+    spec = sequence_spec(config, platform)
+    _log_choice(config.impl, spec.impl, spec.reason)
+    return CharLM(config, spec)
+
+
+@functools.cache
+def _log_choice(requested: str, impl: str, reason: str) -> None:
+    """The start-up line of the implementation choice (once per distinct choice)."""
+    logging.info("model.impl=%s runs %s: %s", requested, impl, reason)
 
 
 def init_params(model: CharLM, rng: Array, batch: int = 1, length: int = 1):

@@ -74,6 +74,7 @@ import jax
 import jax.numpy as jnp
 
 from rhhjax.ops import cells
+from rhhjax.ops.spec import SequenceSpec
 
 Array = jax.Array
 
@@ -516,7 +517,7 @@ _sequence.defvjp(_sequence_fwd, _sequence_bwd)
 
 
 def lowrank_sequence(
-    spec,
+    spec: SequenceSpec,
     weights: cells.HighwayWeights,
     scales: LowRankScales,
     s0: Array,
@@ -528,8 +529,9 @@ def lowrank_sequence(
     """The rank-d HyperRHN main recurrence over a whole sequence as one differentiable op.
 
     Args:
-      spec: the `recurrence.SequenceSpec` of the call (impl "fused"; its keep, dtype and
-        gate_dropout are read).
+      spec: the `SequenceSpec` of the call (`rhhjax.ops.spec.resolve` admits hyper_rank > 0
+        only for implementations that run it, i.e. this XLA op; its keep, dtype,
+        gate_dropout and first_step are read).
       weights: main cell parameters (kernel_x = U applies to `x`).
       scales: the rank-d projections.
       s0: [B, n] initial main state.
@@ -544,8 +546,6 @@ def lowrank_sequence(
     dropout decisions; u, v and X_u W are recomputed per step in the backward, so the saved
     memory does not grow with d.
     """
-    if spec.impl != "fused":
-        raise ValueError(f"hyper_rank > 0 runs with impl 'scan' or 'fused', not {spec.impl!r}")
     key_data = None if gate_key is None else jax.random.key_data(gate_key)
     if spec.gate_dropout and key_data is None:
         raise ValueError("gate dropout needs a key")

@@ -111,7 +111,7 @@ def define_flags() -> None:
     flags.DEFINE_enum("split", "valid", ["valid", "test", "train", "all"], "Split to evaluate.")
     flags.DEFINE_string("protocol", "all", "windows | stream | paper | all (comma-separated ok).")
     flags.DEFINE_enum("checkpoint", "best", ["best", "latest"], "Which checkpoint.")
-    flags.DEFINE_string("impl", "", "Override model.impl (scan | fused | pallas).")
+    flags.DEFINE_string("impl", "", "Override model.impl (auto | scan | fused | pallas).")
     flags.DEFINE_integer("batch_size", 0, "Override eval.batch_size (0 = from the config).")
     flags.DEFINE_string("output", "", "Also write the results as JSON to this file.")
     flags.DEFINE_string("data_dir", "", "PTB folder, instead of the run's data.dir (moved data).")

@@ -1,0 +1,169 @@
+"""The implementation of the RHN time recurrence, decided ONCE: `resolve` -> `SequenceSpec`.
+
+`resolve` turns plain values (the requested impl, the model's type, hyper input, dropout and
+rank, the matmul dtype, the Pallas mode and block sizes, the gate keep probability) into a
+small frozen `SequenceSpec`; the model builds it once (`rhhjax.models.build_model`) and the
+cores receive it. Nothing else tests the implementation's name: the cores dispatch on
+`spec.is_scan` (the textbook `nn.scan`) or call `rhhjax.ops.recurrence.highway_sequence`,
+which runs the module registered under `spec.impl` in `IMPLEMENTATIONS`.
+
+Implementations (`IMPLS`):
+
+- `scan`: the textbook `nn.scan` over the cell in `rhhjax.models` (plain autodiff; the
+  reference). Runs every model.
+- `fused` (`rhhjax.ops.fused`): the whole time loop as one `jax.custom_vjp`, each micro-layer
+  one XLA matmul plus elementwise work.
+- `pallas` (`rhhjax.ops.pallas`): the same op, each micro-layer one Pallas kernel.
+- `auto`: the fastest measured correct one for the platform and dtype (`_auto`).
+
+Adding an implementation: one module beside `fused.py` (the interface of `rhhjax.ops.fused`:
+NAME, INTERPRETABLE, KEEP_DTYPE, unsupported, geometry, prepare_weights, saved_rows,
+forward_loop, backward_loop) and one entry in `IMPLEMENTATIONS` (and, once measured, its
+place in the rankings of `_MEASURED`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from rhhjax.errors import UserError
+from rhhjax.kernels import highway
+from rhhjax.ops import fused, pallas
+
+SCAN = "scan"
+AUTO = "auto"
+# The whole-sequence ops, by name: the only table of implementations.
+IMPLEMENTATIONS = {module.NAME: module for module in (fused, pallas)}
+IMPLS = (SCAN, *IMPLEMENTATIONS)
+CHOICES = (AUTO, *IMPLS)  # what `model.impl` accepts
+PALLAS_MODES = ("auto", "compiled", "interpret")
+
+
+class UnsupportedImpl(UserError):
+    """An implementation that cannot run the model (one line, names the alternative)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelFacts:
+    """What an implementation needs to know of the model to say whether it can run it."""
+
+    model_type: str  # "rhn" | "hyperrhn" | "lstm"
+    hyper_input: str = "x"  # "x" | "x_and_state"
+    dropout: str = "none"  # "gate" | "variational" | "none"
+    hyper_rank: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class SequenceSpec:
+    """Static description of the recurrence (hashable: a custom_vjp nondiff arg).
+
+    Built by `resolve`; `gate_dropout` and `first_step` are set per call by the cores
+    (`dataclasses.replace`). `reason` says why `impl` was chosen (not part of eq/hash).
+    """
+
+    impl: str  # A resolved name of IMPLS (never "auto").
+    keep: float  # Gate-dropout keep probability (used when gate dropout is on).
+    dtype: Any  # Matmul input dtype.
+    gate_dropout: bool = False  # Whether gate masks are generated from the key.
+    interpret: bool = False  # Pallas interpret mode.
+    kernel: highway.HighwayConfig = highway.HighwayConfig()  # Pallas block sizes.
+    # Time index of the call's first step: gate masks of entry i are those of step
+    # first_step + i (1 when the caller ran step 0 itself, e.g. model.original_first_step).
+    first_step: int = 0
+    reason: str = dataclasses.field(default="", compare=False)
+
+    @property
+    def is_scan(self) -> bool:
+        """Whether the cores run the textbook `nn.scan` (else the whole-sequence op)."""
+        return self.impl == SCAN
+
+
+def check(impl: str, model: ModelFacts) -> None:
+    """Raises UnsupportedImpl (one line) when `impl` is unknown or cannot run `model`.
+
+    Needs no device: `ModelConfig.validate` calls it before anything is compiled.
+    """
+    if impl not in CHOICES:
+        raise UnsupportedImpl(f"model.impl={impl!r} is not one of {', '.join(CHOICES)}")
+    module = IMPLEMENTATIONS.get(impl)
+    reason = None if module is None else module.unsupported(model)
+    if reason is not None:
+        raise UnsupportedImpl(reason)
+
+
+def resolve(
+    impl: str,
+    model: ModelFacts,
+    *,
+    dtype: Any,
+    keep: float = 1.0,
+    pallas_mode: str = "auto",
+    kernel: highway.HighwayConfig = highway.HighwayConfig(),  # noqa: B008 (frozen)
+    platform: str | None = None,
+) -> SequenceSpec:
+    """The one decision: the requested `impl` ("auto" or a name of IMPLS) -> SequenceSpec.
+
+    `platform` (default `jax.default_backend()`, read only when needed) decides "auto" and
+    Pallas' interpret mode: `pallas_mode` "auto" compiles Triton on a GPU and interprets
+    elsewhere; "compiled" (e.g. to trace a GPU step on a CPU host); "interpret".
+    """
+    check(impl, model)
+    if pallas_mode not in PALLAS_MODES:
+        raise UnsupportedImpl(
+            f"model.pallas_mode={pallas_mode!r} is not one of {', '.join(PALLAS_MODES)}"
+        )
+    dtype = jnp.dtype(dtype)
+    reason = "requested"
+    if impl == AUTO:
+        platform = platform or jax.default_backend()
+        impl, reason = _auto(model, dtype, platform)
+    module = IMPLEMENTATIONS.get(impl)
+    interpret = (module is not None and module.INTERPRETABLE) and (
+        pallas_mode == "interpret"
+        or (pallas_mode == "auto" and (platform or jax.default_backend()) != "gpu")
+    )
+    return SequenceSpec(impl, float(keep), dtype, interpret=interpret, kernel=kernel, reason=reason)
+
+
+# Measured step times (ms, median) that decide "auto", per platform: the ranking of the
+# implementations from fastest, and where it comes from.
+#   gpu: results/bench_gpu_h100.json (H100, the paper's sizes, one train step): HyperRHN bf16
+#     fused 41.7, pallas 59.7, scan 119.1; f32 fused 50.4, pallas 94.1, scan 127.7; RHN bf16
+#     fused 26.5, pallas 44.5, scan 66.7; f32 fused 33.5, pallas 74.7, scan 75.8.
+#   cpu: results/bench_cpu_paper.json (paper HyperRHN f32: scan 26,909, fused 34,058) and
+#     results/bench_cpu_small.json (small RHN and HyperRHN, f32 and bf16: scan 165-255,
+#     fused 194-279): scan is faster in every measured row.
+_MEASURED = {
+    "gpu": (
+        (fused.NAME, pallas.NAME, SCAN),
+        "the H100 measurements, RHN and HyperRHN, f32 and bf16 (results/bench_gpu_h100.json: "
+        "HyperRHN bf16 fused 41.7 ms, pallas 59.7, scan 119.1 per step)",
+    ),
+    "cpu": (
+        (SCAN, fused.NAME, pallas.NAME),
+        "the CPU measurements, RHN and HyperRHN, f32 and bf16 (results/bench_cpu_paper.json: "
+        "paper HyperRHN scan 26.9 s, fused 34.1 s per step; results/bench_cpu_small.json)",
+    ),
+}
+
+
+def _auto(model: ModelFacts, dtype: jnp.dtype, platform: str) -> tuple[str, str]:
+    """(impl, why) of "auto": the fastest measured implementation on `platform` that runs
+    `model` (every measured ranking holds for f32 and bf16); scan where nothing was measured."""
+    if platform not in _MEASURED:
+        return SCAN, f"no measurement on platform {platform!r}: scan, the reference"
+    ranking, source = _MEASURED[platform]
+    rank_note = " (rank-d models not measured: ranked as rank 0)" if model.hyper_rank else ""
+    for position, name in enumerate(ranking):
+        module = IMPLEMENTATIONS.get(name)
+        if module is None or module.unsupported(model) is None:
+            faster = ranking[:position]
+            why = f"the fastest {jnp.dtype(dtype).name} {platform} implementation in {source}"
+            if faster:
+                why = f"{', '.join(faster)} cannot run this model; {name} is the next in {source}"
+            return name, why + rank_note
+    raise AssertionError("scan runs every model")  # pragma: no cover

@@ -1,0 +1,114 @@
+"""`rhhjax.ops.spec`: the one resolution of the implementation, `impl="auto"` per platform,
+dtype and model, and the resolved model against the `scan` reference."""
+
+import logging
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from rhhjax import models
+from rhhjax.models import lm
+from rhhjax.ops import spec
+
+INTERFACE = (
+    "NAME", "INTERPRETABLE", "KEEP_DTYPE", "unsupported", "geometry", "prepare_weights",
+    "saved_rows", "forward_loop", "backward_loop",
+)  # fmt: skip
+
+
+def test_every_registered_implementation_provides_the_interface():
+    for name, module in spec.IMPLEMENTATIONS.items():
+        assert module.NAME == name
+        missing = [attr for attr in INTERFACE if not hasattr(module, attr)]
+        assert not missing, (name, missing)
+    assert spec.IMPLS == ("scan", "fused", "pallas")
+    assert models.IMPLS == ("auto", "scan", "fused", "pallas")
+
+
+@pytest.mark.parametrize(
+    ("platform", "facts", "expected"),
+    [
+        ("gpu", spec.ModelFacts("hyperrhn", dropout="gate"), "fused"),
+        ("gpu", spec.ModelFacts("rhn", dropout="none"), "fused"),
+        ("gpu", spec.ModelFacts("hyperrhn", dropout="variational"), "fused"),
+        ("gpu", spec.ModelFacts("hyperrhn", hyper_rank=4), "fused"),
+        ("gpu", spec.ModelFacts("lstm"), "scan"),  # only scan runs an LSTM
+        ("gpu", spec.ModelFacts("hyperrhn", hyper_input="x_and_state"), "scan"),
+        ("cpu", spec.ModelFacts("hyperrhn", dropout="gate"), "scan"),
+        ("cpu", spec.ModelFacts("rhn", dropout="variational"), "scan"),
+        ("tpu", spec.ModelFacts("hyperrhn"), "scan"),  # nothing measured: the reference
+    ],
+)
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_auto_picks_the_fastest_measured_implementation_that_runs_the_model(
+    platform, facts, expected, dtype
+):
+    resolved = spec.resolve("auto", facts, dtype=dtype, platform=platform)
+    assert resolved.impl == expected
+    assert resolved.dtype == jnp.dtype(dtype) and not resolved.interpret
+    assert resolved.reason and "\n" not in resolved.reason
+    if platform in ("gpu", "cpu"):  # the reason cites the measurement it rests on
+        assert "results/bench_" in resolved.reason
+
+
+def test_auto_reads_the_backend_when_no_platform_is_given(monkeypatch):
+    config = models.ModelConfig(hidden=8, hyper_hidden=4, depth=2)
+    assert config.impl == "auto"  # the default
+    monkeypatch.setattr(spec.jax, "default_backend", lambda: "gpu")
+    assert models.build_model(config).spec.impl == "fused"
+    monkeypatch.setattr(spec.jax, "default_backend", lambda: "cpu")
+    assert models.build_model(config).spec.impl == "scan"
+
+
+def test_explicit_impl_is_kept_or_refused_in_one_line():
+    facts = spec.ModelFacts("hyperrhn", dropout="variational")
+    assert spec.resolve("fused", facts, dtype="float32", platform="cpu").impl == "fused"
+    with pytest.raises(spec.UnsupportedImpl, match="variational") as error:
+        spec.resolve("pallas", facts, dtype="float32", platform="gpu")
+    assert "\n" not in str(error.value)
+    with pytest.raises(spec.UnsupportedImpl, match="not one of auto, scan, fused, pallas"):
+        spec.check("cuda", facts)
+    with pytest.raises(spec.UnsupportedImpl, match="pallas_mode"):
+        spec.resolve("pallas", spec.ModelFacts("rhn"), dtype="float32", pallas_mode="fast")
+
+
+def test_build_logs_the_choice_once_per_distinct_choice(caplog):
+    lm._log_choice.cache_clear()
+    config = models.ModelConfig(hidden=8, hyper_hidden=4, depth=2)
+    with caplog.at_level(logging.INFO, logger="absl"):
+        for _ in range(3):
+            models.build_model(config, platform="gpu")
+        models.build_model(config, platform="cpu")
+    lines = [r.getMessage() for r in caplog.records if "model.impl=auto" in r.getMessage()]
+    assert len(lines) == 2, lines
+    assert lines[0].startswith("model.impl=auto runs fused: ") and "bench_gpu_h100" in lines[0]
+    assert lines[1].startswith("model.impl=auto runs scan: ") and "bench_cpu" in lines[1]
+
+
+def _loss_and_grads(model, params, tokens, key):
+    def loss_fn(p):
+        logits, _ = model.apply({"params": p}, tokens[:, :-1], train=True, rngs={"dropout": key})
+        return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
+
+    return jax.jit(jax.value_and_grad(loss_fn))(params)
+
+
+@pytest.mark.parametrize("model_type", ["rhn", "hyperrhn"])
+def test_auto_on_a_gpu_matches_scan_values_and_gradients(model_type):
+    """What `auto` resolves to on a GPU (fused) computes what the scan reference does."""
+    config = models.ModelConfig(
+        type=model_type, vocab_size=11, embed_dim=5, hidden=12, hyper_hidden=6, depth=2, keep=0.7
+    )
+    auto = models.build_model(config, platform="gpu")
+    assert auto.spec.impl == "fused"
+    scan = models.build_model(models.ModelConfig(**{**config.__dict__, "impl": "scan"}))
+    params = models.init_params(scan, jax.random.key(3))
+    tokens = jnp.asarray(np.random.default_rng(3).integers(0, 11, (4, 7)))
+    key = jax.random.key(4)
+    actual = _loss_and_grads(auto, params, tokens, key)
+    expected = _loss_and_grads(scan, params, tokens, key)
+    for a, e in zip(jax.tree.leaves(actual), jax.tree.leaves(expected), strict=True):
+        np.testing.assert_allclose(a, e, rtol=2e-5, atol=2e-5)
