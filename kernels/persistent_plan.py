@@ -214,7 +214,9 @@ class Rates:
 
     barrier_us: float = 1.0  # assumed grid-barrier latency (not measured)
     tflops_per_sm: float = 798.0 / H100_SMS  # measured 8192^3 bf16 matmul rate / SMs
-    l2_tbytes: float = 5.5  # assumed aggregate L2 read bandwidth, TB/s (not measured)
+    # Aggregate L2 read bandwidth, TB/s: a third-party microbenchmark of an H100 PCIe (114 SMs,
+    # Chips and Cheese 2023: ~5.5 TB/s); not measured here. Scaled to 132 SMs at 1.98 GHz: ~7.2.
+    l2_tbytes: float = 5.5
     smem_fill_bytes_per_clk: float = 128.0  # assumed per-SM fill rate
     clock_ghz: float = 1.98  # measured SM clock (results/gpu_h100.md)
 
@@ -263,3 +265,49 @@ def predicted_step_ms(
 def paper_plan(dtype: str = "bfloat16", **overrides) -> PersistentPlan:
     """The plan of the paper's main cell (n = 1000, batch 256) on an H100."""
     return PersistentPlan(batch=256, width=1000, dtype=dtype, **overrides)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """``python -m rhhjax.kernels.persistent_plan [--dtype=float32 --row-blocks=2 ...]``:
+    checks a plan (one ``error:`` line and exit 1 when it cannot run co-resident) and prints
+    its figures and the labelled PREDICTION as JSON."""
+    import argparse
+    import json
+
+    from rhhjax.errors import exit_with_error
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    for name, default in (("batch", 256), ("width", 1000), ("col-blocks", H100_SMS)):
+        parser.add_argument(f"--{name}", type=int, default=default)
+    for name, default in (("row-blocks", 1), ("k-chunk", 64), ("stages", 4), ("depth", 7)):
+        parser.add_argument(f"--{name}", type=int, default=default)
+    parser.add_argument("--length", type=int, default=100)
+    parser.add_argument("--multicast", type=int, default=1)
+    parser.add_argument("--dtype", default="bfloat16")
+    args = parser.parse_args(argv)
+    try:
+        plan = PersistentPlan(
+            args.batch, args.width, args.dtype, args.col_blocks, args.row_blocks,
+            args.k_chunk, args.stages,
+        )  # fmt: skip
+        plan.check()
+    except PlanError as e:
+        exit_with_error(e)
+    report = {
+        "plan": dataclasses.asdict(plan),
+        **plan.summary(),
+        "rates (assumed unless noted)": dataclasses.asdict(Rates()),
+        "PREDICTION forward phase us": round(predicted_phase_us(plan, None, args.multicast), 2),
+        "PREDICTION backward phase us": round(
+            predicted_phase_us(plan, None, args.multicast, backward=True), 2
+        ),
+        "PREDICTION step recurrence ms": round(
+            predicted_step_ms(plan, args.depth, args.length, None, args.multicast), 2
+        ),
+    }
+    print(json.dumps(report, indent=1))
+    return report
+
+
+if __name__ == "__main__":
+    main()
