@@ -100,7 +100,7 @@ CASES = [
     ("float32", 3, 2, 5, 37, True, True, 1, ps.Schedule(5, 2, 8)),
     ("float32", 3, 3, 4, 20, True, False, 0, ps.Schedule(132, 1, 64)),
     ("float32", 2, 7, 3, 13, True, True, 0, ps.Schedule(3, 1, 8)),
-    ("float32", 5, 4, 6, 33, False, False, 0, ps.Schedule(8, 3, 24)),
+    ("float32", 3, 6, 6, 33, False, False, 0, ps.Schedule(8, 3, 24)),
     ("bfloat16", 4, 3, 5, 37, True, True, 1, ps.Schedule(4, 1, 16)),
     ("bfloat16", 3, 5, 5, 20, False, True, 0, ps.Schedule(7, 2, 8)),
     ("bfloat16", 2, 2, 4, 29, True, False, 0, ps.Schedule(132, 1, 64)),
