@@ -161,12 +161,18 @@ def test_model_with_the_persistent_op_matches_scan(monkeypatch):
         return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
 
     expected = jax.jit(jax.value_and_grad(functools.partial(loss, config)))(params)
-    monkeypatch.setattr(
-        recurrence, "highway_sequence", _persistent(ps.Schedule(3, 1, 8)), raising=True
-    )
+    calls = []
+
+    def persistent(*args):
+        calls.append(args[0].first_step)
+        return _persistent(ps.Schedule(3, 1, 8))(*args)
+
+    monkeypatch.setattr(recurrence, "highway_sequence", persistent, raising=True)
     fused = dataclasses.replace(config, impl="fused")
     actual = jax.jit(jax.value_and_grad(functools.partial(loss, fused)))(params)
     _assert_close(actual, expected, TOLERANCE["float32"])
+    # The model really ran the emulation (hyper and main cell, from step 1).
+    assert calls == [1, 1], calls
 
 
 def test_k_chunks_accumulate_in_order_in_float32():
