@@ -1,0 +1,313 @@
+"""Static plan of the persistent whole-sequence highway kernel (issue 20): ownership, shared
+memory, co-residency, L2 traffic, and a labelled time prediction.
+
+The persistent kernel runs every micro-layer phase of a sequence inside ONE launch. Its grid
+is ``row_blocks x col_blocks`` blocks, at most one per SM. Block ``(r, g)`` owns
+
+* rows ``r * rows_per_block ..`` of the batch (``row_blocks = 1``: the whole batch), and
+* units ``g * units_per_block ..`` of the state, i.e. ``2 * units_per_block`` gate columns:
+  the h-columns AND the t-columns of its units, so the gate combine is block-local.
+
+Per forward phase a block streams its rows of the full state ``[rows, K]`` (bf16 / f32) and
+its weight slice ``[K, 2, units]`` through a ``stages``-deep shared-memory pipeline in
+``k_chunk``-wide chunks (K chunks in a fixed order, float32 accumulation), applies scale,
+bias, gates and combine in the epilogue, writes its state slice and saved gates, then meets
+the others at a grid barrier. The backward phase is the transpose (rows of ``W`` for its
+units, ``K = 2 * n_pad``): the same bytes. ``rhhjax.ops.persistent_schedule`` emulates this
+schedule in pure JAX; this module only counts.
+
+Padded extents: ``n_pad = col_blocks * units_per_block`` (``units_per_block =
+ceil(n / col_blocks)``, rounded up to ``UNIT_MULTIPLE`` so ``2 * units`` is a wgmma N),
+``k_pad = n`` rounded up to ``k_chunk`` (backward: ``k2_pad = 2 * n_pad`` likewise),
+``b_pad = row_blocks * rows_per_block`` with ``rows_per_block`` a multiple of 64 (the wgmma M
+of one warpgroup).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax.numpy as jnp
+
+from rhhjax.errors import UserError
+
+H100_SMS = 132
+# H100 (sm_90) opt-in shared memory per block, bytes (227 KiB).
+H100_SMEM_PER_BLOCK = 232_448
+WGMMA_M = 64  # rows of one warpgroup's wgmma tile
+UNIT_MULTIPLE = 4  # 2 * units_per_block must be a multiple of 8 (wgmma N)
+DTYPES = ("float32", "bfloat16")
+
+
+class PlanError(UserError):
+    """A persistent-kernel plan that an H100 cannot run co-resident (one clear line)."""
+
+
+def _round_up(x: int, m: int) -> int:
+    return -(-x // m) * m
+
+
+@dataclasses.dataclass(frozen=True)
+class PersistentPlan:
+    """Configuration of one persistent-kernel call (hashable: a static argument).
+
+    Attributes:
+      batch, width: the problem (B rows, n units).
+      dtype: matmul input dtype name, "bfloat16" or "float32" (accumulation is float32).
+      col_blocks: blocks along the gate columns (each owns ``units_per_block`` units).
+      row_blocks: blocks along the batch (``grid = row_blocks * col_blocks``).
+      k_chunk: K elements per pipeline stage.
+      stages: shared-memory pipeline depth.
+      sm_count: SMs of the target (132 on an H100); ``smem_limit``: bytes per block.
+    """
+
+    batch: int
+    width: int
+    dtype: str = "bfloat16"
+    col_blocks: int = H100_SMS
+    row_blocks: int = 1
+    k_chunk: int = 64
+    stages: int = 4
+    sm_count: int = H100_SMS
+    smem_limit: int = H100_SMEM_PER_BLOCK
+
+    def __post_init__(self):
+        for name in ("batch", "width", "col_blocks", "row_blocks", "k_chunk", "stages"):
+            if getattr(self, name) < 1:
+                raise PlanError(f"PersistentPlan.{name} must be >= 1, got {getattr(self, name)}.")
+        if self.dtype not in DTYPES:
+            raise PlanError(f"PersistentPlan.dtype must be one of {DTYPES}, got {self.dtype!r}.")
+        if self.k_chunk % 8:
+            raise PlanError(f"PersistentPlan.k_chunk must be a multiple of 8, got {self.k_chunk}.")
+
+    # --- ownership and padded extents -----------------------------------------------------
+
+    @property
+    def grid(self) -> int:
+        return self.row_blocks * self.col_blocks
+
+    @property
+    def units_per_block(self) -> int:
+        return _round_up(-(-self.width // self.col_blocks), UNIT_MULTIPLE)
+
+    @property
+    def cols_per_block(self) -> int:
+        """Gate columns a block owns: the h- and t-columns of its units."""
+        return 2 * self.units_per_block
+
+    @property
+    def n_pad(self) -> int:
+        return self.col_blocks * self.units_per_block
+
+    @property
+    def k_pad(self) -> int:
+        """K of the forward GEMM: the true width in whole chunks (state columns past ``width``
+        are zero, so the K loop stops at the last chunk holding a real unit)."""
+        return _round_up(self.width, self.k_chunk)
+
+    @property
+    def k2_pad(self) -> int:
+        """K of the backward GEMM (both halves of the gate columns, ``2 * n_pad``), in chunks."""
+        return _round_up(2 * self.n_pad, self.k_chunk)
+
+    @property
+    def rows_per_block(self) -> int:
+        return _round_up(-(-self.batch // self.row_blocks), WGMMA_M)
+
+    @property
+    def b_pad(self) -> int:
+        return self.row_blocks * self.rows_per_block
+
+    @property
+    def itemsize(self) -> int:
+        return jnp.dtype(self.dtype).itemsize
+
+    # --- resources ---------------------------------------------------------------------------
+
+    def weight_slice_bytes(self) -> int:
+        """One block's slice of ONE layer's weight: the larger of ``[k_pad, 2, units]``
+        (forward) and the transposed ``[k2_pad, units]`` (backward)."""
+        forward = self.k_pad * self.cols_per_block
+        backward = self.k2_pad * self.units_per_block
+        return max(forward, backward) * self.itemsize
+
+    def smem_bytes(self) -> int:
+        """Shared memory per block (bytes) of the forward phase loop:
+
+            stages * (rows * k_chunk + k_chunk * 2u) * itemsize     (A and B pipeline)
+            + rows * u * 37                                         (epilogue staging)
+            + 8 * (2 * stages + 2)                                  (mbarriers)
+
+        The epilogue stages, per owned (row, unit), the f32 inputs s, z, xproj (two halves)
+        and an int8 keep mask (17 B) and the f32 outputs s_new, h, t and u (two halves; 20 B)
+        for the TMA copies in and out. The backward phase has the same A/B shapes
+        (``K = 2 * n_pad``) and no larger epilogue.
+        """
+        rows, units = self.rows_per_block, self.units_per_block
+        pipeline = self.stages * (rows + self.cols_per_block) * self.k_chunk * self.itemsize
+        return pipeline + rows * units * 37 + 8 * (2 * self.stages + 2)
+
+    def accumulator_registers(self, warpgroups: int = 1) -> int:
+        """f32 accumulator registers per thread of the compute warpgroups (128 threads each)."""
+        return self.rows_per_block * self.cols_per_block // (128 * warpgroups)
+
+    def _operand_elems(self, backward: bool) -> tuple[int, int]:
+        """(A elements, B elements) one block reads per phase: forward its rows of the
+        state ``[rows, k_pad]`` and its weight slice ``[k_pad, 2u]``; backward its rows of
+        the layer above's ``d_scaled`` ``[rows, k2_pad]`` and ``[k2_pad, u]`` rows of W."""
+        if backward:
+            return self.rows_per_block * self.k2_pad, self.k2_pad * self.units_per_block
+        return self.rows_per_block * self.k_pad, self.k_pad * self.cols_per_block
+
+    def l2_bytes_per_phase(self, multicast: int = 1, backward: bool = False) -> int:
+        """Bytes every block together reads per main-cell phase (its A rows and its weight
+        slice); ``multicast`` blocks of a cluster sharing rows read A once (TMA multicast)."""
+        a, b = self._operand_elems(backward)
+        blocks_reading_a = -(-self.grid // multicast)
+        return (blocks_reading_a * a + self.grid * b) * self.itemsize
+
+    def ingest_bytes_per_block(self, backward: bool = False) -> int:
+        """Bytes one block takes into shared memory per phase (A rows + weight slice)."""
+        return sum(self._operand_elems(backward)) * self.itemsize
+
+    def flops_per_block(self, backward: bool = False) -> int:
+        """GEMM FLOPs of one block per phase (padded extents)."""
+        a, b = self._operand_elems(backward)
+        return 2 * a * b // (self.k2_pad if backward else self.k_pad)
+
+    def check(self) -> None:
+        """Raises :class:`PlanError` (one line) unless every block can be resident at once:
+        grid <= SM count (one block per SM) and shared memory <= the per-block limit."""
+        if self.grid > self.sm_count:
+            raise PlanError(
+                f"persistent grid of {self.grid} blocks exceeds the {self.sm_count} SMs: "
+                "blocks would not be co-resident and the grid barrier would deadlock."
+            )
+        need = self.smem_bytes()
+        if need > self.smem_limit:
+            raise PlanError(
+                f"persistent plan needs {need} B of shared memory per block, over the "
+                f"{self.smem_limit} B limit ({self.dtype}, rows {self.rows_per_block}, "
+                f"k_chunk {self.k_chunk}, stages {self.stages}): lower stages or k_chunk, "
+                "or raise row_blocks."
+            )
+
+    def summary(self) -> dict:
+        """The plan's derived figures, for reports."""
+        return {
+            "grid": self.grid,
+            "units_per_block": self.units_per_block,
+            "cols_per_block": self.cols_per_block,
+            "b_pad": self.b_pad,
+            "n_pad": self.n_pad,
+            "k_pad": self.k_pad,
+            "smem_bytes": self.smem_bytes(),
+            "weight_slice_bytes": self.weight_slice_bytes(),
+            "accumulator_registers": self.accumulator_registers(),
+            "l2_bytes_per_phase": self.l2_bytes_per_phase(),
+        }
+
+
+@dataclasses.dataclass(frozen=True)
+class Rates:
+    """Machine rates of the prediction model (each an assumption or a measurement, stated)."""
+
+    barrier_us: float = 1.0  # assumed grid-barrier latency (not measured)
+    tflops_per_sm: float = 798.0 / H100_SMS  # measured 8192^3 bf16 matmul rate / SMs
+    # Aggregate L2 read bandwidth, TB/s: a third-party microbenchmark of an H100 PCIe (114 SMs,
+    # Chips and Cheese 2023: ~5.5 TB/s); not measured here. Scaled to 132 SMs at 1.98 GHz: ~7.2.
+    l2_tbytes: float = 5.5
+    smem_fill_bytes_per_clk: float = 128.0  # assumed per-SM fill rate
+    clock_ghz: float = 1.98  # measured SM clock (results/gpu_h100.md)
+
+
+def predicted_phase_us(
+    plan: PersistentPlan, rates: Rates | None = None, multicast: int = 1, backward: bool = False
+) -> float:
+    """PREDICTION (a model, not a measurement) of one main-cell phase, in microseconds:
+
+        barrier + max(GEMM slice at tflops_per_sm, all blocks' L2 bytes at l2_tbytes,
+                      one block's ingest at smem_fill_bytes_per_clk * clock)
+
+    bf16 rate for both dtypes (an f32 plan would run TF32 wgmma: same rate model)."""
+    rates = rates or Rates()
+    gemm = plan.flops_per_block(backward) / (rates.tflops_per_sm * 1e12)
+    l2 = plan.l2_bytes_per_phase(multicast, backward) / (rates.l2_tbytes * 1e12)
+    fill_rate = rates.smem_fill_bytes_per_clk * rates.clock_ghz * 1e9
+    fill = plan.ingest_bytes_per_block(backward) / fill_rate
+    return rates.barrier_us + 1e6 * max(gemm, l2, fill)
+
+
+def predicted_step_ms(
+    plan: PersistentPlan,
+    depth: int,
+    length: int,
+    rates: Rates | None = None,
+    multicast: int = 1,
+    hyper_phase_us: float | None = None,
+) -> float:
+    """PREDICTION of a training step's recurrence time (ms): ``length * depth`` forward and
+    as many backward main-cell phases at :func:`predicted_phase_us`, as many hyper-cell phases at
+    ``hyper_phase_us`` (default: the barrier alone), plus the deferred weight-gradient GEMMs
+    (``depth`` GEMMs of ``2 * length * b_pad * n_pad * 2 n_pad`` FLOPs at the whole GPU's
+    rate). Embedding, output layer and optimizer are not counted."""
+    rates = rates or Rates()
+    phases = 2 * length * depth
+    forward = predicted_phase_us(plan, rates, multicast)
+    backward = predicted_phase_us(plan, rates, multicast, backward=True)
+    main = length * depth * (forward + backward)
+    hyper = phases * (rates.barrier_us if hyper_phase_us is None else hyper_phase_us)
+    dw_flops = depth * 2 * length * plan.b_pad * plan.n_pad * 2 * plan.n_pad
+    dw_us = 1e6 * dw_flops / (rates.tflops_per_sm * plan.sm_count * 1e12)
+    return (main + hyper + dw_us) / 1e3
+
+
+def paper_plan(dtype: str = "bfloat16", **overrides) -> PersistentPlan:
+    """The plan of the paper's main cell (n = 1000, batch 256) on an H100."""
+    return PersistentPlan(batch=256, width=1000, dtype=dtype, **overrides)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """``python -m rhhjax.kernels.persistent_plan [--dtype=float32 --row-blocks=2 ...]``:
+    checks a plan (one ``error:`` line and exit 1 when it cannot run co-resident) and prints
+    its figures and the labelled PREDICTION as JSON."""
+    import argparse
+    import json
+
+    from rhhjax.errors import exit_with_error
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    for name, default in (("batch", 256), ("width", 1000), ("col-blocks", H100_SMS)):
+        parser.add_argument(f"--{name}", type=int, default=default)
+    for name, default in (("row-blocks", 1), ("k-chunk", 64), ("stages", 4), ("depth", 7)):
+        parser.add_argument(f"--{name}", type=int, default=default)
+    parser.add_argument("--length", type=int, default=100)
+    parser.add_argument("--multicast", type=int, default=1)
+    parser.add_argument("--dtype", default="bfloat16")
+    args = parser.parse_args(argv)
+    try:
+        plan = PersistentPlan(
+            args.batch, args.width, args.dtype, args.col_blocks, args.row_blocks,
+            args.k_chunk, args.stages,
+        )  # fmt: skip
+        plan.check()
+    except PlanError as e:
+        exit_with_error(e)
+    report = {
+        "plan": dataclasses.asdict(plan),
+        **plan.summary(),
+        "rates (assumed unless noted)": dataclasses.asdict(Rates()),
+        "PREDICTION forward phase us": round(predicted_phase_us(plan, None, args.multicast), 2),
+        "PREDICTION backward phase us": round(
+            predicted_phase_us(plan, None, args.multicast, backward=True), 2
+        ),
+        "PREDICTION step recurrence ms": round(
+            predicted_step_ms(plan, args.depth, args.length, None, args.multicast), 2
+        ),
+    }
+    print(json.dumps(report, indent=1))
+    return report
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,141 @@
+"""The Mosaic GPU micro-layer forward (`kernels/mosaic_forward.py`).
+
+On a CPU: its reference and operand layout against the highway math of `ops.cells`, and its
+one-line config errors. ``gpu_compile``: the kernel lowers and compiles for an H100 without
+a GPU (needs the JAX CUDA plugin; skipped without it). `TestCompiled`: the kernel against
+its reference, on a GPU only."""
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from rhhjax.kernels import mosaic_forward as mf
+
+from rhhjax.ops import cells
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def _has_cuda_plugin() -> bool:
+    try:
+        return importlib.util.find_spec("jax_plugins.xla_cuda12") is not None
+    except ModuleNotFoundError:  # no jax_plugins package at all
+        return False
+
+
+_PLUGIN = _has_cuda_plugin()
+needs_cuda = pytest.mark.skipif(not _PLUGIN, reason="no JAX CUDA plugin here (jax[cuda12])")
+NEEDS_GPU = pytest.mark.skipif(
+    jax.default_backend() != "gpu",
+    reason="the Mosaic GPU kernel runs on a Hopper GPU only (jax.default_backend() != 'gpu')",
+)
+TOLERANCE = {"float32": 1e-5, "bfloat16": 1e-5}
+
+
+def _case(seed, batch, width):
+    """Fresh (W [n, 2n], s [B, n], z [B, n], b [2n])."""
+    rng = np.random.default_rng(seed)
+    w = jnp.asarray(rng.normal(size=(width, 2 * width)) * 0.2, jnp.float32)
+    s = jnp.asarray(rng.normal(size=(batch, width)), jnp.float32)
+    z = 1.0 + jnp.asarray(rng.normal(size=(batch, width)) * 0.3, jnp.float32)
+    b = jnp.asarray(rng.normal(size=(2 * width,)) * 0.3, jnp.float32)
+    return w, s, z, b
+
+
+@pytest.mark.parametrize(
+    ("dtype", "batch", "width", "units", "k_pad"),
+    [("bfloat16", 64, 32, 8, 64), ("float32", 128, 48, 16, 48), ("bfloat16", 64, 24, 8, 32)],
+)
+def test_reference_on_the_kernel_operands_is_the_highway_micro_layer(
+    dtype, batch, width, units, k_pad
+):
+    """Block-major transposed weight, padded K and row-broadcast bias give exactly
+    `cells.highway_gate((s W) * [z, z] + b, s)` with the same matmul dtype."""
+    w, s, z, b = _case(batch + width, batch, width)
+    ops = mf.operands(w, s, z, b, jnp.dtype(dtype), units, k_pad)
+    actual = mf.highway_forward_reference(*ops, units=units)
+    a = cells.matmul(s, w, jnp.dtype(dtype)) * cells.double(z) + b
+    expected = cells.highway_gate(a, s, None)
+    np.testing.assert_allclose(actual, expected, rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype])
+    # Block g's rows of W^T are the h- then t-columns of its units.
+    w_blk = np.asarray(ops[1], np.float32)
+    g = width // units - 1
+    cols = [g * units + j for j in range(units)] + [width + g * units + j for j in range(units)]
+    expected_rows = np.asarray(w.astype(jnp.dtype(dtype)), np.float32)[:, cols].T
+    np.testing.assert_array_equal(w_blk[g * 2 * units : (g + 1) * 2 * units, :width], expected_rows)
+
+
+@pytest.mark.parametrize(
+    ("config", "shape", "message"),
+    [
+        (mf.MosaicForwardConfig(tile_m=32), (64, 64, 64), "tile_m % 64"),
+        (mf.MosaicForwardConfig(), (100, 64, 64), "b_pad 100"),
+        (mf.MosaicForwardConfig(units=16), (64, 40, 64), "n_pad 40"),
+        (mf.MosaicForwardConfig(tile_k=64), (64, 64, 96), "k_pad 96"),
+    ],
+)
+def test_misaligned_shapes_are_one_line_errors(config, shape, message):
+    with pytest.raises(ValueError, match=message) as e:
+        config.check(*shape)
+    assert "\n" not in str(e.value)
+
+
+_COMPILE = """
+import sys, json
+sys.path.insert(0, {bench!r})
+import gpu_report as g
+g.set_deviceless_env()
+import jax, jax.numpy as jnp
+from rhhjax.kernels import mosaic_forward as mf
+rep = jax.sharding.NamedSharding(g.h100_mesh(), jax.sharding.PartitionSpec())
+def sds(shape, dtype):
+    return jax.ShapeDtypeStruct(shape, dtype, sharding=rep)
+rows = []
+for b_pad, n_pad, k_pad, units, tile_k, stages in {cases!r}:
+    config = mf.MosaicForwardConfig(units=units, tile_k=tile_k, stages=stages)
+    args = (sds((b_pad, k_pad), jnp.bfloat16), sds((2 * n_pad, k_pad), jnp.bfloat16),
+            sds((b_pad, n_pad), jnp.float32), sds((b_pad, n_pad), jnp.float32),
+            sds((b_pad, 2, n_pad), jnp.float32))
+    f = lambda *a: mf.highway_forward(*a, config=config)
+    lowered = jax.jit(f).trace(*args).lower(lowering_platforms=("cuda",))
+    text = lowered.as_text()
+    lowered.compile()
+    rows.append({{"mosaic": "mosaic_gpu" in text, "compiled": True}})
+print(json.dumps(rows))
+"""
+
+
+@pytest.mark.gpu_compile
+@needs_cuda
+def test_kernel_lowers_and_compiles_for_an_h100_without_a_gpu(tmp_path):
+    """The paper's main cell (batch 256, 1056 padded units of 8 per program: 132 column
+    blocks, K 1024) and a small odd case, deviceless, in a fresh process."""
+    cases = [(256, 1056, 1024, 8, 64, 4), (64, 48, 48, 8, 16, 2)]
+    code = _COMPILE.format(bench=str(BENCH), cases=cases)
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr[-3000:]
+    rows = json.loads(run.stdout.strip().splitlines()[-1])
+    assert rows == [{"mosaic": True, "compiled": True}] * len(cases)
+
+
+@NEEDS_GPU
+class TestCompiled:
+    """The compiled kernel against its reference on fresh random inputs (GPU only)."""
+
+    @pytest.mark.parametrize(
+        ("batch", "width", "units", "k_pad", "tile_k"),
+        [(64, 64, 8, 64, 64), (128, 48, 8, 64, 32), (256, 1056, 8, 1088, 64)],
+    )
+    def test_matches_reference(self, batch, width, units, k_pad, tile_k):
+        w, s, z, b = _case(width + batch, batch, width)
+        ops = mf.operands(w, s, z, b, jnp.bfloat16, units, k_pad)
+        config = mf.MosaicForwardConfig(units=units, tile_k=tile_k)
+        actual = jax.jit(lambda *a: mf.highway_forward(*a, config=config))(*ops)
+        expected = mf.highway_forward_reference(*ops, units=units)
+        np.testing.assert_allclose(actual, expected, rtol=2e-5, atol=2e-5)

@@ -1,0 +1,102 @@
+"""The persistent kernel's static plan: ownership, padded extents, shared memory, weight
+slices, co-residency (refused with one line), L2 traffic and the labelled prediction."""
+
+import dataclasses
+import subprocess
+import sys
+
+import pytest
+from rhhjax.kernels import persistent_plan as pp
+
+from rhhjax.errors import UserError
+
+
+def test_paper_bf16_plan_is_one_block_per_sm_with_both_halves_of_8_units():
+    plan = pp.paper_plan("bfloat16")
+    plan.check()
+    assert (plan.grid, plan.units_per_block, plan.cols_per_block) == (132, 8, 16)
+    assert (plan.b_pad, plan.n_pad, plan.k_pad, plan.k2_pad) == (256, 1056, 1024, 2112)
+    # 4 stages x (256 state rows + 16 weight columns) x 64 K x 2 B, epilogue 256 x 8 x 37 B,
+    # 10 mbarriers of 8 B.
+    assert plan.smem_bytes() == 4 * (256 + 16) * 64 * 2 + 256 * 8 * 37 + 80 == 215_120
+    assert plan.smem_bytes() <= 227 * 1024
+    # Backward slice [2112, 8] is larger than the forward [1024, 16].
+    assert plan.weight_slice_bytes() == 2112 * 8 * 2
+    assert plan.accumulator_registers() == 256 * 16 // 128
+
+
+def test_paper_f32_plan_needs_two_stages_and_says_so_in_one_line():
+    plan = pp.paper_plan("float32")
+    assert plan.smem_bytes() == 4 * (256 + 16) * 64 * 4 + 256 * 8 * 37 + 80
+    with pytest.raises(pp.PlanError) as e:
+        plan.check()
+    message = str(e.value)
+    assert "\n" not in message and "shared memory" in message and "stages" in message
+    assert isinstance(e.value, UserError)
+    smaller = dataclasses.replace(plan, stages=2)
+    smaller.check()
+    assert smaller.weight_slice_bytes() == 2112 * 8 * 4
+
+
+def test_more_blocks_than_sms_are_refused_before_anything_runs():
+    with pytest.raises(pp.PlanError, match="co-resident"):
+        pp.paper_plan(row_blocks=2).check()  # 264 blocks on 132 SMs
+    pp.paper_plan(row_blocks=2, col_blocks=66).check()  # 132 blocks, 16 units each
+
+
+def test_odd_sizes_pad_units_to_wgmma_widths_and_rows_to_warpgroups():
+    plan = pp.PersistentPlan(batch=5, width=37, dtype="float32", col_blocks=4, k_chunk=16)
+    assert plan.units_per_block == 12 and plan.cols_per_block % 8 == 0
+    assert plan.n_pad == 48 >= 37 and plan.k_pad == 48 and plan.b_pad == 64
+    hyper = pp.PersistentPlan(batch=256, width=128, col_blocks=16)
+    hyper.check()
+    assert (hyper.units_per_block, hyper.n_pad) == (8, 128)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [("dtype", "float16", "dtype"), ("k_chunk", 12, "multiple of 8"), ("stages", 0, ">= 1")],
+)
+def test_bad_fields_are_one_line_errors(field, value, message):
+    with pytest.raises(pp.PlanError, match=message):
+        pp.PersistentPlan(batch=256, width=1000, **{field: value})
+
+
+def test_column_ownership_reads_the_whole_state_in_every_block():
+    """Each block reads its rows of the state and its weight slice: 132 x (256 x 1024 +
+    1024 x 16) bf16 elements per forward phase; the backward reads d_scaled (2n wide)."""
+    plan = pp.paper_plan("bfloat16")
+    assert plan.l2_bytes_per_phase() == 132 * (256 * 1024 + 1024 * 16) * 2
+    assert plan.l2_bytes_per_phase(backward=True) == 132 * (256 * 2112 + 2112 * 8) * 2
+    assert plan.l2_bytes_per_phase(multicast=2) < plan.l2_bytes_per_phase()
+    split = pp.paper_plan("bfloat16", row_blocks=4, col_blocks=33)
+    assert split.l2_bytes_per_phase() < plan.l2_bytes_per_phase()
+    assert plan.flops_per_block() == 2 * 256 * 1024 * 16
+    assert plan.flops_per_block(backward=True) == 2 * 256 * 2112 * 8
+
+
+def test_prediction_is_barrier_plus_the_slowest_of_gemm_l2_and_fill():
+    plan = pp.paper_plan("bfloat16")
+    rates = pp.Rates(barrier_us=1.0, tflops_per_sm=1.0, l2_tbytes=1e9, smem_fill_bytes_per_clk=1e9)
+    gemm_us = plan.flops_per_block() / 1e12 * 1e6
+    assert pp.predicted_phase_us(plan, rates) == pytest.approx(1.0 + gemm_us)
+    l2_bound = pp.Rates(barrier_us=2.0, tflops_per_sm=1e9, l2_tbytes=5.0)
+    expected = 2.0 + plan.l2_bytes_per_phase() / 5e12 * 1e6
+    assert pp.predicted_phase_us(plan, l2_bound) == pytest.approx(expected)
+    step = pp.predicted_step_ms(plan, depth=7, length=100, rates=l2_bound)
+    assert step > 700 * pp.predicted_phase_us(plan, l2_bound) / 1e3
+
+
+def test_command_prints_the_plan_and_refuses_a_bad_one_with_one_line():
+    ok = subprocess.run(
+        [sys.executable, "-m", "rhhjax.kernels.persistent_plan", "--dtype=bfloat16"],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert ok.returncode == 0, ok.stderr
+    assert '"smem_bytes": 215120' in ok.stdout and "PREDICTION" in ok.stdout
+    bad = subprocess.run(
+        [sys.executable, "-m", "rhhjax.kernels.persistent_plan", "--dtype=float32"],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert bad.returncode == 1 and bad.stdout == ""
+    assert bad.stderr.count("\n") == 1 and bad.stderr.startswith("error: persistent plan needs")
