@@ -7,33 +7,19 @@ plugin (a second venv, see README "GPU compile report") and skip without it.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from benchmark_scripts import BENCH, load
 from hlo_cases import HIDDEN, HLO, SEQ
 
 from rhhjax.tools import hlo_compile
 
-ROOT = Path(__file__).resolve().parents[1]
-BENCH = ROOT / "benchmarks"
-
-
-def _load(name: str):
-    """A benchmarks/ script as a module, by its path (benchmarks/ is not a package)."""
-    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-report = _load("gpu_report")
-compare_reports = _load("gpu_report_compare")
+report = load("gpu_report")
+compare_reports = load("gpu_report_compare")
 
 
 # ----------------------------------------------------------------------------- command line
