@@ -74,7 +74,12 @@ def main(argv: list[str] | None = None) -> int:
         if not Path(args.hlo_dir).is_dir():
             print(f"error: --hlo-dir={args.hlo_dir} is not a directory", file=sys.stderr)
             return 2
-        cache = {"command": command, "inventories": inventories_from_hlo(Path(args.hlo_dir))}
+        cache = {
+            "command": command,
+            "hlo_from": "python benchmarks/gpu_report.py --ranks=0 --save-hlo="
+            f"{args.hlo_dir} (the CUDA venv: compile-only H100, no GPU)",
+            "inventories": inventories_from_hlo(Path(args.hlo_dir)),
+        }
         Path(args.features).write_text(json.dumps(cache, indent=1) + "\n")
     try:
         inventories = json.loads(Path(args.features).read_text())["inventories"]

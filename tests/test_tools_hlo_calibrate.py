@@ -25,8 +25,10 @@ def test_pallas_launch_counts_waves_k_iterations_and_tile_bytes():
     assert terms["k_iter_state"] == 64 * 64 * 32 * 2
     assert terms["k_iter_weight"] == 64 * 32 * 32 * 2
     assert terms["wave_tile"] == 64 * 32 * 2 and terms["launch"] == 1
-    # 16-row blocks: 16 x 32 = 512 programs; 16 resident per SM (threads): still one wave
-    assert hc.group_terms(group, (16, 32, 64, 4, 3))["k_iter_warp"] == 32 * 4
+    # 16-row blocks: 16 x 32 = 512 programs, 2 overlapping per SM (OVERLAP): 2 waves
+    assert hc.group_terms(group, (16, 32, 64, 4, 3))["k_iter_warp"] == 2 * 32 * 4
+    # 8 warps: 8 resident per SM by threads, 2 by OVERLAP; 128 x 32-row programs: 1 wave
+    assert hc.blocks_per_sm((64, 32, 32, 8, 3), 2) == hc.OVERLAP
     # an XLA GEMM: 128 x 128 tiles (2 x 8 = 16, one wave), K in 64-chunks for bf16
     gemm = dict(group, kind="gemm")
     assert hc.group_terms(gemm, None)["xla_k_iter"] == math.ceil(2048 / 64)
@@ -75,13 +77,13 @@ def test_refit_from_the_measured_rows_reproduces_the_committed_calibration():
     before = np.abs([r["before_error"] for r in cal["rows"]])
     after = np.abs([r["loo_error"] for r in refit["rows"]])
     assert after.mean() < 0.5 * before.mean() and after.max() < before.max()
-    assert after.max() <= 0.34  # what the committed fit achieves (33%)
+    assert after.max() <= 0.30  # what the committed fit achieves (29%)
 
 
 @pytest.mark.xfail(
     strict=True,
     reason="the issue-24 target (leave-one-out error within 25% on every row) is not met: "
-    "4 Pallas block settings (64/16/128, 32/16/64/2, 16/32/64, 32/32/128/4/4) are 27-33% off",
+    "2 Pallas block settings (hyperrhn bf16 64/16/128/4/3 and 32/32/128/4/4) are 29% off",
 )
 def test_leave_one_out_error_is_within_25_percent_on_every_row():
     _, rows = _committed()
