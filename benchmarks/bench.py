@@ -24,7 +24,8 @@ Parts (``--parts``):
 * ``phase``: the latency of one micro-layer (GEMM + gates) per impl: the forward of the
   model (``train=False``) at two depths, ``(t(d2) - t(d1)) / (seq_len x (d2 - d1))``: the
   extra micro-layers are a chain of dependent phases, and the embedding, output layer and
-  dispatch cancel out. A HyperRHN phase is one hyper and one main micro-layer.
+  dispatch cancel out (each time the fastest of ``--repeats`` calls). A HyperRHN phase is
+  one hyper and one main micro-layer.
 
 ``--command_buffer`` sets XLA's command-buffer (CUDA graph) flag before JAX starts:
 ``default`` leaves XLA's default, ``while`` adds WHILE and CONDITIONAL (the time loops
@@ -291,7 +292,9 @@ def gemm_row(name: str, m: int, k: int, n: int, dtype: str, iters: int, repeats:
 
 
 def forward_seconds(config: models.ModelConfig, batch: int, length: int, repeats: int) -> float:
-    """Median seconds of the jitted forward (``train=False``, zero carry) on random tokens."""
+    """Fastest of ``repeats`` calls of the jitted forward (``train=False``, zero carry) on
+    random tokens, after a compile-and-warm-up call: the minimum, since on a shared machine
+    other work only adds time (a difference of medians can even come out negative)."""
     model = models.build_model(config)
     params = make_init(config)(init_key(0))
     tokens = jax.random.randint(jax.random.key(1), (batch, length), 0, config.vocab_size)
@@ -302,7 +305,7 @@ def forward_seconds(config: models.ModelConfig, batch: int, length: int, repeats
         start = time.perf_counter()
         f(params, tokens).block_until_ready()
         times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return min(times)
 
 
 def phase_row(impl, model, size, dtype, rank, depths, repeats) -> dict:
