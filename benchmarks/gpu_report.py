@@ -28,7 +28,14 @@ model and optimizer from ``configs/ptb.py`` (the paper size unless overridden), 
   dumped PTX, and XLA's own log lines);
 * compiled peak memory (``compiled.memory_analysis()``);
 * a predicted step time from a stated cost model (``--launch-us``, ``--hbm-gbs``,
-  ``--bf16-tflops``, ``--f32-mm-tflops``, ``--f32-simt-tflops``; every one an assumption).
+  ``--bf16-tflops``, ``--f32-mm-tflops``, ``--f32-simt-tflops``; every one an assumption);
+* ``calibrated_step_ms`` and its ``dominant_term``: the cost model fitted to the measured
+  H100 rows (``--calibration``, default ``results/cost_model_h100.json`` from
+  ``benchmarks/cost_model.py``; terms in ``rhhjax/tools/hlo_calibrate.py``).
+
+The work is split: ``rhhjax/tools/hlo_compile.py`` builds and compiles the step,
+``hlo_dumps.py`` reads ptxas and the thunk sequence, ``hlo_launches.py`` / ``hlo_cost.py``
+count and predict, this file is the command line and the table.
 
 Configs that the model config rejects (``pallas`` with ``hyper_rank > 0``) are rows with
 ``status: "unsupported"``; a compile error is a row with ``status: "compile_error"``.

@@ -2,8 +2,9 @@
 and FLOPs per launch.
 
 Pure Python (no JAX import), so the parser is tested everywhere on small HLO text
-(``tests/test_gpu_report.py``). ``benchmarks/gpu_report.py`` feeds it
-``compiled.as_text()`` of the training step compiled for an H100.
+(``tests/test_tools_hlo_launches.py``). ``benchmarks/gpu_report.py`` feeds it
+``compiled.as_text()`` of the training step compiled for an H100; ``hlo_cost`` summarises
+and predicts from it, ``hlo_calibrate`` fits its measured terms.
 
 Definitions (documented in the report's JSON under ``"definitions"``):
 
