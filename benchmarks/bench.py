@@ -20,7 +20,9 @@ Parts (``--parts``):
   the main cell ``[B, n] x [n, 2n]``, the hyper cell ``[B, h] x [h, 2h]`` and the hyper
   projection ``[B, h] x [h, n]``, each followed by its transposed GEMM (the backward's
   ``dx`` shape) so the loop carries ``[B, n]``; weights with orthonormal rows keep the values
-  bounded. Reports microseconds per GEMM and TFLOP/s.
+  bounded. Reports microseconds per GEMM and TFLOP/s (of the nominal 2 M K N), and from the
+  compiled loop the launches per iteration (GEMMs plus any pad / convert XLA adds: on an
+  H100 it pads 1000 to 1024) and each in-loop GEMM's FLOPs.
 * ``phase``: the latency of one micro-layer (GEMM + gates) per impl: the forward of the
   model (``train=False``) at two depths, ``(t(d2) - t(d1)) / (seq_len x (d2 - d1))``: the
   extra micro-layers are a chain of dependent phases, and the embedding, output layer and
@@ -52,6 +54,7 @@ import numpy as np
 from absl import app, flags
 
 from rhhjax import configs, models
+from rhhjax.tools import hlo_launches as hl
 from rhhjax.train.optim import OptimizerConfig
 from rhhjax.train.step import init_key, make_init, make_train_step, step_inputs
 
@@ -262,7 +265,9 @@ def gemm_row(name: str, m: int, k: int, n: int, dtype: str, iters: int, repeats:
     w = orthonormal_rows(k, n, 1) if k <= n else orthonormal_rows(n, k, 1).T
     a = np.random.default_rng(0).standard_normal((m, k)).astype(np.float32)
     a, w, wt = (jnp.asarray(x, dt) for x in (a, w, np.ascontiguousarray(w.T)))
-    f = gemm_loop(m == k == n, iters)
+    f = gemm_loop(m == k == n, iters).lower(a, w, wt).compile()
+    loop = [lp for lp in hl.find_loops(hl.parse_module(f.as_text())) if lp.trips == iters]
+    body = loop[0].launches if loop else []
     out = f(a, w, wt).block_until_ready()
     if not bool(jnp.isfinite(out.astype(jnp.float32)).all()):
         raise RuntimeError(f"GEMM loop {name} {dtype}: non-finite result")
@@ -285,6 +290,10 @@ def gemm_row(name: str, m: int, k: int, n: int, dtype: str, iters: int, repeats:
         "gemms": gemms,
         "us_per_gemm": 1e6 * seconds,
         "tflops": 2.0 * m * k * n / seconds / 1e12,
+        # what XLA compiled: launches per loop iteration (GEMMs + pads / converts / the loop
+        # counter) and the FLOPs of each GEMM in the loop (padded shapes count more)
+        "launches_per_iter": hl.per_step(body),
+        "loop_gemm_flops": [lc.flops for lc in body if lc.flops],
     }
 
 
@@ -383,6 +392,7 @@ def format_gemm(row: dict) -> str:
     return (
         f"gemm {row['gemm']:<11}{row['shape']:<26}{row['dtype']:<10}"
         f"{row['us_per_gemm']:>10.1f} us{row['tflops']:>10.3f} TFLOP/s"
+        f"  ({row['launches_per_iter']} launches per iteration)"
     )
 
 

@@ -105,6 +105,9 @@ def test_gemm_loop_keeps_every_dependent_gemm_inside_one_loop(m, k, n):
     out = np.asarray(f(*args))
     expected = a @ np.linalg.matrix_power(w, iters) if m == k == n else a
     np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4)
+    row = bench.gemm_row("x", m, k, n, "float32", iters, 1)  # reports what XLA compiled
+    assert row["loop_gemm_flops"] == gemm_flops and row["launches_per_iter"] >= len(gemm_flops)
+    assert row["gemms"] == iters * len(gemm_flops)
 
 
 def test_phase_latency_is_the_time_per_extra_micro_layer(monkeypatch):
