@@ -1,14 +1,38 @@
-"""Training-step benchmark: impl x model x size x dtype, in one run.
+"""Training-step benchmark and GPU instruments: impl x model x rank x size x dtype, in one run.
 
     python benchmarks/bench.py --out=bench.json
     python benchmarks/bench.py --sizes=small --impls=scan,fused --repeats=5
+    python benchmarks/bench.py --parts=gemm,phase --sizes=small --out=instruments.json
+    python benchmarks/bench.py --impls=fused --command_buffer=while   # XLA's CUDA graphs
 
-Each row times the training step of ``train.py`` (``rhhjax.train.step``: forward, backward,
-L1-norm clipping, Adam update; gate dropout on)
-after compilation and a warm-up step: the median of `--repeats` steps. It also measures
-the rate of a large matmul on the same device and dtype, and reports
-efficiency = flops_per_step / (step time x matmul rate), where flops_per_step counts the
-matmul FLOPs of forward + backward (3x the forward matmuls).
+Parts (``--parts``):
+
+* ``step``: the training step of ``train.py`` (``rhhjax.train.step``: forward, backward,
+  L1-norm clipping, Adam update; gate dropout on) after compilation and a warm-up step: the
+  median of ``--repeats`` steps, with the compiled step's memory
+  (``compiled.memory_analysis()``). efficiency = flops_per_step / (step time x the GEMM
+  rate of the ``square`` row), flops_per_step = the matmul FLOPs of forward + backward (3x
+  the forward matmuls). ``hyperrhn`` rows run once per ``--ranks`` value (every impl the
+  model config accepts: ``pallas`` has no rank > 0).
+* ``gemm``: the GEMM rate inside ONE jitted ``lax.fori_loop`` of ``--gemm_iters`` dependent
+  iterations (each GEMM reads the previous result, so XLA can neither hoist nor batch
+  them): a large square ``[S, S] x [S, S]`` and the recurrence's own shapes at the size:
+  the main cell ``[B, n] x [n, 2n]``, the hyper cell ``[B, h] x [h, 2h]`` and the hyper
+  projection ``[B, h] x [h, n]``, each followed by its transposed GEMM (the backward's
+  ``dx`` shape) so the loop carries ``[B, n]``; weights with orthonormal rows keep the values
+  bounded. Reports microseconds per GEMM and TFLOP/s (of the nominal 2 M K N), and from the
+  compiled loop the launches per iteration (GEMMs plus any pad / convert XLA adds: on an
+  H100 it pads 1000 to 1024) and each in-loop GEMM's FLOPs.
+* ``phase``: the latency of one micro-layer (GEMM + gates) per impl: the forward of the
+  model (``train=False``) at two depths, ``(t(d2) - t(d1)) / (seq_len x (d2 - d1))``: the
+  extra micro-layers are a chain of dependent phases, and the embedding, output layer and
+  dispatch cancel out (each time the fastest of ``--repeats`` calls). A HyperRHN phase is
+  one hyper and one main micro-layer.
+
+``--command_buffer`` sets XLA's command-buffer (CUDA graph) flag before JAX starts:
+``default`` leaves XLA's default, ``while`` adds WHILE and CONDITIONAL (the time loops
+become graphs), ``off`` disables command buffers. It is validated by XLA on any platform
+but only changes anything on a GPU.
 
 On CPU, `pallas` runs in Pallas interpret mode, so it is only measured at the small size,
 and only to show it runs: interpret-mode timings say nothing about GPU speed.
@@ -18,6 +42,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import statistics
 import sys
 import time
@@ -25,11 +50,13 @@ from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from absl import app, flags
 
 from rhhjax import configs, models
+from rhhjax.tools import hlo_launches as hl
 from rhhjax.train.optim import OptimizerConfig
-from rhhjax.train.step import make_train_step, step_inputs
+from rhhjax.train.step import init_key, make_init, make_train_step, step_inputs
 
 SIZES = {
     # name: (hidden, hyper_hidden, depth, batch, seq_len)
@@ -37,6 +64,15 @@ SIZES = {
     "small": (256, 64, 3, 64, 50),
 }
 VOCAB, EMBED = 50, 27
+PARTS = ("step", "gemm", "phase")
+# XLA's command-buffer types (CommandBufferCmdType of jax 0.10.2's XLA): its default set
+# plus WHILE and CONDITIONAL, so that a whole time loop is one CUDA graph.
+COMMAND_BUFFER_FLAGS = {
+    "default": "",
+    "while": "--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,"
+    "DYNAMIC_SLICE_FUSION,WHILE,CONDITIONAL",
+    "off": "--xla_gpu_enable_command_buffer=",
+}
 
 
 def _define_flags() -> None:
@@ -47,10 +83,20 @@ def _define_flags() -> None:
     flags.DEFINE_list("sizes", ["paper", "small"], f"Sizes: {', '.join(SIZES)}.")
     flags.DEFINE_list("dtypes", ["float32", "bfloat16"], "Matmul input dtypes.")
     flags.DEFINE_integer("repeats", 3, "Timed steps per row (median reported).")
+    flags.DEFINE_list("parts", ["step"], f"What to measure: {', '.join(PARTS)}.")
+    flags.DEFINE_list("ranks", ["0"], "hyper_rank values of the hyperrhn rows.")
+    flags.DEFINE_integer("gemm_iters", 0, "GEMM loop iterations (0: 200 on GPU, 10 on CPU).")
+    flags.DEFINE_integer("square", 0, "Square GEMM size (0: 8192 on GPU, 1024 on CPU).")
+    flags.DEFINE_list("phase_depths", ["2", "6"], "The two depths of the phase rows.")
+    flags.DEFINE_enum(
+        "command_buffer", "default", list(COMMAND_BUFFER_FLAGS), "XLA command buffers."
+    )
 
 
 @dataclasses.dataclass
 class Row:
+    """One training-step row."""
+
     impl: str
     model: str
     size: str
@@ -59,24 +105,30 @@ class Row:
     step_ms_median: float
     step_ms_min: float
     flops_per_step: float
-    matmul_tflops: float
+    matmul_tflops: float  # the square GEMM-loop rate (0 if not measured)
     efficiency: float
     compile_s: float
+    hyper_rank: int = 0
+    peak_bytes: int | None = None  # compiled.memory_analysis(): arguments + outputs + temps
+    command_buffer: str = "default"
 
 
-def model_config(model: str, size: str, impl: str, dtype: str) -> models.ModelConfig:
-    """The benchmarked model: paper hyper-parameters at `size`."""
-    hidden, hyper, depth, _, _ = SIZES[size]
+def model_config(
+    model: str, size: str, impl: str, dtype: str, rank: int = 0, depth: int | None = None
+) -> models.ModelConfig:
+    """The benchmarked model: paper hyper-parameters at `size` (``depth`` overrides)."""
+    hidden, hyper, paper_depth, _, _ = SIZES[size]
     return models.ModelConfig(
         type=model,
         vocab_size=VOCAB,
         embed_dim=EMBED,
         hidden=hidden,
         hyper_hidden=hyper,
-        depth=depth,
+        depth=depth or paper_depth,
         impl=impl,
         dtype=dtype,
         keep=0.65,
+        hyper_rank=rank if model == "hyperrhn" else 0,
     )
 
 
@@ -89,49 +141,56 @@ def flops_per_step(config: models.ModelConfig, batch: int, length: int) -> float
     return 3.0 * per_token * batch * length
 
 
-def matmul_rate(dtype: str, size: int = 2048, repeats: int = 5) -> float:
-    """Measured FLOP/s of a [size, size] x [size, size] matmul (f32 accumulation)."""
-    key = jax.random.key(0)
-    a = jax.random.normal(key, (size, size), models.DTYPES[dtype])
-    b = jax.random.normal(jax.random.fold_in(key, 1), (size, size), models.DTYPES[dtype])
-    f = jax.jit(lambda a, b: jnp.matmul(a, b, preferred_element_type=jnp.float32))
-    f(a, b).block_until_ready()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        f(a, b).block_until_ready()
-        times.append(time.perf_counter() - start)
-    return 2.0 * size**3 / statistics.median(times)
-
-
 def paper_optimizer() -> OptimizerConfig:
     """The paper recipe's optimizer (configs/ptb.py: Adam 1e-3, L1-norm clipping at 10)."""
     return OptimizerConfig.from_config(configs.load("ptb").train, batches_per_epoch=1)
 
 
-def time_step(config: models.ModelConfig, batch: int, length: int, repeats: int):
+def peak_bytes(compiled) -> int | None:
+    """Arguments + outputs - aliased + temporaries of a compiled program (None if unknown)."""
+    mem = compiled.memory_analysis()
+    if mem is None:
+        return None
+    return int(
+        mem.argument_size_in_bytes
+        + mem.output_size_in_bytes
+        - mem.alias_size_in_bytes
+        + mem.temp_size_in_bytes
+    )
+
+
+def time_step(config: models.ModelConfig, batch: int, length: int, repeats: int, stats=None):
     """(compile seconds, [seconds of each timed step]) of the training step ``train.py`` runs
-    (``rhhjax.train.step``: forward, backward, clipping, Adam) on random tokens; the first call
-    compiles and warms up, the next ``repeats`` are timed."""
+    (``rhhjax.train.step``: forward, backward, clipping, Adam) on random tokens; the step is
+    compiled first (``stats["peak_bytes"]`` gets its memory if ``stats`` is a dict), then one
+    warm-up call and ``repeats`` timed calls."""
     oc = paper_optimizer()
     step = make_train_step(config, oc, 0)
     args = list(step_inputs(config, oc, batch, length))
+    start = time.perf_counter()
+    compiled = step.lower(*args).compile()
+    compile_s = time.perf_counter() - start
+    if stats is not None:
+        stats["peak_bytes"] = peak_bytes(compiled)
     times = []
     for i in range(repeats + 1):
         args[6] = jnp.asarray(i, jnp.int32)  # the step index seeds the dropout masks
         start = time.perf_counter()
-        out = step(*args)
+        out = compiled(*args)
         out[3].block_until_ready()
         times.append(time.perf_counter() - start)
         args[:3] = out[:3]  # params, opt_state, carry were donated
-    return times[0], times[1:]
+    return compile_s, times[1:]
 
 
-def time_row(impl: str, model: str, size: str, dtype: str, repeats: int, rate: float) -> Row:
-    """Compiles, warms up and times one configuration."""
-    config = model_config(model, size, impl, dtype)
+def time_row(
+    impl: str, model: str, size: str, dtype: str, repeats: int, rate: float, rank: int = 0
+) -> Row:
+    """Compiles, warms up and times one configuration (``rate``: the square GEMM FLOP/s)."""
+    config = model_config(model, size, impl, dtype, rank)
     _, _, _, batch, length = SIZES[size]
-    compile_s, times = time_step(config, batch, length, repeats)
+    stats: dict = {}
+    compile_s, times = time_step(config, batch, length, repeats, stats)
     median = statistics.median(times)
     flops = flops_per_step(config, batch, length)
     return Row(
@@ -144,9 +203,144 @@ def time_row(impl: str, model: str, size: str, dtype: str, repeats: int, rate: f
         step_ms_min=1e3 * min(times),
         flops_per_step=flops,
         matmul_tflops=rate / 1e12,
-        efficiency=flops / (median * rate),
+        efficiency=flops / (median * rate) if rate else 0.0,
         compile_s=compile_s,
+        hyper_rank=config.hyper_rank,
+        peak_bytes=stats.get("peak_bytes"),
+        command_buffer=os.environ.get("RHHJAX_COMMAND_BUFFER", "default"),
     )
+
+
+# ----------------------------------------------------------------------------- GEMM loop
+
+
+def on_gpu() -> bool:
+    return jax.default_backend() == "gpu"
+
+
+def gemm_shapes(size: str, square: int) -> list[tuple[str, int, int, int]]:
+    """(name, M, K, N) of the measured GEMMs: the large square, then the recurrence's own at
+    ``size``: main cell [B, n] x [n, 2n], hyper cell [B, h] x [h, 2h], hyper projection
+    [B, h] x [h, n] (models/config: n = hidden, h = hyper_hidden; B = the batch)."""
+    n, h, _, batch, _ = SIZES[size]
+    return [
+        ("square", square, square, square),
+        ("main", batch, n, 2 * n),
+        ("hyper", batch, h, 2 * h),
+        ("hyper_proj", batch, h, n),
+    ]
+
+
+def orthonormal_rows(k: int, n: int, seed: int) -> np.ndarray:
+    """[k, n] (k <= n) with orthonormal rows: ``w @ w.T = I``, so ``(a @ w) @ w.T = a``
+    (computed on the host: no LAPACK call under jit)."""
+    g = np.random.default_rng(seed).standard_normal((n, k))
+    q, _ = np.linalg.qr(g)  # [n, k], orthonormal columns
+    return q.T.astype(np.float32)
+
+
+def gemm_loop(square: bool, iters: int):
+    """Jitted ``(a [m, k], w [k, n], wt [n, k]) -> a`` after ``iters`` dependent iterations
+    of ``a <- a @ w`` (``square``) or ``a <- (a @ w) @ wt`` (float32 accumulation, the result
+    in a's dtype). An optimization barrier between the two GEMMs keeps XLA from
+    re-associating them into one loop-invariant product."""
+
+    def run(a, w, wt):
+        def body(_, a):
+            c = jnp.matmul(a, w, preferred_element_type=jnp.float32).astype(a.dtype)
+            if square:
+                return c
+            c = jax.lax.optimization_barrier(c)
+            return jnp.matmul(c, wt, preferred_element_type=jnp.float32).astype(a.dtype)
+
+        return jax.lax.fori_loop(0, iters, body, a)
+
+    return jax.jit(run)
+
+
+def gemm_row(name: str, m: int, k: int, n: int, dtype: str, iters: int, repeats: int) -> dict:
+    """Times the GEMM loop: microseconds per GEMM and TFLOP/s (median of ``repeats`` calls
+    after a compile-and-warm-up call)."""
+    dt = models.DTYPES[dtype]
+    w = orthonormal_rows(k, n, 1) if k <= n else orthonormal_rows(n, k, 1).T
+    a = np.random.default_rng(0).standard_normal((m, k)).astype(np.float32)
+    a, w, wt = (jnp.asarray(x, dt) for x in (a, w, np.ascontiguousarray(w.T)))
+    f = gemm_loop(m == k == n, iters).lower(a, w, wt).compile()
+    loop = [lp for lp in hl.find_loops(hl.parse_module(f.as_text())) if lp.trips == iters]
+    body = loop[0].launches if loop else []
+    out = f(a, w, wt).block_until_ready()
+    if not bool(jnp.isfinite(out.astype(jnp.float32)).all()):
+        raise RuntimeError(f"GEMM loop {name} {dtype}: non-finite result")
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        f(a, w, wt).block_until_ready()
+        times.append(time.perf_counter() - start)
+    gemms = iters * (1 if m == k == n else 2)
+    seconds = statistics.median(times) / gemms
+    return {
+        "gemm": name,
+        "shape": f"[{m},{k}]x[{k},{n}]",
+        "m": m,
+        "k": k,
+        "n": n,
+        "dtype": dtype,
+        "device": device_name(),
+        "iters": iters,
+        "gemms": gemms,
+        "us_per_gemm": 1e6 * seconds,
+        "tflops": 2.0 * m * k * n / seconds / 1e12,
+        # what XLA compiled: launches per loop iteration (GEMMs + pads / converts / the loop
+        # counter) and the FLOPs of each GEMM in the loop (padded shapes count more)
+        "launches_per_iter": hl.per_step(body),
+        "loop_gemm_flops": [lc.flops for lc in body if lc.flops],
+    }
+
+
+# ----------------------------------------------------------------------------- phase latency
+
+
+def forward_seconds(config: models.ModelConfig, batch: int, length: int, repeats: int) -> float:
+    """Fastest of ``repeats`` calls of the jitted forward (``train=False``, zero carry) on
+    random tokens, after a compile-and-warm-up call: the minimum, since on a shared machine
+    other work only adds time (a difference of medians can even come out negative)."""
+    model = models.build_model(config)
+    params = make_init(config)(init_key(0))
+    tokens = jax.random.randint(jax.random.key(1), (batch, length), 0, config.vocab_size)
+    f = jax.jit(lambda p, t: model.apply({"params": p}, t, None, train=False)[0])
+    f(params, tokens).block_until_ready()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        f(params, tokens).block_until_ready()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def phase_row(impl, model, size, dtype, rank, depths, repeats) -> dict:
+    """Latency of one micro-layer: the forward at two depths, differenced."""
+    _, _, _, batch, length = SIZES[size]
+    d1, d2 = depths
+    t1, t2 = (
+        forward_seconds(model_config(model, size, impl, dtype, rank, d), batch, length, repeats)
+        for d in (d1, d2)
+    )
+    return {
+        "impl": impl,
+        "model": model,
+        "hyper_rank": rank if model == "hyperrhn" else 0,
+        "size": size,
+        "dtype": dtype,
+        "device": device_name(),
+        "batch": batch,
+        "seq_len": length,
+        "depths": [d1, d2],
+        "forward_ms": [1e3 * t1, 1e3 * t2],
+        "phase_us": 1e6 * (t2 - t1) / (length * (d2 - d1)),
+    }
+
+
+# ----------------------------------------------------------------------------- the run
 
 
 def device_name() -> str:
@@ -154,73 +348,170 @@ def device_name() -> str:
     return f"{device.platform}:{getattr(device, 'device_kind', '?')}"
 
 
-def plan(impls, model_types, sizes, dtypes) -> list[tuple[str, str, str, str]]:
-    """The rows to run; pallas on CPU only at the small size (interpret mode)."""
-    on_gpu = jax.default_backend() == "gpu"
+def supported(impl: str, model: str, rank: int) -> bool:
+    """Whether the model config accepts the combination (pallas has no hyper rank > 0)."""
+    try:
+        model_config(model, "small", impl, "float32", rank).validate()
+    except models.ConfigError:
+        return False
+    return True
+
+
+def plan(impls, model_types, sizes, dtypes, ranks=(0,)) -> list[tuple]:
+    """(impl, model, size, dtype, rank) rows to run: hyperrhn once per rank, combinations the
+    config rejects left out, pallas on CPU only at the small size (interpret mode)."""
     rows = []
     for size in sizes:
         for dtype in dtypes:
             for model in model_types:
-                for impl in impls:
-                    if impl == "pallas" and not on_gpu and size != "small":
-                        continue
-                    rows.append((impl, model, size, dtype))
+                for rank in ranks if model == "hyperrhn" else (0,):
+                    for impl in impls:
+                        if impl == "pallas" and not on_gpu() and size != "small":
+                            continue
+                        if supported(impl, model, rank):
+                            rows.append((impl, model, size, dtype, rank))
     return rows
 
 
 def format_table(rows: Sequence[Row]) -> str:
-    header = f"{'impl':<7}{'model':<10}{'size':<7}{'dtype':<10}{'step ms':>10}{'GFLOP':>9}"
-    header += f"{'mm TFLOP/s':>12}{'eff':>7}"
+    header = f"{'impl':<7}{'model':<12}{'size':<7}{'dtype':<10}{'step ms':>10}{'GFLOP':>9}"
+    header += f"{'mm TFLOP/s':>12}{'eff':>7}{'peak GB':>9}"
     lines = [header]
     for r in rows:
+        label = r.model + (f" r{r.hyper_rank}" if r.model == "hyperrhn" else "")
+        peak = f"{r.peak_bytes / 1e9:.2f}" if r.peak_bytes else "?"
         lines.append(
-            f"{r.impl:<7}{r.model:<10}{r.size:<7}{r.dtype:<10}{r.step_ms_median:>10.1f}"
+            f"{r.impl:<7}{label:<12}{r.size:<7}{r.dtype:<10}{r.step_ms_median:>10.1f}"
             f"{r.flops_per_step / 1e9:>9.1f}{r.matmul_tflops:>12.3f}{r.efficiency:>7.2f}"
+            f"{peak:>9}"
         )
     return "\n".join(lines)
+
+
+def format_gemm(row: dict) -> str:
+    return (
+        f"gemm {row['gemm']:<11}{row['shape']:<26}{row['dtype']:<10}"
+        f"{row['us_per_gemm']:>10.1f} us{row['tflops']:>10.3f} TFLOP/s"
+        f"  ({row['launches_per_iter']} launches per iteration)"
+    )
+
+
+def format_phase(row: dict) -> str:
+    label = row["model"] + (f" r{row['hyper_rank']}" if row["model"] == "hyperrhn" else "")
+    ms = "/".join(f"{t:.1f}" for t in row["forward_ms"])
+    return (
+        f"phase {row['impl']:<7}{label:<12}{row['size']:<7}{row['dtype']:<10}"
+        f"{row['phase_us']:>10.1f} us  (forward ms at depths {row['depths']}: {ms})"
+    )
+
+
+def validate_flags(f) -> None:
+    """Exits with one line naming every unknown choice, before anything is compiled."""
+    unknown = [s for s in f.sizes if s not in SIZES]
+    unknown += [i for i in f.impls if i not in models.IMPLS]
+    unknown += [d for d in f.dtypes if d not in ("float32", "bfloat16")]
+    unknown += [m for m in f.models if m not in ("rhn", "hyperrhn")]
+    unknown += [p for p in f.parts if p not in PARTS]
+    unknown += [r for r in f.ranks if not r.isdigit()]
+    unknown += [d for d in f.phase_depths if not d.isdigit() or int(d) < 1]
+    if unknown:
+        raise SystemExit(f"error: unknown benchmark choice(s): {', '.join(unknown)}")
+    if len(f.phase_depths) != 2 or int(f.phase_depths[0]) >= int(f.phase_depths[1]):
+        raise SystemExit("error: --phase_depths must be two depths d1 < d2")
+
+
+def set_command_buffer(mode: str) -> None:
+    """Adds XLA's command-buffer flag to XLA_FLAGS; must run before JAX starts a backend."""
+    flag = COMMAND_BUFFER_FLAGS[mode]
+    if flag:
+        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {flag}".strip()
+    os.environ["RHHJAX_COMMAND_BUFFER"] = mode
 
 
 def main(argv: Sequence[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     f = flags.FLAGS
-    unknown = [s for s in f.sizes if s not in SIZES]
-    unknown += [i for i in f.impls if i not in models.IMPLS]
-    unknown += [d for d in f.dtypes if d not in ("float32", "bfloat16")]
-    unknown += [m for m in f.models if m not in ("rhn", "hyperrhn")]
-    if unknown:
-        raise SystemExit(f"error: unknown benchmark choice(s): {', '.join(unknown)}")
-    rates = {dtype: matmul_rate(dtype) for dtype in f.dtypes}
-    rows, failed = [], []
-    for impl, model, size, dtype in plan(f.impls, f.models, f.sizes, f.dtypes):
+    validate_flags(f)
+    set_command_buffer(f.command_buffer)
+    ranks = sorted({int(r) for r in f.ranks})
+    record = Record(f.out)
+    square = f.square or (8192 if on_gpu() else 1024)
+    iters = f.gemm_iters or (200 if on_gpu() else 10)
+    rates: dict[str, float] = {}
+    if "gemm" in f.parts or "step" in f.parts:
+        for dtype in f.dtypes:
+            for name, m, k, n in gemm_shapes(f.sizes[0], square):
+                if name != "square" and "gemm" not in f.parts:
+                    continue
+                args = (name, m, k, n, dtype, iters, max(f.repeats, 3))
+                row = record.run("gemm", f"{name} {dtype}", gemm_row, *args)
+                if row and name == "square":
+                    rates[dtype] = row["tflops"] * 1e12
+                if row:
+                    print(format_gemm(row), flush=True)
+    if "phase" in f.parts:
+        depths = tuple(int(d) for d in f.phase_depths)
+        for impl, model, size, dtype, rank in plan(f.impls, f.models, f.sizes, f.dtypes, ranks):
+            label = f"{impl} {model} r{rank} {size} {dtype}"
+            args = (impl, model, size, dtype, rank, depths, f.repeats)
+            row = record.run("phase", label, phase_row, *args)
+            if row:
+                print(format_phase(row), flush=True)
+    if "step" in f.parts:
+        for impl, model, size, dtype, rank in plan(f.impls, f.models, f.sizes, f.dtypes, ranks):
+            label = f"{impl} {model} r{rank} {size} {dtype}"
+            args = (impl, model, size, dtype, f.repeats, rates.get(dtype, 0.0), rank)
+            row = record.run("rows", label, time_row, *args)
+            if row:
+                print(format_table([row]).splitlines()[1], flush=True)
+        print(format_table(record.rows))
+    if record.failed:
+        raise SystemExit(f"error: {len(record.failed)} row(s) failed")
+
+
+class Record:
+    """The rows of every part, written to ``path`` after each row (so a command cut at its
+    time limit keeps what it measured), with the command, date, JAX version and device."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.rows: list[Row] = []
+        self.gemm: list[dict] = []
+        self.phase: list[dict] = []
+        self.failed: list[dict] = []
+
+    def run(self, part: str, label: str, fn, *args):
+        """``fn(*args)`` appended to ``part``; an exception is recorded as a failed row."""
         try:
-            row = time_row(impl, model, size, dtype, f.repeats, rates[dtype])
+            row = fn(*args)
         except Exception as e:  # one failing row (e.g. a kernel that does not compile)
             error = f"{type(e).__name__}: {' '.join(str(e).split())[:2000]}"
-            failed.append(dict(impl=impl, model=model, size=size, dtype=dtype, error=error))
-            print(f"{impl} {model} {size} {dtype} FAILED: {failed[-1]['error'][:300]}", flush=True)
+            self.failed.append(dict(part=part, row=label, error=error))
+            print(f"{part} {label} FAILED: {error[:300]}", flush=True)
+            row = None
         else:
-            rows.append(row)
-            print(format_table([row]).splitlines()[1], flush=True)
-        if f.out:  # after every row, so a command cut at its time limit keeps what it measured
-            write_record(f.out, rows, failed)
-    print(format_table(rows))
-    if failed:
-        raise SystemExit(f"error: {len(failed)} row(s) failed")
+            {"rows": self.rows, "gemm": self.gemm, "phase": self.phase}[part].append(row)
+        self.write()
+        return row
 
-
-def write_record(path: str, rows: Sequence[Row], failed: Sequence[dict]) -> None:
-    """The rows (and failed rows) as JSON, with the command, date, JAX version and device."""
-    record = {
-        "command": "python benchmarks/bench.py " + " ".join(sys.argv[1:]),
-        "date": time.strftime("%Y-%m-%d"),
-        "jax": jax.__version__,
-        "device": device_name(),
-        "rows": [dataclasses.asdict(r) for r in rows],
-        "failed": list(failed),
-    }
-    with open(path, "w") as out:
-        json.dump(record, out, indent=1)
+    def write(self) -> None:
+        if not self.path:
+            return
+        record = {
+            "command": "python benchmarks/bench.py " + " ".join(sys.argv[1:]),
+            "date": time.strftime("%Y-%m-%d %H:%M"),
+            "jax": jax.__version__,
+            "device": device_name(),
+            "xla_flags": os.environ.get("XLA_FLAGS", ""),
+            "load_avg": os.getloadavg(),
+            "rows": [dataclasses.asdict(r) for r in self.rows],
+            "gemm_rows": self.gemm,
+            "phase_rows": self.phase,
+            "failed": self.failed,
+        }
+        with open(self.path, "w") as out:
+            json.dump(record, out, indent=1)
 
 
 if __name__ == "__main__":

@@ -26,12 +26,40 @@ def predicted_ms(report: dict) -> dict[tuple[str, str, str], float]:
 
 
 def measured_ms(bench: dict) -> dict[tuple[str, str, str], float]:
-    """(model, impl, dtype) -> measured median step ms, for the paper-size rows."""
+    """(model, impl, dtype) -> measured median step ms, for the paper-size rank-0 rows with
+    XLA's default command buffers."""
     return {
         (r["model"], r["impl"], r["dtype"]): r["step_ms_median"]
         for r in bench["rows"]
         if r["size"] == "paper"
+        and not r.get("hyper_rank")
+        and r.get("command_buffer", "default") == "default"
     }
+
+
+def instrument_tables(bench: dict) -> str:
+    """The GEMM-loop rates, phase latencies, rank-d rows and command-buffer rows, as lists."""
+    lines = []
+    for g in bench.get("gemm_rows", []):
+        lines.append(
+            f"- GEMM loop {g['gemm']} {g['shape']} {g['dtype']}: {g['us_per_gemm']:.1f} us "
+            f"per GEMM, {g['tflops']:.1f} TFLOP/s"
+        )
+    for p in bench.get("phase_rows", []):
+        rank = f" r{p['hyper_rank']}" if p["model"] == "hyperrhn" else ""
+        lines.append(
+            f"- phase {p['model']}{rank} {p['impl']} {p['dtype']} ({p['size']}): "
+            f"{p['phase_us']:.1f} us per micro-layer"
+        )
+    for r in bench["rows"]:
+        if r.get("hyper_rank") or r.get("command_buffer", "default") != "default":
+            peak = r.get("peak_bytes")
+            lines.append(
+                f"- step {r['model']} r{r.get('hyper_rank', 0)} {r['impl']} {r['dtype']} "
+                f"({r['size']}, command buffers {r.get('command_buffer', 'default')}): "
+                f"{r['step_ms_median']:.1f} ms" + (f", peak {peak / 1e9:.2f} GB" if peak else "")
+            )
+    return "\n".join(lines)
 
 
 def table(bench: dict, report: dict) -> str:
@@ -62,7 +90,8 @@ def table(bench: dict, report: dict) -> str:
         pallas = measured.get((model, "pallas", dtype))
         if fused and pallas:
             lines.append(f"- pallas over fused, {model} {dtype}: {fused / pallas:.2f}x")
-    return "\n".join(lines)
+    extra = instrument_tables(bench)
+    return "\n".join(lines) + ("\n\n" + extra if extra else "")
 
 
 def main(argv: Sequence[str] | None = None) -> None:

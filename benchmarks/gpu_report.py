@@ -19,7 +19,7 @@ For every impl x dtype x model (``hyperrhn`` once per ``--ranks`` value) it buil
 model and optimizer from ``configs/ptb.py`` (the paper size unless overridden), compiles
 ``rhhjax.train.step.make_train_step`` for a compile-only H100 device
 (``jax.experimental.topologies``, no GPU needed) and reports, from the optimised HLO
-(``benchmarks/hlo_launches.py`` defines every figure):
+(``rhhjax/tools/hlo_launches.py`` and ``hlo_cost.py`` define every figure):
 
 * launches per time step in the 100-trip time loops, split hyper/main x forward/backward;
 * in-loop data-movement launches (pad / convert / copy / transpose ...), by name;
@@ -28,7 +28,14 @@ model and optimizer from ``configs/ptb.py`` (the paper size unless overridden), 
   dumped PTX, and XLA's own log lines);
 * compiled peak memory (``compiled.memory_analysis()``);
 * a predicted step time from a stated cost model (``--launch-us``, ``--hbm-gbs``,
-  ``--bf16-tflops``, ``--f32-mm-tflops``, ``--f32-simt-tflops``; every one an assumption).
+  ``--bf16-tflops``, ``--f32-mm-tflops``, ``--f32-simt-tflops``; every one an assumption);
+* ``calibrated_step_ms`` and its ``dominant_term``: the cost model fitted to the measured
+  H100 rows (``--calibration``, default ``results/cost_model_h100.json`` from
+  ``benchmarks/cost_model.py``; terms in ``rhhjax/tools/hlo_calibrate.py``).
+
+The work is split: ``rhhjax/tools/hlo_compile.py`` builds and compiles the step,
+``hlo_dumps.py`` reads ptxas and the thunk sequence, ``hlo_launches.py`` / ``hlo_cost.py``
+count and predict, this file is the command line and the table.
 
 Configs that the model config rejects (``pallas`` with ``hyper_rank > 0``) are rows with
 ``status: "unsupported"``; a compile error is a row with ``status: "compile_error"``.
@@ -37,10 +44,8 @@ Configs that the model config rejects (``pallas`` with ``hyper_rank > 0``) are r
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import datetime
-import glob
 import json
 import os
 import platform
@@ -49,425 +54,25 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import hlo_launches as hl  # noqa: E402
-
 from rhhjax.errors import UserError
-
-IMPLS = ("scan", "fused", "pallas")
-DTYPES = ("float32", "bfloat16")
-MODELS = ("rhn", "hyperrhn")
-VOCAB = 50  # PTB characters (configs/ptb.py: model.vocab_size, set from the data)
-
-# H100 SXM 80GB (compute capability 9.0) as XLA's GpuTargetConfigProto text; the figures
-# of NVIDIA's deviceQuery for the card (XLA's own xla/tools/hlo_opt/gpu_specs/h100_sxm).
-H100_TARGET_CONFIG = """\
-gpu_device_info {
-  threads_per_block_limit: 1024
-  threads_per_warp: 32
-  shared_memory_per_block: 49152
-  shared_memory_per_core: 233472
-  threads_per_core_limit: 2048
-  core_count: 132
-  fpus_per_core: 128
-  block_dim_limit_x: 2147483647
-  block_dim_limit_y: 65535
-  block_dim_limit_z: 65535
-  memory_bandwidth: 3352320000000
-  l2_cache_size: 52428800
-  clock_rate_ghz: 1.98
-  device_memory_size: 84978434048
-  shared_memory_per_block_optin: 232448
-  cuda_compute_capability { major: 9 minor: 0 }
-  registers_per_core_limit: 65536
-  registers_per_block_limit: 65536
-}
-platform_name: "CUDA"
-device_description_str: "NVIDIA H100 80GB HBM3"
-"""
-SMEM_PER_BLOCK_OPTIN = 232448
-REGISTERS_PER_THREAD_MAX = 255
-
-
-class ReportError(UserError):
-    """Bad input or a missing CUDA plugin; the message is one line."""
-
-
-# ----------------------------------------------------------------------------- environment
-
-
-def set_deviceless_env(dump_dir: str | None = None, log_ptxas: bool = True) -> None:
-    """Environment for compiling for CUDA without a GPU; call before importing jax."""
-    os.environ["JAX_SKIP_CUDA_CONSTRAINTS_CHECK"] = "1"
-    os.environ["CUDA_VISIBLE_DEVICES"] = "-1"  # else the plugin's init fails on cuInit
-    if log_ptxas:
-        os.environ["TF_CPP_MIN_LOG_LEVEL"] = "0"  # XLA's ptxas warnings (spills)
-    if dump_dir:
-        flags = os.environ.get("XLA_FLAGS", "")
-        os.environ["XLA_FLAGS"] = f"{flags} --xla_dump_to={dump_dir}".strip()
-
-
-def cuda_plugin_available() -> tuple[bool, str]:
-    """(True, "") if jax's CUDA plugin is importable here, else (False, why)."""
-    try:
-        import jax_plugins.xla_cuda12  # noqa: F401
-    except ImportError as e:
-        return False, f"the JAX CUDA plugin is not installed ({e}); pip install 'jax[cuda12]'"
-    return True, ""
-
-
-def h100_mesh():
-    """A 1-device mesh (axis "data") on a compile-only H100."""
-    import jax
-    from jax.experimental import topologies
-
-    topo = topologies.get_topology_desc(
-        platform="cuda", target_config=H100_TARGET_CONFIG, topology="1x1x1"
-    )
-    return jax.sharding.Mesh(topo.devices, ("data",))
-
-
-@contextlib.contextmanager
-def capture_fd2():
-    """Captures the process's stderr (C++ logs included) into a list of one string."""
-    out: list[str] = [""]
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with tempfile.TemporaryFile(mode="w+b") as tmp:
-        os.dup2(tmp.fileno(), 2)
-        try:
-            yield out
-        finally:
-            sys.stderr.flush()
-            os.dup2(saved, 2)
-            os.close(saved)
-            tmp.seek(0)
-            out[0] = tmp.read().decode(errors="replace")
-
-
-# ----------------------------------------------------------------------------- configs
-
-
-@dataclasses.dataclass(frozen=True)
-class Case:
-    """One row: model x impl x dtype x hyper rank."""
-
-    model: str
-    impl: str
-    dtype: str
-    rank: int = 0
-
-    @property
-    def label(self) -> str:
-        rank = f" r{self.rank}" if self.model == "hyperrhn" else ""
-        return f"{self.model}{rank} {self.impl} {self.dtype}"
-
-
-def cases(models, impls, dtypes, ranks) -> list[Case]:
-    out = []
-    for model in models:
-        for rank in ranks if model == "hyperrhn" else (0,):
-            for impl in impls:
-                for dtype in dtypes:
-                    out.append(Case(model, impl, dtype, rank))
-    return out
-
-
-def build_configs(case: Case, overrides: dict):
-    """(ModelConfig, OptimizerConfig, seed, batch, seq_len) from configs/ptb.py.
-
-    Raises models.ConfigError / train.config.TrainError (one line) for an invalid combination.
-    """
-    from rhhjax import models
-    from rhhjax.train import config as train_config
-    from rhhjax.train import optim
-
-    config = load_ptb_config("rhn" if case.model == "rhn" else "")
-    config.model.impl = case.impl
-    config.model.dtype = case.dtype
-    config.model.hyper_rank = case.rank
-    for key, value in overrides.items():
-        section, name = key.split(".")
-        config[section][name] = value
-    if "pallas_mode" in {f.name for f in dataclasses.fields(models.ModelConfig)}:
-        config.model.pallas_mode = "compiled"
-    cfg = train_config.prepare_config(config)
-    mc = models.ModelConfig.from_config(cfg.model, vocab_size=VOCAB)
-    oc = optim.OptimizerConfig.from_config(cfg.train, 1)
-    return mc, oc, int(cfg.seed), int(cfg.train.batch_size), int(cfg.train.seq_len)
-
-
-def ptb_config_path() -> Path:
-    """configs/ptb.py of the source tree the imported ``rhhjax`` comes from."""
-    import rhhjax
-
-    return Path(rhhjax.__file__).resolve().parents[1] / "configs" / "ptb.py"
-
-
-def load_ptb_config(variant: str):
-    """``configs/ptb.py``'s ``get_config(variant)`` (the paper HyperRHN for "")."""
-    from rhhjax import configs
-
-    return configs.load(f"ptb:{variant}")
-
-
-def pallas_context(mc):
-    """Traces Pallas kernels as compiled Triton: the config field if the model has it,
-    else ``recurrence.pallas_target("gpu")``."""
-    if hasattr(mc, "pallas_mode"):
-        return contextlib.nullcontext()
-    from rhhjax.ops import recurrence
-
-    if hasattr(recurrence, "pallas_target"):
-        return recurrence.pallas_target("gpu")
-    return contextlib.nullcontext()
-
-
-def abstract_args(mc, oc, batch: int, seq_len: int, mesh):
-    """ShapeDtypeStructs of the train step's arguments, replicated on ``mesh``."""
-    import jax
-    import jax.numpy as jnp
-
-    from rhhjax import evaluation as evaluate
-    from rhhjax.train import optim
-    from rhhjax.train import step as train_step
-
-    rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-    params = jax.eval_shape(train_step.make_init(mc), jax.random.key(0))
-    opt_state = jax.eval_shape(optim.make_optimizer(oc).init, params)
-    carry = jax.eval_shape(lambda p: evaluate.zero_carry(mc, p, batch), params)
-
-    def place(x):
-        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=rep)
-
-    tokens = jax.ShapeDtypeStruct((batch, seq_len), jnp.int32, sharding=rep)
-    scalars = [
-        jax.ShapeDtypeStruct((), dt, sharding=rep) for dt in (jnp.bool_, jnp.int32, jnp.int32)
-    ]
-    tree = jax.tree.map(place, (params, opt_state, carry))
-    return (*tree, tokens, tokens, *scalars)
-
-
-def compile_step(mc, oc, seed: int, batch: int, seq_len: int, mesh, options=None):
-    """The trainer's jitted step compiled for the mesh's CUDA device -> (compiled, seconds).
-
-    ``options``: XLA debug options for this compile (e.g. ``{"xla_dump_to": dir}``)."""
-    from rhhjax.train import step as train_step
-
-    step = train_step.make_train_step(mc, oc, seed)
-    args = abstract_args(mc, oc, batch, seq_len, mesh)
-    t0 = time.perf_counter()
-    with pallas_context(mc):
-        lowered = step.trace(*args).lower(lowering_platforms=("cuda",))
-    compiled = lowered.compile(compiler_options=options or {})
-    return compiled, time.perf_counter() - t0
-
-
-# ----------------------------------------------------------------------------- kernels
-
-_SPILL_LOG_RE = re.compile(
-    r"Registers are spilled to local memory in function '([^']+)',\s*(\d+) bytes spill stores,"
-    r"\s*(\d+) bytes spill loads"
+from rhhjax.tools import hlo_calibrate, hlo_cost
+from rhhjax.tools.hlo_compile import (
+    DTYPES,
+    IMPLS,
+    MODELS,
+    Case,
+    ReportError,
+    build_configs,
+    capture_fd2,
+    cases,
+    compile_step,
+    cuda_plugin_available,
+    h100_mesh,
+    set_deviceless_env,
 )
-_PTXAS_FUNC_RE = re.compile(r"Compiling entry function '([^']+)'")
-_PTXAS_SPILL_RE = re.compile(
-    r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads"
-)
-_PTXAS_REGS_RE = re.compile(r"Used (\d+) registers(?:.*?(\d+) bytes smem)?")
-_SMEM_ERR_RE = re.compile(r"[Ss]hared memory size limit exceeded[^\n]*?(\d+)[^\n]*?(\d+)")
-
-
-def parse_spill_log(log: str) -> dict[str, dict]:
-    """XLA's ptxas warnings -> {kernel: {"spill_stores": B, "spill_loads": B}}."""
-    out = {}
-    for name, stores, loads in _SPILL_LOG_RE.findall(log):
-        out[name] = {"spill_stores": int(stores), "spill_loads": int(loads)}
-    return out
-
-
-def parse_ptxas_verbose(text: str) -> dict[str, dict]:
-    """``ptxas -v`` output -> {function: {registers, spill_stores, spill_loads, stack, smem}}."""
-    out: dict[str, dict] = {}
-    current = None
-    for line in text.splitlines():
-        m = _PTXAS_FUNC_RE.search(line)
-        if m:
-            current = m.group(1)
-            out[current] = {}
-            continue
-        if current is None:
-            continue
-        m = _PTXAS_SPILL_RE.search(line)
-        if m:
-            out[current].update(
-                stack=int(m.group(1)), spill_stores=int(m.group(2)), spill_loads=int(m.group(3))
-            )
-        m = _PTXAS_REGS_RE.search(line)
-        if m:
-            out[current]["registers"] = int(m.group(1))
-            out[current]["static_smem"] = int(m.group(2) or 0)
-    return out
-
-
-def ptxas_path() -> str | None:
-    """ptxas of the nvidia-cuda-nvcc wheel (or on PATH)."""
-    try:
-        import nvidia.cuda_nvcc as nvcc
-
-        for base in nvcc.__path__:
-            cand = Path(base) / "bin" / "ptxas"
-            if cand.exists():
-                return str(cand)
-    except ImportError:
-        pass
-    return shutil.which("ptxas")
-
-
-_THUNK_KERNEL_RE = re.compile(
-    r"\]\s+(\S+)\s+grid:\s*\[([\d, ]+)\]\s+threads:\s*\[([\d, ]+)\]\s+shared_memory:\s*(\d+)"
-)
-
-
-def parse_thunk_kernels(text: str) -> dict[str, dict]:
-    """XLA's dumped thunk sequence -> {kernel: {"grid", "threads", "shared_memory"}}."""
-    out = {}
-    for name, grid, threads, smem in _THUNK_KERNEL_RE.findall(text):
-        out[name] = {
-            "grid": [int(x) for x in grid.split(",")],
-            "threads": [int(x) for x in threads.split(",")],
-            "shared_memory": int(smem),
-        }
-    return out
-
-
-def parse_thunk_loops(text: str) -> list[dict]:
-    """XLA's thunk sequence (after thunk passes) -> one entry per top-level ``kWhile``, in
-    execution order: the leaf thunks in its body and condition (a wrapper such as
-    ``kCommandBuffer`` or ``kDynamicSliceFusion`` counts as the thunks nested in it) and
-    whether the body holds a command buffer (a CUDA graph: one graph launch per iteration)."""
-    lines = text.splitlines()
-
-    def indent(line: str) -> int:
-        return len(line) - len(line.lstrip(" "))
-
-    def is_thunk(line: str) -> bool:
-        return re.match(r"\s*\d+: k\w+", line) is not None
-
-    loops, i = [], 0
-    while i < len(lines):
-        if not re.match(r"^\d+: kWhile", lines[i]):
-            i += 1
-            continue
-        counts, mode, graph = {"condition": 0, "body": 0}, None, False
-        i += 1
-        while i < len(lines) and (lines[i].startswith(" ") or lines[i].startswith("condition")):
-            line, item = lines[i], lines[i].strip()
-            if item.startswith("condition"):
-                mode = "condition"
-            elif item.startswith("body"):
-                mode = "body"
-            elif mode and is_thunk(line):
-                graph = graph or (mode == "body" and "kCommandBuffer" in item)
-                nxt = lines[i + 1] if i + 1 < len(lines) else ""
-                wrapper = is_thunk(nxt) and indent(nxt) > indent(line)
-                if not wrapper and "kWhile" not in item:
-                    counts[mode] += 1
-            i += 1
-        loops.append(
-            {
-                "body_thunks": counts["body"],
-                "condition_thunks": counts["condition"],
-                "command_buffer": graph,
-            }
-        )
-    return loops
-
-
-def thunk_check(dump_dir: str, summary: dict, hlo_text: str) -> dict | None:
-    """Launches per iteration of each time loop as XLA's thunk sequence has them, next to
-    the HLO count (the thunk sequence is what the GPU runs)."""
-    paths = glob.glob(os.path.join(dump_dir, "*step_fn*.thunk_sequence_after_thunk_passes.txt"))
-    if not paths:
-        return None
-    thunk_loops = parse_thunk_loops(Path(paths[0]).read_text())
-    comps = hl.parse_module(hlo_text)
-    entry = comps[hl.entry_name(comps)]
-    whiles = [i.name for i in entry.instrs if i.opcode == "while"]
-    if len(whiles) != len(thunk_loops):
-        return {"matched": False, "reason": f"{len(whiles)} HLO whiles, {len(thunk_loops)} kWhile"}
-    by_name = dict(zip(whiles, thunk_loops, strict=True))
-    loops = []
-    for lp in summary["time_loops"]:
-        th = by_name.get(lp["name"])
-        if th is None:
-            return {"matched": False, "reason": f"{lp['name']} is not a top-level while"}
-        loops.append({"name": lp["name"], "hlo": lp["launches_per_step"], **th})
-    return {
-        "matched": all(lp["hlo"] == lp["body_thunks"] for lp in loops),
-        "launches_per_step": sum(lp["body_thunks"] for lp in loops),
-        "graph_launches_per_step": sum(lp["command_buffer"] for lp in loops),
-        "loops": loops,
-    }
-
-
-def triton_kernel_names(hlo_text: str) -> set[str]:
-    """The ``name`` of every Triton (Pallas) custom call of an HLO module."""
-    names = set()
-    for line in hlo_text.splitlines():
-        if any(t in line for t in hl.TRITON_TARGETS):
-            m = re.search(r'\bname = "([\w.\-]+)"', line) or re.search(
-                r'\\?"name\\?"\s*:\s*\\?"([\w.\-]+)', line
-            )
-            if m:
-                names.add(m.group(1))
-    return names
-
-
-def _base_name(kernel: str) -> str:
-    return re.sub(r"__\d+$", "", kernel)
-
-
-def kernel_stats(dump_dir: str, hlo_text: str, log: str) -> list[dict]:
-    """Registers, spills and shared memory of every Pallas kernel of a compile.
-
-    Launch shapes and dynamic shared memory come from the dumped thunk sequence, registers
-    and spills from ``ptxas -v -arch=sm_90a`` on the dumped PTX (the same ptxas XLA ran),
-    cross-checked with XLA's own spill warnings in ``log``.
-    """
-    wanted = triton_kernel_names(hlo_text)
-    thunks: dict[str, dict] = {}
-    for path in glob.glob(os.path.join(dump_dir, "*.thunk_sequence.txt")):
-        thunks.update(parse_thunk_kernels(Path(path).read_text()))
-    kernels = {k: v for k, v in thunks.items() if _base_name(k) in wanted}
-    ptxas = ptxas_path()
-    verbose: dict[str, dict] = {}
-    if ptxas and kernels:
-        for path in sorted(glob.glob(os.path.join(dump_dir, "*.ptx"))):
-            text = Path(path).read_text(errors="replace")
-            if not any(f".entry {k}(" in text for k in kernels):
-                continue
-            run = subprocess.run(
-                [ptxas, "-v", "-arch=sm_90a", path, "-o", os.devnull],
-                capture_output=True,
-                text=True,
-                check=False,
-            )
-            verbose.update(parse_ptxas_verbose(run.stdout + run.stderr))
-    logged = parse_spill_log(log)
-    out = []
-    for name in sorted(kernels):
-        row = {"kernel": name, **kernels[name], **verbose.get(name, {})}
-        if name in logged:
-            row["xla_log_spill_stores"] = logged[name]["spill_stores"]
-            row["xla_log_spill_loads"] = logged[name]["spill_loads"]
-        row["spills"] = bool(row.get("spill_stores") or row.get("spill_loads") or name in logged)
-        row["smem_overflow"] = row["shared_memory"] > SMEM_PER_BLOCK_OPTIN
-        out.append(row)
-    return out
-
+from rhhjax.tools.hlo_dumps import kernel_stats, thunk_check
 
 # ----------------------------------------------------------------------------- one row
 
@@ -475,9 +80,24 @@ def kernel_stats(dump_dir: str, hlo_text: str, log: str) -> list[dict]:
 @dataclasses.dataclass
 class Options:
     overrides: dict
-    cost: hl.CostModel
+    cost: hlo_cost.CostModel
     keep_dumps: str = ""  # directory to keep XLA's dumps in ("" = temporary)
     save_hlo: str = ""  # directory to write each config's optimised HLO text to
+    calibration: dict | None = None  # fitted coefficients (hlo_calibrate) or None
+
+
+CALIBRATION = Path(__file__).resolve().parents[1] / "results" / "cost_model_h100.json"
+
+
+def calibrated(text: str, seq_len: int, hidden: int, kernel, coef: dict) -> dict:
+    """The calibrated cost model's step time and its largest term for one compiled step
+    (``kernel``: the model's HighwayConfig, the blocks of its Pallas kernels)."""
+    blocks = (kernel.block_b, kernel.block_n, kernel.block_k, kernel.num_warps, kernel.num_stages)
+    feats = hlo_calibrate.features(hlo_calibrate.launch_inventory(text, seq_len, hidden), blocks)
+    return {
+        "calibrated_step_ms": hlo_calibrate.predict_ms(coef, feats),
+        "dominant_term": hlo_calibrate.dominant_term(coef, feats),
+    }
 
 
 def run_case(case: Case, mesh, opts: Options) -> dict:
@@ -513,7 +133,9 @@ def run_case(case: Case, mesh, opts: Options) -> dict:
     if opts.save_hlo:
         Path(opts.save_hlo).mkdir(parents=True, exist_ok=True)
         hlo_file(opts.save_hlo, case).write_text(text)
-    summary = hl.summarize(text, seq_len, mc.hidden, opts.cost)
+    summary = hlo_cost.summarize(text, seq_len, mc.hidden, opts.cost)
+    if opts.calibration:
+        summary.update(calibrated(text, seq_len, mc.hidden, mc.kernel, opts.calibration))
     mem = compiled.memory_analysis()
     kernels = kernel_stats(dump_dir, text, log[0]) if case.impl == "pallas" else []
     thunks = thunk_check(dump_dir, summary, text)
@@ -559,7 +181,7 @@ def format_table(rows: list[dict]) -> str:
         f"{'config':<28} {'status':<13} {'launch/step':>11} {'hf/hb/mf/mb':>15} "
         f"{'pad/cvt/copy':>12} {'w/pad':>5} {'W pad/cvt':>9} {'MB/step':>8} "
         f"{'kernels regs/spill/smem':<26} "
-        f"{'peak GB':>7} {'pred ms':>8}"
+        f"{'peak GB':>7} {'pred ms':>8} {'cal ms':>7}"
     )
     lines = [head, "-" * len(head)]
     for r in rows:
@@ -589,7 +211,7 @@ def format_table(rows: list[dict]) -> str:
             f"{label:<28} {r['status']:<13} {r['launches_per_step']:>11} {split:>15} "
             f"{moves:>12} {r['launches_with_op_per_step'].get('pad', 0):>5} {wmoves:>9} "
             f"{r['bytes_per_step'] / 1e6:>8.1f} {kern:<26} {peak_gb:>7} "
-            f"{r['predicted_step_ms']:>8.2f}"
+            f"{r['predicted_step_ms']:>8.2f} {r.get('calibrated_step_ms', float('nan')):>7.1f}"
         )
     return "\n".join(lines)
 
@@ -674,6 +296,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=66.9,
         help="assumed rate of f32 Pallas kernels (exact f32 dots: CUDA cores)",
     )
+    p.add_argument(
+        "--calibration",
+        default=str(CALIBRATION),
+        help="fitted cost-model coefficients (benchmarks/cost_model.py); '' for none",
+    )
     p.add_argument("--keep-dumps", default="", help="keep XLA's dumps in this directory")
     p.add_argument("--save-hlo", default="", help="write each optimised HLO text here")
     p.add_argument(
@@ -727,7 +354,7 @@ def resolve(args: argparse.Namespace) -> tuple[list[Case], Options]:
             raise ReportError(f"--{name.replace('_', '-')} must be > 0")
     if args.out and not Path(args.out).resolve().parent.is_dir():
         raise ReportError(f"--out={args.out}: directory does not exist")
-    cost = hl.CostModel(
+    cost = hlo_cost.CostModel(
         bf16_matmul_flops=args.bf16_tflops * 1e12,
         f32_matmul_flops=args.f32_mm_tflops * 1e12,
         f32_simt_flops=args.f32_simt_tflops * 1e12,
@@ -735,7 +362,10 @@ def resolve(args: argparse.Namespace) -> tuple[list[Case], Options]:
         hbm_bytes_per_s=args.hbm_gbs * 1e9,
         launch_s=args.launch_us * 1e-6,
     )
-    opts = Options(overrides, cost, args.keep_dumps, args.save_hlo)
+    coef = None
+    if args.calibration and Path(args.calibration).is_file():
+        coef = hlo_calibrate.load_coefficients(args.calibration)
+    opts = Options(overrides, cost, args.keep_dumps, args.save_hlo, coef)
     return cases(models, impls, dtypes, ranks), opts
 
 
@@ -793,7 +423,13 @@ def reanalyze(report_json: str, opts: Options, out: str) -> int:
         if not path.exists():
             print(f"error: {path} not found", file=sys.stderr)
             return 2
-        row.update(hl.summarize(path.read_text(), row["seq_len"], row["hidden"], opts.cost))
+        text = path.read_text()
+        row.update(hlo_cost.summarize(text, row["seq_len"], row["hidden"], opts.cost))
+        if opts.calibration:  # the kernel blocks are not in the report: the defaults
+            from rhhjax.kernels import highway
+
+            kernel = highway.HighwayConfig()
+            row.update(calibrated(text, row["seq_len"], row["hidden"], kernel, opts.calibration))
     meta = report["meta"]
     meta["cost_model_parameters"] = dataclasses.asdict(opts.cost)
     meta["assumptions"], meta["definitions"] = ASSUMPTIONS, DEFINITIONS

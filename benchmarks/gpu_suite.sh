@@ -6,12 +6,15 @@
 #
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 -d .whl ml_collections
 #   bash benchmarks/gpu_suite.sh tests     # compiled tests (about 5 min on an H100)
-#   bash benchmarks/gpu_suite.sh bench     # paper-size benchmark of every impl x model x dtype
+#   bash benchmarks/gpu_suite.sh bench     # paper-size step of every impl x model x dtype, rank-d
+#                                          # rows, GEMM-loop rates, phase latencies, command buffers
 #   bash benchmarks/gpu_suite.sh all       # both (over one 10-minute device command)
 #   bash benchmarks/gpu_suite.sh dry-run   # on a CPU: every step at the small size
 #
-# Writes versions.txt, tests.log, bench.log, bench.json and bench_vs_report.md under $OUT
-# (default /tmp/rhhjax_gpu_suite). Exits non-zero if a test or a benchmark row fails.
+# Writes versions.txt, tests.log, bench.log, bench_<part>.json, bench.json (all parts merged)
+# and bench_vs_report.md under $OUT (default /tmp/rhhjax_gpu_suite). Exits non-zero if a test
+# or a benchmark row fails. Each bench part has its own time limit (bench mode: 590 s in all)
+# and writes its JSON after every row, so a cut part keeps what it measured.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 MODE=${1:-all}
@@ -57,23 +60,41 @@ if [ "$MODE" = tests ] || [ "$MODE" = all ]; then
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 
-bench() {  # bench DTYPE SIZE: one invocation per dtype, so a cut run keeps the other's rows
-  timeout 280 "$PY" benchmarks/bench.py --sizes="$2" --dtypes="$1" --repeats=10 \
-    --out="$OUT/bench_$1.json" 2>&1 | tee -a "$OUT/bench.log"
+part() {  # part NAME SECONDS ARGS...: one bench.py invocation -> $OUT/bench_NAME.json
+  local name=$1 seconds=$2
+  shift 2
+  timeout "$seconds" "$PY" benchmarks/bench.py "$@" --out="$OUT/bench_$name.json" 2>&1 \
+    | tee -a "$OUT/bench.log"
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 }
 if [ "$MODE" = bench ] || [ "$MODE" = all ]; then
-  bench bfloat16 paper
-  bench float32 paper
+  # paper-size step of every impl x model (rank 0), with the GEMM-loop rates of the dtype
+  part bfloat16 150 --sizes=paper --dtypes=bfloat16 --parts=gemm,step --repeats=10
+  part float32 130 --sizes=paper --dtypes=float32 --parts=gemm,step --repeats=10
+  # rank-d HyperRHN (every impl that supports a rank: scan, fused): step time and memory
+  part ranks 110 --sizes=paper --models=hyperrhn --ranks=1,4 --impls=scan,fused \
+    --dtypes=bfloat16,float32 --repeats=5
+  # phase latency: one micro-layer (GEMM + gates) per impl, forward at depths 2 and 6
+  part phase 120 --sizes=paper --parts=phase --ranks=0,1,4 --dtypes=bfloat16 --repeats=5
+  # command buffers (CUDA graphs): fused with the time loops as graphs, and with none
+  part cmdbuf_while 40 --sizes=paper --impls=fused --dtypes=bfloat16 --command_buffer=while \
+    --repeats=10
+  part cmdbuf_off 40 --sizes=paper --impls=fused --dtypes=bfloat16 --command_buffer=off \
+    --repeats=10
 fi
 if [ "$MODE" = dry-run ]; then  # the CPU rehearsal: same steps, small and fast
   # shellcheck disable=SC2086
   timeout 600 "$PY" -m pytest -q -p no:cacheprovider -x -k "not Stacked and not Padded" \
     tests/test_kernels_config.py tests/test_train_step.py 2>&1 | tee "$OUT/tests.log"
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
-  timeout 280 "$PY" benchmarks/bench.py --sizes=small --dtypes=float32 --impls=scan \
-    --models=rhn --repeats=1 --out="$OUT/bench_float32.json" 2>&1 | tee -a "$OUT/bench.log"
-  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  small=(--sizes=small --models=rhn --repeats=1 --square=128 --gemm_iters=2)
+  part float32 280 "${small[@]}" --dtypes=float32 --impls=scan --parts=gemm,step
+  part ranks 280 --sizes=small --models=hyperrhn --ranks=1 --impls=scan \
+    --dtypes=float32 --repeats=1
+  part phase 280 "${small[@]}" --dtypes=float32 --impls=scan,fused --parts=phase \
+    --phase_depths=1,2
+  part cmdbuf_while 280 "${small[@]}" --dtypes=float32 --impls=fused --command_buffer=while
+  part cmdbuf_off 280 "${small[@]}" --dtypes=float32 --impls=fused --command_buffer=off
 fi
 "$PY" - "$OUT" << 'PYEOF'
 import glob, json, sys
@@ -81,8 +102,11 @@ out = sys.argv[1]
 parts = [json.load(open(p)) for p in sorted(glob.glob(f"{out}/bench_*.json"))]
 if parts:
     merged = dict(parts[0], rows=[r for p in parts for r in p["rows"]],
+                  gemm_rows=[r for p in parts for r in p.get("gemm_rows", [])],
+                  phase_rows=[r for p in parts for r in p.get("phase_rows", [])],
                   failed=[r for p in parts for r in p.get("failed", [])],
-                  commands=[p["command"] for p in parts])
+                  commands=[p["command"] for p in parts],
+                  xla_flags=[p.get("xla_flags", "") for p in parts])
     merged.pop("command")
     json.dump(merged, open(f"{out}/bench.json", "w"), indent=1)
 PYEOF

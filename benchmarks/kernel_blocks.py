@@ -19,12 +19,10 @@ import sys
 import time
 from collections.abc import Sequence
 
+import bench  # benchmarks/bench.py, beside this script: the timed step and the paper sizes
 import jax
 from absl import app, flags
 from rhhjax.kernels import highway
-
-sys.path.insert(0, __file__.rsplit("/", 1)[0])
-import bench  # noqa: E402  (benchmarks/bench.py: the timed step and the paper sizes)
 
 
 def parse_blocks(text: str) -> highway.HighwayConfig:

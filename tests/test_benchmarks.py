@@ -1,21 +1,24 @@
-"""The training-step benchmark (benchmarks/bench.py): its FLOP count against XLA's, and that it
-times the very step ``train.py`` trains (``rhhjax.train.step``)."""
+"""The training-step benchmark and its instruments (benchmarks/bench.py): its FLOP count
+against XLA's, that it times the very step ``train.py`` trains (``rhhjax.train.step``), that
+the GEMM loop keeps every GEMM in the loop, the phase arithmetic, the command-buffer flag."""
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from benchmark_scripts import load
 
 from rhhjax import models
+from rhhjax.tools import hlo_launches as hl
 from rhhjax.train import step as train_step
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import bench  # noqa: E402
+bench = load("bench")
 
 
 def _forward_flops_by_xla(config: models.ModelConfig, batch: int) -> float:
@@ -69,13 +72,69 @@ def test_step_inputs_abstract_matches_concrete_shapes():
 @pytest.mark.skipif(jax.default_backend() == "gpu", reason="CPU plan only")
 def test_plan_runs_pallas_only_at_small_size_on_cpu():
     rows = bench.plan(["scan", "pallas"], ["rhn"], ["paper", "small"], ["float32"])
-    assert ("pallas", "rhn", "paper", "float32") not in rows
-    assert ("pallas", "rhn", "small", "float32") in rows
-    assert ("scan", "rhn", "paper", "float32") in rows
+    assert ("pallas", "rhn", "paper", "float32", 0) not in rows
+    assert ("pallas", "rhn", "small", "float32", 0) in rows
+    assert ("scan", "rhn", "paper", "float32", 0) in rows
+
+
+def test_plan_runs_hyperrhn_once_per_rank_and_leaves_out_pallas_with_a_rank():
+    rows = bench.plan(["scan", "pallas"], ["rhn", "hyperrhn"], ["small"], ["float32"], [0, 4])
+    assert ("pallas", "hyperrhn", "small", "float32", 0) in rows
+    assert ("scan", "hyperrhn", "small", "float32", 4) in rows
+    assert ("pallas", "hyperrhn", "small", "float32", 4) not in rows  # the config rejects it
+    assert [r for r in rows if r[1] == "rhn"] == [  # rhn has no rank: one row per impl
+        ("scan", "rhn", "small", "float32", 0),
+        ("pallas", "rhn", "small", "float32", 0),
+    ]
+
+
+@pytest.mark.parametrize("m, k, n", [(8, 16, 32), (16, 16, 16)])
+def test_gemm_loop_keeps_every_dependent_gemm_inside_one_loop(m, k, n):
+    """The instrument measures what it claims: the compiled loop runs 2 GEMMs per iteration
+    (1 for a square), none hoisted or re-associated, and (a @ w) @ w.T returns a."""
+    iters = 3
+    w = bench.orthonormal_rows(k, n, 1) if k < n else bench.orthonormal_rows(n, n, 1)
+    a = np.random.default_rng(0).standard_normal((m, k)).astype(np.float32)
+    f = bench.gemm_loop(m == k == n, iters)
+    args = (jnp.asarray(a), jnp.asarray(w), jnp.asarray(np.ascontiguousarray(w.T)))
+    text = f.lower(*args).compile().as_text()
+    comps = hl.parse_module(text)
+    (loop,) = [lp for lp in hl.find_loops(comps) if lp.trips == iters]
+    gemm_flops = [lc.flops for lc in loop.launches if lc.flops]
+    assert gemm_flops == [2 * m * k * n] * (1 if m == k == n else 2)
+    out = np.asarray(f(*args))
+    expected = a @ np.linalg.matrix_power(w, iters) if m == k == n else a
+    np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4)
+    row = bench.gemm_row("x", m, k, n, "float32", iters, 1)  # reports what XLA compiled
+    assert row["loop_gemm_flops"] == gemm_flops and row["launches_per_iter"] >= len(gemm_flops)
+    assert row["gemms"] == iters * len(gemm_flops)
+
+
+def test_phase_latency_is_the_time_per_extra_micro_layer(monkeypatch):
+    seconds = {2: 0.5, 6: 0.5 + 4 * 50 * 20e-6}  # 20 us per micro-layer of 50 steps
+
+    monkeypatch.setattr(bench, "forward_seconds", lambda config, *a: seconds[config.depth])
+    row = bench.phase_row("fused", "hyperrhn", "small", "float32", 1, (2, 6), 1)
+    assert row["phase_us"] == pytest.approx(20.0)
+    assert row["hyper_rank"] == 1 and row["seq_len"] == 50 and row["depths"] == [2, 6]
+
+
+@pytest.mark.parametrize("mode", ["while", "off", "bogus"])
+def test_command_buffer_flags_are_accepted_by_xla(mode):
+    """XLA parses the flag when JAX starts (on any platform) and rejects an unknown type, so
+    a wrong name fails here, not on a GPU."""
+    flag = bench.COMMAND_BUFFER_FLAGS.get(mode, "--xla_gpu_enable_command_buffer=BOGUS")
+    env = dict(os.environ, XLA_FLAGS=flag, JAX_PLATFORMS="cpu")
+    code = "import jax.numpy as jnp; print(float(jnp.ones(3).sum()))"
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    if mode == "bogus":
+        assert run.returncode != 0 and "Illegal value" in run.stderr
+    else:
+        assert run.returncode == 0 and run.stdout.strip() == "3.0", run.stderr[-500:]
 
 
 def test_bench_vs_report_puts_each_measurement_beside_its_prediction():
-    import bench_vs_report
+    bench_vs_report = load("bench_vs_report")
 
     def row(impl, ms, model="hyperrhn"):
         return dict(model=model, impl=impl, dtype="bfloat16", size="paper", step_ms_median=ms)
@@ -83,6 +142,8 @@ def test_bench_vs_report_puts_each_measurement_beside_its_prediction():
     measured = dict(device="gpu:H100", jax="0.11.2", date="d", commands=["a", "b"])
     measured["rows"] = [row("scan", 120.0), row("fused", 40.0), row("pallas", 60.0)]
     measured["rows"].append(dict(row("fused", 1.0), size="small"))  # not the paper size
+    measured["rows"].append(dict(row("fused", 2.0), hyper_rank=4))  # a rank-d row
+    measured["rows"].append(dict(row("fused", 3.0), command_buffer="while"))
     predicted = dict(meta=dict(target="H100", git_commit="0123456789"), rows=[])
     for impl, ms, rank in (("fused", 50.0, 0), ("pallas", 30.0, 0), ("fused", 9.0, 4)):
         predicted["rows"].append(
@@ -94,11 +155,15 @@ def test_bench_vs_report_puts_each_measurement_beside_its_prediction():
     assert "| hyperrhn | bfloat16 | pallas | 60.0 | 30.0 | 2.00 | 2.00x |" in table
     assert "| hyperrhn | bfloat16 | scan | 120.0 | - | - | 1.00x |" in table
     assert "pallas over fused, hyperrhn bfloat16: 0.67x" in table and "`a`; `b`" in table
+    # rank-d and command-buffer rows are listed apart, not compared with rank-0 predictions
+    assert "- step hyperrhn r4 fused bfloat16 (paper, command buffers default): 2.0 ms" in table
+    assert "- step hyperrhn r0 fused bfloat16 (paper, command buffers while): 3.0 ms" in table
 
 
 def test_kernel_blocks_parses_block_settings():
-    import kernel_blocks
     from absl import app
+
+    kernel_blocks = load("kernel_blocks")
     from rhhjax.kernels import highway
 
     assert kernel_blocks.parse_blocks("64/32/128/4/3") == highway.HighwayConfig(64, 32, 128, 4, 3)
