@@ -324,8 +324,10 @@ def backend_failure(error: BaseException) -> str | None:
     if isinstance(error, RuntimeError) and "Unable to initialize backend" in str(error):
         return one_line(error)
     frames = traceback.extract_tb(error.__traceback__)
-    if isinstance(error, AssertionError) and frames and frames[-1].filename.endswith(
-        "xla_bridge.py"
+    if (
+        isinstance(error, AssertionError)
+        and frames
+        and frames[-1].filename.endswith("xla_bridge.py")
     ):
         cause = f" ({_PLUGIN_ERRORS.causes[-1]})" if _PLUGIN_ERRORS.causes else ""
         return (
