@@ -16,24 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[1]
-PTB_CONFIG = ROOT / "configs" / "ptb.py"
-SHAKESPEARE = Path(
-    os.environ.get(
-        "RHHJAX_SHAKESPEARE", ROOT.parent / "shared" / "data" / "tinyshakespeare" / "input.txt"
-    )
-)
-
-
-def write_text(path: Path, n: int = 30_000) -> Path:
-    if SHAKESPEARE.is_file():
-        text = SHAKESPEARE.read_text(encoding="utf-8")[:n]
-    else:  # a deterministic stand-in
-        words = ["the", "king", "and", "queen", "of", "a", "castle", "speak", "now", "First"]
-        text = " ".join(words[(i * 7 + i // 3) % len(words)] for i in range(n // 3))[:n]
-    path.write_text(text, encoding="utf-8")
-    return path
+from helpers import PTB_CONFIG, ROOT, write_text
 
 
 @pytest.fixture(scope="module")

@@ -174,8 +174,8 @@ def help_text(doc: str, argv: Sequence[str], flag: str = "config") -> str:
             module, config = load_default_config()
         else:
             module, config = load_config_file(argument)
-    except ConfigArgumentError as e:
-        parts.append(f"(cannot list the config fields: {e})")
+    except (ConfigArgumentError, ImportError) as e:  # ImportError: a broken install
+        parts.append(f"(cannot list the config fields: {one_line(e)})")
         return "\n".join(parts) + "\n"
     path = argument.partition(":")[0]
     variants = getattr(module, "VARIANTS", None)
