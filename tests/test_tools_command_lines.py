@@ -1,5 +1,5 @@
-"""The command lines as a user runs them (subprocesses): train.py, rhhjax.evaluate,
-rhhjax.sample, rhhjax.plot -- bad input, SIGTERM and resume, default workdir.
+"""The command lines as a user runs them (subprocesses): train.py, rhhjax.tools.evaluate,
+rhhjax.tools.sample, rhhjax.tools.plot -- bad input, SIGTERM and resume, default workdir.
 
 The subprocesses share a persistent JAX compilation cache (a temporary folder) so only the
 first one pays for compiling the tiny model.
@@ -59,7 +59,7 @@ def run(args, env, cwd=ROOT, timeout=240):
 
 # The layers a command line goes through: flag parsing (typo, variant, bad value, stray
 # argument), config validation (depth), the workdir and the data. Each field's own check is
-# tested in-process (tests/test_trainer.py BAD_CONFIGS).
+# tested in-process (tests/test_train_trainer.py BAD_CONFIGS).
 BAD = {
     "depth": (lambda tmp, tf: tmp / "w", ["--config.model.depth=0"], "model.depth=0"),
     "missing data": (
