@@ -4,7 +4,7 @@
 # the CPU (their CUDA-lowering tests included: those lower for "cuda" without a GPU).
 #
 #   bash benchmarks/newest_jax.sh                        # the newest jax, as CI runs it
-#   JAX_VERSION=0.11.2 bash benchmarks/newest_jax.sh     # a given release
+#   bash benchmarks/newest_jax.sh 0.11.2 [PYTHON] [VENV] # a given release (or JAX_VERSION=...)
 #
 # Environment (all optional):
 #   JAX_VERSION   the release to test; default: the newest that pip finds for PYTHON
@@ -27,10 +27,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO=$PWD
 START=$SECONDS
+JAX_VERSION=${1:-${JAX_VERSION:-}}
+PYTHON=${2:-${PYTHON:-}}
+VENV=${3:-${VENV:-}}
 say() { echo "newest_jax.sh: $*" >&2; }
 
 # -- the interpreter
-if [[ -z ${PYTHON:-} ]]; then
+if [[ -z $PYTHON ]]; then
   ROOT=$(pyenv root 2>/dev/null || echo "$HOME/.pyenv")
   PYTHON=$(ls -d "$ROOT"/versions/3.12.*/bin/python 2>/dev/null | sort -V | tail -1 || true)
   [[ -n $PYTHON ]] || PYTHON=$(command -v python3.12 || true)
@@ -45,7 +48,7 @@ if [[ -z $PYTHON || ! -x $PYTHON ]]; then
 fi
 
 # -- the release
-if [[ -z ${JAX_VERSION:-} ]]; then
+if [[ -z $JAX_VERSION ]]; then
   # pip's warnings about the machine's empty local index folders are noise here.
   JAX_VERSION=$("$PYTHON" -m pip index versions jax 2>/dev/null | sed -n 's/^jax (\(.*\))$/\1/p')
   if [[ -z $JAX_VERSION ]]; then
@@ -57,7 +60,7 @@ if [[ ! $JAX_VERSION =~ ^[0-9]+(\.[0-9]+)+$ ]]; then
   say "JAX_VERSION '$JAX_VERSION' is not a release number like 0.12.0.1"
   exit 2
 fi
-VENV=${VENV:-$REPO/build/venv-jax-newest}
+[[ -n $VENV ]] || VENV=$REPO/build/venv-jax-newest
 
 # -- the venv: reused when it has this jax and imports the project from this checkout
 have() {
