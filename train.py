@@ -7,7 +7,7 @@
 
 --workdir defaults to workdirs/<config file stem>[_<variant>] (e.g. workdirs/ptb_cpu).
 Rerunning the same command in the same workdir resumes from its latest checkpoint.
-The loop is rhhjax.trainer.train_and_evaluate; see its docstring for what is written where.
+The loop is rhhjax.train.trainer.train_and_evaluate; see its docstring for what is written where.
 
 Set JAX_COMPILATION_CACHE_DIR=/some/folder to reuse compiled steps across restarts.
 
@@ -32,26 +32,16 @@ Exit status:
                   second signal; run the same command again to resume
 
 --help lists the variants and every field of --config (default configs/ptb.py).
+JAX_PLATFORMS=cuda on a JAX without its CUDA backend is one line naming the install command.
 """
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
-from absl import app, flags, logging
-from ml_collections import config_flags
-
-from rhhjax.errors import UserError, exit_with_error
+from rhhjax.errors import UserError
 from rhhjax.tools import common as cli
 from rhhjax.train.signals import SignalCatcher
-
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", None, "Config file, optionally with a variant: configs/ptb.py[:cpu]."
-)
-_WORKDIR = flags.DEFINE_string(
-    "workdir", None, "Run directory; default workdirs/<config stem>[_<variant>]."
-)
 
 
 def default_workdir(config_argument: str) -> str:
@@ -65,30 +55,39 @@ _SIGNALS: SignalCatcher | None = None  # entered before jax starts any thread
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) > 1:
-        sys.exit(f"error: unexpected arguments: {' '.join(argv[1:])} (flags are --name=value)")
-    if not flags.FLAGS["verbosity"].present:
-        logging.set_verbosity(logging.WARNING)  # orbax and jax are chatty at INFO
+    """Train the ``--config`` run in ``--workdir``; returns the exit status (see above)."""
+    from absl import flags
+    from ml_collections import config_flags
+
     try:
-        config = _CONFIG.value
+        config = flags.FLAGS.config
         if config is None:
-            sys.exit("error: --config is required, e.g. --config=configs/ptb.py")
+            raise UserError("--config is required, e.g. --config=configs/ptb.py")
         config.to_dict()  # a missing config file raises here
     except OSError as e:
-        sys.exit(f"error: cannot read the config file: {' '.join(str(e).split())}")
-    workdir = _WORKDIR.value or default_workdir(
+        raise UserError(f"cannot read the config file: {' '.join(str(e).split())}") from None
+    workdir = flags.FLAGS.workdir or default_workdir(
         config_flags.get_config_filename(flags.FLAGS["config"])
     )
 
     from rhhjax.train import trainer  # after flag parsing: importing jax takes a moment
 
-    try:
-        results = trainer.train_and_evaluate(config, workdir, signals=_SIGNALS)
-    except UserError as e:
-        exit_with_error(e)
+    results = trainer.train_and_evaluate(config, workdir, signals=_SIGNALS)
     return int(results.get("exit_code", 0))
+
+
+def define_flags() -> None:
+    from absl import flags
+    from ml_collections import config_flags
+
+    config_flags.DEFINE_config_file(
+        "config", None, "Config file, optionally with a variant: configs/ptb.py[:cpu]."
+    )
+    flags.DEFINE_string(
+        "workdir", None, "Run directory; default workdirs/<config stem>[_<variant>]."
+    )
 
 
 if __name__ == "__main__":
     _SIGNALS = SignalCatcher(hard_abort=True, thread=True).__enter__()
-    app.run(main, flags_parser=lambda argv: cli.parse_flags(argv, __doc__))
+    cli.run_program(main, define_flags, __doc__)

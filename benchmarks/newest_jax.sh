@@ -1,42 +1,72 @@
 #!/usr/bin/env bash
-# Newest-JAX check: build (or reuse) a CPU venv for one JAX version and run the kernel,
-# recurrence, low-rank and model tests under it, including their CUDA-lowering tests
-# (those lower for "cuda" from a CPU host and need no GPU).
+# Newest-JAX check, a step of .ci/run: build (or reuse) a Python 3.12 venv with the newest jax
+# release on PyPI and run the ops, kernel, model, train-step and checkpoint tests under it on
+# the CPU (their CUDA-lowering tests included: those lower for "cuda" without a GPU).
 #
-#   bash benchmarks/newest_jax.sh [JAX_VERSION] [PYTHON] [VENV]
-#   JAX_VERSION=0.11.2 PYTHON=~/.pyenv/versions/3.12.1/bin/python bash benchmarks/newest_jax.sh
+#   bash benchmarks/newest_jax.sh                        # the newest jax, as CI runs it
+#   bash benchmarks/newest_jax.sh 0.11.2 [PYTHON] [VENV] # a given release (or JAX_VERSION=...)
 #
-# Defaults: JAX_VERSION=0.12.0.1, PYTHON=~/.pyenv/versions/3.12.1/bin/python (JAX >= 0.11
-# needs Python >= 3.11; 0.12 needs >= 3.12), VENV=/opt/venv-jax<major><minor> (e.g.
-# /opt/venv-jax012). The venv lives outside the repository; the project is installed into it
-# editable with its test extra plus the exact `jax==JAX_VERSION` pin, and pip picks the
-# flax/optax/orbax releases that go with it. A venv that already has that JAX and the project
-# is reused as it is (idempotent; delete the folder to rebuild). Extra pytest arguments go in
-# PYTEST_ARGS (e.g. PYTEST_ARGS="-x -k lowers"). COMMIT=<ref> tests that commit instead of the
-# working tree: it is exported with `git archive` to /tmp/rhhjax-<sha> and the tests run there
-# (the exported packages shadow the editable install). Prints the resolved versions first,
-# then pytest's summary; exits with pytest's status.
+# Environment (all optional):
+#   JAX_VERSION   the release to test; default: the newest that pip finds for PYTHON
+#   PYTHON        the interpreter of the venv; default: the newest pyenv 3.12.x
+#                 ($(pyenv root)/versions/3.12.*/bin/python), else python3.12 on PATH.
+#                 jax >= 0.11 needs Python >= 3.11, 0.12 needs >= 3.12.
+#   VENV          default build/venv-jax-newest (git-ignored). A venv that already has
+#                 JAX_VERSION and imports rhhjax from this checkout is reused as it is; otherwise
+#                 jax is installed into it at that version (pip picks the flax, optax and orbax
+#                 releases that go with it). Delete the folder to rebuild from scratch.
+#   SKIP_WITHOUT_PYTHON=1   no Python 3.12 on this machine: print one SKIPPED line, exit 0
+#                 (without it: exit 2).
+#   PYTEST_ARGS   extra pytest arguments (e.g. "-x -k lower"); WORKERS pytest-xdist workers
+#                 (default auto: one per core).
+#   COMMIT=<ref>  test that commit (a `git archive` export in /tmp/rhhjax-<sha>) instead of the
+#                 working tree.
+# Prints the resolved versions, pytest's summary and the step's wall time; exits with pytest's
+# status (1 when the venv cannot be built, 2 for bad arguments).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO=$PWD
-JAX_VERSION=${1:-${JAX_VERSION:-0.12.0.1}}
-PYTHON=${2:-${PYTHON:-$HOME/.pyenv/versions/3.12.1/bin/python}}
-if [[ ! $JAX_VERSION =~ ^[0-9]+\.([0-9]+)(\.[0-9]+)+$ ]]; then
-  echo "newest_jax.sh: JAX_VERSION '$JAX_VERSION' is not a release number like 0.12.0.1" >&2
-  exit 2
+START=$SECONDS
+JAX_VERSION=${1:-${JAX_VERSION:-}}
+PYTHON=${2:-${PYTHON:-}}
+VENV=${3:-${VENV:-}}
+say() { echo "newest_jax.sh: $*" >&2; }
+
+# -- the interpreter
+if [[ -z $PYTHON ]]; then
+  ROOT=$(pyenv root 2>/dev/null || echo "$HOME/.pyenv")
+  PYTHON=$(ls -d "$ROOT"/versions/3.12.*/bin/python 2>/dev/null | sort -V | tail -1 || true)
+  [[ -n $PYTHON ]] || PYTHON=$(command -v python3.12 || true)
 fi
-MINOR=${BASH_REMATCH[1]}
-VENV=${3:-${VENV:-/opt/venv-jax0$(printf '%02d' "$MINOR")}}
-if [[ ! -x $VENV/bin/python && ! -x $PYTHON ]]; then
-  echo "newest_jax.sh: no Python at '$PYTHON' (set PYTHON or pass it as the 2nd argument)" >&2
+if [[ -z $PYTHON || ! -x $PYTHON ]]; then
+  if [[ ${SKIP_WITHOUT_PYTHON:-0} == 1 ]]; then
+    echo "== newest jax: SKIPPED: no Python 3.12 here (pyenv versions / python3.12; set PYTHON)"
+    exit 0
+  fi
+  say "no Python 3.12 found (pyenv versions, python3.12 on PATH): set PYTHON"
   exit 2
 fi
 
-# Reuse the venv when it already has this JAX and imports the project from this checkout.
+# -- the release
+if [[ -z $JAX_VERSION ]]; then
+  # pip's warnings about the machine's empty local index folders are noise here.
+  JAX_VERSION=$("$PYTHON" -m pip index versions jax 2>/dev/null | sed -n 's/^jax (\(.*\))$/\1/p')
+  if [[ -z $JAX_VERSION ]]; then
+    say "cannot ask PyPI for the newest jax (offline?): set JAX_VERSION"
+    exit 1
+  fi
+fi
+if [[ ! $JAX_VERSION =~ ^[0-9]+(\.[0-9]+)+$ ]]; then
+  say "JAX_VERSION '$JAX_VERSION' is not a release number like 0.12.0.1"
+  exit 2
+fi
+[[ -n $VENV ]] || VENV=$REPO/build/venv-jax-newest
+
+# -- the venv: reused when it has this jax and imports the project from this checkout
 have() {
   [[ -x $VENV/bin/python ]] && (cd / && "$VENV/bin/python" - "$JAX_VERSION" "$REPO") <<'EOF' 2>/dev/null
 import os, sys
-import jax, pytest, rhhjax  # noqa: F401
+import jax, pytest, xdist, rhhjax  # noqa: F401
 ok = jax.__version__ == sys.argv[1] and os.path.dirname(os.path.dirname(rhhjax.__file__)) == sys.argv[2]
 sys.exit(0 if ok else 1)
 EOF
@@ -44,13 +74,14 @@ EOF
 if ! have; then
   echo "== building $VENV (jax==$JAX_VERSION, $("$PYTHON" --version 2>&1))"
   [[ -x $VENV/bin/python ]] || "$PYTHON" -m venv "$VENV"
-  # pip's warnings about the machine's empty local index folders are noise here.
-  "$VENV/bin/python" -m pip install -q --upgrade pip 2>&1 | grep -v "is ignored" || true
-  "$VENV/bin/python" -m pip install -q -e "$REPO[test]" "jax==$JAX_VERSION" 2>&1 |
-    grep -v "is ignored" || true
-  have || { echo "newest_jax.sh: building $VENV failed" >&2; exit 1; }
+  {
+    "$VENV/bin/python" -m pip install -q --upgrade pip
+    "$VENV/bin/python" -m pip install -q "jax==$JAX_VERSION" pytest pytest-xdist -e "$REPO"
+  } 2>&1 | { grep -v "is ignored" || true; }
+  have || { say "building $VENV failed"; exit 1; }
 fi
 
+# -- the sources
 SRC=$REPO
 if [[ -n ${COMMIT:-} ]]; then
   SHA=$(git rev-parse --short "$COMMIT^{commit}")
@@ -60,8 +91,8 @@ if [[ -n ${COMMIT:-} ]]; then
   fi
   STATE="commit $SHA (clean export in $SRC)"
 else
-  STATE="working tree at commit $(git rev-parse --short HEAD)$(
-    git diff --quiet HEAD -- kernels rhhjax tests || echo ' + uncommitted changes')"
+  STATE="working tree at commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')$(
+    git diff --quiet HEAD -- kernels rhhjax tests 2>/dev/null || echo ' + uncommitted changes')"
 fi
 cd "$SRC"
 
@@ -77,10 +108,19 @@ print("backend", jax.default_backend(), jax.devices())
 print("rhhjax from", rhhjax.__file__)
 EOF
 
+# The ops, kernel, model, train-step and checkpoint tests (the old-checkpoint fixtures
+# included): the files that exist of these patterns.
+shopt -s nullglob
+FILES=(tests/test_kernels_*.py tests/test_recurrence*.py tests/test_lowrank*.py
+  tests/test_ops_*.py tests/test_spec*.py tests/test_models_*.py tests/test_train_step.py
+  tests/test_train_checkpoint.py tests/test_old_checkpoints.py)
+shopt -u nullglob
+echo "== tests (jax $JAX_VERSION): ${FILES[*]}"
 # -W default::DeprecationWarning shows each deprecation once in the summary instead of hiding
 # the ones raised inside library code.
-echo "== tests"
+status=0
 # shellcheck disable=SC2086
-exec "$VENV/bin/python" -m pytest -q -p no:cacheprovider -W default::DeprecationWarning \
-  tests/test_kernels_config.py tests/test_kernels_padded.py tests/test_kernels_stacked.py tests/test_recurrence.py tests/test_lowrank.py \
-  tests/test_models.py ${PYTEST_ARGS:-}
+"$VENV/bin/python" -m pytest -q -p no:cacheprovider -n "${WORKERS:-auto}" --dist loadfile \
+  -W default::DeprecationWarning "${FILES[@]}" ${PYTEST_ARGS:-} || status=$?
+echo "== newest jax ($JAX_VERSION): pytest exit $status, $((SECONDS - START)) s in all"
+exit "$status"

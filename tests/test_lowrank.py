@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from helpers import assert_trees_close as _assert_trees_close
 from jax.ad_checkpoint import print_saved_residuals
 
 from rhhjax import models
@@ -189,15 +190,6 @@ def _loss_fn(model):
 
 def _value_and_grad(config, params, tokens, key):
     return jax.jit(jax.value_and_grad(_loss_fn(models.build_model(config))))(params, tokens, key)
-
-
-def _assert_trees_close(actual, expected, tol):
-    flat_a = jax.tree_util.tree_leaves_with_path(actual)
-    flat_e = jax.tree_util.tree_leaves(expected)
-    for (path, a), e in zip(flat_a, flat_e, strict=True):
-        np.testing.assert_allclose(
-            np.asarray(a), np.asarray(e), rtol=tol, atol=tol, err_msg=jax.tree_util.keystr(path)
-        )
 
 
 @pytest.mark.parametrize(

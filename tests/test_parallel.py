@@ -23,13 +23,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import ROOT, assert_trees_close, tiny_run_config, write_text
 
-ROOT = Path(__file__).resolve().parents[1]
-SHAKESPEARE = Path(
-    os.environ.get(
-        "RHHJAX_SHAKESPEARE", ROOT.parent / "shared" / "data" / "tinyshakespeare" / "input.txt"
-    )
-)
 RTOL = 1e-5  # losses, BPC, accuracy: relative
 ATOL = 1e-5  # parameters: absolute (values are O(0.1..1); Adam steps are lr = 1e-3)
 STEPS = 4
@@ -39,25 +34,15 @@ STEPS = 4
 
 
 def _config(text_file: str, **overrides):
-    from rhhjax import configs
-
-    cfg = configs.load("ptb:tiny")
-    cfg.data.format = "text"
-    cfg.data.text_files = text_file
-    cfg.data.hutter_holdout = 3000
-    cfg.train.batch_size = 8
-    cfg.train.max_steps = STEPS
-    cfg.train.eval_every_steps = 2
-    cfg.train.log_every_steps = 1
-    cfg.eval.batch_size = 8
-    cfg.eval.final_protocols = "windows,stream"
-    for key, value in overrides.items():
-        if "__" in key:
-            section, name = key.split("__")
-            cfg[section][name] = value
-        else:
-            cfg[key] = value
-    return cfg
+    small = dict(
+        train__batch_size=8,
+        train__max_steps=STEPS,
+        train__eval_every_steps=2,
+        train__log_every_steps=1,
+        eval__batch_size=8,
+        eval__final_protocols="windows,stream",
+    )
+    return tiny_run_config(text_file, **{**small, **overrides})
 
 
 def _child(mode: str, text_file: str, out: str, four: str = "") -> None:
@@ -203,29 +188,10 @@ def _params(workdir: Path, step: int):
     return params
 
 
-def _assert_close_trees(a, b, atol: float) -> float:
-    import jax
-
-    assert jax.tree.structure(a) == jax.tree.structure(b)
-    worst = 0.0
-    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
-        x, y = np.asarray(x), np.asarray(y)
-        np.testing.assert_allclose(x, y, rtol=0, atol=atol)
-        worst = max(worst, float(np.max(np.abs(x - y))) if x.size else 0.0)
-    return worst
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("parallel")
-    text_file = root / "shake.txt"
-    if SHAKESPEARE.is_file():
-        text = SHAKESPEARE.read_text(encoding="utf-8")[:30_000]
-    else:  # a deterministic stand-in with a small alphabet
-        rng = np.random.default_rng(0)
-        words = ["the", "king", "and", "queen", "of", "a", "castle", "speak", "now", "Thou"]
-        text = " ".join(rng.choice(words, size=10_000))[:30_000]
-    text_file.write_text(text, encoding="utf-8")
+    text_file = write_text(root / "shake.txt")
     one, four = root / "one", root / "four"
     # the 1-device child then resumes copies of both runs (step 4) to step 6
     _run_children([("train", 4, four), ("train", 1, one, four)], text_file)
@@ -253,7 +219,9 @@ def test_training_matches_one_device(runs):
         np.testing.assert_allclose(b["loss"], a["loss"], rtol=RTOL)
         np.testing.assert_allclose(b["grad_norm"], a["grad_norm"], rtol=1e-4)
     for step in (2, STEPS):
-        _assert_close_trees(_params(runs["four"], step), _params(runs["one"], step), ATOL)
+        assert_trees_close(
+            _params(runs["four"], step), _params(runs["one"], step), atol=ATOL, rtol=0
+        )
 
 
 def test_evaluation_matches_one_device(runs):
@@ -275,7 +243,7 @@ def test_evaluation_matches_one_device(runs):
 
 def test_fsdp_matches_one_device(runs):
     fsdp = runs["four"].parent / "fsdp"
-    _assert_close_trees(_params(fsdp, 2), _params(runs["one"], 2), ATOL)
+    assert_trees_close(_params(fsdp, 2), _params(runs["one"], 2), atol=ATOL, rtol=0)
 
 
 def test_four_device_checkpoint_resumes_on_one(runs):
@@ -283,7 +251,7 @@ def test_four_device_checkpoint_resumes_on_one(runs):
     assert sum("resuming" in line and f"from step {STEPS}" in line for line in log) == 2
     p1 = _params(runs["both"] / "run1", STEPS + 2)
     p4 = _params(runs["both"] / "run4", STEPS + 2)
-    _assert_close_trees(p4, p1, 2 * ATOL)
+    assert_trees_close(p4, p1, atol=2 * ATOL, rtol=0)
 
 
 def test_batch_not_divisible(runs):
@@ -341,7 +309,9 @@ def test_two_processes_match_one_device(runs, tmp_path):
     assert len(t1) == len(t2) == STEPS  # metrics.jsonl written once (process 0)
     for a, b in zip(t1, t2, strict=True):
         np.testing.assert_allclose(b["loss"], a["loss"], rtol=RTOL)
-    _assert_close_trees(_params(tmp_path / "run", STEPS), _params(runs["one"], STEPS), ATOL)
+    assert_trees_close(
+        _params(tmp_path / "run", STEPS), _params(runs["one"], STEPS), atol=ATOL, rtol=0
+    )
     f1 = runs["reports"]["1"]["results"]["final"]
     for r in reports:  # every process computes the same (replicated) metrics
         for split, by_protocol in f1.items():

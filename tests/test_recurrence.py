@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from helpers import assert_trees_close as _assert_trees_close
 from rhhjax.kernels import highway
 
 from rhhjax import models
@@ -51,15 +52,6 @@ def _fresh_case(config, seed, batch=5, length=9):
     params = models.init_params(model, jax.random.key(seed))
     tokens = jnp.asarray(rng.integers(0, config.vocab_size, (batch, length)))
     return params, tokens, jax.random.key(seed + 1)
-
-
-def _assert_trees_close(actual, expected, tol):
-    for a, e in zip(
-        jax.tree_util.tree_leaves(actual), jax.tree_util.tree_leaves(expected), strict=True
-    ):
-        np.testing.assert_allclose(
-            np.asarray(a, np.float32), np.asarray(e, np.float32), rtol=tol, atol=tol
-        )
 
 
 CASES = [

@@ -3,29 +3,22 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from helpers import PTB_DIR, ROOT, tiny_run_config
 
-from rhhjax import configs
 from rhhjax.tools import ablate
 
-ROOT = Path(__file__).resolve().parents[1]
-PTB_DIR = Path(os.environ.get("RHHJAX_PTB_DIR", ROOT.parent / "shared" / "data" / "ptb"))
 needs_ptb = pytest.mark.skipif(
     not (PTB_DIR / "ptb.train.txt").is_file(), reason=f"no PTB in {PTB_DIR}"
 )
 
 
 def tiny_config():
-    config = configs.load("ptb:tiny")
-    config.data.dir = str(PTB_DIR)
-    config.data.download = False
-    config.eval.final_protocols = ""  # the periodic validation (2,000 chars) is enough here
-    return config
+    # the periodic validation (2,000 chars) is enough here
+    return tiny_run_config(data__dir=str(PTB_DIR), data__download=False, eval__final_protocols="")
 
 
 def test_parse_sweep_converts_to_the_field_type():
@@ -43,6 +36,25 @@ def test_parse_sweep_converts_to_the_field_type():
     ]:
         with pytest.raises(ablate.SweepError, match=message):
             ablate.parse_sweep(bad, config)
+
+
+def test_field_typos_name_their_flag_and_the_closest_field():
+    config = tiny_config()
+    cases = [
+        (ablate.parse_sweep, "model.hyper_rnk=1,2", "--sweep field 'model.hyper_rnk' is not in "
+         "the config (did you mean model.hyper_rank?)"),
+        (ablate.parse_sweep, "modl.depth=1,2", "--sweep field 'modl.depth' is not in the "
+         "config (did you mean model?)"),
+        (ablate.parse_variant, "d:model.dpth=2", "--variant field 'model.dpth' is not in the "
+         "config (did you mean model.depth?)"),
+        (ablate.parse_variant, "d:model.depth=two", "--variant model.depth: 'two' is not a "
+         "valid int"),
+        (ablate.parse_variant, "d:model=2", "--variant field 'model' is a section, not a value"),
+    ]  # fmt: skip
+    for parse, text, message in cases:
+        with pytest.raises(ablate.SweepError) as info:
+            parse(text, config)
+        assert str(info.value) == message
 
 
 def test_plan_is_the_cross_product_with_readable_names():

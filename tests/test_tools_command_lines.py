@@ -1,5 +1,5 @@
-"""The command lines as a user runs them (subprocesses): train.py, rhhjax.evaluate,
-rhhjax.sample, rhhjax.plot -- bad input, SIGTERM and resume, default workdir.
+"""The command lines as a user runs them (subprocesses): train.py, rhhjax.tools.evaluate,
+rhhjax.tools.sample, rhhjax.tools.plot -- bad input, SIGTERM and resume, default workdir.
 
 The subprocesses share a persistent JAX compilation cache (a temporary folder) so only the
 first one pays for compiling the tiny model.
@@ -16,24 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[1]
-PTB_CONFIG = ROOT / "configs" / "ptb.py"
-SHAKESPEARE = Path(
-    os.environ.get(
-        "RHHJAX_SHAKESPEARE", ROOT.parent / "shared" / "data" / "tinyshakespeare" / "input.txt"
-    )
-)
-
-
-def write_text(path: Path, n: int = 30_000) -> Path:
-    if SHAKESPEARE.is_file():
-        text = SHAKESPEARE.read_text(encoding="utf-8")[:n]
-    else:  # a deterministic stand-in
-        words = ["the", "king", "and", "queen", "of", "a", "castle", "speak", "now", "First"]
-        text = " ".join(words[(i * 7 + i // 3) % len(words)] for i in range(n // 3))[:n]
-    path.write_text(text, encoding="utf-8")
-    return path
+from helpers import PTB_CONFIG, ROOT, write_text
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +59,7 @@ def run(args, env, cwd=ROOT, timeout=240):
 
 # The layers a command line goes through: flag parsing (typo, variant, bad value, stray
 # argument), config validation (depth), the workdir and the data. Each field's own check is
-# tested in-process (tests/test_trainer.py BAD_CONFIGS).
+# tested in-process (tests/test_train_trainer.py BAD_CONFIGS).
 BAD = {
     "depth": (lambda tmp, tf: tmp / "w", ["--config.model.depth=0"], "model.depth=0"),
     "missing data": (

@@ -1,16 +1,10 @@
 """rhhjax.train.optim: the paper code's L1 clipping and the optimizer choices."""
 
-import jax
 import jax.numpy as jnp
 import numpy as np
+from helpers import assert_trees_equal
 
 from rhhjax.train import optim
-
-
-def assert_trees_equal(a, b):
-    assert jax.tree.structure(a) == jax.tree.structure(b)
-    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
-        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
 def test_l1_clip_matches_paper_code():

@@ -18,6 +18,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import PTB_DIR, assert_trees_equal, write_text
+from helpers import tiny_run_config as tiny_config
 from test_train_workdir import strict_json
 
 from rhhjax import configs, models
@@ -30,42 +32,12 @@ from rhhjax.train import loop as train_loop
 from rhhjax.train import trainer
 from rhhjax.train import workdir as workdir_lib
 
-ROOT = Path(__file__).resolve().parents[1]
-SHAKESPEARE = Path(
-    os.environ.get(
-        "RHHJAX_SHAKESPEARE", ROOT.parent / "shared" / "data" / "tinyshakespeare" / "input.txt"
-    )
-)
-PTB_DIR = Path(os.environ.get("RHHJAX_PTB_DIR", ROOT.parent / "shared" / "data" / "ptb"))
 TIMING_FIELDS = ("time", "chars_per_sec", "seconds", "train_seconds")
 HAS_TENSORBOARDX = importlib.util.find_spec("tensorboardX") is not None
 
 
-def write_text(path: Path, n: int = 30_000) -> Path:
-    if SHAKESPEARE.is_file():
-        text = SHAKESPEARE.read_text(encoding="utf-8")[:n]
-    else:  # a deterministic stand-in with a small alphabet
-        rng = np.random.default_rng(0)
-        words = ["the", "king", "and", "queen", "of", "a", "castle", "speak", "now", "Thou"]
-        text = " ".join(rng.choice(words, size=n // 3))[:n]
-    path.write_text(text, encoding="utf-8")
-    return path
-
-
 def ptb_config(variant: str = "tiny"):
     return configs.load(f"ptb:{variant}")
-
-
-def tiny_config(text_file: Path, **overrides):
-    """configs/ptb.py:tiny on a text file; overrides like train__max_steps=8."""
-    cfg = ptb_config("tiny")
-    cfg.data.format = "text"
-    cfg.data.text_files = str(text_file)
-    cfg.data.hutter_holdout = 3000
-    for key, value in overrides.items():
-        section, name = key.split("__")
-        cfg[section][name] = value
-    return cfg
 
 
 def quiet(message: str) -> None:
@@ -85,13 +57,6 @@ def latest_params(workdir: Path):
     with ckpt_lib.Checkpoints(workdir, read_only=True) as c:
         params, meta = c.restore_params("latest")
     return params, meta
-
-
-def assert_trees_equal(a, b):
-    la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
-    assert jax.tree.structure(a) == jax.tree.structure(b)
-    for x, y in zip(la, lb, strict=True):
-        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
 @pytest.fixture(scope="module")

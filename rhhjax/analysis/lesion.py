@@ -47,7 +47,7 @@ def lesion_params(model_config: models.ModelConfig, params, cell: str, layer: in
 
 
 def heldout_loss(subject: Subject, params, chars: int, seq_len: int, batch_size: int) -> dict:
-    """``rhhjax.evaluate`` windows-protocol metrics on the first ``chars`` held-out symbols."""
+    """``rhhjax.evaluation`` windows-protocol metrics on the first ``chars`` held-out symbols."""
     tokens = subject.tokens[:chars] if chars else subject.tokens
     return eval_lib.evaluate_tokens(
         subject.config,

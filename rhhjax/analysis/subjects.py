@@ -4,7 +4,6 @@ config at initialisation; and the held-out windows every analysis reads."""
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import re
 from pathlib import Path
@@ -18,6 +17,7 @@ import numpy as np
 from rhhjax import configs, models
 from rhhjax import data as data_lib
 from rhhjax.errors import UserError
+from rhhjax.train import saved_run
 
 CHECKPOINT_NAMES = ("best", "latest", "init")
 
@@ -59,17 +59,11 @@ def init_params(model_config: models.ModelConfig, seed: int):
     return train_step.make_init(model_config)(train_step.init_key(int(seed)))
 
 
-@functools.lru_cache(maxsize=8)
-def _load_corpus_cached(data_json: str) -> data_lib.Corpus:
-
-    return data_lib.load_corpus(json.loads(data_json))
-
-
 def _corpus(cfg: ml_collections.ConfigDict, data_dir: str) -> data_lib.Corpus:
     data = cfg.data.to_dict()
     if data_dir:
         data["dir"] = data_dir
-    return _load_corpus_cached(json.dumps(data, sort_keys=True))
+    return saved_run.cached_corpus(data)
 
 
 def _model_config(fields: dict, impl: str) -> models.ModelConfig:
@@ -126,23 +120,16 @@ def _at_init(workdir: Path, data_dir: str, impl: str):
 
 def _saved(workdir: Path, which: str | int, data_dir: str, impl: str):
     """(model config, params, corpus, source) of a saved checkpoint of ``workdir``."""
-    from rhhjax.train import checkpoint as ckpt_lib
-
-    if isinstance(which, int):
-        params, meta = _restore_step(workdir, which)
-        used = f"step {which}"
-    else:
-        params, meta, used = ckpt_lib.load_for_inference(workdir, which)
-    corpus = _corpus(ml_collections.ConfigDict(meta["config"]), data_dir)
-    if corpus.vocab.to_dict() != meta["vocab"]:
-        raise AnalysisError(
-            f"the data's vocabulary ({corpus.vocab.size} symbols) differs from the "
-            f"checkpoint's in {workdir}: pass --data_dir with the training data"
-        )
-    mc = _model_config(meta["model"], impl)
-    step, epoch = int(meta["step"]), float(meta.get("epoch", float("nan")))
-    source = {"workdir": str(workdir), "checkpoint": used, "step": step, "epoch": epoch}
-    return mc, params, corpus, source
+    saved = saved_run.load_run(workdir, which, impl=impl)
+    if data_dir:  # the PTB folder of every subject (format=text runs do not read it)
+        saved.config.data.dir = data_dir
+    source = {
+        "workdir": str(workdir),
+        "checkpoint": saved.checkpoint,
+        "step": saved.step,
+        "epoch": saved.epoch,
+    }
+    return saved.model, saved.params, saved.corpus(), source
 
 
 def subject_from_workdir(
@@ -158,9 +145,7 @@ def subject_from_workdir(
     from rhhjax.train import checkpoint as ckpt_lib
 
     path, which = split_workdir_spec(spec, default_which)
-    workdir = Path(path)
-    if not workdir.is_dir():
-        raise AnalysisError(f"workdir {workdir} does not exist")
+    workdir = saved_run.check_workdir(path)
     if which != "init" and not ckpt_lib.has_checkpoint(workdir):
         which = "init"  # nothing saved yet: analyse the run's starting point
     if which == "init":
@@ -177,18 +162,6 @@ def subject_from_workdir(
         vocab=corpus.vocab,
         source=source,
     )
-
-
-def _restore_step(workdir: Path, step: int):
-    from rhhjax.train import checkpoint as ckpt_lib
-
-    with ckpt_lib.Checkpoints(workdir, read_only=True) as ckpts:
-        for which in ("latest", "best"):
-            if step in ckpts.steps(which):
-                params, meta = ckpts.restore_params(which, step)
-                return params, meta
-        available = sorted(set(ckpts.steps("latest")) | set(ckpts.steps("best")))
-    raise AnalysisError(f"no checkpoint of step {step} in {workdir} (saved steps: {available})")
 
 
 def subject_from_config(

@@ -52,6 +52,7 @@ from typing import Any
 import ml_collections
 
 from rhhjax.errors import UserError
+from rhhjax.tools import common as cli
 
 RESULTS_FILE = "results.json"
 
@@ -74,11 +75,14 @@ class Variant:
     group: str = ""  # the name without the seed: runs of one group differ only in seed
 
 
-def _get(config: ml_collections.ConfigDict, field: str) -> Any:
+def _get(config: ml_collections.ConfigDict, field: str, flag: str = "sweep") -> Any:
+    """The value of ``field`` (e.g. "model.depth"); SweepError naming ``--flag`` and the
+    closest field for one that is not in the config."""
     node = config
     for part in field.split("."):
         if not isinstance(node, ml_collections.ConfigDict) or part not in node:
-            raise SweepError(f"--sweep field {field!r} is not in the config")
+            hint = cli.did_you_mean(config, field)
+            raise SweepError(f"--{flag} field {field!r} is not in the config{hint}")
         node = node[part]
     return node
 
@@ -91,8 +95,8 @@ def _set(config: ml_collections.ConfigDict, field: str, value: Any) -> None:
     node[last] = value
 
 
-def convert(text: str, like: Any, field: str) -> Any:
-    """`text` as the type of the field's current value `like`."""
+def convert(text: str, like: Any, field: str, flag: str = "sweep") -> Any:
+    """`text` as the type of the field's current value `like` (errors name ``--flag``)."""
     text = text.strip()
     try:
         if isinstance(like, bool):
@@ -107,13 +111,13 @@ def convert(text: str, like: Any, field: str) -> Any:
             return float(text)
     except ValueError:
         kind = type(like).__name__
-        raise SweepError(f"--sweep {field}: {text!r} is not a valid {kind}") from None
+        raise SweepError(f"--{flag} {field}: {text!r} is not a valid {kind}") from None
     return text
 
 
 def _leaf_value(config: ml_collections.ConfigDict, field: str, flag: str) -> Any:
     """The current value of a config field that holds a value (not a section)."""
-    like = _get(config, field)
+    like = _get(config, field, flag)
     if isinstance(like, ml_collections.ConfigDict):
         raise SweepError(f"--{flag} field {field!r} is a section, not a value")
     return like
@@ -161,7 +165,8 @@ def parse_variant(text: str, config: ml_collections.ConfigDict) -> tuple[str, di
             raise SweepError(f"--variant={text!r}: {item!r} is not FIELD=VALUE")
         if field in overrides:
             raise SweepError(f"--variant={text!r}: {field} is set twice")
-        overrides[field] = convert(value, _leaf_value(config, field, "variant"), field)
+        like = _leaf_value(config, field, "variant")
+        overrides[field] = convert(value, like, field, "variant")
     return name, overrides
 
 
@@ -570,6 +575,4 @@ def define_flags() -> None:
 
 
 if __name__ == "__main__":
-    from rhhjax.tools import common as cli
-
     cli.run_program(main, define_flags, __doc__)

@@ -13,7 +13,6 @@ from pathlib import Path
 
 from rhhjax import analysis
 from rhhjax.analysis import ANALYSES, Settings
-from rhhjax.errors import UserError, exit_with_error
 
 
 def _command_line() -> str:
@@ -60,13 +59,10 @@ def run_from_flags(f, command: str | None = None) -> list[Path]:
 
 
 def main(argv: list[str]) -> int:
-    """absl entry point: analyse the flags' models; a `UserError` ends with one line, exit 1."""
+    """Analyse the flags' models (``run_program`` turns a `UserError` into one line, exit 1)."""
     from absl import flags
 
-    try:
-        run_from_flags(flags.FLAGS, _command_line())
-    except UserError as e:
-        exit_with_error(e)
+    run_from_flags(flags.FLAGS, _command_line())
     return 0
 
 
@@ -123,7 +119,6 @@ def define_flags(flag_values=None) -> None:
 
 
 if __name__ == "__main__":
-    from absl import app
+    from rhhjax.tools import common as cli
 
-    define_flags()
-    app.run(main)
+    cli.run_program(main, define_flags, __doc__, flag=None)

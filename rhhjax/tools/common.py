@@ -10,24 +10,31 @@ and exit status 1, instead of a traceback. The known fields come from the config
 fields added to a config file later need no change here. ``--help`` prints the program's
 docstring, the config file's variants and every config field with its default, and exits 0.
 
-``SignalCatcher`` turns SIGTERM / SIGINT into a flag the training loop polls (see
-``rhhjax.trainer``); with ``thread=True`` a watcher thread receives them, so the first one is
-acknowledged and a second one aborts at once even while the main thread is inside a
-minutes-long compilation.
+``run_program`` is the ``__main__`` of every program (``train.py`` included): flags, quiet
+logging, the ``JAX_PLATFORMS`` check (``check_platforms``: a GPU platform asked of a CPU-only
+install is one line naming the install command), and ``UserError`` -> one ``error:`` line.
 """
 
 from __future__ import annotations
 
 import difflib
+import importlib
 import importlib.util
+import logging
+import os
 import sys
+import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from rhhjax.errors import UserError, exit_with_error, one_line
 
-DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "ptb.py"
+# The config --help lists when no --config is given: the installed package's own copy
+# (``rhhjax.configs.ptb``, found wherever and however the package is installed), shown under
+# the name the commands use.
+DEFAULT_CONFIG = "configs/ptb.py"
+DEFAULT_CONFIG_MODULE = "rhhjax.configs.ptb"
 
 
 class ConfigArgumentError(UserError):
@@ -71,18 +78,31 @@ def check_override(config: Any, name: str) -> None:
     node = config
     parts = name.split(".")
     for i, part in enumerate(parts):
-        here = ".".join(parts[: i + 1])
         if not hasattr(node, "keys"):
             raise ConfigArgumentError(
                 f"config field {'.'.join(parts[:i])} is a value, not a section: cannot set {name}"
             )
+        if part not in node.keys():
+            here = ".".join(parts[: i + 1])
+            raise ConfigArgumentError(f"unknown config field {here}{did_you_mean(config, name)}")
+        node = node[part]
+
+
+def did_you_mean(config: Any, name: str) -> str:
+    """`` (did you mean model.depth?)`` for a dotted ``name`` that is not a field of ``config``:
+    the closest sibling of its first unknown part ("" when none is close or it exists)."""
+    node = config
+    parts = name.split(".")
+    for i, part in enumerate(parts):
+        if not hasattr(node, "keys"):
+            return ""
         keys = list(node.keys())
         if part not in keys:
-            prefix = ".".join(parts[:i])
             close = difflib.get_close_matches(part, keys, n=1, cutoff=0.6)
-            hint = f" (did you mean {prefix + '.' if prefix else ''}{close[0]}?)" if close else ""
-            raise ConfigArgumentError(f"unknown config field {here}{hint}")
+            prefix = "".join(f"{p}." for p in parts[:i])
+            return f" (did you mean {prefix}{close[0]}?)" if close else ""
         node = node[part]
+    return ""
 
 
 def config_overrides(argv: Sequence[str], flag: str = "config") -> list[str]:
@@ -137,15 +157,25 @@ def describe_config(config: Any, prefix: str = "") -> list[str]:
     return lines
 
 
+def load_default_config() -> tuple[Any, Any]:
+    """(module, config) of the default config, imported from the installed package."""
+    module = importlib.import_module(DEFAULT_CONFIG_MODULE)
+    return module, module.get_config()
+
+
 def help_text(doc: str, argv: Sequence[str], flag: str = "config") -> str:
     """The program's docstring, then the variants and fields of ``--config`` (default
-    configs/ptb.py)."""
-    argument = config_argument(argv, flag) or str(DEFAULT_CONFIG)
+    configs/ptb.py, read from the installed package)."""
+    argument = config_argument(argv, flag)
     parts = [doc.strip(), ""]
     try:
-        module, config = load_config_file(argument)
-    except ConfigArgumentError as e:
-        parts.append(f"(cannot list the config fields: {e})")
+        if argument is None:
+            argument = DEFAULT_CONFIG
+            module, config = load_default_config()
+        else:
+            module, config = load_config_file(argument)
+    except (ConfigArgumentError, ImportError) as e:  # ImportError: a broken install
+        parts.append(f"(cannot list the config fields: {one_line(e)})")
         return "\n".join(parts) + "\n"
     path = argument.partition(":")[0]
     variants = getattr(module, "VARIANTS", None)
@@ -204,6 +234,109 @@ def _flag_error(e: BaseException) -> str:
     return " ".join(" ".join(lines).split()) or type(e).__name__
 
 
+# ----------------------------------------------------------------------------- JAX platforms
+
+GPU_INSTALL = 'pip install -e ".[cuda12]"'
+_PLATFORM_PLUGINS = {"cuda": ("cuda",), "gpu": ("cuda", "rocm"), "rocm": ("rocm",)}
+
+
+def jax_plugins() -> set[str]:
+    """The module names of the installed JAX backend plugins (e.g. ``jax_plugins.xla_cuda12``),
+    found as JAX finds them (the ``jax_plugins`` namespace and entry points), without
+    importing jax."""
+    from importlib.metadata import entry_points
+
+    names = {entry.value for entry in entry_points(group="jax_plugins")}
+    try:
+        import jax_plugins as namespace
+    except ImportError:
+        return names
+    import pkgutil
+
+    names.update(f"jax_plugins.{m.name}" for m in pkgutil.iter_modules(namespace.__path__))
+    return names
+
+
+def check_platforms(value: str | None = None, plugins: set[str] | None = None) -> None:
+    """Raise UserError (one line) when ``JAX_PLATFORMS`` (or ``value``) names only platforms
+    whose backend is not installed, e.g. ``cuda`` on a CPU-only jax. JAX itself would fail
+    later with a bare AssertionError. Unknown names are left to JAX."""
+    value = os.environ.get("JAX_PLATFORMS", "") if value is None else value
+    wanted = [p.strip().lower() for p in value.split(",") if p.strip()]
+    if not wanted or "cpu" in wanted:
+        return
+    missing = []
+    for platform in wanted:
+        if platform == "tpu":
+            if importlib.util.find_spec("libtpu") is None:
+                missing.append(platform)
+            continue
+        kinds = _PLATFORM_PLUGINS.get(platform)
+        if kinds is None:
+            return  # a platform this check does not know: JAX decides
+        plugins = jax_plugins() if plugins is None else plugins
+        if not any(kind in name for name in plugins for kind in kinds):
+            missing.append(platform)
+    if len(missing) < len(wanted):
+        return
+    if "tpu" in missing and len(missing) == 1:
+        how = 'install it with pip install "jax[tpu]"'
+    else:
+        how = f"install the CUDA one with {GPU_INSTALL} (NVIDIA GPUs)"
+    raise UserError(
+        f"JAX_PLATFORMS={value} but this JAX has no {'/'.join(missing)} backend installed "
+        f"(CPU only): {how}, or unset JAX_PLATFORMS to run on the CPU"
+    )
+
+
+class _PluginErrors(logging.Filter):
+    """Holds back JAX's logged tracebacks of a backend plugin that fails to start (when
+    ``JAX_PLATFORMS`` has no CPU fallback the run cannot go on: ``backend_failure`` reports
+    the cause in one line instead)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.causes: list[str] = []
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if "plugin configuration error" not in record.getMessage():
+            return True
+        error = record.exc_info[1] if record.exc_info else None
+        self.causes.append(one_line(error) if error is not None else record.getMessage())
+        return False
+
+
+_PLUGIN_ERRORS = _PluginErrors()
+
+
+def _hold_plugin_errors() -> None:
+    wanted = [p.strip().lower() for p in os.environ.get("JAX_PLATFORMS", "").split(",")]
+    if any(wanted) and "cpu" not in wanted:
+        logging.getLogger("jax._src.xla_bridge").addFilter(_PLUGIN_ERRORS)
+
+
+def backend_failure(error: BaseException) -> str | None:
+    """One line for JAX failing to start the backend ``JAX_PLATFORMS`` asks for (installed,
+    but e.g. no GPU visible), or None when ``error`` is something else."""
+    value = os.environ.get("JAX_PLATFORMS", "")
+    if not value.strip() or value.strip().lower() == "cpu":
+        return None
+    if isinstance(error, RuntimeError) and "Unable to initialize backend" in str(error):
+        return one_line(error)
+    frames = traceback.extract_tb(error.__traceback__)
+    if (
+        isinstance(error, AssertionError)
+        and frames
+        and frames[-1].filename.endswith("xla_bridge.py")
+    ):
+        cause = f" ({_PLUGIN_ERRORS.causes[-1]})" if _PLUGIN_ERRORS.causes else ""
+        return (
+            f"JAX_PLATFORMS={value}: JAX could not start that backend{cause}; is a GPU "
+            f"visible (nvidia-smi)? Unset JAX_PLATFORMS to run on the CPU"
+        )
+    return None
+
+
 def run_program(
     main: Callable[[list[str]], int | None],
     define_flags: Callable[[], None],
@@ -214,8 +347,9 @@ def run_program(
     """The ``__main__`` of every program: define its flags, parse them with ``parse_flags``
     (``flag``: its config-file flag, None for programs without one), refuse positional
     arguments unless the program takes them, quiet absl logging to warnings (unless
-    ``--verbosity`` is given), run ``main``, and turn a ``UserError`` into one ``error:`` line
-    and exit status 1."""
+    ``--verbosity`` is given), check ``JAX_PLATFORMS``, run ``main``, and turn a ``UserError``
+    (or JAX failing to start the asked-for backend) into one ``error:`` line and exit status
+    1."""
     from absl import app, flags, logging
 
     def run(argv: list[str]) -> None:
@@ -224,9 +358,16 @@ def run_program(
         if not flags.FLAGS["verbosity"].present:
             logging.set_verbosity(logging.WARNING)  # orbax and jax are chatty at INFO
         try:
+            check_platforms()
+            _hold_plugin_errors()
             code = main(argv)
         except UserError as e:
             exit_with_error(e)
+        except (AssertionError, RuntimeError) as e:
+            message = backend_failure(e)
+            if message is None:
+                raise
+            exit_with_error(message)
         sys.exit(code or 0)
 
     define_flags()

@@ -15,8 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from rhhjax import data as data_lib
-from rhhjax import models
-from rhhjax.errors import UserError, exit_with_error
+from rhhjax.errors import UserError
 from rhhjax.evaluation import evaluate_splits, format_table, parse_protocols
 
 
@@ -33,70 +32,49 @@ def run(
 ) -> dict:
     """Evaluate a checkpoint of ``workdir``; returns {"step", "checkpoint", "results"}.
 
+    ``batch_size``: rows per evaluation batch (0: the run's ``eval.batch_size``);
     ``data_dir`` / ``text_files``: override the run's ``data.dir`` / ``data.text_files``."""
-    import ml_collections
-
-    from rhhjax.train import checkpoint as ckpt_lib
+    from rhhjax.train.saved_run import load_run  # imports orbax: not for --help
 
     splits = ["valid", "test"] if split == "all" else [split]
     for s in splits:
         if s not in ("valid", "test", "train"):
             raise data_lib.DataError(f"unknown split {s!r}: expected valid, test, train or all")
     protocols = parse_protocols(protocol)
-    params, meta, used = ckpt_lib.load_for_inference(workdir, which)
-    config = ml_collections.ConfigDict(meta["config"])
-    if data_dir:
-        if config.data.get("format") == "text":
-            raise data_lib.DataError(
-                "--data_dir is for PTB runs; this run read text files: use --text_files"
-            )
-        config.data.dir = data_dir
-    if text_files:
-        if config.data.get("format") != "text":
-            raise data_lib.DataError(
-                "--text_files is for format=text runs; this run read PTB: use --data_dir"
-            )
-        config.data.text_files = text_files
-    fields = dict(meta["model"])
-    if impl:
-        fields["impl"] = impl
-    model_config = models.ModelConfig.from_config(fields)
-    corpus = data_lib.load_corpus(config.data)
-    if corpus.vocab.to_dict() != meta["vocab"]:
-        raise ckpt_lib.CheckpointError(
-            f"the data's vocabulary ({corpus.vocab.size} symbols) differs from the checkpoint's "
-            f"({len(meta['vocab']['symbols'])} symbols): the config's data section no longer "
-            f"describes the training data"
+    if batch_size < 0:
+        raise UserError(
+            f"--batch_size must be >= 1 (0: the run's eval.batch_size), got {batch_size}"
         )
-    eval_config = config.eval
+    saved = load_run(workdir, which, impl=impl, data_dir=data_dir, text_files=text_files)
+    corpus = saved.corpus()
+    eval_config = saved.config.eval
     if batch_size:
         eval_config.batch_size = batch_size
     log(
-        f"evaluating the {used} checkpoint of {workdir} (step {meta['step']}) on "
+        f"evaluating the {saved.checkpoint} checkpoint of {workdir} (step {saved.step}) on "
         f"{corpus.name} from {corpus.source or '?'}"
     )
-    results = evaluate_splits(model_config, params, corpus, eval_config, splits, protocols, log)
+    results = evaluate_splits(
+        saved.model, saved.params, corpus, eval_config, splits, protocols, log
+    )
     log(format_table(results))
-    return {"step": meta["step"], "checkpoint": used, "results": results}
+    return {"step": saved.step, "checkpoint": saved.checkpoint, "results": results}
 
 
 def main(argv: list[str]) -> int:
     from absl import flags
 
     f = flags.FLAGS
-    try:
-        out = run(
-            f.workdir,
-            f.split,
-            f.protocol,
-            f.checkpoint,
-            f.impl,
-            f.batch_size,
-            data_dir=f.data_dir,
-            text_files=f.text_files,
-        )
-    except UserError as e:
-        exit_with_error(e)
+    out = run(
+        f.workdir,
+        f.split,
+        f.protocol,
+        f.checkpoint,
+        f.impl,
+        f.batch_size,
+        data_dir=f.data_dir,
+        text_files=f.text_files,
+    )
     if f.output:
         from rhhjax.train.workdir import json_dumps  # NaN / inf as null: valid JSON
 

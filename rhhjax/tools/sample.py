@@ -9,9 +9,6 @@ How the text is drawn: ``rhhjax.sampling``.
 
 from __future__ import annotations
 
-from rhhjax import data as data_lib
-from rhhjax import models
-from rhhjax.errors import UserError, exit_with_error
 from rhhjax.sampling import generate
 
 
@@ -24,12 +21,10 @@ def run(
     which: str = "best",
 ) -> str:
     """Prompt + generated text from a checkpoint of ``workdir`` (bytes decoded as UTF-8)."""
-    from rhhjax.train import checkpoint as ckpt_lib
+    from rhhjax.train.saved_run import load_run  # imports orbax: not for --help
 
-    params, meta, _ = ckpt_lib.load_for_inference(workdir, which)
-    vocab = data_lib.Vocab.from_dict(meta["vocab"])
-    model_config = models.ModelConfig.from_config(meta["model"])
-    out = generate(model_config, params, vocab, prompt, length, temperature, seed)
+    saved = load_run(workdir, which)
+    out = generate(saved.model, saved.params, saved.vocab, prompt, length, temperature, seed)
     if isinstance(out, bytes):
         out = out.decode("utf-8", errors="replace")
     return prompt + out
@@ -39,11 +34,7 @@ def main(argv: list[str]) -> int:
     from absl import flags
 
     f = flags.FLAGS
-    try:
-        text = run(f.workdir, f.prompt, f.length, f.temperature, f.seed, f.checkpoint)
-    except UserError as e:
-        exit_with_error(e)
-    print(text)
+    print(run(f.workdir, f.prompt, f.length, f.temperature, f.seed, f.checkpoint))
     return 0
 
 

@@ -1,7 +1,7 @@
 """The ``train`` and ``eval`` blocks of a config, and the whole config as a run reads it.
 
 ``prepare_config(config)`` fills the fields an older config (a workdir's ``config.json``) lacks
-from ``configs/defaults.py`` and validates every block: ``data`` (``rhhjax.data``), ``model``
+from ``rhhjax.configs.ptb`` and validates every block: ``data`` (``rhhjax.data``), ``model``
 (``rhhjax.models.ModelConfig``), ``train`` and ``eval`` (here). Errors are one line
 (``TrainError``, ``ConfigError``, ``DataError``: all ``rhhjax.errors.UserError``).
 """

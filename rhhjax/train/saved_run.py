@@ -1,0 +1,172 @@
+"""A trained run, loaded for inference: the one loader of ``evaluate``, ``sample`` and
+``rhhjax.analysis``.
+
+    run = load_run("workdirs/ptb", "best")        # or "latest", or a step number
+    run.params, run.model, run.vocab               # enough to sample
+    corpus = run.corpus()                          # the data the run's config names, checked
+                                                   # against the checkpoint's vocabulary
+
+Every problem is a ``rhhjax.errors.UserError`` with one line (``CheckpointError`` from here and
+from ``rhhjax.train.checkpoint``, e.g. a damaged checkpoint; ``DataError`` from the data), so the
+programs print ``error: ...`` and exit 1.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import ml_collections
+
+from rhhjax import data as data_lib
+from rhhjax import models
+from rhhjax.train import checkpoint as ckpt_lib
+
+CHECKPOINT_NAMES = ("best", "latest")
+
+
+@dataclasses.dataclass(frozen=True)
+class SavedRun:
+    """One checkpoint of a training workdir.
+
+    ``checkpoint``: which one was read (``best``, ``latest`` or ``step N``); ``config``: the
+    run's full config as saved (with the data overrides of ``load_run`` applied); ``model``: the
+    ``ModelConfig`` the parameters belong to (``impl`` overridden if asked); ``meta``: the
+    checkpoint's meta JSON (see ``rhhjax.train.checkpoint``).
+    """
+
+    workdir: Path
+    checkpoint: str
+    step: int
+    epoch: float
+    params: Any
+    model: models.ModelConfig
+    vocab: data_lib.Vocab
+    config: ml_collections.ConfigDict
+    meta: dict
+
+    def corpus(self) -> data_lib.Corpus:
+        """The data the run's config describes (cached per data section); raises
+        CheckpointError when its vocabulary is not the checkpoint's."""
+        corpus = cached_corpus(self.config.data.to_dict())
+        if corpus.vocab.to_dict() != self.meta["vocab"]:
+            raise ckpt_lib.CheckpointError(
+                f"the data's vocabulary ({corpus.vocab.size} symbols) differs from the "
+                f"checkpoint's ({self.vocab.size} symbols) in {self.workdir}: the run's data "
+                f"section no longer describes its training data (--data_dir / --text_files "
+                f"point at moved data)"
+            )
+        return corpus
+
+
+def check_workdir(workdir: str | os.PathLike) -> Path:
+    """``workdir`` as a Path; CheckpointError unless it is an existing folder."""
+    path = Path(workdir)
+    if path.is_file():
+        raise ckpt_lib.CheckpointError(f"{path} is a file, not a training workdir")
+    if not path.is_dir():
+        raise ckpt_lib.CheckpointError(f"workdir {path} does not exist")
+    return path
+
+
+def saved_steps(workdir: Path) -> list[int]:
+    """The steps of every finished checkpoint (latest and best), from the folder names."""
+    steps = set()
+    for sub in (ckpt_lib.LATEST_DIR, ckpt_lib.BEST_DIR):
+        folder = workdir / sub
+        if folder.is_dir():
+            steps.update(int(p.name) for p in folder.iterdir() if p.name.isdigit())
+    return sorted(steps)
+
+
+def load_run(
+    workdir: str | os.PathLike,
+    which: str | int = "best",
+    *,
+    impl: str = "",
+    data_dir: str = "",
+    text_files: str = "",
+) -> SavedRun:
+    """The ``which`` checkpoint of ``workdir``: ``best`` (the latest one when no best exists
+    yet), ``latest`` or a step number.
+
+    ``impl``: run the model with this ``model.impl`` instead of the trained one; ``data_dir``
+    (PTB) / ``text_files`` (format=text): the run's data has moved there (checked against the
+    kind of data the run read). Raises CheckpointError / DataError (one line).
+    """
+    path = check_workdir(workdir)
+    if isinstance(which, int):
+        params, meta = _restore_step(path, which)
+        used = f"step {which}"
+    elif which in CHECKPOINT_NAMES:
+        params, meta, used = ckpt_lib.load_for_inference(path, which)
+    else:
+        raise ckpt_lib.CheckpointError(
+            f"checkpoint must be best, latest or a step number, got {which!r}"
+        )
+    config = ml_collections.ConfigDict(meta["config"])
+    _move_data(config, data_dir, text_files)
+    fields = dict(meta["model"])
+    if impl:
+        fields["impl"] = impl
+    return SavedRun(
+        workdir=path,
+        checkpoint=used,
+        step=int(meta["step"]),
+        epoch=float(meta.get("epoch", float("nan"))),
+        params=params,
+        model=models.ModelConfig.from_config(fields),
+        vocab=data_lib.Vocab.from_dict(meta["vocab"]),
+        config=config,
+        meta=meta,
+    )
+
+
+def _move_data(config: ml_collections.ConfigDict, data_dir: str, text_files: str) -> None:
+    """Point the config's data section at moved data (``--data_dir`` / ``--text_files``)."""
+    is_text = config.data.get("format") == "text"
+    if data_dir:
+        if is_text:
+            raise data_lib.DataError(
+                "--data_dir is for PTB runs; this run read text files: use --text_files"
+            )
+        config.data.dir = data_dir
+    if text_files:
+        if not is_text:
+            raise data_lib.DataError(
+                "--text_files is for format=text runs; this run read PTB: use --data_dir"
+            )
+        config.data.text_files = text_files
+
+
+def _restore_step(workdir: Path, step: int) -> tuple[Any, dict]:
+    """(params, meta) of the checkpoint of ``step`` (latest or best, whichever holds it)."""
+    available = saved_steps(workdir)
+    if step not in available:  # said before orbax opens anything
+        raise ckpt_lib.CheckpointError(
+            f"no checkpoint of step {step} in {workdir} (saved steps: {available})"
+        )
+    with ckpt_lib.Checkpoints(workdir, read_only=True) as ckpts:
+        which = "latest" if step in ckpts.steps("latest") else "best"
+        params, meta = ckpts.restore_params(which, step)
+    if meta.get("version") != ckpt_lib.META_VERSION:
+        raise ckpt_lib.CheckpointError(
+            f"unsupported checkpoint meta version {meta.get('version')!r}"
+        )
+    return params, meta
+
+
+def cached_corpus(data: Mapping[str, Any]) -> data_lib.Corpus:
+    """``data_lib.load_corpus(data)``, read once per process for equal data sections (the
+    analysis loads several subjects of one corpus)."""
+    return _load_corpus(json.dumps(dict(data), sort_keys=True))
+
+
+@functools.lru_cache(maxsize=8)
+def _load_corpus(data_json: str) -> data_lib.Corpus:
+    return data_lib.load_corpus(json.loads(data_json))

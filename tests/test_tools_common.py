@@ -1,0 +1,196 @@
+"""rhhjax.tools.common: the help's default config, field hints and the JAX_PLATFORMS check,
+in-process; and the one-line outputs of the programs as a user runs them (subprocesses: a
+GPU platform asked of a CPU-only install, analyze's shared flag handling)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from helpers import PTB_CONFIG, ROOT
+from test_analysis_subjects import make_workdir
+
+from rhhjax import configs
+from rhhjax.errors import UserError
+from rhhjax.tools import common as cli
+
+HAS_CUDA_PLUGIN = any("cuda" in name for name in cli.jax_plugins())
+
+
+def run(args: list[str], **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, *args],
+        env={**os.environ, **env},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+# ----------------------------------------------------------------------------- help
+
+
+def test_help_without_config_lists_the_installed_default_config():
+    text = cli.help_text("Doc.", ["prog"])
+    assert "cannot list" not in text
+    assert "Variants of configs/ptb.py: configs/ptb.py, configs/ptb.py:rhn" in text
+    assert "Config fields of configs/ptb.py " in text
+    default = configs.load("ptb")
+    assert f"  model.depth = {default.model.depth!r}" in text
+    assert f"  train.learning_rate = {default.train.learning_rate!r}" in text
+
+
+def test_help_of_a_given_config_file_lists_its_variant():
+    text = cli.help_text("Doc.", ["prog", f"--config={PTB_CONFIG}:cpu"])
+    assert f"  model.depth = {configs.load('ptb:cpu').model.depth!r}" in text
+    missing = cli.help_text("Doc.", ["prog", "--config=nowhere/x.py"])
+    assert "(cannot list the config fields: config file nowhere/x.py not found)" in missing
+
+
+def _installed_copy(site: Path) -> None:
+    """The package as a non-editable install lays it out (pyproject's packages and
+    package-dir: configs/ becomes rhhjax/configs/), under ``site``."""
+    tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
+    setup = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    for package in setup["packages"]:
+        source = ROOT / setup.get("package-dir", {}).get(package, package.replace(".", "/"))
+        target = site / package.replace(".", "/")
+        target.mkdir(parents=True)
+        for file in source.glob("*.py"):
+            shutil.copy(file, target / file.name)
+
+
+def test_help_lists_the_default_config_of_a_non_editable_install(tmp_path):
+    _installed_copy(tmp_path / "site")
+    code = "import rhhjax, sys; from rhhjax.tools import common; print(rhhjax.__file__); "
+    code += "sys.stdout.write(common.help_text('Doc.', ['prog']))"
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, "PYTHONPATH": str(tmp_path / "site")},
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    assert out.startswith(str(tmp_path / "site" / "rhhjax" / "__init__.py"))  # not the checkout
+    assert "Config fields of configs/ptb.py " in out and "  model.depth = " in out
+
+
+# ----------------------------------------------------------------------------- field hints
+
+
+def test_did_you_mean_names_the_closest_field_at_the_first_unknown_part():
+    config = configs.load("ptb")
+    assert cli.did_you_mean(config, "model.dept") == " (did you mean model.depth?)"
+    assert cli.did_you_mean(config, "modle.depth") == " (did you mean model?)"
+    assert cli.did_you_mean(config, "model.depth") == ""
+    assert cli.did_you_mean(config, "model.zzzzzz") == ""
+    with pytest.raises(cli.ConfigArgumentError, match=r"model.dept \(did you mean model.depth"):
+        cli.check_override(config, "model.dept")
+    with pytest.raises(cli.ConfigArgumentError, match="is a value, not a section"):
+        cli.check_override(config, "model.depth.x")
+
+
+# ----------------------------------------------------------------------------- JAX_PLATFORMS
+
+
+@pytest.mark.parametrize("value", ["cuda", "gpu", "CUDA", "cuda,rocm"])
+def test_gpu_platform_without_its_plugin_is_one_line_naming_the_install(value):
+    with pytest.raises(UserError) as info:
+        cli.check_platforms(value, plugins=set())
+    message = str(info.value)
+    assert "\n" not in message
+    assert f"JAX_PLATFORMS={value} " in message and "no " in message
+    assert 'pip install -e ".[cuda12]"' in message and "unset JAX_PLATFORMS" in message
+
+
+@pytest.mark.parametrize(
+    "value, plugins",
+    [
+        ("", set()),
+        ("cpu", set()),
+        ("cuda,cpu", set()),  # JAX falls back to the CPU
+        ("cuda", {"jax_plugins.xla_cuda12"}),
+        ("gpu", {"jax_cuda13_plugin"}),
+        ("rocm", {"jax_plugins.xla_rocm7"}),
+        ("metal", set()),  # a platform the check does not know: JAX decides
+    ],
+)
+def test_platforms_that_can_start_pass_the_check(value, plugins):
+    cli.check_platforms(value, plugins=plugins)
+
+
+def test_tpu_without_libtpu_names_its_install(monkeypatch):
+    monkeypatch.setattr(cli.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(UserError, match=r'pip install "jax\[tpu\]"'):
+        cli.check_platforms("tpu", plugins=set())
+
+
+def test_backend_that_fails_to_start_is_one_line(monkeypatch):
+    # JAX's failure when the plugin is installed but cannot start (no GPU visible): an
+    # AssertionError raised in jax/_src/xla_bridge.py.
+    code = compile("def backends():\n    assert None is not None\n", "xla_bridge.py", "exec")
+    namespace: dict = {}
+    exec(code, namespace)
+    try:
+        namespace["backends"]()
+    except AssertionError as e:
+        error = e
+    monkeypatch.setenv("JAX_PLATFORMS", "cuda")
+    line = cli.backend_failure(error)
+    assert line.startswith("JAX_PLATFORMS=cuda: JAX could not start that backend") and (
+        "\n" not in line
+    )
+    assert cli.backend_failure(AssertionError("a bug elsewhere")) is None
+    monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+    assert cli.backend_failure(error) is None
+
+
+@pytest.mark.skipif(HAS_CUDA_PLUGIN, reason="JAX's CUDA plugin is installed here")
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["train.py", f"--config={PTB_CONFIG}:tiny", "--workdir=/nonexistent/w"],
+        ["-m", "rhhjax.tools.evaluate", "--workdir=/nonexistent/w"],
+    ],
+    ids=["train", "evaluate"],
+)
+def test_cuda_platform_on_a_cpu_only_install_is_one_line(args):
+    proc = run(args, JAX_PLATFORMS="cuda")
+    assert proc.returncode == 1
+    assert proc.stderr.splitlines() == [
+        "error: JAX_PLATFORMS=cuda but this JAX has no cuda backend installed (CPU only): "
+        'install the CUDA one with pip install -e ".[cuda12]" (NVIDIA GPUs), or unset '
+        "JAX_PLATFORMS to run on the CPU"
+    ]
+
+
+# ----------------------------------------------------------------------------- analyze
+
+
+def test_analyze_help_exits_0_and_lists_its_flags():
+    proc = run(["-m", "rhhjax.tools.analyze", "--help"])
+    assert proc.returncode == 0, proc.stderr
+    assert "--workdir" in proc.stdout and "--lesion_chars" in proc.stdout
+
+
+def test_analyze_errors_are_one_line(tmp_path):
+    workdir, _ = make_workdir(tmp_path, "rhn")  # a best checkpoint of step 7
+    out = tmp_path / "out"
+    typo = run(["-m", "rhhjax.tools.analyze", f"--wrkdir={workdir}", f"--out={out}"])
+    assert typo.returncode == 1
+    assert typo.stderr.splitlines() == [
+        "error: Unknown command line flag 'wrkdir'. Did you mean: workdir ?"
+    ]
+    step = run(["-m", "rhhjax.tools.analyze", f"--workdir={workdir}@999", f"--out={out}"])
+    assert step.returncode == 1
+    assert step.stderr.splitlines() == [
+        f"error: no checkpoint of step 999 in {workdir} (saved steps: [7])"
+    ]
+    assert step.stdout == "" and not out.exists()

@@ -1,0 +1,105 @@
+"""rhhjax.train.saved_run.load_run: the checkpoint evaluate, sample and the analysis read, and
+its one-line errors (a file or a missing folder as the workdir, an unknown step, moved data)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from helpers import assert_trees_equal
+from test_analysis_subjects import make_workdir
+
+from rhhjax import data as data_lib
+from rhhjax import models
+from rhhjax.errors import UserError
+from rhhjax.tools import evaluate, sample
+from rhhjax.train import checkpoint as ckpt_lib
+from rhhjax.train import saved_run
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """A workdir whose best checkpoint (step 7) holds the init parameters x 1.5."""
+    return make_workdir(tmp_path_factory.mktemp("saved"), "hyperrhn")
+
+
+def test_best_and_step_load_the_saved_parameters_model_and_vocabulary(saved):
+    workdir, cfg = saved
+    with ckpt_lib.Checkpoints(workdir, read_only=True) as ckpts:
+        params, meta = ckpts.restore_params("best")
+    for which, used in [("best", "best"), (7, "step 7")]:
+        run = saved_run.load_run(workdir, which)
+        assert (run.checkpoint, run.step, run.epoch, run.workdir) == (used, 7, 0.25, workdir)
+        assert_trees_equal(run.params, params)
+        assert run.model == models.ModelConfig.from_config(meta["model"])
+        assert run.vocab.to_dict() == meta["vocab"]
+        assert run.config.to_dict() == meta["config"] and run.meta == meta
+    # no latest checkpoint in this workdir: "latest" says so
+    with pytest.raises(ckpt_lib.CheckpointError, match="no latest checkpoint"):
+        saved_run.load_run(workdir, "latest")
+
+
+def test_impl_override_changes_only_the_implementation(saved):
+    workdir, _ = saved
+    run = saved_run.load_run(workdir, impl="fused")
+    trained = saved_run.load_run(workdir)
+    assert run.model == dataclasses.replace(trained.model, impl="fused")
+
+
+def test_corpus_is_the_runs_data_and_moved_data_is_checked(saved, tmp_path):
+    workdir, cfg = saved
+    run = saved_run.load_run(workdir)
+    assert run.corpus().vocab.to_dict() == run.meta["vocab"]
+    moved = tmp_path / "moved.txt"
+    moved.write_bytes(open(cfg.data.text_files, "rb").read())
+    again = saved_run.load_run(workdir, text_files=str(moved))
+    assert again.config.data.text_files == str(moved)
+    assert (again.corpus().split("valid") == run.corpus().split("valid")).all()
+    other = tmp_path / "other.txt"
+    other.write_text("xyz " * 2000)
+    with pytest.raises(ckpt_lib.CheckpointError, match=r"vocabulary \(4 symbols\) differs"):
+        saved_run.load_run(workdir, text_files=str(other)).corpus()
+    with pytest.raises(data_lib.DataError, match="--data_dir is for PTB runs"):
+        saved_run.load_run(workdir, data_dir=str(tmp_path))
+
+
+def test_bad_workdirs_and_steps_are_one_line(saved, tmp_path):
+    workdir, _ = saved
+    a_file = tmp_path / "a_file"
+    a_file.write_text("x")
+    cases = [
+        (a_file, "best", f"{a_file} is a file, not a training workdir"),
+        (tmp_path / "missing", "best", f"workdir {tmp_path / 'missing'} does not exist"),
+        (workdir, 8, f"no checkpoint of step 8 in {workdir} (saved steps: [7])"),
+        (workdir, "newest", "checkpoint must be best, latest or a step number, got 'newest'"),
+    ]
+    for path, which, message in cases:
+        with pytest.raises(ckpt_lib.CheckpointError) as info:
+            saved_run.load_run(path, which)
+        assert str(info.value) == message
+
+
+def test_programs_say_a_file_is_not_a_workdir(tmp_path):
+    a_file = tmp_path / "a_file"
+    a_file.write_text("x")
+    for call in (
+        lambda: evaluate.run(str(a_file), log=lambda m: None),
+        lambda: sample.run(str(a_file), "a", 3, 0.8),
+    ):
+        with pytest.raises(ckpt_lib.CheckpointError, match="is a file, not a training workdir"):
+            call()
+
+
+def test_evaluate_refuses_a_negative_batch_size_before_loading(saved):
+    workdir, _ = saved
+    with pytest.raises(UserError, match=r"--batch_size must be >= 1 .* got -3"):
+        evaluate.run(str(workdir), batch_size=-3, log=lambda m: None)
+
+
+def test_evaluate_and_sample_read_the_same_checkpoint(saved):
+    workdir, _ = saved
+    out = evaluate.run(str(workdir), protocol="windows", batch_size=4, log=lambda m: None)
+    assert (out["step"], out["checkpoint"]) == (7, "best")
+    assert set(out["results"]["valid"]) == {"windows"}
+    text = sample.run(str(workdir), "the ", 5, 0.0)
+    assert text.startswith("the ") and len(text) == 9
