@@ -145,11 +145,10 @@ def highway_forward(
     names = _output_names(save, z is not None)
     n_in, n_out = len(given), len(names)
 
-    def kernel(*refs):
+    def kernel(*refs, epi, pre, bar):
         s_mm_g, w_g = refs[:2]
         in_refs = dict(zip(given, refs[2 : 2 + n_in], strict=True))
-        out_refs = refs[2 + n_in : 2 + n_in + n_out]
-        epi, pre, bar = refs[2 + n_in + n_out :]
+        out_refs = refs[2 + n_in :]
         m, g = pl.program_id(0), pl.program_id(1)
         rows, units = pl.ds(m * tm, tm), pl.ds(g * u, u)
 
