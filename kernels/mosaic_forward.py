@@ -161,8 +161,7 @@ def highway_forward(
             pre[...] = acc[...]
 
         # Epilogue operands by TMA while the K loop runs.
-        source = {"s": "s", "b_h": "bias", "b_t": "bias", "z": "z", "x_h": "xproj",
-                  "x_t": "xproj", "mask": "mask"}  # fmt: skip
+        source = dict(s="s", b_h="bias", b_t="bias", z="z", x_h="xproj", x_t="xproj", mask="mask")
         for slot, (name, _, half) in enumerate(extras):
             ref = in_refs[source[name]]
             src = ref.at[rows, units] if half is None else ref.at[rows, half, units]

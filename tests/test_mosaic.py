@@ -52,19 +52,32 @@ def test_mosaic_is_registered_but_not_ranked_for_auto():
     for ranking, _ in spec._MEASURED.values():
         assert "mosaic" not in ranking  # not measured yet
     for platform in ("gpu", "cpu"):
-        assert spec.resolve("auto", spec.ModelFacts("hyperrhn"), dtype="bfloat16",
-                            platform=platform).impl != "mosaic"  # fmt: skip
+        assert (
+            spec.resolve(
+                "auto", spec.ModelFacts("hyperrhn"), dtype="bfloat16", platform=platform
+            ).impl
+            != "mosaic"
+        )
 
 
 @pytest.mark.parametrize(
     ("pallas_mode", "platform", "message"),
-    [("auto", "cpu", r"\(cpu\)"), ("interpret", "gpu", "pallas_mode='interpret'"),
-     ("interpret", "cpu", "pallas_mode='interpret'"), ("auto", "tpu", r"\(tpu\)")],
-)  # fmt: skip
+    [
+        ("auto", "cpu", r"\(cpu\)"),
+        ("interpret", "gpu", "pallas_mode='interpret'"),
+        ("interpret", "cpu", "pallas_mode='interpret'"),
+        ("auto", "tpu", r"\(tpu\)"),
+    ],
+)
 def test_off_a_gpu_mosaic_is_refused_in_one_line(pallas_mode, platform, message):
     with pytest.raises(spec.UnsupportedImpl, match=message) as error:
-        spec.resolve("mosaic", spec.ModelFacts("hyperrhn"), dtype="float32",
-                     pallas_mode=pallas_mode, platform=platform)  # fmt: skip
+        spec.resolve(
+            "mosaic",
+            spec.ModelFacts("hyperrhn"),
+            dtype="float32",
+            pallas_mode=pallas_mode,
+            platform=platform,
+        )
     assert "\n" not in str(error.value)
     assert "Hopper GPU only" in str(error.value) and "pallas_mode='compiled'" in str(error.value)
 
@@ -76,21 +89,29 @@ def test_build_model_off_a_gpu_refuses_before_tracing():
         models.build_model(config, platform="cpu")
 
 
-@pytest.mark.parametrize(("pallas_mode", "platform"), [("compiled", "cpu"), ("auto", "gpu"),
-                                                       ("compiled", "gpu")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("pallas_mode", "platform"), [("compiled", "cpu"), ("auto", "gpu"), ("compiled", "gpu")]
+)
 def test_on_a_gpu_or_lowering_for_one_mosaic_compiles_its_kernel(pallas_mode, platform):
-    resolved = spec.resolve("mosaic", spec.ModelFacts("hyperrhn", dropout="gate"),
-                            dtype="bfloat16", pallas_mode=pallas_mode, platform=platform)  # fmt: skip
+    resolved = spec.resolve(
+        "mosaic",
+        spec.ModelFacts("hyperrhn", dropout="gate"),
+        dtype="bfloat16",
+        pallas_mode=pallas_mode,
+        platform=platform,
+    )
     assert resolved.impl == "mosaic" and not resolved.interpret
 
 
 @pytest.mark.parametrize(
     ("facts", "message"),
-    [(spec.ModelFacts("hyperrhn", dropout="variational"), "variational"),
-     (spec.ModelFacts("hyperrhn", hyper_rank=4), "hyper_rank=4"),
-     (spec.ModelFacts("lstm"), "only for RHN"),
-     (spec.ModelFacts("hyperrhn", hyper_input="x_and_state"), "hyper_input='x'")],
-)  # fmt: skip
+    [
+        (spec.ModelFacts("hyperrhn", dropout="variational"), "variational"),
+        (spec.ModelFacts("hyperrhn", hyper_rank=4), "hyper_rank=4"),
+        (spec.ModelFacts("lstm"), "only for RHN"),
+        (spec.ModelFacts("hyperrhn", hyper_input="x_and_state"), "hyper_input='x'"),
+    ],
+)
 def test_what_the_kernel_cannot_run_is_refused_in_one_line_on_any_platform(facts, message):
     with pytest.raises(spec.UnsupportedImpl, match=message) as error:
         spec.check("mosaic", facts)
@@ -125,8 +146,18 @@ CASES = {
 
 def _configs(case):
     kind, dtype, hidden, hyper, depth, dropout, _, _, first = CASES[case]
-    base = dict(type=kind, vocab_size=11, embed_dim=5, hidden=hidden, hyper_hidden=hyper,
-                depth=depth, dropout=dropout, keep=0.7, dtype=dtype, original_first_step=first)  # fmt: skip
+    base = dict(
+        type=kind,
+        vocab_size=11,
+        embed_dim=5,
+        hidden=hidden,
+        hyper_hidden=hyper,
+        depth=depth,
+        dropout=dropout,
+        keep=0.7,
+        dtype=dtype,
+        original_first_step=first,
+    )
     return models.ModelConfig(**base, impl="mosaic"), models.ModelConfig(**base, impl="scan")
 
 
@@ -167,8 +198,9 @@ class MosaicModelTests:
         leaves = jax.tree_util.tree_leaves_with_path(actual)
         for (path, a), e in zip(leaves, jax.tree.leaves(expected), strict=True):
             scale = float(jnp.max(jnp.abs(e))) or 1.0
-            np.testing.assert_allclose(a, e, rtol=tol, atol=tol * scale,
-                                       err_msg=jax.tree_util.keystr(path))  # fmt: skip
+            np.testing.assert_allclose(
+                a, e, rtol=tol, atol=tol * scale, err_msg=jax.tree_util.keystr(path)
+            )
 
 
 class TestMosaicReference(MosaicModelTests):
@@ -212,6 +244,7 @@ def test_paper_hyperrhn_training_step_lowers_and_compiles_for_an_h100_without_a_
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
     assert run.returncode == 0, run.stderr[-3000:]
     rows = json.loads(run.stdout.strip().splitlines()[-1])
-    expected = dict(impl="mosaic", mode="compiled", batch=256, seq_len=100, hidden=1000,
-                    depth=7, mosaic=True)  # fmt: skip
+    expected = dict(
+        impl="mosaic", mode="compiled", batch=256, seq_len=100, hidden=1000, depth=7, mosaic=True
+    )
     assert rows == [dict(dtype=d, **expected) for d in dtypes]

@@ -169,7 +169,9 @@ def _full_case(seed, batch, width, k_pad, units, dtype, keep=0.7):
     return (*ops, xproj, mask), (w, s, z, b, xproj, mask)
 
 
-@pytest.mark.parametrize(("dtype", "z_on"), [("float32", True), ("bfloat16", True), ("float32", False)])
+@pytest.mark.parametrize(
+    ("dtype", "z_on"), [("float32", True), ("bfloat16", True), ("float32", False)]
+)
 def test_reference_with_input_projection_and_dropout_saves_the_fused_rows(dtype, z_on):
     """With xproj and a gate-dropout mask, the reference's (s_new, h, t[, full]) are the
     highway micro-layer of layer 0 and the rows `rhhjax.ops.fused` saves for its backward."""
