@@ -69,7 +69,7 @@ class MosaicForwardConfig:
             raise ValueError(f"k_pad {k_pad} is not a multiple of tile_k {self.tile_k}.")
 
 
-def _transforms(cols: int, dtype) -> tuple:
+def wgmma_transforms(cols: int, dtype) -> tuple:
     """wgmma shared-memory layout of a tile whose minor dim has ``cols`` elements."""
     swizzle = plgpu.find_swizzle(cols * jnp.dtype(dtype).itemsize * 8)
     elems = swizzle // jnp.dtype(dtype).itemsize
@@ -186,14 +186,13 @@ def highway_forward(
 
     def _pipeline(k_step, m, g):
         """The K loop: state tile [tile_m, tile_k] and weight tile [2u, tile_k] per step."""
+        layout = wgmma_transforms(tk, mm_dtype)
         return plgpu.emit_pipeline(
             k_step,
             grid=(k_pad // tk,),
             in_specs=[
-                plgpu.BlockSpec((tm, tk), lambda k: (m, k), transforms=_transforms(tk, mm_dtype)),
-                plgpu.BlockSpec(
-                    (2 * u, tk), lambda k: (g, k), transforms=_transforms(tk, mm_dtype)
-                ),
+                plgpu.BlockSpec((tm, tk), lambda k: (m, k), transforms=layout),
+                plgpu.BlockSpec((2 * u, tk), lambda k: (g, k), transforms=layout),
             ],
             max_concurrent_steps=config.stages,
         )
