@@ -168,6 +168,7 @@ def highway_backward(
         ),
         grid=(b_pad // tm, n_pad // u),
         grid_names=("m", "g"),
+        kernel_name="mosaic_highway_backward",
     )(d_above, w_above, *(inputs[name] for name in given))
 
 

@@ -211,6 +211,7 @@ def highway_forward(
         ),
         grid=(b_pad // tm, n_pad // u),
         grid_names=("m", "g"),
+        kernel_name="mosaic_highway_forward",
     )(s_mm, w_blk, *(inputs[name] for name in given))
     return outs[0] if n_out == 1 else tuple(outs)
 
