@@ -202,6 +202,20 @@ class MosaicModelTests:
                 a, e, rtol=tol, atol=tol * scale, err_msg=jax.tree_util.keystr(path)
             )
 
+    def test_evaluation_logits_match_scan(self):
+        """Without differentiation (no saved rows: the forward kernel's save=False variant)."""
+        config, scan_config = _configs("hyperrhn-f32-dropout-odd")
+        scan = models.build_model(scan_config)
+        params = models.init_params(scan, jax.random.key(5))
+        tokens = jnp.asarray(np.random.default_rng(5).integers(0, 11, (5, 6)))
+
+        def logits(model):
+            return jax.jit(lambda p: model.apply({"params": p}, tokens, train=False)[0])(params)
+
+        expected = logits(scan)
+        tol = self.TOLERANCE["float32"]
+        np.testing.assert_allclose(logits(self.model(config)), expected, rtol=tol, atol=tol)
+
 
 class TestMosaicReference(MosaicModelTests):
     INTERPRET = True
