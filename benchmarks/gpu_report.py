@@ -60,6 +60,7 @@ from rhhjax.errors import UserError
 from rhhjax.tools import hlo_calibrate, hlo_cost
 from rhhjax.tools.hlo_compile import (
     DTYPES,
+    IMPL_CHOICES,
     IMPLS,
     MODELS,
     Case,
@@ -268,7 +269,7 @@ def _parse_list(value: str, allowed: tuple, name: str) -> list[str]:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", default="", help="write the rows as JSON to this file")
-    p.add_argument("--impls", default=",".join(IMPLS))
+    p.add_argument("--impls", default=",".join(IMPLS), help=f"of {','.join(IMPL_CHOICES)}")
     p.add_argument("--dtypes", default=",".join(DTYPES))
     p.add_argument("--models", default=",".join(MODELS))
     p.add_argument("--ranks", default="0,4", help="hyper ranks of the hyperrhn rows")
@@ -334,7 +335,7 @@ def _override_value(text: str):
 def resolve(args: argparse.Namespace) -> tuple[list[Case], Options]:
     """Validated cases and options; raises ReportError (one line) before any compile."""
     models = _parse_list(args.models, MODELS, "models")
-    impls = _parse_list(args.impls, IMPLS, "impls")
+    impls = _parse_list(args.impls, IMPL_CHOICES, "impls")
     dtypes = _parse_list(args.dtypes, DTYPES, "dtypes")
     try:
         ranks = [int(r) for r in args.ranks.split(",") if r.strip()]

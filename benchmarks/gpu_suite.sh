@@ -51,7 +51,8 @@ print('backend', jax.default_backend(), jax.devices())" || status=1
 
 TESTS="tests/test_kernels_config.py tests/test_kernels_padded.py
   tests/test_kernels_stacked.py tests/test_recurrence.py tests/test_lowrank.py
-  tests/test_models_cores.py tests/test_train_step.py"
+  tests/test_models_cores.py tests/test_train_step.py
+  tests/test_mosaic.py tests/test_mosaic_forward.py tests/test_mosaic_backward.py"
 if [ "$MODE" = tests ] || [ "$MODE" = all ]; then
   # On a GPU, `pallas` resolves to compiled Triton kernels and the GPU-only tests run.
   # shellcheck disable=SC2086

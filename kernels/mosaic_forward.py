@@ -1,29 +1,37 @@
 """One highway micro-layer forward as a Mosaic GPU Pallas kernel (Hopper: wgmma, TMA).
 
 A first step towards the persistent kernel of issue 20 (`kernels/persistent_plan.py`): the
-same column ownership as one of its phases, as a standalone launch. Program ``(m, g)`` owns
-rows ``m * tile_m ..`` and units ``g * u ..`` (both the h- and the t-columns of its units)::
+same column ownership as one of its phases, as a standalone launch, and the forward of
+`impl="mosaic"` (`rhhjax.ops.mosaic`). Program ``(m, g)`` owns rows ``m * tile_m ..`` and
+units ``g * u ..`` (both the h- and the t-columns of its units)::
 
     acc          = s[rows, :] @ W_blocks[:, g]   [tile_m, 2u]: the h- then the t-columns of
                    its units (one wgmma N of 2u; K in ``tile_k`` chunks through a TMA
                    pipeline, chunk 0 first, f32 accumulation)
-    a_h, a_t     = acc[:, :u] * z + b_h, acc[:, u:] * z + b_t
-    s_new        = tanh(a_h) * sigmoid(a_t) + s * (1 - sigmoid(a_t))
+    full         = acc [+ xproj]                  (the input projection x U, layer 0 only)
+    a            = full [* z] + bias              (z: the hyper scales, both halves)
+    h, t         = tanh(a_h), sigmoid(a_t)
+    s_new        = h * (t [* mask]) + s * (1 - t) (mask: inverted gate dropout, 0 or 1/keep)
 
-No input projection, no dropout (a middle micro-layer in evaluation). Operands, padded
-(``n_pad`` a multiple of ``u``, ``k_pad`` of ``tile_k``, ``b_pad`` of ``tile_m``):
+Operands, padded (``n_pad`` a multiple of ``u``, ``k_pad`` of ``tile_k``, ``b_pad`` of
+``tile_m``); the optional ones are None when absent:
 
-    s_mm  [b_pad, k_pad]  bf16   the state as the matmul input
-    w_blk [2 * n_pad, k_pad] bf16  W^T in block-major order: rows g * 2u .. hold the
+    s_mm  [b_pad, k_pad]  matmul dtype  the state as the matmul input
+    w_blk [2 * n_pad, k_pad] matmul dtype  W^T in block-major order: rows g * 2u .. hold the
                                  h-columns then the t-columns of W for units g * u ..
                                  (K minor, so that its tiles swizzle like the state's)
-    z     [b_pad, n_pad]  f32    hyper scales
     s     [b_pad, n_pad]  f32    the carried state
     bias  [b_pad, 2, n_pad] f32  b broadcast over rows (the epilogue reads tiles only)
-    ->    [b_pad, n_pad]  f32    the new state
+    z     [b_pad, n_pad]  f32    hyper scales | None
+    xproj [b_pad, 2, n_pad] f32  x U (no bias, unscaled) | None
+    mask  [b_pad, n_pad]  f32    gate-dropout mask (0 or 1/keep) | None
 
-`highway_forward_reference` is the same math in plain JAX. The kernel needs an H100 to run;
-it lowers for one on a CPU host with the CUDA plugin (tests/test_mosaic_forward.py).
+Returns the new state [b_pad, n_pad] f32; with ``save`` the tuple (s_new, h, t) and, with
+z, ``full`` [b_pad, 2, n_pad] too: the rows the backward of `rhhjax.ops.fused` reads.
+
+`highway_forward_reference` is the same math in plain JAX (same outputs). The kernel needs an
+H100 to run; it lowers and compiles for one on a CPU host with the CUDA plugin
+(tests/test_mosaic_forward.py).
 """
 
 from __future__ import annotations
@@ -36,6 +44,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 F32 = jnp.float32
+Array = jax.Array
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,14 +69,58 @@ class MosaicForwardConfig:
             raise ValueError(f"k_pad {k_pad} is not a multiple of tile_k {self.tile_k}.")
 
 
-def _transforms(cols: int, dtype) -> tuple:
+def wgmma_transforms(cols: int, dtype) -> tuple:
     """wgmma shared-memory layout of a tile whose minor dim has ``cols`` elements."""
     swizzle = plgpu.find_swizzle(cols * jnp.dtype(dtype).itemsize * 8)
     elems = swizzle // jnp.dtype(dtype).itemsize
     return (plgpu.TilingTransform((8, elems)), plgpu.SwizzleTransform(swizzle))
 
 
-def highway_forward(s_mm, w_blk, z, s, bias, config: MosaicForwardConfig | None = None):
+def _epilogue(pre_h, pre_t, ins: dict) -> dict:
+    """The gate math on one tile: pre_h, pre_t [tm, u] (the h- and t-columns) and the input tiles
+    ``ins`` ([tm, u] each: s, b_h, b_t and optional z, x_h, x_t, mask) -> the output tiles
+    (s_new, h, t, full_h, full_t). Shared by the kernel (on its shared-memory tiles) and,
+    through `highway_forward_reference`, by the reference, so both do the same operations."""
+    full_h, full_t = pre_h, pre_t
+    if "x_h" in ins:
+        full_h, full_t = full_h + ins["x_h"], full_t + ins["x_t"]
+    a_h, a_t = full_h, full_t
+    if "z" in ins:
+        a_h, a_t = a_h * ins["z"], a_t * ins["z"]
+    h, t = jnp.tanh(a_h + ins["b_h"]), jax.nn.sigmoid(a_t + ins["b_t"])
+    gate = t if "mask" not in ins else t * ins["mask"]
+    s_new = h * gate + ins["s"] * (1.0 - t)
+    return dict(s_new=s_new, h=h, t=t, full_h=full_h, full_t=full_t)
+
+
+def _output_names(save: bool, has_z: bool) -> tuple[str, ...]:
+    if not save:
+        return ("s_new",)
+    return ("s_new", "h", "t", "full_h", "full_t") if has_z else ("s_new", "h", "t")
+
+
+def _assemble(tiles: dict, names: tuple[str, ...]):
+    """Output tiles -> s_new, or (s_new, h, t[, full [.., 2, ..]])."""
+    if len(names) == 1:
+        return tiles["s_new"]
+    out = (tiles["s_new"], tiles["h"], tiles["t"])
+    if "full_h" in names:
+        out += (jnp.stack([tiles["full_h"], tiles["full_t"]], axis=-2),)
+    return out
+
+
+def highway_forward(
+    s_mm: Array,
+    w_blk: Array,
+    s: Array,
+    bias: Array,
+    z: Array | None = None,
+    xproj: Array | None = None,
+    mask: Array | None = None,
+    *,
+    save: bool = False,
+    config: MosaicForwardConfig | None = None,
+):
     """The micro-layer forward as one Mosaic GPU kernel; shapes in the module docstring.
 
     Runs on a Hopper GPU only. (JAX 0.10.2's private Mosaic GPU interpreter cannot run it on
@@ -79,8 +132,23 @@ def highway_forward(s_mm, w_blk, z, s, bias, config: MosaicForwardConfig | None 
     config.check(b_pad, n_pad, k_pad)
     tm, u, tk = config.tile_m, config.units, config.tile_k
     mm_dtype = s_mm.dtype
+    # Inputs beside the matmul operands: (name, array, half or None).
+    extras = [("s", s, None), ("b_h", bias, 0), ("b_t", bias, 1)]
+    if z is not None:
+        extras.append(("z", z, None))
+    if xproj is not None:
+        extras += [("x_h", xproj, 0), ("x_t", xproj, 1)]
+    if mask is not None:
+        extras.append(("mask", mask, None))
+    inputs = dict(s=s, bias=bias, z=z, xproj=xproj, mask=mask)
+    given = [name for name, array in inputs.items() if array is not None]
+    names = _output_names(save, z is not None)
+    n_in, n_out = len(given), len(names)
 
-    def kernel(s_mm_g, w_g, z_g, s_g, bias_g, out_g, epi, pre, bar):
+    def kernel(*refs, epi, pre, bar):
+        s_mm_g, w_g = refs[:2]
+        in_refs = dict(zip(given, refs[2 : 2 + n_in], strict=True))
+        out_refs = refs[2 + n_in :]
         m, g = pl.program_id(0), pl.program_id(1)
         rows, units = pl.ds(m * tm, tm), pl.ds(g * u, u)
 
@@ -89,71 +157,107 @@ def highway_forward(s_mm, w_blk, z, s, bias, config: MosaicForwardConfig | None 
                 plgpu.wgmma(acc, a_smem, plgpu.transpose_ref(b_smem, (1, 0)))
                 plgpu.wgmma_wait(0)
 
-            pipeline = _pipeline(k_step, m, g)
-            pipeline(s_mm_g, w_g)
+            _pipeline(k_step, m, g)(s_mm_g, w_g)
             pre[...] = acc[...]
 
         # Epilogue operands by TMA while the K loop runs.
-        sources = (z_g.at[rows, units], s_g.at[rows, units])
-        sources += (bias_g.at[rows, 0, units], bias_g.at[rows, 1, units])
-        for slot, src in enumerate(sources):
+        source = dict(s="s", b_h="bias", b_t="bias", z="z", x_h="xproj", x_t="xproj", mask="mask")
+        for slot, (name, _, half) in enumerate(extras):
+            ref = in_refs[source[name]]
+            src = ref.at[rows, units] if half is None else ref.at[rows, half, units]
             plgpu.copy_gmem_to_smem(src, epi.at[slot], bar.at[slot])
         # The accumulator in its own scope (registers), apart from the shared memory.
         pl.run_scoped(step, plgpu.ACC((tm, 2 * u), F32))
-        for slot in range(len(sources)):
+        for slot in range(len(extras)):
             plgpu.barrier_wait(bar.at[slot])
-        a_h = pre[:, pl.ds(0, u)] * epi[0] + epi[2]
-        a_t = pre[:, pl.ds(u, u)] * epi[0] + epi[3]
-        t = jax.nn.sigmoid(a_t)
-        epi[4] = jnp.tanh(a_h) * t + epi[1] * (1.0 - t)
+        ins = {name: epi[slot] for slot, (name, _, _) in enumerate(extras)}
+        tiles = _epilogue(pre[:, pl.ds(0, u)], pre[:, pl.ds(u, u)], ins)
+        base = len(extras)
+        for i, name in enumerate(names):
+            epi[base + i] = tiles[name]
         plgpu.commit_smem()
-        plgpu.copy_smem_to_gmem(epi.at[4], out_g.at[rows, units])
+        for i, name in enumerate(names):
+            if name in ("full_h", "full_t"):
+                dst = out_refs[3].at[rows, 0 if name == "full_h" else 1, units]
+            else:
+                dst = out_refs[i].at[rows, units]
+            plgpu.copy_smem_to_gmem(epi.at[base + i], dst)
         plgpu.wait_smem_to_gmem(0)
 
     def _pipeline(k_step, m, g):
         """The K loop: state tile [tile_m, tile_k] and weight tile [2u, tile_k] per step."""
+        layout = wgmma_transforms(tk, mm_dtype)
         return plgpu.emit_pipeline(
             k_step,
             grid=(k_pad // tk,),
             in_specs=[
-                plgpu.BlockSpec((tm, tk), lambda k: (m, k), transforms=_transforms(tk, mm_dtype)),
-                plgpu.BlockSpec(
-                    (2 * u, tk), lambda k: (g, k), transforms=_transforms(tk, mm_dtype)
-                ),
+                plgpu.BlockSpec((tm, tk), lambda k: (m, k), transforms=layout),
+                plgpu.BlockSpec((2 * u, tk), lambda k: (g, k), transforms=layout),
             ],
             max_concurrent_steps=config.stages,
         )
 
-    return plgpu.kernel(
+    rows_out = jax.ShapeDtypeStruct((b_pad, n_pad), F32)
+    out_type = [rows_out] * min(n_out, 3)
+    if n_out == 5:
+        out_type.append(jax.ShapeDtypeStruct((b_pad, 2, n_pad), F32))
+    outs = plgpu.kernel(
         kernel,
-        out_shape=jax.ShapeDtypeStruct((b_pad, n_pad), F32),
-        scratch_shapes=dict(
-            epi=plgpu.SMEM((5, tm, u), F32),
+        out_type=tuple(out_type),
+        scratch_types=dict(
+            epi=plgpu.SMEM((len(extras) + n_out, tm, u), F32),
             pre=plgpu.SMEM((tm, 2 * u), F32),
-            bar=plgpu.Barrier(num_barriers=4),
+            bar=plgpu.Barrier(num_barriers=len(extras)),
         ),
         grid=(b_pad // tm, n_pad // u),
         grid_names=("m", "g"),
-    )(s_mm, w_blk, z, s, bias)
+        kernel_name="mosaic_highway_forward",
+    )(s_mm, w_blk, *(inputs[name] for name in given))
+    return outs[0] if n_out == 1 else tuple(outs)
 
 
-def highway_forward_reference(s_mm, w_blk, z, s, bias, units: int):
-    """Pure-JAX `highway_forward` for ``units`` per program: f32 accumulation of the matmul
-    dtype's products, the block-major columns put back in (h, t) order."""
+def highway_forward_reference(
+    s_mm: Array,
+    w_blk: Array,
+    s: Array,
+    bias: Array,
+    z: Array | None = None,
+    xproj: Array | None = None,
+    mask: Array | None = None,
+    *,
+    save: bool = False,
+    units: int = 8,
+):
+    """Pure-JAX `highway_forward` for ``units`` per program (same operands and outputs):
+    f32 accumulation of the matmul dtype's products, the block-major columns put back in
+    (h, t) order, then the kernel's own epilogue math on whole arrays."""
     b_pad, n_pad = s.shape
     acc = jnp.matmul(s_mm, w_blk.T, preferred_element_type=F32)
     acc = acc.reshape(b_pad, n_pad // units, 2, units).transpose(0, 2, 1, 3)
-    a = acc.reshape(b_pad, 2, n_pad) * z[:, None] + bias
-    t = jax.nn.sigmoid(a[:, 1])
-    return jnp.tanh(a[:, 0]) * t + s * (1.0 - t)
+    ins = dict(s=s, b_h=bias[:, 0], b_t=bias[:, 1])
+    if z is not None:
+        ins["z"] = z
+    if xproj is not None:
+        ins["x_h"], ins["x_t"] = xproj[:, 0], xproj[:, 1]
+    if mask is not None:
+        ins["mask"] = mask
+    tiles = _epilogue(acc[:, 0].reshape(b_pad, n_pad), acc[:, 1].reshape(b_pad, n_pad), ins)
+    return _assemble(tiles, _output_names(save, z is not None))
 
 
-def operands(w: jax.Array, s: jax.Array, z: jax.Array, b: jax.Array, dtype, units: int, k_pad):
+def block_weight(w: Array, dtype, units: int, k_pad: int) -> Array:
+    """W [n_in, 2 * n] (n a multiple of ``units``, n_in <= k_pad) -> w_blk [2n, k_pad] in
+    ``dtype``: the block-major transposed layout of the module docstring."""
+    n_in, n = w.shape[0], w.shape[1] // 2
+    w3 = jnp.pad(w, [(0, k_pad - n_in), (0, 0)]).reshape(k_pad, 2, n // units, units)
+    return w3.transpose(2, 1, 3, 0).reshape(2 * n, k_pad).astype(dtype)
+
+
+def operands(w: Array, s: Array, z: Array, b: Array, dtype, units: int, k_pad):
     """(W_l [n, 2n], s [B, n], z [B, n], b_l [2n]) with B a multiple of the row tile and n of
-    ``units`` (callers pad) -> the kernel's (s_mm, w_blk, z, s, bias) for ``k_pad >= n``."""
+    ``units`` (callers pad) -> the kernel's (s_mm, w_blk, s, bias, z) for ``k_pad >= n``."""
     batch, n = s.shape
     s_mm = jnp.pad(s, [(0, 0), (0, k_pad - n)]).astype(dtype)
-    w3 = jnp.pad(w, [(0, k_pad - n), (0, 0)]).reshape(k_pad, 2, n // units, units)
-    w_blk = w3.transpose(2, 1, 3, 0).reshape(2 * n, k_pad).astype(dtype)
+    w_blk = block_weight(w, dtype, units, k_pad)
     bias = jnp.broadcast_to(b.reshape(1, 2, n), (batch, 2, n)).astype(F32)
-    return s_mm, w_blk, z.astype(F32), s.astype(F32), bias
+    return s_mm, w_blk, s.astype(F32), bias, z.astype(F32)

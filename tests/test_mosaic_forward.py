@@ -100,8 +100,8 @@ rows = []
 for b_pad, n_pad, k_pad, units, tile_k, stages in {cases!r}:
     config = mf.MosaicForwardConfig(units=units, tile_k=tile_k, stages=stages)
     args = (sds((b_pad, k_pad), jnp.bfloat16), sds((2 * n_pad, k_pad), jnp.bfloat16),
-            sds((b_pad, n_pad), jnp.float32), sds((b_pad, n_pad), jnp.float32),
-            sds((b_pad, 2, n_pad), jnp.float32))
+            sds((b_pad, n_pad), jnp.float32), sds((b_pad, 2, n_pad), jnp.float32),
+            sds((b_pad, n_pad), jnp.float32))
     f = lambda *a: mf.highway_forward(*a, config=config)
     lowered = jax.jit(f).trace(*args).lower(lowering_platforms=("cuda",))
     text = lowered.as_text()
@@ -139,3 +139,57 @@ class TestCompiled:
         actual = jax.jit(lambda *a: mf.highway_forward(*a, config=config))(*ops)
         expected = mf.highway_forward_reference(*ops, units=units)
         np.testing.assert_allclose(actual, expected, rtol=2e-5, atol=2e-5)
+
+    @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+    @pytest.mark.parametrize(("z_on", "x_on", "mask_on"), [(True, True, True), (False, True, False),
+                                                           (True, False, True)])  # fmt: skip
+    def test_every_option_and_saved_row_matches_reference(self, dtype, z_on, x_on, mask_on):
+        """xproj, z, the dropout mask and the saved rows (h, t, full) against the reference.
+        f32 operands run as TF32 in wgmma: the f32 tolerance is TF32's."""
+        ops, _ = _full_case(11, 128, 72, 128, 8, dtype)  # 72 units: 9 column blocks
+        s_mm, w_blk, s, bias, z, xproj, mask = ops
+        args = (s_mm, w_blk, s, bias, z if z_on else None, xproj if x_on else None,
+                mask if mask_on else None)  # fmt: skip
+        actual = jax.jit(lambda *a: mf.highway_forward(*a, save=True))(*args)
+        expected = mf.highway_forward_reference(*args, save=True, units=8)
+        tol = 2e-5 if dtype == "bfloat16" else 3e-3
+        assert len(actual) == len(expected)
+        for a, e in zip(actual, expected, strict=True):
+            np.testing.assert_allclose(a, e, rtol=tol, atol=tol)
+
+
+def _full_case(seed, batch, width, k_pad, units, dtype, keep=0.7):
+    """Kernel operands with every option: (s_mm, w_blk, s, bias, z, xproj, mask) and the
+    unpadded (w, s, z, b, xproj, mask) they come from."""
+    w, s, z, b = _case(seed, batch, width)
+    rng = np.random.default_rng(seed + 1)
+    xproj = jnp.asarray(rng.normal(size=(batch, 2, width)) * 0.5, jnp.float32)
+    mask = jnp.asarray(rng.random((batch, width)) < keep, jnp.float32) / keep
+    ops = mf.operands(w, s, z, b, jnp.dtype(dtype), units, k_pad)
+    return (*ops, xproj, mask), (w, s, z, b, xproj, mask)
+
+
+@pytest.mark.parametrize(
+    ("dtype", "z_on"), [("float32", True), ("bfloat16", True), ("float32", False)]
+)
+def test_reference_with_input_projection_and_dropout_saves_the_fused_rows(dtype, z_on):
+    """With xproj and a gate-dropout mask, the reference's (s_new, h, t[, full]) are the
+    highway micro-layer of layer 0 and the rows `rhhjax.ops.fused` saves for its backward."""
+    units, k_pad = 8, 32
+    ops, (w, s, z, b, xproj, mask) = _full_case(7, 64, 24, k_pad, units, dtype)
+    if not z_on:
+        ops = (*ops[:4], None, *ops[5:])
+    out = mf.highway_forward_reference(*ops, save=True, units=units)
+    assert len(out) == (4 if z_on else 3)
+    full = cells.matmul(s, w, jnp.dtype(dtype)).reshape(64, 2, 24) + xproj
+    a = (full * z[:, None] if z_on else full).reshape(64, 48) + b
+    tol = TOLERANCE[dtype]
+    h, t = jnp.tanh(a[:, :24]), jax.nn.sigmoid(a[:, 24:])
+    np.testing.assert_allclose(out[0], h * (t * mask) + s * (1 - t), rtol=tol, atol=tol)
+    np.testing.assert_allclose(out[1], h, rtol=tol, atol=tol)
+    np.testing.assert_allclose(out[2], t, rtol=tol, atol=tol)
+    if z_on:
+        np.testing.assert_allclose(out[3], full, rtol=tol, atol=tol)
+    # Without save: the new state only, the same.
+    s_new = mf.highway_forward_reference(*ops, save=False, units=units)
+    np.testing.assert_array_equal(s_new, out[0])

@@ -24,8 +24,8 @@ def test_every_registered_implementation_provides_the_interface():
         assert module.NAME == name
         missing = [attr for attr in INTERFACE if not hasattr(module, attr)]
         assert not missing, (name, missing)
-    assert spec.IMPLS == ("scan", "fused", "pallas")
-    assert models.IMPLS == ("auto", "scan", "fused", "pallas")
+    assert spec.IMPLS == ("scan", "fused", "pallas", "mosaic")
+    assert models.IMPLS == ("auto", "scan", "fused", "pallas", "mosaic")
 
 
 @pytest.mark.parametrize(
@@ -69,7 +69,7 @@ def test_explicit_impl_is_kept_or_refused_in_one_line():
     with pytest.raises(spec.UnsupportedImpl, match="variational") as error:
         spec.resolve("pallas", facts, dtype="float32", platform="gpu")
     assert "\n" not in str(error.value)
-    with pytest.raises(spec.UnsupportedImpl, match="not one of auto, scan, fused, pallas"):
+    with pytest.raises(spec.UnsupportedImpl, match="not one of auto, scan, fused, pallas, mosaic"):
         spec.check("cuda", facts)
     with pytest.raises(spec.UnsupportedImpl, match="pallas_mode"):
         spec.resolve("pallas", spec.ModelFacts("rhn"), dtype="float32", pallas_mode="fast")

@@ -2,7 +2,8 @@
 
 A `jax.custom_vjp` around the WHOLE time loop; the loops themselves come from the
 implementation module `spec.impl` names (`rhhjax.ops.spec.IMPLEMENTATIONS`: `fused`, XLA
-matmuls, in `rhhjax.ops.fused`; `pallas`, Pallas kernels, in `rhhjax.ops.pallas`). This
+matmuls, in `rhhjax.ops.fused`; `pallas`, Pallas kernels, in `rhhjax.ops.pallas`; `mosaic`,
+Mosaic GPU kernels, in `rhhjax.ops.mosaic`). This
 module holds what they share: padding once per call, the gate-dropout decisions of every
 step, and, after the reverse loop, the weight gradients (one large matmul per layer:
 deferred weight gradients) and the unpadding. `scan` (the textbook `nn.scan` in

@@ -14,12 +14,15 @@ Implementations (`IMPLS`):
 - `fused` (`rhhjax.ops.fused`): the whole time loop as one `jax.custom_vjp`, each micro-layer
   one XLA matmul plus elementwise work.
 - `pallas` (`rhhjax.ops.pallas`): the same op, each micro-layer one Pallas kernel.
+- `mosaic` (`rhhjax.ops.mosaic`): the same op, each micro-layer forward one Mosaic GPU kernel
+  (the backward `fused`'s); on a GPU only, or lowered for one with pallas_mode "compiled".
+  Not in "auto" until measured.
 - `auto`: the fastest measured correct one for the platform and dtype (`_auto`).
 
 Adding an implementation: one module beside `fused.py` (the interface of `rhhjax.ops.fused`:
 NAME, INTERPRETABLE, KEEP_DTYPE, unsupported, geometry, prepare_weights, saved_rows,
-forward_loop, backward_loop) and one entry in `IMPLEMENTATIONS` (and, once measured, its
-place in the rankings of `_MEASURED`).
+forward_loop, backward_loop; `unavailable` where it cannot run on every platform) and one
+entry in `IMPLEMENTATIONS` (and, once measured, its place in the rankings of `_MEASURED`).
 """
 
 from __future__ import annotations
@@ -32,12 +35,12 @@ import jax.numpy as jnp
 
 from rhhjax.errors import UserError
 from rhhjax.kernels import highway
-from rhhjax.ops import fused, pallas
+from rhhjax.ops import fused, mosaic, pallas
 
 SCAN = "scan"
 AUTO = "auto"
 # The whole-sequence ops, by name: the only table of implementations.
-IMPLEMENTATIONS = {module.NAME: module for module in (fused, pallas)}
+IMPLEMENTATIONS = {module.NAME: module for module in (fused, pallas, mosaic)}
 IMPLS = (SCAN, *IMPLEMENTATIONS)
 CHOICES = (AUTO, *IMPLS)  # what `model.impl` accepts
 PALLAS_MODES = ("auto", "compiled", "interpret")
@@ -109,13 +112,18 @@ def resolve(
 
     `platform` (default `jax.default_backend()`, read only when needed) decides "auto" and
     Pallas' interpret mode: `pallas_mode` "auto" compiles Triton on a GPU and interprets
-    elsewhere; "compiled" (e.g. to trace a GPU step on a CPU host); "interpret".
+    elsewhere; "compiled" (e.g. to trace a GPU step on a CPU host); "interpret". An explicit
+    impl that cannot run on `platform` in `pallas_mode` (`mosaic` off a GPU unless
+    "compiled") is refused here, in one line, before anything is traced.
     """
     check(impl, model)
     if pallas_mode not in PALLAS_MODES:
         raise UnsupportedImpl(
             f"model.pallas_mode={pallas_mode!r} is not one of {', '.join(PALLAS_MODES)}"
         )
+    why_not_here = _unavailable(impl, pallas_mode, platform)
+    if why_not_here is not None:
+        raise UnsupportedImpl(why_not_here)
     dtype = jnp.dtype(dtype)
     reason = "requested"
     if impl == AUTO:
@@ -127,6 +135,13 @@ def resolve(
         or (pallas_mode == "auto" and (platform or jax.default_backend()) != "gpu")
     )
     return SequenceSpec(impl, float(keep), dtype, interpret=interpret, kernel=kernel, reason=reason)
+
+
+def _unavailable(impl: str, pallas_mode: str, platform: str | None) -> str | None:
+    """Why the explicit `impl` cannot run on `platform` in `pallas_mode`, or None (modules
+    without `unavailable` run everywhere; "auto" picks only those)."""
+    check_here = getattr(IMPLEMENTATIONS.get(impl), "unavailable", None)
+    return None if check_here is None else check_here(pallas_mode, platform)
 
 
 # Measured step times (ms, median) that decide "auto", per platform: the ranking of the

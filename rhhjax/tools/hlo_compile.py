@@ -17,7 +17,9 @@ import time
 
 from rhhjax.errors import UserError
 
-IMPLS = ("scan", "fused", "pallas")
+IMPLS = ("scan", "fused", "pallas")  # the default rows
+# Selectable with --impls but not in the default rows (not measured on a GPU yet).
+IMPL_CHOICES = (*IMPLS, "mosaic")
 DTYPES = ("float32", "bfloat16")
 MODELS = ("rhn", "hyperrhn")
 VOCAB = 50  # PTB characters (configs/ptb.py: model.vocab_size, set from the data)

@@ -150,6 +150,7 @@ def _train_and_evaluate(
         json.dumps([corpus.vocab.to_dict(), len(corpus.train), len(corpus.valid)]), "data"
     )
     mc = models.ModelConfig.from_config(cfg.model, vocab_size=corpus.vocab.size)
+    models.sequence_spec(mc)  # Refuses an impl that cannot run here (mosaic off a GPU).
     cfg.model.vocab_size = corpus.vocab.size
     sampler = _make_sampler(cfg, corpus.train)
     valid_tokens = corpus.valid

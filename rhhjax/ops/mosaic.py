@@ -1,0 +1,199 @@
+"""`mosaic`: the RHN recurrence with Mosaic GPU kernels (Hopper: wgmma, TMA pipelines), one
+forward and one backward kernel per micro-layer and step (the interface of
+`rhhjax.ops.fused`; run by `rhhjax.ops.recurrence.highway_sequence`).
+
+Forward (`rhhjax.kernels.mosaic_forward`): the matmul, input projection, hyper scale, bias,
+gates, gate dropout and combine; it saves `fused`'s rows ("h", "t" and, with z, "full").
+Backward (`rhhjax.kernels.mosaic_backward`, issue 20 item 1 option (a)): the state-gradient
+GEMM of the layer above fused with this layer's gate backward, writing d_scaled (the next
+GEMM's operand), the carried state gradient and da; dz, the bias and (in
+`rhhjax.ops.recurrence`) the weight gradients are large XLA reductions and GEMMs after the
+loop; the state gradient of s0 is one XLA matmul.
+
+Where it runs: compiled on a GPU (`unavailable` refuses it elsewhere, in one line, unless
+`model.pallas_mode="compiled"` asks for the lowering only, as the deviceless H100 compile
+report does); there is no interpret mode (JAX 0.10.2's Mosaic GPU interpreter cannot run the
+kernels). `spec.interpret`, which `resolve` never sets for this module, runs the kernels'
+pure-JAX references in their place: the tests' way of checking everything around the kernels
+on a CPU. f32 models run their matmuls as TF32 (wgmma takes f32 operands as TF32).
+
+Not supported (`unsupported`): variational dropout and rank-d HyperRHNs (the kernels scale
+output columns only). Not in `impl="auto"` until measured on a GPU.
+
+Layout: `Geometry` with the batch padded to the kernels' row tile (64) and the units to a
+multiple of 64 (the K tile; the state is the forward's K operand as it is); the forward
+weight L x [2 * Np, Np] in the kernel's block-major order (`mosaic_forward.block_weight`),
+the backward's L x [Np, 2 * Np] (W as it is: its rows are the backward GEMM's N, K minor);
+keep decisions bool (turned into the f32 mask 0 or 1/keep per micro-layer).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import TYPE_CHECKING
+
+import jax
+import jax.numpy as jnp
+
+from rhhjax.kernels import highway
+from rhhjax.kernels import mosaic_backward as mb
+from rhhjax.kernels import mosaic_forward as mf
+from rhhjax.ops import fused, loops
+
+if TYPE_CHECKING:
+    from rhhjax.ops.spec import ModelFacts, SequenceSpec
+
+Array = jax.Array
+
+NAME = "mosaic"
+INTERPRETABLE = False  # No interpret mode: the kernel runs on a Hopper GPU only.
+KEEP_DTYPE = jnp.bool_  # As `fused`, whose backward loop reads them.
+CONFIG = mf.MosaicForwardConfig()  # 64 rows x 8 units per program, K in 64-wide chunks.
+BACKWARD_CONFIG = mb.MosaicBackwardConfig()  # 64 rows x 16 units per program.
+UNIT_MULTIPLE = math.lcm(CONFIG.units, CONFIG.tile_k, BACKWARD_CONFIG.units)
+
+
+def unsupported(model: ModelFacts) -> str | None:
+    """Why `mosaic` cannot run `model`, or None: what no whole-sequence op runs, variational
+    dropout and rank-d HyperRHNs."""
+    reason = fused.whole_sequence_unsupported(NAME, model)
+    if reason is None and model.dropout == "variational":
+        reason = (
+            f"model.impl={NAME!r} supports dropout='gate' or 'none'; use impl='fused' "
+            "for variational dropout"
+        )
+    if reason is None and model.hyper_rank > 0:
+        reason = (
+            f"model.hyper_rank={model.hyper_rank} is not supported by model.impl={NAME!r} "
+            "(its kernel scales output columns only); use impl='fused' or 'scan'"
+        )
+    return reason
+
+
+def unavailable(pallas_mode: str, platform: str | None) -> str | None:
+    """Why `mosaic` cannot run here, or None: on a GPU, or anywhere when `pallas_mode` is
+    "compiled" (lowering for a GPU without one, e.g. the deviceless compile report)."""
+    if pallas_mode == "compiled":
+        return None
+    platform = platform or jax.default_backend()
+    if pallas_mode == "auto" and platform == "gpu":
+        return None
+    where = "model.pallas_mode='interpret'" if pallas_mode == "interpret" else platform
+    return (
+        f"model.impl={NAME!r} runs Mosaic GPU kernels on a Hopper GPU only and cannot be "
+        f"interpreted ({where}); use impl='fused' or 'pallas', or model.pallas_mode='compiled' "
+        "to lower and compile for a GPU without one"
+    )
+
+
+def geometry(spec: SequenceSpec, batch: int, width: int) -> highway.Geometry:
+    """Batch padded to the kernel's row tile, units to UNIT_MULTIPLE (K = the padded units)."""
+    del spec
+    b_pad = -(-batch // CONFIG.tile_m) * CONFIG.tile_m
+    n_pad = -(-width // UNIT_MULTIPLE) * UNIT_MULTIPLE
+    return highway.Geometry(batch, width, CONFIG.tile_m, CONFIG.units, CONFIG.tile_k, b_pad, n_pad)
+
+
+def prepare_weights(spec, geo, kernel_s: Array, transposed: bool = False) -> tuple[Array, ...]:
+    """W_l [L, n, 2n] -> L arrays in the matmul dtype, padded and cast ONCE per call: the
+    forward kernel's block-major [2 * Np, Np] (`mf.block_weight`), or (`transposed`, for the
+    backward) W as it is [Np, 2 * Np], whose rows the backward GEMM contracts against."""
+    w = geo.pad_weight(kernel_s, jnp.float32).reshape(-1, geo.n_pad, 2 * geo.n_pad)
+    if transposed:
+        return loops.per_layer(w.astype(spec.dtype))
+    return tuple(
+        mf.block_weight(w[layer], spec.dtype, CONFIG.units, geo.n_pad)
+        for layer in range(w.shape[0])
+    )
+
+
+def saved_rows(has_z: bool) -> loops.Fields:
+    """`fused`'s rows: the gates "h", "t" [Bp, Np] and, with z, "full" [Bp, 2, Np]."""
+    return fused.saved_rows(has_z)
+
+
+def _layer_forward(spec, save, s, w_l, z_l, bias_l, xproj_t, keep_l, hidden_l):
+    """One micro-layer as one Mosaic GPU kernel (its reference when `spec.interpret`).
+
+    s [Bp, Np] f32; w_l [2 * Np, Np] block-major; bias_l [Bp, 2, Np] (broadcast over rows).
+    Returns (s_new [Bp, Np], saved: {} or "h", "t" [Bp, Np] and, with z, "full")."""
+    if hidden_l is not None:
+        raise ValueError(f"impl {NAME!r} has no variational dropout")
+    mask = fused._mask(spec, keep_l, jnp.float32)
+    args = (s.astype(spec.dtype), w_l, s, bias_l, z_l, xproj_t, mask)
+    if spec.interpret:
+        out = mf.highway_forward_reference(*args, save=save, units=CONFIG.units)
+    else:
+        out = mf.highway_forward(*args, save=save, config=CONFIG)
+    if not save:
+        return out, {}
+    saved = dict(zip(("h", "t", "full"), out[1:], strict=False))
+    return out[0], saved
+
+
+def forward_loop(spec, geo, w, bias, s0, xproj, z, keep, hidden, save: bool):
+    """Forward over all steps (`loops.forward_scan` of one kernel per micro-layer; shapes as
+    in `rhhjax.ops.fused.forward_loop`). The bias is broadcast over the rows once per call
+    (the kernel's epilogue reads tiles only)."""
+    rows = jnp.broadcast_to(bias[:, None], (bias.shape[0], geo.b_pad, *bias.shape[1:]))
+    layer_forward = functools.partial(_layer_forward, spec, save)
+    fields = saved_rows(z is not None)
+    return loops.forward_scan(
+        layer_forward, fields, w, loops.per_layer(rows), s0, xproj, z, keep, hidden, save
+    )
+
+
+def _layer_backward(spec, d_above, w_above, ds_carry, g_l, packed_l, z_l, keep_l):
+    """One micro-layer backward as one Mosaic GPU kernel (its reference when
+    `spec.interpret`): d_above [Bp, 2 * Np] (matmul dtype) and w_above [Np, 2 * Np] of the
+    layer above, ds_carry, g_l [Bp, Np], packed_l [Bp, K, Np] this layer's saved rows.
+    Returns (d_scaled [Bp, 2 * Np] matmul dtype, ds_carry [Bp, Np], da [Bp, 2, Np])."""
+    s_prev, saved = loops.unpack(packed_l, saved_rows(z_l is not None))
+    mask = fused._mask(spec, keep_l, jnp.float32)
+    args = (d_above, w_above, ds_carry, g_l, s_prev, saved["h"], saved["t"], z_l, mask)
+    if spec.interpret:
+        d_scaled, ds_carry, da = mb.highway_backward_reference(*args)
+    else:
+        d_scaled, ds_carry, da = mb.highway_backward(*args, config=BACKWARD_CONFIG)
+    return d_scaled.reshape(d_above.shape), ds_carry, da
+
+
+def backward_loop(spec, geo, w, bias, s0, xproj, z, keep, hidden, packed, g_states):
+    """Reverse loop over all steps: every micro-layer is ONE kernel, the state-gradient GEMM
+    of the layer above fused with its own gate backward (`_layer_backward`).
+
+    w: L arrays W_l [Np, 2 * Np] (`prepare_weights(..., transposed=True)`); packed: the
+    forward's saved rows; g_states [T, L, Bp, Np] the padded cotangents of the states.
+    Returns (ds0 [Bp, Np], d_scaled [T, L, Bp, 2, Np] = da * [z, z], dz [T, L, Bp, Np] or
+    None, dbias [L, 2, Np]).
+    """
+    del geo, bias, hidden  # hidden: None (`forward_loop` refused it).
+    depth = len(w)
+
+    def body(carry, xs):
+        d_above, ds_carry = carry
+        z_t, keep_t, packed_t, g_t = xs
+        w_above, das = w[0], [None] * depth
+        for layer in reversed(range(depth)):
+            d_above, ds_carry, das[layer] = _layer_backward(
+                spec, d_above, w_above, ds_carry, g_t[layer], packed_t[layer],
+                None if z_t is None else z_t[layer],
+                None if keep_t is None else keep_t[layer],
+            )  # fmt: skip
+            w_above = w[layer]
+        return (d_above, ds_carry), jnp.stack(das)
+
+    b_pad, n_pad = s0.shape
+    init = (jnp.zeros((b_pad, 2 * n_pad), spec.dtype), jnp.zeros_like(s0))
+    (d_above0, ds_carry0), da = jax.lax.scan(
+        body, init, (z, keep, packed, g_states), reverse=True, length=xproj.shape[0]
+    )
+    # The state gradient of s0 through W_0 (no gate backward below it): one XLA matmul.
+    ds0 = ds_carry0 + jnp.matmul(d_above0, w[0].T, preferred_element_type=jnp.float32)
+    d_scaled = da if z is None else da * z[:, :, :, None]
+    dz = None
+    if z is not None:
+        _, saved = loops.unpack(packed, saved_rows(True))
+        dz = jnp.sum(da * saved["full"], axis=-2)
+    return ds0, d_scaled, dz, da.sum((0, 2))

@@ -1,0 +1,156 @@
+"""The Mosaic GPU micro-layer backward (`kernels/mosaic_backward.py`).
+
+On a CPU: its reference against `rhhjax.ops.fused`'s micro-layer backward (the state-gradient
+matmul of the layer above plus `cells.gate_backward`), and its one-line config errors.
+``gpu_compile``: the kernel lowers and compiles for an H100 without a GPU (needs the JAX
+CUDA plugin; skipped without it). `TestCompiled`: the kernel against its reference, on a GPU
+only."""
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from rhhjax.kernels import mosaic_backward as mb
+
+from rhhjax.ops import fused, spec
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+KEEP = 0.7
+
+
+def _has_cuda_plugin() -> bool:
+    try:
+        return importlib.util.find_spec("jax_plugins.xla_cuda12") is not None
+    except ModuleNotFoundError:
+        return False
+
+
+needs_cuda = pytest.mark.skipif(not _has_cuda_plugin(), reason="no JAX CUDA plugin (jax[cuda12])")
+NEEDS_GPU = pytest.mark.skipif(
+    jax.default_backend() != "gpu",
+    reason="the Mosaic GPU kernel runs on a Hopper GPU only (jax.default_backend() != 'gpu')",
+)
+
+
+def _case(seed, batch, n, dtype, z_on=True, mask_on=True):
+    """Fresh kernel operands (d_above, w_above, ds_carry, g_out, s_prev, h, t, z, mask) and
+    the bool keep decisions behind the mask."""
+    rng = np.random.default_rng(seed)
+
+    def normal(*shape, scale=1.0):
+        return jnp.asarray(rng.normal(size=shape) * scale, jnp.float32)
+
+    d_above = normal(batch, 2 * n, scale=0.3).astype(dtype)
+    w_above = normal(n, 2 * n, scale=0.2).astype(dtype)
+    h = jnp.tanh(normal(batch, n))
+    t = jax.nn.sigmoid(normal(batch, n))
+    keep = jnp.asarray(rng.random((batch, n)) < KEEP)
+    z = 1.0 + normal(batch, n, scale=0.3) if z_on else None
+    mask = keep.astype(jnp.float32) / KEEP if mask_on else None
+    args = (d_above, w_above, normal(batch, n), normal(batch, n), normal(batch, n), h, t, z, mask)
+    return args, (keep if mask_on else None)
+
+
+@pytest.mark.parametrize(
+    ("dtype", "z_on", "mask_on"),
+    [("float32", True, True), ("bfloat16", True, True), ("float32", False, False),
+     ("bfloat16", False, True)],
+)  # fmt: skip
+def test_reference_is_the_fused_micro_layer_backward(dtype, z_on, mask_on):
+    """(d_scaled, ds_carry, da) equal `fused._layer_backward` fed W^T of the layer above."""
+    dtype = jnp.dtype(dtype)
+    args, keep = _case(3, 64, 48, dtype, z_on, mask_on)
+    d_above, w_above, ds_carry, g_out, s_prev, h, t, z, _ = args
+    d_scaled, ds_carry_new, da = mb.highway_backward_reference(*args)
+    sequence = spec.SequenceSpec("fused", KEEP, dtype)
+    above = (d_above, w_above.T, None, ds_carry)
+    want = fused._layer_backward(sequence, above, g_out, s_prev, {"h": h, "t": t}, z, keep)
+    assert d_scaled.dtype == dtype and d_scaled.shape == (64, 2, 48)
+    np.testing.assert_array_equal(
+        np.asarray(d_scaled.reshape(64, 96), np.float32), np.asarray(want[0], np.float32)
+    )
+    np.testing.assert_allclose(ds_carry_new, want[1], rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(da, want[2], rtol=1e-6, atol=1e-6)
+    # The check can fail: another mask gives another da.
+    if mask_on:
+        other = mb.highway_backward_reference(*args[:-1], jnp.ones_like(args[-1]))
+        assert not np.allclose(other[2], da)
+
+
+@pytest.mark.parametrize(
+    ("config", "shape", "message"),
+    [
+        (mb.MosaicBackwardConfig(tile_m=32), (64, 64), "tile_m % 64"),
+        (mb.MosaicBackwardConfig(), (100, 64), "b_pad 100"),
+        (mb.MosaicBackwardConfig(units=16), (64, 40), "n_pad 40"),
+        (mb.MosaicBackwardConfig(units=8, tile_k=64), (64, 40), "2 \\* n_pad 80"),
+    ],
+)
+def test_misaligned_shapes_are_one_line_errors(config, shape, message):
+    with pytest.raises(ValueError, match=message) as e:
+        config.check(*shape)
+    assert "\n" not in str(e.value)
+
+
+_COMPILE = """
+import sys, json
+sys.path.insert(0, {bench!r})
+import gpu_report as g
+g.set_deviceless_env()
+import jax, jax.numpy as jnp
+from rhhjax.kernels import mosaic_backward as mb
+rep = jax.sharding.NamedSharding(g.h100_mesh(), jax.sharding.PartitionSpec())
+def sds(shape, dtype=jnp.float32):
+    return jax.ShapeDtypeStruct(shape, dtype, sharding=rep)
+rows = []
+for b, n, dtype, z_on, mask_on in {cases!r}:
+    mm = jnp.dtype(dtype)
+    rows_f32 = [sds((b, n))] * 5
+    args = (sds((b, 2 * n), mm), sds((n, 2 * n), mm), *rows_f32,
+            sds((b, n)) if z_on else None, sds((b, n)) if mask_on else None)
+    lowered = jax.jit(mb.highway_backward).trace(*args).lower(lowering_platforms=("cuda",))
+    text = lowered.as_text()
+    lowered.compile()
+    rows.append({{"mosaic": "mosaic_gpu" in text, "compiled": True}})
+print(json.dumps(rows))
+"""
+
+
+@pytest.mark.gpu_compile
+@needs_cuda
+def test_kernel_lowers_and_compiles_for_an_h100_without_a_gpu(tmp_path):
+    """The paper's main cell (batch 256, 1024 padded units: 64 x 4 programs, K 2048), bf16
+    and f32, and a small case without z and mask, deviceless, in a fresh process."""
+    cases = [(256, 1024, "bfloat16", True, True), (256, 1024, "float32", True, True),
+             (64, 64, "bfloat16", False, False)]  # fmt: skip
+    code = _COMPILE.format(bench=str(BENCH), cases=cases)
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr[-3000:]
+    rows = json.loads(run.stdout.strip().splitlines()[-1])
+    assert rows == [{"mosaic": True, "compiled": True}] * len(cases)
+
+
+@NEEDS_GPU
+class TestCompiled:
+    """The compiled kernel against its reference on fresh random inputs (GPU only). f32
+    operands run as TF32 in wgmma: the f32 tolerance is TF32's."""
+
+    @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+    @pytest.mark.parametrize(
+        ("batch", "n", "z_on", "mask_on"),
+        [(64, 64, True, True), (128, 80, False, True), (256, 1024, True, False)],
+    )
+    def test_matches_reference(self, dtype, batch, n, z_on, mask_on):
+        args, _ = _case(batch + n, batch, n, jnp.dtype(dtype), z_on, mask_on)
+        actual = jax.jit(mb.highway_backward)(*args)
+        expected = mb.highway_backward_reference(*args)
+        tol = {"bfloat16": 2e-2, "float32": 3e-3}[dtype]  # d_scaled is stored in bf16
+        for a, e in zip(actual, expected, strict=True):
+            a, e = np.asarray(a, np.float32), np.asarray(e, np.float32)
+            np.testing.assert_allclose(a, e, rtol=tol, atol=tol * float(np.abs(e).max()))
