@@ -15,7 +15,6 @@ import importlib.util
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -26,7 +25,6 @@ import pytest
 from rhhjax import models
 from rhhjax.ops import fused, mosaic, spec
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 NEEDS_GPU = pytest.mark.skipif(
     jax.default_backend() != "gpu",
     reason="impl='mosaic' compiles its Mosaic GPU kernel on a Hopper GPU only "
@@ -231,9 +229,8 @@ class TestMosaicCompiled(MosaicModelTests):
 # ----------------------------------------------------------------------------- deviceless
 
 _STEP = """
-import sys, json
-sys.path.insert(0, {bench!r})
-import gpu_report as g
+import json
+from rhhjax.tools import hlo_compile as g
 g.set_deviceless_env()
 rows = []
 for dtype in {dtypes!r}:
@@ -256,7 +253,7 @@ def test_paper_hyperrhn_training_step_lowers_and_compiles_for_an_h100_without_a_
     (pallas_mode="compiled", as benchmarks/gpu_report.py sets): both Mosaic GPU kernels,
     forward and backward, are in the compiled step."""
     dtypes = ["bfloat16", "float32"]
-    code = _STEP.format(bench=str(BENCH), dtypes=dtypes)
+    code = _STEP.format(dtypes=dtypes)
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
     assert run.returncode == 0, run.stderr[-3000:]
     rows = json.loads(run.stdout.strip().splitlines()[-1])

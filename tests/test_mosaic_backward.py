@@ -10,7 +10,6 @@ import importlib.util
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -20,7 +19,6 @@ from rhhjax.kernels import mosaic_backward as mb
 
 from rhhjax.ops import fused, spec
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 KEEP = 0.7
 
 
@@ -99,9 +97,8 @@ def test_misaligned_shapes_are_one_line_errors(config, shape, message):
 
 
 _COMPILE = """
-import sys, json
-sys.path.insert(0, {bench!r})
-import gpu_report as g
+import json
+from rhhjax.tools import hlo_compile as g
 g.set_deviceless_env()
 import jax, jax.numpy as jnp
 from rhhjax.kernels import mosaic_backward as mb
@@ -129,7 +126,7 @@ def test_kernel_lowers_and_compiles_for_an_h100_without_a_gpu(tmp_path):
     and f32, and a small case without z and mask, deviceless, in a fresh process."""
     cases = [(256, 1024, "bfloat16", True, True), (256, 1024, "float32", True, True),
              (64, 64, "bfloat16", False, False)]  # fmt: skip
-    code = _COMPILE.format(bench=str(BENCH), cases=cases)
+    code = _COMPILE.format(cases=cases)
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
     assert run.returncode == 0, run.stderr[-3000:]
     rows = json.loads(run.stdout.strip().splitlines()[-1])

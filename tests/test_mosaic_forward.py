@@ -9,7 +9,6 @@ import importlib.util
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -18,8 +17,6 @@ import pytest
 from rhhjax.kernels import mosaic_forward as mf
 
 from rhhjax.ops import cells
-
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
 def _has_cuda_plugin() -> bool:
@@ -87,9 +84,8 @@ def test_misaligned_shapes_are_one_line_errors(config, shape, message):
 
 
 _COMPILE = """
-import sys, json
-sys.path.insert(0, {bench!r})
-import gpu_report as g
+import json
+from rhhjax.tools import hlo_compile as g
 g.set_deviceless_env()
 import jax, jax.numpy as jnp
 from rhhjax.kernels import mosaic_forward as mf
@@ -117,7 +113,7 @@ def test_kernel_lowers_and_compiles_for_an_h100_without_a_gpu(tmp_path):
     """The paper's main cell (batch 256, 1056 padded units of 8 per program: 132 column
     blocks, K 1024) and a small odd case, deviceless, in a fresh process."""
     cases = [(256, 1056, 1024, 8, 64, 4), (64, 48, 48, 8, 16, 2)]
-    code = _COMPILE.format(bench=str(BENCH), cases=cases)
+    code = _COMPILE.format(cases=cases)
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
     assert run.returncode == 0, run.stderr[-3000:]
     rows = json.loads(run.stdout.strip().splitlines()[-1])
