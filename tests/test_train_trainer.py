@@ -167,21 +167,30 @@ def test_end_to_end_outputs(trained):
     assert meta["config"]["model"]["hidden"] == 16
 
 
+def snapshot(workdir: Path) -> dict[str, bytes]:
+    """Every file of ``workdir`` (relative path -> bytes)."""
+    return {str(p.relative_to(workdir)): p.read_bytes() for p in workdir.rglob("*") if p.is_file()}
+
+
 def test_rerun_of_a_finished_run_does_nothing(trained, text_file):
-    """The same command again: nothing trained, nothing re-evaluated, results.json kept; an
-    empty eval.final_protocols does not overwrite it with an empty table either."""
+    """The same command again, even with another learning rate: nothing trained, nothing
+    re-evaluated, and the workdir byte for byte as it was (config.json keeps the values the
+    run trained with; no resume record). An empty eval.final_protocols does not overwrite
+    results.json with an empty table either."""
     workdir, cfg, results, _ = trained
-    before = (workdir / "results.json").read_text()
+    before = snapshot(workdir)
     lines: list[str] = []
-    again = trainer.train_and_evaluate(cfg, workdir, log=lines.append)
-    assert any(line.startswith("resuming") and "step 6" in line for line in lines)
+    changed = tiny_config(text_file, train__tensorboard=HAS_TENSORBOARDX)
+    changed.train.learning_rate = 0.5
+    again = trainer.train_and_evaluate(changed, workdir, log=lines.append)
+    assert snapshot(workdir) == before
     assert any("already finished at step 6: nothing to do" in line for line in lines)
-    assert not any(line.startswith(("step ", "final evaluation")) for line in lines)
+    assert not any(line.startswith(("resuming", "step ", "final evaluation")) for line in lines)
     assert again["final"] == results["final"]
     empty = tiny_config(text_file, eval__final_protocols="")
     lines.clear()
     trainer.train_and_evaluate(empty, workdir, log=lines.append)
-    assert (workdir / "results.json").read_text() == before
+    assert (workdir / "results.json").read_bytes() == before["results.json"]
     assert any("results.json is left as it was" in line for line in lines)
 
 
@@ -271,7 +280,9 @@ def test_resume_reproduces_uninterrupted_run(tmp_path, text_file, sampler):
         for step in c.steps("latest"):
             if step > 4:
                 c._latest.delete(step)
-    assert max(r["step"] for r in records(killed)) == 6  # written after checkpoint 4
+    # written after checkpoint 4: train records to step 6, the stop step's validation at 7
+    assert max(r["step"] for r in records(killed, ("train",))) == 6
+    assert [r["step"] for r in records(killed, ("valid",))] == [4, 7]
     lines: list[str] = []
     trainer.train_and_evaluate(
         tiny_config(text_file, train__max_steps=8, **common), killed, log=lines.append
@@ -282,8 +293,12 @@ def test_resume_reproduces_uninterrupted_run(tmp_path, text_file, sampler):
     assert [r["step"] for r in expected if r["kind"] == "train"] == [3, 6]
     assert [r["step"] for r in expected if r["kind"] == "valid"] == [4, 8]
     reference, _ = latest_params(straight)
+    # the run stopped by max_steps=5 validated its stop step too; nothing else differs
+    stop_step_validation = [r for r in records(stopped) if r["kind"] == "valid" and r["step"] == 5]
+    assert len(stop_step_validation) == 1
     for workdir in (stopped, killed):
-        assert records(workdir) == expected  # bitwise: floats survive JSON exactly
+        recs = [r for r in records(workdir) if r not in stop_step_validation]
+        assert recs == expected  # bitwise: floats survive JSON exactly
         params, meta = latest_params(workdir)
         assert meta["step"] == 8
         assert_trees_equal(params, reference)
@@ -344,6 +359,8 @@ def test_a_run_from_before_the_kernel_fields_resumes_with_another_impl_and_block
                 rewritten += section.pop(name, None) is not None
         path.write_text(json.dumps(data))
     assert rewritten > 0  # the old format really lacks them now
+    for path in workdir.glob(f"*/*/{ckpt_lib.CHECKSUMS_FILE}"):
+        path.unlink()  # nor had checkpoints checksums then
     cfg = tiny_config(text_file, train__max_steps=4, model__impl="fused", **common)
     cfg.model.kernel.block_b = 16
     results = trainer.train_and_evaluate(cfg, workdir, log=quiet)
@@ -590,15 +607,34 @@ def test_kill_between_best_and_latest_save_keeps_the_best(tmp_path, text_file, m
     monkeypatch.setattr(ckpt_lib.Checkpoints, "save_latest", real_save)
     with ckpt_lib.Checkpoints(workdir, read_only=True) as c:
         assert c.steps("latest") == [2] and 4 in c.steps("best")  # the kill's aftermath
+    # resumed to stop at step 2 (a stop at 3 would validate step 3: a new best, maybe)
     results = trainer.train_and_evaluate(
-        tiny_config(text_file, train__max_steps=3, **common), workdir, log=quiet
+        tiny_config(text_file, train__max_steps=2, **common), workdir, log=quiet
     )
-    assert results["step"] == 3 and results["best_step"] == 2
+    assert results["step"] == 2 and results["best_step"] == 2
     assert results["evaluated_checkpoint"] == "best step 2"
     with ckpt_lib.Checkpoints(workdir, read_only=True) as c:
         assert c.steps("best") == [2]
     saved = json.loads((workdir / "results.json").read_text())
     assert saved["best_step"] == 2 and saved["evaluated_checkpoint"] == "best step 2"
+
+
+def _bytes(text: str) -> float:
+    number, unit = text.split()
+    return float(number.replace(",", "")) * {"kB": 1e3, "MB": 1e6, "GB": 1e9}[unit]
+
+
+def assert_space_consistent(message: str) -> None:
+    """A full-disk line states the space a write needs so that it cannot contradict itself:
+    "it needs about X, Y free" with X > Y, or "it needs more than the Y free"."""
+    import re
+
+    size = r"([\d.,]+ [kMG]B)"
+    about = re.search(rf"it needs about {size}, {size} free", message)
+    more = re.search(rf"it needs more than the {size} free", message)
+    assert about or more, message
+    if about:
+        assert _bytes(about.group(1)) > _bytes(about.group(2)), message
 
 
 def test_full_disk_during_a_checkpoint_is_one_line(tmp_path, text_file, monkeypatch):
@@ -628,7 +664,8 @@ def test_full_disk_during_a_checkpoint_is_one_line(tmp_path, text_file, monkeypa
     message = str(info.value)
     assert "\n" not in message and isinstance(info.value, UserError)
     assert "step 4" in message and str(workdir) in message
-    assert "no space left on device" in message and "it needs about" in message
+    assert "no space left on device" in message
+    assert_space_consistent(message)
     assert "the last checkpoint (step 2) is intact" in message
     monkeypatch.setattr(ocp.CheckpointManager, "save", real_save)
     lines: list[str] = []
@@ -790,15 +827,18 @@ def test_evaluate_reads_moved_data(trained, tmp_path, text_file):
 
 def test_progress_total_only_when_a_step_bound_decides():
     """A time-budgeted run (configs/ptb.py:cpu) showed "step 25/797,000": no total there."""
+    import types
+
     import ml_collections
 
-    loop = train_loop.Loop.__new__(train_loop.Loop)  # only cfg and bpe are read
-    loop.bpe = 797
-    loop.cfg = ml_collections.ConfigDict(
+    cfg = ml_collections.ConfigDict(
         {"train": {"max_steps": 0, "max_epochs": 1000, "max_minutes": 12.0}}
     )
+    run = types.SimpleNamespace(cfg=cfg, steps_per_epoch=797)
+    loop = train_loop.Loop.__new__(train_loop.Loop)  # only run.cfg and the epoch are read
+    loop.run = run
     assert loop._total_steps() == 0
-    loop.cfg.train.max_minutes = 0.0
+    cfg.train.max_minutes = 0.0
     assert loop._total_steps() == 797_000
-    loop.cfg.train.max_steps = 500
+    cfg.train.max_steps = 500
     assert loop._total_steps() == 500

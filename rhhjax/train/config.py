@@ -151,6 +151,22 @@ def prepare_config(config: Any) -> ml_collections.ConfigDict:
     return cfg
 
 
+def bound_reached(
+    train, steps_per_epoch: int, step: int, evals_since_best: int, train_seconds: float
+) -> str | None:
+    """Which bound of the ``train`` block stops a run at ``step`` (None: none): max_steps,
+    max_epochs, max_minutes or early_stopping, in that order."""
+    if train.max_steps and step >= train.max_steps:
+        return "max_steps"
+    if train.max_epochs and step >= train.max_epochs * steps_per_epoch:
+        return "max_epochs"
+    if train.max_minutes and train_seconds >= 60.0 * train.max_minutes:
+        return "max_minutes"
+    if train.patience and evals_since_best >= train.patience:
+        return "early_stopping"
+    return None
+
+
 def _check_int(name: str, value: Any, minimum: int) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
         raise TrainError(f"{name}={value!r} must be an integer >= {minimum}")

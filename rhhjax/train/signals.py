@@ -13,6 +13,8 @@ import sys
 import threading
 from collections.abc import Callable
 
+import numpy as np
+
 
 class SignalCatcher:
     """SIGTERM / SIGINT set ``signum``; the training loop stops after the step in flight.
@@ -76,6 +78,24 @@ class SignalCatcher:
             raise KeyboardInterrupt(f"second signal {name}")
         self.signum = signum
         self.log(self._first_message(name))
+
+    def stop_agreed(self) -> bool:
+        """Whether a signal arrived: process 0's answer on every process (a broadcast)."""
+        import jax  # not at import time: train.py enters a catcher before jax starts
+
+        flag = self.signum is not None
+        if jax.process_count() == 1:
+            return flag
+        from jax.experimental import multihost_utils
+
+        return bool(multihost_utils.broadcast_one_to_all(np.int32(flag)))
+
+    def interrupted(self, step: int | None, message: str) -> dict:
+        """The results of a run the signal stopped, after logging ``message`` (``{name}`` in
+        it becomes the signal's name)."""
+        signum = self.signum or signal.SIGTERM
+        self.log(message.format(name=signal.Signals(signum).name))
+        return {"status": "interrupted", "exit_code": 128 + signum, "step": step}
 
     def _handler(self, signum, frame):
         del frame
