@@ -235,12 +235,14 @@ class Checkpoints:
         return restored.params, restored.opt_state, restored.carry["carry"], dict(restored.meta)
 
     def _restore(self, which: str, step: int, **items):
-        """Restore ``items`` of a checkpoint: its files are checked against its checksums
+        """Restore ``items`` of a checkpoint (an item may be a function giving its restore
+        argument once the files are checked): its files are checked against its checksums
         first; one without checksums must read and hold finite parameters."""
         manager = self._which(which)
         folder = Path(manager.directory) / str(step)
         checked = self._check_files(which, step, folder, tuple(items))
         try:
+            items = {k: v() if callable(v) else v for k, v in items.items()}
             restored = manager.restore(step, args=ocp.args.Composite(**items))
         except Exception as e:  # tensorstore / orbax / JSON errors of damaged files
             silence_orbax_after_failure()
@@ -315,13 +317,13 @@ class Checkpoints:
         step = manager.latest_step() if (manager is not None and step is None) else step
         if manager is None or step is None:
             raise CheckpointError(f"no {which} checkpoint in {self.workdir}")
-        if template is not None:
-            target = abstract(template)
-        else:
-            target = _single_device_target(Path(manager.directory) / str(step) / "params")
-        restored = self._restore(
-            which, step, params=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore()
-        )
+        item_dir = Path(manager.directory) / str(step) / "params"
+
+        def params_arg():  # the saved shapes on one device: read once the files are checked
+            target = abstract(template) if template is not None else _single_device_target(item_dir)
+            return ocp.args.StandardRestore(target)
+
+        restored = self._restore(which, step, params=params_arg, meta=ocp.args.JsonRestore())
         return restored.params, dict(restored.meta)
 
     def close(self) -> None:
