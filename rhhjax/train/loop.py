@@ -1,6 +1,7 @@
-"""The loop of a run: ``Loop.run`` steps, logs, validates, checkpoints and stops; its
-``final_evaluation`` scores the best checkpoint. ``rhhjax.train.trainer`` sets it up (config,
-data, workdir, resume) and calls it; the stop rules and files are described there.
+"""The loop of a run: ``Loop.train`` steps, logs, validates, checkpoints and stops; its
+``final_evaluation`` scores the best checkpoint and ``finish`` writes ``results.json``.
+``rhhjax.train.trainer`` sets it up (config, data, workdir, resume) and calls it; the stop
+rules and files are described there.
 ``epoch_estimate`` is the start-up line on what an epoch takes on this machine."""
 
 from __future__ import annotations

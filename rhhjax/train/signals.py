@@ -2,7 +2,8 @@
 
 With ``thread=True`` a watcher thread receives the signals, so the first one is acknowledged
 and a second one aborts at once even while the main thread is inside a minutes-long
-compilation.
+compilation. This module imports nothing that starts threads (numpy's BLAS, jax): a thread
+started before the catcher blocks the signals would receive them and die of them.
 """
 
 from __future__ import annotations
@@ -12,8 +13,6 @@ import signal
 import sys
 import threading
 from collections.abc import Callable
-
-import numpy as np
 
 
 class SignalCatcher:
@@ -81,7 +80,9 @@ class SignalCatcher:
 
     def stop_agreed(self) -> bool:
         """Whether a signal arrived: process 0's answer on every process (a broadcast)."""
-        import jax  # not at import time: train.py enters a catcher before jax starts
+        # not at import time: train.py enters a catcher before jax or numpy start threads
+        import jax
+        import numpy as np
 
         flag = self.signum is not None
         if jax.process_count() == 1:

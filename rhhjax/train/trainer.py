@@ -111,7 +111,7 @@ def _train_and_evaluate(
     signals.phase = "startup"
     run = prepare_run(config, workdir, log, signals)
     if run.finished is not None:
-        log(
+        run.log(
             f"{workdir} already finished at step {run.finished['step']}: nothing to do "
             f"(results in {workdir / workdir_lib.RESULTS_FILE}); raise train.max_steps / "
             "max_epochs / max_minutes to train further, or run python -m rhhjax.tools.evaluate "
