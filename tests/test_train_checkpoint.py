@@ -264,3 +264,19 @@ def test_space_needed_never_contradicts_itself(tmp_path, monkeypatch):
     monkeypatch.setattr(ckpt_lib.shutil, "disk_usage", lambda _: usage._replace(free=90_000))
     assert ckpt_lib.space_needed(tmp_path, 63_000) == "it needs more than the 90 kB free"
     assert ckpt_lib.space_needed(tmp_path, 2_000_000) == "it needs about 2.0 MB, 90 kB free"
+
+
+def test_only_tensorstores_closed_loop_noise_is_silenced(monkeypatch):
+    """A failed write or read made tensorstore's threads print 0-160 lines of "Event loop is
+    closed" tracebacks around the one-line error; those (and nothing else) are dropped."""
+    import sys
+    import types
+
+    seen: list[str] = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda u: seen.append(str(u.exc_value)))
+    monkeypatch.setattr(ckpt_lib, "_SILENCED", False)
+    ckpt_lib.silence_closed_loop_noise()
+    ckpt_lib.silence_closed_loop_noise()  # once is enough: not wrapped twice
+    for error in (RuntimeError("Event loop is closed"), RuntimeError("other"), ValueError("x")):
+        sys.unraisablehook(types.SimpleNamespace(exc_value=error))
+    assert seen == ["other", "x"]

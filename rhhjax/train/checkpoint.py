@@ -181,6 +181,7 @@ class Checkpoints:
             raise CheckpointError("checkpoints opened read-only")
         if step in manager.all_steps():
             manager.delete(step)
+        silence_closed_loop_noise()
         try:
             with quiet_orbax_errors():
                 manager.save(step, args=ocp.args.Composite(**items), force=True)
@@ -188,7 +189,6 @@ class Checkpoints:
             if jax.process_index() == 0:
                 write_checksums(Path(manager.directory) / str(step))
         except Exception as e:  # orbax / tensorstore / OSError: report it in one line
-            silence_orbax_after_failure()
             folder = Path(manager.directory)
             _remove_unfinished(folder)
             for other in (manager, self._latest):  # a finished checkpoint: its size on disk
@@ -241,11 +241,11 @@ class Checkpoints:
         manager = self._which(which)
         folder = Path(manager.directory) / str(step)
         checked = self._check_files(which, step, folder, tuple(items))
+        silence_closed_loop_noise()
         try:
             items = {k: v() if callable(v) else v for k, v in items.items()}
             restored = manager.restore(step, args=ocp.args.Composite(**items))
         except Exception as e:  # tensorstore / orbax / JSON errors of damaged files
-            silence_orbax_after_failure()
             text = " ".join(str(e).split())[:200] or type(e).__name__
             raise self._damaged(which, step, f"it does not read: {text}") from None
         if not checked and "params" in items and not _all_finite(restored.params):
@@ -374,10 +374,11 @@ def _closed_loop_noise(unraisable) -> bool:
 _SILENCED = False
 
 
-def silence_orbax_after_failure() -> None:
-    """After a failed save or restore (reported as one line), drop for the rest of the
-    process what tensorstore's threads still print about it: "Event loop is closed"
-    tracebacks of callbacks into orbax's finished event loop (0 to 160 lines, a race)."""
+def silence_closed_loop_noise() -> None:
+    """From the first save or restore on, drop what tensorstore's threads print when a write
+    or read fails (a full disk, a damaged file; reported as one line): "Event loop is closed"
+    tracebacks of late callbacks into orbax's finished event loop (0 to 160 lines, a race),
+    during the failing call and after it. Nothing else is dropped."""
     global _SILENCED
     if _SILENCED:
         return
