@@ -18,9 +18,10 @@ Variants, chosen after a colon:
                              1.7188 / test 1.6730 BPC (windows protocol), 14 min 6 s wall in
                              total with compilation and final evaluation. Every setting
                              tried: results/cpu_recipe_tuning.md.
-    configs/ptb.py:tiny      a smoke configuration used by the tests: 6 steps, but about 40 s
-                             on a 2-core CPU with PTB (compilation, and 18 s of final
-                             evaluation on all of PTB's valid and test; issue 15, 2026-11-22).
+    configs/ptb.py:tiny      a smoke configuration used by the tests: 6 steps; with PTB,
+                             compilation and the final evaluation on all of PTB's valid and
+                             test, 19.4 s wall on the project's 2-core CPU at load average 2
+                             (jax 0.10.2, 2026-11-24), 48 s measured on a loaded machine.
 
 Cost and expected result of the paper recipe: the paper trained ~660 epochs of 199 steps
 (2-3 days on a GTX 1080 Ti) and reports 1.21 validation BPC under its own evaluation protocol
