@@ -1,6 +1,7 @@
 """The RHN paper's recipe for the Hutter-prize corpora (Zilly et al. 2017), shared by
 ``configs/enwik8.py`` and ``configs/text8.py``: the two differ only in the corpus and its
-vocabulary. Every field not set here keeps its default from ``configs/ptb.py``.
+vocabulary. Every field not set here keeps the library's default
+(``rhhjax.train.config.default_config``, the paper's PTB recipe).
 
 Data: the first 10^8 symbols of English Wikipedia, read from ``data.text_files``, else from the
 cache ($RHHJAX_CACHE/<corpus>/<corpus>, default ~/.cache/rhhjax), else downloaded from
@@ -26,9 +27,9 @@ most 500 epochs, no early stopping. Zilly et al. trained for days on a GPU.
 """
 
 import ml_collections
-from rhhjax.configs import ptb
 
 from rhhjax import configs
+from rhhjax.train.config import default_config
 
 # corpus: (text_vocab, vocabulary size, map unseen valid/test symbols to <unk>)
 CORPORA = {
@@ -38,15 +39,15 @@ CORPORA = {
 
 
 def recipe(corpus: str) -> ml_collections.ConfigDict:
-    """Zilly et al.'s recipe on ``corpus`` (enwik8 | text8): ``configs/ptb.py`` plus these."""
+    """Zilly et al.'s recipe on ``corpus`` (enwik8 | text8): the defaults plus these."""
     text_vocab, vocab_size, unk = CORPORA[corpus]
-    config = ptb.get_config()
+    config = default_config()
     overrides = {
         "data.format": "text",  # A single text file split the Hutter way.
         "data.corpus": corpus,  # Download + verify + unzip when text_files is "".
         "data.unk": unk,  # enwik8: unseen valid/test bytes map to a reserved id.
         "data.text_vocab": text_vocab,  # enwik8: bytes; text8: characters.
-        "data.hutter_holdout": 5_000_000,  # Symbols in each of valid and test (90M/5M/5M).
+        # data.hutter_holdout keeps its default: 5M valid, 5M test, 90M train (Zilly).
         "data.sampler": "stream",  # Contiguous TBPTT streams, state carried (Zilly).
         "model.type": "rhn",  # Plain Recurrent Highway Network.
         "model.vocab_size": vocab_size,  # Overwritten from the data at training time.
@@ -77,5 +78,4 @@ def recipe(corpus: str) -> ml_collections.ConfigDict:
     }
     for field, value in overrides.items():
         configs.override(config, field, value)
-    config.variant = ""
     return config

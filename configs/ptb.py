@@ -18,9 +18,10 @@ Variants, chosen after a colon:
                              1.7188 / test 1.6730 BPC (windows protocol), 14 min 6 s wall in
                              total with compilation and final evaluation. Every setting
                              tried: results/cpu_recipe_tuning.md.
-    configs/ptb.py:tiny      a smoke configuration used by the tests: 6 steps, but about 40 s
-                             on a 2-core CPU with PTB (compilation, and 18 s of final
-                             evaluation on all of PTB's valid and test; issue 15, 2026-11-22).
+    configs/ptb.py:tiny      a smoke configuration used by the tests: 6 steps; with PTB,
+                             compilation and the final evaluation on all of PTB's valid and
+                             test, 19.4 s wall on the project's 2-core CPU at load average 2
+                             (jax 0.10.2, 2026-11-24), 48 s measured on a loaded machine.
 
 Cost and expected result of the paper recipe: the paper trained ~660 epochs of 199 steps
 (2-3 days on a GTX 1080 Ti) and reports 1.21 validation BPC under its own evaluation protocol
@@ -30,14 +31,17 @@ implementation has not yet been trained to convergence (see README).
 
 Any field can be overridden: `--config.model.depth=5 --config.train.learning_rate=5e-4`.
 
-This file holds every field of every block, each with its comment: it is the project's one
-place for defaults. `configs/hutter.py` (enwik8, text8) starts from it; a workdir's older
-`config.json` that lacks a field gets it from here (`rhhjax.train.config.prepare_config`);
-`rhhjax.models.ModelConfig()` equals its model block (a test checks it).
+The paper recipe is the library's defaults (`rhhjax.train.config.default_config`, which
+lists every field with its comment: the `data` block in `rhhjax/data/config.py`, `model` in
+`rhhjax/models/config.py`, its `kernel` block in `kernels/config.py`, `train` and `eval` in
+`rhhjax/train/config.py`); this file sets what each variant changes. `configs/hutter.py`
+(enwik8, text8) starts from the same defaults.
 """
 
 import ml_collections
 from rhhjax.configs import check_variant
+
+from rhhjax.train.config import default_config
 
 VARIANTS = ("", "rhn", "lstm", "cpu", "tiny")
 
@@ -45,139 +49,38 @@ VARIANTS = ("", "rhn", "lstm", "cpu", "tiny")
 def get_config(variant: str = "") -> ml_collections.ConfigDict:
     """The paper configuration, or one of `VARIANTS`."""
     check_variant("ptb", variant, VARIANTS)
-    config = ml_collections.ConfigDict()
+    config = default_config()  # the paper's HyperRHN on PTB characters, every field
     config.variant = variant  # Which variant of this file produced the config.
-    config.seed = 0  # Seeds parameters, dropout and the batch sampler.
-
-    config.data = data = ml_collections.ConfigDict()
-    data.format = "chars"  # chars (raw ptb.*.txt, 50 symbols) | mikolov_char | text.
-    data.corpus = ""  # format=text: a known corpus (enwik8 | text8) to download; "" = none.
-    data.url = ""  # data.corpus: a mirror of its download address; "" = the official one.
-    data.sha256 = ""  # data.corpus: expected SHA256 of the download; "" = the embedded hash.
-    data.dir = ""  # PTB folder; "" = $RHHJAX_CACHE/ptb (~/.cache/rhhjax/ptb), downloaded.
-    data.download = True  # Download simple-examples.tgz when the files are missing.
-    data.unk = False  # Map unseen valid/test symbols to <unk> instead of failing.
-    data.text_files = ""  # format=text: one file (hutter split) or "train,valid,test".
-    data.text_split = "hutter"  # format=text: hutter (last N test, previous N valid) | files.
-    data.text_vocab = "char"  # format=text: char (Unicode characters) | byte.
-    data.hutter_holdout = 5_000_000  # format=text, hutter split: symbols in valid and test.
-    data.sampler = "windows"  # windows (paper: random 101-char windows) | stream (TBPTT).
-
-    config.model = model = ml_collections.ConfigDict()
-    model.type = "hyperrhn"  # hyperrhn | rhn | lstm.
-    model.vocab_size = 50  # Overwritten from the data's vocabulary at training time.
-    model.embed_dim = 27  # Character embedding width (paper: 27).
-    model.hidden = 1000  # Main cell width n (LSTM: units per layer).
-    model.hyper_hidden = 128  # Hypernetwork width h (hyperrhn only).
-    model.depth = 7  # Recurrence depth L: micro-layers per time step (rhn, hyperrhn).
-    model.lstm_layers = 2  # Stacked layers (lstm only).
-    model.dropout = "gate"  # gate (paper) | variational (Zilly/Gal) | none.
-    model.keep = 0.65  # Keep probability of gate dropout (lstm: between layers).
-    model.keep_input = 1.0  # variational: keep probability on the cell input.
-    model.keep_hidden = 1.0  # variational: keep probability on the state fed to W_l.
-    model.keep_output = 1.0  # variational: keep probability on the output before softmax.
-    model.t_bias_init = 0.0  # Added to the transform-gate bias at init (Zilly: -2 / -4).
-    model.init = "orthogonal"  # orthogonal (paper code) | uniform (PyTorch default Linear).
-    model.hyper_input = "x"  # x (paper) | x_and_state (Ha's HyperLSTM: also the main state).
-    # auto (the fastest measured: fused on a GPU, scan on a CPU) | scan (reference nn.scan) |
-    # fused (custom VJP) | pallas (GPU kernels).
-    model.impl = "auto"
-    # pallas: auto (compiled Triton on a GPU, interpret mode elsewhere) | compiled (e.g. to
-    # compile a GPU step on a CPU host) | interpret.
-    model.pallas_mode = "auto"
-    # Block sizes of the Pallas kernels (kernels/config.py HighwayConfig); the defaults
-    # compile without register spills or shared-memory overflow for an H100 (see README).
-    model.kernel = kernel = ml_collections.ConfigDict()
-    kernel.block_b = 64  # Batch rows per program (power of two >= 16).
-    kernel.block_n = 32  # Units per program, both gate halves (power of two >= 16).
-    kernel.block_k = 32  # K chunk of the matmul loops (power of two >= 16).
-    kernel.num_warps = 4  # Triton warps per program.
-    kernel.num_stages = 3  # Software-pipelining stages of the K loops.
-    kernel.allow_tf32 = False  # float32 weights: TF32 tensor cores (~1e-3 relative error).
-    model.dtype = "float32"  # Matmul input dtype: float32 | bfloat16 (carry stays float32).
-    model.hyper_rank = 0  # 0 = paper's column scaling; d > 0: rank-d W o sum u_i v_i^T (sec. 4).
-    model.lowrank_op = "custom_vjp"  # hyper_rank > 0, scan: custom_vjp | factored | materialized.
-    model.lowrank_remat = True  # hyper_rank > 0 with scan: recompute u, v, X_u W in the backward.
-    # rhn, hyperrhn: True reproduces the paper's code exactly: on a sequence's first step a
-    # row whose state is exactly zero (the code's integer 0) skips layer 0's recurrent
-    # bias b_0, in both cells. False (default): b_0 applies at every step (a documented
-    # deviation: at init the paper model's logits differ by <= 3.1e-4 at t = 0; README).
-    model.original_first_step = False
-
-    config.train = train = ml_collections.ConfigDict()
-    train.batch_size = 256  # Sequences per step (paper: 256; the paper's code used 200).
-    train.seq_len = 100  # Characters per training sequence (inputs and targets each).
-    train.optimizer = "adam"  # adam (paper) | sgd (Zilly's recipe, with lr_decay).
-    train.learning_rate = 1e-3  # Step size (paper HyperRHN: Adam 1e-3; RHN: 5e-4).
-    train.lr_decay = 1.0  # sgd: divide the learning rate by this once per epoch...
-    train.lr_decay_start_epoch = 0  # ...from this 0-based epoch on.
-    train.b1 = 0.9  # Adam beta1.
-    train.b2 = 0.999  # Adam beta2.
-    train.weight_decay = 0.0  # Decoupled weight decay (AdamW) when > 0.
-    train.clip_norm = 10.0  # Gradient clipping threshold; 0 disables clipping.
-    train.clip_type = "l1"  # l1 (the paper code's total L1 norm) | l2 (global L2 norm).
-    train.max_epochs = 1000  # Upper bound on epochs (an epoch = len(train) / (batch*seq_len)).
-    train.max_steps = 0  # Stop after this many steps when > 0 (takes precedence).
-    # Stop after this much training time when > 0 (summed across restarts; the first step's
-    # compilation counts, validation and saving do not); the stop step is validated.
-    train.max_minutes = 0.0
-    train.eval_every_steps = 0  # Validate every N steps; 0 = once per epoch.
-    train.patience = 20  # Early stopping: evaluations without a new best valid BPC; 0 = off.
-    train.log_every_steps = 50  # Progress line and metrics record every N steps.
-    train.checkpoint_every_steps = 0  # Extra checkpoints every N steps; 0 = at evaluations.
-    train.keep_checkpoints = 3  # Latest checkpoints kept (the best one is kept as well).
-    # Also checkpoint after this much wall time since the last save (0 = off): bounds what a
-    # SIGKILL (a scheduler's, after its grace period) can lose.
-    train.checkpoint_every_minutes = 10.0
-    train.on_nonfinite = "stop"  # stop | rollback (restore the last checkpoint and go on).
-    # A training loss above this x ln(vocab) (the loss of a uniform guess) counts as diverged,
-    # like NaN (on_nonfinite applies); 0 = off.
-    train.divergence_factor = 10.0
-    train.tensorboard = False  # Also write TensorBoard events (pip install -e ".[tensorboard]").
-    # Data parallelism: the batch is split over all devices of all processes (batch sizes must
-    # divide by the device count). Several hosts: True (or $JAX_COORDINATOR_ADDRESS set) calls
-    # jax.distributed.initialize() (JAX_NUM_PROCESSES / JAX_PROCESS_ID, or SLURM / MPI).
-    train.distributed = False
-    train.fsdp = False  # Also split parameters / optimizer state over devices (FSDP-style).
-
-    config.eval = evaluation = ml_collections.ConfigDict()
-    evaluation.batch_size = 256  # Rows per evaluation batch.
-    evaluation.seq_len = 100  # Window / chunk length for the honest protocols.
-    evaluation.min_context = 50  # windows protocol: minimum context of every scored char.
-    evaluation.valid_protocol = "windows"  # Protocol of the periodic validation.
-    evaluation.final_protocols = "windows,stream,paper"  # Run on the best checkpoint at the end.
-    evaluation.max_valid_chars = 0  # Periodic validation on a prefix of valid if > 0.
-
+    model, train, evaluation = config.model, config.train, config.eval
     if variant == "rhn":
-        model.type = "rhn"
-        train.learning_rate = 5e-4
+        model.type = "rhn"  # The plain RHN baseline, same sizes.
+        train.learning_rate = 5e-4  # The paper's RHN step size.
     elif variant == "lstm":
-        model.type = "lstm"
-        model.hidden = 1125
-        model.keep = 1.0
+        model.type = "lstm"  # The paper's LSTM baseline: 2 layers ...
+        model.hidden = 1125  # ... of 1125 units.
+        model.keep = 1.0  # No dropout.
     elif variant == "cpu":
-        model.hidden = 256
-        model.hyper_hidden = 64
-        model.depth = 3
-        model.keep = 1.0  # no dropout: 1.72 against 1.95 valid BPC with keep 0.65 (results/)
-        train.batch_size = 64
-        train.seq_len = 100
-        train.learning_rate = 2e-3
-        train.max_minutes = 12.0
-        train.eval_every_steps = 200
-        train.log_every_steps = 25
-        evaluation.max_valid_chars = 100_000
+        model.hidden = 256  # Main width n, sized for a 2-core CPU.
+        model.hyper_hidden = 64  # Hypernetwork width h.
+        model.depth = 3  # Recurrence depth L.
+        model.keep = 1.0  # No dropout: 1.72 against 1.95 valid BPC with keep 0.65 (results/).
+        train.batch_size = 64  # Sequences per step (of the default 100 characters).
+        train.learning_rate = 2e-3  # Adam step size (results/cpu_recipe_tuning.md).
+        train.max_minutes = 12.0  # Training budget; the stop step is validated.
+        train.eval_every_steps = 200  # Validate every 200 steps (an epoch is 797).
+        train.log_every_steps = 25  # A progress line every 25 steps.
+        evaluation.max_valid_chars = 100_000  # Periodic validation on a prefix of valid.
     elif variant == "tiny":
-        model.hidden = 16
-        model.hyper_hidden = 8
-        model.depth = 2
-        train.batch_size = 4
-        train.seq_len = 20
-        train.max_steps = 6
-        train.eval_every_steps = 3
-        train.log_every_steps = 1
-        evaluation.batch_size = 8
-        evaluation.seq_len = 20
-        evaluation.min_context = 5
-        evaluation.max_valid_chars = 2_000
+        model.hidden = 16  # A model that compiles and runs in seconds.
+        model.hyper_hidden = 8  # Hypernetwork width h.
+        model.depth = 2  # Recurrence depth L.
+        train.batch_size = 4  # Sequences per step ...
+        train.seq_len = 20  # ... of 20 characters.
+        train.max_steps = 6  # Six steps ...
+        train.eval_every_steps = 3  # ... validated at 3 and 6 ...
+        train.log_every_steps = 1  # ... with a progress line for each.
+        evaluation.batch_size = 8  # Rows per evaluation batch.
+        evaluation.seq_len = 20  # Window length of the evaluation.
+        evaluation.min_context = 5  # Minimum context of every scored character.
+        evaluation.max_valid_chars = 2_000  # Periodic validation on a 2,000-character prefix.
     return config

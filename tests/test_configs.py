@@ -1,13 +1,19 @@
-"""configs/: loading by name and variant, typed overrides, the shared enwik8/text8 recipe, and
-configs/ptb.py as the one place for defaults."""
+"""configs/: loading by name and variant, typed overrides, the shared enwik8/text8 recipe; the
+library's defaults (``rhhjax.train.config.default_config``) as the one place for defaults, which
+config files start from and the library never reads them back from."""
 
 from __future__ import annotations
 
-import dataclasses
+import inspect
+import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
-from rhhjax import configs, models
+from rhhjax import configs
+from rhhjax import data as data_lib
 from rhhjax.errors import UserError
 from rhhjax.train import config as train_config
 
@@ -89,17 +95,69 @@ def test_hutter_recipe_differs_only_in_the_corpus(corpus, vocab, unit):
     }
 
 
-def test_model_config_defaults_are_the_ptb_model_block():
-    from_file = models.ModelConfig.from_config(configs.load("ptb").model)
-    assert dataclasses.asdict(from_file) == dataclasses.asdict(models.ModelConfig())
-
-
 def test_prepare_config_fills_fields_an_old_config_lacks():
     config = configs.load("ptb:tiny").to_dict()
     del config["train"]["divergence_factor"], config["seed"]
     for field in ("corpus", "url", "sha256"):  # data fields older configs predate
         del config["data"][field]
+    del config["model"]["original_first_step"], config["model"]["kernel"]["block_b"]
     prepared = train_config.prepare_config(config)
-    assert prepared.train.divergence_factor == configs.load("ptb").train.divergence_factor
+    defaults = train_config.default_config()
+    assert prepared.train.divergence_factor == defaults.train.divergence_factor == 10.0
     assert (prepared.data.corpus, prepared.data.url, prepared.data.sha256) == ("", "", "")
-    assert prepared.seed == 0
+    assert prepared.seed == 0 and prepared.model.original_first_step is False
+    assert prepared.model.kernel.block_b == defaults.model.kernel.block_b
+    assert prepared.model.hidden == 16  # what the old config has is kept
+
+
+def test_the_library_never_imports_the_config_files():
+    """Defaults flow from the library to configs/, never back: importing the trainer (which
+    validates and fills configs) loads no module of configs/."""
+    code = (
+        "import sys\n"
+        "import rhhjax.train.trainer, rhhjax.train.config, rhhjax.data, rhhjax.models\n"
+        "from rhhjax.train import config\n"
+        "config.prepare_config(config.default_config())\n"
+        "print(sorted(m for m in sys.modules if m.startswith('rhhjax.configs')))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_the_paper_config_is_the_library_defaults():
+    """configs/ptb.py sets only what its variants change: its paper config is the defaults."""
+    assert configs.load("ptb").to_dict() == train_config.default_config().to_dict()
+    tiny = configs.load("ptb:tiny")
+    assert tiny.variant == "tiny" and tiny.model.hidden == 16 and tiny.train.max_steps == 6
+    assert tiny.data.to_dict() == data_lib.default_data_config().to_dict()
+
+
+_FIELD_LINE = re.compile(r'^\s+(?:[a-z_]+\.[a-z_.]+ = |"[a-z_]+\.[a-z_.]+": )')
+
+
+def _uncommented_field_lines(source: str) -> list[str]:
+    """Lines that set a field (``train.seed = 0`` or ``"train.seed": 0,``) with no comment
+    on them or on the line above."""
+    lines = source.splitlines()
+    return [
+        line
+        for i, line in enumerate(lines)
+        if _FIELD_LINE.match(line) and "#" not in line and not lines[i - 1].strip().startswith("#")
+    ]
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        Path(configs.__file__).parent / "ptb.py",
+        Path(configs.__file__).parent / "hutter.py",
+        train_config.default_train_config,
+        train_config.default_eval_config,
+        data_lib.default_data_config,
+    ],
+    ids=["configs/ptb.py", "configs/hutter.py", "train", "eval", "data"],
+)
+def test_every_field_a_config_sets_has_a_comment(source):
+    text = source.read_text() if isinstance(source, Path) else inspect.getsource(source)
+    assert sum(bool(_FIELD_LINE.match(line)) for line in text.splitlines()) >= 5
+    assert _uncommented_field_lines(text) == []

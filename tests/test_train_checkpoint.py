@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import jax
@@ -10,6 +11,7 @@ import numpy as np
 import optax
 import pytest
 
+from rhhjax.errors import UserError
 from rhhjax.train import checkpoint as ckpt_lib
 
 
@@ -143,7 +145,7 @@ def test_failed_save_is_one_line_and_cleans_up(tmp_path, monkeypatch):
     assert "\n" not in message
     assert message.startswith(
         f"cannot write the checkpoint of step 2 to {tmp_path.absolute() / 'checkpoints'}: "
-        "no space left on device (it needs about "
+        "no space left on device (it needs "
     )
     assert message.endswith(
         "the last checkpoint (step 1) is intact; free some space and run the same command "
@@ -182,3 +184,99 @@ def test_orbax_error_records_are_dropped_during_a_save():
         logger.removeHandler(handler)
         logger.setLevel(old_level)
     assert seen == ["b", "c", "d"]
+
+
+def _saved(tmp_path):
+    """Latest checkpoints 1 and 2 and a best one at 2 in ``tmp_path``."""
+    params, opt_state, carry = make_state()
+    with ckpt_lib.Checkpoints(tmp_path, keep=3) as c:
+        for step in (1, 2):
+            c.save_latest(step, params, opt_state, carry, meta(step))
+        c.save_best(2, params, meta(2))
+    return params
+
+
+def _params_files(step_dir: Path) -> list[Path]:
+    return sorted(p for p in (step_dir / "params").rglob("*") if p.is_file())
+
+
+def test_every_saved_checkpoint_has_checksums_of_all_its_files(tmp_path):
+    _saved(tmp_path)
+    for step_dir in (tmp_path / "checkpoints" / "1", tmp_path / "best" / "2"):
+        table = json.loads((step_dir / ckpt_lib.CHECKSUMS_FILE).read_text())
+        files = {
+            str(p.relative_to(step_dir))
+            for p in step_dir.rglob("*")
+            if p.is_file() and p.name != ckpt_lib.CHECKSUMS_FILE
+        }
+        assert set(table) == files and any(name.startswith("params/") for name in table)
+
+
+@pytest.mark.parametrize("how", ["truncated", "overwritten", "missing"])
+def test_a_damaged_best_checkpoint_is_one_error_naming_it_and_the_others(tmp_path, how):
+    """evaluate / sample read the best checkpoint through load_for_inference: a damaged one is
+    a DamagedCheckpointError (a UserError, one line) naming it and the other checkpoints,
+    raised before orbax reads it."""
+    _saved(tmp_path)
+    target = max(_params_files(tmp_path / "best" / "2"), key=lambda p: p.stat().st_size)
+    if how == "truncated":
+        target.write_bytes(target.read_bytes()[:10])
+    elif how == "overwritten":
+        data = bytearray(target.read_bytes())
+        data[-8:] = b"\x00" * 8
+        target.write_bytes(bytes(data))
+    else:
+        target.unlink()
+    with pytest.raises(ckpt_lib.DamagedCheckpointError) as info:
+        ckpt_lib.load_for_inference(tmp_path, "best")
+    message = str(info.value)
+    assert isinstance(info.value, UserError) and "\n" not in message
+    assert message.startswith(f"checkpoint {tmp_path / 'best' / '2'} is damaged (params/")
+    assert message.endswith(f"other checkpoints in {tmp_path}: checkpoints/1, checkpoints/2")
+    assert info.value.which == "best" and info.value.step == 2
+    params, _, used = ckpt_lib.load_for_inference(tmp_path, "latest")  # the others still load
+    assert used == "latest"
+
+
+def test_a_checkpoint_without_checksums_must_hold_finite_parameters(tmp_path):
+    """Checkpoints of older versions have no checksums: non-finite parameters (what
+    overwritten bytes read as) are refused instead of loading silently."""
+    params, opt_state, carry = make_state()
+    bad = jax.tree.map(lambda x: x.at[0].set(jnp.nan), params)
+    with ckpt_lib.Checkpoints(tmp_path) as c:
+        c.save_latest(1, params, opt_state, carry, meta(1))
+        c.save_latest(2, bad, opt_state, carry, meta(2))
+    for step in (1, 2):
+        (tmp_path / "checkpoints" / str(step) / ckpt_lib.CHECKSUMS_FILE).unlink()
+    with ckpt_lib.Checkpoints(tmp_path, read_only=True) as c:
+        with pytest.raises(ckpt_lib.DamagedCheckpointError, match="non-finite parameters"):
+            c.restore_params("latest", 2)
+        restored, _ = c.restore_params("latest", 1)
+    assert_equal(restored, params)
+
+
+def test_space_needed_never_contradicts_itself(tmp_path, monkeypatch):
+    """A failed save said "needs about 63 kB, 90 kB free": an estimate below the free space
+    becomes "more than the free space" (the write failed, so it needed more)."""
+    import shutil
+
+    usage = shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(ckpt_lib.shutil, "disk_usage", lambda _: usage._replace(free=90_000))
+    assert ckpt_lib.space_needed(tmp_path, 63_000) == "it needs more than the 90 kB free"
+    assert ckpt_lib.space_needed(tmp_path, 2_000_000) == "it needs about 2.0 MB, 90 kB free"
+
+
+def test_only_tensorstores_closed_loop_noise_is_silenced(monkeypatch):
+    """A failed write or read made tensorstore's threads print 0-160 lines of "Event loop is
+    closed" tracebacks around the one-line error; those (and nothing else) are dropped."""
+    import sys
+    import types
+
+    seen: list[str] = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda u: seen.append(str(u.exc_value)))
+    monkeypatch.setattr(ckpt_lib, "_SILENCED", False)
+    ckpt_lib.silence_closed_loop_noise()
+    ckpt_lib.silence_closed_loop_noise()  # once is enough: not wrapped twice
+    for error in (RuntimeError("Event loop is closed"), RuntimeError("other"), ValueError("x")):
+        sys.unraisablehook(types.SimpleNamespace(exc_value=error))
+    assert seen == ["other", "x"]

@@ -132,21 +132,30 @@ def test_end_to_end_outputs(trained):
     assert meta["config"]["model"]["hidden"] == 16
 
 
+def snapshot(workdir: Path) -> dict[str, bytes]:
+    """Every file of ``workdir`` (relative path -> bytes)."""
+    return {str(p.relative_to(workdir)): p.read_bytes() for p in workdir.rglob("*") if p.is_file()}
+
+
 def test_rerun_of_a_finished_run_does_nothing(trained, text_file):
-    """The same command again: nothing trained, nothing re-evaluated, results.json kept; an
-    empty eval.final_protocols does not overwrite it with an empty table either."""
+    """The same command again, even with another learning rate: nothing trained, nothing
+    re-evaluated, and the workdir byte for byte as it was (config.json keeps the values the
+    run trained with; no resume record). An empty eval.final_protocols does not overwrite
+    results.json with an empty table either."""
     workdir, cfg, results, _ = trained
-    before = (workdir / "results.json").read_text()
+    before = snapshot(workdir)
     lines: list[str] = []
-    again = trainer.train_and_evaluate(cfg, workdir, log=lines.append)
-    assert any(line.startswith("resuming") and "step 6" in line for line in lines)
+    changed = tiny_config(text_file, train__tensorboard=HAS_TENSORBOARDX)
+    changed.train.learning_rate = 0.5
+    again = trainer.train_and_evaluate(changed, workdir, log=lines.append)
+    assert snapshot(workdir) == before
     assert any("already finished at step 6: nothing to do" in line for line in lines)
-    assert not any(line.startswith(("step ", "final evaluation")) for line in lines)
+    assert not any(line.startswith(("resuming", "step ", "final evaluation")) for line in lines)
     assert again["final"] == results["final"]
     empty = tiny_config(text_file, eval__final_protocols="")
     lines.clear()
     trainer.train_and_evaluate(empty, workdir, log=lines.append)
-    assert (workdir / "results.json").read_text() == before
+    assert (workdir / "results.json").read_bytes() == before["results.json"]
     assert any("results.json is left as it was" in line for line in lines)
 
 
@@ -236,7 +245,9 @@ def test_resume_reproduces_uninterrupted_run(tmp_path, text_file, sampler):
         for step in c.steps("latest"):
             if step > 4:
                 c._latest.delete(step)
-    assert max(r["step"] for r in records(killed)) == 6  # written after checkpoint 4
+    # written after checkpoint 4: train records to step 6, the stop step's validation at 7
+    assert max(r["step"] for r in records(killed, ("train",))) == 6
+    assert [r["step"] for r in records(killed, ("valid",))] == [4, 7]
     lines: list[str] = []
     trainer.train_and_evaluate(
         tiny_config(text_file, train__max_steps=8, **common), killed, log=lines.append
@@ -247,8 +258,12 @@ def test_resume_reproduces_uninterrupted_run(tmp_path, text_file, sampler):
     assert [r["step"] for r in expected if r["kind"] == "train"] == [3, 6]
     assert [r["step"] for r in expected if r["kind"] == "valid"] == [4, 8]
     reference, _ = latest_params(straight)
+    # the run stopped by max_steps=5 validated its stop step too; nothing else differs
+    stop_step_validation = [r for r in records(stopped) if r["kind"] == "valid" and r["step"] == 5]
+    assert len(stop_step_validation) == 1
     for workdir in (stopped, killed):
-        assert records(workdir) == expected  # bitwise: floats survive JSON exactly
+        recs = [r for r in records(workdir) if r not in stop_step_validation]
+        assert recs == expected  # bitwise: floats survive JSON exactly
         params, meta = latest_params(workdir)
         assert meta["step"] == 8
         assert_trees_equal(params, reference)
@@ -309,6 +324,8 @@ def test_a_run_from_before_the_kernel_fields_resumes_with_another_impl_and_block
                 rewritten += section.pop(name, None) is not None
         path.write_text(json.dumps(data))
     assert rewritten > 0  # the old format really lacks them now
+    for path in workdir.glob(f"*/*/{ckpt_lib.CHECKSUMS_FILE}"):
+        path.unlink()  # nor had checkpoints checksums then
     cfg = tiny_config(text_file, train__max_steps=4, model__impl="fused", **common)
     cfg.model.kernel.block_b = 16
     results = trainer.train_and_evaluate(cfg, workdir, log=quiet)
@@ -557,15 +574,34 @@ def test_kill_between_best_and_latest_save_keeps_the_best(tmp_path, text_file, m
     monkeypatch.setattr(ckpt_lib.Checkpoints, "save_latest", real_save)
     with ckpt_lib.Checkpoints(workdir, read_only=True) as c:
         assert c.steps("latest") == [2] and 4 in c.steps("best")  # the kill's aftermath
+    # resumed to stop at step 2 (a stop at 3 would validate step 3: a new best, maybe)
     results = trainer.train_and_evaluate(
-        tiny_config(text_file, train__max_steps=3, **common), workdir, log=quiet
+        tiny_config(text_file, train__max_steps=2, **common), workdir, log=quiet
     )
-    assert results["step"] == 3 and results["best_step"] == 2
+    assert results["step"] == 2 and results["best_step"] == 2
     assert results["evaluated_checkpoint"] == "best step 2"
     with ckpt_lib.Checkpoints(workdir, read_only=True) as c:
         assert c.steps("best") == [2]
     saved = json.loads((workdir / "results.json").read_text())
     assert saved["best_step"] == 2 and saved["evaluated_checkpoint"] == "best step 2"
+
+
+def _bytes(text: str) -> float:
+    number, unit = text.split()
+    return float(number.replace(",", "")) * {"kB": 1e3, "MB": 1e6, "GB": 1e9}[unit]
+
+
+def assert_space_consistent(message: str) -> None:
+    """A full-disk line states the space a write needs so that it cannot contradict itself:
+    "it needs about X, Y free" with X > Y, or "it needs more than the Y free"."""
+    import re
+
+    size = r"([\d.,]+ [kMG]B)"
+    about = re.search(rf"it needs about {size}, {size} free", message)
+    more = re.search(rf"it needs more than the {size} free", message)
+    assert about or more, message
+    if about:
+        assert _bytes(about.group(1)) > _bytes(about.group(2)), message
 
 
 def test_full_disk_during_a_checkpoint_is_one_line(tmp_path, text_file, monkeypatch):
@@ -595,7 +631,8 @@ def test_full_disk_during_a_checkpoint_is_one_line(tmp_path, text_file, monkeypa
     message = str(info.value)
     assert "\n" not in message and isinstance(info.value, UserError)
     assert "step 4" in message and str(workdir) in message
-    assert "no space left on device" in message and "it needs about" in message
+    assert "no space left on device" in message
+    assert_space_consistent(message)
     assert "the last checkpoint (step 2) is intact" in message
     monkeypatch.setattr(ocp.CheckpointManager, "save", real_save)
     lines: list[str] = []
@@ -757,15 +794,204 @@ def test_evaluate_reads_moved_data(trained, tmp_path, text_file):
 
 def test_progress_total_only_when_a_step_bound_decides():
     """A time-budgeted run (configs/ptb.py:cpu) showed "step 25/797,000": no total there."""
+    import types
+
     import ml_collections
 
-    loop = train_loop.Loop.__new__(train_loop.Loop)  # only cfg and bpe are read
-    loop.bpe = 797
-    loop.cfg = ml_collections.ConfigDict(
+    cfg = ml_collections.ConfigDict(
         {"train": {"max_steps": 0, "max_epochs": 1000, "max_minutes": 12.0}}
     )
+    run = types.SimpleNamespace(cfg=cfg, steps_per_epoch=797)
+    loop = train_loop.Loop.__new__(train_loop.Loop)  # only run.cfg and the epoch are read
+    loop.run = run
     assert loop._total_steps() == 0
-    loop.cfg.train.max_minutes = 0.0
+    cfg.train.max_minutes = 0.0
     assert loop._total_steps() == 797_000
-    loop.cfg.train.max_steps = 500
+    cfg.train.max_steps = 500
     assert loop._total_steps() == 500
+
+
+# ----------------------------------------------------------------------------- faults (issue 23)
+
+
+def test_first_progress_line_has_no_made_up_speed_and_an_epoch_estimate_follows(trained):
+    """The line of the first step after a start (only the compiled step timed) said
+    "- char/s  ETA 0:00:00"; now it says when speed and ETA come, and after the second step
+    one line estimates what an epoch takes here."""
+    _, _, _, lines = trained
+    progress = [line for line in lines if line.startswith("step ")]
+    assert progress[0].startswith("step 1/6 ")
+    assert progress[0].endswith("speed and ETA from the next progress line on")
+    assert "ETA 0:00:00" not in progress[0] and "- char/s" not in progress[0]
+    assert "char/s  ETA " in progress[1]
+    estimates = [line for line in lines if line.startswith("estimate: an epoch (")]
+    assert len(estimates) == 1 and ("on this CPU" in estimates[0] or "on this GPU" in estimates[0])
+    assert lines.index(estimates[0]) < lines.index(progress[1])
+
+
+def test_epoch_estimate_names_the_cpu_recipe_for_a_model_too_large_for_a_cpu():
+    paper = trainer.epoch_estimate(12.5, 199, 2, "cpu")
+    assert paper.startswith("estimate: an epoch (199 steps) takes about 0:41:28 on this CPU")
+    assert "--config=configs/ptb.py:cpu" in paper and "\n" not in paper
+    assert "configs/ptb.py:cpu" not in trainer.epoch_estimate(12.5, 199, 2, "gpu")
+    assert "configs/ptb.py:cpu" not in trainer.epoch_estimate(0.01, 63_770, 2, "cpu")  # :tiny
+    assert "configs/ptb.py:cpu" not in trainer.epoch_estimate(0.45, 797, 2, "cpu")  # :cpu
+
+
+def test_a_step_bound_between_validations_validates_the_stop_step(tmp_path, text_file):
+    """max_steps=5 with a validation every 3 steps validated step 3 only: steps 4-5 never
+    counted for the best checkpoint."""
+    cfg = tiny_config(text_file, train__max_steps=5, eval__final_protocols="windows")
+    lines: list[str] = []
+    results = trainer.train_and_evaluate(cfg, tmp_path / "run", log=lines.append)
+    assert [r["step"] for r in records(tmp_path / "run", ("valid",))] == [3, 5]
+    assert any("max_steps reached at step 5: validating it" in line for line in lines)
+    with ckpt_lib.Checkpoints(tmp_path / "run", read_only=True) as c:
+        assert c.read_meta("latest")["valid_step"] == 5
+    assert results["best_step"] in (3, 5)
+
+
+def test_a_signal_during_initialisation_writes_nothing(tmp_path, text_file, monkeypatch):
+    """SIGTERM while the model initialises (a minute for the paper model on a CPU) used to be
+    acted on only in the loop: config.json, metrics and a step-0 checkpoint of an untrained
+    model were written. Now the run stops after the initialisation and writes nothing."""
+    import signal as signal_lib
+
+    from rhhjax.train import state as state_lib
+
+    real = state_lib.make_init
+
+    def init_then_signal(mc):
+        fn = real(mc)
+
+        def wrapped(key):
+            params = fn(key)
+            os.kill(os.getpid(), signal_lib.SIGTERM)
+            return params
+
+        return wrapped
+
+    monkeypatch.setattr(state_lib, "make_init", init_then_signal)
+    lines: list[str] = []
+    workdir = tmp_path / "run"
+    results = trainer.train_and_evaluate(tiny_config(text_file), workdir, log=lines.append)
+    assert results["status"] == "interrupted" and results["exit_code"] == 143
+    assert results["step"] is None and not workdir.exists()
+    assert "stopped by SIGTERM before training started; nothing was written" in lines
+
+
+def _damage(path: Path, how: str) -> None:
+    if how == "truncated":
+        path.write_bytes(path.read_bytes()[:100])
+    else:  # the same size, other bytes
+        data = bytearray(path.read_bytes())
+        data[len(data) // 2 : len(data) // 2 + 16] = b"\xff" * 16
+        path.write_bytes(bytes(data))
+
+
+def _largest_params_file(step_dir: Path) -> Path:
+    files = [p for p in (step_dir / "params").rglob("*") if p.is_file()]
+    return max(files, key=lambda p: p.stat().st_size)
+
+
+@pytest.mark.parametrize("how", ["truncated", "overwritten"])
+def test_a_damaged_latest_checkpoint_falls_back_to_the_previous_one(
+    trained, tmp_path, text_file, capfd, how
+):
+    """A damaged file under checkpoints/6/params printed 160-280 lines of tensorstore
+    tracebacks (truncated) or loaded silently (overwritten). Now one line names it and the
+    run resumes from step 3, the previous checkpoint."""
+    import shutil
+
+    workdir = tmp_path / "copy"
+    shutil.copytree(trained[0], workdir)
+    _damage(_largest_params_file(workdir / "checkpoints" / "6"), how)
+    capfd.readouterr()
+    lines: list[str] = []
+    cfg = tiny_config(text_file, train__max_steps=7, eval__final_protocols="windows")
+    results = trainer.train_and_evaluate(cfg, workdir, log=lines.append)
+    damaged = [line for line in lines if "is damaged" in line]
+    assert len(damaged) == 1 and str(workdir / "checkpoints" / "6") in damaged[0]
+    assert damaged[0].endswith("resuming from step 3 instead")
+    assert any(line.startswith(f"resuming {workdir} from step 3") for line in lines)
+    assert results["status"] == "finished" and results["step"] == 7
+    assert "Traceback" not in "".join(capfd.readouterr())
+
+
+def test_every_checkpoint_damaged_is_one_error_naming_them(trained, tmp_path, text_file):
+    import shutil
+
+    workdir = tmp_path / "copy"
+    shutil.copytree(trained[0], workdir)
+    for step in (3, 6):
+        _damage(_largest_params_file(workdir / "checkpoints" / str(step)), "truncated")
+    cfg = tiny_config(text_file, train__max_steps=7)
+    with pytest.raises(ckpt_lib.DamagedCheckpointError) as info:
+        trainer.train_and_evaluate(cfg, workdir, log=quiet)
+    message = str(info.value)
+    assert isinstance(info.value, UserError) and "\n" not in message
+    assert str(workdir / "checkpoints" / "3") in message and "no undamaged checkpoint" in message
+
+
+def test_full_disk_while_writing_results_is_one_line(tmp_path, text_file, monkeypatch):
+    """ENOSPC while results.json is written was a 26-line OSError traceback; now one line with
+    a consistent estimate, and the same command writes it once there is space."""
+    import errno
+    import tempfile
+
+    real = tempfile.mkstemp
+
+    def full(*args, prefix="", **kwargs):
+        if prefix.startswith(".results.json"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(*args, prefix=prefix, **kwargs)
+
+    monkeypatch.setattr(workdir_lib.tempfile, "mkstemp", full)
+    cfg = tiny_config(text_file, train__max_steps=3, eval__final_protocols="windows")
+    workdir = tmp_path / "run"
+    with pytest.raises(workdir_lib.WorkdirWriteError) as info:
+        trainer.train_and_evaluate(cfg, workdir, log=quiet)
+    message = str(info.value)
+    assert isinstance(info.value, UserError) and "\n" not in message
+    assert message.startswith(f"cannot write {workdir / 'results.json'}: no space left on device")
+    assert_space_consistent(message)
+    assert not list(workdir.glob(".results.json*"))  # nothing half-written
+    monkeypatch.setattr(workdir_lib.tempfile, "mkstemp", real)
+    results = trainer.train_and_evaluate(cfg, workdir, log=quiet)
+    assert json.loads((workdir / "results.json").read_text())["final"] == results["final"]
+
+
+def _scalars_as_tensorboard_shows_them(folder: Path) -> dict[str, list[int]]:
+    """{tag: [step, ...]} as TensorBoard displays the event files in ``folder``: with its own
+    reader (EventAccumulator, which applies purge_step) when tensorboard is installed."""
+    from tensorboard.backend.event_processing import event_accumulator
+
+    acc = event_accumulator.EventAccumulator(str(folder), size_guidance={"scalars": 0})
+    acc.Reload()
+    return {tag: [e.step for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+@pytest.mark.skipif(
+    not HAS_TENSORBOARDX or importlib.util.find_spec("tensorboard") is None,
+    reason="needs tensorboardX (the writer) and tensorboard (its reader)",
+)
+def test_tensorboard_keeps_the_resume_steps_points(tmp_path, text_file):
+    """purge_step=start_step made TensorBoard drop the resume step's train and validation
+    points after every resume. A resume from step 3 after a 'kill -9' at step 6 (checkpoint 6
+    deleted): every step once, with the values of metrics.jsonl."""
+    cfg = tiny_config(text_file, train__tensorboard=True, eval__final_protocols="")
+    workdir = tmp_path / "run"
+    trainer.train_and_evaluate(cfg, workdir, log=quiet)
+    with ckpt_lib.Checkpoints(workdir) as c:
+        c._latest.delete(6)  # killed before checkpoint 6: the events of 4-6 are abandoned
+    lines: list[str] = []
+    trainer.train_and_evaluate(cfg, workdir, log=lines.append)
+    assert any(line.startswith(f"resuming {workdir} from step 3") for line in lines)
+    shown = _scalars_as_tensorboard_shows_them(workdir / "tensorboard")
+    assert shown["train/bpc"] == [1, 2, 3, 4, 5, 6]
+    assert shown["valid_windows/bpc"] == [3, 6]
+    scalars = read_event_scalars(workdir / "tensorboard")  # the newest value of each step
+    newest = {step: value for step, value in scalars["train/bpc"]}
+    expected = {r["step"]: r["bpc"] for r in records(workdir, ("train",))}
+    assert sorted(newest) == sorted(expected)
+    np.testing.assert_allclose([newest[k] for k in expected], list(expected.values()), 1e-6)

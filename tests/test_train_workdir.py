@@ -1,9 +1,13 @@
-"""rhhjax.train.workdir: the workdir's JSON files stay valid with non-finite values. (The lock,
-file modes and resume checks run through whole runs: tests/test_train_trainer.py.)"""
+"""rhhjax.train.workdir: the workdir's JSON files stay valid with non-finite values; a full
+disk is one line. (The lock, file modes and resume checks run through whole runs:
+tests/test_train_trainer.py.)"""
 
 import json
 import math
 
+import pytest
+
+from rhhjax.errors import UserError
 from rhhjax.train import workdir as workdir_lib
 
 
@@ -20,3 +24,20 @@ def test_json_outputs_stay_valid_with_infinite_values(tmp_path):
     (record,) = [strict_json(line) for line in log.path.read_text().splitlines()]
     assert record == {"kind": "valid", "step": 1, "ppl": None, "loss": None, "bpc": 2.5}
     assert strict_json(workdir_lib.json_dumps({"a": [1.0, -math.inf]})) == {"a": [1.0, None]}
+
+
+def test_a_full_disk_while_appending_metrics_is_one_line(tmp_path, monkeypatch):
+    import builtins
+    import errno
+
+    log = workdir_lib.MetricsLog(tmp_path / "metrics.jsonl")
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(builtins, "open", full)
+    with pytest.raises(workdir_lib.WorkdirWriteError) as info:
+        log.append({"kind": "train", "step": 1})
+    message = str(info.value)
+    assert "\n" not in message and isinstance(info.value, UserError)
+    assert message.startswith(f"cannot write {log.path}: no space left on device (it needs ")

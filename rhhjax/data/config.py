@@ -1,10 +1,11 @@
 """The ``data`` block of a config: its defaults, its validation, and the one ``load_corpus``.
 
-``default_data_config()`` is the block of ``configs/ptb.py`` (the one place for defaults;
-fields an older config lacks are filled from it).
-``validate_data_config`` holds every check of the block that needs no file. ``load_corpus``
-fills missing fields from the defaults, validates, resolves a known ``corpus`` (enwik8 /
-text8: ``resolve_data_config``, downloading when needed) and reads the corpus.
+``default_data_config()`` is the one place for the block's defaults, each field with its
+comment (config files start from it through ``rhhjax.train.config.default_config``; fields an
+older config lacks are filled from it). ``validate_data_config`` holds every check of the
+block that needs no file. ``load_corpus`` fills missing fields from the defaults, validates,
+resolves a known ``corpus`` (enwik8 / text8: ``resolve_data_config``, downloading when needed)
+and reads the corpus.
 """
 
 from __future__ import annotations
@@ -26,11 +27,22 @@ FORMATS = ("chars", "mikolov_char", "text")
 
 
 def default_data_config() -> ml_collections.ConfigDict:
-    """Defaults of the ``data`` block: the one in ``configs/ptb.py`` (each field's comment is
-    there), the project's one place for every default."""
-    from rhhjax import configs
-
-    return configs.load("ptb").data
+    """The ``data`` block with every field at its default: Penn Treebank's raw characters."""
+    data = ml_collections.ConfigDict()
+    data.format = "chars"  # chars (raw ptb.*.txt, 50 symbols) | mikolov_char | text.
+    data.corpus = ""  # format=text: a known corpus (enwik8 | text8) to download; "" = none.
+    data.url = ""  # data.corpus: a mirror of its download address; "" = the official one.
+    data.sha256 = ""  # data.corpus: expected SHA256 of the download; "" = the embedded hash.
+    data.dir = ""  # PTB folder; "" = $RHHJAX_CACHE/ptb (~/.cache/rhhjax/ptb), downloaded.
+    data.download = True  # Download simple-examples.tgz when the files are missing.
+    data.unk = False  # Map unseen valid/test symbols to <unk> instead of failing.
+    data.text_files = ""  # format=text: one file (hutter split) or "train,valid,test".
+    data.text_split = "hutter"  # format=text: hutter (last N test, previous N valid) | files.
+    data.text_vocab = "char"  # format=text: char (Unicode characters) | byte.
+    # format=text, hutter split: symbols in each of valid and test (90M / 5M / 5M of enwik8).
+    data.hutter_holdout = text.DEFAULT_HUTTER_HOLDOUT
+    data.sampler = "windows"  # windows (paper: random 101-char windows) | stream (TBPTT).
+    return data
 
 
 def _as_dict(cfg: Any) -> dict[str, Any]:

@@ -28,7 +28,40 @@ class ConfigError(UserError):
 class ModelConfig:
     """Hashable model configuration (built from the `model` block of a config file).
 
-    Fields mirror `configs/ptb.py`; see there for a comment on each.
+    The defaults are the paper's HyperRHN (Suarez 2017) and the one place for the ``model``
+    block's defaults (``rhhjax.train.config.default_config`` copies them into every config).
+
+    Attributes:
+      type: hyperrhn | rhn | lstm.
+      vocab_size: output symbols; overwritten from the data's vocabulary at training time.
+      embed_dim: character embedding width (paper: 27).
+      hidden: main cell width n (LSTM: units per layer).
+      hyper_hidden: hypernetwork width h (hyperrhn only).
+      depth: recurrence depth L, micro-layers per time step (rhn, hyperrhn).
+      lstm_layers: stacked layers (lstm only).
+      dropout: gate (paper) | variational (Zilly / Gal) | none.
+      keep: keep probability of gate dropout (lstm: between layers).
+      keep_input: variational: keep probability on the cell input.
+      keep_hidden: variational: keep probability on the state fed to W_l.
+      keep_output: variational: keep probability on the output before the softmax.
+      t_bias_init: added to the transform-gate bias at init (Zilly: -2 / -4).
+      init: orthogonal (the paper code's) | uniform (PyTorch's default Linear).
+      hyper_input: x (paper) | x_and_state (Ha's HyperLSTM: also the main state).
+      impl: how the recurrence runs (``IMPLS``): scan (the reference ``nn.scan``), fused
+        (custom VJP) or pallas (GPU kernels); it changes speed, not what is computed.
+      pallas_mode: pallas: auto (compiled Triton on a GPU, interpret mode elsewhere) |
+        compiled (e.g. to compile a GPU step on a CPU host) | interpret.
+      kernel: block sizes of the Pallas kernels (``kernels/config.py`` ``HighwayConfig``,
+        whose defaults compile without spills for an H100).
+      dtype: matmul input dtype, float32 | bfloat16 (the carry stays float32).
+      hyper_rank: 0 = the paper's column scaling; d > 0: rank-d ``W o sum u_i v_i^T``
+        (paper section 4).
+      lowrank_op: hyper_rank > 0 with scan: custom_vjp | factored | materialized.
+      lowrank_remat: hyper_rank > 0 with scan: recompute u, v, X_u W in the backward.
+      original_first_step: rhn, hyperrhn: True reproduces the paper's code exactly (on a
+        sequence's first step a row whose state is exactly zero skips layer 0's recurrent
+        bias b_0); False: b_0 applies at every step (a documented deviation: at init the
+        paper model's logits differ by <= 3.1e-4 at t = 0).
     """
 
     type: str = "hyperrhn"

@@ -1,2 +1,10 @@
-"""Training: config defaults and validation, optimizer, the one train step, workdir files,
-checkpoints and the loop (`rhhjax.train.loop.train_and_evaluate`)."""
+"""Training: ``rhhjax.train.trainer.train_and_evaluate(config, workdir)``.
+
+config.py      every default (``default_config``), the train / eval blocks, validation
+setup.py       ``prepare_run``: the checks before anything is written -> ``Run``
+state.py       ``LoopState`` and ``StateStore`` (fresh / saved / restored states)
+loop.py        ``Loop``: steps, progress, validation, checkpoints, stops, results
+trainer.py     ``train_and_evaluate``: setup, start or resume, loop, finish
+optim.py, step.py, checkpoint.py, workdir.py, signals.py: the optimizer, the jitted step,
+               checkpoints (with checksums), the workdir's files, SIGTERM / SIGINT
+"""

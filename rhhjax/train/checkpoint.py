@@ -23,6 +23,13 @@ the latest checkpoint that records it, and the previous best is deleted only aft
 names (a resume deletes the other). A save that fails (a full disk) raises
 ``CheckpointError`` with one line naming the folder, the step and the space it needs.
 
+Damage: after each save the size and SHA-256 of every file of the checkpoint go to
+``<step>/checksums.json``; a restore first checks the files it reads against it and raises
+``DamagedCheckpointError`` (one line naming the damaged checkpoint and the other checkpoints)
+on a difference, before orbax reads a byte. A checkpoint without that file (older versions,
+or a kill between the save and the file) is read as it is and refused if it does not read or
+holds a non-finite parameter.
+
 The ``meta`` JSON (version 1):
     step, epoch                 the number of finished training steps / epochs (float)
     sampler                     ``WindowSampler.state()`` / ``StreamSampler.state()``
@@ -42,13 +49,17 @@ The ``meta`` JSON (version 1):
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import logging
 import os
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
 from rhhjax.errors import UserError
@@ -58,10 +69,21 @@ BEST_DIR = "best"
 META_VERSION = 1
 LATEST_ITEMS = ("params", "opt_state", "carry", "meta")
 BEST_ITEMS = ("params", "meta")
+CHECKSUMS_FILE = "checksums.json"  # in each step's folder: {relative path: [bytes, sha256]}
 
 
 class CheckpointError(UserError):
     """A missing or unreadable checkpoint; the message is one line."""
+
+
+class DamagedCheckpointError(CheckpointError):
+    """A checkpoint whose files changed since they were saved, or that does not read; the
+    message (one line) names it and the other checkpoints of the workdir."""
+
+    def __init__(self, message: str, which: str, step: int):
+        super().__init__(message)
+        self.which = which
+        self.step = step
 
 
 def abstract(tree: Any) -> Any:
@@ -159,10 +181,13 @@ class Checkpoints:
             raise CheckpointError("checkpoints opened read-only")
         if step in manager.all_steps():
             manager.delete(step)
+        silence_closed_loop_noise()
         try:
             with quiet_orbax_errors():
                 manager.save(step, args=ocp.args.Composite(**items), force=True)
                 manager.wait_until_finished()
+            if jax.process_index() == 0:
+                write_checksums(Path(manager.directory) / str(step))
         except Exception as e:  # orbax / tensorstore / OSError: report it in one line
             folder = Path(manager.directory)
             _remove_unfinished(folder)
@@ -197,17 +222,68 @@ class Checkpoints:
 
     def restore_latest(self, step: int, params, opt_state, carry) -> tuple[Any, Any, Any, dict]:
         """The full training state at ``step``; the arguments are templates (shapes, dtypes,
-        tree structure), e.g. a freshly initialised state."""
-        restored = self._latest.restore(
+        tree structure), e.g. a freshly initialised state. DamagedCheckpointError when its
+        files changed since the save or it does not read."""
+        restored = self._restore(
+            "latest",
             step,
-            args=ocp.args.Composite(
-                params=ocp.args.StandardRestore(abstract(params)),
-                opt_state=ocp.args.StandardRestore(abstract(opt_state)),
-                carry=ocp.args.StandardRestore({"carry": abstract(carry)}),
-                meta=ocp.args.JsonRestore(),
-            ),
+            params=ocp.args.StandardRestore(abstract(params)),
+            opt_state=ocp.args.StandardRestore(abstract(opt_state)),
+            carry=ocp.args.StandardRestore({"carry": abstract(carry)}),
+            meta=ocp.args.JsonRestore(),
         )
         return restored.params, restored.opt_state, restored.carry["carry"], dict(restored.meta)
+
+    def _restore(self, which: str, step: int, **items):
+        """Restore ``items`` of a checkpoint (an item may be a function giving its restore
+        argument once the files are checked): its files are checked against its checksums
+        first; one without checksums must read and hold finite parameters."""
+        manager = self._which(which)
+        folder = Path(manager.directory) / str(step)
+        checked = self._check_files(which, step, folder, tuple(items))
+        silence_closed_loop_noise()
+        try:
+            items = {k: v() if callable(v) else v for k, v in items.items()}
+            restored = manager.restore(step, args=ocp.args.Composite(**items))
+        except Exception as e:  # tensorstore / orbax / JSON errors of damaged files
+            text = " ".join(str(e).split())[:200] or type(e).__name__
+            raise self._damaged(which, step, f"it does not read: {text}") from None
+        if not checked and "params" in items and not _all_finite(restored.params):
+            raise self._damaged(which, step, "it holds non-finite parameters")
+        return restored
+
+    def _check_files(self, which: str, step: int, folder: Path, items: tuple[str, ...]) -> bool:
+        """Whether ``folder`` has checksums (False: none to check); DamagedCheckpointError
+        when a file of ``items`` (or of the step itself) differs from them."""
+        try:
+            expected = json.loads((folder / CHECKSUMS_FILE).read_text())
+        except FileNotFoundError:
+            return False
+        except (OSError, ValueError) as e:
+            raise self._damaged(which, step, f"its {CHECKSUMS_FILE} does not read ({e})") from None
+        for name, (size, digest) in sorted(expected.items()):
+            if "/" in name and name.split("/", 1)[0] not in items:
+                continue  # another item's file: not read now
+            problem = _file_problem(folder / name, size, digest)
+            if problem:
+                raise self._damaged(which, step, f"{name} {problem}")
+        return True
+
+    def _damaged(self, which: str, step: int, reason: str) -> DamagedCheckpointError:
+        folder = LATEST_DIR if which == "latest" else BEST_DIR
+        others = [
+            f"{sub}/{s}"
+            for sub, kind in ((LATEST_DIR, "latest"), (BEST_DIR, "best"))
+            for s in self.steps(kind)
+            if (kind, s) != (which, step)
+        ]
+        listed = ", ".join(others) if others else "none"
+        return DamagedCheckpointError(
+            f"checkpoint {self.workdir / folder / str(step)} is damaged ({reason}); other "
+            f"checkpoints in {self.workdir}: {listed}",
+            which,
+            step,
+        )
 
     def read_meta(self, which: str = "latest", step: int | None = None) -> dict | None:
         """The meta JSON of a checkpoint (default: the newest of ``which``), or None."""
@@ -217,8 +293,18 @@ class Checkpoints:
         step = manager.latest_step() if step is None else step
         if step is None:
             return None
-        restored = manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
-        return dict(restored.meta)
+        return dict(self._restore(which, step, meta=ocp.args.JsonRestore()).meta)
+
+    def newest_readable_meta(self) -> dict | None:
+        """The meta of the newest latest checkpoint whose meta reads (then of the best), or
+        None: a damaged newer one is passed over (the resume falls back past it too)."""
+        for which in ("latest", "best"):
+            for step in sorted(self.steps(which), reverse=True):
+                try:
+                    return self.read_meta(which, step)
+                except DamagedCheckpointError:
+                    continue
+        return None
 
     def restore_params(self, which: str = "best", step: int | None = None, template=None):
         """(params, meta) of a checkpoint (default: the newest of ``which``).
@@ -231,16 +317,13 @@ class Checkpoints:
         step = manager.latest_step() if (manager is not None and step is None) else step
         if manager is None or step is None:
             raise CheckpointError(f"no {which} checkpoint in {self.workdir}")
-        if template is not None:
-            target = abstract(template)
-        else:
-            target = _single_device_target(Path(manager.directory) / str(step) / "params")
-        restored = manager.restore(
-            step,
-            args=ocp.args.Composite(
-                params=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore()
-            ),
-        )
+        item_dir = Path(manager.directory) / str(step) / "params"
+
+        def params_arg():  # the saved shapes on one device: read once the files are checked
+            target = abstract(template) if template is not None else _single_device_target(item_dir)
+            return ocp.args.StandardRestore(target)
+
+        restored = self._restore(which, step, params=params_arg, meta=ocp.args.JsonRestore())
         return restored.params, dict(restored.meta)
 
     def close(self) -> None:
@@ -251,8 +334,12 @@ class Checkpoints:
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc):
-        self.close()
+    def __exit__(self, exc_type, *exc):
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 -- a failed save already raised the error to report
+            if exc_type is None:
+                raise
 
 
 class _OrbaxErrorFilter(logging.Filter):
@@ -274,6 +361,71 @@ def quiet_orbax_errors():
         yield
     finally:
         logger.removeFilter(quiet)
+
+
+def _closed_loop_noise(unraisable) -> bool:
+    """tensorstore's late callbacks into the asyncio loop of a failed orbax call (already
+    closed): harmless, printed as tracebacks after the one-line error."""
+    return isinstance(unraisable.exc_value, RuntimeError) and "Event loop is closed" in str(
+        unraisable.exc_value
+    )
+
+
+_SILENCED = False
+
+
+def silence_closed_loop_noise() -> None:
+    """From the first save or restore on, drop what tensorstore's threads print when a write
+    or read fails (a full disk, a damaged file; reported as one line): "Event loop is closed"
+    tracebacks of late callbacks into orbax's finished event loop (0 to 160 lines, a race),
+    during the failing call and after it. Nothing else is dropped."""
+    global _SILENCED
+    if _SILENCED:
+        return
+    _SILENCED = True
+    previous = sys.unraisablehook
+
+    def hook(unraisable):
+        if not _closed_loop_noise(unraisable):
+            previous(unraisable)
+
+    sys.unraisablehook = hook
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def write_checksums(folder: Path) -> None:
+    """``folder/checksums.json``: [bytes, SHA-256] of every file of a finished checkpoint."""
+    files = sorted(p for p in folder.rglob("*") if p.is_file() and p.name != CHECKSUMS_FILE)
+    table = {str(p.relative_to(folder)): [p.stat().st_size, _sha256(p)] for p in files}
+    tmp = folder / f".{CHECKSUMS_FILE}.tmp"
+    tmp.write_text(json.dumps(table, indent=0, sort_keys=True) + "\n")
+    os.replace(tmp, folder / CHECKSUMS_FILE)
+
+
+def _file_problem(path: Path, size: int, digest: str) -> str:
+    """ "" when ``path`` has the saved size and SHA-256, else what differs."""
+    try:
+        actual = path.stat().st_size
+    except OSError:
+        return "is missing"
+    if actual != size:
+        return f"has {actual:,} bytes, {size:,} when saved"
+    if _sha256(path) != digest:
+        return "changed since it was saved (SHA-256 differs)"
+    return ""
+
+
+def _all_finite(tree) -> bool:
+    """Whether every floating-point leaf of ``tree`` is finite."""
+    leaves = [x for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.floating)]
+    return all(bool(jnp.all(jnp.isfinite(x))) for x in leaves)
 
 
 def _tree_bytes(tree) -> int:
@@ -302,18 +454,12 @@ def _save_failure(
     """One line for a failed save: where, which step, why, the space needed, and ``last``,
     the step of the latest training checkpoint left (None: none)."""
     text = " ".join(str(error).split()) or type(error).__name__
-    try:
-        free = shutil.disk_usage(folder).free
-    except OSError:
-        free = None
     left = (
         f"the last checkpoint (step {last}) is intact"
         if last is not None
         else "no checkpoint was written before"
     )
-    need = f"it needs about {_size(nbytes)}"
-    if free is not None:
-        need += f", {_size(free)} free"
+    need = space_needed(folder, nbytes)
     no_space = "no space left on device" in text.lower() or "enospc" in text.lower()
     if no_space:
         return (
@@ -326,6 +472,19 @@ def _save_failure(
         f"cannot write the checkpoint of step {step} to {folder} ({need}): {text}; {left}; "
         f"run the same command again to resume"
     )
+
+
+def space_needed(folder: Path, nbytes: int) -> str:
+    """ "it needs about X, Y free" for a write of about ``nbytes`` into ``folder`` that failed;
+    "it needs more than the Y free" when the estimate is not above the free space (the write
+    failed, so it needed more: metadata, file-system blocks)."""
+    try:
+        free = shutil.disk_usage(folder if folder.exists() else folder.parent).free
+    except OSError:
+        return f"it needs about {_size(nbytes)}"
+    if nbytes > free:
+        return f"it needs about {_size(nbytes)}, {_size(free)} free"
+    return f"it needs more than the {_size(free)} free"
 
 
 def _size(n: int) -> str:

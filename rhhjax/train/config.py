@@ -1,13 +1,22 @@
-"""The ``train`` and ``eval`` blocks of a config, and the whole config as a run reads it.
+"""Every default of a run, the ``train`` and ``eval`` blocks, and the whole config as a run
+reads it.
+
+``default_config()`` is a config with every field of every block at its default: the paper's
+HyperRHN on Penn Treebank. Each default lives in one place: the ``data`` block in
+``rhhjax.data.default_data_config``, the ``model`` block in ``rhhjax.models.ModelConfig``
+(its ``kernel`` block in ``rhhjax.kernels.HighwayConfig``), ``train`` and ``eval`` here.
+Config files (``configs/``) start from it and set what their experiment chooses; the library
+never reads them.
 
 ``prepare_config(config)`` fills the fields an older config (a workdir's ``config.json``) lacks
-from ``rhhjax.configs.ptb`` and validates every block: ``data`` (``rhhjax.data``), ``model``
+from ``default_config()`` and validates every block: ``data`` (``rhhjax.data``), ``model``
 (``rhhjax.models.ModelConfig``), ``train`` and ``eval`` (here). Errors are one line
 (``TrainError``, ``ConfigError``, ``DataError``: all ``rhhjax.errors.UserError``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Mapping
@@ -16,15 +25,80 @@ from typing import Any
 import ml_collections
 import numpy as np
 
-from rhhjax import configs, models
 from rhhjax import data as data_lib
 from rhhjax import evaluation as eval_lib
+from rhhjax import models
 from rhhjax.errors import UserError
 
 
+def default_config() -> ml_collections.ConfigDict:
+    """Every field of every block at its default (the paper's HyperRHN on PTB)."""
+    config = ml_collections.ConfigDict()
+    config.variant = ""  # Which variant of its config file produced the config.
+    config.seed = 0  # Seeds parameters, dropout and the batch sampler.
+    config.data = data_lib.default_data_config()
+    config.model = dataclasses.asdict(models.ModelConfig())  # kernel: a nested block
+    config.train = default_train_config()
+    config.eval = default_eval_config()
+    return config
+
+
+def default_train_config() -> ml_collections.ConfigDict:
+    """The ``train`` block at its defaults: the paper's optimizer and batch, and the run's
+    stop rules, checkpoints and devices."""
+    train = ml_collections.ConfigDict()
+    train.batch_size = 256  # Sequences per step (paper: 256; the paper's code used 200).
+    train.seq_len = 100  # Characters per training sequence (inputs and targets each).
+    train.optimizer = "adam"  # adam (paper) | sgd (Zilly's recipe, with lr_decay).
+    train.learning_rate = 1e-3  # Step size (paper HyperRHN: Adam 1e-3; RHN: 5e-4).
+    train.lr_decay = 1.0  # sgd: divide the learning rate by this once per epoch...
+    train.lr_decay_start_epoch = 0  # ...from this 0-based epoch on.
+    train.b1 = 0.9  # Adam beta1.
+    train.b2 = 0.999  # Adam beta2.
+    train.weight_decay = 0.0  # Decoupled weight decay (AdamW) when > 0.
+    train.clip_norm = 10.0  # Gradient clipping threshold; 0 disables clipping.
+    train.clip_type = "l1"  # l1 (the paper code's total L1 norm) | l2 (global L2 norm).
+    train.max_epochs = 1000  # Upper bound on epochs (an epoch = len(train) / (batch*seq_len)).
+    train.max_steps = 0  # Stop after this many steps when > 0 (takes precedence).
+    # Stop after this much training time when > 0 (summed across restarts; the first step's
+    # compilation counts, validation and saving do not).
+    train.max_minutes = 0.0
+    train.eval_every_steps = 0  # Validate every N steps; 0 = once per epoch (and at the stop).
+    train.patience = 20  # Early stopping: evaluations without a new best valid BPC; 0 = off.
+    train.log_every_steps = 50  # Progress line and metrics record every N steps.
+    train.checkpoint_every_steps = 0  # Extra checkpoints every N steps; 0 = at evaluations.
+    train.keep_checkpoints = 3  # Latest checkpoints kept (the best one is kept as well).
+    # Also checkpoint after this much wall time since the last save (0 = off): bounds what a
+    # SIGKILL (a scheduler's, after its grace period) can lose.
+    train.checkpoint_every_minutes = 10.0
+    train.on_nonfinite = "stop"  # stop | rollback (restore the last checkpoint and go on).
+    # A training loss above this x ln(vocab) (the loss of a uniform guess) counts as diverged,
+    # like NaN (on_nonfinite applies); 0 = off.
+    train.divergence_factor = 10.0
+    train.tensorboard = False  # Also write TensorBoard events (pip install -e ".[tensorboard]").
+    # Data parallelism: the batch is split over all devices of all processes (batch sizes must
+    # divide by the device count). Several hosts: True (or $JAX_COORDINATOR_ADDRESS set) calls
+    # jax.distributed.initialize() (JAX_NUM_PROCESSES / JAX_PROCESS_ID, or SLURM / MPI).
+    train.distributed = False
+    train.fsdp = False  # Also split parameters / optimizer state over devices (FSDP-style).
+    return train
+
+
+def default_eval_config() -> ml_collections.ConfigDict:
+    """The ``eval`` block at its defaults: the periodic validation and the final evaluation."""
+    evaluation = ml_collections.ConfigDict()
+    evaluation.batch_size = 256  # Rows per evaluation batch.
+    evaluation.seq_len = 100  # Window / chunk length for the honest protocols.
+    evaluation.min_context = 50  # windows protocol: minimum context of every scored char.
+    evaluation.valid_protocol = "windows"  # Protocol of the periodic validation.
+    evaluation.final_protocols = "windows,stream,paper"  # Run on the best checkpoint at the end.
+    evaluation.max_valid_chars = 0  # Periodic validation on a prefix of valid if > 0.
+    return evaluation
+
+
 def defaults() -> dict[str, Any]:
-    """Every field's default: ``configs/ptb.py`` (the paper recipe), as a nested dict."""
-    return configs.load("ptb").to_dict()
+    """``default_config()`` as a nested dict."""
+    return default_config().to_dict()
 
 
 def fill_defaults(items: dict[str, Any], default: Mapping[str, Any]) -> None:
@@ -75,6 +149,22 @@ def prepare_config(config: Any) -> ml_collections.ConfigDict:
     cfg = ml_collections.ConfigDict(items)
     validate_config(cfg)
     return cfg
+
+
+def bound_reached(
+    train, steps_per_epoch: int, step: int, evals_since_best: int, train_seconds: float
+) -> str | None:
+    """Which bound of the ``train`` block stops a run at ``step`` (None: none): max_steps,
+    max_epochs, max_minutes or early_stopping, in that order."""
+    if train.max_steps and step >= train.max_steps:
+        return "max_steps"
+    if train.max_epochs and step >= train.max_epochs * steps_per_epoch:
+        return "max_epochs"
+    if train.max_minutes and train_seconds >= 60.0 * train.max_minutes:
+        return "max_minutes"
+    if train.patience and evals_since_best >= train.patience:
+        return "early_stopping"
+    return None
 
 
 def _check_int(name: str, value: Any, minimum: int) -> None:

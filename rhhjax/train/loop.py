@@ -1,6 +1,8 @@
-"""The loop of a run: ``Loop.run`` steps, logs, validates, checkpoints and stops; its
-``final_evaluation`` scores the best checkpoint. ``rhhjax.train.trainer`` sets it up (config,
-data, workdir, resume) and calls it; the stop rules and files are described there."""
+"""The loop of a run: ``Loop.train`` steps, logs, validates, checkpoints and stops; its
+``final_evaluation`` scores the best checkpoint and ``finish`` writes ``results.json``.
+``rhhjax.train.trainer`` sets it up (config, data, workdir, resume) and calls it; the stop
+rules and files are described there.
+``epoch_estimate`` is the start-up line on what an epoch takes on this machine."""
 
 from __future__ import annotations
 
@@ -8,19 +10,19 @@ import dataclasses
 import math
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import jax
 import numpy as np
 
-from rhhjax import data as data_lib
 from rhhjax import evaluation as eval_lib
-from rhhjax import models, parallel
-from rhhjax.train import checkpoint as ckpt_lib
+from rhhjax import parallel
+from rhhjax.train import config as train_config
 from rhhjax.train import workdir as workdir_lib
 from rhhjax.train.config import TrainError
 from rhhjax.train.optim import OptimizerConfig
+from rhhjax.train.setup import Run
+from rhhjax.train.state import LoopState, StateStore
 
 LN2 = math.log(2.0)
 MAX_ROLLBACKS = 10
@@ -36,21 +38,32 @@ def loss_limit(factor: float, vocab_size: int) -> float:
     return factor * math.log(max(vocab_size, 2)) if factor else math.inf
 
 
-def reconcile_best(ckpts: ckpt_lib.Checkpoints, s: LoopState, log: Callable[[str], None]) -> None:
-    """Make ``best/`` hold exactly the best checkpoint the state records (``s.best_step``).
+# On a CPU, steps slower than this (the CPU recipe's take ~0.45 s on 2 cores) and epochs
+# longer than this get the hint to use the CPU recipe.
+CPU_HINT_STEP_SECONDS = 1.0
+CPU_HINT_EPOCH_MINUTES = 10.0
 
-    A kill between saving a new best and the latest checkpoint that records it leaves two best
-    checkpoints: the one the resumed state points to is kept, the other deleted. A state
-    pointing to a best checkpoint that is missing (workdirs of older versions) forgets it, so
-    the next validation makes a new one.
-    """
-    if s.best_step is not None and s.best_step not in ckpts.steps("best"):
-        log(
-            f"the best checkpoint of step {s.best_step} is missing from "
-            f"{ckpts.workdir / ckpt_lib.BEST_DIR}: the next validation makes a new one"
+
+def epoch_estimate(sec_per_step: float, steps_per_epoch: int, step: int, platform: str) -> str:
+    """The start-up line on what one epoch takes here, from the measured time of ``step`` (the
+    first step after the compiled one); on a CPU, for a model too large for it (slow steps,
+    long epochs: the paper's), it names the recipe sized for a CPU."""
+    minutes = sec_per_step * steps_per_epoch / 60.0
+    line = (
+        f"estimate: an epoch ({steps_per_epoch:,} steps) takes about "
+        f"{_format_duration(60.0 * minutes)} on this {platform.upper()} ({sec_per_step:.3g} s "
+        f"for step {step})"
+    )
+    if (
+        platform == "cpu"
+        and sec_per_step > CPU_HINT_STEP_SECONDS
+        and minutes > CPU_HINT_EPOCH_MINUTES
+    ):
+        line += (
+            "; a model sized for a CPU: --config=configs/ptb.py:cpu (12 minutes of "
+            "training), or train this one on a GPU"
         )
-        s.best_step, s.best_bpc = None, None
-    ckpts.keep_only_best(s.best_step)
+    return line
 
 
 def _format_duration(seconds: float) -> str:
@@ -63,45 +76,35 @@ def _format_duration(seconds: float) -> str:
 
 
 @dataclasses.dataclass
-class LoopState:
-    """Everything the loop carries between steps (device arrays and host bookkeeping)."""
-
-    params: Any
-    opt_state: Any
-    carry: Any
-    step: int = 0
-    retry: int = 0
-    best_bpc: float | None = None
-    best_step: int | None = None
-    evals_since_best: int = 0
-    pending_loss: list = dataclasses.field(default_factory=list)
-    pending_gnorm: list = dataclasses.field(default_factory=list)
-    train_seconds: float = 0.0
-    valid_step: int | None = None  # the step of the last validation (None: none yet)
-
-
-@dataclasses.dataclass
 class Loop:
-    cfg: Any
-    mc: models.ModelConfig
+    """Steps, progress lines, validations, checkpoints and stops of one run."""
+
+    run: Run
+    store: StateStore  # fresh / saved / restored states; store.ckpts: the checkpoints
     oc: OptimizerConfig
-    bpe: int
-    sampler: Any
-    train_step: Callable
-    ckpts: ckpt_lib.Checkpoints
+    train_step: Callable  # rhhjax.train.step.make_train_step's jitted step
     metrics: workdir_lib.MetricsLog
-    save_meta: Callable
-    restore: Callable
-    initial_state: Callable
-    valid_tokens: np.ndarray
-    log: Callable
-    workdir: Path
-    mesh: Any = None  # the data-parallel mesh (rhhjax.parallel)
-    signals: Any = None
     events: Any = None  # the TensorBoard writer (workdir_lib.EventWriter) or None
     loss_limit: float = math.inf  # a training loss above it counts as diverged
     _agreed: tuple | None = None  # (step, host stop reason, checkpoint due) agreed by all
     _last_save_time: float = dataclasses.field(default_factory=time.time)
+    _pending: list = dataclasses.field(default_factory=list)  # [(step, loss, |g|)] on device
+
+    @property
+    def cfg(self):
+        return self.run.cfg
+
+    @property
+    def bpe(self) -> int:
+        return self.run.steps_per_epoch
+
+    @property
+    def ckpts(self):
+        return self.store.ckpts
+
+    @property
+    def log(self) -> Callable[[str], None]:
+        return self.run.log
 
     # -- bounds -----------------------------------------------------------------------------
 
@@ -112,7 +115,7 @@ class Loop:
         clock)."""
         t = self.cfg.train
         reason = None
-        if self.signals is not None and self.signals.signum is not None:
+        if self.run.signals.signum is not None:
             reason = "signal"
         elif t.max_minutes and s.train_seconds >= 60.0 * t.max_minutes:
             reason = "max_minutes"
@@ -140,131 +143,99 @@ class Loop:
 
     def stop_reason(self, s: LoopState) -> str | None:
         """Why training stops at ``s.step`` (None: it goes on)."""
-        t = self.cfg.train
         host, _ = self._agreed_host_state(s)
         if host == "signal":
             return "signal"
-        if t.max_steps and s.step >= t.max_steps:
-            return "max_steps"
-        if t.max_epochs and s.step >= t.max_epochs * self.bpe:
-            return "max_epochs"
-        if host == "max_minutes":
-            return "max_minutes"
-        if t.patience and s.evals_since_best >= t.patience:
-            return "early_stopping"
-        return None
+        # max_minutes as this process's clock says, agreed with the others
+        seconds = s.train_seconds if host == "max_minutes" else 0.0
+        return train_config.bound_reached(
+            self.cfg.train, self.bpe, s.step, s.evals_since_best, seconds
+        )
 
     def _eta(self, s: LoopState, sec_per_step: float) -> float:
+        """Seconds of training left (inf: unknown), by the nearest bound."""
         t = self.cfg.train
         remaining = []
-        if t.max_steps:
-            remaining.append((t.max_steps - s.step) * sec_per_step)
-        if t.max_epochs:
-            remaining.append((t.max_epochs * self.bpe - s.step) * sec_per_step)
+        if math.isfinite(sec_per_step):
+            if t.max_steps:
+                remaining.append((t.max_steps - s.step) * sec_per_step)
+            if t.max_epochs:
+                remaining.append((t.max_epochs * self.bpe - s.step) * sec_per_step)
         if t.max_minutes:
             remaining.append(60.0 * t.max_minutes - s.train_seconds)
         return max(0.0, min(remaining)) if remaining else math.inf
 
     # -- the loop ---------------------------------------------------------------------------
 
-    def run(self, s: LoopState) -> tuple[LoopState, str]:
+    def train(self, s: LoopState) -> tuple[LoopState, str]:
         """Train from ``s`` until a stop reason; returns (final state, reason).
 
         The host keeps at most one step queued behind the step in flight: after dispatching
         step k it waits for step k-1 to finish, so a stop (signal, time budget) takes effect
         after the step in flight rather than after every step asynchronous dispatch queued.
+        The first step (it compiles) and the second (it is timed for ``epoch_estimate``) are
+        waited for. A stop other than a signal validates the stop step if it was not; the
+        final state is saved unless a signal came before any step ran.
         """
+        if self.run.tensorboard is not None and self.run.primary and self.events is None:
+            self.events = workdir_lib.EventWriter(self.run.tensorboard, self.run.workdir, s.step)
+        try:
+            return self._train(s)
+        finally:
+            if self.events is not None:
+                self.events.close()
+                self.events = None
+
+    def _train(self, s: LoopState) -> tuple[LoopState, str]:
         t = self.cfg.train
         eval_every = t.eval_every_steps or self.bpe
-        device_pending: list = []  # [(step, loss, grad_norm)] device scalars not yet fetched
+        self._pending = []
         last_saved = s.step if self.ckpts.latest_step() == s.step else None
-        self._last_save_time = time.time()
-        timer = time.time()
-        interval_start, interval_steps = time.time(), 0
+        self._last_save_time = timer = time.time()
+        interval_start, interval_steps = timer, 0
         sec_per_step = math.nan
-        first = True
+        steps_run = 0
         previous_loss = None  # the loss of the step before the one just dispatched
-
-        def fetch() -> LoopState | None:
-            """Move device losses to the host; handle a non-finite or diverged one. Returns a
-            replacement state after a rollback, else None."""
-            nonlocal device_pending
-            if not device_pending:
-                return None
-            values = jax.device_get([(loss, g) for _, loss, g in device_pending])
-            steps = [st for st, _, _ in device_pending]
-            device_pending = []
-            for st, (loss, g) in zip(steps, values, strict=True):
-                loss, g = float(loss), float(g)
-                if not (math.isfinite(loss) and math.isfinite(g)) or loss > self.loss_limit:
-                    return self._nonfinite(s, st, loss)
-                s.pending_loss.append(loss)
-                s.pending_gnorm.append(g)
-            return None
-
-        while True:
-            reason = self.stop_reason(s)
-            if reason is not None:
-                break
-            batch = next(self.sampler)  # the global batch; each process places its rows
-            inputs, targets = parallel.shard_batch((batch.inputs, batch.targets), self.mesh)
-            out = self.train_step(
-                s.params,
-                s.opt_state,
-                s.carry,
-                inputs,
-                targets,
-                *parallel.put_scalars(
-                    (np.bool_(batch.reset), np.int32(s.step), np.int32(s.retry)), self.mesh
-                ),
-            )
-            s.params, s.opt_state, s.carry, loss, gnorm = out
-            device_pending.append((s.step + 1, loss, gnorm))
-            s.step += 1
+        while (reason := self.stop_reason(s)) is None:
+            loss = self._dispatch(s)
+            steps_run += 1
             interval_steps += 1
             if previous_loss is not None:
                 jax.block_until_ready(previous_loss)  # do not run ahead of the device
             previous_loss = loss
-            if first:  # exclude compilation from the throughput
+            if steps_run <= 2:
                 jax.block_until_ready(loss)
-                now = time.time()
+            now = time.time()
+            s.train_seconds += now - timer  # training time on every step, for max_minutes
+            if steps_run == 1:  # exclude compilation from the throughput
                 self.log(
                     f"first step done in {now - timer:.1f}s (compilation included); a progress "
                     f"line every {t.log_every_steps} steps"
                 )
-                s.train_seconds += now - timer
-                timer = interval_start = now
-                interval_steps = 0
-                first = False
-            else:  # training time on every step, so max_minutes is checked on every step
-                now = time.time()
-                s.train_seconds += now - timer
-                timer = now
+                interval_start, interval_steps = now, 0
+            elif steps_run == 2:
+                self.log(epoch_estimate(now - timer, self.bpe, s.step, jax.default_backend()))
+            timer = now
             log_due = s.step % t.log_every_steps == 0
             eval_due = s.step % eval_every == 0
             host_reason, time_due = self._agreed_host_state(s)
-            ckpt_due = (
-                eval_due
-                or time_due
-                or bool(t.checkpoint_every_steps and s.step % t.checkpoint_every_steps == 0)
-            )
+            every = t.checkpoint_every_steps
+            ckpt_due = eval_due or time_due or bool(every and s.step % every == 0)
             stopping = host_reason == "signal"
             if not (log_due or eval_due or ckpt_due or stopping):
                 continue
-            replacement = fetch()
+            replacement = self._fetch(s)
             now = time.time()
             s.train_seconds += now - timer
-            timer = now
             if replacement is not None:
                 s = replacement
                 last_saved = s.step if self.ckpts.latest_step() == s.step else None
-                interval_start, interval_steps = time.time(), 0
-                previous_loss = None
+                timer = interval_start = time.time()
+                interval_steps, previous_loss = 0, None
                 continue
             if log_due and s.pending_loss:
-                elapsed = now - interval_start
                 if interval_steps:
-                    sec_per_step = elapsed / interval_steps
+                    sec_per_step = (now - interval_start) / interval_steps
                 self._log_train(s, sec_per_step)
                 interval_start, interval_steps = now, 0
             if eval_due:
@@ -274,17 +245,17 @@ class Loop:
                 last_saved = s.step
             timer = time.time()
             interval_start += timer - now  # evaluation and saving are not training time
-        # the end: make sure the final state is saved (pending losses stay pending)
-        replacement = fetch()
+        replacement = self._fetch(s)  # the end: losses of the last steps
         if replacement is not None:  # a non-finite loss in the last steps: rolled back
-            return self.run(replacement)
+            return self._train(replacement)
         s.train_seconds += time.time() - timer
-        if reason == "max_minutes" and s.valid_step != s.step:
-            # the time budget stops at any step: validate it so the best can be this one
-            self.log(f"time budget reached at step {s.step}: validating it before stopping")
+        if reason != "signal" and s.valid_step != s.step:
+            # a bound stops at a step that need not be a validation step: validate it, so
+            # that the last steps count and the best can be this one
+            self.log(f"{reason} reached at step {s.step}: validating it before stopping")
             self._validate(s)
             last_saved = None  # the checkpoint must record this validation
-        if last_saved != s.step:
+        if last_saved != s.step and (steps_run or reason != "signal"):
             self._save(s)
         if reason != "signal":
             self.log(f"training stopped at step {s.step} (epoch {s.step / self.bpe:.2f}): {reason}")
@@ -298,6 +269,41 @@ class Loop:
             }
         )
         return s, reason
+
+    def _dispatch(self, s: LoopState):
+        """Queue one training step on the device (``s`` takes its outputs; its loss and
+        gradient norm wait in ``_pending``); returns the loss (a device scalar)."""
+        batch = next(self.run.sampler)  # the global batch; each process places its rows
+        inputs, targets = parallel.shard_batch((batch.inputs, batch.targets), self.run.mesh)
+        scalars = (np.bool_(batch.reset), np.int32(s.step), np.int32(s.retry))
+        out = self.train_step(
+            s.params,
+            s.opt_state,
+            s.carry,
+            inputs,
+            targets,
+            *parallel.put_scalars(scalars, self.run.mesh),
+        )
+        s.params, s.opt_state, s.carry, loss, gnorm = out
+        s.step += 1
+        self._pending.append((s.step, loss, gnorm))
+        return loss
+
+    def _fetch(self, s: LoopState) -> LoopState | None:
+        """Move the waiting losses to the host (``s.pending_*``); a non-finite or diverged one
+        is handled (``_nonfinite``). Returns the state after a rollback, else None."""
+        if not self._pending:
+            return None
+        values = jax.device_get([(loss, g) for _, loss, g in self._pending])
+        steps = [step for step, _, _ in self._pending]
+        self._pending = []
+        for step, (loss, g) in zip(steps, values, strict=True):
+            loss, g = float(loss), float(g)
+            if not (math.isfinite(loss) and math.isfinite(g)) or loss > self.loss_limit:
+                return self._nonfinite(s, step, loss)
+            s.pending_loss.append(loss)
+            s.pending_gnorm.append(g)
+        return None
 
     # -- pieces -----------------------------------------------------------------------------
 
@@ -326,13 +332,18 @@ class Loop:
         self.metrics.append(record)
         if self.events is not None:
             self.events.train(record)
-        eta = _format_duration(self._eta(s, sec_per_step))
-        speed = f"{chars_per_sec:,.0f} char/s" if math.isfinite(chars_per_sec) else "- char/s"
+        eta = self._eta(s, sec_per_step)
+        if math.isfinite(chars_per_sec) and math.isfinite(eta):
+            speed = f"{chars_per_sec:,.0f} char/s  ETA {_format_duration(eta)} + final evaluation"
+        elif math.isfinite(chars_per_sec):
+            speed = f"{chars_per_sec:,.0f} char/s"
+        else:  # only the compiled first step since the start: no speed yet
+            speed = "speed and ETA from the next progress line on"
         total = self._total_steps()
         self.log(
             f"step {s.step}{'/' + format(total, ',') if total else ''} "
             f"epoch {s.step / self.bpe:.2f}  loss {loss:.4f}  bpc {loss / LN2:.4f}  "
-            f"|g| {gnorm:.3g}  {speed}  ETA {eta} + final evaluation"
+            f"|g| {gnorm:.3g}  {speed}"
         )
 
     def _total_steps(self) -> int:
@@ -348,14 +359,14 @@ class Loop:
         e = self.cfg.eval
         start = time.time()
         m = eval_lib.evaluate_tokens(
-            self.mc,
+            self.run.model,
             s.params,
-            self.valid_tokens,
+            self.run.valid_tokens,
             e.valid_protocol,
             batch_size=e.batch_size,
             seq_len=e.seq_len,
             min_context=e.min_context,
-            mesh=self.mesh,
+            mesh=self.run.mesh,
         )
         s.valid_step = s.step
         sane = math.isfinite(m["bpc"]) and m["nats"] <= self.loss_limit
@@ -383,7 +394,7 @@ class Loop:
         if self.events is not None:
             self.events.valid(record)
         if improved:
-            self.ckpts.save_best(s.step, s.params, self.save_meta(s))
+            self.ckpts.save_best(s.step, s.params, self.store.meta(s))
         best = f"{s.best_bpc:.4f} @ {s.best_step}" if s.best_bpc is not None else "-"
         new_best = "  *new best*" if improved else ""
         self.log(
@@ -392,10 +403,7 @@ class Loop:
         )
 
     def _save(self, s: LoopState) -> None:
-        """Save the latest checkpoint, then drop any best checkpoint it does not point to
-        (the best is written first, so a kill between the two leaves the old pair)."""
-        self.ckpts.save_latest(s.step, s.params, s.opt_state, s.carry, self.save_meta(s))
-        self.ckpts.keep_only_best(s.best_step)
+        self.store.save(s)
         self._last_save_time = time.time()
 
     def _nonfinite(self, s: LoopState, step: int, loss: float) -> LoopState:
@@ -410,7 +418,7 @@ class Loop:
         else:
             what = f"non-finite training loss ({loss})"
         kept = (
-            f"the last good checkpoint (step {last}) is left intact in {self.workdir}"
+            f"the last good checkpoint (step {last}) is left intact in {self.run.workdir}"
             if last is not None
             else "no checkpoint was written yet"
         )
@@ -430,11 +438,13 @@ class Loop:
             raise NonFiniteLossError(
                 f"{what} at step {step} after {MAX_ROLLBACKS} rollbacks; giving up ({kept})"
             )
-        new = self.restore(last)
+        new = self.store.restore(last)
         new.retry = retry
         self.metrics.truncate_after(new.step)
         self.ckpts.prune_after(new.step)
-        reconcile_best(self.ckpts, new, self.log)
+        self.store.check_best(new)
+        if self.events is not None:
+            self.events.rewind(new.step)
         self.metrics.append(
             {
                 "kind": "event",
@@ -452,9 +462,9 @@ class Loop:
 
     # -- the end ----------------------------------------------------------------------------
 
-    def final_evaluation(self, s: LoopState, corpus: data_lib.Corpus):
-        """({split: {protocol: metrics}}, "best step N" | "final step N") or (None, ...)
-        when interrupted by a signal."""
+    def final_evaluation(self, s: LoopState) -> tuple[dict | None, str]:
+        """({split: {protocol: metrics}}, "best step N" | "final step N") of the best
+        checkpoint (the final parameters without one); (None, ...) when a signal stops it."""
         protocols = eval_lib.parse_protocols(self.cfg.eval.final_protocols)
         params, used = s.params, f"final step {s.step}"
         if s.best_step is not None and s.best_step in self.ckpts.steps("best"):
@@ -463,20 +473,63 @@ class Loop:
         if not protocols:
             return {}, used
         self.log(f"final evaluation of the {used} checkpoint:")
+        signals = self.run.signals
         try:
             final = eval_lib.evaluate_splits(
-                self.mc,
+                self.run.model,
                 params,
-                corpus,
+                self.run.corpus,
                 self.cfg.eval,
                 ("valid", "test"),
                 protocols,
                 log=self.log,
-                should_stop=lambda: self.signals is not None and self.signals.signum is not None,
-                mesh=self.mesh,
+                should_stop=lambda: signals.signum is not None,
+                mesh=self.run.mesh,
             )
         except KeyboardInterrupt:
-            if self.signals is not None and self.signals.signum is not None:
+            if signals.signum is not None:
                 return None, used
             raise
         return final, used
+
+    def finish(self, state: LoopState, reason: str) -> dict:
+        """The final evaluation of the best checkpoint and ``results.json`` (or the results of
+        a run a signal stopped)."""
+        run = self.run
+        summary = {
+            "step": state.step,
+            "epoch": state.step / run.steps_per_epoch,
+            "stop_reason": reason,
+            "num_params": self.store.num_params,
+            "best_step": state.best_step,
+            "best_valid_bpc": state.best_bpc,
+        }
+        final = None
+        if reason != "signal":
+            run.signals.phase = "evaluation"
+            final, used = self.final_evaluation(state)
+        if final is None:  # SIGTERM / SIGINT during training or the final evaluation
+            saved = self.ckpts.latest_step() == state.step
+            what = "checkpoint saved" if saved else "no step had run: nothing saved"
+            stopped = run.signals.interrupted(
+                state.step,
+                f"stopped by {{name}} at step {state.step}; {what}; run the same command again to "
+                f"{'resume' if saved else 'start'}",
+            )
+            return {**stopped, **summary, "stop_reason": "signal"}
+        results = {
+            "status": "finished",
+            "exit_code": 0,
+            **summary,
+            "evaluated_checkpoint": used,
+            "valid_protocol": run.cfg.eval.valid_protocol,
+            "final": final,
+        }
+        path = run.workdir / workdir_lib.RESULTS_FILE
+        if run.primary and (final or not path.exists()):
+            workdir_lib.atomic_write(path, workdir_lib.json_dumps(results, indent=2) + "\n")
+            run.log(f"results ({used}) written to {path}:")
+            run.log(eval_lib.format_table(final))
+        elif run.primary:
+            run.log(f"eval.final_protocols is empty: {path} is left as it was")
+        return results

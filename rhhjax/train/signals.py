@@ -2,7 +2,8 @@
 
 With ``thread=True`` a watcher thread receives the signals, so the first one is acknowledged
 and a second one aborts at once even while the main thread is inside a minutes-long
-compilation.
+compilation. This module imports nothing that starts threads (numpy's BLAS, jax): a thread
+started before the catcher blocks the signals would receive them and die of them.
 """
 
 from __future__ import annotations
@@ -76,6 +77,26 @@ class SignalCatcher:
             raise KeyboardInterrupt(f"second signal {name}")
         self.signum = signum
         self.log(self._first_message(name))
+
+    def stop_agreed(self) -> bool:
+        """Whether a signal arrived: process 0's answer on every process (a broadcast)."""
+        # not at import time: train.py enters a catcher before jax or numpy start threads
+        import jax
+        import numpy as np
+
+        flag = self.signum is not None
+        if jax.process_count() == 1:
+            return flag
+        from jax.experimental import multihost_utils
+
+        return bool(multihost_utils.broadcast_one_to_all(np.int32(flag)))
+
+    def interrupted(self, step: int | None, message: str) -> dict:
+        """The results of a run the signal stopped, after logging ``message`` (``{name}`` in
+        it becomes the signal's name)."""
+        signum = self.signum or signal.SIGTERM
+        self.log(message.format(name=signal.Signals(signum).name))
+        return {"status": "interrupted", "exit_code": 128 + signum, "step": step}
 
     def _handler(self, signum, frame):
         del frame

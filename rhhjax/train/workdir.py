@@ -5,6 +5,7 @@ resumed by a config (same model, data, sampler and optimizer shape)."""
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import math
 import os
@@ -18,11 +19,33 @@ import ml_collections
 from rhhjax import data as data_lib
 from rhhjax import models
 from rhhjax.train import checkpoint as ckpt_lib
-from rhhjax.train.config import MODEL_FIELDS_FREE, RESUME_FIELDS, TrainError, defaults
+from rhhjax.train.config import (
+    MODEL_FIELDS_FREE,
+    RESUME_FIELDS,
+    TrainError,
+    bound_reached,
+    defaults,
+)
 
 METRICS_FILE = "metrics.jsonl"
 CONFIG_FILE = "config.json"
 RESULTS_FILE = "results.json"
+
+
+class WorkdirWriteError(TrainError):
+    """A file of the workdir could not be written (a full disk, say); one line."""
+
+
+def _write_failure(path: Path, nbytes: int, error: OSError) -> WorkdirWriteError:
+    """The one line for a failed write of about ``nbytes`` to ``path``."""
+    if error.errno == errno.ENOSPC:
+        why = f"no space left on device ({ckpt_lib.space_needed(path.parent, nbytes)})"
+    else:
+        why = error.strerror or " ".join(str(error).split())
+    return WorkdirWriteError(
+        f"cannot write {path}: {why}; the checkpoints are intact: free some space and run the "
+        f"same command again"
+    )
 
 
 def json_safe(value: Any) -> Any:
@@ -69,9 +92,13 @@ class MetricsLog:
     def append(self, record: dict) -> None:
         if not self.enabled:
             return
-        with open(self.path, "a") as f:
-            f.write(json_dumps(record) + "\n")
-            f.flush()
+        line = json_dumps(record) + "\n"
+        try:
+            with open(self.path, "a") as f:
+                f.write(line)
+                f.flush()
+        except OSError as e:
+            raise _write_failure(self.path, len(line), e) from None
 
 
 def file_mode() -> int:
@@ -82,14 +109,22 @@ def file_mode() -> int:
 
 
 def atomic_write(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    """Write ``path`` whole or not at all (a temporary file renamed over it); a failure
+    (a full disk) is one line, WorkdirWriteError, and leaves the old file."""
+    tmp = None
     try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         with os.fdopen(fd, "w") as f:
             f.write(text)
         os.chmod(tmp, file_mode())  # mkstemp makes 0600; the other files are 0666 - umask
         os.replace(tmp, path)
+    except OSError as e:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+        raise _write_failure(path, len(text.encode()), e) from None
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
         raise
 
 
@@ -127,10 +162,18 @@ class WorkdirLock:
             os.close(self._fd)  # closing releases the lock; the file stays (harmless)
             self._fd = None
 
+    def __enter__(self) -> WorkdirLock:
+        self.acquire()
+        return self
 
-def finished_results(workdir: Path, cfg, meta: dict | None, step: int) -> dict | None:
-    """The stored results when the workdir's run finished at ``step`` and evaluated with the
-    same ``eval`` settings (so there is nothing to redo), else None."""
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def finished_results(workdir: Path, cfg, meta: dict | None, steps_per_epoch: int) -> dict | None:
+    """The stored results when the workdir's run finished at the step of ``meta`` (its
+    newest checkpoint's), a bound of ``cfg.train`` stops it there and ``results.json`` used
+    the same ``eval`` settings: nothing to do. Else None."""
     path = workdir / RESULTS_FILE
     if meta is None or not path.is_file():
         return None
@@ -138,11 +181,18 @@ def finished_results(workdir: Path, cfg, meta: dict | None, step: int) -> dict |
         results = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError):
         return None
-    if results.get("status") != "finished" or results.get("step") != step:
+    if results.get("status") != "finished" or results.get("step") != meta.get("step"):
         return None
     if (meta.get("config") or {}).get("eval") != cfg.to_dict()["eval"]:
         return None
-    return results
+    stop = bound_reached(
+        cfg.train,
+        steps_per_epoch,
+        int(meta["step"]),
+        int(meta.get("evals_since_best", 0)),
+        float(meta.get("train_seconds", 0.0)),
+    )
+    return results if stop is not None else None
 
 
 def tensorboard_writer_class():
@@ -159,13 +209,20 @@ def tensorboard_writer_class():
 
 class EventWriter:
     """TensorBoard event files in ``<workdir>/tensorboard`` (``metrics.jsonl`` stays the
-    source of truth). A resumed run purges the events after its start step."""
+    source of truth). A run that resumes from step N hides the events of steps after N that
+    earlier runs wrote (an abandoned continuation, e.g. after kill -9) and keeps those up to
+    N: TensorBoard drops every earlier event with step >= ``purge_step``."""
 
     DIR = "tensorboard"
 
     def __init__(self, writer_class, workdir: Path, start_step: int):
-        kwargs = {"purge_step": start_step} if start_step > 0 else {}
-        self._writer = writer_class(logdir=str(workdir / self.DIR), **kwargs)
+        self._open = lambda step: writer_class(logdir=str(workdir / self.DIR), purge_step=step + 1)
+        self._writer = self._open(start_step)
+
+    def rewind(self, step: int) -> None:
+        """Training went back to ``step`` (a rollback): hide the events written after it."""
+        self._writer.close()
+        self._writer = self._open(step)
 
     def _scalars(self, step: int, values: dict) -> None:
         for tag, value in values.items():
@@ -238,14 +295,14 @@ def check_compatible(
 ) -> dict | None:
     """Compare the workdir's run (checkpoint meta, else config.json) with this config.
 
-    Returns the latest checkpoint's meta (None if there is none); raises TrainError naming
-    the first difference.
+    Returns the meta of the newest checkpoint that reads (None if there is none); raises
+    TrainError naming the first difference.
     """
     meta = None
     if ckpt_lib.has_checkpoint(workdir):
         try:
             with ckpt_lib.Checkpoints(workdir, read_only=True) as ckpts:
-                meta = ckpts.read_meta("latest") or ckpts.read_meta("best")
+                meta = ckpts.newest_readable_meta()
         except Exception as e:  # unreadable checkpoint
             raise TrainError(f"cannot read the checkpoint in {workdir}: {e}") from None
     saved_cfg = meta["config"] if meta else None

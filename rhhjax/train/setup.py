@@ -1,0 +1,119 @@
+"""A run before anything is written: ``prepare_run(config, workdir, ...) -> Run``.
+
+It validates the whole config, joins the devices, loads the data, builds the model config and
+the batch sampler and checks the workdir (writable; a run already in it has the same model,
+vocabulary and sampler shape). Problems raise a ``rhhjax.errors.UserError`` with a one-line
+message, before anything is written or compiled. ``Run`` carries what every later part of the
+run reads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import ml_collections
+import numpy as np
+
+from rhhjax import data as data_lib
+from rhhjax import evaluation as eval_lib
+from rhhjax import models, parallel
+from rhhjax.train import config as train_config
+from rhhjax.train import workdir as workdir_lib
+from rhhjax.train.config import TrainError
+from rhhjax.train.signals import SignalCatcher
+
+
+@dataclasses.dataclass
+class Run:
+    """What every part of a run reads, set up once by ``prepare_run``."""
+
+    cfg: ml_collections.ConfigDict  # the validated config (model.vocab_size from the data)
+    workdir: Path
+    model: models.ModelConfig
+    corpus: data_lib.Corpus
+    sampler: Any  # data_lib.WindowSampler | StreamSampler over corpus.train
+    mesh: Any  # the data-parallel mesh (rhhjax.parallel)
+    log: Callable[[str], None]  # progress lines (silent on processes other than 0)
+    signals: SignalCatcher
+    tensorboard: Any = None  # tensorboardX's SummaryWriter class when train.tensorboard
+    finished: dict | None = None  # the stored results when the workdir has nothing to do
+
+    @property
+    def primary(self) -> bool:
+        """Process 0: the one that logs and writes the workdir's JSON files."""
+        return parallel.is_primary()
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return self.sampler.batches_per_epoch
+
+    @property
+    def valid_tokens(self) -> np.ndarray:
+        """The periodic validation's text: valid, or its first ``eval.max_valid_chars``."""
+        return self.corpus.valid[: self.cfg.eval.max_valid_chars or None]
+
+
+def _silent(message: str) -> None:
+    del message
+
+
+def prepare_run(
+    config: Any, workdir: Path, log: Callable[[str], None], signals: SignalCatcher
+) -> Run:
+    """Everything checked before the workdir is written; raises a UserError (one line)."""
+    cfg = train_config.prepare_config(config)
+    parallel.maybe_initialize_distributed(bool(cfg.train.distributed))
+    if not parallel.is_primary():  # only process 0 logs and writes the JSON files
+        log = signals.log = _silent
+    # every process: the same config; the batch sizes divide over the devices
+    parallel.assert_same_across_processes(train_config.config_to_json(cfg), "config")
+    mesh = parallel.make_mesh()
+    parallel.check_batch_divisible("train.batch_size", cfg.train.batch_size, mesh)
+    parallel.check_batch_divisible("eval.batch_size", cfg.eval.batch_size, mesh)
+    tensorboard = workdir_lib.tensorboard_writer_class() if cfg.train.tensorboard else None
+    corpus = data_lib.load_corpus(cfg.data)
+    shapes = [corpus.vocab.to_dict(), len(corpus.train), len(corpus.valid)]
+    parallel.assert_same_across_processes(json.dumps(shapes), "data")
+    model = models.ModelConfig.from_config(cfg.model, vocab_size=corpus.vocab.size)
+    models.sequence_spec(model)  # Refuses an impl that cannot run here (mosaic off a GPU).
+    cfg.model.vocab_size = corpus.vocab.size
+    sampler = _make_sampler(cfg, corpus.train)
+    _check_eval_data(cfg, corpus, corpus.valid[: cfg.eval.max_valid_chars or None])
+    workdir_lib.check_workdir_writable(workdir)
+    meta = workdir_lib.check_compatible(workdir, cfg, model, corpus.vocab, sampler.state())
+    finished = workdir_lib.finished_results(workdir, cfg, meta, sampler.batches_per_epoch)
+    parallel.sync("rhhjax-validated")  # every process has read the workdir before it changes
+    return Run(cfg, workdir, model, corpus, sampler, mesh, log, signals, tensorboard, finished)
+
+
+def _make_sampler(cfg: ml_collections.ConfigDict, tokens: np.ndarray):
+    """The training batches: [train.batch_size, train.seq_len] windows or streams."""
+    t = cfg.train
+    if cfg.data.sampler == "stream":
+        return data_lib.StreamSampler(tokens, t.batch_size, t.seq_len, seed=cfg.seed)
+    return data_lib.WindowSampler(tokens, t.batch_size, t.seq_len, seed=cfg.seed)
+
+
+def _check_eval_data(cfg, corpus: data_lib.Corpus, valid_tokens: np.ndarray) -> None:
+    """TrainError unless every split is long enough for the protocols that score it."""
+    e = cfg.eval
+    checks = [(valid_tokens, e.valid_protocol, "valid")]
+    for protocol in eval_lib.parse_protocols(e.final_protocols):
+        checks += [(corpus.valid, protocol, "valid"), (corpus.test, protocol, "test")]
+    for tokens, protocol, split in checks:
+        try:
+            data_lib.scored_count(
+                len(tokens), protocol, seq_len=e.seq_len, min_context=e.min_context
+            )
+        except data_lib.DataError as err:
+            raise TrainError(f"{split} split, {protocol} protocol: {err}") from None
+        need = data_lib.PAPER_SEQ_LEN + 1 if protocol == "paper" else 2
+        if len(tokens) < need:
+            raise TrainError(
+                f"the {split} split ({len(tokens)} symbols) is too short for the {protocol} "
+                f"protocol (needs {need})"
+            )
