@@ -27,7 +27,7 @@ Cost and expected result of the paper recipe: the paper trained ~660 epochs of 1
 (2-3 days on a GTX 1080 Ti) and reports 1.21 validation BPC under its own evaluation protocol
 (the authors' saved curve bottoms out at 1.2275). Here one step takes 12.5 s on a 2-core CPU
 (`scan`, float32, measured 2026-11-22), about 42 minutes per epoch: use a GPU. This
-implementation has not yet been trained to convergence (see README).
+implementation has not yet been trained to convergence (see README.md, "Limitations").
 
 Any field can be overridden: `--config.model.depth=5 --config.train.learning_rate=5e-4`.
 

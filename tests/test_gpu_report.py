@@ -2,7 +2,7 @@
 
 The argument tests run everywhere. The tests marked
 ``gpu_compile`` compile the Pallas kernels for an H100 without a GPU; they need the JAX CUDA
-plugin (a second venv, see README "GPU compile report") and skip without it.
+plugin (a second venv, see benchmarks/README.md "GPU compile report") and skip without it.
 """
 
 from __future__ import annotations
