@@ -2,7 +2,7 @@
 # GPU suite: versions, compiled kernel and equivalence tests, paper-size benchmark beside the
 # compile report's prediction. For a GPU machine with JAX preinstalled and no network (the
 # device tool's H100 / H200); it never installs JAX. Packages the machine lacks travel as
-# wheels in .whl/ (see README, "On a GPU"):
+# wheels in .whl/ (see benchmarks/README.md, "On a GPU"):
 #
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 -d .whl ml_collections
 #   bash benchmarks/gpu_suite.sh tests     # compiled tests (about 5 min on an H100)

@@ -1,14 +1,18 @@
 """The op layer: arrays in, arrays out (no Flax modules).
 
     cells.py       one highway micro-step and the dropout masks.
+    sequence_spec.py  `SequenceSpec` and `ModelFacts`: the plain types of a recurrence call.
     spec.py        `resolve`: the implementation decided once -> `SequenceSpec` (and "auto");
                    `IMPLEMENTATIONS`, the registry of whole-sequence implementations.
     recurrence.py  `highway_sequence`: the whole RHN / HyperRHN recurrence as one custom-VJP op,
                    running the loops of the implementation the spec names.
     fused.py       the XLA implementation's loops (one matmul + one fusion per micro-layer).
-    pallas.py      the Pallas implementation's loops (the kernels of `rhhjax.kernels`).
+    pallas.py      the Pallas (Triton) implementation's loops (the kernels of `rhhjax.kernels`).
+    mosaic.py      the Mosaic GPU implementation's loops (kernels/mosaic_forward.py, _backward.py).
     loops.py       what the implementations share (packed saved rows, the forward scan).
     lowrank.py     the rank-d hyper update (scan step and whole-sequence op).
+    persistent_schedule.py  a pure-JAX emulation of the planned persistent kernel's schedule
+                   (a reference for issue 20's kernel; not a `model.impl`).
 
 Models reach kernels only through these modules.
 """

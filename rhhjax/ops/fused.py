@@ -31,7 +31,7 @@ from rhhjax.kernels import highway
 from rhhjax.ops import cells, loops
 
 if TYPE_CHECKING:
-    from rhhjax.ops.spec import ModelFacts, SequenceSpec
+    from rhhjax.ops.sequence_spec import ModelFacts, SequenceSpec
 
 Array = jax.Array
 
@@ -81,11 +81,6 @@ def saved_rows(has_z: bool) -> loops.Fields:
     return (("h", 1), ("t", 1), ("full", 2)) if has_z else (("h", 1), ("t", 1))
 
 
-def _mask(spec, keep_l: Array | None, dtype) -> Array | None:
-    """bool keep decisions [Bp, Np] -> inverted-dropout mask (0 or 1/keep), or None."""
-    return None if keep_l is None else keep_l.astype(dtype) / spec.keep
-
-
 def _layer_forward(spec, s, w_l, z_l, bias_l, xproj_t, keep_l, hidden_l):
     """One micro-layer in XLA: one matmul and one elementwise fusion.
 
@@ -98,7 +93,7 @@ def _layer_forward(spec, s, w_l, z_l, bias_l, xproj_t, keep_l, hidden_l):
     full = pre if xproj_t is None else pre + xproj_t
     a = (full if z_l is None else full * z_l[:, None]) + bias_l
     h, t = jnp.tanh(a[:, 0]), jax.nn.sigmoid(a[:, 1])
-    mask = _mask(spec, keep_l, s.dtype)
+    mask = loops.dropout_mask(spec.keep, keep_l, s.dtype)
     s_new = h * (t if mask is None else t * mask) + s * (1.0 - t)
     saved = {"h": h, "t": t} if z_l is None else {"h": h, "t": t, "full": full}
     return s_new, saved
@@ -139,7 +134,7 @@ def _layer_backward(spec, above, ds_out, s_prev, saved_l, z_l, keep_l):
     dz are formed from the stacked da after the loop, with no per-step reduction.
     """
     ds = _state_gradient(spec, above) + ds_out
-    mask = _mask(spec, keep_l, ds.dtype)
+    mask = loops.dropout_mask(spec.keep, keep_l, ds.dtype)
     da, ds_carry = cells.gate_backward(ds, s_prev, saved_l["h"], saved_l["t"], mask)
     da = da.reshape(da.shape[0], 2, -1)
     d_scaled = da if z_l is None else da * z_l[:, None]

@@ -19,6 +19,11 @@ Array = jax.Array
 Fields = tuple[tuple[str, int], ...]  # (name, rows of Np) saved per micro-layer
 
 
+def dropout_mask(keep: float, keep_l: Array | None, dtype) -> Array | None:
+    """Keep decisions [Bp, Np] (bool or int8) -> inverted-dropout mask (0 or 1/keep), or None."""
+    return None if keep_l is None else keep_l.astype(dtype) / keep
+
+
 def per_layer(x: Array) -> tuple[Array, ...]:
     """[L, ...] -> L arrays, sliced once outside the time loops."""
     return tuple(x[layer] for layer in range(x.shape[0]))

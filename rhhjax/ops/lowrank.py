@@ -74,7 +74,7 @@ import jax
 import jax.numpy as jnp
 
 from rhhjax.ops import cells
-from rhhjax.ops.spec import SequenceSpec
+from rhhjax.ops.sequence_spec import SequenceSpec
 
 Array = jax.Array
 

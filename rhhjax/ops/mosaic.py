@@ -42,7 +42,7 @@ from rhhjax.kernels import mosaic_forward as mf
 from rhhjax.ops import fused, loops
 
 if TYPE_CHECKING:
-    from rhhjax.ops.spec import ModelFacts, SequenceSpec
+    from rhhjax.ops.sequence_spec import ModelFacts, SequenceSpec
 
 Array = jax.Array
 
@@ -120,7 +120,7 @@ def _layer_forward(spec, save, s, w_l, z_l, bias_l, xproj_t, keep_l, hidden_l):
     Returns (s_new [Bp, Np], saved: {} or "h", "t" [Bp, Np] and, with z, "full")."""
     if hidden_l is not None:
         raise ValueError(f"impl {NAME!r} has no variational dropout")
-    mask = fused._mask(spec, keep_l, jnp.float32)
+    mask = loops.dropout_mask(spec.keep, keep_l, jnp.float32)
     args = (s.astype(spec.dtype), w_l, s, bias_l, z_l, xproj_t, mask)
     if spec.interpret:
         out = mf.highway_forward_reference(*args, save=save, units=CONFIG.units)
@@ -150,7 +150,7 @@ def _layer_backward(spec, d_above, w_above, ds_carry, g_l, packed_l, z_l, keep_l
     layer above, ds_carry, g_l [Bp, Np], packed_l [Bp, K, Np] this layer's saved rows.
     Returns (d_scaled [Bp, 2 * Np] matmul dtype, ds_carry [Bp, Np], da [Bp, 2, Np])."""
     s_prev, saved = loops.unpack(packed_l, saved_rows(z_l is not None))
-    mask = fused._mask(spec, keep_l, jnp.float32)
+    mask = loops.dropout_mask(spec.keep, keep_l, jnp.float32)
     args = (d_above, w_above, ds_carry, g_l, s_prev, saved["h"], saved["t"], z_l, mask)
     if spec.interpret:
         d_scaled, ds_carry, da = mb.highway_backward_reference(*args)

@@ -26,7 +26,7 @@ from rhhjax.kernels import highway
 from rhhjax.ops import fused, loops
 
 if TYPE_CHECKING:
-    from rhhjax.ops.spec import ModelFacts, SequenceSpec
+    from rhhjax.ops.sequence_spec import ModelFacts, SequenceSpec
 
 Array = jax.Array
 

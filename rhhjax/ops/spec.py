@@ -2,10 +2,11 @@
 
 `resolve` turns plain values (the requested impl, the model's type, hyper input, dropout and
 rank, the matmul dtype, the Pallas mode and block sizes, the gate keep probability) into a
-small frozen `SequenceSpec`; the model builds it once (`rhhjax.models.build_model`) and the
-cores receive it. Nothing else tests the implementation's name: the cores dispatch on
-`spec.is_scan` (the textbook `nn.scan`) or call `rhhjax.ops.recurrence.highway_sequence`,
-which runs the module registered under `spec.impl` in `IMPLEMENTATIONS`.
+small frozen `SequenceSpec` (`rhhjax.ops.sequence_spec`, re-exported here); the model builds
+it once (`rhhjax.models.build_model`) and the cores receive it. Nothing else tests the
+implementation's name: the cores dispatch on `spec.is_scan` (the textbook `nn.scan`) or call
+`rhhjax.ops.recurrence.highway_sequence`, which runs the module registered under `spec.impl`
+in `IMPLEMENTATIONS`.
 
 Implementations (`IMPLS`):
 
@@ -14,8 +15,8 @@ Implementations (`IMPLS`):
 - `fused` (`rhhjax.ops.fused`): the whole time loop as one `jax.custom_vjp`, each micro-layer
   one XLA matmul plus elementwise work.
 - `pallas` (`rhhjax.ops.pallas`): the same op, each micro-layer one Pallas kernel.
-- `mosaic` (`rhhjax.ops.mosaic`): the same op, each micro-layer forward one Mosaic GPU kernel
-  (the backward `fused`'s); on a GPU only, or lowered for one with pallas_mode "compiled".
+- `mosaic` (`rhhjax.ops.mosaic`): the same op, each micro-layer one Mosaic GPU kernel forward
+  and one backward; on a GPU only, or lowered for one with pallas_mode "compiled".
   Not in "auto" until measured.
 - `auto`: the fastest measured correct one for the platform and dtype (`_auto`).
 
@@ -27,7 +28,6 @@ entry in `IMPLEMENTATIONS` (and, once measured, its place in the rankings of `_M
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import jax
@@ -36,8 +36,10 @@ import jax.numpy as jnp
 from rhhjax.errors import UserError
 from rhhjax.kernels import highway
 from rhhjax.ops import fused, mosaic, pallas
+from rhhjax.ops.sequence_spec import SCAN, ModelFacts, SequenceSpec
 
-SCAN = "scan"
+__all__ = ["SCAN", "ModelFacts", "SequenceSpec"]  # re-exported: the types of `resolve`
+
 AUTO = "auto"
 # The whole-sequence ops, by name: the only table of implementations.
 IMPLEMENTATIONS = {module.NAME: module for module in (fused, pallas, mosaic)}
@@ -48,41 +50,6 @@ PALLAS_MODES = ("auto", "compiled", "interpret")
 
 class UnsupportedImpl(UserError):
     """An implementation that cannot run the model (one line, names the alternative)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelFacts:
-    """What an implementation needs to know of the model to say whether it can run it."""
-
-    model_type: str  # "rhn" | "hyperrhn" | "lstm"
-    hyper_input: str = "x"  # "x" | "x_and_state"
-    dropout: str = "none"  # "gate" | "variational" | "none"
-    hyper_rank: int = 0
-
-
-@dataclasses.dataclass(frozen=True)
-class SequenceSpec:
-    """Static description of the recurrence (hashable: a custom_vjp nondiff arg).
-
-    Built by `resolve`; `gate_dropout` and `first_step` are set per call by the cores
-    (`dataclasses.replace`). `reason` says why `impl` was chosen (not part of eq/hash).
-    """
-
-    impl: str  # A resolved name of IMPLS (never "auto").
-    keep: float  # Gate-dropout keep probability (used when gate dropout is on).
-    dtype: Any  # Matmul input dtype.
-    gate_dropout: bool = False  # Whether gate masks are generated from the key.
-    interpret: bool = False  # Pallas interpret mode.
-    kernel: highway.HighwayConfig = highway.HighwayConfig()  # Pallas block sizes.
-    # Time index of the call's first step: gate masks of entry i are those of step
-    # first_step + i (1 when the caller ran step 0 itself, e.g. model.original_first_step).
-    first_step: int = 0
-    reason: str = dataclasses.field(default="", compare=False)
-
-    @property
-    def is_scan(self) -> bool:
-        """Whether the cores run the textbook `nn.scan` (else the whole-sequence op)."""
-        return self.impl == SCAN
 
 
 def check(impl: str, model: ModelFacts) -> None:
