@@ -288,11 +288,16 @@ def _ptb_model_block():
     return module.get_config().model
 
 
-def test_config_kernel_block_is_the_kernels_default_and_reaches_the_spec():
-    mc = models.ModelConfig.from_config(_ptb_model_block(), impl="pallas")
-    assert mc.kernel == highway.HighwayConfig()
+def test_config_kernel_block_reaches_the_spec():
+    """A kernel block set in the config (not the defaults) is the one the pallas op runs."""
+    block = _ptb_model_block()
+    block.kernel.block_k = 128
+    block.kernel.num_stages = 2
+    mc = models.ModelConfig.from_config(block, impl="pallas")
     spec = models.sequence_spec(mc)
-    assert spec.kernel == highway.HighwayConfig() and spec.impl == "pallas"
+    expected = highway.HighwayConfig(block_k=128, num_stages=2)
+    assert expected != highway.HighwayConfig()
+    assert spec.kernel == expected and spec.impl == "pallas"
 
 
 ON_GPU = jax.default_backend() == "gpu"
