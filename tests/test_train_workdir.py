@@ -41,3 +41,19 @@ def test_a_full_disk_while_appending_metrics_is_one_line(tmp_path, monkeypatch):
     message = str(info.value)
     assert "\n" not in message and isinstance(info.value, UserError)
     assert message.startswith(f"cannot write {log.path}: no space left on device (it needs ")
+
+
+def test_event_writers_opened_within_one_second_keep_separate_files(tmp_path, monkeypatch):
+    """tensorboardX names an event file by the second and the host: a resume within the same
+    second overwrote the first run's file (its steps vanished from TensorBoard)."""
+    tensorboardX = pytest.importorskip("tensorboardX")
+    monkeypatch.setattr("time.time", lambda: 1_700_000_000.25)  # one second for both writers
+    first = workdir_lib.EventWriter(tensorboardX.SummaryWriter, tmp_path, start_step=0)
+    first._scalars(1, {"train/bpc": 3.0})
+    first.close()
+    second = workdir_lib.EventWriter(tensorboardX.SummaryWriter, tmp_path, start_step=1)
+    second._scalars(2, {"train/bpc": 2.5})
+    second.close()
+    files = sorted((tmp_path / workdir_lib.EventWriter.DIR).iterdir())
+    assert len(files) == 2
+    assert files[0].stat().st_size > 0 and files[1].stat().st_size > 0

@@ -10,6 +10,7 @@ import json
 import math
 import os
 import tempfile
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -216,8 +217,16 @@ class EventWriter:
     DIR = "tensorboard"
 
     def __init__(self, writer_class, workdir: Path, start_step: int):
-        self._open = lambda step: writer_class(logdir=str(workdir / self.DIR), purge_step=step + 1)
+        self._logdir = str(workdir / self.DIR)
+        self._writer_class = writer_class
         self._writer = self._open(start_step)
+
+    def _open(self, step: int):
+        """A writer whose file sorts after every earlier one: tensorboardX names a file by
+        the second and the host only, so a second writer within the same second would
+        overwrite the first one's file; the nanosecond suffix keeps them apart, in order."""
+        suffix = f".{time.time_ns():020d}"
+        return self._writer_class(logdir=self._logdir, purge_step=step + 1, filename_suffix=suffix)
 
     def rewind(self, step: int) -> None:
         """Training went back to ``step`` (a rollback): hide the events written after it."""
