@@ -829,6 +829,16 @@ def test_first_progress_line_has_no_made_up_speed_and_an_epoch_estimate_follows(
     assert lines.index(estimates[0]) < lines.index(progress[1])
 
 
+def test_start_up_says_which_implementation_auto_picked_and_why(trained):
+    """model.impl=auto (the default) is resolved once; the run says in one line what runs."""
+    _, cfg, _, lines = trained
+    assert cfg.model.impl == "auto"
+    chosen = [line for line in lines if line.startswith("model.impl=")]
+    expected = "scan" if jax.default_backend() == "cpu" else "fused"
+    assert len(chosen) == 1 and chosen[0].startswith(f"model.impl=auto runs {expected}: ")
+    assert "results/bench_" in chosen[0]  # the measurements it rests on
+
+
 def test_epoch_estimate_names_the_cpu_recipe_for_a_model_too_large_for_a_cpu():
     paper = trainer.epoch_estimate(12.5, 199, 2, "cpu")
     assert paper.startswith("estimate: an epoch (199 steps) takes about 0:41:28 on this CPU")

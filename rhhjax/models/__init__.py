@@ -13,7 +13,8 @@ checkpoint runs on any of them.
                      their transform gates (collection "intermediates", `GATES_NAME`).
     cores.py         the cores over time (`RHNCore`, `HyperRHNCore`, `LSTMCore`), their one
                      dispatch on the spec (scan or op) and the dropout keys (`DropoutKeys`).
-    lm.py            `CharLM`, `build_model`, `init_params`, `count_params`.
+    lm.py            `CharLM`, `build_model`, `init_params`, `count_params`,
+                     `implementation_line` (the start-up line of the impl choice).
 
 Every public name is re-exported here: ``from rhhjax import models; models.ModelConfig``.
 """
@@ -45,7 +46,14 @@ from rhhjax.models.initializers import (
     stacked,
     uniform_init,
 )
-from rhhjax.models.lm import CharLM, build_model, count_params, init_params, uses_dropout
+from rhhjax.models.lm import (
+    CharLM,
+    build_model,
+    count_params,
+    implementation_line,
+    init_params,
+    uses_dropout,
+)
 
 __all__ = [
     "CORES",
@@ -69,6 +77,7 @@ __all__ = [
     "RHNCell",
     "RHNCore",
     "build_model",
+    "implementation_line",
     "count_params",
     "float32_init",
     "init_params",

@@ -78,10 +78,16 @@ def build_model(config: ModelConfig, platform: str | None = None) -> CharLM:
     return CharLM(config, spec)
 
 
+def implementation_line(requested: str, impl: str, reason: str) -> str:
+    """The start-up line of the implementation choice, e.g. ``model.impl=auto runs scan: ...``
+    (`requested` is `ModelConfig.impl`; `impl` and `reason` come from its `SequenceSpec`)."""
+    return f"model.impl={requested} runs {impl}: {reason}"
+
+
 @functools.cache
 def _log_choice(requested: str, impl: str, reason: str) -> None:
-    """The start-up line of the implementation choice (once per distinct choice)."""
-    logging.info("model.impl=%s runs %s: %s", requested, impl, reason)
+    """Logs `implementation_line` once per process and distinct choice."""
+    logging.info("%s", implementation_line(requested, impl, reason))
 
 
 def init_params(model: CharLM, rng: Array, batch: int = 1, length: int = 1):

@@ -60,6 +60,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from rhhjax import models
 from rhhjax.train import checkpoint as ckpt_lib
 from rhhjax.train import config as train_config
 from rhhjax.train import workdir as workdir_lib
@@ -153,6 +154,8 @@ def _start_or_resume(run: Run, store: StateStore, metrics: workdir_lib.MetricsLo
     else:
         epoch = state.step / run.steps_per_epoch
         run.log(f"resuming {run.workdir} from step {state.step} (epoch {epoch:.2f})")
+    spec = models.sequence_spec(run.model)
+    run.log(models.implementation_line(run.model.impl, spec.impl, spec.reason))
     if run.primary:
         config_json = train_config.config_to_json(run.cfg)
         workdir_lib.atomic_write(run.workdir / workdir_lib.CONFIG_FILE, config_json)
