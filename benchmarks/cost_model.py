@@ -97,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     result["by_impl"] = hc.dominant_by_impl(rows, result["coefficients_s"])
     result["command"] = command
     result["terms"] = hc.__doc__.split("\n\n")[1]
+    result["choices"] = hc.CHOICES
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     print(table(result))
     return 0
