@@ -47,20 +47,7 @@ FUSED_UNIT_MULTIPLE = 64
 def unsupported(model: ModelFacts) -> str | None:
     """Why `fused` cannot run `model`, or None (it runs RHN and HyperRHN with hyper_input='x',
     every dropout and rank)."""
-    return whole_sequence_unsupported(NAME, model)
-
-
-def whole_sequence_unsupported(name: str, model: ModelFacts) -> str | None:
-    """What no whole-sequence op runs: LSTMs, and HyperRHNs whose hyper cell reads the main
-    state (the hyper recurrence must run first)."""
-    if model.model_type == "lstm":
-        return f"model.impl={name!r} is only for RHN models; use 'scan' for lstm"
-    if model.model_type == "hyperrhn" and model.hyper_input != "x":
-        return (
-            f"model.impl={name!r} needs model.hyper_input='x' (x_and_state reads the "
-            "main state, so the hyper recurrence cannot run first); use impl='scan'"
-        )
-    return None
+    return loops.whole_sequence_unsupported(NAME, model)
 
 
 def geometry(spec: SequenceSpec, batch: int, width: int) -> highway.Geometry:
@@ -180,9 +167,4 @@ def backward_loop(spec, geo, w_t, bias, s0, xproj, z, keep, hidden, packed, g_st
     )
     # The state gradient of s0 through W_0 (no gate backward below it).
     ds0 = _state_gradient(spec, (d_scaled0, w_t[0], hidden_of(0), ds_carry0))
-    d_scaled = da if z is None else da * z[:, :, :, None]
-    dz = None
-    if z is not None:
-        _, saved = loops.unpack(packed, fields)
-        dz = jnp.sum(da * saved["full"], axis=-2)
-    return ds0, d_scaled, dz, da.sum((0, 2))
+    return ds0, *loops.gradients_from_da(da, z, packed, fields)

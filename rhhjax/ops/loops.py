@@ -1,9 +1,11 @@
-"""Pieces the whole-sequence implementations share (`rhhjax.ops.fused`, `rhhjax.ops.pallas`).
+"""Pieces the whole-sequence implementations share (`rhhjax.ops.fused`, `pallas`, `mosaic`).
 
-The saved rows of one micro-layer packed into ONE array per step (`pack` / `unpack`), the
-per-layer slicing done once outside the time loops (`per_layer`), the output states from the
-saved input states (`states_from_inputs`) and the generic forward time loop over a
-one-micro-layer function (`forward_scan`).
+What they refuse to run (`whole_sequence_unsupported`, `kernel_unsupported`), the saved rows of
+one micro-layer packed into ONE array per step (`pack` / `unpack`), the per-layer slicing done
+once outside the time loops (`per_layer`), the output states from the saved input states
+(`states_from_inputs`), the generic forward time loop over a one-micro-layer function
+(`forward_scan`) and the gradients formed after the reverse loop from the stacked
+pre-activation gradients (`gradients_from_da`).
 
 Shapes: T time, L depth, Bp padded batch, Np padded units, K packed rows.
 """
@@ -11,12 +13,47 @@ Shapes: T time, L depth, Bp padded batch, Np padded units, K packed rows.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
 
+if TYPE_CHECKING:
+    from rhhjax.ops.sequence_spec import ModelFacts
+
 Array = jax.Array
 Fields = tuple[tuple[str, int], ...]  # (name, rows of Np) saved per micro-layer
+
+
+def whole_sequence_unsupported(name: str, model: ModelFacts) -> str | None:
+    """What no whole-sequence op runs: LSTMs, and HyperRHNs whose hyper cell reads the main
+    state (the hyper recurrence must run first). None, or the one-line reason."""
+    if model.model_type == "lstm":
+        return f"model.impl={name!r} is only for RHN models; use 'scan' for lstm"
+    if model.model_type == "hyperrhn" and model.hyper_input != "x":
+        return (
+            f"model.impl={name!r} needs model.hyper_input='x' (x_and_state reads the "
+            "main state, so the hyper recurrence cannot run first); use impl='scan'"
+        )
+    return None
+
+
+def kernel_unsupported(name: str, model: ModelFacts) -> str | None:
+    """What the kernel implementations (`pallas`, `mosaic`) cannot run besides
+    `whole_sequence_unsupported`: variational dropout and rank-d HyperRHNs (their kernels
+    scale output columns only). None, or the one-line reason."""
+    reason = whole_sequence_unsupported(name, model)
+    if reason is None and model.dropout == "variational":
+        reason = (
+            f"model.impl={name!r} supports dropout='gate' or 'none'; use impl='fused' "
+            "for variational dropout"
+        )
+    if reason is None and model.hyper_rank > 0:
+        reason = (
+            f"model.hyper_rank={model.hyper_rank} is not supported by model.impl={name!r} (its "
+            "kernels scale output columns only); use impl='fused' or 'scan'"
+        )
+    return reason
 
 
 def dropout_mask(keep: float, keep_l: Array | None, dtype) -> Array | None:
@@ -85,3 +122,16 @@ def forward_scan(
     if not save:
         return outputs, None
     return states_from_inputs(outputs[..., 0, :], s_last), outputs
+
+
+def gradients_from_da(da: Array, z: Array | None, packed: Array, fields: Fields):
+    """After the reverse loop, from the stacked pre-activation gradients da [T, L, Bp, 2, Np]
+    (no per-step reduction inside the loop): (d_scaled = da * [z, z] [T, L, Bp, 2, Np], the
+    operand of the deferred weight gradient; dz [T, L, Bp, Np] = sum over the halves of
+    da * "full", the saved unscaled sum, or None without z; dbias [L, 2, Np])."""
+    d_scaled = da if z is None else da * z[:, :, :, None]
+    dz = None
+    if z is not None:
+        _, saved = unpack(packed, fields)
+        dz = jnp.sum(da * saved["full"], axis=-2)
+    return d_scaled, dz, da.sum((0, 2))

@@ -55,20 +55,8 @@ UNIT_MULTIPLE = math.lcm(CONFIG.units, CONFIG.tile_k, BACKWARD_CONFIG.units)
 
 
 def unsupported(model: ModelFacts) -> str | None:
-    """Why `mosaic` cannot run `model`, or None: what no whole-sequence op runs, variational
-    dropout and rank-d HyperRHNs."""
-    reason = fused.whole_sequence_unsupported(NAME, model)
-    if reason is None and model.dropout == "variational":
-        reason = (
-            f"model.impl={NAME!r} supports dropout='gate' or 'none'; use impl='fused' "
-            "for variational dropout"
-        )
-    if reason is None and model.hyper_rank > 0:
-        reason = (
-            f"model.hyper_rank={model.hyper_rank} is not supported by model.impl={NAME!r} "
-            "(its kernel scales output columns only); use impl='fused' or 'scan'"
-        )
-    return reason
+    """Why `mosaic` cannot run `model`, or None (`loops.kernel_unsupported`)."""
+    return loops.kernel_unsupported(NAME, model)
 
 
 def unavailable(pallas_mode: str, platform: str | None) -> str | None:
@@ -191,9 +179,4 @@ def backward_loop(spec, geo, w, bias, s0, xproj, z, keep, hidden, packed, g_stat
     )
     # The state gradient of s0 through W_0 (no gate backward below it): one XLA matmul.
     ds0 = ds_carry0 + jnp.matmul(d_above0, w[0].T, preferred_element_type=jnp.float32)
-    d_scaled = da if z is None else da * z[:, :, :, None]
-    dz = None
-    if z is not None:
-        _, saved = loops.unpack(packed, saved_rows(True))
-        dz = jnp.sum(da * saved["full"], axis=-2)
-    return ds0, d_scaled, dz, da.sum((0, 2))
+    return ds0, *loops.gradients_from_da(da, z, packed, saved_rows(z is not None))

@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from rhhjax.kernels import highway
-from rhhjax.ops import fused, loops
+from rhhjax.ops import loops
 
 if TYPE_CHECKING:
     from rhhjax.ops.sequence_spec import ModelFacts, SequenceSpec
@@ -36,20 +36,8 @@ KEEP_DTYPE = jnp.int8
 
 
 def unsupported(model: ModelFacts) -> str | None:
-    """Why `pallas` cannot run `model`, or None: what no whole-sequence op runs, variational
-    dropout and rank-d HyperRHNs (its kernels scale output columns only)."""
-    reason = fused.whole_sequence_unsupported(NAME, model)
-    if reason is None and model.dropout == "variational":
-        reason = (
-            "model.impl='pallas' supports dropout='gate' or 'none'; use impl='fused' "
-            "for variational dropout"
-        )
-    if reason is None and model.hyper_rank > 0:
-        reason = (
-            f"model.hyper_rank={model.hyper_rank} is not supported by model.impl='pallas' (its "
-            "kernels scale output columns only); use impl='fused' or 'scan'"
-        )
-    return reason
+    """Why `pallas` cannot run `model`, or None (`loops.kernel_unsupported`)."""
+    return loops.kernel_unsupported(NAME, model)
 
 
 def geometry(spec: SequenceSpec, batch: int, width: int) -> highway.Geometry:
