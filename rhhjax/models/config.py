@@ -47,8 +47,10 @@ class ModelConfig:
       t_bias_init: added to the transform-gate bias at init (Zilly: -2 / -4).
       init: orthogonal (the paper code's) | uniform (PyTorch's default Linear).
       hyper_input: x (paper) | x_and_state (Ha's HyperLSTM: also the main state).
-      impl: how the recurrence runs (``IMPLS``): scan (the reference ``nn.scan``), fused
-        (custom VJP) or pallas (GPU kernels); it changes speed, not what is computed.
+      impl: how the recurrence runs (``IMPLS``): auto (the fastest measured one for the
+        platform, `rhhjax.ops.spec`), scan (the reference ``nn.scan``), fused (custom VJP),
+        pallas (Pallas Triton kernels) or mosaic (Mosaic GPU kernels, Hopper only); it
+        changes speed, not what is computed.
       pallas_mode: pallas: auto (compiled Triton on a GPU, interpret mode elsewhere) |
         compiled (e.g. to compile a GPU step on a CPU host) | interpret.
       kernel: block sizes of the Pallas kernels (``kernels/config.py`` ``HighwayConfig``,

@@ -119,13 +119,11 @@ def atomic_write(path: Path, text: str) -> None:
             f.write(text)
         os.chmod(tmp, file_mode())  # mkstemp makes 0600; the other files are 0666 - umask
         os.replace(tmp, path)
-    except OSError as e:
+    except BaseException as e:
         if tmp is not None:
             Path(tmp).unlink(missing_ok=True)
-        raise _write_failure(path, len(text.encode()), e) from None
-    except BaseException:
-        if tmp is not None:
-            Path(tmp).unlink(missing_ok=True)
+        if isinstance(e, OSError):
+            raise _write_failure(path, len(text.encode()), e) from None
         raise
 
 
