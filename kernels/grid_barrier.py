@@ -1,0 +1,144 @@
+"""A self-resetting grid barrier for persistent Mosaic GPU kernels, with a bounded spin.
+
+A persistent kernel (`kernels/persistent_forward.py`, `kernels/persistent_backward.py`) runs
+every block of its grid at once and meets at a barrier between phases. JAX 0.10.2 allocates
+grid-wide semaphores only with ``pl.get_global``, which PERSISTS across kernel calls
+(``run_scoped`` semaphores are block-local), so a barrier built on monotonic counters would
+start the next call where the last one ended. This barrier leaves every semaphore at zero
+when a call finishes, so each call starts from the state the first one saw:
+
+* ``arrive``: every block adds 1 (a release add) after its phase's writes.
+* Block 0 (the leader) waits until ``arrive >= grid`` and takes ``grid`` off it
+  (decrement), then adds ``grid`` tokens to ``go[phase % 2]`` (a release add).
+* Every block (the leader too) waits until ``go[phase % 2] >= 1`` and takes one token.
+
+Two ``go`` semaphores, by phase parity: a block that has passed barrier ``p`` and reaches
+``p + 1`` waits on the other semaphore, so it cannot take a token meant for a slower block
+still leaving ``p``; by the time the leader releases ``p + 1`` (every block has arrived
+there) every token of ``p - 1`` is taken. Ordering: a block's writes happen before its
+release add; the leader's acquire and release, then the waiter's acquire, chain them to
+every reader (the PTX memory model's causality order is transitive).
+
+Bounded spin: before each wait, one thread reads the semaphore (an acquire load) up to
+``spin_limit`` times. If the count is still short, the block gives up: the barrier returns
+False, the caller writes the phase into its status output and skips the rest of its work,
+and the wrapper turns a non-zero status into one error line (`check_status`) instead of a
+hang. After a timeout the semaphores are left non-zero: the process must restart before the
+next persistent call, which the error line says.
+
+Async-proxy fences: the phases' data moves by TMA (the async proxy), the semaphores by
+ordinary atomics (the generic proxy). ``fence.proxy.async.global`` after a block's TMA
+stores have completed and before its arrive, and again after the wait before its next TMA
+loads, orders the two (`_fence_proxy_async_global`).
+
+Everything here runs on a Hopper GPU only. It lowers and compiles for an H100 on a CPU host
+with the CUDA plugin (tests/test_grid_barrier.py); whether it performs as hoped, only a GPU
+can say.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+# A spin of this many acquire loads (each an L2 round trip, ~0.5-1 us) is seconds: far
+# beyond any legitimate phase, short enough that a non-co-resident grid fails rather than
+# hangs.
+DEFAULT_SPIN_LIMIT = 4_000_000
+MEMORY_SCOPE = "gpu"
+
+
+class GridBarrierTimeout(RuntimeError):
+    """A persistent kernel's grid barrier gave up (blocks not co-resident, or a hang)."""
+
+
+def semaphores():
+    """The barrier's grid-wide semaphores: (arrive, go [2]); call once in the kernel body."""
+    arrive = pl.get_global(plgpu.SemaphoreType.REGULAR)
+    go = pl.get_global(plgpu.SemaphoreType.REGULAR((2,)))
+    return arrive, go
+
+
+def _fence_proxy_async_global() -> None:
+    """``fence.proxy.async.global``: orders generic-proxy and async-proxy (TMA) accesses to
+    global memory by this thread."""
+
+    @plgpu.inline_mgpu()
+    def fence(ctx):
+        del ctx
+        from jax._src.lib.mlir import ir
+        from jax._src.lib.mlir.dialects import llvm
+
+        llvm.inline_asm(
+            ir.Type.parse("!llvm.void"), [], "fence.proxy.async.global;", "",
+            has_side_effects=True,
+        )  # fmt: skip
+
+    fence()
+
+
+def _bounded_spin(sem, target, spin_limit: int) -> jax.Array:
+    """Reads ``sem`` until it is >= ``target`` or ``spin_limit`` reads; True when reached."""
+
+    def short(count_and_value):
+        count, value = count_and_value
+        return jnp.logical_and(value < target, count < spin_limit)
+
+    def read_again(count_and_value):
+        count, _ = count_and_value
+        return count + 1, pl.semaphore_read(sem)
+
+    _, value = jax.lax.while_loop(short, read_again, (jnp.int32(0), pl.semaphore_read(sem)))
+    return value >= target
+
+
+def grid_barrier(arrive, go, phase, grid: int, is_leader, spin_limit: int = DEFAULT_SPIN_LIMIT):
+    """The barrier ending ``phase`` (an int32 scalar); True when passed, False on a timeout.
+
+    Call it from every block of a ``grid``-block kernel, after the phase's TMA stores have
+    been waited for (`plgpu.wait_smem_to_gmem(0)`), with ``is_leader`` true in exactly one
+    block. The next phase's TMA loads may start when it returns True.
+    """
+    _fence_proxy_async_global()
+    plgpu.semaphore_signal(arrive, 1, memory_scope=MEMORY_SCOPE)
+    go_now = go.at[jax.lax.rem(phase, 2)]
+    passed = jnp.bool_(True)
+
+    @pl.when(is_leader)
+    def _release():
+        @pl.when(_bounded_spin(arrive, grid, spin_limit))
+        def _():
+            plgpu.semaphore_wait(arrive, grid, decrement=True, memory_scope=MEMORY_SCOPE)
+            plgpu.semaphore_signal(go_now, grid, memory_scope=MEMORY_SCOPE)
+
+    passed = _bounded_spin(go_now, 1, spin_limit)
+
+    @pl.when(passed)
+    def _take_token():
+        plgpu.semaphore_wait(go_now, 1, decrement=True, memory_scope=MEMORY_SCOPE)
+
+    _fence_proxy_async_global()
+    return passed
+
+
+def check_status(status: jax.Array, name: str) -> None:
+    """Raises `GridBarrierTimeout` (one line, via a host callback) when any entry of the
+    kernel's ``status`` output [grid] int32 is non-zero: the 1-based phase a block gave up
+    at."""
+
+    def host_check(values):
+        import numpy as np
+
+        values = np.asarray(values)
+        if values.any():
+            blocks = np.flatnonzero(values)
+            raise GridBarrierTimeout(
+                f"{name}: grid barrier timed out in {blocks.size} of {values.size} blocks "
+                f"(first at phase {int(values[blocks[0]]) - 1}): the blocks were not all "
+                "resident at once, or one hung; restart the process before the next "
+                "persistent call (the barrier's semaphores are left non-zero)"
+            )
+
+    jax.debug.callback(host_check, status)
