@@ -79,7 +79,7 @@ def _fence_proxy_async_global() -> None:
     fence()
 
 
-def _bounded_spin(sem, target, spin_limit: int) -> jax.Array:
+def _bounded_spin(sem, target, spin_limit) -> jax.Array:
     """Reads ``sem`` until it is >= ``target`` or ``spin_limit`` reads; True when reached."""
 
     def short(count_and_value):
@@ -94,32 +94,46 @@ def _bounded_spin(sem, target, spin_limit: int) -> jax.Array:
     return value >= target
 
 
-def grid_barrier(arrive, go, phase, grid: int, is_leader, spin_limit: int = DEFAULT_SPIN_LIMIT):
-    """The barrier ending ``phase`` (an int32 scalar); True when passed, False on a timeout.
+def grid_barrier(
+    arrive,
+    go,
+    phase,
+    grid: int,
+    is_leader,
+    active=True,
+    spin_limit: int = DEFAULT_SPIN_LIMIT,
+) -> jax.Array:
+    """The barrier ending ``phase`` (an int32 scalar); True when passed, False on a timeout
+    or when ``active`` is False (a block that gave up earlier: it neither arrives nor waits,
+    so the others give up at this barrier too).
 
     Call it from every block of a ``grid``-block kernel, after the phase's TMA stores have
     been waited for (`plgpu.wait_smem_to_gmem(0)`), with ``is_leader`` true in exactly one
     block. The next phase's TMA loads may start when it returns True.
     """
-    _fence_proxy_async_global()
-    plgpu.semaphore_signal(arrive, 1, memory_scope=MEMORY_SCOPE)
+    active = jnp.asarray(active, jnp.bool_)
     go_now = go.at[jax.lax.rem(phase, 2)]
-    passed = jnp.bool_(True)
 
-    @pl.when(is_leader)
+    @pl.when(active)
+    def _arrive():
+        _fence_proxy_async_global()
+        plgpu.semaphore_signal(arrive, 1, memory_scope=MEMORY_SCOPE)
+
+    @pl.when(jnp.logical_and(active, is_leader))
     def _release():
         @pl.when(_bounded_spin(arrive, grid, spin_limit))
         def _():
             plgpu.semaphore_wait(arrive, grid, decrement=True, memory_scope=MEMORY_SCOPE)
             plgpu.semaphore_signal(go_now, grid, memory_scope=MEMORY_SCOPE)
 
-    passed = _bounded_spin(go_now, 1, spin_limit)
+    limit = jnp.where(active, jnp.int32(spin_limit), jnp.int32(0))
+    passed = jnp.logical_and(active, _bounded_spin(go_now, 1, limit))
 
     @pl.when(passed)
     def _take_token():
         plgpu.semaphore_wait(go_now, 1, decrement=True, memory_scope=MEMORY_SCOPE)
+        _fence_proxy_async_global()
 
-    _fence_proxy_async_global()
     return passed
 
 

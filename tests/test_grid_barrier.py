@@ -1,0 +1,186 @@
+"""The grid barrier of the persistent kernels (`kernels/grid_barrier.py`).
+
+On a CPU: `check_status` passes an all-zero status and raises ONE line naming the phase
+otherwise. ``gpu_compile``: a 132-block kernel of 700 phases whose every phase reads a
+slice another block wrote in the phase before lowers and compiles for an H100 without a GPU
+(CUDA plugin). `TestOnAGpu`: the same kernel against its NumPy result, twice in one process
+(the semaphores reset themselves), and a grid that cannot be co-resident gives up with the
+one-line error instead of hanging.
+"""
+
+import importlib.util
+import json
+import pathlib
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from rhhjax.kernels import grid_barrier
+
+NEEDS_GPU = pytest.mark.skipif(
+    jax.default_backend() != "gpu",
+    reason="the grid barrier runs in Mosaic GPU kernels on a Hopper GPU only",
+)
+
+
+def _has_cuda_plugin() -> bool:
+    try:
+        return importlib.util.find_spec("jax_plugins.xla_cuda12") is not None
+    except ModuleNotFoundError:
+        return False
+
+
+needs_cuda = pytest.mark.skipif(not _has_cuda_plugin(), reason="no JAX CUDA plugin (jax[cuda12])")
+
+ROWS, UNITS = 64, 8
+
+
+def neighbour_kernel(blocks: int, phases: int, spin_limit: int = grid_barrier.DEFAULT_SPIN_LIMIT):
+    """A persistent kernel: x [P + 1, ROWS, blocks * UNITS] f32 whose row 0 is the input;
+    in phase p block g writes ``x[p + 1, :, g] = x[p, :, g] + x[p, :, g + 1 (mod blocks)] + 1``
+    (its slice and its right neighbour's, written by another block in phase p - 1). Returns
+    a function of x0 [ROWS, blocks * UNITS] -> (x [P + 1, ...], status [blocks])."""
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    def kernel(x0_ref, x_ref, status_ref, mine, right, bar):
+        g = pl.program_id(0)
+        arrive, go = grid_barrier.semaphores()
+        cols = pl.ds(g * UNITS, UNITS)
+        plgpu.copy_gmem_to_smem(x0_ref.at[:, cols], mine, bar.at[0])
+        plgpu.barrier_wait(bar.at[0])
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(mine, x_ref.at[0, :, cols])
+        plgpu.wait_smem_to_gmem(0)
+        passed = grid_barrier.grid_barrier(arrive, go, 0, blocks, g == 0, True, spin_limit)
+        failed = jnp.logical_not(passed)
+
+        def phase(p, failed):
+            @pl.when(jnp.logical_not(failed))
+            def _work():
+                right_cols = pl.ds(jax.lax.rem(g + 1, blocks) * UNITS, UNITS)
+                plgpu.copy_gmem_to_smem(x_ref.at[p, :, cols], mine, bar.at[0])
+                plgpu.copy_gmem_to_smem(x_ref.at[p, :, right_cols], right, bar.at[1])
+                plgpu.barrier_wait(bar.at[0])
+                plgpu.barrier_wait(bar.at[1])
+                mine[...] = mine[...] + right[...] + 1.0
+                plgpu.commit_smem()
+                plgpu.copy_smem_to_gmem(mine, x_ref.at[p + 1, :, cols])
+                plgpu.wait_smem_to_gmem(0)
+
+            active = jnp.logical_not(failed)
+            passed = grid_barrier.grid_barrier(
+                arrive, go, p + 1, blocks, g == 0, active, spin_limit
+            )
+            return jnp.logical_not(passed)
+
+        failed = jax.lax.fori_loop(0, phases, phase, failed)
+        status_ref[g] = jnp.where(failed, jnp.int32(1), jnp.int32(0))
+
+    return plgpu.kernel(
+        kernel,
+        out_type=(
+            jax.ShapeDtypeStruct((phases + 1, ROWS, blocks * UNITS), jnp.float32),
+            jax.ShapeDtypeStruct((blocks,), jnp.int32),
+        ),
+        scratch_types=dict(
+            mine=plgpu.SMEM((ROWS, UNITS), jnp.float32),
+            right=plgpu.SMEM((ROWS, UNITS), jnp.float32),
+            bar=plgpu.Barrier(num_barriers=2),
+        ),
+        grid=(blocks,),
+        grid_names=("g",),
+        kernel_name="grid_barrier_neighbours",
+    )
+
+
+def neighbour_reference(x0: np.ndarray, blocks: int, phases: int) -> np.ndarray:
+    """NumPy result of `neighbour_kernel`."""
+    out = [x0]
+    for _ in range(phases):
+        prev = out[-1].reshape(ROWS, blocks, UNITS)
+        out.append((prev + np.roll(prev, -1, axis=1) + 1.0).reshape(ROWS, -1))
+    return np.stack(out)
+
+
+def compile_main(blocks: int = 132, phases: int = 700) -> None:
+    """Run in a fresh deviceless process: lower and compile `neighbour_kernel` for an H100;
+    prints a JSON line with what the lowered module holds."""
+    from rhhjax.tools import hlo_compile
+
+    rep = jax.sharding.NamedSharding(hlo_compile.h100_mesh(), jax.sharding.PartitionSpec())
+    x0 = jax.ShapeDtypeStruct((ROWS, blocks * UNITS), jnp.float32, sharding=rep)
+    lowered = (
+        jax.jit(neighbour_kernel(blocks, phases)).trace(x0).lower(lowering_platforms=("cuda",))
+    )
+    text = lowered.as_text()
+    lowered.compile()
+    pieces = ("fence.proxy.async.global", "red.release.gpu", "ld.acquire", "cas.b32")
+    print(json.dumps({piece: piece in text for piece in pieces}))
+
+
+def test_an_all_zero_status_passes_under_jit():
+    status = jnp.zeros((132,), jnp.int32)
+    jax.jit(lambda s: grid_barrier.check_status(s, "persistent forward"))(status)
+    jax.effects_barrier()
+
+
+def test_a_timed_out_block_is_one_error_line_naming_the_phase():
+    status = jnp.zeros((132,), jnp.int32).at[7].set(42).at[9].set(43)
+    with pytest.raises(Exception, match="grid barrier timed out") as error:
+        jax.jit(lambda s: grid_barrier.check_status(s, "persistent forward"))(status)
+        jax.effects_barrier()
+    message = str(error.value)
+    line = next(x for x in message.splitlines() if "grid barrier timed out" in x)
+    assert "2 of 132 blocks" in line and "phase 41" in line and "restart the process" in line
+
+
+def test_the_reference_adds_the_right_neighbour_each_phase():
+    x0 = np.arange(ROWS * 3 * UNITS, dtype=np.float32).reshape(ROWS, -1)
+    out = neighbour_reference(x0, blocks=3, phases=2)
+    first = x0[:, :UNITS] + x0[:, UNITS : 2 * UNITS] + 1.0
+    np.testing.assert_array_equal(out[1][:, :UNITS], first)
+    wrap = x0[:, 2 * UNITS :] + x0[:, :UNITS] + 1.0
+    np.testing.assert_array_equal(out[1][:, 2 * UNITS :], wrap)
+    assert out.shape == (3, ROWS, 3 * UNITS)
+
+
+@pytest.mark.gpu_compile
+@needs_cuda
+def test_a_132_block_700_phase_kernel_lowers_and_compiles_for_an_h100_without_a_gpu():
+    here = pathlib.Path(__file__).parent
+    code = "from rhhjax.tools import hlo_compile as h; h.set_deviceless_env(log_ptxas=False)\n"
+    code += "import test_grid_barrier as t; t.compile_main()"
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=here)
+    assert run.returncode == 0, run.stderr[-3000:]
+    pieces = json.loads(run.stdout.strip().splitlines()[-1])
+    assert all(pieces.values()), pieces
+
+
+@NEEDS_GPU
+class TestOnAGpu:
+    """The barrier on a Hopper GPU: ordering, self-reset, and the bounded spin."""
+
+    @pytest.mark.parametrize(("blocks", "phases"), [(16, 50), (132, 700)])
+    def test_every_phase_sees_the_other_blocks_writes_twice_in_a_row(self, blocks, phases):
+        run = jax.jit(neighbour_kernel(blocks, phases))
+        for seed in (0, 1):  # the second call starts from the semaphores the first left
+            x0 = np.random.default_rng(seed).normal(size=(ROWS, blocks * UNITS)) * 1e-3
+            x0 = x0.astype(np.float32)
+            x, status = run(jnp.asarray(x0))
+            assert not np.asarray(status).any()
+            expected = neighbour_reference(x0, blocks, phases)
+            np.testing.assert_allclose(np.asarray(x), expected, rtol=1e-6, atol=1e-6)
+
+    def test_a_grid_that_cannot_be_resident_gives_up_instead_of_hanging(self):
+        device = jax.devices()[0]
+        sms = getattr(device, "core_count", 132)
+        blocks = 40 * sms  # far more blocks than fit at once
+        run = jax.jit(neighbour_kernel(blocks, 2, spin_limit=20_000))
+        _, status = run(jnp.zeros((ROWS, blocks * UNITS), jnp.float32))
+        with pytest.raises(Exception, match="grid barrier timed out"):
+            grid_barrier.check_status(status, "neighbours")
+            jax.effects_barrier()
