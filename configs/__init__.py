@@ -16,7 +16,6 @@ overrides. Library code and tests load configs through this package (installed a
 from __future__ import annotations
 
 import ast
-import difflib
 import importlib
 import importlib.util
 from collections.abc import Iterable, Mapping
@@ -25,6 +24,7 @@ from typing import Any
 
 import ml_collections
 
+from rhhjax import config_fields
 from rhhjax.errors import UserError
 
 NAMES = ("ptb", "enwik8", "text8")
@@ -82,17 +82,10 @@ def _split_override(text: str) -> tuple[str, str]:
 
 def field_value(config: ml_collections.ConfigDict, field: str) -> Any:
     """The value of the dotted ``field`` of ``config``; a one-line error names a near miss."""
-    node: Any = config
-    for i, part in enumerate(field.split(".")):
-        if not isinstance(node, ml_collections.ConfigDict) or part not in node:
-            keys = list(node.keys()) if isinstance(node, ml_collections.ConfigDict) else []
-            prefix = ".".join(field.split(".")[:i])
-            names = [f"{prefix}.{k}" if prefix else k for k in keys]
-            close = difflib.get_close_matches(field, names, n=1)
-            hint = f" (did you mean {close[0]}?)" if close else ""
-            raise UserError(f"unknown config field {field}{hint}")
-        node = node[part]
-    return node
+    try:
+        return config_fields.lookup(config, field)
+    except config_fields.UnknownField as e:
+        raise UserError(f"unknown config field {field}{e.hint}") from None
 
 
 def convert(text: Any, like: Any, field: str) -> Any:

@@ -60,6 +60,7 @@ def test_string_overrides_are_typed_like_the_default():
     "override,needle",
     [
         ("model.dept=3", "unknown config field model.dept (did you mean model.depth?)"),
+        ("modle.depth=3", "unknown config field modle.depth (did you mean model?)"),
         ("model.depth=2.5", "model.depth: '2.5' is not an integer"),
         ("model.depth=deep", "model.depth: 'deep' is not a number"),
         ("data.unk=maybe", "data.unk: 'maybe' is not a boolean"),

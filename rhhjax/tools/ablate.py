@@ -51,6 +51,7 @@ from typing import Any
 
 import ml_collections
 
+from rhhjax import config_fields
 from rhhjax.errors import UserError
 from rhhjax.tools import common as cli
 
@@ -78,13 +79,10 @@ class Variant:
 def _get(config: ml_collections.ConfigDict, field: str, flag: str = "sweep") -> Any:
     """The value of ``field`` (e.g. "model.depth"); SweepError naming ``--flag`` and the
     closest field for one that is not in the config."""
-    node = config
-    for part in field.split("."):
-        if not isinstance(node, ml_collections.ConfigDict) or part not in node:
-            hint = cli.did_you_mean(config, field)
-            raise SweepError(f"--{flag} field {field!r} is not in the config{hint}")
-        node = node[part]
-    return node
+    try:
+        return config_fields.lookup(config, field)
+    except config_fields.UnknownField as e:
+        raise SweepError(f"--{flag} field {field!r} is not in the config{e.hint}") from None
 
 
 def _set(config: ml_collections.ConfigDict, field: str, value: Any) -> None:

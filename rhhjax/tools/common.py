@@ -17,7 +17,6 @@ install is one line naming the install command), and ``UserError`` -> one ``erro
 
 from __future__ import annotations
 
-import difflib
 import importlib
 import importlib.util
 import logging
@@ -28,6 +27,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from rhhjax import config_fields
 from rhhjax.errors import UserError, exit_with_error, one_line
 
 # The config --help lists when no --config is given: the installed package's own copy
@@ -75,34 +75,14 @@ def check_override(config: Any, name: str) -> None:
     An unknown field names its closest known sibling: ``unknown config field model.dept
     (did you mean model.depth?)``.
     """
-    node = config
-    parts = name.split(".")
-    for i, part in enumerate(parts):
-        if not hasattr(node, "keys"):
-            raise ConfigArgumentError(
-                f"config field {'.'.join(parts[:i])} is a value, not a section: cannot set {name}"
-            )
-        if part not in node.keys():
-            here = ".".join(parts[: i + 1])
-            raise ConfigArgumentError(f"unknown config field {here}{did_you_mean(config, name)}")
-        node = node[part]
-
-
-def did_you_mean(config: Any, name: str) -> str:
-    """`` (did you mean model.depth?)`` for a dotted ``name`` that is not a field of ``config``:
-    the closest sibling of its first unknown part ("" when none is close or it exists)."""
-    node = config
-    parts = name.split(".")
-    for i, part in enumerate(parts):
-        if not hasattr(node, "keys"):
-            return ""
-        keys = list(node.keys())
-        if part not in keys:
-            close = difflib.get_close_matches(part, keys, n=1, cutoff=0.6)
-            prefix = "".join(f"{p}." for p in parts[:i])
-            return f" (did you mean {prefix}{close[0]}?)" if close else ""
-        node = node[part]
-    return ""
+    try:
+        config_fields.lookup(config, name)
+    except config_fields.UnknownField as e:
+        if e.under_value:
+            message = f"config field {e.parent} is a value, not a section: cannot set {name}"
+        else:
+            message = f"unknown config field {e.missing}{e.hint}"
+        raise ConfigArgumentError(message) from None
 
 
 def config_overrides(argv: Sequence[str], flag: str = "config") -> list[str]:

@@ -91,20 +91,8 @@ class Loop:
     _pending: list = dataclasses.field(default_factory=list)  # [(step, loss, |g|)] on device
 
     @property
-    def cfg(self):
-        return self.run.cfg
-
-    @property
     def bpe(self) -> int:
         return self.run.steps_per_epoch
-
-    @property
-    def ckpts(self):
-        return self.store.ckpts
-
-    @property
-    def log(self) -> Callable[[str], None]:
-        return self.run.log
 
     # -- bounds -----------------------------------------------------------------------------
 
@@ -113,7 +101,7 @@ class Loop:
     def _host_state(self, s: LoopState) -> tuple[str | None, bool]:
         """(stop reason, wall-time checkpoint due) as this process sees them (signals, its
         clock)."""
-        t = self.cfg.train
+        t = self.run.cfg.train
         reason = None
         if self.run.signals.signum is not None:
             reason = "signal"
@@ -131,7 +119,7 @@ class Loop:
         if self._agreed is not None and self._agreed[0] == s.step:
             return self._agreed[1], self._agreed[2]
         reason, due = None, False
-        if s.step % self.cfg.train.log_every_steps == 0:
+        if s.step % self.run.cfg.train.log_every_steps == 0:
             from jax.experimental import multihost_utils
 
             mine_reason, mine_due = self._host_state(s)
@@ -149,12 +137,12 @@ class Loop:
         # max_minutes as this process's clock says, agreed with the others
         seconds = s.train_seconds if host == "max_minutes" else 0.0
         return train_config.bound_reached(
-            self.cfg.train, self.bpe, s.step, s.evals_since_best, seconds
+            self.run.cfg.train, self.bpe, s.step, s.evals_since_best, seconds
         )
 
     def _eta(self, s: LoopState, sec_per_step: float) -> float:
         """Seconds of training left (inf: unknown), by the nearest bound."""
-        t = self.cfg.train
+        t = self.run.cfg.train
         remaining = []
         if math.isfinite(sec_per_step):
             if t.max_steps:
@@ -187,10 +175,10 @@ class Loop:
                 self.events = None
 
     def _train(self, s: LoopState) -> tuple[LoopState, str]:
-        t = self.cfg.train
+        t = self.run.cfg.train
         eval_every = t.eval_every_steps or self.bpe
         self._pending = []
-        last_saved = s.step if self.ckpts.latest_step() == s.step else None
+        last_saved = s.step if self.store.ckpts.latest_step() == s.step else None
         self._last_save_time = timer = time.time()
         interval_start, interval_steps = timer, 0
         sec_per_step = math.nan
@@ -208,13 +196,13 @@ class Loop:
             now = time.time()
             s.train_seconds += now - timer  # training time on every step, for max_minutes
             if steps_run == 1:  # exclude compilation from the throughput
-                self.log(
+                self.run.log(
                     f"first step done in {now - timer:.1f}s (compilation included); a progress "
                     f"line every {t.log_every_steps} steps"
                 )
                 interval_start, interval_steps = now, 0
             elif steps_run == 2:
-                self.log(epoch_estimate(now - timer, self.bpe, s.step, jax.default_backend()))
+                self.run.log(epoch_estimate(now - timer, self.bpe, s.step, jax.default_backend()))
             timer = now
             log_due = s.step % t.log_every_steps == 0
             eval_due = s.step % eval_every == 0
@@ -229,7 +217,7 @@ class Loop:
             s.train_seconds += now - timer
             if replacement is not None:
                 s = replacement
-                last_saved = s.step if self.ckpts.latest_step() == s.step else None
+                last_saved = s.step if self.store.ckpts.latest_step() == s.step else None
                 timer = interval_start = time.time()
                 interval_steps, previous_loss = 0, None
                 continue
@@ -252,13 +240,15 @@ class Loop:
         if reason != "signal" and s.valid_step != s.step:
             # a bound stops at a step that need not be a validation step: validate it, so
             # that the last steps count and the best can be this one
-            self.log(f"{reason} reached at step {s.step}: validating it before stopping")
+            self.run.log(f"{reason} reached at step {s.step}: validating it before stopping")
             self._validate(s)
             last_saved = None  # the checkpoint must record this validation
         if last_saved != s.step and (steps_run or reason != "signal"):
             self._save(s)
         if reason != "signal":
-            self.log(f"training stopped at step {s.step} (epoch {s.step / self.bpe:.2f}): {reason}")
+            self.run.log(
+                f"training stopped at step {s.step} (epoch {s.step / self.bpe:.2f}): {reason}"
+            )
         self.metrics.append(
             {
                 "kind": "event",
@@ -308,7 +298,7 @@ class Loop:
     # -- pieces -----------------------------------------------------------------------------
 
     def _log_train(self, s: LoopState, sec_per_step: float) -> None:
-        t = self.cfg.train
+        t = self.run.cfg.train
         loss = float(np.mean(np.asarray(s.pending_loss, dtype=np.float64)))
         gnorm = float(np.mean(np.asarray(s.pending_gnorm, dtype=np.float64)))
         n = len(s.pending_loss)
@@ -340,7 +330,7 @@ class Loop:
         else:  # only the compiled first step since the start: no speed yet
             speed = "speed and ETA from the next progress line on"
         total = self._total_steps()
-        self.log(
+        self.run.log(
             f"step {s.step}{'/' + format(total, ',') if total else ''} "
             f"epoch {s.step / self.bpe:.2f}  loss {loss:.4f}  bpc {loss / LN2:.4f}  "
             f"|g| {gnorm:.3g}  {speed}"
@@ -349,14 +339,14 @@ class Loop:
     def _total_steps(self) -> int:
         """The step training ends at, when a step bound decides it (0: unknown, e.g. when
         ``max_minutes`` may stop it first)."""
-        t = self.cfg.train
+        t = self.run.cfg.train
         if t.max_minutes:
             return 0
         bounds = [b for b in (t.max_steps, t.max_epochs * self.bpe) if b]
         return min(bounds) if bounds else 0
 
     def _validate(self, s: LoopState) -> None:
-        e = self.cfg.eval
+        e = self.run.cfg.eval
         start = time.time()
         m = eval_lib.evaluate_tokens(
             self.run.model,
@@ -394,10 +384,10 @@ class Loop:
         if self.events is not None:
             self.events.valid(record)
         if improved:
-            self.ckpts.save_best(s.step, s.params, self.store.meta(s))
+            self.store.ckpts.save_best(s.step, s.params, self.store.meta(s))
         best = f"{s.best_bpc:.4f} @ {s.best_step}" if s.best_bpc is not None else "-"
         new_best = "  *new best*" if improved else ""
-        self.log(
+        self.run.log(
             f"validation step {s.step}: bpc {m['bpc']:.4f}  acc {100 * m['acc']:.2f}%  "
             f"({m['chars']:,} chars, {time.time() - start:.1f}s){new_best}  best {best}"
         )
@@ -407,8 +397,8 @@ class Loop:
         self._last_save_time = time.time()
 
     def _nonfinite(self, s: LoopState, step: int, loss: float) -> LoopState:
-        t = self.cfg.train
-        last = self.ckpts.latest_step()
+        t = self.run.cfg.train
+        last = self.store.ckpts.latest_step()
         self.metrics.append({"kind": "event", "event": "nonfinite", "step": step, "loss": loss})
         if math.isfinite(loss) and loss > self.loss_limit:
             what = (
@@ -441,7 +431,7 @@ class Loop:
         new = self.store.restore(last)
         new.retry = retry
         self.metrics.truncate_after(new.step)
-        self.ckpts.prune_after(new.step)
+        self.store.ckpts.prune_after(new.step)
         self.store.check_best(new)
         if self.events is not None:
             self.events.rewind(new.step)
@@ -454,7 +444,7 @@ class Loop:
                 "retry": retry,
             }
         )
-        self.log(
+        self.run.log(
             f"{what} at step {step}: rolled back to step {new.step}, "
             f"retry {retry} with other dropout keys"
         )
@@ -465,24 +455,24 @@ class Loop:
     def final_evaluation(self, s: LoopState) -> tuple[dict | None, str]:
         """({split: {protocol: metrics}}, "best step N" | "final step N") of the best
         checkpoint (the final parameters without one); (None, ...) when a signal stops it."""
-        protocols = eval_lib.parse_protocols(self.cfg.eval.final_protocols)
+        protocols = eval_lib.parse_protocols(self.run.cfg.eval.final_protocols)
         params, used = s.params, f"final step {s.step}"
-        if s.best_step is not None and s.best_step in self.ckpts.steps("best"):
-            params, _ = self.ckpts.restore_params("best", s.best_step, template=s.params)
+        if s.best_step is not None and s.best_step in self.store.ckpts.steps("best"):
+            params, _ = self.store.ckpts.restore_params("best", s.best_step, template=s.params)
             used = f"best step {s.best_step}"
         if not protocols:
             return {}, used
-        self.log(f"final evaluation of the {used} checkpoint:")
+        self.run.log(f"final evaluation of the {used} checkpoint:")
         signals = self.run.signals
         try:
             final = eval_lib.evaluate_splits(
                 self.run.model,
                 params,
                 self.run.corpus,
-                self.cfg.eval,
+                self.run.cfg.eval,
                 ("valid", "test"),
                 protocols,
-                log=self.log,
+                log=self.run.log,
                 should_stop=lambda: signals.signum is not None,
                 mesh=self.run.mesh,
             )
@@ -509,7 +499,7 @@ class Loop:
             run.signals.phase = "evaluation"
             final, used = self.final_evaluation(state)
         if final is None:  # SIGTERM / SIGINT during training or the final evaluation
-            saved = self.ckpts.latest_step() == state.step
+            saved = self.store.ckpts.latest_step() == state.step
             what = "checkpoint saved" if saved else "no step had run: nothing saved"
             stopped = run.signals.interrupted(
                 state.step,
