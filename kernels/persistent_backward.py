@@ -59,6 +59,7 @@ F32 = jnp.float32
 Array = jax.Array
 SMEM_ALIGNMENT = 1024  # Mosaic GPU aligns every shared-memory allocation to this (bytes)
 MBARRIER_BYTES = 8
+MAX_TMA_ROWS = 256  # Mosaic GPU's async copies move at most 256 elements along a dimension
 _SAVED_ROWS = {"s_prev": 0, "h": 1, "t": 2}  # rows of `packed` the backward reads
 
 
@@ -102,12 +103,18 @@ def backward_smem_bytes(plan: PersistentPlan, has_z: bool = True, has_mask: bool
 
 def check_plan(plan: PersistentPlan, has_z: bool = True, has_mask: bool = True) -> None:
     """One-line `PlanError` unless the backward kernel can run ``plan`` co-resident: grid <=
-    SMs, ``u % 8 == 0`` (wgmma N, 16-byte TMA rows), ``2 * n_pad % k_chunk == 0`` (its K)
-    and `backward_smem_bytes` within the per-block limit."""
+    SMs, ``rows <= 256`` (a TMA box), ``u % 8 == 0`` (wgmma N, 16-byte TMA rows),
+    ``2 * n_pad % k_chunk == 0`` (its K) and `backward_smem_bytes` within the per-block
+    limit."""
     if plan.grid > plan.sm_count:
         raise PlanError(
             f"persistent grid of {plan.grid} blocks exceeds the {plan.sm_count} SMs: "
             "blocks would not be co-resident and the grid barrier would deadlock."
+        )
+    if plan.rows_per_block > MAX_TMA_ROWS:
+        raise PlanError(
+            f"persistent backward needs rows_per_block <= {MAX_TMA_ROWS} (a TMA box), got "
+            f"{plan.rows_per_block} (batch {plan.batch}): raise row_blocks."
         )
     if plan.units_per_block % 8:
         raise PlanError(

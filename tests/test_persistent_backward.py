@@ -273,6 +273,7 @@ def test_smem_bytes_count_each_allocation_rounded_to_a_kib():
     [
         (PersistentPlan(64, 1000, col_blocks=140), "exceeds the 132 SMs"),
         (PersistentPlan(64, 40, col_blocks=10), "units_per_block % 8"),
+        (PersistentPlan(512, 64, col_blocks=8, k_chunk=16, stages=2), "rows_per_block <= 256"),
         (PersistentPlan(64, 40, col_blocks=5, k_chunk=64), "multiple of k_chunk 64"),
         (paper_plan("float32", stages=4), "over the 232448 B limit"),
     ],
