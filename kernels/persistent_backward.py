@@ -1,0 +1,347 @@
+"""The persistent whole-sequence highway BACKWARD as one Mosaic GPU kernel (issue 20 item 2):
+all ``P = T * L`` micro-layer backward phases in reverse order in ONE launch, a grid barrier
+(`rhhjax.kernels.grid_barrier`) between phases.
+
+Grid ``(plan.row_blocks, plan.col_blocks)`` (names "r", "g"); block ``(r, g)`` owns rows
+``r * rows ..`` (``rows = plan.rows_per_block``) and units ``g * u ..`` (``u =
+plan.units_per_block``). Phase ``p`` is ``(t, l) = (p // L, p % L)``; its "above" is phase
+``p + 1`` (layer ``(p + 1) % L``). Per phase, exactly `kernels/mosaic_backward.py`'s math::
+
+    acc      = d_mm[p + 1][rows, :] @ wt[(l_above, g)]^T    [rows, u], K = 2 * n_pad in
+               plan.k_chunk chunks (increasing order, f32 accumulation, a plan.stages-deep
+               TMA pipeline; f32 operands run as TF32)
+    ds       = acc + ds_carry + g[p]                       (ds_carry: block-local f32 in
+               shared memory across phases, 0 before phase P - 1)
+    da_h     = ds * t_used * (1 - h^2);  da_t = ds * (h_used - s_prev) * tg * (1 - tg)
+               (t_used = tg [* mask], h_used = h [* mask])
+    ds_carry = ds * (1 - tg)
+    d_scaled = da (* z[p])  -> matmul dtype into d_mm row block p (h half, then t half)
+
+Operands (padded; matmul dtype = wt.dtype, bf16 or f32):
+
+    wt     [L * n_pad, 2 * n_pad] matmul dtype  W_l padded to [n_pad, 2 * n_pad] (gate column
+           (h, i) at h * n_pad + i), stacked on rows (`backward_weights`)
+    g      [P, b_pad, n_pad] f32                the cotangent of the states
+    packed [P, b_pad, K, n_pad] f32             the forward's saved rows (0 s_prev, 1 h, 2 tg,
+           3-4 full with z); rows 0-2 are read
+    z      [P, b_pad, n_pad] f32 | None         hyper scales, phase-major
+    mask   [P, b_pad, n_pad] f32 | None         gate-dropout mask (0 or 1/keep)
+
+Outputs, in this order: ``da [P, b_pad, 2, n_pad] f32``; ``d_mm [(P + 1) * b_pad, 2 * n_pad]``
+matmul dtype (row block p = d_scaled of phase p, row block P zeros); ``ds_carry0 [b_pad,
+n_pad] f32`` (the carried gradient after phase 0: the caller adds ``d_scaled_0 @ W_0^T``);
+``status [R * C] int32`` (0 = fine, else 1 + the barrier index at which the block gave up).
+
+Barriers: index 0 after the prologue (each block zeroes its slice of d_mm row block P), then
+index ``i + 1`` after the i-th phase run (phase ``P - 1 - i``), for ``i < P - 1`` (nothing
+reads phase 0's outputs inside the kernel, so it has no barrier). Consecutive indices, so
+the barrier's parity alternates (``p + 1`` after phase p would put barrier P right after
+barrier 0: the same parity when P is even).
+
+`persistent_backward_reference` is the same math in plain JAX (a reverse `lax.scan` of
+`mosaic_backward.highway_backward_reference`). The kernel runs on a Hopper GPU only; it lowers
+and compiles for an H100 on a CPU host with the CUDA plugin
+(tests/test_persistent_backward.py).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+from rhhjax.kernels import grid_barrier as gb
+from rhhjax.kernels.mosaic_backward import _gate_backward, highway_backward_reference
+from rhhjax.kernels.mosaic_forward import wgmma_transforms
+from rhhjax.kernels.persistent_plan import PersistentPlan, PlanError
+
+F32 = jnp.float32
+Array = jax.Array
+SMEM_ALIGNMENT = 1024  # Mosaic GPU aligns every shared-memory allocation to this (bytes)
+MBARRIER_BYTES = 8
+MAX_TMA_ROWS = 256  # Mosaic GPU's async copies move at most 256 elements along a dimension
+_SAVED_ROWS = {"s_prev": 0, "h": 1, "t": 2}  # rows of `packed` the backward reads
+
+
+def _align(nbytes: int) -> int:
+    return -(-nbytes // SMEM_ALIGNMENT) * SMEM_ALIGNMENT
+
+
+def _input_names(has_z: bool, has_mask: bool) -> tuple[str, ...]:
+    """The per-phase epilogue input tiles, in shared-memory slot order."""
+    return ("g_out", "s_prev", "h", "t") + ("z",) * has_z + ("mask",) * has_mask
+
+
+def backward_smem_bytes(plan: PersistentPlan, has_z: bool = True, has_mask: bool = True) -> int:
+    """Shared memory per block (bytes) that `persistent_backward` allocates (defaults: the
+    worst case, with z and mask). Every allocation is rounded up to 1 KiB (Mosaic GPU)::
+
+        pipeline   stages' * rows * k_chunk * itemsize  (A: d_mm rows)
+                 + stages' * u * k_chunk * itemsize     (B: rows of W)   stages' = min(stages,
+                                                                          2 n_pad / k_chunk)
+        epi        n_in * rows * u * 4      (f32 inputs g, s_prev, h, tg [, z] [, mask]; da_h
+                                             and da_t are written over g and s_prev)
+        carry      rows * u * 4             (the carried state gradient, across phases)
+        acc        rows * u * 4             (the accumulator, staged for the epilogue)
+        dsc        2 * rows * u * itemsize  (d_scaled halves in the matmul dtype)
+        mbarriers  8 * (n_in + stages')
+    """
+    rows, u, item = plan.rows_per_block, plan.units_per_block, plan.itemsize
+    stages = min(plan.stages, max(2 * plan.n_pad // plan.k_chunk, 1))
+    n_in = len(_input_names(has_z, has_mask))
+    tile = rows * u * 4
+    allocations = (
+        stages * rows * plan.k_chunk * item,
+        stages * u * plan.k_chunk * item,
+        n_in * tile,
+        tile,
+        tile,
+        2 * rows * u * item,
+    )
+    return sum(map(_align, allocations)) + MBARRIER_BYTES * (n_in + stages)
+
+
+def check_plan(plan: PersistentPlan, has_z: bool = True, has_mask: bool = True) -> None:
+    """One-line `PlanError` unless the backward kernel can run ``plan`` co-resident: grid <=
+    SMs, ``rows <= 256`` (a TMA box), ``u % 8 == 0`` (wgmma N, 16-byte TMA rows),
+    ``2 * n_pad % k_chunk == 0`` (its K) and `backward_smem_bytes` within the per-block
+    limit."""
+    if plan.grid > plan.sm_count:
+        raise PlanError(
+            f"persistent grid of {plan.grid} blocks exceeds the {plan.sm_count} SMs: "
+            "blocks would not be co-resident and the grid barrier would deadlock."
+        )
+    if plan.rows_per_block > MAX_TMA_ROWS:
+        raise PlanError(
+            f"persistent backward needs rows_per_block <= {MAX_TMA_ROWS} (a TMA box), got "
+            f"{plan.rows_per_block} (batch {plan.batch}): raise row_blocks."
+        )
+    if plan.units_per_block % 8:
+        raise PlanError(
+            f"persistent backward needs units_per_block % 8 == 0 (wgmma N), got "
+            f"{plan.units_per_block} (width {plan.width}, col_blocks {plan.col_blocks})."
+        )
+    if (2 * plan.n_pad) % plan.k_chunk:
+        raise PlanError(
+            f"persistent backward needs 2 * n_pad ({2 * plan.n_pad}) to be a multiple of "
+            f"k_chunk {plan.k_chunk}."
+        )
+    need = backward_smem_bytes(plan, has_z, has_mask)
+    if need > plan.smem_limit:
+        raise PlanError(
+            f"persistent backward needs {need} B of shared memory per block, over the "
+            f"{plan.smem_limit} B limit ({plan.dtype}, rows {plan.rows_per_block}, k_chunk "
+            f"{plan.k_chunk}, stages {plan.stages}): lower stages or k_chunk, or raise "
+            "row_blocks."
+        )
+
+
+def backward_weights(plan: PersistentPlan, kernel_s: Array, dtype) -> Array:
+    """W [L, n, 2n] -> wt [L * n_pad, 2 * n_pad] in ``dtype``: each W_l as it is, padded to
+    [n_pad, 2 * n_pad] (gate column (h, i) at h * n_pad + i), stacked on rows, so rows
+    ``(l * C + g) * u ..`` are the rows of W_l for units ``g * u ..``."""
+    depth, n, n_pad = kernel_s.shape[0], plan.width, plan.n_pad
+    if kernel_s.shape[1:] != (n, 2 * n):
+        raise PlanError(f"kernel_s {kernel_s.shape} is not [L, {n}, {2 * n}] (plan width {n}).")
+    w = kernel_s.reshape(depth, n, 2, n)
+    w = jnp.pad(w, [(0, 0), (0, n_pad - n), (0, 0), (0, n_pad - n)])
+    return w.reshape(depth * n_pad, 2 * n_pad).astype(dtype)
+
+
+def _check_operands(plan: PersistentPlan, wt, g, packed, z, mask) -> int:
+    """One-line `PlanError` unless the operands have the plan's padded shapes; returns L."""
+    b_pad, n_pad = plan.b_pad, plan.n_pad
+    if wt.ndim != 2 or wt.shape[1] != 2 * n_pad or wt.shape[0] % n_pad or not wt.shape[0]:
+        raise PlanError(f"wt {wt.shape} is not [L * {n_pad}, {2 * n_pad}] (plan n_pad).")
+    depth = wt.shape[0] // n_pad
+    phases = g.shape[0]
+    if g.shape != (phases, b_pad, n_pad) or phases % depth or not phases:
+        raise PlanError(f"g {g.shape} is not [T * {depth}, {b_pad}, {n_pad}] (plan, depth).")
+    if packed.ndim != 4 or packed.shape[:2] != (phases, b_pad) or packed.shape[3] != n_pad:
+        raise PlanError(f"packed {packed.shape} is not [{phases}, {b_pad}, K, {n_pad}].")
+    if packed.shape[2] < 3:
+        raise PlanError(f"packed {packed.shape} has fewer than 3 saved rows (s_prev, h, tg).")
+    for name, x in (("z", z), ("mask", mask)):
+        if x is not None and x.shape != g.shape:
+            raise PlanError(f"{name} {x.shape} is not {g.shape} (like g).")
+    if jnp.dtype(wt.dtype).name != plan.dtype:
+        raise PlanError(f"wt dtype {wt.dtype} is not the plan's {plan.dtype}.")
+    return depth
+
+
+def persistent_backward(
+    plan: PersistentPlan,
+    wt: Array,
+    g: Array,
+    packed: Array,
+    z: Array | None = None,
+    mask: Array | None = None,
+    *,
+    spin_limit: int = gb.DEFAULT_SPIN_LIMIT,
+):
+    """All backward phases in one Mosaic GPU launch; shapes in the module docstring.
+
+    Returns (da [P, b_pad, 2, n_pad] f32, d_mm [(P + 1) * b_pad, 2 * n_pad] matmul dtype,
+    ds_carry0 [b_pad, n_pad] f32, status [R * C] int32). The caller checks ``status`` with
+    `grid_barrier.check_status`. Runs on a Hopper GPU only."""
+    depth = _check_operands(plan, wt, g, packed, z, mask)
+    check_plan(plan, z is not None, mask is not None)
+    phases = g.shape[0]
+    rows, u, tk = plan.rows_per_block, plan.units_per_block, plan.k_chunk
+    n_r, n_c, n_pad, b_pad = plan.row_blocks, plan.col_blocks, plan.n_pad, plan.b_pad
+    k_steps = 2 * n_pad // tk
+    mm_dtype = wt.dtype
+    names = _input_names(z is not None, mask is not None)
+    extra_names = [name for name, x in (("z", z), ("mask", mask)) if x is not None]
+    extras = [x for x in (z, mask) if x is not None]
+    layout = wgmma_transforms(tk, mm_dtype)
+
+    def kernel(wt_g, g_g, packed_g, *refs, epi, carry, acc_smem, dsc, bar):
+        extra_g = refs[: len(extras)]
+        da_g, d_mm_g, ds_carry0_g, status_g = refs[len(extras) :]
+        r, c = pl.program_id(0), pl.program_id(1)
+        block_rows = pl.ds(r * rows, rows)
+        units = pl.ds(c * u, u)
+        arrive, go = gb.semaphores()
+        is_leader = jnp.logical_and(r == 0, c == 0)
+        sources = dict(g_out=g_g, **dict(zip(extra_names, extra_g, strict=True)))
+
+        def d_mm_slice(p, half):
+            return d_mm_g.at[pl.ds(p * b_pad + r * rows, rows), pl.ds(half * n_pad + c * u, u)]
+
+        def barrier(index):
+            return gb.grid_barrier(arrive, go, index, n_r * n_c, is_leader, spin_limit)
+
+        def gemm(p, l_above):
+            """acc_smem = d_mm[p + 1][block rows] @ wt[l_above, block units]^T (f32)."""
+
+            def step(acc):
+                def k_step(_, a_smem, b_smem):
+                    plgpu.wgmma(acc, a_smem, plgpu.transpose_ref(b_smem, (1, 0)))
+                    plgpu.wgmma_wait(0)
+
+                plgpu.emit_pipeline(
+                    k_step,
+                    grid=(k_steps,),
+                    in_specs=[
+                        plgpu.BlockSpec(
+                            (rows, tk), lambda k: ((p + 1) * n_r + r, k), transforms=layout
+                        ),
+                        plgpu.BlockSpec(
+                            (u, tk), lambda k: (l_above * n_c + c, k), transforms=layout
+                        ),
+                    ],
+                    max_concurrent_steps=plan.stages,
+                )(d_mm_g, wt_g)
+                acc_smem[...] = acc[...]
+
+            pl.run_scoped(step, plgpu.ACC((rows, u), F32))
+
+        def phase(p):
+            """One backward micro-layer of this block: loads, GEMM, epilogue, stores."""
+            for slot, name in enumerate(names):
+                if name in _SAVED_ROWS:
+                    src = packed_g.at[p, block_rows, _SAVED_ROWS[name], units]
+                else:
+                    src = sources[name].at[p, block_rows, units]
+                plgpu.copy_gmem_to_smem(src, epi.at[slot], bar.at[slot])
+            gemm(p, jax.lax.rem(p + 1, depth))
+            for slot in range(len(names)):
+                plgpu.barrier_wait(bar.at[slot])
+            plgpu.commit_smem()  # every thread's acc_smem write before anyone reads it
+            ins = {name: epi[slot] for slot, name in enumerate(names)}
+            ins["ds_carry"] = carry[...]
+            tiles = _gate_backward(acc_smem[...], ins)
+            plgpu.commit_smem()  # every read of the inputs before their slots are overwritten
+            epi[0] = tiles["da_h"]  # over g_out
+            epi[1] = tiles["da_t"]  # over s_prev
+            carry[...] = tiles["ds_carry"]
+            dsc[0] = tiles["d_h"].astype(mm_dtype)
+            dsc[1] = tiles["d_t"].astype(mm_dtype)
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(epi.at[0], da_g.at[p, block_rows, 0, units])
+            plgpu.copy_smem_to_gmem(epi.at[1], da_g.at[p, block_rows, 1, units])
+            plgpu.copy_smem_to_gmem(dsc.at[0], d_mm_slice(p, 0))
+            plgpu.copy_smem_to_gmem(dsc.at[1], d_mm_slice(p, 1))
+            plgpu.wait_smem_to_gmem(0)
+
+        # Prologue: zero the carry and this block's slice of d_mm row block P; barrier 0.
+        carry[...] = jnp.zeros((rows, u), F32)
+        dsc[...] = jnp.zeros((2, rows, u), mm_dtype)
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(dsc.at[0], d_mm_slice(phases, 0))
+        plgpu.copy_smem_to_gmem(dsc.at[1], d_mm_slice(phases, 1))
+        plgpu.wait_smem_to_gmem(0)
+        fail_at = jnp.where(barrier(jnp.int32(0)), jnp.int32(0), jnp.int32(1))
+
+        def body(i, fail_at):
+            p = phases - 1 - i
+            fine = fail_at == 0
+            pl.when(fine)(lambda: phase(p))
+            passed = jax.lax.cond(
+                jnp.logical_and(fine, i < phases - 1),
+                lambda: barrier(i + 1),
+                lambda: jnp.bool_(True),
+            )
+            return jnp.where(passed, fail_at, i + 2)
+
+        fail_at = jax.lax.fori_loop(0, phases, body, fail_at)
+        plgpu.copy_smem_to_gmem(carry, ds_carry0_g.at[block_rows, units])
+        plgpu.wait_smem_to_gmem(0)
+        status_g[r * n_c + c] = fail_at
+
+    out_type = (
+        jax.ShapeDtypeStruct((phases, b_pad, 2, n_pad), F32),
+        jax.ShapeDtypeStruct(((phases + 1) * b_pad, 2 * n_pad), mm_dtype),
+        jax.ShapeDtypeStruct((b_pad, n_pad), F32),
+        jax.ShapeDtypeStruct((n_r * n_c,), jnp.int32),
+    )
+    return plgpu.kernel(
+        kernel,
+        out_type=out_type,
+        scratch_types=dict(
+            epi=plgpu.SMEM((len(names), rows, u), F32),
+            carry=plgpu.SMEM((rows, u), F32),
+            acc_smem=plgpu.SMEM((rows, u), F32),
+            dsc=plgpu.SMEM((2, rows, u), mm_dtype),
+            bar=plgpu.Barrier(num_barriers=len(names)),
+        ),
+        grid=(n_r, n_c),
+        grid_names=("r", "g"),
+        kernel_name="persistent_highway_backward",
+    )(wt, g, packed, *extras)
+
+
+def persistent_backward_reference(
+    plan: PersistentPlan,
+    wt: Array,
+    g: Array,
+    packed: Array,
+    z: Array | None = None,
+    mask: Array | None = None,
+    *,
+    spin_limit: int = gb.DEFAULT_SPIN_LIMIT,
+):
+    """Pure-JAX `persistent_backward` (same operands, same outputs; status all zeros): a
+    reverse scan over the phases of `mosaic_backward.highway_backward_reference`."""
+    del spin_limit
+    depth = _check_operands(plan, wt, g, packed, z, mask)
+    phases, b_pad, n_pad = g.shape
+    w_layers = wt.reshape(depth, n_pad, 2 * n_pad)
+
+    def body(carry, xs):
+        d_above, ds_carry = carry
+        p, g_p, packed_p, z_p, mask_p = xs
+        w_above = w_layers[jax.lax.rem(p + 1, depth)]
+        s_prev, h, t = packed_p[:, 0], packed_p[:, 1], packed_p[:, 2]
+        d_scaled, ds_carry, da = highway_backward_reference(
+            d_above, w_above, ds_carry, g_p, s_prev, h, t, z_p, mask_p
+        )
+        d_scaled = d_scaled.reshape(b_pad, 2 * n_pad)
+        return (d_scaled, ds_carry), (da, d_scaled)
+
+    init = (jnp.zeros((b_pad, 2 * n_pad), wt.dtype), jnp.zeros((b_pad, n_pad), F32))
+    xs = (jnp.arange(phases), g, packed, z, mask)
+    (_, ds_carry0), (da, d_scaled) = jax.lax.scan(body, init, xs, reverse=True)
+    d_mm = jnp.concatenate([d_scaled.reshape(-1, 2 * n_pad), init[0]], axis=0)
+    return da, d_mm, ds_carry0, jnp.zeros((plan.grid,), jnp.int32)
