@@ -9,6 +9,8 @@
 #   bash benchmarks/gpu_suite.sh bench     # paper-size step of every impl x model x dtype, rank-d
 #                                          # rows, GEMM-loop rates, phase latencies, command buffers
 #   bash benchmarks/gpu_suite.sh all       # both (over one 10-minute device command)
+#   bash benchmarks/gpu_suite.sh persistent # the persistent and mosaic kernels: their compiled
+#                                          # tests, then their paper-size HyperRHN step beside fused
 #   bash benchmarks/gpu_suite.sh dry-run   # on a CPU: every step at the small size
 #
 # Writes versions.txt, tests.log, bench.log, bench_<part>.json, bench.json (all parts merged)
@@ -52,7 +54,9 @@ print('backend', jax.default_backend(), jax.devices())" || status=1
 TESTS="tests/test_kernels_config.py tests/test_kernels_padded.py
   tests/test_kernels_stacked.py tests/test_recurrence.py tests/test_lowrank.py
   tests/test_models_cores.py tests/test_train_step.py
-  tests/test_mosaic.py tests/test_mosaic_forward.py tests/test_mosaic_backward.py"
+  tests/test_mosaic.py tests/test_mosaic_forward.py tests/test_mosaic_backward.py
+  tests/test_grid_barrier.py tests/test_persistent.py tests/test_persistent_forward.py
+  tests/test_persistent_backward.py"
 if [ "$MODE" = tests ] || [ "$MODE" = all ]; then
   # On a GPU, `pallas` resolves to compiled Triton kernels and the GPU-only tests run.
   # shellcheck disable=SC2086
@@ -82,6 +86,15 @@ if [ "$MODE" = bench ] || [ "$MODE" = all ]; then
     --repeats=10
   part cmdbuf_off 40 --sizes=paper --impls=fused --dtypes=bfloat16 --command_buffer=off \
     --repeats=10
+fi
+if [ "$MODE" = persistent ]; then  # issue 20: the persistent kernels on a GPU
+  # shellcheck disable=SC2086
+  timeout 240 "$PY" -m pytest -q -p no:cacheprovider -n 4 --dist loadfile \
+    tests/test_grid_barrier.py tests/test_persistent.py tests/test_persistent_forward.py \
+    tests/test_persistent_backward.py 2>&1 | tee "$OUT/tests.log"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  part persistent 300 --sizes=paper --models=hyperrhn --impls=fused,mosaic,persistent \
+    --dtypes=bfloat16,float32 --parts=step --repeats=10
 fi
 if [ "$MODE" = dry-run ]; then  # the CPU rehearsal: same steps, small and fast
   # shellcheck disable=SC2086

@@ -24,7 +24,11 @@ Bounded spin: before each wait, one thread reads the semaphore (an acquire load)
 False, the caller writes the phase into its status output and skips the rest of its work,
 and the wrapper turns a non-zero status into one error line (`check_status`) instead of a
 hang. After a timeout the semaphores are left non-zero: the process must restart before the
-next persistent call, which the error line says.
+next persistent call, which the error line says. Every thread of the warpgroup spins on its
+own reads; the counts they wait for only grow until the block itself takes its token, so
+they agree, except if a token arrives just as the threads reach ``spin_limit`` (a phase of
+seconds): then some threads may pass and some give up, and the warpgroup could hang after
+all. When blocks are not co-resident the token never comes and every thread gives up.
 
 Async-proxy fences: the phases' data moves by TMA (the async proxy), the semaphores by
 ordinary atomics (the generic proxy). ``fence.proxy.async.global`` after a block's TMA

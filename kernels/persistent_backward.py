@@ -210,7 +210,7 @@ def persistent_backward(
             return d_mm_g.at[pl.ds(p * b_pad + r * rows, rows), pl.ds(half * n_pad + c * u, u)]
 
         def barrier(index):
-            return gb.grid_barrier(arrive, go, index, n_r * n_c, is_leader, spin_limit)
+            return gb.grid_barrier(arrive, go, index, n_r * n_c, is_leader, spin_limit=spin_limit)
 
         def gemm(p, l_above):
             """acc_smem = d_mm[p + 1][block rows] @ wt[l_above, block units]^T (f32)."""

@@ -59,6 +59,8 @@ class PersistentPlan:
       k_chunk: K elements per pipeline stage.
       stages: shared-memory pipeline depth.
       sm_count: SMs of the target (132 on an H100); ``smem_limit``: bytes per block.
+      units: units per block, or None for the fewest that cover ``width`` (rounded up to
+        UNIT_MULTIPLE); set it to give the backward a wgmma N of 8 or more.
     """
 
     batch: int
@@ -70,6 +72,7 @@ class PersistentPlan:
     stages: int = 4
     sm_count: int = H100_SMS
     smem_limit: int = H100_SMEM_PER_BLOCK
+    units: int | None = None
 
     def __post_init__(self):
         for name in ("batch", "width", "col_blocks", "row_blocks", "k_chunk", "stages"):
@@ -79,6 +82,16 @@ class PersistentPlan:
             raise PlanError(f"PersistentPlan.dtype must be one of {DTYPES}, got {self.dtype!r}.")
         if self.k_chunk % 8:
             raise PlanError(f"PersistentPlan.k_chunk must be a multiple of 8, got {self.k_chunk}.")
+        if self.units is not None and (self.units % UNIT_MULTIPLE or self.units < 1):
+            raise PlanError(
+                f"PersistentPlan.units must be a positive multiple of {UNIT_MULTIPLE}, "
+                f"got {self.units}."
+            )
+        if self.units is not None and self.units * self.col_blocks < self.width:
+            raise PlanError(
+                f"PersistentPlan: {self.col_blocks} blocks of {self.units} units do not cover "
+                f"width {self.width}."
+            )
 
     # --- ownership and padded extents -----------------------------------------------------
 
@@ -88,6 +101,8 @@ class PersistentPlan:
 
     @property
     def units_per_block(self) -> int:
+        if self.units is not None:
+            return self.units
         return _round_up(-(-self.width // self.col_blocks), UNIT_MULTIPLE)
 
     @property

@@ -24,8 +24,8 @@ def test_every_registered_implementation_provides_the_interface():
         assert module.NAME == name
         missing = [attr for attr in INTERFACE if not hasattr(module, attr)]
         assert not missing, (name, missing)
-    assert spec.IMPLS == ("scan", "fused", "pallas", "mosaic")
-    assert models.IMPLS == ("auto", "scan", "fused", "pallas", "mosaic")
+    assert spec.IMPLS == ("scan", "fused", "pallas", "mosaic", "persistent")
+    assert models.IMPLS == ("auto", "scan", "fused", "pallas", "mosaic", "persistent")
 
 
 @pytest.mark.parametrize(

@@ -401,8 +401,9 @@ BAD_CONFIGS = [
     (dict(eval__final_protocols="windows,bogus"), trainer.TrainError, "bogus"),
     (dict(data__hutter_holdout=20_000), data_lib.DataError, "hutter_holdout"),
 ]
-if jax.default_backend() != "gpu":  # impl="mosaic" runs on a GPU only
+if jax.default_backend() != "gpu":  # impl="mosaic" and "persistent" run on a GPU only
     BAD_CONFIGS.append((dict(model__impl="mosaic"), UserError, "Hopper GPU only"))
+    BAD_CONFIGS.append((dict(model__impl="persistent"), UserError, "Hopper GPU only"))
 
 
 @pytest.mark.parametrize("overrides,error,needle", BAD_CONFIGS)

@@ -49,7 +49,8 @@ class ModelConfig:
       hyper_input: x (paper) | x_and_state (Ha's HyperLSTM: also the main state).
       impl: how the recurrence runs (``IMPLS``): auto (the fastest measured one for the
         platform, `rhhjax.ops.spec`), scan (the reference ``nn.scan``), fused (custom VJP),
-        pallas (Pallas Triton kernels) or mosaic (Mosaic GPU kernels, Hopper only); it
+        pallas (Pallas Triton kernels), mosaic (Mosaic GPU kernels, Hopper only) or
+        persistent (one persistent Mosaic GPU kernel per direction, Hopper only); it
         changes speed, not what is computed.
       pallas_mode: pallas: auto (compiled Triton on a GPU, interpret mode elsewhere) |
         compiled (e.g. to compile a GPU step on a CPU host) | interpret.

@@ -56,6 +56,23 @@ def kernel_unsupported(name: str, model: ModelFacts) -> str | None:
     return reason
 
 
+def hopper_unavailable(name: str, pallas_mode: str, platform: str | None) -> str | None:
+    """Why the Mosaic GPU implementation `name` (`mosaic`, `persistent`) cannot run here, or
+    None: on a GPU, or anywhere when `pallas_mode` is "compiled" (lowering for a GPU without
+    one, e.g. the deviceless compile report). There is no interpret mode."""
+    if pallas_mode == "compiled":
+        return None
+    platform = platform or jax.default_backend()
+    if pallas_mode == "auto" and platform == "gpu":
+        return None
+    where = "model.pallas_mode='interpret'" if pallas_mode == "interpret" else platform
+    return (
+        f"model.impl={name!r} runs Mosaic GPU kernels on a Hopper GPU only and cannot be "
+        f"interpreted ({where}); use impl='fused' or 'pallas', or model.pallas_mode='compiled' "
+        "to lower and compile for a GPU without one"
+    )
+
+
 def dropout_mask(keep: float, keep_l: Array | None, dtype) -> Array | None:
     """Keep decisions [Bp, Np] (bool or int8) -> inverted-dropout mask (0 or 1/keep), or None."""
     return None if keep_l is None else keep_l.astype(dtype) / keep

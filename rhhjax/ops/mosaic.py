@@ -60,19 +60,8 @@ def unsupported(model: ModelFacts) -> str | None:
 
 
 def unavailable(pallas_mode: str, platform: str | None) -> str | None:
-    """Why `mosaic` cannot run here, or None: on a GPU, or anywhere when `pallas_mode` is
-    "compiled" (lowering for a GPU without one, e.g. the deviceless compile report)."""
-    if pallas_mode == "compiled":
-        return None
-    platform = platform or jax.default_backend()
-    if pallas_mode == "auto" and platform == "gpu":
-        return None
-    where = "model.pallas_mode='interpret'" if pallas_mode == "interpret" else platform
-    return (
-        f"model.impl={NAME!r} runs Mosaic GPU kernels on a Hopper GPU only and cannot be "
-        f"interpreted ({where}); use impl='fused' or 'pallas', or model.pallas_mode='compiled' "
-        "to lower and compile for a GPU without one"
-    )
+    """Why `mosaic` cannot run here, or None (`loops.hopper_unavailable`)."""
+    return loops.hopper_unavailable(NAME, pallas_mode, platform)
 
 
 def geometry(spec: SequenceSpec, batch: int, width: int) -> highway.Geometry:

@@ -18,11 +18,16 @@ Implementations (`IMPLS`):
 - `mosaic` (`rhhjax.ops.mosaic`): the same op, each micro-layer one Mosaic GPU kernel forward
   and one backward; on a GPU only, or lowered for one with pallas_mode "compiled".
   Not in "auto" until measured.
+- `persistent` (`rhhjax.ops.persistent`): the same op as two persistent Mosaic GPU kernels,
+  one launch for the whole forward and one for the whole backward; like `mosaic`, on a GPU
+  only and not in "auto" until measured. Rank-d models run `fused` in its place
+  (`substitute`), said in the reason.
 - `auto`: the fastest measured correct one for the platform and dtype (`_auto`).
 
 Adding an implementation: one module beside `fused.py` (the interface of `rhhjax.ops.fused`:
 NAME, INTERPRETABLE, KEEP_DTYPE, unsupported, geometry, prepare_weights, saved_rows,
-forward_loop, backward_loop; `unavailable` where it cannot run on every platform) and one
+forward_loop, backward_loop; `unavailable` where it cannot run on every platform,
+`substitute` where another implementation runs some models in its place) and one
 entry in `IMPLEMENTATIONS` (and, once measured, its place in the rankings of `_MEASURED`).
 """
 
@@ -35,14 +40,14 @@ import jax.numpy as jnp
 
 from rhhjax.errors import UserError
 from rhhjax.kernels import highway
-from rhhjax.ops import fused, mosaic, pallas
+from rhhjax.ops import fused, mosaic, pallas, persistent
 from rhhjax.ops.sequence_spec import SCAN, ModelFacts, SequenceSpec
 
 __all__ = ["SCAN", "ModelFacts", "SequenceSpec"]  # re-exported: the types of `resolve`
 
 AUTO = "auto"
 # The whole-sequence ops, by name: the only table of implementations.
-IMPLEMENTATIONS = {module.NAME: module for module in (fused, pallas, mosaic)}
+IMPLEMENTATIONS = {module.NAME: module for module in (fused, pallas, mosaic, persistent)}
 IMPLS = (SCAN, *IMPLEMENTATIONS)
 CHOICES = (AUTO, *IMPLS)  # what `model.impl` accepts
 PALLAS_MODES = ("auto", "compiled", "interpret")
@@ -96,6 +101,9 @@ def resolve(
     if impl == AUTO:
         platform = platform or jax.default_backend()
         impl, reason = _auto(model, dtype, platform)
+    substitute = getattr(IMPLEMENTATIONS.get(impl), "substitute", None)
+    if substitute is not None and substitute(model) is not None:
+        impl, reason = substitute(model)
     module = IMPLEMENTATIONS.get(impl)
     interpret = (module is not None and module.INTERPRETABLE) and (
         pallas_mode == "interpret"

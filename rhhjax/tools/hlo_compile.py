@@ -19,7 +19,7 @@ from rhhjax.errors import UserError
 
 IMPLS = ("scan", "fused", "pallas")  # the default rows
 # Selectable with --impls but not in the default rows (not measured on a GPU yet).
-IMPL_CHOICES = (*IMPLS, "mosaic")
+IMPL_CHOICES = (*IMPLS, "mosaic", "persistent")
 DTYPES = ("float32", "bfloat16")
 MODELS = ("rhn", "hyperrhn")
 VOCAB = 50  # PTB characters (configs/ptb.py: model.vocab_size, set from the data)

@@ -1,0 +1,223 @@
+"""`persistent`: the RHN recurrence as TWO persistent Mosaic GPU kernels, one for the whole
+forward time loop and one for the whole backward (issue 20 item 2; the interface of
+`rhhjax.ops.fused`; run by `rhhjax.ops.recurrence.highway_sequence`).
+
+Each kernel is ONE launch over a grid of at most one block per SM
+(`rhhjax.kernels.persistent_plan.PersistentPlan`): block ``(r, g)`` owns batch rows and the
+h- and t-columns of a slice of the units, keeps its own f32 state (or carried state gradient)
+in shared memory, and meets the others at a grid barrier (`rhhjax.kernels.grid_barrier`)
+after every micro-layer phase, T * L of them per direction:
+
+* forward (`rhhjax.kernels.persistent_forward`): per phase the block's slice of
+  ``s @ W_l`` (K chunks through a TMA pipeline, wgmma), the input projection at layer 0,
+  hyper scale, bias, gates, gate dropout and combine; it writes the state in the matmul
+  dtype for the next phase's GEMM and, for the backward, `fused`'s saved rows.
+* backward (`rhhjax.kernels.persistent_backward`): per phase (in reverse) the block's slice
+  of ``d_scaled_above @ W_above^T`` fused with its gate backward; ``da`` is written out, and
+  dz, the bias, the input-projection and (in `rhhjax.ops.recurrence`) the weight gradients
+  are large XLA reductions and GEMMs after the loop; the gradient of s0 is one XLA matmul.
+
+The hyper cell is not inside the kernel: with ``hyper_input="x"`` the hyper recurrence runs
+first, as its own persistent sequence, and every z is computed at once
+(`rhhjax.models.cores.HyperRHNCore`), so the main kernel reads z as an input.
+
+Where it runs: compiled on a Hopper GPU (`unavailable` refuses it elsewhere, in one line,
+unless `model.pallas_mode="compiled"` asks for the lowering only); `spec.interpret`, which
+`resolve` never sets for this module, runs the kernels' pure-JAX references in their place
+(the tests' way of checking everything around the kernels on a CPU). f32 models run their
+matmuls as TF32. A grid barrier that times out (blocks not co-resident) ends the step with
+one error line (`grid_barrier.check_status`) instead of hanging.
+
+Not supported: variational dropout (`unsupported`). Rank-d HyperRHNs run `fused` instead,
+said in the start-up line (`substitute`). Not in `impl="auto"` until measured on a GPU.
+
+Layout (`geometry`, from `plan_for`): the batch padded to the block rows (a multiple of 64),
+the units to ``col_blocks * units_per_block``; weights stacked over layers in the kernels'
+orders (`persistent_forward.forward_weights`, `persistent_backward.backward_weights`).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import TYPE_CHECKING
+
+import jax
+import jax.numpy as jnp
+
+from rhhjax.kernels import grid_barrier, highway
+from rhhjax.kernels import persistent_backward as pb
+from rhhjax.kernels import persistent_forward as pf
+from rhhjax.kernels.persistent_plan import (
+    H100_SMS,
+    PersistentPlan,
+    PlanError,
+    predicted_phase_us,
+)
+from rhhjax.ops import fused, loops
+
+if TYPE_CHECKING:
+    from rhhjax.ops.sequence_spec import ModelFacts, SequenceSpec
+
+Array = jax.Array
+
+NAME = "persistent"
+INTERPRETABLE = False  # No interpret mode: the kernels run on a Hopper GPU only.
+KEEP_DTYPE = jnp.bool_  # As `fused`: turned into the f32 mask 0 or 1/keep per call.
+UNITS = (8, 16, 32, 64)  # units per block tried (the backward's wgmma N: multiples of 8)
+K_CHUNK = 64  # K per pipeline stage
+STAGES = (4, 3, 2)  # pipeline depths tried, deepest first, until shared memory fits
+
+
+def unsupported(model: ModelFacts) -> str | None:
+    """Why `persistent` cannot run `model`, or None. Rank-d is not refused: `substitute`
+    runs `fused` for it."""
+    reason = loops.whole_sequence_unsupported(NAME, model)
+    if reason is None and model.dropout == "variational":
+        reason = (
+            f"model.impl={NAME!r} supports dropout='gate' or 'none'; use impl='fused' "
+            "for variational dropout"
+        )
+    return reason
+
+
+def substitute(model: ModelFacts) -> tuple[str, str] | None:
+    """(the implementation that runs instead, why) for a rank-d HyperRHN, else None."""
+    if model.hyper_rank > 0:
+        return fused.NAME, (
+            f"model.impl={NAME!r} has no rank-d kernels (model.hyper_rank="
+            f"{model.hyper_rank}): runs {fused.NAME!r} instead"
+        )
+    return None
+
+
+def unavailable(pallas_mode: str, platform: str | None) -> str | None:
+    """Why `persistent` cannot run here, or None (`loops.hopper_unavailable`)."""
+    return loops.hopper_unavailable(NAME, pallas_mode, platform)
+
+
+@functools.cache
+def plan_for(batch: int, width: int, dtype_name: str) -> PersistentPlan:
+    """The kernels' plan for a [batch, width] recurrence: among the plans both kernels can
+    run on an H100 (`_candidates`), the one of the lowest PREDICTED phase time
+    (`persistent_plan.predicted_phase_us`, forward + backward; an uncalibrated model, see
+    its `Rates`), then the fewest padded units. Raises PlanError (one line) when none fits."""
+    plans = list(_candidates(batch, width, dtype_name))
+    if not plans:
+        raise PlanError(
+            f"no persistent plan fits an H100 for batch {batch}, width {width} ({dtype_name}): "
+            f"at most {H100_SMS} blocks of up to {max(UNITS)} units and 256 rows"
+        )
+
+    def cost(plan):
+        forward, backward = predicted_phase_us(plan), predicted_phase_us(plan, backward=True)
+        return forward + backward, plan.n_pad
+
+    return min(plans, key=cost)
+
+
+def _candidates(batch: int, width: int, dtype_name: str):
+    """Plans of 1 .. ceil(batch / 64) row blocks (no block of padding rows only) and UNITS
+    units per block, each with the fewest column blocks that keep the kernels' K extents on
+    written columns (forward ``k_pad <= n_pad``; backward ``2 * n_pad`` whole chunks) and
+    the deepest pipeline (STAGES) that both kernels' checks accept."""
+    for row_blocks in range(1, -(-batch // 64) + 1):
+        for units in UNITS:
+            col_blocks = -(-width // units)
+            while (col_blocks * units < -(-width // K_CHUNK) * K_CHUNK) or (
+                2 * col_blocks * units % K_CHUNK
+            ):
+                col_blocks += 1
+            for stages in STAGES:
+                plan = PersistentPlan(
+                    batch, width, dtype_name, col_blocks=col_blocks, row_blocks=row_blocks,
+                    k_chunk=K_CHUNK, stages=stages, units=units,
+                )  # fmt: skip
+                try:
+                    plan.check()
+                    pb.check_plan(plan)
+                except PlanError:
+                    continue
+                yield plan
+                break
+
+
+def _plan(spec: SequenceSpec, geo: highway.Geometry) -> PersistentPlan:
+    return plan_for(geo.batch, geo.n, jnp.dtype(spec.dtype).name)
+
+
+def geometry(spec: SequenceSpec, batch: int, width: int) -> highway.Geometry:
+    """Rows padded to the plan's ``b_pad``, units to its ``n_pad`` (blocks: the plan's rows
+    and units per block, K chunk)."""
+    plan = plan_for(batch, width, jnp.dtype(spec.dtype).name)
+    return highway.Geometry(
+        batch, width, plan.rows_per_block, plan.units_per_block, plan.k_chunk,
+        plan.b_pad, plan.n_pad,
+    )  # fmt: skip
+
+
+def prepare_weights(spec, geo, kernel_s: Array, transposed: bool = False) -> Array:
+    """W_l [L, n, 2n] -> ONE stacked array in the matmul dtype, padded and cast once per
+    call: the forward's block-major [L * 2 * Np, k_pad] or (`transposed`, for the backward)
+    W as it is [L * Np, 2 * Np]. (One array, not L: each kernel reads every layer.)"""
+    plan = _plan(spec, geo)
+    if transposed:
+        return pb.backward_weights(plan, kernel_s, spec.dtype)
+    return pf.forward_weights(plan, kernel_s, spec.dtype)
+
+
+def saved_rows(has_z: bool) -> loops.Fields:
+    """`fused`'s rows: the gates "h", "t" [Bp, Np] and, with z, "full" [Bp, 2, Np]."""
+    return fused.saved_rows(has_z)
+
+
+def _phase_major(x: Array | None) -> Array | None:
+    """[T, L, ...] -> [T * L, ...] (phase p = t * L + l); None stays None."""
+    return None if x is None else x.reshape(-1, *x.shape[2:])
+
+
+def forward_loop(spec, geo, w, bias, s0, xproj, z, keep, hidden, save: bool):
+    """The whole forward as one kernel (its reference when `spec.interpret`).
+
+    w [L * 2 * Np, k_pad]; bias [L, 2, Np]; s0 [Bp, Np]; xproj [T, Bp, 2, Np]; z, keep
+    [T, L, Bp, Np] or None. Returns (states [T, L, Bp, Np], packed [T, L, Bp, K, Np] or
+    None)."""
+    if hidden is not None:
+        raise ValueError(f"impl {NAME!r} has no variational dropout")
+    plan = _plan(spec, geo)
+    length, depth = xproj.shape[0], bias.shape[0]
+    rows = jnp.broadcast_to(bias[:, None], (depth, geo.b_pad, *bias.shape[1:]))
+    mask = loops.dropout_mask(spec.keep, _phase_major(keep), jnp.float32)
+    args = (plan, w, s0, xproj, rows, _phase_major(z), mask)
+    if spec.interpret:
+        outs = pf.persistent_forward_reference(*args, save=save)
+    else:
+        outs = pf.persistent_forward(*args, save=save)
+        grid_barrier.check_status(outs[-1], "persistent forward")
+    states = outs[0].reshape(length, depth, *outs[0].shape[1:])
+    if not save:
+        return states, None
+    return states, outs[1].reshape(length, depth, *outs[1].shape[1:])
+
+
+def backward_loop(spec, geo, w, bias, s0, xproj, z, keep, hidden, packed, g_states):
+    """The whole backward as one kernel (its reference when `spec.interpret`).
+
+    w: [L * Np, 2 * Np] (`prepare_weights(..., transposed=True)`); packed [T, L, Bp, K, Np]
+    the forward's saved rows; g_states [T, L, Bp, Np] the padded cotangents of the states.
+    Returns (ds0 [Bp, Np], d_scaled [T, L, Bp, 2, Np] = da * [z, z], dz [T, L, Bp, Np] or
+    None, dbias [L, 2, Np])."""
+    del bias, s0, hidden  # hidden: None (`forward_loop` refused it).
+    plan = _plan(spec, geo)
+    length, depth = xproj.shape[0], g_states.shape[1]
+    mask = loops.dropout_mask(spec.keep, _phase_major(keep), jnp.float32)
+    args = (plan, w, _phase_major(g_states), _phase_major(packed), _phase_major(z), mask)
+    if spec.interpret:
+        da, d_mm, ds_carry0, _ = pb.persistent_backward_reference(*args)
+    else:
+        da, d_mm, ds_carry0, status = pb.persistent_backward(*args)
+        grid_barrier.check_status(status, "persistent backward")
+    # The state gradient of s0 through W_0 (no gate backward below it): one XLA matmul.
+    w0 = w[: geo.n_pad]
+    ds0 = ds_carry0 + jnp.matmul(d_mm[: geo.b_pad], w0.T, preferred_element_type=jnp.float32)
+    da = da.reshape(length, depth, *da.shape[1:])
+    return ds0, *loops.gradients_from_da(da, z, packed, saved_rows(z is not None))

@@ -1,0 +1,247 @@
+"""`rhhjax.ops.persistent` (impl="persistent"): one persistent Mosaic GPU kernel for the whole
+forward time loop and one for the whole backward.
+
+On a CPU: the registration, the one-line refusals (off a GPU, variational dropout), rank-d
+running `fused` in its place, the plan chosen for a size, and the whole model against `scan`
+(loss and every gradient; f32, bf16, gate dropout, odd sizes, `original_first_step`) with the
+kernels' pure-JAX references in their place (`spec.interpret`, the INTERPRET attribute
+below). ``gpu_compile``: the paper-size HyperRHN training step with impl="persistent" lowers
+and compiles for an H100 without a GPU. `TestPersistentCompiled`: the same comparisons with
+the compiled kernels, on a GPU only.
+"""
+
+import dataclasses
+import importlib.util
+import json
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from rhhjax.kernels.persistent_plan import H100_SMS, PersistentPlan, predicted_phase_us
+
+from rhhjax import models
+from rhhjax.ops import fused, persistent, spec
+
+NEEDS_GPU = pytest.mark.skipif(
+    jax.default_backend() != "gpu",
+    reason="impl='persistent' runs its Mosaic GPU kernels on a Hopper GPU only",
+)
+
+
+def _has_cuda_plugin() -> bool:
+    try:
+        return importlib.util.find_spec("jax_plugins.xla_cuda12") is not None
+    except ModuleNotFoundError:
+        return False
+
+
+needs_cuda = pytest.mark.skipif(not _has_cuda_plugin(), reason="no JAX CUDA plugin (jax[cuda12])")
+
+
+def test_persistent_is_registered_but_not_ranked_for_auto():
+    assert spec.IMPLEMENTATIONS["persistent"] is persistent
+    for ranking, _ in spec._MEASURED.values():
+        assert "persistent" not in ranking  # not measured yet
+    for platform in ("gpu", "cpu"):
+        facts = spec.ModelFacts("hyperrhn")
+        assert spec.resolve("auto", facts, dtype="bfloat16", platform=platform).impl != (
+            "persistent"
+        )
+
+
+@pytest.mark.parametrize(("pallas_mode", "platform"), [("auto", "cpu"), ("interpret", "gpu")])
+def test_off_a_gpu_persistent_is_refused_in_one_line(pallas_mode, platform):
+    with pytest.raises(spec.UnsupportedImpl, match="Hopper GPU only") as error:
+        spec.resolve(
+            "persistent", spec.ModelFacts("hyperrhn"), dtype="float32",
+            pallas_mode=pallas_mode, platform=platform,
+        )  # fmt: skip
+    assert "\n" not in str(error.value) and "'persistent'" in str(error.value)
+
+
+def test_variational_dropout_is_refused_in_one_line_on_any_platform():
+    with pytest.raises(spec.UnsupportedImpl, match="variational") as error:
+        spec.check("persistent", spec.ModelFacts("hyperrhn", dropout="variational"))
+    assert "\n" not in str(error.value)
+
+
+def test_a_rank_d_hyperrhn_runs_fused_and_the_reason_says_so():
+    resolved = spec.resolve(
+        "persistent", spec.ModelFacts("hyperrhn", hyper_rank=4), dtype="bfloat16", platform="gpu"
+    )
+    assert resolved.impl == fused.NAME
+    assert "no rank-d kernels" in resolved.reason and "hyper_rank=4" in resolved.reason
+    line = models.implementation_line("persistent", resolved.impl, resolved.reason)
+    assert line.startswith("model.impl=persistent runs fused: ") and "\n" not in line
+
+
+def _predicted(plan):
+    return predicted_phase_us(plan) + predicted_phase_us(plan, backward=True)
+
+
+@pytest.mark.parametrize(("batch", "width"), [(256, 1000), (256, 128), (5, 13), (3, 70), (64, 8)])
+def test_the_plan_is_a_runnable_one_of_the_lowest_predicted_phase_time(batch, width):
+    plan = persistent.plan_for(batch, width, "bfloat16")
+    plan.check()
+    assert plan.units_per_block % 8 == 0 and plan.n_pad >= width
+    assert plan.k_pad <= plan.n_pad and (2 * plan.n_pad) % plan.k_chunk == 0
+    assert plan.b_pad % 64 == 0 and plan.b_pad - batch < 64 * plan.row_blocks
+    assert plan.grid <= H100_SMS
+    others = list(persistent._candidates(batch, width, "bfloat16"))
+    assert plan in others and len(others) > 1
+    assert all(_predicted(plan) <= _predicted(other) for other in others)
+
+
+def test_the_paper_plan_is_predicted_faster_than_one_row_block_of_132():
+    plan = persistent.plan_for(256, 1000, "bfloat16")
+    one_row = PersistentPlan(256, 1000, "bfloat16", col_blocks=132, units=8)
+    assert _predicted(plan) < _predicted(one_row)
+    assert plan.row_blocks > 1
+
+
+def test_the_plan_of_the_paper_width_fits_shared_memory_in_both_dtypes():
+    for dtype in ("bfloat16", "float32"):
+        plan = persistent.plan_for(256, 1000, dtype)
+        assert plan.smem_bytes() <= plan.smem_limit
+        assert persistent.pb.backward_smem_bytes(plan) <= plan.smem_limit
+
+
+def test_a_width_past_the_sms_is_one_plan_error_line():
+    with pytest.raises(persistent.PlanError) as error:
+        persistent.plan_for(64, max(persistent.UNITS) * H100_SMS + 1, "bfloat16")
+    assert "\n" not in str(error.value) and "blocks" in str(error.value)
+
+
+def test_geometry_is_the_plan_layout():
+    geo = persistent.geometry(spec.SequenceSpec("persistent", 1.0, jnp.bfloat16), 5, 13)
+    plan = persistent.plan_for(5, 13, "bfloat16")
+    assert (geo.b_pad, geo.n_pad, geo.block_n) == (plan.b_pad, plan.n_pad, plan.units_per_block)
+
+
+def test_saved_rows_are_the_rows_the_fused_backward_reads():
+    for has_z in (True, False):
+        assert persistent.saved_rows(has_z) == fused.saved_rows(has_z)
+
+
+# ----------------------------------------------------------------------------- the model
+
+TOL = {"float32": 1e-5, "bfloat16": 3e-2}
+TOL_COMPILED = {"float32": 5e-3, "bfloat16": 3e-2}  # f32 operands run as TF32 in wgmma
+CASES = {
+    # (type, dtype, hidden, hyper_hidden, depth, dropout, batch, length, original_first_step)
+    "hyperrhn-f32-dropout-odd": ("hyperrhn", "float32", 13, 7, 3, "gate", 5, 6, False),
+    "rhn-f32-nodropout-odd": ("rhn", "float32", 70, 4, 2, "none", 3, 4, False),
+    "hyperrhn-bf16-dropout-first-step": ("hyperrhn", "bfloat16", 12, 6, 2, "gate", 4, 5, True),
+    "rhn-f32-depth1": ("rhn", "float32", 9, 4, 1, "gate", 2, 3, False),
+}
+
+
+def _configs(case):
+    kind, dtype, hidden, hyper, depth, dropout, _, _, first = CASES[case]
+    base = dict(
+        type=kind, vocab_size=11, embed_dim=5, hidden=hidden, hyper_hidden=hyper,
+        depth=depth, dropout=dropout, keep=0.7, dtype=dtype, original_first_step=first,
+    )  # fmt: skip
+    return models.ModelConfig(**base, impl="persistent"), models.ModelConfig(**base, impl="scan")
+
+
+def _loss_and_grads(model, params, tokens, key):
+    def loss_fn(p):
+        logits, _ = model.apply({"params": p}, tokens[:, :-1], train=True, rngs={"dropout": key})
+        return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
+
+    return jax.jit(jax.value_and_grad(loss_fn))(params)
+
+
+class PersistentModelTests:
+    """The persistent model against the scan reference on fresh random inputs: loss and
+    every parameter gradient. INTERPRET: the kernels' pure-JAX references run in their place."""
+
+    INTERPRET: bool
+    TOLERANCE: dict
+
+    def model(self, config):
+        model = models.build_model(config, platform="gpu")
+        assert model.spec.impl == "persistent"
+        if self.INTERPRET:
+            model = model.clone(spec=dataclasses.replace(model.spec, interpret=True))
+        return model
+
+    @pytest.mark.parametrize("case", list(CASES))
+    def test_loss_and_gradients_match_scan(self, case):
+        config, scan_config = _configs(case)
+        _, dtype, *_, batch, length, _ = CASES[case]
+        scan = models.build_model(scan_config)
+        seed = sum(map(ord, case)) + 3
+        params = models.init_params(scan, jax.random.key(seed))
+        tokens = jnp.asarray(np.random.default_rng(seed).integers(0, 11, (batch, length + 1)))
+        key = jax.random.key(seed + 1)
+        actual = _loss_and_grads(self.model(config), params, tokens, key)
+        expected = _loss_and_grads(scan, params, tokens, key)
+        tol = self.TOLERANCE[dtype]
+        leaves = jax.tree_util.tree_leaves_with_path(actual)
+        for (path, a), e in zip(leaves, jax.tree.leaves(expected), strict=True):
+            scale = float(jnp.max(jnp.abs(e))) or 1.0
+            np.testing.assert_allclose(
+                a, e, rtol=tol, atol=tol * scale, err_msg=jax.tree_util.keystr(path)
+            )
+
+    def test_evaluation_logits_match_scan(self):
+        """Without differentiation (the forward kernel's save=False variant)."""
+        config, scan_config = _configs("hyperrhn-f32-dropout-odd")
+        scan = models.build_model(scan_config)
+        params = models.init_params(scan, jax.random.key(7))
+        tokens = jnp.asarray(np.random.default_rng(7).integers(0, 11, (5, 6)))
+
+        def logits(model):
+            return jax.jit(lambda p: model.apply({"params": p}, tokens, train=False)[0])(params)
+
+        tol = self.TOLERANCE["float32"]
+        np.testing.assert_allclose(logits(self.model(config)), logits(scan), rtol=tol, atol=tol)
+
+
+class TestPersistentReference(PersistentModelTests):
+    INTERPRET = True
+    TOLERANCE = TOL
+
+
+@NEEDS_GPU
+class TestPersistentCompiled(PersistentModelTests):
+    INTERPRET = False
+    TOLERANCE = TOL_COMPILED
+
+
+# ----------------------------------------------------------------------------- deviceless
+
+_STEP = """
+import json
+from rhhjax.tools import hlo_compile as g
+g.set_deviceless_env()
+rows = []
+for dtype in {dtypes!r}:
+    mc, oc, seed, batch, seq_len = g.build_configs(g.Case("hyperrhn", "persistent", dtype), {{}})
+    compiled, _ = g.compile_step(mc, oc, seed, batch, seq_len, g.h100_mesh())
+    text = compiled.as_text()
+    rows.append(dict(dtype=dtype, impl=mc.impl, batch=batch, seq_len=seq_len,
+                     forward=text.count("persistent_highway_forward"),
+                     backward=text.count("persistent_highway_backward")))
+print(json.dumps(rows))
+"""
+
+
+@pytest.mark.gpu_compile
+@needs_cuda
+def test_paper_hyperrhn_training_step_lowers_and_compiles_for_an_h100_without_a_gpu(tmp_path):
+    """configs/ptb.py's HyperRHN (batch 256 x 100, width 1000, depth 7) with
+    impl="persistent", the trainer's jitted step, bf16, deviceless: both persistent kernels
+    are in the compiled step (the hyper recurrence's and the main one's, each direction)."""
+    code = _STEP.format(dtypes=["bfloat16"])
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr[-3000:]
+    (row,) = json.loads(run.stdout.strip().splitlines()[-1])
+    assert row["impl"] == "persistent" and (row["batch"], row["seq_len"]) == (256, 100)
+    assert row["forward"] >= 2 and row["backward"] >= 2, row
