@@ -32,9 +32,17 @@ P = T * L, C = col_blocks, R = row_blocks, u = units_per_block):
 Outputs, in this order: ``states [P, b_pad, n_pad] f32`` (the state after every phase);
 with ``save`` ``packed [P, b_pad, K, n_pad] f32`` (K = 3, 5 with z: the input state, h, tg
 and with z ``full`` h/t halves: `rhhjax.ops.loops.pack`'s layout of
-``fused.saved_rows(has_z)``); ``s_mm [(P + 1) * b_pad, n_pad]`` matmul dtype (the A
-buffer); ``status [R * C] int32`` (0 = fine, else the 1-based barrier index at which the
-block's grid barrier timed out; `grid_barrier.check_status`).
+``fused.saved_rows(has_z)``); ``s_mm [(P + 1) * b_pad, k_pad]`` matmul dtype (the A
+buffer: row block 0 s0, row block p + 1 the state after phase p, the K columns only: TMA
+needs the array's minor extent a multiple of its swizzle tile, which ``k_pad`` is and
+``n_pad`` need not be; blocks whose units lie past ``k_pad`` skip it); ``status [R * C]
+int32`` (0 = fine, else the 1-based barrier index at which the block's grid barrier timed
+out; `grid_barrier.check_status`).
+
+Deviations from the micro-layer kernel, all exact: x U is loaded at layer 0 only and kept in
+shared memory for the step's layers; every layer adds it times 1 (layer 0) or 0 (the
+reference does the same). A warpgroup barrier separates the epilogue's loads from the
+stores that overwrite the same shared memory (the state, the reused input slots).
 
 `persistent_forward_reference` computes the same outputs in pure JAX (a `lax.scan` over
 phases of `mosaic_forward.highway_forward_reference`). The kernel runs on a Hopper GPU
