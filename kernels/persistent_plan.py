@@ -35,6 +35,7 @@ H100_SMS = 132
 # H100 (sm_90) opt-in shared memory per block, bytes (227 KiB).
 H100_SMEM_PER_BLOCK = 232_448
 WGMMA_M = 64  # rows of one warpgroup's wgmma tile
+SMEM_ALIGNMENT = 1024  # Mosaic GPU rounds every shared-memory scratch buffer up to this
 UNIT_MULTIPLE = 4  # 2 * units_per_block must be a multiple of 8 (wgmma N)
 DTYPES = ("float32", "bfloat16")
 
@@ -45,6 +46,32 @@ class PlanError(UserError):
 
 def _round_up(x: int, m: int) -> int:
     return -(-x // m) * m
+
+
+def forward_inputs(has_z: bool, has_mask: bool) -> tuple[str, ...]:
+    """The forward kernel's f32 [rows, u] epilogue inputs staged in shared memory, in slot
+    order: those loaded every phase, then x U's halves (loaded at layer 0, kept for the
+    step's layers)."""
+    return ("b_h", "b_t", *(("z",) if has_z else ()), *(("mask",) * has_mask), "x_h", "x_t")
+
+
+def forward_saved_rows(save: bool, has_z: bool) -> tuple[str, ...]:
+    """The forward kernel's saved-row tiles (packed rows 1.. in order; row 0, the input
+    state, is stored from the state buffer)."""
+    if not save:
+        return ()
+    return ("h", "t", "full_h", "full_t") if has_z else ("h", "t")
+
+
+def forward_staging_slots(has_z: bool, has_mask: bool, save: bool) -> tuple[int, tuple]:
+    """(number of f32 [rows, u] staging slots, the slot of each saved-row tile): a saved row
+    reuses the slot of an input loaded every phase (all read before any is overwritten),
+    past those it takes a slot of its own (x U's slots must survive the step's layers)."""
+    ins = forward_inputs(has_z, has_mask)
+    reused = len(ins) - 2
+    outs = forward_saved_rows(save, has_z)
+    where = tuple(i if i < reused else len(ins) + i - reused for i in range(len(outs)))
+    return len(ins) + max(0, len(outs) - reused), where
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,21 +173,33 @@ class PersistentPlan:
         backward = self.k2_pad * self.units_per_block
         return max(forward, backward) * self.itemsize
 
-    def smem_bytes(self) -> int:
-        """Shared memory per block (bytes) of the forward phase loop:
+    def smem_bytes(self, has_z: bool = True, has_mask: bool = True, save: bool = True) -> int:
+        """Shared memory per block (bytes) that the forward kernel
+        (`kernels/persistent_forward.py`) allocates; by default with every option (the
+        most). Each buffer is rounded up to Mosaic GPU's 1024-byte scratch alignment:
 
-            stages * (rows * k_chunk + k_chunk * 2u) * itemsize     (A and B pipeline)
-            + rows * u * 37                                         (epilogue staging)
-            + 8 * (2 * stages + 2)                                  (mbarriers)
+            stages * rows * k_chunk * itemsize        A pipeline buffers (the state rows)
+            stages * 2u * k_chunk * itemsize          B pipeline buffers (the weight slice)
+            rows * u * 4                              the block's f32 state
+            rows * 2u * 4                             the accumulator's copy
+            slots * rows * u * 4                      staged f32 epilogue tiles
+                                                      (`forward_staging_slots`: 6 at most)
+            rows * u * itemsize                       the state's matmul-dtype cast
+            + 8 * (stages + inputs)                   mbarriers (pipeline, staged inputs)
 
-        The epilogue stages, per owned (row, unit), the f32 inputs s, z, xproj (two halves)
-        and an int8 keep mask (17 B) and the f32 outputs s_new, h, t and u (two halves; 20 B)
-        for the TMA copies in and out. The backward phase has the same A/B shapes
-        (``K = 2 * n_pad``) and no larger epilogue.
-        """
-        rows, units = self.rows_per_block, self.units_per_block
-        pipeline = self.stages * (rows + self.cols_per_block) * self.k_chunk * self.itemsize
-        return pipeline + rows * units * 37 + 8 * (2 * self.stages + 2)
+        The backward kernel counts its own (`persistent_backward`)."""
+        rows, units, item = self.rows_per_block, self.units_per_block, self.itemsize
+        slots, _ = forward_staging_slots(has_z, has_mask, save)
+        buffers = (
+            self.stages * rows * self.k_chunk * item,
+            self.stages * self.cols_per_block * self.k_chunk * item,
+            rows * units * 4,
+            rows * self.cols_per_block * 4,
+            slots * rows * units * 4,
+            rows * units * item,
+        )
+        barriers = self.stages + len(forward_inputs(has_z, has_mask))
+        return sum(_round_up(b, SMEM_ALIGNMENT) for b in buffers) + 8 * barriers
 
     def accumulator_registers(self, warpgroups: int = 1) -> int:
         """f32 accumulator registers per thread of the compute warpgroups (128 threads each)."""
@@ -191,8 +230,22 @@ class PersistentPlan:
         return 2 * a * b // (self.k2_pad if backward else self.k_pad)
 
     def check(self) -> None:
-        """Raises :class:`PlanError` (one line) unless every block can be resident at once:
-        grid <= SM count (one block per SM) and shared memory <= the per-block limit."""
+        """Raises :class:`PlanError` (one line) unless every block can be resident at once
+        (grid <= SM count: one block per SM; shared memory <= the per-block limit) and the
+        K extents suit the kernels: ``k_pad <= n_pad`` (every state column the forward's K
+        loop reads is written by some block) and ``2 * n_pad`` a multiple of ``k_chunk``
+        (the backward's K)."""
+        if self.k_pad > self.n_pad:
+            raise PlanError(
+                f"persistent plan has k_pad {self.k_pad} > n_pad {self.n_pad} (width "
+                f"{self.width} in k_chunk {self.k_chunk}, {self.col_blocks} column blocks): "
+                "the forward would read unwritten state columns; lower k_chunk."
+            )
+        if (2 * self.n_pad) % self.k_chunk:
+            raise PlanError(
+                f"persistent plan has 2 * n_pad = {2 * self.n_pad} not a multiple of k_chunk "
+                f"{self.k_chunk} (the backward's K); lower k_chunk or change col_blocks."
+            )
         if self.grid > self.sm_count:
             raise PlanError(
                 f"persistent grid of {self.grid} blocks exceeds the {self.sm_count} SMs: "

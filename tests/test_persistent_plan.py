@@ -16,9 +16,11 @@ def test_paper_bf16_plan_is_one_block_per_sm_with_both_halves_of_8_units():
     plan.check()
     assert (plan.grid, plan.units_per_block, plan.cols_per_block) == (132, 8, 16)
     assert (plan.b_pad, plan.n_pad, plan.k_pad, plan.k2_pad) == (256, 1056, 1024, 2112)
-    # 4 stages x (256 state rows + 16 weight columns) x 64 K x 2 B, epilogue 256 x 8 x 37 B,
-    # 10 mbarriers of 8 B.
-    assert plan.smem_bytes() == 4 * (256 + 16) * 64 * 2 + 256 * 8 * 37 + 80 == 215_120
+    # The forward kernel's allocation with every option: 4 stages x (256 state rows + 16
+    # weight columns) x 64 K x 2 B; f32 state, accumulator copy, 6 staged f32 tiles and the
+    # bf16 state cast per (row, unit): 4 + 8 + 24 + 2 B; 10 mbarriers of 8 B
+    # (tests/test_persistent_forward.py checks it against Mosaic GPU's own count).
+    assert plan.smem_bytes() == 4 * (256 + 16) * 64 * 2 + 256 * 8 * 38 + 80 == 217_168
     assert plan.smem_bytes() <= 227 * 1024
     # Backward slice [2112, 8] is larger than the forward [1024, 16].
     assert plan.weight_slice_bytes() == 2112 * 8 * 2
@@ -27,7 +29,7 @@ def test_paper_bf16_plan_is_one_block_per_sm_with_both_halves_of_8_units():
 
 def test_paper_f32_plan_needs_two_stages_and_says_so_in_one_line():
     plan = pp.paper_plan("float32")
-    assert plan.smem_bytes() == 4 * (256 + 16) * 64 * 4 + 256 * 8 * 37 + 80
+    assert plan.smem_bytes() == 4 * (256 + 16) * 64 * 4 + 256 * 8 * 40 + 80
     with pytest.raises(pp.PlanError) as e:
         plan.check()
     message = str(e.value)
@@ -36,6 +38,18 @@ def test_paper_f32_plan_needs_two_stages_and_says_so_in_one_line():
     smaller = dataclasses.replace(plan, stages=2)
     smaller.check()
     assert smaller.weight_slice_bytes() == 2112 * 8 * 4
+
+
+def test_k_extents_the_kernels_cannot_use_are_refused_in_one_line():
+    """k_pad > n_pad (the forward would read state columns no block writes) and 2 * n_pad
+    not a multiple of k_chunk (the backward's K) are refused; the paper plans pass."""
+    with pytest.raises(pp.PlanError, match="k_pad 192 > n_pad 184") as e:
+        pp.PersistentPlan(batch=64, width=184, col_blocks=23).check()
+    assert "\n" not in str(e.value)
+    with pytest.raises(pp.PlanError, match="2 \\* n_pad = 160 not a multiple of k_chunk 64"):
+        pp.PersistentPlan(batch=64, width=64, col_blocks=20).check()
+    pp.PersistentPlan(batch=64, width=184, col_blocks=23, k_chunk=8).check()
+    pp.paper_plan(row_blocks=4, col_blocks=33).check()
 
 
 def test_more_blocks_than_sms_are_refused_before_anything_runs():
@@ -93,7 +107,7 @@ def test_command_prints_the_plan_and_refuses_a_bad_one_with_one_line():
         capture_output=True, text=True,
     )  # fmt: skip
     assert ok.returncode == 0, ok.stderr
-    assert '"smem_bytes": 215120' in ok.stdout and "PREDICTION" in ok.stdout
+    assert '"smem_bytes": 217168' in ok.stdout and "PREDICTION" in ok.stdout
     bad = subprocess.run(
         [sys.executable, "-m", "rhhjax.kernels.persistent_plan", "--dtype=float32"],
         capture_output=True, text=True,

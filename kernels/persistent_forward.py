@@ -1,0 +1,363 @@
+"""The persistent whole-sequence highway forward as ONE Mosaic GPU kernel (issue 20 item 2).
+
+Every micro-layer phase ``p = t * L + l`` of a sequence (``T * L`` phases) runs inside one
+launch of a ``row_blocks x col_blocks`` grid (`kernels/persistent_plan.py`), with a grid
+barrier (`kernels/grid_barrier.py`) between phases. Block ``(r, g)`` owns rows
+``r * rows ..`` and units ``g * u ..`` (the h- AND the t-columns of its units) and keeps
+its f32 state slice ``[rows, u]`` in shared memory across phases. Per phase, exactly
+`kernels/mosaic_forward.py`'s micro-layer (its `_epilogue` is the shared math)::
+
+    acc  = s_mm[p][rows, :k_pad] @ w_blk[l, g]^T     [rows, 2u]  (K in k_chunk tiles through
+           a stages-deep TMA pipeline, chunk 0 first, wgmma, f32 accumulation)
+    full = acc (+ xproj[t] at l == 0);  a = full (* z[p]) + bias[l]
+    h, tg = tanh(a_h), sigmoid(a_t);  s_new = h * tg (* mask[p]) + s * (1 - tg)
+
+then the block writes s_new (f32) to ``states[p]`` and its matmul-dtype cast to row block
+``p + 1`` of the A buffer ``s_mm`` (the next phase's matmul input, read by every block),
+with ``save`` its saved rows, waits for its stores and meets the others at barrier
+``p + 1``. A prologue copies each block's slice of s0 into its state and into ``s_mm``
+row block 0, then barrier 0.
+
+Operands (padded; matmul dtype = ``w_blk.dtype``, bf16 or f32; T steps, L layers,
+P = T * L, C = col_blocks, R = row_blocks, u = units_per_block):
+
+    w_blk  [L * 2 * n_pad, k_pad]  matmul dtype  rows (l * C + g) * 2u ..: the h- then the
+                                   t-columns of W_l for units g * u .. (`forward_weights`)
+    s0     [b_pad, n_pad]      f32
+    xproj  [T, b_pad, 2, n_pad] f32  x U (no bias, unscaled), added at layer 0 only
+    bias   [L, b_pad, 2, n_pad] f32  b broadcast over rows (b_U already in layer 0)
+    z      [P, b_pad, n_pad]   f32  hyper scales, phase-major | None
+    mask   [P, b_pad, n_pad]   f32  gate-dropout mask (0 or 1/keep) | None
+
+Outputs, in this order: ``states [P, b_pad, n_pad] f32`` (the state after every phase);
+with ``save`` ``packed [P, b_pad, K, n_pad] f32`` (K = 3, 5 with z: the input state, h, tg
+and with z ``full`` h/t halves: `rhhjax.ops.loops.pack`'s layout of
+``fused.saved_rows(has_z)``); ``s_mm [(P + 1) * b_pad, k_pad]`` matmul dtype (the A
+buffer: row block 0 s0, row block p + 1 the state after phase p, the K columns only: TMA
+needs the array's minor extent a multiple of its swizzle tile, which ``k_pad`` is and
+``n_pad`` need not be; blocks whose units lie past ``k_pad`` skip it); ``status [R * C]
+int32`` (0 = fine, else the 1-based barrier index at which the block's grid barrier timed
+out; `grid_barrier.check_status`).
+
+Deviations from the micro-layer kernel, all exact: x U is loaded at layer 0 only and kept in
+shared memory for the step's layers; every layer adds it times 1 (layer 0) or 0 (the
+reference does the same). A warpgroup barrier separates the epilogue's loads from the
+stores that overwrite the same shared memory (the state, the reused input slots).
+
+`persistent_forward_reference` computes the same outputs in pure JAX (a `lax.scan` over
+phases of `mosaic_forward.highway_forward_reference`). The kernel runs on a Hopper GPU
+only; it lowers and compiles for an H100 on a CPU host with the CUDA plugin
+(tests/test_persistent_forward.py).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+from rhhjax.kernels import grid_barrier
+from rhhjax.kernels import mosaic_forward as mf
+from rhhjax.kernels.persistent_plan import (
+    PersistentPlan,
+    PlanError,
+    forward_inputs,
+    forward_saved_rows,
+    forward_staging_slots,
+)
+
+F32 = jnp.float32
+Array = jax.Array
+
+
+# ----------------------------------------------------------------------------- layout
+
+
+def saved_row_count(has_z: bool) -> int:
+    """K of ``packed``: the input state, h, tg (and with z the two halves of ``full``)."""
+    return 5 if has_z else 3
+
+
+def forward_weights(plan: PersistentPlan, kernel_s: Array, dtype) -> Array:
+    """W [L, n, 2n] (n = plan.width) -> w_blk [L * 2 * n_pad, k_pad] in ``dtype``: layer l's
+    `mosaic_forward.block_weight` of W_l zero-padded to [k_pad, 2 * n_pad], stacked on rows
+    (rows ``(l * C + g) * 2u ..``: the h- then the t-columns of units ``g * u ..``)."""
+    depth, n = kernel_s.shape[0], plan.width
+    if kernel_s.shape[1:] != (n, 2 * n):
+        raise PlanError(f"kernel_s has shape {kernel_s.shape}, expected [L, {n}, {2 * n}].")
+    w = kernel_s.reshape(depth, n, 2, n)
+    w = jnp.pad(w, [(0, 0), (0, 0), (0, 0), (0, plan.n_pad - n)])
+    w = w.reshape(depth, n, 2 * plan.n_pad)
+    blocks = [
+        mf.block_weight(w[layer], dtype, plan.units_per_block, plan.k_pad) for layer in range(depth)
+    ]
+    return jnp.concatenate(blocks, axis=0)
+
+
+def check_operands(plan, w_blk, s0, xproj, bias, z, mask) -> tuple[int, int]:
+    """One-line PlanError unless the operands have the plan's padded shapes; (T, L)."""
+    plan.check()
+    if (plan.units_per_block * plan.itemsize) % 16:
+        raise PlanError(
+            f"persistent forward needs units_per_block * itemsize a multiple of 16 B (TMA "
+            f"stores of the state cast), got {plan.units_per_block} {plan.dtype} units: "
+            "choose col_blocks so it is."
+        )
+    steps, depth = xproj.shape[0], bias.shape[0]
+    b, n, k = plan.b_pad, plan.n_pad, plan.k_pad
+    phases = steps * depth
+    expected = {
+        "w_blk": (w_blk, (depth * 2 * n, k), plan.dtype),
+        "s0": (s0, (b, n), "float32"),
+        "xproj": (xproj, (steps, b, 2, n), "float32"),
+        "bias": (bias, (depth, b, 2, n), "float32"),
+        "z": (z, (phases, b, n), "float32"),
+        "mask": (mask, (phases, b, n), "float32"),
+    }
+    for name, (array, shape, dtype) in expected.items():
+        if array is None:
+            continue
+        if tuple(array.shape) != shape or jnp.dtype(array.dtype).name != dtype:
+            raise PlanError(
+                f"persistent forward: {name} is {jnp.dtype(array.dtype).name}"
+                f"{list(array.shape)}, expected {dtype}{list(shape)} for {plan}."
+            )
+    return steps, depth
+
+
+# ----------------------------------------------------------------------------- kernel
+
+
+def persistent_forward(
+    plan: PersistentPlan,
+    w_blk: Array,
+    s0: Array,
+    xproj: Array,
+    bias: Array,
+    z: Array | None = None,
+    mask: Array | None = None,
+    *,
+    save: bool,
+    spin_limit: int = grid_barrier.DEFAULT_SPIN_LIMIT,
+):
+    """All T * L forward phases in one Mosaic GPU launch; shapes in the module docstring.
+
+    Returns (states, [packed,] s_mm, status). Runs on a Hopper GPU only.
+    """
+    steps, depth = check_operands(plan, w_blk, s0, xproj, bias, z, mask)
+    phases = steps * depth
+    n_r, n_c = plan.row_blocks, plan.col_blocks
+    rows, u, tk = plan.rows_per_block, plan.units_per_block, plan.k_chunk
+    b_pad, n_pad, k_pad = plan.b_pad, plan.n_pad, plan.k_pad
+    mm_dtype = w_blk.dtype
+    has_z, has_mask = z is not None, mask is not None
+    ins, outs = forward_inputs(has_z, has_mask), forward_saved_rows(save, has_z)
+    n_slots, out_slot = forward_staging_slots(has_z, has_mask, save)
+    optional = [a for a in (z, mask) if a is not None]
+
+    def kernel(*refs, state, pre, epi, cast, bar):
+        w_g, s0_g, x_g, bias_g = refs[:4]
+        z_g = refs[4] if has_z else None
+        mask_g = refs[4 + has_z] if has_mask else None
+        out_refs = refs[4 + len(optional) :]
+        states_g, s_mm_g, status_g = out_refs[0], out_refs[-2], out_refs[-1]
+        packed_g = out_refs[1] if save else None
+        r, g = pl.program_id(0), pl.program_id(1)
+        block = r * n_c + g
+        row_sl, unit_sl = pl.ds(r * rows, rows), pl.ds(g * u, u)
+        arrive, go = grid_barrier.semaphores()
+        is_leader = block == 0
+
+        def barrier(index):
+            return grid_barrier.grid_barrier(arrive, go, index, n_r * n_c, is_leader, spin_limit)
+
+        # Prologue: the block's slice of s0 into its state and into s_mm row block 0.
+        plgpu.copy_gmem_to_smem(s0_g.at[row_sl, unit_sl], state, bar.at[0])
+        plgpu.barrier_wait(bar.at[0])
+        in_a = g * u < k_pad  # the A buffer holds the K columns only
+
+        cast[...] = state[...].astype(mm_dtype)
+        plgpu.commit_smem()
+
+        @pl.when(in_a)
+        def _():
+            plgpu.copy_smem_to_gmem(cast, s_mm_g.at[row_sl, unit_sl])
+
+        plgpu.wait_smem_to_gmem(0)
+        passed = barrier(jnp.int32(0))
+        code0 = jnp.where(passed, jnp.int32(0), jnp.int32(1))
+
+        def sources(p, t, layer):
+            """Each staged input's global tile for phase p."""
+            src = {
+                "b_h": bias_g.at[layer, row_sl, 0, unit_sl],
+                "b_t": bias_g.at[layer, row_sl, 1, unit_sl],
+                "x_h": x_g.at[t, row_sl, 0, unit_sl],
+                "x_t": x_g.at[t, row_sl, 1, unit_sl],
+            }
+            if has_z:
+                src["z"] = z_g.at[p, row_sl, unit_sl]
+            if has_mask:
+                src["mask"] = mask_g.at[p, row_sl, unit_sl]
+            return src
+
+        def run_phase(p):
+            t, layer = jax.lax.div(p, depth), jax.lax.rem(p, depth)
+            first = layer == 0
+            src = sources(p, t, layer)
+            for slot, name in enumerate(ins):
+                if name in ("x_h", "x_t"):
+
+                    @pl.when(first)
+                    def _(slot=slot, name=name):
+                        plgpu.copy_gmem_to_smem(src[name], epi.at[slot], bar.at[slot])
+
+                else:
+                    plgpu.copy_gmem_to_smem(src[name], epi.at[slot], bar.at[slot])
+            if save:  # packed row 0: the phase's input state, before it is overwritten
+                plgpu.copy_smem_to_gmem(state, packed_g.at[p, row_sl, 0, unit_sl])
+
+            def step(acc):
+                def k_step(_, a_smem, b_smem):
+                    plgpu.wgmma(acc, a_smem, plgpu.transpose_ref(b_smem, (1, 0)))
+                    plgpu.wgmma_wait(0)
+
+                a_row = p * n_r + r
+                w_row = layer * n_c + g
+                layout = mf.wgmma_transforms(tk, mm_dtype)
+                plgpu.emit_pipeline(
+                    k_step,
+                    grid=(k_pad // tk,),
+                    in_specs=[
+                        plgpu.BlockSpec((rows, tk), lambda k: (a_row, k), transforms=layout),
+                        plgpu.BlockSpec((2 * u, tk), lambda k: (w_row, k), transforms=layout),
+                    ],
+                    max_concurrent_steps=plan.stages,
+                )(s_mm_g, w_g)
+                pre[...] = acc[...]
+
+            pl.run_scoped(step, plgpu.ACC((rows, 2 * u), F32))
+            plgpu.commit_smem()  # the accumulator's copy (wgmma layout) before strided reads
+            for slot, name in enumerate(ins):
+                if name in ("x_h", "x_t"):
+
+                    @pl.when(first)
+                    def _(slot=slot):
+                        plgpu.barrier_wait(bar.at[slot])
+
+                else:
+                    plgpu.barrier_wait(bar.at[slot])
+            x_scale = jnp.where(first, jnp.float32(1.0), jnp.float32(0.0))
+            tiles_in = {name: epi[slot] for slot, name in enumerate(ins)}
+            tiles_in["x_h"] = tiles_in["x_h"] * x_scale
+            tiles_in["x_t"] = tiles_in["x_t"] * x_scale
+            tiles_in["s"] = state[...]
+            tiles = mf._epilogue(pre[:, pl.ds(0, u)], pre[:, pl.ds(u, u)], tiles_in)
+            if save:  # the state's store to packed row 0 has read it
+                plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+            # Every thread has read the tiles that the stores below overwrite (the state,
+            # the inputs whose slots the saved rows reuse).
+            plgpu.commit_smem()
+            state[...] = tiles["s_new"]
+            cast[...] = tiles["s_new"].astype(mm_dtype)
+            for name, slot in zip(outs, out_slot, strict=True):
+                epi[slot] = tiles[name]
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(state, states_g.at[p, row_sl, unit_sl])
+
+            @pl.when(in_a)
+            def _():
+                a_rows = pl.ds((p + 1) * b_pad + r * rows, rows)
+                plgpu.copy_smem_to_gmem(cast, s_mm_g.at[a_rows, unit_sl])
+
+            for i, slot in enumerate(out_slot):
+                dst = packed_g.at[p, row_sl, 1 + i, unit_sl]
+                plgpu.copy_smem_to_gmem(epi.at[slot], dst)
+            plgpu.wait_smem_to_gmem(0)
+
+        def phase(p, code):
+            def work(code):
+                run_phase(p)
+                ok = barrier(p + 1)
+                return jnp.where(ok, code, p + 2)
+
+            return jax.lax.cond(code == 0, work, lambda c: c, code)
+
+        code = jax.lax.fori_loop(0, phases, phase, code0)
+        status_g[block] = code
+
+    n_saved = saved_row_count(has_z)
+    out_type = [jax.ShapeDtypeStruct((phases, b_pad, n_pad), F32)]
+    if save:
+        out_type.append(jax.ShapeDtypeStruct((phases, b_pad, n_saved, n_pad), F32))
+    out_type += [
+        jax.ShapeDtypeStruct(((phases + 1) * b_pad, k_pad), mm_dtype),
+        jax.ShapeDtypeStruct((n_r * n_c,), jnp.int32),
+    ]
+    return plgpu.kernel(
+        kernel,
+        out_type=tuple(out_type),
+        scratch_types=dict(
+            state=plgpu.SMEM((rows, u), F32),
+            pre=plgpu.SMEM((rows, 2 * u), F32),
+            epi=plgpu.SMEM((n_slots, rows, u), F32),
+            cast=plgpu.SMEM((rows, u), mm_dtype),
+            bar=plgpu.Barrier(num_barriers=len(ins)),
+        ),
+        grid=(n_r, n_c),
+        grid_names=("r", "g"),
+        kernel_name="persistent_highway_forward",
+    )(w_blk, s0, xproj, bias, *optional)
+
+
+# ----------------------------------------------------------------------------- reference
+
+
+def persistent_forward_reference(
+    plan: PersistentPlan,
+    w_blk: Array,
+    s0: Array,
+    xproj: Array,
+    bias: Array,
+    z: Array | None = None,
+    mask: Array | None = None,
+    *,
+    save: bool,
+    spin_limit: int = grid_barrier.DEFAULT_SPIN_LIMIT,
+):
+    """Pure-JAX `persistent_forward` (same operands and outputs; status all zeros): a
+    `lax.scan` over the phases of `mosaic_forward.highway_forward_reference` (units u),
+    the state's matmul-dtype cast as the A operand, xproj scaled by 1 at layer 0 and by 0
+    elsewhere as the kernel does. ``spin_limit`` is unused."""
+    del spin_limit
+    steps, depth = check_operands(plan, w_blk, s0, xproj, bias, z, mask)
+    mm_dtype = w_blk.dtype
+    k_pad, rows_w = plan.k_pad, 2 * plan.n_pad
+    w_layers = w_blk.reshape(depth, rows_w, k_pad)
+    phases = jnp.arange(steps * depth)
+
+    def body(s, xs):
+        p, z_p, mask_p = xs
+        t, layer = p // depth, p % depth
+        x_scale = jnp.where(layer == 0, 1.0, 0.0).astype(F32)
+        s_mm = s[:, :k_pad].astype(mm_dtype)
+        out = mf.highway_forward_reference(
+            s_mm, w_layers[layer], s, bias[layer], z_p, xproj[t] * x_scale, mask_p,
+            save=save, units=plan.units_per_block,
+        )  # fmt: skip
+        s_new = out[0] if save else out
+        saved = None
+        if save:
+            rows = [s[:, None], out[1][:, None], out[2][:, None]]
+            if z is not None:
+                rows.append(out[3])
+            saved = jnp.concatenate(rows, axis=1)
+        return s_new, (s_new, saved)
+
+    _, (states, packed) = jax.lax.scan(body, s0, (phases, z, mask))
+    s_mm = jnp.concatenate([s0[None], states], axis=0)[..., :k_pad].astype(mm_dtype)
+    s_mm = s_mm.reshape(-1, k_pad)
+    status = jnp.zeros((plan.grid,), jnp.int32)
+    if save:
+        return states, packed, s_mm, status
+    return states, s_mm, status

@@ -1,0 +1,353 @@
+"""The persistent whole-sequence forward kernel (`kernels/persistent_forward.py`).
+
+On a CPU: its reference against the highway recurrence of `ops.cells` and against the
+schedule emulation `ops.persistent_schedule` (states and the saved rows in
+`loops.pack`'s layout), the A buffer and status outputs, the weight layout, the plan's new
+checks and its shared-memory count, one-line errors. ``gpu_compile``: the kernel lowers and
+compiles for an H100 without a GPU, allocating exactly ``plan.smem_bytes(...)`` (needs the
+JAX CUDA plugin). `TestCompiled`: the kernel against its reference, on a GPU only."""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from rhhjax.kernels import persistent_forward as pf
+from rhhjax.kernels import persistent_plan as pp
+
+from rhhjax.ops import cells, fused, loops, persistent_schedule
+
+
+def _has_cuda_plugin() -> bool:
+    try:
+        return importlib.util.find_spec("jax_plugins.xla_cuda12") is not None
+    except ModuleNotFoundError:  # no jax_plugins package at all
+        return False
+
+
+needs_cuda = pytest.mark.skipif(not _has_cuda_plugin(), reason="no JAX CUDA plugin here")
+NEEDS_GPU = pytest.mark.skipif(
+    jax.default_backend() != "gpu",
+    reason="the Mosaic GPU kernel runs on a Hopper GPU only (jax.default_backend() != 'gpu')",
+)
+TOLERANCE = {"float32": 1e-5, "bfloat16": 1e-5}
+KEEP = 0.7
+
+
+def _problem(seed, batch, width, steps, depth):
+    """Fresh unpadded inputs: W [L, n, 2n], s0 [B, n], xproj [T, B, 2n], b [L, 2n], b_U [2n],
+    z [T, L, B, n], keep [T, L, B, n] bool."""
+    rng = np.random.default_rng(seed)
+
+    def normal(*shape, scale=1.0):
+        return jnp.asarray(rng.normal(size=shape) * scale, jnp.float32)
+
+    return dict(
+        w=normal(depth, width, 2 * width, scale=0.3),
+        s0=normal(batch, width),
+        xproj=normal(steps, batch, 2 * width, scale=0.5),
+        b=normal(depth, 2 * width, scale=0.3),
+        b_u=normal(2 * width, scale=0.3),
+        z=1.0 + normal(steps, depth, batch, width, scale=0.3),
+        keep=jnp.asarray(rng.random((steps, depth, batch, width)) < KEEP),
+    )
+
+
+def _operands(plan, prob, has_z, has_mask):
+    """The kernel's padded operands (w_blk, s0, xproj, bias, z, mask) for `prob`."""
+    batch, n = prob["s0"].shape
+    steps, depth = prob["xproj"].shape[0], prob["w"].shape[0]
+    rows, cols = plan.b_pad - batch, plan.n_pad - n
+
+    def halves(x):  # [..., 2n] -> [..., 2, n_pad]
+        x = x.reshape(*x.shape[:-1], 2, n)
+        return jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, cols)])
+
+    bias = halves(prob["b"]).at[0].add(halves(prob["b_u"]))  # [L, 2, n_pad]
+    bias = jnp.broadcast_to(bias[:, None], (depth, plan.b_pad, 2, plan.n_pad))
+    xproj = jnp.pad(halves(prob["xproj"]), [(0, 0), (0, rows), (0, 0), (0, 0)])
+
+    def phase_major(x):  # [T, L, B, n] -> [P, b_pad, n_pad]
+        return jnp.pad(x.reshape(steps * depth, batch, n), [(0, 0), (0, rows), (0, cols)])
+
+    z = phase_major(prob["z"]) if has_z else None
+    mask = phase_major(prob["keep"].astype(jnp.float32) / KEEP) if has_mask else None
+    w_blk = pf.forward_weights(plan, prob["w"], jnp.dtype(plan.dtype))
+    s0 = jnp.pad(prob["s0"], [(0, rows), (0, cols)])
+    return w_blk, s0, xproj, bias, z, mask
+
+
+def _cells_forward(prob, dtype, has_z, has_mask, inputs):
+    """Each phase's micro-layer with `ops.cells` on unpadded arrays, from the given input
+    state of every phase ``inputs`` [P, B, n] (so that one bf16 rounding flip does not
+    propagate): (states [P, B, n], packed [P, B, K, n] built by `loops.pack` with
+    `fused.saved_rows`)."""
+    depth, n = prob["w"].shape[0], prob["s0"].shape[1]
+    states, packed = [], []
+    for p, s in enumerate(inputs):
+        t, layer = divmod(p, depth)
+        full = cells.matmul(s, prob["w"][layer], jnp.dtype(dtype))
+        if layer == 0:
+            full = full + prob["xproj"][t]
+        z = cells.double(prob["z"][t, layer]) if has_z else 1.0
+        a = full * z + prob["b"][layer] + (prob["b_u"] if layer == 0 else 0.0)
+        mask = prob["keep"][t, layer] / KEEP if has_mask else None
+        saved = {"h": jnp.tanh(a[:, :n]), "t": cells.transform_gate(a)}
+        if has_z:
+            saved["full"] = full.reshape(s.shape[0], 2, n)
+        packed.append(loops.pack(s, saved, fused.saved_rows(has_z)))
+        states.append(cells.highway_gate(a, s, mask))
+    return jnp.stack(states), jnp.stack(packed)
+
+
+CASES = [  # (dtype, batch, width, col_blocks, row_blocks, k_chunk, steps, depth)
+    ("float32", 64, 64, 8, 1, 32, 3, 1),
+    ("bfloat16", 64, 64, 8, 1, 32, 2, 3),
+    ("float32", 100, 37, 4, 2, 16, 2, 3),  # odd: padded rows and units, two row blocks
+    ("bfloat16", 70, 112, 7, 1, 16, 3, 2),
+]
+
+
+@pytest.mark.parametrize(("has_z", "has_mask"), [(True, True), (False, False), (True, False)])
+@pytest.mark.parametrize("case", CASES, ids=[f"{c[0]}-{c[2]}-L{c[7]}" for c in CASES])
+def test_reference_is_the_highway_recurrence_with_fused_saved_rows(case, has_z, has_mask):
+    """States, the saved rows (input state, h, t[, full]) in `loops.pack`'s layout, the A
+    buffer (s0 then every state, in the matmul dtype, K columns) and a zero status."""
+    dtype, batch, width, cols, row_blocks, k_chunk, steps, depth = case
+    plan = pp.PersistentPlan(batch, width, dtype, cols, row_blocks, k_chunk)
+    plan.check()
+    prob = _problem(batch + width + depth, batch, width, steps, depth)
+    ops = _operands(plan, prob, has_z, has_mask)
+    states, packed, s_mm, status = pf.persistent_forward_reference(plan, *ops, save=True)
+    phases = steps * depth
+    assert packed.shape == (phases, plan.b_pad, 5 if has_z else 3, plan.n_pad)
+    # Each phase starts from the state the last one ended with (s0 first), exactly.
+    inputs = packed[:, :batch, 0, :width]
+    np.testing.assert_array_equal(inputs[0], prob["s0"])
+    np.testing.assert_array_equal(inputs[1:], states[:-1, :batch, :width])
+    want_states, want_packed = _cells_forward(prob, dtype, has_z, has_mask, inputs)
+    tol = TOLERANCE[dtype]
+    np.testing.assert_allclose(states[:, :batch, :width], want_states, rtol=tol, atol=tol)
+    np.testing.assert_allclose(packed[:, :batch, :, :width], want_packed, rtol=tol, atol=tol)
+    # Padded units stay zero.
+    assert not np.asarray(states[:, :, width:]).any()
+    s_all = jnp.concatenate([ops[1][None], states], axis=0)[..., : plan.k_pad]
+    assert s_mm.dtype == jnp.dtype(dtype) and s_mm.shape == ((phases + 1) * plan.b_pad, plan.k_pad)
+    np.testing.assert_array_equal(s_mm, s_all.astype(dtype).reshape(-1, plan.k_pad))
+    assert status.shape == (plan.grid,) and not np.asarray(status).any()
+    # Without save: the same states and A buffer.
+    unsaved = pf.persistent_forward_reference(plan, *ops, save=False)
+    assert len(unsaved) == 3
+    np.testing.assert_array_equal(unsaved[0], states)
+    np.testing.assert_array_equal(unsaved[1], s_mm)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_reference_phases_match_the_schedule_emulation(dtype):
+    """Every phase gives the same state and saved gates as `persistent_schedule`'s
+    `forward_phase` (which sums the K chunks one by one) from the same input state, on the
+    same plan, with z and gate dropout."""
+    batch, width, steps, depth = 64, 96, 3, 2
+    plan = pp.PersistentPlan(batch, width, dtype, col_blocks=12, k_chunk=32)
+    prob = _problem(3, batch, width, steps, depth)
+    w_blk, s0, xproj, bias, z, mask = _operands(plan, prob, True, True)
+    states, packed, _, _ = pf.persistent_forward_reference(
+        plan, w_blk, s0, xproj, bias, z, mask, save=True
+    )
+    w_blocks = persistent_schedule.forward_weights(plan, prob["w"], jnp.dtype(dtype))
+    tol = 1e-5
+    for p in range(steps * depth):
+        t, layer = divmod(p, depth)
+        s_new, saved = persistent_schedule.forward_phase(
+            plan, KEEP, jnp.dtype(dtype), packed[p, :, 0], w_blocks[layer], z[p],
+            bias[layer, 0], xproj[t] if layer == 0 else None, mask[p] > 0,
+        )  # fmt: skip
+        np.testing.assert_allclose(states[p], s_new, rtol=tol, atol=tol)
+        np.testing.assert_allclose(packed[p, :, 1], saved["h"], rtol=tol, atol=tol)
+        np.testing.assert_allclose(packed[p, :, 2], saved["t"], rtol=tol, atol=tol)
+        np.testing.assert_allclose(packed[p, :, 3:], saved["u"], rtol=tol, atol=tol)
+
+
+def test_forward_weights_are_each_layers_block_major_transpose():
+    """Rows (l * C + g) * 2u + j hold W_l's h-column g * u + j, then the t-columns; zero past
+    the width in both K and units."""
+    plan = pp.PersistentPlan(batch=64, width=37, dtype="float32", col_blocks=4, k_chunk=16)
+    u, n = plan.units_per_block, 37
+    w = _problem(1, 8, n, 1, 3)["w"]
+    w_blk = np.asarray(pf.forward_weights(plan, w, jnp.float32))
+    assert w_blk.shape == (3 * 2 * plan.n_pad, plan.k_pad)
+    for layer, g in [(0, 0), (1, 2), (2, 3)]:
+        base = (layer * plan.col_blocks + g) * 2 * u
+        for j in range(u):
+            unit = g * u + j
+            for half in (0, 1):
+                row = w_blk[base + half * u + j]
+                if unit < n:
+                    np.testing.assert_array_equal(row[:n], w[layer][:, half * n + unit])
+                else:
+                    assert not row.any()
+                assert not row[n:].any()
+    bf16 = pf.forward_weights(plan, w, jnp.bfloat16)
+    assert bf16.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(bf16, jnp.asarray(w_blk).astype(jnp.bfloat16))
+
+
+@pytest.mark.parametrize(
+    ("plan", "message"),
+    [
+        (pp.PersistentPlan(64, 184, col_blocks=23), "k_pad 192 > n_pad 184"),
+        (pp.PersistentPlan(64, 64, col_blocks=20), "not a multiple of k_chunk"),
+        (pp.PersistentPlan(64, 48, col_blocks=4, k_chunk=16), "multiple of 16 B"),
+    ],
+)
+def test_unsuitable_plans_are_one_line_errors_before_any_work(plan, message):
+    prob = _problem(0, plan.batch, plan.width, 1, 1)
+    with pytest.raises(pp.PlanError, match=message) as e:
+        ops = _operands(plan, prob, False, False)
+        pf.persistent_forward_reference(plan, *ops, save=False)
+    assert "\n" not in str(e.value)
+
+
+def test_operands_of_the_wrong_shape_or_dtype_are_one_line_errors():
+    plan = pp.PersistentPlan(64, 64, "bfloat16", col_blocks=8, k_chunk=32)
+    ops = list(_operands(plan, _problem(0, 64, 64, 2, 2), True, False))
+    with pytest.raises(pp.PlanError, match=r"s0 is float32\[64, 32\], expected") as e:
+        pf.persistent_forward(plan, ops[0], ops[1][:, :32], *ops[2:], save=True)
+    assert "\n" not in str(e.value)
+    with pytest.raises(pp.PlanError, match="w_blk is float32"):
+        pf.persistent_forward_reference(plan, ops[0].astype(jnp.float32), *ops[1:], save=True)
+    with pytest.raises(pp.PlanError, match="z is float32"):  # z must be phase-major [P, ...]
+        pf.persistent_forward(plan, *ops[:4], ops[4][:2], save=True)
+
+
+def test_staging_slots_reuse_per_phase_inputs_and_never_x_u():
+    """Saved rows overwrite inputs loaded every phase (b, z, mask), never x U (kept across a
+    step's layers); every option set stays within 6 f32 tiles."""
+    for has_z in (False, True):
+        for has_mask in (False, True):
+            ins = pp.forward_inputs(has_z, has_mask)
+            for save in (False, True):
+                slots, where = pp.forward_staging_slots(has_z, has_mask, save)
+                assert len(where) == len(pp.forward_saved_rows(save, has_z))
+                assert len(set(where)) == len(where) and all(s < slots for s in where)
+                assert not {ins.index("x_h"), ins.index("x_t")} & set(where)
+                assert slots <= 6
+    assert pp.forward_staging_slots(True, False, True) == (6, (0, 1, 2, 5))
+
+
+def test_paper_plan_shared_memory_fits_at_four_stages():
+    """The paper plan's kernel allocation (every option) fits 227 KiB at the default 4
+    stages in bf16; f32 needs 2 (the count equals Mosaic GPU's: see the gpu_compile test)."""
+    plan = pp.paper_plan("bfloat16")
+    assert plan.stages == 4
+    rows, u, kb = 256, 8, 1024
+    expected = (4 * rows * 64 * 2 + 4 * 2 * u * 64 * 2 + rows * u * 4 + rows * 2 * u * 4
+                + 6 * rows * u * 4 + rows * u * 2 + 8 * (4 + 6))  # fmt: skip
+    assert expected % kb == 80  # every buffer here is a whole number of KiB
+    assert plan.smem_bytes() == expected == 217_168 <= pp.H100_SMEM_PER_BLOCK
+    assert plan.smem_bytes(has_z=False, has_mask=False, save=False) == 217_168 - 2 * 8192 - 16
+    f32 = pp.paper_plan("float32", stages=2)
+    f32.check()
+    assert f32.smem_bytes() == 221_248
+
+
+_COMPILE = """
+import json
+from rhhjax.tools import hlo_compile as g
+g.set_deviceless_env(log_ptxas=False)
+import jax, jax.numpy as jnp
+from jax.experimental.mosaic.gpu import core as mosaic_core
+from rhhjax.kernels import persistent_forward as pf
+from rhhjax.kernels.persistent_plan import PersistentPlan
+allocated = []
+_size = mosaic_core._smem_tree_size
+def _counted(tree):
+    allocated.append(_size(tree))
+    return allocated[-1]
+mosaic_core._smem_tree_size = _counted
+rep = jax.sharding.NamedSharding(g.h100_mesh(), jax.sharding.PartitionSpec())
+def sds(shape, dtype):
+    return jax.ShapeDtypeStruct(shape, dtype, sharding=rep)
+rows = []
+for fields, steps, depth, has_z, has_mask, save in {cases!r}:
+    plan = PersistentPlan(*fields)
+    phases, b, n, k = steps * depth, plan.b_pad, plan.n_pad, plan.k_pad
+    opt = lambda on: sds((phases, b, n), jnp.float32) if on else None
+    args = (sds((depth * 2 * n, k), jnp.dtype(plan.dtype)), sds((b, n), jnp.float32),
+            sds((steps, b, 2, n), jnp.float32), sds((depth, b, 2, n), jnp.float32),
+            opt(has_z), opt(has_mask))
+    f = lambda *a: pf.persistent_forward(plan, *a, save=save)
+    allocated.clear()
+    lowered = jax.jit(f).trace(*args).lower(lowering_platforms=("cuda",))
+    text = lowered.as_text()
+    lowered.compile()
+    marks = ("mosaic_gpu", "persistent_highway_forward", "red.release.gpu", "ld.acquire",
+             "fence.proxy.async.global")
+    rows.append({{"marks": [m in text for m in marks], "smem": list(allocated),
+                  "plan_smem": plan.smem_bytes(has_z, has_mask, save)}})
+print(json.dumps(rows))
+"""
+
+
+@pytest.mark.gpu_compile
+@needs_cuda
+def test_kernel_lowers_and_compiles_for_an_h100_without_a_gpu(tmp_path):
+    """The paper plan (bf16, 4 stages; f32, 2 stages), the 4 x 33 split and a small odd f32
+    plan, deviceless in a fresh process: the barrier is in the kernel, and the shared memory
+    Mosaic GPU allocates is ``plan.smem_bytes`` for the options. T is only a loop bound:
+    3 steps."""
+    cases = [
+        ((256, 1000, "bfloat16"), 3, 7, True, True, True),
+        ((256, 1000, "float32", 132, 1, 64, 2), 3, 2, False, False, False),
+        ((256, 1000, "bfloat16", 33, 4), 3, 2, True, False, True),
+        ((100, 37, "float32", 4, 2, 16, 2), 3, 3, False, True, True),
+    ]
+    code = _COMPILE.format(cases=cases)
+    dump = tmp_path / "dump"
+    dump.mkdir()
+    env = dict(os.environ, MOSAIC_GPU_DUMP_PTXAS="1", MOSAIC_GPU_DUMP_TO=str(dump))
+    run = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    rows = json.loads(run.stdout.strip().splitlines()[-1])
+    assert len(rows) == len(cases)
+    for row in rows:
+        assert all(row["marks"]), row
+        assert row["smem"] == [row["plan_smem"]], row
+    # ptxas compiled every kernel for sm_90a, without register spills.
+    reports = [path.read_text() for path in sorted(dump.glob("*.ptxas"))]
+    assert len(reports) == len(cases), sorted(dump.iterdir())
+    for report in reports:
+        assert "for 'sm_90a'" in report and "0 bytes spill stores" in report, report
+
+
+@NEEDS_GPU
+class TestCompiled:
+    """The compiled kernel against its reference on fresh random inputs (GPU only). f32
+    operands run as TF32 in wgmma: the f32 tolerance is TF32's."""
+
+    @pytest.mark.parametrize(("has_z", "has_mask"), [(True, True), (False, False)])
+    @pytest.mark.parametrize(
+        "case",
+        [("bfloat16", 256, 1000, 132, 1, 64, 4, 3), ("float32", 100, 37, 4, 2, 16, 3, 2),
+         ("bfloat16", 256, 1000, 33, 4, 64, 2, 2)],
+    )  # fmt: skip
+    def test_matches_reference(self, case, has_z, has_mask):
+        dtype, batch, width, cols, row_blocks, k_chunk, steps, depth = case
+        stages = 2 if dtype == "float32" else 4
+        plan = pp.PersistentPlan(batch, width, dtype, cols, row_blocks, k_chunk, stages)
+        ops = _operands(plan, _problem(5, batch, width, steps, depth), has_z, has_mask)
+        actual = jax.jit(lambda *a: pf.persistent_forward(plan, *a, save=True))(*ops)
+        expected = pf.persistent_forward_reference(plan, *ops, save=True)
+        tol = 2e-4 if dtype == "bfloat16" else 3e-3
+        assert len(actual) == len(expected) == 4
+        assert not np.asarray(actual[3]).any(), actual[3]
+        for a, e in zip(actual[:3], expected[:3], strict=True):
+            np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(e, np.float32),
+                                       rtol=tol, atol=tol)  # fmt: skip
