@@ -141,22 +141,27 @@ def grid_barrier(
     return passed
 
 
+def raise_if_timed_out(status, name: str) -> None:
+    """Raises `GridBarrierTimeout` (one line) when any entry of a kernel's ``status``
+    [grid] int32 is non-zero: 1 + the index of the barrier a block gave up at (barrier 0
+    ends the prologue, barrier i the i-th phase)."""
+    import numpy as np
+
+    values = np.asarray(status)
+    if values.any():
+        blocks = np.flatnonzero(values)
+        raise GridBarrierTimeout(
+            f"{name}: grid barrier timed out in {blocks.size} of {values.size} blocks "
+            f"(first at barrier {int(values[blocks[0]]) - 1}): the blocks were not all "
+            "resident at once, or one hung; restart the process before the next "
+            "persistent call (the barrier's semaphores are left non-zero)"
+        )
+
+
 def check_status(status: jax.Array, name: str) -> None:
-    """Raises `GridBarrierTimeout` (one line, via a host callback) when any entry of the
-    kernel's ``status`` output [grid] int32 is non-zero: the 1-based phase a block gave up
-    at."""
-
-    def host_check(values):
-        import numpy as np
-
-        values = np.asarray(values)
-        if values.any():
-            blocks = np.flatnonzero(values)
-            raise GridBarrierTimeout(
-                f"{name}: grid barrier timed out in {blocks.size} of {values.size} blocks "
-                f"(first at phase {int(values[blocks[0]]) - 1}): the blocks were not all "
-                "resident at once, or one hung; restart the process before the next "
-                "persistent call (the barrier's semaphores are left non-zero)"
-            )
-
-    jax.debug.callback(host_check, status)
+    """`raise_if_timed_out` on the kernel's ``status`` output, as a host callback inside the
+    traced computation. Only when jax's default backend is a GPU: a host callback needs the
+    backend it runs on, so a step lowered for a GPU on a CPU host (the deviceless compile
+    report) carries no check."""
+    if jax.default_backend() == "gpu":
+        jax.debug.callback(raise_if_timed_out, status, name)

@@ -132,6 +132,8 @@ def highway_backward(
                 max_concurrent_steps=config.stages,
             )(d_g, w_g)
             acc_smem[...] = acc[...]
+            # Other threads read it in another layout: a warpgroup barrier first.
+            plgpu.commit_smem()
 
         for slot, name in enumerate(given):
             plgpu.copy_gmem_to_smem(in_refs[name].at[rows, units], epi.at[slot], bar.at[slot])

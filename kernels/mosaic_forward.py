@@ -159,6 +159,8 @@ def highway_forward(
 
             _pipeline(k_step, m, g)(s_mm_g, w_g)
             pre[...] = acc[...]
+            # Other threads read it in another layout: a warpgroup barrier first.
+            plgpu.commit_smem()
 
         # Epilogue operands by TMA while the K loop runs.
         source = dict(s="s", b_h="bias", b_t="bias", z="z", x_h="xproj", x_t="xproj", mask="mask")

@@ -169,7 +169,9 @@ def persistent_forward(
         is_leader = block == 0
 
         def barrier(index):
-            return grid_barrier.grid_barrier(arrive, go, index, n_r * n_c, is_leader, spin_limit)
+            return grid_barrier.grid_barrier(
+                arrive, go, index, n_r * n_c, is_leader, spin_limit=spin_limit
+            )
 
         # Prologue: the block's slice of s0 into its state and into s_mm row block 0.
         plgpu.copy_gmem_to_smem(s0_g.at[row_sl, unit_sl], state, bar.at[0])
