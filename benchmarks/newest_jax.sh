@@ -113,7 +113,8 @@ EOF
 shopt -s nullglob
 FILES=(tests/test_kernels_*.py tests/test_recurrence*.py tests/test_lowrank*.py
   tests/test_ops_*.py tests/test_spec*.py tests/test_models_*.py tests/test_train_step.py
-  tests/test_train_checkpoint.py tests/test_old_checkpoints.py)
+  tests/test_train_checkpoint.py tests/test_old_checkpoints.py tests/test_persistent*.py
+  tests/test_grid_barrier.py)
 shopt -u nullglob
 echo "== tests (jax $JAX_VERSION): ${FILES[*]}"
 # -W default::DeprecationWarning shows each deprecation once in the summary instead of hiding

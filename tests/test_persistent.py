@@ -13,6 +13,7 @@ the compiled kernels, on a GPU only.
 import dataclasses
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 
@@ -237,11 +238,25 @@ print(json.dumps(rows))
 @needs_cuda
 def test_paper_hyperrhn_training_step_lowers_and_compiles_for_an_h100_without_a_gpu(tmp_path):
     """configs/ptb.py's HyperRHN (batch 256 x 100, width 1000, depth 7) with
-    impl="persistent", the trainer's jitted step, bf16, deviceless: both persistent kernels
-    are in the compiled step (the hyper recurrence's and the main one's, each direction)."""
-    code = _STEP.format(dtypes=["bfloat16"])
-    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
+    impl="persistent", the trainer's jitted step, bf16 and f32, deviceless: both persistent
+    kernels are in the compiled step (the hyper recurrence's and the main one's, each
+    direction, at the plans `plan_for` picks), and ptxas builds every one for sm_90a
+    without a register spill."""
+    dtypes = ["bfloat16", "float32"]
+    code = _STEP.format(dtypes=dtypes)
+    dump = tmp_path / "dump"
+    dump.mkdir()
+    env = dict(os.environ, MOSAIC_GPU_DUMP_PTXAS="1", MOSAIC_GPU_DUMP_TO=str(dump))
+    run = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env
+    )
     assert run.returncode == 0, run.stderr[-3000:]
-    (row,) = json.loads(run.stdout.strip().splitlines()[-1])
-    assert row["impl"] == "persistent" and (row["batch"], row["seq_len"]) == (256, 100)
-    assert row["forward"] >= 2 and row["backward"] >= 2, row
+    rows = json.loads(run.stdout.strip().splitlines()[-1])
+    for row, dtype in zip(rows, dtypes, strict=True):
+        assert row["dtype"] == dtype and row["impl"] == "persistent"
+        assert (row["batch"], row["seq_len"]) == (256, 100)
+        assert row["forward"] >= 2 and row["backward"] >= 2, row
+    reports = [path.read_text() for path in sorted(dump.glob("*.ptxas"))]
+    assert len(reports) >= 4 * len(dtypes), sorted(dump.iterdir())
+    for report in reports:
+        assert "for 'sm_90a'" in report and "0 bytes spill stores" in report, report
