@@ -182,7 +182,8 @@ def forward_loop(spec, geo, w, bias, s0, xproj, z, keep, hidden, save: bool):
     [T, L, Bp, Np] or None. Returns (states [T, L, Bp, Np], saved or None): saved = (packed
     [P, Bp, K, Np] phase-major, the kernel's saved rows; s_mm [(P + 1) * Bp, k_pad] the
     input states in the matmul dtype, the kernel's A buffer: the operand of `backward_loop`'s
-    weight gradient), P = T * L."""
+    weight gradient), P = T * L. With ``save`` the kernel writes the last state only; the
+    others are read from packed row 0 (`_states_from_packed`)."""
     if hidden is not None:
         raise ValueError(f"impl {NAME!r} has no variational dropout")
     plan = _plan(spec, geo)
@@ -195,10 +196,22 @@ def forward_loop(spec, geo, w, bias, s0, xproj, z, keep, hidden, save: bool):
     else:
         outs = pf.persistent_forward(*args, save=save)
         grid_barrier.check_status(outs[-1], "persistent forward")
-    states = outs[0].reshape(length, depth, *outs[0].shape[1:])
     if not save:
-        return states, None
-    return states, (outs[1], outs[2])
+        return outs[0].reshape(length, depth, *outs[0].shape[1:]), None
+    s_last, packed, s_mm = outs[:3]
+    return _states_from_packed(packed, s_last, depth), (packed, s_mm)
+
+
+def _states_from_packed(packed: Array, s_last: Array, depth: int) -> Array:
+    """packed [P, Bp, K, Np] (row 0: each phase's input state), s_last [1, Bp, Np] (the state
+    after the last phase) -> states [T, L, Bp, Np]: the state after phase p is the input of
+    phase p + 1, so the forward kernel does not write every state twice. Built layer by
+    layer from strided slices of packed, so that a consumer of one layer (the model reads
+    the last) reads that layer only."""
+    inputs = packed[:, :, 0]  # [P, Bp, Np]
+    layers = [inputs[layer + 1 :: depth] for layer in range(depth - 1)]
+    layers.append(jnp.concatenate([inputs[depth::depth], s_last], axis=0))
+    return jnp.stack(layers, axis=1)
 
 
 def backward_loop(spec, geo, w, bias, s0, xproj, z, keep, hidden, saved, g_states):
