@@ -12,7 +12,8 @@ its f32 state slice ``[rows, u]`` in shared memory across phases. Per phase, exa
     full = acc (+ xproj[t] at l == 0);  a = full (* z[p]) + bias[l]
     h, tg = tanh(a_h), sigmoid(a_t);  s_new = h * tg (* mask[p]) + s * (1 - tg)
 
-then the block writes s_new (f32) to ``states[p]`` and its matmul-dtype cast to row block
+then the block writes s_new (f32) to ``states[p]`` (with ``save`` at the last phase only:
+the others are the next phase's packed row 0) and its matmul-dtype cast to row block
 ``p + 1`` of the A buffer ``s_mm`` (the next phase's matmul input, read by every block),
 with ``save`` its saved rows, waits for its stores and meets the others at barrier
 ``p + 1``. A prologue copies each block's slice of s0 into its state and into ``s_mm``
@@ -29,8 +30,10 @@ P = T * L, C = col_blocks, R = row_blocks, u = units_per_block):
     z      [P, b_pad, n_pad]   f32  hyper scales, phase-major | None
     mask   [P, b_pad, n_pad]   f32  gate-dropout mask (0 or 1/keep) | None
 
-Outputs, in this order: ``states [P, b_pad, n_pad] f32`` (the state after every phase);
-with ``save`` ``packed [P, b_pad, K, n_pad] f32`` (K = 3, 5 with z: the input state, h, tg
+Outputs, in this order: ``states [P, b_pad, n_pad] f32`` (the state after every phase),
+with ``save`` ``[1, b_pad, n_pad]``, the state after the last phase only (the state after
+phase p < P - 1 is ``packed[p + 1, :, 0]``: not written twice); with ``save`` ``packed
+[P, b_pad, K, n_pad] f32`` (K = 3, 5 with z: the input state, h, tg
 and with z ``full`` h/t halves: `rhhjax.ops.loops.pack`'s layout of
 ``fused.saved_rows(has_z)``); ``s_mm [(P + 1) * b_pad, k_pad]`` matmul dtype (the A
 buffer: row block 0 s0, row block p + 1 the state after phase p, the K columns only: TMA
@@ -142,7 +145,8 @@ def persistent_forward(
 ):
     """All T * L forward phases in one Mosaic GPU launch; shapes in the module docstring.
 
-    Returns (states, [packed,] s_mm, status). Runs on a Hopper GPU only.
+    Returns (states, s_mm, status) or, with ``save``, (s_last [1, b_pad, n_pad], packed, s_mm,
+    status). Runs on a Hopper GPU only.
     """
     steps, depth = check_operands(plan, w_blk, s0, xproj, bias, z, mask)
     phases = steps * depth
@@ -265,7 +269,14 @@ def persistent_forward(
             for name, slot in zip(outs, out_slot, strict=True):
                 epi[slot] = tiles[name]
             plgpu.commit_smem()
-            plgpu.copy_smem_to_gmem(state, states_g.at[p, row_sl, unit_sl])
+            if save:  # the states are packed row 0 of the next phase: only the last one
+
+                @pl.when(p == phases - 1)
+                def _():
+                    plgpu.copy_smem_to_gmem(state, states_g.at[0, row_sl, unit_sl])
+
+            else:
+                plgpu.copy_smem_to_gmem(state, states_g.at[p, row_sl, unit_sl])
 
             @pl.when(in_a)
             def _():
@@ -289,7 +300,7 @@ def persistent_forward(
         status_g[block] = code
 
     n_saved = saved_row_count(has_z)
-    out_type = [jax.ShapeDtypeStruct((phases, b_pad, n_pad), F32)]
+    out_type = [jax.ShapeDtypeStruct((1 if save else phases, b_pad, n_pad), F32)]
     if save:
         out_type.append(jax.ShapeDtypeStruct((phases, b_pad, n_saved, n_pad), F32))
     out_type += [
@@ -361,5 +372,5 @@ def persistent_forward_reference(
     s_mm = s_mm.reshape(-1, k_pad)
     status = jnp.zeros((plan.grid,), jnp.int32)
     if save:
-        return states, packed, s_mm, status
+        return states[-1:], packed, s_mm, status
     return states, s_mm, status

@@ -128,6 +128,21 @@ def test_saved_rows_are_the_rows_the_fused_backward_reads():
         assert persistent.saved_rows(has_z) == fused.saved_rows(has_z)
 
 
+@pytest.mark.parametrize(("steps", "depth"), [(3, 1), (2, 3), (1, 2)])
+def test_states_are_the_next_phases_packed_input_rows_then_the_last_state(steps, depth):
+    """The forward kernel writes each state once (as the next phase's packed row 0) and the
+    last state apart: `_states_from_packed` puts them back as states [T, L, Bp, Np]."""
+    phases = steps * depth
+    rng = np.random.default_rng(steps * 10 + depth)
+    packed = jnp.asarray(rng.standard_normal((phases, 4, 5, 8)), jnp.float32)
+    s_last = jnp.asarray(rng.standard_normal((1, 4, 8)), jnp.float32)
+    states = persistent._states_from_packed(packed, s_last, depth)
+    assert states.shape == (steps, depth, 4, 8)
+    flat = np.asarray(states).reshape(phases, 4, 8)
+    np.testing.assert_array_equal(flat[:-1], packed[1:, :, 0])
+    np.testing.assert_array_equal(flat[-1], s_last[0])
+
+
 # ----------------------------------------------------------------------------- the model
 
 TOL = {"float32": 1e-5, "bfloat16": 3e-2}

@@ -117,14 +117,21 @@ CASES = [  # (dtype, batch, width, col_blocks, row_blocks, k_chunk, steps, depth
 @pytest.mark.parametrize("case", CASES, ids=[f"{c[0]}-{c[2]}-L{c[7]}" for c in CASES])
 def test_reference_is_the_highway_recurrence_with_fused_saved_rows(case, has_z, has_mask):
     """States, the saved rows (input state, h, t[, full]) in `loops.pack`'s layout, the A
-    buffer (s0 then every state, in the matmul dtype, K columns) and a zero status."""
+    buffer (s0 then every state, in the matmul dtype, K columns) and a zero status; with
+    save, the states output is the last state only (the others are packed row 0)."""
     dtype, batch, width, cols, row_blocks, k_chunk, steps, depth = case
     plan = pp.PersistentPlan(batch, width, dtype, cols, row_blocks, k_chunk)
     plan.check()
     prob = _problem(batch + width + depth, batch, width, steps, depth)
     ops = _operands(plan, prob, has_z, has_mask)
-    states, packed, s_mm, status = pf.persistent_forward_reference(plan, *ops, save=True)
+    s_last, packed, s_mm, status = pf.persistent_forward_reference(plan, *ops, save=True)
+    unsaved = pf.persistent_forward_reference(plan, *ops, save=False)
+    assert len(unsaved) == 3
+    states = unsaved[0]
     phases = steps * depth
+    assert states.shape == (phases, plan.b_pad, plan.n_pad)
+    assert s_last.shape == (1, plan.b_pad, plan.n_pad)
+    np.testing.assert_array_equal(s_last[0], states[-1])
     assert packed.shape == (phases, plan.b_pad, 5 if has_z else 3, plan.n_pad)
     # Each phase starts from the state the last one ended with (s0 first), exactly.
     inputs = packed[:, :batch, 0, :width]
@@ -140,10 +147,7 @@ def test_reference_is_the_highway_recurrence_with_fused_saved_rows(case, has_z, 
     assert s_mm.dtype == jnp.dtype(dtype) and s_mm.shape == ((phases + 1) * plan.b_pad, plan.k_pad)
     np.testing.assert_array_equal(s_mm, s_all.astype(dtype).reshape(-1, plan.k_pad))
     assert status.shape == (plan.grid,) and not np.asarray(status).any()
-    # Without save: the same states and A buffer.
-    unsaved = pf.persistent_forward_reference(plan, *ops, save=False)
-    assert len(unsaved) == 3
-    np.testing.assert_array_equal(unsaved[0], states)
+    # Without save: the same A buffer.
     np.testing.assert_array_equal(unsaved[1], s_mm)
 
 
@@ -156,9 +160,9 @@ def test_reference_phases_match_the_schedule_emulation(dtype):
     plan = pp.PersistentPlan(batch, width, dtype, col_blocks=12, k_chunk=32)
     prob = _problem(3, batch, width, steps, depth)
     w_blk, s0, xproj, bias, z, mask = _operands(plan, prob, True, True)
-    states, packed, _, _ = pf.persistent_forward_reference(
-        plan, w_blk, s0, xproj, bias, z, mask, save=True
-    )
+    ops = (plan, w_blk, s0, xproj, bias, z, mask)
+    _, packed, _, _ = pf.persistent_forward_reference(*ops, save=True)
+    states = pf.persistent_forward_reference(*ops, save=False)[0]
     w_blocks = persistent_schedule.forward_weights(plan, prob["w"], jnp.dtype(dtype))
     tol = 1e-5
     for p in range(steps * depth):

@@ -53,7 +53,7 @@ from rhhjax.kernels.persistent_plan import (
     PlanError,
     predicted_phase_us,
 )
-from rhhjax.ops import fused, loops
+from rhhjax.ops import cells, fused, loops
 
 if TYPE_CHECKING:
     from rhhjax.ops.sequence_spec import ModelFacts, SequenceSpec
@@ -179,8 +179,11 @@ def forward_loop(spec, geo, w, bias, s0, xproj, z, keep, hidden, save: bool):
     """The whole forward as one kernel (its reference when `spec.interpret`).
 
     w [L * 2 * Np, k_pad]; bias [L, 2, Np]; s0 [Bp, Np]; xproj [T, Bp, 2, Np]; z, keep
-    [T, L, Bp, Np] or None. Returns (states [T, L, Bp, Np], packed [T, L, Bp, K, Np] or
-    None)."""
+    [T, L, Bp, Np] or None. Returns (states [T, L, Bp, Np], saved or None): saved = (packed
+    [P, Bp, K, Np] phase-major, the kernel's saved rows; s_mm [(P + 1) * Bp, k_pad] the
+    input states in the matmul dtype, the kernel's A buffer: the operand of `backward_loop`'s
+    weight gradient), P = T * L. With ``save`` the kernel writes the last state only; the
+    others are read from packed row 0 (`_states_from_packed`)."""
     if hidden is not None:
         raise ValueError(f"impl {NAME!r} has no variational dropout")
     plan = _plan(spec, geo)
@@ -193,24 +196,42 @@ def forward_loop(spec, geo, w, bias, s0, xproj, z, keep, hidden, save: bool):
     else:
         outs = pf.persistent_forward(*args, save=save)
         grid_barrier.check_status(outs[-1], "persistent forward")
-    states = outs[0].reshape(length, depth, *outs[0].shape[1:])
     if not save:
-        return states, None
-    return states, outs[1].reshape(length, depth, *outs[1].shape[1:])
+        return outs[0].reshape(length, depth, *outs[0].shape[1:]), None
+    s_last, packed, s_mm = outs[:3]
+    return _states_from_packed(packed, s_last, depth), (packed, s_mm)
 
 
-def backward_loop(spec, geo, w, bias, s0, xproj, z, keep, hidden, packed, g_states):
-    """The whole backward as one kernel (its reference when `spec.interpret`).
+def _states_from_packed(packed: Array, s_last: Array, depth: int) -> Array:
+    """packed [P, Bp, K, Np] (row 0: each phase's input state), s_last [1, Bp, Np] (the state
+    after the last phase) -> states [T, L, Bp, Np]: the state after phase p is the input of
+    phase p + 1, so the forward kernel does not write every state twice. Built layer by
+    layer from strided slices of packed, so that a consumer of one layer (the model reads
+    the last) reads that layer only."""
+    inputs = packed[:, :, 0]  # [P, Bp, Np]
+    layers = [inputs[layer + 1 :: depth] for layer in range(depth - 1)]
+    layers.append(jnp.concatenate([inputs[depth::depth], s_last], axis=0))
+    return jnp.stack(layers, axis=1)
 
-    w: [L * Np, 2 * Np] (`prepare_weights(..., transposed=True)`); packed [T, L, Bp, K, Np]
-    the forward's saved rows; g_states [T, L, Bp, Np] the padded cotangents of the states.
-    Returns (ds0 [Bp, Np], d_scaled [T, L, Bp, 2, Np] = da * [z, z], dz [T, L, Bp, Np] or
-    None, dbias [L, 2, Np])."""
+
+def backward_loop(spec, geo, w, bias, s0, xproj, z, keep, hidden, saved, g_states):
+    """The whole backward as one kernel (its reference when `spec.interpret`), then the
+    gradients in the layouts the kernels write (phase-major, no [T, L] reshapes of the
+    large arrays: every XLA pass reads only what it needs).
+
+    w: [L * Np, 2 * Np] (`prepare_weights(..., transposed=True)`); saved: `forward_loop`'s
+    (packed, s_mm); g_states [T, L, Bp, Np] the padded cotangents of the states. Returns
+    (ds0 [Bp, Np], d_scaled of layer 0 [T, 1, Bp, 2, Np] = da * [z, z] (the gradient of
+    xproj), dz [T, L, Bp, Np] or None, dbias [L, 2, Np], dW [L, k_pad, 2, Np]): dW from the
+    kernels' matmul-dtype operands, s_mm (the input states) and d_mm (d_scaled), the values
+    `recurrence`'s deferred weight gradient would cast."""
     del bias, s0, hidden  # hidden: None (`forward_loop` refused it).
+    packed, s_mm = saved
     plan = _plan(spec, geo)
     length, depth = xproj.shape[0], g_states.shape[1]
+    z_pm = _phase_major(z)
     mask = loops.dropout_mask(spec.keep, _phase_major(keep), jnp.float32)
-    args = (plan, w, _phase_major(g_states), _phase_major(packed), _phase_major(z), mask)
+    args = (plan, w, _phase_major(g_states), packed, z_pm, mask)
     if spec.interpret:
         da, d_mm, ds_carry0, _ = pb.persistent_backward_reference(*args)
     else:
@@ -219,5 +240,34 @@ def backward_loop(spec, geo, w, bias, s0, xproj, z, keep, hidden, packed, g_stat
     # The state gradient of s0 through W_0 (no gate backward below it): one XLA matmul.
     w0 = w[: geo.n_pad]
     ds0 = ds_carry0 + jnp.matmul(d_mm[: geo.b_pad], w0.T, preferred_element_type=jnp.float32)
-    da = da.reshape(length, depth, *da.shape[1:])
-    return ds0, *loops.gradients_from_da(da, z, packed, saved_rows(z is not None))
+    return ds0, *_gradients(spec, geo, da, d_mm, s_mm, z_pm, packed, length, depth)
+
+
+def _gradients(spec, geo, da, d_mm, s_mm, z_pm, packed, length: int, depth: int):
+    """From the kernels' phase-major outputs (da [P, Bp, 2, Np] f32, d_mm [(P + 1) * Bp,
+    2 * Np], s_mm [(P + 1) * Bp, k_pad], z_pm [P, Bp, Np] | None, packed [P, Bp, K, Np]):
+    (d_scaled of layer 0 [T, 1, Bp, 2, Np], dz [T, L, B, n] | None (already unpadded),
+    dbias [L, 2, Np], dW [L, k_pad, 2, Np])."""
+    phases, b_pad, n_pad = da.shape[0], geo.b_pad, geo.n_pad
+    da0 = da[::depth]  # layer 0 of every step [T, Bp, 2, Np]: a strided slice, no copy
+    d_scaled0 = da0 if z_pm is None else da0 * z_pm[::depth, :, None]
+    dz = None
+    if z_pm is not None:  # sum over the halves of da * "full" (the unscaled pre-activation)
+        _, rows = loops.unpack(packed, saved_rows(True))
+        dz = jnp.sum(da * rows["full"], axis=-2).reshape(length, depth, b_pad, n_pad)
+        dz = _materialized_as(geo.unpad_rows(dz), (1, 0, 2, 3))
+    dbias = da.reshape(length, depth, b_pad, 2, n_pad).sum((0, 2))
+    s_in = s_mm[: phases * b_pad].reshape(length, depth, b_pad, -1)
+    d_in = d_mm[: phases * b_pad].reshape(length, depth, b_pad, 2, n_pad)
+    acc = cells.accumulation_dtype(spec.dtype)
+    dw = jnp.einsum("tlbi,tlbho->liho", s_in, d_in, preferred_element_type=acc)
+    return d_scaled0[:, None], dz, dbias, dw
+
+
+def _materialized_as(x: Array, axes: tuple[int, ...]) -> Array:
+    """``x`` (same shape and values), computed into memory in the axis order ``axes``, the
+    order its consumers read (dz: [L, T, B, n], the layout of the hyper projection's
+    matmuls), so that XLA writes it once, transposed in the same pass, instead of writing it
+    and then transposing a copy (an optimization barrier keeps the two transposes apart)."""
+    inverse = tuple(sorted(range(len(axes)), key=axes.__getitem__))
+    return jnp.transpose(jax.lax.optimization_barrier(jnp.transpose(x, axes)), inverse)

@@ -21,7 +21,11 @@ Padded layout inside the loops (B -> Bp rows, n -> Np units, halves kept aligned
     z      [T, L, Bp, Np]  f32 | None           keep   [T, L, Bp, Np]   KEEP_DTYPE | None
 
 The forward stores ONE packed array per step, each micro-layer's input state and saved
-arrays ([T, L, Bp, K, Np], the implementation's `saved_rows`).
+arrays ([T, L, Bp, K, Np], the implementation's `saved_rows`). An implementation whose
+`backward_loop` returns a fifth value, dW [L, >= n, 2, Np] (`persistent`: from the matmul-
+dtype operands its kernels already wrote), forms the weight gradient itself; its d_scaled
+then needs layer 0 only ([T, 1, Bp, 2, Np], for the gradient of xproj), and its saved
+residual ("packed") is whatever its own `backward_loop` reads.
 
 Padded units have zero weights, bias and input, so their state stays 0; padded batch rows
 get zero cotangents, so they add nothing to any gradient.
@@ -89,6 +93,19 @@ def _sequence_fwd(spec, weights, s0, xproj, z, key_data, hidden_masks):
     return geo.unpad_rows(states), (operands, packed, key_zero, weights)
 
 
+def _deferred_weight_gradient(spec, impl, packed, d_scaled, hidden, has_z: bool) -> Array:
+    """dW [L, Np, 2, Np]: one [Np, T*Bp] x [T*Bp, 2*Np] matmul per layer over the saved input
+    states (packed [T, L, Bp, K, Np]) and d_scaled [T, L, Bp, 2, Np], in the matmul dtype."""
+    inputs, _ = loops.unpack(packed, impl.saved_rows(has_z))
+    matmul_inputs = inputs if hidden is None else inputs * hidden[None]
+    return jnp.einsum(
+        "tlbi,tlbho->liho",
+        matmul_inputs.astype(spec.dtype),
+        d_scaled.astype(spec.dtype),
+        preferred_element_type=cells.accumulation_dtype(spec.dtype),
+    )
+
+
 def _sequence_bwd(spec, residuals, g_states):
     operands, packed, key_zero, weights = residuals
     bias, s0, xproj, z, keep, hidden = operands
@@ -96,18 +113,14 @@ def _sequence_bwd(spec, residuals, g_states):
     impl = IMPLEMENTATIONS[spec.impl]
     geo = impl.geometry(spec, batch, width)
     w_t = impl.prepare_weights(spec, geo, weights.kernel_s, transposed=True)
-    ds0, d_scaled, dz, dbias = impl.backward_loop(
+    grads = impl.backward_loop(
         spec, geo, w_t, bias, s0, xproj, z, keep, hidden, packed, geo.pad_rows(g_states)
     )
-    inputs, _ = loops.unpack(packed, impl.saved_rows(z is not None))
-    # Deferred weight gradient: one [Np, T*Bp] x [T*Bp, 2*Np] matmul per layer.
-    matmul_inputs = inputs if hidden is None else inputs * hidden[None]
-    dw = jnp.einsum(
-        "tlbi,tlbho->liho",
-        matmul_inputs.astype(spec.dtype),
-        d_scaled.astype(spec.dtype),
-        preferred_element_type=cells.accumulation_dtype(spec.dtype),
-    )
+    ds0, d_scaled, dz, dbias = grads[:4]
+    if len(grads) == 5:  # the implementation formed dw itself (`persistent`)
+        dw = grads[4]
+    else:
+        dw = _deferred_weight_gradient(spec, impl, packed, d_scaled, hidden, z is not None)
     dbias = geo.unpad_bias(dbias)
     d_weights = cells.HighwayWeights(
         kernel_x=jnp.zeros_like(weights.kernel_x),
