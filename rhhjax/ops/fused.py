@@ -11,7 +11,8 @@ The interface every implementation module provides (see `rhhjax.ops.spec`):
     prepare_weights(...)    W_l [L, n, 2n] -> L per-layer padded, cast (transposed) arrays
     saved_rows(has_z)       what the forward saves per micro-layer besides its input state
     forward_loop(...)       states [T, L, Bp, Np] (and the packed saved rows)
-    backward_loop(...)      (ds0, d_scaled, dz, dbias) in the padded layout
+    backward_loop(...)      (ds0, d_scaled, dz, dbias[, dW]) in the padded layout (dW: the
+                            implementation formed the weight gradient itself)
 
 Layout here: units padded to a multiple of FUSED_UNIT_MULTIPLE, the batch unpadded; the
 weight L x [Np, 2 * Np] (the backward reads L transposed copies [2 * Np, Np]). The forward
