@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib.util
 
 import jax
 import jax.numpy as jnp
@@ -145,6 +146,27 @@ def per_mode_cache(method):
 NEEDS_GPU = pytest.mark.skipif(
     jax.default_backend() != "gpu",
     reason="compiled Triton kernels need a GPU backend (jax.default_backend() != 'gpu')",
+)
+
+
+def needs_gpu(what: str):
+    """Skips unless jax's default backend is a GPU, saying that ``what`` runs on one only."""
+    return pytest.mark.skipif(
+        jax.default_backend() != "gpu",
+        reason=f"{what} runs on a Hopper GPU only (jax.default_backend() != 'gpu')",
+    )
+
+
+def _has_cuda_plugin() -> bool:
+    try:
+        return importlib.util.find_spec("jax_plugins.xla_cuda12") is not None
+    except ModuleNotFoundError:  # no jax_plugins package at all
+        return False
+
+
+# The deviceless H100 compiles (`-m gpu_compile`) need JAX's CUDA plugin.
+needs_cuda = pytest.mark.skipif(
+    not _has_cuda_plugin(), reason="no JAX CUDA plugin here (jax[cuda12])"
 )
 
 

@@ -8,7 +8,6 @@ slice another block wrote in the phase before lowers and compiles for an H100 wi
 one-line error instead of hanging.
 """
 
-import importlib.util
 import json
 import pathlib
 import subprocess
@@ -18,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from kernel_cases import needs_cuda
 from rhhjax.kernels import grid_barrier
 
 NEEDS_GPU = pytest.mark.skipif(
@@ -25,15 +25,6 @@ NEEDS_GPU = pytest.mark.skipif(
     reason="the grid barrier runs in Mosaic GPU kernels on a Hopper GPU only",
 )
 
-
-def _has_cuda_plugin() -> bool:
-    try:
-        return importlib.util.find_spec("jax_plugins.xla_cuda12") is not None
-    except ModuleNotFoundError:
-        return False
-
-
-needs_cuda = pytest.mark.skipif(not _has_cuda_plugin(), reason="no JAX CUDA plugin (jax[cuda12])")
 
 ROWS, UNITS = 64, 8
 

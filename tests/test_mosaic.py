@@ -10,17 +10,14 @@ compiles for an H100 without a GPU (CUDA plugin). `TestMosaicCompiled`: the same
 comparisons with the compiled kernel, on a GPU only.
 """
 
-import dataclasses
-import importlib.util
 import json
 import subprocess
 import sys
 
 import jax
-import jax.numpy as jnp
-import numpy as np
-import optax
 import pytest
+from kernel_cases import needs_cuda
+from model_cases import KERNEL_TOL, KERNEL_TOL_COMPILED, KernelModelMatchesScan
 
 from rhhjax import models
 from rhhjax.ops import fused, mosaic, spec
@@ -29,18 +26,6 @@ NEEDS_GPU = pytest.mark.skipif(
     jax.default_backend() != "gpu",
     reason="impl='mosaic' compiles its Mosaic GPU kernel on a Hopper GPU only "
     "(jax.default_backend() != 'gpu')",
-)
-
-
-def _has_cuda_plugin() -> bool:
-    try:
-        return importlib.util.find_spec("jax_plugins.xla_cuda12") is not None
-    except ModuleNotFoundError:
-        return False
-
-
-needs_cuda = pytest.mark.skipif(
-    not _has_cuda_plugin(), reason="no JAX CUDA plugin here (jax[cuda12])"
 )
 
 
@@ -132,98 +117,18 @@ def test_saved_rows_are_the_rows_the_fused_backward_reads():
 
 # ----------------------------------------------------------------------------- the model
 
-TOL = {"float32": 1e-5, "bfloat16": 3e-2}
-TOL_COMPILED = {"float32": 5e-3, "bfloat16": 3e-2}  # f32 operands run as TF32 in wgmma
-CASES = {
-    # (type, dtype, hidden, hyper_hidden, depth, dropout, batch, length, original_first_step)
-    "hyperrhn-f32-dropout-odd": ("hyperrhn", "float32", 13, 7, 3, "gate", 5, 6, False),
-    "rhn-f32-nodropout-odd": ("rhn", "float32", 70, 4, 2, "none", 3, 4, False),
-    "hyperrhn-bf16-dropout-first-step": ("hyperrhn", "bfloat16", 12, 6, 2, "gate", 4, 5, True),
-}
 
-
-def _configs(case):
-    kind, dtype, hidden, hyper, depth, dropout, _, _, first = CASES[case]
-    base = dict(
-        type=kind,
-        vocab_size=11,
-        embed_dim=5,
-        hidden=hidden,
-        hyper_hidden=hyper,
-        depth=depth,
-        dropout=dropout,
-        keep=0.7,
-        dtype=dtype,
-        original_first_step=first,
-    )
-    return models.ModelConfig(**base, impl="mosaic"), models.ModelConfig(**base, impl="scan")
-
-
-def _loss_and_grads(model, params, tokens, key):
-    def loss_fn(p):
-        logits, _ = model.apply({"params": p}, tokens[:, :-1], train=True, rngs={"dropout": key})
-        return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
-
-    return jax.jit(jax.value_and_grad(loss_fn))(params)
-
-
-class MosaicModelTests:
-    """The mosaic model against the scan reference on fresh random inputs: loss, every
-    parameter gradient. INTERPRET: the kernel's pure-JAX reference runs in its place."""
-
-    INTERPRET: bool
-    TOLERANCE: dict
-
-    def model(self, config):
-        model = models.build_model(config, platform="gpu")
-        assert model.spec.impl == "mosaic"
-        if self.INTERPRET:
-            model = model.clone(spec=dataclasses.replace(model.spec, interpret=True))
-        return model
-
-    @pytest.mark.parametrize("case", list(CASES))
-    def test_loss_and_gradients_match_scan(self, case):
-        config, scan_config = _configs(case)
-        _, dtype, *_, batch, length, _ = CASES[case]
-        scan = models.build_model(scan_config)
-        seed = sum(map(ord, case))
-        params = models.init_params(scan, jax.random.key(seed))
-        tokens = jnp.asarray(np.random.default_rng(seed).integers(0, 11, (batch, length + 1)))
-        key = jax.random.key(seed + 1)
-        actual = _loss_and_grads(self.model(config), params, tokens, key)
-        expected = _loss_and_grads(scan, params, tokens, key)
-        tol = self.TOLERANCE[dtype]
-        leaves = jax.tree_util.tree_leaves_with_path(actual)
-        for (path, a), e in zip(leaves, jax.tree.leaves(expected), strict=True):
-            scale = float(jnp.max(jnp.abs(e))) or 1.0
-            np.testing.assert_allclose(
-                a, e, rtol=tol, atol=tol * scale, err_msg=jax.tree_util.keystr(path)
-            )
-
-    def test_evaluation_logits_match_scan(self):
-        """Without differentiation (no saved rows: the forward kernel's save=False variant)."""
-        config, scan_config = _configs("hyperrhn-f32-dropout-odd")
-        scan = models.build_model(scan_config)
-        params = models.init_params(scan, jax.random.key(5))
-        tokens = jnp.asarray(np.random.default_rng(5).integers(0, 11, (5, 6)))
-
-        def logits(model):
-            return jax.jit(lambda p: model.apply({"params": p}, tokens, train=False)[0])(params)
-
-        expected = logits(scan)
-        tol = self.TOLERANCE["float32"]
-        np.testing.assert_allclose(logits(self.model(config)), expected, rtol=tol, atol=tol)
-
-
-class TestMosaicReference(MosaicModelTests):
+class TestMosaicReference(KernelModelMatchesScan):
+    IMPL = "mosaic"
     INTERPRET = True
-    TOLERANCE = TOL
+    TOLERANCE = KERNEL_TOL
 
 
 @NEEDS_GPU
-class TestMosaicCompiled(MosaicModelTests):
+class TestMosaicCompiled(KernelModelMatchesScan):
+    IMPL = "mosaic"
     INTERPRET = False
-    TOLERANCE = TOL_COMPILED
+    TOLERANCE = KERNEL_TOL_COMPILED
 
 
 # ----------------------------------------------------------------------------- deviceless

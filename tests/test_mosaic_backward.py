@@ -6,7 +6,6 @@ matmul of the layer above plus `cells.gate_backward`), and its one-line config e
 CUDA plugin; skipped without it). `TestCompiled`: the kernel against its reference, on a GPU
 only."""
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -15,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from kernel_cases import needs_cuda
 from rhhjax.kernels import mosaic_backward as mb
 
 from rhhjax.ops import fused, spec
@@ -22,14 +22,6 @@ from rhhjax.ops import fused, spec
 KEEP = 0.7
 
 
-def _has_cuda_plugin() -> bool:
-    try:
-        return importlib.util.find_spec("jax_plugins.xla_cuda12") is not None
-    except ModuleNotFoundError:
-        return False
-
-
-needs_cuda = pytest.mark.skipif(not _has_cuda_plugin(), reason="no JAX CUDA plugin (jax[cuda12])")
 NEEDS_GPU = pytest.mark.skipif(
     jax.default_backend() != "gpu",
     reason="the Mosaic GPU kernel runs on a Hopper GPU only (jax.default_backend() != 'gpu')",

@@ -5,7 +5,6 @@ one-line config errors. ``gpu_compile``: the kernel lowers and compiles for an H
 a GPU (needs the JAX CUDA plugin; skipped without it). `TestCompiled`: the kernel against
 its reference, on a GPU only."""
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -14,20 +13,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from kernel_cases import needs_cuda
 from rhhjax.kernels import mosaic_forward as mf
 
 from rhhjax.ops import cells
 
-
-def _has_cuda_plugin() -> bool:
-    try:
-        return importlib.util.find_spec("jax_plugins.xla_cuda12") is not None
-    except ModuleNotFoundError:  # no jax_plugins package at all
-        return False
-
-
-_PLUGIN = _has_cuda_plugin()
-needs_cuda = pytest.mark.skipif(not _PLUGIN, reason="no JAX CUDA plugin here (jax[cuda12])")
 NEEDS_GPU = pytest.mark.skipif(
     jax.default_backend() != "gpu",
     reason="the Mosaic GPU kernel runs on a Hopper GPU only (jax.default_backend() != 'gpu')",

@@ -7,7 +7,6 @@ count; one-line plan errors. ``gpu_compile``: the kernel lowers and compiles for
 without a GPU, and allocates exactly `backward_smem_bytes`. `TestCompiled`: the kernel against
 its reference, on a GPU only."""
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -17,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from kernel_cases import needs_cuda
 from rhhjax.kernels import persistent_backward as pb
 from rhhjax.kernels.persistent_plan import PersistentPlan, PlanError, paper_plan
 
@@ -26,14 +26,6 @@ KEEP = 0.7
 F32 = jnp.float32
 
 
-def _has_cuda_plugin() -> bool:
-    try:
-        return importlib.util.find_spec("jax_plugins.xla_cuda12") is not None
-    except ModuleNotFoundError:
-        return False
-
-
-needs_cuda = pytest.mark.skipif(not _has_cuda_plugin(), reason="no JAX CUDA plugin (jax[cuda12])")
 NEEDS_GPU = pytest.mark.skipif(
     jax.default_backend() != "gpu",
     reason="the Mosaic GPU kernel runs on a Hopper GPU only (jax.default_backend() != 'gpu')",

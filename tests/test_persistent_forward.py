@@ -7,7 +7,6 @@ checks and its shared-memory count, one-line errors. ``gpu_compile``: the kernel
 compiles for an H100 without a GPU, allocating exactly ``plan.smem_bytes(...)`` (needs the
 JAX CUDA plugin). `TestCompiled`: the kernel against its reference, on a GPU only."""
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -17,20 +16,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from kernel_cases import needs_cuda
 from rhhjax.kernels import persistent_forward as pf
 from rhhjax.kernels import persistent_plan as pp
 
 from rhhjax.ops import cells, fused, loops, persistent_schedule
 
-
-def _has_cuda_plugin() -> bool:
-    try:
-        return importlib.util.find_spec("jax_plugins.xla_cuda12") is not None
-    except ModuleNotFoundError:  # no jax_plugins package at all
-        return False
-
-
-needs_cuda = pytest.mark.skipif(not _has_cuda_plugin(), reason="no JAX CUDA plugin here")
 NEEDS_GPU = pytest.mark.skipif(
     jax.default_backend() != "gpu",
     reason="the Mosaic GPU kernel runs on a Hopper GPU only (jax.default_backend() != 'gpu')",
