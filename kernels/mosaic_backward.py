@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
-from rhhjax.kernels.mosaic_forward import wgmma_transforms
+from rhhjax.kernels.mosaic_gemm import gemm_nt_to_smem
 
 F32 = jnp.float32
 Array = jax.Array
@@ -113,31 +113,11 @@ def highway_backward(
         m, g = pl.program_id(0), pl.program_id(1)
         rows, units = pl.ds(m * tm, tm), pl.ds(g * u, u)
 
-        def step(acc):
-            def k_step(_, a_smem, b_smem):
-                plgpu.wgmma(acc, a_smem, plgpu.transpose_ref(b_smem, (1, 0)))
-                plgpu.wgmma_wait(0)
-
-            plgpu.emit_pipeline(
-                k_step,
-                grid=(k_pad // tk,),
-                in_specs=[
-                    plgpu.BlockSpec(
-                        (tm, tk), lambda k: (m, k), transforms=wgmma_transforms(tk, mm_dtype)
-                    ),
-                    plgpu.BlockSpec(
-                        (u, tk), lambda k: (g, k), transforms=wgmma_transforms(tk, mm_dtype)
-                    ),
-                ],
-                max_concurrent_steps=config.stages,
-            )(d_g, w_g)
-            acc_smem[...] = acc[...]
-            # Other threads read it in another layout: a warpgroup barrier first.
-            plgpu.commit_smem()
-
         for slot, name in enumerate(given):
             plgpu.copy_gmem_to_smem(in_refs[name].at[rows, units], epi.at[slot], bar.at[slot])
-        pl.run_scoped(step, plgpu.ACC((tm, u), F32))
+        gemm_nt_to_smem(
+            acc_smem, d_g, w_g, m, g, tile_k=tk, k_steps=k_pad // tk, stages=config.stages
+        )
         for slot in range(n_in):
             plgpu.barrier_wait(bar.at[slot])
         tiles = _gate_backward(acc_smem[...], {name: epi[slot] for slot, name in enumerate(given)})

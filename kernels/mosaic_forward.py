@@ -42,6 +42,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
+from rhhjax.kernels.mosaic_gemm import gemm_nt_to_smem
 
 F32 = jnp.float32
 Array = jax.Array
@@ -67,13 +68,6 @@ class MosaicForwardConfig:
                 raise ValueError(f"{name} {size} is not a multiple of {tile} ({self}).")
         if k_pad % self.tile_k:
             raise ValueError(f"k_pad {k_pad} is not a multiple of tile_k {self.tile_k}.")
-
-
-def wgmma_transforms(cols: int, dtype) -> tuple:
-    """wgmma shared-memory layout of a tile whose minor dim has ``cols`` elements."""
-    swizzle = plgpu.find_swizzle(cols * jnp.dtype(dtype).itemsize * 8)
-    elems = swizzle // jnp.dtype(dtype).itemsize
-    return (plgpu.TilingTransform((8, elems)), plgpu.SwizzleTransform(swizzle))
 
 
 def _epilogue(pre_h, pre_t, ins: dict) -> dict:
@@ -131,7 +125,6 @@ def highway_forward(
     n_pad = w_blk.shape[0] // 2
     config.check(b_pad, n_pad, k_pad)
     tm, u, tk = config.tile_m, config.units, config.tile_k
-    mm_dtype = s_mm.dtype
     # Inputs beside the matmul operands: (name, array, half or None).
     extras = [("s", s, None), ("b_h", bias, 0), ("b_t", bias, 1)]
     if z is not None:
@@ -152,24 +145,15 @@ def highway_forward(
         m, g = pl.program_id(0), pl.program_id(1)
         rows, units = pl.ds(m * tm, tm), pl.ds(g * u, u)
 
-        def step(acc):
-            def k_step(_, a_smem, b_smem):
-                plgpu.wgmma(acc, a_smem, plgpu.transpose_ref(b_smem, (1, 0)))
-                plgpu.wgmma_wait(0)
-
-            _pipeline(k_step, m, g)(s_mm_g, w_g)
-            pre[...] = acc[...]
-            # Other threads read it in another layout: a warpgroup barrier first.
-            plgpu.commit_smem()
-
         # Epilogue operands by TMA while the K loop runs.
         source = dict(s="s", b_h="bias", b_t="bias", z="z", x_h="xproj", x_t="xproj", mask="mask")
         for slot, (name, _, half) in enumerate(extras):
             ref = in_refs[source[name]]
             src = ref.at[rows, units] if half is None else ref.at[rows, half, units]
             plgpu.copy_gmem_to_smem(src, epi.at[slot], bar.at[slot])
-        # The accumulator in its own scope (registers), apart from the shared memory.
-        pl.run_scoped(step, plgpu.ACC((tm, 2 * u), F32))
+        gemm_nt_to_smem(
+            pre, s_mm_g, w_g, m, g, tile_k=tk, k_steps=k_pad // tk, stages=config.stages
+        )
         for slot in range(len(extras)):
             plgpu.barrier_wait(bar.at[slot])
         ins = {name: epi[slot] for slot, (name, _, _) in enumerate(extras)}
@@ -185,19 +169,6 @@ def highway_forward(
                 dst = out_refs[i].at[rows, units]
             plgpu.copy_smem_to_gmem(epi.at[base + i], dst)
         plgpu.wait_smem_to_gmem(0)
-
-    def _pipeline(k_step, m, g):
-        """The K loop: state tile [tile_m, tile_k] and weight tile [2u, tile_k] per step."""
-        layout = wgmma_transforms(tk, mm_dtype)
-        return plgpu.emit_pipeline(
-            k_step,
-            grid=(k_pad // tk,),
-            in_specs=[
-                plgpu.BlockSpec((tm, tk), lambda k: (m, k), transforms=layout),
-                plgpu.BlockSpec((2 * u, tk), lambda k: (g, k), transforms=layout),
-            ],
-            max_concurrent_steps=config.stages,
-        )
 
     rows_out = jax.ShapeDtypeStruct((b_pad, n_pad), F32)
     out_type = [rows_out] * min(n_out, 3)

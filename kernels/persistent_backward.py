@@ -52,7 +52,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 from rhhjax.kernels import grid_barrier as gb
 from rhhjax.kernels.mosaic_backward import _gate_backward, highway_backward_reference
-from rhhjax.kernels.mosaic_forward import wgmma_transforms
+from rhhjax.kernels.mosaic_gemm import gemm_nt_to_smem
 from rhhjax.kernels.persistent_plan import PersistentPlan, PlanError
 
 F32 = jnp.float32
@@ -194,7 +194,6 @@ def persistent_backward(
     names = _input_names(z is not None, mask is not None)
     extra_names = [name for name, x in (("z", z), ("mask", mask)) if x is not None]
     extras = [x for x in (z, mask) if x is not None]
-    layout = wgmma_transforms(tk, mm_dtype)
 
     def kernel(wt_g, g_g, packed_g, *refs, epi, carry, acc_smem, dsc, bar):
         extra_g = refs[: len(extras)]
@@ -214,28 +213,10 @@ def persistent_backward(
 
         def gemm(p, l_above):
             """acc_smem = d_mm[p + 1][block rows] @ wt[l_above, block units]^T (f32)."""
-
-            def step(acc):
-                def k_step(_, a_smem, b_smem):
-                    plgpu.wgmma(acc, a_smem, plgpu.transpose_ref(b_smem, (1, 0)))
-                    plgpu.wgmma_wait(0)
-
-                plgpu.emit_pipeline(
-                    k_step,
-                    grid=(k_steps,),
-                    in_specs=[
-                        plgpu.BlockSpec(
-                            (rows, tk), lambda k: ((p + 1) * n_r + r, k), transforms=layout
-                        ),
-                        plgpu.BlockSpec(
-                            (u, tk), lambda k: (l_above * n_c + c, k), transforms=layout
-                        ),
-                    ],
-                    max_concurrent_steps=plan.stages,
-                )(d_mm_g, wt_g)
-                acc_smem[...] = acc[...]
-
-            pl.run_scoped(step, plgpu.ACC((rows, u), F32))
+            gemm_nt_to_smem(
+                acc_smem, d_mm_g, wt_g, (p + 1) * n_r + r, l_above * n_c + c,
+                tile_k=tk, k_steps=k_steps, stages=plan.stages,
+            )  # fmt: skip
 
         def phase(p):
             """One backward micro-layer of this block: loads, GEMM, epilogue, stores."""

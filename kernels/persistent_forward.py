@@ -61,6 +61,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 from rhhjax.kernels import grid_barrier
 from rhhjax.kernels import mosaic_forward as mf
+from rhhjax.kernels.mosaic_gemm import gemm_nt_to_smem
 from rhhjax.kernels.persistent_plan import (
     PersistentPlan,
     PlanError,
@@ -223,27 +224,11 @@ def persistent_forward(
             if save:  # packed row 0: the phase's input state, before it is overwritten
                 plgpu.copy_smem_to_gmem(state, packed_g.at[p, row_sl, 0, unit_sl])
 
-            def step(acc):
-                def k_step(_, a_smem, b_smem):
-                    plgpu.wgmma(acc, a_smem, plgpu.transpose_ref(b_smem, (1, 0)))
-                    plgpu.wgmma_wait(0)
-
-                a_row = p * n_r + r
-                w_row = layer * n_c + g
-                layout = mf.wgmma_transforms(tk, mm_dtype)
-                plgpu.emit_pipeline(
-                    k_step,
-                    grid=(k_pad // tk,),
-                    in_specs=[
-                        plgpu.BlockSpec((rows, tk), lambda k: (a_row, k), transforms=layout),
-                        plgpu.BlockSpec((2 * u, tk), lambda k: (w_row, k), transforms=layout),
-                    ],
-                    max_concurrent_steps=plan.stages,
-                )(s_mm_g, w_g)
-                pre[...] = acc[...]
-
-            pl.run_scoped(step, plgpu.ACC((rows, 2 * u), F32))
-            plgpu.commit_smem()  # the accumulator's copy (wgmma layout) before strided reads
+            a_row, w_row = p * n_r + r, layer * n_c + g
+            k_steps = k_pad // tk
+            gemm_nt_to_smem(
+                pre, s_mm_g, w_g, a_row, w_row, tile_k=tk, k_steps=k_steps, stages=plan.stages
+            )
             for slot, name in enumerate(ins):
                 if name in ("x_h", "x_t"):
 

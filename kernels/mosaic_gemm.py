@@ -1,0 +1,65 @@
+"""The K loop every Mosaic GPU kernel here shares (`mosaic_forward`, `mosaic_backward`,
+`persistent_forward`, `persistent_backward`): one block's f32 tile of ``A @ B^T``.
+
+`gemm_nt_to_smem` streams ``A[a_block rows, :K]`` and ``B[b_block rows, :K]`` (both K minor,
+so their tiles swizzle alike, as wgmma needs) through a ``stages``-deep TMA pipeline in
+``tile_k``-wide chunks, chunk 0 first, into a wgmma accumulator in registers (float32), and
+stores it to shared memory followed by a warpgroup barrier, so that every thread may then
+read it in another layout (the epilogues read column slices).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+F32 = jnp.float32
+
+
+def wgmma_transforms(cols: int, dtype) -> tuple:
+    """wgmma shared-memory layout of a tile whose minor dim has ``cols`` elements."""
+    swizzle = plgpu.find_swizzle(cols * jnp.dtype(dtype).itemsize * 8)
+    elems = swizzle // jnp.dtype(dtype).itemsize
+    return (plgpu.TilingTransform((8, elems)), plgpu.SwizzleTransform(swizzle))
+
+
+def gemm_nt_to_smem(
+    out,
+    a_gmem,
+    b_gmem,
+    a_block: jax.Array | int,
+    b_block: jax.Array | int,
+    *,
+    tile_k: int,
+    k_steps: int,
+    stages: int,
+) -> None:
+    """``out [rows, cols] f32 (shared memory) = A[a_block] @ B[b_block]^T``.
+
+    a_gmem [.., K] and b_gmem [.., K] in the matmul dtype, read as row blocks of ``rows``
+    (A) and ``cols`` (B) rows (``a_block``, ``b_block``: block indices, traced or static);
+    K = ``k_steps * tile_k`` columns. Call from inside a kernel; operands the epilogue needs
+    may be copied in by TMA before the call, to overlap the K loop."""
+    rows, cols = out.shape
+    layout = wgmma_transforms(tile_k, a_gmem.dtype)
+
+    def accumulate(acc):
+        def k_step(_, a_smem, b_smem):
+            plgpu.wgmma(acc, a_smem, plgpu.transpose_ref(b_smem, (1, 0)))
+            plgpu.wgmma_wait(0)
+
+        plgpu.emit_pipeline(
+            k_step,
+            grid=(k_steps,),
+            in_specs=[
+                plgpu.BlockSpec((rows, tile_k), lambda k: (a_block, k), transforms=layout),
+                plgpu.BlockSpec((cols, tile_k), lambda k: (b_block, k), transforms=layout),
+            ],
+            max_concurrent_steps=stages,
+        )(a_gmem, b_gmem)
+        out[...] = acc[...]
+
+    pl.run_scoped(accumulate, plgpu.ACC((rows, cols), F32))
+    plgpu.commit_smem()  # other threads read `out` in another layout: a warpgroup barrier
