@@ -206,3 +206,49 @@ OPTIONALS = pytest.mark.parametrize("full", [True, False], ids=["zxm", "plain"])
 def assert_one_triton_kernel(text: str, name: str):
     assert count_triton_calls(text) == 1, text[:2000]
     assert f'name = "{name}"' in text
+
+
+# --- the paper training step, compiled for an H100 in a fresh deviceless process -------------
+
+_PAPER_STEP = """
+import json
+from rhhjax.tools import hlo_compile as g
+g.set_deviceless_env()
+rows = []
+for dtype in {dtypes!r}:
+    mc, oc, seed, batch, seq_len = g.build_configs(g.Case("hyperrhn", {impl!r}, dtype), {{}})
+    compiled, _ = g.compile_step(mc, oc, seed, batch, seq_len, g.h100_mesh())
+    text = compiled.as_text()
+    rows.append(dict(dtype=dtype, impl=mc.impl, mode=mc.pallas_mode, batch=batch,
+                     seq_len=seq_len, hidden=mc.hidden, depth=mc.depth,
+                     kernels={{name: text.count(name) for name in {kernels!r}}}))
+print(json.dumps(rows))
+"""
+
+
+def compile_paper_step(impl: str, dtypes, kernels, tmp_path) -> tuple[list[dict], list[str]]:
+    """configs/ptb.py's HyperRHN training step (the trainer's jitted step, batch 256 x 100)
+    with ``impl``, compiled for an H100 without a GPU in a fresh process (the CUDA plugin's
+    venv), once per dtype. Returns (one row per dtype: its sizes and how often each name of
+    ``kernels`` occurs in the compiled HLO, the ptxas report of every Mosaic GPU kernel)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    code = _PAPER_STEP.format(impl=impl, dtypes=list(dtypes), kernels=list(kernels))
+    dump = tmp_path / "ptxas"
+    dump.mkdir()
+    env = dict(os.environ, MOSAIC_GPU_DUMP_PTXAS="1", MOSAIC_GPU_DUMP_TO=str(dump))
+    run = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    rows = json.loads(run.stdout.strip().splitlines()[-1])
+    return rows, [path.read_text() for path in sorted(dump.glob("*.ptxas"))]
+
+
+def assert_no_spills(reports: list[str]) -> None:
+    """Every ptxas report is for sm_90a and spills no register."""
+    for report in reports:
+        assert "for 'sm_90a'" in report and "0 bytes spill stores" in report, report

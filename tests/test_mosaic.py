@@ -10,13 +10,9 @@ compiles for an H100 without a GPU (CUDA plugin). `TestMosaicCompiled`: the same
 comparisons with the compiled kernel, on a GPU only.
 """
 
-import json
-import subprocess
-import sys
-
 import jax
 import pytest
-from kernel_cases import needs_cuda
+from kernel_cases import assert_no_spills, compile_paper_step, needs_cuda
 from model_cases import KERNEL_TOL, KERNEL_TOL_COMPILED, KernelModelMatchesScan
 
 from rhhjax import models
@@ -133,35 +129,20 @@ class TestMosaicCompiled(KernelModelMatchesScan):
 
 # ----------------------------------------------------------------------------- deviceless
 
-_STEP = """
-import json
-from rhhjax.tools import hlo_compile as g
-g.set_deviceless_env()
-rows = []
-for dtype in {dtypes!r}:
-    mc, oc, seed, batch, seq_len = g.build_configs(g.Case("hyperrhn", "mosaic", dtype), {{}})
-    compiled, _ = g.compile_step(mc, oc, seed, batch, seq_len, g.h100_mesh())
-    text = compiled.as_text()
-    rows.append(dict(dtype=dtype, impl=mc.impl, mode=mc.pallas_mode, batch=batch,
-                     seq_len=seq_len, hidden=mc.hidden, depth=mc.depth,
-                     forward="mosaic_highway_forward" in text,
-                     backward="mosaic_highway_backward" in text))
-print(json.dumps(rows))
-"""
-
 
 @pytest.mark.gpu_compile
 @needs_cuda
 def test_paper_hyperrhn_training_step_lowers_and_compiles_for_an_h100_without_a_gpu(tmp_path):
     """configs/ptb.py's HyperRHN (batch 256 x 100, width 1000, depth 7) with impl="mosaic",
-    the trainer's jitted step, bf16 and f32, in a fresh deviceless process
-    (pallas_mode="compiled", as benchmarks/gpu_report.py sets): both Mosaic GPU kernels,
-    forward and backward, are in the compiled step."""
+    the trainer's jitted step, bf16 and f32, deviceless (pallas_mode="compiled", as
+    benchmarks/gpu_report.py sets): both Mosaic GPU kernels, forward and backward, are in
+    the compiled step, and ptxas builds them for sm_90a without a register spill."""
     dtypes = ["bfloat16", "float32"]
-    code = _STEP.format(dtypes=dtypes)
-    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
-    assert run.returncode == 0, run.stderr[-3000:]
-    rows = json.loads(run.stdout.strip().splitlines()[-1])
-    expected = dict(impl="mosaic", mode="compiled", batch=256, seq_len=100, hidden=1000,
-                    depth=7, forward=True, backward=True)  # fmt: skip
-    assert rows == [dict(dtype=d, **expected) for d in dtypes]
+    kernels = ["mosaic_highway_forward", "mosaic_highway_backward"]
+    rows, reports = compile_paper_step("mosaic", dtypes, kernels, tmp_path)
+    expected = dict(impl="mosaic", mode="compiled", batch=256, seq_len=100, hidden=1000, depth=7)
+    for row, dtype in zip(rows, dtypes, strict=True):
+        assert {k: row[k] for k in expected} == expected and row["dtype"] == dtype
+        assert all(row["kernels"].values()), row
+    assert len(reports) >= 2 * len(dtypes)
+    assert_no_spills(reports)

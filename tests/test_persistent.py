@@ -10,16 +10,11 @@ and compiles for an H100 without a GPU. `TestPersistentCompiled`: the same compa
 the compiled kernels, on a GPU only.
 """
 
-import json
-import os
-import subprocess
-import sys
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from kernel_cases import needs_cuda
+from kernel_cases import assert_no_spills, compile_paper_step, needs_cuda
 from model_cases import KERNEL_TOL, KERNEL_TOL_COMPILED, KernelModelMatchesScan
 from rhhjax.kernels.persistent_plan import H100_SMS, PersistentPlan, predicted_phase_us
 
@@ -150,21 +145,6 @@ class TestPersistentCompiled(KernelModelMatchesScan):
 
 # ----------------------------------------------------------------------------- deviceless
 
-_STEP = """
-import json
-from rhhjax.tools import hlo_compile as g
-g.set_deviceless_env()
-rows = []
-for dtype in {dtypes!r}:
-    mc, oc, seed, batch, seq_len = g.build_configs(g.Case("hyperrhn", "persistent", dtype), {{}})
-    compiled, _ = g.compile_step(mc, oc, seed, batch, seq_len, g.h100_mesh())
-    text = compiled.as_text()
-    rows.append(dict(dtype=dtype, impl=mc.impl, batch=batch, seq_len=seq_len,
-                     forward=text.count("persistent_highway_forward"),
-                     backward=text.count("persistent_highway_backward")))
-print(json.dumps(rows))
-"""
-
 
 @pytest.mark.gpu_compile
 @needs_cuda
@@ -175,20 +155,11 @@ def test_paper_hyperrhn_training_step_lowers_and_compiles_for_an_h100_without_a_
     direction, at the plans `plan_for` picks), and ptxas builds every one for sm_90a
     without a register spill."""
     dtypes = ["bfloat16", "float32"]
-    code = _STEP.format(dtypes=dtypes)
-    dump = tmp_path / "dump"
-    dump.mkdir()
-    env = dict(os.environ, MOSAIC_GPU_DUMP_PTXAS="1", MOSAIC_GPU_DUMP_TO=str(dump))
-    run = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
-    rows = json.loads(run.stdout.strip().splitlines()[-1])
+    kernels = ["persistent_highway_forward", "persistent_highway_backward"]
+    rows, reports = compile_paper_step("persistent", dtypes, kernels, tmp_path)
     for row, dtype in zip(rows, dtypes, strict=True):
         assert row["dtype"] == dtype and row["impl"] == "persistent"
         assert (row["batch"], row["seq_len"]) == (256, 100)
-        assert row["forward"] >= 2 and row["backward"] >= 2, row
-    reports = [path.read_text() for path in sorted(dump.glob("*.ptxas"))]
-    assert len(reports) >= 4 * len(dtypes), sorted(dump.iterdir())
-    for report in reports:
-        assert "for 'sm_90a'" in report and "0 bytes spill stores" in report, report
+        assert min(row["kernels"].values()) >= 2, row  # the hyper and the main recurrence
+    assert len(reports) >= 4 * len(dtypes)
+    assert_no_spills(reports)
