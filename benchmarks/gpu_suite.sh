@@ -11,6 +11,9 @@
 #   bash benchmarks/gpu_suite.sh all       # both (over one 10-minute device command)
 #   bash benchmarks/gpu_suite.sh persistent # the persistent and mosaic kernels: their compiled
 #                                          # tests, then their paper-size HyperRHN step beside fused
+#   bash benchmarks/gpu_suite.sh train     # the paper model on PTB for TRAIN_MINUTES of training in
+#                                          # all, resumable: repeat the same command until
+#                                          # $OUT/train_status says finished (below)
 #   bash benchmarks/gpu_suite.sh dry-run   # on a CPU: every step at the small size
 #
 # Writes versions.txt, tests.log, bench.log, bench_<part>.json, bench.json (all parts merged)
@@ -95,6 +98,35 @@ if [ "$MODE" = persistent ]; then  # issue 20: the persistent kernels on a GPU
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
   part persistent 300 --sizes=paper --models=hyperrhn --impls=fused,mosaic,persistent \
     --dtypes=bfloat16,float32 --parts=step --repeats=10
+fi
+if [ "$MODE" = train ]; then
+  # A device command lasts at most 10 minutes, so the run is cut into calls: each trains
+  # until TRAIN_CALL_SECONDS (SIGTERM: the trainer checkpoints and exits), the next call
+  # resumes the same workdir (kept on the machine while it stays warm) until
+  # train.max_minutes of training in all, then the final evaluation. PTB comes from
+  # RHHJAX_PTB_DIR (default .data/ptb: an ignored folder the session carries; no network).
+  WORKDIR=${TRAIN_WORKDIR:-/tmp/rhhjax_train/ptb_paper}
+  mkdir -p "$(dirname "$WORKDIR")"
+  # shellcheck disable=SC2086
+  timeout --signal=TERM "${TRAIN_CALL_SECONDS:-540}" "$PY" train.py \
+    --config="${TRAIN_CONFIG:-configs/ptb.py}" --workdir="$WORKDIR" \
+    --config.data.dir="${RHHJAX_PTB_DIR:-.data/ptb}" --config.data.download=False \
+    --config.model.dtype="${TRAIN_DTYPE:-bfloat16}" \
+    --config.train.max_minutes="${TRAIN_MINUTES:-17}" ${TRAIN_ARGS:-} 2>&1 | tee -a "$OUT/train.log"
+  code=${PIPESTATUS[0]}
+  for f in config.json metrics.jsonl results.json; do
+    [ -f "$WORKDIR/$f" ] && cp "$WORKDIR/$f" "$OUT/"
+  done
+  if [ -f "$WORKDIR/results.json" ]; then
+    echo finished > "$OUT/train_status"
+  elif [ "$code" -eq 143 ] || [ "$code" -eq 124 ]; then
+    echo "stopped by the call's time limit: run the same command again to resume" \
+      > "$OUT/train_status"
+  else
+    echo "failed (exit $code): see train.log" > "$OUT/train_status"
+    status=1
+  fi
+  cat "$OUT/train_status"
 fi
 if [ "$MODE" = dry-run ]; then  # the CPU rehearsal: same steps, small and fast
   # shellcheck disable=SC2086
