@@ -226,26 +226,36 @@ print(json.dumps(rows))
 """
 
 
+def run_deviceless(code: str, cwd, dump_dir=None) -> tuple[object, list[str]]:
+    """Runs ``code`` (Python that compiles for an H100 with hlo_compile's deviceless setup
+    and prints one JSON line last) in a fresh process of this interpreter in ``cwd``, with
+    Mosaic GPU's ptxas reports dumped under ``dump_dir`` (default ``cwd/ptxas``). Returns
+    (that JSON line, parsed; the ptxas report of every Mosaic GPU kernel compiled, in
+    file-name order)."""
+    import json
+    import os
+    import pathlib
+    import subprocess
+    import sys
+
+    dump = pathlib.Path(dump_dir or pathlib.Path(cwd) / "ptxas")
+    dump.mkdir(exist_ok=True)
+    env = dict(os.environ, MOSAIC_GPU_DUMP_PTXAS="1", MOSAIC_GPU_DUMP_TO=str(dump))
+    run = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=cwd, env=env
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads(run.stdout.strip().splitlines()[-1])
+    return result, [path.read_text() for path in sorted(dump.glob("*.ptxas"))]
+
+
 def compile_paper_step(impl: str, dtypes, kernels, tmp_path) -> tuple[list[dict], list[str]]:
     """configs/ptb.py's HyperRHN training step (the trainer's jitted step, batch 256 x 100)
     with ``impl``, compiled for an H100 without a GPU in a fresh process (the CUDA plugin's
     venv), once per dtype. Returns (one row per dtype: its sizes and how often each name of
     ``kernels`` occurs in the compiled HLO, the ptxas report of every Mosaic GPU kernel)."""
-    import json
-    import os
-    import subprocess
-    import sys
-
     code = _PAPER_STEP.format(impl=impl, dtypes=list(dtypes), kernels=list(kernels))
-    dump = tmp_path / "ptxas"
-    dump.mkdir()
-    env = dict(os.environ, MOSAIC_GPU_DUMP_PTXAS="1", MOSAIC_GPU_DUMP_TO=str(dump))
-    run = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
-    rows = json.loads(run.stdout.strip().splitlines()[-1])
-    return rows, [path.read_text() for path in sorted(dump.glob("*.ptxas"))]
+    return run_deviceless(code, tmp_path)
 
 
 def assert_no_spills(reports: list[str]) -> None:

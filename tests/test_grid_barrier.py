@@ -10,14 +10,12 @@ one-line error instead of hanging.
 
 import json
 import pathlib
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from kernel_cases import needs_cuda
+from kernel_cases import needs_cuda, run_deviceless
 from rhhjax.kernels import grid_barrier
 
 NEEDS_GPU = pytest.mark.skipif(
@@ -145,13 +143,11 @@ def test_the_reference_adds_the_right_neighbour_each_phase():
 
 @pytest.mark.gpu_compile
 @needs_cuda
-def test_a_132_block_700_phase_kernel_lowers_and_compiles_for_an_h100_without_a_gpu():
+def test_a_132_block_700_phase_kernel_lowers_and_compiles_for_an_h100_without_a_gpu(tmp_path):
     here = pathlib.Path(__file__).parent
     code = "from rhhjax.tools import hlo_compile as h; h.set_deviceless_env(log_ptxas=False)\n"
     code += "import test_grid_barrier as t; t.compile_main()"
-    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=here)
-    assert run.returncode == 0, run.stderr[-3000:]
-    pieces = json.loads(run.stdout.strip().splitlines()[-1])
+    pieces, _ = run_deviceless(code, here, dump_dir=tmp_path)
     assert all(pieces.values()), pieces
 
 

@@ -6,15 +6,11 @@ matmul of the layer above plus `cells.gate_backward`), and its one-line config e
 CUDA plugin; skipped without it). `TestCompiled`: the kernel against its reference, on a GPU
 only."""
 
-import json
-import subprocess
-import sys
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from kernel_cases import needs_cuda
+from kernel_cases import needs_cuda, run_deviceless
 from rhhjax.kernels import mosaic_backward as mb
 
 from rhhjax.ops import fused, spec
@@ -119,9 +115,7 @@ def test_kernel_lowers_and_compiles_for_an_h100_without_a_gpu(tmp_path):
     cases = [(256, 1024, "bfloat16", True, True), (256, 1024, "float32", True, True),
              (64, 64, "bfloat16", False, False)]  # fmt: skip
     code = _COMPILE.format(cases=cases)
-    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
-    assert run.returncode == 0, run.stderr[-3000:]
-    rows = json.loads(run.stdout.strip().splitlines()[-1])
+    rows, _ = run_deviceless(code, tmp_path)
     assert rows == [{"mosaic": True, "compiled": True}] * len(cases)
 
 

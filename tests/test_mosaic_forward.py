@@ -5,15 +5,11 @@ one-line config errors. ``gpu_compile``: the kernel lowers and compiles for an H
 a GPU (needs the JAX CUDA plugin; skipped without it). `TestCompiled`: the kernel against
 its reference, on a GPU only."""
 
-import json
-import subprocess
-import sys
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from kernel_cases import needs_cuda
+from kernel_cases import needs_cuda, run_deviceless
 from rhhjax.kernels import mosaic_forward as mf
 
 from rhhjax.ops import cells
@@ -104,9 +100,7 @@ def test_kernel_lowers_and_compiles_for_an_h100_without_a_gpu(tmp_path):
     blocks, K 1024) and a small odd case, deviceless, in a fresh process."""
     cases = [(256, 1056, 1024, 8, 64, 4), (64, 48, 48, 8, 16, 2)]
     code = _COMPILE.format(cases=cases)
-    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
-    assert run.returncode == 0, run.stderr[-3000:]
-    rows = json.loads(run.stdout.strip().splitlines()[-1])
+    rows, _ = run_deviceless(code, tmp_path)
     assert rows == [{"mosaic": True, "compiled": True}] * len(cases)
 
 

@@ -7,16 +7,13 @@ count; one-line plan errors. ``gpu_compile``: the kernel lowers and compiles for
 without a GPU, and allocates exactly `backward_smem_bytes`. `TestCompiled`: the kernel against
 its reference, on a GPU only."""
 
-import json
-import subprocess
-import sys
 import types
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from kernel_cases import needs_cuda
+from kernel_cases import needs_cuda, run_deviceless
 from rhhjax.kernels import persistent_backward as pb
 from rhhjax.kernels.persistent_plan import PersistentPlan, PlanError, paper_plan
 
@@ -331,9 +328,7 @@ def test_kernel_lowers_and_compiles_for_an_h100_without_a_gpu(tmp_path):
         ((100, 37, "float32", 3, 2, 32, 3), 3, 2, False, True),
     ]
     code = _COMPILE.format(cases=cases)
-    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
-    assert run.returncode == 0, run.stderr[-3000:]
-    rows = json.loads(run.stdout.strip().splitlines()[-1])
+    rows, _ = run_deviceless(code, tmp_path)
     assert len(rows) == len(cases)
     for row in rows:
         assert row["mosaic"] and row["barrier"], row

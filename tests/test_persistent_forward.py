@@ -7,16 +7,11 @@ checks and its shared-memory count, one-line errors. ``gpu_compile``: the kernel
 compiles for an H100 without a GPU, allocating exactly ``plan.smem_bytes(...)`` (needs the
 JAX CUDA plugin). `TestCompiled`: the kernel against its reference, on a GPU only."""
 
-import json
-import os
-import subprocess
-import sys
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from kernel_cases import needs_cuda
+from kernel_cases import assert_no_spills, needs_cuda, run_deviceless
 from rhhjax.kernels import persistent_forward as pf
 from rhhjax.kernels import persistent_plan as pp
 
@@ -303,23 +298,14 @@ def test_kernel_lowers_and_compiles_for_an_h100_without_a_gpu(tmp_path):
         ((100, 37, "float32", 4, 2, 16, 2), 3, 3, False, True, True),
     ]
     code = _COMPILE.format(cases=cases)
-    dump = tmp_path / "dump"
-    dump.mkdir()
-    env = dict(os.environ, MOSAIC_GPU_DUMP_PTXAS="1", MOSAIC_GPU_DUMP_TO=str(dump))
-    run = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
-    rows = json.loads(run.stdout.strip().splitlines()[-1])
+    rows, reports = run_deviceless(code, tmp_path)
     assert len(rows) == len(cases)
     for row in rows:
         assert all(row["marks"]), row
         assert row["smem"] == [row["plan_smem"]], row
     # ptxas compiled every kernel for sm_90a, without register spills.
-    reports = [path.read_text() for path in sorted(dump.glob("*.ptxas"))]
-    assert len(reports) == len(cases), sorted(dump.iterdir())
-    for report in reports:
-        assert "for 'sm_90a'" in report and "0 bytes spill stores" in report, report
+    assert len(reports) == len(cases), len(reports)
+    assert_no_spills(reports)
 
 
 @NEEDS_GPU
