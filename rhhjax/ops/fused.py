@@ -11,8 +11,7 @@ The interface every implementation module provides (see `rhhjax.ops.spec`):
     prepare_weights(...)    W_l [L, n, 2n] -> L per-layer padded, cast (transposed) arrays
     saved_rows(has_z)       what the forward saves per micro-layer besides its input state
     forward_loop(...)       states [T, L, Bp, Np] (and the packed saved rows)
-    backward_loop(...)      (ds0, d_scaled, dz, dbias[, dW]) in the padded layout (dW: the
-                            implementation formed the weight gradient itself)
+    backward_loop(...)      (ds0, d_scaled, dz, dbias, dW) in the padded layout
 
 Layout here: units padded to a multiple of FUSED_UNIT_MULTIPLE, the batch unpadded; the
 weight L x [Np, 2 * Np] (the backward reads L transposed copies [2 * Np, Np]). The forward
@@ -137,7 +136,7 @@ def backward_loop(spec, geo, w_t, bias, s0, xproj, z, keep, hidden, packed, g_st
     w_t: L transposed weights (`prepare_weights(..., transposed=True)`); packed: the forward's
     saved rows; g_states [T, L, Bp, Np] the padded cotangents of the states.
     Returns (ds0 [Bp, Np], d_scaled [T, L, Bp, 2, Np] = da * [z, z], dz [T, L, Bp, Np] or
-    None, dbias [L, 2, Np]).
+    None, dbias [L, 2, Np], dW [L, Np, 2, Np]: `loops.deferred_weight_gradient`).
     """
     del geo, bias
     depth = len(w_t)
@@ -168,4 +167,6 @@ def backward_loop(spec, geo, w_t, bias, s0, xproj, z, keep, hidden, packed, g_st
     )
     # The state gradient of s0 through W_0 (no gate backward below it).
     ds0 = _state_gradient(spec, (d_scaled0, w_t[0], hidden_of(0), ds_carry0))
-    return ds0, *loops.gradients_from_da(da, z, packed, fields)
+    d_scaled, dz, dbias = loops.gradients_from_da(da, z, packed, fields)
+    dw = loops.deferred_weight_gradient(spec.dtype, packed, d_scaled, fields, hidden)
+    return ds0, d_scaled, dz, dbias, dw

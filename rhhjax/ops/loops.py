@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING
 import jax
 import jax.numpy as jnp
 
+from rhhjax.ops import cells
+
 if TYPE_CHECKING:
     from rhhjax.ops.sequence_spec import ModelFacts
 
@@ -139,6 +141,23 @@ def forward_scan(
     if not save:
         return outputs, None
     return states_from_inputs(outputs[..., 0, :], s_last), outputs
+
+
+def deferred_weight_gradient(
+    dtype, packed: Array, d_scaled: Array, fields: Fields, hidden: Array | None = None
+) -> Array:
+    """dW [L, Np, 2, Np] after the reverse loop: one [Np, T*Bp] x [T*Bp, 2*Np] matmul per
+    layer over the saved input states (packed [T, L, Bp, K, Np], times the variational
+    masks ``hidden`` [L, Bp, Np] when given) and d_scaled [T, L, Bp, 2, Np], both in the
+    matmul ``dtype``, accumulated in float32."""
+    inputs, _ = unpack(packed, fields)
+    matmul_inputs = inputs if hidden is None else inputs * hidden[None]
+    return jnp.einsum(
+        "tlbi,tlbho->liho",
+        matmul_inputs.astype(dtype),
+        d_scaled.astype(dtype),
+        preferred_element_type=cells.accumulation_dtype(dtype),
+    )
 
 
 def gradients_from_da(da: Array, z: Array | None, packed: Array, fields: Fields):

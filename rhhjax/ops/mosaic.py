@@ -6,8 +6,8 @@ Forward (`rhhjax.kernels.mosaic_forward`): the matmul, input projection, hyper s
 gates, gate dropout and combine; it saves `fused`'s rows ("h", "t" and, with z, "full").
 Backward (`rhhjax.kernels.mosaic_backward`, issue 20 item 1 option (a)): the state-gradient
 GEMM of the layer above fused with this layer's gate backward, writing d_scaled (the next
-GEMM's operand), the carried state gradient and da; dz, the bias and (in
-`rhhjax.ops.recurrence`) the weight gradients are large XLA reductions and GEMMs after the
+GEMM's operand), the carried state gradient and da; dz, the bias and the weight
+gradients (`loops.deferred_weight_gradient`) are large XLA reductions and GEMMs after the
 loop; the state gradient of s0 is one XLA matmul.
 
 Where it runs: compiled on a GPU (`unavailable` refuses it elsewhere, in one line, unless
@@ -143,7 +143,7 @@ def backward_loop(spec, geo, w, bias, s0, xproj, z, keep, hidden, packed, g_stat
     w: L arrays W_l [Np, 2 * Np] (`prepare_weights(..., transposed=True)`); packed: the
     forward's saved rows; g_states [T, L, Bp, Np] the padded cotangents of the states.
     Returns (ds0 [Bp, Np], d_scaled [T, L, Bp, 2, Np] = da * [z, z], dz [T, L, Bp, Np] or
-    None, dbias [L, 2, Np]).
+    None, dbias [L, 2, Np], dW [L, Np, 2, Np]: `loops.deferred_weight_gradient`).
     """
     del geo, bias, hidden  # hidden: None (`forward_loop` refused it).
     depth = len(w)
@@ -168,4 +168,12 @@ def backward_loop(spec, geo, w, bias, s0, xproj, z, keep, hidden, packed, g_stat
     )
     # The state gradient of s0 through W_0 (no gate backward below it): one XLA matmul.
     ds0 = ds_carry0 + jnp.matmul(d_above0, w[0].T, preferred_element_type=jnp.float32)
-    return ds0, *loops.gradients_from_da(da, z, packed, saved_rows(z is not None))
+    fields = saved_rows(z is not None)
+    d_scaled, dz, dbias = loops.gradients_from_da(da, z, packed, fields)
+    return (
+        ds0,
+        d_scaled,
+        dz,
+        dbias,
+        loops.deferred_weight_gradient(spec.dtype, packed, d_scaled, fields),
+    )

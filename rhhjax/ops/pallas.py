@@ -113,7 +113,7 @@ def backward_loop(spec, geo, w_t, bias, s0, xproj, z, keep, hidden, packed, g_st
     d_scaled and dz at (t, l) and the partial bias sums in place. A while loop counting t
     down is the only loop state besides the carried state gradient.
     Returns (ds0 [Bp, Np], d_scaled [T, L, Bp, 2, Np], dz [T, L, Bp, Np] or None,
-    dbias [L, 2, Np]).
+    dbias [L, 2, Np], dW [L, Np, 2, Np]: `loops.deferred_weight_gradient`).
     """
     del hidden  # None: `forward_loop` refused it.
     length, depth = xproj.shape[0], len(w_t)
@@ -142,4 +142,5 @@ def backward_loop(spec, geo, w_t, bias, s0, xproj, z, keep, hidden, packed, g_st
     )
     # The state gradient of s0 through W_0 (no gate backward below it).
     ds0 = highway.state_grad_padded(d_scaled[0, 0], w_t[0], ds_carry, **kernel_args)
-    return ds0, d_scaled, dz, da_acc.sum(1)  # The kernel always accumulates the bias sums.
+    dw = loops.deferred_weight_gradient(spec.dtype, packed, d_scaled, saved_rows(z is not None))
+    return ds0, d_scaled, dz, da_acc.sum(1), dw  # The kernel always accumulates the bias sums.

@@ -14,8 +14,9 @@ after every micro-layer phase, T * L of them per direction:
   dtype for the next phase's GEMM and, for the backward, `fused`'s saved rows.
 * backward (`rhhjax.kernels.persistent_backward`): per phase (in reverse) the block's slice
   of ``d_scaled_above @ W_above^T`` fused with its gate backward; ``da`` is written out, and
-  dz, the bias, the input-projection and (in `rhhjax.ops.recurrence`) the weight gradients
-  are large XLA reductions and GEMMs after the loop; the gradient of s0 is one XLA matmul.
+  dz, the bias, the input-projection and the weight gradients (from the kernels' own
+  matmul-dtype buffers) are large XLA reductions and GEMMs after the loop; the gradient
+  of s0 is one XLA matmul.
 
 The hyper cell is not inside the kernel: with ``hyper_input="x"`` the hyper recurrence runs
 first, as its own persistent sequence, and every z is computed at once
@@ -224,7 +225,7 @@ def backward_loop(spec, geo, w, bias, s0, xproj, z, keep, hidden, saved, g_state
     (ds0 [Bp, Np], d_scaled of layer 0 [T, 1, Bp, 2, Np] = da * [z, z] (the gradient of
     xproj), dz [T, L, Bp, Np] or None, dbias [L, 2, Np], dW [L, k_pad, 2, Np]): dW from the
     kernels' matmul-dtype operands, s_mm (the input states) and d_mm (d_scaled), the values
-    `recurrence`'s deferred weight gradient would cast."""
+    `loops.deferred_weight_gradient` would cast."""
     del bias, s0, hidden  # hidden: None (`forward_loop` refused it).
     packed, s_mm = saved
     plan = _plan(spec, geo)

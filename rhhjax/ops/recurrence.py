@@ -3,11 +3,12 @@
 A `jax.custom_vjp` around the WHOLE time loop; the loops themselves come from the
 implementation module `spec.impl` names (`rhhjax.ops.spec.IMPLEMENTATIONS`: `fused`, XLA
 matmuls, in `rhhjax.ops.fused`; `pallas`, Pallas kernels, in `rhhjax.ops.pallas`; `mosaic`,
-Mosaic GPU kernels, in `rhhjax.ops.mosaic`). This
-module holds what they share: padding once per call, the gate-dropout decisions of every
-step, and, after the reverse loop, the weight gradients (one large matmul per layer:
-deferred weight gradients) and the unpadding. `scan` (the textbook `nn.scan` in
-`rhhjax.models`) never reaches this module.
+Mosaic GPU kernels, in `rhhjax.ops.mosaic`; `persistent`, two persistent Mosaic GPU kernels,
+in `rhhjax.ops.persistent`). This module holds what they share: padding once per call, the
+gate-dropout decisions of every step, and the unpadding; each `backward_loop` also returns
+the weight gradient, one large matmul per layer after the reverse loop
+(`loops.deferred_weight_gradient`, or `persistent`'s own from its kernels' buffers).
+`scan` (the textbook `nn.scan` in `rhhjax.models`) never reaches this module.
 
 Everything that depends only on the parameters or on the whole sequence happens ONCE per
 call, outside the time loops: padding to the implementation's layout (`geometry`), casting
@@ -21,11 +22,9 @@ Padded layout inside the loops (B -> Bp rows, n -> Np units, halves kept aligned
     z      [T, L, Bp, Np]  f32 | None           keep   [T, L, Bp, Np]   KEEP_DTYPE | None
 
 The forward stores ONE packed array per step, each micro-layer's input state and saved
-arrays ([T, L, Bp, K, Np], the implementation's `saved_rows`). An implementation whose
-`backward_loop` returns a fifth value, dW [L, >= n, 2, Np] (`persistent`: from the matmul-
-dtype operands its kernels already wrote), forms the weight gradient itself; its d_scaled
-then needs layer 0 only ([T, 1, Bp, 2, Np], for the gradient of xproj), and its saved
-residual ("packed") is whatever its own `backward_loop` reads.
+arrays ([T, L, Bp, K, Np], the implementation's `saved_rows`; `persistent` saves what its
+own `backward_loop` reads, and returns d_scaled of layer 0 only, [T, 1, Bp, 2, Np]: the
+gradient of xproj is all this module takes from d_scaled).
 
 Padded units have zero weights, bias and input, so their state stays 0; padded batch rows
 get zero cotangents, so they add nothing to any gradient.
@@ -40,7 +39,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from rhhjax.ops import cells, loops
+from rhhjax.ops import cells
 from rhhjax.ops.spec import IMPLEMENTATIONS, SequenceSpec
 
 Array = jax.Array
@@ -93,19 +92,6 @@ def _sequence_fwd(spec, weights, s0, xproj, z, key_data, hidden_masks):
     return geo.unpad_rows(states), (operands, packed, key_zero, weights)
 
 
-def _deferred_weight_gradient(spec, impl, packed, d_scaled, hidden, has_z: bool) -> Array:
-    """dW [L, Np, 2, Np]: one [Np, T*Bp] x [T*Bp, 2*Np] matmul per layer over the saved input
-    states (packed [T, L, Bp, K, Np]) and d_scaled [T, L, Bp, 2, Np], in the matmul dtype."""
-    inputs, _ = loops.unpack(packed, impl.saved_rows(has_z))
-    matmul_inputs = inputs if hidden is None else inputs * hidden[None]
-    return jnp.einsum(
-        "tlbi,tlbho->liho",
-        matmul_inputs.astype(spec.dtype),
-        d_scaled.astype(spec.dtype),
-        preferred_element_type=cells.accumulation_dtype(spec.dtype),
-    )
-
-
 def _sequence_bwd(spec, residuals, g_states):
     operands, packed, key_zero, weights = residuals
     bias, s0, xproj, z, keep, hidden = operands
@@ -113,14 +99,9 @@ def _sequence_bwd(spec, residuals, g_states):
     impl = IMPLEMENTATIONS[spec.impl]
     geo = impl.geometry(spec, batch, width)
     w_t = impl.prepare_weights(spec, geo, weights.kernel_s, transposed=True)
-    grads = impl.backward_loop(
+    ds0, d_scaled, dz, dbias, dw = impl.backward_loop(
         spec, geo, w_t, bias, s0, xproj, z, keep, hidden, packed, geo.pad_rows(g_states)
     )
-    ds0, d_scaled, dz, dbias = grads[:4]
-    if len(grads) == 5:  # the implementation formed dw itself (`persistent`)
-        dw = grads[4]
-    else:
-        dw = _deferred_weight_gradient(spec, impl, packed, d_scaled, hidden, z is not None)
     dbias = geo.unpad_bias(dbias)
     d_weights = cells.HighwayWeights(
         kernel_x=jnp.zeros_like(weights.kernel_x),
