@@ -106,11 +106,7 @@ def check_plan(plan: PersistentPlan, has_z: bool = True, has_mask: bool = True) 
     SMs, ``rows <= 256`` (a TMA box), ``u % 8 == 0`` (wgmma N, 16-byte TMA rows),
     ``2 * n_pad % k_chunk == 0`` (its K) and `backward_smem_bytes` within the per-block
     limit."""
-    if plan.grid > plan.sm_count:
-        raise PlanError(
-            f"persistent grid of {plan.grid} blocks exceeds the {plan.sm_count} SMs: "
-            "blocks would not be co-resident and the grid barrier would deadlock."
-        )
+    plan.check_grid()
     if plan.rows_per_block > MAX_TMA_ROWS:
         raise PlanError(
             f"persistent backward needs rows_per_block <= {MAX_TMA_ROWS} (a TMA box), got "
@@ -121,11 +117,7 @@ def check_plan(plan: PersistentPlan, has_z: bool = True, has_mask: bool = True) 
             f"persistent backward needs units_per_block % 8 == 0 (wgmma N), got "
             f"{plan.units_per_block} (width {plan.width}, col_blocks {plan.col_blocks})."
         )
-    if (2 * plan.n_pad) % plan.k_chunk:
-        raise PlanError(
-            f"persistent backward needs 2 * n_pad ({2 * plan.n_pad}) to be a multiple of "
-            f"k_chunk {plan.k_chunk}."
-        )
+    plan.check_backward_k()
     need = backward_smem_bytes(plan, has_z, has_mask)
     if need > plan.smem_limit:
         raise PlanError(

@@ -241,16 +241,8 @@ class PersistentPlan:
                 f"{self.width} in k_chunk {self.k_chunk}, {self.col_blocks} column blocks): "
                 "the forward would read unwritten state columns; lower k_chunk."
             )
-        if (2 * self.n_pad) % self.k_chunk:
-            raise PlanError(
-                f"persistent plan has 2 * n_pad = {2 * self.n_pad} not a multiple of k_chunk "
-                f"{self.k_chunk} (the backward's K); lower k_chunk or change col_blocks."
-            )
-        if self.grid > self.sm_count:
-            raise PlanError(
-                f"persistent grid of {self.grid} blocks exceeds the {self.sm_count} SMs: "
-                "blocks would not be co-resident and the grid barrier would deadlock."
-            )
+        self.check_backward_k()
+        self.check_grid()
         need = self.smem_bytes()
         if need > self.smem_limit:
             raise PlanError(
@@ -258,6 +250,23 @@ class PersistentPlan:
                 f"{self.smem_limit} B limit ({self.dtype}, rows {self.rows_per_block}, "
                 f"k_chunk {self.k_chunk}, stages {self.stages}): lower stages or k_chunk, "
                 "or raise row_blocks."
+            )
+
+    def check_backward_k(self) -> None:
+        """PlanError (one line) unless the backward's K, ``2 * n_pad``, is whole chunks."""
+        if (2 * self.n_pad) % self.k_chunk:
+            raise PlanError(
+                f"persistent plan has 2 * n_pad = {2 * self.n_pad} not a multiple of k_chunk "
+                f"{self.k_chunk} (the backward's K); lower k_chunk or change col_blocks."
+            )
+
+    def check_grid(self) -> None:
+        """PlanError (one line) unless every block can have an SM of its own (grid <= SMs):
+        otherwise blocks would not be co-resident and the grid barrier would deadlock."""
+        if self.grid > self.sm_count:
+            raise PlanError(
+                f"persistent grid of {self.grid} blocks exceeds the {self.sm_count} SMs: "
+                "blocks would not be co-resident and the grid barrier would deadlock."
             )
 
     def summary(self) -> dict:
