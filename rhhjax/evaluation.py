@@ -107,8 +107,12 @@ def evaluate_tokens(
     paper_mask: int = PAPER_VALID_MASK,
     should_stop: Callable[[], bool] | None = None,
     mesh: jax.sharding.Mesh | None = None,
+    max_chunk: int = data_lib.MAX_CHUNK,
 ) -> dict:
     """Metrics of the model on ``tokens`` under ``protocol`` (see module docstring).
+
+    ``max_chunk``: time steps of one batch at most; a longer ``seq_len`` runs in pieces with
+    the state carried (``rhhjax.data.eval_batches``), so memory does not grow with it.
 
     ``should_stop`` is polled between batches; when it returns True a ``KeyboardInterrupt``
     is raised (used for SIGTERM during the final evaluation).
@@ -127,7 +131,13 @@ def evaluate_tokens(
         carry = parallel.shard_batch(carry, mesh)
     sums = []
     batches = data_lib.eval_batches(
-        tokens, protocol, batch_size, seq_len, min_context=min_context, paper_mask=paper_mask
+        tokens,
+        protocol,
+        batch_size,
+        seq_len,
+        min_context=min_context,
+        paper_mask=paper_mask,
+        max_chunk=max_chunk,
     )
     for batch in batches:
         if should_stop is not None and should_stop():

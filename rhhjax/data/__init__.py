@@ -31,6 +31,7 @@ from rhhjax.data.corpus import SPLITS, Corpus
 from rhhjax.data.errors import DataError
 from rhhjax.data.eval_protocols import (
     EVAL_PROTOCOLS,
+    MAX_CHUNK,
     PAPER_CHUNK,
     PAPER_SEQ_LEN,
     EvalBatch,
@@ -64,6 +65,7 @@ __all__ = [
     "DEFAULT_HUTTER_HOLDOUT",
     "EVAL_PROTOCOLS",
     "FORMATS",
+    "MAX_CHUNK",
     "MIKOLOV_EOL",
     "PAPER_CHUNK",
     "PAPER_SEQ_LEN",

@@ -88,7 +88,9 @@ def default_eval_config() -> ml_collections.ConfigDict:
     """The ``eval`` block at its defaults: the periodic validation and the final evaluation."""
     evaluation = ml_collections.ConfigDict()
     evaluation.batch_size = 256  # Rows per evaluation batch.
-    evaluation.seq_len = 100  # Window / chunk length for the honest protocols.
+    # Window / chunk length for the honest protocols; a batch spans at most 1,000 steps
+    # (rhhjax.data.MAX_CHUNK): a longer window runs in pieces, the state carried.
+    evaluation.seq_len = 100
     evaluation.min_context = 50  # windows protocol: minimum context of every scored char.
     evaluation.valid_protocol = "windows"  # Protocol of the periodic validation.
     evaluation.final_protocols = "windows,stream,paper"  # Run on the best checkpoint at the end.
