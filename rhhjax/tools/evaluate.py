@@ -12,9 +12,9 @@ must still match the checkpoint's. Protocols and metrics: ``rhhjax.evaluation``.
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 
 from rhhjax import data as data_lib
+from rhhjax import outputs
 from rhhjax.errors import UserError
 from rhhjax.evaluation import evaluate_splits, format_table, parse_protocols
 
@@ -65,6 +65,8 @@ def main(argv: list[str]) -> int:
     from absl import flags
 
     f = flags.FLAGS
+    if f.output:  # before any work: an evaluation is not lost to a bad path
+        outputs.check_file(f.output, "--output")
     out = run(
         f.workdir,
         f.split,
@@ -78,7 +80,7 @@ def main(argv: list[str]) -> int:
     if f.output:
         from rhhjax.train.workdir import json_dumps  # NaN / inf as null: valid JSON
 
-        Path(f.output).write_text(json_dumps(out, indent=2) + "\n")
+        outputs.write_text(f.output, json_dumps(out, indent=2) + "\n", "--output")
     return 0
 
 
