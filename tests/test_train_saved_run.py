@@ -70,8 +70,13 @@ def test_bad_workdirs_and_steps_are_one_line(saved, tmp_path):
     cases = [
         (a_file, "best", f"{a_file} is a file, not a training workdir"),
         (tmp_path / "missing", "best", f"workdir {tmp_path / 'missing'} does not exist"),
-        (workdir, 8, f"no checkpoint of step 8 in {workdir} (saved steps: [7])"),
-        (workdir, "newest", "checkpoint must be best, latest or a step number, got 'newest'"),
+        (workdir, 8, f"no checkpoint of step 8 in {workdir} (saved: best/7)"),
+        (workdir, "newest", f"--checkpoint=newest: expected {saved_run.CHECKPOINT_FLAG_HELP}"),
+        (
+            workdir,
+            "checkpoints/7",
+            f"no checkpoint of step 7 in {workdir}/checkpoints (saved: best/7)",
+        ),
     ]
     for path, which, message in cases:
         with pytest.raises(ckpt_lib.CheckpointError) as info:
@@ -103,3 +108,72 @@ def test_evaluate_and_sample_read_the_same_checkpoint(saved):
     assert set(out["results"]["valid"]) == {"windows"}
     text = sample.run(str(workdir), "the ", 5, 0.0)
     assert text.startswith("the ") and len(text) == 9
+
+
+def _with_latest(tmp_path, saved, steps=(3, 7)):
+    """A copy of the saved workdir with latest checkpoints at ``steps`` besides best/7."""
+    import shutil
+
+    import jax.numpy as jnp
+
+    workdir = tmp_path / "w"
+    shutil.copytree(saved[0], workdir)
+    with ckpt_lib.Checkpoints(workdir, read_only=True) as ckpts:
+        params, meta = ckpts.restore_params("best")
+    with ckpt_lib.Checkpoints(workdir, keep=5) as ckpts:
+        for step in steps:
+            ckpts.save_latest(step, params, params, jnp.zeros(1), {**meta, "step": step})
+    return workdir
+
+
+def _truncate(step_dir):
+    files = [p for p in (step_dir / "params").rglob("*") if p.is_file()]
+    target = max(files, key=lambda p: p.stat().st_size)
+    target.write_bytes(target.read_bytes()[:10])
+
+
+@pytest.mark.parametrize(
+    "flag,used,step",
+    [("3", "step 3", 3), ("checkpoints/7", "step 7", 7), ("best/7", "step 7", 7),
+     ("latest", "latest", 7), ("best", "best", 7)],
+)  # fmt: skip
+def test_any_saved_checkpoint_can_be_chosen(saved, tmp_path, flag, used, step):
+    """evaluate / sample took --checkpoint=best|latest only: checkpoints/3 was refused."""
+    run = saved_run.load_run(_with_latest(tmp_path, saved), flag)
+    assert (run.checkpoint, run.step) == (used, step)
+
+
+def test_a_damaged_checkpoint_names_the_exact_flag_of_each_undamaged_one(saved, tmp_path):
+    """A damaged best listed every other checkpoint, damaged ones too, with no flag to use."""
+    workdir = _with_latest(tmp_path, saved)
+    _truncate(workdir / "best" / "7")
+    damaged = f"checkpoint {workdir}/best/7 is damaged (params/"
+    with pytest.raises(ckpt_lib.CheckpointError) as info:
+        saved_run.load_run(workdir, "best")
+    assert str(info.value).startswith(damaged)
+    assert str(info.value).endswith(
+        "; use an undamaged one: --checkpoint=checkpoints/7 or --checkpoint=3"
+    )
+    _truncate(workdir / "checkpoints" / "3")
+    with pytest.raises(ckpt_lib.CheckpointError) as info:
+        saved_run.load_run(workdir, "best/7")
+    assert str(info.value).endswith("; use an undamaged one: --checkpoint=checkpoints/7")
+    _truncate(workdir / "checkpoints" / "7")
+    with pytest.raises(ckpt_lib.CheckpointError) as info:
+        saved_run.load_run(workdir, "best")
+    assert str(info.value).endswith(f"; no undamaged checkpoint is left in {workdir}")
+
+
+@pytest.mark.parametrize("table", ["{}\n", "", "[1, 2]"])
+def test_damage_in_the_checksum_file_itself_is_a_readable_line(saved, tmp_path, table):
+    """An empty checksums.json ({}) beside a truncated file let orbax read it and end in
+    '<bound method pybind11_detail_function_record_v1_...'; now the checksum file is named."""
+    workdir = _with_latest(tmp_path, saved, steps=(3,))
+    _truncate(workdir / "best" / "7")
+    (workdir / "best" / "7" / ckpt_lib.CHECKSUMS_FILE).write_text(table)
+    with pytest.raises(ckpt_lib.CheckpointError) as info:
+        saved_run.load_run(workdir, "best")
+    message = str(info.value)
+    assert "bound method" not in message and "\n" not in message
+    assert f"is damaged (its {ckpt_lib.CHECKSUMS_FILE} " in message
+    assert message.endswith("; use an undamaged one: --checkpoint=3")

@@ -1,7 +1,7 @@
 """Evaluate a checkpoint of a workdir, no training.
 
     python -m rhhjax.tools.evaluate --workdir=workdirs/ptb [--split=valid|test|all]
-        [--protocol=windows|stream|paper|all] [--checkpoint=best|latest] [--output=FILE.json]
+        [--protocol=windows|stream|paper|all] [--checkpoint=best|latest|STEP] [--output=FILE.json]
         [--data_dir=FOLDER | --text_files=FILE[,FILE,FILE]]
 
 The data is found as the run's config says (its ``data`` section); ``--data_dir`` (PTB) or
@@ -90,7 +90,9 @@ def define_flags() -> None:
     flags.DEFINE_string("workdir", None, "Training workdir holding checkpoints.", required=True)
     flags.DEFINE_enum("split", "valid", ["valid", "test", "train", "all"], "Split to evaluate.")
     flags.DEFINE_string("protocol", "all", "windows | stream | paper | all (comma-separated ok).")
-    flags.DEFINE_enum("checkpoint", "best", ["best", "latest"], "Which checkpoint.")
+    flags.DEFINE_string(
+        "checkpoint", "best", "best | latest | STEP (a saved step) | checkpoints/STEP | best/STEP."
+    )
     flags.DEFINE_string("impl", "", "Override model.impl (auto | scan | fused | pallas).")
     flags.DEFINE_integer("batch_size", 0, "Override eval.batch_size (0 = from the config).")
     flags.DEFINE_string("output", "", "Also write the results as JSON to this file.")

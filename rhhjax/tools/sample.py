@@ -1,7 +1,7 @@
 r"""Generate text from a trained model.
 
     python -m rhhjax.tools.sample --workdir=workdirs/ptb --prompt="the " --length=300 \
-        --temperature=0.8 [--seed=0] [--checkpoint=best|latest] [--output=FILE.txt]
+        --temperature=0.8 [--seed=0] [--checkpoint=best|latest|STEP] [--output=FILE.txt]
 
 Only the checkpoint is read (its vocabulary travels with it): no data folder is needed.
 How the text is drawn: ``rhhjax.sampling``.
@@ -52,7 +52,9 @@ def define_flags() -> None:
     flags.DEFINE_integer("length", 300, "Characters to generate.")
     flags.DEFINE_float("temperature", 0.8, "Softmax temperature; 0 = greedy.")
     flags.DEFINE_integer("seed", 0, "Sampling seed.")
-    flags.DEFINE_enum("checkpoint", "best", ["best", "latest"], "Which checkpoint.")
+    flags.DEFINE_string(
+        "checkpoint", "best", "best | latest | STEP (a saved step) | checkpoints/STEP | best/STEP."
+    )
     flags.DEFINE_string("output", "", "Also write the text to this file (UTF-8).")
 
 

@@ -38,15 +38,25 @@ class WorkdirWriteError(TrainError):
 
 
 def _write_failure(path: Path, nbytes: int, error: OSError) -> WorkdirWriteError:
-    """The one line for a failed write of about ``nbytes`` to ``path``."""
+    """The one line for a failed write of about ``nbytes`` to ``path`` (a file of the workdir
+    ``path.parent``): why, and what the workdir's checkpoints hold."""
     if error.errno == errno.ENOSPC:
         why = f"no space left on device ({ckpt_lib.space_needed(path.parent, nbytes)})"
+        fix = "free some space and run the same command again"
     else:
         why = error.strerror or " ".join(str(error).split())
-    return WorkdirWriteError(
-        f"cannot write {path}: {why}; the checkpoints are intact: free some space and run the "
-        f"same command again"
-    )
+        fix = "run the same command again once it can be written"
+    return WorkdirWriteError(f"cannot write {path}: {why}; {checkpoints_left(path.parent)}: {fix}")
+
+
+def checkpoints_left(workdir: Path) -> str:
+    """What a failed write leaves: "the checkpoints are intact (the latest: step N)", or "no
+    checkpoint has been written yet" (read from the folder names: nothing is opened)."""
+    folder = workdir / ckpt_lib.LATEST_DIR
+    steps = [int(p.name) for p in folder.iterdir() if p.name.isdigit()] if folder.is_dir() else []
+    if steps:
+        return f"the checkpoints are intact (the latest: step {max(steps)})"
+    return "no checkpoint has been written yet"
 
 
 def json_safe(value: Any) -> Any:
@@ -152,8 +162,11 @@ class WorkdirLock:
             ) from None
         except OSError:  # a filesystem without flock (some network filesystems): no lock
             pass
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        try:  # the holder's pid, for the message above; a full disk leaves it out
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        except OSError:
+            pass
         self._fd = fd
 
     def release(self) -> None:
