@@ -177,3 +177,40 @@ def test_damage_in_the_checksum_file_itself_is_a_readable_line(saved, tmp_path, 
     assert "bound method" not in message and "\n" not in message
     assert f"is damaged (its {ckpt_lib.CHECKSUMS_FILE} " in message
     assert message.endswith("; use an undamaged one: --checkpoint=3")
+
+
+@pytest.mark.parametrize("how", ["edited", "garbled", "deleted"])
+def test_evaluate_sample_and_analyze_warn_once_when_config_json_disagrees(
+    saved, tmp_path, capfd, how
+):
+    """They ran from the checkpoint with no word about an edited, garbled or deleted
+    config.json; now one warning line, and the checkpoint's model is what runs."""
+    import json
+    import shutil
+
+    workdir = tmp_path / "w"
+    shutil.copytree(saved[0], workdir)
+    path = workdir / "config.json"
+    if how == "edited":
+        config = json.loads(path.read_text())
+        config["model"]["hidden"] = 32
+        path.write_text(json.dumps(config))
+    elif how == "garbled":
+        path.write_text("{")
+    else:
+        path.unlink()
+    capfd.readouterr()
+    run = saved_run.load_run(workdir)
+    (line,) = capfd.readouterr().err.splitlines()
+    assert line.startswith(f"warning: {path} ") and line.endswith(
+        "following the checkpoint of step 7"
+    )
+    assert run.model.hidden == 16
+    if how == "edited":
+        assert "in model.hidden (32 there, 16 in the checkpoint)" in line
+
+
+def test_a_config_json_that_agrees_gives_no_warning(saved, capfd):
+    capfd.readouterr()
+    saved_run.load_run(saved[0])
+    assert capfd.readouterr().err == ""

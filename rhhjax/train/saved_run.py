@@ -6,7 +6,9 @@
     corpus = run.corpus()                          # the data the run's config names, checked
                                                    # against the checkpoint's vocabulary
 
-Every problem is a ``rhhjax.errors.UserError`` with one line (``CheckpointError`` from here and
+A ``config.json`` that disagrees with the checkpoint (edited, garbled, deleted) is one
+``warning:`` line on stderr: the checkpoint is what runs. Every problem is a
+``rhhjax.errors.UserError`` with one line (``CheckpointError`` from here and
 from ``rhhjax.train.checkpoint``, e.g. a damaged checkpoint; ``DataError`` from the data), so the
 programs print ``error: ...`` and exit 1.
 """
@@ -25,7 +27,9 @@ import ml_collections
 
 from rhhjax import data as data_lib
 from rhhjax import models
+from rhhjax.errors import warn
 from rhhjax.train import checkpoint as ckpt_lib
+from rhhjax.train import workdir as workdir_lib
 
 CHECKPOINT_NAMES = ("best", "latest")
 CHECKPOINT_FLAG_HELP = (
@@ -169,6 +173,9 @@ def load_run(
             used = f"step {step}"
     except ckpt_lib.DamagedCheckpointError as e:
         raise _with_flags(e, path) from None
+    warning = workdir_lib.config_json_warning(path, meta)
+    if warning:
+        warn(warning)
     config = ml_collections.ConfigDict(meta["config"])
     _move_data(config, data_dir, text_files)
     fields = dict(meta["model"])

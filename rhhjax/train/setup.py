@@ -1,8 +1,9 @@
 """A run before anything is written: ``prepare_run(config, workdir, ...) -> Run``.
 
 It validates the whole config, joins the devices, loads the data, builds the model config and
-the batch sampler and checks the workdir (writable; a run already in it has the same model,
-vocabulary and sampler shape). Problems raise a ``rhhjax.errors.UserError`` with a one-line
+the batch sampler and checks the workdir (a run already in it has the same model, vocabulary
+and sampler shape; its ``config.json`` agrees with its checkpoint, else one ``warning:`` line;
+writable unless its run has finished). Problems raise a ``rhhjax.errors.UserError`` with a one-line
 message, before anything is written or compiled. ``Run`` carries what every later part of the
 run reads.
 """
@@ -21,6 +22,7 @@ import numpy as np
 from rhhjax import data as data_lib
 from rhhjax import evaluation as eval_lib
 from rhhjax import models, parallel
+from rhhjax.errors import warn
 from rhhjax.train import config as train_config
 from rhhjax.train import workdir as workdir_lib
 from rhhjax.train.config import TrainError
@@ -83,9 +85,16 @@ def prepare_run(
     cfg.model.vocab_size = corpus.vocab.size
     sampler = _make_sampler(cfg, corpus.train)
     _check_eval_data(cfg, corpus, corpus.valid[: cfg.eval.max_valid_chars or None])
-    workdir_lib.check_workdir_writable(workdir)
+    if workdir.exists() and not workdir.is_dir():
+        raise TrainError(f"workdir {workdir} exists and is not a directory")
     meta = workdir_lib.check_compatible(workdir, cfg, model, corpus.vocab, sampler.state())
+    if meta is not None and parallel.is_primary():
+        warning = workdir_lib.config_json_warning(workdir, meta)
+        if warning:
+            warn(warning)
     finished = workdir_lib.finished_results(workdir, cfg, meta, sampler.batches_per_epoch)
+    if finished is None:  # a finished run writes nothing: a read-only workdir is fine
+        workdir_lib.check_workdir_writable(workdir)
     parallel.sync("rhhjax-validated")  # every process has read the workdir before it changes
     return Run(cfg, workdir, model, corpus, sampler, mesh, log, signals, tensorboard, finished)
 
