@@ -574,5 +574,10 @@ def define_flags() -> None:
     flags.DEFINE_list("at_steps", [], "Also tabulate the periodic validation BPC at these steps.")
 
 
-if __name__ == "__main__":
+def console() -> None:
+    """The program: ``rhhjax-ablate`` or ``python -m rhhjax.tools.ablate``."""
     cli.run_program(main, define_flags, __doc__)
+
+
+if __name__ == "__main__":
+    console()

@@ -104,7 +104,12 @@ def define_flags() -> None:
     )
 
 
-if __name__ == "__main__":
+def console() -> None:
+    """The program: ``rhhjax-evaluate`` or ``python -m rhhjax.tools.evaluate``."""
     from rhhjax.tools import common as cli
 
     cli.run_program(main, define_flags, __doc__, flag=None)
+
+
+if __name__ == "__main__":
+    console()

@@ -160,7 +160,12 @@ def define_flags() -> None:
     flags.DEFINE_string("title", "", "Figure title (default: the workdir's name or 'BPC').")
 
 
-if __name__ == "__main__":
+def console() -> None:
+    """The program: ``rhhjax-plot`` or ``python -m rhhjax.tools.plot``."""
     from rhhjax.tools import common as cli
 
     cli.run_program(main, define_flags, __doc__, flag=None, positional=True)
+
+
+if __name__ == "__main__":
+    console()

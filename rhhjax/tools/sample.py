@@ -58,7 +58,12 @@ def define_flags() -> None:
     flags.DEFINE_string("output", "", "Also write the text to this file (UTF-8).")
 
 
-if __name__ == "__main__":
+def console() -> None:
+    """The program: ``rhhjax-sample`` or ``python -m rhhjax.tools.sample``."""
     from rhhjax.tools import common as cli
 
     cli.run_program(main, define_flags, __doc__, flag=None)
+
+
+if __name__ == "__main__":
+    console()
