@@ -149,6 +149,8 @@ def evaluate_tokens(
             (reset,) = parallel.put_scalars((np.bool_(batch.reset),), mesh)
             carry, s = step(params, carry, *arrays, reset)
         sums.append(s)
+        if len(sums) > 1:  # at most two batches in flight: memory does not grow with the split
+            jax.block_until_ready(sums[-2])
     if not sums:
         raise data_lib.DataError(f"no evaluation batches for {len(tokens)} tokens ({protocol})")
     total = np.sum(np.asarray(jax.device_get(sums), dtype=np.float64), axis=0)

@@ -51,3 +51,33 @@ def test_the_readme_shows_the_own_text_line_in_a_code_block():
     assert re.search(
         r"```bash\npython train.py [^\n]*--config.data.text_files=input.txt\n```", text
     )
+
+
+@pytest.mark.parametrize(
+    "field,needle",
+    [
+        ("train.batch_size", "training needs about "),
+        ("eval.batch_size", "evaluation (windows protocol) needs about "),
+    ],
+)
+def test_a_batch_that_cannot_fit_is_one_line_before_anything_is_written(tmp_path, field, needle):
+    """train.batch_size or eval.batch_size = 1e8 ended in 40-48-line RESOURCE_EXHAUSTED
+    tracebacks; now the estimate refuses them before compiling (train.check_memory=False
+    lets them run)."""
+    from helpers import tiny_run_config
+
+    from rhhjax import memory
+
+    text = write_text(tmp_path / "t.txt", 20_000)
+    config = tiny_run_config(text)
+    section, name = field.split(".")
+    config[section][name] = 100_000_000
+    with pytest.raises(memory.MemoryCheckError) as info:
+        prepare_run(config, tmp_path / "w", lambda m: None, SignalCatcher())
+    message = str(info.value)
+    assert message.startswith(needle) and f"({field}=100000000 x " in message
+    assert "is free (" in message
+    assert f": lower {field}" in message and "\n" not in message
+    assert not (tmp_path / "w").exists()
+    config.train.check_memory = False
+    prepare_run(config, tmp_path / "w", lambda m: None, SignalCatcher())  # not refused

@@ -1058,3 +1058,52 @@ def test_a_config_json_that_disagrees_with_the_checkpoint_is_one_warning(
     }[how]
     assert expected in warnings[0]
     assert any("already finished at step 6" in line for line in lines)
+
+
+# ----------------------------------------------------------------------------- out of memory
+
+
+def test_an_out_of_memory_in_a_training_step_is_one_line_naming_the_field(
+    tmp_path, text_file, monkeypatch
+):
+    """A RESOURCE_EXHAUSTED at run time was a 40-48-line traceback; now one line: the phase,
+    what is kept (the checkpoint of step 3) and the field to lower."""
+    real = trainer.make_train_step
+
+    def patched(mc, oc, seed):
+        fn = real(mc, oc, seed)
+
+        def wrapped(*args):
+            if int(args[6]) == 4:  # the 5th step
+                raise jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Out of memory allocating 9")
+            return fn(*args)
+
+        return wrapped
+
+    monkeypatch.setattr(trainer, "make_train_step", patched)
+    workdir = tmp_path / "oom"
+    with pytest.raises(UserError) as info:
+        trainer.train_and_evaluate(tiny_config(text_file), workdir, log=quiet)
+    assert str(info.value) == (
+        "out of memory during training (JaxRuntimeError: RESOURCE_EXHAUSTED: Out of memory "
+        f"allocating 9); the last checkpoint (step 3) is intact in {workdir}; lower "
+        "train.batch_size (or train.seq_len)"
+    )
+    with ckpt_lib.Checkpoints(workdir, read_only=True) as c:
+        assert c.steps("latest") == [3]
+
+
+def test_an_out_of_host_memory_in_validation_names_eval_batch_size(
+    tmp_path, text_file, monkeypatch
+):
+    """numpy's ArrayMemoryError during validation was a 36-line traceback."""
+
+    def no_memory(*args, **kwargs):
+        raise MemoryError("Unable to allocate 5.96 GiB for an array with shape (8, 100000000)")
+
+    monkeypatch.setattr(train_loop.eval_lib, "evaluate_tokens", no_memory)
+    with pytest.raises(UserError) as info:
+        trainer.train_and_evaluate(tiny_config(text_file), tmp_path / "oom", log=quiet)
+    message = str(info.value)
+    assert message.startswith("out of memory during validation (MemoryError: Unable to ")
+    assert message.endswith("; no checkpoint was written yet; lower eval.batch_size")

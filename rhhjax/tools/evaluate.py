@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from rhhjax import data as data_lib
-from rhhjax import outputs
+from rhhjax import memory, outputs
 from rhhjax.errors import UserError
 from rhhjax.evaluation import evaluate_splits, format_table, parse_protocols
 
@@ -50,15 +50,44 @@ def run(
     eval_config = saved.config.eval
     if batch_size:
         eval_config.batch_size = batch_size
+    check_memory(saved, eval_config, protocols)
     log(
         f"evaluating the {saved.checkpoint} checkpoint of {workdir} (step {saved.step}) on "
         f"{corpus.name} from {corpus.source or '?'}"
     )
-    results = evaluate_splits(
-        saved.model, saved.params, corpus, eval_config, splits, protocols, log
-    )
+    try:
+        results = evaluate_splits(
+            saved.model, saved.params, corpus, eval_config, splits, protocols, log
+        )
+    except Exception as e:
+        if not memory.is_out_of_memory(e):
+            raise
+        line = memory.out_of_memory_line(e, "the evaluation", BATCH_FIELDS, "nothing was written")
+        raise memory.OutOfMemoryError(line) from None
     log(format_table(results))
     return {"step": saved.step, "checkpoint": saved.checkpoint, "results": results}
+
+
+BATCH_FIELDS = ("--batch_size (0: the run's eval.batch_size)",)
+
+
+def check_memory(saved, eval_config, protocols: list[str]) -> None:
+    """MemoryCheckError (one line) when an evaluation batch of ``eval_config`` cannot fit in
+    the free memory (``rhhjax.memory``), before anything is compiled."""
+    from rhhjax import models
+
+    impl = models.sequence_spec(saved.model).impl
+    n_params = models.count_params(saved.params)
+    needs = memory.evaluations(
+        saved.model,
+        n_params,
+        int(eval_config.batch_size),
+        int(eval_config.seq_len),
+        protocols,
+        impl,
+        batch_field="--batch_size",
+    )
+    memory.check(needs, memory.free_memory())
 
 
 def main(argv: list[str]) -> int:

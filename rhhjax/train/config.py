@@ -81,6 +81,9 @@ def default_train_config() -> ml_collections.ConfigDict:
     # jax.distributed.initialize() (JAX_NUM_PROCESSES / JAX_PROCESS_ID, or SLURM / MPI).
     train.distributed = False
     train.fsdp = False  # Also split parameters / optimizer state over devices (FSDP-style).
+    # Refuse, before compiling, a config whose estimated peak memory (rhhjax.memory: training
+    # and every evaluation protocol) exceeds what is free; False: run it anyway.
+    train.check_memory = True
     return train
 
 
@@ -225,6 +228,7 @@ def validate_config(cfg: ml_collections.ConfigDict) -> None:
     _check_choice("train.on_nonfinite", t.on_nonfinite, ("stop", "rollback"))
     _check_choice("train.distributed", t.distributed, (False, True))
     _check_choice("train.fsdp", t.fsdp, (False, True))
+    _check_choice("train.check_memory", t.check_memory, (False, True))
     if not (t.max_epochs or t.max_steps or t.max_minutes or t.patience):
         raise TrainError(
             "nothing stops training: set train.max_steps, max_epochs, max_minutes or patience"
