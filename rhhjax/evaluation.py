@@ -18,7 +18,7 @@ Metrics: ``nats`` (mean cross-entropy), ``bpc`` = nats / ln 2, ``ppl`` = e^nats,
 Command line (any checkpoint of a workdir, no training)::
 
     python -m rhhjax.tools.evaluate --workdir=workdirs/ptb [--split=valid|test|all]
-        [--protocol=windows|stream|paper|all] [--checkpoint=best|latest] [--output=FILE.json]
+        [--protocol=windows|stream|paper|all] [--checkpoint=best|latest|STEP] [--output=FILE.json]
         [--data_dir=FOLDER | --text_files=FILE[,FILE,FILE]]
 
 The data is found as the run's config says (its ``data`` section); ``--data_dir`` (PTB) or

@@ -75,3 +75,17 @@ def test_out_of_memory_errors_are_recognised_and_put_in_one_line():
         "out of memory during validation (JaxRuntimeError: RESOURCE_EXHAUSTED: Out of memory "
         "allocating 9 bytes); kept; lower eval.batch_size"
     )
+
+
+def test_the_docs_state_the_measured_ratio_and_it_is_within_the_tested_bounds():
+    """docs/operations.md and the README quote results/memory_cpu.json's ratio range."""
+    import json
+
+    from helpers import ROOT
+
+    measured = json.loads((ROOT / "results" / "memory_cpu.json").read_text())
+    low, high = measured["ratio_range_above_100MB"]
+    assert RATIO[0] <= low <= high <= RATIO[1]
+    stated = f"{low:.2f}-{high:.2f}x"
+    assert f"**{stated}**" in (ROOT / "docs" / "operations.md").read_text()
+    assert stated in (ROOT / "README.md").read_text()

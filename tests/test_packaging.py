@@ -92,3 +92,24 @@ def test_the_installed_commands_run_from_anywhere_with_a_config_name(tmp_path):
     assert again.returncode == 0 and "already finished at step 1" in again.stdout, again.stderr
     for command in ("evaluate", "sample", "plot", "summary", "ablate", "analyze"):
         assert (target / "bin" / f"rhhjax-{command}").is_file()
+
+
+def test_the_readme_and_the_docs_name_every_console_command_and_both_routes():
+    """The quick start shows the checkout's route and the installed one; every console
+    command in pyproject.toml is named in the README and docs/operations.md."""
+    from pathlib import Path
+
+    import pytest
+
+    tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
+    root = Path(__file__).resolve().parents[1]
+    scripts = tomllib.loads((root / "pyproject.toml").read_text())["project"]["scripts"]
+    readme = (root / "README.md").read_text()
+    operations = (root / "docs" / "operations.md").read_text()
+    programs = ("train", "evaluate", "sample", "plot", "summary", "ablate", "analyze")
+    assert set(scripts) == {f"rhhjax-{name}" for name in programs}
+    for command in scripts:
+        assert f"`{command}`" in readme and f"`{command}`" in operations, command
+    quick_start = readme.split("## Quick start", 1)[1].split("\n## ", 1)[0]
+    assert "python train.py --config=configs/ptb.py:cpu" in quick_start
+    assert "rhhjax-train --config=ptb:cpu" in quick_start

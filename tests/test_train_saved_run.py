@@ -214,3 +214,12 @@ def test_a_config_json_that_agrees_gives_no_warning(saved, capfd):
     capfd.readouterr()
     saved_run.load_run(saved[0])
     assert capfd.readouterr().err == ""
+
+
+def test_the_readme_and_the_flags_offer_any_saved_step():
+    from helpers import ROOT
+
+    readme = (ROOT / "README.md").read_text()
+    assert readme.count("`--checkpoint=best\\|latest\\|STEP`") >= 1
+    for command in ("evaluate", "sample"):
+        assert "STEP" in (ROOT / "rhhjax" / "tools" / f"{command}.py").read_text()
