@@ -28,8 +28,12 @@ from __future__ import annotations
 import dataclasses
 import resource
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
 from rhhjax.errors import UserError
+
+if TYPE_CHECKING:  # no jax import at run time: the programs check before importing it
+    from rhhjax.models import ModelConfig
 
 FLOAT = 4  # bytes: the estimate counts float32 (bfloat16 halves some of it: a bound)
 RUNTIME_BYTES = 16 * 2**20  # the runtime's buffers beside a step, allocator noise (1-10 MB each)
@@ -90,7 +94,7 @@ class Free:
     host_source: str = "MemAvailable"
 
 
-def _widths(model) -> dict[str, float]:
+def _widths(model: ModelConfig) -> dict[str, float]:
     """The width terms of ``TRAIN_FLOATS`` for a ``ModelConfig``."""
     layers = model.lstm_layers if model.type == "lstm" else model.depth
     return {
@@ -103,7 +107,7 @@ def _widths(model) -> dict[str, float]:
     }
 
 
-def floats_per_element(model, kind: str, impl: str = "scan") -> float:
+def floats_per_element(model: ModelConfig, kind: str, impl: str = "scan") -> float:
     """Floats per ``[batch, time]`` element of a training step (``kind="train"``) or an
     evaluation batch (``"eval"``) of ``model`` run with ``impl``."""
     table = (TRAIN_FLOATS if kind == "train" else EVAL_FLOATS)[model.type]
@@ -115,7 +119,7 @@ def floats_per_element(model, kind: str, impl: str = "scan") -> float:
 
 
 def training(
-    model,
+    model: ModelConfig,
     n_params: int,
     batch: int,
     seq_len: int,
@@ -140,7 +144,7 @@ def training(
 
 
 def evaluation(
-    model,
+    model: ModelConfig,
     n_params: int,
     batch: int,
     steps: int,
@@ -175,7 +179,7 @@ def eval_steps(protocol: str, seq_len: int) -> int:
 
 
 def evaluations(
-    model,
+    model: ModelConfig,
     n_params: int,
     batch: int,
     seq_len: int,
@@ -243,7 +247,7 @@ def host_free() -> tuple[int, str]:
     return min(known)
 
 
-def device_free(device=None) -> int | None:
+def device_free(device: object | None = None) -> int | None:
     """Free bytes of an accelerator (``memory_stats``: limit less in use); None on the CPU
     backend or when the device does not say."""
     import jax

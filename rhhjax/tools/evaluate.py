@@ -12,11 +12,15 @@ must still match the checkpoint's. Protocols and metrics: ``rhhjax.evaluation``.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from rhhjax import data as data_lib
 from rhhjax import memory, outputs
 from rhhjax.errors import UserError
 from rhhjax.evaluation import evaluate_splits, format_table, parse_protocols
+
+if TYPE_CHECKING:  # saved_run imports orbax: not for --help
+    from rhhjax.train.saved_run import SavedRun
 
 
 def run(
@@ -71,7 +75,7 @@ def run(
 BATCH_FIELDS = ("--batch_size (0: the run's eval.batch_size)",)
 
 
-def check_memory(saved, eval_config, protocols: list[str]) -> None:
+def check_memory(saved: SavedRun, eval_config: Any, protocols: list[str]) -> None:
     """MemoryCheckError (one line) when an evaluation batch of ``eval_config`` cannot fit in
     the free memory (``rhhjax.memory``), before anything is compiled."""
     from rhhjax import models
