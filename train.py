@@ -2,92 +2,12 @@
 
     python train.py --config=configs/ptb.py                  # the paper's HyperRHN on PTB
     python train.py --config=configs/ptb.py:cpu              # a small model for a laptop CPU
-    python train.py --config=configs/ptb.py:rhn --workdir=workdirs/rhn --config.train.max_steps=1000
-    python train.py --config=configs/enwik8.py               # the RHN paper's enwik8 recipe
 
---workdir defaults to workdirs/<config file stem>[_<variant>] (e.g. workdirs/ptb_cpu).
-Rerunning the same command in the same workdir resumes from its latest checkpoint.
-The loop is rhhjax.train.trainer.train_and_evaluate; see its docstring for what is written where.
-
-Set JAX_COMPILATION_CACHE_DIR=/some/folder to reuse compiled steps across restarts.
-
-Devices: the batch is split over every local device (train.batch_size and eval.batch_size must
-divide by their number). Several hosts: run the same command on each with
-JAX_COORDINATOR_ADDRESS=host0:port JAX_NUM_PROCESSES=N JAX_PROCESS_ID=i (or
---config.train.distributed=True under SLURM / Open MPI) and a workdir on a shared filesystem;
-see rhhjax.parallel.
-
-Stopping: SIGTERM or SIGINT (Ctrl-C) stops after the step in flight and saves a checkpoint
-(a step, or compiling the first one, can take minutes on a CPU); a second signal aborts at
-once, losing the work since the last checkpoint. Checkpoints are also written every
-train.checkpoint_every_minutes of wall time, so a SIGKILL loses at most that much.
-
-Exit status:
-    0             training finished (results.json written), or it had finished before
-    1             bad input (one line "error: ..." on stderr, nothing written), a failed
-                  checkpoint write (e.g. a full disk; one "error:" line), or a non-finite /
-                  diverged loss with train.on_nonfinite=stop
-    128 + signum  stopped by SIGTERM (143) or SIGINT (130): after the step in flight with a
-                  checkpoint saved (before training started: nothing written), or at once by a
-                  second signal; run the same command again to resume
-
---help lists the variants and every field of --config (default configs/ptb.py).
-JAX_PLATFORMS=cuda on a JAX without its CUDA backend is one line naming the install command.
+The program is rhhjax.train.program (installed: rhhjax-train, or python -m rhhjax.train, with
+--config=ptb:cpu); --help lists its flags, exit codes and every config field.
 """
 
-from __future__ import annotations
-
-from pathlib import Path
-
-from rhhjax.errors import UserError
-from rhhjax.tools import common as cli
-from rhhjax.train.signals import SignalCatcher
-
-
-def default_workdir(config_argument: str) -> str:
-    """workdirs/<stem>[_<variant>] for a --config value like "configs/ptb.py:cpu"."""
-    path, _, variant = config_argument.partition(":")
-    stem = Path(path).stem
-    return str(Path("workdirs") / (f"{stem}_{variant}" if variant else stem))
-
-
-_SIGNALS: SignalCatcher | None = None  # entered before jax starts any thread
-
-
-def main(argv: list[str]) -> int:
-    """Train the ``--config`` run in ``--workdir``; returns the exit status (see above)."""
-    from absl import flags
-    from ml_collections import config_flags
-
-    try:
-        config = flags.FLAGS.config
-        if config is None:
-            raise UserError("--config is required, e.g. --config=configs/ptb.py")
-        config.to_dict()  # a missing config file raises here
-    except OSError as e:
-        raise UserError(f"cannot read the config file: {' '.join(str(e).split())}") from None
-    workdir = flags.FLAGS.workdir or default_workdir(
-        config_flags.get_config_filename(flags.FLAGS["config"])
-    )
-
-    from rhhjax.train import trainer  # after flag parsing: importing jax takes a moment
-
-    results = trainer.train_and_evaluate(config, workdir, signals=_SIGNALS)
-    return int(results.get("exit_code", 0))
-
-
-def define_flags() -> None:
-    from absl import flags
-    from ml_collections import config_flags
-
-    config_flags.DEFINE_config_file(
-        "config", None, "Config file, optionally with a variant: configs/ptb.py[:cpu]."
-    )
-    flags.DEFINE_string(
-        "workdir", None, "Run directory; default workdirs/<config stem>[_<variant>]."
-    )
-
+from rhhjax.train.program import console
 
 if __name__ == "__main__":
-    _SIGNALS = SignalCatcher(hard_abort=True, thread=True).__enter__()
-    cli.run_program(main, define_flags, __doc__)
+    console()

@@ -47,7 +47,7 @@ def recipe(corpus: str) -> ml_collections.ConfigDict:
         "data.corpus": corpus,  # Download + verify + unzip when text_files is "".
         "data.unk": unk,  # enwik8: unseen valid/test bytes map to a reserved id.
         "data.text_vocab": text_vocab,  # enwik8: bytes; text8: characters.
-        # data.hutter_holdout keeps its default: 5M valid, 5M test, 90M train (Zilly).
+        "data.hutter_holdout": 5_000_000,  # 5M valid, 5M test, 90M train (Zilly; Hutter).
         "data.sampler": "stream",  # Contiguous TBPTT streams, state carried (Zilly).
         "model.type": "rhn",  # Plain Recurrent Highway Network.
         "model.vocab_size": vocab_size,  # Overwritten from the data at training time.

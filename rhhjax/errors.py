@@ -3,7 +3,8 @@
 Every error raised for bad input (a config field, a data file, a workdir, a checkpoint, a sweep
 or analysis argument) derives from ``UserError`` and carries a one-line message. Programs catch
 ``UserError`` and call ``exit_with_error``: ``error: <message>`` on stderr, exit status 1, no
-traceback. Anything else is a bug and keeps its traceback.
+traceback. Anything else is a bug and keeps its traceback. ``warn`` is the one way to say
+something is off while the program goes on: ``warning: <message>`` on stderr.
 """
 
 from __future__ import annotations
@@ -33,3 +34,10 @@ def exit_with_error(e: BaseException | str, code: int = 1) -> None:
     sys.stderr.write(f"error: {one_line(e)}\n")
     sys.stderr.flush()
     os._exit(code)
+
+
+def warn(message: str) -> None:
+    """Print ``warning: <one line>`` on stderr (the program goes on)."""
+    sys.stdout.flush()
+    sys.stderr.write(f"warning: {one_line(message)}\n")
+    sys.stderr.flush()

@@ -18,7 +18,7 @@ Metrics: ``nats`` (mean cross-entropy), ``bpc`` = nats / ln 2, ``ppl`` = e^nats,
 Command line (any checkpoint of a workdir, no training)::
 
     python -m rhhjax.tools.evaluate --workdir=workdirs/ptb [--split=valid|test|all]
-        [--protocol=windows|stream|paper|all] [--checkpoint=best|latest] [--output=FILE.json]
+        [--protocol=windows|stream|paper|all] [--checkpoint=best|latest|STEP] [--output=FILE.json]
         [--data_dir=FOLDER | --text_files=FILE[,FILE,FILE]]
 
 The data is found as the run's config says (its ``data`` section); ``--data_dir`` (PTB) or
@@ -107,8 +107,12 @@ def evaluate_tokens(
     paper_mask: int = PAPER_VALID_MASK,
     should_stop: Callable[[], bool] | None = None,
     mesh: jax.sharding.Mesh | None = None,
+    max_chunk: int = data_lib.MAX_CHUNK,
 ) -> dict:
     """Metrics of the model on ``tokens`` under ``protocol`` (see module docstring).
+
+    ``max_chunk``: time steps of one batch at most; a longer ``seq_len`` runs in pieces with
+    the state carried (``rhhjax.data.eval_batches``), so memory does not grow with it.
 
     ``should_stop`` is polled between batches; when it returns True a ``KeyboardInterrupt``
     is raised (used for SIGTERM during the final evaluation).
@@ -127,7 +131,13 @@ def evaluate_tokens(
         carry = parallel.shard_batch(carry, mesh)
     sums = []
     batches = data_lib.eval_batches(
-        tokens, protocol, batch_size, seq_len, min_context=min_context, paper_mask=paper_mask
+        tokens,
+        protocol,
+        batch_size,
+        seq_len,
+        min_context=min_context,
+        paper_mask=paper_mask,
+        max_chunk=max_chunk,
     )
     for batch in batches:
         if should_stop is not None and should_stop():
@@ -139,6 +149,8 @@ def evaluate_tokens(
             (reset,) = parallel.put_scalars((np.bool_(batch.reset),), mesh)
             carry, s = step(params, carry, *arrays, reset)
         sums.append(s)
+        if len(sums) > 1:  # at most two batches in flight: memory does not grow with the split
+            jax.block_until_ready(sums[-2])
     if not sums:
         raise data_lib.DataError(f"no evaluation batches for {len(tokens)} tokens ({protocol})")
     total = np.sum(np.asarray(jax.device_get(sums), dtype=np.float64), axis=0)

@@ -1,7 +1,7 @@
 r"""Generate text from a trained model.
 
     python -m rhhjax.tools.sample --workdir=workdirs/ptb --prompt="the " --length=300 \
-        --temperature=0.8 [--seed=0] [--checkpoint=best|latest]
+        --temperature=0.8 [--seed=0] [--checkpoint=best|latest|STEP]
 
 Only the checkpoint is read (its vocabulary travels with it): no data folder is needed.
 

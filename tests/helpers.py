@@ -1,7 +1,7 @@
 """Helpers shared by the tests (not collected: no ``test_`` prefix): the data files the tests
 read, the tiny training config, and comparisons of parameter trees.
 
-    from helpers import assert_trees_close, tiny_run_config, write_text
+    from helpers import assert_trees_close, read_only_folder, tiny_run_config, write_text
 
 Data: ``$RHHJAX_SHAKESPEARE`` (default ``../shared/data/tinyshakespeare/input.txt`` beside the
 repository) and ``$RHHJAX_PTB_DIR`` (default ``../shared/data/ptb``); ``write_text`` puts a
@@ -60,6 +60,17 @@ def tiny_run_config(text_file: Path | str | None = None, **overrides: Any):
         else:
             cfg[name] = value
     return cfg
+
+
+def read_only_folder(tmp_path: Path) -> Path:
+    """A folder in which no file can be created: ``tmp_path/ro`` with mode 0o555, or, for
+    root (whom file modes do not stop), ``/sys`` (sysfs refuses new files even to root)."""
+    if os.geteuid() == 0:
+        return Path("/sys")
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    folder.chmod(0o555)
+    return folder
 
 
 # ----------------------------------------------------------------------------- parameter trees

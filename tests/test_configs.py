@@ -78,6 +78,7 @@ def test_bad_overrides_name_the_field(override, needle):
 def test_hutter_recipe_differs_only_in_the_corpus(corpus, vocab, unit):
     config = configs.load(corpus)
     assert config.data.corpus == corpus and config.data.text_vocab == unit
+    assert config.data.hutter_holdout == data_lib.HUTTER_HOLDOUT == 5_000_000  # set, not default
     assert config.model.embed_dim == vocab and config.model.type == "rhn"
     assert config.train.optimizer == "sgd" and config.train.lr_decay == 1.03
     other = configs.load("text8" if corpus == "enwik8" else "enwik8")

@@ -33,18 +33,18 @@ def cached_fake_corpus(monkeypatch) -> Path:
     return path
 
 
-def test_unk_config_maps_unseen_text_symbols(tmp_path):
+def test_unseen_text_symbols_get_ids_or_with_unk_the_reserved_id(tmp_path):
     paths = []
     for name, content in [("tr", "abcabc"), ("va", "abz"), ("te", "cab")]:
         (tmp_path / name).write_text(content)
         paths.append(str(tmp_path / name))
     cfg = data.default_data_config()
     cfg.format, cfg.text_split, cfg.text_files = "text", "files", ",".join(paths)
-    with pytest.raises(data.DataError, match="'z'.*valid|valid.*'z'"):
-        data.load_corpus(cfg)
+    every = data.load_corpus(cfg)  # without unk: every symbol of the files gets an id
+    assert every.vocab.symbols == ("a", "b", "c", "z") and not every.vocab.unk
     cfg.unk = True
     corpus = data.load_corpus(cfg)
-    assert corpus.vocab.size == 4
+    assert corpus.vocab.size == 4 and corpus.vocab.symbols == ("a", "b", "c")
     np.testing.assert_array_equal(corpus.valid, [0, 1, 3])
 
 
@@ -54,7 +54,7 @@ def test_bad_config_values_are_one_line_data_errors():
         ("unk", "yes"),
         ("text_split", "random"),
         ("text_vocab", "word"),
-        ("hutter_holdout", 0),
+        ("hutter_holdout", -1),
     ]:
         cfg = types.SimpleNamespace(**data.default_data_config().to_dict())
         cfg.format = "text"
@@ -97,13 +97,13 @@ def test_validate_data_config_names_the_field_and_value(field, value, message):
 
 def test_validate_checks_text_fields_only_for_format_text():
     cfg = data.default_data_config().to_dict()
-    cfg.update(text_split="random", text_vocab="word", hutter_holdout=0)
+    cfg.update(text_split="random", text_vocab="word", hutter_holdout=-1)
     data.validate_data_config(cfg)  # format="chars": the text fields are not read
-    for field, value in [("text_split", "random"), ("text_vocab", "word"), ("hutter_holdout", 0)]:
+    for field, value in [("text_split", "random"), ("text_vocab", "word"), ("hutter_holdout", -1)]:
         bad = {**data.default_data_config().to_dict(), "format": "text", field: value}
         with pytest.raises(DataError, match=repr(value)):
             data.validate_data_config(bad)
-    files = {**bad, "hutter_holdout": 0, "text_split": "files", "text_vocab": "char"}
+    files = {**bad, "hutter_holdout": -1, "text_split": "files", "text_vocab": "char"}
     data.validate_data_config(files)  # the holdout is only read by the hutter split
 
 

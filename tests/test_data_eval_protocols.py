@@ -104,3 +104,35 @@ def test_eval_rejects_bad_protocol_and_min_context():
         eval_batches(np.arange(50), "sliding", 2, 10)
     with pytest.raises(DataError, match="min_context"):
         eval_batches(np.arange(50), "windows", 2, 10, min_context=10)
+
+
+@pytest.mark.parametrize("protocol", ["windows", "stream"])
+@pytest.mark.parametrize(
+    "n,b,t,m,chunk", [(1001, 3, 100, 50, 7), (57, 2, 30, 5, 30), (400, 4, 90, 10, 25)]
+)
+def test_long_windows_come_in_pieces_that_score_the_same_targets(protocol, n, b, t, m, chunk):
+    whole = list(eval_batches(np.arange(n), protocol, b, t, min_context=m, max_chunk=10**6))
+    pieces = list(eval_batches(np.arange(n), protocol, b, t, min_context=m, max_chunk=chunk))
+    assert len(pieces) == num_eval_batches(n, protocol, b, t, m, max_chunk=chunk)
+    assert all(p.inputs.shape == (b, min(t, chunk)) for p in pieces)
+    assert sum(float(p.mask.sum()) for p in pieces) == n - 1
+    np.testing.assert_array_equal(
+        np.sort(_scored_positions(pieces)), np.sort(_scored_positions(whole))
+    )
+    if protocol == "windows":  # a window's state is reset at its first piece only
+        assert [p.reset for p in pieces].count(True) == len(whole)
+        assert all(p.reset == (p.inputs[0, 0] % (t - m) == 0) for p in pieces if p.mask.any())
+
+
+@pytest.mark.parametrize("protocol", ["windows", "stream"])
+def test_a_huge_seq_len_needs_memory_of_one_chunk_and_stops_at_the_end_of_the_split(protocol):
+    """eval.seq_len=100000000 once built [batch, 1e8] arrays (a 6 GB int64 index for batch 8,
+    then an out-of-memory kill); now each batch holds MAX_CHUNK steps and no piece is made
+    past the split's last target (10**6 here: what the old code built stays small)."""
+    from rhhjax.data.eval_protocols import MAX_CHUNK
+
+    n = 3000
+    batches = list(eval_batches(np.arange(n), protocol, 8, 10**6, min_context=5))
+    assert all(x.inputs.shape == (8, MAX_CHUNK) for x in batches)
+    assert len(batches) <= -(-n // MAX_CHUNK)
+    assert sum(float(x.mask.sum()) for x in batches) == n - 1

@@ -67,7 +67,7 @@ def test_bad_text_arguments_are_one_line_data_errors(tmp_path):
     for kwargs, needle in [
         (dict(split="random"), "'random'"),
         (dict(vocab="word"), "'word'"),
-        (dict(holdout=0), "hutter_holdout"),
+        (dict(holdout=-1), "hutter_holdout"),
         (dict(split="files"), "3 comma-separated"),
     ]:
         with pytest.raises(DataError, match=needle) as err:
@@ -150,3 +150,34 @@ def test_embedded_sources_are_the_100mb_zips_with_sha256():
     for name, source in text.CORPORA.items():
         assert re.fullmatch(r"[0-9a-f]{64}", source.sha256), name
         assert source.url.endswith(f"/{name}.zip") and source.size == 100_000_000
+
+
+@pytest.mark.parametrize(
+    "n,holdout", [(3_000, 750), (10_000, 1_000), (30_000, 1_500), (1_115_394, 55_770)]
+)
+def test_the_default_hutter_split_is_sized_to_the_file(tmp_path, n, holdout):
+    """hutter_holdout=0 (the default): 5% each for valid and test, at least 1,000 symbols or
+    a quarter of the file; the explicit 5,000,000 of the Hutter recipes refused files this
+    small."""
+    path = tmp_path / "t.txt"
+    path.write_text("ab\n" * (n // 3) + "a" * (n % 3))
+    corpus = text.load_text_corpus(str(path), "hutter", "char")
+    assert text.auto_holdout(n) == holdout
+    assert [len(corpus.split(s)) for s in SPLITS] == [n - 2 * holdout, holdout, holdout]
+
+
+def test_a_negative_holdout_is_an_error_and_zero_means_automatic():
+    assert text.check_holdout(0) == 0 and text.DEFAULT_HUTTER_HOLDOUT == 0
+    with pytest.raises(DataError, match="hutter_holdout must be an integer >= 0"):
+        text.check_holdout(-1)
+
+
+def test_symbols_only_the_held_out_part_has_get_ids_unless_unk(tmp_path):
+    """A small file's valid or test often holds a character its train part lacks (here 'Z'):
+    without unk the vocabulary holds every symbol of the file, with unk train's only."""
+    path = tmp_path / "t.txt"
+    path.write_text("abc " * 1000 + "Z")
+    whole = text.load_text_corpus(str(path), "hutter", "char")
+    assert "Z" in whole.vocab.symbols and whole.vocab.decode(whole.test).endswith("Z")
+    train_only = text.load_text_corpus(str(path), "hutter", "char", unk=True)
+    assert "Z" not in train_only.vocab.symbols and train_only.test[-1] == len(train_only.vocab) - 1

@@ -144,3 +144,14 @@ def test_metrics_from_sums():
     assert m == {"nats": math.log(2), "bpc": 1.0, "ppl": 2.0, "acc": 0.5, "chars": 2}
     with pytest.raises(data_lib.DataError):
         eval_lib.metrics_from_sums(0.0, 0.0, 0.0)
+
+
+@pytest.mark.parametrize("protocol", ["windows", "stream"])
+def test_evaluation_in_pieces_equals_whole_windows(params, tokens, protocol):
+    """A window longer than max_chunk runs in pieces with the state carried: same metrics."""
+    args = dict(batch_size=3, seq_len=120, min_context=40)
+    whole = eval_lib.evaluate_tokens(MC, params, tokens, protocol, **args)
+    pieces = eval_lib.evaluate_tokens(MC, params, tokens, protocol, max_chunk=17, **args)
+    assert pieces["chars"] == whole["chars"] == len(tokens) - 1
+    assert pieces["nats"] == pytest.approx(whole["nats"], rel=1e-6)
+    assert pieces["acc"] == pytest.approx(whole["acc"], abs=1e-9)

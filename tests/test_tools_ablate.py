@@ -205,3 +205,22 @@ def test_metrics_summary_reads_speed_training_clock_and_the_validation_curve(tmp
     header = dict(config="c", command="x", date="d", device="cpu", budget="b", at_steps=[2, 4, 6])
     rows = [dict(variant="a", params=1, steps=4, status="finished", **summary)]
     assert "| a | 3.0000 | 2.4000 | - |" in ablate.format_markdown(rows, header)
+
+
+@pytest.mark.parametrize("where", ["a file", "read-only"])
+def test_an_output_folder_that_cannot_be_written_is_one_line_before_any_variant_trains(
+    tmp_path, monkeypatch, where
+):
+    """--out=A_FILE was a 23-line traceback; now an OutputError before anything runs."""
+    from helpers import read_only_folder
+
+    from rhhjax import configs, outputs
+
+    def never(*args, **kwargs):
+        raise AssertionError("a variant ran")
+
+    monkeypatch.setattr(ablate, "run_variant", never)
+    (tmp_path / "a_file").write_text("x")
+    out = tmp_path / "a_file" if where == "a file" else read_only_folder(tmp_path) / "abl"
+    with pytest.raises(outputs.OutputError, match=f"--out={out}"):
+        ablate.run_ablation(configs.load("ptb:tiny"), ["model.depth=1"], out, memory=False)

@@ -125,3 +125,20 @@ def test_command_line_at_init_on_real_ptb(tmp_path):
     expected = [w["fro"] for w in analyze.weight_norms(reference.params)]
     got = [w["fro"] for w in result["models"][0]["weight_norms"]]
     np.testing.assert_allclose(got, expected, rtol=1e-6)
+
+
+@pytest.mark.parametrize("where", ["a file", "read-only"])
+def test_an_output_folder_that_cannot_be_written_is_one_line_before_any_model_loads(
+    tmp_path, where
+):
+    """--out=A_FILE was a 28-line traceback after the analysis had run; now an OutputError
+    before the (here missing) workdir is even looked at."""
+    from helpers import read_only_folder
+
+    from rhhjax import outputs
+
+    (tmp_path / "a_file").write_text("x")
+    out = tmp_path / "a_file" if where == "a file" else read_only_folder(tmp_path) / "figs"
+    fv = _parsed_flags(f"--workdir={tmp_path / 'missing'}", f"--out={out}")
+    with pytest.raises(outputs.OutputError, match=f"--out={out}"):
+        analyze_tool.run_from_flags(fv)

@@ -101,6 +101,21 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, text_file, env, case
     assert sorted(str(p) for p in tmp_path.rglob("*")) == before  # nothing created
 
 
+@pytest.mark.parametrize("tool", ["evaluate", "sample"])
+def test_an_output_file_that_cannot_be_written_is_one_line_before_any_loading(tmp_path, env, tool):
+    """evaluate --output=A_FILE/r.json was a 24-line traceback after the evaluation had run
+    (the work lost); sample had no --output. Now one line, before the workdir (here not a
+    workdir at all) is read."""
+    (tmp_path / "a_file").write_text("x")
+    args = [f"--workdir={tmp_path}", f"--output={tmp_path / 'a_file' / 'r.json'}"]
+    proc = run([sys.executable, "-m", f"rhhjax.tools.{tool}", *args], env)
+    assert proc.returncode == 1
+    assert (
+        proc.stderr
+        == f"error: --output={tmp_path}/a_file/r.json: {tmp_path}/a_file is a file, not a folder\n"
+    )
+
+
 # ----------------------------------------------------------------------------- SIGTERM, resume
 
 

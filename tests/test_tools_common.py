@@ -38,8 +38,8 @@ def run(args: list[str], **env: str) -> subprocess.CompletedProcess:
 def test_help_without_config_lists_the_installed_default_config():
     text = cli.help_text("Doc.", ["prog"])
     assert "cannot list" not in text
-    assert "Variants of configs/ptb.py: configs/ptb.py, configs/ptb.py:rhn" in text
-    assert "Config fields of configs/ptb.py " in text
+    assert "Variants of ptb: ptb, ptb:rhn" in text
+    assert "Config fields of ptb " in text
     default = configs.load("ptb")
     assert f"  model.depth = {default.model.depth!r}" in text
     assert f"  train.learning_rate = {default.train.learning_rate!r}" in text
@@ -49,7 +49,7 @@ def test_help_of_a_given_config_file_lists_its_variant():
     text = cli.help_text("Doc.", ["prog", f"--config={PTB_CONFIG}:cpu"])
     assert f"  model.depth = {configs.load('ptb:cpu').model.depth!r}" in text
     missing = cli.help_text("Doc.", ["prog", "--config=nowhere/x.py"])
-    assert "(cannot list the config fields: config file nowhere/x.py not found)" in missing
+    assert "(cannot list the config fields: config file nowhere/x.py not found (or " in missing
 
 
 def _installed_copy(site: Path) -> None:
@@ -79,7 +79,45 @@ def test_help_lists_the_default_config_of_a_non_editable_install(tmp_path):
         check=True,
     ).stdout
     assert out.startswith(str(tmp_path / "site" / "rhhjax" / "__init__.py"))  # not the checkout
-    assert "Config fields of configs/ptb.py " in out and "  model.depth = " in out
+    assert "Config fields of ptb " in out and "  model.depth = " in out
+
+
+def test_an_installed_config_is_named_by_its_name_and_a_path_stays_a_path():
+    """Outside the checkout --config=configs/ptb.py is not found and there was no short name."""
+    resolved = cli.resolve_config_argument("ptb:cpu")
+    assert resolved == f"{Path(configs.__file__).parent / 'ptb.py'}:cpu"
+    assert cli.resolve_config_argument("enwik8").endswith("/enwik8.py")
+    for kept in ("configs/ptb.py:cpu", "my.py", "wiki:x"):
+        assert cli.resolve_config_argument(kept) == kept
+    module, config = cli.load_config_file("ptb:tiny")
+    assert config.to_dict() == configs.load("ptb:tiny").to_dict()
+    assert cli.with_config_files(["p", "--config=ptb", "--config.model.depth=2"])[1:] == [
+        f"--config={Path(configs.__file__).parent / 'ptb.py'}",
+        "--config.model.depth=2",
+    ]
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (
+            ["p", "--config.train.max_steps=1"],
+            "--config.train.max_steps=1 needs --config first, e.g. --config=ptb:cpu "
+            "--config.train.max_steps=1 (--config=NAME[:VARIANT] of an installed config, or a "
+            "file)",
+        ),
+        (
+            ["p", "--config.model.depth=2", "--config=ptb"],
+            "--config.model.depth=2 comes before --config: give --config first",
+        ),
+    ],
+)
+def test_an_override_without_config_first_says_config_comes_first(argv, message):
+    """It said "Unknown command line flag 'config.train.max_steps'"."""
+    with pytest.raises(cli.ConfigArgumentError) as info:
+        cli.check_config_arguments(argv)
+    assert str(info.value) == message
+    cli.check_config_arguments(["p", "--config=ptb", "--config.model.depth=2"])  # the order
 
 
 # ----------------------------------------------------------------------------- field hints
@@ -197,6 +235,6 @@ def test_analyze_errors_are_one_line(tmp_path):
     step = run(["-m", "rhhjax.tools.analyze", f"--workdir={workdir}@999", f"--out={out}"])
     assert step.returncode == 1
     assert step.stderr.splitlines() == [
-        f"error: no checkpoint of step 999 in {workdir} (saved steps: [7])"
+        f"error: no checkpoint of step 999 in {workdir} (saved: best/7)"
     ]
     assert step.stdout == "" and not out.exists()

@@ -99,3 +99,17 @@ def test_minutes_axis_reads_the_training_clock_and_old_metrics_say_so(tmp_path):
     fake_run(tmp_path / "old")  # no train_seconds: written before the trainer recorded it
     with pytest.raises(plot.PlotError, match="--x=epoch"):
         plot.load_curves(tmp_path / "old", x="minutes")
+
+
+@pytest.mark.parametrize("where", ["a file", "read-only"])
+def test_an_output_path_that_cannot_be_written_is_one_line_before_any_reading(tmp_path, where):
+    """--out under a file or in a read-only folder was a 23-38-line traceback after the
+    figure was drawn; now an OutputError first (the workdir here has no metrics at all)."""
+    from helpers import read_only_folder
+
+    from rhhjax import outputs
+
+    (tmp_path / "a_file").write_text("x")
+    folder = tmp_path / "a_file" if where == "a file" else read_only_folder(tmp_path)
+    with pytest.raises(outputs.OutputError, match="--out="):
+        plot.plot([tmp_path / "no_run"], folder / "bpc.png")

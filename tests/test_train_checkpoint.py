@@ -213,7 +213,7 @@ def test_every_saved_checkpoint_has_checksums_of_all_its_files(tmp_path):
 
 
 @pytest.mark.parametrize("how", ["truncated", "overwritten", "missing"])
-def test_a_damaged_best_checkpoint_is_one_error_naming_it_and_the_others(tmp_path, how):
+def test_a_damaged_best_checkpoint_is_one_error_naming_it_and_the_undamaged_ones(tmp_path, how):
     """evaluate / sample read the best checkpoint through load_for_inference: a damaged one is
     a DamagedCheckpointError (a UserError, one line) naming it and the other checkpoints,
     raised before orbax reads it."""
@@ -232,8 +232,9 @@ def test_a_damaged_best_checkpoint_is_one_error_naming_it_and_the_others(tmp_pat
     message = str(info.value)
     assert isinstance(info.value, UserError) and "\n" not in message
     assert message.startswith(f"checkpoint {tmp_path / 'best' / '2'} is damaged (params/")
-    assert message.endswith(f"other checkpoints in {tmp_path}: checkpoints/1, checkpoints/2")
+    assert message.endswith(f"undamaged checkpoints in {tmp_path}: checkpoints/2, checkpoints/1")
     assert info.value.which == "best" and info.value.step == 2
+    assert info.value.alternatives == (("latest", 2), ("latest", 1))
     params, _, used = ckpt_lib.load_for_inference(tmp_path, "latest")  # the others still load
     assert used == "latest"
 
@@ -280,3 +281,23 @@ def test_only_tensorstores_closed_loop_noise_is_silenced(monkeypatch):
     for error in (RuntimeError("Event loop is closed"), RuntimeError("other"), ValueError("x")):
         sys.unraisablehook(types.SimpleNamespace(exc_value=error))
     assert seen == ["other", "x"]
+
+
+def test_a_damaged_checkpoint_lists_only_the_undamaged_others(tmp_path):
+    """The list of other checkpoints named damaged ones too (a dead end for the user)."""
+    _saved(tmp_path)
+    for step_dir in (tmp_path / "best" / "2", tmp_path / "checkpoints" / "1"):
+        target = max(_params_files(step_dir), key=lambda p: p.stat().st_size)
+        target.write_bytes(target.read_bytes()[:10])
+    with pytest.raises(ckpt_lib.DamagedCheckpointError) as info:
+        ckpt_lib.load_for_inference(tmp_path, "best")
+    assert str(info.value).endswith(f"undamaged checkpoints in {tmp_path}: checkpoints/2")
+    assert info.value.alternatives == (("latest", 2),)
+
+
+@pytest.mark.parametrize(
+    "n,words", [(0, "0 bytes"), (150, "150 bytes"), (2_500, "2 kB"), (61_200_000, "61.2 MB")]
+)
+def test_sizes_below_a_kilobyte_are_bytes_not_zero_kb(n, words):
+    """A full disk said "it needs about 0 kB" for a 150-byte metrics line."""
+    assert ckpt_lib._size(n) == words

@@ -70,8 +70,13 @@ def test_bad_workdirs_and_steps_are_one_line(saved, tmp_path):
     cases = [
         (a_file, "best", f"{a_file} is a file, not a training workdir"),
         (tmp_path / "missing", "best", f"workdir {tmp_path / 'missing'} does not exist"),
-        (workdir, 8, f"no checkpoint of step 8 in {workdir} (saved steps: [7])"),
-        (workdir, "newest", "checkpoint must be best, latest or a step number, got 'newest'"),
+        (workdir, 8, f"no checkpoint of step 8 in {workdir} (saved: best/7)"),
+        (workdir, "newest", f"--checkpoint=newest: expected {saved_run.CHECKPOINT_FLAG_HELP}"),
+        (
+            workdir,
+            "checkpoints/7",
+            f"no checkpoint of step 7 in {workdir}/checkpoints (saved: best/7)",
+        ),
     ]
     for path, which, message in cases:
         with pytest.raises(ckpt_lib.CheckpointError) as info:
@@ -103,3 +108,118 @@ def test_evaluate_and_sample_read_the_same_checkpoint(saved):
     assert set(out["results"]["valid"]) == {"windows"}
     text = sample.run(str(workdir), "the ", 5, 0.0)
     assert text.startswith("the ") and len(text) == 9
+
+
+def _with_latest(tmp_path, saved, steps=(3, 7)):
+    """A copy of the saved workdir with latest checkpoints at ``steps`` besides best/7."""
+    import shutil
+
+    import jax.numpy as jnp
+
+    workdir = tmp_path / "w"
+    shutil.copytree(saved[0], workdir)
+    with ckpt_lib.Checkpoints(workdir, read_only=True) as ckpts:
+        params, meta = ckpts.restore_params("best")
+    with ckpt_lib.Checkpoints(workdir, keep=5) as ckpts:
+        for step in steps:
+            ckpts.save_latest(step, params, params, jnp.zeros(1), {**meta, "step": step})
+    return workdir
+
+
+def _truncate(step_dir):
+    files = [p for p in (step_dir / "params").rglob("*") if p.is_file()]
+    target = max(files, key=lambda p: p.stat().st_size)
+    target.write_bytes(target.read_bytes()[:10])
+
+
+@pytest.mark.parametrize(
+    "flag,used,step",
+    [("3", "step 3", 3), ("checkpoints/7", "step 7", 7), ("best/7", "step 7", 7),
+     ("latest", "latest", 7), ("best", "best", 7)],
+)  # fmt: skip
+def test_any_saved_checkpoint_can_be_chosen(saved, tmp_path, flag, used, step):
+    """evaluate / sample took --checkpoint=best|latest only: checkpoints/3 was refused."""
+    run = saved_run.load_run(_with_latest(tmp_path, saved), flag)
+    assert (run.checkpoint, run.step) == (used, step)
+
+
+def test_a_damaged_checkpoint_names_the_exact_flag_of_each_undamaged_one(saved, tmp_path):
+    """A damaged best listed every other checkpoint, damaged ones too, with no flag to use."""
+    workdir = _with_latest(tmp_path, saved)
+    _truncate(workdir / "best" / "7")
+    damaged = f"checkpoint {workdir}/best/7 is damaged (params/"
+    with pytest.raises(ckpt_lib.CheckpointError) as info:
+        saved_run.load_run(workdir, "best")
+    assert str(info.value).startswith(damaged)
+    assert str(info.value).endswith(
+        "; use an undamaged one: --checkpoint=checkpoints/7 or --checkpoint=3"
+    )
+    _truncate(workdir / "checkpoints" / "3")
+    with pytest.raises(ckpt_lib.CheckpointError) as info:
+        saved_run.load_run(workdir, "best/7")
+    assert str(info.value).endswith("; use an undamaged one: --checkpoint=checkpoints/7")
+    _truncate(workdir / "checkpoints" / "7")
+    with pytest.raises(ckpt_lib.CheckpointError) as info:
+        saved_run.load_run(workdir, "best")
+    assert str(info.value).endswith(f"; no undamaged checkpoint is left in {workdir}")
+
+
+@pytest.mark.parametrize("table", ["{}\n", "", "[1, 2]"])
+def test_damage_in_the_checksum_file_itself_is_a_readable_line(saved, tmp_path, table):
+    """An empty checksums.json ({}) beside a truncated file let orbax read it and end in
+    '<bound method pybind11_detail_function_record_v1_...'; now the checksum file is named."""
+    workdir = _with_latest(tmp_path, saved, steps=(3,))
+    _truncate(workdir / "best" / "7")
+    (workdir / "best" / "7" / ckpt_lib.CHECKSUMS_FILE).write_text(table)
+    with pytest.raises(ckpt_lib.CheckpointError) as info:
+        saved_run.load_run(workdir, "best")
+    message = str(info.value)
+    assert "bound method" not in message and "\n" not in message
+    assert f"is damaged (its {ckpt_lib.CHECKSUMS_FILE} " in message
+    assert message.endswith("; use an undamaged one: --checkpoint=3")
+
+
+@pytest.mark.parametrize("how", ["edited", "garbled", "deleted"])
+def test_evaluate_sample_and_analyze_warn_once_when_config_json_disagrees(
+    saved, tmp_path, capfd, how
+):
+    """They ran from the checkpoint with no word about an edited, garbled or deleted
+    config.json; now one warning line, and the checkpoint's model is what runs."""
+    import json
+    import shutil
+
+    workdir = tmp_path / "w"
+    shutil.copytree(saved[0], workdir)
+    path = workdir / "config.json"
+    if how == "edited":
+        config = json.loads(path.read_text())
+        config["model"]["hidden"] = 32
+        path.write_text(json.dumps(config))
+    elif how == "garbled":
+        path.write_text("{")
+    else:
+        path.unlink()
+    capfd.readouterr()
+    run = saved_run.load_run(workdir)
+    (line,) = capfd.readouterr().err.splitlines()
+    assert line.startswith(f"warning: {path} ") and line.endswith(
+        "following the checkpoint of step 7"
+    )
+    assert run.model.hidden == 16
+    if how == "edited":
+        assert "in model.hidden (32 there, 16 in the checkpoint)" in line
+
+
+def test_a_config_json_that_agrees_gives_no_warning(saved, capfd):
+    capfd.readouterr()
+    saved_run.load_run(saved[0])
+    assert capfd.readouterr().err == ""
+
+
+def test_the_readme_and_the_flags_offer_any_saved_step():
+    from helpers import ROOT
+
+    readme = (ROOT / "README.md").read_text()
+    assert readme.count("`--checkpoint=best\\|latest\\|STEP`") >= 1
+    for command in ("evaluate", "sample"):
+        assert "STEP" in (ROOT / "rhhjax" / "tools" / f"{command}.py").read_text()

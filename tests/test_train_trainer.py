@@ -1006,3 +1006,104 @@ def test_tensorboard_keeps_the_resume_steps_points(tmp_path, text_file):
     expected = {r["step"]: r["bpc"] for r in records(workdir, ("train",))}
     assert sorted(newest) == sorted(expected)
     np.testing.assert_allclose([newest[k] for k in expected], list(expected.values()), 1e-6)
+
+
+def test_a_finished_run_answers_already_finished_before_any_writability_check(
+    trained, text_file, monkeypatch
+):
+    """A finished run on a read-only workdir exited 1 ("not writable"); the docs promise
+    "already finished" and exit 0 (a rerun of a finished run writes nothing)."""
+    from rhhjax.train import setup
+
+    def read_only(workdir):
+        raise trainer.TrainError(f"workdir {workdir} is not writable (Read-only file system)")
+
+    monkeypatch.setattr(setup.workdir_lib, "check_workdir_writable", read_only)
+    workdir, _, results, _ = trained
+    lines: list[str] = []
+    again = trainer.train_and_evaluate(tiny_config(text_file), workdir, log=lines.append)
+    assert again["final"] == results["final"] and again.get("exit_code", 0) == 0
+    assert any("already finished at step 6" in line for line in lines)
+
+
+@pytest.mark.parametrize("how", ["edited", "garbled", "deleted"])
+def test_a_config_json_that_disagrees_with_the_checkpoint_is_one_warning(
+    trained, tmp_path, text_file, capfd, how
+):
+    """config.json edited to another model size, garbled or deleted: train ran on with no
+    word. Now one warning line naming the fields; the run follows the checkpoint."""
+    import shutil
+
+    workdir = tmp_path / "copy"
+    shutil.copytree(trained[0], workdir)
+    path = workdir / "config.json"
+    if how == "edited":
+        config = json.loads(path.read_text())
+        config["model"]["hidden"], config["train"]["batch_size"] = 32, 5
+        path.write_text(json.dumps(config))
+    elif how == "garbled":
+        path.write_text(path.read_text()[:100])
+    else:
+        path.unlink()
+    capfd.readouterr()
+    lines: list[str] = []
+    trainer.train_and_evaluate(tiny_config(text_file), workdir, log=lines.append)
+    warnings = capfd.readouterr().err.splitlines()
+    assert len(warnings) == 1 and warnings[0].startswith(f"warning: {path} "), warnings
+    expected = {
+        "edited": "differs from the checkpoint of step 6 in model.hidden (32 there, 16 in the "
+        "checkpoint), train.batch_size (5 there, 4 in the checkpoint); following the checkpoint",
+        "garbled": "does not read (not JSON); following the checkpoint of step 6",
+        "deleted": "is missing; following the checkpoint of step 6",
+    }[how]
+    assert expected in warnings[0]
+    assert any("already finished at step 6" in line for line in lines)
+
+
+# ----------------------------------------------------------------------------- out of memory
+
+
+def test_an_out_of_memory_in_a_training_step_is_one_line_naming_the_field(
+    tmp_path, text_file, monkeypatch
+):
+    """A RESOURCE_EXHAUSTED at run time was a 40-48-line traceback; now one line: the phase,
+    what is kept (the checkpoint of step 3) and the field to lower."""
+    real = trainer.make_train_step
+
+    def patched(mc, oc, seed):
+        fn = real(mc, oc, seed)
+
+        def wrapped(*args):
+            if int(args[6]) == 4:  # the 5th step
+                raise jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Out of memory allocating 9")
+            return fn(*args)
+
+        return wrapped
+
+    monkeypatch.setattr(trainer, "make_train_step", patched)
+    workdir = tmp_path / "oom"
+    with pytest.raises(UserError) as info:
+        trainer.train_and_evaluate(tiny_config(text_file), workdir, log=quiet)
+    assert str(info.value) == (
+        "out of memory during training (JaxRuntimeError: RESOURCE_EXHAUSTED: Out of memory "
+        f"allocating 9); the last checkpoint (step 3) is intact in {workdir}; lower "
+        "train.batch_size (or train.seq_len)"
+    )
+    with ckpt_lib.Checkpoints(workdir, read_only=True) as c:
+        assert c.steps("latest") == [3]
+
+
+def test_an_out_of_host_memory_in_validation_names_eval_batch_size(
+    tmp_path, text_file, monkeypatch
+):
+    """numpy's ArrayMemoryError during validation was a 36-line traceback."""
+
+    def no_memory(*args, **kwargs):
+        raise MemoryError("Unable to allocate 5.96 GiB for an array with shape (8, 100000000)")
+
+    monkeypatch.setattr(train_loop.eval_lib, "evaluate_tokens", no_memory)
+    with pytest.raises(UserError) as info:
+        trainer.train_and_evaluate(tiny_config(text_file), tmp_path / "oom", log=quiet)
+    message = str(info.value)
+    assert message.startswith("out of memory during validation (MemoryError: Unable to ")
+    assert message.endswith("; no checkpoint was written yet; lower eval.batch_size")

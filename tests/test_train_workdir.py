@@ -57,3 +57,42 @@ def test_event_writers_opened_within_one_second_keep_separate_files(tmp_path, mo
     files = sorted((tmp_path / workdir_lib.EventWriter.DIR).iterdir())
     assert len(files) == 2
     assert files[0].stat().st_size > 0 and files[1].stat().st_size > 0
+
+
+@pytest.mark.parametrize("checkpoint", [None, 6])
+def test_a_full_disk_says_what_the_checkpoints_hold_and_small_sizes_in_bytes(
+    tmp_path, monkeypatch, checkpoint
+):
+    """With no checkpoint yet a full disk said "the checkpoints are intact" and "it needs
+    about 0 kB"; now what the workdir holds, and bytes."""
+    import errno
+    import shutil
+
+    if checkpoint:
+        (tmp_path / "checkpoints" / str(checkpoint)).mkdir(parents=True)
+    usage = shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(shutil, "disk_usage", lambda _: usage._replace(free=0))
+    error = OSError(errno.ENOSPC, "No space left on device")
+    message = str(workdir_lib._write_failure(tmp_path / "metrics.jsonl", 150, error))
+    kept = (
+        f"the checkpoints are intact (the latest: step {checkpoint})"
+        if checkpoint
+        else "no checkpoint has been written yet"
+    )
+    assert message == (
+        f"cannot write {tmp_path}/metrics.jsonl: no space left on device (it needs about 150 "
+        f"bytes, 0 bytes free); {kept}: free some space and run the same command again"
+    )
+
+
+def test_the_lock_is_taken_when_its_pid_cannot_be_written(tmp_path, monkeypatch):
+    """On a full disk writing the pid into .lock raised a 26-line OSError traceback."""
+    import errno
+    import os
+
+    def full(*args):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "pwrite", full)
+    with workdir_lib.WorkdirLock(tmp_path) as lock:
+        assert lock._fd is not None

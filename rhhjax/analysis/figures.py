@@ -6,6 +6,8 @@ from pathlib import Path
 
 import numpy as np
 
+from rhhjax import outputs
+
 DPI = 80
 
 
@@ -17,6 +19,16 @@ def _pyplot():
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def _save(plt, fig, path: Path) -> Path:
+    """Write ``fig`` to ``path`` whole or not at all, and close it."""
+    try:
+        with outputs.atomic_path(path, "--out") as tmp:
+            fig.savefig(tmp, dpi=DPI)
+    finally:
+        plt.close(fig)
+    return path
 
 
 def plot_weight_norms(results: list[dict], path: Path) -> Path:
@@ -37,9 +49,7 @@ def plot_weight_norms(results: list[dict], path: Path) -> Path:
         ax.grid(axis="y", alpha=0.3)
     fig.suptitle("Frobenius norm of each weight matrix (forward order)", fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 def plot_input_gradients(results: list[dict], path: Path) -> Path:
@@ -60,9 +70,7 @@ def plot_input_gradients(results: list[dict], path: Path) -> Path:
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 def plot_gates(result: dict, path: Path) -> Path:
@@ -87,9 +95,7 @@ def plot_gates(result: dict, path: Path) -> Path:
     fig.suptitle(f"Mean transform-gate activity: {result['label']}", fontsize=10)
     if image is not None:
         fig.colorbar(image, ax=axes[:, 0].tolist(), fraction=0.03, pad=0.01, label="mean t")
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 def plot_lesion(results: list[dict], path: Path) -> Path:
@@ -113,6 +119,4 @@ def plot_lesion(results: list[dict], path: Path) -> Path:
         if len(cell_names) > 1:
             ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)

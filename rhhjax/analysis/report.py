@@ -12,7 +12,7 @@ from pathlib import Path
 
 import jax
 
-from rhhjax import models
+from rhhjax import models, outputs
 from rhhjax.analysis import figures
 from rhhjax.analysis.gates import GATED_TYPES, can_trace_gates, gate_activity
 from rhhjax.analysis.gradients import input_gradients
@@ -98,8 +98,9 @@ def _gates_and_lesion(subject: Subject, settings: Settings, result: dict, log) -
 
 
 def write_outputs(results: list[dict], out: Path, prefix: str = "", meta: dict | None = None):
-    """Figures and ``<prefix>analysis.json`` into ``out``; returns the paths written."""
-    out.mkdir(parents=True, exist_ok=True)
+    """Figures and ``<prefix>analysis.json`` into ``out``, each file written whole or not at
+    all; returns the paths written."""
+    outputs.make_folder(out, "--out")
     written = []
     if any(r.get("weight_norms") for r in results):
         written.append(figures.plot_weight_norms(results, out / f"{prefix}weight_norms.png"))
@@ -112,7 +113,7 @@ def write_outputs(results: list[dict], out: Path, prefix: str = "", meta: dict |
         written.append(figures.plot_lesion(results, out / f"{prefix}lesion.png"))
     path = out / f"{prefix}{JSON_FILE}"
     payload = {**(meta or {}), "models": results}
-    path.write_text(json.dumps(payload, indent=1, allow_nan=True) + "\n")
+    outputs.write_text(path, json.dumps(payload, indent=1, allow_nan=True) + "\n", "--out")
     written.append(path)
     return written
 
@@ -150,6 +151,7 @@ def run(
     settings = settings or Settings()
     specs = [("workdir", w) for w in workdirs] + [("init", c) for c in inits]
     _check_arguments(settings, specs, labels, checkpoint)
+    outputs.check_folder(out, "--out")  # before any model is loaded
     common = dict(split=settings.split, data_dir=data_dir, impl=impl)
     subjects = []
     for i, (kind, spec) in enumerate(specs):

@@ -31,6 +31,7 @@ from rhhjax.data.corpus import SPLITS, Corpus
 from rhhjax.data.errors import DataError
 from rhhjax.data.eval_protocols import (
     EVAL_PROTOCOLS,
+    MAX_CHUNK,
     PAPER_CHUNK,
     PAPER_SEQ_LEN,
     EvalBatch,
@@ -51,8 +52,10 @@ from rhhjax.data.samplers import SAMPLERS, StreamSampler, TrainBatch, WindowSamp
 from rhhjax.data.text import (
     CORPORA,
     DEFAULT_HUTTER_HOLDOUT,
+    HUTTER_HOLDOUT,
     TEXT_SPLITS,
     CorpusSource,
+    auto_holdout,
     corpus_path,
     ensure_corpus,
     load_text_corpus,
@@ -63,7 +66,9 @@ __all__ = [
     "CORPORA",
     "DEFAULT_HUTTER_HOLDOUT",
     "EVAL_PROTOCOLS",
+    "HUTTER_HOLDOUT",
     "FORMATS",
+    "MAX_CHUNK",
     "MIKOLOV_EOL",
     "PAPER_CHUNK",
     "PAPER_SEQ_LEN",
@@ -83,6 +88,7 @@ __all__ = [
     "TrainBatch",
     "Vocab",
     "WindowSampler",
+    "auto_holdout",
     "corpus_path",
     "default_data_config",
     "ensure_corpus",

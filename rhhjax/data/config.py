@@ -39,7 +39,8 @@ def default_data_config() -> ml_collections.ConfigDict:
     data.text_files = ""  # format=text: one file (hutter split) or "train,valid,test".
     data.text_split = "hutter"  # format=text: hutter (last N test, previous N valid) | files.
     data.text_vocab = "char"  # format=text: char (Unicode characters) | byte.
-    # format=text, hutter split: symbols in each of valid and test (90M / 5M / 5M of enwik8).
+    # format=text, hutter split: symbols in each of valid and test; 0 = sized to the file (5%
+    # each, at least 1,000); configs/hutter.py sets 5,000,000 (90M / 5M / 5M of enwik8).
     data.hutter_holdout = text.DEFAULT_HUTTER_HOLDOUT
     data.sampler = "windows"  # windows (paper: random 101-char windows) | stream (TBPTT).
     return data

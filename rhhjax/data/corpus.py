@@ -32,9 +32,17 @@ class Corpus:
 
 
 def corpus_from_codes(
-    name: str, kind: str, codes: Mapping[str, np.ndarray], unk: bool, source: str = ""
+    name: str,
+    kind: str,
+    codes: Mapping[str, np.ndarray],
+    unk: bool,
+    source: str = "",
+    vocab_splits: tuple[str, ...] = ("train",),
 ) -> Corpus:
-    """Corpus of the symbol codes of each split; the vocabulary comes from ``codes["train"]``."""
-    vocab = Vocab.from_codes(codes["train"], kind, unk)
+    """Corpus of the symbol codes of each split; the vocabulary holds the symbols of the
+    ``vocab_splits`` (default: the training split's only)."""
+    parts = [Vocab.from_codes(codes[s], kind) for s in vocab_splits]
+    symbols = tuple(sorted(set().union(*(v.symbols for v in parts))))
+    vocab = Vocab(kind=kind, symbols=symbols, unk=unk)
     enc = {s: vocab.encode_codes(codes[s], split=s) for s in SPLITS}
     return Corpus(name=name, vocab=vocab, **enc, source=source)

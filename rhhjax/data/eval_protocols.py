@@ -3,6 +3,12 @@
 ``eval_batches`` with ``windows`` and ``stream`` (honest: every symbol but the first scored
 exactly once) and ``paper`` (the paper's own protocol, which is not). ``scored_count`` gives the
 number of scored symbols of each, ``num_eval_batches`` the number of batches.
+
+Memory is bounded whatever ``seq_len``: a batch never spans more than ``MAX_CHUNK`` time steps.
+A longer window (or stream chunk) is cut into pieces of ``MAX_CHUNK`` steps with the state
+carried from one to the next (``reset`` only on a window's first piece), and the pieces past the
+end of the split are not made at all; with ``seq_len <= MAX_CHUNK`` the batches are exactly the
+windows / chunks themselves.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from rhhjax.data.errors import DataError, check_int, check_tokens
 EVAL_PROTOCOLS = ("windows", "stream", "paper")
 PAPER_CHUNK = 51  # the paper's evaluation: rows start every 51 symbols ...
 PAPER_SEQ_LEN = 100  # ... and hold 100 inputs / 100 targets (101 symbols)
+MAX_CHUNK = 1000  # time steps of one evaluation batch at most (longer windows: in pieces)
 
 
 class EvalBatch(NamedTuple):
@@ -87,18 +94,27 @@ def num_eval_batches(
     batch_size: int,
     seq_len: int = 100,
     min_context: int = 50,
+    max_chunk: int = MAX_CHUNK,
 ) -> int:
-    """Number of batches ``eval_batches`` yields."""
+    """Number of batches ``eval_batches`` yields (pieces of long windows counted)."""
     _check_protocol(n_tokens, protocol, seq_len, min_context, 50)
     batch_size = check_int("batch_size", batch_size, 1)
+    width = min(seq_len, check_int("max_chunk", max_chunk, 1))
     if protocol == "paper":
         return -(-_paper_rows(n_tokens) // batch_size)
     if n_tokens < 2:
         return 0
     if protocol == "windows":
-        return -(-_n_windows(n_tokens, seq_len, min_context) // batch_size)
+        stride = seq_len - min_context
+        firsts = range(0, _n_windows(n_tokens, seq_len, min_context), batch_size)
+        return sum(-(-_window_steps(n_tokens, seq_len, k * stride) // width) for k in firsts)
     row_len = -(-(n_tokens - 1) // batch_size)
-    return -(-row_len // seq_len)
+    return -(-row_len // width)
+
+
+def _window_steps(n_tokens: int, seq_len: int, start: int) -> int:
+    """Time steps of the window starting at ``start`` that hold a target (<= seq_len)."""
+    return min(seq_len, n_tokens - 1 - start)
 
 
 def _batch(
@@ -118,8 +134,10 @@ def eval_batches(
     seq_len: int,
     min_context: int = 50,
     paper_mask: int = 50,
+    max_chunk: int = MAX_CHUNK,
 ) -> Iterator[EvalBatch]:
-    """Evaluation batches of a split; every batch has shape ``[batch_size, T]``.
+    """Evaluation batches of a split; every batch has shape ``[batch_size, T]``,
+    ``T = min(seq_len, max_chunk)`` (100 for ``paper``).
 
     Symbol ``j`` of the split is a *target* predicted from symbols ``0 .. j-1``; symbol 0 is
     never a target (nothing predicts it).
@@ -148,9 +166,16 @@ def eval_batches(
 
     Padding (the last batch of ``windows`` / ``paper``, the ends of ``stream`` rows) is zeros
     with mask 0. ``scored_count`` gives the sum of all masks.
+
+    ``seq_len > max_chunk``: a batch of windows is yielded as pieces of ``max_chunk`` time
+    steps (``reset`` on the first only, the state carried through the window), up to the last
+    step that holds a target; ``stream`` reads its rows in chunks of ``max_chunk``. What is
+    scored, and with which context, is unchanged; memory follows ``max_chunk``, not
+    ``seq_len``.
     """
     tokens = check_tokens(tokens)
     batch_size = check_int("batch_size", batch_size, 1)
+    max_chunk = check_int("max_chunk", max_chunk, 1)
     n = len(tokens)
     _check_protocol(n, protocol, seq_len, min_context, paper_mask)
     if protocol == "paper":
@@ -161,32 +186,37 @@ def eval_batches(
         return _paper_batches(tokens, batch_size, paper_mask)
     if n < 2:
         raise DataError(f"evaluation needs at least 2 tokens (one target), got {n}")
+    width = min(seq_len, max_chunk)
     if protocol == "windows":
-        return _window_batches(tokens, batch_size, seq_len, min_context)
-    return _stream_batches(tokens, batch_size, seq_len)
+        return _window_batches(tokens, batch_size, seq_len, min_context, width)
+    return _stream_batches(tokens, batch_size, width)
 
 
 def _window_batches(
-    tokens: np.ndarray, batch_size: int, seq_len: int, min_context: int
+    tokens: np.ndarray, batch_size: int, seq_len: int, min_context: int, width: int
 ) -> Iterator[EvalBatch]:
+    """Windows of ``seq_len`` steps, ``batch_size`` at a time, in pieces of ``width`` steps."""
     n = len(tokens)
     n_windows = _n_windows(n, seq_len, min_context)
     stride = seq_len - min_context
-    t = np.arange(seq_len)
     for first in range(0, n_windows, batch_size):
         k = np.arange(first, first + batch_size)
-        pos = (k * stride)[:, None] + t
-        valid = (k < n_windows)[:, None] & (pos + 1 <= n - 1)
-        scored = (t >= min_context)[None, :] | (k == 0)[:, None]
-        yield _batch(tokens, pos, valid, scored, True)
+        steps = _window_steps(n, seq_len, first * stride)  # the batch's first window is longest
+        for t0 in range(0, steps, width):
+            t = t0 + np.arange(width)
+            pos = (k * stride)[:, None] + t
+            valid = (k < n_windows)[:, None] & (t < seq_len)[None, :] & (pos + 1 <= n - 1)
+            scored = (t >= min_context)[None, :] | (k == 0)[:, None]
+            yield _batch(tokens, pos, valid, scored, t0 == 0)
 
 
-def _stream_batches(tokens: np.ndarray, batch_size: int, seq_len: int) -> Iterator[EvalBatch]:
+def _stream_batches(tokens: np.ndarray, batch_size: int, width: int) -> Iterator[EvalBatch]:
+    """``batch_size`` contiguous rows read ``width`` steps at a time, the state carried."""
     n = len(tokens)
     row_len = -(-(n - 1) // batch_size)
     rows = np.arange(batch_size)[:, None] * row_len
-    for c in range(-(-row_len // seq_len)):
-        offset = c * seq_len + np.arange(seq_len)[None, :]
+    for c in range(-(-row_len // width)):
+        offset = c * width + np.arange(width)[None, :]
         pos = rows + offset
         valid = (offset < row_len) & (pos + 1 <= n - 1)
         yield _batch(tokens, pos, valid, valid, c == 0)

@@ -2,7 +2,9 @@
 
 ``load_text_corpus`` reads one file split the Hutter way (last N symbols test, previous N valid,
 the rest train) or three files (train, valid, test), with a ``char`` (Unicode code points) or
-``byte`` vocabulary built from the training split.
+``byte`` vocabulary built from the training split. N = ``holdout``; 0 (the default) sizes it to
+the file (``auto_holdout``: 5% each, at least 1,000 symbols or a quarter of a smaller file), so
+a file of a few kB splits as well as enwik8 (whose configs set the Hutter Prize's 5,000,000).
 
 The RHN paper's character-level corpora are single 100,000,000-byte files inside a zip:
 
@@ -39,7 +41,10 @@ from rhhjax.data.errors import DataError
 from rhhjax.data.vocab import TEXT_VOCABS, codepoints, decode_utf8
 
 TEXT_SPLITS = ("files", "hutter")
-DEFAULT_HUTTER_HOLDOUT = 5_000_000
+HUTTER_HOLDOUT = 5_000_000  # the Hutter Prize convention: 90M / 5M / 5M of enwik8 and text8
+DEFAULT_HUTTER_HOLDOUT = 0  # data.hutter_holdout's default: sized to the file (auto_holdout)
+AUTO_HOLDOUT_FRACTION = 0.05  # auto: valid and test each hold 5% of the file ...
+AUTO_HOLDOUT_FLOOR = 1_000  # ... and at least this many symbols (a quarter of a smaller file)
 
 
 # --------------------------------------------------------------------------------------------
@@ -62,10 +67,20 @@ def check_text_vocab(vocab: Any) -> str:
 
 
 def check_holdout(holdout: Any) -> int:
-    """``holdout`` as an int if it is a positive integer (not a bool), else DataError."""
-    if isinstance(holdout, bool) or not isinstance(holdout, (int, np.integer)) or holdout < 1:
-        raise DataError(f"hutter_holdout must be a positive integer, got {holdout!r}")
+    """``holdout`` as an int if it is an integer >= 0 (not a bool; 0 = automatic), else
+    DataError."""
+    if isinstance(holdout, bool) or not isinstance(holdout, (int, np.integer)) or holdout < 0:
+        raise DataError(
+            f"hutter_holdout must be an integer >= 0 (0: sized to the file), got {holdout!r}"
+        )
     return int(holdout)
+
+
+def auto_holdout(n_symbols: int) -> int:
+    """The symbols of valid and of test each when ``hutter_holdout`` is 0, for a file of
+    ``n_symbols``: 5% of it, at least 1,000 (at least a quarter of a file under 4,000)."""
+    floor = min(AUTO_HOLDOUT_FLOOR, n_symbols // 4)
+    return max(round(AUTO_HOLDOUT_FRACTION * n_symbols), floor)
 
 
 def split_paths(files: str | os.PathLike | Sequence[str | os.PathLike]) -> list[pathlib.Path]:
@@ -98,9 +113,11 @@ def load_text_corpus(
     """The user's own text: one file (``split="hutter"``) or train,valid,test (``"files"``).
 
     ``vocab="char"``: UTF-8 decoded, one symbol per code point; ``"byte"``: one per byte.
-    Hutter split (RHN paper, enwik8/text8): the last ``holdout`` symbols are test, the
-    ``holdout`` before them valid, everything before train; a file of at most ``2 * holdout``
-    symbols is an error.
+    The vocabulary holds every symbol of the three splits; with ``unk`` only the training
+    split's, the others mapped to the reserved unknown id. Hutter split (RHN paper,
+    enwik8/text8): the last ``holdout`` symbols are test, the ``holdout`` before them valid,
+    everything before train; ``holdout=0``: ``auto_holdout`` of the file's length; a file of
+    at most ``2 * holdout`` symbols is an error.
     """
     check_text_split(split)
     check_text_vocab(vocab)
@@ -114,6 +131,7 @@ def load_text_corpus(
         holdout = check_holdout(holdout)
         codes = _read_codes(paths[0], vocab)
         n = len(codes)
+        holdout = holdout or auto_holdout(n)
         if n <= 2 * holdout:
             raise DataError(
                 f"{paths[0]} has {n} {unit}s, too short for a Hutter split with "
@@ -137,7 +155,11 @@ def load_text_corpus(
         if len(parts[s]) < 2:
             raise DataError(f"text corpus: the {s} split has fewer than 2 {unit}s")
     source = ",".join(str(p) for p in paths)
-    return corpus_from_codes(f"text_{vocab}:{paths[0].name}", vocab, parts, unk, source=source)
+    # without unk every symbol of the text gets an id (a small file's valid / test often hold
+    # a character its train part lacks); with unk, train's symbols only, the others -> <unk>
+    vocab_splits = ("train",) if unk else SPLITS
+    name = f"text_{vocab}:{paths[0].name}"
+    return corpus_from_codes(name, vocab, parts, unk, source=source, vocab_splits=vocab_splits)
 
 
 # --------------------------------------------------------------------------------------------

@@ -51,7 +51,7 @@ from typing import Any
 
 import ml_collections
 
-from rhhjax import config_fields
+from rhhjax import config_fields, outputs
 from rhhjax.errors import UserError
 from rhhjax.tools import common as cli
 
@@ -471,6 +471,7 @@ def run_ablation(
     log: Callable[[str], None] = print,
 ) -> list[dict]:
     """Runs every variant, writes out/results.{md,json}, returns the rows."""
+    out = outputs.check_folder(out, "--out")  # before any variant trains
     import jax
 
     parsed = [parse_sweep(s, config) for s in sweeps]
@@ -478,8 +479,7 @@ def run_ablation(
     if not parsed and not named:
         raise SweepError("give at least one --sweep=FIELD=V1,V2,... or --variant=NAME:...")
     planned = plan(config, parsed, seeds, named)
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    outputs.make_folder(out, "--out")
     budget = ", ".join(
         f"{k}={v}" for k, v in (("max_steps", max_steps), ("max_minutes", max_minutes)) if v
     )
@@ -507,8 +507,9 @@ def run_ablation(
             log=log,
         )
         rows.append(row)
-        (out / "results.json").write_text(json.dumps({**header, "rows": rows}, indent=2) + "\n")
-        (out / "results.md").write_text(format_markdown(rows, header))
+        table = json.dumps({**header, "rows": rows}, indent=2) + "\n"
+        outputs.write_text(out / "results.json", table, "--out")
+        outputs.write_text(out / "results.md", format_markdown(rows, header), "--out")
     log(format_markdown(rows, header))
     return rows
 
@@ -527,6 +528,7 @@ def main(argv: Sequence[str]) -> int:
         raise SweepError("--config is required, e.g. --config=configs/ptb.py:cpu")
     if not FLAGS.out:
         raise SweepError("--out=DIR is required")
+    outputs.check_folder(FLAGS.out, "--out")
     try:
         seeds = [int(s) for s in FLAGS.seeds] if FLAGS.seeds else None
     except ValueError:
@@ -572,5 +574,10 @@ def define_flags() -> None:
     flags.DEFINE_list("at_steps", [], "Also tabulate the periodic validation BPC at these steps.")
 
 
-if __name__ == "__main__":
+def console() -> None:
+    """The program: ``rhhjax-ablate`` or ``python -m rhhjax.tools.ablate``."""
     cli.run_program(main, define_flags, __doc__)
+
+
+if __name__ == "__main__":
+    console()

@@ -118,7 +118,12 @@ def define_flags(flag_values=None) -> None:
     )
 
 
-if __name__ == "__main__":
+def console() -> None:
+    """The program: ``rhhjax-analyze`` or ``python -m rhhjax.tools.analyze``."""
     from rhhjax.tools import common as cli
 
     cli.run_program(main, define_flags, __doc__, flag=None)
+
+
+if __name__ == "__main__":
+    console()

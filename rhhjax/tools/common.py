@@ -6,6 +6,11 @@ config that file returns, so a typo, an unknown variant or a missing file is one
 
     error: unknown config field model.dept (did you mean model.depth?)
 
+``--config`` takes a file (``configs/ptb.py:cpu``) or the name of an installed config
+(``ptb:cpu``: ``rhhjax.configs``, found wherever the package is installed;
+``resolve_config_argument``); a ``--config.<field>`` before ``--config`` is one line saying
+that ``--config`` comes first.
+
 and exit status 1, instead of a traceback. The known fields come from the config itself, so
 fields added to a config file later need no change here. ``--help`` prints the program's
 docstring, the config file's variants and every config field with its default, and exits 0.
@@ -32,8 +37,8 @@ from rhhjax.errors import UserError, exit_with_error, one_line
 
 # The config --help lists when no --config is given: the installed package's own copy
 # (``rhhjax.configs.ptb``, found wherever and however the package is installed), shown under
-# the name the commands use.
-DEFAULT_CONFIG = "configs/ptb.py"
+# the name --config takes for it.
+DEFAULT_CONFIG = "ptb"
 DEFAULT_CONFIG_MODULE = "rhhjax.configs.ptb"
 
 
@@ -44,16 +49,41 @@ class ConfigArgumentError(UserError):
 # ----------------------------------------------------------------------------- config files
 
 
+def installed_config_names() -> tuple[str, ...]:
+    """The names of the installed configs (``ptb``, ``enwik8``, ``text8``)."""
+    from rhhjax import configs
+
+    return configs.NAMES
+
+
+def resolve_config_argument(argument: str) -> str:
+    """A ``--config`` value with an installed config's name (``ptb:cpu``) replaced by that
+    config's file (``.../rhhjax/configs/ptb.py:cpu``); a path is returned as it is."""
+    name, sep, variant = argument.partition(":")
+    if "/" in name or name.endswith(".py") or Path(name).is_file():
+        return argument
+    if name not in installed_config_names():
+        return argument
+    origin = importlib.util.find_spec(f"rhhjax.configs.{name}").origin
+    return f"{origin}{sep}{variant}"
+
+
+def _not_found_hint() -> str:
+    names = installed_config_names()
+    return f"an installed config by name: --config={names[0]}:cpu, one of {', '.join(names)}"
+
+
 def load_config_file(argument: str) -> tuple[Any, Any]:
     """(module, config) for a ``--config`` value ``path[:variant]``.
 
     Raises ConfigArgumentError (one line) for a missing file, a file without ``get_config``
     or a variant the file rejects.
     """
-    path, _, variant = argument.partition(":")
+    path, _, variant = resolve_config_argument(argument).partition(":")
     file = Path(path).expanduser()
     if not file.is_file():
-        raise ConfigArgumentError(f"config file {path} not found")
+        shown = argument.partition(":")[0]
+        raise ConfigArgumentError(f"config file {shown} not found (or {_not_found_hint()})")
     spec = importlib.util.spec_from_file_location(f"rhhjax_config_{file.stem}", file)
     module = importlib.util.module_from_spec(spec)
     try:
@@ -111,8 +141,28 @@ def config_argument(argv: Sequence[str], flag: str = "config") -> str | None:
     return value
 
 
+def check_override_order(argv: Sequence[str], flag: str = "config") -> None:
+    """ConfigArgumentError when a ``--<flag>.<field>`` override comes before ``--<flag>``
+    (or without it): the config must come first."""
+    args = list(argv[1:])
+    args = args[: args.index("--")] if "--" in args else args
+    overrides = [i for i, a in enumerate(args) if a.startswith((f"--{flag}.", f"--no{flag}."))]
+    if not overrides:
+        return
+    first = args[overrides[0]]
+    given = [i for i, a in enumerate(args) if a.startswith(f"--{flag}=") or a == f"--{flag}"]
+    if not given:
+        raise ConfigArgumentError(
+            f"{first} needs --{flag} first, e.g. --{flag}=ptb:cpu {first} (--{flag}=NAME[:VARIANT] "
+            f"of an installed config, or a file)"
+        )
+    if given[0] > overrides[0]:
+        raise ConfigArgumentError(f"{first} comes before --{flag}: give --{flag} first")
+
+
 def check_config_arguments(argv: Sequence[str], flag: str = "config") -> Any:
     """Load ``--config`` and check its overrides; returns the config (None without --config)."""
+    check_override_order(argv, flag)
     argument = config_argument(argv, flag)
     if argument is None:
         return None
@@ -196,7 +246,7 @@ def parse_flags(
         return []
     try:
         check_config_arguments(argv, flag)
-        return flags.FLAGS(list(argv))
+        return flags.FLAGS(with_config_files(argv, flag))
     except ConfigArgumentError as e:
         exit(f"error: {e}")
     except flags.Error as e:
@@ -204,6 +254,19 @@ def parse_flags(
     except (KeyError, AttributeError, ValueError, TypeError) as e:  # config_flags' own errors
         exit(f"error: {_flag_error(e)}")
     return []
+
+
+def with_config_files(argv: Sequence[str], flag: str = "config") -> list[str]:
+    """``argv`` with every ``--<flag>=NAME[:VARIANT]`` of an installed config given as its
+    file (what ml_collections' config flag loads)."""
+    out, args = [argv[0]], list(argv[1:])
+    for i, arg in enumerate(args):
+        if arg.startswith(f"--{flag}="):
+            arg = f"--{flag}={resolve_config_argument(arg.split('=', 1)[1])}"
+        elif i > 0 and args[i - 1] == f"--{flag}":
+            arg = resolve_config_argument(arg)
+        out.append(arg)
+    return out
 
 
 def _flag_error(e: BaseException) -> str:

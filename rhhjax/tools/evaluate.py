@@ -1,7 +1,7 @@
 """Evaluate a checkpoint of a workdir, no training.
 
     python -m rhhjax.tools.evaluate --workdir=workdirs/ptb [--split=valid|test|all]
-        [--protocol=windows|stream|paper|all] [--checkpoint=best|latest] [--output=FILE.json]
+        [--protocol=windows|stream|paper|all] [--checkpoint=best|latest|STEP] [--output=FILE.json]
         [--data_dir=FOLDER | --text_files=FILE[,FILE,FILE]]
 
 The data is found as the run's config says (its ``data`` section); ``--data_dir`` (PTB) or
@@ -12,11 +12,15 @@ must still match the checkpoint's. Protocols and metrics: ``rhhjax.evaluation``.
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from rhhjax import data as data_lib
+from rhhjax import memory, outputs
 from rhhjax.errors import UserError
 from rhhjax.evaluation import evaluate_splits, format_table, parse_protocols
+
+if TYPE_CHECKING:  # saved_run imports orbax: not for --help
+    from rhhjax.train.saved_run import SavedRun
 
 
 def run(
@@ -50,21 +54,52 @@ def run(
     eval_config = saved.config.eval
     if batch_size:
         eval_config.batch_size = batch_size
+    check_memory(saved, eval_config, protocols)
     log(
         f"evaluating the {saved.checkpoint} checkpoint of {workdir} (step {saved.step}) on "
         f"{corpus.name} from {corpus.source or '?'}"
     )
-    results = evaluate_splits(
-        saved.model, saved.params, corpus, eval_config, splits, protocols, log
-    )
+    try:
+        results = evaluate_splits(
+            saved.model, saved.params, corpus, eval_config, splits, protocols, log
+        )
+    except Exception as e:
+        if not memory.is_out_of_memory(e):
+            raise
+        line = memory.out_of_memory_line(e, "the evaluation", BATCH_FIELDS, "nothing was written")
+        raise memory.OutOfMemoryError(line) from None
     log(format_table(results))
     return {"step": saved.step, "checkpoint": saved.checkpoint, "results": results}
+
+
+BATCH_FIELDS = ("--batch_size (0: the run's eval.batch_size)",)
+
+
+def check_memory(saved: SavedRun, eval_config: Any, protocols: list[str]) -> None:
+    """MemoryCheckError (one line) when an evaluation batch of ``eval_config`` cannot fit in
+    the free memory (``rhhjax.memory``), before anything is compiled."""
+    from rhhjax import models
+
+    impl = models.sequence_spec(saved.model).impl
+    n_params = models.count_params(saved.params)
+    needs = memory.evaluations(
+        saved.model,
+        n_params,
+        int(eval_config.batch_size),
+        int(eval_config.seq_len),
+        protocols,
+        impl,
+        batch_field="--batch_size",
+    )
+    memory.check(needs, memory.free_memory())
 
 
 def main(argv: list[str]) -> int:
     from absl import flags
 
     f = flags.FLAGS
+    if f.output:  # before any work: an evaluation is not lost to a bad path
+        outputs.check_file(f.output, "--output")
     out = run(
         f.workdir,
         f.split,
@@ -78,7 +113,7 @@ def main(argv: list[str]) -> int:
     if f.output:
         from rhhjax.train.workdir import json_dumps  # NaN / inf as null: valid JSON
 
-        Path(f.output).write_text(json_dumps(out, indent=2) + "\n")
+        outputs.write_text(f.output, json_dumps(out, indent=2) + "\n", "--output")
     return 0
 
 
@@ -88,7 +123,9 @@ def define_flags() -> None:
     flags.DEFINE_string("workdir", None, "Training workdir holding checkpoints.", required=True)
     flags.DEFINE_enum("split", "valid", ["valid", "test", "train", "all"], "Split to evaluate.")
     flags.DEFINE_string("protocol", "all", "windows | stream | paper | all (comma-separated ok).")
-    flags.DEFINE_enum("checkpoint", "best", ["best", "latest"], "Which checkpoint.")
+    flags.DEFINE_string(
+        "checkpoint", "best", "best | latest | STEP (a saved step) | checkpoints/STEP | best/STEP."
+    )
     flags.DEFINE_string("impl", "", "Override model.impl (auto | scan | fused | pallas).")
     flags.DEFINE_integer("batch_size", 0, "Override eval.batch_size (0 = from the config).")
     flags.DEFINE_string("output", "", "Also write the results as JSON to this file.")
@@ -100,7 +137,12 @@ def define_flags() -> None:
     )
 
 
-if __name__ == "__main__":
+def console() -> None:
+    """The program: ``rhhjax-evaluate`` or ``python -m rhhjax.tools.evaluate``."""
     from rhhjax.tools import common as cli
 
     cli.run_program(main, define_flags, __doc__, flag=None)
+
+
+if __name__ == "__main__":
+    console()

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from rhhjax import outputs
 from rhhjax.errors import UserError
 
 METRICS_FILE = "metrics.jsonl"
@@ -92,7 +93,7 @@ def plot(
 
     if not workdirs:
         raise PlotError("no workdir given")
-    out = Path(out) if out else Path(workdirs[0]) / "bpc.png"
+    out = outputs.check_file(Path(out) if out else Path(workdirs[0]) / "bpc.png", "--out")
     fig, ax = plt.subplots(figsize=(7, 4.5))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for i, workdir in enumerate(workdirs):
@@ -130,9 +131,11 @@ def plot(
     ax.grid(True, alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
+    try:
+        with outputs.atomic_path(out, "--out") as tmp:
+            fig.savefig(tmp, dpi=120)
+    finally:
+        plt.close(fig)
     return out
 
 
@@ -157,7 +160,12 @@ def define_flags() -> None:
     flags.DEFINE_string("title", "", "Figure title (default: the workdir's name or 'BPC').")
 
 
-if __name__ == "__main__":
+def console() -> None:
+    """The program: ``rhhjax-plot`` or ``python -m rhhjax.tools.plot``."""
     from rhhjax.tools import common as cli
 
     cli.run_program(main, define_flags, __doc__, flag=None, positional=True)
+
+
+if __name__ == "__main__":
+    console()

@@ -1,7 +1,7 @@
 r"""Generate text from a trained model.
 
     python -m rhhjax.tools.sample --workdir=workdirs/ptb --prompt="the " --length=300 \
-        --temperature=0.8 [--seed=0] [--checkpoint=best|latest]
+        --temperature=0.8 [--seed=0] [--checkpoint=best|latest|STEP] [--output=FILE.txt]
 
 Only the checkpoint is read (its vocabulary travels with it): no data folder is needed.
 How the text is drawn: ``rhhjax.sampling``.
@@ -9,6 +9,7 @@ How the text is drawn: ``rhhjax.sampling``.
 
 from __future__ import annotations
 
+from rhhjax import outputs
 from rhhjax.sampling import generate
 
 
@@ -34,7 +35,12 @@ def main(argv: list[str]) -> int:
     from absl import flags
 
     f = flags.FLAGS
-    print(run(f.workdir, f.prompt, f.length, f.temperature, f.seed, f.checkpoint))
+    if f.output:  # before the model is loaded
+        outputs.check_file(f.output, "--output")
+    text = run(f.workdir, f.prompt, f.length, f.temperature, f.seed, f.checkpoint)
+    print(text)
+    if f.output:
+        outputs.write_text(f.output, text, "--output")
     return 0
 
 
@@ -46,10 +52,18 @@ def define_flags() -> None:
     flags.DEFINE_integer("length", 300, "Characters to generate.")
     flags.DEFINE_float("temperature", 0.8, "Softmax temperature; 0 = greedy.")
     flags.DEFINE_integer("seed", 0, "Sampling seed.")
-    flags.DEFINE_enum("checkpoint", "best", ["best", "latest"], "Which checkpoint.")
+    flags.DEFINE_string(
+        "checkpoint", "best", "best | latest | STEP (a saved step) | checkpoints/STEP | best/STEP."
+    )
+    flags.DEFINE_string("output", "", "Also write the text to this file (UTF-8).")
 
 
-if __name__ == "__main__":
+def console() -> None:
+    """The program: ``rhhjax-sample`` or ``python -m rhhjax.tools.sample``."""
     from rhhjax.tools import common as cli
 
     cli.run_program(main, define_flags, __doc__, flag=None)
+
+
+if __name__ == "__main__":
+    console()

@@ -51,5 +51,10 @@ def define_flags() -> None:
     config_flags.DEFINE_config_file("config", None, "Config file (path[:variant]).")
 
 
-if __name__ == "__main__":
+def console() -> None:
+    """The program: ``rhhjax-summary`` or ``python -m rhhjax.tools.summary``."""
     cli.run_program(main, define_flags, __doc__)
+
+
+if __name__ == "__main__":
+    console()

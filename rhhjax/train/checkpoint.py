@@ -53,6 +53,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -78,12 +79,28 @@ class CheckpointError(UserError):
 
 class DamagedCheckpointError(CheckpointError):
     """A checkpoint whose files changed since they were saved, or that does not read; the
-    message (one line) names it and the other checkpoints of the workdir."""
+    message (one line) names it and the undamaged checkpoints of the workdir, which
+    ``alternatives`` holds as ``(which, step)`` pairs ("latest" | "best"), newest first."""
 
-    def __init__(self, message: str, which: str, step: int):
+    def __init__(
+        self,
+        message: str,
+        which: str,
+        step: int,
+        alternatives: tuple[tuple[str, int], ...] = (),
+        reason: str = "",
+    ):
         super().__init__(message)
         self.which = which
         self.step = step
+        self.alternatives = alternatives
+        self.reason = reason  # what is damaged, e.g. "params/... has 10 bytes, 20,037 when saved"
+
+
+def folder_name(which: str, step: int) -> str:
+    """``checkpoints/3`` / ``best/6``: a checkpoint as the messages and ``--checkpoint`` name
+    it."""
+    return f"{LATEST_DIR if which == 'latest' else BEST_DIR}/{step}"
 
 
 def abstract(tree: Any) -> Any:
@@ -246,8 +263,7 @@ class Checkpoints:
             items = {k: v() if callable(v) else v for k, v in items.items()}
             restored = manager.restore(step, args=ocp.args.Composite(**items))
         except Exception as e:  # tensorstore / orbax / JSON errors of damaged files
-            text = " ".join(str(e).split())[:200] or type(e).__name__
-            raise self._damaged(which, step, f"it does not read: {text}") from None
+            raise self._damaged(which, step, f"it does not read: {_read_error(e)}") from None
         if not checked and "params" in items and not _all_finite(restored.params):
             raise self._damaged(which, step, "it holds non-finite parameters")
         return restored
@@ -256,33 +272,47 @@ class Checkpoints:
         """Whether ``folder`` has checksums (False: none to check); DamagedCheckpointError
         when a file of ``items`` (or of the step itself) differs from them."""
         try:
-            expected = json.loads((folder / CHECKSUMS_FILE).read_text())
+            expected = read_checksums(folder)
         except FileNotFoundError:
             return False
-        except (OSError, ValueError) as e:
-            raise self._damaged(which, step, f"its {CHECKSUMS_FILE} does not read ({e})") from None
-        for name, (size, digest) in sorted(expected.items()):
-            if "/" in name and name.split("/", 1)[0] not in items:
-                continue  # another item's file: not read now
-            problem = _file_problem(folder / name, size, digest)
-            if problem:
-                raise self._damaged(which, step, f"{name} {problem}")
+        except ChecksumFileError as e:
+            raise self._damaged(which, step, str(e)) from None
+        problem = files_problem(folder, expected, items)
+        if problem:
+            raise self._damaged(which, step, problem)
         return True
 
+    def undamaged(self, but: tuple[str, int] | None = None) -> list[tuple[str, int]]:
+        """(which, step) of every checkpoint whose files match its checksums (or that has
+        none to check), newest first, ``but`` left out. Reads every file: for error paths."""
+        found = []
+        for which in ("latest", "best"):
+            manager = self._which(which)
+            for step in self.steps(which):
+                if (which, step) == but:
+                    continue
+                folder = Path(manager.directory) / str(step)
+                try:
+                    expected = read_checksums(folder)
+                except FileNotFoundError:
+                    found.append((which, step))  # older checkpoints: nothing to check
+                    continue
+                except ChecksumFileError:
+                    continue
+                if not files_problem(folder, expected, LATEST_ITEMS):
+                    found.append((which, step))
+        return sorted(found, key=lambda a: (-a[1], a[0] != "latest"))
+
     def _damaged(self, which: str, step: int, reason: str) -> DamagedCheckpointError:
-        folder = LATEST_DIR if which == "latest" else BEST_DIR
-        others = [
-            f"{sub}/{s}"
-            for sub, kind in ((LATEST_DIR, "latest"), (BEST_DIR, "best"))
-            for s in self.steps(kind)
-            if (kind, s) != (which, step)
-        ]
-        listed = ", ".join(others) if others else "none"
+        alternatives = tuple(self.undamaged(but=(which, step)))
+        listed = ", ".join(folder_name(w, s) for w, s in alternatives) or "none"
         return DamagedCheckpointError(
-            f"checkpoint {self.workdir / folder / str(step)} is damaged ({reason}); other "
-            f"checkpoints in {self.workdir}: {listed}",
+            f"checkpoint {self.workdir / folder_name(which, step)} is damaged ({reason}); "
+            f"undamaged checkpoints in {self.workdir}: {listed}",
             which,
             step,
+            alternatives,
+            reason,
         )
 
     def read_meta(self, which: str = "latest", step: int | None = None) -> dict | None:
@@ -400,6 +430,72 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+class ChecksumFileError(ValueError):
+    """A ``checksums.json`` that is not a table of [bytes, SHA-256]; the message is one line."""
+
+
+def read_checksums(folder: Path) -> dict[str, tuple[int, str]]:
+    """``folder/checksums.json`` as {relative path: (bytes, sha256)}; FileNotFoundError when
+    there is none, ChecksumFileError (a readable line) when it is damaged."""
+    path = folder / CHECKSUMS_FILE
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise
+    except (OSError, UnicodeDecodeError) as e:
+        raise ChecksumFileError(f"its {CHECKSUMS_FILE} does not read ({e})") from None
+    if not text.strip():
+        raise ChecksumFileError(f"its {CHECKSUMS_FILE} is empty")
+    try:
+        table = json.loads(text)
+    except ValueError:
+        raise ChecksumFileError(f"its {CHECKSUMS_FILE} is not valid JSON") from None
+    ok = isinstance(table, dict) and all(
+        isinstance(v, list) and len(v) == 2 and isinstance(v[0], int) and isinstance(v[1], str)
+        for v in table.values()
+    )
+    if not ok:
+        raise ChecksumFileError(f"its {CHECKSUMS_FILE} is not a table of [bytes, SHA-256]")
+    return {name: (size, digest) for name, (size, digest) in table.items()}
+
+
+def files_problem(folder: Path, expected: dict, items: tuple[str, ...]) -> str:
+    """ "" when every file of ``items`` (and of the step itself) in ``folder`` is listed in
+    ``expected`` with its size and SHA-256; else the first difference, in words."""
+
+    def read_now(name: str) -> bool:  # another item's files are not read now
+        return "/" not in name or name.split("/", 1)[0] in items
+
+    for name, (size, digest) in sorted(expected.items()):
+        if read_now(name):
+            problem = _file_problem(folder / name, size, digest)
+            if problem:
+                return f"{name} {problem}"
+    on_disk = sorted(
+        str(p.relative_to(folder))
+        for p in folder.rglob("*")
+        if p.is_file() and p.name != CHECKSUMS_FILE
+    )
+    unlisted = [name for name in on_disk if read_now(name) and name not in expected]
+    if unlisted:
+        return (
+            f"its {CHECKSUMS_FILE} lists {len(expected)} files and not {unlisted[0]} "
+            f"({len(unlisted)} unlisted): the checksum file itself is damaged"
+        )
+    return ""
+
+
+def _read_error(error: BaseException) -> str:
+    """A readable line for orbax / tensorstore failing on a damaged file (their messages end
+    in a pointer to "full TensorStore details" printed as a Python method's repr)."""
+    text = " ".join(str(error).split())
+    text = re.split(r"\s*See full TensorStore details", text)[0]
+    text = re.sub(r"<bound method [^>]*>?", "", text).strip(" .;:")
+    if len(text) > 200:
+        text = text[:200].rsplit(" ", 1)[0] + " ..."
+    return text or type(error).__name__
+
+
 def write_checksums(folder: Path) -> None:
     """``folder/checksums.json``: [bytes, SHA-256] of every file of a finished checkpoint."""
     files = sorted(p for p in folder.rglob("*") if p.is_file() and p.name != CHECKSUMS_FILE)
@@ -488,7 +584,9 @@ def space_needed(folder: Path, nbytes: int) -> str:
 
 
 def _size(n: int) -> str:
-    """Bytes for people: "23 kB", "61.2 MB", "3.1 GB"."""
+    """Bytes for people: "150 bytes", "23 kB", "61.2 MB", "3.1 GB"."""
+    if n < 1e3:
+        return f"{max(n, 0)} bytes"
     if n < 1e6:
         return f"{max(n, 0) / 1e3:,.0f} kB"
     if n < 1e9:

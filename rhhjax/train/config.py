@@ -81,6 +81,9 @@ def default_train_config() -> ml_collections.ConfigDict:
     # jax.distributed.initialize() (JAX_NUM_PROCESSES / JAX_PROCESS_ID, or SLURM / MPI).
     train.distributed = False
     train.fsdp = False  # Also split parameters / optimizer state over devices (FSDP-style).
+    # Refuse, before compiling, a config whose estimated peak memory (rhhjax.memory: training
+    # and every evaluation protocol) exceeds what is free; False: run it anyway.
+    train.check_memory = True
     return train
 
 
@@ -88,7 +91,9 @@ def default_eval_config() -> ml_collections.ConfigDict:
     """The ``eval`` block at its defaults: the periodic validation and the final evaluation."""
     evaluation = ml_collections.ConfigDict()
     evaluation.batch_size = 256  # Rows per evaluation batch.
-    evaluation.seq_len = 100  # Window / chunk length for the honest protocols.
+    # Window / chunk length for the honest protocols; a batch spans at most 1,000 steps
+    # (rhhjax.data.MAX_CHUNK): a longer window runs in pieces, the state carried.
+    evaluation.seq_len = 100
     evaluation.min_context = 50  # windows protocol: minimum context of every scored char.
     evaluation.valid_protocol = "windows"  # Protocol of the periodic validation.
     evaluation.final_protocols = "windows,stream,paper"  # Run on the best checkpoint at the end.
@@ -223,6 +228,7 @@ def validate_config(cfg: ml_collections.ConfigDict) -> None:
     _check_choice("train.on_nonfinite", t.on_nonfinite, ("stop", "rollback"))
     _check_choice("train.distributed", t.distributed, (False, True))
     _check_choice("train.fsdp", t.fsdp, (False, True))
+    _check_choice("train.check_memory", t.check_memory, (False, True))
     if not (t.max_epochs or t.max_steps or t.max_minutes or t.patience):
         raise TrainError(
             "nothing stops training: set train.max_steps, max_epochs, max_minutes or patience"

@@ -16,7 +16,7 @@ import jax
 import numpy as np
 
 from rhhjax import evaluation as eval_lib
-from rhhjax import parallel
+from rhhjax import memory, parallel
 from rhhjax.train import config as train_config
 from rhhjax.train import workdir as workdir_lib
 from rhhjax.train.config import TrainError
@@ -86,6 +86,7 @@ class Loop:
     metrics: workdir_lib.MetricsLog
     events: Any = None  # the TensorBoard writer (workdir_lib.EventWriter) or None
     loss_limit: float = math.inf  # a training loss above it counts as diverged
+    phase: str = "training"  # training | validation | the final evaluation (for errors)
     _agreed: tuple | None = None  # (step, host stop reason, checkpoint due) agreed by all
     _last_save_time: float = dataclasses.field(default_factory=time.time)
     _pending: list = dataclasses.field(default_factory=list)  # [(step, loss, |g|)] on device
@@ -348,6 +349,7 @@ class Loop:
     def _validate(self, s: LoopState) -> None:
         e = self.run.cfg.eval
         start = time.time()
+        self.phase = "validation"
         m = eval_lib.evaluate_tokens(
             self.run.model,
             s.params,
@@ -358,6 +360,7 @@ class Loop:
             min_context=e.min_context,
             mesh=self.run.mesh,
         )
+        self.phase = "training"
         s.valid_step = s.step
         sane = math.isfinite(m["bpc"]) and m["nats"] <= self.loss_limit
         improved = sane and (s.best_bpc is None or m["bpc"] < s.best_bpc)
@@ -450,6 +453,22 @@ class Loop:
         )
         return new
 
+    def out_of_memory(self, error: BaseException) -> str:
+        """The one line for an out-of-memory in the current phase: what is kept, and the
+        field to lower."""
+        last = self.store.ckpts.latest_step()
+        kept = (
+            f"the last checkpoint (step {last}) is intact in {self.run.workdir}"
+            if last is not None
+            else "no checkpoint was written yet"
+        )
+        fields = (
+            ("train.batch_size", "train.seq_len")
+            if self.phase == "training"
+            else ("eval.batch_size",)
+        )
+        return memory.out_of_memory_line(error, self.phase, fields, kept)
+
     # -- the end ----------------------------------------------------------------------------
 
     def final_evaluation(self, s: LoopState) -> tuple[dict | None, str]:
@@ -497,6 +516,7 @@ class Loop:
         final = None
         if reason != "signal":
             run.signals.phase = "evaluation"
+            self.phase = "the final evaluation"
             final, used = self.final_evaluation(state)
         if final is None:  # SIGTERM / SIGINT during training or the final evaluation
             saved = self.store.ckpts.latest_step() == state.step

@@ -1,12 +1,14 @@
 """A trained run, loaded for inference: the one loader of ``evaluate``, ``sample`` and
 ``rhhjax.analysis``.
 
-    run = load_run("workdirs/ptb", "best")        # or "latest", or a step number
+    run = load_run("workdirs/ptb", "best")        # "latest", a step, "checkpoints/3", "best/6"
     run.params, run.model, run.vocab               # enough to sample
     corpus = run.corpus()                          # the data the run's config names, checked
                                                    # against the checkpoint's vocabulary
 
-Every problem is a ``rhhjax.errors.UserError`` with one line (``CheckpointError`` from here and
+A ``config.json`` that disagrees with the checkpoint (edited, garbled, deleted) is one
+``warning:`` line on stderr: the checkpoint is what runs. Every problem is a
+``rhhjax.errors.UserError`` with one line (``CheckpointError`` from here and
 from ``rhhjax.train.checkpoint``, e.g. a damaged checkpoint; ``DataError`` from the data), so the
 programs print ``error: ...`` and exit 1.
 """
@@ -25,9 +27,14 @@ import ml_collections
 
 from rhhjax import data as data_lib
 from rhhjax import models
+from rhhjax.errors import warn
 from rhhjax.train import checkpoint as ckpt_lib
+from rhhjax.train import workdir as workdir_lib
 
 CHECKPOINT_NAMES = ("best", "latest")
+CHECKPOINT_FLAG_HELP = (
+    "best | latest | STEP (any saved step) | checkpoints/STEP | best/STEP (one of the folder)"
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,41 +81,101 @@ def check_workdir(workdir: str | os.PathLike) -> Path:
     return path
 
 
-def saved_steps(workdir: Path) -> list[int]:
-    """The steps of every finished checkpoint (latest and best), from the folder names."""
+def saved_steps(workdir: Path, *subs: str) -> list[int]:
+    """The steps of every finished checkpoint in ``subs`` (default: latest and best), from
+    the folder names."""
     steps = set()
-    for sub in (ckpt_lib.LATEST_DIR, ckpt_lib.BEST_DIR):
+    for sub in subs or (ckpt_lib.LATEST_DIR, ckpt_lib.BEST_DIR):
         folder = workdir / sub
         if folder.is_dir():
             steps.update(int(p.name) for p in folder.iterdir() if p.name.isdigit())
     return sorted(steps)
 
 
+def _saved(workdir: Path) -> list[str]:
+    """``checkpoints/3``, ``best/6``, ...: every saved checkpoint ("none" when none)."""
+    names = [
+        f"{sub}/{step}"
+        for sub in (ckpt_lib.LATEST_DIR, ckpt_lib.BEST_DIR)
+        for step in saved_steps(workdir, sub)
+    ]
+    return names or ["none"]
+
+
+def parse_checkpoint(text: str | int) -> str | int | tuple[str, int]:
+    """A ``--checkpoint`` value: "best" | "latest" | a step (int) | ("latest", step) for
+    ``checkpoints/STEP`` | ("best", step) for ``best/STEP``; CheckpointError otherwise."""
+    if isinstance(text, int) and not isinstance(text, bool) and text >= 0:
+        return text
+    value = str(text).strip().strip("/")
+    if value in CHECKPOINT_NAMES:
+        return value
+    if value.isdigit():
+        return int(value)
+    folder, _, step = value.rpartition("/")
+    folders = {ckpt_lib.LATEST_DIR: "latest", ckpt_lib.BEST_DIR: "best"}
+    if folder in folders and step.isdigit():
+        return folders[folder], int(step)
+    raise ckpt_lib.CheckpointError(f"--checkpoint={text}: expected {CHECKPOINT_FLAG_HELP}")
+
+
+def checkpoint_flag(alternative: tuple[str, int], all_steps: list[tuple[str, int]]) -> str:
+    """The shortest exact ``--checkpoint`` for ``(which, step)``: the step alone, unless both
+    folders hold that step."""
+    which, step = alternative
+    if sum(s == step for _, s in all_steps) > 1:
+        return f"--checkpoint={ckpt_lib.folder_name(which, step)}"
+    return f"--checkpoint={step}"
+
+
+def _with_flags(error: ckpt_lib.DamagedCheckpointError, workdir: Path) -> ckpt_lib.CheckpointError:
+    """The damaged-checkpoint line of the inference programs: the exact flag of each
+    undamaged checkpoint."""
+    damaged = workdir / ckpt_lib.folder_name(error.which, error.step)
+    everything = [*error.alternatives, (error.which, error.step)]
+    flags = [checkpoint_flag(a, everything) for a in error.alternatives]
+    if flags:
+        return ckpt_lib.CheckpointError(
+            f"checkpoint {damaged} is damaged ({error.reason}); use an undamaged one: "
+            f"{' or '.join(flags)}"
+        )
+    return ckpt_lib.CheckpointError(
+        f"checkpoint {damaged} is damaged ({error.reason}); no undamaged checkpoint is left in "
+        f"{workdir}"
+    )
+
+
 def load_run(
     workdir: str | os.PathLike,
-    which: str | int = "best",
+    which: str | int | tuple[str, int] = "best",
     *,
     impl: str = "",
     data_dir: str = "",
     text_files: str = "",
 ) -> SavedRun:
     """The ``which`` checkpoint of ``workdir``: ``best`` (the latest one when no best exists
-    yet), ``latest`` or a step number.
+    yet), ``latest``, a step number, or any ``--checkpoint`` value (``parse_checkpoint``:
+    ``checkpoints/3``, ``best/6``). A damaged one is a CheckpointError naming the exact
+    ``--checkpoint`` of every undamaged one.
 
     ``impl``: run the model with this ``model.impl`` instead of the trained one; ``data_dir``
     (PTB) / ``text_files`` (format=text): the run's data has moved there (checked against the
     kind of data the run read). Raises CheckpointError / DataError (one line).
     """
     path = check_workdir(workdir)
-    if isinstance(which, int):
-        params, meta = _restore_step(path, which)
-        used = f"step {which}"
-    elif which in CHECKPOINT_NAMES:
-        params, meta, used = ckpt_lib.load_for_inference(path, which)
-    else:
-        raise ckpt_lib.CheckpointError(
-            f"checkpoint must be best, latest or a step number, got {which!r}"
-        )
+    which = which if isinstance(which, tuple) else parse_checkpoint(which)
+    try:
+        if isinstance(which, str):
+            params, meta, used = ckpt_lib.load_for_inference(path, which)
+        else:
+            folder, step = which if isinstance(which, tuple) else (None, which)
+            params, meta = _restore_step(path, step, folder)
+            used = f"step {step}"
+    except ckpt_lib.DamagedCheckpointError as e:
+        raise _with_flags(e, path) from None
+    warning = workdir_lib.config_json_warning(path, meta)
+    if warning:
+        warn(warning)
     config = ml_collections.ConfigDict(meta["config"])
     _move_data(config, data_dir, text_files)
     fields = dict(meta["model"])
@@ -144,15 +211,18 @@ def _move_data(config: ml_collections.ConfigDict, data_dir: str, text_files: str
         config.data.text_files = text_files
 
 
-def _restore_step(workdir: Path, step: int) -> tuple[Any, dict]:
-    """(params, meta) of the checkpoint of ``step`` (latest or best, whichever holds it)."""
-    available = saved_steps(workdir)
-    if step not in available:  # said before orbax opens anything
+def _restore_step(workdir: Path, step: int, folder: str | None = None) -> tuple[Any, dict]:
+    """(params, meta) of the checkpoint of ``step``: in ``folder`` ("latest" | "best"), or
+    None: latest or best, whichever holds it."""
+    sub = {"latest": ckpt_lib.LATEST_DIR, "best": ckpt_lib.BEST_DIR}
+    in_folder = saved_steps(workdir, sub[folder]) if folder else saved_steps(workdir)
+    if step not in in_folder:  # said before orbax opens anything
+        where = f"{workdir / sub[folder]}" if folder else f"{workdir}"
         raise ckpt_lib.CheckpointError(
-            f"no checkpoint of step {step} in {workdir} (saved steps: {available})"
+            f"no checkpoint of step {step} in {where} (saved: {', '.join(_saved(workdir))})"
         )
     with ckpt_lib.Checkpoints(workdir, read_only=True) as ckpts:
-        which = "latest" if step in ckpts.steps("latest") else "best"
+        which = folder or ("latest" if step in ckpts.steps("latest") else "best")
         params, meta = ckpts.restore_params(which, step)
     if meta.get("version") != ckpt_lib.META_VERSION:
         raise ckpt_lib.CheckpointError(

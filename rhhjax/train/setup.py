@@ -1,10 +1,12 @@
 """A run before anything is written: ``prepare_run(config, workdir, ...) -> Run``.
 
 It validates the whole config, joins the devices, loads the data, builds the model config and
-the batch sampler and checks the workdir (writable; a run already in it has the same model,
-vocabulary and sampler shape). Problems raise a ``rhhjax.errors.UserError`` with a one-line
-message, before anything is written or compiled. ``Run`` carries what every later part of the
-run reads.
+the batch sampler and checks the workdir (a run already in it has the same model, vocabulary
+and sampler shape; its ``config.json`` agrees with its checkpoint, else one ``warning:`` line;
+writable unless its run has finished) and the memory the run needs (``rhhjax.memory``: the
+training step and every evaluation protocol, estimated from the shapes, against what is
+free). Problems raise a ``rhhjax.errors.UserError`` with a one-line message, before anything is
+written or compiled. ``Run`` carries what every later part of the run reads.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ import numpy as np
 
 from rhhjax import data as data_lib
 from rhhjax import evaluation as eval_lib
-from rhhjax import models, parallel
+from rhhjax import memory, models, parallel
+from rhhjax.errors import warn
 from rhhjax.train import config as train_config
 from rhhjax.train import workdir as workdir_lib
 from rhhjax.train.config import TrainError
@@ -83,11 +86,44 @@ def prepare_run(
     cfg.model.vocab_size = corpus.vocab.size
     sampler = _make_sampler(cfg, corpus.train)
     _check_eval_data(cfg, corpus, corpus.valid[: cfg.eval.max_valid_chars or None])
-    workdir_lib.check_workdir_writable(workdir)
+    if workdir.exists() and not workdir.is_dir():
+        raise TrainError(f"workdir {workdir} exists and is not a directory")
     meta = workdir_lib.check_compatible(workdir, cfg, model, corpus.vocab, sampler.state())
+    if meta is not None and parallel.is_primary():
+        warning = workdir_lib.config_json_warning(workdir, meta)
+        if warning:
+            warn(warning)
     finished = workdir_lib.finished_results(workdir, cfg, meta, sampler.batches_per_epoch)
+    if finished is None:  # a finished run writes nothing: a read-only workdir is fine
+        workdir_lib.check_workdir_writable(workdir)
+        if cfg.train.check_memory:
+            check_memory(cfg, model, mesh)
     parallel.sync("rhhjax-validated")  # every process has read the workdir before it changes
     return Run(cfg, workdir, model, corpus, sampler, mesh, log, signals, tensorboard, finished)
+
+
+def memory_needs(cfg: ml_collections.ConfigDict, model: models.ModelConfig, n_devices: int):
+    """``rhhjax.memory`` estimates of the run: its training step and every evaluation protocol
+    it runs (the periodic validation's and the final ones)."""
+    import jax
+
+    shapes = jax.eval_shape(
+        lambda: models.init_params(models.build_model(model), jax.random.key(0))
+    )
+    n_params = models.count_params(shapes)
+    impl = models.sequence_spec(model).impl
+    t, e = cfg.train, cfg.eval
+    protocols = [e.valid_protocol, *eval_lib.parse_protocols(e.final_protocols)]
+    return [
+        memory.training(model, n_params, t.batch_size, t.seq_len, t.optimizer, impl, n_devices),
+        *memory.evaluations(model, n_params, e.batch_size, e.seq_len, protocols, impl, n_devices),
+    ]
+
+
+def check_memory(cfg: ml_collections.ConfigDict, model: models.ModelConfig, mesh) -> None:
+    """MemoryCheckError (one line) when the run's estimated peak exceeds the free memory."""
+    needs = memory_needs(cfg, model, mesh.size)
+    memory.check(needs, memory.free_memory(), "train.check_memory=False runs it anyway")
 
 
 def _make_sampler(cfg: ml_collections.ConfigDict, tokens: np.ndarray):

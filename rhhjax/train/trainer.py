@@ -40,6 +40,11 @@ and ``valid``; timing fields aside) and parameters are bitwise identical to an u
 run's, also after ``kill -9`` (the restart goes back to the last checkpoint, and ``best/`` to
 the best checkpoint that one records).
 
+Memory: the training step and every evaluation protocol are estimated from the config's shapes
+before anything is compiled (``rhhjax.memory``; ``train.check_memory``): a config that cannot
+fit is a ``MemoryCheckError``. An out-of-memory that still happens (host or device) is an
+``OutOfMemoryError``: one line naming the phase, what is kept and the field to lower.
+
 Non-finite or diverged loss (above ``train.divergence_factor`` x ln(vocab)):
 ``on_nonfinite="stop"`` raises ``NonFiniteLossError`` (the last checkpoint, which only ever
 holds finite parameters, is left as it is); ``"rollback"`` restores the last checkpoint and
@@ -60,7 +65,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rhhjax import models
+from rhhjax import memory, models
 from rhhjax.train import checkpoint as ckpt_lib
 from rhhjax.train import config as train_config
 from rhhjax.train import workdir as workdir_lib
@@ -139,8 +144,21 @@ def _train_and_evaluate(
         train_step = make_train_step(run.model, oc, int(run.cfg.seed), *layout)
         limit = loss_limit(run.cfg.train.divergence_factor, run.corpus.vocab.size)
         loop = Loop(run, store, oc, train_step, metrics, loss_limit=limit)
-        state, reason = loop.train(state)
-        return loop.finish(state, reason)
+        with _out_of_memory_in_one_line(loop):
+            state, reason = loop.train(state)
+            return loop.finish(state, reason)
+
+
+@contextlib.contextmanager
+def _out_of_memory_in_one_line(loop: Loop):
+    """An out-of-memory (host or device) while training or evaluating becomes an
+    ``OutOfMemoryError``: one line saying what is kept and which field to lower."""
+    try:
+        yield
+    except Exception as e:
+        if not memory.is_out_of_memory(e):
+            raise
+        raise memory.OutOfMemoryError(loop.out_of_memory(e)) from None
 
 
 def _start_or_resume(run: Run, store: StateStore, metrics: workdir_lib.MetricsLog) -> LoopState:

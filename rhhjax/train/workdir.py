@@ -19,6 +19,7 @@ import ml_collections
 
 from rhhjax import data as data_lib
 from rhhjax import models
+from rhhjax.errors import one_line
 from rhhjax.train import checkpoint as ckpt_lib
 from rhhjax.train.config import (
     MODEL_FIELDS_FREE,
@@ -38,15 +39,25 @@ class WorkdirWriteError(TrainError):
 
 
 def _write_failure(path: Path, nbytes: int, error: OSError) -> WorkdirWriteError:
-    """The one line for a failed write of about ``nbytes`` to ``path``."""
+    """The one line for a failed write of about ``nbytes`` to ``path`` (a file of the workdir
+    ``path.parent``): why, and what the workdir's checkpoints hold."""
     if error.errno == errno.ENOSPC:
         why = f"no space left on device ({ckpt_lib.space_needed(path.parent, nbytes)})"
+        fix = "free some space and run the same command again"
     else:
         why = error.strerror or " ".join(str(error).split())
-    return WorkdirWriteError(
-        f"cannot write {path}: {why}; the checkpoints are intact: free some space and run the "
-        f"same command again"
-    )
+        fix = "run the same command again once it can be written"
+    return WorkdirWriteError(f"cannot write {path}: {why}; {checkpoints_left(path.parent)}: {fix}")
+
+
+def checkpoints_left(workdir: Path) -> str:
+    """What a failed write leaves: "the checkpoints are intact (the latest: step N)", or "no
+    checkpoint has been written yet" (read from the folder names: nothing is opened)."""
+    folder = workdir / ckpt_lib.LATEST_DIR
+    steps = [int(p.name) for p in folder.iterdir() if p.name.isdigit()] if folder.is_dir() else []
+    if steps:
+        return f"the checkpoints are intact (the latest: step {max(steps)})"
+    return "no checkpoint has been written yet"
 
 
 def json_safe(value: Any) -> Any:
@@ -152,8 +163,11 @@ class WorkdirLock:
             ) from None
         except OSError:  # a filesystem without flock (some network filesystems): no lock
             pass
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        try:  # the holder's pid, for the message above; a full disk leaves it out
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        except OSError:
+            pass
         self._fd = fd
 
     def release(self) -> None:
@@ -261,6 +275,43 @@ class EventWriter:
 
     def close(self) -> None:
         self._writer.close()
+
+
+def config_json_warning(workdir: Path, meta: Mapping[str, Any]) -> str | None:
+    """One line when ``workdir/config.json`` is missing, does not read, or disagrees with the
+    checkpoint of ``meta`` on a field that shapes the model or the data (an edit); the run
+    follows the checkpoint. None when they agree."""
+    path = workdir / CONFIG_FILE
+    step = meta.get("step")
+    follow = f"following the checkpoint of step {step}"
+    if not path.exists():
+        return f"{path} is missing; {follow}"
+    try:
+        written = json.loads(path.read_text())
+        if not isinstance(written, dict):
+            raise ValueError("not an object")
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        reason = "not JSON" if isinstance(e, json.JSONDecodeError) else one_line(e)
+        return f"{path} does not read ({reason}); {follow}"
+    differing = _differing_fields(written, meta)
+    if not differing:
+        return None
+    shown = ", ".join(f"{name} ({mine!r} there, {saved!r} in the checkpoint)"
+                      for name, mine, saved in differing[:3])  # fmt: skip
+    more = f" and {len(differing) - 3} more" if len(differing) > 3 else ""
+    return f"{path} differs from the checkpoint of step {step} in {shown}{more}; {follow}"
+
+
+def _differing_fields(written: dict, meta: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
+    """(field, config.json's value, the checkpoint's) of every field that shapes the model or
+    the data (the model's fields but ``MODEL_FIELDS_FREE``, ``RESUME_FIELDS``)."""
+    default = flat_fields(defaults())
+    mine = {**default, **flat_fields(written)}
+    saved = {**default, **flat_fields(meta.get("config") or {})}
+    saved.update({f"model.{k}": v for k, v in flat_fields(meta.get("model") or {}).items()})
+    names = [f"model.{f.name}" for f in dataclasses.fields(models.ModelConfig)]
+    names = [n for n in names if n.split(".")[1] not in MODEL_FIELDS_FREE] + list(RESUME_FIELDS)
+    return [(n, mine.get(n), saved.get(n)) for n in names if mine.get(n) != saved.get(n)]
 
 
 def check_workdir_writable(workdir: Path) -> None:

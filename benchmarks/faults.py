@@ -1,0 +1,507 @@
+"""The fault table: the faults a new user meets, run as that user runs them, against a checkout.
+
+    python benchmarks/faults.py --checkout=. --out=after.json
+    python benchmarks/faults.py --checkout=/tmp/rhh-before --out=before.json
+    python benchmarks/faults.py --table before.json after.json      # the markdown table
+
+Every case is a command line (train.py, the tools, an installed command) run in a subprocess
+with the Python running this script; the checkout's ``rhhjax`` comes first on PYTHONPATH (a
+checkout without its install needs ``rhhjax/configs`` and ``rhhjax/kernels`` links to
+``configs/`` and ``kernels/``). Recorded per case: the exit status, the number of stderr lines,
+whether stderr holds a Python traceback (and how many lines it spans), and the line that
+matters (the ``error:`` / ``warning:`` line, else the last line of stderr, else of stdout).
+
+Memory cases run under ``ulimit -v`` (RLIMIT_AS, 8 GB): without it the first one grew to
+23.8 GB on the 24 GB machine before the kernel killed it. Read-only folders and a full disk
+are a read-only bind mount and a full tmpfs: those cases need root and are skipped without it.
+The cases share one JAX compilation cache and one trained tiny workdir (text, 30,000
+characters of Tiny Shakespeare, ``$RHHJAX_SHAKESPEARE``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SHAKESPEARE = Path(
+    os.environ.get(
+        "RHHJAX_SHAKESPEARE", ROOT.parent / "shared" / "data" / "tinyshakespeare" / "input.txt"
+    )
+)
+MEMORY_LIMIT = 8 * 10**9  # RLIMIT_AS of the memory cases (bytes)
+
+
+class Context:
+    """Paths and the environment every case shares."""
+
+    def __init__(self, checkout: Path, tmp: Path):
+        self.checkout = checkout.resolve()
+        self.tmp = tmp
+        self.python = sys.executable
+        self.text = tmp / "shake.txt"
+        self.text.write_text(SHAKESPEARE.read_text(encoding="utf-8")[:30_000], encoding="utf-8")
+        self.env = {
+            **os.environ,
+            "PYTHONPATH": str(self.checkout),
+            "JAX_COMPILATION_CACHE_DIR": str(tmp / "jax_cache"),
+            "PYTHONUNBUFFERED": "1",
+        }
+        self.base: Path | None = None
+        self.install: Path | None = None
+
+    def train(self, *extra: str, workdir: Path | None = None, variant: str = "tiny") -> list[str]:
+        """train.py on the tiny text corpus (30,000 characters, 3,000 each valid and test)."""
+        args = [
+            self.python,
+            str(self.checkout / "train.py"),
+            f"--config={self.checkout / 'configs' / 'ptb.py'}:{variant}",
+            "--config.data.format=text",
+            f"--config.data.text_files={self.text}",
+            "--config.data.hutter_holdout=3000",
+            *extra,
+        ]
+        return args + ([f"--workdir={workdir}"] if workdir else [])
+
+    def tool(self, name: str, *args: str) -> list[str]:
+        return [self.python, "-m", f"rhhjax.tools.{name}", *args]
+
+    def workdir(self, name: str) -> Path:
+        """A fresh copy of the trained tiny workdir (checkpoints 3 and 6, best 6)."""
+        if self.base is None:
+            self.base = self.tmp / "base"
+            run(self.train(workdir=self.base), self)
+        copy = self.tmp / name
+        shutil.rmtree(copy, ignore_errors=True)
+        shutil.copytree(self.base, copy)
+        return copy
+
+    def installed(self) -> Path:
+        """The checkout installed with ``pip install --no-deps --no-build-isolation --target``."""
+        if self.install is None:
+            self.install = self.tmp / "installed"
+            subprocess.run(
+                [self.python, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
+                 "--target", str(self.install), str(self.checkout)],
+                check=True, capture_output=True,
+            )  # fmt: skip
+        return self.install
+
+
+def run(
+    args: list[str],
+    ctx: Context,
+    cwd: Path | None = None,
+    env: dict | None = None,
+    memory_limit: int | None = None,
+    stop_after: float | None = None,
+) -> dict:
+    """Run one command; ``stop_after``: SIGTERM after that many seconds (a run that trains)."""
+    limit = None
+    if memory_limit:
+
+        def limit() -> None:
+            resource.setrlimit(resource.RLIMIT_AS, (memory_limit, memory_limit))
+
+    start = time.time()
+    proc = subprocess.Popen(
+        args,
+        cwd=cwd or ctx.tmp,
+        env=env or ctx.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=limit,
+    )
+    try:
+        out, err = proc.communicate(timeout=stop_after or 900)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=300)
+    return summarize(proc.returncode, out, err, time.time() - start)
+
+
+def summarize(code: int, out: str, err: str, seconds: float) -> dict:
+    """Exit status, stderr size, traceback lines and the line that matters."""
+    err_lines = [line for line in err.splitlines() if line.strip()]
+    out_lines = [line for line in out.splitlines() if line.strip()]
+    traceback = 0
+    for i, line in enumerate(err_lines):
+        if line.startswith("Traceback (most recent call last)"):
+            traceback = len(err_lines) - i
+            break
+    said = [line for line in err_lines if line.startswith(("error:", "warning:"))]
+    raised = [line for line in err_lines if re.match(r"^[\w.]+(Error|Exception|Exit)\b", line)]
+    if said:
+        line = " / ".join(said)
+    elif traceback and raised:
+        line = raised[-1]
+    elif err_lines:
+        line = err_lines[-1]
+    else:
+        line = out_lines[-1] if out_lines else ""
+    return {
+        "exit": code,
+        "stderr_lines": len(err_lines),
+        "traceback_lines": traceback,
+        "line": line[:600],
+        "stdout_tail": out_lines[-3:],
+        "seconds": round(seconds, 1),
+    }
+
+
+@contextlib.contextmanager
+def read_only_copy(source: Path, name: str, ctx: Context) -> Iterator[Path]:
+    """``source`` seen through a read-only bind mount (root only)."""
+    target = ctx.tmp / name
+    target.mkdir(exist_ok=True)
+    subprocess.run(["mount", "--bind", str(source), str(target)], check=True)
+    subprocess.run(["mount", "-o", "remount,ro,bind", str(target)], check=True)
+    try:
+        yield target
+    finally:
+        subprocess.run(["umount", str(target)], check=True)
+
+
+@contextlib.contextmanager
+def full_disk(name: str, ctx: Context, free: int = 0) -> Iterator[Path]:
+    """A 1 MB tmpfs filled to the last byte, then ``free`` bytes freed (root only)."""
+    target = ctx.tmp / name
+    target.mkdir(exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(target)], check=True)
+    try:
+        filler = target / "filler"
+        with contextlib.suppress(OSError), open(filler, "wb") as f:
+            while True:
+                f.write(b"\0" * 4096)
+                f.flush()
+        os.truncate(filler, max(filler.stat().st_size - free, 0))
+        yield target
+    finally:
+        subprocess.run(["umount", str(target)], check=True)
+
+
+def damage(workdir: Path, folder: str) -> Path:
+    """Truncate the largest params file of ``workdir/folder`` to 10 bytes; returns it."""
+    files = sorted((workdir / folder / "params").rglob("*"), key=lambda p: p.stat().st_size)
+    victim = [p for p in files if p.is_file()][-1]
+    os.truncate(victim, 10)
+    return victim
+
+
+def edit_config(workdir: Path, how: str) -> None:
+    path = workdir / "config.json"
+    if how == "edited":
+        config = json.loads(path.read_text())
+        config["model"]["hidden"] = 32
+        path.write_text(json.dumps(config, indent=2))
+    elif how == "garbled":
+        path.write_text(path.read_text()[:200])
+    else:
+        path.unlink()
+
+
+# ----------------------------------------------------------------------------- the cases
+
+
+def memory_cases(ctx: Context) -> dict[str, Callable[[], dict]]:
+    def train(*extra: str, name: str) -> Callable[[], dict]:
+        return lambda: run(
+            ctx.train(*extra, workdir=ctx.tmp / name), ctx, memory_limit=MEMORY_LIMIT
+        )
+
+    return {
+        "memory: --config.eval.seq_len=100000000": train(
+            "--config.eval.seq_len=100000000", name="m1"
+        ),
+        "memory: --config.eval.batch_size=100000000": train(
+            "--config.eval.batch_size=100000000", name="m2"
+        ),
+        "memory: --config.train.batch_size=100000000": train(
+            "--config.train.batch_size=100000000", name="m3"
+        ),
+        "memory: an out-of-memory at run time (check off, eval.batch_size=3000000)": train(
+            "--config.train.check_memory=False", "--config.eval.batch_size=3000000", name="m4"
+        ),
+    }
+
+
+def output_cases(ctx: Context) -> dict[str, Callable[[], dict]]:
+    a_file = ctx.tmp / "a_file"
+    a_file.write_text("x")
+
+    def with_ro(make: Callable[[Path, Path], list[str]], name: str) -> Callable[[], dict]:
+        def case() -> dict:
+            workdir = ctx.workdir(name)
+            empty = ctx.tmp / f"{name}_empty"
+            empty.mkdir(exist_ok=True)
+            with read_only_copy(empty, f"{name}_ro", ctx) as ro:
+                return run(make(workdir, ro), ctx)
+
+        return case
+
+    def with_file(make: Callable[[Path], list[str]], name: str) -> Callable[[], dict]:
+        return lambda: run(make(ctx.workdir(name)), ctx)
+
+    ablate = [
+        f"--config={ctx.checkout / 'configs' / 'ptb.py'}:tiny",
+        "--config.data.format=text",
+        f"--config.data.text_files={ctx.text}",
+        "--config.data.hutter_holdout=3000",
+        "--sweep=model.depth=1",
+        "--max_steps=2",
+    ]
+    analyze = ["--analyses=weights", "--impl="]
+    return {
+        "output: analyze --out=A_FILE": with_file(
+            lambda w: ctx.tool("analyze", f"--workdir={w}", *analyze, f"--out={a_file}"), "o1"
+        ),
+        "output: analyze --out=READ_ONLY/x": with_ro(
+            lambda w, ro: ctx.tool("analyze", f"--workdir={w}", *analyze, f"--out={ro}/x"), "o2"
+        ),
+        "output: plot W --out=A_FILE/bpc.png": with_file(
+            lambda w: ctx.tool("plot", str(w), f"--out={a_file}/bpc.png"), "o3"
+        ),
+        "output: plot W --out=READ_ONLY/bpc.png": with_ro(
+            lambda w, ro: ctx.tool("plot", str(w), f"--out={ro}/bpc.png"), "o4"
+        ),
+        "output: evaluate --output=A_FILE/r.json": with_file(
+            lambda w: ctx.tool("evaluate", f"--workdir={w}", f"--output={a_file}/r.json"), "o5"
+        ),
+        "output: evaluate --output=READ_ONLY/r.json": with_ro(
+            lambda w, ro: ctx.tool("evaluate", f"--workdir={w}", f"--output={ro}/r.json"), "o6"
+        ),
+        "output: ablate --out=A_FILE": lambda: run(
+            ctx.tool("ablate", *ablate, f"--out={a_file}"), ctx
+        ),
+        "output: ablate --out=READ_ONLY/x": with_ro(
+            lambda w, ro: ctx.tool("ablate", *ablate, f"--out={ro}/x"), "o8"
+        ),
+        "output: sample --output=READ_ONLY/s.txt": with_ro(
+            lambda w, ro: ctx.tool("sample", f"--workdir={w}", f"--output={ro}/s.txt"), "o9"
+        ),
+    }
+
+
+def text_case(ctx: Context) -> dict[str, Callable[[], dict]]:
+    def case() -> dict:
+        folder = ctx.tmp / "own_text"
+        folder.mkdir(exist_ok=True)
+        shutil.copy(SHAKESPEARE, folder / "input.txt")
+        args = [
+            ctx.python,
+            str(ctx.checkout / "train.py"),
+            f"--config={ctx.checkout / 'configs' / 'ptb.py'}:cpu",
+            "--config.data.format=text",
+            "--config.data.text_files=input.txt",
+        ]
+        result = run(args, ctx, cwd=folder, stop_after=150)
+        out = (folder / "workdirs" / "ptb_cpu" / "metrics.jsonl").is_file()
+        result["trained"] = out
+        return result
+
+    return {"own text: the README's line on input.txt (1.1 MB), SIGTERM after 150 s": case}
+
+
+def checkpoint_cases(ctx: Context) -> dict[str, Callable[[], dict]]:
+    def evaluate(name: str, *flags: str, prepare=None) -> Callable[[], dict]:
+        def case() -> dict:
+            workdir = ctx.workdir(name)
+            if prepare:
+                prepare(workdir)
+            return run(ctx.tool("evaluate", f"--workdir={workdir}", "--protocol=windows",
+                                *flags), ctx)  # fmt: skip
+
+        return case
+
+    def empty_checksums(w: Path) -> None:
+        damage(w, "best/6")
+        (w / "best" / "6" / "checksums.json").write_text("{}\n")
+
+    def both(w: Path) -> None:
+        damage(w, "best/6")
+        damage(w, "checkpoints/3")
+
+    def disk_full(free: int) -> Callable[[], dict]:
+        def case() -> dict:
+            with full_disk(f"full{free}", ctx, free) as full:
+                return run(ctx.train(workdir=full / "w"), ctx)
+
+        return case
+
+    return {
+        "checkpoint: evaluate --checkpoint=3": evaluate("c1", "--checkpoint=3"),
+        "checkpoint: evaluate --checkpoint=checkpoints/3": evaluate(
+            "c2", "--checkpoint=checkpoints/3"
+        ),
+        "checkpoint: sample --checkpoint=3": lambda: run(
+            ctx.tool("sample", f"--workdir={ctx.workdir('c3')}", "--checkpoint=3", "--length=20"),
+            ctx,
+        ),
+        "checkpoint: evaluate, best/6 damaged": evaluate(
+            "c4", prepare=lambda w: damage(w, "best/6")
+        ),
+        "checkpoint: evaluate, best/6 and checkpoints/3 damaged": evaluate("c5", prepare=both),
+        "checkpoint: evaluate, best/6 truncated, its checksums.json {}": evaluate(
+            "c6", prepare=empty_checksums
+        ),
+        "checkpoint: train on a full disk (0 bytes free), no checkpoint yet": disk_full(0),
+        "checkpoint: train on a full disk (8 kB free), no checkpoint yet": disk_full(8192),
+    }
+
+
+def config_json_cases(ctx: Context) -> dict[str, Callable[[], dict]]:
+    def case(how: str, program: str) -> Callable[[], dict]:
+        def run_it() -> dict:
+            workdir = ctx.workdir(f"e_{how}_{program}")
+            edit_config(workdir, how)
+            if program == "train":
+                return run(ctx.train(workdir=workdir), ctx)
+            if program == "sample":
+                return run(ctx.tool("sample", f"--workdir={workdir}", "--length=20"), ctx)
+            if program == "analyze":
+                return run(ctx.tool("analyze", f"--workdir={workdir}", "--analyses=weights",
+                                    f"--out={ctx.tmp / ('a_' + how)}"), ctx)  # fmt: skip
+            return run(ctx.tool("evaluate", f"--workdir={workdir}", "--protocol=windows"), ctx)
+
+        return run_it
+
+    cases = {}
+    for how in ("edited", "garbled", "deleted"):
+        label = f"config.json {how}{' (hidden 16 -> 32)' if how == 'edited' else ''}"
+        for program in ("evaluate", "sample", "analyze", "train"):
+            if how == "edited" or program in ("evaluate", "train"):
+                cases[f"{label}: {program}"] = case(how, program)
+    return cases
+
+
+def finished_case(ctx: Context) -> dict[str, Callable[[], dict]]:
+    def case() -> dict:
+        workdir = ctx.workdir("f1")
+        with read_only_copy(workdir, "f1_ro", ctx) as ro:
+            return run(ctx.train(workdir=ro), ctx)
+
+    return {"finished run on a read-only workdir: train.py": case}
+
+
+def install_cases(ctx: Context) -> dict[str, Callable[[], dict]]:
+    def outside(args: Callable[[Path], list[str]]) -> Callable[[], dict]:
+        def case() -> dict:
+            target = ctx.installed()
+            cwd = Path(tempfile.mkdtemp(dir=ctx.tmp))
+            env = {**ctx.env, "PYTHONPATH": str(target)}
+            try:
+                return run(args(target), ctx, cwd=cwd, env=env)
+            except FileNotFoundError as e:
+                return summarize(127, "", f"{e}", 0.0)
+
+        return case
+
+    tiny = [
+        "--config.data.format=text",
+        f"--config.data.text_files={ctx.text}",
+        "--config.data.hutter_holdout=3000",
+        "--workdir=w",
+    ]
+    return {
+        "installed: python -m rhhjax.tools.summary --config=configs/ptb.py": outside(
+            lambda t: [ctx.python, "-m", "rhhjax.tools.summary", "--config=configs/ptb.py"]
+        ),
+        "installed: python -m rhhjax.tools.summary --config=ptb:cpu": outside(
+            lambda t: [ctx.python, "-m", "rhhjax.tools.summary", "--config=ptb:cpu"]
+        ),
+        "installed: python -m rhhjax.train --config=ptb:tiny": outside(
+            lambda t: [ctx.python, "-m", "rhhjax.train", "--config=ptb:tiny", *tiny]
+        ),
+        "installed: rhhjax-train --config=ptb:tiny": outside(
+            lambda t: [str(t / "bin" / "rhhjax-train"), "--config=ptb:tiny", *tiny]
+        ),
+        "train.py --config.train.max_steps=1 (no --config)": lambda: run(
+            [ctx.python, str(ctx.checkout / "train.py"), "--config.train.max_steps=1"], ctx
+        ),
+        "train.py --config=configs/ptb.py:tiny (the main command, from the checkout)": lambda: run(
+            ctx.train(workdir=ctx.tmp / "main_cmd"), ctx
+        ),
+    }
+
+
+GROUPS = {
+    "memory": memory_cases,
+    "output": output_cases,
+    "text": text_case,
+    "checkpoint": checkpoint_cases,
+    "config_json": config_json_cases,
+    "finished": finished_case,
+    "install": install_cases,
+}
+NEEDS_ROOT = re.compile(r"READ_ONLY|read-only|full disk")
+
+
+def normalized(rows: dict) -> dict:
+    """``rows`` with the temporary folder of the run written as ``$TMP``."""
+    text = json.dumps(rows)
+    return json.loads(re.sub(r"/tmp/rhhjax-faults-[A-Za-z0-9_]+", "$TMP", text))
+
+
+def _cell(row: dict | None) -> str:
+    """exit status, stderr lines (traceback lines), the line, as one table cell group."""
+    if not row:
+        return "- | - | -"
+    if "skipped" in row:
+        return f"- | - | skipped: {row['skipped']}"
+    tb = f" ({row['traceback_lines']}-line traceback)" if row["traceback_lines"] else ""
+    line = row["line"].replace("|", "\\|")
+    return f"{row['exit']} | {row['stderr_lines']}{tb} | `{line}`"
+
+
+def table(before: dict, after: dict) -> str:
+    """The fault table in markdown: every case of ``after``, before and after."""
+    header = "before: exit | stderr lines | the line | after: exit | stderr lines | the line"
+    lines = [f"| fault | {header} |", "|---|---|---|---|---|---|---|"]
+    for name, row in after.items():
+        lines.append(f"| {name} | {_cell(before.get(name))} | {_cell(row)} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--checkout", type=Path, default=ROOT)
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--only", default="", help="comma list of groups: " + ", ".join(GROUPS))
+    parser.add_argument("--table", nargs=2, type=Path, metavar=("BEFORE", "AFTER"),
+                        help="print the markdown table of two runs' JSON instead")  # fmt: skip
+    args = parser.parse_args()
+    if args.table:
+        before, after = (normalized(json.loads(p.read_text())) for p in args.table)
+        print(table(before, after), end="")
+        return
+    if args.out is None:
+        parser.error("--out is required")
+    groups = [g for g in args.only.split(",") if g] or list(GROUPS)
+    rows = json.loads(args.out.read_text()) if args.out.is_file() else {}
+    with tempfile.TemporaryDirectory(prefix="rhhjax-faults-") as tmp:
+        ctx = Context(args.checkout, Path(tmp))
+        for group in groups:
+            for name, case in GROUPS[group](ctx).items():
+                if NEEDS_ROOT.search(name) and os.geteuid() != 0:
+                    rows[name] = {"skipped": "needs root (a bind mount or a tmpfs)"}
+                    continue
+                rows[name] = {"group": group, **case()}
+                print(json.dumps({name: rows[name]}), flush=True)
+                args.out.write_text(json.dumps(normalized(rows), indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,83 @@
+"""rhhjax.train.setup: what ``prepare_run`` checks before anything is written or compiled,
+on the command lines the README prints."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+from helpers import ROOT, write_text
+
+from rhhjax import configs
+from rhhjax.train.setup import prepare_run
+from rhhjax.train.signals import SignalCatcher
+
+
+def readme_command(needle: str) -> list[str]:
+    """The README's ``python train.py ...`` line that holds ``needle``, as arguments."""
+    lines = (ROOT / "README.md").read_text().splitlines()
+    found = [line for line in lines if line.startswith("python train.py") and needle in line]
+    assert len(found) == 1, f"the README has {len(found)} train.py lines with {needle!r}"
+    return shlex.split(found[0])[2:]
+
+
+def config_of(arguments: list[str]):
+    """The config a train.py command line gives: --config, then its --config.x=y."""
+    (spec,) = [a.split("=", 1)[1] for a in arguments if a.startswith("--config=")]
+    overrides = [a[len("--config.") :] for a in arguments if a.startswith("--config.")]
+    name, _, variant = spec.partition(":")
+    return configs.load(f"{ROOT / name}:{variant}" if variant else str(ROOT / name), overrides)
+
+
+@pytest.mark.parametrize("n_chars,holdout", [(3_000, 750), (30_000, 1_500)])
+def test_the_readme_own_text_line_prepares_a_run_on_a_file_of_a_few_kb(
+    tmp_path, monkeypatch, n_chars, holdout
+):
+    """The README's own-text line failed on any file under 10 M characters (a 5 M Hutter
+    holdout); the default split is now sized to the file."""
+    arguments = readme_command("--config.data.text_files=input.txt")
+    monkeypatch.chdir(tmp_path)
+    write_text(Path("input.txt"), n_chars)
+    run = prepare_run(config_of(arguments), tmp_path / "w", lambda m: None, SignalCatcher())
+    sizes = [len(run.corpus.train), len(run.corpus.valid), len(run.corpus.test)]
+    assert sizes == [n_chars - 2 * holdout, holdout, holdout]
+    assert not (tmp_path / "w").exists()  # nothing written
+
+
+def test_the_readme_shows_the_own_text_line_in_a_code_block():
+    text = (ROOT / "README.md").read_text()
+    assert re.search(
+        r"```bash\npython train.py [^\n]*--config.data.text_files=input.txt\n```", text
+    )
+
+
+@pytest.mark.parametrize(
+    "field,needle",
+    [
+        ("train.batch_size", "training needs about "),
+        ("eval.batch_size", "evaluation (windows protocol) needs about "),
+    ],
+)
+def test_a_batch_that_cannot_fit_is_one_line_before_anything_is_written(tmp_path, field, needle):
+    """train.batch_size or eval.batch_size = 1e8 ended in 40-48-line RESOURCE_EXHAUSTED
+    tracebacks; now the estimate refuses them before compiling (train.check_memory=False
+    lets them run)."""
+    from helpers import tiny_run_config
+
+    from rhhjax import memory
+
+    text = write_text(tmp_path / "t.txt", 20_000)
+    config = tiny_run_config(text)
+    section, name = field.split(".")
+    config[section][name] = 100_000_000
+    with pytest.raises(memory.MemoryCheckError) as info:
+        prepare_run(config, tmp_path / "w", lambda m: None, SignalCatcher())
+    message = str(info.value)
+    assert message.startswith(needle) and f"({field}=100000000 x " in message
+    assert "is free (" in message
+    assert f": lower {field}" in message and "\n" not in message
+    assert not (tmp_path / "w").exists()
+    config.train.check_memory = False
+    prepare_run(config, tmp_path / "w", lambda m: None, SignalCatcher())  # not refused
