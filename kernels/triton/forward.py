@@ -3,7 +3,8 @@
 ``pre = s @ w`` (both halves of a column block, f32 accumulation), ``u = pre + xproj``,
 ``a = u * [z, z] + bias``, ``h = tanh(a_h)``, ``t = sigmoid(a_t)``,
 ``s_new = h * (t * mask) + s * (1 - t)``: ONE kernel launch per micro-layer.
-The stacked variant (on whole-sequence arrays) is :func:`rhhjax.kernels.stacked.forward_stacked`.
+The stacked variant (on whole-sequence arrays) is
+:func:`rhhjax.kernels.triton.stacked.forward_stacked`.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import functools
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
-from rhhjax.kernels.common import (
+from rhhjax.kernels.triton.common import (
     F32,
     MASK_DTYPES,
     SQUEEZED,
@@ -31,7 +32,7 @@ from rhhjax.kernels.common import (
     reference_mask,
     reference_preactivation,
 )
-from rhhjax.kernels.config import DEFAULT_CONFIG, Geometry, HighwayConfig
+from rhhjax.kernels.triton.config import DEFAULT_CONFIG, Geometry, HighwayConfig
 
 
 def forward_kernel(*refs, has: OptionalOperands, block_k: int, precision, mask_scale: float):

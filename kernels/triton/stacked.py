@@ -11,10 +11,11 @@ The BlockSpecs keep the leading (T, L) dims whole (Triton's power-of-two rule ap
 loaded/stored tensors only, not to block shapes: jax/_src/pallas/triton/lowering.py,
 `_check_tensor_size` on the indexer shape).
 
-:func:`forward_stacked` is :func:`rhhjax.kernels.forward.forward_padded` and
-:func:`backward_fused_stacked` is :func:`rhhjax.kernels.backward.backward_fused_padded` on the
-(t, layer) slices (the same kernel bodies, seen through :mod:`rhhjax.kernels.stacked_views`);
-their references are the padded kernels on sliced operands.
+:func:`forward_stacked` is :func:`rhhjax.kernels.triton.forward.forward_padded` and
+:func:`backward_fused_stacked` is :func:`rhhjax.kernels.triton.backward.backward_fused_padded`
+on the (t, layer) slices (the same kernel bodies, seen through
+:mod:`rhhjax.kernels.triton.stacked_views`); their references are the padded kernels on sliced
+operands.
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ import functools
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
-from rhhjax.kernels.backward import backward_kernel, state_grad_in_kernel
-from rhhjax.kernels.common import (
+from rhhjax.kernels.triton.backward import backward_kernel, state_grad_in_kernel
+from rhhjax.kernels.triton.common import (
     F32,
     MASK_DTYPES,
     SQUEEZED,
@@ -36,9 +37,9 @@ from rhhjax.kernels.common import (
     dropout_scale,
     pop_optional,
 )
-from rhhjax.kernels.config import DEFAULT_CONFIG, Geometry, HighwayConfig
-from rhhjax.kernels.forward import forward_kernel
-from rhhjax.kernels.stacked_views import FREE, Value, View, check_time, lead_spec, time_spec
+from rhhjax.kernels.triton.config import DEFAULT_CONFIG, Geometry, HighwayConfig
+from rhhjax.kernels.triton.forward import forward_kernel
+from rhhjax.kernels.triton.stacked_views import FREE, Value, View, check_time, lead_spec, time_spec
 
 
 def _forward_stacked_kernel(t_ref, *refs, has: OptionalOperands, layer: int, **kernel_kw):

@@ -33,23 +33,23 @@ Backward of one layer, given ``ds`` (the cotangent of ``s_new``, plus ``g`` from
 
 This module is the public API; the kernels live in one module per family:
 
-* :mod:`rhhjax.kernels.config` -- :class:`HighwayConfig` (block sizes and Triton launch
+* :mod:`rhhjax.kernels.triton.config` -- :class:`HighwayConfig` (block sizes and Triton launch
   parameters; :func:`validate_config`), :class:`Geometry` (the padded layout of one
   (batch, n): effective block sizes, padded extents and the padding methods ``pad_rows``,
   ``pad_halves``, ``pad_weight``, ``pad_weight_t``, ``pad_bias`` and their inverses; also the
   layout of the XLA ``fused`` path, :meth:`Geometry.for_units`).
-* :mod:`rhhjax.kernels.forward` -- :func:`forward_padded` (one kernel: both matmul halves of
+* :mod:`rhhjax.kernels.triton.forward` -- :func:`forward_padded` (one kernel: both matmul halves of
   a column block, gates, combine) and :func:`forward_padded_reference`.
-* :mod:`rhhjax.kernels.backward` -- :func:`backward_padded` (the elementwise gate backward),
+* :mod:`rhhjax.kernels.triton.backward` -- :func:`backward_padded` (the elementwise gate backward),
   :func:`backward_fused_padded` (the state-gradient GEMM of the layer above, then the
   elementwise backward, per column block: the backward of a micro-layer is ONE launch),
   :func:`state_grad_padded` (the GEMM alone, e.g. for the gradient of the initial state) and
   their references.
-* :mod:`rhhjax.kernels.stacked` -- :func:`forward_stacked`, :func:`backward_fused_stacked`:
+* :mod:`rhhjax.kernels.triton.stacked` -- :func:`forward_stacked`, :func:`backward_fused_stacked`:
   the same kernels on the WHOLE stacked ``[T, L, ...]`` arrays at a traced time index ``t``
   and a static ``layer``; they write their outputs in place into stacked buffers aliased to
   the outputs, so a time loop needs no slice or update-slice launch around them.
-* :mod:`rhhjax.kernels.common` -- shared helpers and :func:`cuda_lowering_device` (trace and
+* :mod:`rhhjax.kernels.triton.common` -- shared helpers and :func:`cuda_lowering_device` (trace and
   lower the Triton kernels for CUDA on a host without a GPU).
 
 Padded layout: ``B`` is padded up to ``b_pad`` (a multiple of ``block_b``) and ``n`` up to
@@ -65,7 +65,7 @@ gradient stays zero as long as the incoming cotangents ``g`` are zero-padded, so
 contribute nothing to ``dz``, ``dbias_partial``, ``d_scaled`` or a deferred ``dW``.
 """
 
-from rhhjax.kernels.backward import (
+from rhhjax.kernels.triton.backward import (
     backward_fused_padded,
     backward_fused_reference,
     backward_padded,
@@ -73,8 +73,8 @@ from rhhjax.kernels.backward import (
     state_grad_padded,
     state_grad_reference,
 )
-from rhhjax.kernels.common import cuda_lowering_device
-from rhhjax.kernels.config import (
+from rhhjax.kernels.triton.common import cuda_lowering_device
+from rhhjax.kernels.triton.config import (
     DEFAULT_CONFIG,
     H100_SMEM_PER_BLOCK,
     Geometry,
@@ -82,8 +82,8 @@ from rhhjax.kernels.config import (
     KernelConfigError,
     validate_config,
 )
-from rhhjax.kernels.forward import forward_padded, forward_padded_reference
-from rhhjax.kernels.stacked import backward_fused_stacked, forward_stacked
+from rhhjax.kernels.triton.forward import forward_padded, forward_padded_reference
+from rhhjax.kernels.triton.stacked import backward_fused_stacked, forward_stacked
 
 __all__ = [
     "DEFAULT_CONFIG",

@@ -1,6 +1,6 @@
 """Kernel refs seen at the (t, layer) slice of stacked ``[T, L, ...]`` arrays.
 
-The stacked kernels (:mod:`rhhjax.kernels.stacked`) read and write the slice of the time step
+The stacked kernels (:mod:`rhhjax.kernels.triton.stacked`) read and write the slice of the time step
 ``t`` (a traced index, passed as a shape-(1,) array) and the static ``layer`` inside the kernel,
 through :class:`View`; :class:`Value` lets a computed value stand where a kernel body reads a
 ref. :func:`time_spec` and :func:`lead_spec` are the BlockSpecs of the time index and of arrays

@@ -23,7 +23,7 @@ import functools
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
-from rhhjax.kernels.common import (
+from rhhjax.kernels.triton.common import (
     F32,
     MASK_DTYPES,
     SQUEEZED,
@@ -41,7 +41,7 @@ from rhhjax.kernels.common import (
     reference_mask,
     reference_preactivation,
 )
-from rhhjax.kernels.config import DEFAULT_CONFIG, Geometry, HighwayConfig
+from rhhjax.kernels.triton.config import DEFAULT_CONFIG, Geometry, HighwayConfig
 
 
 def state_grad_in_kernel(d_h_ref, d_t_ref, wt_h_ref, wt_t_ref, block_k: int, precision):
