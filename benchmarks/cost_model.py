@@ -24,7 +24,7 @@ import json
 import sys
 from pathlib import Path
 
-from rhhjax.tools import hlo_calibrate as hc
+from rhhjax.hlo import calibrate as hc
 
 SEQ_LEN, HIDDEN = 100, 1000  # the paper size the rows were measured at
 

@@ -57,8 +57,9 @@ import tempfile
 from pathlib import Path
 
 from rhhjax.errors import UserError
-from rhhjax.tools import hlo_calibrate, hlo_cost
-from rhhjax.tools.hlo_compile import (
+from rhhjax.hlo import calibrate as hlo_calibrate
+from rhhjax.hlo import cost as hlo_cost
+from rhhjax.hlo.deviceless import (
     DTYPES,
     IMPL_CHOICES,
     IMPLS,
@@ -73,7 +74,7 @@ from rhhjax.tools.hlo_compile import (
     h100_mesh,
     set_deviceless_env,
 )
-from rhhjax.tools.hlo_dumps import kernel_stats, thunk_check
+from rhhjax.hlo.dumps import kernel_stats, thunk_check
 
 # ----------------------------------------------------------------------------- one row
 

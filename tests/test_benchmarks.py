@@ -15,7 +15,7 @@ import pytest
 from benchmark_scripts import load
 
 from rhhjax import models
-from rhhjax.tools import hlo_launches as hl
+from rhhjax.hlo import launches as hl
 from rhhjax.train import step as train_step
 
 bench = load("bench")

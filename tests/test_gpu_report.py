@@ -16,7 +16,7 @@ import pytest
 from benchmark_scripts import BENCH, load
 from hlo_cases import HIDDEN, HLO, SEQ
 
-from rhhjax.tools import hlo_compile
+from rhhjax.hlo import deviceless as hlo_compile
 
 report = load("gpu_report")
 compare_reports = load("gpu_report_compare")
@@ -137,7 +137,7 @@ def test_shared_memory_overflow_is_reported_as_a_compile_error(tmp_path):
     compile, not from the config check."""
     code = """
 import sys, json
-from rhhjax.tools import hlo_compile as g
+from rhhjax.hlo import deviceless as g
 g.set_deviceless_env()
 import jax, jax.numpy as jnp
 from rhhjax.kernels import highway as hw

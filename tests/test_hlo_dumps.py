@@ -4,7 +4,7 @@ warnings, the thunk sequence."""
 
 from __future__ import annotations
 
-from rhhjax.tools import hlo_dumps
+from rhhjax.hlo import dumps as hlo_dumps
 
 # ----------------------------------------------------------------------------- kernel logs
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from hlo_cases import HIDDEN, HLO, SEQ
 
-from rhhjax.tools import hlo_cost
-from rhhjax.tools import hlo_launches as hl
+from rhhjax.hlo import cost as hlo_cost
+from rhhjax.hlo import launches as hl
 
 
 def _loops(comps):

@@ -41,7 +41,7 @@ import re
 from collections.abc import Iterable
 
 # The parser, re-exported: callers use hlo_launches alone.
-from rhhjax.tools.hlo_parse import (  # noqa: F401
+from rhhjax.hlo.parse import (  # noqa: F401
     DTYPE_BYTES,
     Computation,
     Instr,

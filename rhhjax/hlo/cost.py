@@ -13,7 +13,7 @@ import dataclasses
 import json
 from collections.abc import Iterable
 
-from rhhjax.tools.hlo_launches import (
+from rhhjax.hlo.launches import (
     Launch,
     category_counts,
     classify_loops,

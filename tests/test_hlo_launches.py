@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from hlo_cases import HIDDEN, HLO, SEQ
 
-from rhhjax.tools import hlo_launches as hl
+from rhhjax.hlo import launches as hl
 
 F32 = 4
 

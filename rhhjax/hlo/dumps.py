@@ -13,7 +13,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from rhhjax.tools import hlo_launches as hl
+from rhhjax.hlo import launches as hl
 
 SMEM_PER_BLOCK_OPTIN = 232448  # H100: shared memory a block may opt in to
 REGISTERS_PER_THREAD_MAX = 255

@@ -48,7 +48,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rhhjax.tools import hlo_launches as hl
+from rhhjax.hlo import launches as hl
 
 TERMS = ("launch", "k_chain", "sm_k_bytes", "sm_out_bytes", "xla_k_iter")
 SMS = 132

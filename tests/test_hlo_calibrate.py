@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from hlo_cases import HIDDEN, HLO, SEQ
 
-from rhhjax.tools import hlo_calibrate as hc
-from rhhjax.tools import hlo_cost
+from rhhjax.hlo import calibrate as hc
+from rhhjax.hlo import cost as hlo_cost
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 
