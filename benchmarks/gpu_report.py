@@ -428,9 +428,9 @@ def reanalyze(report_json: str, opts: Options, out: str) -> int:
         text = path.read_text()
         row.update(hlo_cost.summarize(text, row["seq_len"], row["hidden"], opts.cost))
         if opts.calibration:  # the kernel blocks are not in the report: the defaults
-            from rhhjax.kernels import highway
+            from rhhjax.kernels import triton
 
-            kernel = highway.HighwayConfig()
+            kernel = triton.HighwayConfig()
             row.update(calibrated(text, row["seq_len"], row["hidden"], kernel, opts.calibration))
     meta = report["meta"]
     meta["cost_model_parameters"] = dataclasses.asdict(opts.cost)

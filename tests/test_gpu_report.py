@@ -140,7 +140,7 @@ import sys, json
 from rhhjax.hlo import deviceless as g
 g.set_deviceless_env()
 import jax, jax.numpy as jnp
-from rhhjax.kernels import highway as hw
+from rhhjax.kernels import triton as hw
 mesh = g.h100_mesh()
 rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
 def sds(shape):

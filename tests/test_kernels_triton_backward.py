@@ -1,10 +1,13 @@
-"""The padded forward and backward kernels (`kernels/forward.py`, `kernels/backward.py`).
+"""The backward kernel (`kernels/triton/backward.py`) on unstacked padded operands: the gate
+backward alone, fused with the state-gradient GEMM and the GEMM alone, against their
+references, and a two-layer chain against autodiff.
 
-`PaddedKernelTests` runs every kernel against its reference (and a two-layer chain against
-autodiff) once per mode: `TestPaddedInterpret` (Pallas interpret mode, runs anywhere) and
-`TestPaddedCompiled` (the real Triton kernels; skipped unless `jax.default_backend() == "gpu"`),
-so the same odd-size cases run compiled on a GPU. Interpret mode accepts things Triton rejects,
-so the CUDA lowering tests -- which need no GPU -- guard that every kernel lowers to Triton."""
+`BackwardKernelTests` runs once per mode: `TestBackwardInterpret` (Pallas interpret mode, runs
+anywhere) and `TestBackwardCompiled` (the real Triton kernels; skipped unless
+`jax.default_backend() == "gpu"`), so the same odd-size cases run compiled on a GPU.
+Interpret mode accepts things Triton rejects, so the CUDA lowering tests -- which need no GPU
+-- guard that every launch lowers to Triton. The gate backward alone and fused with the GEMM
+are test-only launches (tests/triton_launches.py) of the kernel body the model runs stacked."""
 
 from __future__ import annotations
 
@@ -34,13 +37,14 @@ from kernel_cases import (
     per_mode_cache,
     unpadded_layer,
 )
-from rhhjax.kernels import highway as hw
-from rhhjax.kernels.common import dot_precision
+from rhhjax.kernels import triton
+from rhhjax.kernels.triton.common import dot_precision
+from triton_launches import backward_fused_padded, backward_padded
 
 
-class PaddedKernelTests:
-    """The padded forward and backward kernels against their references and autodiff;
-    `INTERPRET` picks the mode (set by subclasses)."""
+class BackwardKernelTests:
+    """The backward launches against their references and autodiff; `INTERPRET` picks the
+    mode (set by subclasses)."""
 
     INTERPRET: bool
 
@@ -49,8 +53,9 @@ class PaddedKernelTests:
 
     @per_mode_cache
     def run_padded(self, case: Case):
-        """All padded kernels and their references on one case's random inputs, one jit each."""
-        geo = hw.Geometry.make(TEST_CONFIG, case.batch, case.n)
+        """The backward launches and their references on one case's random inputs, one jit
+        each (``pre`` from the forward reference)."""
+        geo = triton.Geometry.make(TEST_CONFIG, case.batch, case.n)
         flags = (case.has_z, case.has_xproj, case.has_mask)
         u = make_unpadded(case_key(case), case.batch, case.n, case.dtype, *flags)
         p = pad_layer(u, geo, jnp.dtype(case.dtype))
@@ -58,25 +63,23 @@ class PaddedKernelTests:
 
         def kernels(p, pre):
             elem = (p["s"], pre, p["z"], p["bias2"], p["xproj"], p["keep8"])
-            fwd = hw.forward_padded(p["s"], p["w3"], *elem[2:], keep=KEEP, **kw)
-            bwd = hw.backward_padded(p["ds"], *elem, g=p["g"], keep=KEEP, **kw)
+            bwd = backward_padded(p["ds"], *elem, g=p["g"], keep=KEEP, **kw)
             above = (p["d_above"], p["w_t"], p["ds"])
-            fused = hw.backward_fused_padded(*above, p["g"], *elem, keep=KEEP, **kw)
-            grad = hw.state_grad_padded(*above, p["g"], **kw)
+            fused = backward_fused_padded(*above, p["g"], *elem, keep=KEEP, **kw)
+            grad = triton.state_grad_padded(*above, p["g"], **kw)
             # "GEMM then elementwise" with the two non-fused kernels.
-            two = hw.backward_padded(grad, *elem, keep=KEEP, **kw)
-            return fwd, bwd, fused, grad, two
+            two = backward_padded(grad, *elem, keep=KEEP, **kw)
+            return bwd, fused, grad, two
 
         def references(p, pre):
             elem = (p["s"], pre, p["z"], p["bias2"], p["xproj"], p["keep8"])
-            fwd = hw.forward_padded_reference(p["s"], p["w3"], *elem[2:], keep=KEEP)
-            bwd = hw.backward_padded_reference(p["ds"], *elem, g=p["g"], keep=KEEP)
+            bwd = triton.backward_padded_reference(p["ds"], *elem, g=p["g"], keep=KEEP)
             above = (p["d_above"], p["w_t"], p["ds"])
-            fused = hw.backward_fused_reference(*above, p["g"], *elem, keep=KEEP)
-            grad = hw.state_grad_reference(*above, p["g"])
-            return fwd, bwd, fused, grad
+            fused = triton.backward_fused_reference(*above, p["g"], *elem, keep=KEEP)
+            grad = triton.state_grad_reference(*above, p["g"])
+            return bwd, fused, grad
 
-        pre = hw.forward_padded_reference(
+        pre = triton.forward_padded_reference(
             p["s"], p["w3"], p["z"], p["bias2"], p["xproj"], p["keep8"], keep=KEEP
         )[1]
         return geo, u, p, jax.jit(kernels)(p, pre), jax.jit(references)(p, pre)
@@ -85,15 +88,6 @@ class PaddedKernelTests:
         return TOL[case.dtype]["kernel"]
 
     # --- padded kernels vs references ----------------------------------------------------
-
-    @pytest.mark.parametrize("case", CASES, ids=str)
-    def test_forward_padded(self, case):
-        geo, _, _, (fwd, *_), (fwd_ref, *_) = self.run_padded(case)
-        s_new, pre = fwd
-        assert s_new.shape == (geo.b_pad, geo.n_pad) and pre.shape == (geo.b_pad, 2, geo.n_pad)
-        assert s_new.dtype == jnp.float32 and pre.dtype == jnp.float32
-        assert_close(pre, fwd_ref[1], *self.tol(case), err_msg="pre")
-        assert_close(s_new, fwd_ref[0], *self.tol(case), err_msg="s_new")
 
     def check_backward(self, geo, case, got, want, what):
         d_scaled, ds_carry, dz, dbias_part = got
@@ -110,12 +104,12 @@ class PaddedKernelTests:
 
     @pytest.mark.parametrize("case", CASES, ids=str)
     def test_backward_padded(self, case):
-        geo, _, _, (_, bwd, *_), (_, bwd_ref, *_) = self.run_padded(case)
+        geo, _, _, (bwd, *_), (bwd_ref, *_) = self.run_padded(case)
         self.check_backward(geo, case, bwd, bwd_ref, "backward")
 
     @pytest.mark.parametrize("case", CASES, ids=str)
     def test_backward_fused_equals_gemm_then_elementwise(self, case):
-        geo, _, _, (_, _, fused, _, two), (_, _, fused_ref, _) = self.run_padded(case)
+        geo, _, _, (_, fused, _, two), (_, fused_ref, _) = self.run_padded(case)
         self.check_backward(geo, case, fused, fused_ref, "fused vs reference")
         # And the fused kernel equals the two separate kernels (state_grad, then backward).
         self.check_backward(geo, case, fused, two[:3] + (two[3].sum(0, keepdims=True),), "2k")
@@ -126,15 +120,10 @@ class PaddedKernelTests:
         assert_close(grad, grad_ref, *self.tol(case), err_msg="state grad")
 
     @pytest.mark.parametrize("case", CASES, ids=str)
-    def test_padded_units_zero_and_rows_finite(self, case):
-        geo, _, p, (fwd, bwd, fused, grad, _), _ = self.run_padded(case)
-        s_new, pre = fwd
+    def test_padded_units_and_rows_zero(self, case):
+        geo, _, p, (bwd, fused, grad, _), _ = self.run_padded(case)
         b, n = case.batch, case.n
-        for name, x in [("s_new", s_new), ("pre", pre[:, :, n:]), ("grad", grad)]:
-            assert np.all(np.isfinite(np.asarray(x))), name
-        np.testing.assert_array_equal(np.asarray(s_new[:, n:]), 0.0)
-        np.testing.assert_array_equal(np.asarray(pre[:, :, n:]), 0.0)
-        np.testing.assert_array_equal(np.asarray(pre[b:]), 0.0)  # padded rows: s = 0
+        assert np.all(np.isfinite(np.asarray(grad))), "grad"
         for out in (bwd, fused):
             d_scaled, ds_carry, dz, _ = out
             np.testing.assert_array_equal(np.asarray(d_scaled[b:]), 0.0)  # zero-padded g, ds
@@ -151,7 +140,7 @@ class PaddedKernelTests:
         them: forward_padded twice; backward_padded for layer 1, backward_fused_padded for
         layer 0 (above = layer 1), state_grad_padded for ds0; deferred dW and dbias."""
         batch, n = 5, 20
-        geo = hw.Geometry.make(TEST_CONFIG, batch, n)
+        geo = triton.Geometry.make(TEST_CONFIG, batch, n)
         key = jax.random.key(1234 + len(dtype))
         u0 = make_unpadded(jax.random.fold_in(key, 0), batch, n, dtype, True, True, False)
         u1 = make_unpadded(jax.random.fold_in(key, 1), batch, n, dtype, True, False, True)
@@ -166,17 +155,17 @@ class PaddedKernelTests:
             b0p = geo.pad_bias(b0) + geo.pad_bias(bx)  # layer 0: one bias b_0 + b_U
             b1p = geo.pad_bias(b1)
             sp = geo.pad_rows(s)
-            s1, pre0 = hw.forward_padded(sp, geo.pad_weight(w0, dt), z0p, b0p, xp, m0,
+            s1, pre0 = triton.forward_padded(sp, geo.pad_weight(w0, dt), z0p, b0p, xp, m0,
                                          keep=KEEP, **kw)  # fmt: skip
-            s2, pre1 = hw.forward_padded(s1, geo.pad_weight(w1, dt), z1p, b1p, None, m1,
+            s2, pre1 = triton.forward_padded(s1, geo.pad_weight(w1, dt), z1p, b1p, None, m1,
                                          keep=KEEP, **kw)  # fmt: skip
             gp0, gp1 = geo.pad_rows(g0), geo.pad_rows(g1)
-            d1, c1, dz1, db1 = hw.backward_padded(gp1, s1, pre1, z1p, b1p, None, m1,
+            d1, c1, dz1, db1 = backward_padded(gp1, s1, pre1, z1p, b1p, None, m1,
                                                   keep=KEEP, **kw)  # fmt: skip
-            d0, c0, dz0, db0 = hw.backward_fused_padded(
+            d0, c0, dz0, db0 = backward_fused_padded(
                 d1, geo.pad_weight_t(w1, dt), c1, gp0, sp, pre0, z0p, b0p, xp, m0, keep=KEEP, **kw
             )
-            ds0 = hw.state_grad_padded(d0, geo.pad_weight_t(w0, dt), c0, **kw)
+            ds0 = triton.state_grad_padded(d0, geo.pad_weight_t(w0, dt), c0, **kw)
             dw = [
                 jnp.dot(
                     x.T.astype(dt),
@@ -237,24 +226,13 @@ class PaddedKernelTests:
         assert_close(grads["b0"], grads_ref["bx"], *TOL[dtype]["chain"], scale_atol=True)
 
 
-class TestPaddedInterpret(PaddedKernelTests):
+class TestBackwardInterpret(BackwardKernelTests):
     INTERPRET = True
 
 
 @NEEDS_GPU
-class TestPaddedCompiled(PaddedKernelTests):
+class TestBackwardCompiled(BackwardKernelTests):
     INTERPRET = False
-
-
-@DTYPES
-@OPTIONALS
-def test_forward_padded_lowers_to_triton(dtype, full):
-    x = padded_shapes(dtype)
-    opt = (lambda v: v) if full else (lambda v: None)
-    fn = functools.partial(hw.forward_padded, keep=KEEP, geo=GEO_REAL)
-    text = lower_for_cuda(fn, x["rows"], x["w3"], opt(x["rows"]), x["bias2"], opt(x["rows2"]),
-                          opt(x["mask"]))  # fmt: skip
-    assert_one_triton_kernel(text, "highway_forward")
 
 
 @OPTIONALS
@@ -263,7 +241,7 @@ def test_backward_padded_lowers_to_triton(full):
     opt = (lambda v: v) if full else (lambda v: None)
 
     def fn(*args):
-        return hw.backward_padded(*args[:-1], g=args[-1], keep=KEEP, geo=GEO_REAL)
+        return backward_padded(*args[:-1], g=args[-1], keep=KEEP, geo=GEO_REAL)
 
     args = (x["rows"], x["rows"], x["rows2"], opt(x["rows"]), x["bias2"], opt(x["rows2"]),
             opt(x["mask"]), opt(x["rows"]))  # fmt: skip
@@ -276,7 +254,7 @@ def test_backward_padded_lowers_to_triton(full):
 def test_backward_fused_lowers_to_triton(dtype, full):
     x = padded_shapes(dtype)
     opt = (lambda v: v) if full else (lambda v: None)
-    fn = functools.partial(hw.backward_fused_padded, keep=KEEP, geo=GEO_REAL)
+    fn = functools.partial(backward_fused_padded, keep=KEEP, geo=GEO_REAL)
     text = lower_for_cuda(fn, x["rows2"], x["w_t"], opt(x["rows"]), opt(x["rows"]), x["rows"],
                           x["rows2"], opt(x["rows"]), x["bias2"], opt(x["rows2"]),
                           opt(x["mask"]))  # fmt: skip
@@ -286,6 +264,6 @@ def test_backward_fused_lowers_to_triton(dtype, full):
 @DTYPES
 def test_state_grad_lowers_to_triton(dtype):
     x = padded_shapes(dtype)
-    fn = functools.partial(hw.state_grad_padded, geo=GEO_REAL)
+    fn = functools.partial(triton.state_grad_padded, geo=GEO_REAL)
     text = lower_for_cuda(fn, x["rows2"], x["w_t"], x["rows"], None)
     assert_one_triton_kernel(text, "highway_state_grad")

@@ -1,5 +1,5 @@
-"""The stacked kernels (`kernels/stacked.py`): (t, layer) slices of [T, L, ...] arrays at a
-traced t, against the padded kernels per mode (`TestStackedInterpret`, `TestStackedCompiled`
+"""The stacked kernels (`kernels/triton/stacked.py`): (t, layer) slices of [T, L, ...] arrays at a
+traced t, against the unstacked launches per mode (`TestStackedInterpret`, `TestStackedCompiled`
 on a GPU); their CUDA lowering with in-place aliasing; input errors."""
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ from kernel_cases import (
     lower_for_cuda,
     per_mode_cache,
 )
-from rhhjax.kernels import highway as hw
+from rhhjax.kernels import triton
+from triton_launches import backward_fused_padded
 
 # --- stacked variants: (t, layer) slices of [T, L, ...] arrays, traced t -----------------------
 
@@ -92,12 +93,12 @@ class StackedKernelTests:
 
     @per_mode_cache
     def run_forward(self, case: Case):
-        geo = hw.Geometry.make(TEST_CONFIG, case.batch, case.n)
+        geo = triton.Geometry.make(TEST_CONFIG, case.batch, case.n)
         x, kw = make_stacked(case, geo), self.kw(geo)
 
         def stacked(x, ts):
             return [
-                hw.forward_stacked(
+                triton.forward_stacked(
                     t,
                     x["s"],
                     x["w3"][layer],
@@ -114,7 +115,7 @@ class StackedKernelTests:
 
         def padded(x):
             return [
-                hw.forward_padded(
+                triton.forward_padded(
                     x["s"],
                     x["w3"][layer],
                     at(x["z"], t, layer),
@@ -143,7 +144,7 @@ class StackedKernelTests:
 
     @per_mode_cache
     def run_backward(self, case: Case):
-        geo = hw.Geometry.make(TEST_CONFIG, case.batch, case.n)
+        geo = triton.Geometry.make(TEST_CONFIG, case.batch, case.n)
         x, kw = make_stacked(case, geo), self.kw(geo)
 
         def above(t, layer):
@@ -156,7 +157,7 @@ class StackedKernelTests:
 
         def stacked(x, ts):
             return [
-                hw.backward_fused_stacked(
+                triton.backward_fused_stacked(
                     t,
                     x["d_all"],
                     above(0, layer)[1],
@@ -180,7 +181,7 @@ class StackedKernelTests:
             for t, layer in BWD_SLOTS:
                 xp = x["xproj"][t] if layer == 0 and x["xproj"] is not None else None
                 out.append(
-                    hw.backward_fused_padded(
+                    backward_fused_padded(
                         *above(t, layer),
                         x["ds_carry"],
                         x["g"][t, layer],
@@ -222,7 +223,7 @@ class StackedKernelTests:
     def run_scans(self, case: Case):
         """Forward scan + reverse while loop of the stacked kernels (traced t, carried
         buffers, as the caller runs them) against Python loops of the padded kernels."""
-        geo = hw.Geometry.make(TEST_CONFIG, case.batch, case.n)
+        geo = triton.Geometry.make(TEST_CONFIG, case.batch, case.n)
         x, kw = make_stacked(case, geo), self.kw(geo)
         b_pad, n_pad, parts = geo.b_pad, geo.n_pad, geo.grid[0]
         xp_of = (lambda layer: x["xproj"] if layer == 0 else None) if case.has_xproj else (
@@ -233,7 +234,7 @@ class StackedKernelTests:
             def fwd(carry, _):
                 (s, packed), t = carry
                 for layer in range(L_STACK):
-                    s, packed = hw.forward_stacked(
+                    s, packed = triton.forward_stacked(
                         t, s, x["w3"][layer], x["z"], x["bias2"][layer], xp_of(layer),
                         x["keep8"], packed, layer=layer, **kw)  # fmt: skip
                 return ((s, packed), t + 1), None
@@ -246,7 +247,7 @@ class StackedKernelTests:
             def bwd(carry):
                 (ds_carry, d_all, dz_all, dbias), t = carry
                 for layer in reversed(range(L_STACK)):
-                    d_all, ds_carry, dz_all, dbias = hw.backward_fused_stacked(
+                    d_all, ds_carry, dz_all, dbias = triton.backward_fused_stacked(
                         t, d_all, w_above[layer], ds_carry, x["g"], packed, x["z"],
                         x["bias2"][layer], xp_of(layer), x["keep8"], dz_all, dbias,
                         layer=layer, **kw)  # fmt: skip
@@ -263,7 +264,7 @@ class StackedKernelTests:
             for t in range(T_STACK):
                 for layer in range(L_STACK):
                     xp = None if xp_of(layer) is None else x["xproj"][t]
-                    s_new, pre = hw.forward_padded(
+                    s_new, pre = triton.forward_padded(
                         s, x["w3"][layer], at(x["z"], t, layer), x["bias2"][layer], xp,
                         at(x["keep8"], t, layer), **kw)  # fmt: skip
                     saved[t, layer], s = (s, pre, xp), s_new
@@ -273,7 +274,7 @@ class StackedKernelTests:
             for t in reversed(range(T_STACK)):
                 for layer in reversed(range(L_STACK)):
                     s_in, pre, xp = saved[t, layer]
-                    d_above, ds_carry, dz, parts_ = hw.backward_fused_padded(
+                    d_above, ds_carry, dz, parts_ = backward_fused_padded(
                         d_above, w_above[layer], ds_carry, x["g"][t, layer], s_in, pre,
                         at(x["z"], t, layer), x["bias2"][layer], xp, at(x["keep8"], t, layer),
                         **kw)  # fmt: skip
@@ -341,7 +342,7 @@ def aliases(text: str) -> set[tuple[int, int]]:
 def test_forward_stacked_lowers_to_triton(dtype, full):
     x = stacked_shapes(dtype)
     opt = (lambda v: v) if full else (lambda v: None)
-    fn = functools.partial(hw.forward_stacked, layer=0, keep=KEEP, geo=GEO_REAL)
+    fn = functools.partial(triton.forward_stacked, layer=0, keep=KEEP, geo=GEO_REAL)
     text = lower_for_cuda(fn, x["t"], x["rows"], x["w3"], opt(x["rows_all"]), x["bias2"],
                           opt(x["xproj_all"]), opt(x["mask_all"]), x["packed"])  # fmt: skip
     assert_one_triton_kernel(text, "highway_forward_stacked")
@@ -354,7 +355,7 @@ def test_forward_stacked_lowers_to_triton(dtype, full):
 def test_backward_fused_stacked_lowers_to_triton(dtype, full):
     x = stacked_shapes(dtype)
     opt = (lambda v: v) if full else (lambda v: None)
-    fn = functools.partial(hw.backward_fused_stacked, layer=6, keep=KEEP, geo=GEO_REAL)
+    fn = functools.partial(triton.backward_fused_stacked, layer=6, keep=KEEP, geo=GEO_REAL)
     text = lower_for_cuda(fn, x["t"], x["d_all"], x["w_t"], opt(x["rows"]), opt(x["rows_all"]),
                           x["packed"], opt(x["rows_all"]), x["bias2"], opt(x["xproj_all"]),
                           opt(x["mask_all"]), opt(x["rows_all"]), x["dbias"])  # fmt: skip
@@ -366,14 +367,14 @@ def test_backward_fused_stacked_lowers_to_triton(dtype, full):
 
 def test_stacked_input_errors():
     x = stacked_shapes(jnp.float32, steps=4, depth=2)
-    fwd = functools.partial(hw.forward_stacked, geo=GEO_REAL)
+    fwd = functools.partial(triton.forward_stacked, geo=GEO_REAL)
     args = (x["rows"], x["w3"], None, x["bias2"], None, None, x["packed"])
     with pytest.raises(ValueError, match="layer must be in"):
         jax.eval_shape(functools.partial(fwd, layer=2), x["t"], *args)
     with pytest.raises(ValueError, match="t must be an integer scalar"):
         jax.eval_shape(functools.partial(fwd, layer=0), jax.ShapeDtypeStruct((2,), jnp.int32),
                        *args)  # fmt: skip
-    bwd = functools.partial(hw.backward_fused_stacked, layer=0, geo=GEO_REAL)
+    bwd = functools.partial(triton.backward_fused_stacked, layer=0, geo=GEO_REAL)
     with pytest.raises(ValueError, match="dz_all must be given exactly when z_all is"):
         jax.eval_shape(bwd, x["t"], x["d_all"], x["w_t"], None, None, x["packed"],
                        x["rows_all"], x["bias2"], None, None, None, x["dbias"])  # fmt: skip

@@ -8,7 +8,7 @@ import numpy as np
 import optax
 import pytest
 from helpers import assert_trees_close as _assert_trees_close
-from rhhjax.kernels import highway
+from rhhjax.kernels import triton
 
 from rhhjax import models
 
@@ -198,7 +198,7 @@ def test_pallas_train_step_lowers_for_cuda_with_triton_calls(model_type):
         return optax.apply_updates(p, updates), state, loss
 
     key = jax.eval_shape(lambda: jax.random.key(0))
-    with highway.cuda_lowering_device():
+    with triton.cuda_lowering_device():
         lowered = (
             jax.jit(train_step)
             .trace(params, opt_state, tokens, key)
@@ -295,8 +295,8 @@ def test_config_kernel_block_reaches_the_spec():
     block.kernel.num_stages = 2
     mc = models.ModelConfig.from_config(block, impl="pallas")
     spec = models.sequence_spec(mc)
-    expected = highway.HighwayConfig(block_k=128, num_stages=2)
-    assert expected != highway.HighwayConfig()
+    expected = triton.HighwayConfig(block_k=128, num_stages=2)
+    assert expected != triton.HighwayConfig()
     assert spec.kernel == expected and spec.impl == "pallas"
 
 

@@ -1,4 +1,4 @@
-"""Fused highway micro-layer step (Recurrent Highway Networks), Pallas Triton kernels.
+"""The Pallas Triton op: the fused highway micro-layer step (Recurrent Highway Networks).
 
 One highway micro-layer step, with ``B`` the batch and ``n`` the number of units::
 
@@ -31,44 +31,41 @@ Backward of one layer, given ``ds`` (the cotangent of ``s_new``, plus ``g`` from
     ds_in    = ds_carry + d_scaled @ w.T              [B, n]   the state gradient of the layer
     dw       = s.T @ d_scaled   (deferred by the caller to one GEMM after the time loop)
 
-This module is the public API; the kernels live in one module per family:
+This package's face is the op's public API; its modules:
 
-* :mod:`rhhjax.kernels.triton.config` -- :class:`HighwayConfig` (block sizes and Triton launch
-  parameters; :func:`validate_config`), :class:`Geometry` (the padded layout of one
-  (batch, n): effective block sizes, padded extents and the padding methods ``pad_rows``,
-  ``pad_halves``, ``pad_weight``, ``pad_weight_t``, ``pad_bias`` and their inverses; also the
-  layout of the XLA ``fused`` path, :meth:`Geometry.for_units`).
-* :mod:`rhhjax.kernels.triton.forward` -- :func:`forward_padded` (one kernel: both matmul halves of
-  a column block, gates, combine) and :func:`forward_padded_reference`.
-* :mod:`rhhjax.kernels.triton.backward` -- :func:`backward_padded` (the elementwise gate backward),
-  :func:`backward_fused_padded` (the state-gradient GEMM of the layer above, then the
-  elementwise backward, per column block: the backward of a micro-layer is ONE launch),
-  :func:`state_grad_padded` (the GEMM alone, e.g. for the gradient of the initial state) and
-  their references.
-* :mod:`rhhjax.kernels.triton.stacked` -- :func:`forward_stacked`, :func:`backward_fused_stacked`:
-  the same kernels on the WHOLE stacked ``[T, L, ...]`` arrays at a traced time index ``t``
-  and a static ``layer``; they write their outputs in place into stacked buffers aliased to
-  the outputs, so a time loop needs no slice or update-slice launch around them.
-* :mod:`rhhjax.kernels.triton.common` -- shared helpers and :func:`cuda_lowering_device` (trace and
-  lower the Triton kernels for CUDA on a host without a GPU).
+* ``config.py`` -- :class:`HighwayConfig` (block sizes and Triton launch parameters;
+  :func:`validate_config`, :class:`KernelConfigError`). Its padded layout for one (batch, n)
+  is :class:`rhhjax.kernels.layout.Geometry` (re-exported here), shared by every
+  implementation.
+* ``common.py`` -- what the kernels share: launch parameters, operand checks, the BlockSpecs
+  of the padded layout and THE ``pallas_call`` (:func:`~rhhjax.kernels.triton.common.launch`),
+  the in-kernel gate math, the references' helpers, and :func:`cuda_lowering_device` (trace
+  and lower the kernels for CUDA on a host without a GPU).
+* ``forward.py`` -- :func:`forward_padded` (one kernel: both matmul halves of a column block,
+  gates, combine) and :func:`forward_padded_reference`.
+* ``backward.py`` -- the backward kernel body, :func:`state_grad_padded` (the state-gradient
+  GEMM of the layer above alone, e.g. for the gradient of the initial state) and the
+  references :func:`backward_padded_reference` (the elementwise gate backward),
+  :func:`backward_fused_reference` (GEMM then gate backward) and :func:`state_grad_reference`.
+* ``stacked.py`` -- :func:`forward_stacked`, :func:`backward_fused_stacked`: the kernels on
+  the WHOLE stacked ``[T, L, ...]`` arrays at a traced time index ``t`` and a static
+  ``layer``; they write their outputs in place into stacked buffers aliased to the outputs,
+  so a time loop needs no slice or update-slice launch around them. The backward of a
+  micro-layer is ONE launch (the GEMM of the layer above fused with its gate backward).
 
-Padded layout: ``B`` is padded up to ``b_pad`` (a multiple of ``block_b``) and ``n`` up to
-``n_pad`` (a multiple of ``block_n`` and ``block_k``) with zeros. Arrays with two halves are
-``[..., 2, n_pad]`` so that the h and t halves stay aligned: ``x2[..., half, u]`` is
-``x[..., half * n + u]``. The weight is ``w3 [n_pad, 2, n_pad]`` (``w3[k, half, j] =
-w[k, half * n + j]``) for the forward and ``w_t [2, n_pad, n_pad]`` (``w_t[half, k, j] =
-w[j, half * n + k]``) for the state-gradient GEMM. Padded *units* have zero weights, bias,
-z and xproj, hence ``a = 0`` and ``s_new = tanh(0) * t + 0 * (1 - t) = 0`` there: padded units
-of the carry stay exactly zero. Padded *rows* of the carry need not stay zero (without a
-mask the bias drives them) but stay finite and never mix with real rows; their state
-gradient stays zero as long as the incoming cotangents ``g`` are zero-padded, so they
-contribute nothing to ``dz``, ``dbias_partial``, ``d_scaled`` or a deferred ``dW``.
+Padded layout (:mod:`rhhjax.kernels.layout`): ``B`` is padded up to ``b_pad`` (a multiple of
+``block_b``) and ``n`` up to ``n_pad`` (a multiple of ``block_n`` and ``block_k``) with zeros.
+Padded *units* have zero weights, bias, z and xproj, hence ``a = 0`` and ``s_new = tanh(0) * t
++ 0 * (1 - t) = 0`` there: padded units of the carry stay exactly zero. Padded *rows* of the
+carry need not stay zero (without a mask the bias drives them) but stay finite and never mix
+with real rows; their state gradient stays zero as long as the incoming cotangents ``g`` are
+zero-padded, so they contribute nothing to ``dz``, ``dbias_partial``, ``d_scaled`` or a
+deferred ``dW``.
 """
 
+from rhhjax.kernels.layout import Geometry
 from rhhjax.kernels.triton.backward import (
-    backward_fused_padded,
     backward_fused_reference,
-    backward_padded,
     backward_padded_reference,
     state_grad_padded,
     state_grad_reference,
@@ -76,8 +73,6 @@ from rhhjax.kernels.triton.backward import (
 from rhhjax.kernels.triton.common import cuda_lowering_device
 from rhhjax.kernels.triton.config import (
     DEFAULT_CONFIG,
-    H100_SMEM_PER_BLOCK,
-    Geometry,
     HighwayConfig,
     KernelConfigError,
     validate_config,
@@ -87,14 +82,11 @@ from rhhjax.kernels.triton.stacked import backward_fused_stacked, forward_stacke
 
 __all__ = [
     "DEFAULT_CONFIG",
-    "H100_SMEM_PER_BLOCK",
     "Geometry",
     "HighwayConfig",
     "KernelConfigError",
-    "backward_fused_padded",
     "backward_fused_reference",
     "backward_fused_stacked",
-    "backward_padded",
     "backward_padded_reference",
     "cuda_lowering_device",
     "forward_padded",

@@ -1,4 +1,5 @@
-"""Backward kernels of one highway micro-layer, padded layout: wrappers and references.
+"""Backward kernels of one highway micro-layer, padded layout: the kernel body, the
+state-gradient launch and the references.
 
 Given ``ds`` (the cotangent of ``s_new``, plus ``g`` from outside)::
 
@@ -8,40 +9,41 @@ Given ``ds`` (the cotangent of ``s_new``, plus ``g`` from outside)::
     dz       = da[:, :n] * u[:, :n] + da[:, n:] * u[:, n:]     (u includes xproj)
     ds_in    = ds_carry + d_scaled @ w.T              [B, n]   the state gradient of the layer
 
-One kernel body (:func:`backward_kernel`) serves three launches: the elementwise gate backward
-(:func:`backward_padded`), the state-gradient GEMM of the layer above fused with it
-(:func:`backward_fused_padded`, ONE launch per micro-layer), and the GEMM alone
-(:func:`state_grad_padded`). ``dw = s.T @ d_scaled`` is left to the caller (one GEMM after the
-time loop).
+One kernel body (:func:`backward_kernel`) serves every backward launch: the state-gradient
+GEMM of the layer above alone (:func:`state_grad_padded`, e.g. for the gradient of the
+initial state), and that GEMM fused with this layer's elementwise gate backward, ONE launch
+per micro-layer (:func:`rhhjax.kernels.triton.stacked.backward_fused_stacked`). ``dw = s.T @
+d_scaled`` is left to the caller (one GEMM after the time loop).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
+from rhhjax.kernels.layout import Geometry
 from rhhjax.kernels.triton.common import (
     F32,
-    MASK_DTYPES,
     SQUEEZED,
+    Operand,
     OptionalOperands,
     check_operand,
-    compiler_params,
-    dot_precision,
-    dropout_scale,
     gates_in_kernel,
     k_loop,
+    kernel_params,
+    launch,
     load_mask,
     pop_optional,
     reference_combine,
     reference_dot,
     reference_mask,
     reference_preactivation,
+    rows_spec,
+    weight_t_specs,
 )
-from rhhjax.kernels.triton.config import DEFAULT_CONFIG, Geometry, HighwayConfig
+from rhhjax.kernels.triton.config import DEFAULT_CONFIG, HighwayConfig
 
 
 def state_grad_in_kernel(d_h_ref, d_t_ref, wt_h_ref, wt_t_ref, block_k: int, precision):
@@ -138,210 +140,27 @@ def backward_kernel(
     dbias_ref[1, :] = jnp.sum(da_t, axis=0)
 
 
-def _backward_call(
-    gemm_args,
-    ds,
-    g,
-    elementwise_args,
-    *,
-    keep,
-    geo,
-    config,
-    interpret,
-    name,
-):
-    """Builds and runs one backward pallas_call (shared by the three backward entry points).
-
-    gemm_args: (d_scaled_above, w_t_above, ds_carry_above | None) or None.
-    ds: incoming state gradient [b_pad, n_pad] when gemm_args is None.
-    elementwise_args: (s, pre, z, bias2, xproj, keep_mask) or None (GEMM only).
-    """
-    bb, bn, n_pad, b_pad = geo.block_b, geo.block_n, geo.n_pad, geo.b_pad
-    rows, rows2 = (b_pad, n_pad), (b_pad, 2, n_pad)
-    block_rows = pl.BlockSpec((bb, bn), lambda i, j: (i, j))
-    block_rows2 = pl.BlockSpec((bb, 2, bn), lambda i, j: (i, 0, j))
-    args, in_specs = [], []
-    has = OptionalOperands(g=g is not None)
-    dot_dtype = None
-    if gemm_args is not None:
-        d_above, w_t, ds_carry_above = gemm_args
-        check_operand("d_scaled_above", d_above, rows2, (F32,))
-        check_operand("w_t_above", w_t, (2, n_pad, n_pad))
-        check_operand("ds_carry_above", ds_carry_above, rows, (F32,))
-        dot_dtype = w_t.dtype
-        args += [d_above, d_above, w_t, w_t]
-        in_specs += [
-            pl.BlockSpec((bb, SQUEEZED, n_pad), lambda i, j: (i, 0, 0)),
-            pl.BlockSpec((bb, SQUEEZED, n_pad), lambda i, j: (i, 1, 0)),
-            pl.BlockSpec((SQUEEZED, n_pad, bn), lambda i, j: (0, 0, j)),
-            pl.BlockSpec((SQUEEZED, n_pad, bn), lambda i, j: (1, 0, j)),
-        ]
-        if ds_carry_above is not None:
-            has = dataclasses.replace(has, ds_carry_above=True)
-            args.append(ds_carry_above)
-            in_specs.append(block_rows)
-    else:
-        check_operand("ds", ds, rows, (F32,))
-        args.append(ds)
-        in_specs.append(block_rows)
-    config.validate(dot_dtype)
-    check_operand("g", g, rows, (F32,))
-    if g is not None:
-        args.append(g)
-        in_specs.append(block_rows)
-
-    mask_scale = 1.0
-    if elementwise_args is None:
-        out_specs, out_shape = [block_rows], [jax.ShapeDtypeStruct(rows, F32)]
-    else:
-        s, pre, z, bias2, xproj, keep_mask = elementwise_args
-        check_operand("s", s, rows, (F32,))
-        check_operand("pre", pre, rows2, (F32,))
-        check_operand("z", z, rows, (F32,))
-        check_operand("bias2", bias2, (2, n_pad), (F32,))
-        check_operand("xproj", xproj, rows2, (F32,))
-        check_operand("keep_mask", keep_mask, rows, MASK_DTYPES)
-        mask_scale = dropout_scale(keep_mask, keep)
-        has = dataclasses.replace(
-            has,
-            z=z is not None,
-            xproj=xproj is not None,
-            mask=keep_mask is not None,
-        )
-        args += [s, pre, bias2]
-        in_specs += [block_rows, block_rows2, pl.BlockSpec((2, bn), lambda i, j: (0, j))]
-        for x, spec in (
-            (z, block_rows),
-            (xproj, block_rows2),
-            (keep_mask, block_rows),
-        ):
-            if x is not None:
-                args.append(x)
-                in_specs.append(spec)
-        out_specs = [block_rows2, block_rows]
-        out_shape = [jax.ShapeDtypeStruct(rows2, F32), jax.ShapeDtypeStruct(rows, F32)]
-        if z is not None:
-            out_specs.append(block_rows)
-            out_shape.append(jax.ShapeDtypeStruct(rows, F32))
-        out_specs.append(pl.BlockSpec((SQUEEZED, 2, bn), lambda i, j: (i, 0, j)))
-        out_shape.append(jax.ShapeDtypeStruct((geo.grid[0], 2, n_pad), F32))
-
-    kernel = functools.partial(
-        backward_kernel,
-        has=has,
-        gemm=gemm_args is not None,
-        elementwise=elementwise_args is not None,
-        block_k=geo.block_k,
-        precision=None if dot_dtype is None else dot_precision(dot_dtype, config.allow_tf32),
-        mask_scale=mask_scale,
-    )
-    return pl.pallas_call(
-        kernel,
-        grid=geo.grid,
-        in_specs=in_specs,
-        out_specs=out_specs,
-        out_shape=out_shape,
-        compiler_params=compiler_params(config),
-        interpret=interpret,
-        name=name,
-    )(*args)
+def gemm_operands(geo: Geometry, d_scaled_above, w_t_above, ds_carry_above) -> list[Operand]:
+    """The GEMM operands of :func:`backward_kernel` (``gemm=True``) for :func:`launch`: the h
+    and t halves of ``d_scaled_above``'s whole rows, ``w_t_above`` once per half, and
+    ``ds_carry_above`` where present."""
+    whole = (geo.block_b, SQUEEZED, geo.n_pad)
+    wt_h, wt_t = weight_t_specs(geo)
+    return [
+        (d_scaled_above, pl.BlockSpec(whole, lambda i, j: (i, 0, 0))),
+        (d_scaled_above, pl.BlockSpec(whole, lambda i, j: (i, 1, 0))),
+        (w_t_above, wt_h),
+        (w_t_above, wt_t),
+        (ds_carry_above, rows_spec(geo)),
+    ]
 
 
-def _split_backward_outputs(outs, has_z: bool):
-    d_scaled, ds_carry = outs[0], outs[1]
-    dz = outs[2] if has_z else None
-    return d_scaled, ds_carry, dz, outs[-1]
-
-
-def backward_padded(
-    ds: jax.Array,
-    s: jax.Array,
-    pre: jax.Array,
-    z: jax.Array | None,
-    bias2: jax.Array,
-    xproj: jax.Array | None,
-    keep_mask: jax.Array | None,
-    *,
-    g: jax.Array | None = None,
-    keep: float = 1.0,
-    geo: Geometry,
-    config: HighwayConfig = DEFAULT_CONFIG,
-    interpret: bool = False,
-) -> tuple[jax.Array, jax.Array, jax.Array | None, jax.Array]:
-    """Elementwise gate backward of one micro-layer, padded layout: ONE kernel launch.
-
-    Args:
-      ds: [b_pad, n_pad] f32 cotangent of this layer's ``s_new``.
-      s, pre, z, bias2, xproj, keep_mask, keep: as given to :func:`forward_padded`
-        (``pre`` is its output).
-      g: [b_pad, n_pad] f32 added to ``ds`` (cotangent from outside), or None.
-    Returns:
-      d_scaled [b_pad, 2, n_pad] f32: ``da * [z, z]`` (``da`` without z): the input of the
-        state-gradient GEMM and of the deferred dW; also ``d xproj``.
-      ds_carry [b_pad, n_pad] f32: ``(ds + g) * (1 - t)``.
-      dz [b_pad, n_pad] f32 | None: ``sum over halves of da * (pre + xproj)``; None without z.
-      dbias_partial [b_pad // block_b, 2, n_pad] f32: per-batch-block column sums of ``da``
-        (sum over axis 0, after the time loop, for d bias2).
-    """
-    outs = _backward_call(
-        None,
-        ds,
-        g,
-        (s, pre, z, bias2, xproj, keep_mask),
-        keep=keep,
-        geo=geo,
-        config=config,
-        interpret=interpret,
-        name="highway_backward",
-    )
-    return _split_backward_outputs(outs, z is not None)
-
-
-def backward_fused_padded(
-    d_scaled_above: jax.Array,
-    w_t_above: jax.Array,
-    ds_carry_above: jax.Array | None,
-    g: jax.Array | None,
-    s: jax.Array,
-    pre: jax.Array,
-    z: jax.Array | None,
-    bias2: jax.Array,
-    xproj: jax.Array | None,
-    keep_mask: jax.Array | None,
-    *,
-    keep: float = 1.0,
-    geo: Geometry,
-    config: HighwayConfig = DEFAULT_CONFIG,
-    interpret: bool = False,
-) -> tuple[jax.Array, jax.Array, jax.Array | None, jax.Array]:
-    """State-gradient GEMM of the layer above + gate backward of this layer: ONE launch.
-
-    Per column block: ``ds = ds_carry_above + d_scaled_above @ W_above^T (+ g)``, with the
-    GEMM's K loop over both halves of ``w_t_above``, then :func:`backward_padded` with that
-    ``ds``. "Above" is the layer that consumed this layer's output: (t, l + 1), or (t + 1, 0)
-    for the last micro-layer.
-
-    Args:
-      d_scaled_above: [b_pad, 2, n_pad] f32, the layer above's ``d_scaled``.
-      w_t_above: [2, n_pad, n_pad] the layer above's weight in the dot dtype
-        (``geo.pad_weight_t(w, dtype)``); ``d_scaled_above`` is cast to it for the dot.
-      ds_carry_above: [b_pad, n_pad] f32, the layer above's ``ds_carry``, or None (zero).
-      g, s, pre, z, bias2, xproj, keep_mask, keep: as in :func:`backward_padded`.
-    Returns:
-      (d_scaled, ds_carry, dz, dbias_partial) as in :func:`backward_padded`.
-    """
-    outs = _backward_call(
-        (d_scaled_above, w_t_above, ds_carry_above),
-        None,
-        g,
-        (s, pre, z, bias2, xproj, keep_mask),
-        keep=keep,
-        geo=geo,
-        config=config,
-        interpret=interpret,
-        name="highway_backward_fused",
-    )
-    return _split_backward_outputs(outs, z is not None)
+def check_gemm_operands(geo: Geometry, d_scaled_above, w_t_above, ds_carry_above) -> None:
+    """One-line checks of the GEMM operands (:func:`gemm_operands`)."""
+    rows, rows2 = (geo.b_pad, geo.n_pad), (geo.b_pad, 2, geo.n_pad)
+    check_operand("d_scaled_above", d_scaled_above, rows2, (F32,))
+    check_operand("w_t_above", w_t_above, (2, geo.n_pad, geo.n_pad))
+    check_operand("ds_carry_above", ds_carry_above, rows, (F32,))
 
 
 def state_grad_padded(
@@ -354,19 +173,29 @@ def state_grad_padded(
     config: HighwayConfig = DEFAULT_CONFIG,
     interpret: bool = False,
 ) -> jax.Array:
-    """``ds_carry + d_scaled @ W^T (+ g)`` [b_pad, n_pad] f32, one kernel (the GEMM part of
-    :func:`backward_fused_padded` alone, e.g. for the gradient of the initial state)."""
-    (ds,) = _backward_call(
-        (d_scaled, w_t, ds_carry),
-        None,
-        g,
-        None,
-        keep=1.0,
-        geo=geo,
-        config=config,
-        interpret=interpret,
+    """``ds_carry + d_scaled @ W^T (+ g)`` [b_pad, n_pad] f32: the state-gradient GEMM of the
+    layer above alone, ONE kernel (e.g. for the gradient of the initial state).
+
+    Args:
+      d_scaled: [b_pad, 2, n_pad] f32, the layer above's ``d_scaled``.
+      w_t: [2, n_pad, n_pad] that layer's weight in the dot dtype (``geo.pad_weight_t``).
+      ds_carry: [b_pad, n_pad] f32, that layer's ``ds_carry``, or None (zero).
+      g: [b_pad, n_pad] f32 added (a cotangent from outside), or None.
+    """
+    check_gemm_operands(geo, d_scaled, w_t, ds_carry)
+    config.validate(w_t.dtype)
+    check_operand("g", g, (geo.b_pad, geo.n_pad), (F32,))
+    has = OptionalOperands(g=g is not None, ds_carry_above=ds_carry is not None)
+    kernel = functools.partial(
+        backward_kernel, has=has, gemm=True, elementwise=False,
+        **kernel_params(geo, config, w_t.dtype, None, 1.0),
+    )  # fmt: skip
+    operands = [*gemm_operands(geo, d_scaled, w_t, ds_carry), (g, rows_spec(geo))]
+    outputs = [(jax.ShapeDtypeStruct((geo.b_pad, geo.n_pad), F32), rows_spec(geo))]
+    (ds,) = launch(
+        kernel, operands, outputs, geo=geo, config=config, interpret=interpret,
         name="highway_state_grad",
-    )
+    )  # fmt: skip
     return ds
 
 

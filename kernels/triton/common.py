@@ -1,7 +1,8 @@
-"""Pieces shared by the highway kernel families (forward, backward, stacked).
+"""Pieces shared by the Triton kernel families (forward, backward, stacked).
 
-Triton launch parameters and dot precision, one-line operand checks, the in-kernel gate math
-and K loop, the pure-``jax.numpy`` helpers of the references, and
+Triton launch parameters and dot precision, one-line operand checks, the BlockSpecs of the
+padded layout and THE ``pallas_call`` of every kernel (:func:`launch`), the in-kernel gate
+math and K loop, the pure-``jax.numpy`` helpers of the references, and
 :func:`cuda_lowering_device` (trace and lower the Triton kernels for CUDA without a GPU).
 
 The Triton backend is selected explicitly by passing
@@ -12,12 +13,15 @@ versions lower GPU ``pallas_call`` through Mosaic GPU, which cannot lower these 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
+from rhhjax.kernels.hardware import H100
+from rhhjax.kernels.layout import F32, Geometry
 from rhhjax.kernels.triton.config import HighwayConfig
 
 # The Triton compiler-params class was called `TritonCompilerParams` in older JAX versions.
@@ -25,8 +29,9 @@ TritonCompilerParams = getattr(plgpu, "CompilerParams", None) or plgpu.TritonCom
 # A squeezed block dimension: `pl.squeezed` in newer JAX, `None` in older ones.
 SQUEEZED = getattr(pl, "squeezed", None)
 
-F32 = jnp.float32
 MASK_DTYPES = (jnp.int8,)  # keep decisions 0/1, scaled by 1/keep in the kernels
+
+__all__ = ["F32"]  # re-exported for the kernel modules
 
 
 def compiler_params(config: HighwayConfig):
@@ -59,6 +64,96 @@ def dropout_scale(keep_mask: jax.Array | None, keep: float) -> float:
     if not 0.0 < keep <= 1.0:
         raise ValueError(f"keep must be in (0, 1] with an int8 keep_mask, got {keep}.")
     return 1.0 / keep
+
+
+def kernel_params(geo: Geometry, config: HighwayConfig, dot_dtype, keep_mask, keep) -> dict:
+    """The static keyword arguments of a kernel body: the K chunk, the dot precision of
+    ``dot_dtype`` weights and the dropout scale of ``keep_mask`` (None: no mask)."""
+    return dict(
+        block_k=geo.block_k,
+        precision=dot_precision(dot_dtype, config.allow_tf32),
+        mask_scale=dropout_scale(keep_mask, keep),
+    )
+
+
+# --- BlockSpecs of the padded layout and the one pallas_call --------------------------------------
+
+# (array or None, its BlockSpec[, the output it is aliased to]); None: an absent operand.
+Operand = tuple
+
+
+def lead_spec(lead: tuple[int, ...], block: tuple, index) -> pl.BlockSpec:
+    """BlockSpec keeping the leading dims ``lead`` whole; ``index(i, j)`` the trailing ones."""
+    zeros = (0,) * len(lead)
+    return pl.BlockSpec((*lead, *block), lambda i, j: (*zeros, *index(i, j)))
+
+
+def rows_spec(geo: Geometry, lead: tuple[int, ...] = ()) -> pl.BlockSpec:
+    """Program (i, j)'s [block_b, block_n] tile of a [*lead, b_pad, n_pad] array."""
+    return lead_spec(lead, (geo.block_b, geo.block_n), lambda i, j: (i, j))
+
+
+def halves_spec(geo: Geometry, lead: tuple[int, ...] = ()) -> pl.BlockSpec:
+    """Program (i, j)'s [block_b, 2, block_n] tile (both halves) of [*lead, b_pad, 2, n_pad]."""
+    return lead_spec(lead, (geo.block_b, 2, geo.block_n), lambda i, j: (i, 0, j))
+
+
+def whole_rows_spec(geo: Geometry) -> pl.BlockSpec:
+    """Program (i, j)'s whole rows [block_b, n_pad] of [b_pad, n_pad] (a K operand)."""
+    return pl.BlockSpec((geo.block_b, geo.n_pad), lambda i, j: (i, 0))
+
+
+def bias_spec(geo: Geometry) -> pl.BlockSpec:
+    """Column block j [2, block_n] of a bias [2, n_pad]."""
+    return pl.BlockSpec((2, geo.block_n), lambda i, j: (0, j))
+
+
+def weight_specs(geo: Geometry) -> tuple[pl.BlockSpec, pl.BlockSpec]:
+    """The h and the t column block j [n_pad, block_n] of ``w3`` [n_pad, 2, n_pad] (``w3`` is
+    passed twice, once per half)."""
+    shape = (geo.n_pad, SQUEEZED, geo.block_n)
+    return (
+        pl.BlockSpec(shape, lambda i, j: (0, 0, j)),
+        pl.BlockSpec(shape, lambda i, j: (0, 1, j)),
+    )
+
+
+def weight_t_specs(geo: Geometry) -> tuple[pl.BlockSpec, pl.BlockSpec]:
+    """Column block j [n_pad, block_n] of the h and the t half of ``w_t`` [2, n_pad, n_pad]
+    (``w_t`` is passed twice, once per half)."""
+    shape = (SQUEEZED, geo.n_pad, geo.block_n)
+    return (
+        pl.BlockSpec(shape, lambda i, j: (0, 0, j)),
+        pl.BlockSpec(shape, lambda i, j: (1, 0, j)),
+    )
+
+
+def launch(
+    kernel: Callable,
+    operands: Sequence[Operand],
+    outputs: Sequence[tuple[jax.ShapeDtypeStruct, pl.BlockSpec]],
+    *,
+    geo: Geometry,
+    config: HighwayConfig,
+    interpret: bool,
+    name: str,
+) -> list[jax.Array]:
+    """ONE ``pallas_call`` of ``kernel`` on ``geo.grid`` with ``config``'s Triton launch
+    parameters: the present operands in order (absent ones, None, are left out, so the kernel
+    gets only the refs it was told of), an aliased operand updated in place as its output."""
+    present = [op for op in operands if op[0] is not None]
+    aliases = {position: op[2] for position, op in enumerate(present) if len(op) > 2}
+    return pl.pallas_call(
+        kernel,
+        grid=geo.grid,
+        in_specs=[op[1] for op in present],
+        out_specs=[spec for _, spec in outputs],
+        out_shape=[shape for shape, _ in outputs],
+        input_output_aliases=aliases,
+        compiler_params=compiler_params(config),
+        interpret=interpret,
+        name=name,
+    )(*[op[0] for op in present])
 
 
 # --- in-kernel helpers (run inside a kernel body) -------------------------------------------------
@@ -145,7 +240,7 @@ def reference_preactivation(u, z, bias2):
 # --- CUDA lowering without a GPU ------------------------------------------------------------------
 
 
-def cuda_lowering_device(device_kind: str = "NVIDIA H100 80GB HBM3", num_cores: int = 132):
+def cuda_lowering_device(device_kind: str = H100.device_kind, num_cores: int = H100.sms):
     """Context naming a GPU as the abstract device, to trace AND lower Triton kernels for
     CUDA on a host without a GPU (``jit(f).trace(...).lower(lowering_platforms=("cuda",))``).
 

@@ -4,7 +4,8 @@
 ``a = u * [z, z] + bias``, ``h = tanh(a_h)``, ``t = sigmoid(a_t)``,
 ``s_new = h * (t * mask) + s * (1 - t)``: ONE kernel launch per micro-layer.
 The stacked variant (on whole-sequence arrays) is
-:func:`rhhjax.kernels.triton.stacked.forward_stacked`.
+:func:`rhhjax.kernels.triton.stacked.forward_stacked`; both launch :func:`forward_kernel` on
+the operands of :func:`forward_operands`.
 """
 
 from __future__ import annotations
@@ -14,25 +15,30 @@ import functools
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
+from rhhjax.kernels.layout import Geometry
 from rhhjax.kernels.triton.common import (
     F32,
     MASK_DTYPES,
-    SQUEEZED,
+    Operand,
     OptionalOperands,
+    bias_spec,
     check_operand,
-    compiler_params,
-    dot_precision,
-    dropout_scale,
     gates_in_kernel,
+    halves_spec,
     k_loop,
+    kernel_params,
+    launch,
     load_mask,
     pop_optional,
     reference_combine,
     reference_dot,
     reference_mask,
     reference_preactivation,
+    rows_spec,
+    weight_specs,
+    whole_rows_spec,
 )
-from rhhjax.kernels.triton.config import DEFAULT_CONFIG, Geometry, HighwayConfig
+from rhhjax.kernels.triton.config import DEFAULT_CONFIG, HighwayConfig
 
 
 def forward_kernel(*refs, has: OptionalOperands, block_k: int, precision, mask_scale: float):
@@ -80,6 +86,40 @@ def forward_kernel(*refs, has: OptionalOperands, block_k: int, precision, mask_s
     pre_ref[:, 1, :] = pre_t
 
 
+def check_forward_operands(
+    geo: Geometry, s, w3, z, bias2, xproj, keep_mask, *, lead=(), xproj_lead=(), names=()
+) -> OptionalOperands:
+    """One-line checks of a forward launch's operands (z and keep_mask with the leading dims
+    ``lead``, xproj with ``xproj_lead``; ``names``: their names in the messages, default
+    z, xproj, keep_mask). Returns which optional operands are present."""
+    z_name, xproj_name, mask_name = names or ("z", "xproj", "keep_mask")
+    rows = (geo.b_pad, geo.n_pad)
+    check_operand("s", s, rows, (F32,))
+    check_operand("w3", w3, (geo.n_pad, 2, geo.n_pad))
+    check_operand(z_name, z, (*lead, *rows), (F32,))
+    check_operand("bias2", bias2, (2, geo.n_pad), (F32,))
+    check_operand(xproj_name, xproj, (*xproj_lead, geo.b_pad, 2, geo.n_pad), (F32,))
+    check_operand(mask_name, keep_mask, (*lead, *rows), MASK_DTYPES)
+    return OptionalOperands(z=z is not None, xproj=xproj is not None, mask=keep_mask is not None)
+
+
+def forward_operands(
+    geo: Geometry, s, w3, z, bias2, xproj, keep_mask, *, lead=(), xproj_lead=()
+) -> list[Operand]:
+    """The operands of :func:`forward_kernel` for :func:`launch`, in its ref order: the
+    state's whole rows, w3 once per half, bias2, then z, xproj, keep_mask where present."""
+    w_h, w_t = weight_specs(geo)
+    return [
+        (s, whole_rows_spec(geo)),
+        (w3, w_h),
+        (w3, w_t),
+        (bias2, bias_spec(geo)),
+        (z, rows_spec(geo, lead)),
+        (xproj, halves_spec(geo, xproj_lead)),
+        (keep_mask, rows_spec(geo, lead)),
+    ]
+
+
 def forward_padded(
     s: jax.Array,
     w3: jax.Array,
@@ -110,48 +150,20 @@ def forward_padded(
       xproj).
     """
     config.validate(w3.dtype)
-    bb, bn, n_pad = geo.block_b, geo.block_n, geo.n_pad
-    rows, rows2 = (geo.b_pad, n_pad), (geo.b_pad, 2, n_pad)
-    check_operand("s", s, rows, (F32,))
-    check_operand("w3", w3, (n_pad, 2, n_pad))
-    check_operand("z", z, rows, (F32,))
-    check_operand("bias2", bias2, (2, n_pad), (F32,))
-    check_operand("xproj", xproj, rows2, (F32,))
-    check_operand("keep_mask", keep_mask, rows, MASK_DTYPES)
-    has = OptionalOperands(z=z is not None, xproj=xproj is not None, mask=keep_mask is not None)
-
-    block_rows = pl.BlockSpec((bb, bn), lambda i, j: (i, j))
-    block_rows2 = pl.BlockSpec((bb, 2, bn), lambda i, j: (i, 0, j))
-    # w3 is passed twice, once per half: the two BlockSpecs pick the h / t column block.
-    args = [s, w3, w3, bias2]
-    in_specs = [
-        pl.BlockSpec((bb, n_pad), lambda i, j: (i, 0)),
-        pl.BlockSpec((n_pad, SQUEEZED, bn), lambda i, j: (0, 0, j)),
-        pl.BlockSpec((n_pad, SQUEEZED, bn), lambda i, j: (0, 1, j)),
-        pl.BlockSpec((2, bn), lambda i, j: (0, j)),
-    ]
-    for x, spec in ((z, block_rows), (xproj, block_rows2), (keep_mask, block_rows)):
-        if x is not None:
-            args.append(x)
-            in_specs.append(spec)
-
+    has = check_forward_operands(geo, s, w3, z, bias2, xproj, keep_mask)
     kernel = functools.partial(
-        forward_kernel,
-        has=has,
-        block_k=geo.block_k,
-        precision=dot_precision(w3.dtype, config.allow_tf32),
-        mask_scale=dropout_scale(keep_mask, keep),
+        forward_kernel, has=has, **kernel_params(geo, config, w3.dtype, keep_mask, keep)
     )
-    s_new, pre = pl.pallas_call(
-        kernel,
-        grid=geo.grid,
-        in_specs=in_specs,
-        out_specs=[block_rows, block_rows2],
-        out_shape=[jax.ShapeDtypeStruct(rows, F32), jax.ShapeDtypeStruct(rows2, F32)],
-        compiler_params=compiler_params(config),
-        interpret=interpret,
+    rows, rows2 = (geo.b_pad, geo.n_pad), (geo.b_pad, 2, geo.n_pad)
+    outputs = [
+        (jax.ShapeDtypeStruct(rows, F32), rows_spec(geo)),
+        (jax.ShapeDtypeStruct(rows2, F32), halves_spec(geo)),
+    ]
+    operands = forward_operands(geo, s, w3, z, bias2, xproj, keep_mask)
+    s_new, pre = launch(
+        kernel, operands, outputs, geo=geo, config=config, interpret=interpret,
         name="highway_forward",
-    )(*args)
+    )  # fmt: skip
     return s_new, pre
 
 

@@ -4,18 +4,19 @@ Inside a `lax.scan` over time, slicing the step's operands out of the stacked sc
 storing the step's outputs into stacked scan outputs costs one XLA launch each (a custom call
 needs materialized operands). These variants take the WHOLE stacked arrays plus the time
 index `t` (a traced int32 scalar, passed to the kernel as a shape-(1,) array) and a static
-`layer`, and read/write the (t, layer) slice inside the kernel. Stacked outputs are passed in
-and aliased to the outputs (`input_output_aliases`): the caller carries them through the
-scan, every call writes its slice in place, and nothing else of the buffer changes.
-The BlockSpecs keep the leading (T, L) dims whole (Triton's power-of-two rule applies to the
-loaded/stored tensors only, not to block shapes: jax/_src/pallas/triton/lowering.py,
+`layer`, and read/write the (t, layer) slice inside the kernel, through :class:`View`
+(:class:`Value` lets a computed value stand where a kernel body reads a ref). Stacked outputs
+are passed in and aliased to the outputs (`input_output_aliases`): the caller carries them
+through the scan, every call writes its slice in place, and nothing else of the buffer
+changes. The BlockSpecs keep the leading (T, L) dims whole (Triton's power-of-two rule applies
+to the loaded/stored tensors only, not to block shapes: jax/_src/pallas/triton/lowering.py,
 `_check_tensor_size` on the indexer shape).
 
 :func:`forward_stacked` is :func:`rhhjax.kernels.triton.forward.forward_padded` and
-:func:`backward_fused_stacked` is :func:`rhhjax.kernels.triton.backward.backward_fused_padded`
-on the (t, layer) slices (the same kernel bodies, seen through
-:mod:`rhhjax.kernels.triton.stacked_views`); their references are the padded kernels on sliced
-operands.
+:func:`backward_fused_stacked` the state-gradient GEMM of the layer above fused with this
+layer's gate backward (:func:`rhhjax.kernels.triton.backward.backward_kernel`) on the
+(t, layer) slices: the same kernel bodies; their references are the padded references on
+sliced operands.
 """
 
 from __future__ import annotations
@@ -25,21 +26,91 @@ import functools
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
+from rhhjax.kernels.layout import Geometry
 from rhhjax.kernels.triton.backward import backward_kernel, state_grad_in_kernel
 from rhhjax.kernels.triton.common import (
     F32,
     MASK_DTYPES,
     SQUEEZED,
     OptionalOperands,
+    bias_spec,
     check_operand,
-    compiler_params,
-    dot_precision,
-    dropout_scale,
+    halves_spec,
+    kernel_params,
+    launch,
+    lead_spec,
     pop_optional,
+    rows_spec,
+    weight_t_specs,
 )
-from rhhjax.kernels.triton.config import DEFAULT_CONFIG, Geometry, HighwayConfig
-from rhhjax.kernels.triton.forward import forward_kernel
-from rhhjax.kernels.triton.stacked_views import FREE, Value, View, check_time, lead_spec, time_spec
+from rhhjax.kernels.triton.config import DEFAULT_CONFIG, HighwayConfig
+from rhhjax.kernels.triton.forward import check_forward_operands, forward_kernel, forward_operands
+
+FREE = object()  # a free position of a `View` template
+
+
+class View:
+    """A kernel ref seen at fixed indices: ``template`` holds one entry per ref axis, a fixed
+    index (int or traced scalar) or ``FREE``; the view's axes are the free ones, in order.
+    ``shift`` adds an offset to integer indices of a view axis (e.g. the halves of ``pre``
+    stored after the input state in ``packed``). With ``acc_from`` (a ref of the same block),
+    a store adds the value read from ``acc_from`` at the same place (in-place accumulation).
+    """
+
+    def __init__(self, ref, template, shift=None, acc_from=None):
+        self.ref, self.template, self.shift, self.acc_from = ref, template, shift or {}, acc_from
+        free = [d for d, x in zip(ref.shape, template, strict=True) if x is FREE]
+        for axis, offset in self.shift.items():
+            free[axis] -= offset
+        self.shape = tuple(free)
+        self.dtype = ref.dtype
+
+    def _index(self, idx):
+        if idx is Ellipsis:
+            idx = ()
+        elif not isinstance(idx, tuple):
+            idx = (idx,)
+        idx = list(idx) + [slice(None)] * (len(self.shape) - len(idx))
+        for axis, offset in self.shift.items():
+            if not isinstance(idx[axis], int):
+                raise NotImplementedError("a shifted view axis takes integer indices only")
+            idx[axis] += offset
+        it = iter(idx)
+        return tuple(next(it) if x is FREE else x for x in self.template)
+
+    def __getitem__(self, idx):
+        return self.ref[self._index(idx)]
+
+    def __setitem__(self, idx, value):
+        full = self._index(idx)
+        if self.acc_from is not None:
+            value = self.acc_from[full] + value
+        self.ref[full] = value
+
+
+def time_spec():
+    """BlockSpec of the time index ``t`` (a shape-(1,) int32 array), the same for every program."""
+    return pl.BlockSpec((1,), lambda i, j: (0,))
+
+
+def check_time(t: jax.Array) -> jax.Array:
+    """An integer scalar (or shape-(1,)) time index as the kernels' int32 [1] operand."""
+    t = jnp.asarray(t)
+    if t.shape not in ((), (1,)) or not jnp.issubdtype(t.dtype, jnp.integer):
+        raise ValueError(f"t must be an integer scalar, got {t.dtype} {t.shape}.")
+    return t.astype(jnp.int32).reshape(1)
+
+
+class Value:
+    """A computed value posing as a ref for ``ref[...]`` (the state gradient of the GEMM)."""
+
+    def __init__(self, value):
+        self.value = value
+
+    def __getitem__(self, idx):
+        if idx is not Ellipsis:
+            raise NotImplementedError("Value supports [...] only")
+        return self.value
 
 
 def _forward_stacked_kernel(t_ref, *refs, has: OptionalOperands, layer: int, **kernel_kw):
@@ -108,63 +179,37 @@ def forward_stacked(
       input state and ``pre = s @ w`` of :func:`forward_padded`), every other entry unchanged.
     """
     config.validate(w3.dtype)
-    bb, bn, n_pad, b_pad = geo.block_b, geo.block_n, geo.n_pad, geo.b_pad
-    rows = (b_pad, n_pad)
     if packed_all.ndim != 5:
         raise ValueError(f"packed_all must be [T, L, b_pad, 3, n_pad], got {packed_all.shape}.")
     steps, depth = packed_all.shape[:2]
     if not 0 <= layer < depth:
         raise ValueError(f"layer must be in [0, {depth}), got {layer}.")
-    check_operand("packed_all", packed_all, (steps, depth, b_pad, 3, n_pad), (F32,))
-    check_operand("s", s, rows, (F32,))
-    check_operand("w3", w3, (n_pad, 2, n_pad))
-    check_operand("z_all", z_all, (steps, depth, *rows), (F32,))
-    check_operand("bias2", bias2, (2, n_pad), (F32,))
-    check_operand("xproj_all", xproj_all, (steps, b_pad, 2, n_pad), (F32,))
-    check_operand("keep_all", keep_all, (steps, depth, *rows), MASK_DTYPES)
-    has = OptionalOperands(
-        z=z_all is not None, xproj=xproj_all is not None, mask=keep_all is not None
+    tl, packed_block = (steps, depth), (geo.block_b, 3, geo.block_n)
+    check_operand("packed_all", packed_all, (*tl, geo.b_pad, 3, geo.n_pad), (F32,))
+    names = ("z_all", "xproj_all", "keep_all")
+    has = check_forward_operands(
+        geo, s, w3, z_all, bias2, xproj_all, keep_all, lead=tl, xproj_lead=(steps,), names=names
     )
-    tl = (steps, depth)
-    args = [check_time(t), s, w3, w3, bias2]
-    in_specs = [
-        time_spec(),
-        pl.BlockSpec((bb, n_pad), lambda i, j: (i, 0)),
-        pl.BlockSpec((n_pad, SQUEEZED, bn), lambda i, j: (0, 0, j)),
-        pl.BlockSpec((n_pad, SQUEEZED, bn), lambda i, j: (0, 1, j)),
-        pl.BlockSpec((2, bn), lambda i, j: (0, j)),
-    ]
-    rows_spec = lead_spec(tl, (bb, bn), lambda i, j: (i, j))
-    for x, spec in (
-        (z_all, rows_spec),
-        (xproj_all, lead_spec((steps,), (bb, 2, bn), lambda i, j: (i, 0, j))),
-        (keep_all, rows_spec),
-    ):
-        if x is not None:
-            args.append(x)
-            in_specs.append(spec)
-    packed_spec = lead_spec(tl, (bb, 3, bn), lambda i, j: (i, 0, j))
-    args.append(packed_all)
-    in_specs.append(packed_spec)
     kernel = functools.partial(
-        _forward_stacked_kernel,
-        has=has,
-        layer=layer,
-        block_k=geo.block_k,
-        precision=dot_precision(w3.dtype, config.allow_tf32),
-        mask_scale=dropout_scale(keep_all, keep),
-    )
-    s_new, packed_all = pl.pallas_call(
-        kernel,
-        grid=geo.grid,
-        in_specs=in_specs,
-        out_specs=[pl.BlockSpec((bb, bn), lambda i, j: (i, j)), packed_spec],
-        out_shape=[jax.ShapeDtypeStruct(rows, F32), jax.ShapeDtypeStruct(packed_all.shape, F32)],
-        input_output_aliases={len(args) - 1: 1},
-        compiler_params=compiler_params(config),
-        interpret=interpret,
+        _forward_stacked_kernel, has=has, layer=layer,
+        **kernel_params(geo, config, w3.dtype, keep_all, keep),
+    )  # fmt: skip
+    packed_spec = lead_spec(tl, packed_block, lambda i, j: (i, 0, j))
+    operands = [
+        (check_time(t), time_spec()),
+        *forward_operands(
+            geo, s, w3, z_all, bias2, xproj_all, keep_all, lead=tl, xproj_lead=(steps,)
+        ),
+        (packed_all, packed_spec, 1),
+    ]
+    outputs = [
+        (jax.ShapeDtypeStruct((geo.b_pad, geo.n_pad), F32), rows_spec(geo)),
+        (jax.ShapeDtypeStruct(packed_all.shape, F32), packed_spec),
+    ]
+    s_new, packed_all = launch(
+        kernel, operands, outputs, geo=geo, config=config, interpret=interpret,
         name="highway_forward_stacked",
-    )(*args)
+    )  # fmt: skip
     return s_new, packed_all
 
 
@@ -287,8 +332,8 @@ def backward_fused_stacked(
         )
     if (z_all is None) != (dz_all is None):
         raise ValueError("dz_all must be given exactly when z_all is.")
-    bb, bn, n_pad, b_pad = geo.block_b, geo.block_n, geo.n_pad, geo.b_pad
-    rows, tl = (b_pad, n_pad), (steps, depth)
+    rows, tl = (geo.b_pad, geo.n_pad), (steps, depth)
+    b_pad, n_pad = rows
     config.validate(w_t_above.dtype)
     check_operand("d_scaled_all", d_scaled_all, (*tl, b_pad, 2, n_pad), (F32,))
     check_operand("w_t_above", w_t_above, (2, n_pad, n_pad))
@@ -308,62 +353,38 @@ def backward_fused_stacked(
         g=g_all is not None,
         ds_carry_above=ds_carry_above is not None,
     )
-    block_rows = pl.BlockSpec((bb, bn), lambda i, j: (i, j))
-    rows_spec = lead_spec(tl, (bb, bn), lambda i, j: (i, j))
-    d_out_spec = lead_spec(tl, (bb, 2, bn), lambda i, j: (i, 0, j))
-    dbias_spec = pl.BlockSpec((depth, SQUEEZED, 2, bn), lambda i, j: (0, i, 0, j))
-    args = [check_time(t), d_scaled_all, w_t_above, w_t_above]
-    in_specs = [
-        time_spec(),
-        lead_spec(tl, (bb, 2, n_pad), lambda i, j: (i, 0, 0)),
-        pl.BlockSpec((SQUEEZED, n_pad, bn), lambda i, j: (0, 0, j)),
-        pl.BlockSpec((SQUEEZED, n_pad, bn), lambda i, j: (1, 0, j)),
-    ]
-    optional = (
-        (ds_carry_above, block_rows),
-        (g_all, rows_spec),
-        (packed_all, lead_spec(tl, (bb, 3, bn), lambda i, j: (i, 0, j))),
-        (bias2, pl.BlockSpec((2, bn), lambda i, j: (0, j))),
-        (z_all, rows_spec),
-        (xproj_all, lead_spec((steps,), (bb, 2, bn), lambda i, j: (i, 0, j))),
-        (keep_all, rows_spec),
-        (dz_all, rows_spec),
-        (dbias_acc, dbias_spec),
-    )
-    for x, spec in optional:
-        if x is not None:
-            args.append(x)
-            in_specs.append(spec)
-    out_specs = [d_out_spec, block_rows]
-    out_shape = [jax.ShapeDtypeStruct(d_scaled_all.shape, F32), jax.ShapeDtypeStruct(rows, F32)]
-    aliases = {1: 0}
-    if dz_all is not None:
-        out_specs.append(rows_spec)
-        out_shape.append(jax.ShapeDtypeStruct(dz_all.shape, F32))
-        aliases[len(args) - 2] = 2
-    out_specs.append(dbias_spec)
-    out_shape.append(jax.ShapeDtypeStruct(dbias_acc.shape, F32))
-    aliases[len(args) - 1] = len(out_shape) - 1
     kernel = functools.partial(
-        _backward_stacked_kernel,
-        has=has,
-        layer=layer,
-        steps=steps,
-        depth=depth,
-        block_k=geo.block_k,
-        precision=dot_precision(w_t_above.dtype, config.allow_tf32),
-        mask_scale=dropout_scale(keep_all, keep),
-    )
-    outs = pl.pallas_call(
-        kernel,
-        grid=geo.grid,
-        in_specs=in_specs,
-        out_specs=out_specs,
-        out_shape=out_shape,
-        input_output_aliases=aliases,
-        compiler_params=compiler_params(config),
-        interpret=interpret,
+        _backward_stacked_kernel, has=has, layer=layer, steps=steps, depth=depth,
+        **kernel_params(geo, config, w_t_above.dtype, keep_all, keep),
+    )  # fmt: skip
+    bb, bn = geo.block_b, geo.block_n
+    dbias_spec = pl.BlockSpec((depth, SQUEEZED, 2, bn), lambda i, j: (0, i, 0, j))
+    wt_h, wt_t = weight_t_specs(geo)
+    outputs = [
+        (jax.ShapeDtypeStruct(d_scaled_all.shape, F32), halves_spec(geo, tl)),
+        (jax.ShapeDtypeStruct(rows, F32), rows_spec(geo)),
+    ]
+    if dz_all is not None:
+        outputs.append((jax.ShapeDtypeStruct(dz_all.shape, F32), rows_spec(geo, tl)))
+    outputs.append((jax.ShapeDtypeStruct(dbias_acc.shape, F32), dbias_spec))
+    operands = [
+        (check_time(t), time_spec()),
+        (d_scaled_all, lead_spec(tl, (bb, 2, n_pad), lambda i, j: (i, 0, 0)), 0),
+        (w_t_above, wt_h),
+        (w_t_above, wt_t),
+        (ds_carry_above, rows_spec(geo)),
+        (g_all, rows_spec(geo, tl)),
+        (packed_all, lead_spec(tl, (bb, 3, bn), lambda i, j: (i, 0, j))),
+        (bias2, bias_spec(geo)),
+        (z_all, rows_spec(geo, tl)),
+        (xproj_all, halves_spec(geo, (steps,))),
+        (keep_all, rows_spec(geo, tl)),
+        (dz_all, rows_spec(geo, tl), 2),
+        (dbias_acc, dbias_spec, len(outputs) - 1),
+    ]
+    outs = launch(
+        kernel, operands, outputs, geo=geo, config=config, interpret=interpret,
         name="highway_backward_fused_stacked",
-    )(*args)
+    )  # fmt: skip
     dz = outs[2] if dz_all is not None else None
     return outs[0], outs[1], dz, outs[-1]
