@@ -1,4 +1,4 @@
-"""The GPU compile report's command line (benchmarks/gpu_report.py, rhhjax/tools/hlo_compile.py).
+"""The GPU compile report's command line (benchmarks/gpu_report.py, rhhjax/hlo/deviceless.py).
 
 The argument tests run everywhere. The tests marked
 ``gpu_compile`` compile the Pallas kernels for an H100 without a GPU; they need the JAX CUDA
@@ -16,7 +16,7 @@ import pytest
 from benchmark_scripts import BENCH, load
 from hlo_cases import HIDDEN, HLO, SEQ
 
-from rhhjax.hlo import deviceless as hlo_compile
+from rhhjax.hlo import deviceless
 
 report = load("gpu_report")
 compare_reports = load("gpu_report_compare")
@@ -80,7 +80,7 @@ def test_table_has_one_row_per_config():
 
 # ----------------------------------------------------------------------------- H100 compile
 
-_PLUGIN, _WHY = hlo_compile.cuda_plugin_available()
+_PLUGIN, _WHY = deviceless.cuda_plugin_available()
 needs_cuda = pytest.mark.skipif(not _PLUGIN, reason=f"no JAX CUDA plugin here: {_WHY}")
 
 

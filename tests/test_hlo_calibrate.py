@@ -1,4 +1,4 @@
-"""The calibrated cost model (rhhjax/tools/hlo_calibrate.py): the geometry of a launch, the
+"""The calibrated cost model (rhhjax/hlo/calibrate.py): the geometry of a launch, the
 non-negative fit, leave-one-out, and the committed H100 calibration refitted from its rows."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The compile report's stated cost model and summary (rhhjax/tools/hlo_cost.py)."""
+"""The compile report's stated cost model and summary (rhhjax/hlo/cost.py)."""
 
 from __future__ import annotations
 

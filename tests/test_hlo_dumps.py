@@ -1,5 +1,5 @@
 # ruff: noqa: E501  (the dump fixtures below are real-length lines)
-"""XLA's compile dumps read back (rhhjax/tools/hlo_dumps.py): ptxas reports, XLA's spill
+"""XLA's compile dumps read back (rhhjax/hlo/dumps.py): ptxas reports, XLA's spill
 warnings, the thunk sequence."""
 
 from __future__ import annotations

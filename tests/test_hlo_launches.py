@@ -1,5 +1,5 @@
 # ruff: noqa: E501  (the HLO fixtures below are real-length HLO lines)
-"""The HLO launch accounting (rhhjax/tools/hlo_launches.py, hlo_parse.py), on HLO text written
+"""The HLO launch accounting (rhhjax/hlo/launches.py), on HLO text written
 here: pure Python, runs everywhere."""
 
 from __future__ import annotations
@@ -19,38 +19,6 @@ def comps():
 
 def _loops(comps):
     return {lp.name: lp for lp in hl.classify_loops(hl.find_loops(comps), SEQ, HIDDEN)}
-
-
-# ----------------------------------------------------------------------------- parsing
-
-
-def test_shape_bytes_sums_tuples_and_dtypes():
-    assert hl.shape_bytes("f32[2,3]{1,0}") == 24
-    assert hl.shape_bytes("(f32[2,3]{1,0}, bf16[4]{0}, pred[5], s32[])") == 24 + 8 + 5 + 4
-    assert hl.array_shapes("(s32[], f32[3,4,64]{2,1,0})") == [("s32", ()), ("f32", (3, 4, 64))]
-
-
-def test_parse_instr_reads_shape_opcode_operands_and_comments():
-    line = (
-        "  ROOT %t = (s32[], /*index=1*/f32[4,8]{1,0}) tuple(%a, /*index=1*/%b), "
-        'metadata={op_name="x"}'
-    )
-    instr = hl.parse_instr(line)
-    assert (instr.name, instr.opcode, instr.operands, instr.is_root) == (
-        "t",
-        "tuple",
-        ["a", "b"],
-        True,
-    )
-    assert hl.array_shapes(instr.shape) == [("s32", ()), ("f32", (4, 8))]
-    const = hl.parse_instr("  %c = s32[] constant(42)")
-    assert const.opcode == "constant" and const.literal == "42" and const.operands == []
-
-
-def test_parse_module_finds_every_computation_and_the_entry(comps):
-    assert hl.entry_name(comps) == "main"
-    assert {"main", "main_fwd_body", "main_bwd_body", "hyper_body", "fused_dus"} <= set(comps)
-    assert comps["main_fwd_body"].root.opcode == "tuple"
 
 
 def test_trip_counts_from_backend_config_and_from_the_condition(comps):

@@ -1,7 +1,7 @@
 """The compile report's cost model calibrated on measured GPU step times.
 
 A step's time is a sum of latency terms, each a fitted coefficient (seconds) times a count
-read from the deviceless compile (``launch_inventory`` of ``hlo_launches``' accounting) and,
+read from the deviceless compile (``launch_inventory`` of ``launches``' accounting) and,
 for Pallas kernels, the row's block settings (``model.kernel``):
 
 * ``launch``: launches per step (in-loop launches x seq_len, plus those outside the loops);
@@ -49,11 +49,14 @@ from pathlib import Path
 import numpy as np
 
 from rhhjax.hlo import launches as hl
+from rhhjax.kernels.hardware import H100
 
 TERMS = ("launch", "k_chain", "sm_k_bytes", "sm_out_bytes", "xla_k_iter")
-SMS = 132
-SMEM_PER_SM = 232448
-THREADS_PER_SM = 2048
+SMS = H100.sms
+# The fitted terms take a block's opt-in shared memory as the SM's (what the rows were fitted
+# with; the SM has 1 KiB more).
+SMEM_PER_SM = H100.smem_per_block_optin
+THREADS_PER_SM = H100.threads_per_sm
 XLA_TILE = (128, 128)  # assumed output tile of an XLA GEMM
 XLA_BLOCK_K = {"bf16": 64, "f32": 32}
 CHOICES = (
@@ -63,7 +66,7 @@ CHOICES = (
     "no two-term set does: best 27%), so the leave-one-out errors do not account for that "
     "choice; TF32 is not a feature (f32 /tf32 rows share the exact-f32 rows' counts)"
 )
-DEFAULT_BLOCKS = (64, 32, 32, 4, 3)  # kernels.highway.HighwayConfig defaults (b/n/k/warps/stages)
+DEFAULT_BLOCKS = (64, 32, 32, 4, 3)  # kernels.triton.HighwayConfig defaults (b/n/k/warps/stages)
 
 
 # ----------------------------------------------------------------------------- features

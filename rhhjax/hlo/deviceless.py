@@ -16,6 +16,7 @@ import tempfile
 import time
 
 from rhhjax.errors import UserError
+from rhhjax.kernels.hardware import H100, Gpu
 
 IMPLS = ("scan", "fused", "pallas")  # the default rows
 # Selectable with --impls but not in the default rows (not measured on a GPU yet).
@@ -24,32 +25,37 @@ DTYPES = ("float32", "bfloat16")
 MODELS = ("rhn", "hyperrhn")
 VOCAB = 50  # PTB characters (configs/ptb.py: model.vocab_size, set from the data)
 
-# H100 SXM 80GB (compute capability 9.0) as XLA's GpuTargetConfigProto text; the figures
-# of NVIDIA's deviceQuery for the card (XLA's own xla/tools/hlo_opt/gpu_specs/h100_sxm).
-H100_TARGET_CONFIG = """\
-gpu_device_info {
-  threads_per_block_limit: 1024
-  threads_per_warp: 32
-  shared_memory_per_block: 49152
-  shared_memory_per_core: 233472
-  threads_per_core_limit: 2048
-  core_count: 132
-  fpus_per_core: 128
+
+def target_config(gpu: Gpu = H100) -> str:
+    """``gpu`` as XLA's GpuTargetConfigProto text (a compile-only topology's device)."""
+    major, minor = gpu.compute_capability
+    return f"""\
+gpu_device_info {{
+  threads_per_block_limit: {gpu.threads_per_block}
+  threads_per_warp: {gpu.threads_per_warp}
+  shared_memory_per_block: {gpu.smem_per_block}
+  shared_memory_per_core: {gpu.smem_per_sm}
+  threads_per_core_limit: {gpu.threads_per_sm}
+  core_count: {gpu.sms}
+  fpus_per_core: {gpu.fpus_per_sm}
   block_dim_limit_x: 2147483647
   block_dim_limit_y: 65535
   block_dim_limit_z: 65535
-  memory_bandwidth: 3352320000000
-  l2_cache_size: 52428800
-  clock_rate_ghz: 1.98
-  device_memory_size: 84978434048
-  shared_memory_per_block_optin: 232448
-  cuda_compute_capability { major: 9 minor: 0 }
-  registers_per_core_limit: 65536
-  registers_per_block_limit: 65536
-}
+  memory_bandwidth: {gpu.hbm_bytes_per_s}
+  l2_cache_size: {gpu.l2_bytes}
+  clock_rate_ghz: {gpu.clock_ghz}
+  device_memory_size: {gpu.hbm_bytes}
+  shared_memory_per_block_optin: {gpu.smem_per_block_optin}
+  cuda_compute_capability {{ major: {major} minor: {minor} }}
+  registers_per_core_limit: {gpu.registers_per_sm}
+  registers_per_block_limit: {gpu.registers_per_block}
+}}
 platform_name: "CUDA"
-device_description_str: "NVIDIA H100 80GB HBM3"
+device_description_str: "{gpu.device_kind}"
 """
+
+
+H100_TARGET_CONFIG = target_config(H100)
 
 
 class ReportError(UserError):

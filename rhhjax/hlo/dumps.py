@@ -14,9 +14,10 @@ import subprocess
 from pathlib import Path
 
 from rhhjax.hlo import launches as hl
+from rhhjax.kernels.hardware import H100
 
-SMEM_PER_BLOCK_OPTIN = 232448  # H100: shared memory a block may opt in to
-REGISTERS_PER_THREAD_MAX = 255
+SMEM_PER_BLOCK_OPTIN = H100.smem_per_block_optin  # shared memory a block may opt in to
+REGISTERS_PER_THREAD_MAX = H100.registers_per_thread
 
 _SPILL_LOG_RE = re.compile(
     r"Registers are spilled to local memory in function '([^']+)',\s*(\d+) bytes spill stores,"

@@ -1,10 +1,10 @@
-"""XLA's optimised GPU HLO text (parsed by ``hlo_parse``): time loops, launches per step, bytes
+"""XLA's optimised GPU HLO text (parsed by ``parse``): time loops, launches per step, bytes
 and FLOPs per launch.
 
 Pure Python (no JAX import), so the parser is tested everywhere on small HLO text
-(``tests/test_tools_hlo_launches.py``). ``benchmarks/gpu_report.py`` feeds it
-``compiled.as_text()`` of the training step compiled for an H100; ``hlo_cost`` summarises
-and predicts from it, ``hlo_calibrate`` fits its measured terms.
+(``tests/test_hlo_launches.py``). ``benchmarks/gpu_report.py`` feeds it
+``compiled.as_text()`` of the training step compiled for an H100; ``cost`` summarises
+and predicts from it, ``calibrate`` fits its measured terms.
 
 Definitions (documented in the report's JSON under ``"definitions"``):
 
@@ -40,7 +40,7 @@ import math
 import re
 from collections.abc import Iterable
 
-# The parser, re-exported: callers use hlo_launches alone.
+# The parser, re-exported: callers use launches alone.
 from rhhjax.hlo.parse import (  # noqa: F401
     DTYPE_BYTES,
     Computation,
