@@ -15,6 +15,7 @@ import sys
 import pytest
 from benchmark_scripts import BENCH, load
 from hlo_cases import HIDDEN, HLO, SEQ
+from kernel_cases import run_deviceless
 
 from rhhjax.hlo import deviceless
 
@@ -163,10 +164,7 @@ except Exception as e:
     print(json.dumps({"compiled": False, "type": type(e).__name__,
                       "error": " ".join(str(e).split())[:500]}))
 """
-    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
-    if run.returncode != 0 or not run.stdout.strip():
-        pytest.fail(f"could not run the overflow probe: {run.stderr[-2000:]}")
-    result = json.loads(run.stdout.strip().splitlines()[-1])
+    result, _ = run_deviceless(code, tmp_path)  # fails where the probe could not run
     assert not result["compiled"]
     assert result["type"] != "KernelConfigError", result
     assert "shared memory" in result["error"].lower(), result["error"]
