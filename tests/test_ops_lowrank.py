@@ -10,10 +10,11 @@ import re
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
 from helpers import assert_trees_close as _assert_trees_close
 from jax.ad_checkpoint import print_saved_residuals
+from ops_cases import config as _config
+from ops_cases import fresh_case, loss_and_grads, loss_fn
 
 from rhhjax import models
 from rhhjax.ops import lowrank
@@ -159,37 +160,9 @@ def _all_eqns(jaxpr):
 # ----------------------------------------------------------------------------- the model
 
 
-def _config(**overrides):
-    base = dict(
-        type="hyperrhn", vocab_size=13, embed_dim=6, hidden=20, hyper_hidden=7, depth=3, keep=0.6,
-        impl="scan",  # the reference
-    )  # fmt: skip
-    base.update(overrides)
-    return models.ModelConfig(**base)
-
-
 def _case(config, seed, batch=5, length=8):
-    model = models.build_model(config)
-    params = models.init_params(model, jax.random.key(seed))
-    tokens = jnp.asarray(
-        np.random.default_rng(seed).integers(0, config.vocab_size, (batch, length))
-    )
-    return model, params, tokens, jax.random.key(seed + 1)
-
-
-def _loss_fn(model):
-    def loss_fn(p, tokens, key):
-        logits, carry = model.apply(
-            {"params": p}, tokens[:, :-1], train=True, rngs={"dropout": key}
-        )
-        loss = optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
-        return loss + 0.01 * sum(jnp.sum(c) for c in jax.tree_util.tree_leaves(carry))
-
-    return loss_fn
-
-
-def _value_and_grad(config, params, tokens, key):
-    return jax.jit(jax.value_and_grad(_loss_fn(models.build_model(config))))(params, tokens, key)
+    """(model, params, tokens, key) of ``config`` (``ops_cases.fresh_case``)."""
+    return models.build_model(config), *fresh_case(config, seed, batch, length)
 
 
 @pytest.mark.parametrize(
@@ -203,17 +176,17 @@ def test_fused_matches_scan_values_and_gradients(rank, dropout, depth, original)
     params = jax.tree_util.tree_map(
         lambda p: p + 0.1 * jax.random.normal(jax.random.key(p.size), p.shape), params
     )
-    expected = _value_and_grad(config, params, tokens, key)
+    expected = loss_and_grads(config, params, tokens, key)
     fused = models.ModelConfig(**{**config.__dict__, "impl": "fused"})
-    _assert_trees_close(_value_and_grad(fused, params, tokens, key), expected, 2e-5)
+    _assert_trees_close(loss_and_grads(fused, params, tokens, key), expected, 2e-5)
 
 
 def test_fused_matches_scan_with_variational_dropout():
     config = _config(hyper_rank=2, dropout="variational", keep_hidden=0.7, keep_input=0.8)
     _, params, tokens, key = _case(config, 4)
-    expected = _value_and_grad(config, params, tokens, key)
+    expected = loss_and_grads(config, params, tokens, key)
     fused = models.ModelConfig(**{**config.__dict__, "impl": "fused"})
-    _assert_trees_close(_value_and_grad(fused, params, tokens, key), expected, 2e-5)
+    _assert_trees_close(loss_and_grads(fused, params, tokens, key), expected, 2e-5)
 
 
 def test_scan_gradients_agree_for_every_op_and_remat_setting():
@@ -222,12 +195,12 @@ def test_scan_gradients_agree_for_every_op_and_remat_setting():
     params = jax.tree_util.tree_map(
         lambda p: p + 0.1 * jax.random.normal(jax.random.key(p.size + 1), p.shape), params
     )
-    expected = _value_and_grad(config, params, tokens, key)  # custom_vjp + remat (default)
+    expected = loss_and_grads(config, params, tokens, key)  # custom_vjp + remat (default)
     for op, remat in (("factored", False), ("custom_vjp", False), ("materialized", True)):
         variant = models.ModelConfig(
             **{**config.__dict__, "lowrank_op": op, "lowrank_remat": remat}
         )
-        actual = _value_and_grad(variant, params, tokens, key)
+        actual = loss_and_grads(variant, params, tokens, key)
         _assert_trees_close(actual, expected, 2e-5)
 
 
@@ -316,7 +289,7 @@ def test_invalid_rank_configs_are_one_line_config_errors(overrides, message):
 
 @pytest.mark.parametrize("impl", ["scan", "fused"])
 def test_saved_memory_barely_grows_with_rank(impl):
-    """Residual bytes of a training loss: rank 4 within 1.3x of rank 1 (the issue's goal),
+    """Residual bytes of a training loss: rank 4 within 1.3x of rank 1 (the goal),
     while u and v alone would be 4x (scan without remat keeps them)."""
 
     def saved(rank, remat=True):
@@ -324,7 +297,7 @@ def test_saved_memory_barely_grows_with_rank(impl):
             hidden=64, hyper_hidden=16, depth=3, hyper_rank=rank, impl=impl, lowrank_remat=remat
         )
         model, params, tokens, key = _case(config, 0, batch=8, length=12)
-        return _saved_bytes(_loss_fn(model), params, tokens, key)
+        return _saved_bytes(loss_fn(model), params, tokens, key)
 
     ratio = saved(4) / saved(1)
     assert ratio <= 1.3, ratio
