@@ -4,6 +4,9 @@ temperature 0.
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import train_cases
 
 from rhhjax.tools import sample
@@ -20,3 +23,10 @@ def test_sample_from_checkpoint(trained):
     # "Thou": characters of Tiny Shakespeare and of the stand-in text used without shared/.
     greedy = sample.run(str(workdir), "Thou", 10, 0.0, seed=1)
     assert greedy == sample.run(str(workdir), "Thou", 10, 0.0, seed=2)  # seed-free
+
+
+def test_sample_help_keeps_its_line_breaks():
+    proc = subprocess.run(
+        [sys.executable, "-m", "rhhjax.tools.sample", "--help"], capture_output=True, text=True
+    )
+    assert "--length=300 \\\n        --temperature=0.8" in proc.stdout, proc.stdout[:600]
