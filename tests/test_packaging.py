@@ -8,11 +8,12 @@ import sys
 
 PROBE = """
 import importlib.util, json
-import rhhjax.kernels.highway, rhhjax.configs.ptb
+import rhhjax.kernels.triton, rhhjax.hlo.deviceless, rhhjax.configs.ptb
 print(json.dumps({
     "kernels_top_level": importlib.util.find_spec("kernels") is not None,
     "configs_top_level": importlib.util.find_spec("configs") is not None,
-    "highway": rhhjax.kernels.highway.__name__,
+    "triton": rhhjax.kernels.triton.__name__,
+    "hlo": rhhjax.hlo.deviceless.__name__,
     "ptb_variants": list(rhhjax.configs.ptb.VARIANTS),
 }))
 """
@@ -34,7 +35,8 @@ def test_installed_namespace_has_kernels_and_configs_and_no_top_level_kernels(tm
     assert found == {
         "kernels_top_level": False,
         "configs_top_level": False,
-        "highway": "rhhjax.kernels.highway",
+        "triton": "rhhjax.kernels.triton",
+        "hlo": "rhhjax.hlo.deviceless",
         "ptb_variants": ["", "rhn", "lstm", "cpu", "tiny"],
     }
 
