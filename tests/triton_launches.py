@@ -40,8 +40,8 @@ def _elementwise(geo: Geometry, s, pre, z, bias2, xproj, keep_mask) -> list[comm
     ]
 
 
-def _gate_backward_call(first, g, elementwise, has, dot_dtype, keep_mask, *, keep, geo,
-                        config, interpret, name) -> Outputs:  # fmt: skip
+def _gate_backward_call(first, g, elementwise, has, dot_dtype, keep_mask, keep, name, *, geo,
+                        config=DEFAULT_CONFIG, interpret=False) -> Outputs:  # fmt: skip
     """ONE launch of the gate backward after ``first`` (the GEMM operands, or ds):
     (d_scaled [b_pad, 2, n_pad], ds_carry, dz | None, dbias_partial [grid_b, 2, n_pad])."""
     rows, rows2 = (geo.b_pad, geo.n_pad), (geo.b_pad, 2, geo.n_pad)
@@ -66,21 +66,11 @@ def _gate_backward_call(first, g, elementwise, has, dot_dtype, keep_mask, *, kee
     return outs[0], outs[1], outs[2] if has.z else None, outs[-1]
 
 
-def backward_padded(
-    ds: jax.Array,
-    s: jax.Array,
-    pre: jax.Array,
-    z: jax.Array | None,
-    bias2: jax.Array,
-    xproj: jax.Array | None,
-    keep_mask: jax.Array | None,
-    *,
-    g: jax.Array | None = None,
-    keep: float = 1.0,
-    geo: Geometry,
-    config: HighwayConfig = DEFAULT_CONFIG,
-    interpret: bool = False,
-) -> Outputs:
+def _config(launch: dict) -> HighwayConfig:
+    return launch.get("config", DEFAULT_CONFIG)
+
+
+def backward_padded(ds, s, pre, z, bias2, xproj, keep_mask, *, g=None, keep=1.0, **launch):
     """Elementwise gate backward of one micro-layer, padded layout: ONE kernel launch.
 
     Args:
@@ -88,51 +78,42 @@ def backward_padded(
       s, pre, z, bias2, xproj, keep_mask, keep: as given to ``forward_padded`` (``pre`` is its
         output).
       g: [b_pad, n_pad] f32 added to ``ds`` (cotangent from outside), or None.
+      launch: ``geo`` and optionally ``config`` and ``interpret``, as the package's launches.
     Returns:
       d_scaled [b_pad, 2, n_pad] f32: ``da * [z, z]`` (``da`` without z); ds_carry [b_pad,
       n_pad] f32: ``(ds + g) * (1 - t)``; dz [b_pad, n_pad] f32 | None; dbias_partial
       [b_pad // block_b, 2, n_pad] f32: per-batch-block column sums of ``da``.
     """
+    geo = launch["geo"]
     rows = (geo.b_pad, geo.n_pad)
     common.check_operand("ds", ds, rows, (F32,))
-    config.validate(None)
+    _config(launch).validate(None)
     common.check_operand("g", g, rows, (F32,))
     elementwise = _elementwise(geo, s, pre, z, bias2, xproj, keep_mask)
     has = common.OptionalOperands(
         g=g is not None, z=z is not None, xproj=xproj is not None, mask=keep_mask is not None
     )
+    first = [(ds, common.rows_spec(geo))]
     return _gate_backward_call(
-        [(ds, common.rows_spec(geo))], g, elementwise, has, None, keep_mask, keep=keep,
-        geo=geo, config=config, interpret=interpret, name="highway_backward",
-    )  # fmt: skip
+        first, g, elementwise, has, None, keep_mask, keep, "highway_backward", **launch
+    )
 
 
-def backward_fused_padded(
-    d_scaled_above: jax.Array,
-    w_t_above: jax.Array,
-    ds_carry_above: jax.Array | None,
-    g: jax.Array | None,
-    s: jax.Array,
-    pre: jax.Array,
-    z: jax.Array | None,
-    bias2: jax.Array,
-    xproj: jax.Array | None,
-    keep_mask: jax.Array | None,
-    *,
-    keep: float = 1.0,
-    geo: Geometry,
-    config: HighwayConfig = DEFAULT_CONFIG,
-    interpret: bool = False,
-) -> Outputs:
+def backward_fused_padded(d_scaled_above, w_t_above, ds_carry_above, g, *elementwise_args,
+                          keep=1.0, **launch):  # fmt: skip
     """State-gradient GEMM of the layer above + gate backward of this layer: ONE launch.
 
     Per column block: ``ds = ds_carry_above + d_scaled_above @ W_above^T (+ g)``, then
-    :func:`backward_padded` with that ``ds``. Operands as in ``state_grad_padded`` (the GEMM)
-    and :func:`backward_padded`; returns what :func:`backward_padded` returns.
+    :func:`backward_padded` with that ``ds``. ``d_scaled_above`` [b_pad, 2, n_pad],
+    ``w_t_above`` [2, n_pad, n_pad] and ``ds_carry_above`` [b_pad, n_pad] | None as in
+    ``state_grad_padded``; ``elementwise_args`` (s, pre, z, bias2, xproj, keep_mask) and the
+    rest as in :func:`backward_padded`, which it returns the outputs of.
     """
+    geo = launch["geo"]
     bwd.check_gemm_operands(geo, d_scaled_above, w_t_above, ds_carry_above)
-    config.validate(w_t_above.dtype)
+    _config(launch).validate(w_t_above.dtype)
     common.check_operand("g", g, (geo.b_pad, geo.n_pad), (F32,))
+    s, pre, z, bias2, xproj, keep_mask = elementwise_args
     elementwise = _elementwise(geo, s, pre, z, bias2, xproj, keep_mask)
     has = common.OptionalOperands(
         g=g is not None, ds_carry_above=ds_carry_above is not None, z=z is not None,
@@ -140,6 +121,6 @@ def backward_fused_padded(
     )  # fmt: skip
     first = bwd.gemm_operands(geo, d_scaled_above, w_t_above, ds_carry_above)
     return _gate_backward_call(
-        first, g, elementwise, has, w_t_above.dtype, keep_mask, keep=keep, geo=geo,
-        config=config, interpret=interpret, name="highway_backward_fused",
+        first, g, elementwise, has, w_t_above.dtype, keep_mask, keep, "highway_backward_fused",
+        **launch,
     )  # fmt: skip

@@ -41,6 +41,16 @@ from rhhjax.kernels.triton.common import (
 from rhhjax.kernels.triton.config import DEFAULT_CONFIG, HighwayConfig
 
 
+def forward_refs(refs, has: OptionalOperands) -> tuple[tuple, list]:
+    """The input refs of :func:`forward_kernel` in its order (s, w_h, w_t, bias, then z, xproj,
+    mask or None where absent) and the refs after them."""
+    refs = list(refs)
+    inputs = refs[:4]
+    del refs[:4]
+    optional = [pop_optional(refs, present) for present in (has.z, has.xproj, has.mask)]
+    return (*inputs, *optional), refs
+
+
 def forward_kernel(*refs, has: OptionalOperands, block_k: int, precision, mask_scale: float):
     """One (batch block i, unit block j) program of the forward.
 
@@ -55,13 +65,10 @@ def forward_kernel(*refs, has: OptionalOperands, block_k: int, precision, mask_s
       s_new_ref  [block_b, block_n]     output
       pre_ref    [block_b, 2, block_n]  output: unscaled s @ w
     """
-    refs = list(refs)
-    s_ref, w_h_ref, w_t_ref, bias_ref = refs[:4]
-    del refs[:4]
-    z_ref = pop_optional(refs, has.z)
-    xproj_ref = pop_optional(refs, has.xproj)
-    mask_ref = pop_optional(refs, has.mask)
-    s_new_ref, pre_ref = refs
+    (s_ref, w_h_ref, w_t_ref, bias_ref, z_ref, xproj_ref, mask_ref), outputs = forward_refs(
+        refs, has
+    )
+    s_new_ref, pre_ref = outputs
 
     block_b, block_n = s_new_ref.shape
     dot_dtype = w_h_ref.dtype

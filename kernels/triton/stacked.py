@@ -44,7 +44,12 @@ from rhhjax.kernels.triton.common import (
     weight_t_specs,
 )
 from rhhjax.kernels.triton.config import DEFAULT_CONFIG, HighwayConfig
-from rhhjax.kernels.triton.forward import check_forward_operands, forward_kernel, forward_operands
+from rhhjax.kernels.triton.forward import (
+    check_forward_operands,
+    forward_kernel,
+    forward_operands,
+    forward_refs,
+)
 
 FREE = object()  # a free position of a `View` template
 
@@ -122,13 +127,10 @@ def _forward_stacked_kernel(t_ref, *refs, has: OptionalOperands, layer: int, **k
     outputs s_new_ref [block_b, block_n], packed_ref [T, L, block_b, 3, block_n].
     """
     t = t_ref[0]
-    refs = list(refs)
-    s_ref, w_h_ref, w_t_ref, bias_ref = refs[:4]
-    del refs[:4]
-    z_ref = pop_optional(refs, has.z)
-    xproj_ref = pop_optional(refs, has.xproj)
-    mask_ref = pop_optional(refs, has.mask)
-    _, s_new_ref, packed_ref = refs
+    (s_ref, w_h_ref, w_t_ref, bias_ref, z_ref, xproj_ref, mask_ref), outputs = forward_refs(
+        refs, has
+    )
+    _, s_new_ref, packed_ref = outputs
     tl4 = (t, layer, FREE, FREE)
     views = [s_ref, w_h_ref, w_t_ref, bias_ref]
     if has.z:
