@@ -115,3 +115,26 @@ def test_the_readme_and_the_docs_name_every_console_command_and_both_routes():
     quick_start = readme.split("## Quick start", 1)[1].split("\n## ", 1)[0]
     assert "python train.py --config=configs/ptb.py:cpu" in quick_start
     assert "rhhjax-train --config=ptb:cpu" in quick_start
+
+
+def test_pyproject_lists_every_package_folder():
+    """A package folder missing from [tool.setuptools] packages is left out of a non-editable
+    install (the checkout's editable install finds it anyway)."""
+    from pathlib import Path
+
+    import pytest
+
+    tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
+    root = Path(__file__).resolve().parents[1]
+    setuptools = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
+    folders = {
+        "rhhjax": root / "rhhjax",
+        **{k: root / v for k, v in setuptools["package-dir"].items()},
+    }
+    found = set()
+    for name, folder in folders.items():
+        for init in folder.rglob("__init__.py"):
+            if "__pycache__" not in init.parts:
+                parts = init.parent.relative_to(folder).parts
+                found.add(".".join((name, *parts)))
+    assert sorted(setuptools["packages"]) == sorted(found)
