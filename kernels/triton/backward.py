@@ -140,7 +140,9 @@ def backward_kernel(
     dbias_ref[1, :] = jnp.sum(da_t, axis=0)
 
 
-def gemm_operands(geo: Geometry, d_scaled_above, w_t_above, ds_carry_above) -> list[Operand]:
+def gemm_operands(
+    geo: Geometry, d_scaled_above: jax.Array, w_t_above: jax.Array, ds_carry_above: jax.Array | None
+) -> list[Operand]:
     """The GEMM operands of :func:`backward_kernel` (``gemm=True``) for :func:`launch`: the h
     and t halves of ``d_scaled_above``'s whole rows, ``w_t_above`` once per half, and
     ``ds_carry_above`` where present."""
@@ -155,7 +157,9 @@ def gemm_operands(geo: Geometry, d_scaled_above, w_t_above, ds_carry_above) -> l
     ]
 
 
-def check_gemm_operands(geo: Geometry, d_scaled_above, w_t_above, ds_carry_above) -> None:
+def check_gemm_operands(
+    geo: Geometry, d_scaled_above: jax.Array, w_t_above: jax.Array, ds_carry_above: jax.Array | None
+) -> None:
     """One-line checks of the GEMM operands (:func:`gemm_operands`)."""
     rows, rows2 = (geo.b_pad, geo.n_pad), (geo.b_pad, 2, geo.n_pad)
     check_operand("d_scaled_above", d_scaled_above, rows2, (F32,))

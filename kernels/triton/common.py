@@ -66,7 +66,9 @@ def dropout_scale(keep_mask: jax.Array | None, keep: float) -> float:
     return 1.0 / keep
 
 
-def kernel_params(geo: Geometry, config: HighwayConfig, dot_dtype, keep_mask, keep) -> dict:
+def kernel_params(
+    geo: Geometry, config: HighwayConfig, dot_dtype, keep_mask: jax.Array | None, keep: float
+) -> dict:
     """The static keyword arguments of a kernel body: the K chunk, the dot precision of
     ``dot_dtype`` weights and the dropout scale of ``keep_mask`` (None: no mask)."""
     return dict(

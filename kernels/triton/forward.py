@@ -11,6 +11,7 @@ the operands of :func:`forward_operands`.
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -41,7 +42,7 @@ from rhhjax.kernels.triton.common import (
 from rhhjax.kernels.triton.config import DEFAULT_CONFIG, HighwayConfig
 
 
-def forward_refs(refs, has: OptionalOperands) -> tuple[tuple, list]:
+def forward_refs(refs: Sequence, has: OptionalOperands) -> tuple[tuple, list]:
     """The input refs of :func:`forward_kernel` in its order (s, w_h, w_t, bias, then z, xproj,
     mask or None where absent) and the refs after them."""
     refs = list(refs)
@@ -94,7 +95,17 @@ def forward_kernel(*refs, has: OptionalOperands, block_k: int, precision, mask_s
 
 
 def check_forward_operands(
-    geo: Geometry, s, w3, z, bias2, xproj, keep_mask, *, lead=(), xproj_lead=(), names=()
+    geo: Geometry,
+    s: jax.Array,
+    w3: jax.Array,
+    z: jax.Array | None,
+    bias2: jax.Array,
+    xproj: jax.Array | None,
+    keep_mask: jax.Array | None,
+    *,
+    lead: tuple[int, ...] = (),
+    xproj_lead: tuple[int, ...] = (),
+    names: tuple[str, ...] = (),
 ) -> OptionalOperands:
     """One-line checks of a forward launch's operands (z and keep_mask with the leading dims
     ``lead``, xproj with ``xproj_lead``; ``names``: their names in the messages, default
@@ -111,7 +122,16 @@ def check_forward_operands(
 
 
 def forward_operands(
-    geo: Geometry, s, w3, z, bias2, xproj, keep_mask, *, lead=(), xproj_lead=()
+    geo: Geometry,
+    s: jax.Array,
+    w3: jax.Array,
+    z: jax.Array | None,
+    bias2: jax.Array,
+    xproj: jax.Array | None,
+    keep_mask: jax.Array | None,
+    *,
+    lead: tuple[int, ...] = (),
+    xproj_lead: tuple[int, ...] = (),
 ) -> list[Operand]:
     """The operands of :func:`forward_kernel` for :func:`launch`, in its ref order: the
     state's whole rows, w3 once per half, bias2, then z, xproj, keep_mask where present."""
