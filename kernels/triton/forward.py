@@ -94,22 +94,18 @@ def forward_kernel(*refs, has: OptionalOperands, block_k: int, precision, mask_s
     pre_ref[:, 1, :] = pre_t
 
 
-def check_forward_operands(
-    geo: Geometry,
-    s: jax.Array,
-    w3: jax.Array,
-    z: jax.Array | None,
-    bias2: jax.Array,
-    xproj: jax.Array | None,
-    keep_mask: jax.Array | None,
-    *,
-    lead: tuple[int, ...] = (),
-    xproj_lead: tuple[int, ...] = (),
-    names: tuple[str, ...] = (),
-) -> OptionalOperands:
-    """One-line checks of a forward launch's operands (z and keep_mask with the leading dims
-    ``lead``, xproj with ``xproj_lead``; ``names``: their names in the messages, default
-    z, xproj, keep_mask). Returns which optional operands are present."""
+def forward_operands(
+    geo: Geometry, *arrays: jax.Array | None, lead: tuple[int, ...] = (),
+    xproj_lead: tuple[int, ...] = (), names: tuple[str, ...] = (),
+) -> tuple[OptionalOperands, list[Operand]]:  # fmt: skip
+    """The operands of :func:`forward_kernel` for :func:`launch`, each checked in one line:
+    (which optional operands are present, the operands in the kernel's ref order: the state's
+    whole rows, w3 once per half, bias2, then z, xproj, keep_mask where present).
+
+    ``arrays``: s, w3, z, bias2, xproj, keep_mask as :func:`forward_padded` takes them, but z
+    and keep_mask with the leading dims ``lead`` ((T, L) when stacked) and xproj with
+    ``xproj_lead``; ``names``: theirs in the messages (default z, xproj, keep_mask)."""
+    s, w3, z, bias2, xproj, keep_mask = arrays
     z_name, xproj_name, mask_name = names or ("z", "xproj", "keep_mask")
     rows = (geo.b_pad, geo.n_pad)
     check_operand("s", s, rows, (F32,))
@@ -118,25 +114,9 @@ def check_forward_operands(
     check_operand("bias2", bias2, (2, geo.n_pad), (F32,))
     check_operand(xproj_name, xproj, (*xproj_lead, geo.b_pad, 2, geo.n_pad), (F32,))
     check_operand(mask_name, keep_mask, (*lead, *rows), MASK_DTYPES)
-    return OptionalOperands(z=z is not None, xproj=xproj is not None, mask=keep_mask is not None)
-
-
-def forward_operands(
-    geo: Geometry,
-    s: jax.Array,
-    w3: jax.Array,
-    z: jax.Array | None,
-    bias2: jax.Array,
-    xproj: jax.Array | None,
-    keep_mask: jax.Array | None,
-    *,
-    lead: tuple[int, ...] = (),
-    xproj_lead: tuple[int, ...] = (),
-) -> list[Operand]:
-    """The operands of :func:`forward_kernel` for :func:`launch`, in its ref order: the
-    state's whole rows, w3 once per half, bias2, then z, xproj, keep_mask where present."""
+    has = OptionalOperands(z=z is not None, xproj=xproj is not None, mask=keep_mask is not None)
     w_h, w_t = weight_specs(geo)
-    return [
+    return has, [
         (s, whole_rows_spec(geo)),
         (w3, w_h),
         (w3, w_t),
@@ -177,7 +157,7 @@ def forward_padded(
       xproj).
     """
     config.validate(w3.dtype)
-    has = check_forward_operands(geo, s, w3, z, bias2, xproj, keep_mask)
+    has, operands = forward_operands(geo, s, w3, z, bias2, xproj, keep_mask)
     kernel = functools.partial(
         forward_kernel, has=has, **kernel_params(geo, config, w3.dtype, keep_mask, keep)
     )
@@ -186,7 +166,6 @@ def forward_padded(
         (jax.ShapeDtypeStruct(rows, F32), rows_spec(geo)),
         (jax.ShapeDtypeStruct(rows2, F32), halves_spec(geo)),
     ]
-    operands = forward_operands(geo, s, w3, z, bias2, xproj, keep_mask)
     s_new, pre = launch(
         kernel, operands, outputs, geo=geo, config=config, interpret=interpret,
         name="highway_forward",

@@ -45,7 +45,6 @@ from rhhjax.kernels.triton.common import (
 )
 from rhhjax.kernels.triton.config import DEFAULT_CONFIG, HighwayConfig
 from rhhjax.kernels.triton.forward import (
-    check_forward_operands,
     forward_kernel,
     forward_operands,
     forward_refs,
@@ -189,21 +188,16 @@ def forward_stacked(
     tl, packed_block = (steps, depth), (geo.block_b, 3, geo.block_n)
     check_operand("packed_all", packed_all, (*tl, geo.b_pad, 3, geo.n_pad), (F32,))
     names = ("z_all", "xproj_all", "keep_all")
-    has = check_forward_operands(
+    has, operands = forward_operands(
         geo, s, w3, z_all, bias2, xproj_all, keep_all, lead=tl, xproj_lead=(steps,), names=names
     )
+    time = check_time(t)
     kernel = functools.partial(
         _forward_stacked_kernel, has=has, layer=layer,
         **kernel_params(geo, config, w3.dtype, keep_all, keep),
     )  # fmt: skip
     packed_spec = lead_spec(tl, packed_block, lambda i, j: (i, 0, j))
-    operands = [
-        (check_time(t), time_spec()),
-        *forward_operands(
-            geo, s, w3, z_all, bias2, xproj_all, keep_all, lead=tl, xproj_lead=(steps,)
-        ),
-        (packed_all, packed_spec, 1),
-    ]
+    operands = [(time, time_spec()), *operands, (packed_all, packed_spec, 1)]
     outputs = [
         (jax.ShapeDtypeStruct((geo.b_pad, geo.n_pad), F32), rows_spec(geo)),
         (jax.ShapeDtypeStruct(packed_all.shape, F32), packed_spec),
