@@ -54,7 +54,7 @@ import numpy as np
 from absl import app, flags
 
 from rhhjax import configs, models
-from rhhjax.tools import hlo_launches as hl
+from rhhjax.hlo import launches as hl
 from rhhjax.train.optim import OptimizerConfig
 from rhhjax.train.step import init_key, make_init, make_train_step, step_inputs
 

@@ -19,7 +19,7 @@ For every impl x dtype x model (``hyperrhn`` once per ``--ranks`` value) it buil
 model and optimizer from ``configs/ptb.py`` (the paper size unless overridden), compiles
 ``rhhjax.train.step.make_train_step`` for a compile-only H100 device
 (``jax.experimental.topologies``, no GPU needed) and reports, from the optimised HLO
-(``rhhjax/tools/hlo_launches.py`` and ``hlo_cost.py`` define every figure):
+(``rhhjax/hlo/launches.py`` and ``cost.py`` define every figure):
 
 * launches per time step in the 100-trip time loops, split hyper/main x forward/backward;
 * in-loop data-movement launches (pad / convert / copy / transpose ...), by name;
@@ -31,10 +31,10 @@ model and optimizer from ``configs/ptb.py`` (the paper size unless overridden), 
   ``--bf16-tflops``, ``--f32-mm-tflops``, ``--f32-simt-tflops``; every one an assumption);
 * ``calibrated_step_ms`` and its ``dominant_term``: the cost model fitted to the measured
   H100 rows (``--calibration``, default ``results/cost_model_h100.json`` from
-  ``benchmarks/cost_model.py``; terms in ``rhhjax/tools/hlo_calibrate.py``).
+  ``benchmarks/cost_model.py``; terms in ``rhhjax/hlo/calibrate.py``).
 
-The work is split: ``rhhjax/tools/hlo_compile.py`` builds and compiles the step,
-``hlo_dumps.py`` reads ptxas and the thunk sequence, ``hlo_launches.py`` / ``hlo_cost.py``
+The work is split: ``rhhjax/hlo/deviceless.py`` builds and compiles the step,
+``dumps.py`` reads ptxas and the thunk sequence, ``launches.py`` / ``cost.py``
 count and predict, this file is the command line and the table.
 
 Configs that the model config rejects (``pallas`` with ``hyper_rank > 0``) are rows with
@@ -57,8 +57,9 @@ import tempfile
 from pathlib import Path
 
 from rhhjax.errors import UserError
-from rhhjax.tools import hlo_calibrate, hlo_cost
-from rhhjax.tools.hlo_compile import (
+from rhhjax.hlo import calibrate as hlo_calibrate
+from rhhjax.hlo import cost as hlo_cost
+from rhhjax.hlo.deviceless import (
     DTYPES,
     IMPL_CHOICES,
     IMPLS,
@@ -73,7 +74,7 @@ from rhhjax.tools.hlo_compile import (
     h100_mesh,
     set_deviceless_env,
 )
-from rhhjax.tools.hlo_dumps import kernel_stats, thunk_check
+from rhhjax.hlo.dumps import kernel_stats, thunk_check
 
 # ----------------------------------------------------------------------------- one row
 
@@ -222,7 +223,7 @@ ASSUMPTIONS = {
     "in-loop launches x seq_len + out-of-loop launches; no overlap between launches, "
     "every byte from HBM (none from L2), peak datasheet rates",
     "flops": "dots / cuBLAS gemms: 2*M*N*K from HLO shapes; Pallas kernels: 2*M*K*N with "
-    "the weight [K, ...] and state [M, K] operands found by shape (hlo_launches.triton_flops); "
+    "the weight [K, ...] and state [M, K] operands found by shape (launches.triton_flops); "
     "elementwise work: 0 FLOPs (bandwidth bound)",
     "rates": "launches with bf16/f16 matmul inputs at bf16_matmul_flops; f32 XLA gemms at "
     "f32_matmul_flops (TF32, XLA's default f32 dot precision); f32 Pallas kernels at "
@@ -427,9 +428,9 @@ def reanalyze(report_json: str, opts: Options, out: str) -> int:
         text = path.read_text()
         row.update(hlo_cost.summarize(text, row["seq_len"], row["hidden"], opts.cost))
         if opts.calibration:  # the kernel blocks are not in the report: the defaults
-            from rhhjax.kernels import highway
+            from rhhjax.kernels import triton
 
-            kernel = highway.HighwayConfig()
+            kernel = triton.HighwayConfig()
             row.update(calibrated(text, row["seq_len"], row["hidden"], kernel, opts.calibration))
     meta = report["meta"]
     meta["cost_model_parameters"] = dataclasses.asdict(opts.cost)

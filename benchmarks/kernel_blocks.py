@@ -22,10 +22,10 @@ from collections.abc import Sequence
 import bench  # benchmarks/bench.py, beside this script: the timed step and the paper sizes
 import jax
 from absl import app, flags
-from rhhjax.kernels import highway
+from rhhjax.kernels import triton
 
 
-def parse_blocks(text: str) -> highway.HighwayConfig:
+def parse_blocks(text: str) -> triton.HighwayConfig:
     """'64/32/32/4/3[/tf32]' -> HighwayConfig(64, 32, 32, 4, 3, allow_tf32)."""
     parts = text.split("/")
     usage = f"--blocks item {text!r}: expected B/N/K/WARPS/STAGES[/tf32] of integers"
@@ -35,10 +35,10 @@ def parse_blocks(text: str) -> highway.HighwayConfig:
         b, n, k, warps, stages = (int(p) for p in parts[:5])
     except ValueError:
         raise app.UsageError(usage) from None
-    return highway.HighwayConfig(b, n, k, warps, stages, allow_tf32=len(parts) == 6)
+    return triton.HighwayConfig(b, n, k, warps, stages, allow_tf32=len(parts) == 6)
 
 
-def time_blocks(model: str, dtype: str, kernel: highway.HighwayConfig, repeats: int) -> dict:
+def time_blocks(model: str, dtype: str, kernel: triton.HighwayConfig, repeats: int) -> dict:
     """One row: the setting, and its median step ms or its error."""
     row = {"model": model, "dtype": dtype, **dataclasses.asdict(kernel)}
     config = dataclasses.replace(

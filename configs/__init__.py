@@ -4,6 +4,7 @@
                        small CPU and smoke variants (``configs/ptb.py:cpu``).
     configs/enwik8.py  the RHN paper's enwik8 recipe (Zilly et al. 2017).
     configs/text8.py   the RHN paper's text8 recipe.
+    configs/hutter.py  the recipe enwik8 and text8 share (not a config file itself).
 
 Programs take ``--config=configs/ptb.py[:variant]`` plus ``--config.<block>.<field>=value``
 overrides. Library code and tests load configs through this package (installed as

@@ -4,36 +4,33 @@ Command (the paper's HyperRHN, 15,262,736 parameters):
 
     python train.py --config=configs/ptb.py --workdir=workdirs/ptb_hyperrhn
 
-Variants, chosen after a colon:
+Run time and expected result: on one H100 a step takes 50.4 ms (float32, ``fused``; 41.7 ms in
+bfloat16), so the paper's ~660 epochs of 199 steps would take about 1.5 hours; the paper
+reports 1.21 validation BPC under its own evaluation protocol (the authors' saved curve
+bottoms out at 1.2275). Not trained to convergence here. On a 2-core CPU a step takes 12.5 to
+29 s (42 to 96 minutes an epoch): use a GPU. Sources: results/README.md#training-step-on-an-h100
+and #the-paper-recipe-cost-on-a-cpu.
 
-    configs/ptb.py           the paper's HyperRHN: depth 7, main 1000, hyper 128, keep 0.65
-                             on the transform gate, embedding 27, Adam 1e-3, batch 256, length
-                             100, L1-norm clipping at 10 as in the paper's code.
-    configs/ptb.py:rhn       the paper's plain RHN baseline (same sizes, Adam 5e-4).
-    configs/ptb.py:lstm      the paper's 2 x 1125 LSTM baseline.
-    configs/ptb.py:cpu       a small HyperRHN (501,752 parameters: depth 3, main 256, hyper
-                             64, no dropout) sized for a 2-core CPU: batch 64 x 100, Adam 2e-3,
-                             12-minute training budget. Measured 2026-11-23 on the project's
-                             quiet 2-core CPU (jax 0.10.2): step 1621 (2.03 epochs), valid
-                             1.7188 / test 1.6730 BPC (windows protocol), 14 min 6 s wall in
-                             total with compilation and final evaluation. Every setting
-                             tried: results/cpu_recipe_tuning.md.
-    configs/ptb.py:tiny      a smoke configuration used by the tests: 6 steps; with PTB,
-                             compilation and the final evaluation on all of PTB's valid and
-                             test, 19.4 s wall on the project's 2-core CPU at load average 2
-                             (jax 0.10.2, 2026-11-24), 48 s measured on a loaded machine.
+Variants, chosen after a colon (what they are; run time and result, same sources):
 
-Cost and expected result of the paper recipe: the paper trained ~660 epochs of 199 steps
-(2-3 days on a GTX 1080 Ti) and reports 1.21 validation BPC under its own evaluation protocol
-(the authors' saved curve bottoms out at 1.2275). Here one step takes 12.5 s on a 2-core CPU
-(`scan`, float32, measured 2026-11-22), about 42 minutes per epoch: use a GPU. This
-implementation has not yet been trained to convergence (see README.md, "Limitations").
+    configs/ptb.py:rhn       the paper's plain RHN baseline (same sizes, Adam 5e-4): 33.5 ms a
+                             step on an H100 (float32, ``fused``).
+    configs/ptb.py:lstm      the paper's 2 x 1125 LSTM baseline: not measured.
+    configs/ptb.py:cpu       a small HyperRHN (501,752 parameters: depth 3, main 256, hyper 64,
+                             no dropout) sized for a 2-core CPU: batch 64 x 100, Adam 2e-3, a
+                             12-minute training budget: about 14 minutes in all, valid 1.7188 /
+                             test 1.6730 BPC (windows protocol):
+                             results/README.md#cpu-recipe-configsptbpycpu (every setting
+                             tried: results/cpu_recipe_tuning.md).
+    configs/ptb.py:tiny      a smoke configuration used by the tests: 6 steps, about 20 s on a
+                             2-core CPU with PTB (most of it the final evaluation):
+                             results/README.md#smoke-config-configsptbpytiny.
 
 Any field can be overridden: `--config.model.depth=5 --config.train.learning_rate=5e-4`.
 
 The paper recipe is the library's defaults (`rhhjax.train.config.default_config`, which
 lists every field with its comment: the `data` block in `rhhjax/data/config.py`, `model` in
-`rhhjax/models/config.py`, its `kernel` block in `kernels/config.py`, `train` and `eval` in
+`rhhjax/models/config.py`, its `kernel` block in `kernels/triton/config.py`, `train` and `eval` in
 `rhhjax/train/config.py`); this file sets what each variant changes. `configs/hutter.py`
 (enwik8, text8) starts from the same defaults.
 """

@@ -15,7 +15,7 @@ import pytest
 from benchmark_scripts import load
 
 from rhhjax import models
-from rhhjax.tools import hlo_launches as hl
+from rhhjax.hlo import launches as hl
 from rhhjax.train import step as train_step
 
 bench = load("bench")
@@ -164,9 +164,9 @@ def test_kernel_blocks_parses_block_settings():
     from absl import app
 
     kernel_blocks = load("kernel_blocks")
-    from rhhjax.kernels import highway
+    from rhhjax.kernels import triton
 
-    assert kernel_blocks.parse_blocks("64/32/128/4/3") == highway.HighwayConfig(64, 32, 128, 4, 3)
+    assert kernel_blocks.parse_blocks("64/32/128/4/3") == triton.HighwayConfig(64, 32, 128, 4, 3)
     assert kernel_blocks.parse_blocks("32/16/64/2/3/tf32").allow_tf32
     for bad in ("64/32/128/4", "64/32/128/4/3/fp8", "a/32/128/4/3"):
         with pytest.raises(app.UsageError, match="B/N/K"):

@@ -1,4 +1,4 @@
-"""The GPU compile report's command line (benchmarks/gpu_report.py, rhhjax/tools/hlo_compile.py).
+"""The GPU compile report's command line (benchmarks/gpu_report.py, rhhjax/hlo/deviceless.py).
 
 The argument tests run everywhere. The tests marked
 ``gpu_compile`` compile the Pallas kernels for an H100 without a GPU; they need the JAX CUDA
@@ -15,8 +15,9 @@ import sys
 import pytest
 from benchmark_scripts import BENCH, load
 from hlo_cases import HIDDEN, HLO, SEQ
+from kernel_cases import run_deviceless
 
-from rhhjax.tools import hlo_compile
+from rhhjax.hlo import deviceless
 
 report = load("gpu_report")
 compare_reports = load("gpu_report_compare")
@@ -80,7 +81,7 @@ def test_table_has_one_row_per_config():
 
 # ----------------------------------------------------------------------------- H100 compile
 
-_PLUGIN, _WHY = hlo_compile.cuda_plugin_available()
+_PLUGIN, _WHY = deviceless.cuda_plugin_available()
 needs_cuda = pytest.mark.skipif(not _PLUGIN, reason=f"no JAX CUDA plugin here: {_WHY}")
 
 
@@ -137,10 +138,10 @@ def test_shared_memory_overflow_is_reported_as_a_compile_error(tmp_path):
     compile, not from the config check."""
     code = """
 import sys, json
-from rhhjax.tools import hlo_compile as g
+from rhhjax.hlo import deviceless as g
 g.set_deviceless_env()
 import jax, jax.numpy as jnp
-from rhhjax.kernels import highway as hw
+from rhhjax.kernels import triton as hw
 mesh = g.h100_mesh()
 rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
 def sds(shape):
@@ -163,10 +164,7 @@ except Exception as e:
     print(json.dumps({"compiled": False, "type": type(e).__name__,
                       "error": " ".join(str(e).split())[:500]}))
 """
-    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
-    if run.returncode != 0 or not run.stdout.strip():
-        pytest.fail(f"could not run the overflow probe: {run.stderr[-2000:]}")
-    result = json.loads(run.stdout.strip().splitlines()[-1])
+    result, _ = run_deviceless(code, tmp_path)  # fails where the probe could not run
     assert not result["compiled"]
     assert result["type"] != "KernelConfigError", result
     assert "shared memory" in result["error"].lower(), result["error"]

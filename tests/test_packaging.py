@@ -8,11 +8,12 @@ import sys
 
 PROBE = """
 import importlib.util, json
-import rhhjax.kernels.highway, rhhjax.configs.ptb
+import rhhjax.kernels.triton, rhhjax.hlo.deviceless, rhhjax.configs.ptb
 print(json.dumps({
     "kernels_top_level": importlib.util.find_spec("kernels") is not None,
     "configs_top_level": importlib.util.find_spec("configs") is not None,
-    "highway": rhhjax.kernels.highway.__name__,
+    "triton": rhhjax.kernels.triton.__name__,
+    "hlo": rhhjax.hlo.deviceless.__name__,
     "ptb_variants": list(rhhjax.configs.ptb.VARIANTS),
 }))
 """
@@ -34,7 +35,8 @@ def test_installed_namespace_has_kernels_and_configs_and_no_top_level_kernels(tm
     assert found == {
         "kernels_top_level": False,
         "configs_top_level": False,
-        "highway": "rhhjax.kernels.highway",
+        "triton": "rhhjax.kernels.triton",
+        "hlo": "rhhjax.hlo.deviceless",
         "ptb_variants": ["", "rhn", "lstm", "cpu", "tiny"],
     }
 
@@ -113,3 +115,26 @@ def test_the_readme_and_the_docs_name_every_console_command_and_both_routes():
     quick_start = readme.split("## Quick start", 1)[1].split("\n## ", 1)[0]
     assert "python train.py --config=configs/ptb.py:cpu" in quick_start
     assert "rhhjax-train --config=ptb:cpu" in quick_start
+
+
+def test_pyproject_lists_every_package_folder():
+    """A package folder missing from [tool.setuptools] packages is left out of a non-editable
+    install (the checkout's editable install finds it anyway)."""
+    from pathlib import Path
+
+    import pytest
+
+    tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
+    root = Path(__file__).resolve().parents[1]
+    setuptools = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
+    folders = {
+        "rhhjax": root / "rhhjax",
+        **{k: root / v for k, v in setuptools["package-dir"].items()},
+    }
+    found = set()
+    for name, folder in folders.items():
+        for init in folder.rglob("__init__.py"):
+            if "__pycache__" not in init.parts:
+                parts = init.parent.relative_to(folder).parts
+                found.add(".".join((name, *parts)))
+    assert sorted(setuptools["packages"]) == sorted(found)

@@ -294,18 +294,3 @@ def test_other_config_programs_report_typos_in_one_line(tmp_path, env, module):
     assert proc.stderr.strip().splitlines() == [
         "error: unknown config field train.max_setps (did you mean train.max_steps?)"
     ]
-
-
-def test_help_lists_variants_and_fields_and_exits_0(env):
-    proc = run(
-        [sys.executable, str(ROOT / "train.py"), f"--config={PTB_CONFIG}:cpu", "--help"], env
-    )
-    assert proc.returncode == 0, proc.stderr
-    assert "Exit status:" in proc.stdout and f"{PTB_CONFIG}:tiny" in proc.stdout
-    assert "  model.depth = 3" in proc.stdout  # the cpu variant's value
-    assert "  train.checkpoint_every_minutes = " in proc.stdout
-
-
-def test_sample_help_keeps_its_line_breaks(env):
-    proc = run([sys.executable, "-m", "rhhjax.tools.sample", "--help"], env)
-    assert "--length=300 \\\n        --temperature=0.8" in proc.stdout, proc.stdout[:600]

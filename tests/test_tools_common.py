@@ -57,8 +57,14 @@ def _installed_copy(site: Path) -> None:
     package-dir: configs/ becomes rhhjax/configs/), under ``site``."""
     tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
     setup = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    folders = setup.get("package-dir", {})
     for package in setup["packages"]:
-        source = ROOT / setup.get("package-dir", {}).get(package, package.replace(".", "/"))
+        # setuptools maps a package by the longest prefix in package-dir (rhhjax.kernels.triton
+        # lies in kernels/triton/), else by its name
+        prefix = max((p for p in folders if package == p or package.startswith(p + ".")),
+                     key=len, default="")  # fmt: skip
+        rest = package[len(prefix) :].lstrip(".").replace(".", "/")
+        source = ROOT / folders[prefix] / rest if prefix else ROOT / rest
         target = site / package.replace(".", "/")
         target.mkdir(parents=True)
         for file in source.glob("*.py"):

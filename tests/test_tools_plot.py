@@ -6,6 +6,7 @@ import json
 import sys
 
 import pytest
+import train_cases
 
 from rhhjax.tools import plot
 
@@ -113,3 +114,13 @@ def test_an_output_path_that_cannot_be_written_is_one_line_before_any_reading(tm
     folder = tmp_path / "a_file" if where == "a file" else read_only_folder(tmp_path)
     with pytest.raises(outputs.OutputError, match="--out="):
         plot.plot([tmp_path / "no_run"], folder / "bpc.png")
+
+
+text_file = train_cases.text_file  # a shared fixture (tests/train_cases.py)
+trained = train_cases.trained  # a shared fixture (tests/train_cases.py)
+
+
+def test_plot_of_run(trained, tmp_path):
+    workdir, _, _, _ = trained
+    out = plot.plot([workdir], tmp_path / "bpc.png")
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

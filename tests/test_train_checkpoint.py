@@ -1,8 +1,10 @@
-"""Checkpoint managers: bitwise round trip, retention of latest / best, pruning, read-only use."""
+"""Checkpoint managers: bitwise round trip, retention of latest / best, pruning, read-only use;
+through whole runs: a kill between two saves, a full disk, damaged checkpoints."""
 
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import jax
@@ -10,9 +12,17 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+import train_cases
+from helpers import tiny_run_config as tiny_config
+from train_cases import (
+    assert_space_consistent,
+    quiet,
+    records,
+)
 
 from rhhjax.errors import UserError
 from rhhjax.train import checkpoint as ckpt_lib
+from rhhjax.train import trainer
 
 
 def make_state(seed: int = 0):
@@ -270,7 +280,6 @@ def test_space_needed_never_contradicts_itself(tmp_path, monkeypatch):
 def test_only_tensorstores_closed_loop_noise_is_silenced(monkeypatch):
     """A failed write or read made tensorstore's threads print 0-160 lines of "Event loop is
     closed" tracebacks around the one-line error; those (and nothing else) are dropped."""
-    import sys
     import types
 
     seen: list[str] = []
@@ -301,3 +310,140 @@ def test_a_damaged_checkpoint_lists_only_the_undamaged_others(tmp_path):
 def test_sizes_below_a_kilobyte_are_bytes_not_zero_kb(n, words):
     """A full disk said "it needs about 0 kB" for a 150-byte metrics line."""
     assert ckpt_lib._size(n) == words
+
+
+text_file = train_cases.text_file  # a shared fixture (tests/train_cases.py)
+trained = train_cases.trained  # a shared fixture (tests/train_cases.py)
+
+
+# ----------------------------------------------------------------------------- through whole runs
+
+
+class _Killed(BaseException):
+    """Stands in for kill -9 at a chosen point."""
+
+
+def test_kill_between_best_and_latest_save_keeps_the_best(tmp_path, text_file, monkeypatch):
+    """A kill after a new best (step 4) is saved but before the latest checkpoint of step 4:
+    the resumed run (from step 2) still has the best checkpoint its state names (step 2), and
+    results.json evaluates that checkpoint."""
+    common = dict(
+        train__eval_every_steps=2, train__log_every_steps=100, eval__final_protocols="windows"
+    )
+    workdir = tmp_path / "run"
+    real_save = ckpt_lib.Checkpoints.save_latest
+
+    def save_latest(self, step, *args, **kwargs):
+        if step == 4:
+            raise _Killed()
+        return real_save(self, step, *args, **kwargs)
+
+    monkeypatch.setattr(ckpt_lib.Checkpoints, "save_latest", save_latest)
+    with pytest.raises(_Killed):
+        trainer.train_and_evaluate(
+            tiny_config(text_file, train__max_steps=6, **common), workdir, log=quiet
+        )
+    monkeypatch.setattr(ckpt_lib.Checkpoints, "save_latest", real_save)
+    with ckpt_lib.Checkpoints(workdir, read_only=True) as c:
+        assert c.steps("latest") == [2] and 4 in c.steps("best")  # the kill's aftermath
+    # resumed to stop at step 2 (a stop at 3 would validate step 3: a new best, maybe)
+    results = trainer.train_and_evaluate(
+        tiny_config(text_file, train__max_steps=2, **common), workdir, log=quiet
+    )
+    assert results["step"] == 2 and results["best_step"] == 2
+    assert results["evaluated_checkpoint"] == "best step 2"
+    with ckpt_lib.Checkpoints(workdir, read_only=True) as c:
+        assert c.steps("best") == [2]
+    saved = json.loads((workdir / "results.json").read_text())
+    assert saved["best_step"] == 2 and saved["evaluated_checkpoint"] == "best step 2"
+
+
+def test_full_disk_during_a_checkpoint_is_one_line(tmp_path, text_file, monkeypatch):
+    """A save that fails (here: the storage layer's ENOSPC error) raises CheckpointError with
+    one line naming the folder, the step and the space needed; the previous checkpoint is
+    intact and the same command resumes from it."""
+    import orbax.checkpoint as ocp
+
+    common = dict(
+        train__eval_every_steps=2, train__log_every_steps=100, eval__final_protocols="windows"
+    )
+    workdir = tmp_path / "run"
+    real_save = ocp.CheckpointManager.save
+
+    def full_disk(self, step, *args, **kwargs):
+        if step == 4:
+            raise ValueError(
+                "RESOURCE_EXHAUSTED: Error writing local file "
+                f"{self.directory}/4/params/d/abc: No space left on device"
+            )
+        return real_save(self, step, *args, **kwargs)
+
+    monkeypatch.setattr(ocp.CheckpointManager, "save", full_disk)
+    cfg = tiny_config(text_file, train__max_steps=6, **common)
+    with pytest.raises(ckpt_lib.CheckpointError) as info:
+        trainer.train_and_evaluate(cfg, workdir, log=quiet)
+    message = str(info.value)
+    assert "\n" not in message and isinstance(info.value, UserError)
+    assert "step 4" in message and str(workdir) in message
+    assert "no space left on device" in message
+    assert_space_consistent(message)
+    assert "the last checkpoint (step 2) is intact" in message
+    monkeypatch.setattr(ocp.CheckpointManager, "save", real_save)
+    lines: list[str] = []
+    results = trainer.train_and_evaluate(cfg, workdir, log=lines.append)
+    assert any(line.startswith("resuming") and "step 2" in line for line in lines)
+    assert results["status"] == "finished" and results["step"] == 6
+    assert [r["step"] for r in records(workdir, ("valid",))] == [2, 4, 6]
+
+
+def _damage(path: Path, how: str) -> None:
+    if how == "truncated":
+        path.write_bytes(path.read_bytes()[:100])
+    else:  # the same size, other bytes
+        data = bytearray(path.read_bytes())
+        data[len(data) // 2 : len(data) // 2 + 16] = b"\xff" * 16
+        path.write_bytes(bytes(data))
+
+
+def _largest_params_file(step_dir: Path) -> Path:
+    files = [p for p in (step_dir / "params").rglob("*") if p.is_file()]
+    return max(files, key=lambda p: p.stat().st_size)
+
+
+@pytest.mark.parametrize("how", ["truncated", "overwritten"])
+def test_a_damaged_latest_checkpoint_falls_back_to_the_previous_one(
+    trained, tmp_path, text_file, capfd, how
+):
+    """A damaged file under checkpoints/6/params printed 160-280 lines of tensorstore
+    tracebacks (truncated) or loaded silently (overwritten). Now one line names it and the
+    run resumes from step 3, the previous checkpoint."""
+    import shutil
+
+    workdir = tmp_path / "copy"
+    shutil.copytree(trained[0], workdir)
+    _damage(_largest_params_file(workdir / "checkpoints" / "6"), how)
+    capfd.readouterr()
+    lines: list[str] = []
+    cfg = tiny_config(text_file, train__max_steps=7, eval__final_protocols="windows")
+    results = trainer.train_and_evaluate(cfg, workdir, log=lines.append)
+    damaged = [line for line in lines if "is damaged" in line]
+    assert len(damaged) == 1 and str(workdir / "checkpoints" / "6") in damaged[0]
+    assert damaged[0].endswith("resuming from step 3 instead")
+    assert any(line.startswith(f"resuming {workdir} from step 3") for line in lines)
+    assert results["status"] == "finished" and results["step"] == 7
+    assert "Traceback" not in "".join(capfd.readouterr())
+
+
+def test_every_checkpoint_damaged_is_one_error_naming_them(trained, tmp_path, text_file):
+    import shutil
+
+    workdir = tmp_path / "copy"
+    shutil.copytree(trained[0], workdir)
+    for step in (3, 6):
+        _damage(_largest_params_file(workdir / "checkpoints" / str(step)), "truncated")
+    cfg = tiny_config(text_file, train__max_steps=7)
+    with pytest.raises(ckpt_lib.DamagedCheckpointError) as info:
+        trainer.train_and_evaluate(cfg, workdir, log=quiet)
+    message = str(info.value)
+    assert isinstance(info.value, UserError) and "\n" not in message
+    assert str(workdir / "checkpoints" / "3") in message and "no undamaged checkpoint" in message

@@ -5,12 +5,22 @@ from __future__ import annotations
 
 import re
 import shlex
+import sys
 from pathlib import Path
 
+import jax
 import pytest
+import train_cases
 from helpers import ROOT, write_text
+from helpers import tiny_run_config as tiny_config
+from train_cases import (
+    quiet,
+)
 
-from rhhjax import configs
+from rhhjax import configs, models
+from rhhjax import data as data_lib
+from rhhjax.errors import UserError
+from rhhjax.train import trainer
 from rhhjax.train.setup import prepare_run
 from rhhjax.train.signals import SignalCatcher
 
@@ -81,3 +91,50 @@ def test_a_batch_that_cannot_fit_is_one_line_before_anything_is_written(tmp_path
     assert not (tmp_path / "w").exists()
     config.train.check_memory = False
     prepare_run(config, tmp_path / "w", lambda m: None, SignalCatcher())  # not refused
+
+
+text_file = train_cases.text_file  # a shared fixture (tests/train_cases.py)
+
+
+# ------------------------------------------------------ bad configs fail before anything is written
+
+
+BAD_CONFIGS = [
+    (dict(model__depth=0), models.ConfigError, "model.depth"),
+    (dict(model__keep=1.5), models.ConfigError, "model.keep"),
+    (dict(model__hidden=-3), models.ConfigError, "model.hidden"),
+    (dict(model__impl="magic"), models.ConfigError, "model.impl"),
+    (dict(data__format="nope"), data_lib.DataError, "data.format"),
+    (dict(data__text_files="/nonexistent/file.txt"), data_lib.DataError, "/nonexistent"),
+    (dict(train__clip_type="l3"), trainer.TrainError, "train.clip_type"),
+    (dict(train__learning_rate=0.0), trainer.TrainError, "train.learning_rate"),
+    (dict(train__on_nonfinite="ignore"), trainer.TrainError, "train.on_nonfinite"),
+    (dict(eval__min_context=20), trainer.TrainError, "eval.min_context"),
+    (dict(eval__final_protocols="windows,bogus"), trainer.TrainError, "bogus"),
+    (dict(data__hutter_holdout=20_000), data_lib.DataError, "hutter_holdout"),
+]
+
+
+if jax.default_backend() != "gpu":  # impl="mosaic" and "persistent" run on a GPU only
+    BAD_CONFIGS.append((dict(model__impl="mosaic"), UserError, "Hopper GPU only"))
+    BAD_CONFIGS.append((dict(model__impl="persistent"), UserError, "Hopper GPU only"))
+
+
+@pytest.mark.parametrize("overrides,error,needle", BAD_CONFIGS)
+def test_bad_config_fails_before_writing(tmp_path, text_file, overrides, error, needle):
+    workdir = tmp_path / "never"
+    with pytest.raises(error) as info:
+        trainer.train_and_evaluate(tiny_config(text_file, **overrides), workdir, log=quiet)
+    assert needle in str(info.value) and "\n" not in str(info.value)
+    assert isinstance(info.value, UserError)
+    assert not workdir.exists()
+
+
+def test_tensorboard_without_the_package_is_one_line(tmp_path, text_file, monkeypatch):
+    monkeypatch.setitem(sys.modules, "tensorboardX", None)
+    workdir = tmp_path / "run"
+    with pytest.raises(trainer.TrainError, match="needs the tensorboardX package") as info:
+        trainer.train_and_evaluate(
+            tiny_config(text_file, train__tensorboard=True), workdir, log=quiet
+        )
+    assert "\n" not in str(info.value) and not workdir.exists()

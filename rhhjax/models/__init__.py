@@ -1,9 +1,9 @@
 """Flax (linen) models: RHN cell, HyperRHN cell, stacked LSTM and the character LM.
 
 The language model is Embedding(V, E) -> recurrent core -> Dense(V) (Suarez 2017).
-All implementations (`ModelConfig.impl`: `scan`, `fused`, `pallas`, or `auto`, the fastest
-measured one for the platform: `rhhjax.ops.spec`) read the same parameter tree, so a
-checkpoint runs on any of them.
+All implementations (`ModelConfig.impl`: `scan`, `fused`, `pallas`, `mosaic`, `persistent`,
+or `auto`, the fastest measured one for the platform: `rhhjax.ops.spec`, whose registry is the
+only list) read the same parameter tree, so a checkpoint runs on any of them.
 
     config.py        `ModelConfig`, its allowed values (MODEL_TYPES, IMPLS, DTYPES, ...),
                      `ConfigError`, validation and `sequence_spec` (the implementation,

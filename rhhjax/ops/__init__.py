@@ -7,12 +7,13 @@
     recurrence.py  `highway_sequence`: the whole RHN / HyperRHN recurrence as one custom-VJP op,
                    running the loops of the implementation the spec names.
     fused.py       the XLA implementation's loops (one matmul + one fusion per micro-layer).
-    pallas.py      the Pallas (Triton) implementation's loops (the kernels of `rhhjax.kernels`).
+    pallas.py      the Pallas Triton implementation's loops (`rhhjax.kernels.triton`).
     mosaic.py      the Mosaic GPU implementation's loops (kernels/mosaic_forward.py, _backward.py).
+    persistent.py  the persistent Mosaic GPU implementation: one kernel per direction.
     loops.py       what the implementations share (packed saved rows, the forward scan).
     lowrank.py     the rank-d hyper update (scan step and whole-sequence op).
-    persistent_schedule.py  a pure-JAX emulation of the planned persistent kernel's schedule
-                   (a reference for issue 20's kernel; not a `model.impl`).
+    persistent_schedule.py  a pure-JAX emulation of the persistent kernels' schedule (a
+                   reference; not a `model.impl`).
 
 Models reach kernels only through these modules.
 """

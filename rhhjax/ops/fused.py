@@ -6,7 +6,7 @@ The interface every implementation module provides (see `rhhjax.ops.spec`):
     NAME                    the `model.impl` value
     INTERPRETABLE           whether it runs Pallas kernels (interpreted per model.pallas_mode)
     unsupported(model)      None, or the one-line reason it cannot run `model` (ModelFacts)
-    geometry(spec, B, n)    the padded layout (`rhhjax.kernels.highway.Geometry`)
+    geometry(spec, B, n)    the padded layout (`rhhjax.kernels.layout.Geometry`)
     KEEP_DTYPE              dtype of the gate-dropout keep decisions in the loops
     prepare_weights(...)    W_l [L, n, 2n] -> L per-layer padded, cast (transposed) arrays
     saved_rows(has_z)       what the forward saves per micro-layer besides its input state
@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 import jax
 import jax.numpy as jnp
 
-from rhhjax.kernels import highway
+from rhhjax.kernels.layout import Geometry
 from rhhjax.ops import cells, loops
 
 if TYPE_CHECKING:
@@ -50,10 +50,10 @@ def unsupported(model: ModelFacts) -> str | None:
     return loops.whole_sequence_unsupported(NAME, model)
 
 
-def geometry(spec: SequenceSpec, batch: int, width: int) -> highway.Geometry:
+def geometry(spec: SequenceSpec, batch: int, width: int) -> Geometry:
     """Units padded to FUSED_UNIT_MULTIPLE, no batch padding."""
     del spec
-    return highway.Geometry.for_units(batch, width, FUSED_UNIT_MULTIPLE)
+    return Geometry.for_units(batch, width, FUSED_UNIT_MULTIPLE)
 
 
 def prepare_weights(spec, geo, kernel_s: Array, transposed: bool = False) -> tuple[Array, ...]:

@@ -1,4 +1,4 @@
-"""`pallas`: the RHN recurrence's loops as Pallas kernels (`rhhjax.kernels.highway`), one
+"""`pallas`: the RHN recurrence's loops as Pallas Triton kernels (`rhhjax.kernels.triton`), one
 forward kernel and one backward kernel per micro-layer and step (the interface of
 `rhhjax.ops.fused`; run by `rhhjax.ops.recurrence.highway_sequence`).
 
@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING
 import jax
 import jax.numpy as jnp
 
-from rhhjax.kernels import highway
+from rhhjax.kernels import triton
+from rhhjax.kernels.layout import Geometry
 from rhhjax.ops import loops
 
 if TYPE_CHECKING:
@@ -40,14 +41,14 @@ def unsupported(model: ModelFacts) -> str | None:
     return loops.kernel_unsupported(NAME, model)
 
 
-def geometry(spec: SequenceSpec, batch: int, width: int) -> highway.Geometry:
+def geometry(spec: SequenceSpec, batch: int, width: int) -> Geometry:
     """The kernels' layout for the spec's block sizes."""
-    return highway.Geometry.make(spec.kernel, batch, width)
+    return Geometry.make(spec.kernel, batch, width)
 
 
 def prepare_weights(spec, geo, kernel_s: Array, transposed: bool = False) -> tuple[Array, ...]:
     """W_l [L, n, 2n] -> L arrays [Np, 2, Np] (transposed: [2, Np, Np]) in the matmul dtype,
-    padded and cast ONCE per call (the layouts of `kernels/config.py`)."""
+    padded and cast ONCE per call (the layouts of `kernels/layout.py`)."""
     w = geo.pad_weight(kernel_s, spec.dtype)  # [L, Np, 2, Np]
     return loops.per_layer(jnp.transpose(w, (0, 2, 3, 1)) if transposed else w)
 
@@ -66,7 +67,7 @@ def _layer_forward(spec, geo, s, w_l, z_l, bias_l, xproj_t, keep_l, hidden_l):
     """One micro-layer as one Pallas kernel; saved = {"pre": [Bp, 2, Np]} (s W_l)."""
     if hidden_l is not None:
         raise ValueError("impl 'pallas' has no variational dropout")
-    s_new, pre = highway.forward_padded(
+    s_new, pre = triton.forward_padded(
         s, w_l, z_l, bias_l, xproj_t, keep_l, keep=spec.keep, **_kernel_args(spec, geo)
     )
     return s_new, {"pre": pre}
@@ -78,7 +79,7 @@ def forward_loop(spec, geo, w, bias, s0, xproj, z, keep, hidden, save: bool):
     Without `save` (no backward): the generic scan of one kernel per micro-layer. With it:
     ONE kernel per micro-layer and step and nothing else: the kernels read z, keep and xproj
     at the step index straight from the whole-sequence arrays and write each micro-layer's
-    (input state, pre) into `packed` [T, L, Bp, 3, Np] in place (`highway.forward_stacked`),
+    (input state, pre) into `packed` [T, L, Bp, 3, Np] in place (`triton.forward_stacked`),
     so no per-step slice or store surrounds them.
     Returns (states [T, L, Bp, Np], packed or None).
     """
@@ -95,7 +96,7 @@ def forward_loop(spec, geo, w, bias, s0, xproj, z, keep, hidden, save: bool):
     def body(carry, _):
         (s, packed), t = carry
         for layer in range(depth):
-            s, packed = highway.forward_stacked(
+            s, packed = triton.forward_stacked(
                 t, s, w[layer], z, bias[layer], xproj if layer == 0 else None, keep, packed,
                 layer=layer, keep=spec.keep, **_kernel_args(spec, geo),
             )  # fmt: skip
@@ -108,7 +109,7 @@ def forward_loop(spec, geo, w, bias, s0, xproj, z, keep, hidden, save: bool):
 def backward_loop(spec, geo, w_t, bias, s0, xproj, z, keep, hidden, packed, g_states):
     """The reverse loop: ONE kernel per micro-layer and step and nothing else.
 
-    `highway.backward_fused_stacked` reads the layer above's d_scaled, the saved (s, pre),
+    `triton.backward_fused_stacked` reads the layer above's d_scaled, the saved (s, pre),
     z, keep, xproj and g at the step index from the whole-sequence arrays and writes
     d_scaled and dz at (t, l) and the partial bias sums in place. A while loop counting t
     down is the only loop state besides the carried state gradient.
@@ -130,7 +131,7 @@ def backward_loop(spec, geo, w_t, bias, s0, xproj, z, keep, hidden, packed, g_st
     def body(carry):
         (ds_carry, d_scaled, dz, da_acc), t = carry
         for layer in reversed(range(depth)):
-            d_scaled, ds_carry, dz, da_acc = highway.backward_fused_stacked(
+            d_scaled, ds_carry, dz, da_acc = triton.backward_fused_stacked(
                 t, d_scaled, w_t[(layer + 1) % depth], ds_carry, g_states, packed, z,
                 bias[layer], xproj if layer == 0 else None, keep, dz, da_acc, layer=layer,
                 keep=spec.keep, **kernel_args,
@@ -141,6 +142,6 @@ def backward_loop(spec, geo, w_t, bias, s0, xproj, z, keep, hidden, packed, g_st
         lambda carry: carry[1] >= 0, body, (init, jnp.int32(length - 1))
     )
     # The state gradient of s0 through W_0 (no gate backward below it).
-    ds0 = highway.state_grad_padded(d_scaled[0, 0], w_t[0], ds_carry, **kernel_args)
+    ds0 = triton.state_grad_padded(d_scaled[0, 0], w_t[0], ds_carry, **kernel_args)
     dw = loops.deferred_weight_gradient(spec.dtype, packed, d_scaled, saved_rows(z is not None))
     return ds0, d_scaled, dz, da_acc.sum(1), dw  # The kernel always accumulates the bias sums.

@@ -126,7 +126,9 @@ def define_flags() -> None:
     flags.DEFINE_string(
         "checkpoint", "best", "best | latest | STEP (a saved step) | checkpoints/STEP | best/STEP."
     )
-    flags.DEFINE_string("impl", "", "Override model.impl (auto | scan | fused | pallas).")
+    from rhhjax.ops.spec import CHOICES  # the registry: every model.impl value
+
+    flags.DEFINE_string("impl", "", f"Override model.impl ({' | '.join(CHOICES)}).")
     flags.DEFINE_integer("batch_size", 0, "Override eval.batch_size (0 = from the config).")
     flags.DEFINE_string("output", "", "Also write the results as JSON to this file.")
     flags.DEFINE_string("data_dir", "", "PTB folder, instead of the run's data.dir (moved data).")

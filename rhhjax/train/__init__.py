@@ -7,4 +7,6 @@ loop.py        ``Loop``: steps, progress, validation, checkpoints, stops, result
 trainer.py     ``train_and_evaluate``: setup, start or resume, loop, finish
 optim.py, step.py, checkpoint.py, workdir.py, signals.py: the optimizer, the jitted step,
                checkpoints (with checksums), the workdir's files, SIGTERM / SIGINT
+program.py     the training program (train.py, rhhjax-train); __main__.py: python -m rhhjax.train
+saved_run.py   ``SavedRun`` / ``load_run``: a trained run for evaluate, sample and analysis
 """

@@ -4,7 +4,7 @@ reads it.
 ``default_config()`` is a config with every field of every block at its default: the paper's
 HyperRHN on Penn Treebank. Each default lives in one place: the ``data`` block in
 ``rhhjax.data.default_data_config``, the ``model`` block in ``rhhjax.models.ModelConfig``
-(its ``kernel`` block in ``rhhjax.kernels.HighwayConfig``), ``train`` and ``eval`` here.
+(its ``kernel`` block in ``rhhjax.kernels.triton.HighwayConfig``), ``train`` and ``eval`` here.
 Config files (``configs/``) start from it and set what their experiment chooses; the library
 never reads them.
 

@@ -16,7 +16,7 @@ What a run does, in order:
    (the paper code's) or the global L2 norm. Dropout keys are ``fold_in(key(seed), step)``.
    A progress line every ``train.log_every_steps`` (also a ``train`` record in
    ``metrics.jsonl``); validation BPC every ``train.eval_every_steps`` (0 = once per epoch) on
-   ``eval.valid_protocol`` (a ``valid`` record); checkpoints (see ``rhhjax.checkpoint``).
+   ``eval.valid_protocol`` (a ``valid`` record); checkpoints (``rhhjax.train.checkpoint``).
 4. Stops at ``max_steps`` / ``max_epochs`` / ``max_minutes``, or when ``patience`` validations
    in a row brought no new best (``patience=0`` disables early stopping). ``max_minutes``
    counts training time across restarts (first-step compilation included, validation and

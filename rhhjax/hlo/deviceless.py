@@ -1,0 +1,225 @@
+"""Compiling the real training step for an H100 without a GPU (the compile report's first job).
+
+The deviceless route: JAX's CUDA plugin, a compile-only H100 topology
+(``jax.experimental.topologies``) and ``.lower(lowering_platforms=("cuda",))`` of
+``rhhjax.train.step.make_train_step``. Needs the CUDA plugin
+(``pip install "jax[cuda12]"``); ``set_deviceless_env`` must run before JAX initialises.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import sys
+import tempfile
+import time
+
+from rhhjax.errors import UserError
+from rhhjax.kernels.hardware import H100, Gpu
+
+IMPLS = ("scan", "fused", "pallas")  # the default rows
+# Selectable with --impls but not in the default rows (not measured on a GPU yet).
+IMPL_CHOICES = (*IMPLS, "mosaic", "persistent")
+DTYPES = ("float32", "bfloat16")
+MODELS = ("rhn", "hyperrhn")
+VOCAB = 50  # PTB characters (configs/ptb.py: model.vocab_size, set from the data)
+
+
+def target_config(gpu: Gpu = H100) -> str:
+    """``gpu`` as XLA's GpuTargetConfigProto text (a compile-only topology's device)."""
+    major, minor = gpu.compute_capability
+    return f"""\
+gpu_device_info {{
+  threads_per_block_limit: {gpu.threads_per_block}
+  threads_per_warp: {gpu.threads_per_warp}
+  shared_memory_per_block: {gpu.smem_per_block}
+  shared_memory_per_core: {gpu.smem_per_sm}
+  threads_per_core_limit: {gpu.threads_per_sm}
+  core_count: {gpu.sms}
+  fpus_per_core: {gpu.fpus_per_sm}
+  block_dim_limit_x: 2147483647
+  block_dim_limit_y: 65535
+  block_dim_limit_z: 65535
+  memory_bandwidth: {gpu.hbm_bytes_per_s}
+  l2_cache_size: {gpu.l2_bytes}
+  clock_rate_ghz: {gpu.clock_ghz}
+  device_memory_size: {gpu.hbm_bytes}
+  shared_memory_per_block_optin: {gpu.smem_per_block_optin}
+  cuda_compute_capability {{ major: {major} minor: {minor} }}
+  registers_per_core_limit: {gpu.registers_per_sm}
+  registers_per_block_limit: {gpu.registers_per_block}
+}}
+platform_name: "CUDA"
+device_description_str: "{gpu.device_kind}"
+"""
+
+
+H100_TARGET_CONFIG = target_config(H100)
+
+
+class ReportError(UserError):
+    """Bad input or a missing CUDA plugin; the message is one line."""
+
+
+# ----------------------------------------------------------------------------- environment
+
+
+def set_deviceless_env(dump_dir: str | None = None, log_ptxas: bool = True) -> None:
+    """Environment for compiling for CUDA without a GPU; call before importing jax."""
+    os.environ["JAX_SKIP_CUDA_CONSTRAINTS_CHECK"] = "1"
+    os.environ["CUDA_VISIBLE_DEVICES"] = "-1"  # else the plugin's init fails on cuInit
+    if log_ptxas:
+        os.environ["TF_CPP_MIN_LOG_LEVEL"] = "0"  # XLA's ptxas warnings (spills)
+    if dump_dir:
+        flags = os.environ.get("XLA_FLAGS", "")
+        os.environ["XLA_FLAGS"] = f"{flags} --xla_dump_to={dump_dir}".strip()
+
+
+def cuda_plugin_available() -> tuple[bool, str]:
+    """(True, "") if jax's CUDA plugin is importable here, else (False, why)."""
+    try:
+        import jax_plugins.xla_cuda12  # noqa: F401
+    except ImportError as e:
+        return False, f"the JAX CUDA plugin is not installed ({e}); pip install 'jax[cuda12]'"
+    return True, ""
+
+
+def h100_mesh():
+    """A 1-device mesh (axis "data") on a compile-only H100."""
+    import jax
+    from jax.experimental import topologies
+
+    topo = topologies.get_topology_desc(
+        platform="cuda", target_config=H100_TARGET_CONFIG, topology="1x1x1"
+    )
+    return jax.sharding.Mesh(topo.devices, ("data",))
+
+
+@contextlib.contextmanager
+def capture_fd2():
+    """Captures the process's stderr (C++ logs included) into a list of one string."""
+    out: list[str] = [""]
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile(mode="w+b") as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield out
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            out[0] = tmp.read().decode(errors="replace")
+
+
+# ----------------------------------------------------------------------------- configs
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """One row: model x impl x dtype x hyper rank."""
+
+    model: str
+    impl: str
+    dtype: str
+    rank: int = 0
+
+    @property
+    def label(self) -> str:
+        rank = f" r{self.rank}" if self.model == "hyperrhn" else ""
+        return f"{self.model}{rank} {self.impl} {self.dtype}"
+
+
+def cases(models, impls, dtypes, ranks) -> list[Case]:
+    out = []
+    for model in models:
+        for rank in ranks if model == "hyperrhn" else (0,):
+            for impl in impls:
+                for dtype in dtypes:
+                    out.append(Case(model, impl, dtype, rank))
+    return out
+
+
+def build_configs(case: Case, overrides: dict):
+    """(ModelConfig, OptimizerConfig, seed, batch, seq_len) from configs/ptb.py.
+
+    Raises models.ConfigError / train.config.TrainError (one line) for an invalid combination.
+    """
+    from rhhjax import models
+    from rhhjax.train import config as train_config
+    from rhhjax.train import optim
+
+    config = load_ptb_config("rhn" if case.model == "rhn" else "")
+    config.model.impl = case.impl
+    config.model.dtype = case.dtype
+    config.model.hyper_rank = case.rank
+    for key, value in overrides.items():
+        section, name = key.split(".")
+        config[section][name] = value
+    if "pallas_mode" in {f.name for f in dataclasses.fields(models.ModelConfig)}:
+        config.model.pallas_mode = "compiled"
+    cfg = train_config.prepare_config(config)
+    mc = models.ModelConfig.from_config(cfg.model, vocab_size=VOCAB)
+    oc = optim.OptimizerConfig.from_config(cfg.train, 1)
+    return mc, oc, int(cfg.seed), int(cfg.train.batch_size), int(cfg.train.seq_len)
+
+
+def load_ptb_config(variant: str):
+    """``configs/ptb.py``'s ``get_config(variant)`` (the paper HyperRHN for "")."""
+    from rhhjax import configs
+
+    return configs.load(f"ptb:{variant}")
+
+
+def pallas_context(mc):
+    """Traces Pallas kernels as compiled Triton: the config field if the model has it,
+    else ``recurrence.pallas_target("gpu")``."""
+    if hasattr(mc, "pallas_mode"):
+        return contextlib.nullcontext()
+    from rhhjax.ops import recurrence
+
+    if hasattr(recurrence, "pallas_target"):
+        return recurrence.pallas_target("gpu")
+    return contextlib.nullcontext()
+
+
+def abstract_args(mc, oc, batch: int, seq_len: int, mesh):
+    """ShapeDtypeStructs of the train step's arguments, replicated on ``mesh``."""
+    import jax
+    import jax.numpy as jnp
+
+    from rhhjax import evaluation as evaluate
+    from rhhjax.train import optim
+    from rhhjax.train import step as train_step
+
+    rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    params = jax.eval_shape(train_step.make_init(mc), jax.random.key(0))
+    opt_state = jax.eval_shape(optim.make_optimizer(oc).init, params)
+    carry = jax.eval_shape(lambda p: evaluate.zero_carry(mc, p, batch), params)
+
+    def place(x):
+        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=rep)
+
+    tokens = jax.ShapeDtypeStruct((batch, seq_len), jnp.int32, sharding=rep)
+    scalars = [
+        jax.ShapeDtypeStruct((), dt, sharding=rep) for dt in (jnp.bool_, jnp.int32, jnp.int32)
+    ]
+    tree = jax.tree.map(place, (params, opt_state, carry))
+    return (*tree, tokens, tokens, *scalars)
+
+
+def compile_step(mc, oc, seed: int, batch: int, seq_len: int, mesh, options=None):
+    """The trainer's jitted step compiled for the mesh's CUDA device -> (compiled, seconds).
+
+    ``options``: XLA debug options for this compile (e.g. ``{"xla_dump_to": dir}``)."""
+    from rhhjax.train import step as train_step
+
+    step = train_step.make_train_step(mc, oc, seed)
+    args = abstract_args(mc, oc, batch, seq_len, mesh)
+    t0 = time.perf_counter()
+    with pallas_context(mc):
+        lowered = step.trace(*args).lower(lowering_platforms=("cuda",))
+    compiled = lowered.compile(compiler_options=options or {})
+    return compiled, time.perf_counter() - t0

@@ -1,0 +1,165 @@
+"""Docs that cannot drift: every registered implementation, config variant, program and
+module is named where a reader looks for it. The lists come from the code (the registry of
+``rhhjax.ops.spec``, each config file's ``VARIANTS``, the programs in ``rhhjax/tools/`` and
+``benchmarks/``, the package folders), so something new fails here until the docs name it:
+the README (commands, configs, layout), docs/design.md (implementations, module map),
+benchmarks/README.md, the ``--impl`` help of evaluate and each package's ``__init__``."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from test_test_files import SOURCES
+
+from rhhjax.ops import spec
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+DESIGN = (ROOT / "docs" / "design.md").read_text()
+
+
+def section(text: str, heading: str) -> str:
+    """The text under ``heading`` (a markdown heading line) up to the next heading as high."""
+    level = heading.split(" ")[0]
+    start = text.index(heading + "\n") + len(heading) + 1
+    end = re.search(rf"^{'#' * len(level)} ", text[start:], re.M)
+    return text[start:] if end is None else text[start : start + end.start()]
+
+
+def code_block(text: str) -> str:
+    """The first ``` block of ``text``."""
+    return text.split("```", 2)[1]
+
+
+def packages() -> list[Path]:
+    """Every package folder (one with an ``__init__.py``)."""
+    return sorted(p.parent for folder in SOURCES for p in (ROOT / folder).rglob("__init__.py"))
+
+
+def members(package: Path) -> list[str]:
+    """The modules (``x.py``) and subpackages (``x/``) of ``package``."""
+    names = [p.name for p in package.glob("*.py") if p.name != "__init__.py"]
+    return sorted(
+        names + [p.name + "/" for p in package.iterdir() if (p / "__init__.py").is_file()]
+    )
+
+
+def entries(block: str) -> dict[str, str]:
+    """The entries of a layout block: the first word of a line at column 0 -> its text."""
+    out: dict[str, str] = {}
+    key = None
+    for line in block.splitlines():
+        if line[:1].strip():
+            key = line.split()[0].rstrip(",")
+            out[key] = line
+        elif key is not None:
+            out[key] += "\n" + line
+    return out
+
+
+# ----------------------------------------------------------------------------- implementations
+
+
+def test_every_implementation_is_in_the_readme_design_and_models_docs():
+    commands = section(README, "## Commands")
+    assert "--impl=" + "\\|".join(spec.CHOICES) + "`" in commands
+    implementations = section(DESIGN, "## Implementations: `model.impl`")
+    registry = re.search(r"the only table of implementations: ([^)]*)\)", implementations)
+    assert registry and re.findall(r"`(\w+)`", registry.group(1)) == list(spec.IMPLEMENTATIONS)
+    models_doc = ast.get_docstring(ast.parse((ROOT / "rhhjax/models/__init__.py").read_text()))
+    for name in spec.IMPLS:
+        assert f"\n- `{name}`" in implementations, f"docs/design.md: no bullet for {name}"
+        assert f"`{name}`" in models_doc, f"rhhjax/models/__init__.py does not name {name}"
+        assert f"`{name}`" in README, name
+
+
+def test_the_impl_help_of_evaluate_names_every_choice():
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    run = subprocess.run(
+        [sys.executable, "-m", "rhhjax.tools.evaluate", "--help"],
+        capture_output=True, text=True, env=env, timeout=120,
+    )  # fmt: skip
+    help_text = " ".join(run.stdout.split())
+    assert f"--impl: Override model.impl ({' | '.join(spec.CHOICES)})." in help_text
+
+
+# ----------------------------------------------------------------------------- configs
+
+
+def config_files() -> list[str]:
+    return sorted(p.stem for p in (ROOT / "configs").glob("*.py") if p.stem != "__init__")
+
+
+@pytest.mark.parametrize("name", config_files())
+def test_every_config_variant_is_in_the_readme_and_its_file(name):
+    module = importlib.import_module(f"rhhjax.configs.{name}")
+    variants = getattr(module, "VARIANTS", None)
+    if variants is None:  # a recipe the config files share, named by them
+        assert f"`configs/{name}.py`" in README
+        return
+    configs_table = section(README, "## Configs")
+    for variant in variants:
+        ref = f"configs/{name}.py" + (f":{variant}" if variant else "")
+        assert f"`{ref}`" in configs_table, f"README's Configs table has no row for {ref}"
+        assert ref in (module.__doc__ or ""), f"{ref} is not in its file's docstring"
+
+
+# ----------------------------------------------------------------------------- programs
+
+
+def test_every_program_is_in_the_readme_or_the_benchmarks_readme():
+    commands = section(README, "## Commands")
+    assert "python train.py" in commands
+    for path in sorted((ROOT / "rhhjax" / "tools").glob("*.py")):
+        if "def console(" in path.read_text():
+            assert f"python -m rhhjax.tools.{path.stem}" in commands, path.name
+    benchmarks = (ROOT / "benchmarks" / "README.md").read_text()
+    for path in sorted((ROOT / "benchmarks").glob("*.*")):
+        if path.suffix in (".py", ".sh"):
+            assert f"benchmarks/{path.name}" in benchmarks, path.name
+    plan = ROOT / "kernels" / "persistent_plan.py"
+    if plan.is_file():  # a program inside the package
+        assert "python -m rhhjax.kernels.persistent_plan" in benchmarks
+
+
+# ----------------------------------------------------------------------------- modules
+
+
+@pytest.mark.parametrize("package", packages(), ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_every_package_init_names_its_modules(package):
+    doc = ast.get_docstring(ast.parse((package / "__init__.py").read_text())) or ""
+    missing = [name for name in members(package) if name not in doc]
+    assert not missing, f"{package.relative_to(ROOT)}/__init__.py does not name {missing}"
+
+
+def test_the_module_map_names_every_module():
+    block = entries(code_block(section(DESIGN, "## Module map")))
+    for package in packages():
+        where = package.relative_to(ROOT).as_posix()
+        if where == "rhhjax":  # the top-level modules: on the lines of rhhjax/<module>.py
+            text = "\n".join(v for k, v in block.items() if k.startswith("rhhjax/") and
+                             k.endswith(".py"))  # fmt: skip
+            names = [n for n in members(package) if n.endswith(".py")]
+            assert all(n in text for n in names), names
+            continue
+        assert f"{where}/" in block, f"the module map has no entry {where}/"
+        missing = [n for n in members(package) if n.endswith(".py") and n not in block[f"{where}/"]]
+        assert not missing, f"docs/design.md, {where}/: {missing}"
+
+
+def test_the_readme_layout_names_every_package_and_top_level_module():
+    layout = code_block(section(README, "## Layout"))
+    for package in packages():
+        where = package.relative_to(ROOT).as_posix()
+        if where != "rhhjax":
+            assert f"{where.replace('kernels/', '').rstrip('/')}/" in layout, where
+    for path in (ROOT / "rhhjax").glob("*.py"):
+        if path.name != "__init__.py":
+            assert path.name in layout, path.name

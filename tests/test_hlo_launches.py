@@ -1,0 +1,195 @@
+# ruff: noqa: E501  (the HLO fixtures below are real-length HLO lines)
+"""The HLO launch accounting (rhhjax/hlo/launches.py), on HLO text written
+here: pure Python, runs everywhere."""
+
+from __future__ import annotations
+
+import pytest
+from hlo_cases import HIDDEN, HLO, SEQ
+
+from rhhjax.hlo import launches as hl
+
+F32 = 4
+
+
+@pytest.fixture(scope="module")
+def comps():
+    return hl.parse_module(HLO)
+
+
+def _loops(comps):
+    return {lp.name: lp for lp in hl.classify_loops(hl.find_loops(comps), SEQ, HIDDEN)}
+
+
+def test_trip_counts_from_backend_config_and_from_the_condition(comps):
+    whiles = {i.name: i for c in comps.values() for i in c.instrs if i.opcode == "while"}
+    assert hl.trip_count(whiles["while.fwd"], comps) == 3  # known_trip_count
+    assert hl.trip_count(whiles["while.hyper"], comps) == 3  # compare LT constant(3)
+    assert hl.trip_count(whiles["while.layers"], comps) == 2
+    assert hl.trip_count(whiles["while.plain"], comps) == 5  # via the condition's fusion
+
+
+# ----------------------------------------------------------------------------- loops
+
+
+def test_time_loops_are_classified_by_carried_shapes_and_order(comps):
+    loops = _loops(comps)
+    assert set(loops) == {"while.hyper", "while.fwd", "while.bwd"}  # not the 5-trip loop
+    assert (loops["while.hyper"].part, loops["while.hyper"].role) == ("hyper", "forward")
+    assert (loops["while.fwd"].part, loops["while.fwd"].role) == ("main", "forward")
+    assert (loops["while.bwd"].part, loops["while.bwd"].role) == ("main", "backward")
+
+
+def test_launches_per_step_count_work_not_plumbing(comps):
+    loops = _loops(comps)
+    # hyper: triton call + counter fusion (tuple / get-tuple-element are not launches)
+    assert hl.per_step(loops["while.hyper"].launches) == 2
+    # main fwd: pad, convert, gemm, 2 x (layer tanh + counter) from the nested loop,
+    # the call's tanh, copy, dynamic-update-slice, counter = 11
+    assert hl.per_step(loops["while.fwd"].launches) == 11
+    # main bwd: dynamic-slice fusion, cuBLAS gemm, slice, store, counter
+    assert hl.per_step(loops["while.bwd"].launches) == 5
+    assert loops["while.fwd"].cond_launches == 1
+
+
+def test_movement_launches_are_named_by_kind(comps):
+    loops = _loops(comps)
+    assert hl.movement_counts(loops["while.fwd"].launches) == {
+        "pad": 1,
+        "convert": 1,
+        "copy": 1,
+        "store": 1,  # the dynamic-update-slice fusion
+    }
+    assert hl.movement_counts(loops["while.bwd"].launches) == {"slice": 1, "store": 1}
+    # the store fusion copies and writes a slice: it contains a copy
+    assert hl.watched_op_counts(loops["while.bwd"].launches) == {"copy": 1}
+    # the pad and the convert write [128, 128] copies of W [64, 128] (hidden 64)
+    assert hl.weight_op_counts(loops["while.fwd"].launches, HIDDEN) == {"pad": 1, "convert": 1}
+    assert hl.weight_op_counts(loops["while.bwd"].launches, HIDDEN) == {}
+    cats = hl.category_counts(loops["while.fwd"].launches)
+    assert cats["gemm"] == 1 and cats["pad"] == 1 and cats["convert"] == 1
+
+
+def _launch(comps, loop, name):
+    return next(lc for lc in _loops(comps)[loop].launches if lc.name == name)
+
+
+def test_bytes_count_operands_and_results_with_in_place_slices(comps):
+    pad = _launch(comps, "while.fwd", "loop_pad_fusion")
+    assert pad.bytes == 64 * 128 * F32 + 128 * 128 * F32
+    convert = _launch(comps, "while.fwd", "loop_convert_fusion")
+    assert convert.bytes == 128 * 128 * F32 + 128 * 128 * 2
+    # dynamic-update-slice into the [3, 4, 64] buffer: the update is read and written,
+    # plus the index, not the whole buffer
+    dus = _launch(comps, "while.fwd", "loop_dynamic_update_slice_fusion")
+    assert dus.bytes == 4 * 64 * F32 + 4 + 4 * 64 * F32
+    # dynamic-slice of the buffer: the slice read, the index, the slice written
+    ds = _launch(comps, "while.bwd", "loop_dynamic_slice_fusion")
+    assert ds.bytes == 4 * 64 * F32 + 4 + 4 * 64 * F32
+    # a buffer passed twice (the triton call's s) is read once
+    tri = _launch(comps, "while.hyper", "pallas_call.1")
+    assert tri.bytes == 4 * 8 * F32 + (4 * 8 + 4 * 2 * 8) * F32
+
+
+FUSED_CHAIN = """\
+%fused_chain (param_0: f32[3,2,4,64], param_1: s32[], param_2: f32[4,64]) -> f32[4,64] {
+  %param_1 = s32[] parameter(1)
+  %param_0 = f32[3,2,4,64]{3,2,1,0} parameter(0)
+  %c0 = s32[] constant(0)
+  %ds = f32[1,2,4,64]{3,2,1,0} dynamic-slice(%param_0, %param_1, %c0, %c0, %c0), dynamic_slice_sizes={1,2,4,64}
+  %bc = f32[2,4,64]{2,1,0} bitcast(%ds)
+  %sl = f32[1,4,64]{2,1,0} slice(%bc), slice={[1:2], [0:4], [0:64]}
+  %bc2 = f32[4,64]{1,0} bitcast(%sl)
+  %param_2 = f32[4,64]{1,0} parameter(2)
+  ROOT %add = f32[4,64]{1,0} add(%bc2, %param_2)
+}
+
+ENTRY %main (buf: f32[3,2,4,64], i: s32[], x: f32[4,64]) -> f32[4,64] {
+  %buf = f32[3,2,4,64]{3,2,1,0} parameter(0)
+  %i = s32[] parameter(1)
+  %x = f32[4,64]{1,0} parameter(2)
+  ROOT %f = f32[4,64]{1,0} fusion(%buf, %i, %x), kind=kLoop, calls=%fused_chain
+}
+"""
+# the buffer as the last operand: fusion operand k is parameter(k), whatever the order
+FUSED_CHAIN_BUFFER_LAST = (
+    FUSED_CHAIN.replace("parameter(0)", "parameter(@)")
+    .replace("parameter(2)", "parameter(0)")
+    .replace("parameter(@)", "parameter(2)")
+    .replace("fusion(%buf, %i, %x)", "fusion(%x, %i, %buf)")
+)
+
+
+@pytest.mark.parametrize("text", [FUSED_CHAIN, FUSED_CHAIN_BUFFER_LAST])
+def test_bytes_follow_slice_chains_to_the_elements_used(text):
+    comps = hl.parse_module(text)
+    (launch,) = hl.computation_launches("main", comps)
+    # one [4, 64] layer of one step of the [3, 2, 4, 64] buffer, the index, x, the result;
+    # fusion operand k is the fused computation's parameter(k), whatever the listing order
+    assert launch.bytes == 4 * 64 * F32 + 4 + 4 * 64 * F32 + 4 * 64 * F32
+
+
+def test_flops_of_dots_gemm_custom_calls_and_elementwise(comps):
+    gemm = _launch(comps, "while.fwd", "gemm_fusion_dot")
+    assert gemm.flops == 2 * 4 * 64 * 128 and gemm.category == "gemm"
+    cublas = _launch(comps, "while.bwd", "custom-call.g")
+    assert cublas.flops == 2 * 4 * 64 * 128 and cublas.category == "gemm"
+    assert _launch(comps, "while.fwd", "loop_pad_fusion").flops == 0
+
+
+def test_triton_flops_find_the_weight_and_state_operands():
+    table = {
+        "s": hl.parse_instr("  %s = f32[256,1024]{1,0} parameter(0)"),
+        "w": hl.parse_instr("  %w = f32[1024,2,1024]{2,1,0} parameter(1)"),
+        "x": hl.parse_instr("  %x = f32[256,2,1024]{2,1,0} parameter(2)"),
+    }
+    call = hl.parse_instr(
+        "  %k = (f32[256,1024]{1,0}) custom-call(%s, %w, %w, %x), "
+        'custom_call_target="__gpu$xla.gpu.triton"'
+    )
+    assert hl.triton_flops(call, table) == 2 * 256 * 1024 * 2048
+    elementwise = hl.parse_instr(
+        '  %e = f32[256,1024]{1,0} custom-call(%s, %x), custom_call_target="__gpu$xla.gpu.triton"'
+    )
+    assert hl.triton_flops(elementwise, table) == 0
+
+
+def test_input_dtype_reads_the_fused_dot_operands():
+    comps = hl.parse_module(HLO)
+    fwd = {lc.name: lc for lc in _loops(comps)["while.fwd"].launches}
+    assert fwd["gemm_fusion_dot"].input_dtype == "f32"
+    bf16 = HLO.replace(
+        "%gemm_computation (p0: f32[4,64], p1: f32[64,128]) -> f32[4,128] {\n"
+        "  %p0 = f32[4,64]{1,0} parameter(0)",
+        "%gemm_computation (p0: bf16[4,64], p1: f32[64,128]) -> f32[4,128] {\n"
+        "  %p0 = bf16[4,64]{1,0} parameter(0)",
+    )
+    assert bf16 != HLO
+    fwd = {lc.name: lc for lc in _loops(hl.parse_module(bf16))["while.fwd"].launches}
+    assert fwd["gemm_fusion_dot"].input_dtype == "bf16"
+
+
+def test_stacked_kernels_count_only_the_time_step_slice_of_whole_sequence_arrays():
+    line = (
+        "%pallas_call.1 = (f32[8,16]{1,0}, f32[4,3,8,3,16]{4,3,2,1,0}) custom-call("
+        "s32[1]{0} %t, f32[8,16]{1,0} %s, bf16[16,2,16]{2,1,0} %w, bf16[16,2,16]{2,1,0} %w, "
+        "f32[4,3,8,16]{3,2,1,0} %z, f32[4,3,8,3,16]{4,3,2,1,0} %packed), "
+        'custom_call_target="__gpu$xla.gpu.triton", output_to_operand_aliasing={{1}: (5, {})}, '
+        'backend_config={name = "highway_forward_stacked"}'
+    )
+    instr = hl.parse_instr(line)
+    step = 4 * (1 + 8 * 16 + 8 * 16 + 8 * 3 * 16) + 2 * 16 * 2 * 16  # t, s, z, packed; w once
+    assert hl.launch_bytes(instr, {}, {}) == step + 4 * (8 * 16 + 8 * 3 * 16)  # + results
+    # The same call under another kernel name counts whole operands (and w twice).
+    plain = hl.parse_instr(line.replace("highway_forward_stacked", "highway_forward"))
+    assert hl.launch_bytes(plain, {}, {}) > 4 * 4 * 3 * 8 * 3 * 16
+
+
+def test_backward_kernel_flops_contract_both_halves_of_the_transposed_weight():
+    line = (
+        "%pallas_call.2 = f32[8,16]{1,0} custom-call(f32[8,16]{1,0} %ds, "
+        "bf16[2,16,16]{2,1,0} %w_t, f32[8,2,16]{2,1,0} %d), "
+        'custom_call_target="__gpu$xla.gpu.triton"'
+    )
+    instr = hl.parse_instr(line)
+    assert hl.triton_flops(instr, {}) == 2 * 8 * (2 * 16) * 16

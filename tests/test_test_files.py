@@ -1,0 +1,95 @@
+"""The tests mirror the package: every module has its own test file, named by its path
+(``rhhjax/<package>/<module>.py`` -> ``tests/test_<package>_<module>.py``,
+``rhhjax/<module>.py`` -> ``test_<module>.py``, ``kernels/triton/<module>.py`` ->
+``test_kernels_triton_<module>.py``, a package's ``__init__.py`` -> ``test_<package>.py``),
+or is listed in ``WITHOUT_A_TEST_FILE`` below with the reason. A new module without either
+fails here; so does an entry whose module is gone or has a test file by now."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TESTS = ROOT / "tests"
+# The folders of the installed package, and the name each has under rhhjax.
+SOURCES = {"rhhjax": "", "kernels": "kernels", "configs": "configs"}
+
+FACE = "the package's face: a docstring naming its modules and re-exports of their names"
+WITHOUT_A_TEST_FILE = {
+    "rhhjax/__init__.py": FACE,
+    "rhhjax/analysis/__init__.py": FACE,
+    "rhhjax/data/__init__.py": FACE,
+    "rhhjax/hlo/__init__.py": FACE,
+    "rhhjax/models/__init__.py": FACE,
+    "rhhjax/ops/__init__.py": FACE,
+    "rhhjax/train/__init__.py": FACE,
+    "kernels/triton/__init__.py": FACE + "; its modules have their files",
+    "rhhjax/tools/__init__.py": FACE + ", and the old name rhhjax.tools.hlo_compile that the "
+    "Mosaic-family tests read (tests/test_grid_barrier.py runs it)",
+    "kernels/__init__.py": FACE + ", and the old name rhhjax.kernels.highway that the "
+    "Mosaic-family modules read (tests/test_mosaic.py runs them)",
+    "kernels/common.py": "the old name of dot_precision for tests/kernel_cases.py; the helper "
+    "itself is tested in tests/test_kernels_triton_common.py",
+    "rhhjax/train/__main__.py": "python -m rhhjax.train, which calls program.console: run by "
+    "tests/test_packaging.py",
+    "configs/ptb.py": "a config file: tests/test_configs.py loads every config and variant",
+    "configs/hutter.py": "the recipe of enwik8 and text8: tests/test_configs.py",
+    "configs/enwik8.py": "a config file: tests/test_configs.py",
+    "configs/text8.py": "a config file: tests/test_configs.py",
+    # The Mosaic GPU family keeps the test files named before its kernels/ folder.
+    "kernels/mosaic_gemm.py": "used by every Mosaic kernel: tests/test_mosaic_forward.py",
+    "kernels/mosaic_forward.py": "tests/test_mosaic_forward.py",
+    "kernels/mosaic_backward.py": "tests/test_mosaic_backward.py",
+    "kernels/persistent_forward.py": "tests/test_persistent_forward.py",
+    "kernels/persistent_backward.py": "tests/test_persistent_backward.py",
+    "kernels/persistent_plan.py": "tests/test_persistent_plan.py",
+    "kernels/grid_barrier.py": "tests/test_grid_barrier.py",
+    "rhhjax/ops/mosaic.py": "tests/test_mosaic.py",
+    "rhhjax/ops/persistent.py": "tests/test_persistent.py",
+    "rhhjax/ops/persistent_schedule.py": "tests/test_persistent_schedule.py",
+}
+
+
+def modules() -> list[str]:
+    """Every module of the package, as a path from the repository's root."""
+    found = []
+    for folder in SOURCES:
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            if "__pycache__" not in path.parts:
+                found.append(path.relative_to(ROOT).as_posix())
+    return found
+
+
+def expected_test_file(module: str) -> str:
+    """The test file named by ``module``'s path."""
+    folder, *rest = module[: -len(".py")].split("/")
+    parts = [SOURCES[folder], *rest]
+    parts = [p for p in parts if p and p != "__init__"]
+    return "test_" + "_".join(p.strip("_") for p in parts) + ".py"
+
+
+def test_every_module_has_its_test_file_or_a_reason():
+    missing = [
+        f"{m} (no tests/{expected_test_file(m)})"
+        for m in modules()
+        if not (TESTS / expected_test_file(m)).is_file() and m not in WITHOUT_A_TEST_FILE
+    ]
+    assert not missing, "add the test file, or the module and why to WITHOUT_A_TEST_FILE"
+
+
+def test_the_list_holds_only_modules_without_a_test_file():
+    present = set(modules())
+    for module, reason in WITHOUT_A_TEST_FILE.items():
+        assert module in present, f"{module} is gone: remove it from the list"
+        assert not (TESTS / expected_test_file(module)).is_file(), f"{module} has its test file now"
+        for named in re.findall(r"tests/(\w+\.py)", reason):
+            assert (TESTS / named).is_file(), f"{module}: {named} does not exist"
+
+
+def test_the_names_follow_the_paths():
+    assert expected_test_file("rhhjax/ops/fused.py") == "test_ops_fused.py"
+    assert expected_test_file("rhhjax/errors.py") == "test_errors.py"
+    assert expected_test_file("kernels/triton/stacked.py") == "test_kernels_triton_stacked.py"
+    assert expected_test_file("configs/__init__.py") == "test_configs.py"
+    assert expected_test_file("rhhjax/train/__main__.py") == "test_train_main.py"
