@@ -35,12 +35,23 @@ ordinary atomics (the generic proxy). ``fence.proxy.async.global`` after a block
 stores have completed and before its arrive, and again after the wait before its next TMA
 loads, orders the two (`_fence_proxy_async_global`).
 
-Everything here runs on a Hopper GPU only. It lowers and compiles for an H100 on a CPU host
-with the CUDA plugin (tests/test_grid_barrier.py); whether it performs as hoped, only a GPU
-can say.
+The semaphore barrier runs on a Hopper GPU only. It lowers and compiles for an H100 on a CPU
+host with the CUDA plugin (tests/test_grid_barrier.py); whether it performs as hoped, only a
+GPU can say.
+
+GPU interpret mode (`kernels/gpu_interpret.py`, jax >= 0.11.2) cannot run it: it allocates no
+``pl.get_global`` semaphores, runs no inline PTX (the fence), and runs the grid's blocks one
+after another, so a block waiting for another would wait forever. There a persistent kernel
+launches its whole grid as ONE cluster (`launch`), whose blocks the interpreter runs at once,
+and meets at a ``plgpu.ClusterBarrier`` (`cluster_barrier`: every block arrives, then waits
+for all). Same phases, same data flow through global memory; only the barrier differs, and the
+race detector checks that it orders every phase's writes before the next phase's reads.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -139,6 +150,41 @@ def grid_barrier(
         _fence_proxy_async_global()
 
     return passed
+
+
+def cluster_barrier(bar) -> jax.Array:
+    """Every block of the cluster arrives at ``bar`` (a ``plgpu.ClusterBarrier`` over all the
+    kernel's axes), then waits until all have; returns True (it cannot time out)."""
+    plgpu.barrier_arrive(bar)
+    plgpu.barrier_wait(bar)
+    return jnp.bool_(True)
+
+
+def launch(grid: tuple[int, ...], names: tuple[str, ...], interpret: Any) -> tuple[dict, dict]:
+    """(the ``plgpu.kernel`` launch arguments, the extra scratch) of a persistent kernel of
+    ``grid`` blocks with axis ``names``: compiled, a grid of blocks (semaphore barrier);
+    interpreted (``interpret`` not None), ONE cluster of that shape and a cluster barrier
+    ``phase_bar`` (`make_barrier`)."""
+    if interpret is None:
+        return dict(grid=grid, grid_names=names), {}
+    cluster = dict(cluster=grid, cluster_names=names)
+    return cluster, dict(phase_bar=plgpu.ClusterBarrier(collective_axes=names))
+
+
+def make_barrier(
+    blocks: int, is_leader, spin_limit: int, phase_bar=None
+) -> Callable[[jax.Array], jax.Array]:
+    """The kernel's barrier between phases, ``barrier(index) -> passed``: the grid barrier
+    on its semaphores (`semaphores`, `grid_barrier`), or with ``phase_bar`` (the scratch
+    that `launch` adds in interpret mode) the cluster barrier. Call once in the kernel body."""
+    if phase_bar is not None:
+        return lambda index: cluster_barrier(phase_bar)
+    arrive, go = semaphores()
+
+    def barrier(index):
+        return grid_barrier(arrive, go, index, blocks, is_leader, spin_limit=spin_limit)
+
+    return barrier
 
 
 def raise_if_timed_out(status, name: str) -> None:

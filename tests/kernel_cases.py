@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from rhhjax.kernels import gpu_interpret
 from rhhjax.kernels import highway as hw
 from rhhjax.kernels.common import dot_precision
 
@@ -155,6 +156,47 @@ def needs_gpu(what: str):
         jax.default_backend() != "gpu",
         reason=f"{what} runs on a Hopper GPU only (jax.default_backend() != 'gpu')",
     )
+
+
+def mosaic_mode_skip(interpret: bool, references: bool = False) -> str | None:
+    """Why the Mosaic GPU tests of a mode cannot run here, or None: compiled on a GPU only;
+    interpreted where jax has GPU interpret mode, on a CPU (on a GPU the compiled class runs
+    instead: a GPU minute is for the compiled kernels); references anywhere."""
+    if references:
+        return None
+    if interpret:
+        reason = gpu_interpret.unavailable()
+        if reason is None and jax.default_backend() == "gpu":
+            reason = "GPU interpret mode is the CPU's check; on a GPU the compiled class runs"
+        return reason
+    if jax.default_backend() != "gpu":
+        return (
+            "compiled Mosaic GPU kernels run on a Hopper GPU only (jax.default_backend() != 'gpu')"
+        )
+    return None
+
+
+class MosaicGpuMode:
+    """Base of the tests that run Mosaic GPU kernels, one class with a subclass per mode (the
+    pattern of JAX's Pallas GPU tests): INTERPRET False, the kernels compiled (a Hopper GPU
+    only); INTERPRET True, the same tests with the kernels executed in GPU interpret mode on
+    a CPU, race detector on (jax >= 0.11.2); REFERENCES True (model tests), the kernels'
+    pure-JAX references in their place. Each class skips, with the reason, where its mode
+    cannot run. A class's ``CASES`` (argument name -> values) parametrizes its tests
+    (`conftest.pytest_generate_tests`), so an interpreted subclass can run smaller shapes."""
+
+    INTERPRET = False
+    REFERENCES = False
+
+    @pytest.fixture(autouse=True)
+    def _skip_where_the_mode_cannot_run(self):
+        reason = mosaic_mode_skip(self.INTERPRET, self.REFERENCES)
+        if reason is not None:
+            pytest.skip(reason)
+
+    def interpret(self):
+        """The kernels' ``interpret=``: GPU interpret mode's parameters, or None (compiled)."""
+        return gpu_interpret.params() if self.INTERPRET else None
 
 
 def _has_cuda_plugin() -> bool:
