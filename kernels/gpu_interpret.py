@@ -85,19 +85,15 @@ def max_blocks() -> int:
 
 def cluster_too_large(blocks: int) -> str | None:
     """None when a cluster of ``blocks`` can run interpreted here, else one line saying why
-    and what to set."""
+    (and, where that is the cure, the NPROC to set)."""
     if blocks <= max_blocks():
         return None
     if blocks > MAX_BLOCKS:
-        return (
-            f"GPU interpret mode runs at most {MAX_BLOCKS} blocks at once, got {blocks}: "
-            "choose a plan of fewer blocks"
-        )
+        return f"GPU interpret mode runs at most {MAX_BLOCKS} blocks at once, got {blocks}"
     return (
         f"GPU interpret mode runs each of the {blocks} blocks as a thread of XLA's CPU pool "
         f"beside the launching one, and the pool has {pool_threads()} here: start the "
-        f"process with NPROC={blocks + 1} (read when jax starts), or choose a plan of fewer "
-        "blocks"
+        f"process with NPROC={blocks + 1} in its environment (read when jax starts)"
     )
 
 

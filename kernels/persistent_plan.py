@@ -262,6 +262,7 @@ class PersistentPlan:
             raise PlanError(
                 f"persistent plan of {self.row_blocks} x {self.col_blocks} blocks (batch "
                 f"{self.batch}, width {self.width}): {reason}"
+                + ("" if "NPROC" in reason else "; choose a plan of fewer blocks")
             )
 
     def check_backward_k(self) -> None:

@@ -130,7 +130,18 @@ def test_a_model_of_more_blocks_than_interpret_mode_runs_is_one_plan_error_line(
     persistent.interpret_plan.cache_clear()
     with pytest.raises(persistent.PlanError, match="GPU interpret mode runs") as error:
         persistent.interpret_plan(64, 2000, "bfloat16")  # 32 blocks of 64 units
-    assert "\n" not in str(error.value) and "fewer blocks" in str(error.value)
+    line = str(error.value)
+    assert "\n" not in line and "needs 32 blocks" in line and "impl='mosaic'" in line, line
+    assert "NPROC" not in line  # more NPROC would not help past 24 blocks
+
+
+def test_a_model_past_the_cpu_pool_in_interpret_mode_names_the_nproc_that_runs_it(monkeypatch):
+    monkeypatch.setenv("NPROC", "2")
+    persistent.interpret_plan.cache_clear()
+    with pytest.raises(persistent.PlanError, match="NPROC=3") as error:
+        persistent.interpret_plan(4, 8, "float32")  # 2 blocks of 32 units (f32 smem)
+    assert "\n" not in str(error.value)
+    persistent.interpret_plan.cache_clear()
 
 
 def test_geometry_is_the_plan_layout():

@@ -86,7 +86,7 @@ def lowering_only(name: str, pallas_mode: str, platform: str | None) -> str | No
     if pallas_mode != "compiled" or platform == "gpu":
         return None
     return (
-        f"model.pallas_mode='compiled' only lowers model.impl={name!r}'s kernels for a GPU "
+        f"model.pallas_mode='compiled' only lowers the kernels of model.impl={name!r} for a GPU "
         f"(the deviceless compile report); they cannot execute on {platform}: "
         f"{_off_gpu_advice(name == 'pallas')}"
     )

@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING
 import jax
 import jax.numpy as jnp
 
-from rhhjax.kernels import grid_barrier, highway
+from rhhjax.kernels import gpu_interpret, grid_barrier, highway
 from rhhjax.kernels import persistent_backward as pb
 from rhhjax.kernels import persistent_forward as pf
 from rhhjax.kernels.persistent_plan import (
@@ -137,7 +137,11 @@ def interpret_plan(batch: int, width: int, dtype_name: str) -> PersistentPlan:
         return plan.grid, forward + backward, plan.n_pad
 
     plan = min(plans, key=cost)
-    plan.check_interpretable()
+    reason = gpu_interpret.cluster_too_large(plan.grid)
+    if reason is not None and "NPROC" not in reason:
+        reason += f"; use impl='mosaic' (also interpreted) or a model narrower than {width}"
+    if reason is not None:
+        raise PlanError(f"model.impl={NAME!r} needs {plan.grid} blocks for width {width}: {reason}")
     return plan
 
 
