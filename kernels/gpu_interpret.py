@@ -54,7 +54,7 @@ def unavailable(what: str = "GPU interpret mode") -> str | None:
         return None
     return (
         f"{what} needs jax >= {MIN_JAX} (GPU interpret mode; jax {jax.__version__} is "
-        f"installed): pip install 'jax>={MIN_JAX}' (Python >= 3.11)"
+        f"installed): pip install 'jax>={MIN_JAX}' (Python >= 3.12)"
     )
 
 

@@ -197,7 +197,7 @@ def persistent_backward(
     def kernel(wt_g, g_g, packed_g, *refs, epi, carry, acc_smem, dsc, bar, phase_bar=None):
         extra_g = refs[: len(extras)]
         da_g, d_mm_g, ds_carry0_g, status_g = refs[len(extras) :]
-        r, c = jax.lax.axis_index("r"), jax.lax.axis_index("g")
+        r, c = gb.block_index((n_r, n_c), ("r", "g"), phase_bar)
         block_rows = pl.ds(r * rows, rows)
         units = pl.ds(c * u, u)
         is_leader = jnp.logical_and(r == 0, c == 0)

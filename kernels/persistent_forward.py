@@ -174,7 +174,7 @@ def persistent_forward(
         out_refs = refs[4 + len(optional) :]
         states_g, s_mm_g, status_g = out_refs[0], out_refs[-2], out_refs[-1]
         packed_g = out_refs[1] if save else None
-        r, g = jax.lax.axis_index("r"), jax.lax.axis_index("g")
+        r, g = grid_barrier.block_index((n_r, n_c), ("r", "g"), phase_bar)
         block = r * n_c + g
         row_sl, unit_sl = pl.ds(r * rows, rows), pl.ds(g * u, u)
         barrier = grid_barrier.make_barrier(n_r * n_c, block == 0, spin_limit, phase_bar)

@@ -39,7 +39,7 @@ def neighbour_kernel(
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
     def kernel(x0_ref, x_ref, status_ref, mine, right, bar, phase_bar=None):
-        g = jax.lax.axis_index("g")
+        (g,) = grid_barrier.block_index((blocks,), ("g",), phase_bar)
         barrier = grid_barrier.make_barrier(blocks, g == 0, spin_limit, phase_bar)
         cols = pl.ds(g * UNITS, UNITS)
         plgpu.copy_gmem_to_smem(x0_ref.at[:, cols], mine, bar.at[0])
