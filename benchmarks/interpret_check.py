@@ -8,8 +8,10 @@ kernel interpreted with the race detector on (`rhhjax.kernels.gpu_interpret.para
 pure-JAX reference on the same fresh random inputs, and prints one markdown row per run: the
 blocks (a grid run one block after another, or one cluster run at once), the largest
 difference from the reference (absolute, and relative to the largest reference entry), the
-races reported (a race raises; "none" when the run completed) and the seconds it took
-(interpretation and its compile). ``--paper``: also the micro-layer kernels at the paper's
+races reported ("none", or the report: jax 0.12 raises it, 0.11.2 prints it) and the seconds
+it took (interpretation and its compile). The last row is a MUTANT, the persistent forward
+without its barrier between phases, which must be reported (exit status 1 otherwise, or when
+any other row reports a race). ``--paper``: also the micro-layer kernels at the paper's
 size (a grid of 528 and 256 blocks, about a minute each here). ``--out``: the rows as JSON.
 
 A cluster of n blocks needs XLA's CPU pool to hold n + 1 threads: start it with
@@ -20,15 +22,19 @@ mode (jax < 0.11.2) it prints the one line that says so and exits 2.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
+import re
 import sys
 import time
 from pathlib import Path
+from unittest import mock
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from rhhjax.kernels import gpu_interpret
+from rhhjax.kernels import gpu_interpret, grid_barrier
 from rhhjax.kernels import mosaic_backward as mb
 from rhhjax.kernels import mosaic_forward as mf
 from rhhjax.kernels import persistent_backward as pb
@@ -185,7 +191,46 @@ def cases(paper: bool) -> list[tuple]:
         for plan, steps, depth in plans:
             note = f"B {plan.batch}, n {plan.width}, T {steps}, L {depth}"
             out.append((name, plan.dtype, note, lambda m=make, c=(plan, steps, depth): m(*c)))
+    # The check can fail: without its barrier between phases the kernel must be reported.
+    mutant = (PersistentPlan(64, 64, "bfloat16", 2, 1, 32), 2, 1)
+    note = "B 64, n 64, T 2, L 1; " + MUTANT
+    out.append(("persistent_forward", "bfloat16", note, lambda: persistent_forward_case(*mutant)))
     return out
+
+
+MUTANT = "MUTANT: no barrier between phases"
+
+
+@contextlib.contextmanager
+def _without_phase_barrier(active: bool):
+    """While ``active``, the interpreted persistent kernels skip their cluster barrier."""
+    if not active:
+        yield
+        return
+    with mock.patch.object(grid_barrier, "cluster_barrier", lambda bar: jnp.bool_(True)):
+        yield
+
+
+def _race(text: str) -> str | None:
+    """ "RACE DETECTED at <file>:<line>s" of a race report, or None."""
+    if "RACE DETECTED" not in text:
+        return None
+    report = text[text.index("RACE DETECTED") :]
+    places = sorted(set(re.findall(r"(\w+\.py:\d+)", report[:2000])))
+    return "RACE DETECTED at " + ", ".join(places[:2])
+
+
+def _run(kernel, mutant: bool):
+    """(the kernel's outputs or None, the races reported: "none" or where): jax 0.12 raises
+    a race, 0.11.2 prints it and carries on."""
+    printed = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(printed), _without_phase_barrier(mutant):
+            actual = jax.block_until_ready(kernel())
+    except Exception as error:  # a race (or any failure) is a result here
+        gpu_interpret.reset_state()
+        return None, _race(str(error)) or " ".join(str(error).split())[:120]
+    return actual, _race(printed.getvalue()) or "none"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -207,16 +252,12 @@ def main(argv: list[str] | None = None) -> int:
             continue
         blocks, kernel, reference = build()
         t0 = time.perf_counter()
-        try:
-            actual = jax.block_until_ready(kernel())
-            races = "none"
-        except Exception as error:  # a race (or any failure) is a result here
-            actual, races = None, " ".join(str(error).split())[:200]
-            gpu_interpret.reset_state()
+        actual, races = _run(kernel, MUTANT in shape)
         seconds = time.perf_counter() - t0
         diff = _difference(actual, reference()) if actual is not None else (np.nan, np.nan)
-        row = dict(kernel=name, dtype=dtype, shape=shape, blocks=blocks, max_abs=diff[0],
-                   max_rel=diff[1], races=races, seconds=round(seconds, 1))  # fmt: skip
+        finite = [None if np.isnan(d) else d for d in diff]  # None: the run raised
+        row = dict(kernel=name, dtype=dtype, shape=shape, blocks=blocks, max_abs=finite[0],
+                   max_rel=finite[1], races=races, seconds=round(seconds, 1))  # fmt: skip
         rows.append(row)
         print(f"| {name} | {dtype} | {shape} | {blocks} | {diff[0]:.2g} | {diff[1]:.2g} | "
               f"{races} | {seconds:.1f} |", flush=True)  # fmt: skip
@@ -225,7 +266,8 @@ def main(argv: list[str] | None = None) -> int:
             jax=jax.__version__, command=" ".join(sys.argv), pool=gpu_interpret.pool_threads()
         )
         Path(args.out).write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
-    return 0 if all(r["races"] == "none" for r in rows) else 1
+    expected = all((r["races"] == "none") != (MUTANT in r["shape"]) for r in rows)
+    return 0 if expected else 1
 
 
 if __name__ == "__main__":

@@ -14,8 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.experimental.pallas import mosaic_gpu as plgpu
-from kernel_cases import MosaicGpuMode, needs_cuda, run_deviceless
-from rhhjax.kernels import gpu_interpret
+from kernel_cases import MosaicGpuMode, assert_race_reported, needs_cuda, run_deviceless
 from rhhjax.kernels import mosaic_forward as mf
 
 from rhhjax.ops import cells
@@ -154,15 +153,13 @@ class TestInterpret(TestCompiled):
     CASES = {"shape": TestCompiled.CASES["shape"][:2]}  # the paper size takes ~45 s here
     TOL = {"bfloat16": 2e-5, "float32": 2e-5}
 
-    def test_the_race_detector_reports_a_missing_barrier_wait(self, monkeypatch):
+    def test_the_race_detector_reports_a_missing_barrier_wait(self, monkeypatch, capsys):
         """The check can fail: without the epilogue's waits for its TMA loads, the
         epilogue reads shared memory that a TMA copy may still be writing."""
         ops, _ = _full_case(3, 64, 16, 64, 8, "bfloat16")
         self.run(*ops)  # as it is: no race
         monkeypatch.setattr(plgpu, "barrier_wait", lambda barrier: None)
-        with pytest.raises(Exception, match="RACE DETECTED"):
-            jax.block_until_ready(self.run(*ops))
-        gpu_interpret.reset_state()
+        assert_race_reported(lambda: jax.block_until_ready(self.run(*ops)), capsys)
 
 
 def _full_case(seed, batch, width, k_pad, units, dtype, keep=0.7):
