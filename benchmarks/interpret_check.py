@@ -263,7 +263,10 @@ def main(argv: list[str] | None = None) -> int:
               f"{races} | {seconds:.1f} |", flush=True)  # fmt: skip
     if args.out:
         meta = dict(
-            jax=jax.__version__, command=" ".join(sys.argv), pool=gpu_interpret.pool_threads()
+            jax=jax.__version__,
+            command=" ".join(sys.argv),
+            pool_threads=gpu_interpret.pool_threads(),
+            date=time.strftime("%Y-%m-%d"),
         )
         Path(args.out).write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
     expected = all((r["races"] == "none") != (MUTANT in r["shape"]) for r in rows)
