@@ -117,7 +117,13 @@ def run_case(case: Case, mesh, opts: Options) -> dict:
         row["hyper_hidden"] = mc.hyper_hidden
     dump_root = opts.keep_dumps or tempfile.mkdtemp(prefix="rhhjax_gpu_report_")
     dump_dir = os.path.join(dump_root, re.sub(r"\W+", "_", case.label))
-    options = {"xla_dump_to": dump_dir, "xla_dump_hlo_module_re": "step_fn"}
+    # The PTX of every kernel (ptxas -v below): since jax 0.11 XLA writes it only for the
+    # "ptx" emitter, if xla_dump_emitter_re names it (0.10.2 always did).
+    options = {
+        "xla_dump_to": dump_dir,
+        "xla_dump_hlo_module_re": "step_fn",
+        "xla_dump_emitter_re": "ptx",
+    }
     try:
         with capture_fd2() as log:
             compiled, seconds = compile_step(mc, oc, seed, batch, seq_len, mesh, options)

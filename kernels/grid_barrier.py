@@ -35,12 +35,34 @@ ordinary atomics (the generic proxy). ``fence.proxy.async.global`` after a block
 stores have completed and before its arrive, and again after the wait before its next TMA
 loads, orders the two (`_fence_proxy_async_global`).
 
-Everything here runs on a Hopper GPU only. It lowers and compiles for an H100 on a CPU host
-with the CUDA plugin (tests/test_grid_barrier.py); whether it performs as hoped, only a GPU
-can say.
+The semaphore barrier runs on a Hopper GPU only. It lowers and compiles for an H100 on a CPU
+host with the CUDA plugin (tests/test_grid_barrier.py); whether it performs as hoped, only a
+GPU can say.
+
+GPU interpret mode (`kernels/gpu_interpret.py`, jax >= 0.11.2) cannot run it: it allocates no
+``pl.get_global`` semaphores, runs no inline PTX (the fence), and runs the grid's blocks one
+after another, so a block waiting for another would wait forever. There a persistent kernel
+launches its whole grid as ONE cluster (`launch`), whose blocks the interpreter runs at once,
+and meets at a ``plgpu.ClusterBarrier`` instead (`make_barrier`, `cluster_barrier`: every
+block arrives, then waits for all). Same phases, same data flow through global memory; only
+the barrier differs, and the race detector checks that it orders every phase's writes before
+the next phase's reads. Two details, both found by that race detector on a 2 x 4 grid:
+
+* The cluster has ONE axis (`CLUSTER_AXIS`, the blocks in row-major order; `block_index`
+  gives the grid coordinates back): a cluster barrier collective over two axes only orders
+  the blocks that share a row or a column, not the whole grid.
+* Two cluster barriers, by phase parity, as the semaphore barrier has two ``go``
+  semaphores: an mbarrier counts arrivals, so a block already past barrier ``p`` arriving
+  at ``p + 1`` on the same mbarrier would count towards ``p`` for a block still waiting
+  there. On alternate barriers it cannot; arriving at ``p + 2`` needs every block past
+  ``p + 1``, hence done arriving at ``p``.
 """
 
 from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -139,6 +161,60 @@ def grid_barrier(
         _fence_proxy_async_global()
 
     return passed
+
+
+CLUSTER_AXIS = "block"  # the one axis of an interpreted persistent kernel's cluster
+
+
+def cluster_barrier(bar) -> jax.Array:
+    """Every block of the cluster arrives at ``bar`` (a ``plgpu.ClusterBarrier`` collective
+    over the cluster's one axis), then waits until all have; returns True (it cannot time
+    out)."""
+    plgpu.barrier_arrive(bar)
+    plgpu.barrier_wait(bar)
+    return jnp.bool_(True)
+
+
+def launch(grid: tuple[int, ...], names: tuple[str, ...], interpret: Any) -> tuple[dict, dict]:
+    """(the ``plgpu.kernel`` launch arguments, the extra scratch) of a persistent kernel of
+    ``grid`` blocks with axis ``names``: compiled, a grid of blocks (semaphore barrier);
+    interpreted (``interpret`` not None), ONE cluster of all the blocks on one axis,
+    `CLUSTER_AXIS`, and two cluster barriers ``phase_bar`` (`make_barrier`). Read the block's
+    coordinates with `block_index`."""
+    if interpret is None:
+        return dict(grid=grid, grid_names=names), {}
+    bar = plgpu.ClusterBarrier(collective_axes=(CLUSTER_AXIS,), num_barriers=2)
+    return dict(cluster=(math.prod(grid),), cluster_names=(CLUSTER_AXIS,)), dict(phase_bar=bar)
+
+
+def block_index(grid: tuple[int, ...], names: tuple[str, ...], phase_bar=None) -> tuple:
+    """The block's coordinates along ``names`` (a grid of shape ``grid`` launched by
+    `launch`): its grid axes, or interpreted (``phase_bar`` given) its row-major index on the
+    cluster's one axis unravelled."""
+    if phase_bar is None:
+        return tuple(jax.lax.axis_index(name) for name in names)
+    flat, coords = jax.lax.axis_index(CLUSTER_AXIS), []
+    for size in reversed(grid):
+        coords.append(jax.lax.rem(flat, size))
+        flat = jax.lax.div(flat, size)
+    return tuple(reversed(coords))
+
+
+def make_barrier(
+    blocks: int, is_leader, spin_limit: int, phase_bar=None
+) -> Callable[[jax.Array], jax.Array]:
+    """The kernel's barrier between phases, ``barrier(index) -> passed``, with ``index``
+    0, 1, 2, ... in order: the grid barrier on its semaphores (`semaphores`,
+    `grid_barrier`), or with ``phase_bar`` (the scratch that `launch` adds in interpret
+    mode) the cluster barrier of the index's parity. Call once in the kernel body."""
+    if phase_bar is not None:
+        return lambda index: cluster_barrier(phase_bar.at[jax.lax.rem(index, 2)])
+    arrive, go = semaphores()
+
+    def barrier(index):
+        return grid_barrier(arrive, go, index, blocks, is_leader, spin_limit=spin_limit)
+
+    return barrier
 
 
 def raise_if_timed_out(status, name: str) -> None:

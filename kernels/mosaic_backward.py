@@ -23,13 +23,15 @@ exactly `rhhjax.ops.cells.gate_backward` and `rhhjax.ops.fused._layer_backward`.
     -> (d_scaled [b_pad, 2, n_pad] matmul dtype, ds_carry [b_pad, n_pad] f32,
         da [b_pad, 2, n_pad] f32)
 
-`highway_backward_reference` is the same math in plain JAX. Runs on a Hopper GPU only; lowers
-and compiles for one on a CPU host with the CUDA plugin (tests/test_mosaic_backward.py).
+`highway_backward_reference` is the same math in plain JAX. Runs compiled on a Hopper GPU;
+lowers and compiles for one on a CPU host with the CUDA plugin, and runs in GPU interpret mode
+on a CPU with jax >= 0.11.2 (tests/test_mosaic_backward.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -91,8 +93,10 @@ def highway_backward(
     mask: Array | None = None,
     *,
     config: MosaicBackwardConfig | None = None,
+    interpret: Any = None,
 ):
-    """The micro-layer backward as one Mosaic GPU kernel; shapes in the module docstring."""
+    """The micro-layer backward as one Mosaic GPU kernel; shapes in the module docstring.
+    ``interpret``: `gpu_interpret.params()` to execute it in GPU interpret mode (jax >= 0.11.2)."""
     config = config or MosaicBackwardConfig()
     b_pad, k_pad = d_above.shape
     n_pad = w_above.shape[0]
@@ -110,7 +114,7 @@ def highway_backward(
         d_g, w_g = refs[:2]
         in_refs = dict(zip(given, refs[2 : 2 + n_in], strict=True))
         d_scaled_g, ds_carry_g, da_g = refs[2 + n_in :]
-        m, g = pl.program_id(0), pl.program_id(1)
+        m, g = jax.lax.axis_index("m"), jax.lax.axis_index("g")
         rows, units = pl.ds(m * tm, tm), pl.ds(g * u, u)
 
         for slot, name in enumerate(given):
@@ -151,6 +155,7 @@ def highway_backward(
         grid=(b_pad // tm, n_pad // u),
         grid_names=("m", "g"),
         kernel_name="mosaic_highway_backward",
+        interpret=interpret,
     )(d_above, w_above, *(inputs[name] for name in given))
 
 

@@ -30,13 +30,14 @@ Returns the new state [b_pad, n_pad] f32; with ``save`` the tuple (s_new, h, t) 
 z, ``full`` [b_pad, 2, n_pad] too: the rows the backward of `rhhjax.ops.fused` reads.
 
 `highway_forward_reference` is the same math in plain JAX (same outputs). The kernel needs an
-H100 to run; it lowers and compiles for one on a CPU host with the CUDA plugin
-(tests/test_mosaic_forward.py).
+H100 to run compiled; it lowers and compiles for one on a CPU host with the CUDA plugin, and
+runs in GPU interpret mode on a CPU with jax >= 0.11.2 (tests/test_mosaic_forward.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -114,12 +115,14 @@ def highway_forward(
     *,
     save: bool = False,
     config: MosaicForwardConfig | None = None,
+    interpret: Any = None,
 ):
     """The micro-layer forward as one Mosaic GPU kernel; shapes in the module docstring.
 
-    Runs on a Hopper GPU only. (JAX 0.10.2's private Mosaic GPU interpreter cannot run it on
-    a CPU: it rejects the accumulator beside shared memory in one scope, and the transposed
-    weight tile, tried 2026-11-24.)"""
+    Compiled for a Hopper GPU, or with ``interpret`` (`gpu_interpret.params()`, jax >= 0.11.2)
+    executed in GPU interpret mode on a CPU. (JAX 0.10.2's private Mosaic GPU interpreter
+    cannot run it: it rejects the accumulator beside shared memory in one scope, and the
+    transposed weight tile, tried 2026-11-24.)"""
     config = config or MosaicForwardConfig()
     b_pad, k_pad = s_mm.shape
     n_pad = w_blk.shape[0] // 2
@@ -142,7 +145,7 @@ def highway_forward(
         s_mm_g, w_g = refs[:2]
         in_refs = dict(zip(given, refs[2 : 2 + n_in], strict=True))
         out_refs = refs[2 + n_in :]
-        m, g = pl.program_id(0), pl.program_id(1)
+        m, g = jax.lax.axis_index("m"), jax.lax.axis_index("g")
         rows, units = pl.ds(m * tm, tm), pl.ds(g * u, u)
 
         # Epilogue operands by TMA while the K loop runs.
@@ -185,6 +188,7 @@ def highway_forward(
         grid=(b_pad // tm, n_pad // u),
         grid_names=("m", "g"),
         kernel_name="mosaic_highway_forward",
+        interpret=interpret,
     )(s_mm, w_blk, *(inputs[name] for name in given))
     return outs[0] if n_out == 1 else tuple(outs)
 

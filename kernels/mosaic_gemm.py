@@ -47,7 +47,7 @@ def gemm_nt_to_smem(
 
     def accumulate(acc):
         def k_step(_, a_smem, b_smem):
-            plgpu.wgmma(acc, a_smem, plgpu.transpose_ref(b_smem, (1, 0)))
+            plgpu.wgmma(acc, a_smem, b_smem.transpose((1, 0)))
             plgpu.wgmma_wait(0)
 
         plgpu.emit_pipeline(

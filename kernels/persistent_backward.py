@@ -46,6 +46,8 @@ and compiles for an H100 on a CPU host with the CUDA plugin
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
@@ -170,14 +172,19 @@ def persistent_backward(
     mask: Array | None = None,
     *,
     spin_limit: int = gb.DEFAULT_SPIN_LIMIT,
+    interpret: Any = None,
 ):
     """All backward phases in one Mosaic GPU launch; shapes in the module docstring.
 
     Returns (da [P, b_pad, 2, n_pad] f32, d_mm [(P + 1) * b_pad, 2 * n_pad] matmul dtype,
     ds_carry0 [b_pad, n_pad] f32, status [R * C] int32). The caller checks ``status`` with
-    `grid_barrier.check_status`. Runs on a Hopper GPU only."""
+    `grid_barrier.check_status`. Compiled, it runs on a Hopper GPU only; with ``interpret``
+    (`gpu_interpret.params()`, jax >= 0.11.2) in GPU interpret mode as one cluster with a
+    cluster barrier (`grid_barrier.launch`; ``plan.check_interpretable``)."""
     depth = _check_operands(plan, wt, g, packed, z, mask)
     check_plan(plan, z is not None, mask is not None)
+    if interpret is not None:
+        plan.check_interpretable()
     phases = g.shape[0]
     rows, u, tk = plan.rows_per_block, plan.units_per_block, plan.k_chunk
     n_r, n_c, n_pad, b_pad = plan.row_blocks, plan.col_blocks, plan.n_pad, plan.b_pad
@@ -187,21 +194,18 @@ def persistent_backward(
     extra_names = [name for name, x in (("z", z), ("mask", mask)) if x is not None]
     extras = [x for x in (z, mask) if x is not None]
 
-    def kernel(wt_g, g_g, packed_g, *refs, epi, carry, acc_smem, dsc, bar):
+    def kernel(wt_g, g_g, packed_g, *refs, epi, carry, acc_smem, dsc, bar, phase_bar=None):
         extra_g = refs[: len(extras)]
         da_g, d_mm_g, ds_carry0_g, status_g = refs[len(extras) :]
-        r, c = pl.program_id(0), pl.program_id(1)
+        r, c = gb.block_index((n_r, n_c), ("r", "g"), phase_bar)
         block_rows = pl.ds(r * rows, rows)
         units = pl.ds(c * u, u)
-        arrive, go = gb.semaphores()
         is_leader = jnp.logical_and(r == 0, c == 0)
+        barrier = gb.make_barrier(n_r * n_c, is_leader, spin_limit, phase_bar)
         sources = dict(g_out=g_g, **dict(zip(extra_names, extra_g, strict=True)))
 
         def d_mm_slice(p, half):
             return d_mm_g.at[pl.ds(p * b_pad + r * rows, rows), pl.ds(half * n_pad + c * u, u)]
-
-        def barrier(index):
-            return gb.grid_barrier(arrive, go, index, n_r * n_c, is_leader, spin_limit=spin_limit)
 
         def gemm(p, l_above):
             """acc_smem = d_mm[p + 1][block rows] @ wt[l_above, block units]^T (f32)."""
@@ -269,6 +273,7 @@ def persistent_backward(
         jax.ShapeDtypeStruct((b_pad, n_pad), F32),
         jax.ShapeDtypeStruct((n_r * n_c,), jnp.int32),
     )
+    layout, phase_bar = gb.launch((n_r, n_c), ("r", "g"), interpret)
     return plgpu.kernel(
         kernel,
         out_type=out_type,
@@ -278,10 +283,11 @@ def persistent_backward(
             acc_smem=plgpu.SMEM((rows, u), F32),
             dsc=plgpu.SMEM((2, rows, u), mm_dtype),
             bar=plgpu.Barrier(num_barriers=len(names)),
+            **phase_bar,
         ),
-        grid=(n_r, n_c),
-        grid_names=("r", "g"),
+        **layout,
         kernel_name="persistent_highway_backward",
+        interpret=interpret,
     )(wt, g, packed, *extras)
 
 
@@ -294,10 +300,12 @@ def persistent_backward_reference(
     mask: Array | None = None,
     *,
     spin_limit: int = gb.DEFAULT_SPIN_LIMIT,
+    interpret: Any = None,
 ):
     """Pure-JAX `persistent_backward` (same operands, same outputs; status all zeros): a
-    reverse scan over the phases of `mosaic_backward.highway_backward_reference`."""
-    del spin_limit
+    reverse scan over the phases of `mosaic_backward.highway_backward_reference`
+    (``spin_limit`` and ``interpret`` unused)."""
+    del spin_limit, interpret
     depth = _check_operands(plan, wt, g, packed, z, mask)
     phases, b_pad, n_pad = g.shape
     w_layers = wt.reshape(depth, n_pad, 2 * n_pad)

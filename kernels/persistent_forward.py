@@ -55,6 +55,8 @@ only; it lowers and compiles for an H100 on a CPU host with the CUDA plugin
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
@@ -143,13 +145,18 @@ def persistent_forward(
     *,
     save: bool,
     spin_limit: int = grid_barrier.DEFAULT_SPIN_LIMIT,
+    interpret: Any = None,
 ):
     """All T * L forward phases in one Mosaic GPU launch; shapes in the module docstring.
 
     Returns (states, s_mm, status) or, with ``save``, (s_last [1, b_pad, n_pad], packed, s_mm,
-    status). Runs on a Hopper GPU only.
+    status). Compiled, it runs on a Hopper GPU only; with ``interpret``
+    (`gpu_interpret.params()`, jax >= 0.11.2) it runs in GPU interpret mode as one cluster with
+    a cluster barrier (`grid_barrier.launch`; ``plan.check_interpretable``).
     """
     steps, depth = check_operands(plan, w_blk, s0, xproj, bias, z, mask)
+    if interpret is not None:
+        plan.check_interpretable()
     phases = steps * depth
     n_r, n_c = plan.row_blocks, plan.col_blocks
     rows, u, tk = plan.rows_per_block, plan.units_per_block, plan.k_chunk
@@ -160,23 +167,17 @@ def persistent_forward(
     n_slots, out_slot = forward_staging_slots(has_z, has_mask, save)
     optional = [a for a in (z, mask) if a is not None]
 
-    def kernel(*refs, state, pre, epi, cast, bar):
+    def kernel(*refs, state, pre, epi, cast, bar, phase_bar=None):
         w_g, s0_g, x_g, bias_g = refs[:4]
         z_g = refs[4] if has_z else None
         mask_g = refs[4 + has_z] if has_mask else None
         out_refs = refs[4 + len(optional) :]
         states_g, s_mm_g, status_g = out_refs[0], out_refs[-2], out_refs[-1]
         packed_g = out_refs[1] if save else None
-        r, g = pl.program_id(0), pl.program_id(1)
+        r, g = grid_barrier.block_index((n_r, n_c), ("r", "g"), phase_bar)
         block = r * n_c + g
         row_sl, unit_sl = pl.ds(r * rows, rows), pl.ds(g * u, u)
-        arrive, go = grid_barrier.semaphores()
-        is_leader = block == 0
-
-        def barrier(index):
-            return grid_barrier.grid_barrier(
-                arrive, go, index, n_r * n_c, is_leader, spin_limit=spin_limit
-            )
+        barrier = grid_barrier.make_barrier(n_r * n_c, block == 0, spin_limit, phase_bar)
 
         # Prologue: the block's slice of s0 into its state and into s_mm row block 0.
         plgpu.copy_gmem_to_smem(s0_g.at[row_sl, unit_sl], state, bar.at[0])
@@ -292,6 +293,7 @@ def persistent_forward(
         jax.ShapeDtypeStruct(((phases + 1) * b_pad, k_pad), mm_dtype),
         jax.ShapeDtypeStruct((n_r * n_c,), jnp.int32),
     ]
+    layout, phase_bar = grid_barrier.launch((n_r, n_c), ("r", "g"), interpret)
     return plgpu.kernel(
         kernel,
         out_type=tuple(out_type),
@@ -301,10 +303,11 @@ def persistent_forward(
             epi=plgpu.SMEM((n_slots, rows, u), F32),
             cast=plgpu.SMEM((rows, u), mm_dtype),
             bar=plgpu.Barrier(num_barriers=len(ins)),
+            **phase_bar,
         ),
-        grid=(n_r, n_c),
-        grid_names=("r", "g"),
+        **layout,
         kernel_name="persistent_highway_forward",
+        interpret=interpret,
     )(w_blk, s0, xproj, bias, *optional)
 
 
@@ -322,12 +325,13 @@ def persistent_forward_reference(
     *,
     save: bool,
     spin_limit: int = grid_barrier.DEFAULT_SPIN_LIMIT,
+    interpret: Any = None,
 ):
     """Pure-JAX `persistent_forward` (same operands and outputs; status all zeros): a
     `lax.scan` over the phases of `mosaic_forward.highway_forward_reference` (units u),
     the state's matmul-dtype cast as the A operand, xproj scaled by 1 at layer 0 and by 0
-    elsewhere as the kernel does. ``spin_limit`` is unused."""
-    del spin_limit
+    elsewhere as the kernel does. ``spin_limit`` and ``interpret`` are unused."""
+    del spin_limit, interpret
     steps, depth = check_operands(plan, w_blk, s0, xproj, bias, z, mask)
     mm_dtype = w_blk.dtype
     k_pad, rows_w = plan.k_pad, 2 * plan.n_pad

@@ -252,6 +252,19 @@ class PersistentPlan:
                 "or raise row_blocks."
             )
 
+    def check_interpretable(self) -> None:
+        """PlanError (one line) unless GPU interpret mode can run the plan here: its grid as
+        ONE cluster (`grid_barrier.launch`) of at most `gpu_interpret.max_blocks` blocks."""
+        from rhhjax.kernels import gpu_interpret
+
+        reason = gpu_interpret.cluster_too_large(self.grid)
+        if reason is not None:
+            raise PlanError(
+                f"persistent plan of {self.row_blocks} x {self.col_blocks} blocks (batch "
+                f"{self.batch}, width {self.width}): {reason}"
+                + ("" if "NPROC" in reason else "; choose a plan of fewer blocks")
+            )
+
     def check_backward_k(self) -> None:
         """PlanError (one line) unless the backward's K, ``2 * n_pad``, is whole chunks."""
         if (2 * self.n_pad) % self.k_chunk:

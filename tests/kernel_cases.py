@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from rhhjax.kernels import gpu_interpret
 from rhhjax.kernels import highway as hw
 from rhhjax.kernels.common import dot_precision
 
@@ -155,6 +156,71 @@ def needs_gpu(what: str):
         jax.default_backend() != "gpu",
         reason=f"{what} runs on a Hopper GPU only (jax.default_backend() != 'gpu')",
     )
+
+
+def mosaic_mode_skip(interpret: bool, references: bool = False) -> str | None:
+    """Why the Mosaic GPU tests of a mode cannot run here, or None: compiled on a GPU only;
+    interpreted where jax has GPU interpret mode, on a CPU (on a GPU the compiled class runs
+    instead: a GPU minute is for the compiled kernels); references anywhere."""
+    if references:
+        return None
+    if interpret:
+        reason = gpu_interpret.unavailable()
+        if reason is None and jax.default_backend() == "gpu":
+            reason = "GPU interpret mode is the CPU's check; on a GPU the compiled class runs"
+        return reason
+    if jax.default_backend() != "gpu":
+        return (
+            "compiled Mosaic GPU kernels run on a Hopper GPU only (jax.default_backend() != 'gpu')"
+        )
+    return None
+
+
+class MosaicGpuMode:
+    """Base of the tests that run Mosaic GPU kernels, one class with a subclass per mode (the
+    pattern of JAX's Pallas GPU tests): INTERPRET False, the kernels compiled (a Hopper GPU
+    only); INTERPRET True, the same tests with the kernels executed in GPU interpret mode on
+    a CPU, race detector on (jax >= 0.11.2); REFERENCES True (model tests), the kernels'
+    pure-JAX references in their place. Each class skips, with the reason, where its mode
+    cannot run. A class's ``CASES`` (argument name -> values) parametrizes its tests
+    (`conftest.pytest_generate_tests`), so an interpreted subclass can run smaller shapes."""
+
+    INTERPRET = False
+    REFERENCES = False
+
+    @pytest.fixture(autouse=True)
+    def _mode(self, capsys):
+        """Skips where the mode cannot run; interpreted, fails the test when the race
+        detector reported a race that did not raise (jax 0.11.2 prints it and carries on)."""
+        reason = mosaic_mode_skip(self.INTERPRET, self.REFERENCES)
+        if reason is not None:
+            pytest.skip(reason)
+        yield
+        if self.INTERPRET:
+            printed = capsys.readouterr()
+            assert RACE not in printed.out + printed.err, "the race detector reported a race"
+
+    def interpret(self):
+        """The kernels' ``interpret=``: GPU interpret mode's parameters, or None (compiled)."""
+        return gpu_interpret.params() if self.INTERPRET else None
+
+
+RACE = "RACE DETECTED"  # how GPU interpret mode's race detector reports a race
+
+
+def assert_race_reported(run, capsys) -> None:
+    """``run()`` interprets a kernel in which the race detector must report a race: jax 0.12
+    raises it (``on_race="raise"``), 0.11.2 prints it and carries on. Consumes the printed
+    report (the mode's check after the test is for races nobody expected) and resets the
+    interpreter's state, as jax asks after a kernel raised."""
+    try:
+        run()
+    except Exception as error:  # the interpreter's error, raised through XLA's callback
+        assert RACE in str(error), error
+    else:
+        assert RACE in capsys.readouterr().out, "the race detector reported no race"
+    capsys.readouterr()
+    gpu_interpret.reset_state()
 
 
 def _has_cuda_plugin() -> bool:

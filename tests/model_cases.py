@@ -6,8 +6,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from kernel_cases import MosaicGpuMode
+from rhhjax.kernels import gpu_interpret
 
 from rhhjax import models
+from rhhjax.ops import spec
 
 
 def tiny(**overrides) -> models.ModelConfig:
@@ -23,9 +26,69 @@ def init(config: models.ModelConfig, seed: int):
     return model, models.init_params(model, jax.random.key(seed))
 
 
+# --- the Mosaic GPU implementations' refusals (tests/test_mosaic.py, test_persistent.py)
+
+
+def assert_off_gpu_refusal_advises_what_runs(impl: str, platform: str):
+    """`impl` off a GPU (pallas_mode "auto") is one line whose advice runs with this jax:
+    GPU interpret mode where jax has it (else the jax it needs), or `fused`; never the
+    lowering-only "compiled"."""
+    facts = spec.ModelFacts("hyperrhn", dropout="gate")
+    with pytest.raises(spec.UnsupportedImpl) as error:
+        spec.resolve(impl, facts, dtype="float32", platform=platform)
+    line = str(error.value)
+    assert "\n" not in line and f"the platform is {platform}" in line, line
+    assert "compiled" not in line and "impl='fused'" in line, line
+    assert spec.resolve("fused", facts, dtype="float32", platform=platform).impl == "fused"
+    if gpu_interpret.available():
+        assert "model.pallas_mode='interpret'" in line, line
+        resolved = spec.resolve(
+            impl, facts, dtype="float32", pallas_mode="interpret", platform=platform
+        )
+        assert resolved.impl == impl and resolved.interpret and not resolved.references
+    else:
+        assert f"needs jax >= {gpu_interpret.MIN_JAX}" in line, line
+
+
+def assert_interpret_mode_runs_or_names_the_jax(impl: str):
+    """pallas_mode "interpret" resolves to GPU interpret mode on any platform where jax has
+    it, else one line naming the jax it needs."""
+    for platform in ("cpu", "gpu"):
+        if gpu_interpret.available():
+            resolved = spec.resolve(
+                impl, spec.ModelFacts("rhn"), dtype="bfloat16", pallas_mode="interpret",
+                platform=platform,
+            )  # fmt: skip
+            assert resolved.interpret and not resolved.references
+            continue
+        with pytest.raises(spec.UnsupportedImpl, match=gpu_interpret.MIN_JAX) as error:
+            spec.resolve(impl, spec.ModelFacts("rhn"), dtype="bfloat16",
+                         pallas_mode="interpret", platform=platform)  # fmt: skip
+        assert "\n" not in str(error.value) and "pip install" in str(error.value)
+
+
+def assert_compiled_off_a_gpu_lowers_but_does_not_execute(impl: str):
+    """pallas_mode "compiled" resolves anywhere (the deviceless compile report lowers with
+    it); a program that will execute the model (`sequence_spec(execute=True)`, the trainer)
+    refuses it off a GPU in one line whose advice runs."""
+    config = models.ModelConfig(hidden=8, hyper_hidden=4, depth=2, impl=impl,
+                                pallas_mode="compiled")  # fmt: skip
+    assert not models.sequence_spec(config, platform="cpu").interpret
+    models.sequence_spec(config, platform="gpu", execute=True)
+    with pytest.raises(spec.UnsupportedImpl, match="only lowers") as error:
+        models.sequence_spec(config, platform="cpu", execute=True)
+    line = str(error.value)
+    assert "\n" not in line and "impl='fused'" in line, line
+    if gpu_interpret.available():
+        assert "model.pallas_mode='interpret'" in line
+        interpreted = models.ModelConfig(hidden=8, hyper_hidden=4, depth=2, impl=impl,
+                                         pallas_mode="interpret")  # fmt: skip
+        assert models.sequence_spec(interpreted, platform="cpu", execute=True).interpret
+
+
 # --- a Mosaic GPU implementation's model against `scan` (tests/test_mosaic.py, test_persistent.py)
 
-KERNEL_TOL = {"float32": 1e-5, "bfloat16": 3e-2}  # the kernels' references in their place
+KERNEL_TOL = {"float32": 1e-5, "bfloat16": 3e-2}  # references in place, or interpreted
 KERNEL_TOL_COMPILED = {"float32": 5e-3, "bfloat16": 3e-2}  # f32 operands run as TF32 in wgmma
 KERNEL_CASES = {
     # (type, dtype, hidden, hyper_hidden, depth, dropout, batch, length, original_first_step)
@@ -36,14 +99,16 @@ KERNEL_CASES = {
 }
 
 
-def kernel_and_scan_configs(case: str, impl: str):
-    """(ModelConfig with ``impl``, the same with impl="scan") of a KERNEL_CASES entry."""
+def kernel_and_scan_configs(case: str, impl: str, **overrides):
+    """(ModelConfig with ``impl`` and ``overrides``, the same with impl="scan") of a
+    KERNEL_CASES entry."""
     kind, dtype, hidden, hyper, depth, dropout, _, _, first = KERNEL_CASES[case]
     base = dict(
         type=kind, vocab_size=11, embed_dim=5, hidden=hidden, hyper_hidden=hyper,
         depth=depth, dropout=dropout, keep=0.7, dtype=dtype, original_first_step=first,
     )  # fmt: skip
-    return models.ModelConfig(**base, impl=impl), models.ModelConfig(**base, impl="scan")
+    kernel = models.ModelConfig(**base, impl=impl, **overrides)
+    return kernel, models.ModelConfig(**base, impl="scan")
 
 
 def loss_and_grads(model, params, tokens, key):
@@ -57,20 +122,25 @@ def loss_and_grads(model, params, tokens, key):
     return jax.jit(jax.value_and_grad(loss_fn))(params)
 
 
-class KernelModelMatchesScan:
+class KernelModelMatchesScan(MosaicGpuMode):
     """A Mosaic GPU implementation ``IMPL``'s model against the scan reference on fresh random
-    inputs: loss, every parameter gradient, evaluation logits. INTERPRET: the kernels' pure-JAX
-    references run in their place (a subclass per mode: the same tests run compiled on a GPU)."""
+    inputs: loss, every parameter gradient, evaluation logits. One class, a subclass per mode
+    (`kernel_cases.MosaicGpuMode`): compiled on a GPU, INTERPRET (the kernels executed in GPU
+    interpret mode on a CPU, race detector on, through ``model.pallas_mode="interpret"``),
+    and REFERENCES (the kernels' pure-JAX references in their place, under any jax)."""
 
     IMPL: str
-    INTERPRET: bool
     TOLERANCE: dict
 
     def model(self, config):
-        model = models.build_model(config, platform="gpu")
-        assert model.spec.impl == self.IMPL
         if self.INTERPRET:
-            model = model.clone(spec=dataclasses.replace(model.spec, interpret=True))
+            model = models.build_model(dataclasses.replace(config, pallas_mode="interpret"))
+            assert model.spec.interpret and not model.spec.references
+        else:
+            model = models.build_model(config, platform="gpu")
+        assert model.spec.impl == self.IMPL
+        if self.REFERENCES:
+            model = model.clone(spec=dataclasses.replace(model.spec, references=True))
         return model
 
     @pytest.mark.parametrize("case", list(KERNEL_CASES))

@@ -158,7 +158,9 @@ def f(s, w3, z, bias2):
     return hw.forward_padded(s, w3, z, bias2, None, None, geo=geo, config=config)
 try:
     args = sds((256, 1024)), sds((1024, 2, 1024)), sds((256, 1024)), sds((2, 1024))
-    jax.jit(f).trace(*args).lower(lowering_platforms=("cuda",)).compile()
+    with g.lowering_device(mesh):
+        lowered = jax.jit(f).trace(*args).lower(lowering_platforms=("cuda",))
+    lowered.compile()
     print(json.dumps({"compiled": True}))
 except Exception as e:
     print(json.dumps({"compiled": False, "type": type(e).__name__,

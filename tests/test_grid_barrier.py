@@ -4,8 +4,10 @@ On a CPU: `check_status` passes an all-zero status and raises ONE line naming th
 otherwise. ``gpu_compile``: a 132-block kernel of 700 phases whose every phase reads a
 slice another block wrote in the phase before lowers and compiles for an H100 without a GPU
 (CUDA plugin). `TestOnAGpu`: the same kernel against its NumPy result, twice in one process
-(the semaphores reset themselves), and a grid that cannot be co-resident gives up with the
-one-line error instead of hanging.
+(the semaphores reset themselves); `TestSpinOnAGpu`: a grid that cannot be co-resident gives
+up with the one-line error instead of hanging (both on a GPU only). `TestInterpret`: the
+kernel in GPU interpret mode with the cluster barrier in place of the semaphore barrier
+(clusters of 2 and 16 blocks; jax >= 0.11.2), and without that barrier reported as a race.
 """
 
 import json
@@ -15,41 +17,40 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from kernel_cases import needs_cuda, run_deviceless
-from rhhjax.kernels import grid_barrier
-
-NEEDS_GPU = pytest.mark.skipif(
-    jax.default_backend() != "gpu",
-    reason="the grid barrier runs in Mosaic GPU kernels on a Hopper GPU only",
-)
-
+from kernel_cases import MosaicGpuMode, assert_race_reported, needs_cuda, run_deviceless
+from rhhjax.kernels import gpu_interpret, grid_barrier
 
 ROWS, UNITS = 64, 8
 
 
-def neighbour_kernel(blocks: int, phases: int, spin_limit: int = grid_barrier.DEFAULT_SPIN_LIMIT):
+def neighbour_kernel(
+    blocks: int,
+    phases: int,
+    spin_limit: int = grid_barrier.DEFAULT_SPIN_LIMIT,
+    interpret=None,
+):
     """A persistent kernel: x [P + 1, ROWS, blocks * UNITS] f32 whose row 0 is the input;
     in phase p block g writes ``x[p + 1, :, g] = x[p, :, g] + x[p, :, g + 1 (mod blocks)] + 1``
-    (its slice and its right neighbour's, written by another block in phase p - 1). Returns
-    a function of x0 [ROWS, blocks * UNITS] -> (x [P + 1, ...], status [blocks])."""
+    (its slice and its right neighbour's, written by another block in phase p - 1). Compiled:
+    a grid with the semaphore barrier; with ``interpret``: one cluster with the cluster barrier
+    (`grid_barrier.launch`). Returns a function of x0 [ROWS, blocks * UNITS] -> (x [P + 1,
+    ...], status [blocks]: 1 where the block's barrier timed out)."""
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
-    def kernel(x0_ref, x_ref, status_ref, mine, right, bar):
-        g = pl.program_id(0)
-        arrive, go = grid_barrier.semaphores()
+    def kernel(x0_ref, x_ref, status_ref, mine, right, bar, phase_bar=None):
+        (g,) = grid_barrier.block_index((blocks,), ("g",), phase_bar)
+        barrier = grid_barrier.make_barrier(blocks, g == 0, spin_limit, phase_bar)
         cols = pl.ds(g * UNITS, UNITS)
         plgpu.copy_gmem_to_smem(x0_ref.at[:, cols], mine, bar.at[0])
         plgpu.barrier_wait(bar.at[0])
         plgpu.commit_smem()
         plgpu.copy_smem_to_gmem(mine, x_ref.at[0, :, cols])
         plgpu.wait_smem_to_gmem(0)
-        passed = grid_barrier.grid_barrier(arrive, go, 0, blocks, g == 0, True, spin_limit)
-        failed = jnp.logical_not(passed)
+        failed = jnp.logical_not(barrier(jnp.int32(0)))
 
         def phase(p, failed):
-            @pl.when(jnp.logical_not(failed))
-            def _work():
+            def work():
                 right_cols = pl.ds(jax.lax.rem(g + 1, blocks) * UNITS, UNITS)
                 plgpu.copy_gmem_to_smem(x_ref.at[p, :, cols], mine, bar.at[0])
                 plgpu.copy_gmem_to_smem(x_ref.at[p, :, right_cols], right, bar.at[1])
@@ -59,16 +60,15 @@ def neighbour_kernel(blocks: int, phases: int, spin_limit: int = grid_barrier.DE
                 plgpu.commit_smem()
                 plgpu.copy_smem_to_gmem(mine, x_ref.at[p + 1, :, cols])
                 plgpu.wait_smem_to_gmem(0)
+                return jnp.logical_not(barrier(p + 1))
 
-            active = jnp.logical_not(failed)
-            passed = grid_barrier.grid_barrier(
-                arrive, go, p + 1, blocks, g == 0, active, spin_limit
-            )
-            return jnp.logical_not(passed)
+            # A block that gave up neither works nor arrives: the others give up too.
+            return jax.lax.cond(failed, lambda: jnp.bool_(True), work)
 
         failed = jax.lax.fori_loop(0, phases, phase, failed)
         status_ref[g] = jnp.where(failed, jnp.int32(1), jnp.int32(0))
 
+    layout, phase_bar = grid_barrier.launch((blocks,), ("g",), interpret)
     return plgpu.kernel(
         kernel,
         out_type=(
@@ -79,10 +79,11 @@ def neighbour_kernel(blocks: int, phases: int, spin_limit: int = grid_barrier.DE
             mine=plgpu.SMEM((ROWS, UNITS), jnp.float32),
             right=plgpu.SMEM((ROWS, UNITS), jnp.float32),
             bar=plgpu.Barrier(num_barriers=2),
+            **phase_bar,
         ),
-        grid=(blocks,),
-        grid_names=("g",),
+        **layout,
         kernel_name="grid_barrier_neighbours",
+        interpret=interpret,
     )
 
 
@@ -151,13 +152,18 @@ def test_a_132_block_700_phase_kernel_lowers_and_compiles_for_an_h100_without_a_
     assert all(pieces.values()), pieces
 
 
-@NEEDS_GPU
-class TestOnAGpu:
-    """The barrier on a Hopper GPU: ordering, self-reset, and the bounded spin."""
+class TestOnAGpu(MosaicGpuMode):
+    """The barrier's ordering and self-reset: compiled on a Hopper GPU (the semaphore
+    barrier); in `TestInterpret` in GPU interpret mode, race detector on, with the cluster
+    barrier that interpret mode uses in its place (the same kernel otherwise)."""
 
-    @pytest.mark.parametrize(("blocks", "phases"), [(16, 50), (132, 700)])
-    def test_every_phase_sees_the_other_blocks_writes_twice_in_a_row(self, blocks, phases):
-        run = jax.jit(neighbour_kernel(blocks, phases))
+    CASES = {"shape": [(16, 50), (132, 700)]}  # (blocks, phases)
+
+    def test_every_phase_sees_the_other_blocks_writes_twice_in_a_row(self, shape):
+        blocks, phases = shape
+        if self.INTERPRET and gpu_interpret.cluster_too_large(blocks):
+            pytest.skip(gpu_interpret.cluster_too_large(blocks))
+        run = jax.jit(neighbour_kernel(blocks, phases, interpret=self.interpret()))
         for seed in (0, 1):  # the second call starts from the semaphores the first left
             x0 = np.random.default_rng(seed).normal(size=(ROWS, blocks * UNITS)) * 1e-3
             x0 = x0.astype(np.float32)
@@ -165,6 +171,28 @@ class TestOnAGpu:
             assert not np.asarray(status).any()
             expected = neighbour_reference(x0, blocks, phases)
             np.testing.assert_allclose(np.asarray(x), expected, rtol=1e-6, atol=1e-6)
+
+
+class TestInterpret(TestOnAGpu):
+    INTERPRET = True
+    CASES = {"shape": [(2, 3), (16, 4)]}  # 16: an H100's largest cluster
+
+    def test_the_race_detector_reports_a_missing_barrier(self, monkeypatch, capsys):
+        """The check can fail: without the barrier between phases, a block's load of its
+        neighbour's slice races with the neighbour's store of it."""
+        x0 = jnp.zeros((ROWS, 2 * UNITS), jnp.float32)
+
+        def run():  # a new kernel each time: traced again, after the patch too
+            return jax.block_until_ready(neighbour_kernel(2, 2, interpret=self.interpret())(x0))
+
+        run()  # as it is: no race
+        monkeypatch.setattr(grid_barrier, "cluster_barrier", lambda bar: jnp.bool_(True))
+        assert_race_reported(run, capsys)
+
+
+class TestSpinOnAGpu(MosaicGpuMode):
+    """The semaphore barrier's bounded spin (compiled only: interpret mode has no semaphore
+    barrier)."""
 
     def test_a_grid_that_cannot_be_resident_gives_up_instead_of_hanging(self):
         device = jax.devices()[0]

@@ -1,28 +1,29 @@
-"""`rhhjax.ops.mosaic` (impl="mosaic"): the Mosaic GPU micro-layer forward with `fused`'s
-backward loop.
+"""`rhhjax.ops.mosaic` (impl="mosaic"): a Mosaic GPU kernel per micro-layer, forward and
+backward.
 
-On a CPU: the registration, the one-line refusals (off a GPU, variational dropout, rank d),
-and the whole model against `scan` (values and gradients; f32, bf16, gate dropout, odd
-sizes) with the kernel's pure-JAX reference in its place (`spec.interpret`, the INTERPRET
-attribute below), which checks the layout, the saved rows and the backward around it.
-``gpu_compile``: the paper-size HyperRHN training step with impl="mosaic" lowers and
-compiles for an H100 without a GPU (CUDA plugin). `TestMosaicCompiled`: the same model
-comparisons with the compiled kernel, on a GPU only.
+On a CPU: the registration, the one-line refusals (off a GPU, variational dropout, rank d)
+and that their advice runs, and the whole model against `scan` (values and gradients; f32,
+bf16, gate dropout, odd sizes) with the kernels' pure-JAX references in their place
+(`TestMosaicReference`, any jax) and with the real kernels executed in GPU interpret mode,
+race detector on (`TestMosaicInterpret`, jax >= 0.11.2). ``gpu_compile``: the paper-size
+HyperRHN training step with impl="mosaic" lowers and compiles for an H100 without a GPU
+(CUDA plugin). `TestMosaicCompiled`: the same model comparisons with the compiled kernels,
+on a GPU only.
 """
 
-import jax
 import pytest
 from kernel_cases import assert_no_spills, compile_paper_step, needs_cuda
-from model_cases import KERNEL_TOL, KERNEL_TOL_COMPILED, KernelModelMatchesScan
+from model_cases import (
+    KERNEL_TOL,
+    KERNEL_TOL_COMPILED,
+    KernelModelMatchesScan,
+    assert_compiled_off_a_gpu_lowers_but_does_not_execute,
+    assert_interpret_mode_runs_or_names_the_jax,
+    assert_off_gpu_refusal_advises_what_runs,
+)
 
 from rhhjax import models
 from rhhjax.ops import fused, mosaic, spec
-
-NEEDS_GPU = pytest.mark.skipif(
-    jax.default_backend() != "gpu",
-    reason="impl='mosaic' compiles its Mosaic GPU kernel on a Hopper GPU only "
-    "(jax.default_backend() != 'gpu')",
-)
 
 
 def test_mosaic_is_registered_but_not_ranked_for_auto():
@@ -39,32 +40,23 @@ def test_mosaic_is_registered_but_not_ranked_for_auto():
         )
 
 
-@pytest.mark.parametrize(
-    ("pallas_mode", "platform", "message"),
-    [
-        ("auto", "cpu", r"\(cpu\)"),
-        ("interpret", "gpu", "pallas_mode='interpret'"),
-        ("interpret", "cpu", "pallas_mode='interpret'"),
-        ("auto", "tpu", r"\(tpu\)"),
-    ],
-)
-def test_off_a_gpu_mosaic_is_refused_in_one_line(pallas_mode, platform, message):
-    with pytest.raises(spec.UnsupportedImpl, match=message) as error:
-        spec.resolve(
-            "mosaic",
-            spec.ModelFacts("hyperrhn"),
-            dtype="float32",
-            pallas_mode=pallas_mode,
-            platform=platform,
-        )
-    assert "\n" not in str(error.value)
-    assert "Hopper GPU only" in str(error.value) and "pallas_mode='compiled'" in str(error.value)
+@pytest.mark.parametrize("platform", ["cpu", "tpu"])
+def test_off_a_gpu_mosaic_is_refused_in_one_line_whose_advice_runs(platform):
+    assert_off_gpu_refusal_advises_what_runs("mosaic", platform)
+
+
+def test_interpret_mode_runs_the_kernels_interpreted_or_names_the_jax_it_needs():
+    assert_interpret_mode_runs_or_names_the_jax("mosaic")
+
+
+def test_compiled_off_a_gpu_lowers_but_the_trainer_refuses_to_execute_it():
+    assert_compiled_off_a_gpu_lowers_but_does_not_execute("mosaic")
 
 
 def test_build_model_off_a_gpu_refuses_before_tracing():
     config = models.ModelConfig(hidden=8, hyper_hidden=4, depth=2, impl="mosaic")
     config.validate()  # the model itself is fine: only where it runs is refused
-    with pytest.raises(spec.UnsupportedImpl, match="Hopper GPU only"):
+    with pytest.raises(spec.UnsupportedImpl, match="for a Hopper GPU, and the platform is cpu"):
         models.build_model(config, platform="cpu")
 
 
@@ -116,15 +108,18 @@ def test_saved_rows_are_the_rows_the_fused_backward_reads():
 
 class TestMosaicReference(KernelModelMatchesScan):
     IMPL = "mosaic"
-    INTERPRET = True
+    REFERENCES = True
     TOLERANCE = KERNEL_TOL
 
 
-@NEEDS_GPU
 class TestMosaicCompiled(KernelModelMatchesScan):
     IMPL = "mosaic"
-    INTERPRET = False
     TOLERANCE = KERNEL_TOL_COMPILED
+
+
+class TestMosaicInterpret(TestMosaicCompiled):
+    INTERPRET = True
+    TOLERANCE = KERNEL_TOL
 
 
 # ----------------------------------------------------------------------------- deviceless

@@ -4,24 +4,22 @@ On a CPU: its reference against `rhhjax.ops.fused`'s micro-layer backward (the s
 matmul of the layer above plus `cells.gate_backward`), and its one-line config errors.
 ``gpu_compile``: the kernel lowers and compiles for an H100 without a GPU (needs the JAX
 CUDA plugin; skipped without it). `TestCompiled`: the kernel against its reference, on a GPU
-only."""
+only; `TestInterpret`: the same tests with the kernel executed in GPU interpret mode on a CPU,
+race detector on (jax >= 0.11.2), and a kernel without `commit_smem` reported as a race."""
+
+import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from kernel_cases import needs_cuda, run_deviceless
+from jax.experimental.pallas import mosaic_gpu as plgpu
+from kernel_cases import MosaicGpuMode, assert_race_reported, needs_cuda, run_deviceless
 from rhhjax.kernels import mosaic_backward as mb
 
 from rhhjax.ops import fused, spec
 
 KEEP = 0.7
-
-
-NEEDS_GPU = pytest.mark.skipif(
-    jax.default_backend() != "gpu",
-    reason="the Mosaic GPU kernel runs on a Hopper GPU only (jax.default_backend() != 'gpu')",
-)
 
 
 def _case(seed, batch, n, dtype, z_on=True, mask_on=True):
@@ -119,21 +117,47 @@ def test_kernel_lowers_and_compiles_for_an_h100_without_a_gpu(tmp_path):
     assert rows == [{"mosaic": True, "compiled": True}] * len(cases)
 
 
-@NEEDS_GPU
-class TestCompiled:
-    """The compiled kernel against its reference on fresh random inputs (GPU only). f32
-    operands run as TF32 in wgmma: the f32 tolerance is TF32's."""
+class TestCompiled(MosaicGpuMode):
+    """The kernel against its reference on fresh random inputs: compiled (a GPU only), and
+    in `TestInterpret` executed in GPU interpret mode, race detector on (jax >= 0.11.2).
+    f32 operands run as TF32 in wgmma on a GPU: the compiled f32 tolerance is TF32's."""
+
+    CASES = {
+        # (batch, n, z_on, mask_on, tile_k): grids of (batch / 64) x (n / 16); K = 2n
+        "shape": [(64, 64, True, True, 64), (128, 80, False, True, 32),
+                  (256, 1024, True, False, 64)],
+    }  # fmt: skip
+    TOL = {"bfloat16": 2e-2, "float32": 3e-3}  # d_scaled is stored in bf16
 
     @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
-    @pytest.mark.parametrize(
-        ("batch", "n", "z_on", "mask_on"),
-        [(64, 64, True, True), (128, 80, False, True), (256, 1024, True, False)],
-    )
-    def test_matches_reference(self, dtype, batch, n, z_on, mask_on):
+    def test_matches_reference(self, dtype, shape):
+        batch, n, z_on, mask_on, tile_k = shape
+        config = mb.MosaicBackwardConfig(tile_k=tile_k)
+        config.check(batch, n)  # the case itself is one the kernel accepts
         args, _ = _case(batch + n, batch, n, jnp.dtype(dtype), z_on, mask_on)
-        actual = jax.jit(mb.highway_backward)(*args)
+        kernel = functools.partial(mb.highway_backward, config=config, interpret=self.interpret())
+        actual = jax.jit(kernel)(*args)
         expected = mb.highway_backward_reference(*args)
-        tol = {"bfloat16": 2e-2, "float32": 3e-3}[dtype]  # d_scaled is stored in bf16
+        tol = self.TOL[dtype]
         for a, e in zip(actual, expected, strict=True):
             a, e = np.asarray(a, np.float32), np.asarray(e, np.float32)
             np.testing.assert_allclose(a, e, rtol=tol, atol=tol * float(np.abs(e).max()))
+
+
+class TestInterpret(TestCompiled):
+    INTERPRET = True
+    CASES = {"shape": TestCompiled.CASES["shape"][:2]}
+    TOL = {"bfloat16": 2e-2, "float32": 2e-5}
+
+    def test_the_race_detector_reports_a_missing_commit_smem(self, monkeypatch, capsys):
+        """The check can fail: without `commit_smem` the TMA stores read shared memory
+        that the epilogue's plain stores are not ordered before."""
+        args, _ = _case(5, 64, 64, jnp.bfloat16)
+
+        def run():  # a new function each time: traced again, after the patch too
+            kernel = functools.partial(mb.highway_backward, interpret=self.interpret())
+            return jax.block_until_ready(jax.jit(kernel)(*args))
+
+        run()  # as it is: no race
+        monkeypatch.setattr(plgpu, "commit_smem", lambda: None)
+        assert_race_reported(run, capsys)

@@ -3,21 +3,22 @@
 On a CPU: its reference and operand layout against the highway math of `ops.cells`, and its
 one-line config errors. ``gpu_compile``: the kernel lowers and compiles for an H100 without
 a GPU (needs the JAX CUDA plugin; skipped without it). `TestCompiled`: the kernel against
-its reference, on a GPU only."""
+its reference, on a GPU only; `TestInterpret`: the same tests with the kernel executed in GPU
+interpret mode on a CPU, race detector on (jax >= 0.11.2), and a kernel with its barrier
+waits removed reported as a race."""
+
+import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from kernel_cases import needs_cuda, run_deviceless
+from jax.experimental.pallas import mosaic_gpu as plgpu
+from kernel_cases import MosaicGpuMode, assert_race_reported, needs_cuda, run_deviceless
 from rhhjax.kernels import mosaic_forward as mf
 
 from rhhjax.ops import cells
 
-NEEDS_GPU = pytest.mark.skipif(
-    jax.default_backend() != "gpu",
-    reason="the Mosaic GPU kernel runs on a Hopper GPU only (jax.default_backend() != 'gpu')",
-)
 TOLERANCE = {"float32": 1e-5, "bfloat16": 1e-5}
 
 
@@ -104,19 +105,28 @@ def test_kernel_lowers_and_compiles_for_an_h100_without_a_gpu(tmp_path):
     assert rows == [{"mosaic": True, "compiled": True}] * len(cases)
 
 
-@NEEDS_GPU
-class TestCompiled:
-    """The compiled kernel against its reference on fresh random inputs (GPU only)."""
+class TestCompiled(MosaicGpuMode):
+    """The kernel against its reference on fresh random inputs: compiled (a GPU only), and
+    in `TestInterpret` executed in GPU interpret mode, race detector on (jax >= 0.11.2).
+    f32 operands run as TF32 in wgmma on a GPU (the compiled f32 tolerance is TF32's) and in
+    f32 interpreted."""
 
-    @pytest.mark.parametrize(
-        ("batch", "width", "units", "k_pad", "tile_k"),
-        [(64, 64, 8, 64, 64), (128, 48, 8, 64, 32), (256, 1056, 8, 1088, 64)],
-    )
-    def test_matches_reference(self, batch, width, units, k_pad, tile_k):
+    CASES = {
+        # (batch, width, units, k_pad, tile_k): grids of (batch / 64) x (width / units)
+        "shape": [(64, 64, 8, 64, 64), (128, 48, 8, 64, 32), (256, 1056, 8, 1088, 64)],
+    }
+    TOL = {"bfloat16": 2e-5, "float32": 3e-3}
+
+    def run(self, *operands, **kwargs):
+        """The jitted kernel on ``operands`` in this class's mode."""
+        kernel = functools.partial(mf.highway_forward, interpret=self.interpret(), **kwargs)
+        return jax.jit(kernel)(*operands)
+
+    def test_matches_reference(self, shape):
+        batch, width, units, k_pad, tile_k = shape
         w, s, z, b = _case(width + batch, batch, width)
         ops = mf.operands(w, s, z, b, jnp.bfloat16, units, k_pad)
-        config = mf.MosaicForwardConfig(units=units, tile_k=tile_k)
-        actual = jax.jit(lambda *a: mf.highway_forward(*a, config=config))(*ops)
+        actual = self.run(*ops, config=mf.MosaicForwardConfig(units=units, tile_k=tile_k))
         expected = mf.highway_forward_reference(*ops, units=units)
         np.testing.assert_allclose(actual, expected, rtol=2e-5, atol=2e-5)
 
@@ -124,18 +134,32 @@ class TestCompiled:
     @pytest.mark.parametrize(("z_on", "x_on", "mask_on"), [(True, True, True), (False, True, False),
                                                            (True, False, True)])  # fmt: skip
     def test_every_option_and_saved_row_matches_reference(self, dtype, z_on, x_on, mask_on):
-        """xproj, z, the dropout mask and the saved rows (h, t, full) against the reference.
-        f32 operands run as TF32 in wgmma: the f32 tolerance is TF32's."""
-        ops, _ = _full_case(11, 128, 72, 128, 8, dtype)  # 72 units: 9 column blocks
+        """xproj, z, the dropout mask and the saved rows (h, t, full) against the reference,
+        on a 2 x 9 grid (72 units of 8)."""
+        ops, _ = _full_case(11, 128, 72, 128, 8, dtype)
         s_mm, w_blk, s, bias, z, xproj, mask = ops
         args = (s_mm, w_blk, s, bias, z if z_on else None, xproj if x_on else None,
                 mask if mask_on else None)  # fmt: skip
-        actual = jax.jit(lambda *a: mf.highway_forward(*a, save=True))(*args)
+        actual = self.run(*args, save=True)
         expected = mf.highway_forward_reference(*args, save=True, units=8)
-        tol = 2e-5 if dtype == "bfloat16" else 3e-3
+        tol = self.TOL[dtype]
         assert len(actual) == len(expected)
         for a, e in zip(actual, expected, strict=True):
             np.testing.assert_allclose(a, e, rtol=tol, atol=tol)
+
+
+class TestInterpret(TestCompiled):
+    INTERPRET = True
+    CASES = {"shape": TestCompiled.CASES["shape"][:2]}  # the paper size takes ~45 s here
+    TOL = {"bfloat16": 2e-5, "float32": 2e-5}
+
+    def test_the_race_detector_reports_a_missing_barrier_wait(self, monkeypatch, capsys):
+        """The check can fail: without the epilogue's waits for its TMA loads, the
+        epilogue reads shared memory that a TMA copy may still be writing."""
+        ops, _ = _full_case(3, 64, 16, 64, 8, "bfloat16")
+        self.run(*ops)  # as it is: no race
+        monkeypatch.setattr(plgpu, "barrier_wait", lambda barrier: None)
+        assert_race_reported(lambda: jax.block_until_ready(self.run(*ops)), capsys)
 
 
 def _full_case(seed, batch, width, k_pad, units, dtype, keep=0.7):

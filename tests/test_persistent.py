@@ -1,30 +1,33 @@
 """`rhhjax.ops.persistent` (impl="persistent"): one persistent Mosaic GPU kernel for the whole
 forward time loop and one for the whole backward.
 
-On a CPU: the registration, the one-line refusals (off a GPU, variational dropout), rank-d
-running `fused` in its place, the plan chosen for a size, and the whole model against `scan`
-(loss and every gradient; f32, bf16, gate dropout, odd sizes, `original_first_step`) with the
-kernels' pure-JAX references in their place (`spec.interpret`, the INTERPRET attribute
-below). ``gpu_compile``: the paper-size HyperRHN training step with impl="persistent" lowers
+On a CPU: the registration, the one-line refusals (off a GPU, variational dropout) and that
+their advice runs, rank-d running `fused` in its place, the plan chosen for a size (and the
+one-block plan of GPU interpret mode), and the whole model against `scan` (loss and every
+gradient; f32, bf16, gate dropout, odd sizes, `original_first_step`) with the kernels'
+pure-JAX references in their place (`TestPersistentReference`, any jax) and with the real
+kernels executed in GPU interpret mode, race detector on (`TestPersistentInterpret`, jax >=
+0.11.2). ``gpu_compile``: the paper-size HyperRHN training step with impl="persistent" lowers
 and compiles for an H100 without a GPU. `TestPersistentCompiled`: the same comparisons with
 the compiled kernels, on a GPU only.
 """
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from kernel_cases import assert_no_spills, compile_paper_step, needs_cuda
-from model_cases import KERNEL_TOL, KERNEL_TOL_COMPILED, KernelModelMatchesScan
+from model_cases import (
+    KERNEL_TOL,
+    KERNEL_TOL_COMPILED,
+    KernelModelMatchesScan,
+    assert_compiled_off_a_gpu_lowers_but_does_not_execute,
+    assert_interpret_mode_runs_or_names_the_jax,
+    assert_off_gpu_refusal_advises_what_runs,
+)
 from rhhjax.kernels.persistent_plan import H100_SMS, PersistentPlan, predicted_phase_us
 
 from rhhjax import models
 from rhhjax.ops import fused, persistent, spec
-
-NEEDS_GPU = pytest.mark.skipif(
-    jax.default_backend() != "gpu",
-    reason="impl='persistent' runs its Mosaic GPU kernels on a Hopper GPU only",
-)
 
 
 def test_persistent_is_registered_but_not_ranked_for_auto():
@@ -38,14 +41,17 @@ def test_persistent_is_registered_but_not_ranked_for_auto():
         )
 
 
-@pytest.mark.parametrize(("pallas_mode", "platform"), [("auto", "cpu"), ("interpret", "gpu")])
-def test_off_a_gpu_persistent_is_refused_in_one_line(pallas_mode, platform):
-    with pytest.raises(spec.UnsupportedImpl, match="Hopper GPU only") as error:
-        spec.resolve(
-            "persistent", spec.ModelFacts("hyperrhn"), dtype="float32",
-            pallas_mode=pallas_mode, platform=platform,
-        )  # fmt: skip
-    assert "\n" not in str(error.value) and "'persistent'" in str(error.value)
+@pytest.mark.parametrize("platform", ["cpu", "tpu"])
+def test_off_a_gpu_persistent_is_refused_in_one_line_whose_advice_runs(platform):
+    assert_off_gpu_refusal_advises_what_runs("persistent", platform)
+
+
+def test_interpret_mode_runs_the_kernels_interpreted_or_names_the_jax_it_needs():
+    assert_interpret_mode_runs_or_names_the_jax("persistent")
+
+
+def test_compiled_off_a_gpu_lowers_but_the_trainer_refuses_to_execute_it():
+    assert_compiled_off_a_gpu_lowers_but_does_not_execute("persistent")
 
 
 def test_variational_dropout_is_refused_in_one_line_on_any_platform():
@@ -101,6 +107,43 @@ def test_a_width_past_the_sms_is_one_plan_error_line():
     assert "\n" not in str(error.value) and "blocks" in str(error.value)
 
 
+@pytest.mark.parametrize(("batch", "width"), [(5, 13), (3, 70), (4, 6), (64, 1)])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_interpret_mode_plans_the_fewest_blocks_that_both_kernels_accept(
+    batch, width, dtype, monkeypatch
+):
+    """GPU interpret mode runs a plan's blocks as one cluster of threads: its plan is the
+    H100 plan of the fewest blocks (at the model tests' sizes one to four), and the
+    interpreted model's geometry is that plan's."""
+    monkeypatch.setenv("NPROC", "17")  # XLA's CPU pool as the tests' conftest sizes it
+    persistent.interpret_plan.cache_clear()
+    plan = persistent.interpret_plan(batch, width, dtype)
+    candidates = list(persistent._candidates(batch, width, dtype))
+    assert plan in candidates and plan.grid == min(c.grid for c in candidates) <= 4
+    plan.check_interpretable()
+    interpreted = spec.SequenceSpec("persistent", 1.0, jnp.dtype(dtype), interpret=True)
+    geo = persistent.geometry(interpreted, batch, width)
+    assert (geo.b_pad, geo.n_pad) == (plan.b_pad, plan.n_pad)
+
+
+def test_a_model_of_more_blocks_than_interpret_mode_runs_is_one_plan_error_line():
+    persistent.interpret_plan.cache_clear()
+    with pytest.raises(persistent.PlanError, match="GPU interpret mode runs") as error:
+        persistent.interpret_plan(64, 2000, "bfloat16")  # 32 blocks of 64 units
+    line = str(error.value)
+    assert "\n" not in line and "needs 32 blocks" in line and "impl='mosaic'" in line, line
+    assert "NPROC" not in line  # more NPROC would not help past 24 blocks
+
+
+def test_a_model_past_the_cpu_pool_in_interpret_mode_names_the_nproc_that_runs_it(monkeypatch):
+    monkeypatch.setenv("NPROC", "2")
+    persistent.interpret_plan.cache_clear()
+    with pytest.raises(persistent.PlanError, match="NPROC=3") as error:
+        persistent.interpret_plan(4, 8, "float32")  # 2 blocks of 32 units (f32 smem)
+    assert "\n" not in str(error.value)
+    persistent.interpret_plan.cache_clear()
+
+
 def test_geometry_is_the_plan_layout():
     geo = persistent.geometry(spec.SequenceSpec("persistent", 1.0, jnp.bfloat16), 5, 13)
     plan = persistent.plan_for(5, 13, "bfloat16")
@@ -132,15 +175,18 @@ def test_states_are_the_next_phases_packed_input_rows_then_the_last_state(steps,
 
 class TestPersistentReference(KernelModelMatchesScan):
     IMPL = "persistent"
-    INTERPRET = True
+    REFERENCES = True
     TOLERANCE = KERNEL_TOL
 
 
-@NEEDS_GPU
 class TestPersistentCompiled(KernelModelMatchesScan):
     IMPL = "persistent"
-    INTERPRET = False
     TOLERANCE = KERNEL_TOL_COMPILED
+
+
+class TestPersistentInterpret(TestPersistentCompiled):
+    INTERPRET = True
+    TOLERANCE = KERNEL_TOL
 
 
 # ----------------------------------------------------------------------------- deviceless

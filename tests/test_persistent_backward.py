@@ -5,15 +5,21 @@ operands (f32) and against `rhhjax.ops.persistent_schedule.backward_loop` (f32, 
 and without z and mask; odd sizes; depth 1 and 3); the weight layout; the shared-memory
 count; one-line plan errors. ``gpu_compile``: the kernel lowers and compiles for an H100
 without a GPU, and allocates exactly `backward_smem_bytes`. `TestCompiled`: the kernel against
-its reference, on a GPU only."""
+its reference, on a GPU only; `TestInterpret`: the same tests with the kernel executed in GPU
+interpret mode on a CPU, race detector on (jax >= 0.11.2; one block, clusters of 6 and 16
+blocks meeting at a cluster barrier), and a kernel without its barrier between phases
+reported as a race."""
 
+import functools
 import types
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from kernel_cases import needs_cuda, run_deviceless
+from kernel_cases import MosaicGpuMode, assert_race_reported, needs_cuda, run_deviceless
+from rhhjax.kernels import gpu_interpret
+from rhhjax.kernels import grid_barrier as gb
 from rhhjax.kernels import persistent_backward as pb
 from rhhjax.kernels.persistent_plan import PersistentPlan, PlanError, paper_plan
 
@@ -21,12 +27,6 @@ from rhhjax.ops import persistent_schedule as ps
 
 KEEP = 0.7
 F32 = jnp.float32
-
-
-NEEDS_GPU = pytest.mark.skipif(
-    jax.default_backend() != "gpu",
-    reason="the Mosaic GPU kernel runs on a Hopper GPU only (jax.default_backend() != 'gpu')",
-)
 
 
 def _pad(plan, x):
@@ -335,30 +335,63 @@ def test_kernel_lowers_and_compiles_for_an_h100_without_a_gpu(tmp_path):
         assert row["smem"] == row["predicted"], row
 
 
-@NEEDS_GPU
-class TestCompiled:
-    """The compiled kernel against its reference on fresh random inputs (GPU only). f32
-    operands run as TF32 in wgmma: the f32 tolerance is TF32's; bf16 d_scaled feeds the next
-    phase, so errors compound over the phases."""
+class TestCompiled(MosaicGpuMode):
+    """The kernel against its reference on fresh random inputs: compiled (a GPU only; the
+    grid barrier), and in `TestInterpret` executed in GPU interpret mode, race detector on
+    (jax >= 0.11.2; the grid as one cluster with a cluster barrier). f32 operands run as
+    TF32 in wgmma on a GPU: the compiled f32 tolerance is TF32's; bf16 d_scaled feeds the
+    next phase, so errors compound over the phases."""
 
-    @pytest.mark.parametrize(
-        ("plan", "steps", "depth", "z_on", "mask_on"),
-        [
-            (PersistentPlan(64, 60, "bfloat16", col_blocks=4, k_chunk=32), 3, 2, True, True),
-            (PersistentPlan(100, 37, "float32", col_blocks=3, row_blocks=2, k_chunk=32), 2, 3,
-             False, True),
-            (paper_plan("bfloat16"), 4, 2, True, False),
-            (PersistentPlan(256, 1000, "float32", col_blocks=33, row_blocks=4), 2, 2, False,
-             False),
+    CASES = {
+        # (PersistentPlan arguments, steps, depth, z_on, mask_on)
+        "case": [
+            ((64, 60, "bfloat16", 4, 1, 32), 3, 2, True, True),
+            ((100, 37, "float32", 3, 2, 32), 2, 3, False, True),
+            ((256, 1000, "bfloat16"), 4, 2, True, False),  # the paper plan: 132 blocks
+            ((256, 1000, "float32", 33, 4), 2, 2, False, False),
         ],
-    )  # fmt: skip
-    def test_matches_reference(self, plan, steps, depth, z_on, mask_on):
+    }
+    TOL = {"bfloat16": 3e-2, "float32": 3e-3}
+
+    def test_matches_reference(self, case):
+        plan_args, steps, depth, z_on, mask_on = case
+        plan = PersistentPlan(*plan_args)
+        if self.INTERPRET and gpu_interpret.cluster_too_large(plan.grid):
+            pytest.skip(gpu_interpret.cluster_too_large(plan.grid))
         case = _case(plan.batch + steps, plan, steps, depth, z_on, mask_on)
         wt, expected = _reference(plan, case, jnp.dtype(plan.dtype))
         operands = (wt, case["g"], _packed(case), case["z"], case["mask"])
-        actual = jax.jit(lambda *a: pb.persistent_backward(plan, *a))(*operands)
+        kernel = functools.partial(pb.persistent_backward, plan, interpret=self.interpret())
+        actual = jax.jit(kernel)(*operands)
         assert not np.asarray(actual[3]).any(), "grid barrier timed out"
-        tol = {"bfloat16": 3e-2, "float32": 3e-3}[plan.dtype]
+        tol = self.TOL[plan.dtype]
         for a, e in zip(actual[:3], expected[:3], strict=True):
             a, e = np.asarray(a, np.float32), np.asarray(e, np.float32)
             np.testing.assert_allclose(a, e, rtol=tol, atol=tol * float(np.abs(e).max()))
+
+
+class TestInterpret(TestCompiled):
+    INTERPRET = True
+    CASES = {
+        "case": [
+            ((64, 64, "bfloat16", 1, 1, 32), 3, 2, True, True),  # one block
+            ((100, 37, "float32", 3, 2, 32), 2, 3, False, True),  # 2 x 3, the compiled case
+            ((64, 128, "bfloat16", 16, 1, 16), 2, 2, True, True),  # 16: an H100's largest cluster
+        ],
+    }  # fmt: skip
+    TOL = {"bfloat16": 3e-2, "float32": 2e-5}
+
+    def test_the_race_detector_reports_a_missing_barrier_between_phases(self, monkeypatch, capsys):
+        """The check can fail: without the barrier between phases, one block's TMA load of
+        the layer above's d_scaled races with another block's store of it."""
+        plan = PersistentPlan(64, 32, "float32", col_blocks=2, k_chunk=32)
+        case = _case(2, plan, 2, 2, False, False)
+        wt = pb.backward_weights(plan, case["kernel_s"], F32)
+
+        def run():  # a new function each time: traced again, after the patch too
+            kernel = functools.partial(pb.persistent_backward, plan, interpret=self.interpret())
+            return jax.block_until_ready(jax.jit(kernel)(wt, case["g"], _packed(case)))
+
+        run()  # as it is: no race
+        monkeypatch.setattr(gb, "cluster_barrier", lambda bar: jnp.bool_(True))
+        assert_race_reported(run, capsys)

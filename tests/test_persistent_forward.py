@@ -5,22 +5,31 @@ schedule emulation `ops.persistent_schedule` (states and the saved rows in
 `loops.pack`'s layout), the A buffer and status outputs, the weight layout, the plan's new
 checks and its shared-memory count, one-line errors. ``gpu_compile``: the kernel lowers and
 compiles for an H100 without a GPU, allocating exactly ``plan.smem_bytes(...)`` (needs the
-JAX CUDA plugin). `TestCompiled`: the kernel against its reference, on a GPU only."""
+JAX CUDA plugin). `TestCompiled`: the kernel against its reference, on a GPU only;
+`TestInterpret`: the same tests with the kernel executed in GPU interpret mode on a CPU, race
+detector on (jax >= 0.11.2; one block, and clusters of 2, 8 and 16 blocks meeting at a cluster
+barrier), and a kernel without its barrier between phases reported as a race."""
+
+import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from kernel_cases import assert_no_spills, needs_cuda, run_deviceless
+from kernel_cases import (
+    MosaicGpuMode,
+    assert_no_spills,
+    assert_race_reported,
+    needs_cuda,
+    run_deviceless,
+)
+from rhhjax.kernels import gpu_interpret, grid_barrier
+from rhhjax.kernels import mosaic_forward as mf
 from rhhjax.kernels import persistent_forward as pf
 from rhhjax.kernels import persistent_plan as pp
 
 from rhhjax.ops import cells, fused, loops, persistent_schedule
 
-NEEDS_GPU = pytest.mark.skipif(
-    jax.default_backend() != "gpu",
-    reason="the Mosaic GPU kernel runs on a Hopper GPU only (jax.default_backend() != 'gpu')",
-)
 TOLERANCE = {"float32": 1e-5, "bfloat16": 1e-5}
 KEEP = 0.7
 
@@ -308,27 +317,94 @@ def test_kernel_lowers_and_compiles_for_an_h100_without_a_gpu(tmp_path):
     assert_no_spills(reports)
 
 
-@NEEDS_GPU
-class TestCompiled:
-    """The compiled kernel against its reference on fresh random inputs (GPU only). f32
-    operands run as TF32 in wgmma: the f32 tolerance is TF32's."""
+def _teacher_forced(plan, ops, inputs, save_z: bool):
+    """The reference of every phase from the kernel's own input state of that phase
+    (``inputs`` [P, b_pad, n_pad], packed row 0), so that one rounding flip of a bf16 state
+    does not propagate: [(s_new, h, t[, full]) per phase]."""
+    w_blk, _, xproj, bias, z, mask = ops
+    depth = bias.shape[0]
+    w_layers = w_blk.reshape(depth, 2 * plan.n_pad, plan.k_pad)
+    outs = []
+    for p, s in enumerate(inputs):
+        t, layer = divmod(p, depth)
+        x_scale = 1.0 if layer == 0 else 0.0
+        outs.append(mf.highway_forward_reference(
+            s[:, : plan.k_pad].astype(w_blk.dtype), w_layers[layer], s, bias[layer],
+            None if z is None else z[p], xproj[t] * x_scale, None if mask is None else mask[p],
+            save=True, units=plan.units_per_block,
+        ))  # fmt: skip
+    return outs
+
+
+class TestCompiled(MosaicGpuMode):
+    """The kernel against its reference on fresh random inputs: compiled (a GPU only; the
+    grid barrier), and in `TestInterpret` executed in GPU interpret mode, race detector on
+    (jax >= 0.11.2; the grid as one cluster with a cluster barrier). Each phase is compared
+    with the reference run from the kernel's own input state of that phase, the state chain
+    (each phase's input is the last one's output, the A buffer their casts) exactly. f32
+    operands run as TF32 in wgmma on a GPU: the compiled f32 tolerance is TF32's."""
+
+    CASES = {
+        # (dtype, batch, width, col_blocks, row_blocks, k_chunk, steps, depth)
+        "case": [("bfloat16", 256, 1000, 132, 1, 64, 4, 3), ("float32", 100, 37, 4, 2, 16, 3, 2),
+                 ("bfloat16", 256, 1000, 33, 4, 64, 2, 2)],
+    }  # fmt: skip
+    TOL = {"bfloat16": 1e-4, "float32": 3e-3}
+
+    def run(self, plan, ops, save):
+        """The jitted kernel in this class's mode; the plan must suit the mode."""
+        if self.INTERPRET:
+            reason = gpu_interpret.cluster_too_large(plan.grid)
+            if reason is not None:
+                pytest.skip(reason)
+        kernel = functools.partial(
+            pf.persistent_forward, plan, save=save, interpret=self.interpret()
+        )
+        return jax.block_until_ready(jax.jit(kernel)(*ops))
 
     @pytest.mark.parametrize(("has_z", "has_mask"), [(True, True), (False, False)])
-    @pytest.mark.parametrize(
-        "case",
-        [("bfloat16", 256, 1000, 132, 1, 64, 4, 3), ("float32", 100, 37, 4, 2, 16, 3, 2),
-         ("bfloat16", 256, 1000, 33, 4, 64, 2, 2)],
-    )  # fmt: skip
     def test_matches_reference(self, case, has_z, has_mask):
         dtype, batch, width, cols, row_blocks, k_chunk, steps, depth = case
         stages = 2 if dtype == "float32" else 4
         plan = pp.PersistentPlan(batch, width, dtype, cols, row_blocks, k_chunk, stages)
         ops = _operands(plan, _problem(5, batch, width, steps, depth), has_z, has_mask)
-        actual = jax.jit(lambda *a: pf.persistent_forward(plan, *a, save=True))(*ops)
-        expected = pf.persistent_forward_reference(plan, *ops, save=True)
-        tol = 2e-4 if dtype == "bfloat16" else 3e-3
-        assert len(actual) == len(expected) == 4
-        assert not np.asarray(actual[3]).any(), actual[3]
-        for a, e in zip(actual[:3], expected[:3], strict=True):
-            np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(e, np.float32),
-                                       rtol=tol, atol=tol)  # fmt: skip
+        s_last, packed, s_mm, status = self.run(plan, ops, save=True)
+        assert not np.asarray(status).any(), status
+        inputs = packed[:, :, 0]
+        np.testing.assert_array_equal(inputs[0], ops[1])  # s0
+        outputs = jnp.concatenate([inputs[1:], s_last], axis=0)
+        chain = jnp.concatenate([ops[1][None], outputs], axis=0)[..., : plan.k_pad]
+        np.testing.assert_array_equal(s_mm, chain.astype(dtype).reshape(s_mm.shape))
+        tol = self.TOL[dtype]
+        for p, want in enumerate(_teacher_forced(plan, ops, inputs, has_z)):
+            got = [outputs[p], packed[p, :, 1], packed[p, :, 2]]
+            if has_z:
+                got.append(packed[p, :, 3:])
+            assert len(got) == len(want)
+            for a, e in zip(got, want, strict=True):
+                np.testing.assert_allclose(a, e, rtol=tol, atol=tol, err_msg=f"phase {p}")
+        # Without save (another kernel): every state, and the A buffer their casts.
+        states, s_mm_unsaved, status = self.run(plan, ops, save=False)
+        assert not np.asarray(status).any()
+        np.testing.assert_allclose(states, outputs, rtol=tol, atol=tol)
+        chain = jnp.concatenate([ops[1][None], states], axis=0)[..., : plan.k_pad]
+        np.testing.assert_array_equal(s_mm_unsaved, chain.astype(dtype).reshape(s_mm.shape))
+
+
+class TestInterpret(TestCompiled):
+    INTERPRET = True
+    CASES = {
+        # one block; 2 row blocks; 2 x 4 (the compiled odd case); 16 (an H100's largest cluster)
+        "case": [("bfloat16", 64, 64, 1, 1, 32, 3, 2), ("float32", 100, 32, 1, 2, 16, 2, 3),
+                 ("float32", 100, 37, 4, 2, 16, 3, 2), ("bfloat16", 64, 128, 16, 1, 16, 2, 2)],
+    }  # fmt: skip
+    TOL = {"bfloat16": 1e-4, "float32": 2e-5}
+
+    def test_the_race_detector_reports_a_missing_barrier_between_phases(self, monkeypatch, capsys):
+        """The check can fail: without the barrier between phases, one block's next-phase
+        TMA load of the state races with another block's store of it."""
+        plan = pp.PersistentPlan(64, 64, "bfloat16", col_blocks=2, k_chunk=32)
+        ops = _operands(plan, _problem(1, 64, 64, 2, 1), False, False)
+        self.run(plan, ops, save=False)  # as it is: no race
+        monkeypatch.setattr(grid_barrier, "cluster_barrier", lambda bar: jnp.bool_(True))
+        assert_race_reported(lambda: self.run(plan, ops, save=False), capsys)

@@ -214,15 +214,15 @@ def test_sample_cli(interrupted, env):
         "-m",
         "rhhjax.tools.sample",
         f"--workdir={workdir}",
-        "--prompt=First",
+        "--prompt=Thou",  # in Tiny Shakespeare and in write_text's stand-in alike
         "--length=30",
         "--temperature=0.8",
         "--seed=3",
     ]
     a = run(args, env)
     assert a.returncode == 0, a.stderr
-    assert a.stdout.startswith("First")
-    assert len(a.stdout) == len("First") + 30 + 1  # print() adds the last newline
+    assert a.stdout.startswith("Thou")
+    assert len(a.stdout) == len("Thou") + 30 + 1  # print() adds the last newline
     bad = run([*args[:3], "--workdir=/nonexistent/run"], env)
     assert bad.returncode == 1 and bad.stderr.strip().splitlines() == [
         "error: workdir /nonexistent/run does not exist"

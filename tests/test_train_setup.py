@@ -115,9 +115,14 @@ BAD_CONFIGS = [
 ]
 
 
-if jax.default_backend() != "gpu":  # impl="mosaic" and "persistent" run on a GPU only
-    BAD_CONFIGS.append((dict(model__impl="mosaic"), UserError, "Hopper GPU only"))
-    BAD_CONFIGS.append((dict(model__impl="persistent"), UserError, "Hopper GPU only"))
+if jax.default_backend() != "gpu":  # impl="mosaic" and "persistent" compile for a GPU only
+    BAD_CONFIGS += [
+        (dict(model__impl="mosaic"), UserError, "for a Hopper GPU, and the platform is"),
+        (dict(model__impl="persistent"), UserError, "for a Hopper GPU, and the platform is"),
+        # lowering only (the compile report's mode): not executed off a GPU
+        (dict(model__impl="mosaic", model__pallas_mode="compiled"), UserError, "only lowers"),
+        (dict(model__impl="pallas", model__pallas_mode="compiled"), UserError, "only lowers"),
+    ]
 
 
 @pytest.mark.parametrize("overrides,error,needle", BAD_CONFIGS)

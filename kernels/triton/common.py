@@ -242,17 +242,28 @@ def reference_preactivation(u, z, bias2):
 # --- CUDA lowering without a GPU ------------------------------------------------------------------
 
 
-def cuda_lowering_device(device_kind: str = H100.device_kind, num_cores: int = H100.sms):
+def cuda_lowering_device(
+    device_kind: str = H100.device_kind,
+    num_cores: int = H100.sms,
+    mesh: jax.sharding.Mesh | None = None,
+):
     """Context naming a GPU as the abstract device, to trace AND lower Triton kernels for
     CUDA on a host without a GPU (``jit(f).trace(...).lower(lowering_platforms=("cuda",))``).
 
     Since jax 0.11 the Triton lowering asks for the GPU's compute capability and, without a
     GPU, takes it from the abstract mesh's device ("No supported GPU devices found"
     otherwise); jax 0.10.2 accepts the context and does not need it. The mesh is recorded at
-    trace time, so wrap the trace too, not only the lowering.
+    trace time, so wrap the trace too, not only the lowering. ``mesh``: the (compile-only)
+    mesh the arguments are sharded on, whose axes the abstract mesh then has (default: one
+    axis "x" of one device).
     """
     device = jax.sharding.AbstractDevice(
         device_kind=device_kind, num_cores=num_cores, platform="gpu"
     )
-    mesh = jax.sharding.AbstractMesh((1,), ("x",), abstract_device=device)
-    return jax.sharding.use_abstract_mesh(mesh)
+    if mesh is None:
+        abstract = jax.sharding.AbstractMesh((1,), ("x",), abstract_device=device)
+    else:  # the mesh's axes and axis types (those of the arguments' shardings)
+        abstract = jax.sharding.AbstractMesh(
+            mesh.axis_sizes, mesh.axis_names, axis_types=mesh.axis_types, abstract_device=device
+        )
+    return jax.sharding.use_abstract_mesh(abstract)

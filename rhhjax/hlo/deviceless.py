@@ -96,6 +96,15 @@ def h100_mesh():
     return jax.sharding.Mesh(topo.devices, ("data",))
 
 
+def lowering_device(mesh):
+    """Context naming the H100 as the abstract device of ``mesh``'s axes, around a trace
+    and lowering for CUDA on ``mesh`` (`h100_mesh`): the Triton kernels of jax >= 0.11 read
+    the GPU's compute capability from it (`kernels.triton.common.cuda_lowering_device`)."""
+    from rhhjax.kernels.triton.common import cuda_lowering_device
+
+    return cuda_lowering_device(mesh=mesh)
+
+
 @contextlib.contextmanager
 def capture_fd2():
     """Captures the process's stderr (C++ logs included) into a list of one string."""
@@ -219,7 +228,7 @@ def compile_step(mc, oc, seed: int, batch: int, seq_len: int, mesh, options=None
     step = train_step.make_train_step(mc, oc, seed)
     args = abstract_args(mc, oc, batch, seq_len, mesh)
     t0 = time.perf_counter()
-    with pallas_context(mc):
+    with pallas_context(mc), lowering_device(mesh):
         lowered = step.trace(*args).lower(lowering_platforms=("cuda",))
     compiled = lowered.compile(compiler_options=options or {})
     return compiled, time.perf_counter() - t0

@@ -52,8 +52,10 @@ class ModelConfig:
         pallas (Pallas Triton kernels), mosaic (Mosaic GPU kernels, Hopper only) or
         persistent (one persistent Mosaic GPU kernel per direction, Hopper only); it
         changes speed, not what is computed.
-      pallas_mode: pallas: auto (compiled Triton on a GPU, interpret mode elsewhere) |
-        compiled (e.g. to compile a GPU step on a CPU host) | interpret.
+      pallas_mode: the kernels of pallas, mosaic and persistent: auto (compiled on a GPU;
+        pallas interpreted elsewhere) | compiled (lowered for a GPU, e.g. to compile a GPU
+        step on a CPU host; the trainer refuses it off a GPU) | interpret (pallas: Pallas
+        interpret mode; mosaic, persistent: GPU interpret mode, jax >= 0.11.2, slow).
       kernel: block sizes of the Pallas kernels (``kernels/config.py`` ``HighwayConfig``,
         whose defaults compile without spills for an H100).
       dtype: matmul input dtype, float32 | bfloat16 (the carry stays float32).
@@ -183,11 +185,15 @@ def _check_combinations(c: ModelConfig) -> None:
         raise ConfigError(str(error)) from None
 
 
-def sequence_spec(c: ModelConfig, platform: str | None = None) -> spec.SequenceSpec:
+def sequence_spec(
+    c: ModelConfig, platform: str | None = None, execute: bool = False
+) -> spec.SequenceSpec:
     """The recurrence's implementation for a validated `ModelConfig`: the ONE resolution
     (`rhhjax.ops.spec.resolve`), done once when the model is built. `platform` defaults to
-    `jax.default_backend()` (read only for impl "auto" or pallas_mode "auto")."""
-    return spec.resolve(
+    `jax.default_backend()` (read only for impl "auto" or pallas_mode "auto", and with
+    `execute`). `execute`: the model is to run here, not only be lowered for a GPU
+    (`spec.check_executable`: the trainer's check before it writes anything)."""
+    resolved = spec.resolve(
         c.impl,
         _model_facts(c),
         dtype=c.compute_dtype,
@@ -196,6 +202,9 @@ def sequence_spec(c: ModelConfig, platform: str | None = None) -> spec.SequenceS
         kernel=c.kernel,
         platform=platform,
     )
+    if execute:
+        spec.check_executable(resolved, c.pallas_mode, platform)
+    return resolved
 
 
 def _check_rank(c: ModelConfig) -> None:

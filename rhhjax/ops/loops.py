@@ -13,7 +13,7 @@ Shapes: T time, L depth, Bp padded batch, Np padded units, K packed rows.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
@@ -60,19 +60,60 @@ def kernel_unsupported(name: str, model: ModelFacts) -> str | None:
 
 def hopper_unavailable(name: str, pallas_mode: str, platform: str | None) -> str | None:
     """Why the Mosaic GPU implementation `name` (`mosaic`, `persistent`) cannot run here, or
-    None: on a GPU, or anywhere when `pallas_mode` is "compiled" (lowering for a GPU without
-    one, e.g. the deviceless compile report). There is no interpret mode."""
+    None: compiled on a GPU ("auto" there); lowered for a GPU anywhere ("compiled": the
+    deviceless compile report; `lowering_only` refuses to execute it off a GPU); executed in
+    GPU interpret mode anywhere ("interpret") where jax has it."""
+    from rhhjax.kernels import gpu_interpret
+
     if pallas_mode == "compiled":
         return None
+    if pallas_mode == "interpret":
+        return gpu_interpret.unavailable(f"model.impl={name!r} with model.pallas_mode='interpret'")
     platform = platform or jax.default_backend()
-    if pallas_mode == "auto" and platform == "gpu":
+    if platform == "gpu":
         return None
-    where = "model.pallas_mode='interpret'" if pallas_mode == "interpret" else platform
     return (
-        f"model.impl={name!r} runs Mosaic GPU kernels on a Hopper GPU only and cannot be "
-        f"interpreted ({where}); use impl='fused' or 'pallas', or model.pallas_mode='compiled' "
-        "to lower and compile for a GPU without one"
+        f"model.impl={name!r} compiles Mosaic GPU kernels for a Hopper GPU, and the platform "
+        f"is {platform}: {_off_gpu_advice()}"
     )
+
+
+def lowering_only(name: str, pallas_mode: str, platform: str | None) -> str | None:
+    """Why the kernels of `name` (`pallas`, `mosaic`, `persistent`) in `pallas_mode` can be
+    lowered for a GPU but not executed on `platform`, or None: "compiled" off a GPU (the
+    deviceless compile report's mode; nothing executes a GPU kernel on a CPU)."""
+    platform = platform or jax.default_backend()
+    if pallas_mode != "compiled" or platform == "gpu":
+        return None
+    return (
+        f"model.pallas_mode='compiled' only lowers the kernels of model.impl={name!r} for a GPU "
+        f"(the deviceless compile report); they cannot execute on {platform}: "
+        f"{_off_gpu_advice(name == 'pallas')}"
+    )
+
+
+def _off_gpu_advice(pallas: bool = False) -> str:
+    """What runs the model off a GPU, as settings that work with the installed jax."""
+    from rhhjax.kernels import gpu_interpret
+
+    if pallas or gpu_interpret.available():
+        how = "Pallas" if pallas else "GPU"
+        return (
+            f"use model.pallas_mode='interpret' (the kernels executed in {how} interpret "
+            "mode: slow, for checking), or model.impl='fused' or 'scan'"
+        )
+    return (
+        "use model.impl='fused' or 'scan' (executing the kernels on a CPU, "
+        f"model.pallas_mode='interpret', needs jax >= {gpu_interpret.MIN_JAX})"
+    )
+
+
+def kernel_interpret(spec) -> Any:
+    """The ``interpret=`` of a Mosaic GPU kernel call under `spec`: GPU interpret mode's
+    parameters (race detector on) when `spec.interpret`, else None (compiled)."""
+    from rhhjax.kernels import gpu_interpret
+
+    return gpu_interpret.params() if spec.interpret else None
 
 
 def dropout_mask(keep: float, keep_l: Array | None, dtype) -> Array | None:

@@ -10,12 +10,14 @@ GEMM's operand), the carried state gradient and da; dz, the bias and the weight
 gradients (`loops.deferred_weight_gradient`) are large XLA reductions and GEMMs after the
 loop; the state gradient of s0 is one XLA matmul.
 
-Where it runs: compiled on a GPU (`unavailable` refuses it elsewhere, in one line, unless
-`model.pallas_mode="compiled"` asks for the lowering only, as the deviceless H100 compile
-report does); there is no interpret mode (JAX 0.10.2's Mosaic GPU interpreter cannot run the
-kernels). `spec.interpret`, which `resolve` never sets for this module, runs the kernels'
-pure-JAX references in their place: the tests' way of checking everything around the kernels
-on a CPU. f32 models run their matmuls as TF32 (wgmma takes f32 operands as TF32).
+Where it runs: compiled on a GPU; with `model.pallas_mode="interpret"` (`spec.interpret`)
+the same kernels executed in GPU interpret mode on the host, race detector on
+(`rhhjax.kernels.gpu_interpret`, jax >= 0.11.2; slow, for checking); with
+`model.pallas_mode="compiled"` lowered for a GPU without one (the deviceless H100 compile
+report). `unavailable` refuses anything else in one line. `spec.references`, which `resolve`
+never sets, runs the kernels' pure-JAX references in their place: the tests' way of checking
+everything around the kernels under any jax. f32 models run their matmuls as TF32 on a GPU
+(wgmma takes f32 operands as TF32); the interpreter multiplies in f32.
 
 Not supported (`unsupported`): variational dropout and rank-d HyperRHNs (the kernels scale
 output columns only). Not in `impl="auto"` until measured on a GPU.
@@ -47,7 +49,7 @@ if TYPE_CHECKING:
 Array = jax.Array
 
 NAME = "mosaic"
-INTERPRETABLE = False  # No interpret mode: the kernel runs on a Hopper GPU only.
+INTERPRETABLE = True  # model.pallas_mode="interpret": GPU interpret mode (jax >= 0.11.2).
 KEEP_DTYPE = jnp.bool_  # As `fused`, whose backward loop reads them.
 CONFIG = mf.MosaicForwardConfig()  # 64 rows x 8 units per program, K in 64-wide chunks.
 BACKWARD_CONFIG = mb.MosaicBackwardConfig()  # 64 rows x 16 units per program.
@@ -91,7 +93,7 @@ def saved_rows(has_z: bool) -> loops.Fields:
 
 
 def _layer_forward(spec, save, s, w_l, z_l, bias_l, xproj_t, keep_l, hidden_l):
-    """One micro-layer as one Mosaic GPU kernel (its reference when `spec.interpret`).
+    """One micro-layer as one Mosaic GPU kernel (its reference when `spec.references`).
 
     s [Bp, Np] f32; w_l [2 * Np, Np] block-major; bias_l [Bp, 2, Np] (broadcast over rows).
     Returns (s_new [Bp, Np], saved: {} or "h", "t" [Bp, Np] and, with z, "full")."""
@@ -99,10 +101,11 @@ def _layer_forward(spec, save, s, w_l, z_l, bias_l, xproj_t, keep_l, hidden_l):
         raise ValueError(f"impl {NAME!r} has no variational dropout")
     mask = loops.dropout_mask(spec.keep, keep_l, jnp.float32)
     args = (s.astype(spec.dtype), w_l, s, bias_l, z_l, xproj_t, mask)
-    if spec.interpret:
+    if spec.references:
         out = mf.highway_forward_reference(*args, save=save, units=CONFIG.units)
     else:
-        out = mf.highway_forward(*args, save=save, config=CONFIG)
+        interpret = loops.kernel_interpret(spec)
+        out = mf.highway_forward(*args, save=save, config=CONFIG, interpret=interpret)
     if not save:
         return out, {}
     saved = dict(zip(("h", "t", "full"), out[1:], strict=False))
@@ -123,16 +126,19 @@ def forward_loop(spec, geo, w, bias, s0, xproj, z, keep, hidden, save: bool):
 
 def _layer_backward(spec, d_above, w_above, ds_carry, g_l, packed_l, z_l, keep_l):
     """One micro-layer backward as one Mosaic GPU kernel (its reference when
-    `spec.interpret`): d_above [Bp, 2 * Np] (matmul dtype) and w_above [Np, 2 * Np] of the
+    `spec.references`): d_above [Bp, 2 * Np] (matmul dtype) and w_above [Np, 2 * Np] of the
     layer above, ds_carry, g_l [Bp, Np], packed_l [Bp, K, Np] this layer's saved rows.
     Returns (d_scaled [Bp, 2 * Np] matmul dtype, ds_carry [Bp, Np], da [Bp, 2, Np])."""
     s_prev, saved = loops.unpack(packed_l, saved_rows(z_l is not None))
     mask = loops.dropout_mask(spec.keep, keep_l, jnp.float32)
     args = (d_above, w_above, ds_carry, g_l, s_prev, saved["h"], saved["t"], z_l, mask)
-    if spec.interpret:
+    if spec.references:
         d_scaled, ds_carry, da = mb.highway_backward_reference(*args)
     else:
-        d_scaled, ds_carry, da = mb.highway_backward(*args, config=BACKWARD_CONFIG)
+        interpret = loops.kernel_interpret(spec)
+        d_scaled, ds_carry, da = mb.highway_backward(
+            *args, config=BACKWARD_CONFIG, interpret=interpret
+        )
     return d_scaled.reshape(d_above.shape), ds_carry, da
 
 

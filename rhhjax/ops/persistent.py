@@ -22,12 +22,17 @@ The hyper cell is not inside the kernel: with ``hyper_input="x"`` the hyper recu
 first, as its own persistent sequence, and every z is computed at once
 (`rhhjax.models.cores.HyperRHNCore`), so the main kernel reads z as an input.
 
-Where it runs: compiled on a Hopper GPU (`unavailable` refuses it elsewhere, in one line,
-unless `model.pallas_mode="compiled"` asks for the lowering only); `spec.interpret`, which
-`resolve` never sets for this module, runs the kernels' pure-JAX references in their place
-(the tests' way of checking everything around the kernels on a CPU). f32 models run their
-matmuls as TF32. A grid barrier that times out (blocks not co-resident) ends the step with
-one error line (`grid_barrier.check_status`) instead of hanging.
+Where it runs: compiled on a Hopper GPU; with `model.pallas_mode="interpret"`
+(`spec.interpret`) the same kernels executed in GPU interpret mode on the host, race detector
+on (`rhhjax.kernels.gpu_interpret`, jax >= 0.11.2; slow, for checking), at the plan of the
+fewest blocks (`interpret_plan`: the interpreter runs them as one cluster, with a cluster
+barrier in place of the grid barrier);
+with `model.pallas_mode="compiled"` lowered for a GPU without one. `unavailable` refuses
+anything else in one line. `spec.references`, which `resolve` never sets, runs the kernels'
+pure-JAX references in their place (the tests' way of checking everything around the
+kernels under any jax). f32 models run their matmuls as TF32 on a GPU, in f32 interpreted. A
+grid barrier that times out (blocks not co-resident) ends the step with one error line
+(`grid_barrier.check_status`) instead of hanging.
 
 Not supported: variational dropout (`unsupported`). Rank-d HyperRHNs run `fused` instead,
 said in the start-up line (`substitute`). Not in `impl="auto"` until measured on a GPU.
@@ -45,7 +50,7 @@ from typing import TYPE_CHECKING
 import jax
 import jax.numpy as jnp
 
-from rhhjax.kernels import grid_barrier, highway
+from rhhjax.kernels import gpu_interpret, grid_barrier, highway
 from rhhjax.kernels import persistent_backward as pb
 from rhhjax.kernels import persistent_forward as pf
 from rhhjax.kernels.persistent_plan import (
@@ -62,7 +67,7 @@ if TYPE_CHECKING:
 Array = jax.Array
 
 NAME = "persistent"
-INTERPRETABLE = False  # No interpret mode: the kernels run on a Hopper GPU only.
+INTERPRETABLE = True  # model.pallas_mode="interpret": GPU interpret mode (jax >= 0.11.2).
 KEEP_DTYPE = jnp.bool_  # As `fused`: turned into the f32 mask 0 or 1/keep per call.
 UNITS = (8, 16, 32, 64)  # units per block tried (the backward's wgmma N: multiples of 8)
 K_CHUNK = 64  # K per pipeline stage
@@ -116,6 +121,30 @@ def plan_for(batch: int, width: int, dtype_name: str) -> PersistentPlan:
     return min(plans, key=cost)
 
 
+@functools.cache
+def interpret_plan(batch: int, width: int, dtype_name: str) -> PersistentPlan:
+    """The plan of GPU interpret mode: among the plans both kernels can run on an H100
+    (`_candidates`), the one of the FEWEST blocks (then the lowest predicted phase time):
+    the interpreter runs them as one cluster of threads (`grid_barrier.launch`). Raises
+    PlanError (one line) when none fits, or when the fewest are more blocks than the
+    interpreter runs here (`gpu_interpret.cluster_too_large`)."""
+    plans = list(_candidates(batch, width, dtype_name))
+    if not plans:
+        return plan_for(batch, width, dtype_name)  # its one-line PlanError
+
+    def cost(plan):
+        forward, backward = predicted_phase_us(plan), predicted_phase_us(plan, backward=True)
+        return plan.grid, forward + backward, plan.n_pad
+
+    plan = min(plans, key=cost)
+    reason = gpu_interpret.cluster_too_large(plan.grid)
+    if reason is not None and "NPROC" not in reason:
+        reason += f"; use impl='mosaic' (also interpreted) or a model narrower than {width}"
+    if reason is not None:
+        raise PlanError(f"model.impl={NAME!r} needs {plan.grid} blocks for width {width}: {reason}")
+    return plan
+
+
 def _candidates(batch: int, width: int, dtype_name: str):
     """Plans of 1 .. ceil(batch / 64) row blocks (no block of padding rows only) and UNITS
     units per block, each with the fewest column blocks that keep the kernels' K extents on
@@ -142,14 +171,20 @@ def _candidates(batch: int, width: int, dtype_name: str):
                 break
 
 
+def _plan_of(spec: SequenceSpec, batch: int, width: int) -> PersistentPlan:
+    """`interpret_plan` in GPU interpret mode, else `plan_for` (the H100's)."""
+    choose = interpret_plan if spec.interpret and not spec.references else plan_for
+    return choose(batch, width, jnp.dtype(spec.dtype).name)
+
+
 def _plan(spec: SequenceSpec, geo: highway.Geometry) -> PersistentPlan:
-    return plan_for(geo.batch, geo.n, jnp.dtype(spec.dtype).name)
+    return _plan_of(spec, geo.batch, geo.n)
 
 
 def geometry(spec: SequenceSpec, batch: int, width: int) -> highway.Geometry:
     """Rows padded to the plan's ``b_pad``, units to its ``n_pad`` (blocks: the plan's rows
     and units per block, K chunk)."""
-    plan = plan_for(batch, width, jnp.dtype(spec.dtype).name)
+    plan = _plan_of(spec, batch, width)
     return highway.Geometry(
         batch, width, plan.rows_per_block, plan.units_per_block, plan.k_chunk,
         plan.b_pad, plan.n_pad,
@@ -177,7 +212,7 @@ def _phase_major(x: Array | None) -> Array | None:
 
 
 def forward_loop(spec, geo, w, bias, s0, xproj, z, keep, hidden, save: bool):
-    """The whole forward as one kernel (its reference when `spec.interpret`).
+    """The whole forward as one kernel (its reference when `spec.references`).
 
     w [L * 2 * Np, k_pad]; bias [L, 2, Np]; s0 [Bp, Np]; xproj [T, Bp, 2, Np]; z, keep
     [T, L, Bp, Np] or None. Returns (states [T, L, Bp, Np], saved or None): saved = (packed
@@ -192,10 +227,10 @@ def forward_loop(spec, geo, w, bias, s0, xproj, z, keep, hidden, save: bool):
     rows = jnp.broadcast_to(bias[:, None], (depth, geo.b_pad, *bias.shape[1:]))
     mask = loops.dropout_mask(spec.keep, _phase_major(keep), jnp.float32)
     args = (plan, w, s0, xproj, rows, _phase_major(z), mask)
-    if spec.interpret:
+    if spec.references:
         outs = pf.persistent_forward_reference(*args, save=save)
     else:
-        outs = pf.persistent_forward(*args, save=save)
+        outs = pf.persistent_forward(*args, save=save, interpret=loops.kernel_interpret(spec))
         grid_barrier.check_status(outs[-1], "persistent forward")
     if not save:
         return outs[0].reshape(length, depth, *outs[0].shape[1:]), None
@@ -216,7 +251,7 @@ def _states_from_packed(packed: Array, s_last: Array, depth: int) -> Array:
 
 
 def backward_loop(spec, geo, w, bias, s0, xproj, z, keep, hidden, saved, g_states):
-    """The whole backward as one kernel (its reference when `spec.interpret`), then the
+    """The whole backward as one kernel (its reference when `spec.references`), then the
     gradients in the layouts the kernels write (phase-major, no [T, L] reshapes of the
     large arrays: every XLA pass reads only what it needs).
 
@@ -233,10 +268,11 @@ def backward_loop(spec, geo, w, bias, s0, xproj, z, keep, hidden, saved, g_state
     z_pm = _phase_major(z)
     mask = loops.dropout_mask(spec.keep, _phase_major(keep), jnp.float32)
     args = (plan, w, _phase_major(g_states), packed, z_pm, mask)
-    if spec.interpret:
+    if spec.references:
         da, d_mm, ds_carry0, _ = pb.persistent_backward_reference(*args)
     else:
-        da, d_mm, ds_carry0, status = pb.persistent_backward(*args)
+        interpret = loops.kernel_interpret(spec)
+        da, d_mm, ds_carry0, status = pb.persistent_backward(*args, interpret=interpret)
         grid_barrier.check_status(status, "persistent backward")
     # The state gradient of s0 through W_0 (no gate backward below it): one XLA matmul.
     w0 = w[: geo.n_pad]

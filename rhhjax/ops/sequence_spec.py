@@ -37,7 +37,12 @@ class SequenceSpec:
     keep: float  # Gate-dropout keep probability (used when gate dropout is on).
     dtype: Any  # Matmul input dtype.
     gate_dropout: bool = False  # Whether gate masks are generated from the key.
-    interpret: bool = False  # Pallas interpret mode.
+    # Interpret mode: Pallas interpret mode (`pallas`), GPU interpret mode, the real kernels
+    # executed on the host (`mosaic`, `persistent`: `rhhjax.kernels.gpu_interpret`).
+    interpret: bool = False
+    # `mosaic`, `persistent`: the kernels' pure-JAX references run in their place (the tests'
+    # way of checking everything around the kernels under any jax); `resolve` never sets it.
+    references: bool = False
     kernel: highway.HighwayConfig = highway.HighwayConfig()  # Pallas block sizes.
     # Time index of the call's first step: gate masks of entry i are those of step
     # first_step + i (1 when the caller ran step 0 itself, e.g. model.original_first_step).

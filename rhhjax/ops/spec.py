@@ -16,12 +16,12 @@ Implementations (`IMPLS`):
   one XLA matmul plus elementwise work.
 - `pallas` (`rhhjax.ops.pallas`): the same op, each micro-layer one Pallas kernel.
 - `mosaic` (`rhhjax.ops.mosaic`): the same op, each micro-layer one Mosaic GPU kernel forward
-  and one backward; on a GPU only, or lowered for one with pallas_mode "compiled".
-  Not in "auto" until measured.
+  and one backward; on a GPU, executed in GPU interpret mode with pallas_mode "interpret",
+  or lowered for a GPU with pallas_mode "compiled". Not in "auto" until measured.
 - `persistent` (`rhhjax.ops.persistent`): the same op as two persistent Mosaic GPU kernels,
-  one launch for the whole forward and one for the whole backward; like `mosaic`, on a GPU
-  only and not in "auto" until measured. Rank-d models run `fused` in its place
-  (`substitute`), said in the reason.
+  one launch for the whole forward and one for the whole backward; runs where `mosaic`
+  runs (interpreted at a one-block plan) and is not in "auto" until measured. Rank-d models
+  run `fused` in its place (`substitute`), said in the reason.
 - `auto`: the fastest measured correct one for the platform and dtype (`_auto`).
 
 Adding an implementation: one module beside `fused.py` (the interface of `rhhjax.ops.fused`:
@@ -40,7 +40,7 @@ import jax.numpy as jnp
 
 from rhhjax.errors import UserError
 from rhhjax.kernels import highway
-from rhhjax.ops import fused, mosaic, pallas, persistent
+from rhhjax.ops import fused, loops, mosaic, pallas, persistent
 from rhhjax.ops.sequence_spec import SCAN, ModelFacts, SequenceSpec
 
 __all__ = ["SCAN", "ModelFacts", "SequenceSpec"]  # re-exported: the types of `resolve`
@@ -83,10 +83,12 @@ def resolve(
     """The one decision: the requested `impl` ("auto" or a name of IMPLS) -> SequenceSpec.
 
     `platform` (default `jax.default_backend()`, read only when needed) decides "auto" and
-    Pallas' interpret mode: `pallas_mode` "auto" compiles Triton on a GPU and interprets
-    elsewhere; "compiled" (e.g. to trace a GPU step on a CPU host); "interpret". An explicit
-    impl that cannot run on `platform` in `pallas_mode` (`mosaic` off a GPU unless
-    "compiled") is refused here, in one line, before anything is traced.
+    the kernels' interpret mode: `pallas_mode` "auto" compiles Triton on a GPU and interprets
+    it elsewhere, and compiles `mosaic` / `persistent` on a GPU (refused elsewhere);
+    "compiled" (e.g. to trace a GPU step on a CPU host: `check_executable` refuses to run
+    it there); "interpret" (Pallas interpret mode for `pallas`, GPU interpret mode for
+    `mosaic` and `persistent` where jax has it). An explicit impl that cannot run on
+    `platform` in `pallas_mode` is refused here, in one line, before anything is traced.
     """
     check(impl, model)
     if pallas_mode not in PALLAS_MODES:
@@ -110,6 +112,19 @@ def resolve(
         or (pallas_mode == "auto" and (platform or jax.default_backend()) != "gpu")
     )
     return SequenceSpec(impl, float(keep), dtype, interpret=interpret, kernel=kernel, reason=reason)
+
+
+def check_executable(resolved: SequenceSpec, pallas_mode: str, platform: str | None = None):
+    """Raises UnsupportedImpl (one line) when the kernels of `resolved` can only be lowered
+    for a GPU here, not executed: `pallas_mode` "compiled" off a GPU
+    (`loops.lowering_only`). `resolve` accepts that mode anywhere, for the deviceless
+    compile report; a program that will run the model (the trainer) calls this too."""
+    module = IMPLEMENTATIONS.get(resolved.impl)
+    if module is None or not module.INTERPRETABLE:
+        return
+    reason = loops.lowering_only(resolved.impl, pallas_mode, platform)
+    if reason is not None:
+        raise UnsupportedImpl(reason)
 
 
 def _unavailable(impl: str, pallas_mode: str, platform: str | None) -> str | None:

@@ -82,7 +82,8 @@ def prepare_run(
     shapes = [corpus.vocab.to_dict(), len(corpus.train), len(corpus.valid)]
     parallel.assert_same_across_processes(json.dumps(shapes), "data")
     model = models.ModelConfig.from_config(cfg.model, vocab_size=corpus.vocab.size)
-    models.sequence_spec(model)  # Refuses an impl that cannot run here (mosaic off a GPU).
+    # Refuses an impl that cannot run here (mosaic off a GPU, kernels only lowered).
+    models.sequence_spec(model, execute=True)
     cfg.model.vocab_size = corpus.vocab.size
     sampler = _make_sampler(cfg, corpus.train)
     _check_eval_data(cfg, corpus, corpus.valid[: cfg.eval.max_valid_chars or None])

@@ -1,0 +1,75 @@
+"""GPU interpret mode's settings (`kernels/gpu_interpret.py`): where it exists, its
+parameters, and the one-line refusals of a cluster larger than the interpreter can run here.
+The kernels executed in it: the `TestInterpret` classes of tests/test_mosaic*.py,
+test_persistent*.py and test_grid_barrier.py."""
+
+import jax
+import pytest
+from rhhjax.kernels import gpu_interpret
+
+
+def test_available_is_whether_jax_has_interpret_gpu_params():
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    assert gpu_interpret.available() == hasattr(plgpu, "InterpretGPUParams")
+    reason = gpu_interpret.unavailable("X")
+    if gpu_interpret.available():
+        assert reason is None
+        params = gpu_interpret.params()
+        assert params.detect_races and params.inline_mgpu == "error"
+        assert not gpu_interpret.params(detect_races=False).detect_races
+    else:
+        assert reason.startswith("X needs jax >= 0.11.2") and jax.__version__ in reason
+        assert "\n" not in reason and "pip install 'jax>=0.11.2'" in reason
+        with pytest.raises(RuntimeError, match="needs jax >= 0.11.2"):
+            gpu_interpret.params()
+
+
+@pytest.mark.parametrize(("nproc", "most"), [("2", 1), ("3", 2), ("17", 16), ("64", 24)])
+def test_the_most_blocks_are_the_pool_threads_beside_the_launching_one(monkeypatch, nproc, most):
+    monkeypatch.setenv("NPROC", nproc)
+    assert gpu_interpret.pool_threads() == int(nproc)
+    assert gpu_interpret.max_blocks() == most
+    assert gpu_interpret.cluster_too_large(most) is None
+    assert gpu_interpret.cluster_too_large(1) is None  # one block needs no thread of its own
+
+
+def test_a_cluster_past_the_pool_is_one_line_naming_the_nproc_that_runs_it(monkeypatch):
+    monkeypatch.setenv("NPROC", "2")
+    line = gpu_interpret.cluster_too_large(4)
+    assert "\n" not in line and "NPROC=5" in line and "the pool has 2 here" in line
+    monkeypatch.setenv("NPROC", "5")
+    assert gpu_interpret.cluster_too_large(4) is None
+
+
+def test_a_cluster_past_what_ran_here_is_one_line_asking_for_fewer_blocks(monkeypatch):
+    monkeypatch.setenv("NPROC", "100")
+    line = gpu_interpret.cluster_too_large(gpu_interpret.MAX_BLOCKS + 1)
+    assert "\n" not in line and f"at most {gpu_interpret.MAX_BLOCKS} blocks" in line
+    assert "NPROC" not in line
+
+
+def test_without_nproc_the_pool_has_one_thread_per_usable_core(monkeypatch):
+    import os
+
+    monkeypatch.delenv("NPROC", raising=False)
+    assert gpu_interpret.pool_threads() == len(os.sched_getaffinity(0))
+
+
+def test_the_interpret_check_runs_the_kernels_or_names_the_jax_it_needs(capsys):
+    """benchmarks/interpret_check.py: the micro-layer backward rows, interpreted against the
+    reference with no race (exit 0); without GPU interpret mode one error line, exit 2."""
+    from benchmark_scripts import load
+
+    check = load("interpret_check")
+    status = check.main(["--only=mosaic_backward"])
+    out, err = capsys.readouterr()
+    if not gpu_interpret.available():
+        assert status == 2 and err.startswith("error: ") and "needs jax >= 0.11.2" in err
+        return
+    rows = [line for line in out.splitlines() if line.startswith("| mosaic_backward")]
+    assert status == 0 and len(rows) == 2, out
+    for row in rows:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert cells[3] == "grid 2 x 4" and cells[6] == "none", row
+        assert float(cells[5]) < 2e-2, row  # relative to the largest entry; bf16 d_scaled
