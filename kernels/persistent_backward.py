@@ -7,7 +7,7 @@ Grid ``(plan.row_blocks, plan.col_blocks)`` (names "r", "g"); block ``(r, g)`` o
 plan.units_per_block``). Phase ``p`` is ``(t, l) = (p // L, p % L)``; its "above" is phase
 ``p + 1`` (layer ``(p + 1) % L``). Per phase, exactly `kernels/mosaic_backward.py`'s math::
 
-    acc      = d_mm[p + 1][rows, :] @ wt[(l_above, g)]^T    [rows, u], K = 2 * n_pad in
+    acc      = d_mm[slot(p + 1)][rows, :] @ wt[(l_above, g)]^T  [rows, u], K = 2 * n_pad in
                plan.k_chunk chunks (increasing order, f32 accumulation, a plan.stages-deep
                TMA pipeline; f32 operands run as TF32)
     ds       = acc + ds_carry + g[p]                       (ds_carry: block-local f32 in
@@ -15,7 +15,8 @@ plan.units_per_block``). Phase ``p`` is ``(t, l) = (p // L, p % L)``; its "above
     da_h     = ds * t_used * (1 - h^2);  da_t = ds * (h_used - s_prev) * tg * (1 - tg)
                (t_used = tg [* mask], h_used = h [* mask])
     ds_carry = ds * (1 - tg)
-    d_scaled = da (* z[p])  -> matmul dtype into d_mm row block p (h half, then t half)
+    d_scaled = da (* z[p])  -> matmul dtype into d_mm row block slot(p) (h half, then t half;
+               `persistent_slots`: layer-major, so the weight gradient needs no transpose)
 
 Operands (padded; matmul dtype = wt.dtype, bf16 or f32):
 
@@ -28,7 +29,8 @@ Operands (padded; matmul dtype = wt.dtype, bf16 or f32):
     mask   [P, b_pad, n_pad] f32 | None         gate-dropout mask (0 or 1/keep)
 
 Outputs, in this order: ``da [P, b_pad, 2, n_pad] f32``; ``d_mm [(P + 1) * b_pad, 2 * n_pad]``
-matmul dtype (row block p = d_scaled of phase p, row block P zeros); ``ds_carry0 [b_pad,
+matmul dtype (row block ``persistent_slots.slot(p)`` = d_scaled of phase p, layer-major;
+row block P zeros); ``ds_carry0 [b_pad,
 n_pad] f32`` (the carried gradient after phase 0: the caller adds ``d_scaled_0 @ W_0^T``);
 ``status [R * C] int32`` (0 = fine, else 1 + the barrier index at which the block gave up).
 
@@ -54,6 +56,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 from rhhjax.kernels import grid_barrier as gb
 from rhhjax.kernels.mosaic_backward import _gate_backward, highway_backward_reference
+from rhhjax.kernels import persistent_slots as slots
 from rhhjax.kernels.mosaic_gemm import gemm_nt_to_smem
 from rhhjax.kernels.persistent_plan import PersistentPlan, PlanError
 
@@ -186,6 +189,7 @@ def persistent_backward(
     if interpret is not None:
         plan.check_interpretable()
     phases = g.shape[0]
+    steps = phases // depth
     rows, u, tk = plan.rows_per_block, plan.units_per_block, plan.k_chunk
     n_r, n_c, n_pad, b_pad = plan.row_blocks, plan.col_blocks, plan.n_pad, plan.b_pad
     k_steps = 2 * n_pad // tk
@@ -205,12 +209,14 @@ def persistent_backward(
         sources = dict(g_out=g_g, **dict(zip(extra_names, extra_g, strict=True)))
 
         def d_mm_slice(p, half):
-            return d_mm_g.at[pl.ds(p * b_pad + r * rows, rows), pl.ds(half * n_pad + c * u, u)]
+            first = slots.slot(p, steps, depth) * b_pad + r * rows
+            return d_mm_g.at[pl.ds(first, rows), pl.ds(half * n_pad + c * u, u)]
 
         def gemm(p, l_above):
             """acc_smem = d_mm[p + 1][block rows] @ wt[l_above, block units]^T (f32)."""
             gemm_nt_to_smem(
-                acc_smem, d_mm_g, wt_g, (p + 1) * n_r + r, l_above * n_c + c,
+                acc_smem, d_mm_g, wt_g, slots.slot(p + 1, steps, depth) * n_r + r,
+                l_above * n_c + c,
                 tile_k=tk, k_steps=k_steps, stages=plan.stages,
             )  # fmt: skip
 
@@ -324,5 +330,6 @@ def persistent_backward_reference(
     init = (jnp.zeros((b_pad, 2 * n_pad), wt.dtype), jnp.zeros((b_pad, n_pad), F32))
     xs = (jnp.arange(phases), g, packed, z, mask)
     (_, ds_carry0), (da, d_scaled) = jax.lax.scan(body, init, xs, reverse=True)
-    d_mm = jnp.concatenate([d_scaled.reshape(-1, 2 * n_pad), init[0]], axis=0)
+    d_mm = jnp.concatenate([d_scaled, init[0][None]], axis=0)
+    d_mm = slots.to_slots(d_mm, phases // depth, depth).reshape(-1, 2 * n_pad)
     return da, d_mm, ds_carry0, jnp.zeros((plan.grid,), jnp.int32)

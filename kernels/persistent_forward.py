@@ -14,7 +14,8 @@ its f32 state slice ``[rows, u]`` in shared memory across phases. Per phase, exa
 
 then the block writes s_new (f32) to ``states[p]`` (with ``save`` at the last phase only:
 the others are the next phase's packed row 0) and its matmul-dtype cast to row block
-``p + 1`` of the A buffer ``s_mm`` (the next phase's matmul input, read by every block),
+``slot(p + 1)`` (`persistent_slots`: layer-major) of the A buffer ``s_mm`` (the next
+phase's matmul input, read by every block),
 with ``save`` its saved rows, waits for its stores and meets the others at barrier
 ``p + 1``. A prologue copies each block's slice of s0 into its state and into ``s_mm``
 row block 0, then barrier 0.
@@ -36,7 +37,8 @@ phase p < P - 1 is ``packed[p + 1, :, 0]``: not written twice); with ``save`` ``
 [P, b_pad, K, n_pad] f32`` (K = 3, 5 with z: the input state, h, tg
 and with z ``full`` h/t halves: `rhhjax.ops.loops.pack`'s layout of
 ``fused.saved_rows(has_z)``); ``s_mm [(P + 1) * b_pad, k_pad]`` matmul dtype (the A
-buffer: row block 0 s0, row block p + 1 the state after phase p, the K columns only: TMA
+buffer: the input state of phase p at row block ``persistent_slots.slot(p)``, layer-major,
+slot 0 s0 and slot P the last state, the K columns only: TMA
 needs the array's minor extent a multiple of its swizzle tile, which ``k_pad`` is and
 ``n_pad`` need not be; blocks whose units lie past ``k_pad`` skip it); ``status [R * C]
 int32`` (0 = fine, else the 1-based barrier index at which the block's grid barrier timed
@@ -63,6 +65,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 from rhhjax.kernels import grid_barrier
 from rhhjax.kernels import mosaic_forward as mf
+from rhhjax.kernels import persistent_slots as slots
 from rhhjax.kernels.mosaic_gemm import gemm_nt_to_smem
 from rhhjax.kernels.persistent_plan import (
     PersistentPlan,
@@ -225,7 +228,7 @@ def persistent_forward(
             if save:  # packed row 0: the phase's input state, before it is overwritten
                 plgpu.copy_smem_to_gmem(state, packed_g.at[p, row_sl, 0, unit_sl])
 
-            a_row, w_row = p * n_r + r, layer * n_c + g
+            a_row, w_row = slots.slot(p, steps, depth) * n_r + r, layer * n_c + g
             k_steps = k_pad // tk
             gemm_nt_to_smem(
                 pre, s_mm_g, w_g, a_row, w_row, tile_k=tk, k_steps=k_steps, stages=plan.stages
@@ -266,7 +269,7 @@ def persistent_forward(
 
             @pl.when(in_a)
             def _():
-                a_rows = pl.ds((p + 1) * b_pad + r * rows, rows)
+                a_rows = pl.ds(slots.slot(p + 1, steps, depth) * b_pad + r * rows, rows)
                 plgpu.copy_smem_to_gmem(cast, s_mm_g.at[a_rows, unit_sl])
 
             for i, slot in enumerate(out_slot):
@@ -358,7 +361,7 @@ def persistent_forward_reference(
 
     _, (states, packed) = jax.lax.scan(body, s0, (phases, z, mask))
     s_mm = jnp.concatenate([s0[None], states], axis=0)[..., :k_pad].astype(mm_dtype)
-    s_mm = s_mm.reshape(-1, k_pad)
+    s_mm = slots.to_slots(s_mm, steps, depth).reshape(-1, k_pad)
     status = jnp.zeros((plan.grid,), jnp.int32)
     if save:
         return states[-1:], packed, s_mm, status

@@ -21,6 +21,7 @@ from kernel_cases import MosaicGpuMode, assert_race_reported, needs_cuda, run_de
 from rhhjax.kernels import gpu_interpret
 from rhhjax.kernels import grid_barrier as gb
 from rhhjax.kernels import persistent_backward as pb
+from rhhjax.kernels import persistent_slots as slots
 from rhhjax.kernels.persistent_plan import PersistentPlan, PlanError, paper_plan
 
 from rhhjax.ops import persistent_schedule as ps
@@ -152,6 +153,7 @@ def test_reference_is_the_vjp_of_a_plain_forward_f32(
     da, d_mm, ds_carry0, status = pb.persistent_backward_reference(
         plan, wt, case["g"], _packed(case), case["z"], case["mask"]
     )
+    d_mm = _phase_order(d_mm, steps, depth)
     _, vjp = jax.vjp(forward, s0, zeros, zeros)
     ds0, d_full, d_a = vjp(case["g"])
     tol = dict(rtol=1e-5, atol=1e-5)
@@ -165,6 +167,12 @@ def test_reference_is_the_vjp_of_a_plain_forward_f32(
     # The check can fail: another outside cotangent gives another da.
     other = pb.persistent_backward_reference(plan, wt, case["g"] * 2, _packed(case))
     assert not np.allclose(other[0], da)
+
+
+def _phase_order(d_mm, steps: int, depth: int):
+    """d_mm [(P + 1) * b_pad, C] in the kernels' layer-major slots -> phase order."""
+    blocks = d_mm.reshape(steps * depth + 1, -1, d_mm.shape[-1])
+    return slots.from_slots(blocks, steps, depth).reshape(d_mm.shape)
 
 
 @pytest.mark.parametrize(
@@ -184,6 +192,7 @@ def test_reference_matches_the_persistent_schedule(
     case = _case(batch * width, plan, steps, depth, z_on, mask_on)
     mm = jnp.dtype(dtype)
     wt, (da, d_mm, ds_carry0, _) = _reference(plan, case, mm)
+    d_mm = _phase_order(d_mm, steps, depth)
     b_pad, n_pad, phases = plan.b_pad, plan.n_pad, steps * depth
     by_step = lambda x: None if x is None else x.reshape(steps, depth, *x.shape[1:])  # noqa: E731
     saved = {"h": by_step(case["h"]), "t": by_step(case["tg"])}

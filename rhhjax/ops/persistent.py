@@ -217,9 +217,10 @@ def forward_loop(spec, geo, w, bias, s0, xproj, z, keep, hidden, save: bool):
     w [L * 2 * Np, k_pad]; bias [L, 2, Np]; s0 [Bp, Np]; xproj [T, Bp, 2, Np]; z, keep
     [T, L, Bp, Np] or None. Returns (states [T, L, Bp, Np], saved or None): saved = (packed
     [P, Bp, K, Np] phase-major, the kernel's saved rows; s_mm [(P + 1) * Bp, k_pad] the
-    input states in the matmul dtype, the kernel's A buffer: the operand of `backward_loop`'s
-    weight gradient), P = T * L. With ``save`` the kernel writes the last state only; the
-    others are read from packed row 0 (`_states_from_packed`)."""
+    input states in the matmul dtype, the kernel's A buffer, layer-major
+    (`persistent_slots`): the operand of `backward_loop`'s weight gradient), P = T * L.
+    With ``save`` the kernel writes the last state only; the others are read from packed
+    row 0 (`_states_from_packed`)."""
     if hidden is not None:
         raise ValueError(f"impl {NAME!r} has no variational dropout")
     plan = _plan(spec, geo)
@@ -284,7 +285,8 @@ def _gradients(spec, geo, da, d_mm, s_mm, z_pm, packed, length: int, depth: int)
     """From the kernels' phase-major outputs (da [P, Bp, 2, Np] f32, d_mm [(P + 1) * Bp,
     2 * Np], s_mm [(P + 1) * Bp, k_pad], z_pm [P, Bp, Np] | None, packed [P, Bp, K, Np]):
     (d_scaled of layer 0 [T, 1, Bp, 2, Np], dz [T, L, B, n] | None (already unpadded),
-    dbias [L, 2, Np], dW [L, k_pad, 2, Np])."""
+    dbias [L, 2, Np], dW [L, k_pad, 2, Np]). s_mm and d_mm are in slot order
+    (`persistent_slots`: layer-major)."""
     phases, b_pad, n_pad = da.shape[0], geo.b_pad, geo.n_pad
     da0 = da[::depth]  # layer 0 of every step [T, Bp, 2, Np]: a strided slice, no copy
     d_scaled0 = da0 if z_pm is None else da0 * z_pm[::depth, :, None]
@@ -294,10 +296,13 @@ def _gradients(spec, geo, da, d_mm, s_mm, z_pm, packed, length: int, depth: int)
         dz = jnp.sum(da * rows["full"], axis=-2).reshape(length, depth, b_pad, n_pad)
         dz = _materialized_as(geo.unpad_rows(dz), (1, 0, 2, 3))
     dbias = da.reshape(length, depth, b_pad, 2, n_pad).sum((0, 2))
-    s_in = s_mm[: phases * b_pad].reshape(length, depth, b_pad, -1)
-    d_in = d_mm[: phases * b_pad].reshape(length, depth, b_pad, 2, n_pad)
+    # The buffers are layer-major (`persistent_slots`): layer l's rows are contiguous, so dW
+    # is one batched GEMM over views of them, no transpose copy.
+    s_in = s_mm[: phases * b_pad].reshape(depth, length * b_pad, -1)
+    d_in = d_mm[: phases * b_pad].reshape(depth, length * b_pad, 2 * n_pad)
     acc = cells.accumulation_dtype(spec.dtype)
-    dw = jnp.einsum("tlbi,tlbho->liho", s_in, d_in, preferred_element_type=acc)
+    dw = jnp.einsum("lri,lrc->lic", s_in, d_in, preferred_element_type=acc)
+    dw = dw.reshape(depth, -1, 2, n_pad)
     return d_scaled0[:, None], dz, dbias, dw
 
 
