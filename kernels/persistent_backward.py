@@ -28,9 +28,9 @@ Operands (padded; matmul dtype = wt.dtype, bf16 or f32):
     z      [P, b_pad, n_pad] f32 | None         hyper scales, phase-major
     mask   [P, b_pad, n_pad] f32 | None         gate-dropout mask (0 or 1/keep)
 
-Outputs, in this order: ``da [P, b_pad, 2, n_pad] f32``; ``d_mm [(P + 1) * b_pad, 2 * n_pad]``
+Outputs, in this order: ``da [P, b_pad, 2, n_pad] f32``; ``d_mm [L * (T + 1) * b_pad, 2 * n_pad]``
 matmul dtype (row block ``persistent_slots.slot(p)`` = d_scaled of phase p, layer-major;
-row block P zeros); ``ds_carry0 [b_pad,
+the spares, phase P's included, zeros); ``ds_carry0 [b_pad,
 n_pad] f32`` (the carried gradient after phase 0: the caller adds ``d_scaled_0 @ W_0^T``);
 ``status [R * C] int32`` (0 = fine, else 1 + the barrier index at which the block gave up).
 
@@ -65,27 +65,34 @@ Array = jax.Array
 SMEM_ALIGNMENT = 1024  # Mosaic GPU aligns every shared-memory allocation to this (bytes)
 MBARRIER_BYTES = 8
 MAX_TMA_ROWS = 256  # Mosaic GPU's async copies move at most 256 elements along a dimension
-_SAVED_ROWS = {"s_prev": 0, "h": 1, "t": 2}  # rows of `packed` the backward reads
+# rows of `packed` the backward reads (full_h, full_t: with_dz only)
+_SAVED_ROWS = {"s_prev": 0, "h": 1, "t": 2, "full_h": 3, "full_t": 4}
 
 
 def _align(nbytes: int) -> int:
     return -(-nbytes // SMEM_ALIGNMENT) * SMEM_ALIGNMENT
 
 
-def _input_names(has_z: bool, has_mask: bool) -> tuple[str, ...]:
-    """The per-phase epilogue input tiles, in shared-memory slot order."""
-    return ("g_out", "s_prev", "h", "t") + ("z",) * has_z + ("mask",) * has_mask
+def _input_names(has_z: bool, has_mask: bool, with_dz: bool = False) -> tuple[str, ...]:
+    """The per-phase epilogue input tiles, in shared-memory slot order (``with_dz``: the
+    halves of ``full``, packed rows 3-4, for dz in the epilogue)."""
+    names = ("g_out", "s_prev", "h", "t") + ("z",) * has_z + ("mask",) * has_mask
+    return names + ("full_h", "full_t") * with_dz
 
 
-def backward_smem_bytes(plan: PersistentPlan, has_z: bool = True, has_mask: bool = True) -> int:
-    """Shared memory per block (bytes) that `persistent_backward` allocates (defaults: the
-    worst case, with z and mask). Every allocation is rounded up to 1 KiB (Mosaic GPU)::
+def backward_smem_bytes(
+    plan: PersistentPlan, has_z: bool = True, has_mask: bool = True, with_dz: bool = False
+) -> int:
+    """Shared memory per block (bytes) that `persistent_backward` allocates (defaults: with
+    z and mask, without ``with_dz``'s two more input tiles). Every allocation is rounded up
+    to 1 KiB (Mosaic GPU)::
 
         pipeline   stages' * rows * k_chunk * itemsize  (A: d_mm rows)
                  + stages' * u * k_chunk * itemsize     (B: rows of W)   stages' = min(stages,
                                                                           2 n_pad / k_chunk)
-        epi        n_in * rows * u * 4      (f32 inputs g, s_prev, h, tg [, z] [, mask]; da_h
-                                             and da_t are written over g and s_prev)
+        epi        n_in * rows * u * 4      (f32 inputs g, s_prev, h, tg [, z] [, mask]
+                                             [, full_h, full_t]; da_h and da_t are written
+                                             over g and s_prev, dz over h)
         carry      rows * u * 4             (the carried state gradient, across phases)
         acc        rows * u * 4             (the accumulator, staged for the epilogue)
         dsc        2 * rows * u * itemsize  (d_scaled halves in the matmul dtype)
@@ -93,7 +100,7 @@ def backward_smem_bytes(plan: PersistentPlan, has_z: bool = True, has_mask: bool
     """
     rows, u, item = plan.rows_per_block, plan.units_per_block, plan.itemsize
     stages = min(plan.stages, max(2 * plan.n_pad // plan.k_chunk, 1))
-    n_in = len(_input_names(has_z, has_mask))
+    n_in = len(_input_names(has_z, has_mask, with_dz))
     tile = rows * u * 4
     allocations = (
         stages * rows * plan.k_chunk * item,
@@ -106,7 +113,9 @@ def backward_smem_bytes(plan: PersistentPlan, has_z: bool = True, has_mask: bool
     return sum(map(_align, allocations)) + MBARRIER_BYTES * (n_in + stages)
 
 
-def check_plan(plan: PersistentPlan, has_z: bool = True, has_mask: bool = True) -> None:
+def check_plan(
+    plan: PersistentPlan, has_z: bool = True, has_mask: bool = True, with_dz: bool = False
+) -> None:
     """One-line `PlanError` unless the backward kernel can run ``plan`` co-resident: grid <=
     SMs, ``rows <= 256`` (a TMA box), ``u % 8 == 0`` (wgmma N, 16-byte TMA rows),
     ``2 * n_pad % k_chunk == 0`` (its K) and `backward_smem_bytes` within the per-block
@@ -123,7 +132,7 @@ def check_plan(plan: PersistentPlan, has_z: bool = True, has_mask: bool = True) 
             f"{plan.units_per_block} (width {plan.width}, col_blocks {plan.col_blocks})."
         )
     plan.check_backward_k()
-    need = backward_smem_bytes(plan, has_z, has_mask)
+    need = backward_smem_bytes(plan, has_z, has_mask, with_dz)
     if need > plan.smem_limit:
         raise PlanError(
             f"persistent backward needs {need} B of shared memory per block, over the "
@@ -174,18 +183,24 @@ def persistent_backward(
     z: Array | None = None,
     mask: Array | None = None,
     *,
+    with_dz: bool = False,
     spin_limit: int = gb.DEFAULT_SPIN_LIMIT,
     interpret: Any = None,
 ):
     """All backward phases in one Mosaic GPU launch; shapes in the module docstring.
 
-    Returns (da [P, b_pad, 2, n_pad] f32, d_mm [(P + 1) * b_pad, 2 * n_pad] matmul dtype,
+    ``with_dz`` (z given, packed with the rows of ``full``): the epilogue also computes
+    ``dz = da_h * full_h + da_t * full_t`` and the kernel returns it, layer-major ``dz [L,
+    T, b_pad, n_pad] f32``, before ``status`` (the order the hyper projection reads it).
+
+    Returns (da [P, b_pad, 2, n_pad] f32, d_mm [L * (T + 1) * b_pad, 2 * n_pad] matmul dtype,
     ds_carry0 [b_pad, n_pad] f32, status [R * C] int32). The caller checks ``status`` with
     `grid_barrier.check_status`. Compiled, it runs on a Hopper GPU only; with ``interpret``
     (`gpu_interpret.params()`, jax >= 0.11.2) in GPU interpret mode as one cluster with a
     cluster barrier (`grid_barrier.launch`; ``plan.check_interpretable``)."""
     depth = _check_operands(plan, wt, g, packed, z, mask)
-    check_plan(plan, z is not None, mask is not None)
+    _check_dz(with_dz, z, packed)
+    check_plan(plan, z is not None, mask is not None, with_dz)
     if interpret is not None:
         plan.check_interpretable()
     phases = g.shape[0]
@@ -194,13 +209,14 @@ def persistent_backward(
     n_r, n_c, n_pad, b_pad = plan.row_blocks, plan.col_blocks, plan.n_pad, plan.b_pad
     k_steps = 2 * n_pad // tk
     mm_dtype = wt.dtype
-    names = _input_names(z is not None, mask is not None)
+    names = _input_names(z is not None, mask is not None, with_dz)
     extra_names = [name for name, x in (("z", z), ("mask", mask)) if x is not None]
     extras = [x for x in (z, mask) if x is not None]
 
     def kernel(wt_g, g_g, packed_g, *refs, epi, carry, acc_smem, dsc, bar, phase_bar=None):
         extra_g = refs[: len(extras)]
-        da_g, d_mm_g, ds_carry0_g, status_g = refs[len(extras) :]
+        da_g, d_mm_g, ds_carry0_g = refs[len(extras) : len(extras) + 3]
+        dz_g, status_g = (refs[-2] if with_dz else None), refs[-1]
         r, c = gb.block_index((n_r, n_c), ("r", "g"), phase_bar)
         block_rows = pl.ds(r * rows, rows)
         units = pl.ds(c * u, u)
@@ -208,8 +224,9 @@ def persistent_backward(
         barrier = gb.make_barrier(n_r * n_c, is_leader, spin_limit, phase_bar)
         sources = dict(g_out=g_g, **dict(zip(extra_names, extra_g, strict=True)))
 
-        def d_mm_slice(p, half):
-            first = slots.slot(p, steps, depth) * b_pad + r * rows
+        def d_mm_slice(p, half, at=None):
+            at = slots.slot(p, steps, depth) if at is None else at
+            first = at * b_pad + r * rows
             return d_mm_g.at[pl.ds(first, rows), pl.ds(half * n_pad + c * u, u)]
 
         def gemm(p, l_above):
@@ -235,9 +252,13 @@ def persistent_backward(
             ins = {name: epi[slot] for slot, name in enumerate(names)}
             ins["ds_carry"] = carry[...]
             tiles = _gate_backward(acc_smem[...], ins)
+            if with_dz:
+                dz = tiles["da_h"] * ins["full_h"] + tiles["da_t"] * ins["full_t"]
             plgpu.commit_smem()  # every read of the inputs before their slots are overwritten
             epi[0] = tiles["da_h"]  # over g_out
             epi[1] = tiles["da_t"]  # over s_prev
+            if with_dz:
+                epi[2] = dz  # over h
             carry[...] = tiles["ds_carry"]
             dsc[0] = tiles["d_h"].astype(mm_dtype)
             dsc[1] = tiles["d_t"].astype(mm_dtype)
@@ -246,14 +267,19 @@ def persistent_backward(
             plgpu.copy_smem_to_gmem(epi.at[1], da_g.at[p, block_rows, 1, units])
             plgpu.copy_smem_to_gmem(dsc.at[0], d_mm_slice(p, 0))
             plgpu.copy_smem_to_gmem(dsc.at[1], d_mm_slice(p, 1))
+            if with_dz:
+                t, layer = jax.lax.div(p, depth), jax.lax.rem(p, depth)
+                plgpu.copy_smem_to_gmem(epi.at[2], dz_g.at[layer, t, block_rows, units])
             plgpu.wait_smem_to_gmem(0)
 
-        # Prologue: zero the carry and this block's slice of d_mm row block P; barrier 0.
+        # Prologue: zero the carry and this block's slice of d_mm's spare row blocks (phase
+        # P's, read by phase P - 1, and the others, read by the weight gradient); barrier 0.
         carry[...] = jnp.zeros((rows, u), F32)
         dsc[...] = jnp.zeros((2, rows, u), mm_dtype)
         plgpu.commit_smem()
-        plgpu.copy_smem_to_gmem(dsc.at[0], d_mm_slice(phases, 0))
-        plgpu.copy_smem_to_gmem(dsc.at[1], d_mm_slice(phases, 1))
+        for spare in slots.spares(steps, depth):
+            plgpu.copy_smem_to_gmem(dsc.at[0], d_mm_slice(None, 0, spare))
+            plgpu.copy_smem_to_gmem(dsc.at[1], d_mm_slice(None, 1, spare))
         plgpu.wait_smem_to_gmem(0)
         fail_at = jnp.where(barrier(jnp.int32(0)), jnp.int32(0), jnp.int32(1))
 
@@ -275,8 +301,9 @@ def persistent_backward(
 
     out_type = (
         jax.ShapeDtypeStruct((phases, b_pad, 2, n_pad), F32),
-        jax.ShapeDtypeStruct(((phases + 1) * b_pad, 2 * n_pad), mm_dtype),
+        jax.ShapeDtypeStruct((slots.count(steps, depth) * b_pad, 2 * n_pad), mm_dtype),
         jax.ShapeDtypeStruct((b_pad, n_pad), F32),
+        *[jax.ShapeDtypeStruct((depth, steps, b_pad, n_pad), F32)] * with_dz,
         jax.ShapeDtypeStruct((n_r * n_c,), jnp.int32),
     )
     layout, phase_bar = gb.launch((n_r, n_c), ("r", "g"), interpret)
@@ -297,6 +324,15 @@ def persistent_backward(
     )(wt, g, packed, *extras)
 
 
+def _check_dz(with_dz: bool, z, packed) -> None:
+    """One-line `PlanError` when ``with_dz`` lacks z or the rows of ``full``."""
+    if with_dz and (z is None or packed.shape[2] < 5):
+        raise PlanError(
+            f"persistent backward with_dz needs z and packed with 5 saved rows, got z "
+            f"{None if z is None else z.shape} and packed {packed.shape}."
+        )
+
+
 def persistent_backward_reference(
     plan: PersistentPlan,
     wt: Array,
@@ -305,6 +341,7 @@ def persistent_backward_reference(
     z: Array | None = None,
     mask: Array | None = None,
     *,
+    with_dz: bool = False,
     spin_limit: int = gb.DEFAULT_SPIN_LIMIT,
     interpret: Any = None,
 ):
@@ -313,6 +350,7 @@ def persistent_backward_reference(
     (``spin_limit`` and ``interpret`` unused)."""
     del spin_limit, interpret
     depth = _check_operands(plan, wt, g, packed, z, mask)
+    _check_dz(with_dz, z, packed)
     phases, b_pad, n_pad = g.shape
     w_layers = wt.reshape(depth, n_pad, 2 * n_pad)
 
@@ -331,5 +369,9 @@ def persistent_backward_reference(
     xs = (jnp.arange(phases), g, packed, z, mask)
     (_, ds_carry0), (da, d_scaled) = jax.lax.scan(body, init, xs, reverse=True)
     d_mm = jnp.concatenate([d_scaled, init[0][None]], axis=0)
-    d_mm = slots.to_slots(d_mm, phases // depth, depth).reshape(-1, 2 * n_pad)
-    return da, d_mm, ds_carry0, jnp.zeros((plan.grid,), jnp.int32)
+    d_mm = slots.to_slots(d_mm, phases // depth, depth, init[0]).reshape(-1, 2 * n_pad)
+    status = jnp.zeros((plan.grid,), jnp.int32)
+    if not with_dz:
+        return da, d_mm, ds_carry0, status
+    dz = jnp.sum(da * packed[:, :, 3:5], axis=2).reshape(phases // depth, depth, b_pad, n_pad)
+    return da, d_mm, ds_carry0, jnp.swapaxes(dz, 0, 1), status

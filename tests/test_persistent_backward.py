@@ -170,9 +170,12 @@ def test_reference_is_the_vjp_of_a_plain_forward_f32(
 
 
 def _phase_order(d_mm, steps: int, depth: int):
-    """d_mm [(P + 1) * b_pad, C] in the kernels' layer-major slots -> phase order."""
-    blocks = d_mm.reshape(steps * depth + 1, -1, d_mm.shape[-1])
-    return slots.from_slots(blocks, steps, depth).reshape(d_mm.shape)
+    """d_mm [L * (T + 1) * b_pad, C] in the kernels' layer-major slots -> [(P + 1) * b_pad,
+    C] in phase order; the spares of layers 1.. must be zeros (they feed the weight
+    gradient)."""
+    blocks = d_mm.reshape(slots.count(steps, depth), -1, d_mm.shape[-1])
+    assert not np.asarray(blocks[jnp.asarray(slots.spares(steps, depth))]).any()
+    return slots.from_slots(blocks, steps, depth).reshape(-1, d_mm.shape[-1])
 
 
 @pytest.mark.parametrize(
@@ -191,8 +194,8 @@ def test_reference_matches_the_persistent_schedule(
     plan = schedule.plan(batch, width, dtype)
     case = _case(batch * width, plan, steps, depth, z_on, mask_on)
     mm = jnp.dtype(dtype)
-    wt, (da, d_mm, ds_carry0, _) = _reference(plan, case, mm)
-    d_mm = _phase_order(d_mm, steps, depth)
+    wt, (da, d_mm_slots, ds_carry0, _) = _reference(plan, case, mm)
+    d_mm = _phase_order(d_mm_slots, steps, depth)
     b_pad, n_pad, phases = plan.b_pad, plan.n_pad, steps * depth
     by_step = lambda x: None if x is None else x.reshape(steps, depth, *x.shape[1:])  # noqa: E731
     saved = {"h": by_step(case["h"]), "t": by_step(case["tg"])}
@@ -216,6 +219,14 @@ def test_reference_matches_the_persistent_schedule(
     close(da.reshape(steps, depth, b_pad, 2, n_pad).sum(axis=(0, 2)), dbias)
     if z_on:
         close(jnp.sum(da * case["full"], axis=2), dz.reshape(phases, b_pad, n_pad))
+        # with_dz: the same dz, computed in the epilogue, layer-major [L, T, b_pad, n_pad]
+        outs = pb.persistent_backward_reference(
+            plan, wt, case["g"], _packed(case), case["z"], case["mask"], with_dz=True
+        )
+        assert len(outs) == 5
+        close(jnp.swapaxes(outs[3], 0, 1), dz.reshape(steps, depth, b_pad, n_pad))
+        for a, e in zip(outs[:3], (da, d_mm_slots, ds_carry0), strict=True):
+            np.testing.assert_array_equal(a, e)
     else:
         close(da, d_scaled.reshape(da.shape))
     w0 = wt[:n_pad]
@@ -235,6 +246,10 @@ def test_reference_rejects_mismatched_operands_in_one_line():
     for w, g, packed, message in bad:
         with pytest.raises(PlanError, match=message) as e:
             pb.persistent_backward_reference(plan, w, g, packed)
+        assert "\n" not in str(e.value)
+    for run in (pb.persistent_backward_reference, pb.persistent_backward):
+        with pytest.raises(PlanError, match="with_dz needs z") as e:
+            run(plan, wt, case["g"], _packed(case), with_dz=True)
         assert "\n" not in str(e.value)
 
 
@@ -370,13 +385,20 @@ class TestCompiled(MosaicGpuMode):
         case = _case(plan.batch + steps, plan, steps, depth, z_on, mask_on)
         wt, expected = _reference(plan, case, jnp.dtype(plan.dtype))
         operands = (wt, case["g"], _packed(case), case["z"], case["mask"])
-        kernel = functools.partial(pb.persistent_backward, plan, interpret=self.interpret())
-        actual = jax.jit(kernel)(*operands)
-        assert not np.asarray(actual[3]).any(), "grid barrier timed out"
         tol = self.TOL[plan.dtype]
-        for a, e in zip(actual[:3], expected[:3], strict=True):
-            a, e = np.asarray(a, np.float32), np.asarray(e, np.float32)
-            np.testing.assert_allclose(a, e, rtol=tol, atol=tol * float(np.abs(e).max()))
+        for with_dz in (False, True) if z_on else (False,):
+            kernel = functools.partial(
+                pb.persistent_backward, plan, with_dz=with_dz, interpret=self.interpret()
+            )
+            actual = jax.jit(kernel)(*operands)
+            assert not np.asarray(actual[-1]).any(), "grid barrier timed out"
+            assert len(actual) == 4 + with_dz
+            want = expected[:3]
+            if with_dz:  # dz: the reference's, layer-major
+                want += (pb.persistent_backward_reference(plan, *operands, with_dz=True)[3],)
+            for a, e in zip(actual[: len(want)], want, strict=True):
+                a, e = np.asarray(a, np.float32), np.asarray(e, np.float32)
+                np.testing.assert_allclose(a, e, rtol=tol, atol=tol * float(np.abs(e).max()))
 
 
 class TestInterpret(TestCompiled):

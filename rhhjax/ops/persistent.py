@@ -216,7 +216,7 @@ def forward_loop(spec, geo, w, bias, s0, xproj, z, keep, hidden, save: bool):
 
     w [L * 2 * Np, k_pad]; bias [L, 2, Np]; s0 [Bp, Np]; xproj [T, Bp, 2, Np]; z, keep
     [T, L, Bp, Np] or None. Returns (states [T, L, Bp, Np], saved or None): saved = (packed
-    [P, Bp, K, Np] phase-major, the kernel's saved rows; s_mm [(P + 1) * Bp, k_pad] the
+    [P, Bp, K, Np] phase-major, the kernel's saved rows; s_mm [L * (T + 1) * Bp, k_pad] the
     input states in the matmul dtype, the kernel's A buffer, layer-major
     (`persistent_slots`): the operand of `backward_loop`'s weight gradient), P = T * L.
     With ``save`` the kernel writes the last state only; the others are read from packed
@@ -269,37 +269,56 @@ def backward_loop(spec, geo, w, bias, s0, xproj, z, keep, hidden, saved, g_state
     z_pm = _phase_major(z)
     mask = loops.dropout_mask(spec.keep, _phase_major(keep), jnp.float32)
     args = (plan, w, _phase_major(g_states), packed, z_pm, mask)
+    with_dz = _dz_in_kernel(plan, z_pm is not None, mask is not None)
     if spec.references:
-        da, d_mm, ds_carry0, _ = pb.persistent_backward_reference(*args)
+        outs = pb.persistent_backward_reference(*args, with_dz=with_dz)
     else:
         interpret = loops.kernel_interpret(spec)
-        da, d_mm, ds_carry0, status = pb.persistent_backward(*args, interpret=interpret)
-        grid_barrier.check_status(status, "persistent backward")
+        outs = pb.persistent_backward(*args, with_dz=with_dz, interpret=interpret)
+        grid_barrier.check_status(outs[-1], "persistent backward")
+    da, d_mm, ds_carry0 = outs[:3]
+    dz_lt = outs[3] if with_dz else None
     # The state gradient of s0 through W_0 (no gate backward below it): one XLA matmul.
     w0 = w[: geo.n_pad]
     ds0 = ds_carry0 + jnp.matmul(d_mm[: geo.b_pad], w0.T, preferred_element_type=jnp.float32)
-    return ds0, *_gradients(spec, geo, da, d_mm, s_mm, z_pm, packed, length, depth)
+    return ds0, *_gradients(spec, geo, da, d_mm, s_mm, z_pm, packed, length, depth, dz_lt)
 
 
-def _gradients(spec, geo, da, d_mm, s_mm, z_pm, packed, length: int, depth: int):
-    """From the kernels' phase-major outputs (da [P, Bp, 2, Np] f32, d_mm [(P + 1) * Bp,
-    2 * Np], s_mm [(P + 1) * Bp, k_pad], z_pm [P, Bp, Np] | None, packed [P, Bp, K, Np]):
+def _dz_in_kernel(plan: PersistentPlan, has_z: bool, has_mask: bool) -> bool:
+    """Whether the backward kernel computes dz in its epilogue (`persistent_backward`'s
+    ``with_dz``): with z, where its two more input tiles fit shared memory."""
+    if not has_z:
+        return False
+    try:
+        pb.check_plan(plan, True, has_mask, with_dz=True)
+    except PlanError:
+        return False
+    return True
+
+
+def _gradients(spec, geo, da, d_mm, s_mm, z_pm, packed, length: int, depth: int, dz_lt=None):
+    """From the kernels' outputs (da [P, Bp, 2, Np] f32, d_mm [L * (T + 1) * Bp, 2 * Np],
+    s_mm [L * (T + 1) * Bp, k_pad], z_pm [P, Bp, Np] | None, packed [P, Bp, K, Np]):
     (d_scaled of layer 0 [T, 1, Bp, 2, Np], dz [T, L, B, n] | None (already unpadded),
     dbias [L, 2, Np], dW [L, k_pad, 2, Np]). s_mm and d_mm are in slot order
-    (`persistent_slots`: layer-major)."""
+    (`persistent_slots`: layer-major); dz_lt [L, T, Bp, Np], the backward kernel's dz, or
+    None (then dz is computed here from da and packed's ``full``)."""
     phases, b_pad, n_pad = da.shape[0], geo.b_pad, geo.n_pad
     da0 = da[::depth]  # layer 0 of every step [T, Bp, 2, Np]: a strided slice, no copy
     d_scaled0 = da0 if z_pm is None else da0 * z_pm[::depth, :, None]
     dz = None
-    if z_pm is not None:  # sum over the halves of da * "full" (the unscaled pre-activation)
+    if dz_lt is not None:  # the kernel's, layer-major [L, T, Bp, Np]: the consumers' order
+        dz = jnp.swapaxes(geo.unpad_rows(dz_lt), 0, 1)
+    elif z_pm is not None:  # sum over the halves of da * "full" (the unscaled pre-activation)
         _, rows = loops.unpack(packed, saved_rows(True))
         dz = jnp.sum(da * rows["full"], axis=-2).reshape(length, depth, b_pad, n_pad)
         dz = _materialized_as(geo.unpad_rows(dz), (1, 0, 2, 3))
     dbias = da.reshape(length, depth, b_pad, 2, n_pad).sum((0, 2))
-    # The buffers are layer-major (`persistent_slots`): layer l's rows are contiguous, so dW
-    # is one batched GEMM over views of them, no transpose copy.
-    s_in = s_mm[: phases * b_pad].reshape(depth, length * b_pad, -1)
-    d_in = d_mm[: phases * b_pad].reshape(depth, length * b_pad, 2 * n_pad)
+    # The buffers are layer-major (`persistent_slots`): layer l's rows are contiguous, and
+    # their spare blocks add zero, so dW is one batched GEMM over views of the whole
+    # buffers: no transpose and no slice copy.
+    s_in = s_mm.reshape(depth, (length + 1) * b_pad, -1)
+    d_in = d_mm.reshape(depth, (length + 1) * b_pad, 2 * n_pad)
     acc = cells.accumulation_dtype(spec.dtype)
     dw = jnp.einsum("lri,lrc->lic", s_in, d_in, preferred_element_type=acc)
     dw = dw.reshape(depth, -1, 2, n_pad)
