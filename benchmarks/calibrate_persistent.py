@@ -34,7 +34,6 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
-
 from rhhjax.kernels.persistent_plan import (
     PersistentPlan,
     Rates,
@@ -118,8 +117,16 @@ def _operands(plan: PersistentPlan, steps: int, depth: int, seed: int = 0):
         return jnp.asarray(rng.normal(size=shape) * scale, jnp.float32)
 
     kernel_s = f32(depth, plan.width, 2 * plan.width, scale=1.0 / np.sqrt(plan.width))
-    fwd = (pf.forward_weights(plan, kernel_s, dt), f32(b, n), f32(steps, b, 2, n),
-           f32(depth, b, 2, n), 1.0 + f32(phases, b, n), jnp.ones((phases, b, n), jnp.float32))  # fmt: skip
+    ones = jnp.ones((phases, b, n), jnp.float32)  # the dropout mask: keep every unit
+    w_blk = pf.forward_weights(plan, kernel_s, dt)
+    fwd = (
+        w_blk,
+        f32(b, n),
+        f32(steps, b, 2, n),
+        f32(depth, b, 2, n),
+        1.0 + f32(phases, b, n),
+        ones,
+    )
     bwd_w = pb.backward_weights(plan, kernel_s, dt)
     return fwd, bwd_w, f32(phases, b, n)
 
@@ -133,12 +140,12 @@ def phase_times(plan: PersistentPlan, depth: int, lengths: tuple, reps: int, int
     fwd_s, bwd_s = [], []
     for steps in lengths:
         fwd_ops, wt, g = _operands(plan, steps, depth)
-        forward = jax.jit(lambda *a: pf.persistent_forward(plan, *a, save=True, interpret=interpret))
+        forward = jax.jit(
+            lambda *a: pf.persistent_forward(plan, *a, save=True, interpret=interpret)
+        )
         s_last, packed, s_mm, status = forward(*fwd_ops)
         assert not np.asarray(status).any(), f"forward barrier timed out: {status}"
-        backward = jax.jit(
-            lambda *a: pb.persistent_backward(plan, *a, interpret=interpret)
-        )
+        backward = jax.jit(lambda *a: pb.persistent_backward(plan, *a, interpret=interpret))
         bwd_ops = (wt, g, packed, fwd_ops[4], fwd_ops[5])
         fwd_s.append(_median_s(forward, fwd_ops, reps))
         bwd_s.append(_median_s(backward, bwd_ops, reps))
@@ -176,6 +183,7 @@ def l2_tbytes(megabytes: float, rounds: int, reps: int) -> float:
 def measure(args) -> dict:
     """Every measurement at the chosen plan (tiny shapes interpreted)."""
     from rhhjax.kernels import gpu_interpret
+
     from rhhjax.ops import persistent
 
     shape = TINY if args.interpret else PAPER
@@ -214,14 +222,16 @@ def main(argv=None) -> dict:
         "measured": measured,
         "rates_before (assumed)": dataclasses.asdict(old),
         "PREDICTION before: fwd, bwd phase us": [
-            predicted_phase_us(plan, old), predicted_phase_us(plan, old, backward=True)
+            predicted_phase_us(plan, old),
+            predicted_phase_us(plan, old, backward=True),
         ],
     }
     if not args.interpret:  # interpreted times say nothing about a GPU
         new = refit(plan, measured, old)
         result["rates_refitted"] = dataclasses.asdict(new)
         result["PREDICTION refitted: fwd, bwd phase us"] = [
-            predicted_phase_us(plan, new), predicted_phase_us(plan, new, backward=True)
+            predicted_phase_us(plan, new),
+            predicted_phase_us(plan, new, backward=True),
         ]
     print(json.dumps(result, indent=1))
     if args.out:

@@ -7,7 +7,8 @@ Grid ``(plan.row_blocks, plan.col_blocks)`` (names "r", "g"); block ``(r, g)`` o
 plan.units_per_block``). Phase ``p`` is ``(t, l) = (p // L, p % L)``; its "above" is phase
 ``p + 1`` (layer ``(p + 1) % L``). Per phase, exactly `kernels/mosaic_backward.py`'s math::
 
-    acc      = d_mm[slot(p + 1)][rows, :] @ wt[(l_above, g)]^T  [rows, u], K = 2 * n_pad in
+    acc      = d_mm[slot(p + 1)][rows, :] @ wt[(l_above, g)]^T  [rows, u] (0 at p = P - 1:
+               no layer above, no GEMM), K = 2 * n_pad in
                plan.k_chunk chunks (increasing order, f32 accumulation, a plan.stages-deep
                TMA pipeline; f32 operands run as TF32)
     ds       = acc + ds_carry + g[p]                       (ds_carry: block-local f32 in
@@ -28,13 +29,13 @@ Operands (padded; matmul dtype = wt.dtype, bf16 or f32):
     z      [P, b_pad, n_pad] f32 | None         hyper scales, phase-major
     mask   [P, b_pad, n_pad] f32 | None         gate-dropout mask (0 or 1/keep)
 
-Outputs, in this order: ``da [P, b_pad, 2, n_pad] f32``; ``d_mm [L * (T + 1) * b_pad, 2 * n_pad]``
-matmul dtype (row block ``persistent_slots.slot(p)`` = d_scaled of phase p, layer-major;
-the spares, phase P's included, zeros); ``ds_carry0 [b_pad,
-n_pad] f32`` (the carried gradient after phase 0: the caller adds ``d_scaled_0 @ W_0^T``);
+Outputs, in this order: ``da [P, b_pad, 2, n_pad] f32``; ``d_mm [P * b_pad, 2 * n_pad]``
+matmul dtype (row block ``persistent_slots.slot(p)`` = d_scaled of phase p, layer-major);
+``ds_carry0 [b_pad, n_pad] f32`` (the carried gradient after phase 0: the caller adds
+``d_scaled_0 @ W_0^T``);
 ``status [R * C] int32`` (0 = fine, else 1 + the barrier index at which the block gave up).
 
-Barriers: index 0 after the prologue (each block zeroes its slice of d_mm row block P), then
+Barriers: index 0 after the prologue (each block zeroes its carry), then
 index ``i + 1`` after the i-th phase run (phase ``P - 1 - i``), for ``i < P - 1`` (nothing
 reads phase 0's outputs inside the kernel, so it has no barrier). Consecutive indices, so
 the barrier's parity alternates (``p + 1`` after phase p would put barrier P right after
@@ -55,8 +56,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 from rhhjax.kernels import grid_barrier as gb
-from rhhjax.kernels.mosaic_backward import _gate_backward, highway_backward_reference
 from rhhjax.kernels import persistent_slots as slots
+from rhhjax.kernels.mosaic_backward import _gate_backward, highway_backward_reference
 from rhhjax.kernels.mosaic_gemm import gemm_nt_to_smem
 from rhhjax.kernels.persistent_plan import PersistentPlan, PlanError
 
@@ -193,7 +194,7 @@ def persistent_backward(
     ``dz = da_h * full_h + da_t * full_t`` and the kernel returns it, layer-major ``dz [L,
     T, b_pad, n_pad] f32``, before ``status`` (the order the hyper projection reads it).
 
-    Returns (da [P, b_pad, 2, n_pad] f32, d_mm [L * (T + 1) * b_pad, 2 * n_pad] matmul dtype,
+    Returns (da [P, b_pad, 2, n_pad] f32, d_mm [P * b_pad, 2 * n_pad] matmul dtype,
     ds_carry0 [b_pad, n_pad] f32, status [R * C] int32). The caller checks ``status`` with
     `grid_barrier.check_status`. Compiled, it runs on a Hopper GPU only; with ``interpret``
     (`gpu_interpret.params()`, jax >= 0.11.2) in GPU interpret mode as one cluster with a
@@ -224,9 +225,8 @@ def persistent_backward(
         barrier = gb.make_barrier(n_r * n_c, is_leader, spin_limit, phase_bar)
         sources = dict(g_out=g_g, **dict(zip(extra_names, extra_g, strict=True)))
 
-        def d_mm_slice(p, half, at=None):
-            at = slots.slot(p, steps, depth) if at is None else at
-            first = at * b_pad + r * rows
+        def d_mm_slice(p, half):
+            first = slots.slot(p, steps, depth) * b_pad + r * rows
             return d_mm_g.at[pl.ds(first, rows), pl.ds(half * n_pad + c * u, u)]
 
         def gemm(p, l_above):
@@ -245,7 +245,17 @@ def persistent_backward(
                 else:
                     src = sources[name].at[p, block_rows, units]
                 plgpu.copy_gmem_to_smem(src, epi.at[slot], bar.at[slot])
-            gemm(p, jax.lax.rem(p + 1, depth))
+            last = p == phases - 1  # no layer above: its GEMM term is zero
+
+            @pl.when(jnp.logical_not(last))
+            def _():
+                gemm(p, jax.lax.rem(p + 1, depth))
+
+            @pl.when(last)
+            def _():
+                acc_smem[...] = jnp.zeros((rows, u), F32)
+                plgpu.commit_smem()
+
             for slot in range(len(names)):
                 plgpu.barrier_wait(bar.at[slot])
             plgpu.commit_smem()  # every thread's acc_smem write before anyone reads it
@@ -272,15 +282,9 @@ def persistent_backward(
                 plgpu.copy_smem_to_gmem(epi.at[2], dz_g.at[layer, t, block_rows, units])
             plgpu.wait_smem_to_gmem(0)
 
-        # Prologue: zero the carry and this block's slice of d_mm's spare row blocks (phase
-        # P's, read by phase P - 1, and the others, read by the weight gradient); barrier 0.
+        # Prologue: zero the carry; barrier 0.
         carry[...] = jnp.zeros((rows, u), F32)
-        dsc[...] = jnp.zeros((2, rows, u), mm_dtype)
         plgpu.commit_smem()
-        for spare in slots.spares(steps, depth):
-            plgpu.copy_smem_to_gmem(dsc.at[0], d_mm_slice(None, 0, spare))
-            plgpu.copy_smem_to_gmem(dsc.at[1], d_mm_slice(None, 1, spare))
-        plgpu.wait_smem_to_gmem(0)
         fail_at = jnp.where(barrier(jnp.int32(0)), jnp.int32(0), jnp.int32(1))
 
         def body(i, fail_at):
@@ -301,7 +305,7 @@ def persistent_backward(
 
     out_type = (
         jax.ShapeDtypeStruct((phases, b_pad, 2, n_pad), F32),
-        jax.ShapeDtypeStruct((slots.count(steps, depth) * b_pad, 2 * n_pad), mm_dtype),
+        jax.ShapeDtypeStruct((phases * b_pad, 2 * n_pad), mm_dtype),
         jax.ShapeDtypeStruct((b_pad, n_pad), F32),
         *[jax.ShapeDtypeStruct((depth, steps, b_pad, n_pad), F32)] * with_dz,
         jax.ShapeDtypeStruct((n_r * n_c,), jnp.int32),
@@ -368,8 +372,7 @@ def persistent_backward_reference(
     init = (jnp.zeros((b_pad, 2 * n_pad), wt.dtype), jnp.zeros((b_pad, n_pad), F32))
     xs = (jnp.arange(phases), g, packed, z, mask)
     (_, ds_carry0), (da, d_scaled) = jax.lax.scan(body, init, xs, reverse=True)
-    d_mm = jnp.concatenate([d_scaled, init[0][None]], axis=0)
-    d_mm = slots.to_slots(d_mm, phases // depth, depth, init[0]).reshape(-1, 2 * n_pad)
+    d_mm = slots.to_slots(d_scaled, phases // depth, depth).reshape(-1, 2 * n_pad)
     status = jnp.zeros((plan.grid,), jnp.int32)
     if not with_dz:
         return da, d_mm, ds_carry0, status

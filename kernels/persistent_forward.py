@@ -36,9 +36,9 @@ with ``save`` ``[1, b_pad, n_pad]``, the state after the last phase only (the st
 phase p < P - 1 is ``packed[p + 1, :, 0]``: not written twice); with ``save`` ``packed
 [P, b_pad, K, n_pad] f32`` (K = 3, 5 with z: the input state, h, tg
 and with z ``full`` h/t halves: `rhhjax.ops.loops.pack`'s layout of
-``fused.saved_rows(has_z)``); ``s_mm [L * (T + 1) * b_pad, k_pad]`` matmul dtype (the A
+``fused.saved_rows(has_z)``); ``s_mm [P * b_pad, k_pad]`` matmul dtype (the A
 buffer: the input state of phase p at row block ``persistent_slots.slot(p)``, layer-major,
-slot 0 s0, the spares of layers 1.. s0 too, the K columns only: TMA
+slot 0 s0; the state after the last phase is not in it; the K columns only: TMA
 needs the array's minor extent a multiple of its swizzle tile, which ``k_pad`` is and
 ``n_pad`` need not be; blocks whose units lie past ``k_pad`` skip it); ``status [R * C]
 int32`` (0 = fine, else the 1-based barrier index at which the block's grid barrier timed
@@ -191,10 +191,8 @@ def persistent_forward(
         plgpu.commit_smem()
 
         @pl.when(in_a)
-        def _():  # slot 0 and the spares of layers 1.. (finite: the weight gradient reads them)
-            for first in [0, *slots.spares(steps, depth)[1:]]:
-                rows_of = pl.ds(first * b_pad + r * rows, rows)
-                plgpu.copy_smem_to_gmem(cast, s_mm_g.at[rows_of, unit_sl])
+        def _():
+            plgpu.copy_smem_to_gmem(cast, s_mm_g.at[row_sl, unit_sl])
 
         plgpu.wait_smem_to_gmem(0)
         passed = barrier(jnp.int32(0))
@@ -269,7 +267,7 @@ def persistent_forward(
             else:
                 plgpu.copy_smem_to_gmem(state, states_g.at[p, row_sl, unit_sl])
 
-            @pl.when(in_a)
+            @pl.when(jnp.logical_and(in_a, p < phases - 1))  # no phase reads the last state
             def _():
                 a_rows = pl.ds(slots.slot(p + 1, steps, depth) * b_pad + r * rows, rows)
                 plgpu.copy_smem_to_gmem(cast, s_mm_g.at[a_rows, unit_sl])
@@ -295,7 +293,7 @@ def persistent_forward(
     if save:
         out_type.append(jax.ShapeDtypeStruct((phases, b_pad, n_saved, n_pad), F32))
     out_type += [
-        jax.ShapeDtypeStruct((slots.count(steps, depth) * b_pad, k_pad), mm_dtype),
+        jax.ShapeDtypeStruct((phases * b_pad, k_pad), mm_dtype),
         jax.ShapeDtypeStruct((n_r * n_c,), jnp.int32),
     ]
     layout, phase_bar = grid_barrier.launch((n_r, n_c), ("r", "g"), interpret)
@@ -362,8 +360,8 @@ def persistent_forward_reference(
         return s_new, (s_new, saved)
 
     _, (states, packed) = jax.lax.scan(body, s0, (phases, z, mask))
-    s_mm = jnp.concatenate([s0[None], states], axis=0)[..., :k_pad].astype(mm_dtype)
-    s_mm = slots.to_slots(s_mm, steps, depth, s_mm[0]).reshape(-1, k_pad)
+    s_mm = jnp.concatenate([s0[None], states[:-1]], axis=0)[..., :k_pad].astype(mm_dtype)
+    s_mm = slots.to_slots(s_mm, steps, depth).reshape(-1, k_pad)
     status = jnp.zeros((plan.grid,), jnp.int32)
     if save:
         return states[-1:], packed, s_mm, status

@@ -142,8 +142,8 @@ def test_reference_is_the_highway_recurrence_with_fused_saved_rows(case, has_z, 
     assert not np.asarray(states[:, :, width:]).any()
     s_all = jnp.concatenate([ops[1][None], states], axis=0)[..., : plan.k_pad]
     assert s_mm.dtype == jnp.dtype(dtype)
-    assert s_mm.shape == (slots.count(steps, depth) * plan.b_pad, plan.k_pad)
-    s_all = slots.to_slots(s_all, steps, depth, s_all[0])  # layer-major row blocks
+    assert s_mm.shape == (phases * plan.b_pad, plan.k_pad)
+    s_all = slots.to_slots(s_all[:-1], steps, depth)  # every phase's input, layer-major
     np.testing.assert_array_equal(s_mm, s_all.astype(dtype).reshape(-1, plan.k_pad))
     assert status.shape == (plan.grid,) and not np.asarray(status).any()
     # Without save: the same A buffer.
@@ -378,7 +378,7 @@ class TestCompiled(MosaicGpuMode):
         np.testing.assert_array_equal(inputs[0], ops[1])  # s0
         outputs = jnp.concatenate([inputs[1:], s_last], axis=0)
         chain = jnp.concatenate([ops[1][None], outputs], axis=0)[..., : plan.k_pad]
-        chain = slots.to_slots(chain, steps, depth, chain[0])  # layer-major row blocks
+        chain = slots.to_slots(chain[:-1], steps, depth)  # every phase's input, layer-major
         np.testing.assert_array_equal(s_mm, chain.astype(dtype).reshape(s_mm.shape))
         tol = self.TOL[dtype]
         for p, want in enumerate(_teacher_forced(plan, ops, inputs, has_z)):
@@ -393,7 +393,7 @@ class TestCompiled(MosaicGpuMode):
         assert not np.asarray(status).any()
         np.testing.assert_allclose(states, outputs, rtol=tol, atol=tol)
         chain = jnp.concatenate([ops[1][None], states], axis=0)[..., : plan.k_pad]
-        chain = slots.to_slots(chain, steps, depth, chain[0])
+        chain = slots.to_slots(chain[:-1], steps, depth)
         np.testing.assert_array_equal(s_mm_unsaved, chain.astype(dtype).reshape(s_mm.shape))
 
 

@@ -216,7 +216,7 @@ def forward_loop(spec, geo, w, bias, s0, xproj, z, keep, hidden, save: bool):
 
     w [L * 2 * Np, k_pad]; bias [L, 2, Np]; s0 [Bp, Np]; xproj [T, Bp, 2, Np]; z, keep
     [T, L, Bp, Np] or None. Returns (states [T, L, Bp, Np], saved or None): saved = (packed
-    [P, Bp, K, Np] phase-major, the kernel's saved rows; s_mm [L * (T + 1) * Bp, k_pad] the
+    [P, Bp, K, Np] phase-major, the kernel's saved rows; s_mm [P * Bp, k_pad] the
     input states in the matmul dtype, the kernel's A buffer, layer-major
     (`persistent_slots`): the operand of `backward_loop`'s weight gradient), P = T * L.
     With ``save`` the kernel writes the last state only; the others are read from packed
@@ -284,10 +284,16 @@ def backward_loop(spec, geo, w, bias, s0, xproj, z, keep, hidden, saved, g_state
     return ds0, *_gradients(spec, geo, da, d_mm, s_mm, z_pm, packed, length, depth, dz_lt)
 
 
+DZ_IN_KERNEL = False  # measured: see `_dz_in_kernel`
+
+
 def _dz_in_kernel(plan: PersistentPlan, has_z: bool, has_mask: bool) -> bool:
     """Whether the backward kernel computes dz in its epilogue (`persistent_backward`'s
-    ``with_dz``): with z, where its two more input tiles fit shared memory."""
-    if not has_z:
+    ``with_dz``): with z and DZ_IN_KERNEL, where its two more input tiles fit shared memory.
+    Off: measured on the paper HyperRHN (deviceless compile report, bf16) it saves 1.5 GB a
+    step but raises peak memory by 0.73 GB (dz is a new buffer alive during the kernel, and
+    its unpadding stays a copy); it pays once da is no longer a kernel output."""
+    if not (has_z and DZ_IN_KERNEL):
         return False
     try:
         pb.check_plan(plan, True, has_mask, with_dz=True)
@@ -297,13 +303,13 @@ def _dz_in_kernel(plan: PersistentPlan, has_z: bool, has_mask: bool) -> bool:
 
 
 def _gradients(spec, geo, da, d_mm, s_mm, z_pm, packed, length: int, depth: int, dz_lt=None):
-    """From the kernels' outputs (da [P, Bp, 2, Np] f32, d_mm [L * (T + 1) * Bp, 2 * Np],
-    s_mm [L * (T + 1) * Bp, k_pad], z_pm [P, Bp, Np] | None, packed [P, Bp, K, Np]):
+    """From the kernels' outputs (da [P, Bp, 2, Np] f32, d_mm [P * Bp, 2 * Np], s_mm
+    [P * Bp, k_pad], z_pm [P, Bp, Np] | None, packed [P, Bp, K, Np]):
     (d_scaled of layer 0 [T, 1, Bp, 2, Np], dz [T, L, B, n] | None (already unpadded),
     dbias [L, 2, Np], dW [L, k_pad, 2, Np]). s_mm and d_mm are in slot order
     (`persistent_slots`: layer-major); dz_lt [L, T, Bp, Np], the backward kernel's dz, or
     None (then dz is computed here from da and packed's ``full``)."""
-    phases, b_pad, n_pad = da.shape[0], geo.b_pad, geo.n_pad
+    b_pad, n_pad = geo.b_pad, geo.n_pad
     da0 = da[::depth]  # layer 0 of every step [T, Bp, 2, Np]: a strided slice, no copy
     d_scaled0 = da0 if z_pm is None else da0 * z_pm[::depth, :, None]
     dz = None
@@ -314,11 +320,10 @@ def _gradients(spec, geo, da, d_mm, s_mm, z_pm, packed, length: int, depth: int,
         dz = jnp.sum(da * rows["full"], axis=-2).reshape(length, depth, b_pad, n_pad)
         dz = _materialized_as(geo.unpad_rows(dz), (1, 0, 2, 3))
     dbias = da.reshape(length, depth, b_pad, 2, n_pad).sum((0, 2))
-    # The buffers are layer-major (`persistent_slots`): layer l's rows are contiguous, and
-    # their spare blocks add zero, so dW is one batched GEMM over views of the whole
-    # buffers: no transpose and no slice copy.
-    s_in = s_mm.reshape(depth, (length + 1) * b_pad, -1)
-    d_in = d_mm.reshape(depth, (length + 1) * b_pad, 2 * n_pad)
+    # The buffers are layer-major (`persistent_slots`): layer l's rows are contiguous, so
+    # dW is one batched GEMM over views of the whole buffers: no transpose, no slice copy.
+    s_in = s_mm.reshape(depth, length * b_pad, -1)
+    d_in = d_mm.reshape(depth, length * b_pad, 2 * n_pad)
     acc = cells.accumulation_dtype(spec.dtype)
     dw = jnp.einsum("lri,lrc->lic", s_in, d_in, preferred_element_type=acc)
     dw = dw.reshape(depth, -1, 2, n_pad)
