@@ -76,3 +76,17 @@ def test_the_command_prints_a_prediction_table_and_writes_its_json(tmp_path, cap
     saved = json.loads((tmp_path / "t.json").read_text())
     assert saved["label"].startswith("PREDICTION") and saved["rows"] == out["rows"]
     assert saved["assumptions"]["cluster_barrier_us"] == pp.CLUSTER_BARRIER_US
+
+
+def test_a_calibration_file_sets_the_rates_and_one_without_them_is_one_line(tmp_path):
+    report = tmp_path / "report.json"
+    report.write_text(json.dumps(_report(5e9, 9e9)))
+    fitted = dataclasses.replace(Rates(), barrier_us=0.25, l2_tbytes=9.0)
+    calibration = tmp_path / "calibrate.json"
+    calibration.write_text(json.dumps({"rates_refitted": dataclasses.asdict(fitted)}))
+    out = pp.main(["--report", str(report), "--calibration", str(calibration)])
+    assert out["assumptions"]["rates"]["barrier_us"] == 0.25
+    assert out["rows"] == pp.table(_report(5e9, 9e9), fitted)
+    calibration.write_text(json.dumps({"measured": {}}))
+    with pytest.raises(ValueError, match="no rates_refitted"):
+        pp.main(["--report", str(report), "--calibration", str(calibration)])

@@ -19,6 +19,7 @@ Every number here is a MODEL, not a measurement:
   outputs included).
 
     python -m rhhjax.hlo.persistent_prediction [--report results/...json] [--json OUT]
+        [--calibration calibrate.json]   # Rates refitted on a GPU (gpu_suite.sh calibrate)
 """
 
 from __future__ import annotations
@@ -197,6 +198,16 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(["PREDICTION (plan model; assumptions in the JSON)", head, rule, *body])
 
 
+def calibrated_rates(path: str) -> Rates:
+    """The refitted Rates of a `benchmarks/calibrate_persistent.py` JSON. Raises ValueError
+    (one line) when it has none (an interpreted smoke run)."""
+    with open(path) as f:
+        fitted = json.load(f).get("rates_refitted")
+    if not fitted:
+        raise ValueError(f"{path} has no rates_refitted (an interpreted or failed run?)")
+    return Rates(**fitted)
+
+
 def main(argv: list[str] | None = None) -> dict:
     """Print the table (Markdown) and, with ``--json``, write it with its assumptions."""
     import argparse
@@ -204,16 +215,19 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--report", default=DEFAULT_REPORT, help="compile report JSON")
     parser.add_argument("--json", default=None, help="write the table here as JSON")
+    parser.add_argument("--calibration", default=None, help="calibrate_persistent.py JSON")
     args = parser.parse_args(argv)
     with open(args.report) as f:
         report = json.load(f)
-    rows = table(report)
+    rates = calibrated_rates(args.calibration) if args.calibration else Rates()
+    rows = table(report, rates)
     out = {
         "label": "PREDICTION (a model, not a measurement)",
         "report": args.report,
         "report_meta": {k: report["meta"].get(k) for k in ("date", "git_commit", "jax", "host")},
+        "calibration": args.calibration,
         "assumptions": {
-            "rates": dataclasses.asdict(Rates()),
+            "rates": dataclasses.asdict(rates),
             "cluster_barrier_us": CLUSTER_BARRIER_US,
             "hbm_tbytes": HBM_TBYTES,
             "f32_gemm_rate": f"bf16 rate / {TF32_SLOWDOWN} (TF32)",

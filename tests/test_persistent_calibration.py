@@ -5,6 +5,7 @@ import dataclasses
 
 import pytest
 from benchmark_scripts import load
+from rhhjax.kernels import gpu_interpret
 from rhhjax.kernels.persistent_plan import Rates, paper_plan, predicted_phase_us
 
 cal = load("calibrate_persistent")
@@ -46,3 +47,17 @@ def test_a_missing_measurement_is_one_value_error_line(missing):
     measured[missing] = 0.0
     with pytest.raises(ValueError, match=f"needs a positive {missing}"):
         cal.refit(PLAN, measured)
+
+
+@pytest.mark.skipif(
+    gpu_interpret.unavailable() is not None, reason=str(gpu_interpret.unavailable())
+)
+def test_the_calibration_kernels_run_interpreted_at_a_tiny_shape(tmp_path):
+    """The barrier kernel and both persistent kernels of the calibration run in GPU interpret
+    mode (race detector on) at a one-block plan; interpreted times refit nothing."""
+    out = cal.main(["--interpret", "--reps", "1", "--out", str(tmp_path / "c.json")])
+    measured = out["measured"]
+    assert measured["interpret"] and measured["plan"]["row_blocks"] == 1
+    for key in ("barrier_us", "fwd_phase_us", "bwd_phase_us", "l2_tbytes"):
+        assert key in measured
+    assert "rates_refitted" not in out
