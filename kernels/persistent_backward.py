@@ -57,6 +57,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 from rhhjax.kernels import grid_barrier as gb
 from rhhjax.kernels import persistent_slots as slots
+from rhhjax.kernels import rowgroup_layout
 from rhhjax.kernels.mosaic_backward import _gate_backward, highway_backward_reference
 from rhhjax.kernels.mosaic_gemm import gemm_nt_to_smem
 from rhhjax.kernels.persistent_plan import PersistentPlan, PlanError
@@ -187,6 +188,7 @@ def persistent_backward(
     with_dz: bool = False,
     spin_limit: int = gb.DEFAULT_SPIN_LIMIT,
     interpret: Any = None,
+    layout: str = "grid",
 ):
     """All backward phases in one Mosaic GPU launch; shapes in the module docstring.
 
@@ -198,12 +200,13 @@ def persistent_backward(
     ds_carry0 [b_pad, n_pad] f32, status [R * C] int32). The caller checks ``status`` with
     `grid_barrier.check_status`. Compiled, it runs on a Hopper GPU only; with ``interpret``
     (`gpu_interpret.params()`, jax >= 0.11.2) in GPU interpret mode as one cluster with a
-    cluster barrier (`grid_barrier.launch`; ``plan.check_interpretable``)."""
+    cluster barrier (`grid_barrier.launch`; ``plan.check_interpretable``). ``layout``
+    "rowgroup": one cluster per row group, a cluster barrier (`rowgroup_layout`)."""
     depth = _check_operands(plan, wt, g, packed, z, mask)
     _check_dz(with_dz, z, packed)
     check_plan(plan, z is not None, mask is not None, with_dz)
-    if interpret is not None:
-        plan.check_interpretable()
+    rowgroup_layout.check(plan, layout, interpret)
+    launch, block_index, make_barrier = rowgroup_layout.functions(layout, interpret)
     phases = g.shape[0]
     steps = phases // depth
     rows, u, tk = plan.rows_per_block, plan.units_per_block, plan.k_chunk
@@ -218,11 +221,11 @@ def persistent_backward(
         extra_g = refs[: len(extras)]
         da_g, d_mm_g, ds_carry0_g = refs[len(extras) : len(extras) + 3]
         dz_g, status_g = (refs[-2] if with_dz else None), refs[-1]
-        r, c = gb.block_index((n_r, n_c), ("r", "g"), phase_bar)
+        r, c = block_index((n_r, n_c), ("r", "g"), phase_bar)
         block_rows = pl.ds(r * rows, rows)
         units = pl.ds(c * u, u)
         is_leader = jnp.logical_and(r == 0, c == 0)
-        barrier = gb.make_barrier(n_r * n_c, is_leader, spin_limit, phase_bar)
+        barrier = make_barrier(n_r * n_c, is_leader, spin_limit, phase_bar)
         sources = dict(g_out=g_g, **dict(zip(extra_names, extra_g, strict=True)))
 
         def d_mm_slice(p, half):
@@ -310,7 +313,7 @@ def persistent_backward(
         *[jax.ShapeDtypeStruct((depth, steps, b_pad, n_pad), F32)] * with_dz,
         jax.ShapeDtypeStruct((n_r * n_c,), jnp.int32),
     )
-    layout, phase_bar = gb.launch((n_r, n_c), ("r", "g"), interpret)
+    launch_args, phase_bar = launch((n_r, n_c), ("r", "g"), interpret)
     return plgpu.kernel(
         kernel,
         out_type=out_type,
@@ -322,7 +325,7 @@ def persistent_backward(
             bar=plgpu.Barrier(num_barriers=len(names)),
             **phase_bar,
         ),
-        **layout,
+        **launch_args,
         kernel_name="persistent_highway_backward",
         interpret=interpret,
     )(wt, g, packed, *extras)
@@ -348,11 +351,12 @@ def persistent_backward_reference(
     with_dz: bool = False,
     spin_limit: int = gb.DEFAULT_SPIN_LIMIT,
     interpret: Any = None,
+    layout: str = "grid",
 ):
     """Pure-JAX `persistent_backward` (same operands, same outputs; status all zeros): a
     reverse scan over the phases of `mosaic_backward.highway_backward_reference`
     (``spin_limit`` and ``interpret`` unused)."""
-    del spin_limit, interpret
+    del spin_limit, interpret, layout
     depth = _check_operands(plan, wt, g, packed, z, mask)
     _check_dz(with_dz, z, packed)
     phases, b_pad, n_pad = g.shape

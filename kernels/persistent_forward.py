@@ -63,7 +63,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
-from rhhjax.kernels import grid_barrier
+from rhhjax.kernels import grid_barrier, rowgroup_layout
 from rhhjax.kernels import mosaic_forward as mf
 from rhhjax.kernels import persistent_slots as slots
 from rhhjax.kernels.mosaic_gemm import gemm_nt_to_smem
@@ -149,17 +149,19 @@ def persistent_forward(
     save: bool,
     spin_limit: int = grid_barrier.DEFAULT_SPIN_LIMIT,
     interpret: Any = None,
+    layout: str = "grid",
 ):
     """All T * L forward phases in one Mosaic GPU launch; shapes in the module docstring.
 
     Returns (states, s_mm, status) or, with ``save``, (s_last [1, b_pad, n_pad], packed, s_mm,
     status). Compiled, it runs on a Hopper GPU only; with ``interpret``
     (`gpu_interpret.params()`, jax >= 0.11.2) it runs in GPU interpret mode as one cluster with
-    a cluster barrier (`grid_barrier.launch`; ``plan.check_interpretable``).
+    a cluster barrier (`grid_barrier.launch`; ``plan.check_interpretable``). ``layout``
+    "rowgroup": one cluster per row group, a cluster barrier (`rowgroup_layout`).
     """
     steps, depth = check_operands(plan, w_blk, s0, xproj, bias, z, mask)
-    if interpret is not None:
-        plan.check_interpretable()
+    rowgroup_layout.check(plan, layout, interpret)
+    launch, block_index, make_barrier = rowgroup_layout.functions(layout, interpret)
     phases = steps * depth
     n_r, n_c = plan.row_blocks, plan.col_blocks
     rows, u, tk = plan.rows_per_block, plan.units_per_block, plan.k_chunk
@@ -177,10 +179,10 @@ def persistent_forward(
         out_refs = refs[4 + len(optional) :]
         states_g, s_mm_g, status_g = out_refs[0], out_refs[-2], out_refs[-1]
         packed_g = out_refs[1] if save else None
-        r, g = grid_barrier.block_index((n_r, n_c), ("r", "g"), phase_bar)
+        r, g = block_index((n_r, n_c), ("r", "g"), phase_bar)
         block = r * n_c + g
         row_sl, unit_sl = pl.ds(r * rows, rows), pl.ds(g * u, u)
-        barrier = grid_barrier.make_barrier(n_r * n_c, block == 0, spin_limit, phase_bar)
+        barrier = make_barrier(n_r * n_c, block == 0, spin_limit, phase_bar)
 
         # Prologue: the block's slice of s0 into its state and into s_mm row block 0.
         plgpu.copy_gmem_to_smem(s0_g.at[row_sl, unit_sl], state, bar.at[0])
@@ -296,7 +298,7 @@ def persistent_forward(
         jax.ShapeDtypeStruct((phases * b_pad, k_pad), mm_dtype),
         jax.ShapeDtypeStruct((n_r * n_c,), jnp.int32),
     ]
-    layout, phase_bar = grid_barrier.launch((n_r, n_c), ("r", "g"), interpret)
+    launch_args, phase_bar = launch((n_r, n_c), ("r", "g"), interpret)
     return plgpu.kernel(
         kernel,
         out_type=tuple(out_type),
@@ -308,7 +310,7 @@ def persistent_forward(
             bar=plgpu.Barrier(num_barriers=len(ins)),
             **phase_bar,
         ),
-        **layout,
+        **launch_args,
         kernel_name="persistent_highway_forward",
         interpret=interpret,
     )(w_blk, s0, xproj, bias, *optional)
@@ -329,12 +331,13 @@ def persistent_forward_reference(
     save: bool,
     spin_limit: int = grid_barrier.DEFAULT_SPIN_LIMIT,
     interpret: Any = None,
+    layout: str = "grid",
 ):
     """Pure-JAX `persistent_forward` (same operands and outputs; status all zeros): a
     `lax.scan` over the phases of `mosaic_forward.highway_forward_reference` (units u),
     the state's matmul-dtype cast as the A operand, xproj scaled by 1 at layer 0 and by 0
     elsewhere as the kernel does. ``spin_limit`` and ``interpret`` are unused."""
-    del spin_limit, interpret
+    del spin_limit, interpret, layout
     steps, depth = check_operands(plan, w_blk, s0, xproj, bias, z, mask)
     mm_dtype = w_blk.dtype
     k_pad, rows_w = plan.k_pad, 2 * plan.n_pad

@@ -37,7 +37,8 @@ def test_the_step_is_kernel_plus_barrier_plus_glue_and_glue_is_bytes_at_hbm_rate
 
 def test_the_hyper_cell_in_the_kernel_halves_the_barrier_phases():
     rows = [r for r in pp.table(_report(1e9, 1e9)) if r["dtype"] == "bfloat16"]
-    today, inside = rows[0], rows[1]
+    today = next(r for r in rows if r["layout"].startswith("grid, hyper as own"))
+    inside = next(r for r in rows if r["layout"].startswith("grid, hyper inside"))
     assert today["barrier_phases"] == 4 * 700
     assert inside["barrier_phases"] == 2 * 700 + 2
     assert inside["fwd_phase_us"] > today["fwd_phase_us"]  # its share of the hyper GEMMs
@@ -90,3 +91,15 @@ def test_a_calibration_file_sets_the_rates_and_one_without_them_is_one_line(tmp_
     calibration.write_text(json.dumps({"measured": {}}))
     with pytest.raises(ValueError, match="no rates_refitted"):
         pp.main(["--report", str(report), "--calibration", str(calibration)])
+
+
+def test_the_layouts_weighed_name_whether_they_are_built():
+    """Today's grid and the row-group clusters are built; the hyper cell inside and the
+    multicast are not; the row-group plan has at most 16 column blocks in both dtypes."""
+    for dtype in ("bfloat16", "float32"):
+        names = [layout.name for layout in pp.layouts(dtype, Rates(), 256, 1000)]
+        assert len(names) == 5
+        assert (
+            sum("(built" in n for n in names) == 2 and sum("(not built)" in n for n in names) == 3
+        )
+        assert pp.rowgroup_plan(dtype, 256, 1000).col_blocks == 16

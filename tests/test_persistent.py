@@ -204,6 +204,15 @@ class TestPersistentInterpret(TestPersistentCompiled):
     TOLERANCE = KERNEL_TOL
 
 
+class TestPersistentInterpretRowgroup(TestPersistentInterpret):
+    """The same with the kernels launched as one cluster per row group
+    (`persistent.LAYOUT = "rowgroup"`, `kernels/rowgroup_layout.py`)."""
+
+    @pytest.fixture(autouse=True)
+    def _rowgroup(self, monkeypatch):
+        monkeypatch.setattr(persistent, "LAYOUT", "rowgroup")
+
+
 # ----------------------------------------------------------------------------- deviceless
 
 

@@ -373,20 +373,23 @@ class TestCompiled(MosaicGpuMode):
         ],
     }
     TOL = {"bfloat16": 3e-2, "float32": 3e-3}
+    LAYOUT = "grid"  # the kernels' launch layout (`kernels/rowgroup_layout.py`)
 
     def test_matches_reference(self, case):
         plan_args, steps, depth, z_on, mask_on = case
         plan = PersistentPlan(*plan_args)
-        if self.INTERPRET and gpu_interpret.cluster_too_large(plan.grid):
-            pytest.skip(gpu_interpret.cluster_too_large(plan.grid))
+        cluster = plan.grid if self.LAYOUT == "grid" else plan.col_blocks
+        if self.INTERPRET and gpu_interpret.cluster_too_large(cluster):
+            pytest.skip(gpu_interpret.cluster_too_large(cluster))
         case = _case(plan.batch + steps, plan, steps, depth, z_on, mask_on)
         wt, expected = _reference(plan, case, jnp.dtype(plan.dtype))
         operands = (wt, case["g"], _packed(case), case["z"], case["mask"])
         tol = self.TOL[plan.dtype]
         for with_dz in (False, True) if z_on else (False,):
             kernel = functools.partial(
-                pb.persistent_backward, plan, with_dz=with_dz, interpret=self.interpret()
-            )
+                pb.persistent_backward, plan, with_dz=with_dz, interpret=self.interpret(),
+                layout=self.LAYOUT,
+            )  # fmt: skip
             actual = jax.jit(kernel)(*operands)
             assert not np.asarray(actual[-1]).any(), "grid barrier timed out"
             assert len(actual) == 4 + with_dz
@@ -417,7 +420,9 @@ class TestInterpret(TestCompiled):
         wt = pb.backward_weights(plan, case["kernel_s"], F32)
 
         def run():  # a new function each time: traced again, after the patch too
-            kernel = functools.partial(pb.persistent_backward, plan, interpret=self.interpret())
+            kernel = functools.partial(
+                pb.persistent_backward, plan, interpret=self.interpret(), layout=self.LAYOUT
+            )
             return jax.block_until_ready(jax.jit(kernel)(wt, case["g"], _packed(case)))
 
         run()  # as it is: no race

@@ -354,15 +354,17 @@ class TestCompiled(MosaicGpuMode):
                  ("bfloat16", 256, 1000, 33, 4, 64, 2, 2)],
     }  # fmt: skip
     TOL = {"bfloat16": 1e-4, "float32": 3e-3}
+    LAYOUT = "grid"  # the kernels' launch layout (`kernels/rowgroup_layout.py`)
 
     def run(self, plan, ops, save):
         """The jitted kernel in this class's mode; the plan must suit the mode."""
         if self.INTERPRET:
-            reason = gpu_interpret.cluster_too_large(plan.grid)
+            cluster = plan.grid if self.LAYOUT == "grid" else plan.col_blocks
+            reason = gpu_interpret.cluster_too_large(cluster)
             if reason is not None:
                 pytest.skip(reason)
         kernel = functools.partial(
-            pf.persistent_forward, plan, save=save, interpret=self.interpret()
+            pf.persistent_forward, plan, save=save, interpret=self.interpret(), layout=self.LAYOUT
         )
         return jax.block_until_ready(jax.jit(kernel)(*ops))
 

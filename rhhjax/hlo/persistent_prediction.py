@@ -84,37 +84,37 @@ def hyper_launch_phase_us(dtype: str, hyper: int, batch: int, rates: Rates, back
 
 
 def rowgroup_plan(dtype: str, batch: int, width: int) -> PersistentPlan | None:
-    """The main plan of one cluster (<= 16 blocks) per 64-row group: 16 column blocks, the
-    widest K chunk and deepest pipeline that fit shared memory; None when none fits."""
-    from rhhjax.kernels import persistent_backward as pb
+    """The plan ``persistent.plan_for`` picks for the row-group clusters (at most 16 column
+    blocks), or None when none fits."""
+    from rhhjax.ops import persistent
 
-    for k_chunk in (64, 32, 16):
-        for stages in (4, 3, 2):
-            plan = PersistentPlan(
-                batch, width, dtype, col_blocks=16, row_blocks=-(-batch // 64),
-                k_chunk=k_chunk, stages=stages,
-            )  # fmt: skip
-            try:
-                plan.check()
-                pb.check_plan(plan)
-            except PlanError:
-                continue
-            return plan
-    return None
+    try:
+        return persistent.plan_for(batch, width, dtype, "rowgroup")
+    except PlanError:
+        return None
 
 
 def layouts(dtype: str, rates: Rates, batch: int, width: int) -> list[Layout]:
-    """Today's layout, the grid with the hyper cell inside, and row-group clusters."""
+    """The layouts weighed, each named with whether it is built: today's grid, the row-group
+    clusters (`kernels/rowgroup_layout.py`, ``persistent.LAYOUT = "rowgroup"``), each with
+    the hyper cell as its own launches (built) and inside the main kernels (not built), and
+    the row-group clusters with TMA multicast of the A rows (not built)."""
     from rhhjax.ops import persistent
 
     grid = persistent.plan_for(batch, width, dtype)
     out = [
-        Layout("grid, hyper as own launches (today)", grid, 1, rates.barrier_us, False),
-        Layout("grid, hyper in the main kernels", grid, 1, rates.barrier_us, True),
+        Layout("grid, hyper as own launches (built: today)", grid, 1, rates.barrier_us, False),
     ]
     rowgroup = rowgroup_plan(dtype, batch, width)
+    clusters = None if rowgroup is None else f"row-group clusters of {rowgroup.col_blocks}"
     if rowgroup is not None:
-        name = f"row-group clusters of {rowgroup.col_blocks}, multicast A, hyper in kernel"
+        name = f"{clusters}, hyper as own launches (built)"
+        out.append(Layout(name, rowgroup, 1, CLUSTER_BARRIER_US, False))
+    out.append(Layout("grid, hyper inside (not built)", grid, 1, rates.barrier_us, True))
+    if rowgroup is not None:
+        name = f"{clusters}, hyper inside (not built)"
+        out.append(Layout(name, rowgroup, 1, CLUSTER_BARRIER_US, True))
+        name = f"{clusters}, multicast A, hyper inside (not built)"
         out.append(Layout(name, rowgroup, rowgroup.col_blocks, CLUSTER_BARRIER_US, True))
     return out
 

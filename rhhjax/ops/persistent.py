@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING
 import jax
 import jax.numpy as jnp
 
-from rhhjax.kernels import gpu_interpret, grid_barrier, highway
+from rhhjax.kernels import gpu_interpret, grid_barrier, highway, rowgroup_layout
 from rhhjax.kernels import persistent_backward as pb
 from rhhjax.kernels import persistent_forward as pf
 from rhhjax.kernels.persistent_plan import (
@@ -72,6 +72,11 @@ KEEP_DTYPE = jnp.bool_  # As `fused`: turned into the f32 mask 0 or 1/keep per c
 UNITS = (8, 16, 32, 64)  # units per block tried (the backward's wgmma N: multiples of 8)
 K_CHUNK = 64  # K per pipeline stage
 STAGES = (4, 3, 2)  # pipeline depths tried, deepest first, until shared memory fits
+DZ_IN_KERNEL = False  # measured: see `_dz_in_kernel`
+# The kernels' launch layout (`kernels/rowgroup_layout.py`): "grid" (a grid barrier) or
+# "rowgroup" (one cluster per row group, a cluster barrier; plans of <= 16 column blocks).
+# "grid" until a GPU has measured both (`benchmarks/calibrate_persistent.py`).
+LAYOUT = "grid"
 
 
 def unsupported(model: ModelFacts) -> str | None:
@@ -102,12 +107,14 @@ def unavailable(pallas_mode: str, platform: str | None) -> str | None:
 
 
 @functools.cache
-def plan_for(batch: int, width: int, dtype_name: str) -> PersistentPlan:
+def plan_for(batch: int, width: int, dtype_name: str, layout: str = "grid") -> PersistentPlan:
     """The kernels' plan for a [batch, width] recurrence: among the plans both kernels can
     run on an H100 (`_candidates`), the one of the lowest PREDICTED phase time
     (`persistent_plan.predicted_phase_us`, forward + backward; an uncalibrated model, see
-    its `Rates`), then the fewest padded units. Raises PlanError (one line) when none fits."""
-    plans = list(_candidates(batch, width, dtype_name))
+    its `Rates`), then the fewest padded units; ``layout`` "rowgroup": among the plans of at
+    most `rowgroup_layout.MAX_CLUSTER` column blocks (K chunks of 64, 32 or 16). Raises
+    PlanError (one line) when none fits."""
+    plans = list(_candidates(batch, width, dtype_name, layout))
     if not plans:
         raise PlanError(
             f"no persistent plan fits an H100 for batch {batch}, width {width} ({dtype_name}): "
@@ -122,15 +129,15 @@ def plan_for(batch: int, width: int, dtype_name: str) -> PersistentPlan:
 
 
 @functools.cache
-def interpret_plan(batch: int, width: int, dtype_name: str) -> PersistentPlan:
+def interpret_plan(batch: int, width: int, dtype_name: str, layout: str = "grid") -> PersistentPlan:
     """The plan of GPU interpret mode: among the plans both kernels can run on an H100
     (`_candidates`), the one of the FEWEST blocks (then the lowest predicted phase time):
     the interpreter runs them as one cluster of threads (`grid_barrier.launch`). Raises
     PlanError (one line) when none fits, or when the fewest are more blocks than the
     interpreter runs here (`gpu_interpret.cluster_too_large`)."""
-    plans = list(_candidates(batch, width, dtype_name))
+    plans = list(_candidates(batch, width, dtype_name, layout))
     if not plans:
-        return plan_for(batch, width, dtype_name)  # its one-line PlanError
+        return plan_for(batch, width, dtype_name, layout)  # its one-line PlanError
 
     def cost(plan):
         forward, backward = predicted_phase_us(plan), predicted_phase_us(plan, backward=True)
@@ -145,36 +152,51 @@ def interpret_plan(batch: int, width: int, dtype_name: str) -> PersistentPlan:
     return plan
 
 
-def _candidates(batch: int, width: int, dtype_name: str):
+def _candidates(batch: int, width: int, dtype_name: str, layout: str = "grid"):
     """Plans of 1 .. ceil(batch / 64) row blocks (no block of padding rows only) and UNITS
     units per block, each with the fewest column blocks that keep the kernels' K extents on
     written columns (forward ``k_pad <= n_pad``; backward ``2 * n_pad`` whole chunks) and
-    the deepest pipeline (STAGES) that both kernels' checks accept."""
+    the deepest pipeline (STAGES) that both kernels' checks accept; ``layout`` "rowgroup":
+    those of at most `rowgroup_layout.MAX_CLUSTER` column blocks, at K chunks of 64, 32
+    or 16 (the widest that fits)."""
+    k_chunks = (K_CHUNK,) if layout == "grid" else (K_CHUNK, K_CHUNK // 2, K_CHUNK // 4)
     for row_blocks in range(1, -(-batch // 64) + 1):
         for units in UNITS:
-            col_blocks = -(-width // units)
-            while (col_blocks * units < -(-width // K_CHUNK) * K_CHUNK) or (
-                2 * col_blocks * units % K_CHUNK
-            ):
-                col_blocks += 1
-            for stages in STAGES:
-                plan = PersistentPlan(
-                    batch, width, dtype_name, col_blocks=col_blocks, row_blocks=row_blocks,
-                    k_chunk=K_CHUNK, stages=stages, units=units,
-                )  # fmt: skip
-                try:
-                    plan.check()
-                    pb.check_plan(plan)
-                except PlanError:
-                    continue
-                yield plan
-                break
+            for k_chunk in k_chunks:
+                plan = _deepest(batch, width, dtype_name, row_blocks, units, k_chunk)
+                if plan is not None and (
+                    layout == "grid" or plan.col_blocks <= rowgroup_layout.MAX_CLUSTER
+                ):
+                    yield plan
+                    break
+
+
+def _deepest(batch, width, dtype_name, row_blocks, units, k_chunk) -> PersistentPlan | None:
+    """The plan of the fewest column blocks for ``units`` and the deepest STAGES that both
+    kernels accept, or None."""
+    col_blocks = -(-width // units)
+    while (col_blocks * units < -(-width // k_chunk) * k_chunk) or (
+        2 * col_blocks * units % k_chunk
+    ):
+        col_blocks += 1
+    for stages in STAGES:
+        plan = PersistentPlan(
+            batch, width, dtype_name, col_blocks=col_blocks, row_blocks=row_blocks,
+            k_chunk=k_chunk, stages=stages, units=units,
+        )  # fmt: skip
+        try:
+            plan.check()
+            pb.check_plan(plan)
+        except PlanError:
+            continue
+        return plan
+    return None
 
 
 def _plan_of(spec: SequenceSpec, batch: int, width: int) -> PersistentPlan:
     """`interpret_plan` in GPU interpret mode, else `plan_for` (the H100's)."""
     choose = interpret_plan if spec.interpret and not spec.references else plan_for
-    return choose(batch, width, jnp.dtype(spec.dtype).name)
+    return choose(batch, width, jnp.dtype(spec.dtype).name, LAYOUT)
 
 
 def _plan(spec: SequenceSpec, geo: highway.Geometry) -> PersistentPlan:
@@ -231,7 +253,8 @@ def forward_loop(spec, geo, w, bias, s0, xproj, z, keep, hidden, save: bool):
     if spec.references:
         outs = pf.persistent_forward_reference(*args, save=save)
     else:
-        outs = pf.persistent_forward(*args, save=save, interpret=loops.kernel_interpret(spec))
+        interpret = loops.kernel_interpret(spec)
+        outs = pf.persistent_forward(*args, save=save, interpret=interpret, layout=LAYOUT)
         grid_barrier.check_status(outs[-1], "persistent forward")
     if not save:
         return outs[0].reshape(length, depth, *outs[0].shape[1:]), None
@@ -274,7 +297,7 @@ def backward_loop(spec, geo, w, bias, s0, xproj, z, keep, hidden, saved, g_state
         outs = pb.persistent_backward_reference(*args, with_dz=with_dz)
     else:
         interpret = loops.kernel_interpret(spec)
-        outs = pb.persistent_backward(*args, with_dz=with_dz, interpret=interpret)
+        outs = pb.persistent_backward(*args, with_dz=with_dz, interpret=interpret, layout=LAYOUT)
         grid_barrier.check_status(outs[-1], "persistent backward")
     da, d_mm, ds_carry0 = outs[:3]
     dz_lt = outs[3] if with_dz else None
@@ -282,9 +305,6 @@ def backward_loop(spec, geo, w, bias, s0, xproj, z, keep, hidden, saved, g_state
     w0 = w[: geo.n_pad]
     ds0 = ds_carry0 + jnp.matmul(d_mm[: geo.b_pad], w0.T, preferred_element_type=jnp.float32)
     return ds0, *_gradients(spec, geo, da, d_mm, s_mm, z_pm, packed, length, depth, dz_lt)
-
-
-DZ_IN_KERNEL = False  # measured: see `_dz_in_kernel`
 
 
 def _dz_in_kernel(plan: PersistentPlan, has_z: bool, has_mask: bool) -> bool:
