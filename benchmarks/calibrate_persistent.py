@@ -76,31 +76,33 @@ def _median_s(fn, args, reps: int) -> float:
     return statistics.median(times)
 
 
-def barrier_kernel(plan: PersistentPlan, phases: int, interpret=None):
-    """A kernel of the plan's grid that passes ``phases`` barriers; returns its status
-    [grid] int32 (0 = every barrier passed)."""
+def barrier_kernel(plan: PersistentPlan, phases: int, interpret=None, layout: str = "grid"):
+    """A kernel of the plan's grid (``layout``: `rowgroup_layout`) that passes ``phases``
+    barriers; returns its status [grid] int32 (0 = every barrier passed)."""
     from jax.experimental.pallas import mosaic_gpu as plgpu
     from rhhjax.kernels import grid_barrier as gb
+    from rhhjax.kernels import rowgroup_layout
 
     grid, names = (plan.row_blocks, plan.col_blocks), ("r", "g")
+    launch, block_index, make_barrier = rowgroup_layout.functions(layout, interpret)
 
     def kernel(status_g, phase_bar=None):
-        r, g = gb.block_index(grid, names, phase_bar)
-        barrier = gb.make_barrier(plan.grid, (r == 0) & (g == 0), gb.DEFAULT_SPIN_LIMIT, phase_bar)
+        r, g = block_index(grid, names, phase_bar)
+        barrier = make_barrier(plan.grid, (r == 0) & (g == 0), gb.DEFAULT_SPIN_LIMIT, phase_bar)
 
         def body(i, code):
             return jnp.where(barrier(i), code, i + 1)
 
         status_g[r * plan.col_blocks + g] = jax.lax.fori_loop(0, phases, body, jnp.int32(0))
 
-    layout, phase_bar = gb.launch(grid, names, interpret)
+    launch_args, phase_bar = launch(grid, names, interpret)
     return plgpu.kernel(
         kernel,
         out_type=jax.ShapeDtypeStruct((plan.grid,), jnp.int32),
         scratch_types=phase_bar,
         kernel_name="calibrate_grid_barrier",
         interpret=interpret,
-        **layout,
+        **launch_args,
     )()
 
 
@@ -131,21 +133,22 @@ def _operands(plan: PersistentPlan, steps: int, depth: int, seed: int = 0):
     return fwd, bwd_w, f32(phases, b, n)
 
 
-def phase_times(plan: PersistentPlan, depth: int, lengths: tuple, reps: int, interpret=None):
+def phase_times(
+    plan: PersistentPlan, depth: int, lengths: tuple, reps: int, interpret=None, layout="grid"
+):
     """(forward, backward) us per phase: the kernels at two sequence lengths, the time
     difference over the phase difference."""
     from rhhjax.kernels import persistent_backward as pb
     from rhhjax.kernels import persistent_forward as pf
 
     fwd_s, bwd_s = [], []
+    kw = dict(interpret=interpret, layout=layout)
     for steps in lengths:
         fwd_ops, wt, g = _operands(plan, steps, depth)
-        forward = jax.jit(
-            lambda *a: pf.persistent_forward(plan, *a, save=True, interpret=interpret)
-        )
+        forward = jax.jit(lambda *a: pf.persistent_forward(plan, *a, save=True, **kw))
         s_last, packed, s_mm, status = forward(*fwd_ops)
         assert not np.asarray(status).any(), f"forward barrier timed out: {status}"
-        backward = jax.jit(lambda *a: pb.persistent_backward(plan, *a, interpret=interpret))
+        backward = jax.jit(lambda *a: pb.persistent_backward(plan, *a, **kw))
         bwd_ops = (wt, g, packed, fwd_ops[4], fwd_ops[5])
         fwd_s.append(_median_s(forward, fwd_ops, reps))
         bwd_s.append(_median_s(backward, bwd_ops, reps))
@@ -153,11 +156,11 @@ def phase_times(plan: PersistentPlan, depth: int, lengths: tuple, reps: int, int
     return tuple(1e6 * (t[1] - t[0]) / phases for t in (fwd_s, bwd_s))
 
 
-def barrier_us(plan: PersistentPlan, counts: tuple, reps: int, interpret=None) -> float:
+def barrier_us(plan: PersistentPlan, counts: tuple, reps: int, interpret=None, layout="grid"):
     """us per barrier: the barrier kernel at two phase counts, the difference."""
     times = []
     for count in counts:
-        run = jax.jit(lambda c=count: barrier_kernel(plan, c, interpret))
+        run = jax.jit(lambda c=count: barrier_kernel(plan, c, interpret, layout))
         status = run()
         assert not np.asarray(status).any(), f"barrier timed out: {status}"
         times.append(_median_s(run, (), reps))
@@ -189,14 +192,15 @@ def measure(args) -> dict:
     shape = TINY if args.interpret else PAPER
     interpret = gpu_interpret.params() if args.interpret else None
     choose = persistent.interpret_plan if args.interpret else persistent.plan_for
-    plan = choose(shape["batch"], shape["width"], args.dtype)
+    plan = choose(shape["batch"], shape["width"], args.dtype, args.layout)
     lengths = (1, 2) if args.interpret else (4, 12)
     counts = (2, 6) if args.interpret else (200, 1400)
     reps = 1 if args.interpret else args.reps
     out = {"plan": dataclasses.asdict(plan), "shape": shape, "interpret": args.interpret}
-    out["barrier_us"] = barrier_us(plan, counts, reps, interpret)
+    out["layout"] = args.layout
+    out["barrier_us"] = barrier_us(plan, counts, reps, interpret, args.layout)
     out["fwd_phase_us"], out["bwd_phase_us"] = phase_times(
-        plan, shape["depth"], lengths, reps, interpret
+        plan, shape["depth"], lengths, reps, interpret, args.layout
     )
     out["l2_tbytes"] = l2_tbytes(1.0 if args.interpret else args.l2_mb, args.l2_rounds, reps)
     return out, plan
@@ -211,6 +215,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--l2-mb", type=float, default=24.0)
     parser.add_argument("--l2-rounds", type=int, default=50)
     parser.add_argument("--interpret", action="store_true", help="tiny shapes, interpreted")
+    parser.add_argument("--layout", default="grid", choices=("grid", "rowgroup"))
     args = parser.parse_args(argv)
     measured, plan = measure(args)
     old = Rates()

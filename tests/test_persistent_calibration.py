@@ -52,11 +52,15 @@ def test_a_missing_measurement_is_one_value_error_line(missing):
 @pytest.mark.skipif(
     gpu_interpret.unavailable() is not None, reason=str(gpu_interpret.unavailable())
 )
-def test_the_calibration_kernels_run_interpreted_at_a_tiny_shape(tmp_path):
+@pytest.mark.parametrize("layout", ["grid", "rowgroup"])
+def test_the_calibration_kernels_run_interpreted_at_a_tiny_shape(tmp_path, layout):
     """The barrier kernel and both persistent kernels of the calibration run in GPU interpret
-    mode (race detector on) at a one-block plan; interpreted times refit nothing."""
-    out = cal.main(["--interpret", "--reps", "1", "--out", str(tmp_path / "c.json")])
+    mode (race detector on) at a one-block plan, in both layouts; interpreted times refit
+    nothing."""
+    argv = ["--interpret", "--reps", "1", "--layout", layout, "--out", str(tmp_path / "c.json")]
+    out = cal.main(argv)
     measured = out["measured"]
+    assert measured["layout"] == layout
     assert measured["interpret"] and measured["plan"]["row_blocks"] == 1
     for key in ("barrier_us", "fwd_phase_us", "bwd_phase_us", "l2_tbytes"):
         assert key in measured
