@@ -188,6 +188,7 @@ def format_table(rows: list[dict]) -> str:
     head = (
         f"{'config':<28} {'status':<13} {'launch/step':>11} {'hf/hb/mf/mb':>15} "
         f"{'pad/cvt/copy':>12} {'w/pad':>5} {'W pad/cvt':>9} {'MB/step':>8} "
+        f"{'GB/train step':>15} "
         f"{'kernels regs/spill/smem':<26} "
         f"{'peak GB':>7} {'pred ms':>8} {'cal ms':>7}"
     )
@@ -215,10 +216,15 @@ def format_table(rows: list[dict]) -> str:
             kern = f"max {regs}/{spill}B/{smem // 1024}KiB"
         peak = (r.get("memory") or {}).get("peak_bytes")
         peak_gb = f"{peak / 1e9:.2f}" if peak else "?"
+        step_gb = "?"
+        if "bytes_per_train_step_read" in r:  # reports before the corrected rule lack it
+            step_gb = (
+                f"{r['bytes_per_train_step'] / 1e9:.1f}/{r['bytes_per_train_step_read'] / 1e9:.1f}"
+            )
         lines.append(
             f"{label:<28} {r['status']:<13} {r['launches_per_step']:>11} {split:>15} "
             f"{moves:>12} {r['launches_with_op_per_step'].get('pad', 0):>5} {wmoves:>9} "
-            f"{r['bytes_per_step'] / 1e6:>8.1f} {kern:<26} {peak_gb:>7} "
+            f"{r['bytes_per_step'] / 1e6:>8.1f} {step_gb:>15} {kern:<26} {peak_gb:>7} "
             f"{r['predicted_step_ms']:>8.2f} {r.get('calibrated_step_ms', float('nan')):>7.1f}"
         )
     return "\n".join(lines)
@@ -254,7 +260,24 @@ DEFINITIONS = {
     "array with two dims >= hidden: W [n, 2n] or a padded / cast copy of it)",
     "bytes_per_step": "sum over in-loop launches of operand + result bytes from HLO shapes; "
     "a fused dynamic-slice / slice of an operand counts as the slice, a fused "
-    "dynamic-update-slice as the update; a buffer passed twice counts once",
+    "dynamic-update-slice as the update; a buffer passed twice counts once (the old rule, "
+    "unchanged: an operand whose first fused use is not a slice counts whole, e.g. one read "
+    "through a reshape and then a slice)",
+    "bytes_per_step_read": "bytes_per_step under the corrected rule (launches.read_fraction): "
+    "a fused operand counts the fraction of its elements the fusion reads, followed through "
+    "index-only ops (bitcast, reshape, transpose, copy, pad, reverse: fraction unchanged) to "
+    "slices and dynamic-slices, strided or not (each keeps its share, elements out / "
+    "elements in); any other use reads it whole; an unfused slice counts its result read "
+    "and written; custom calls (Mosaic GPU, Triton kernels) still count whole operands",
+    "bytes_outside_loops": "operand + result bytes (old rule) of the launches outside the "
+    "time loops, once per training step (for impl=persistent: everything, kernels included)",
+    "bytes_outside_loops_read": "the same under the corrected rule",
+    "bytes_per_train_step": "bytes_per_step x seq_len + bytes_outside_loops (old rule): HLO "
+    "bytes of one training step; the table's 'GB/train step' is old/corrected",
+    "bytes_per_train_step_read": "bytes_per_step_read x seq_len + bytes_outside_loops_read",
+    "largest_launches": "the 16 launches of a training step with the most bytes (old rule, in-"
+    "loop ones x multiplicity x seq_len), each with bytes (old rule) and bytes_read "
+    "(corrected), largest first",
     "pallas_kernels": "thunk sequence (grid, threads, dynamic shared memory) + ptxas -v on "
     "XLA's dumped PTX (registers, spill bytes); smem_overflow: shared_memory > 232448 B "
     "(H100 opt-in per block)",

@@ -11,6 +11,10 @@
 #   bash benchmarks/gpu_suite.sh all       # both (over one 10-minute device command)
 #   bash benchmarks/gpu_suite.sh persistent # the persistent and mosaic kernels: their compiled
 #                                          # tests, then their paper-size HyperRHN step beside fused
+#   bash benchmarks/gpu_suite.sh calibrate # < 2 min: grid barrier alone at the real grid, one
+#                                          # forward and one backward phase at the chosen plan,
+#                                          # the L2 rate (benchmarks/calibrate_persistent.py);
+#                                          # the refitted Rates' prediction table
 #   bash benchmarks/gpu_suite.sh train     # the paper model on PTB for TRAIN_MINUTES of training in
 #                                          # all, resumable: repeat the same command until
 #                                          # $OUT/train_status says finished (below)
@@ -98,6 +102,15 @@ if [ "$MODE" = persistent ]; then  # issue 20: the persistent kernels on a GPU
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
   part persistent 300 --sizes=paper --models=hyperrhn --impls=fused,mosaic,persistent \
     --dtypes=bfloat16,float32 --parts=step --repeats=10
+fi
+if [ "$MODE" = calibrate ]; then  # the plan model's three assumed rates, measured; < 2 min
+  timeout 110 "$PY" benchmarks/calibrate_persistent.py --out "$OUT/calibrate.json" \
+    2>&1 | tee "$OUT/calibrate.log"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  if [ -f "$OUT/calibrate.json" ]; then
+    "$PY" -m rhhjax.hlo.persistent_prediction --calibration "$OUT/calibrate.json" \
+      --json "$OUT/prediction_calibrated.json" | tee "$OUT/prediction_calibrated.md" || status=1
+  fi
 fi
 if [ "$MODE" = train ]; then
   # A device command lasts at most 10 minutes, so the run is cut into calls: each trains

@@ -18,6 +18,8 @@ The Mosaic GPU kernels (Hopper):
     persistent_forward.py    the whole forward as ONE persistent kernel.
     persistent_backward.py   the whole backward as ONE persistent kernel.
     persistent_plan.py       a persistent plan's resources, refusals and labelled prediction.
+    persistent_slots.py      the layer-major order of the kernels' GEMM operand buffers.
+    rowgroup_layout.py       the persistent kernels as one cluster per row group.
     grid_barrier.py          the persistent kernels' grid barrier (and interpret mode's
                              cluster barrier).
     gpu_interpret.py         GPU interpret mode's settings and limits (the kernels on a CPU).

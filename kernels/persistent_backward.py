@@ -7,7 +7,8 @@ Grid ``(plan.row_blocks, plan.col_blocks)`` (names "r", "g"); block ``(r, g)`` o
 plan.units_per_block``). Phase ``p`` is ``(t, l) = (p // L, p % L)``; its "above" is phase
 ``p + 1`` (layer ``(p + 1) % L``). Per phase, exactly `kernels/mosaic_backward.py`'s math::
 
-    acc      = d_mm[p + 1][rows, :] @ wt[(l_above, g)]^T    [rows, u], K = 2 * n_pad in
+    acc      = d_mm[slot(p + 1)][rows, :] @ wt[(l_above, g)]^T  [rows, u] (0 at p = P - 1:
+               no layer above, no GEMM), K = 2 * n_pad in
                plan.k_chunk chunks (increasing order, f32 accumulation, a plan.stages-deep
                TMA pipeline; f32 operands run as TF32)
     ds       = acc + ds_carry + g[p]                       (ds_carry: block-local f32 in
@@ -15,7 +16,8 @@ plan.units_per_block``). Phase ``p`` is ``(t, l) = (p // L, p % L)``; its "above
     da_h     = ds * t_used * (1 - h^2);  da_t = ds * (h_used - s_prev) * tg * (1 - tg)
                (t_used = tg [* mask], h_used = h [* mask])
     ds_carry = ds * (1 - tg)
-    d_scaled = da (* z[p])  -> matmul dtype into d_mm row block p (h half, then t half)
+    d_scaled = da (* z[p])  -> matmul dtype into d_mm row block slot(p) (h half, then t half;
+               `persistent_slots`: layer-major, so the weight gradient needs no transpose)
 
 Operands (padded; matmul dtype = wt.dtype, bf16 or f32):
 
@@ -27,12 +29,13 @@ Operands (padded; matmul dtype = wt.dtype, bf16 or f32):
     z      [P, b_pad, n_pad] f32 | None         hyper scales, phase-major
     mask   [P, b_pad, n_pad] f32 | None         gate-dropout mask (0 or 1/keep)
 
-Outputs, in this order: ``da [P, b_pad, 2, n_pad] f32``; ``d_mm [(P + 1) * b_pad, 2 * n_pad]``
-matmul dtype (row block p = d_scaled of phase p, row block P zeros); ``ds_carry0 [b_pad,
-n_pad] f32`` (the carried gradient after phase 0: the caller adds ``d_scaled_0 @ W_0^T``);
+Outputs, in this order: ``da [P, b_pad, 2, n_pad] f32``; ``d_mm [P * b_pad, 2 * n_pad]``
+matmul dtype (row block ``persistent_slots.slot(p)`` = d_scaled of phase p, layer-major);
+``ds_carry0 [b_pad, n_pad] f32`` (the carried gradient after phase 0: the caller adds
+``d_scaled_0 @ W_0^T``);
 ``status [R * C] int32`` (0 = fine, else 1 + the barrier index at which the block gave up).
 
-Barriers: index 0 after the prologue (each block zeroes its slice of d_mm row block P), then
+Barriers: index 0 after the prologue (each block zeroes its carry), then
 index ``i + 1`` after the i-th phase run (phase ``P - 1 - i``), for ``i < P - 1`` (nothing
 reads phase 0's outputs inside the kernel, so it has no barrier). Consecutive indices, so
 the barrier's parity alternates (``p + 1`` after phase p would put barrier P right after
@@ -53,6 +56,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 from rhhjax.kernels import grid_barrier as gb
+from rhhjax.kernels import persistent_slots as slots
+from rhhjax.kernels import rowgroup_layout
 from rhhjax.kernels.mosaic_backward import _gate_backward, highway_backward_reference
 from rhhjax.kernels.mosaic_gemm import gemm_nt_to_smem
 from rhhjax.kernels.persistent_plan import PersistentPlan, PlanError
@@ -62,27 +67,34 @@ Array = jax.Array
 SMEM_ALIGNMENT = 1024  # Mosaic GPU aligns every shared-memory allocation to this (bytes)
 MBARRIER_BYTES = 8
 MAX_TMA_ROWS = 256  # Mosaic GPU's async copies move at most 256 elements along a dimension
-_SAVED_ROWS = {"s_prev": 0, "h": 1, "t": 2}  # rows of `packed` the backward reads
+# rows of `packed` the backward reads (full_h, full_t: with_dz only)
+_SAVED_ROWS = {"s_prev": 0, "h": 1, "t": 2, "full_h": 3, "full_t": 4}
 
 
 def _align(nbytes: int) -> int:
     return -(-nbytes // SMEM_ALIGNMENT) * SMEM_ALIGNMENT
 
 
-def _input_names(has_z: bool, has_mask: bool) -> tuple[str, ...]:
-    """The per-phase epilogue input tiles, in shared-memory slot order."""
-    return ("g_out", "s_prev", "h", "t") + ("z",) * has_z + ("mask",) * has_mask
+def _input_names(has_z: bool, has_mask: bool, with_dz: bool = False) -> tuple[str, ...]:
+    """The per-phase epilogue input tiles, in shared-memory slot order (``with_dz``: the
+    halves of ``full``, packed rows 3-4, for dz in the epilogue)."""
+    names = ("g_out", "s_prev", "h", "t") + ("z",) * has_z + ("mask",) * has_mask
+    return names + ("full_h", "full_t") * with_dz
 
 
-def backward_smem_bytes(plan: PersistentPlan, has_z: bool = True, has_mask: bool = True) -> int:
-    """Shared memory per block (bytes) that `persistent_backward` allocates (defaults: the
-    worst case, with z and mask). Every allocation is rounded up to 1 KiB (Mosaic GPU)::
+def backward_smem_bytes(
+    plan: PersistentPlan, has_z: bool = True, has_mask: bool = True, with_dz: bool = False
+) -> int:
+    """Shared memory per block (bytes) that `persistent_backward` allocates (defaults: with
+    z and mask, without ``with_dz``'s two more input tiles). Every allocation is rounded up
+    to 1 KiB (Mosaic GPU)::
 
         pipeline   stages' * rows * k_chunk * itemsize  (A: d_mm rows)
                  + stages' * u * k_chunk * itemsize     (B: rows of W)   stages' = min(stages,
                                                                           2 n_pad / k_chunk)
-        epi        n_in * rows * u * 4      (f32 inputs g, s_prev, h, tg [, z] [, mask]; da_h
-                                             and da_t are written over g and s_prev)
+        epi        n_in * rows * u * 4      (f32 inputs g, s_prev, h, tg [, z] [, mask]
+                                             [, full_h, full_t]; da_h and da_t are written
+                                             over g and s_prev, dz over h)
         carry      rows * u * 4             (the carried state gradient, across phases)
         acc        rows * u * 4             (the accumulator, staged for the epilogue)
         dsc        2 * rows * u * itemsize  (d_scaled halves in the matmul dtype)
@@ -90,7 +102,7 @@ def backward_smem_bytes(plan: PersistentPlan, has_z: bool = True, has_mask: bool
     """
     rows, u, item = plan.rows_per_block, plan.units_per_block, plan.itemsize
     stages = min(plan.stages, max(2 * plan.n_pad // plan.k_chunk, 1))
-    n_in = len(_input_names(has_z, has_mask))
+    n_in = len(_input_names(has_z, has_mask, with_dz))
     tile = rows * u * 4
     allocations = (
         stages * rows * plan.k_chunk * item,
@@ -103,7 +115,9 @@ def backward_smem_bytes(plan: PersistentPlan, has_z: bool = True, has_mask: bool
     return sum(map(_align, allocations)) + MBARRIER_BYTES * (n_in + stages)
 
 
-def check_plan(plan: PersistentPlan, has_z: bool = True, has_mask: bool = True) -> None:
+def check_plan(
+    plan: PersistentPlan, has_z: bool = True, has_mask: bool = True, with_dz: bool = False
+) -> None:
     """One-line `PlanError` unless the backward kernel can run ``plan`` co-resident: grid <=
     SMs, ``rows <= 256`` (a TMA box), ``u % 8 == 0`` (wgmma N, 16-byte TMA rows),
     ``2 * n_pad % k_chunk == 0`` (its K) and `backward_smem_bytes` within the per-block
@@ -120,7 +134,7 @@ def check_plan(plan: PersistentPlan, has_z: bool = True, has_mask: bool = True) 
             f"{plan.units_per_block} (width {plan.width}, col_blocks {plan.col_blocks})."
         )
     plan.check_backward_k()
-    need = backward_smem_bytes(plan, has_z, has_mask)
+    need = backward_smem_bytes(plan, has_z, has_mask, with_dz)
     if need > plan.smem_limit:
         raise PlanError(
             f"persistent backward needs {need} B of shared memory per block, over the "
@@ -171,46 +185,58 @@ def persistent_backward(
     z: Array | None = None,
     mask: Array | None = None,
     *,
+    with_dz: bool = False,
     spin_limit: int = gb.DEFAULT_SPIN_LIMIT,
     interpret: Any = None,
+    layout: str = "grid",
 ):
     """All backward phases in one Mosaic GPU launch; shapes in the module docstring.
 
-    Returns (da [P, b_pad, 2, n_pad] f32, d_mm [(P + 1) * b_pad, 2 * n_pad] matmul dtype,
+    ``with_dz`` (z given, packed with the rows of ``full``): the epilogue also computes
+    ``dz = da_h * full_h + da_t * full_t`` and the kernel returns it, layer-major ``dz [L,
+    T, b_pad, n_pad] f32``, before ``status`` (the order the hyper projection reads it).
+
+    Returns (da [P, b_pad, 2, n_pad] f32, d_mm [P * b_pad, 2 * n_pad] matmul dtype,
     ds_carry0 [b_pad, n_pad] f32, status [R * C] int32). The caller checks ``status`` with
     `grid_barrier.check_status`. Compiled, it runs on a Hopper GPU only; with ``interpret``
     (`gpu_interpret.params()`, jax >= 0.11.2) in GPU interpret mode as one cluster with a
-    cluster barrier (`grid_barrier.launch`; ``plan.check_interpretable``)."""
+    cluster barrier (`grid_barrier.launch`; ``plan.check_interpretable``). ``layout``
+    "rowgroup": one cluster per row group, a cluster barrier (`rowgroup_layout`)."""
     depth = _check_operands(plan, wt, g, packed, z, mask)
-    check_plan(plan, z is not None, mask is not None)
-    if interpret is not None:
-        plan.check_interpretable()
+    _check_dz(with_dz, z, packed)
+    check_plan(plan, z is not None, mask is not None, with_dz)
+    rowgroup_layout.check(plan, layout, interpret)
+    launch, block_index, make_barrier = rowgroup_layout.functions(layout, interpret)
     phases = g.shape[0]
+    steps = phases // depth
     rows, u, tk = plan.rows_per_block, plan.units_per_block, plan.k_chunk
     n_r, n_c, n_pad, b_pad = plan.row_blocks, plan.col_blocks, plan.n_pad, plan.b_pad
     k_steps = 2 * n_pad // tk
     mm_dtype = wt.dtype
-    names = _input_names(z is not None, mask is not None)
+    names = _input_names(z is not None, mask is not None, with_dz)
     extra_names = [name for name, x in (("z", z), ("mask", mask)) if x is not None]
     extras = [x for x in (z, mask) if x is not None]
 
     def kernel(wt_g, g_g, packed_g, *refs, epi, carry, acc_smem, dsc, bar, phase_bar=None):
         extra_g = refs[: len(extras)]
-        da_g, d_mm_g, ds_carry0_g, status_g = refs[len(extras) :]
-        r, c = gb.block_index((n_r, n_c), ("r", "g"), phase_bar)
+        da_g, d_mm_g, ds_carry0_g = refs[len(extras) : len(extras) + 3]
+        dz_g, status_g = (refs[-2] if with_dz else None), refs[-1]
+        r, c = block_index((n_r, n_c), ("r", "g"), phase_bar)
         block_rows = pl.ds(r * rows, rows)
         units = pl.ds(c * u, u)
         is_leader = jnp.logical_and(r == 0, c == 0)
-        barrier = gb.make_barrier(n_r * n_c, is_leader, spin_limit, phase_bar)
+        barrier = make_barrier(n_r * n_c, is_leader, spin_limit, phase_bar)
         sources = dict(g_out=g_g, **dict(zip(extra_names, extra_g, strict=True)))
 
         def d_mm_slice(p, half):
-            return d_mm_g.at[pl.ds(p * b_pad + r * rows, rows), pl.ds(half * n_pad + c * u, u)]
+            first = slots.slot(p, steps, depth) * b_pad + r * rows
+            return d_mm_g.at[pl.ds(first, rows), pl.ds(half * n_pad + c * u, u)]
 
         def gemm(p, l_above):
             """acc_smem = d_mm[p + 1][block rows] @ wt[l_above, block units]^T (f32)."""
             gemm_nt_to_smem(
-                acc_smem, d_mm_g, wt_g, (p + 1) * n_r + r, l_above * n_c + c,
+                acc_smem, d_mm_g, wt_g, slots.slot(p + 1, steps, depth) * n_r + r,
+                l_above * n_c + c,
                 tile_k=tk, k_steps=k_steps, stages=plan.stages,
             )  # fmt: skip
 
@@ -222,16 +248,30 @@ def persistent_backward(
                 else:
                     src = sources[name].at[p, block_rows, units]
                 plgpu.copy_gmem_to_smem(src, epi.at[slot], bar.at[slot])
-            gemm(p, jax.lax.rem(p + 1, depth))
+            last = p == phases - 1  # no layer above: its GEMM term is zero
+
+            @pl.when(jnp.logical_not(last))
+            def _():
+                gemm(p, jax.lax.rem(p + 1, depth))
+
+            @pl.when(last)
+            def _():
+                acc_smem[...] = jnp.zeros((rows, u), F32)
+                plgpu.commit_smem()
+
             for slot in range(len(names)):
                 plgpu.barrier_wait(bar.at[slot])
             plgpu.commit_smem()  # every thread's acc_smem write before anyone reads it
             ins = {name: epi[slot] for slot, name in enumerate(names)}
             ins["ds_carry"] = carry[...]
             tiles = _gate_backward(acc_smem[...], ins)
+            if with_dz:
+                dz = tiles["da_h"] * ins["full_h"] + tiles["da_t"] * ins["full_t"]
             plgpu.commit_smem()  # every read of the inputs before their slots are overwritten
             epi[0] = tiles["da_h"]  # over g_out
             epi[1] = tiles["da_t"]  # over s_prev
+            if with_dz:
+                epi[2] = dz  # over h
             carry[...] = tiles["ds_carry"]
             dsc[0] = tiles["d_h"].astype(mm_dtype)
             dsc[1] = tiles["d_t"].astype(mm_dtype)
@@ -240,15 +280,14 @@ def persistent_backward(
             plgpu.copy_smem_to_gmem(epi.at[1], da_g.at[p, block_rows, 1, units])
             plgpu.copy_smem_to_gmem(dsc.at[0], d_mm_slice(p, 0))
             plgpu.copy_smem_to_gmem(dsc.at[1], d_mm_slice(p, 1))
+            if with_dz:
+                t, layer = jax.lax.div(p, depth), jax.lax.rem(p, depth)
+                plgpu.copy_smem_to_gmem(epi.at[2], dz_g.at[layer, t, block_rows, units])
             plgpu.wait_smem_to_gmem(0)
 
-        # Prologue: zero the carry and this block's slice of d_mm row block P; barrier 0.
+        # Prologue: zero the carry; barrier 0.
         carry[...] = jnp.zeros((rows, u), F32)
-        dsc[...] = jnp.zeros((2, rows, u), mm_dtype)
         plgpu.commit_smem()
-        plgpu.copy_smem_to_gmem(dsc.at[0], d_mm_slice(phases, 0))
-        plgpu.copy_smem_to_gmem(dsc.at[1], d_mm_slice(phases, 1))
-        plgpu.wait_smem_to_gmem(0)
         fail_at = jnp.where(barrier(jnp.int32(0)), jnp.int32(0), jnp.int32(1))
 
         def body(i, fail_at):
@@ -269,11 +308,12 @@ def persistent_backward(
 
     out_type = (
         jax.ShapeDtypeStruct((phases, b_pad, 2, n_pad), F32),
-        jax.ShapeDtypeStruct(((phases + 1) * b_pad, 2 * n_pad), mm_dtype),
+        jax.ShapeDtypeStruct((phases * b_pad, 2 * n_pad), mm_dtype),
         jax.ShapeDtypeStruct((b_pad, n_pad), F32),
+        *[jax.ShapeDtypeStruct((depth, steps, b_pad, n_pad), F32)] * with_dz,
         jax.ShapeDtypeStruct((n_r * n_c,), jnp.int32),
     )
-    layout, phase_bar = gb.launch((n_r, n_c), ("r", "g"), interpret)
+    launch_args, phase_bar = launch((n_r, n_c), ("r", "g"), interpret)
     return plgpu.kernel(
         kernel,
         out_type=out_type,
@@ -285,10 +325,19 @@ def persistent_backward(
             bar=plgpu.Barrier(num_barriers=len(names)),
             **phase_bar,
         ),
-        **layout,
+        **launch_args,
         kernel_name="persistent_highway_backward",
         interpret=interpret,
     )(wt, g, packed, *extras)
+
+
+def _check_dz(with_dz: bool, z, packed) -> None:
+    """One-line `PlanError` when ``with_dz`` lacks z or the rows of ``full``."""
+    if with_dz and (z is None or packed.shape[2] < 5):
+        raise PlanError(
+            f"persistent backward with_dz needs z and packed with 5 saved rows, got z "
+            f"{None if z is None else z.shape} and packed {packed.shape}."
+        )
 
 
 def persistent_backward_reference(
@@ -299,14 +348,17 @@ def persistent_backward_reference(
     z: Array | None = None,
     mask: Array | None = None,
     *,
+    with_dz: bool = False,
     spin_limit: int = gb.DEFAULT_SPIN_LIMIT,
     interpret: Any = None,
+    layout: str = "grid",
 ):
     """Pure-JAX `persistent_backward` (same operands, same outputs; status all zeros): a
     reverse scan over the phases of `mosaic_backward.highway_backward_reference`
     (``spin_limit`` and ``interpret`` unused)."""
-    del spin_limit, interpret
+    del spin_limit, interpret, layout
     depth = _check_operands(plan, wt, g, packed, z, mask)
+    _check_dz(with_dz, z, packed)
     phases, b_pad, n_pad = g.shape
     w_layers = wt.reshape(depth, n_pad, 2 * n_pad)
 
@@ -324,5 +376,9 @@ def persistent_backward_reference(
     init = (jnp.zeros((b_pad, 2 * n_pad), wt.dtype), jnp.zeros((b_pad, n_pad), F32))
     xs = (jnp.arange(phases), g, packed, z, mask)
     (_, ds_carry0), (da, d_scaled) = jax.lax.scan(body, init, xs, reverse=True)
-    d_mm = jnp.concatenate([d_scaled.reshape(-1, 2 * n_pad), init[0]], axis=0)
-    return da, d_mm, ds_carry0, jnp.zeros((plan.grid,), jnp.int32)
+    d_mm = slots.to_slots(d_scaled, phases // depth, depth).reshape(-1, 2 * n_pad)
+    status = jnp.zeros((plan.grid,), jnp.int32)
+    if not with_dz:
+        return da, d_mm, ds_carry0, status
+    dz = jnp.sum(da * packed[:, :, 3:5], axis=2).reshape(phases // depth, depth, b_pad, n_pad)
+    return da, d_mm, ds_carry0, jnp.swapaxes(dz, 0, 1), status

@@ -14,7 +14,8 @@ its f32 state slice ``[rows, u]`` in shared memory across phases. Per phase, exa
 
 then the block writes s_new (f32) to ``states[p]`` (with ``save`` at the last phase only:
 the others are the next phase's packed row 0) and its matmul-dtype cast to row block
-``p + 1`` of the A buffer ``s_mm`` (the next phase's matmul input, read by every block),
+``slot(p + 1)`` (`persistent_slots`: layer-major) of the A buffer ``s_mm`` (the next
+phase's matmul input, read by every block),
 with ``save`` its saved rows, waits for its stores and meets the others at barrier
 ``p + 1``. A prologue copies each block's slice of s0 into its state and into ``s_mm``
 row block 0, then barrier 0.
@@ -35,8 +36,9 @@ with ``save`` ``[1, b_pad, n_pad]``, the state after the last phase only (the st
 phase p < P - 1 is ``packed[p + 1, :, 0]``: not written twice); with ``save`` ``packed
 [P, b_pad, K, n_pad] f32`` (K = 3, 5 with z: the input state, h, tg
 and with z ``full`` h/t halves: `rhhjax.ops.loops.pack`'s layout of
-``fused.saved_rows(has_z)``); ``s_mm [(P + 1) * b_pad, k_pad]`` matmul dtype (the A
-buffer: row block 0 s0, row block p + 1 the state after phase p, the K columns only: TMA
+``fused.saved_rows(has_z)``); ``s_mm [P * b_pad, k_pad]`` matmul dtype (the A
+buffer: the input state of phase p at row block ``persistent_slots.slot(p)``, layer-major,
+slot 0 s0; the state after the last phase is not in it; the K columns only: TMA
 needs the array's minor extent a multiple of its swizzle tile, which ``k_pad`` is and
 ``n_pad`` need not be; blocks whose units lie past ``k_pad`` skip it); ``status [R * C]
 int32`` (0 = fine, else the 1-based barrier index at which the block's grid barrier timed
@@ -61,8 +63,9 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
-from rhhjax.kernels import grid_barrier
+from rhhjax.kernels import grid_barrier, rowgroup_layout
 from rhhjax.kernels import mosaic_forward as mf
+from rhhjax.kernels import persistent_slots as slots
 from rhhjax.kernels.mosaic_gemm import gemm_nt_to_smem
 from rhhjax.kernels.persistent_plan import (
     PersistentPlan,
@@ -146,17 +149,19 @@ def persistent_forward(
     save: bool,
     spin_limit: int = grid_barrier.DEFAULT_SPIN_LIMIT,
     interpret: Any = None,
+    layout: str = "grid",
 ):
     """All T * L forward phases in one Mosaic GPU launch; shapes in the module docstring.
 
     Returns (states, s_mm, status) or, with ``save``, (s_last [1, b_pad, n_pad], packed, s_mm,
     status). Compiled, it runs on a Hopper GPU only; with ``interpret``
     (`gpu_interpret.params()`, jax >= 0.11.2) it runs in GPU interpret mode as one cluster with
-    a cluster barrier (`grid_barrier.launch`; ``plan.check_interpretable``).
+    a cluster barrier (`grid_barrier.launch`; ``plan.check_interpretable``). ``layout``
+    "rowgroup": one cluster per row group, a cluster barrier (`rowgroup_layout`).
     """
     steps, depth = check_operands(plan, w_blk, s0, xproj, bias, z, mask)
-    if interpret is not None:
-        plan.check_interpretable()
+    rowgroup_layout.check(plan, layout, interpret)
+    launch, block_index, make_barrier = rowgroup_layout.functions(layout, interpret)
     phases = steps * depth
     n_r, n_c = plan.row_blocks, plan.col_blocks
     rows, u, tk = plan.rows_per_block, plan.units_per_block, plan.k_chunk
@@ -174,10 +179,10 @@ def persistent_forward(
         out_refs = refs[4 + len(optional) :]
         states_g, s_mm_g, status_g = out_refs[0], out_refs[-2], out_refs[-1]
         packed_g = out_refs[1] if save else None
-        r, g = grid_barrier.block_index((n_r, n_c), ("r", "g"), phase_bar)
+        r, g = block_index((n_r, n_c), ("r", "g"), phase_bar)
         block = r * n_c + g
         row_sl, unit_sl = pl.ds(r * rows, rows), pl.ds(g * u, u)
-        barrier = grid_barrier.make_barrier(n_r * n_c, block == 0, spin_limit, phase_bar)
+        barrier = make_barrier(n_r * n_c, block == 0, spin_limit, phase_bar)
 
         # Prologue: the block's slice of s0 into its state and into s_mm row block 0.
         plgpu.copy_gmem_to_smem(s0_g.at[row_sl, unit_sl], state, bar.at[0])
@@ -225,7 +230,7 @@ def persistent_forward(
             if save:  # packed row 0: the phase's input state, before it is overwritten
                 plgpu.copy_smem_to_gmem(state, packed_g.at[p, row_sl, 0, unit_sl])
 
-            a_row, w_row = p * n_r + r, layer * n_c + g
+            a_row, w_row = slots.slot(p, steps, depth) * n_r + r, layer * n_c + g
             k_steps = k_pad // tk
             gemm_nt_to_smem(
                 pre, s_mm_g, w_g, a_row, w_row, tile_k=tk, k_steps=k_steps, stages=plan.stages
@@ -264,9 +269,9 @@ def persistent_forward(
             else:
                 plgpu.copy_smem_to_gmem(state, states_g.at[p, row_sl, unit_sl])
 
-            @pl.when(in_a)
+            @pl.when(jnp.logical_and(in_a, p < phases - 1))  # no phase reads the last state
             def _():
-                a_rows = pl.ds((p + 1) * b_pad + r * rows, rows)
+                a_rows = pl.ds(slots.slot(p + 1, steps, depth) * b_pad + r * rows, rows)
                 plgpu.copy_smem_to_gmem(cast, s_mm_g.at[a_rows, unit_sl])
 
             for i, slot in enumerate(out_slot):
@@ -290,10 +295,10 @@ def persistent_forward(
     if save:
         out_type.append(jax.ShapeDtypeStruct((phases, b_pad, n_saved, n_pad), F32))
     out_type += [
-        jax.ShapeDtypeStruct(((phases + 1) * b_pad, k_pad), mm_dtype),
+        jax.ShapeDtypeStruct((phases * b_pad, k_pad), mm_dtype),
         jax.ShapeDtypeStruct((n_r * n_c,), jnp.int32),
     ]
-    layout, phase_bar = grid_barrier.launch((n_r, n_c), ("r", "g"), interpret)
+    launch_args, phase_bar = launch((n_r, n_c), ("r", "g"), interpret)
     return plgpu.kernel(
         kernel,
         out_type=tuple(out_type),
@@ -305,7 +310,7 @@ def persistent_forward(
             bar=plgpu.Barrier(num_barriers=len(ins)),
             **phase_bar,
         ),
-        **layout,
+        **launch_args,
         kernel_name="persistent_highway_forward",
         interpret=interpret,
     )(w_blk, s0, xproj, bias, *optional)
@@ -326,12 +331,13 @@ def persistent_forward_reference(
     save: bool,
     spin_limit: int = grid_barrier.DEFAULT_SPIN_LIMIT,
     interpret: Any = None,
+    layout: str = "grid",
 ):
     """Pure-JAX `persistent_forward` (same operands and outputs; status all zeros): a
     `lax.scan` over the phases of `mosaic_forward.highway_forward_reference` (units u),
     the state's matmul-dtype cast as the A operand, xproj scaled by 1 at layer 0 and by 0
     elsewhere as the kernel does. ``spin_limit`` and ``interpret`` are unused."""
-    del spin_limit, interpret
+    del spin_limit, interpret, layout
     steps, depth = check_operands(plan, w_blk, s0, xproj, bias, z, mask)
     mm_dtype = w_blk.dtype
     k_pad, rows_w = plan.k_pad, 2 * plan.n_pad
@@ -357,8 +363,8 @@ def persistent_forward_reference(
         return s_new, (s_new, saved)
 
     _, (states, packed) = jax.lax.scan(body, s0, (phases, z, mask))
-    s_mm = jnp.concatenate([s0[None], states], axis=0)[..., :k_pad].astype(mm_dtype)
-    s_mm = s_mm.reshape(-1, k_pad)
+    s_mm = jnp.concatenate([s0[None], states[:-1]], axis=0)[..., :k_pad].astype(mm_dtype)
+    s_mm = slots.to_slots(s_mm, steps, depth).reshape(-1, k_pad)
     status = jnp.zeros((plan.grid,), jnp.int32)
     if save:
         return states[-1:], packed, s_mm, status

@@ -60,3 +60,21 @@ def test_cost_model_rates_by_matmul_input_dtype_and_kind():
     assert model.rate(launch("__cublas$gemm", "f32")) == 3.0
     assert model.rate(launch("__gpu$xla.gpu.triton", "f32")) == 2.0
     assert model.rate(launch("kLoop", "f32")) == 1.0
+
+
+def test_summarize_reports_the_step_bytes_under_both_rules():
+    s = hlo_cost.summarize(HLO, SEQ, HIDDEN)
+    outside, in_loop = s["bytes_outside_loops"], s["bytes_per_step"]
+    assert s["bytes_per_train_step"] == in_loop * SEQ + outside
+    assert s["bytes_per_train_step_read"] == (
+        s["bytes_per_step_read"] * SEQ + s["bytes_outside_loops_read"]
+    )
+    # the fixture's one unfused slice (in the backward loop) reads its slice only
+    assert s["bytes_per_step_read"] < in_loop
+    assert s["bytes_outside_loops_read"] <= outside
+    items = s["largest_launches"]
+    sizes = [i["bytes"] for i in items]
+    assert sizes and sizes == sorted(sizes, reverse=True)
+    assert all(i["bytes_read"] <= i["bytes"] for i in items)
+    loops = {lp["name"]: lp for lp in s["time_loops"]}
+    assert loops["while.bwd"]["bytes_per_step_read"] < loops["while.bwd"]["bytes_per_step"]

@@ -193,3 +193,106 @@ def test_backward_kernel_flops_contract_both_halves_of_the_transposed_weight():
     )
     instr = hl.parse_instr(line)
     assert hl.triton_flops(instr, {}) == 2 * 8 * (2 * 16) * 16
+
+
+# ----------------------------------------------------------------------------- bytes read
+
+# The compile report's persistent step, in small: layer 0 of every step of a phase-major
+# [T * L, B, n] array (T 3, L 2, B 4, n 64) read by a strided slice, but through a bitcast,
+# a transpose and a pad first (the padded z of `rhhjax.ops.persistent`, [L, T * B, n] as the
+# hyper projection writes it). The old rule counts the whole operand whenever its first use
+# is not a slice; the corrected rule counts layer 0 only.
+THROUGH_TRANSPOSE_PAD = """\
+%fused_z0 (param_0: f32[2,12,60]) -> f32[3,4,64] {
+  %param_0 = f32[2,12,60]{2,1,0} parameter(0)
+  %bc = f32[2,3,4,60]{3,2,1,0} bitcast(%param_0)
+  %tr = f32[3,2,4,60]{3,2,1,0} transpose(%bc), dimensions={1,0,2,3}
+  %zero = f32[] constant(0)
+  %pad = f32[3,2,4,64]{3,2,1,0} pad(%tr, %zero), padding=0_0x0_0x0_0x0_4
+  %bc2 = f32[6,4,64]{2,1,0} bitcast(%pad)
+  ROOT %sl = f32[3,4,64]{2,1,0} slice(%bc2), slice={[0:6:2], [0:4], [0:64]}
+}
+
+ENTRY %main (z: f32[2,12,60]) -> f32[3,4,64] {
+  %z = f32[2,12,60]{2,1,0} parameter(0)
+  ROOT %f = f32[3,4,64]{2,1,0} fusion(%z), kind=kLoop, calls=%fused_z0
+}
+"""
+
+# A read through a reshape, then a slice: the first half of the rows.
+THROUGH_RESHAPE = """\
+%fused_half (param_0: f32[8,64], param_1: f32[4,2,32]) -> f32[2,2,32] {
+  %param_0 = f32[8,64]{1,0} parameter(0)
+  %rs = f32[4,2,64]{2,1,0} reshape(%param_0)
+  %sl = f32[2,2,32]{2,1,0} slice(%rs), slice={[0:2], [0:2], [0:32]}
+  %param_1 = f32[4,2,32]{2,1,0} parameter(1)
+  %sl1 = f32[2,2,32]{2,1,0} slice(%param_1), slice={[2:4], [0:2], [0:32]}
+  ROOT %add = f32[2,2,32]{2,1,0} add(%sl, %sl1)
+}
+
+ENTRY %main (a: f32[8,64], b: f32[4,2,32]) -> f32[2,2,32] {
+  %a = f32[8,64]{1,0} parameter(0)
+  %b = f32[4,2,32]{2,1,0} parameter(1)
+  ROOT %f = f32[2,2,32]{2,1,0} fusion(%a, %b), kind=kLoop, calls=%fused_half
+}
+"""
+
+
+def _only_launch(text):
+    comps = hl.parse_module(text)
+    (launch,) = hl.computation_launches("main", comps)
+    return launch
+
+
+def test_bytes_read_follow_a_transpose_and_a_pad_to_the_strided_slice():
+    launch = _only_launch(THROUGH_TRANSPOSE_PAD)
+    result = 3 * 4 * 64 * F32
+    whole = 2 * 12 * 60 * F32
+    assert launch.bytes == whole + result  # the old rule: the whole operand, unchanged
+    # the corrected rule: one layer of two (the stride-2 slice), the pad's zeros not read
+    assert launch.bytes_read == whole // 2 + result
+
+
+def test_bytes_read_follow_a_reshape_to_the_slice():
+    launch = _only_launch(THROUGH_RESHAPE)
+    result = 2 * 2 * 32 * F32
+    # operand 0 through a reshape: the old rule counts all 8 x 64, operand 1 (a slice first)
+    # its slice under both rules
+    assert launch.bytes == 8 * 64 * F32 + 2 * 2 * 32 * F32 + result
+    assert launch.bytes_read == 2 * 2 * 32 * F32 + 2 * 2 * 32 * F32 + result
+
+
+def test_bytes_read_equal_the_old_rule_where_it_already_counted_the_slice(comps):
+    for lp in _loops(comps).values():
+        for launch in lp.launches:
+            if launch.opcode == "slice":  # unfused: its result, not its operand (below)
+                assert launch.bytes_read < launch.bytes
+                continue
+            assert launch.bytes_read == launch.bytes, launch.name
+    for text in (FUSED_CHAIN, FUSED_CHAIN_BUFFER_LAST):
+        launch = _only_launch(text)
+        assert launch.bytes_read == launch.bytes
+
+
+def test_bytes_read_count_a_whole_operand_when_any_use_reads_it_all():
+    # the reshaped operand is also added whole: no saving
+    text = THROUGH_RESHAPE.replace(
+        "ROOT %add = f32[2,2,32]{2,1,0} add(%sl, %sl1)",
+        "%add = f32[2,2,32]{2,1,0} add(%sl, %sl1)\n"
+        "  %neg = f32[4,2,64]{2,1,0} negate(%rs)\n"
+        "  ROOT %t = (f32[2,2,32]{2,1,0}, f32[4,2,64]{2,1,0}) tuple(%add, %neg)",
+    ).replace("-> f32[2,2,32] {\n  %param_0", "-> (f32[2,2,32], f32[4,2,64]) {\n  %param_0")
+    launch = _only_launch(text)
+    assert launch.bytes_read >= 8 * 64 * F32
+
+
+def test_an_unfused_slice_reads_its_result_under_the_corrected_rule():
+    text = """\
+ENTRY %main (a: f32[8,64]) -> f32[2,64] {
+  %a = f32[8,64]{1,0} parameter(0)
+  ROOT %s = f32[2,64]{1,0} slice(%a), slice={[0:8:4], [0:64]}
+}
+"""
+    launch = _only_launch(text)
+    assert launch.bytes == 8 * 64 * F32 + 2 * 64 * F32
+    assert launch.bytes_read == 2 * 2 * 64 * F32

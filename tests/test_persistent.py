@@ -179,6 +179,21 @@ class TestPersistentReference(KernelModelMatchesScan):
     TOLERANCE = KERNEL_TOL
 
 
+class TestPersistentReferenceDzInKernel(TestPersistentReference):
+    """The same with dz computed in the backward kernel's epilogue (`persistent.DZ_IN_KERNEL`,
+    off by default) instead of XLA's pass over da and full."""
+
+    @pytest.fixture(autouse=True)
+    def _dz_in_kernel(self, monkeypatch):
+        monkeypatch.setattr(persistent, "DZ_IN_KERNEL", True)
+
+    def test_the_small_plans_take_the_kernels_dz(self):
+        for batch, width, dtype in ((4, 8, "float32"), (8, 16, "bfloat16"), (5, 24, "float32")):
+            plan = persistent.plan_for(batch, width, dtype)
+            assert persistent._dz_in_kernel(plan, has_z=True, has_mask=True)
+            assert not persistent._dz_in_kernel(plan, has_z=False, has_mask=True)
+
+
 class TestPersistentCompiled(KernelModelMatchesScan):
     IMPL = "persistent"
     TOLERANCE = KERNEL_TOL_COMPILED
@@ -187,6 +202,15 @@ class TestPersistentCompiled(KernelModelMatchesScan):
 class TestPersistentInterpret(TestPersistentCompiled):
     INTERPRET = True
     TOLERANCE = KERNEL_TOL
+
+
+class TestPersistentInterpretRowgroup(TestPersistentInterpret):
+    """The same with the kernels launched as one cluster per row group
+    (`persistent.LAYOUT = "rowgroup"`, `kernels/rowgroup_layout.py`)."""
+
+    @pytest.fixture(autouse=True)
+    def _rowgroup(self, monkeypatch):
+        monkeypatch.setattr(persistent, "LAYOUT", "rowgroup")
 
 
 # ----------------------------------------------------------------------------- deviceless

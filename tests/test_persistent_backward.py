@@ -21,6 +21,7 @@ from kernel_cases import MosaicGpuMode, assert_race_reported, needs_cuda, run_de
 from rhhjax.kernels import gpu_interpret
 from rhhjax.kernels import grid_barrier as gb
 from rhhjax.kernels import persistent_backward as pb
+from rhhjax.kernels import persistent_slots as slots
 from rhhjax.kernels.persistent_plan import PersistentPlan, PlanError, paper_plan
 
 from rhhjax.ops import persistent_schedule as ps
@@ -152,12 +153,13 @@ def test_reference_is_the_vjp_of_a_plain_forward_f32(
     da, d_mm, ds_carry0, status = pb.persistent_backward_reference(
         plan, wt, case["g"], _packed(case), case["z"], case["mask"]
     )
+    d_mm = _phase_order(d_mm, steps, depth)
     _, vjp = jax.vjp(forward, s0, zeros, zeros)
     ds0, d_full, d_a = vjp(case["g"])
     tol = dict(rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(da, d_a, **tol)
     np.testing.assert_allclose(d_mm[: phases * b_pad].reshape(d_full.shape), d_full, **tol)
-    assert not np.asarray(d_mm[phases * b_pad :]).any()  # row block P: zeros
+    assert d_mm.shape == (phases * b_pad, 2 * n_pad)
     ds0_ref = ds_carry0 + jnp.matmul(d_mm[:b_pad], w_layers[0].T, precision="highest")
     np.testing.assert_allclose(ds0_ref, ds0, **tol)
     assert not np.asarray(da[:, batch:]).any() and not np.asarray(da[..., width:]).any()
@@ -165,6 +167,12 @@ def test_reference_is_the_vjp_of_a_plain_forward_f32(
     # The check can fail: another outside cotangent gives another da.
     other = pb.persistent_backward_reference(plan, wt, case["g"] * 2, _packed(case))
     assert not np.allclose(other[0], da)
+
+
+def _phase_order(d_mm, steps: int, depth: int):
+    """d_mm [P * b_pad, C] in the kernels' layer-major slots -> the same in phase order."""
+    blocks = d_mm.reshape(steps * depth, -1, d_mm.shape[-1])
+    return slots.from_slots(blocks, steps, depth).reshape(d_mm.shape)
 
 
 @pytest.mark.parametrize(
@@ -183,7 +191,8 @@ def test_reference_matches_the_persistent_schedule(
     plan = schedule.plan(batch, width, dtype)
     case = _case(batch * width, plan, steps, depth, z_on, mask_on)
     mm = jnp.dtype(dtype)
-    wt, (da, d_mm, ds_carry0, _) = _reference(plan, case, mm)
+    wt, (da, d_mm_slots, ds_carry0, _) = _reference(plan, case, mm)
+    d_mm = _phase_order(d_mm_slots, steps, depth)
     b_pad, n_pad, phases = plan.b_pad, plan.n_pad, steps * depth
     by_step = lambda x: None if x is None else x.reshape(steps, depth, *x.shape[1:])  # noqa: E731
     saved = {"h": by_step(case["h"]), "t": by_step(case["tg"])}
@@ -207,6 +216,14 @@ def test_reference_matches_the_persistent_schedule(
     close(da.reshape(steps, depth, b_pad, 2, n_pad).sum(axis=(0, 2)), dbias)
     if z_on:
         close(jnp.sum(da * case["full"], axis=2), dz.reshape(phases, b_pad, n_pad))
+        # with_dz: the same dz, computed in the epilogue, layer-major [L, T, b_pad, n_pad]
+        outs = pb.persistent_backward_reference(
+            plan, wt, case["g"], _packed(case), case["z"], case["mask"], with_dz=True
+        )
+        assert len(outs) == 5
+        close(jnp.swapaxes(outs[3], 0, 1), dz.reshape(steps, depth, b_pad, n_pad))
+        for a, e in zip(outs[:3], (da, d_mm_slots, ds_carry0), strict=True):
+            np.testing.assert_array_equal(a, e)
     else:
         close(da, d_scaled.reshape(da.shape))
     w0 = wt[:n_pad]
@@ -226,6 +243,10 @@ def test_reference_rejects_mismatched_operands_in_one_line():
     for w, g, packed, message in bad:
         with pytest.raises(PlanError, match=message) as e:
             pb.persistent_backward_reference(plan, w, g, packed)
+        assert "\n" not in str(e.value)
+    for run in (pb.persistent_backward_reference, pb.persistent_backward):
+        with pytest.raises(PlanError, match="with_dz needs z") as e:
+            run(plan, wt, case["g"], _packed(case), with_dz=True)
         assert "\n" not in str(e.value)
 
 
@@ -352,22 +373,32 @@ class TestCompiled(MosaicGpuMode):
         ],
     }
     TOL = {"bfloat16": 3e-2, "float32": 3e-3}
+    LAYOUT = "grid"  # the kernels' launch layout (`kernels/rowgroup_layout.py`)
 
     def test_matches_reference(self, case):
         plan_args, steps, depth, z_on, mask_on = case
         plan = PersistentPlan(*plan_args)
-        if self.INTERPRET and gpu_interpret.cluster_too_large(plan.grid):
-            pytest.skip(gpu_interpret.cluster_too_large(plan.grid))
+        cluster = plan.grid if self.LAYOUT == "grid" else plan.col_blocks
+        if self.INTERPRET and gpu_interpret.cluster_too_large(cluster):
+            pytest.skip(gpu_interpret.cluster_too_large(cluster))
         case = _case(plan.batch + steps, plan, steps, depth, z_on, mask_on)
         wt, expected = _reference(plan, case, jnp.dtype(plan.dtype))
         operands = (wt, case["g"], _packed(case), case["z"], case["mask"])
-        kernel = functools.partial(pb.persistent_backward, plan, interpret=self.interpret())
-        actual = jax.jit(kernel)(*operands)
-        assert not np.asarray(actual[3]).any(), "grid barrier timed out"
         tol = self.TOL[plan.dtype]
-        for a, e in zip(actual[:3], expected[:3], strict=True):
-            a, e = np.asarray(a, np.float32), np.asarray(e, np.float32)
-            np.testing.assert_allclose(a, e, rtol=tol, atol=tol * float(np.abs(e).max()))
+        for with_dz in (False, True) if z_on else (False,):
+            kernel = functools.partial(
+                pb.persistent_backward, plan, with_dz=with_dz, interpret=self.interpret(),
+                layout=self.LAYOUT,
+            )  # fmt: skip
+            actual = jax.jit(kernel)(*operands)
+            assert not np.asarray(actual[-1]).any(), "grid barrier timed out"
+            assert len(actual) == 4 + with_dz
+            want = expected[:3]
+            if with_dz:  # dz: the reference's, layer-major
+                want += (pb.persistent_backward_reference(plan, *operands, with_dz=True)[3],)
+            for a, e in zip(actual[: len(want)], want, strict=True):
+                a, e = np.asarray(a, np.float32), np.asarray(e, np.float32)
+                np.testing.assert_allclose(a, e, rtol=tol, atol=tol * float(np.abs(e).max()))
 
 
 class TestInterpret(TestCompiled):
@@ -389,7 +420,9 @@ class TestInterpret(TestCompiled):
         wt = pb.backward_weights(plan, case["kernel_s"], F32)
 
         def run():  # a new function each time: traced again, after the patch too
-            kernel = functools.partial(pb.persistent_backward, plan, interpret=self.interpret())
+            kernel = functools.partial(
+                pb.persistent_backward, plan, interpret=self.interpret(), layout=self.LAYOUT
+            )
             return jax.block_until_ready(jax.jit(kernel)(wt, case["g"], _packed(case)))
 
         run()  # as it is: no race

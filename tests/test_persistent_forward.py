@@ -27,6 +27,7 @@ from rhhjax.kernels import gpu_interpret, grid_barrier
 from rhhjax.kernels import mosaic_forward as mf
 from rhhjax.kernels import persistent_forward as pf
 from rhhjax.kernels import persistent_plan as pp
+from rhhjax.kernels import persistent_slots as slots
 
 from rhhjax.ops import cells, fused, loops, persistent_schedule
 
@@ -112,7 +113,8 @@ CASES = [  # (dtype, batch, width, col_blocks, row_blocks, k_chunk, steps, depth
 @pytest.mark.parametrize("case", CASES, ids=[f"{c[0]}-{c[2]}-L{c[7]}" for c in CASES])
 def test_reference_is_the_highway_recurrence_with_fused_saved_rows(case, has_z, has_mask):
     """States, the saved rows (input state, h, t[, full]) in `loops.pack`'s layout, the A
-    buffer (s0 then every state, in the matmul dtype, K columns) and a zero status; with
+    buffer (s0 then every state, in the matmul dtype, K columns, in layer-major slots) and
+    a zero status; with
     save, the states output is the last state only (the others are packed row 0)."""
     dtype, batch, width, cols, row_blocks, k_chunk, steps, depth = case
     plan = pp.PersistentPlan(batch, width, dtype, cols, row_blocks, k_chunk)
@@ -139,7 +141,9 @@ def test_reference_is_the_highway_recurrence_with_fused_saved_rows(case, has_z, 
     # Padded units stay zero.
     assert not np.asarray(states[:, :, width:]).any()
     s_all = jnp.concatenate([ops[1][None], states], axis=0)[..., : plan.k_pad]
-    assert s_mm.dtype == jnp.dtype(dtype) and s_mm.shape == ((phases + 1) * plan.b_pad, plan.k_pad)
+    assert s_mm.dtype == jnp.dtype(dtype)
+    assert s_mm.shape == (phases * plan.b_pad, plan.k_pad)
+    s_all = slots.to_slots(s_all[:-1], steps, depth)  # every phase's input, layer-major
     np.testing.assert_array_equal(s_mm, s_all.astype(dtype).reshape(-1, plan.k_pad))
     assert status.shape == (plan.grid,) and not np.asarray(status).any()
     # Without save: the same A buffer.
@@ -350,15 +354,17 @@ class TestCompiled(MosaicGpuMode):
                  ("bfloat16", 256, 1000, 33, 4, 64, 2, 2)],
     }  # fmt: skip
     TOL = {"bfloat16": 1e-4, "float32": 3e-3}
+    LAYOUT = "grid"  # the kernels' launch layout (`kernels/rowgroup_layout.py`)
 
     def run(self, plan, ops, save):
         """The jitted kernel in this class's mode; the plan must suit the mode."""
         if self.INTERPRET:
-            reason = gpu_interpret.cluster_too_large(plan.grid)
+            cluster = plan.grid if self.LAYOUT == "grid" else plan.col_blocks
+            reason = gpu_interpret.cluster_too_large(cluster)
             if reason is not None:
                 pytest.skip(reason)
         kernel = functools.partial(
-            pf.persistent_forward, plan, save=save, interpret=self.interpret()
+            pf.persistent_forward, plan, save=save, interpret=self.interpret(), layout=self.LAYOUT
         )
         return jax.block_until_ready(jax.jit(kernel)(*ops))
 
@@ -374,6 +380,7 @@ class TestCompiled(MosaicGpuMode):
         np.testing.assert_array_equal(inputs[0], ops[1])  # s0
         outputs = jnp.concatenate([inputs[1:], s_last], axis=0)
         chain = jnp.concatenate([ops[1][None], outputs], axis=0)[..., : plan.k_pad]
+        chain = slots.to_slots(chain[:-1], steps, depth)  # every phase's input, layer-major
         np.testing.assert_array_equal(s_mm, chain.astype(dtype).reshape(s_mm.shape))
         tol = self.TOL[dtype]
         for p, want in enumerate(_teacher_forced(plan, ops, inputs, has_z)):
@@ -388,6 +395,7 @@ class TestCompiled(MosaicGpuMode):
         assert not np.asarray(status).any()
         np.testing.assert_allclose(states, outputs, rtol=tol, atol=tol)
         chain = jnp.concatenate([ops[1][None], states], axis=0)[..., : plan.k_pad]
+        chain = slots.to_slots(chain[:-1], steps, depth)
         np.testing.assert_array_equal(s_mm_unsaved, chain.astype(dtype).reshape(s_mm.shape))
 
 

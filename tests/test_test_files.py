@@ -44,6 +44,8 @@ WITHOUT_A_TEST_FILE = {
     "kernels/persistent_forward.py": "tests/test_persistent_forward.py",
     "kernels/persistent_backward.py": "tests/test_persistent_backward.py",
     "kernels/persistent_plan.py": "tests/test_persistent_plan.py",
+    "kernels/persistent_slots.py": "tests/test_persistent_slots.py",
+    "kernels/rowgroup_layout.py": "tests/test_persistent_rowgroup.py",
     "kernels/grid_barrier.py": "tests/test_grid_barrier.py",
     "kernels/gpu_interpret.py": "tests/test_gpu_interpret.py",
     "rhhjax/ops/mosaic.py": "tests/test_mosaic.py",

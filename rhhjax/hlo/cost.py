@@ -87,6 +87,7 @@ def summarize(text: str, seq_len: int, hidden: int, model: CostModel | None = No
     with_ops: dict[str, int] = {}
     weight_ops: dict[str, int] = {}
     in_loop_bytes = 0
+    in_loop_bytes_read = 0
     in_loop_seconds = 0.0
     for lp in time_loops:
         key = f"{lp.part}_{lp.role}"
@@ -99,7 +100,9 @@ def summarize(text: str, seq_len: int, hidden: int, model: CostModel | None = No
         for k, v in weight_op_counts(lp.launches, hidden).items():
             weight_ops[k] = weight_ops.get(k, 0) + v
         b = sum(lc.bytes * lc.multiplicity for lc in lp.launches)
+        b_read = sum(lc.bytes_read * lc.multiplicity for lc in lp.launches)
         in_loop_bytes += b
+        in_loop_bytes_read += b_read
         secs = predict_seconds(lp.launches, model)
         in_loop_seconds += secs
         loops_out.append(
@@ -114,6 +117,7 @@ def summarize(text: str, seq_len: int, hidden: int, model: CostModel | None = No
                 "launches_with_op": watched_op_counts(lp.launches),
                 "weight_sized_ops": weight_op_counts(lp.launches, hidden),
                 "bytes_per_step": b,
+                "bytes_per_step_read": b_read,
                 "flops_per_step": sum(lc.flops * lc.multiplicity for lc in lp.launches),
                 "predicted_us_per_step": secs * 1e6,
                 "movement_launches": [
@@ -143,12 +147,39 @@ def summarize(text: str, seq_len: int, hidden: int, model: CostModel | None = No
         "launches_with_op_per_step": dict(sorted(with_ops.items())),
         "weight_sized_ops_per_step": dict(sorted(weight_ops.items())),
         "bytes_per_step": in_loop_bytes,
+        "bytes_per_step_read": in_loop_bytes_read,
         "launches_outside_loops": per_step(outside),
         "bytes_outside_loops": sum(lc.bytes * lc.multiplicity for lc in outside),
+        "bytes_outside_loops_read": sum(lc.bytes_read * lc.multiplicity for lc in outside),
+        "bytes_per_train_step": in_loop_bytes * seq_len
+        + sum(lc.bytes * lc.multiplicity for lc in outside),
+        "bytes_per_train_step_read": in_loop_bytes_read * seq_len
+        + sum(lc.bytes_read * lc.multiplicity for lc in outside),
+        "largest_launches": largest_launches(time_loops, outside, seq_len),
         "predicted_step_ms": (in_loop_seconds * seq_len + outside_seconds) * 1e3,
         "predicted_in_loop_ms": in_loop_seconds * seq_len * 1e3,
         "predicted_outside_ms": outside_seconds * 1e3,
     }
+
+
+def largest_launches(time_loops, outside: list[Launch], seq_len: int, count: int = 16) -> list:
+    """The ``count`` launches of the training step that move the most bytes (old rule, per
+    training step: an in-loop launch times its multiplicity and ``seq_len``), each with both
+    byte figures: ``{name, kind, where, per_step, bytes, bytes_read}``, largest first."""
+    rows = [(lc, lp.name, lc.multiplicity * seq_len) for lp in time_loops for lc in lp.launches]
+    rows += [(lc, "outside", lc.multiplicity) for lc in outside]
+    rows.sort(key=lambda r: -r[0].bytes * r[2])
+    return [
+        {
+            "name": lc.name,
+            "kind": lc.category if lc.category != "fusion" else lc.kind,
+            "where": where,
+            "per_step": times,
+            "bytes": lc.bytes * times,
+            "bytes_read": lc.bytes_read * times,
+        }
+        for lc, where, times in rows[:count]
+    ]
 
 
 def dumps(obj) -> str:

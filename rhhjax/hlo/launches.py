@@ -26,7 +26,18 @@ Definitions (documented in the report's JSON under ``"definitions"``):
   computation only reads through ``dynamic-slice`` / ``slice`` (and bitcasts / reshapes
   between them) counts as the elements finally used, a fused ``dynamic-update-slice`` into
   an operand counts as the update it writes (not as the whole buffer), and a buffer passed
-  twice counts once.
+  twice counts once. This is the report's ``bytes_per_step`` rule, kept unchanged.
+* *Bytes read* of a launch (``bytes_read``, the corrected rule; ``launch_bytes(...,
+  read_rule=True)``): as *bytes*, but a fused operand counts the elements its computation
+  finally reads whichever index-only ops lie between the parameter and a slice:
+  ``bitcast``, ``reshape``, ``transpose``, ``copy``, ``pad`` and ``reverse`` keep the
+  fraction of the operand read, each ``slice`` / ``dynamic-slice`` (strided or not) keeps
+  its share of its input (elements out / elements in), any other use reads the whole
+  array, and several uses add up to at most the whole. So a read through a reshape and then
+  a (strided) slice counts the slice, where *bytes* counts the whole array whenever the
+  parameter's first use is not itself a slice. An unfused ``slice`` counts its result read
+  and written. A custom call (a Mosaic GPU or Triton kernel) still counts whole operands:
+  which parts a kernel reads is not in the HLO.
 * *FLOPs* of a launch: ``2 * M * N * K`` (times batch dims) of every ``dot`` / ``convolution``
   in it (fused computations included) and of cuBLAS gemm custom calls; Triton (Pallas)
   custom calls are given FLOPs by ``triton_flops`` (a stated model of the highway kernels);
@@ -138,6 +149,7 @@ class Launch:
     multiplicity: int = 1  # times per enclosing-loop iteration (nested loops)
     result_dims: tuple[tuple[int, ...], ...] = ()  # dims of each array of the result
     input_dtype: str = ""  # bf16 if a matmul input (or any operand) is bf16 / f16, else f32
+    bytes_read: int = -1  # the corrected rule (module docstring); -1: not computed
 
     @property
     def category(self) -> str:
@@ -208,8 +220,15 @@ def _stacked_slice_bytes(instr: Instr, table: dict[str, Instr]) -> int:
     return total
 
 
-def launch_bytes(instr: Instr, table: dict[str, Instr], comps: dict[str, Computation]) -> int:
-    """Bytes a launch reads and writes (see the module docstring for the in-place rules)."""
+def launch_bytes(
+    instr: Instr,
+    table: dict[str, Instr],
+    comps: dict[str, Computation],
+    read_rule: bool = False,
+) -> int:
+    """Bytes a launch reads and writes (see the module docstring for the in-place rules);
+    ``read_rule``: the corrected rule (*bytes read*), which follows reads through reshapes,
+    transposes and pads to the slice that selects the elements actually read."""
     if instr.opcode == "custom-call" and _STACKED_KERNEL_RE.search(instr.attrs):
         return _stacked_slice_bytes(instr, table)
     operand_bytes = [
@@ -225,6 +244,8 @@ def launch_bytes(instr: Instr, table: dict[str, Instr], comps: dict[str, Computa
             return 2 * operand_bytes[1] + sum(operand_bytes[2:])
         if instr.opcode == "dynamic-slice" and operand_bytes:
             return 2 * result + sum(operand_bytes[1:])
+        if read_rule and instr.opcode == "slice" and operand_bytes:
+            return 2 * result  # the slice's elements, read and written
         return sum(operand_bytes) + result
     params: dict[int, Instr] = {}
     for i in fused.instrs:
@@ -242,9 +263,7 @@ def launch_bytes(instr: Instr, table: dict[str, Instr], comps: dict[str, Computa
         uses = users.get(p.name, []) if p is not None else []
         if k in duplicate:
             continue  # the same buffer passed twice is read once
-        if uses and all(u.opcode in SLICES and u.operands[0] == p.name for u in uses):
-            total += min(_read_bytes(p, users), nbytes)
-        elif uses and all(
+        if uses and all(
             u.opcode == "dynamic-update-slice" and u.operands[0] == p.name for u in uses
         ):
             ftable = fused.by_name()
@@ -253,9 +272,45 @@ def launch_bytes(instr: Instr, table: dict[str, Instr], comps: dict[str, Computa
                 ub = shape_bytes(upd.shape) if upd is not None else 0
                 # the buffer is not read; of the result only the update is written
                 in_place_results += shape_bytes(u.shape) - ub
+        elif read_rule and uses:
+            total += math.ceil(read_fraction(p, users) * nbytes)
+        elif uses and all(u.opcode in SLICES and u.operands[0] == p.name for u in uses):
+            total += min(_read_bytes(p, users), nbytes)
         else:
             total += nbytes
     return total + max(result - in_place_results, 0)
+
+
+# Fused ops that move elements without reading more or fewer of them (the fraction of an
+# operand that is read passes through them unchanged; a pad's new elements are not read).
+INDEX_ONLY = ("bitcast", "reshape", "transpose", "copy", "pad", "reverse")
+
+
+def _elements(shape_text: str) -> int:
+    arrays = array_shapes(shape_text)
+    return math.prod(arrays[0][1]) if arrays else 0
+
+
+def read_fraction(value: Instr, users: dict[str, list[Instr]], _depth: int = 0) -> float:
+    """The fraction of ``value``'s elements a fused computation reads (the corrected rule):
+    through ``INDEX_ONLY`` ops unchanged, through a slice times the slice's share of its
+    input; 1 where any other op uses it (or it is the root); several uses summed, at most 1.
+    """
+    uses = users.get(value.name, [])
+    if not uses or _depth > 64:
+        return 1.0
+    total = 0.0
+    for u in uses:
+        if not u.operands or u.operands[0] != value.name:
+            return 1.0  # e.g. a slice's index operand, a pad's padding value
+        if u.opcode in INDEX_ONLY:
+            total += read_fraction(u, users, _depth + 1)
+        elif u.opcode in SLICES:
+            share = _elements(u.shape) / max(_elements(value.shape), 1)
+            total += read_fraction(u, users, _depth + 1) * share
+        else:
+            return 1.0
+    return min(total, 1.0)
 
 
 def parameter_number(instr: Instr) -> int:
@@ -396,6 +451,7 @@ def computation_launches(
                 multiplicity=multiplicity,
                 result_dims=tuple(dims for _, dims in dtypes),
                 input_dtype=input_dtype(instr, table, fused),
+                bytes_read=launch_bytes(instr, table, comps, read_rule=True),
             )
         )
     return out

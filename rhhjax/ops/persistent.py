@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING
 import jax
 import jax.numpy as jnp
 
-from rhhjax.kernels import gpu_interpret, grid_barrier, highway
+from rhhjax.kernels import gpu_interpret, grid_barrier, highway, rowgroup_layout
 from rhhjax.kernels import persistent_backward as pb
 from rhhjax.kernels import persistent_forward as pf
 from rhhjax.kernels.persistent_plan import (
@@ -72,6 +72,11 @@ KEEP_DTYPE = jnp.bool_  # As `fused`: turned into the f32 mask 0 or 1/keep per c
 UNITS = (8, 16, 32, 64)  # units per block tried (the backward's wgmma N: multiples of 8)
 K_CHUNK = 64  # K per pipeline stage
 STAGES = (4, 3, 2)  # pipeline depths tried, deepest first, until shared memory fits
+DZ_IN_KERNEL = False  # measured: see `_dz_in_kernel`
+# The kernels' launch layout (`kernels/rowgroup_layout.py`): "grid" (a grid barrier) or
+# "rowgroup" (one cluster per row group, a cluster barrier; plans of <= 16 column blocks).
+# "grid" until a GPU has measured both (`benchmarks/calibrate_persistent.py`).
+LAYOUT = "grid"
 
 
 def unsupported(model: ModelFacts) -> str | None:
@@ -102,12 +107,14 @@ def unavailable(pallas_mode: str, platform: str | None) -> str | None:
 
 
 @functools.cache
-def plan_for(batch: int, width: int, dtype_name: str) -> PersistentPlan:
+def plan_for(batch: int, width: int, dtype_name: str, layout: str = "grid") -> PersistentPlan:
     """The kernels' plan for a [batch, width] recurrence: among the plans both kernels can
     run on an H100 (`_candidates`), the one of the lowest PREDICTED phase time
     (`persistent_plan.predicted_phase_us`, forward + backward; an uncalibrated model, see
-    its `Rates`), then the fewest padded units. Raises PlanError (one line) when none fits."""
-    plans = list(_candidates(batch, width, dtype_name))
+    its `Rates`), then the fewest padded units; ``layout`` "rowgroup": among the plans of at
+    most `rowgroup_layout.MAX_CLUSTER` column blocks (K chunks of 64, 32 or 16). Raises
+    PlanError (one line) when none fits."""
+    plans = list(_candidates(batch, width, dtype_name, layout))
     if not plans:
         raise PlanError(
             f"no persistent plan fits an H100 for batch {batch}, width {width} ({dtype_name}): "
@@ -122,15 +129,15 @@ def plan_for(batch: int, width: int, dtype_name: str) -> PersistentPlan:
 
 
 @functools.cache
-def interpret_plan(batch: int, width: int, dtype_name: str) -> PersistentPlan:
+def interpret_plan(batch: int, width: int, dtype_name: str, layout: str = "grid") -> PersistentPlan:
     """The plan of GPU interpret mode: among the plans both kernels can run on an H100
     (`_candidates`), the one of the FEWEST blocks (then the lowest predicted phase time):
     the interpreter runs them as one cluster of threads (`grid_barrier.launch`). Raises
     PlanError (one line) when none fits, or when the fewest are more blocks than the
     interpreter runs here (`gpu_interpret.cluster_too_large`)."""
-    plans = list(_candidates(batch, width, dtype_name))
+    plans = list(_candidates(batch, width, dtype_name, layout))
     if not plans:
-        return plan_for(batch, width, dtype_name)  # its one-line PlanError
+        return plan_for(batch, width, dtype_name, layout)  # its one-line PlanError
 
     def cost(plan):
         forward, backward = predicted_phase_us(plan), predicted_phase_us(plan, backward=True)
@@ -145,36 +152,51 @@ def interpret_plan(batch: int, width: int, dtype_name: str) -> PersistentPlan:
     return plan
 
 
-def _candidates(batch: int, width: int, dtype_name: str):
+def _candidates(batch: int, width: int, dtype_name: str, layout: str = "grid"):
     """Plans of 1 .. ceil(batch / 64) row blocks (no block of padding rows only) and UNITS
     units per block, each with the fewest column blocks that keep the kernels' K extents on
     written columns (forward ``k_pad <= n_pad``; backward ``2 * n_pad`` whole chunks) and
-    the deepest pipeline (STAGES) that both kernels' checks accept."""
+    the deepest pipeline (STAGES) that both kernels' checks accept; ``layout`` "rowgroup":
+    those of at most `rowgroup_layout.MAX_CLUSTER` column blocks, at K chunks of 64, 32
+    or 16 (the widest that fits)."""
+    k_chunks = (K_CHUNK,) if layout == "grid" else (K_CHUNK, K_CHUNK // 2, K_CHUNK // 4)
     for row_blocks in range(1, -(-batch // 64) + 1):
         for units in UNITS:
-            col_blocks = -(-width // units)
-            while (col_blocks * units < -(-width // K_CHUNK) * K_CHUNK) or (
-                2 * col_blocks * units % K_CHUNK
-            ):
-                col_blocks += 1
-            for stages in STAGES:
-                plan = PersistentPlan(
-                    batch, width, dtype_name, col_blocks=col_blocks, row_blocks=row_blocks,
-                    k_chunk=K_CHUNK, stages=stages, units=units,
-                )  # fmt: skip
-                try:
-                    plan.check()
-                    pb.check_plan(plan)
-                except PlanError:
-                    continue
-                yield plan
-                break
+            for k_chunk in k_chunks:
+                plan = _deepest(batch, width, dtype_name, row_blocks, units, k_chunk)
+                if plan is not None and (
+                    layout == "grid" or plan.col_blocks <= rowgroup_layout.MAX_CLUSTER
+                ):
+                    yield plan
+                    break
+
+
+def _deepest(batch, width, dtype_name, row_blocks, units, k_chunk) -> PersistentPlan | None:
+    """The plan of the fewest column blocks for ``units`` and the deepest STAGES that both
+    kernels accept, or None."""
+    col_blocks = -(-width // units)
+    while (col_blocks * units < -(-width // k_chunk) * k_chunk) or (
+        2 * col_blocks * units % k_chunk
+    ):
+        col_blocks += 1
+    for stages in STAGES:
+        plan = PersistentPlan(
+            batch, width, dtype_name, col_blocks=col_blocks, row_blocks=row_blocks,
+            k_chunk=k_chunk, stages=stages, units=units,
+        )  # fmt: skip
+        try:
+            plan.check()
+            pb.check_plan(plan)
+        except PlanError:
+            continue
+        return plan
+    return None
 
 
 def _plan_of(spec: SequenceSpec, batch: int, width: int) -> PersistentPlan:
     """`interpret_plan` in GPU interpret mode, else `plan_for` (the H100's)."""
     choose = interpret_plan if spec.interpret and not spec.references else plan_for
-    return choose(batch, width, jnp.dtype(spec.dtype).name)
+    return choose(batch, width, jnp.dtype(spec.dtype).name, LAYOUT)
 
 
 def _plan(spec: SequenceSpec, geo: highway.Geometry) -> PersistentPlan:
@@ -216,10 +238,11 @@ def forward_loop(spec, geo, w, bias, s0, xproj, z, keep, hidden, save: bool):
 
     w [L * 2 * Np, k_pad]; bias [L, 2, Np]; s0 [Bp, Np]; xproj [T, Bp, 2, Np]; z, keep
     [T, L, Bp, Np] or None. Returns (states [T, L, Bp, Np], saved or None): saved = (packed
-    [P, Bp, K, Np] phase-major, the kernel's saved rows; s_mm [(P + 1) * Bp, k_pad] the
-    input states in the matmul dtype, the kernel's A buffer: the operand of `backward_loop`'s
-    weight gradient), P = T * L. With ``save`` the kernel writes the last state only; the
-    others are read from packed row 0 (`_states_from_packed`)."""
+    [P, Bp, K, Np] phase-major, the kernel's saved rows; s_mm [P * Bp, k_pad] the
+    input states in the matmul dtype, the kernel's A buffer, layer-major
+    (`persistent_slots`): the operand of `backward_loop`'s weight gradient), P = T * L.
+    With ``save`` the kernel writes the last state only; the others are read from packed
+    row 0 (`_states_from_packed`)."""
     if hidden is not None:
         raise ValueError(f"impl {NAME!r} has no variational dropout")
     plan = _plan(spec, geo)
@@ -230,7 +253,8 @@ def forward_loop(spec, geo, w, bias, s0, xproj, z, keep, hidden, save: bool):
     if spec.references:
         outs = pf.persistent_forward_reference(*args, save=save)
     else:
-        outs = pf.persistent_forward(*args, save=save, interpret=loops.kernel_interpret(spec))
+        interpret = loops.kernel_interpret(spec)
+        outs = pf.persistent_forward(*args, save=save, interpret=interpret, layout=LAYOUT)
         grid_barrier.check_status(outs[-1], "persistent forward")
     if not save:
         return outs[0].reshape(length, depth, *outs[0].shape[1:]), None
@@ -268,36 +292,61 @@ def backward_loop(spec, geo, w, bias, s0, xproj, z, keep, hidden, saved, g_state
     z_pm = _phase_major(z)
     mask = loops.dropout_mask(spec.keep, _phase_major(keep), jnp.float32)
     args = (plan, w, _phase_major(g_states), packed, z_pm, mask)
+    with_dz = _dz_in_kernel(plan, z_pm is not None, mask is not None)
     if spec.references:
-        da, d_mm, ds_carry0, _ = pb.persistent_backward_reference(*args)
+        outs = pb.persistent_backward_reference(*args, with_dz=with_dz)
     else:
         interpret = loops.kernel_interpret(spec)
-        da, d_mm, ds_carry0, status = pb.persistent_backward(*args, interpret=interpret)
-        grid_barrier.check_status(status, "persistent backward")
+        outs = pb.persistent_backward(*args, with_dz=with_dz, interpret=interpret, layout=LAYOUT)
+        grid_barrier.check_status(outs[-1], "persistent backward")
+    da, d_mm, ds_carry0 = outs[:3]
+    dz_lt = outs[3] if with_dz else None
     # The state gradient of s0 through W_0 (no gate backward below it): one XLA matmul.
     w0 = w[: geo.n_pad]
     ds0 = ds_carry0 + jnp.matmul(d_mm[: geo.b_pad], w0.T, preferred_element_type=jnp.float32)
-    return ds0, *_gradients(spec, geo, da, d_mm, s_mm, z_pm, packed, length, depth)
+    return ds0, *_gradients(spec, geo, da, d_mm, s_mm, z_pm, packed, length, depth, dz_lt)
 
 
-def _gradients(spec, geo, da, d_mm, s_mm, z_pm, packed, length: int, depth: int):
-    """From the kernels' phase-major outputs (da [P, Bp, 2, Np] f32, d_mm [(P + 1) * Bp,
-    2 * Np], s_mm [(P + 1) * Bp, k_pad], z_pm [P, Bp, Np] | None, packed [P, Bp, K, Np]):
+def _dz_in_kernel(plan: PersistentPlan, has_z: bool, has_mask: bool) -> bool:
+    """Whether the backward kernel computes dz in its epilogue (`persistent_backward`'s
+    ``with_dz``): with z and DZ_IN_KERNEL, where its two more input tiles fit shared memory.
+    Off: measured on the paper HyperRHN (deviceless compile report, bf16) it saves 1.5 GB a
+    step but raises peak memory by 0.73 GB (dz is a new buffer alive during the kernel, and
+    its unpadding stays a copy); it pays once da is no longer a kernel output."""
+    if not (has_z and DZ_IN_KERNEL):
+        return False
+    try:
+        pb.check_plan(plan, True, has_mask, with_dz=True)
+    except PlanError:
+        return False
+    return True
+
+
+def _gradients(spec, geo, da, d_mm, s_mm, z_pm, packed, length: int, depth: int, dz_lt=None):
+    """From the kernels' outputs (da [P, Bp, 2, Np] f32, d_mm [P * Bp, 2 * Np], s_mm
+    [P * Bp, k_pad], z_pm [P, Bp, Np] | None, packed [P, Bp, K, Np]):
     (d_scaled of layer 0 [T, 1, Bp, 2, Np], dz [T, L, B, n] | None (already unpadded),
-    dbias [L, 2, Np], dW [L, k_pad, 2, Np])."""
-    phases, b_pad, n_pad = da.shape[0], geo.b_pad, geo.n_pad
+    dbias [L, 2, Np], dW [L, k_pad, 2, Np]). s_mm and d_mm are in slot order
+    (`persistent_slots`: layer-major); dz_lt [L, T, Bp, Np], the backward kernel's dz, or
+    None (then dz is computed here from da and packed's ``full``)."""
+    b_pad, n_pad = geo.b_pad, geo.n_pad
     da0 = da[::depth]  # layer 0 of every step [T, Bp, 2, Np]: a strided slice, no copy
     d_scaled0 = da0 if z_pm is None else da0 * z_pm[::depth, :, None]
     dz = None
-    if z_pm is not None:  # sum over the halves of da * "full" (the unscaled pre-activation)
+    if dz_lt is not None:  # the kernel's, layer-major [L, T, Bp, Np]: the consumers' order
+        dz = jnp.swapaxes(geo.unpad_rows(dz_lt), 0, 1)
+    elif z_pm is not None:  # sum over the halves of da * "full" (the unscaled pre-activation)
         _, rows = loops.unpack(packed, saved_rows(True))
         dz = jnp.sum(da * rows["full"], axis=-2).reshape(length, depth, b_pad, n_pad)
         dz = _materialized_as(geo.unpad_rows(dz), (1, 0, 2, 3))
     dbias = da.reshape(length, depth, b_pad, 2, n_pad).sum((0, 2))
-    s_in = s_mm[: phases * b_pad].reshape(length, depth, b_pad, -1)
-    d_in = d_mm[: phases * b_pad].reshape(length, depth, b_pad, 2, n_pad)
+    # The buffers are layer-major (`persistent_slots`): layer l's rows are contiguous, so
+    # dW is one batched GEMM over views of the whole buffers: no transpose, no slice copy.
+    s_in = s_mm.reshape(depth, length * b_pad, -1)
+    d_in = d_mm.reshape(depth, length * b_pad, 2 * n_pad)
     acc = cells.accumulation_dtype(spec.dtype)
-    dw = jnp.einsum("tlbi,tlbho->liho", s_in, d_in, preferred_element_type=acc)
+    dw = jnp.einsum("lri,lrc->lic", s_in, d_in, preferred_element_type=acc)
+    dw = dw.reshape(depth, -1, 2, n_pad)
     return d_scaled0[:, None], dz, dbias, dw
 
 

@@ -1,0 +1,144 @@
+"""`kernels/rowgroup_layout.py`: the persistent kernels launched as one cluster per row group
+(a hardware cluster barrier, no grid-wide barrier), against their references on fresh random
+inputs: compiled on a GPU, and executed in GPU interpret mode with the race detector on
+(jax >= 0.11.2), where the grid's clusters run one after another, each cluster's blocks at
+once. The test bodies are the grid layout's (`test_persistent_forward`,
+`test_persistent_backward`), with ``LAYOUT = "rowgroup"`` and plans of more than one row
+group."""
+
+import pytest
+import test_persistent_backward as tb
+import test_persistent_forward as tf
+from kernel_cases import needs_cuda, run_deviceless
+from rhhjax.kernels import rowgroup_layout
+from rhhjax.kernels.persistent_plan import PersistentPlan, PlanError
+
+
+class TestForwardCompiled(tf.TestCompiled):
+    LAYOUT = "rowgroup"
+    CASES = {
+        # (dtype, batch, width, col_blocks, row_blocks, k_chunk, steps, depth): 4 x 16, the
+        # paper bf16 plan's shape; 2 row groups of 4
+        "case": [("bfloat16", 256, 1000, 16, 4, 64, 3, 3), ("float32", 100, 37, 4, 2, 16, 3, 2)],
+    }  # fmt: skip
+
+
+class TestForwardInterpret(tf.TestInterpret):
+    LAYOUT = "rowgroup"
+    CASES = {
+        # 2 row groups of one block; 2 row groups of 4 blocks; 3 row groups of 2 (bf16)
+        "case": [("float32", 100, 32, 1, 2, 16, 2, 3), ("float32", 100, 37, 4, 2, 16, 3, 2),
+                 ("bfloat16", 150, 64, 2, 3, 32, 2, 2)],
+    }  # fmt: skip
+
+
+class TestBackwardCompiled(tb.TestCompiled):
+    LAYOUT = "rowgroup"
+    CASES = {
+        "case": [
+            ((256, 1000, "bfloat16", 16, 4, 64, 3), 3, 2, True, True),  # the paper bf16 plan
+            ((100, 37, "float32", 3, 2, 32), 2, 3, False, True),
+        ],
+    }
+
+
+class TestBackwardInterpret(tb.TestInterpret):
+    LAYOUT = "rowgroup"
+    CASES = {
+        "case": [
+            ((100, 37, "float32", 3, 2, 32), 2, 3, False, True),  # 2 row groups of 3
+            ((150, 64, "bfloat16", 2, 3, 32), 3, 2, True, True),  # 3 row groups of 2, dz too
+        ],
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("layout", "plan", "message"),
+    [
+        ("diagonal", PersistentPlan(64, 64, "float32", col_blocks=2), "is not one of"),
+        ("rowgroup", PersistentPlan(64, 17 * 8, "float32", col_blocks=17), "at most 16 column"),
+    ],
+)
+def test_a_layout_that_cannot_run_the_plan_is_one_line(layout, plan, message):
+    with pytest.raises(PlanError, match=message) as e:
+        rowgroup_layout.check(plan, layout, None)
+    assert "\n" not in str(e.value)
+
+
+def test_the_grid_layout_is_grid_barriers_functions():
+    from rhhjax.kernels import grid_barrier
+
+    assert rowgroup_layout.functions("grid", None)[:2] == (
+        grid_barrier.launch,
+        grid_barrier.block_index,
+    )
+
+
+_COMPILE = """
+import json
+from rhhjax.tools import hlo_compile as g
+g.set_deviceless_env(log_ptxas=False)
+import jax, jax.numpy as jnp
+from rhhjax.kernels import persistent_backward as pb
+from rhhjax.kernels import persistent_forward as pf
+from rhhjax.kernels.persistent_plan import PersistentPlan
+rep = jax.sharding.NamedSharding(g.h100_mesh(), jax.sharding.PartitionSpec())
+def sds(shape, dtype=jnp.float32):
+    return jax.ShapeDtypeStruct(shape, dtype, sharding=rep)
+rows = []
+for fields, steps, depth in {cases!r}:
+    plan = PersistentPlan(*fields)
+    phases, b, n, k = steps * depth, plan.b_pad, plan.n_pad, plan.k_pad
+    mm = jnp.dtype(plan.dtype)
+    fwd = (sds((depth * 2 * n, k), mm), sds((b, n)), sds((steps, b, 2, n)),
+           sds((depth, b, 2, n)), sds((phases, b, n)), sds((phases, b, n)))
+    bwd = (sds((depth * n, 2 * n), mm), sds((phases, b, n)), sds((phases, b, 5, n)),
+           sds((phases, b, n)), sds((phases, b, n)))
+    row = []
+    forward = lambda *a: pf.persistent_forward(plan, *a, save=True, layout="rowgroup")
+    backward = lambda *a: pb.persistent_backward(plan, *a, layout="rowgroup")
+    for run, args in ((forward, fwd), (backward, bwd)):
+        lowered = jax.jit(run).trace(*args).lower(lowering_platforms=("cuda",))
+        text = lowered.as_text()
+        lowered.compile()
+        row.append(["mosaic_gpu" in text, "fence.proxy.async.global" in text,
+                    "red.release.gpu" not in text])
+    rows.append(row)
+print(json.dumps(rows))
+"""
+
+
+@pytest.mark.gpu_compile
+@needs_cuda
+def test_the_paper_rowgroup_plans_lower_and_compile_for_an_h100_without_a_gpu(tmp_path):
+    """Both kernels at the paper's row-group plans (bf16 4 x 16; f32 4 x 16 at k_chunk 32,
+    2 stages), as clusters of 16 with their fenced cluster barrier and no grid semaphore."""
+    cases = [
+        ((256, 1000, "bfloat16", 16, 4, 64, 3), 3, 7),
+        ((256, 1000, "float32", 16, 4, 32, 2), 2, 7),
+    ]
+    rows, _ = run_deviceless(_COMPILE.format(cases=cases), tmp_path)
+    assert rows == [[[True, True, True]] * 2] * 2, rows
+
+
+@pytest.mark.parametrize(
+    ("batch", "width", "dtype"),
+    [(256, 1000, "bfloat16"), (256, 1000, "float32"), (256, 128, "float32"), (37, 300, "bfloat16")],
+)
+def test_the_rowgroup_plan_is_a_runnable_one_of_at_most_16_column_blocks(batch, width, dtype):
+    """`persistent.plan_for(..., "rowgroup")`: both kernels accept it, one cluster per row
+    group fits an H100, and it is the grid's plan wherever that has <= 16 column blocks."""
+    from rhhjax.kernels import persistent_backward as pb
+
+    from rhhjax.ops import persistent
+
+    plan = persistent.plan_for(batch, width, dtype, "rowgroup")
+    plan.check()
+    pb.check_plan(plan)
+    rowgroup_layout.check(plan, "rowgroup", None)
+    assert plan.col_blocks <= rowgroup_layout.MAX_CLUSTER and plan.n_pad >= width
+    grid = persistent.plan_for(batch, width, dtype)
+    if grid.col_blocks <= rowgroup_layout.MAX_CLUSTER:
+        assert plan == grid
+    if (width, dtype) == (1000, "float32"):  # 64 units need k_chunk 32 in f32
+        assert (plan.col_blocks, plan.row_blocks, plan.k_chunk) == (16, 4, 32)
