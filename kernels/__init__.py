@@ -10,17 +10,11 @@ The Pallas Triton op (`rhhjax.kernels.triton`, its own facade):
 
     triton/       config.py, common.py, forward.py, backward.py, stacked.py.
 
-The Mosaic GPU kernels (Hopper):
+The Mosaic GPU kernels (Hopper; `rhhjax.kernels.mosaic`):
 
-    mosaic_gemm.py           the pipelined GEMM into shared memory the kernels share.
-    mosaic_forward.py        one micro-layer forward per kernel, with its reference.
-    mosaic_backward.py       one micro-layer backward per kernel, with its reference.
-    persistent_forward.py    the whole forward as ONE persistent kernel.
-    persistent_backward.py   the whole backward as ONE persistent kernel.
-    persistent_plan.py       a persistent plan's resources, refusals and labelled prediction.
-    grid_barrier.py          the persistent kernels' grid barrier (and interpret mode's
-                             cluster barrier).
-    gpu_interpret.py         GPU interpret mode's settings and limits (the kernels on a CPU).
+    mosaic/       gemm.py, forward.py, backward.py, persistent_forward.py,
+                  persistent_backward.py, plan.py, grid_barrier.py, interpret.py.
+
     common.py                the Triton helpers' old name (read by tests/kernel_cases.py).
 """
 

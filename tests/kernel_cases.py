@@ -11,9 +11,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from rhhjax.kernels import gpu_interpret
 from rhhjax.kernels import highway as hw
 from rhhjax.kernels.common import dot_precision
+from rhhjax.kernels.mosaic import interpret as gpu_interpret
 
 # Custom-call target of a Triton pallas_call: "__gpu$xla.gpu.triton" (jaxlib <= 0.10.2, Triton
 # IR serialized in the backend config) or "triton_kernel_call" (compiled-at-lowering path).

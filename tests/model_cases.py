@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from kernel_cases import MosaicGpuMode
-from rhhjax.kernels import gpu_interpret
+from rhhjax.kernels.mosaic import interpret as gpu_interpret
 
 from rhhjax import models
 from rhhjax.ops import spec

@@ -126,7 +126,7 @@ def test_every_program_is_in_the_readme_or_the_benchmarks_readme():
             assert f"benchmarks/{path.name}" in benchmarks, path.name
     plan = ROOT / "kernels" / "persistent_plan.py"
     if plan.is_file():  # a program inside the package
-        assert "python -m rhhjax.kernels.persistent_plan" in benchmarks
+        assert "python -m rhhjax.kernels.mosaic.plan" in benchmarks
 
 
 # ----------------------------------------------------------------------------- modules

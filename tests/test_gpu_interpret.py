@@ -5,7 +5,7 @@ test_persistent*.py and test_grid_barrier.py."""
 
 import jax
 import pytest
-from rhhjax.kernels import gpu_interpret
+from rhhjax.kernels.mosaic import interpret as gpu_interpret
 
 
 def test_available_is_whether_jax_has_interpret_gpu_params():

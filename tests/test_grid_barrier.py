@@ -18,7 +18,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from kernel_cases import MosaicGpuMode, assert_race_reported, needs_cuda, run_deviceless
-from rhhjax.kernels import gpu_interpret, grid_barrier
+from rhhjax.kernels.mosaic import grid_barrier
+from rhhjax.kernels.mosaic import interpret as gpu_interpret
 
 ROWS, UNITS = 64, 8
 

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from jax.experimental.pallas import mosaic_gpu as plgpu
 from kernel_cases import MosaicGpuMode, assert_race_reported, needs_cuda, run_deviceless
-from rhhjax.kernels import mosaic_forward as mf
+from rhhjax.kernels.mosaic import forward as mf
 
 from rhhjax.ops import cells
 
@@ -75,7 +75,7 @@ import json
 from rhhjax.tools import hlo_compile as g
 g.set_deviceless_env()
 import jax, jax.numpy as jnp
-from rhhjax.kernels import mosaic_forward as mf
+from rhhjax.kernels.mosaic import forward as mf
 rep = jax.sharding.NamedSharding(g.h100_mesh(), jax.sharding.PartitionSpec())
 def sds(shape, dtype):
     return jax.ShapeDtypeStruct(shape, dtype, sharding=rep)

@@ -24,7 +24,7 @@ from model_cases import (
     assert_interpret_mode_runs_or_names_the_jax,
     assert_off_gpu_refusal_advises_what_runs,
 )
-from rhhjax.kernels.persistent_plan import H100_SMS, PersistentPlan, predicted_phase_us
+from rhhjax.kernels.mosaic.plan import H100_SMS, PersistentPlan, predicted_phase_us
 
 from rhhjax import models
 from rhhjax.ops import fused, persistent, spec

@@ -18,10 +18,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from kernel_cases import MosaicGpuMode, assert_race_reported, needs_cuda, run_deviceless
-from rhhjax.kernels import gpu_interpret
-from rhhjax.kernels import grid_barrier as gb
-from rhhjax.kernels import persistent_backward as pb
-from rhhjax.kernels.persistent_plan import PersistentPlan, PlanError, paper_plan
+from rhhjax.kernels.mosaic import grid_barrier as gb
+from rhhjax.kernels.mosaic import interpret as gpu_interpret
+from rhhjax.kernels.mosaic import persistent_backward as pb
+from rhhjax.kernels.mosaic.plan import PersistentPlan, PlanError, paper_plan
 
 from rhhjax.ops import persistent_schedule as ps
 
@@ -281,8 +281,8 @@ from rhhjax.tools import hlo_compile as hc
 hc.set_deviceless_env(log_ptxas=False)
 import jax, jax.numpy as jnp
 from jax.experimental.mosaic.gpu import core as mcore
-from rhhjax.kernels import persistent_backward as pb
-from rhhjax.kernels.persistent_plan import PersistentPlan
+from rhhjax.kernels.mosaic import persistent_backward as pb
+from rhhjax.kernels.mosaic.plan import PersistentPlan
 smem = []
 launch = mcore._launch
 def counting_launch(*args, **kwargs):

@@ -23,10 +23,11 @@ from kernel_cases import (
     needs_cuda,
     run_deviceless,
 )
-from rhhjax.kernels import gpu_interpret, grid_barrier
-from rhhjax.kernels import mosaic_forward as mf
-from rhhjax.kernels import persistent_forward as pf
-from rhhjax.kernels import persistent_plan as pp
+from rhhjax.kernels.mosaic import forward as mf
+from rhhjax.kernels.mosaic import grid_barrier
+from rhhjax.kernels.mosaic import interpret as gpu_interpret
+from rhhjax.kernels.mosaic import persistent_forward as pf
+from rhhjax.kernels.mosaic import plan as pp
 
 from rhhjax.ops import cells, fused, loops, persistent_schedule
 
@@ -261,8 +262,8 @@ from rhhjax.tools import hlo_compile as g
 g.set_deviceless_env(log_ptxas=False)
 import jax, jax.numpy as jnp
 from jax.experimental.mosaic.gpu import core as mosaic_core
-from rhhjax.kernels import persistent_forward as pf
-from rhhjax.kernels.persistent_plan import PersistentPlan
+from rhhjax.kernels.mosaic import persistent_forward as pf
+from rhhjax.kernels.mosaic.plan import PersistentPlan
 allocated = []
 _size = mosaic_core._smem_tree_size
 def _counted(tree):

@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 import pytest
-from rhhjax.kernels import persistent_plan as pp
+from rhhjax.kernels.mosaic import plan as pp
 
 from rhhjax.errors import UserError
 
@@ -103,13 +103,13 @@ def test_prediction_is_barrier_plus_the_slowest_of_gemm_l2_and_fill():
 
 def test_command_prints_the_plan_and_refuses_a_bad_one_with_one_line():
     ok = subprocess.run(
-        [sys.executable, "-m", "rhhjax.kernels.persistent_plan", "--dtype=bfloat16"],
+        [sys.executable, "-m", "rhhjax.kernels.mosaic.plan", "--dtype=bfloat16"],
         capture_output=True, text=True,
     )  # fmt: skip
     assert ok.returncode == 0, ok.stderr
     assert '"smem_bytes": 217168' in ok.stdout and "PREDICTION" in ok.stdout
     bad = subprocess.run(
-        [sys.executable, "-m", "rhhjax.kernels.persistent_plan", "--dtype=float32"],
+        [sys.executable, "-m", "rhhjax.kernels.mosaic.plan", "--dtype=float32"],
         capture_output=True, text=True,
     )  # fmt: skip
     assert bad.returncode == 1 and bad.stdout == ""

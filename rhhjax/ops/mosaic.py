@@ -2,9 +2,9 @@
 forward and one backward kernel per micro-layer and step (the interface of
 `rhhjax.ops.fused`; run by `rhhjax.ops.recurrence.highway_sequence`).
 
-Forward (`rhhjax.kernels.mosaic_forward`): the matmul, input projection, hyper scale, bias,
+Forward (`rhhjax.kernels.mosaic.forward`): the matmul, input projection, hyper scale, bias,
 gates, gate dropout and combine; it saves `fused`'s rows ("h", "t" and, with z, "full").
-Backward (`rhhjax.kernels.mosaic_backward`, issue 20 item 1 option (a)): the state-gradient
+Backward (`rhhjax.kernels.mosaic.backward`, issue 20 item 1 option (a)): the state-gradient
 GEMM of the layer above fused with this layer's gate backward, writing d_scaled (the next
 GEMM's operand), the carried state gradient and da; dz, the bias and the weight
 gradients (`loops.deferred_weight_gradient`) are large XLA reductions and GEMMs after the
@@ -12,7 +12,7 @@ loop; the state gradient of s0 is one XLA matmul.
 
 Where it runs: compiled on a GPU; with `model.pallas_mode="interpret"` (`spec.interpret`)
 the same kernels executed in GPU interpret mode on the host, race detector on
-(`rhhjax.kernels.gpu_interpret`, jax >= 0.11.2; slow, for checking); with
+(`rhhjax.kernels.mosaic.interpret`, jax >= 0.11.2; slow, for checking); with
 `model.pallas_mode="compiled"` lowered for a GPU without one (the deviceless H100 compile
 report). `unavailable` refuses anything else in one line. `spec.references`, which `resolve`
 never sets, runs the kernels' pure-JAX references in their place: the tests' way of checking
@@ -39,8 +39,8 @@ import jax
 import jax.numpy as jnp
 
 from rhhjax.kernels import highway
-from rhhjax.kernels import mosaic_backward as mb
-from rhhjax.kernels import mosaic_forward as mf
+from rhhjax.kernels.mosaic import backward as mb
+from rhhjax.kernels.mosaic import forward as mf
 from rhhjax.ops import fused, loops
 
 if TYPE_CHECKING:

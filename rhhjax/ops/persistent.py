@@ -3,16 +3,16 @@ forward time loop and one for the whole backward (issue 20 item 2; the interface
 `rhhjax.ops.fused`; run by `rhhjax.ops.recurrence.highway_sequence`).
 
 Each kernel is ONE launch over a grid of at most one block per SM
-(`rhhjax.kernels.persistent_plan.PersistentPlan`): block ``(r, g)`` owns batch rows and the
+(`rhhjax.kernels.mosaic.plan.PersistentPlan`): block ``(r, g)`` owns batch rows and the
 h- and t-columns of a slice of the units, keeps its own f32 state (or carried state gradient)
-in shared memory, and meets the others at a grid barrier (`rhhjax.kernels.grid_barrier`)
+in shared memory, and meets the others at a grid barrier (`rhhjax.kernels.mosaic.grid_barrier`)
 after every micro-layer phase, T * L of them per direction:
 
-* forward (`rhhjax.kernels.persistent_forward`): per phase the block's slice of
+* forward (`rhhjax.kernels.mosaic.persistent_forward`): per phase the block's slice of
   ``s @ W_l`` (K chunks through a TMA pipeline, wgmma), the input projection at layer 0,
   hyper scale, bias, gates, gate dropout and combine; it writes the state in the matmul
   dtype for the next phase's GEMM and, for the backward, `fused`'s saved rows.
-* backward (`rhhjax.kernels.persistent_backward`): per phase (in reverse) the block's slice
+* backward (`rhhjax.kernels.mosaic.persistent_backward`): per phase (in reverse) the block's slice
   of ``d_scaled_above @ W_above^T`` fused with its gate backward; ``da`` is written out, and
   dz, the bias, the input-projection and the weight gradients (from the kernels' own
   matmul-dtype buffers) are large XLA reductions and GEMMs after the loop; the gradient
@@ -24,7 +24,7 @@ first, as its own persistent sequence, and every z is computed at once
 
 Where it runs: compiled on a Hopper GPU; with `model.pallas_mode="interpret"`
 (`spec.interpret`) the same kernels executed in GPU interpret mode on the host, race detector
-on (`rhhjax.kernels.gpu_interpret`, jax >= 0.11.2; slow, for checking), at the plan of the
+on (`rhhjax.kernels.mosaic.interpret`, jax >= 0.11.2; slow, for checking), at the plan of the
 fewest blocks (`interpret_plan`: the interpreter runs them as one cluster, with a cluster
 barrier in place of the grid barrier);
 with `model.pallas_mode="compiled"` lowered for a GPU without one. `unavailable` refuses
@@ -50,10 +50,12 @@ from typing import TYPE_CHECKING
 import jax
 import jax.numpy as jnp
 
-from rhhjax.kernels import gpu_interpret, grid_barrier, highway
-from rhhjax.kernels import persistent_backward as pb
-from rhhjax.kernels import persistent_forward as pf
-from rhhjax.kernels.persistent_plan import (
+from rhhjax.kernels import highway
+from rhhjax.kernels.mosaic import grid_barrier
+from rhhjax.kernels.mosaic import interpret as gpu_interpret
+from rhhjax.kernels.mosaic import persistent_backward as pb
+from rhhjax.kernels.mosaic import persistent_forward as pf
+from rhhjax.kernels.mosaic.plan import (
     H100_SMS,
     PersistentPlan,
     PlanError,

@@ -1,6 +1,6 @@
 """Pure-JAX emulation of the persistent whole-sequence kernel's schedule (issue 20).
 
-The persistent kernel (`rhhjax.kernels.persistent_plan` counts its resources) runs all
+The persistent kernel (`rhhjax.kernels.mosaic.plan` counts its resources) runs all
 ``T * L`` micro-layer phases of a sequence in one launch. This module computes the same
 recurrence as `recurrence.highway_sequence` in EXACTLY that kernel's schedule, so that the
 schedule's numerics are checked on a CPU before a kernel exists:
@@ -36,7 +36,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from rhhjax.kernels.persistent_plan import H100_SMS, PersistentPlan
+from rhhjax.kernels.mosaic.plan import H100_SMS, PersistentPlan
 from rhhjax.ops import cells
 
 Array = jax.Array

@@ -38,7 +38,7 @@ class SequenceSpec:
     dtype: Any  # Matmul input dtype.
     gate_dropout: bool = False  # Whether gate masks are generated from the key.
     # Interpret mode: Pallas interpret mode (`pallas`), GPU interpret mode, the real kernels
-    # executed on the host (`mosaic`, `persistent`: `rhhjax.kernels.gpu_interpret`).
+    # executed on the host (`mosaic`, `persistent`: `rhhjax.kernels.mosaic.interpret`).
     interpret: bool = False
     # `mosaic`, `persistent`: the kernels' pure-JAX references run in their place (the tests'
     # way of checking everything around the kernels under any jax); `resolve` never sets it.

@@ -61,10 +61,10 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
-from rhhjax.kernels import grid_barrier
-from rhhjax.kernels import mosaic_forward as mf
-from rhhjax.kernels.mosaic_gemm import gemm_nt_to_smem
-from rhhjax.kernels.persistent_plan import (
+from rhhjax.kernels.mosaic import forward as mf
+from rhhjax.kernels.mosaic import grid_barrier
+from rhhjax.kernels.mosaic.gemm import gemm_nt_to_smem
+from rhhjax.kernels.mosaic.plan import (
     PersistentPlan,
     PlanError,
     forward_inputs,

@@ -255,7 +255,7 @@ class PersistentPlan:
     def check_interpretable(self) -> None:
         """PlanError (one line) unless GPU interpret mode can run the plan here: its grid as
         ONE cluster (`grid_barrier.launch`) of at most `gpu_interpret.max_blocks` blocks."""
-        from rhhjax.kernels import gpu_interpret
+        from rhhjax.kernels.mosaic import interpret as gpu_interpret
 
         reason = gpu_interpret.cluster_too_large(self.grid)
         if reason is not None:
@@ -358,7 +358,7 @@ def paper_plan(dtype: str = "bfloat16", **overrides) -> PersistentPlan:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    """``python -m rhhjax.kernels.persistent_plan [--dtype=float32 --row-blocks=2 ...]``:
+    """``python -m rhhjax.kernels.mosaic.plan [--dtype=float32 --row-blocks=2 ...]``:
     checks a plan (one ``error:`` line and exit 1 when it cannot run co-resident) and prints
     its figures and the labelled PREDICTION as JSON."""
     import argparse

@@ -1,6 +1,6 @@
 """The persistent whole-sequence highway BACKWARD as one Mosaic GPU kernel (issue 20 item 2):
 all ``P = T * L`` micro-layer backward phases in reverse order in ONE launch, a grid barrier
-(`rhhjax.kernels.grid_barrier`) between phases.
+(`rhhjax.kernels.mosaic.grid_barrier`) between phases.
 
 Grid ``(plan.row_blocks, plan.col_blocks)`` (names "r", "g"); block ``(r, g)`` owns rows
 ``r * rows ..`` (``rows = plan.rows_per_block``) and units ``g * u ..`` (``u =
@@ -52,10 +52,10 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
-from rhhjax.kernels import grid_barrier as gb
-from rhhjax.kernels.mosaic_backward import _gate_backward, highway_backward_reference
-from rhhjax.kernels.mosaic_gemm import gemm_nt_to_smem
-from rhhjax.kernels.persistent_plan import PersistentPlan, PlanError
+from rhhjax.kernels.mosaic import grid_barrier as gb
+from rhhjax.kernels.mosaic.backward import _gate_backward, highway_backward_reference
+from rhhjax.kernels.mosaic.gemm import gemm_nt_to_smem
+from rhhjax.kernels.mosaic.plan import PersistentPlan, PlanError
 
 F32 = jnp.float32
 Array = jax.Array
