@@ -57,9 +57,9 @@ print('backend', jax.default_backend(), jax.devices())" || status=1
 TESTS="tests/test_kernels_config.py tests/test_kernels_padded.py
   tests/test_kernels_stacked.py tests/test_recurrence.py tests/test_lowrank.py
   tests/test_models_cores.py tests/test_train_step.py
-  tests/test_mosaic.py tests/test_mosaic_forward.py tests/test_mosaic_backward.py
-  tests/test_grid_barrier.py tests/test_persistent.py tests/test_persistent_forward.py
-  tests/test_persistent_backward.py"
+  tests/test_ops_mosaic.py tests/test_kernels_mosaic_forward.py tests/test_kernels_mosaic_backward.py
+  tests/test_kernels_mosaic_grid_barrier.py tests/test_ops_persistent.py tests/test_kernels_mosaic_persistent_forward.py
+  tests/test_kernels_mosaic_persistent_backward.py"
 if [ "$MODE" = tests ] || [ "$MODE" = all ]; then
   # On a GPU, `pallas` resolves to compiled Triton kernels and the GPU-only tests run.
   # shellcheck disable=SC2086
@@ -93,8 +93,8 @@ fi
 if [ "$MODE" = persistent ]; then  # issue 20: the persistent kernels on a GPU
   # shellcheck disable=SC2086
   timeout 240 "$PY" -m pytest -q -p no:cacheprovider -n 4 --dist loadfile \
-    tests/test_grid_barrier.py tests/test_persistent.py tests/test_persistent_forward.py \
-    tests/test_persistent_backward.py 2>&1 | tee "$OUT/tests.log"
+    tests/test_kernels_mosaic_grid_barrier.py tests/test_ops_persistent.py tests/test_kernels_mosaic_persistent_forward.py \
+    tests/test_kernels_mosaic_persistent_backward.py 2>&1 | tee "$OUT/tests.log"
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
   part persistent 300 --sizes=paper --models=hyperrhn --impls=fused,mosaic,persistent \
     --dtypes=bfloat16,float32 --parts=step --repeats=10

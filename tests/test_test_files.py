@@ -27,9 +27,9 @@ WITHOUT_A_TEST_FILE = {
     "kernels/triton/__init__.py": FACE + "; its modules have their files",
     "kernels/mosaic/__init__.py": FACE + "; its modules have their files",
     "rhhjax/tools/__init__.py": FACE + ", and the old name rhhjax.tools.hlo_compile that the "
-    "Mosaic-family tests read (tests/test_grid_barrier.py runs it)",
+    "Mosaic-family tests read (tests/test_kernels_mosaic_grid_barrier.py runs it)",
     "kernels/__init__.py": FACE + ", and the old name rhhjax.kernels.highway that the "
-    "Mosaic-family modules read (tests/test_mosaic.py runs them)",
+    "Mosaic-family modules read (tests/test_ops_mosaic.py runs them)",
     "kernels/common.py": "the old name of dot_precision for tests/kernel_cases.py; the helper "
     "itself is tested in tests/test_kernels_triton_common.py",
     "rhhjax/train/__main__.py": "python -m rhhjax.train, which calls program.console: run by "
@@ -38,18 +38,8 @@ WITHOUT_A_TEST_FILE = {
     "configs/hutter.py": "the recipe of enwik8 and text8: tests/test_configs.py",
     "configs/enwik8.py": "a config file: tests/test_configs.py",
     "configs/text8.py": "a config file: tests/test_configs.py",
-    # The Mosaic GPU family keeps the test files named before its kernels/ folder.
-    "kernels/mosaic/gemm.py": "used by every Mosaic kernel: tests/test_mosaic_forward.py",
-    "kernels/mosaic/forward.py": "tests/test_mosaic_forward.py",
-    "kernels/mosaic/backward.py": "tests/test_mosaic_backward.py",
-    "kernels/mosaic/persistent_forward.py": "tests/test_persistent_forward.py",
-    "kernels/mosaic/persistent_backward.py": "tests/test_persistent_backward.py",
-    "kernels/mosaic/plan.py": "tests/test_persistent_plan.py",
-    "kernels/mosaic/grid_barrier.py": "tests/test_grid_barrier.py",
-    "kernels/mosaic/interpret.py": "tests/test_gpu_interpret.py",
-    "rhhjax/ops/mosaic.py": "tests/test_mosaic.py",
-    "rhhjax/ops/persistent.py": "tests/test_persistent.py",
-    "rhhjax/ops/persistent_schedule.py": "tests/test_persistent_schedule.py",
+    "kernels/mosaic/gemm.py": "the pipelined GEMM inside every Mosaic GPU kernel, run by their "
+    "tests (tests/test_kernels_mosaic_forward.py and the others)",
 }
 
 

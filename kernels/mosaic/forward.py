@@ -31,7 +31,7 @@ z, ``full`` [b_pad, 2, n_pad] too: the rows the backward of `rhhjax.ops.fused` r
 
 `highway_forward_reference` is the same math in plain JAX (same outputs). The kernel needs an
 H100 to run compiled; it lowers and compiles for one on a CPU host with the CUDA plugin, and
-runs in GPU interpret mode on a CPU with jax >= 0.11.2 (tests/test_mosaic_forward.py).
+runs in GPU interpret mode on a CPU with jax >= 0.11.2 (tests/test_kernels_mosaic_forward.py).
 """
 
 from __future__ import annotations

@@ -36,8 +36,8 @@ stores have completed and before its arrive, and again after the wait before its
 loads, orders the two (`_fence_proxy_async_global`).
 
 The semaphore barrier runs on a Hopper GPU only. It lowers and compiles for an H100 on a CPU
-host with the CUDA plugin (tests/test_grid_barrier.py); whether it performs as hoped, only a
-GPU can say.
+host with the CUDA plugin (tests/test_kernels_mosaic_grid_barrier.py); whether it performs as
+hoped, only a GPU can say.
 
 GPU interpret mode (`kernels/gpu_interpret.py`, jax >= 0.11.2) cannot run it: it allocates no
 ``pl.get_global`` semaphores, runs no inline PTX (the fence), and runs the grid's blocks one

@@ -41,7 +41,7 @@ barrier 0: the same parity when P is even).
 `persistent_backward_reference` is the same math in plain JAX (a reverse `lax.scan` of
 `mosaic_backward.highway_backward_reference`). The kernel runs on a Hopper GPU only; it lowers
 and compiles for an H100 on a CPU host with the CUDA plugin
-(tests/test_persistent_backward.py).
+(tests/test_kernels_mosaic_persistent_backward.py).
 """
 
 from __future__ import annotations

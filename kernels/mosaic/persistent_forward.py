@@ -50,7 +50,7 @@ stores that overwrite the same shared memory (the state, the reused input slots)
 `persistent_forward_reference` computes the same outputs in pure JAX (a `lax.scan` over
 phases of `mosaic_forward.highway_forward_reference`). The kernel runs on a Hopper GPU
 only; it lowers and compiles for an H100 on a CPU host with the CUDA plugin
-(tests/test_persistent_forward.py).
+(tests/test_kernels_mosaic_persistent_forward.py).
 """
 
 from __future__ import annotations

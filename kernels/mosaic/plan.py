@@ -13,7 +13,7 @@ its weight slice ``[K, 2, units]`` through a ``stages``-deep shared-memory pipel
 ``k_chunk``-wide chunks (K chunks in a fixed order, float32 accumulation), applies scale,
 bias, gates and combine in the epilogue, writes its state slice and saved gates, then meets
 the others at a grid barrier. The backward phase is the transpose (rows of ``W`` for its
-units, ``K = 2 * n_pad``): the same bytes. ``rhhjax.ops.persistent_schedule`` emulates this
+units, ``K = 2 * n_pad``): the same bytes. ``tests/persistent_schedule.py`` emulates this
 schedule in pure JAX; this module only counts.
 
 Padded extents: ``n_pad = col_blocks * units_per_block`` (``units_per_block =

@@ -12,8 +12,6 @@
     persistent.py  the persistent Mosaic GPU implementation: one kernel per direction.
     loops.py       what the implementations share (packed saved rows, the forward scan).
     lowrank.py     the rank-d hyper update (scan step and whole-sequence op).
-    persistent_schedule.py  a pure-JAX emulation of the persistent kernels' schedule (a
-                   reference; not a `model.impl`).
 
 Models reach kernels only through these modules.
 """

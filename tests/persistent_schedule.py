@@ -35,8 +35,8 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-
 from rhhjax.kernels.mosaic.plan import H100_SMS, PersistentPlan
+
 from rhhjax.ops import cells
 
 Array = jax.Array

@@ -19,7 +19,7 @@ def test_paper_bf16_plan_is_one_block_per_sm_with_both_halves_of_8_units():
     # The forward kernel's allocation with every option: 4 stages x (256 state rows + 16
     # weight columns) x 64 K x 2 B; f32 state, accumulator copy, 6 staged f32 tiles and the
     # bf16 state cast per (row, unit): 4 + 8 + 24 + 2 B; 10 mbarriers of 8 B
-    # (tests/test_persistent_forward.py checks it against Mosaic GPU's own count).
+    # (tests/test_kernels_mosaic_persistent_forward.py checks it against Mosaic GPU's own count).
     assert plan.smem_bytes() == 4 * (256 + 16) * 64 * 2 + 256 * 8 * 38 + 80 == 217_168
     assert plan.smem_bytes() <= 227 * 1024
     # Backward slice [2112, 8] is larger than the forward [1024, 16].

@@ -1,7 +1,7 @@
 """The persistent whole-sequence forward kernel (`kernels/persistent_forward.py`).
 
 On a CPU: its reference against the highway recurrence of `ops.cells` and against the
-schedule emulation `ops.persistent_schedule` (states and the saved rows in
+schedule emulation tests/persistent_schedule.py (states and the saved rows in
 `loops.pack`'s layout), the A buffer and status outputs, the weight layout, the plan's new
 checks and its shared-memory count, one-line errors. ``gpu_compile``: the kernel lowers and
 compiles for an H100 without a GPU, allocating exactly ``plan.smem_bytes(...)`` (needs the
@@ -15,6 +15,7 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+import persistent_schedule
 import pytest
 from kernel_cases import (
     MosaicGpuMode,
@@ -29,7 +30,7 @@ from rhhjax.kernels.mosaic import interpret as gpu_interpret
 from rhhjax.kernels.mosaic import persistent_forward as pf
 from rhhjax.kernels.mosaic import plan as pp
 
-from rhhjax.ops import cells, fused, loops, persistent_schedule
+from rhhjax.ops import cells, fused, loops
 
 TOLERANCE = {"float32": 1e-5, "bfloat16": 1e-5}
 KEEP = 0.7

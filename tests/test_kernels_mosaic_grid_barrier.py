@@ -148,7 +148,7 @@ def test_the_reference_adds_the_right_neighbour_each_phase():
 def test_a_132_block_700_phase_kernel_lowers_and_compiles_for_an_h100_without_a_gpu(tmp_path):
     here = pathlib.Path(__file__).parent
     code = "from rhhjax.tools import hlo_compile as h; h.set_deviceless_env(log_ptxas=False)\n"
-    code += "import test_grid_barrier as t; t.compile_main()"
+    code += "import test_kernels_mosaic_grid_barrier as t; t.compile_main()"
     pieces, _ = run_deviceless(code, here, dump_dir=tmp_path)
     assert all(pieces.values()), pieces
 

@@ -1,7 +1,7 @@
 """The persistent whole-sequence backward kernel (`kernels/persistent_backward.py`).
 
 On a CPU: its reference against ``jax.vjp`` of a plain-JAX forward on the same padded
-operands (f32) and against `rhhjax.ops.persistent_schedule.backward_loop` (f32, bf16; with
+operands (f32) and against `persistent_schedule.backward_loop` (f32, bf16; with
 and without z and mask; odd sizes; depth 1 and 3); the weight layout; the shared-memory
 count; one-line plan errors. ``gpu_compile``: the kernel lowers and compiles for an H100
 without a GPU, and allocates exactly `backward_smem_bytes`. `TestCompiled`: the kernel against
@@ -16,14 +16,13 @@ import types
 import jax
 import jax.numpy as jnp
 import numpy as np
+import persistent_schedule as ps
 import pytest
 from kernel_cases import MosaicGpuMode, assert_race_reported, needs_cuda, run_deviceless
 from rhhjax.kernels.mosaic import grid_barrier as gb
 from rhhjax.kernels.mosaic import interpret as gpu_interpret
 from rhhjax.kernels.mosaic import persistent_backward as pb
 from rhhjax.kernels.mosaic.plan import PersistentPlan, PlanError, paper_plan
-
-from rhhjax.ops import persistent_schedule as ps
 
 KEEP = 0.7
 F32 = jnp.float32
