@@ -35,18 +35,19 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-from rhhjax.kernels.mosaic.plan import H100_SMS, PersistentPlan
+from rhhjax.kernels.hardware import H100
+from rhhjax.kernels.layout import F32
+from rhhjax.kernels.mosaic.plan import PersistentPlan
 
 from rhhjax.ops import cells
 
 Array = jax.Array
-F32 = jnp.float32
 
 
 class Schedule(NamedTuple):
     """The schedule knobs (static): blocks along the gate columns and the batch, K chunk."""
 
-    col_blocks: int = H100_SMS
+    col_blocks: int = H100.sms
     row_blocks: int = 1
     k_chunk: int = 64
 

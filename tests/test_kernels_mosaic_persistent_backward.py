@@ -19,13 +19,13 @@ import numpy as np
 import persistent_schedule as ps
 import pytest
 from kernel_cases import MosaicGpuMode, assert_race_reported, needs_cuda, run_deviceless
+from rhhjax.kernels.layout import F32
 from rhhjax.kernels.mosaic import grid_barrier as gb
 from rhhjax.kernels.mosaic import interpret as gpu_interpret
 from rhhjax.kernels.mosaic import persistent_backward as pb
 from rhhjax.kernels.mosaic.plan import PersistentPlan, PlanError, paper_plan
 
 KEEP = 0.7
-F32 = jnp.float32
 
 
 def _pad(plan, x):

@@ -24,6 +24,7 @@ from kernel_cases import (
     needs_cuda,
     run_deviceless,
 )
+from rhhjax.kernels.hardware import H100
 from rhhjax.kernels.mosaic import forward as mf
 from rhhjax.kernels.mosaic import grid_barrier
 from rhhjax.kernels.mosaic import interpret as gpu_interpret
@@ -250,7 +251,7 @@ def test_paper_plan_shared_memory_fits_at_four_stages():
     expected = (4 * rows * 64 * 2 + 4 * 2 * u * 64 * 2 + rows * u * 4 + rows * 2 * u * 4
                 + 6 * rows * u * 4 + rows * u * 2 + 8 * (4 + 6))  # fmt: skip
     assert expected % kb == 80  # every buffer here is a whole number of KiB
-    assert plan.smem_bytes() == expected == 217_168 <= pp.H100_SMEM_PER_BLOCK
+    assert plan.smem_bytes() == expected == 217_168 <= H100.smem_per_block_optin
     assert plan.smem_bytes(has_z=False, has_mask=False, save=False) == 217_168 - 2 * 8192 - 16
     f32 = pp.paper_plan("float32", stages=2)
     f32.check()

@@ -37,9 +37,9 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
+from rhhjax.kernels.layout import F32
 from rhhjax.kernels.mosaic.gemm import gemm_nt_to_smem
 
-F32 = jnp.float32
 Array = jax.Array
 
 

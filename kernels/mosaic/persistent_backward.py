@@ -52,21 +52,21 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
+from rhhjax.kernels.hardware import H100
+from rhhjax.kernels.layout import F32
 from rhhjax.kernels.mosaic import grid_barrier as gb
 from rhhjax.kernels.mosaic.backward import _gate_backward, highway_backward_reference
 from rhhjax.kernels.mosaic.gemm import gemm_nt_to_smem
 from rhhjax.kernels.mosaic.plan import PersistentPlan, PlanError
 
-F32 = jnp.float32
 Array = jax.Array
-SMEM_ALIGNMENT = 1024  # Mosaic GPU aligns every shared-memory allocation to this (bytes)
 MBARRIER_BYTES = 8
 MAX_TMA_ROWS = 256  # Mosaic GPU's async copies move at most 256 elements along a dimension
 _SAVED_ROWS = {"s_prev": 0, "h": 1, "t": 2}  # rows of `packed` the backward reads
 
 
 def _align(nbytes: int) -> int:
-    return -(-nbytes // SMEM_ALIGNMENT) * SMEM_ALIGNMENT
+    return -(-nbytes // H100.smem_alignment) * H100.smem_alignment
 
 
 def _input_names(has_z: bool, has_mask: bool) -> tuple[str, ...]:

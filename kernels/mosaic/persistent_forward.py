@@ -61,6 +61,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
+from rhhjax.kernels.layout import F32
 from rhhjax.kernels.mosaic import forward as mf
 from rhhjax.kernels.mosaic import grid_barrier
 from rhhjax.kernels.mosaic.gemm import gemm_nt_to_smem
@@ -72,7 +73,6 @@ from rhhjax.kernels.mosaic.plan import (
     forward_staging_slots,
 )
 
-F32 = jnp.float32
 Array = jax.Array
 
 

@@ -28,14 +28,11 @@ from __future__ import annotations
 import dataclasses
 
 import jax.numpy as jnp
+from rhhjax.kernels.hardware import H100
 
 from rhhjax.errors import UserError
 
-H100_SMS = 132
-# H100 (sm_90) opt-in shared memory per block, bytes (227 KiB).
-H100_SMEM_PER_BLOCK = 232_448
 WGMMA_M = 64  # rows of one warpgroup's wgmma tile
-SMEM_ALIGNMENT = 1024  # Mosaic GPU rounds every shared-memory scratch buffer up to this
 UNIT_MULTIPLE = 4  # 2 * units_per_block must be a multiple of 8 (wgmma N)
 DTYPES = ("float32", "bfloat16")
 
@@ -85,7 +82,7 @@ class PersistentPlan:
       row_blocks: blocks along the batch (``grid = row_blocks * col_blocks``).
       k_chunk: K elements per pipeline stage.
       stages: shared-memory pipeline depth.
-      sm_count: SMs of the target (132 on an H100); ``smem_limit``: bytes per block.
+      sm_count: SMs of the target (``H100.sms``); ``smem_limit``: bytes per block.
       units: units per block, or None for the fewest that cover ``width`` (rounded up to
         UNIT_MULTIPLE); set it to give the backward a wgmma N of 8 or more.
     """
@@ -93,12 +90,12 @@ class PersistentPlan:
     batch: int
     width: int
     dtype: str = "bfloat16"
-    col_blocks: int = H100_SMS
+    col_blocks: int = H100.sms
     row_blocks: int = 1
     k_chunk: int = 64
     stages: int = 4
-    sm_count: int = H100_SMS
-    smem_limit: int = H100_SMEM_PER_BLOCK
+    sm_count: int = H100.sms
+    smem_limit: int = H100.smem_per_block_optin
     units: int | None = None
 
     def __post_init__(self):
@@ -199,7 +196,7 @@ class PersistentPlan:
             rows * units * item,
         )
         barriers = self.stages + len(forward_inputs(has_z, has_mask))
-        return sum(_round_up(b, SMEM_ALIGNMENT) for b in buffers) + 8 * barriers
+        return sum(_round_up(b, H100.smem_alignment) for b in buffers) + 8 * barriers
 
     def accumulator_registers(self, warpgroups: int = 1) -> int:
         """f32 accumulator registers per thread of the compute warpgroups (128 threads each)."""
@@ -303,12 +300,12 @@ class Rates:
     """Machine rates of the prediction model (each an assumption or a measurement, stated)."""
 
     barrier_us: float = 1.0  # assumed grid-barrier latency (not measured)
-    tflops_per_sm: float = 798.0 / H100_SMS  # measured 8192^3 bf16 matmul rate / SMs
+    tflops_per_sm: float = 798.0 / H100.sms  # measured 8192^3 bf16 matmul rate / SMs
     # Aggregate L2 read bandwidth, TB/s: a third-party microbenchmark of an H100 PCIe (114 SMs,
-    # Chips and Cheese 2023: ~5.5 TB/s); not measured here. Scaled to 132 SMs at 1.98 GHz: ~7.2.
+    # Chips and Cheese 2023: ~5.5 TB/s); not measured here. Scaled to the H100 SXM: ~7.2.
     l2_tbytes: float = 5.5
     smem_fill_bytes_per_clk: float = 128.0  # assumed per-SM fill rate
-    clock_ghz: float = 1.98  # measured SM clock (results/gpu_h100.md)
+    clock_ghz: float = H100.clock_ghz  # measured SM clock (results/gpu_h100.md)
 
 
 def predicted_phase_us(
@@ -367,7 +364,7 @@ def main(argv: list[str] | None = None) -> dict:
     from rhhjax.errors import exit_with_error
 
     parser = argparse.ArgumentParser(description=main.__doc__)
-    for name, default in (("batch", 256), ("width", 1000), ("col-blocks", H100_SMS)):
+    for name, default in (("batch", 256), ("width", 1000), ("col-blocks", H100.sms)):
         parser.add_argument(f"--{name}", type=int, default=default)
     for name, default in (("row-blocks", 1), ("k-chunk", 64), ("stages", 4), ("depth", 7)):
         parser.add_argument(f"--{name}", type=int, default=default)

@@ -51,12 +51,12 @@ import jax
 import jax.numpy as jnp
 
 from rhhjax.kernels import highway
+from rhhjax.kernels.hardware import H100
 from rhhjax.kernels.mosaic import grid_barrier
 from rhhjax.kernels.mosaic import interpret as gpu_interpret
 from rhhjax.kernels.mosaic import persistent_backward as pb
 from rhhjax.kernels.mosaic import persistent_forward as pf
 from rhhjax.kernels.mosaic.plan import (
-    H100_SMS,
     PersistentPlan,
     PlanError,
     predicted_phase_us,
@@ -113,7 +113,7 @@ def plan_for(batch: int, width: int, dtype_name: str) -> PersistentPlan:
     if not plans:
         raise PlanError(
             f"no persistent plan fits an H100 for batch {batch}, width {width} ({dtype_name}): "
-            f"at most {H100_SMS} blocks of up to {max(UNITS)} units and 256 rows"
+            f"at most {H100.sms} blocks of up to {max(UNITS)} units and 256 rows"
         )
 
     def cost(plan):
