@@ -14,16 +14,4 @@ The Mosaic GPU kernels (Hopper; `rhhjax.kernels.mosaic`):
 
     mosaic/       gemm.py, forward.py, backward.py, persistent_forward.py,
                   persistent_backward.py, plan.py, grid_barrier.py, interpret.py.
-
-    common.py                the Triton helpers' old name (read by tests/kernel_cases.py).
 """
-
-
-def __getattr__(name: str):
-    """`rhhjax.kernels.highway`, the Triton API's old name, still read by the Mosaic-family
-    ops and tests until they move beside it: the same module as `rhhjax.kernels.triton`."""
-    if name == "highway":
-        import importlib
-
-        return importlib.import_module("rhhjax.kernels.triton")
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -11,9 +11,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from rhhjax.kernels import highway as hw
-from rhhjax.kernels.common import dot_precision
+from rhhjax.kernels import triton as hw
 from rhhjax.kernels.mosaic import interpret as gpu_interpret
+from rhhjax.kernels.triton.common import dot_precision
 
 # Custom-call target of a Triton pallas_call: "__gpu$xla.gpu.triton" (jaxlib <= 0.10.2, Triton
 # IR serialized in the backend config) or "triton_kernel_call" (compiled-at-lowering path).
@@ -278,7 +278,7 @@ def assert_one_triton_kernel(text: str, name: str):
 
 _PAPER_STEP = """
 import json
-from rhhjax.tools import hlo_compile as g
+from rhhjax.hlo import deviceless as g
 g.set_deviceless_env()
 rows = []
 for dtype in {dtypes!r}:
@@ -293,7 +293,7 @@ print(json.dumps(rows))
 
 
 def run_deviceless(code: str, cwd, dump_dir=None) -> tuple[object, list[str]]:
-    """Runs ``code`` (Python that compiles for an H100 with hlo_compile's deviceless setup
+    """Runs ``code`` (Python that compiles for an H100 with rhhjax.hlo.deviceless's setup
     and prints one JSON line last) in a fresh process of this interpreter in ``cwd``, with
     Mosaic GPU's ptxas reports dumped under ``dump_dir`` (default ``cwd/ptxas``). Returns
     (that JSON line, parsed; the ptxas report of every Mosaic GPU kernel compiled, in

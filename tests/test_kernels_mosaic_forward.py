@@ -72,7 +72,7 @@ def test_misaligned_shapes_are_one_line_errors(config, shape, message):
 
 _COMPILE = """
 import json
-from rhhjax.tools import hlo_compile as g
+from rhhjax.hlo import deviceless as g
 g.set_deviceless_env()
 import jax, jax.numpy as jnp
 from rhhjax.kernels.mosaic import forward as mf

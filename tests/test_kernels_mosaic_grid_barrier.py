@@ -100,9 +100,9 @@ def neighbour_reference(x0: np.ndarray, blocks: int, phases: int) -> np.ndarray:
 def compile_main(blocks: int = 132, phases: int = 700) -> None:
     """Run in a fresh deviceless process: lower and compile `neighbour_kernel` for an H100;
     prints a JSON line with what the lowered module holds."""
-    from rhhjax.tools import hlo_compile
+    from rhhjax.hlo import deviceless
 
-    rep = jax.sharding.NamedSharding(hlo_compile.h100_mesh(), jax.sharding.PartitionSpec())
+    rep = jax.sharding.NamedSharding(deviceless.h100_mesh(), jax.sharding.PartitionSpec())
     x0 = jax.ShapeDtypeStruct((ROWS, blocks * UNITS), jnp.float32, sharding=rep)
     lowered = (
         jax.jit(neighbour_kernel(blocks, phases)).trace(x0).lower(lowering_platforms=("cuda",))
@@ -147,7 +147,7 @@ def test_the_reference_adds_the_right_neighbour_each_phase():
 @needs_cuda
 def test_a_132_block_700_phase_kernel_lowers_and_compiles_for_an_h100_without_a_gpu(tmp_path):
     here = pathlib.Path(__file__).parent
-    code = "from rhhjax.tools import hlo_compile as h; h.set_deviceless_env(log_ptxas=False)\n"
+    code = "from rhhjax.hlo import deviceless as h; h.set_deviceless_env(log_ptxas=False)\n"
     code += "import test_kernels_mosaic_grid_barrier as t; t.compile_main()"
     pieces, _ = run_deviceless(code, here, dump_dir=tmp_path)
     assert all(pieces.values()), pieces

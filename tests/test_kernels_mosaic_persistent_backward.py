@@ -276,7 +276,7 @@ def test_unrunnable_plans_are_one_line_errors(plan, message):
 
 _COMPILE = """
 import inspect, json
-from rhhjax.tools import hlo_compile as hc
+from rhhjax.hlo import deviceless as hc
 hc.set_deviceless_env(log_ptxas=False)
 import jax, jax.numpy as jnp
 from jax.experimental.mosaic.gpu import core as mcore

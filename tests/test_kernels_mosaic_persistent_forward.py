@@ -260,7 +260,7 @@ def test_paper_plan_shared_memory_fits_at_four_stages():
 
 _COMPILE = """
 import json
-from rhhjax.tools import hlo_compile as g
+from rhhjax.hlo import deviceless as g
 g.set_deviceless_env(log_ptxas=False)
 import jax, jax.numpy as jnp
 from jax.experimental.mosaic.gpu import core as mosaic_core

@@ -26,12 +26,8 @@ WITHOUT_A_TEST_FILE = {
     "rhhjax/train/__init__.py": FACE,
     "kernels/triton/__init__.py": FACE + "; its modules have their files",
     "kernels/mosaic/__init__.py": FACE + "; its modules have their files",
-    "rhhjax/tools/__init__.py": FACE + ", and the old name rhhjax.tools.hlo_compile that the "
-    "Mosaic-family tests read (tests/test_kernels_mosaic_grid_barrier.py runs it)",
-    "kernels/__init__.py": FACE + ", and the old name rhhjax.kernels.highway that the "
-    "Mosaic-family modules read (tests/test_ops_mosaic.py runs them)",
-    "kernels/common.py": "the old name of dot_precision for tests/kernel_cases.py; the helper "
-    "itself is tested in tests/test_kernels_triton_common.py",
+    "rhhjax/tools/__init__.py": FACE,
+    "kernels/__init__.py": FACE,
     "rhhjax/train/__main__.py": "python -m rhhjax.train, which calls program.console: run by "
     "tests/test_packaging.py",
     "configs/ptb.py": "a config file: tests/test_configs.py loads every config and variant",
@@ -85,3 +81,4 @@ def test_the_names_follow_the_paths():
     assert expected_test_file("kernels/triton/stacked.py") == "test_kernels_triton_stacked.py"
     assert expected_test_file("configs/__init__.py") == "test_configs.py"
     assert expected_test_file("rhhjax/train/__main__.py") == "test_train_main.py"
+

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING
 import jax
 import jax.numpy as jnp
 
-from rhhjax.kernels import highway
+from rhhjax.kernels.layout import Geometry
 from rhhjax.kernels.mosaic import backward as mb
 from rhhjax.kernels.mosaic import forward as mf
 from rhhjax.ops import fused, loops
@@ -66,12 +66,12 @@ def unavailable(pallas_mode: str, platform: str | None) -> str | None:
     return loops.hopper_unavailable(NAME, pallas_mode, platform)
 
 
-def geometry(spec: SequenceSpec, batch: int, width: int) -> highway.Geometry:
+def geometry(spec: SequenceSpec, batch: int, width: int) -> Geometry:
     """Batch padded to the kernel's row tile, units to UNIT_MULTIPLE (K = the padded units)."""
     del spec
     b_pad = -(-batch // CONFIG.tile_m) * CONFIG.tile_m
     n_pad = -(-width // UNIT_MULTIPLE) * UNIT_MULTIPLE
-    return highway.Geometry(batch, width, CONFIG.tile_m, CONFIG.units, CONFIG.tile_k, b_pad, n_pad)
+    return Geometry(batch, width, CONFIG.tile_m, CONFIG.units, CONFIG.tile_k, b_pad, n_pad)
 
 
 def prepare_weights(spec, geo, kernel_s: Array, transposed: bool = False) -> tuple[Array, ...]:

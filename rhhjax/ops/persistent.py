@@ -50,8 +50,8 @@ from typing import TYPE_CHECKING
 import jax
 import jax.numpy as jnp
 
-from rhhjax.kernels import highway
 from rhhjax.kernels.hardware import H100
+from rhhjax.kernels.layout import Geometry
 from rhhjax.kernels.mosaic import grid_barrier
 from rhhjax.kernels.mosaic import interpret as gpu_interpret
 from rhhjax.kernels.mosaic import persistent_backward as pb
@@ -179,15 +179,15 @@ def _plan_of(spec: SequenceSpec, batch: int, width: int) -> PersistentPlan:
     return choose(batch, width, jnp.dtype(spec.dtype).name)
 
 
-def _plan(spec: SequenceSpec, geo: highway.Geometry) -> PersistentPlan:
+def _plan(spec: SequenceSpec, geo: Geometry) -> PersistentPlan:
     return _plan_of(spec, geo.batch, geo.n)
 
 
-def geometry(spec: SequenceSpec, batch: int, width: int) -> highway.Geometry:
+def geometry(spec: SequenceSpec, batch: int, width: int) -> Geometry:
     """Rows padded to the plan's ``b_pad``, units to its ``n_pad`` (blocks: the plan's rows
     and units per block, K chunk)."""
     plan = _plan_of(spec, batch, width)
-    return highway.Geometry(
+    return Geometry(
         batch, width, plan.rows_per_block, plan.units_per_block, plan.k_chunk,
         plan.b_pad, plan.n_pad,
     )  # fmt: skip

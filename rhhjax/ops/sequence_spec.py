@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from rhhjax.kernels import highway
+from rhhjax.kernels import triton
 
 SCAN = "scan"  # the textbook nn.scan (the reference); every other name is a registered op
 
@@ -43,7 +43,7 @@ class SequenceSpec:
     # `mosaic`, `persistent`: the kernels' pure-JAX references run in their place (the tests'
     # way of checking everything around the kernels under any jax); `resolve` never sets it.
     references: bool = False
-    kernel: highway.HighwayConfig = highway.HighwayConfig()  # Pallas block sizes.
+    kernel: triton.HighwayConfig = triton.HighwayConfig()  # Pallas block sizes.
     # Time index of the call's first step: gate masks of entry i are those of step
     # first_step + i (1 when the caller ran step 0 itself, e.g. model.original_first_step).
     first_step: int = 0

@@ -39,7 +39,7 @@ import jax
 import jax.numpy as jnp
 
 from rhhjax.errors import UserError
-from rhhjax.kernels import highway
+from rhhjax.kernels import triton
 from rhhjax.ops import fused, loops, mosaic, pallas, persistent
 from rhhjax.ops.sequence_spec import SCAN, ModelFacts, SequenceSpec
 
@@ -77,7 +77,7 @@ def resolve(
     dtype: Any,
     keep: float = 1.0,
     pallas_mode: str = "auto",
-    kernel: highway.HighwayConfig = highway.HighwayConfig(),  # noqa: B008 (frozen)
+    kernel: triton.HighwayConfig = triton.HighwayConfig(),  # noqa: B008 (frozen)
     platform: str | None = None,
 ) -> SequenceSpec:
     """The one decision: the requested `impl` ("auto" or a name of IMPLS) -> SequenceSpec.
