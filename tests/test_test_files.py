@@ -82,3 +82,31 @@ def test_the_names_follow_the_paths():
     assert expected_test_file("configs/__init__.py") == "test_configs.py"
     assert expected_test_file("rhhjax/train/__main__.py") == "test_train_main.py"
 
+
+# The files that name test files for someone to run: CI, the GPU suite, the docs.
+RUNNERS = (".ci/run", "benchmarks/*.sh", "README.md", "docs/*.md", "benchmarks/README.md")
+NAMED_TEST_FILE = re.compile(r"\btests/[\w*]+\.py\b")
+
+
+def _named_test_files() -> dict[str, set[str]]:
+    """Every ``tests/...py`` path (a glob where it has a ``*``) named in RUNNERS, by file."""
+    named: dict[str, set[str]] = {}
+    for pattern in RUNNERS:
+        for path in sorted(ROOT.glob(pattern)):
+            found = set(NAMED_TEST_FILE.findall(path.read_text()))
+            named[str(path.relative_to(ROOT))] = found
+    return named
+
+
+def test_every_test_file_a_script_or_doc_names_exists():
+    """A renamed or deleted test file is renamed in the scripts and docs that run it too (a
+    glob matches at least one file)."""
+    named = _named_test_files()
+    assert ".ci/run" in named and "benchmarks/gpu_suite.sh" in named
+    missing = sorted(
+        f"{runner}: {name}"
+        for runner, names in named.items()
+        for name in names
+        if not any(ROOT.glob(name))
+    )
+    assert not missing, "test files named but not in tests/:\n" + "\n".join(missing)
