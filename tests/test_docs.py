@@ -124,9 +124,9 @@ def test_every_program_is_in_the_readme_or_the_benchmarks_readme():
     for path in sorted((ROOT / "benchmarks").glob("*.*")):
         if path.suffix in (".py", ".sh"):
             assert f"benchmarks/{path.name}" in benchmarks, path.name
-    plan = ROOT / "kernels" / "persistent_plan.py"
-    if plan.is_file():  # a program inside the package
-        assert "python -m rhhjax.kernels.mosaic.plan" in benchmarks
+    for path in sorted((ROOT / "rhhjax" / "hlo").glob("*.py")):
+        if 'if __name__ == "__main__":' in path.read_text():  # a program inside the package
+            assert f"python -m rhhjax.hlo.{path.stem}" in benchmarks, path.name
 
 
 # ----------------------------------------------------------------------------- modules

@@ -25,9 +25,10 @@ from model_cases import (
     assert_off_gpu_refusal_advises_what_runs,
 )
 from rhhjax.kernels.hardware import H100
-from rhhjax.kernels.mosaic.plan import PersistentPlan, predicted_phase_us
+from rhhjax.kernels.mosaic.plan import PersistentPlan
 
 from rhhjax import models
+from rhhjax.hlo.persistent_cost import predicted_phase_us
 from rhhjax.ops import fused, persistent, spec
 
 

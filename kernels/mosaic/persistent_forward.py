@@ -1,7 +1,7 @@
 """The persistent whole-sequence highway forward as ONE Mosaic GPU kernel (issue 20 item 2).
 
 Every micro-layer phase ``p = t * L + l`` of a sequence (``T * L`` phases) runs inside one
-launch of a ``row_blocks x col_blocks`` grid (`kernels/persistent_plan.py`), with a grid
+launch of a ``row_blocks x col_blocks`` grid (`kernels/mosaic/plan.py`), with a grid
 barrier (`kernels/grid_barrier.py`) between phases. Block ``(r, g)`` owns rows
 ``r * rows ..`` and units ``g * u ..`` (the h- AND the t-columns of its units) and keeps
 its f32 state slice ``[rows, u]`` in shared memory across phases. Per phase, exactly

@@ -7,4 +7,5 @@ deviceless H100 compile and the cost models (the programs are in benchmarks/).
     dumps.py       ptxas register / spill reports and the thunk sequence.
     deviceless.py  the real training step compiled for an H100 without a GPU.
     calibrate.py   the cost model calibrated on measured GPU step times.
+    persistent_cost.py  the persistent kernels' time prediction (a command).
 """

@@ -56,11 +56,8 @@ from rhhjax.kernels.mosaic import grid_barrier
 from rhhjax.kernels.mosaic import interpret as gpu_interpret
 from rhhjax.kernels.mosaic import persistent_backward as pb
 from rhhjax.kernels.mosaic import persistent_forward as pf
-from rhhjax.kernels.mosaic.plan import (
-    PersistentPlan,
-    PlanError,
-    predicted_phase_us,
-)
+from rhhjax.kernels.mosaic.plan import PersistentPlan, PlanError
+from rhhjax.hlo.persistent_cost import predicted_phase_us
 from rhhjax.ops import cells, fused, loops
 
 if TYPE_CHECKING:
@@ -107,7 +104,7 @@ def unavailable(pallas_mode: str, platform: str | None) -> str | None:
 def plan_for(batch: int, width: int, dtype_name: str) -> PersistentPlan:
     """The kernels' plan for a [batch, width] recurrence: among the plans both kernels can
     run on an H100 (`_candidates`), the one of the lowest PREDICTED phase time
-    (`persistent_plan.predicted_phase_us`, forward + backward; an uncalibrated model, see
+    (`rhhjax.hlo.persistent_cost.predicted_phase_us`, forward + backward; an uncalibrated model, see
     its `Rates`), then the fewest padded units. Raises PlanError (one line) when none fits."""
     plans = list(_candidates(batch, width, dtype_name))
     if not plans:
