@@ -1,6 +1,6 @@
 """`persistent`: the RHN recurrence as TWO persistent Mosaic GPU kernels, one for the whole
-forward time loop and one for the whole backward (issue 20 item 2; the interface of
-`rhhjax.ops.fused`; run by `rhhjax.ops.recurrence.highway_sequence`).
+forward time loop and one for the whole backward (a `rhhjax.ops.spec.Implementation`, run
+by `rhhjax.ops.recurrence.highway_sequence`).
 
 Each kernel is ONE launch over a grid of at most one block per SM
 (`rhhjax.kernels.mosaic.plan.PersistentPlan`): block ``(r, g)`` owns batch rows and the
@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING
 import jax
 import jax.numpy as jnp
 
+from rhhjax.hlo.persistent_cost import predicted_phase_us
 from rhhjax.kernels.hardware import H100
 from rhhjax.kernels.layout import Geometry
 from rhhjax.kernels.mosaic import grid_barrier
@@ -57,7 +58,6 @@ from rhhjax.kernels.mosaic import interpret as gpu_interpret
 from rhhjax.kernels.mosaic import persistent_backward as pb
 from rhhjax.kernels.mosaic import persistent_forward as pf
 from rhhjax.kernels.mosaic.plan import PersistentPlan, PlanError
-from rhhjax.hlo.persistent_cost import predicted_phase_us
 from rhhjax.ops import cells, fused, loops
 
 if TYPE_CHECKING:
@@ -190,14 +190,15 @@ def geometry(spec: SequenceSpec, batch: int, width: int) -> Geometry:
     )  # fmt: skip
 
 
-def prepare_weights(spec, geo, kernel_s: Array, transposed: bool = False) -> Array:
-    """W_l [L, n, 2n] -> ONE stacked array in the matmul dtype, padded and cast once per
-    call: the forward's block-major [L * 2 * Np, k_pad] or (`transposed`, for the backward)
-    W as it is [L * Np, 2 * Np]. (One array, not L: each kernel reads every layer.)"""
+def prepare_weights(spec, geo, kernel_s: Array, transposed: bool = False) -> tuple[Array]:
+    """W_l [L, n, 2n] -> ONE stacked array in the matmul dtype (a tuple of one), padded and
+    cast once per call: the forward's block-major [L * 2 * Np, k_pad] or (`transposed`, for
+    the backward) W as it is [L * Np, 2 * Np]. (One array, not L: each kernel reads every
+    layer.)"""
     plan = _plan(spec, geo)
     if transposed:
-        return pb.backward_weights(plan, kernel_s, spec.dtype)
-    return pf.forward_weights(plan, kernel_s, spec.dtype)
+        return (pb.backward_weights(plan, kernel_s, spec.dtype),)
+    return (pf.forward_weights(plan, kernel_s, spec.dtype),)
 
 
 def saved_rows(has_z: bool) -> loops.Fields:
@@ -213,19 +214,21 @@ def _phase_major(x: Array | None) -> Array | None:
 def forward_loop(spec, geo, w, bias, s0, xproj, z, keep, hidden, save: bool):
     """The whole forward as one kernel (its reference when `spec.references`).
 
-    w [L * 2 * Np, k_pad]; bias [L, 2, Np]; s0 [Bp, Np]; xproj [T, Bp, 2, Np]; z, keep
-    [T, L, Bp, Np] or None. Returns (states [T, L, Bp, Np], saved or None): saved = (packed
-    [P, Bp, K, Np] phase-major, the kernel's saved rows; s_mm [(P + 1) * Bp, k_pad] the
-    input states in the matmul dtype, the kernel's A buffer: the operand of `backward_loop`'s
-    weight gradient), P = T * L. With ``save`` the kernel writes the last state only; the
+    w: (the stacked weights [L * 2 * Np, k_pad],); bias [L, 2, Np]; s0 [Bp, Np]; xproj
+    [T, Bp, 2, Np]; z, keep [T, L, Bp, Np] or None. Returns (states [T, L, Bp, Np], saved or
+    None): saved = (packed [P, Bp, K, Np] phase-major, the kernel's saved rows; s_mm
+    [(P + 1) * Bp, k_pad] the input states in the matmul dtype, the kernel's A buffer: the
+    operand of `backward_loop`'s weight gradient), P = T * L. With ``save`` the kernel
+    writes the last state only; the
     others are read from packed row 0 (`_states_from_packed`)."""
     if hidden is not None:
         raise ValueError(f"impl {NAME!r} has no variational dropout")
     plan = _plan(spec, geo)
+    (stacked,) = w
     length, depth = xproj.shape[0], bias.shape[0]
     rows = jnp.broadcast_to(bias[:, None], (depth, geo.b_pad, *bias.shape[1:]))
     mask = loops.dropout_mask(spec.keep, _phase_major(keep), jnp.float32)
-    args = (plan, w, s0, xproj, rows, _phase_major(z), mask)
+    args = (plan, stacked, s0, xproj, rows, _phase_major(z), mask)
     if spec.references:
         outs = pf.persistent_forward_reference(*args, save=save)
     else:
@@ -254,7 +257,7 @@ def backward_loop(spec, geo, w, bias, s0, xproj, z, keep, hidden, saved, g_state
     gradients in the layouts the kernels write (phase-major, no [T, L] reshapes of the
     large arrays: every XLA pass reads only what it needs).
 
-    w: [L * Np, 2 * Np] (`prepare_weights(..., transposed=True)`); saved: `forward_loop`'s
+    w: ([L * Np, 2 * Np],) (`prepare_weights(..., transposed=True)`); saved: `forward_loop`'s
     (packed, s_mm); g_states [T, L, Bp, Np] the padded cotangents of the states. Returns
     (ds0 [Bp, Np], d_scaled of layer 0 [T, 1, Bp, 2, Np] = da * [z, z] (the gradient of
     xproj), dz [T, L, Bp, Np] or None, dbias [L, 2, Np], dW [L, k_pad, 2, Np]): dW from the
@@ -262,11 +265,12 @@ def backward_loop(spec, geo, w, bias, s0, xproj, z, keep, hidden, saved, g_state
     `loops.deferred_weight_gradient` would cast."""
     del bias, s0, hidden  # hidden: None (`forward_loop` refused it).
     packed, s_mm = saved
+    (stacked,) = w
     plan = _plan(spec, geo)
     length, depth = xproj.shape[0], g_states.shape[1]
     z_pm = _phase_major(z)
     mask = loops.dropout_mask(spec.keep, _phase_major(keep), jnp.float32)
-    args = (plan, w, _phase_major(g_states), packed, z_pm, mask)
+    args = (plan, stacked, _phase_major(g_states), packed, z_pm, mask)
     if spec.references:
         da, d_mm, ds_carry0, _ = pb.persistent_backward_reference(*args)
     else:
@@ -274,7 +278,7 @@ def backward_loop(spec, geo, w, bias, s0, xproj, z, keep, hidden, saved, g_state
         da, d_mm, ds_carry0, status = pb.persistent_backward(*args, interpret=interpret)
         grid_barrier.check_status(status, "persistent backward")
     # The state gradient of s0 through W_0 (no gate backward below it): one XLA matmul.
-    w0 = w[: geo.n_pad]
+    w0 = stacked[: geo.n_pad]
     ds0 = ds_carry0 + jnp.matmul(d_mm[: geo.b_pad], w0.T, preferred_element_type=jnp.float32)
     return ds0, *_gradients(spec, geo, da, d_mm, s_mm, z_pm, packed, length, depth)
 
@@ -282,7 +286,7 @@ def backward_loop(spec, geo, w, bias, s0, xproj, z, keep, hidden, saved, g_state
 def _gradients(spec, geo, da, d_mm, s_mm, z_pm, packed, length: int, depth: int):
     """From the kernels' phase-major outputs (da [P, Bp, 2, Np] f32, d_mm [(P + 1) * Bp,
     2 * Np], s_mm [(P + 1) * Bp, k_pad], z_pm [P, Bp, Np] | None, packed [P, Bp, K, Np]):
-    (d_scaled of layer 0 [T, 1, Bp, 2, Np], dz [T, L, B, n] | None (already unpadded),
+    (d_scaled of layer 0 [T, 1, Bp, 2, Np], dz [T, L, Bp, Np] | None,
     dbias [L, 2, Np], dW [L, k_pad, 2, Np])."""
     phases, b_pad, n_pad = da.shape[0], geo.b_pad, geo.n_pad
     da0 = da[::depth]  # layer 0 of every step [T, Bp, 2, Np]: a strided slice, no copy
@@ -291,7 +295,7 @@ def _gradients(spec, geo, da, d_mm, s_mm, z_pm, packed, length: int, depth: int)
     if z_pm is not None:  # sum over the halves of da * "full" (the unscaled pre-activation)
         _, rows = loops.unpack(packed, saved_rows(True))
         dz = jnp.sum(da * rows["full"], axis=-2).reshape(length, depth, b_pad, n_pad)
-        dz = _materialized_as(geo.unpad_rows(dz), (1, 0, 2, 3))
+        dz = _materialized_as(dz, (1, 0, 2, 3))
     dbias = da.reshape(length, depth, b_pad, 2, n_pad).sum((0, 2))
     s_in = s_mm[: phases * b_pad].reshape(length, depth, b_pad, -1)
     d_in = d_mm[: phases * b_pad].reshape(length, depth, b_pad, 2, n_pad)
