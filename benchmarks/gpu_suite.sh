@@ -92,7 +92,7 @@ if [ "$MODE" = bench ] || [ "$MODE" = all ]; then
   part cmdbuf_off 40 --sizes=paper --impls=fused --dtypes=bfloat16 --command_buffer=off \
     --repeats=10
 fi
-if [ "$MODE" = persistent ]; then  # issue 20: the persistent kernels on a GPU
+if [ "$MODE" = persistent ]; then  # the persistent kernels' tests on a GPU
   # shellcheck disable=SC2086
   timeout 240 "$PY" -m pytest -q -p no:cacheprovider -n 4 --dist loadfile \
     tests/test_kernels_mosaic_grid_barrier.py tests/test_ops_persistent.py \

@@ -1,4 +1,4 @@
-"""Pure-JAX emulation of the persistent whole-sequence kernel's schedule (issue 20).
+"""Pure-JAX emulation of the persistent whole-sequence kernel's schedule.
 
 The persistent kernel (`rhhjax.kernels.mosaic.plan` counts its resources) runs all
 ``T * L`` micro-layer phases of a sequence in one launch. This module computes the same

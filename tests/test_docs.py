@@ -163,3 +163,22 @@ def test_the_readme_layout_names_every_package_and_top_level_module():
     for path in (ROOT / "rhhjax").glob("*.py"):
         if path.name != "__init__.py":
             assert path.name in layout, path.name
+
+
+# An issue tracker's number (the word issue, then a number, "#" optional): comments say what
+# and why instead.
+ISSUE_NUMBER = re.compile(r"\bissues? ?#?[0-9]+", re.IGNORECASE)
+CODE = ("rhhjax", "kernels", "configs", "tests", "benchmarks")
+
+
+def test_no_issue_numbers_in_code_or_tests():
+    paths = [ROOT / "train.py", ROOT / ".ci" / "run"]
+    for folder in CODE:
+        paths += [p for p in (ROOT / folder).rglob("*") if p.suffix in (".py", ".sh")]
+    found = [
+        f"{path.relative_to(ROOT)}:{number}"
+        for path in sorted(paths)
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if ISSUE_NUMBER.search(line)
+    ]
+    assert not found, f"issue numbers in code: {found}"

@@ -1,6 +1,6 @@
 """One highway micro-layer forward as a Mosaic GPU Pallas kernel (Hopper: wgmma, TMA).
 
-A first step towards the persistent kernel of issue 20 (`kernels/mosaic/plan.py`): the
+A first step towards the persistent kernel (`kernels/mosaic/plan.py`): the
 same column ownership as one of its phases, as a standalone launch, and the forward of
 `impl="mosaic"` (`rhhjax.ops.mosaic`). Program ``(m, g)`` owns rows ``m * tile_m ..`` and
 units ``g * u ..`` (both the h- and the t-columns of its units)::

@@ -1,4 +1,4 @@
-"""The persistent whole-sequence highway BACKWARD as one Mosaic GPU kernel (issue 20 item 2):
+"""The persistent whole-sequence highway BACKWARD as one Mosaic GPU kernel:
 all ``P = T * L`` micro-layer backward phases in reverse order in ONE launch, a grid barrier
 (`rhhjax.kernels.mosaic.grid_barrier`) between phases.
 

@@ -1,4 +1,4 @@
-"""The persistent whole-sequence highway forward as ONE Mosaic GPU kernel (issue 20 item 2).
+"""The persistent whole-sequence highway forward as ONE Mosaic GPU kernel.
 
 Every micro-layer phase ``p = t * L + l`` of a sequence (``T * L`` phases) runs inside one
 launch of a ``row_blocks x col_blocks`` grid (`kernels/mosaic/plan.py`), with a grid
