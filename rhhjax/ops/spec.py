@@ -193,14 +193,11 @@ def _unavailable(impl: str, pallas_mode: str, platform: str | None) -> str | Non
     return None if module is None else module.unavailable(pallas_mode, platform)
 
 
-# Measured step times (ms, median) that decide "auto", per platform: the ranking of the
-# implementations from fastest, and where it comes from.
-#   gpu: results/bench_gpu_h100.json (H100, the paper's sizes, one train step): HyperRHN bf16
-#     fused 41.7, pallas 59.7, scan 119.1; f32 fused 50.4, pallas 94.1, scan 127.7; RHN bf16
-#     fused 26.5, pallas 44.5, scan 66.7; f32 fused 33.5, pallas 74.7, scan 75.8.
-#   cpu: results/bench_cpu_paper.json (paper HyperRHN f32: scan 26,909, fused 34,058) and
-#     results/bench_cpu_small.json (small RHN and HyperRHN, f32 and bf16: scan 165-255,
-#     fused 194-279): scan is faster in every measured row.
+# What decides "auto", per platform: the ranking of the implementations from fastest by
+# measured training-step times, and the source the start-up line names. The measurements
+# (command, machine, date, every row): results/gpu_h100.md (gpu: bench_gpu_h100.json) and
+# results/README.md#training-step-benchmark-cpu (cpu: bench_cpu_paper.json,
+# bench_cpu_small.json; scan is faster in every measured row).
 _MEASURED = {
     "gpu": (
         (fused.NAME, pallas.NAME, SCAN),
