@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from kernel_cases import MosaicGpuMode, assert_race_reported, needs_cuda, run_deviceless
+from kernel_cases import MosaicGpuMode, assert_race_reported, compile_deviceless, needs_cuda
 from rhhjax.kernels.mosaic import grid_barrier
 from rhhjax.kernels.mosaic import interpret as gpu_interpret
 
@@ -147,9 +147,8 @@ def test_the_reference_adds_the_right_neighbour_each_phase():
 @needs_cuda
 def test_a_132_block_700_phase_kernel_lowers_and_compiles_for_an_h100_without_a_gpu(tmp_path):
     here = pathlib.Path(__file__).parent
-    code = "from rhhjax.hlo import deviceless as h; h.set_deviceless_env(log_ptxas=False)\n"
-    code += "import test_kernels_mosaic_grid_barrier as t; t.compile_main()"
-    pieces, _ = run_deviceless(code, here, dump_dir=tmp_path)
+    code = "import test_kernels_mosaic_grid_barrier as t; t.compile_main()"
+    pieces, _ = compile_deviceless(code, here, dump_dir=tmp_path, log_ptxas=False)
     assert all(pieces.values()), pieces
 
 

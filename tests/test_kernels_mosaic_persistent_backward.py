@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import persistent_schedule as ps
 import pytest
-from kernel_cases import MosaicGpuMode, assert_race_reported, needs_cuda, run_deviceless
+from kernel_cases import MosaicGpuMode, assert_race_reported, compile_deviceless, needs_cuda
 from rhhjax.kernels.layout import F32
 from rhhjax.kernels.mosaic import grid_barrier as gb
 from rhhjax.kernels.mosaic import interpret as gpu_interpret
@@ -275,10 +275,7 @@ def test_unrunnable_plans_are_one_line_errors(plan, message):
 # ----------------------------------------------------------------------------- compile
 
 _COMPILE = """
-import inspect, json
-from rhhjax.hlo import deviceless as hc
-hc.set_deviceless_env(log_ptxas=False)
-import jax, jax.numpy as jnp
+import inspect
 from jax.experimental.mosaic.gpu import core as mcore
 from rhhjax.kernels.mosaic import persistent_backward as pb
 from rhhjax.kernels.mosaic.plan import PersistentPlan
@@ -289,9 +286,6 @@ def counting_launch(*args, **kwargs):
     smem.append(mcore._smem_tree_size(bound.arguments["smem_buffers"]))
     return launch(*args, **kwargs)
 mcore._launch = counting_launch
-rep = jax.sharding.NamedSharding(hc.h100_mesh(), jax.sharding.PartitionSpec())
-def sds(shape, dtype=jnp.float32):
-    return jax.ShapeDtypeStruct(shape, dtype, sharding=rep)
 rows = []
 for plan_args, steps, depth, z_on, mask_on in {cases!r}:
     plan = PersistentPlan(*plan_args)
@@ -300,10 +294,7 @@ for plan_args, steps, depth, z_on, mask_on in {cases!r}:
             sds((phases, b, 5 if z_on else 3, n)), sds((phases, b, n)) if z_on else None,
             sds((phases, b, n)) if mask_on else None)
     smem.clear()
-    run = jax.jit(lambda *a: pb.persistent_backward(plan, *a))
-    lowered = run.trace(*args).lower(lowering_platforms=("cuda",))
-    text = lowered.as_text()
-    lowered.compile()
+    text = lower_and_compile(lambda *a: pb.persistent_backward(plan, *a), *args)
     rows.append(dict(
         mosaic="mosaic_gpu" in text,
         barrier=all(k in text for k in ("red.release.gpu", "fence.proxy.async.global")),
@@ -327,7 +318,7 @@ def test_kernel_lowers_and_compiles_for_an_h100_without_a_gpu(tmp_path):
         ((100, 37, "float32", 3, 2, 32, 3), 3, 2, False, True),
     ]
     code = _COMPILE.format(cases=cases)
-    rows, _ = run_deviceless(code, tmp_path)
+    rows, _ = compile_deviceless(code, tmp_path, log_ptxas=False)
     assert len(rows) == len(cases)
     for row in rows:
         assert row["mosaic"] and row["barrier"], row

@@ -21,8 +21,8 @@ from kernel_cases import (
     MosaicGpuMode,
     assert_no_spills,
     assert_race_reported,
+    compile_deviceless,
     needs_cuda,
-    run_deviceless,
 )
 from rhhjax.kernels.hardware import H100
 from rhhjax.kernels.mosaic import forward as mf
@@ -259,10 +259,6 @@ def test_paper_plan_shared_memory_fits_at_four_stages():
 
 
 _COMPILE = """
-import json
-from rhhjax.hlo import deviceless as g
-g.set_deviceless_env(log_ptxas=False)
-import jax, jax.numpy as jnp
 from jax.experimental.mosaic.gpu import core as mosaic_core
 from rhhjax.kernels.mosaic import persistent_forward as pf
 from rhhjax.kernels.mosaic.plan import PersistentPlan
@@ -272,9 +268,6 @@ def _counted(tree):
     allocated.append(_size(tree))
     return allocated[-1]
 mosaic_core._smem_tree_size = _counted
-rep = jax.sharding.NamedSharding(g.h100_mesh(), jax.sharding.PartitionSpec())
-def sds(shape, dtype):
-    return jax.ShapeDtypeStruct(shape, dtype, sharding=rep)
 rows = []
 for fields, steps, depth, has_z, has_mask, save in {cases!r}:
     plan = PersistentPlan(*fields)
@@ -285,9 +278,7 @@ for fields, steps, depth, has_z, has_mask, save in {cases!r}:
             opt(has_z), opt(has_mask))
     f = lambda *a: pf.persistent_forward(plan, *a, save=save)
     allocated.clear()
-    lowered = jax.jit(f).trace(*args).lower(lowering_platforms=("cuda",))
-    text = lowered.as_text()
-    lowered.compile()
+    text = lower_and_compile(f, *args)
     marks = ("mosaic_gpu", "persistent_highway_forward", "red.release.gpu", "ld.acquire",
              "fence.proxy.async.global")
     rows.append({{"marks": [m in text for m in marks], "smem": list(allocated),
@@ -310,7 +301,7 @@ def test_kernel_lowers_and_compiles_for_an_h100_without_a_gpu(tmp_path):
         ((100, 37, "float32", 4, 2, 16, 2), 3, 3, False, True, True),
     ]
     code = _COMPILE.format(cases=cases)
-    rows, reports = run_deviceless(code, tmp_path)
+    rows, reports = compile_deviceless(code, tmp_path, log_ptxas=False)
     assert len(rows) == len(cases)
     for row in rows:
         assert all(row["marks"]), row
