@@ -53,16 +53,10 @@ def unsupported(model: ModelFacts) -> str | None:
     return loops.whole_sequence_unsupported(NAME, model)
 
 
-def unavailable(pallas_mode: str, platform: str | None) -> str | None:
-    """None: `fused` runs on every platform in every `model.pallas_mode`."""
-    del pallas_mode, platform
-    return None
+unavailable = loops.available_everywhere  # every platform, every model.pallas_mode
 
 
-def substitute(model: ModelFacts) -> tuple[str, str] | None:
-    """None: `fused` runs every model it supports itself."""
-    del model
-    return None
+substitute = loops.runs_itself  # no other implementation runs a model in its place
 
 
 def geometry(spec: SequenceSpec, batch: int, width: int) -> Geometry:

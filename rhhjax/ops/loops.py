@@ -58,6 +58,19 @@ def kernel_unsupported(name: str, model: ModelFacts) -> str | None:
     return reason
 
 
+def available_everywhere(pallas_mode: str, platform: str | None) -> str | None:
+    """An `unavailable` that never refuses: the implementation runs on every platform in every
+    `model.pallas_mode`."""
+    del pallas_mode, platform
+    return None
+
+
+def runs_itself(model: ModelFacts) -> tuple[str, str] | None:
+    """A `substitute` that names none: the implementation runs every model it supports."""
+    del model
+    return None
+
+
 def hopper_unavailable(name: str, pallas_mode: str, platform: str | None) -> str | None:
     """Why the Mosaic GPU implementation `name` (`mosaic`, `persistent`) cannot run here, or
     None: compiled on a GPU ("auto" there); lowered for a GPU anywhere ("compiled": the

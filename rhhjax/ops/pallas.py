@@ -41,16 +41,10 @@ def unsupported(model: ModelFacts) -> str | None:
     return loops.kernel_unsupported(NAME, model)
 
 
-def unavailable(pallas_mode: str, platform: str | None) -> str | None:
-    """None: `pallas` runs on every platform in every `model.pallas_mode`."""
-    del pallas_mode, platform
-    return None
+unavailable = loops.available_everywhere  # every platform, every model.pallas_mode
 
 
-def substitute(model: ModelFacts) -> tuple[str, str] | None:
-    """None: `pallas` runs every model it supports itself."""
-    del model
-    return None
+substitute = loops.runs_itself  # no other implementation runs a model in its place
 
 
 def geometry(spec: SequenceSpec, batch: int, width: int) -> Geometry:
