@@ -139,6 +139,9 @@ def test_every_package_init_names_its_modules(package):
     assert not missing, f"{package.relative_to(ROOT)}/__init__.py does not name {missing}"
 
 
+NAMED_FILE = re.compile(r"[\w/]*\w\.py\b")
+
+
 def test_the_module_map_names_every_module():
     block = entries(code_block(section(DESIGN, "## Module map")))
     for package in packages():
@@ -152,6 +155,36 @@ def test_the_module_map_names_every_module():
         assert f"{where}/" in block, f"the module map has no entry {where}/"
         missing = [n for n in members(package) if n.endswith(".py") and n not in block[f"{where}/"]]
         assert not missing, f"docs/design.md, {where}/: {missing}"
+
+
+def test_every_file_the_module_map_names_exists():
+    """A module that moves or goes is renamed or struck in the map too: a bare ``name.py``
+    is in the entry's folder, a path (``tests/kernel_cases.py``) from the root."""
+    named = NAMED_FILE.findall
+    stale = [
+        f"{folder} {name}"
+        for folder, text in entries(code_block(section(DESIGN, "## Module map"))).items()
+        if folder.endswith("/")
+        for name in named(text)
+        if not (ROOT / name).exists() and not (ROOT / folder / name).exists()
+    ]
+    assert not stale, f"docs/design.md's module map names files that are not there: {stale}"
+
+
+def test_every_source_path_the_docs_name_exists():
+    """README.md, docs/ and benchmarks/README.md name source files by their path from the root
+    (``kernels/mosaic/forward.py``): each is there."""
+    docs = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    docs.append(ROOT / "benchmarks" / "README.md")
+    stale = sorted(
+        {
+            f"{doc.relative_to(ROOT)}: {name}"
+            for doc in docs
+            for name in NAMED_FILE.findall(doc.read_text())
+            if "/" in name and not name.startswith("/") and not (ROOT / name).exists()
+        }
+    )
+    assert not stale, f"paths to files that are not there: {stale}"
 
 
 def test_the_readme_layout_names_every_package_and_top_level_module():

@@ -1,4 +1,4 @@
-"""The Mosaic GPU micro-layer backward (`kernels/mosaic_backward.py`).
+"""The Mosaic GPU micro-layer backward (`kernels/mosaic/backward.py`).
 
 On a CPU: its reference against `rhhjax.ops.fused`'s micro-layer backward (the state-gradient
 matmul of the layer above plus `cells.gate_backward`), and its one-line config errors.

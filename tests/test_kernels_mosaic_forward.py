@@ -1,4 +1,4 @@
-"""The Mosaic GPU micro-layer forward (`kernels/mosaic_forward.py`).
+"""The Mosaic GPU micro-layer forward (`kernels/mosaic/forward.py`).
 
 On a CPU: its reference and operand layout against the highway math of `ops.cells`, and its
 one-line config errors. ``gpu_compile``: the kernel lowers and compiles for an H100 without

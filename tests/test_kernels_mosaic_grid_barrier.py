@@ -1,4 +1,4 @@
-"""The grid barrier of the persistent kernels (`kernels/grid_barrier.py`).
+"""The grid barrier of the persistent kernels (`kernels/mosaic/grid_barrier.py`).
 
 On a CPU: `check_status` passes an all-zero status and raises ONE line naming the phase
 otherwise. ``gpu_compile``: a 132-block kernel of 700 phases whose every phase reads a

@@ -1,4 +1,4 @@
-"""GPU interpret mode's settings (`kernels/gpu_interpret.py`): where it exists, its
+"""GPU interpret mode's settings (`kernels/mosaic/interpret.py`): where it exists, its
 parameters, and the one-line refusals of a cluster larger than the interpreter can run here.
 The kernels executed in it: the `TestInterpret` classes of tests/test_kernels_mosaic_*.py,
 test_ops_mosaic.py and test_ops_persistent.py."""

@@ -1,4 +1,4 @@
-"""The persistent whole-sequence backward kernel (`kernels/persistent_backward.py`).
+"""The persistent whole-sequence backward kernel (`kernels/mosaic/persistent_backward.py`).
 
 On a CPU: its reference against ``jax.vjp`` of a plain-JAX forward on the same padded
 operands (f32) and against `persistent_schedule.backward_loop` (f32, bf16; with

@@ -1,4 +1,4 @@
-"""The persistent whole-sequence forward kernel (`kernels/persistent_forward.py`).
+"""The persistent whole-sequence forward kernel (`kernels/mosaic/persistent_forward.py`).
 
 On a CPU: its reference against the highway recurrence of `ops.cells` and against the
 schedule emulation tests/persistent_schedule.py (states and the saved rows in

@@ -5,7 +5,7 @@ all ``P = T * L`` micro-layer backward phases in reverse order in ONE launch, a 
 Grid ``(plan.row_blocks, plan.col_blocks)`` (names "r", "g"); block ``(r, g)`` owns rows
 ``r * rows ..`` (``rows = plan.rows_per_block``) and units ``g * u ..`` (``u =
 plan.units_per_block``). Phase ``p`` is ``(t, l) = (p // L, p % L)``; its "above" is phase
-``p + 1`` (layer ``(p + 1) % L``). Per phase, exactly `kernels/mosaic_backward.py`'s math::
+``p + 1`` (layer ``(p + 1) % L``). Per phase, exactly `kernels/mosaic/backward.py`'s math::
 
     acc      = d_mm[p + 1][rows, :] @ wt[(l_above, g)]^T    [rows, u], K = 2 * n_pad in
                plan.k_chunk chunks (increasing order, f32 accumulation, a plan.stages-deep

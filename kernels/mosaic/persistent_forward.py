@@ -2,10 +2,10 @@
 
 Every micro-layer phase ``p = t * L + l`` of a sequence (``T * L`` phases) runs inside one
 launch of a ``row_blocks x col_blocks`` grid (`kernels/mosaic/plan.py`), with a grid
-barrier (`kernels/grid_barrier.py`) between phases. Block ``(r, g)`` owns rows
+barrier (`kernels/mosaic/grid_barrier.py`) between phases. Block ``(r, g)`` owns rows
 ``r * rows ..`` and units ``g * u ..`` (the h- AND the t-columns of its units) and keeps
 its f32 state slice ``[rows, u]`` in shared memory across phases. Per phase, exactly
-`kernels/mosaic_forward.py`'s micro-layer (its `_epilogue` is the shared math)::
+`kernels/mosaic/forward.py`'s micro-layer (its `_epilogue` is the shared math)::
 
     acc  = s_mm[p][rows, :k_pad] @ w_blk[l, g]^T     [rows, 2u]  (K in k_chunk tiles through
            a stages-deep TMA pipeline, chunk 0 first, wgmma, f32 accumulation)

@@ -173,7 +173,7 @@ class PersistentPlan:
 
     def smem_bytes(self, has_z: bool = True, has_mask: bool = True, save: bool = True) -> int:
         """Shared memory per block (bytes) that the forward kernel
-        (`kernels/persistent_forward.py`) allocates; by default with every option (the
+        (`kernels/mosaic/persistent_forward.py`) allocates; by default with every option (the
         most). Each buffer is rounded up to Mosaic GPU's 1024-byte scratch alignment:
 
             stages * rows * k_chunk * itemsize        A pipeline buffers (the state rows)
