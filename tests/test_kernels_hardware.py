@@ -59,13 +59,14 @@ F32_DEFINITION = re.compile(r"^\s*_?F32\s*=", re.MULTILINE)
 
 
 def _package_sources():
-    for folder in ("rhhjax", "kernels", "configs"):
+    for folder in ("rhhjax", "kernels", "configs", "benchmarks"):
         yield from sorted((ROOT / folder).rglob("*.py"))
     yield ROOT / "train.py"
 
 
 def test_hardware_figures_are_written_in_the_table_only():
-    """The package reads the H100's figures from `H100` and float32 from `layout.F32`."""
+    """The package and the benchmarks read the H100's figures from `H100` and float32 from
+    `layout.F32`."""
     table, layout = ROOT / "kernels" / "hardware.py", ROOT / "kernels" / "layout.py"
     written = [
         f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
