@@ -1,5 +1,5 @@
 """Calibrate the persistent plan model on a GPU: measure the three numbers it assumes and
-refit `persistent_plan.Rates` from them (`bash benchmarks/gpu_suite.sh calibrate`, < 2 min).
+refit `persistent_cost.Rates` from them (`bash benchmarks/gpu_suite.sh calibrate`, < 2 min).
 
 Measured, each a median of ``--reps`` timed runs after a warm-up:
 
@@ -34,11 +34,9 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
-from rhhjax.kernels.persistent_plan import (
-    PersistentPlan,
-    Rates,
-    predicted_phase_us,
-)
+from rhhjax.kernels.mosaic.plan import PersistentPlan
+
+from rhhjax.hlo.persistent_cost import Rates, predicted_phase_us
 
 PAPER = dict(batch=256, width=1000, depth=7)
 TINY = dict(batch=16, width=32, depth=2)  # interpret mode: one block
@@ -80,8 +78,8 @@ def barrier_kernel(plan: PersistentPlan, phases: int, interpret=None, layout: st
     """A kernel of the plan's grid (``layout``: `rowgroup_layout`) that passes ``phases``
     barriers; returns its status [grid] int32 (0 = every barrier passed)."""
     from jax.experimental.pallas import mosaic_gpu as plgpu
-    from rhhjax.kernels import grid_barrier as gb
-    from rhhjax.kernels import rowgroup_layout
+    from rhhjax.kernels.mosaic import grid_barrier as gb
+    from rhhjax.kernels.mosaic import rowgroup_layout
 
     grid, names = (plan.row_blocks, plan.col_blocks), ("r", "g")
     launch, block_index, make_barrier = rowgroup_layout.functions(layout, interpret)
@@ -108,8 +106,8 @@ def barrier_kernel(plan: PersistentPlan, phases: int, interpret=None, layout: st
 
 def _operands(plan: PersistentPlan, steps: int, depth: int, seed: int = 0):
     """Random forward and backward operands at the plan's padded shapes."""
-    from rhhjax.kernels import persistent_backward as pb
-    from rhhjax.kernels import persistent_forward as pf
+    from rhhjax.kernels.mosaic import persistent_backward as pb
+    from rhhjax.kernels.mosaic import persistent_forward as pf
 
     rng = np.random.default_rng(seed)
     b, n, phases = plan.b_pad, plan.n_pad, steps * depth
@@ -138,8 +136,8 @@ def phase_times(
 ):
     """(forward, backward) us per phase: the kernels at two sequence lengths, the time
     difference over the phase difference."""
-    from rhhjax.kernels import persistent_backward as pb
-    from rhhjax.kernels import persistent_forward as pf
+    from rhhjax.kernels.mosaic import persistent_backward as pb
+    from rhhjax.kernels.mosaic import persistent_forward as pf
 
     fwd_s, bwd_s = [], []
     kw = dict(interpret=interpret, layout=layout)
@@ -185,7 +183,7 @@ def l2_tbytes(megabytes: float, rounds: int, reps: int) -> float:
 
 def measure(args) -> dict:
     """Every measurement at the chosen plan (tiny shapes interpreted)."""
-    from rhhjax.kernels import gpu_interpret
+    from rhhjax.kernels.mosaic import interpret as gpu_interpret
 
     from rhhjax.ops import persistent
 

@@ -56,6 +56,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from rhhjax.kernels.hardware import H100
+
 from rhhjax.errors import UserError
 from rhhjax.hlo import calibrate as hlo_calibrate
 from rhhjax.hlo import cost as hlo_cost
@@ -279,7 +281,8 @@ DEFINITIONS = {
     "loop ones x multiplicity x seq_len), each with bytes (old rule) and bytes_read "
     "(corrected), largest first",
     "pallas_kernels": "thunk sequence (grid, threads, dynamic shared memory) + ptxas -v on "
-    "XLA's dumped PTX (registers, spill bytes); smem_overflow: shared_memory > 232448 B "
+    "XLA's dumped PTX (registers, spill bytes); smem_overflow: shared_memory > "
+    f"{H100.smem_per_block_optin} B "
     "(H100 opt-in per block)",
     "thunks": "cross-check from XLA's dumped thunk sequence (after thunk passes): thunks "
     "per iteration in each time loop's body (what the GPU runs; matched = equal to the HLO "

@@ -58,12 +58,14 @@ print('backend', jax.default_backend(), jax.devices())" || status=1
     --format=csv 2> /dev/null || true
 } 2>&1 | tee "$OUT/versions.txt"
 
-TESTS="tests/test_kernels_config.py tests/test_kernels_padded.py
-  tests/test_kernels_stacked.py tests/test_recurrence.py tests/test_lowrank.py
+TESTS="tests/test_kernels_triton_config.py tests/test_kernels_triton_forward.py
+  tests/test_kernels_triton_backward.py tests/test_kernels_triton_stacked.py
+  tests/test_ops_recurrence.py tests/test_ops_lowrank.py
   tests/test_models_cores.py tests/test_train_step.py
-  tests/test_mosaic.py tests/test_mosaic_forward.py tests/test_mosaic_backward.py
-  tests/test_grid_barrier.py tests/test_persistent.py tests/test_persistent_forward.py
-  tests/test_persistent_backward.py"
+  tests/test_ops_mosaic.py tests/test_kernels_mosaic_forward.py
+  tests/test_kernels_mosaic_backward.py tests/test_kernels_mosaic_grid_barrier.py
+  tests/test_ops_persistent.py tests/test_kernels_mosaic_persistent_forward.py
+  tests/test_kernels_mosaic_persistent_backward.py tests/test_kernels_mosaic_rowgroup_layout.py"
 if [ "$MODE" = tests ] || [ "$MODE" = all ]; then
   # On a GPU, `pallas` resolves to compiled Triton kernels and the GPU-only tests run.
   # shellcheck disable=SC2086
@@ -94,11 +96,13 @@ if [ "$MODE" = bench ] || [ "$MODE" = all ]; then
   part cmdbuf_off 40 --sizes=paper --impls=fused --dtypes=bfloat16 --command_buffer=off \
     --repeats=10
 fi
-if [ "$MODE" = persistent ]; then  # issue 20: the persistent kernels on a GPU
+if [ "$MODE" = persistent ]; then  # the persistent kernels' tests on a GPU
   # shellcheck disable=SC2086
   timeout 240 "$PY" -m pytest -q -p no:cacheprovider -n 4 --dist loadfile \
-    tests/test_grid_barrier.py tests/test_persistent.py tests/test_persistent_forward.py \
-    tests/test_persistent_backward.py 2>&1 | tee "$OUT/tests.log"
+    tests/test_kernels_mosaic_grid_barrier.py tests/test_ops_persistent.py \
+    tests/test_kernels_mosaic_persistent_forward.py \
+    tests/test_kernels_mosaic_persistent_backward.py \
+    tests/test_kernels_mosaic_rowgroup_layout.py 2>&1 | tee "$OUT/tests.log"
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
   part persistent 300 --sizes=paper --models=hyperrhn --impls=fused,mosaic,persistent \
     --dtypes=bfloat16,float32 --parts=step --repeats=10
@@ -144,7 +148,7 @@ fi
 if [ "$MODE" = dry-run ]; then  # the CPU rehearsal: same steps, small and fast
   # shellcheck disable=SC2086
   timeout 600 "$PY" -m pytest -q -p no:cacheprovider -x -k "not Stacked and not Padded" \
-    tests/test_kernels_config.py tests/test_train_step.py 2>&1 | tee "$OUT/tests.log"
+    tests/test_kernels_triton_config.py tests/test_train_step.py 2>&1 | tee "$OUT/tests.log"
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
   small=(--sizes=small --models=rhn --repeats=1 --square=128 --gemm_iters=2)
   part float32 280 "${small[@]}" --dtypes=float32 --impls=scan --parts=gemm,step

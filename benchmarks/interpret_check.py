@@ -4,7 +4,7 @@
 
 For each kernel (`mosaic_forward`, `mosaic_backward`, `persistent_forward`,
 `persistent_backward`) and a few layouts, from one block to a cluster of 16: runs the real
-kernel interpreted with the race detector on (`rhhjax.kernels.gpu_interpret.params`) and its
+kernel interpreted with the race detector on (`rhhjax.kernels.mosaic.interpret.params`) and its
 pure-JAX reference on the same fresh random inputs, and prints one markdown row per run: the
 blocks (a grid run one block after another, or one cluster run at once), the largest
 difference from the reference (absolute, and relative to the largest reference entry), the
@@ -34,12 +34,13 @@ from unittest import mock
 import jax
 import jax.numpy as jnp
 import numpy as np
-from rhhjax.kernels import gpu_interpret, grid_barrier
-from rhhjax.kernels import mosaic_backward as mb
-from rhhjax.kernels import mosaic_forward as mf
-from rhhjax.kernels import persistent_backward as pb
-from rhhjax.kernels import persistent_forward as pf
-from rhhjax.kernels.persistent_plan import PersistentPlan
+from rhhjax.kernels.mosaic import backward as mb
+from rhhjax.kernels.mosaic import forward as mf
+from rhhjax.kernels.mosaic import grid_barrier
+from rhhjax.kernels.mosaic import interpret as gpu_interpret
+from rhhjax.kernels.mosaic import persistent_backward as pb
+from rhhjax.kernels.mosaic import persistent_forward as pf
+from rhhjax.kernels.mosaic.plan import PersistentPlan
 
 
 def _normal(rng, *shape, scale=1.0):

@@ -3,8 +3,8 @@
 # release on PyPI and run the ops, kernel, model, train-step and checkpoint tests under it on
 # the CPU (their CUDA-lowering tests included: those lower for "cuda" without a GPU). Where
 # that jax has GPU interpret mode (>= 0.11.2) this is where the Mosaic GPU kernels execute:
-# the TestInterpret classes of tests/test_mosaic*.py, test_persistent*.py and
-# test_grid_barrier.py run the real kernels against their references with the race detector
+# the TestInterpret classes of tests/test_kernels_mosaic_*.py, test_ops_mosaic.py and
+# test_ops_persistent.py run the real kernels against their references with the race detector
 # on (tests/conftest.py sizes XLA's CPU pool with NPROC=17 for their clusters of 16 blocks).
 #
 #   bash benchmarks/newest_jax.sh                        # the newest jax, as CI runs it
@@ -115,10 +115,9 @@ EOF
 # The ops, kernel, model, train-step and checkpoint tests (the old-checkpoint fixtures
 # included): the files that exist of these patterns.
 shopt -s nullglob
-FILES=(tests/test_kernels_*.py tests/test_recurrence*.py tests/test_lowrank*.py
-  tests/test_ops_*.py tests/test_spec*.py tests/test_models_*.py tests/test_train_step.py
-  tests/test_train_checkpoint.py tests/test_old_checkpoints.py tests/test_mosaic*.py
-  tests/test_persistent*.py tests/test_grid_barrier.py tests/test_gpu_interpret.py)
+FILES=(tests/test_kernels_*.py tests/test_ops_*.py tests/test_models_*.py
+  tests/test_train_step.py tests/test_train_checkpoint.py tests/test_old_checkpoints.py
+  tests/test_persistent_schedule.py tests/test_benchmarks_calibrate_persistent.py)
 shopt -u nullglob
 echo "== tests (jax $JAX_VERSION): ${FILES[*]}"
 # -W default::DeprecationWarning shows each deprecation once in the summary instead of hiding

@@ -4,12 +4,12 @@ Command (the paper's HyperRHN, 15,262,736 parameters):
 
     python train.py --config=configs/ptb.py --workdir=workdirs/ptb_hyperrhn
 
-Run time and expected result: on one H100 a step takes 50.4 ms (float32, ``fused``; 41.7 ms in
-bfloat16), so the paper's ~660 epochs of 199 steps would take about 1.5 hours; the paper
-reports 1.21 validation BPC under its own evaluation protocol (the authors' saved curve
-bottoms out at 1.2275). Not trained to convergence here. On a 2-core CPU a step takes 12.5 to
-29 s (42 to 96 minutes an epoch): use a GPU. Sources: results/README.md#training-step-on-an-h100
-and #the-paper-recipe-cost-on-a-cpu.
+Run time: 41.7 ms a step on one H100 in bfloat16 (50.4 ms in float32), about 1.5 hours for
+the paper's ~660 epochs of 199 steps; a 2-core CPU takes 42 to 96 minutes an epoch (use a
+GPU). Expected result: 1.21 validation BPC, the paper's own evaluation protocol; not trained
+to convergence here. The measurements (commands,
+machines, dates): results/README.md#training-step-on-an-h100 and
+#the-paper-recipe-cost-on-a-cpu.
 
 Variants, chosen after a colon (what they are; run time and result, same sources):
 

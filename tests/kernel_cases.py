@@ -11,9 +11,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from rhhjax.kernels import gpu_interpret
-from rhhjax.kernels import highway as hw
-from rhhjax.kernels.common import dot_precision
+from rhhjax.kernels import triton as hw
+from rhhjax.kernels.mosaic import interpret as gpu_interpret
+from rhhjax.kernels.triton.common import dot_precision
 
 # Custom-call target of a Triton pallas_call: "__gpu$xla.gpu.triton" (jaxlib <= 0.10.2, Triton
 # IR serialized in the backend config) or "triton_kernel_call" (compiled-at-lowering path).
@@ -277,9 +277,6 @@ def assert_one_triton_kernel(text: str, name: str):
 # --- the paper training step, compiled for an H100 in a fresh deviceless process -------------
 
 _PAPER_STEP = """
-import json
-from rhhjax.tools import hlo_compile as g
-g.set_deviceless_env()
 rows = []
 for dtype in {dtypes!r}:
     mc, oc, seed, batch, seq_len = g.build_configs(g.Case("hyperrhn", {impl!r}, dtype), {{}})
@@ -292,8 +289,37 @@ print(json.dumps(rows))
 """
 
 
+# What every deviceless compile script starts with: the compile-only H100 set up before jax
+# starts (`rhhjax.hlo.deviceless`, as ``g``), ``sds`` (an abstract array on the H100 mesh) and
+# ``lower_and_compile`` (the lowered text of a jitted function, compiled for an H100).
+_DEVICELESS_PRELUDE = """
+import json
+from rhhjax.hlo import deviceless as g
+g.set_deviceless_env(log_ptxas={log_ptxas})
+import jax, jax.numpy as jnp
+rep = jax.sharding.NamedSharding(g.h100_mesh(), jax.sharding.PartitionSpec())
+def sds(shape, dtype=jnp.float32):
+    return jax.ShapeDtypeStruct(shape, dtype, sharding=rep)
+def lower_and_compile(f, *args):
+    lowered = jax.jit(f).trace(*args).lower(lowering_platforms=("cuda",))
+    text = lowered.as_text()
+    lowered.compile()
+    return text
+"""
+
+
+def compile_deviceless(
+    body: str, cwd, dump_dir=None, log_ptxas: bool = True
+) -> tuple[object, list[str]]:
+    """Runs ``body`` (Python that prints one JSON line last) after the deviceless prelude
+    (``g``, ``jax``, ``jnp``, ``json``, ``sds``, ``lower_and_compile``) in a fresh process:
+    `run_deviceless`'s (JSON line, ptxas reports). ``log_ptxas``: XLA's own ptxas logging."""
+    prelude = _DEVICELESS_PRELUDE.format(log_ptxas=log_ptxas)
+    return run_deviceless(prelude + body, cwd, dump_dir)
+
+
 def run_deviceless(code: str, cwd, dump_dir=None) -> tuple[object, list[str]]:
-    """Runs ``code`` (Python that compiles for an H100 with hlo_compile's deviceless setup
+    """Runs ``code`` (Python that compiles for an H100 with rhhjax.hlo.deviceless's setup
     and prints one JSON line last) in a fresh process of this interpreter in ``cwd``, with
     Mosaic GPU's ptxas reports dumped under ``dump_dir`` (default ``cwd/ptxas``). Returns
     (that JSON line, parsed; the ptxas report of every Mosaic GPU kernel compiled, in
@@ -321,7 +347,7 @@ def compile_paper_step(impl: str, dtypes, kernels, tmp_path) -> tuple[list[dict]
     venv), once per dtype. Returns (one row per dtype: its sizes and how often each name of
     ``kernels`` occurs in the compiled HLO, the ptxas report of every Mosaic GPU kernel)."""
     code = _PAPER_STEP.format(impl=impl, dtypes=list(dtypes), kernels=list(kernels))
-    return run_deviceless(code, tmp_path)
+    return compile_deviceless(code, tmp_path)
 
 
 def assert_no_spills(reports: list[str]) -> None:

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from kernel_cases import MosaicGpuMode
-from rhhjax.kernels import gpu_interpret
+from rhhjax.kernels.mosaic import interpret as gpu_interpret
 
 from rhhjax import models
 from rhhjax.ops import spec
@@ -26,7 +26,7 @@ def init(config: models.ModelConfig, seed: int):
     return model, models.init_params(model, jax.random.key(seed))
 
 
-# --- the Mosaic GPU implementations' refusals (tests/test_mosaic.py, test_persistent.py)
+# --- the Mosaic GPU implementations' refusals (tests/test_ops_mosaic.py, test_ops_persistent.py)
 
 
 def assert_off_gpu_refusal_advises_what_runs(impl: str, platform: str):
@@ -86,7 +86,7 @@ def assert_compiled_off_a_gpu_lowers_but_does_not_execute(impl: str):
         assert models.sequence_spec(interpreted, platform="cpu", execute=True).interpret
 
 
-# --- a Mosaic GPU implementation's model against `scan` (tests/test_mosaic.py, test_persistent.py)
+# --- a Mosaic GPU implementation's model against `scan` (test_ops_mosaic, test_ops_persistent)
 
 KERNEL_TOL = {"float32": 1e-5, "bfloat16": 3e-2}  # references in place, or interpreted
 KERNEL_TOL_COMPILED = {"float32": 5e-3, "bfloat16": 3e-2}  # f32 operands run as TF32 in wgmma

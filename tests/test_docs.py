@@ -124,9 +124,9 @@ def test_every_program_is_in_the_readme_or_the_benchmarks_readme():
     for path in sorted((ROOT / "benchmarks").glob("*.*")):
         if path.suffix in (".py", ".sh"):
             assert f"benchmarks/{path.name}" in benchmarks, path.name
-    plan = ROOT / "kernels" / "persistent_plan.py"
-    if plan.is_file():  # a program inside the package
-        assert "python -m rhhjax.kernels.persistent_plan" in benchmarks
+    for path in sorted((ROOT / "rhhjax" / "hlo").glob("*.py")):
+        if 'if __name__ == "__main__":' in path.read_text():  # a program inside the package
+            assert f"python -m rhhjax.hlo.{path.stem}" in benchmarks, path.name
 
 
 # ----------------------------------------------------------------------------- modules
@@ -137,6 +137,9 @@ def test_every_package_init_names_its_modules(package):
     doc = ast.get_docstring(ast.parse((package / "__init__.py").read_text())) or ""
     missing = [name for name in members(package) if name not in doc]
     assert not missing, f"{package.relative_to(ROOT)}/__init__.py does not name {missing}"
+
+
+NAMED_FILE = re.compile(r"[\w/]*\w\.py\b")
 
 
 def test_the_module_map_names_every_module():
@@ -154,6 +157,36 @@ def test_the_module_map_names_every_module():
         assert not missing, f"docs/design.md, {where}/: {missing}"
 
 
+def test_every_file_the_module_map_names_exists():
+    """A module that moves or goes is renamed or struck in the map too: a bare ``name.py``
+    is in the entry's folder, a path (``tests/kernel_cases.py``) from the root."""
+    named = NAMED_FILE.findall
+    stale = [
+        f"{folder} {name}"
+        for folder, text in entries(code_block(section(DESIGN, "## Module map"))).items()
+        if folder.endswith("/")
+        for name in named(text)
+        if not (ROOT / name).exists() and not (ROOT / folder / name).exists()
+    ]
+    assert not stale, f"docs/design.md's module map names files that are not there: {stale}"
+
+
+def test_every_source_path_the_docs_name_exists():
+    """README.md, docs/ and benchmarks/README.md name source files by their path from the root
+    (``kernels/mosaic/forward.py``): each is there."""
+    docs = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    docs.append(ROOT / "benchmarks" / "README.md")
+    stale = sorted(
+        {
+            f"{doc.relative_to(ROOT)}: {name}"
+            for doc in docs
+            for name in NAMED_FILE.findall(doc.read_text())
+            if "/" in name and not name.startswith("/") and not (ROOT / name).exists()
+        }
+    )
+    assert not stale, f"paths to files that are not there: {stale}"
+
+
 def test_the_readme_layout_names_every_package_and_top_level_module():
     layout = code_block(section(README, "## Layout"))
     for package in packages():
@@ -163,3 +196,22 @@ def test_the_readme_layout_names_every_package_and_top_level_module():
     for path in (ROOT / "rhhjax").glob("*.py"):
         if path.name != "__init__.py":
             assert path.name in layout, path.name
+
+
+# An issue tracker's number (the word issue, then a number, "#" optional): comments say what
+# and why instead.
+ISSUE_NUMBER = re.compile(r"\bissues? ?#?[0-9]+", re.IGNORECASE)
+CODE = ("rhhjax", "kernels", "configs", "tests", "benchmarks")
+
+
+def test_no_issue_numbers_in_code_or_tests():
+    paths = [ROOT / "train.py", ROOT / ".ci" / "run"]
+    for folder in CODE:
+        paths += [p for p in (ROOT / folder).rglob("*") if p.suffix in (".py", ".sh")]
+    found = [
+        f"{path.relative_to(ROOT)}:{number}"
+        for path in sorted(paths)
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if ISSUE_NUMBER.search(line)
+    ]
+    assert not found, f"issue numbers in code: {found}"

@@ -5,9 +5,9 @@ import dataclasses
 import json
 
 import pytest
-from rhhjax.kernels.persistent_plan import Rates
 
 from rhhjax.hlo import persistent_prediction as pp
+from rhhjax.hlo.persistent_cost import Rates
 
 
 def _report(bf16_bytes: float, f32_bytes: float) -> dict:

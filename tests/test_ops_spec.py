@@ -1,6 +1,7 @@
 """`rhhjax.ops.spec`: the one resolution of the implementation, `impl="auto"` per platform,
 dtype and model, and the resolved model against the `scan` reference."""
 
+import inspect
 import logging
 
 import jax
@@ -13,19 +14,47 @@ from rhhjax import models
 from rhhjax.models import lm
 from rhhjax.ops import spec
 
-INTERFACE = (
-    "NAME", "INTERPRETABLE", "KEEP_DTYPE", "unsupported", "geometry", "prepare_weights",
-    "saved_rows", "forward_loop", "backward_loop",
-)  # fmt: skip
+
+def _protocol_members() -> dict[str, inspect.Signature | None]:
+    """The members of `spec.Implementation`: name -> its signature without ``self`` (None for
+    a data attribute)."""
+    members = {name: None for name in spec.Implementation.__annotations__}
+    for name, value in vars(spec.Implementation).items():
+        if inspect.isfunction(value) and not name.startswith("_"):
+            parameters = list(inspect.signature(value).parameters.values())[1:]
+            members[name] = inspect.Signature(parameters)
+    return members
 
 
-def test_every_registered_implementation_provides_the_interface():
+def _parameters(signature: inspect.Signature) -> list[tuple[str, object]]:
+    return [(p.name, p.kind, p.default) for p in signature.parameters.values()]
+
+
+def test_every_registered_implementation_is_an_implementation():
+    """Every member of the protocol, each function with the protocol's parameter names,
+    kinds and defaults, in order."""
+    members = _protocol_members()
+    assert {"prepare_weights", "forward_loop", "backward_loop", "unavailable"} <= set(members)
     for name, module in spec.IMPLEMENTATIONS.items():
         assert module.NAME == name
-        missing = [attr for attr in INTERFACE if not hasattr(module, attr)]
+        missing = [member for member in members if not hasattr(module, member)]
         assert not missing, (name, missing)
+        for member, signature in members.items():
+            if signature is not None:
+                found = inspect.signature(getattr(module, member))
+                assert _parameters(found) == _parameters(signature), (name, member, found)
     assert spec.IMPLS == ("scan", "fused", "pallas", "mosaic", "persistent")
     assert models.IMPLS == ("auto", "scan", "fused", "pallas", "mosaic", "persistent")
+
+
+def test_a_module_that_differs_from_the_protocol_is_found():
+    """The check above can fail: a renamed parameter differs from the protocol's."""
+
+    def backward_loop(spec, geo, w_t, bias, s0, xproj, z, keep, hidden, packed, g_states):
+        del spec, geo, w_t, bias, s0, xproj, z, keep, hidden, packed, g_states
+
+    expected = _protocol_members()["backward_loop"]
+    assert _parameters(inspect.signature(backward_loop)) != _parameters(expected)
 
 
 @pytest.mark.parametrize(
@@ -112,3 +141,17 @@ def test_auto_on_a_gpu_matches_scan_values_and_gradients(model_type):
     expected = _loss_and_grads(scan, params, tokens, key)
     for a, e in zip(jax.tree.leaves(actual), jax.tree.leaves(expected), strict=True):
         np.testing.assert_allclose(a, e, rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("impl", list(spec.IMPLEMENTATIONS))
+def test_a_rank_d_model_resolves_to_fused_or_is_refused(impl):
+    """The rank-d op (`lowrank.lowrank_sequence`, the second entry point) runs under `fused`
+    only: every other implementation refuses a rank-d model or names `fused` instead."""
+    facts = spec.ModelFacts("hyperrhn", hyper_rank=2)
+    try:
+        # "compiled": lowered for a GPU anywhere, so no implementation is refused for the host
+        resolved = spec.resolve(impl, facts, dtype="float32", pallas_mode="compiled")
+    except spec.UnsupportedImpl as refusal:
+        assert "hyper_rank=2" in str(refusal) and "'fused'" in str(refusal)
+        return
+    assert resolved.impl == "fused"

@@ -8,11 +8,11 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+import persistent_schedule as ps
 import pytest
 
 from rhhjax import models
 from rhhjax.ops import cells, recurrence
-from rhhjax.ops import persistent_schedule as ps
 
 # Against the textbook scan, as tests/test_recurrence.py: f32 paths differ only in summation
 # order; bf16 backward passes of autodiff and of a custom VJP round different intermediates

@@ -25,32 +25,17 @@ WITHOUT_A_TEST_FILE = {
     "rhhjax/ops/__init__.py": FACE,
     "rhhjax/train/__init__.py": FACE,
     "kernels/triton/__init__.py": FACE + "; its modules have their files",
-    "rhhjax/tools/__init__.py": FACE + ", and the old name rhhjax.tools.hlo_compile that the "
-    "Mosaic-family tests read (tests/test_grid_barrier.py runs it)",
-    "kernels/__init__.py": FACE + ", and the old name rhhjax.kernels.highway that the "
-    "Mosaic-family modules read (tests/test_mosaic.py runs them)",
-    "kernels/common.py": "the old name of dot_precision for tests/kernel_cases.py; the helper "
-    "itself is tested in tests/test_kernels_triton_common.py",
+    "kernels/mosaic/__init__.py": FACE + "; its modules have their files",
+    "rhhjax/tools/__init__.py": FACE,
+    "kernels/__init__.py": FACE,
     "rhhjax/train/__main__.py": "python -m rhhjax.train, which calls program.console: run by "
     "tests/test_packaging.py",
     "configs/ptb.py": "a config file: tests/test_configs.py loads every config and variant",
     "configs/hutter.py": "the recipe of enwik8 and text8: tests/test_configs.py",
     "configs/enwik8.py": "a config file: tests/test_configs.py",
     "configs/text8.py": "a config file: tests/test_configs.py",
-    # The Mosaic GPU family keeps the test files named before its kernels/ folder.
-    "kernels/mosaic_gemm.py": "used by every Mosaic kernel: tests/test_mosaic_forward.py",
-    "kernels/mosaic_forward.py": "tests/test_mosaic_forward.py",
-    "kernels/mosaic_backward.py": "tests/test_mosaic_backward.py",
-    "kernels/persistent_forward.py": "tests/test_persistent_forward.py",
-    "kernels/persistent_backward.py": "tests/test_persistent_backward.py",
-    "kernels/persistent_plan.py": "tests/test_persistent_plan.py",
-    "kernels/persistent_slots.py": "tests/test_persistent_slots.py",
-    "kernels/rowgroup_layout.py": "tests/test_persistent_rowgroup.py",
-    "kernels/grid_barrier.py": "tests/test_grid_barrier.py",
-    "kernels/gpu_interpret.py": "tests/test_gpu_interpret.py",
-    "rhhjax/ops/mosaic.py": "tests/test_mosaic.py",
-    "rhhjax/ops/persistent.py": "tests/test_persistent.py",
-    "rhhjax/ops/persistent_schedule.py": "tests/test_persistent_schedule.py",
+    "kernels/mosaic/gemm.py": "the pipelined GEMM inside every Mosaic GPU kernel, run by their "
+    "tests (tests/test_kernels_mosaic_forward.py and the others)",
 }
 
 
@@ -96,3 +81,32 @@ def test_the_names_follow_the_paths():
     assert expected_test_file("kernels/triton/stacked.py") == "test_kernels_triton_stacked.py"
     assert expected_test_file("configs/__init__.py") == "test_configs.py"
     assert expected_test_file("rhhjax/train/__main__.py") == "test_train_main.py"
+
+
+# The files that name test files for someone to run: CI, the GPU suite, the docs.
+RUNNERS = (".ci/run", "benchmarks/*.sh", "README.md", "docs/*.md", "benchmarks/README.md")
+NAMED_TEST_FILE = re.compile(r"\btests/[\w*]+\.py\b")
+
+
+def _named_test_files() -> dict[str, set[str]]:
+    """Every ``tests/...py`` path (a glob where it has a ``*``) named in RUNNERS, by file."""
+    named: dict[str, set[str]] = {}
+    for pattern in RUNNERS:
+        for path in sorted(ROOT.glob(pattern)):
+            found = set(NAMED_TEST_FILE.findall(path.read_text()))
+            named[str(path.relative_to(ROOT))] = found
+    return named
+
+
+def test_every_test_file_a_script_or_doc_names_exists():
+    """A renamed or deleted test file is renamed in the scripts and docs that run it too (a
+    glob matches at least one file)."""
+    named = _named_test_files()
+    assert ".ci/run" in named and "benchmarks/gpu_suite.sh" in named
+    missing = sorted(
+        f"{runner}: {name}"
+        for runner, names in named.items()
+        for name in names
+        if not any(ROOT.glob(name))
+    )
+    assert not missing, "test files named but not in tests/:\n" + "\n".join(missing)

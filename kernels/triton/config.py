@@ -33,9 +33,9 @@ class HighwayConfig:
         relative error). Default: exact f32 (``Precision.HIGHEST``). Ignored for bf16 weights.
 
     The defaults target n = 1000..1024, B = 256 on an H100: a (4, 32) grid of 128 programs,
-    one wave on 132 SMs, and compile for it without register spills (bf16 dots as Hopper
-    ``wgmma``; exact f32 dots as FMA loops, ``allow_tf32`` for tensor cores); the compile
-    facts and the spilling alternatives:
+    one wave on the H100's SMs (kernels/hardware.py), and compile for it without register
+    spills (bf16 dots as Hopper ``wgmma``; exact f32 dots as FMA loops, ``allow_tf32`` for
+    tensor cores); the compile facts and the spilling alternatives:
     results/README.md#pallas-triton-block-sizes-the-defaults-compile-facts. The block sizes
     are clamped down for small problems (never below 16).
     """

@@ -8,4 +8,5 @@ deviceless H100 compile and the cost models (the programs are in benchmarks/).
     deviceless.py  the real training step compiled for an H100 without a GPU.
     calibrate.py   the cost model calibrated on measured GPU step times.
     persistent_prediction.py  the persistent step's PREDICTION table (kernel, barrier, glue).
+    persistent_cost.py  the persistent kernels' time prediction (a command).
 """

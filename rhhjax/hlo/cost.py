@@ -27,6 +27,10 @@ from rhhjax.hlo.launches import (
     watched_op_counts,
     weight_op_counts,
 )
+from rhhjax.kernels.hardware import H100
+
+# SMs x f32 lanes per SM x 2 (an FMA) x clock: the H100's CUDA-core f32 rate, flop/s.
+_SIMT_FLOPS = H100.sms * H100.fpus_per_sm * 2 * H100.clock_ghz * 1e9
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,9 +45,9 @@ class CostModel:
 
     bf16_matmul_flops: float = 989e12  # H100 SXM dense bf16 tensor core (datasheet)
     f32_matmul_flops: float = 494.7e12  # TF32 tensor core: XLA's default f32 dot precision
-    f32_simt_flops: float = 66.9e12  # 132 SMs x 128 lanes x 2 x 1.98 GHz (CUDA cores)
-    f32_pallas_flops: float = 66.9e12  # exact-f32 Pallas dots: CUDA cores
-    hbm_bytes_per_s: float = 3.35e12
+    f32_simt_flops: float = round(_SIMT_FLOPS, -11)  # 66.9e12: the CUDA cores' FMA rate
+    f32_pallas_flops: float = round(_SIMT_FLOPS, -11)  # exact-f32 Pallas dots: CUDA cores
+    hbm_bytes_per_s: float = round(H100.hbm_bytes_per_s, -10)  # 3.35e12
     launch_s: float = 4e-6  # fixed cost per launch (launch latency + tail)
 
     def rate(self, launch: Launch) -> float:

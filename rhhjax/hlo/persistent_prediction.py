@@ -3,7 +3,7 @@ barrier time, glue time, their sum, for bf16 and f32 and for the layouts weighed
 
 Every number here is a MODEL, not a measurement:
 
-* kernel time of a main-cell phase: `persistent_plan.predicted_phase_us` less its barrier
+* kernel time of a main-cell phase: `persistent_cost.predicted_phase_us` less its barrier
   (max of the block's GEMM slice at ``Rates.tflops_per_sm``, all blocks' L2 bytes at
   ``Rates.l2_tbytes``, one block's shared-memory fill); f32 runs TF32 wgmma at HALF the
   bf16 rate (H100 datasheet: 495 vs 989 dense TFLOP/s), which the plan model leaves out;
@@ -27,14 +27,11 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from rhhjax.kernels.persistent_plan import (
-    PersistentPlan,
-    PlanError,
-    Rates,
-    predicted_phase_us,
-)
+from rhhjax.hlo.persistent_cost import Rates, predicted_phase_us
+from rhhjax.kernels.hardware import H100
+from rhhjax.kernels.mosaic.plan import PersistentPlan, PlanError
 
-HBM_TBYTES = 3.35  # H100 SXM HBM3 datasheet bandwidth, TB/s
+HBM_TBYTES = H100.hbm_bytes_per_s / 1e12  # the datasheet's HBM bandwidth, TB/s
 CLUSTER_BARRIER_US = 0.3  # assumed hardware cluster barrier (arrive + wait), not measured
 TF32_SLOWDOWN = 2.0  # bf16 / TF32 dense wgmma rate on an H100 (datasheet)
 DEFAULT_REPORT = "results/gpu_report_persistent_bytes_h100.json"
@@ -96,7 +93,7 @@ def rowgroup_plan(dtype: str, batch: int, width: int) -> PersistentPlan | None:
 
 def layouts(dtype: str, rates: Rates, batch: int, width: int) -> list[Layout]:
     """The layouts weighed, each named with whether it is built: today's grid, the row-group
-    clusters (`kernels/rowgroup_layout.py`, ``persistent.LAYOUT = "rowgroup"``), each with
+    clusters (`kernels/mosaic/rowgroup_layout.py`, ``persistent.LAYOUT = "rowgroup"``), each with
     the hyper cell as its own launches (built) and inside the main kernels (not built), and
     the row-group clusters with TMA multicast of the A rows (not built)."""
     from rhhjax.ops import persistent

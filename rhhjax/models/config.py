@@ -8,7 +8,7 @@ from typing import Any
 import jax.numpy as jnp
 
 from rhhjax.errors import UserError
-from rhhjax.kernels import highway
+from rhhjax.kernels import triton
 from rhhjax.ops import cells, lowrank, spec
 
 MODEL_TYPES = ("hyperrhn", "rhn", "lstm")
@@ -86,7 +86,7 @@ class ModelConfig:
     hyper_input: str = "x"
     impl: str = "auto"
     pallas_mode: str = "auto"
-    kernel: highway.HighwayConfig = highway.HighwayConfig()
+    kernel: triton.HighwayConfig = triton.HighwayConfig()
     dtype: str = "float32"
     hyper_rank: int = 0
     lowrank_op: str = "custom_vjp"
@@ -97,14 +97,14 @@ class ModelConfig:
     def from_config(cls, cfg: Any, **overrides: Any) -> ModelConfig:
         """Builds from a ConfigDict / mapping, ignoring unknown keys, then validates.
 
-        The nested `kernel` block becomes a `highway.HighwayConfig`.
+        The nested `kernel` block becomes a `triton.HighwayConfig`.
         """
         items = dict(cfg.items()) if hasattr(cfg, "items") else dict(cfg)
         names = {f.name for f in dataclasses.fields(cls)}
         kwargs = {k: v for k, v in items.items() if k in names}
         kwargs.update(overrides)
         kernel = kwargs.get("kernel")
-        if kernel is not None and not isinstance(kernel, highway.HighwayConfig):
+        if kernel is not None and not isinstance(kernel, triton.HighwayConfig):
             kwargs["kernel"] = _kernel_config(kernel)
         config = cls(**kwargs)
         config.validate()
@@ -117,7 +117,7 @@ class ModelConfig:
         _check_rank(self)
         _check_combinations(self)
         try:
-            highway.validate_config(self.kernel, self.compute_dtype)
+            triton.validate_config(self.kernel, self.compute_dtype)
         except ValueError as error:
             raise ConfigError(f"model.kernel: {error}") from None
         for name in ("lowrank_remat", "original_first_step"):
@@ -134,14 +134,14 @@ class ModelConfig:
         return cells.accumulation_dtype(self.compute_dtype)
 
 
-def _kernel_config(kernel: Any) -> highway.HighwayConfig:
-    """A mapping (or ConfigDict) of kernel fields -> `highway.HighwayConfig`."""
+def _kernel_config(kernel: Any) -> triton.HighwayConfig:
+    """A mapping (or ConfigDict) of kernel fields -> `triton.HighwayConfig`."""
     kernel = dict(kernel.items()) if hasattr(kernel, "items") else dict(kernel)
-    known = {f.name for f in dataclasses.fields(highway.HighwayConfig)}
+    known = {f.name for f in dataclasses.fields(triton.HighwayConfig)}
     unknown = sorted(set(kernel) - known)
     if unknown:
         raise ConfigError(f"model.kernel has no field {unknown[0]!r}; one of {sorted(known)}")
-    return highway.HighwayConfig(**kernel)
+    return triton.HighwayConfig(**kernel)
 
 
 def _check_choices(c: ModelConfig) -> None:

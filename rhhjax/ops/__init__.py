@@ -8,12 +8,11 @@
                    running the loops of the implementation the spec names.
     fused.py       the XLA implementation's loops (one matmul + one fusion per micro-layer).
     pallas.py      the Pallas Triton implementation's loops (`rhhjax.kernels.triton`).
-    mosaic.py      the Mosaic GPU implementation's loops (kernels/mosaic_forward.py, _backward.py).
+    mosaic.py      the Mosaic GPU implementation's loops (`rhhjax.kernels.mosaic`).
     persistent.py  the persistent Mosaic GPU implementation: one kernel per direction.
     loops.py       what the implementations share (packed saved rows, the forward scan).
-    lowrank.py     the rank-d hyper update (scan step and whole-sequence op).
-    persistent_schedule.py  a pure-JAX emulation of the persistent kernels' schedule (a
-                   reference; not a `model.impl`).
+    lowrank.py     the rank-d hyper update (scan step and whole-sequence op: the second
+                   entry point, for hyper_rank > 0, under `fused`).
 
 Models reach kernels only through these modules.
 """

@@ -1,16 +1,19 @@
 """`fused`: the RHN recurrence's loops in XLA, each micro-layer one matmul plus one
 elementwise fusion, forward and backward (run by `rhhjax.ops.recurrence.highway_sequence`).
 
-The interface every implementation module provides (see `rhhjax.ops.spec`):
+The interface every implementation module provides (`rhhjax.ops.spec.Implementation`):
 
     NAME                    the `model.impl` value
     INTERPRETABLE           whether it runs Pallas kernels (interpreted per model.pallas_mode)
     unsupported(model)      None, or the one-line reason it cannot run `model` (ModelFacts)
+    unavailable(mode, platform)  None, or why it cannot run on `platform` in that mode
+    substitute(model)       None, or (the implementation that runs `model` instead, why)
     geometry(spec, B, n)    the padded layout (`rhhjax.kernels.layout.Geometry`)
     KEEP_DTYPE              dtype of the gate-dropout keep decisions in the loops
     prepare_weights(...)    W_l [L, n, 2n] -> L per-layer padded, cast (transposed) arrays
     saved_rows(has_z)       what the forward saves per micro-layer besides its input state
-    forward_loop(...)       states [T, L, Bp, Np] (and the packed saved rows)
+    forward_loop(...)       states [T, L, Bp, Np] and what the backward reads (here: the
+                            packed saved rows)
     backward_loop(...)      (ds0, d_scaled, dz, dbias, dW) in the padded layout
 
 Layout here: units padded to a multiple of FUSED_UNIT_MULTIPLE, the batch unpadded; the
@@ -48,6 +51,12 @@ def unsupported(model: ModelFacts) -> str | None:
     """Why `fused` cannot run `model`, or None (it runs RHN and HyperRHN with hyper_input='x',
     every dropout and rank)."""
     return loops.whole_sequence_unsupported(NAME, model)
+
+
+unavailable = loops.available_everywhere  # every platform, every model.pallas_mode
+
+
+substitute = loops.runs_itself  # no other implementation runs a model in its place
 
 
 def geometry(spec: SequenceSpec, batch: int, width: int) -> Geometry:
@@ -129,17 +138,17 @@ def _layer_backward(spec, above, ds_out, s_prev, saved_l, z_l, keep_l):
     return d_scaled, ds_carry, da
 
 
-def backward_loop(spec, geo, w_t, bias, s0, xproj, z, keep, hidden, packed, g_states):
+def backward_loop(spec, geo, w, bias, s0, xproj, z, keep, hidden, saved, g_states):
     """Reverse loop over all steps; every micro-layer is the state-gradient matmul of the
     layer above plus its own gate backward.
 
-    w_t: L transposed weights (`prepare_weights(..., transposed=True)`); packed: the forward's
+    w: L transposed weights (`prepare_weights(..., transposed=True)`); saved: the forward's
     saved rows; g_states [T, L, Bp, Np] the padded cotangents of the states.
     Returns (ds0 [Bp, Np], d_scaled [T, L, Bp, 2, Np] = da * [z, z], dz [T, L, Bp, Np] or
     None, dbias [L, 2, Np], dW [L, Np, 2, Np]: `loops.deferred_weight_gradient`).
     """
     del geo, bias
-    depth = len(w_t)
+    depth = len(w)
     fields = saved_rows(z is not None)
 
     def hidden_of(layer):
@@ -148,7 +157,7 @@ def backward_loop(spec, geo, w_t, bias, s0, xproj, z, keep, hidden, packed, g_st
     def body(carry, xs):
         d_scaled_above, ds_carry_above = carry
         z_t, keep_t, packed_t, g_t = xs
-        above = (d_scaled_above, w_t[0], hidden_of(0), ds_carry_above)
+        above = (d_scaled_above, w[0], hidden_of(0), ds_carry_above)
         das = [None] * depth
         for layer in reversed(range(depth)):
             s_prev, saved_l = loops.unpack(packed_t[layer], fields)
@@ -157,16 +166,16 @@ def backward_loop(spec, geo, w_t, bias, s0, xproj, z, keep, hidden, packed, g_st
                 None if z_t is None else z_t[layer],
                 None if keep_t is None else keep_t[layer],
             )  # fmt: skip
-            above = (d_scaled, w_t[layer], hidden_of(layer), ds_carry)
+            above = (d_scaled, w[layer], hidden_of(layer), ds_carry)
         return (above[0], above[3]), jnp.stack(das)
 
     b_pad, n_pad = s0.shape
     init = (jnp.zeros((b_pad, 2 * n_pad), spec.dtype), jnp.zeros_like(s0))
     (d_scaled0, ds_carry0), da = jax.lax.scan(
-        body, init, (z, keep, packed, g_states), reverse=True, length=xproj.shape[0]
+        body, init, (z, keep, saved, g_states), reverse=True, length=xproj.shape[0]
     )
     # The state gradient of s0 through W_0 (no gate backward below it).
-    ds0 = _state_gradient(spec, (d_scaled0, w_t[0], hidden_of(0), ds_carry0))
-    d_scaled, dz, dbias = loops.gradients_from_da(da, z, packed, fields)
-    dw = loops.deferred_weight_gradient(spec.dtype, packed, d_scaled, fields, hidden)
+    ds0 = _state_gradient(spec, (d_scaled0, w[0], hidden_of(0), ds_carry0))
+    d_scaled, dz, dbias = loops.gradients_from_da(da, z, saved, fields)
+    dw = loops.deferred_weight_gradient(spec.dtype, saved, d_scaled, fields, hidden)
     return ds0, d_scaled, dz, dbias, dw

@@ -58,12 +58,25 @@ def kernel_unsupported(name: str, model: ModelFacts) -> str | None:
     return reason
 
 
+def available_everywhere(pallas_mode: str, platform: str | None) -> str | None:
+    """An `unavailable` that never refuses: the implementation runs on every platform in every
+    `model.pallas_mode`."""
+    del pallas_mode, platform
+    return None
+
+
+def runs_itself(model: ModelFacts) -> tuple[str, str] | None:
+    """A `substitute` that names none: the implementation runs every model it supports."""
+    del model
+    return None
+
+
 def hopper_unavailable(name: str, pallas_mode: str, platform: str | None) -> str | None:
     """Why the Mosaic GPU implementation `name` (`mosaic`, `persistent`) cannot run here, or
     None: compiled on a GPU ("auto" there); lowered for a GPU anywhere ("compiled": the
     deviceless compile report; `lowering_only` refuses to execute it off a GPU); executed in
     GPU interpret mode anywhere ("interpret") where jax has it."""
-    from rhhjax.kernels import gpu_interpret
+    from rhhjax.kernels.mosaic import interpret as gpu_interpret
 
     if pallas_mode == "compiled":
         return None
@@ -94,7 +107,7 @@ def lowering_only(name: str, pallas_mode: str, platform: str | None) -> str | No
 
 def _off_gpu_advice(pallas: bool = False) -> str:
     """What runs the model off a GPU, as settings that work with the installed jax."""
-    from rhhjax.kernels import gpu_interpret
+    from rhhjax.kernels.mosaic import interpret as gpu_interpret
 
     if pallas or gpu_interpret.available():
         how = "Pallas" if pallas else "GPU"
@@ -111,7 +124,7 @@ def _off_gpu_advice(pallas: bool = False) -> str:
 def kernel_interpret(spec) -> Any:
     """The ``interpret=`` of a Mosaic GPU kernel call under `spec`: GPU interpret mode's
     parameters (race detector on) when `spec.interpret`, else None (compiled)."""
-    from rhhjax.kernels import gpu_interpret
+    from rhhjax.kernels.mosaic import interpret as gpu_interpret
 
     return gpu_interpret.params() if spec.interpret else None
 

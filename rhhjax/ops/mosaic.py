@@ -2,9 +2,9 @@
 forward and one backward kernel per micro-layer and step (the interface of
 `rhhjax.ops.fused`; run by `rhhjax.ops.recurrence.highway_sequence`).
 
-Forward (`rhhjax.kernels.mosaic_forward`): the matmul, input projection, hyper scale, bias,
+Forward (`rhhjax.kernels.mosaic.forward`): the matmul, input projection, hyper scale, bias,
 gates, gate dropout and combine; it saves `fused`'s rows ("h", "t" and, with z, "full").
-Backward (`rhhjax.kernels.mosaic_backward`, issue 20 item 1 option (a)): the state-gradient
+Backward (`rhhjax.kernels.mosaic.backward`; one kernel per micro-layer): the state-gradient
 GEMM of the layer above fused with this layer's gate backward, writing d_scaled (the next
 GEMM's operand), the carried state gradient and da; dz, the bias and the weight
 gradients (`loops.deferred_weight_gradient`) are large XLA reductions and GEMMs after the
@@ -12,7 +12,7 @@ loop; the state gradient of s0 is one XLA matmul.
 
 Where it runs: compiled on a GPU; with `model.pallas_mode="interpret"` (`spec.interpret`)
 the same kernels executed in GPU interpret mode on the host, race detector on
-(`rhhjax.kernels.gpu_interpret`, jax >= 0.11.2; slow, for checking); with
+(`rhhjax.kernels.mosaic.interpret`, jax >= 0.11.2; slow, for checking); with
 `model.pallas_mode="compiled"` lowered for a GPU without one (the deviceless H100 compile
 report). `unavailable` refuses anything else in one line. `spec.references`, which `resolve`
 never sets, runs the kernels' pure-JAX references in their place: the tests' way of checking
@@ -38,9 +38,9 @@ from typing import TYPE_CHECKING
 import jax
 import jax.numpy as jnp
 
-from rhhjax.kernels import highway
-from rhhjax.kernels import mosaic_backward as mb
-from rhhjax.kernels import mosaic_forward as mf
+from rhhjax.kernels.layout import Geometry
+from rhhjax.kernels.mosaic import backward as mb
+from rhhjax.kernels.mosaic import forward as mf
 from rhhjax.ops import fused, loops
 
 if TYPE_CHECKING:
@@ -66,12 +66,15 @@ def unavailable(pallas_mode: str, platform: str | None) -> str | None:
     return loops.hopper_unavailable(NAME, pallas_mode, platform)
 
 
-def geometry(spec: SequenceSpec, batch: int, width: int) -> highway.Geometry:
+substitute = loops.runs_itself  # no other implementation runs a model in its place
+
+
+def geometry(spec: SequenceSpec, batch: int, width: int) -> Geometry:
     """Batch padded to the kernel's row tile, units to UNIT_MULTIPLE (K = the padded units)."""
     del spec
     b_pad = -(-batch // CONFIG.tile_m) * CONFIG.tile_m
     n_pad = -(-width // UNIT_MULTIPLE) * UNIT_MULTIPLE
-    return highway.Geometry(batch, width, CONFIG.tile_m, CONFIG.units, CONFIG.tile_k, b_pad, n_pad)
+    return Geometry(batch, width, CONFIG.tile_m, CONFIG.units, CONFIG.tile_k, b_pad, n_pad)
 
 
 def prepare_weights(spec, geo, kernel_s: Array, transposed: bool = False) -> tuple[Array, ...]:
@@ -142,11 +145,11 @@ def _layer_backward(spec, d_above, w_above, ds_carry, g_l, packed_l, z_l, keep_l
     return d_scaled.reshape(d_above.shape), ds_carry, da
 
 
-def backward_loop(spec, geo, w, bias, s0, xproj, z, keep, hidden, packed, g_states):
+def backward_loop(spec, geo, w, bias, s0, xproj, z, keep, hidden, saved, g_states):
     """Reverse loop over all steps: every micro-layer is ONE kernel, the state-gradient GEMM
     of the layer above fused with its own gate backward (`_layer_backward`).
 
-    w: L arrays W_l [Np, 2 * Np] (`prepare_weights(..., transposed=True)`); packed: the
+    w: L arrays W_l [Np, 2 * Np] (`prepare_weights(..., transposed=True)`); saved: the
     forward's saved rows; g_states [T, L, Bp, Np] the padded cotangents of the states.
     Returns (ds0 [Bp, Np], d_scaled [T, L, Bp, 2, Np] = da * [z, z], dz [T, L, Bp, Np] or
     None, dbias [L, 2, Np], dW [L, Np, 2, Np]: `loops.deferred_weight_gradient`).
@@ -170,16 +173,16 @@ def backward_loop(spec, geo, w, bias, s0, xproj, z, keep, hidden, packed, g_stat
     b_pad, n_pad = s0.shape
     init = (jnp.zeros((b_pad, 2 * n_pad), spec.dtype), jnp.zeros_like(s0))
     (d_above0, ds_carry0), da = jax.lax.scan(
-        body, init, (z, keep, packed, g_states), reverse=True, length=xproj.shape[0]
+        body, init, (z, keep, saved, g_states), reverse=True, length=xproj.shape[0]
     )
     # The state gradient of s0 through W_0 (no gate backward below it): one XLA matmul.
     ds0 = ds_carry0 + jnp.matmul(d_above0, w[0].T, preferred_element_type=jnp.float32)
     fields = saved_rows(z is not None)
-    d_scaled, dz, dbias = loops.gradients_from_da(da, z, packed, fields)
+    d_scaled, dz, dbias = loops.gradients_from_da(da, z, saved, fields)
     return (
         ds0,
         d_scaled,
         dz,
         dbias,
-        loops.deferred_weight_gradient(spec.dtype, packed, d_scaled, fields),
+        loops.deferred_weight_gradient(spec.dtype, saved, d_scaled, fields),
     )

@@ -41,6 +41,12 @@ def unsupported(model: ModelFacts) -> str | None:
     return loops.kernel_unsupported(NAME, model)
 
 
+unavailable = loops.available_everywhere  # every platform, every model.pallas_mode
+
+
+substitute = loops.runs_itself  # no other implementation runs a model in its place
+
+
 def geometry(spec: SequenceSpec, batch: int, width: int) -> Geometry:
     """The kernels' layout for the spec's block sizes."""
     return Geometry.make(spec.kernel, batch, width)
@@ -106,7 +112,7 @@ def forward_loop(spec, geo, w, bias, s0, xproj, z, keep, hidden, save: bool):
     return loops.states_from_inputs(packed[..., 0, :], s_last), packed
 
 
-def backward_loop(spec, geo, w_t, bias, s0, xproj, z, keep, hidden, packed, g_states):
+def backward_loop(spec, geo, w, bias, s0, xproj, z, keep, hidden, saved, g_states):
     """The reverse loop: ONE kernel per micro-layer and step and nothing else.
 
     `triton.backward_fused_stacked` reads the layer above's d_scaled, the saved (s, pre),
@@ -117,7 +123,7 @@ def backward_loop(spec, geo, w_t, bias, s0, xproj, z, keep, hidden, packed, g_st
     dbias [L, 2, Np], dW [L, Np, 2, Np]: `loops.deferred_weight_gradient`).
     """
     del hidden  # None: `forward_loop` refused it.
-    length, depth = xproj.shape[0], len(w_t)
+    length, depth = xproj.shape[0], len(w)
     b_pad, n_pad = s0.shape
     bias = loops.per_layer(bias)  # Sliced here, not in every step.
     kernel_args = _kernel_args(spec, geo)
@@ -132,7 +138,7 @@ def backward_loop(spec, geo, w_t, bias, s0, xproj, z, keep, hidden, packed, g_st
         (ds_carry, d_scaled, dz, da_acc), t = carry
         for layer in reversed(range(depth)):
             d_scaled, ds_carry, dz, da_acc = triton.backward_fused_stacked(
-                t, d_scaled, w_t[(layer + 1) % depth], ds_carry, g_states, packed, z,
+                t, d_scaled, w[(layer + 1) % depth], ds_carry, g_states, saved, z,
                 bias[layer], xproj if layer == 0 else None, keep, dz, da_acc, layer=layer,
                 keep=spec.keep, **kernel_args,
             )  # fmt: skip
@@ -142,6 +148,6 @@ def backward_loop(spec, geo, w_t, bias, s0, xproj, z, keep, hidden, packed, g_st
         lambda carry: carry[1] >= 0, body, (init, jnp.int32(length - 1))
     )
     # The state gradient of s0 through W_0 (no gate backward below it).
-    ds0 = triton.state_grad_padded(d_scaled[0, 0], w_t[0], ds_carry, **kernel_args)
-    dw = loops.deferred_weight_gradient(spec.dtype, packed, d_scaled, saved_rows(z is not None))
+    ds0 = triton.state_grad_padded(d_scaled[0, 0], w[0], ds_carry, **kernel_args)
+    dw = loops.deferred_weight_gradient(spec.dtype, saved, d_scaled, saved_rows(z is not None))
     return ds0, d_scaled, dz, da_acc.sum(1), dw  # The kernel always accumulates the bias sums.

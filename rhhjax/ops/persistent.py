@@ -1,18 +1,18 @@
 """`persistent`: the RHN recurrence as TWO persistent Mosaic GPU kernels, one for the whole
-forward time loop and one for the whole backward (issue 20 item 2; the interface of
-`rhhjax.ops.fused`; run by `rhhjax.ops.recurrence.highway_sequence`).
+forward time loop and one for the whole backward (a `rhhjax.ops.spec.Implementation`, run
+by `rhhjax.ops.recurrence.highway_sequence`).
 
 Each kernel is ONE launch over a grid of at most one block per SM
-(`rhhjax.kernels.persistent_plan.PersistentPlan`): block ``(r, g)`` owns batch rows and the
+(`rhhjax.kernels.mosaic.plan.PersistentPlan`): block ``(r, g)`` owns batch rows and the
 h- and t-columns of a slice of the units, keeps its own f32 state (or carried state gradient)
-in shared memory, and meets the others at a grid barrier (`rhhjax.kernels.grid_barrier`)
+in shared memory, and meets the others at a grid barrier (`rhhjax.kernels.mosaic.grid_barrier`)
 after every micro-layer phase, T * L of them per direction:
 
-* forward (`rhhjax.kernels.persistent_forward`): per phase the block's slice of
+* forward (`rhhjax.kernels.mosaic.persistent_forward`): per phase the block's slice of
   ``s @ W_l`` (K chunks through a TMA pipeline, wgmma), the input projection at layer 0,
   hyper scale, bias, gates, gate dropout and combine; it writes the state in the matmul
   dtype for the next phase's GEMM and, for the backward, `fused`'s saved rows.
-* backward (`rhhjax.kernels.persistent_backward`): per phase (in reverse) the block's slice
+* backward (`rhhjax.kernels.mosaic.persistent_backward`): per phase (in reverse) the block's slice
   of ``d_scaled_above @ W_above^T`` fused with its gate backward; ``da`` is written out, and
   dz, the bias, the input-projection and the weight gradients (from the kernels' own
   matmul-dtype buffers) are large XLA reductions and GEMMs after the loop; the gradient
@@ -24,7 +24,7 @@ first, as its own persistent sequence, and every z is computed at once
 
 Where it runs: compiled on a Hopper GPU; with `model.pallas_mode="interpret"`
 (`spec.interpret`) the same kernels executed in GPU interpret mode on the host, race detector
-on (`rhhjax.kernels.gpu_interpret`, jax >= 0.11.2; slow, for checking), at the plan of the
+on (`rhhjax.kernels.mosaic.interpret`, jax >= 0.11.2; slow, for checking), at the plan of the
 fewest blocks (`interpret_plan`: the interpreter runs them as one cluster, with a cluster
 barrier in place of the grid barrier);
 with `model.pallas_mode="compiled"` lowered for a GPU without one. `unavailable` refuses
@@ -50,15 +50,14 @@ from typing import TYPE_CHECKING
 import jax
 import jax.numpy as jnp
 
-from rhhjax.kernels import gpu_interpret, grid_barrier, highway, rowgroup_layout
-from rhhjax.kernels import persistent_backward as pb
-from rhhjax.kernels import persistent_forward as pf
-from rhhjax.kernels.persistent_plan import (
-    H100_SMS,
-    PersistentPlan,
-    PlanError,
-    predicted_phase_us,
-)
+from rhhjax.hlo.persistent_cost import predicted_phase_us
+from rhhjax.kernels.hardware import H100
+from rhhjax.kernels.layout import Geometry
+from rhhjax.kernels.mosaic import grid_barrier, rowgroup_layout
+from rhhjax.kernels.mosaic import interpret as gpu_interpret
+from rhhjax.kernels.mosaic import persistent_backward as pb
+from rhhjax.kernels.mosaic import persistent_forward as pf
+from rhhjax.kernels.mosaic.plan import PersistentPlan, PlanError
 from rhhjax.ops import cells, fused, loops
 
 if TYPE_CHECKING:
@@ -73,7 +72,7 @@ UNITS = (8, 16, 32, 64)  # units per block tried (the backward's wgmma N: multip
 K_CHUNK = 64  # K per pipeline stage
 STAGES = (4, 3, 2)  # pipeline depths tried, deepest first, until shared memory fits
 DZ_IN_KERNEL = False  # measured: see `_dz_in_kernel`
-# The kernels' launch layout (`kernels/rowgroup_layout.py`): "grid" (a grid barrier) or
+# The kernels' launch layout (`kernels/mosaic/rowgroup_layout.py`): "grid" (a grid barrier) or
 # "rowgroup" (one cluster per row group, a cluster barrier; plans of <= 16 column blocks).
 # "grid" until a GPU has measured both (`benchmarks/calibrate_persistent.py`).
 LAYOUT = "grid"
@@ -110,15 +109,15 @@ def unavailable(pallas_mode: str, platform: str | None) -> str | None:
 def plan_for(batch: int, width: int, dtype_name: str, layout: str = "grid") -> PersistentPlan:
     """The kernels' plan for a [batch, width] recurrence: among the plans both kernels can
     run on an H100 (`_candidates`), the one of the lowest PREDICTED phase time
-    (`persistent_plan.predicted_phase_us`, forward + backward; an uncalibrated model, see
-    its `Rates`), then the fewest padded units; ``layout`` "rowgroup": among the plans of at
-    most `rowgroup_layout.MAX_CLUSTER` column blocks (K chunks of 64, 32 or 16). Raises
-    PlanError (one line) when none fits."""
+    (`rhhjax.hlo.persistent_cost.predicted_phase_us`, forward + backward; an uncalibrated
+    model, see its `Rates`), then the fewest padded units; ``layout`` "rowgroup": among the
+    plans of at most `rowgroup_layout.MAX_CLUSTER` column blocks (K chunks of 64, 32 or 16).
+    Raises PlanError (one line) when none fits."""
     plans = list(_candidates(batch, width, dtype_name, layout))
     if not plans:
         raise PlanError(
             f"no persistent plan fits an H100 for batch {batch}, width {width} ({dtype_name}): "
-            f"at most {H100_SMS} blocks of up to {max(UNITS)} units and 256 rows"
+            f"at most {H100.sms} blocks of up to {max(UNITS)} units and 256 rows"
         )
 
     def cost(plan):
@@ -199,28 +198,29 @@ def _plan_of(spec: SequenceSpec, batch: int, width: int) -> PersistentPlan:
     return choose(batch, width, jnp.dtype(spec.dtype).name, LAYOUT)
 
 
-def _plan(spec: SequenceSpec, geo: highway.Geometry) -> PersistentPlan:
+def _plan(spec: SequenceSpec, geo: Geometry) -> PersistentPlan:
     return _plan_of(spec, geo.batch, geo.n)
 
 
-def geometry(spec: SequenceSpec, batch: int, width: int) -> highway.Geometry:
+def geometry(spec: SequenceSpec, batch: int, width: int) -> Geometry:
     """Rows padded to the plan's ``b_pad``, units to its ``n_pad`` (blocks: the plan's rows
     and units per block, K chunk)."""
     plan = _plan_of(spec, batch, width)
-    return highway.Geometry(
+    return Geometry(
         batch, width, plan.rows_per_block, plan.units_per_block, plan.k_chunk,
         plan.b_pad, plan.n_pad,
     )  # fmt: skip
 
 
-def prepare_weights(spec, geo, kernel_s: Array, transposed: bool = False) -> Array:
-    """W_l [L, n, 2n] -> ONE stacked array in the matmul dtype, padded and cast once per
-    call: the forward's block-major [L * 2 * Np, k_pad] or (`transposed`, for the backward)
-    W as it is [L * Np, 2 * Np]. (One array, not L: each kernel reads every layer.)"""
+def prepare_weights(spec, geo, kernel_s: Array, transposed: bool = False) -> tuple[Array]:
+    """W_l [L, n, 2n] -> ONE stacked array in the matmul dtype (a tuple of one), padded and
+    cast once per call: the forward's block-major [L * 2 * Np, k_pad] or (`transposed`, for
+    the backward) W as it is [L * Np, 2 * Np]. (One array, not L: each kernel reads every
+    layer.)"""
     plan = _plan(spec, geo)
     if transposed:
-        return pb.backward_weights(plan, kernel_s, spec.dtype)
-    return pf.forward_weights(plan, kernel_s, spec.dtype)
+        return (pb.backward_weights(plan, kernel_s, spec.dtype),)
+    return (pf.forward_weights(plan, kernel_s, spec.dtype),)
 
 
 def saved_rows(has_z: bool) -> loops.Fields:
@@ -236,20 +236,21 @@ def _phase_major(x: Array | None) -> Array | None:
 def forward_loop(spec, geo, w, bias, s0, xproj, z, keep, hidden, save: bool):
     """The whole forward as one kernel (its reference when `spec.references`).
 
-    w [L * 2 * Np, k_pad]; bias [L, 2, Np]; s0 [Bp, Np]; xproj [T, Bp, 2, Np]; z, keep
-    [T, L, Bp, Np] or None. Returns (states [T, L, Bp, Np], saved or None): saved = (packed
-    [P, Bp, K, Np] phase-major, the kernel's saved rows; s_mm [P * Bp, k_pad] the
-    input states in the matmul dtype, the kernel's A buffer, layer-major
-    (`persistent_slots`): the operand of `backward_loop`'s weight gradient), P = T * L.
-    With ``save`` the kernel writes the last state only; the others are read from packed
-    row 0 (`_states_from_packed`)."""
+    w: (the stacked weights [L * 2 * Np, k_pad],); bias [L, 2, Np]; s0 [Bp, Np]; xproj
+    [T, Bp, 2, Np]; z, keep [T, L, Bp, Np] or None. Returns (states [T, L, Bp, Np], saved
+    or None): saved = (packed [P, Bp, K, Np] phase-major, the kernel's saved rows; s_mm
+    [P * Bp, k_pad] the input states in the matmul dtype, the kernel's A buffer,
+    layer-major (`persistent_slots`): the operand of `backward_loop`'s weight gradient),
+    P = T * L. With ``save`` the kernel writes the last state only; the others are read
+    from packed row 0 (`_states_from_packed`)."""
     if hidden is not None:
         raise ValueError(f"impl {NAME!r} has no variational dropout")
     plan = _plan(spec, geo)
+    (stacked,) = w
     length, depth = xproj.shape[0], bias.shape[0]
     rows = jnp.broadcast_to(bias[:, None], (depth, geo.b_pad, *bias.shape[1:]))
     mask = loops.dropout_mask(spec.keep, _phase_major(keep), jnp.float32)
-    args = (plan, w, s0, xproj, rows, _phase_major(z), mask)
+    args = (plan, stacked, s0, xproj, rows, _phase_major(z), mask)
     if spec.references:
         outs = pf.persistent_forward_reference(*args, save=save)
     else:
@@ -279,7 +280,7 @@ def backward_loop(spec, geo, w, bias, s0, xproj, z, keep, hidden, saved, g_state
     gradients in the layouts the kernels write (phase-major, no [T, L] reshapes of the
     large arrays: every XLA pass reads only what it needs).
 
-    w: [L * Np, 2 * Np] (`prepare_weights(..., transposed=True)`); saved: `forward_loop`'s
+    w: ([L * Np, 2 * Np],) (`prepare_weights(..., transposed=True)`); saved: `forward_loop`'s
     (packed, s_mm); g_states [T, L, Bp, Np] the padded cotangents of the states. Returns
     (ds0 [Bp, Np], d_scaled of layer 0 [T, 1, Bp, 2, Np] = da * [z, z] (the gradient of
     xproj), dz [T, L, Bp, Np] or None, dbias [L, 2, Np], dW [L, k_pad, 2, Np]): dW from the
@@ -287,11 +288,12 @@ def backward_loop(spec, geo, w, bias, s0, xproj, z, keep, hidden, saved, g_state
     `loops.deferred_weight_gradient` would cast."""
     del bias, s0, hidden  # hidden: None (`forward_loop` refused it).
     packed, s_mm = saved
+    (stacked,) = w
     plan = _plan(spec, geo)
     length, depth = xproj.shape[0], g_states.shape[1]
     z_pm = _phase_major(z)
     mask = loops.dropout_mask(spec.keep, _phase_major(keep), jnp.float32)
-    args = (plan, w, _phase_major(g_states), packed, z_pm, mask)
+    args = (plan, stacked, _phase_major(g_states), packed, z_pm, mask)
     with_dz = _dz_in_kernel(plan, z_pm is not None, mask is not None)
     if spec.references:
         outs = pb.persistent_backward_reference(*args, with_dz=with_dz)
@@ -302,7 +304,7 @@ def backward_loop(spec, geo, w, bias, s0, xproj, z, keep, hidden, saved, g_state
     da, d_mm, ds_carry0 = outs[:3]
     dz_lt = outs[3] if with_dz else None
     # The state gradient of s0 through W_0 (no gate backward below it): one XLA matmul.
-    w0 = w[: geo.n_pad]
+    w0 = stacked[: geo.n_pad]
     ds0 = ds_carry0 + jnp.matmul(d_mm[: geo.b_pad], w0.T, preferred_element_type=jnp.float32)
     return ds0, *_gradients(spec, geo, da, d_mm, s_mm, z_pm, packed, length, depth, dz_lt)
 
@@ -325,7 +327,8 @@ def _dz_in_kernel(plan: PersistentPlan, has_z: bool, has_mask: bool) -> bool:
 def _gradients(spec, geo, da, d_mm, s_mm, z_pm, packed, length: int, depth: int, dz_lt=None):
     """From the kernels' outputs (da [P, Bp, 2, Np] f32, d_mm [P * Bp, 2 * Np], s_mm
     [P * Bp, k_pad], z_pm [P, Bp, Np] | None, packed [P, Bp, K, Np]):
-    (d_scaled of layer 0 [T, 1, Bp, 2, Np], dz [T, L, B, n] | None (already unpadded),
+    (d_scaled of layer 0 [T, 1, Bp, 2, Np], dz [T, L, Bp, Np] | None (padded, as the
+    other implementations return it),
     dbias [L, 2, Np], dW [L, k_pad, 2, Np]). s_mm and d_mm are in slot order
     (`persistent_slots`: layer-major); dz_lt [L, T, Bp, Np], the backward kernel's dz, or
     None (then dz is computed here from da and packed's ``full``)."""
@@ -334,11 +337,11 @@ def _gradients(spec, geo, da, d_mm, s_mm, z_pm, packed, length: int, depth: int,
     d_scaled0 = da0 if z_pm is None else da0 * z_pm[::depth, :, None]
     dz = None
     if dz_lt is not None:  # the kernel's, layer-major [L, T, Bp, Np]: the consumers' order
-        dz = jnp.swapaxes(geo.unpad_rows(dz_lt), 0, 1)
+        dz = jnp.swapaxes(dz_lt, 0, 1)
     elif z_pm is not None:  # sum over the halves of da * "full" (the unscaled pre-activation)
         _, rows = loops.unpack(packed, saved_rows(True))
         dz = jnp.sum(da * rows["full"], axis=-2).reshape(length, depth, b_pad, n_pad)
-        dz = _materialized_as(geo.unpad_rows(dz), (1, 0, 2, 3))
+        dz = _materialized_as(dz, (1, 0, 2, 3))
     dbias = da.reshape(length, depth, b_pad, 2, n_pad).sum((0, 2))
     # The buffers are layer-major (`persistent_slots`): layer l's rows are contiguous, so
     # dW is one batched GEMM over views of the whole buffers: no transpose, no slice copy.

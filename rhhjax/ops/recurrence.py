@@ -21,10 +21,12 @@ Padded layout inside the loops (B -> Bp rows, n -> Np units, halves kept aligned
     xproj  [T, Bp, 2, Np]  f32 (x U, no bias)   bias   [L, 2, Np]       f32 (b_U added at l=0)
     z      [T, L, Bp, Np]  f32 | None           keep   [T, L, Bp, Np]   KEEP_DTYPE | None
 
-The forward stores ONE packed array per step, each micro-layer's input state and saved
-arrays ([T, L, Bp, K, Np], the implementation's `saved_rows`; `persistent` saves what its
-own `backward_loop` reads, and returns d_scaled of layer 0 only, [T, 1, Bp, 2, Np]: the
-gradient of xproj is all this module takes from d_scaled).
+Every implementation is a `rhhjax.ops.spec.Implementation`: the forward loop returns the
+states and what its own backward loop reads (one packed array per step, each micro-layer's
+input state and saved arrays, [T, L, Bp, K, Np], the implementation's `saved_rows`; for
+`persistent` also its kernels' matmul-dtype states), which this module hands back as it is;
+the backward loop returns padded gradients, of which this module unpads what it returns
+(d_scaled: layer 0 only, the gradient of xproj).
 
 Padded units have zero weights, bias and input, so their state stays 0; padded batch rows
 get zero cotangents, so they add nothing to any gradient.
@@ -68,13 +70,13 @@ def _padded_operands(spec, impl, geo, weights, s0, xproj, z, key_data, hidden_ma
 
 
 def _run_forward(spec, weights, s0, xproj, z, key_data, hidden_masks, save: bool):
-    """Pads, runs the forward loop: (geo, operands, states [T, L, Bp, Np], packed)."""
+    """Pads, runs the forward loop: (geo, operands, states [T, L, Bp, Np], saved)."""
     impl = IMPLEMENTATIONS[spec.impl]
     geo = impl.geometry(spec, *s0.shape)
     operands = _padded_operands(spec, impl, geo, weights, s0, xproj, z, key_data, hidden_masks)
     w = impl.prepare_weights(spec, geo, weights.kernel_s)
-    states, packed = impl.forward_loop(spec, geo, w, *operands, save=save)
-    return geo, operands, states, packed
+    states, saved = impl.forward_loop(spec, geo, w, *operands, save=save)
+    return geo, operands, states, saved
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
@@ -85,22 +87,22 @@ def _sequence(spec, weights, s0, xproj, z, key_data, hidden_masks):
 
 
 def _sequence_fwd(spec, weights, s0, xproj, z, key_data, hidden_masks):
-    geo, operands, states, packed = _run_forward(
+    geo, operands, states, saved = _run_forward(
         spec, weights, s0, xproj, z, key_data, hidden_masks, save=True
     )
     key_zero = None if key_data is None else jnp.zeros(key_data.shape, jax.dtypes.float0)
-    return geo.unpad_rows(states), (operands, packed, key_zero, weights)
+    return geo.unpad_rows(states), (operands, saved, key_zero, weights)
 
 
 def _sequence_bwd(spec, residuals, g_states):
-    operands, packed, key_zero, weights = residuals
+    operands, saved, key_zero, weights = residuals
     bias, s0, xproj, z, keep, hidden = operands
     batch, width = g_states.shape[-2:]
     impl = IMPLEMENTATIONS[spec.impl]
     geo = impl.geometry(spec, batch, width)
     w_t = impl.prepare_weights(spec, geo, weights.kernel_s, transposed=True)
     ds0, d_scaled, dz, dbias, dw = impl.backward_loop(
-        spec, geo, w_t, bias, s0, xproj, z, keep, hidden, packed, geo.pad_rows(g_states)
+        spec, geo, w_t, bias, s0, xproj, z, keep, hidden, saved, geo.pad_rows(g_states)
     )
     dbias = geo.unpad_bias(dbias)
     d_weights = cells.HighwayWeights(

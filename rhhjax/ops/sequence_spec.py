@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from rhhjax.kernels import highway
+from rhhjax.kernels import triton
 
 SCAN = "scan"  # the textbook nn.scan (the reference); every other name is a registered op
 
@@ -38,12 +38,12 @@ class SequenceSpec:
     dtype: Any  # Matmul input dtype.
     gate_dropout: bool = False  # Whether gate masks are generated from the key.
     # Interpret mode: Pallas interpret mode (`pallas`), GPU interpret mode, the real kernels
-    # executed on the host (`mosaic`, `persistent`: `rhhjax.kernels.gpu_interpret`).
+    # executed on the host (`mosaic`, `persistent`: `rhhjax.kernels.mosaic.interpret`).
     interpret: bool = False
     # `mosaic`, `persistent`: the kernels' pure-JAX references run in their place (the tests'
     # way of checking everything around the kernels under any jax); `resolve` never sets it.
     references: bool = False
-    kernel: highway.HighwayConfig = highway.HighwayConfig()  # Pallas block sizes.
+    kernel: triton.HighwayConfig = triton.HighwayConfig()  # Pallas block sizes.
     # Time index of the call's first step: gate masks of entry i are those of step
     # first_step + i (1 when the caller ran step 0 itself, e.g. model.original_first_step).
     first_step: int = 0

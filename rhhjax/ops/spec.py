@@ -24,30 +24,88 @@ Implementations (`IMPLS`):
   run `fused` in its place (`substitute`), said in the reason.
 - `auto`: the fastest measured correct one for the platform and dtype (`_auto`).
 
-Adding an implementation: one module beside `fused.py` (the interface of `rhhjax.ops.fused`:
-NAME, INTERPRETABLE, KEEP_DTYPE, unsupported, geometry, prepare_weights, saved_rows,
-forward_loop, backward_loop; `unavailable` where it cannot run on every platform,
-`substitute` where another implementation runs some models in its place) and one
-entry in `IMPLEMENTATIONS` (and, once measured, its place in the rankings of `_MEASURED`).
+Rank-d HyperRHNs (`model.hyper_rank > 0`) have a second, documented entry point: the core
+calls `rhhjax.ops.lowrank.lowrank_sequence` (XLA matmuls of the factored rank-d update)
+instead of `highway_sequence`. `resolve` admits such a model only as `scan` or `fused`
+(`pallas` and `mosaic` refuse it in `unsupported`; `persistent` names `fused` in
+`substitute`), so the rank-d op always runs under `spec.impl == "fused"`.
+
+Adding an implementation: one module beside `fused.py` that is an `Implementation` (the
+protocol below; `tests/test_ops_spec.py` checks every registered module against it, names of
+parameters included) and one entry in `IMPLEMENTATIONS` (and, once measured, its place in
+the rankings of `_MEASURED`).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 import jax
 import jax.numpy as jnp
 
 from rhhjax.errors import UserError
-from rhhjax.kernels import highway
+from rhhjax.kernels import triton
+from rhhjax.kernels.layout import Geometry
 from rhhjax.ops import fused, loops, mosaic, pallas, persistent
 from rhhjax.ops.sequence_spec import SCAN, ModelFacts, SequenceSpec
 
 __all__ = ["SCAN", "ModelFacts", "SequenceSpec"]  # re-exported: the types of `resolve`
 
+
+class Implementation(Protocol):
+    """An implementation module of the whole-sequence recurrence: what `resolve` and
+    `rhhjax.ops.recurrence.highway_sequence` read of it (``fused``, ``pallas``, ``mosaic``,
+    ``persistent``). Shapes: T time, L depth, Bp / Np the padded batch and units.
+
+    Attributes:
+      NAME: the `model.impl` value.
+      INTERPRETABLE: whether it runs Pallas kernels (interpreted per `model.pallas_mode`).
+      KEEP_DTYPE: dtype of the gate-dropout keep decisions the loops read.
+    """
+
+    NAME: str
+    INTERPRETABLE: bool
+    KEEP_DTYPE: Any
+
+    def unsupported(self, model: ModelFacts) -> str | None:
+        """None, or the one-line reason it cannot run `model` (needs no device)."""
+
+    def unavailable(self, pallas_mode: str, platform: str | None) -> str | None:
+        """None, or the one-line reason it cannot run on `platform` in `pallas_mode`."""
+
+    def substitute(self, model: ModelFacts) -> tuple[str, str] | None:
+        """(the implementation that runs `model` in its place, why), or None."""
+
+    def geometry(self, spec: SequenceSpec, batch: int, width: int) -> Geometry:
+        """The padded layout (`rhhjax.kernels.layout.Geometry`) of a [batch, width] state."""
+
+    def prepare_weights(
+        self, spec: SequenceSpec, geo: Geometry, kernel_s: jax.Array, transposed: bool = False
+    ) -> tuple[jax.Array, ...]:
+        """W_l [L, n, 2n] -> the weights in its layout and matmul dtype, padded and cast once
+        per call (`transposed`: the backward's), passed to its loops as they are."""
+
+    def saved_rows(self, has_z: bool) -> loops.Fields:
+        """What the forward saves per micro-layer besides its input state."""
+
+    def forward_loop(
+        self, spec, geo, w, bias, s0, xproj, z, keep, hidden, save: bool
+    ) -> tuple[jax.Array, Any]:
+        """(states [T, L, Bp, Np], saved): saved (with ``save``, else None) is what its own
+        `backward_loop` reads, handed back to it as it is."""
+
+    def backward_loop(
+        self, spec, geo, w, bias, s0, xproj, z, keep, hidden, saved, g_states
+    ) -> tuple[jax.Array, jax.Array, jax.Array | None, jax.Array, jax.Array]:
+        """(ds0 [Bp, Np], d_scaled [T, L | 1, Bp, 2, Np] (layer 0: the gradient of xproj),
+        dz [T, L, Bp, Np] or None, dbias [L, 2, Np], dW [L, K, 2, Np]), all padded."""
+
+
 AUTO = "auto"
 # The whole-sequence ops, by name: the only table of implementations.
-IMPLEMENTATIONS = {module.NAME: module for module in (fused, pallas, mosaic, persistent)}
+IMPLEMENTATIONS: dict[str, Implementation] = {
+    module.NAME: module for module in (fused, pallas, mosaic, persistent)
+}
 IMPLS = (SCAN, *IMPLEMENTATIONS)
 CHOICES = (AUTO, *IMPLS)  # what `model.impl` accepts
 PALLAS_MODES = ("auto", "compiled", "interpret")
@@ -77,7 +135,7 @@ def resolve(
     dtype: Any,
     keep: float = 1.0,
     pallas_mode: str = "auto",
-    kernel: highway.HighwayConfig = highway.HighwayConfig(),  # noqa: B008 (frozen)
+    kernel: triton.HighwayConfig = triton.HighwayConfig(),  # noqa: B008 (frozen)
     platform: str | None = None,
 ) -> SequenceSpec:
     """The one decision: the requested `impl` ("auto" or a name of IMPLS) -> SequenceSpec.
@@ -103,9 +161,10 @@ def resolve(
     if impl == AUTO:
         platform = platform or jax.default_backend()
         impl, reason = _auto(model, dtype, platform)
-    substitute = getattr(IMPLEMENTATIONS.get(impl), "substitute", None)
-    if substitute is not None and substitute(model) is not None:
-        impl, reason = substitute(model)
+    module = IMPLEMENTATIONS.get(impl)
+    instead = None if module is None else module.substitute(model)
+    if instead is not None:
+        impl, reason = instead
     module = IMPLEMENTATIONS.get(impl)
     interpret = (module is not None and module.INTERPRETABLE) and (
         pallas_mode == "interpret"
@@ -128,20 +187,17 @@ def check_executable(resolved: SequenceSpec, pallas_mode: str, platform: str | N
 
 
 def _unavailable(impl: str, pallas_mode: str, platform: str | None) -> str | None:
-    """Why the explicit `impl` cannot run on `platform` in `pallas_mode`, or None (modules
-    without `unavailable` run everywhere; "auto" picks only those)."""
-    check_here = getattr(IMPLEMENTATIONS.get(impl), "unavailable", None)
-    return None if check_here is None else check_here(pallas_mode, platform)
+    """Why the explicit `impl` cannot run on `platform` in `pallas_mode`, or None (`scan`
+    and "auto" run everywhere: "auto" picks only implementations that do)."""
+    module = IMPLEMENTATIONS.get(impl)
+    return None if module is None else module.unavailable(pallas_mode, platform)
 
 
-# Measured step times (ms, median) that decide "auto", per platform: the ranking of the
-# implementations from fastest, and where it comes from.
-#   gpu: results/bench_gpu_h100.json (H100, the paper's sizes, one train step): HyperRHN bf16
-#     fused 41.7, pallas 59.7, scan 119.1; f32 fused 50.4, pallas 94.1, scan 127.7; RHN bf16
-#     fused 26.5, pallas 44.5, scan 66.7; f32 fused 33.5, pallas 74.7, scan 75.8.
-#   cpu: results/bench_cpu_paper.json (paper HyperRHN f32: scan 26,909, fused 34,058) and
-#     results/bench_cpu_small.json (small RHN and HyperRHN, f32 and bf16: scan 165-255,
-#     fused 194-279): scan is faster in every measured row.
+# What decides "auto", per platform: the ranking of the implementations from fastest by
+# measured training-step times, and the source the start-up line names. The measurements
+# (command, machine, date, every row): results/gpu_h100.md (gpu: bench_gpu_h100.json) and
+# results/README.md#training-step-benchmark-cpu (cpu: bench_cpu_paper.json,
+# bench_cpu_small.json; scan is faster in every measured row).
 _MEASURED = {
     "gpu": (
         (fused.NAME, pallas.NAME, SCAN),

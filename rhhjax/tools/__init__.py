@@ -9,13 +9,3 @@
     analyze.py   weight norms, gradient flow, gate activity and lesions of trained models
     common.py    what the programs share: --config flags, quiet logging, one-line errors
 """
-
-
-def __getattr__(name: str):
-    """`rhhjax.tools.hlo_compile`, the old name of `rhhjax.hlo.deviceless`, still read by the
-    Mosaic-family tests until they move."""
-    if name == "hlo_compile":
-        import importlib
-
-        return importlib.import_module("rhhjax.hlo.deviceless")
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,4 +1,4 @@
-"""`kernels/persistent_slots.py`: the layer-major order of the persistent kernels' GEMM
+"""`kernels/mosaic/persistent_slots.py`: the layer-major order of the persistent kernels' GEMM
 operand buffers (s_mm, d_mm) that lets the weight gradient read them whole, with no
 transpose and no slice copy."""
 
@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from rhhjax.kernels import persistent_slots as slots
+from rhhjax.kernels.mosaic import persistent_slots as slots
 
 
 @pytest.mark.parametrize(("steps", "depth"), [(1, 1), (3, 1), (1, 4), (5, 3), (100, 7)])

@@ -1,6 +1,6 @@
-"""Pure-JAX emulation of the persistent whole-sequence kernel's schedule (issue 20).
+"""Pure-JAX emulation of the persistent whole-sequence kernel's schedule.
 
-The persistent kernel (`rhhjax.kernels.persistent_plan` counts its resources) runs all
+The persistent kernel (`rhhjax.kernels.mosaic.plan` counts its resources) runs all
 ``T * L`` micro-layer phases of a sequence in one launch. This module computes the same
 recurrence as `recurrence.highway_sequence` in EXACTLY that kernel's schedule, so that the
 schedule's numerics are checked on a CPU before a kernel exists:
@@ -35,18 +35,19 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+from rhhjax.kernels.hardware import H100
+from rhhjax.kernels.layout import F32
+from rhhjax.kernels.mosaic.plan import PersistentPlan
 
-from rhhjax.kernels.persistent_plan import H100_SMS, PersistentPlan
 from rhhjax.ops import cells
 
 Array = jax.Array
-F32 = jnp.float32
 
 
 class Schedule(NamedTuple):
     """The schedule knobs (static): blocks along the gate columns and the batch, K chunk."""
 
-    col_blocks: int = H100_SMS
+    col_blocks: int = H100.sms
     row_blocks: int = 1
     k_chunk: int = 64
 

@@ -1,11 +1,11 @@
-"""The persistent whole-sequence highway BACKWARD as one Mosaic GPU kernel (issue 20 item 2):
+"""The persistent whole-sequence highway BACKWARD as one Mosaic GPU kernel:
 all ``P = T * L`` micro-layer backward phases in reverse order in ONE launch, a grid barrier
-(`rhhjax.kernels.grid_barrier`) between phases.
+(`rhhjax.kernels.mosaic.grid_barrier`) between phases.
 
 Grid ``(plan.row_blocks, plan.col_blocks)`` (names "r", "g"); block ``(r, g)`` owns rows
 ``r * rows ..`` (``rows = plan.rows_per_block``) and units ``g * u ..`` (``u =
 plan.units_per_block``). Phase ``p`` is ``(t, l) = (p // L, p % L)``; its "above" is phase
-``p + 1`` (layer ``(p + 1) % L``). Per phase, exactly `kernels/mosaic_backward.py`'s math::
+``p + 1`` (layer ``(p + 1) % L``). Per phase, exactly `kernels/mosaic/backward.py`'s math::
 
     acc      = d_mm[slot(p + 1)][rows, :] @ wt[(l_above, g)]^T  [rows, u] (0 at p = P - 1:
                no layer above, no GEMM), K = 2 * n_pad in
@@ -44,7 +44,7 @@ barrier 0: the same parity when P is even).
 `persistent_backward_reference` is the same math in plain JAX (a reverse `lax.scan` of
 `mosaic_backward.highway_backward_reference`). The kernel runs on a Hopper GPU only; it lowers
 and compiles for an H100 on a CPU host with the CUDA plugin
-(tests/test_persistent_backward.py).
+(tests/test_kernels_mosaic_persistent_backward.py).
 """
 
 from __future__ import annotations
@@ -55,16 +55,16 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
-from rhhjax.kernels import grid_barrier as gb
-from rhhjax.kernels import persistent_slots as slots
-from rhhjax.kernels import rowgroup_layout
-from rhhjax.kernels.mosaic_backward import _gate_backward, highway_backward_reference
-from rhhjax.kernels.mosaic_gemm import gemm_nt_to_smem
-from rhhjax.kernels.persistent_plan import PersistentPlan, PlanError
+from rhhjax.kernels.hardware import H100
+from rhhjax.kernels.layout import F32
+from rhhjax.kernels.mosaic import grid_barrier as gb
+from rhhjax.kernels.mosaic import persistent_slots as slots
+from rhhjax.kernels.mosaic import rowgroup_layout
+from rhhjax.kernels.mosaic.backward import _gate_backward, highway_backward_reference
+from rhhjax.kernels.mosaic.gemm import gemm_nt_to_smem
+from rhhjax.kernels.mosaic.plan import PersistentPlan, PlanError
 
-F32 = jnp.float32
 Array = jax.Array
-SMEM_ALIGNMENT = 1024  # Mosaic GPU aligns every shared-memory allocation to this (bytes)
 MBARRIER_BYTES = 8
 MAX_TMA_ROWS = 256  # Mosaic GPU's async copies move at most 256 elements along a dimension
 # rows of `packed` the backward reads (full_h, full_t: with_dz only)
@@ -72,7 +72,7 @@ _SAVED_ROWS = {"s_prev": 0, "h": 1, "t": 2, "full_h": 3, "full_t": 4}
 
 
 def _align(nbytes: int) -> int:
-    return -(-nbytes // SMEM_ALIGNMENT) * SMEM_ALIGNMENT
+    return -(-nbytes // H100.smem_alignment) * H100.smem_alignment
 
 
 def _input_names(has_z: bool, has_mask: bool, with_dz: bool = False) -> tuple[str, ...]:

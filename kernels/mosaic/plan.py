@@ -1,5 +1,5 @@
-"""Static plan of the persistent whole-sequence highway kernel (issue 20): ownership, shared
-memory, co-residency, L2 traffic, and a labelled time prediction.
+"""Static plan of the persistent whole-sequence highway kernel: ownership, shared memory,
+co-residency and L2 traffic (its time prediction: `rhhjax.hlo.persistent_cost`).
 
 The persistent kernel runs every micro-layer phase of a sequence inside ONE launch. Its grid
 is ``row_blocks x col_blocks`` blocks, at most one per SM. Block ``(r, g)`` owns
@@ -13,8 +13,9 @@ its weight slice ``[K, 2, units]`` through a ``stages``-deep shared-memory pipel
 ``k_chunk``-wide chunks (K chunks in a fixed order, float32 accumulation), applies scale,
 bias, gates and combine in the epilogue, writes its state slice and saved gates, then meets
 the others at a grid barrier. The backward phase is the transpose (rows of ``W`` for its
-units, ``K = 2 * n_pad``): the same bytes. ``rhhjax.ops.persistent_schedule`` emulates this
-schedule in pure JAX; this module only counts.
+units, ``K = 2 * n_pad``): the same bytes. ``tests/persistent_schedule.py`` emulates this
+schedule in pure JAX; this module only counts, and `rhhjax.hlo.persistent_cost` turns the
+counts into a labelled time PREDICTION.
 
 Padded extents: ``n_pad = col_blocks * units_per_block`` (``units_per_block =
 ceil(n / col_blocks)``, rounded up to ``UNIT_MULTIPLE`` so ``2 * units`` is a wgmma N),
@@ -28,14 +29,11 @@ from __future__ import annotations
 import dataclasses
 
 import jax.numpy as jnp
+from rhhjax.kernels.hardware import H100
 
 from rhhjax.errors import UserError
 
-H100_SMS = 132
-# H100 (sm_90) opt-in shared memory per block, bytes (227 KiB).
-H100_SMEM_PER_BLOCK = 232_448
 WGMMA_M = 64  # rows of one warpgroup's wgmma tile
-SMEM_ALIGNMENT = 1024  # Mosaic GPU rounds every shared-memory scratch buffer up to this
 UNIT_MULTIPLE = 4  # 2 * units_per_block must be a multiple of 8 (wgmma N)
 DTYPES = ("float32", "bfloat16")
 
@@ -85,7 +83,7 @@ class PersistentPlan:
       row_blocks: blocks along the batch (``grid = row_blocks * col_blocks``).
       k_chunk: K elements per pipeline stage.
       stages: shared-memory pipeline depth.
-      sm_count: SMs of the target (132 on an H100); ``smem_limit``: bytes per block.
+      sm_count: SMs of the target (``H100.sms``); ``smem_limit``: bytes per block.
       units: units per block, or None for the fewest that cover ``width`` (rounded up to
         UNIT_MULTIPLE); set it to give the backward a wgmma N of 8 or more.
     """
@@ -93,12 +91,12 @@ class PersistentPlan:
     batch: int
     width: int
     dtype: str = "bfloat16"
-    col_blocks: int = H100_SMS
+    col_blocks: int = H100.sms
     row_blocks: int = 1
     k_chunk: int = 64
     stages: int = 4
-    sm_count: int = H100_SMS
-    smem_limit: int = H100_SMEM_PER_BLOCK
+    sm_count: int = H100.sms
+    smem_limit: int = H100.smem_per_block_optin
     units: int | None = None
 
     def __post_init__(self):
@@ -175,7 +173,7 @@ class PersistentPlan:
 
     def smem_bytes(self, has_z: bool = True, has_mask: bool = True, save: bool = True) -> int:
         """Shared memory per block (bytes) that the forward kernel
-        (`kernels/persistent_forward.py`) allocates; by default with every option (the
+        (`kernels/mosaic/persistent_forward.py`) allocates; by default with every option (the
         most). Each buffer is rounded up to Mosaic GPU's 1024-byte scratch alignment:
 
             stages * rows * k_chunk * itemsize        A pipeline buffers (the state rows)
@@ -199,7 +197,7 @@ class PersistentPlan:
             rows * units * item,
         )
         barriers = self.stages + len(forward_inputs(has_z, has_mask))
-        return sum(_round_up(b, SMEM_ALIGNMENT) for b in buffers) + 8 * barriers
+        return sum(_round_up(b, H100.smem_alignment) for b in buffers) + 8 * barriers
 
     def accumulator_registers(self, warpgroups: int = 1) -> int:
         """f32 accumulator registers per thread of the compute warpgroups (128 threads each)."""
@@ -255,7 +253,7 @@ class PersistentPlan:
     def check_interpretable(self) -> None:
         """PlanError (one line) unless GPU interpret mode can run the plan here: its grid as
         ONE cluster (`grid_barrier.launch`) of at most `gpu_interpret.max_blocks` blocks."""
-        from rhhjax.kernels import gpu_interpret
+        from rhhjax.kernels.mosaic import interpret as gpu_interpret
 
         reason = gpu_interpret.cluster_too_large(self.grid)
         if reason is not None:
@@ -298,106 +296,6 @@ class PersistentPlan:
         }
 
 
-@dataclasses.dataclass(frozen=True)
-class Rates:
-    """Machine rates of the prediction model (each an assumption or a measurement, stated)."""
-
-    barrier_us: float = 1.0  # assumed grid-barrier latency (not measured)
-    tflops_per_sm: float = 798.0 / H100_SMS  # measured 8192^3 bf16 matmul rate / SMs
-    # Aggregate L2 read bandwidth, TB/s: a third-party microbenchmark of an H100 PCIe (114 SMs,
-    # Chips and Cheese 2023: ~5.5 TB/s); not measured here. Scaled to 132 SMs at 1.98 GHz: ~7.2.
-    l2_tbytes: float = 5.5
-    smem_fill_bytes_per_clk: float = 128.0  # assumed per-SM fill rate
-    clock_ghz: float = 1.98  # measured SM clock (results/gpu_h100.md)
-
-
-def predicted_phase_us(
-    plan: PersistentPlan, rates: Rates | None = None, multicast: int = 1, backward: bool = False
-) -> float:
-    """PREDICTION (a model, not a measurement) of one main-cell phase, in microseconds:
-
-        barrier + max(GEMM slice at tflops_per_sm, all blocks' L2 bytes at l2_tbytes,
-                      one block's ingest at smem_fill_bytes_per_clk * clock)
-
-    bf16 rate for both dtypes (an f32 plan would run TF32 wgmma: same rate model)."""
-    rates = rates or Rates()
-    gemm = plan.flops_per_block(backward) / (rates.tflops_per_sm * 1e12)
-    l2 = plan.l2_bytes_per_phase(multicast, backward) / (rates.l2_tbytes * 1e12)
-    fill_rate = rates.smem_fill_bytes_per_clk * rates.clock_ghz * 1e9
-    fill = plan.ingest_bytes_per_block(backward) / fill_rate
-    return rates.barrier_us + 1e6 * max(gemm, l2, fill)
-
-
-def predicted_step_ms(
-    plan: PersistentPlan,
-    depth: int,
-    length: int,
-    rates: Rates | None = None,
-    multicast: int = 1,
-    hyper_phase_us: float | None = None,
-) -> float:
-    """PREDICTION of a training step's recurrence time (ms): ``length * depth`` forward and
-    as many backward main-cell phases at :func:`predicted_phase_us`, as many hyper-cell phases at
-    ``hyper_phase_us`` (default: the barrier alone), plus the deferred weight-gradient GEMMs
-    (``depth`` GEMMs of ``2 * length * b_pad * n_pad * 2 n_pad`` FLOPs at the whole GPU's
-    rate). Embedding, output layer and optimizer are not counted."""
-    rates = rates or Rates()
-    phases = 2 * length * depth
-    forward = predicted_phase_us(plan, rates, multicast)
-    backward = predicted_phase_us(plan, rates, multicast, backward=True)
-    main = length * depth * (forward + backward)
-    hyper = phases * (rates.barrier_us if hyper_phase_us is None else hyper_phase_us)
-    dw_flops = depth * 2 * length * plan.b_pad * plan.n_pad * 2 * plan.n_pad
-    dw_us = 1e6 * dw_flops / (rates.tflops_per_sm * plan.sm_count * 1e12)
-    return (main + hyper + dw_us) / 1e3
-
-
 def paper_plan(dtype: str = "bfloat16", **overrides) -> PersistentPlan:
     """The plan of the paper's main cell (n = 1000, batch 256) on an H100."""
     return PersistentPlan(batch=256, width=1000, dtype=dtype, **overrides)
-
-
-def main(argv: list[str] | None = None) -> dict:
-    """``python -m rhhjax.kernels.persistent_plan [--dtype=float32 --row-blocks=2 ...]``:
-    checks a plan (one ``error:`` line and exit 1 when it cannot run co-resident) and prints
-    its figures and the labelled PREDICTION as JSON."""
-    import argparse
-    import json
-
-    from rhhjax.errors import exit_with_error
-
-    parser = argparse.ArgumentParser(description=main.__doc__)
-    for name, default in (("batch", 256), ("width", 1000), ("col-blocks", H100_SMS)):
-        parser.add_argument(f"--{name}", type=int, default=default)
-    for name, default in (("row-blocks", 1), ("k-chunk", 64), ("stages", 4), ("depth", 7)):
-        parser.add_argument(f"--{name}", type=int, default=default)
-    parser.add_argument("--length", type=int, default=100)
-    parser.add_argument("--multicast", type=int, default=1)
-    parser.add_argument("--dtype", default="bfloat16")
-    args = parser.parse_args(argv)
-    try:
-        plan = PersistentPlan(
-            args.batch, args.width, args.dtype, args.col_blocks, args.row_blocks,
-            args.k_chunk, args.stages,
-        )  # fmt: skip
-        plan.check()
-    except PlanError as e:
-        exit_with_error(e)
-    report = {
-        "plan": dataclasses.asdict(plan),
-        **plan.summary(),
-        "rates (assumed unless noted)": dataclasses.asdict(Rates()),
-        "PREDICTION forward phase us": round(predicted_phase_us(plan, None, args.multicast), 2),
-        "PREDICTION backward phase us": round(
-            predicted_phase_us(plan, None, args.multicast, backward=True), 2
-        ),
-        "PREDICTION step recurrence ms": round(
-            predicted_step_ms(plan, args.depth, args.length, None, args.multicast), 2
-        ),
-    }
-    print(json.dumps(report, indent=1))
-    return report
-
-
-if __name__ == "__main__":
-    main()

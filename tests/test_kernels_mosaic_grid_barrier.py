@@ -1,4 +1,4 @@
-"""The grid barrier of the persistent kernels (`kernels/grid_barrier.py`).
+"""The grid barrier of the persistent kernels (`kernels/mosaic/grid_barrier.py`).
 
 On a CPU: `check_status` passes an all-zero status and raises ONE line naming the phase
 otherwise. ``gpu_compile``: a 132-block kernel of 700 phases whose every phase reads a
@@ -17,8 +17,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from kernel_cases import MosaicGpuMode, assert_race_reported, needs_cuda, run_deviceless
-from rhhjax.kernels import gpu_interpret, grid_barrier
+from kernel_cases import MosaicGpuMode, assert_race_reported, compile_deviceless, needs_cuda
+from rhhjax.kernels.mosaic import grid_barrier
+from rhhjax.kernels.mosaic import interpret as gpu_interpret
 
 ROWS, UNITS = 64, 8
 
@@ -99,9 +100,9 @@ def neighbour_reference(x0: np.ndarray, blocks: int, phases: int) -> np.ndarray:
 def compile_main(blocks: int = 132, phases: int = 700) -> None:
     """Run in a fresh deviceless process: lower and compile `neighbour_kernel` for an H100;
     prints a JSON line with what the lowered module holds."""
-    from rhhjax.tools import hlo_compile
+    from rhhjax.hlo import deviceless
 
-    rep = jax.sharding.NamedSharding(hlo_compile.h100_mesh(), jax.sharding.PartitionSpec())
+    rep = jax.sharding.NamedSharding(deviceless.h100_mesh(), jax.sharding.PartitionSpec())
     x0 = jax.ShapeDtypeStruct((ROWS, blocks * UNITS), jnp.float32, sharding=rep)
     lowered = (
         jax.jit(neighbour_kernel(blocks, phases)).trace(x0).lower(lowering_platforms=("cuda",))
@@ -146,9 +147,8 @@ def test_the_reference_adds_the_right_neighbour_each_phase():
 @needs_cuda
 def test_a_132_block_700_phase_kernel_lowers_and_compiles_for_an_h100_without_a_gpu(tmp_path):
     here = pathlib.Path(__file__).parent
-    code = "from rhhjax.tools import hlo_compile as h; h.set_deviceless_env(log_ptxas=False)\n"
-    code += "import test_grid_barrier as t; t.compile_main()"
-    pieces, _ = run_deviceless(code, here, dump_dir=tmp_path)
+    code = "import test_kernels_mosaic_grid_barrier as t; t.compile_main()"
+    pieces, _ = compile_deviceless(code, here, dump_dir=tmp_path, log_ptxas=False)
     assert all(pieces.values()), pieces
 
 

@@ -1,7 +1,7 @@
-"""The persistent whole-sequence backward kernel (`kernels/persistent_backward.py`).
+"""The persistent whole-sequence backward kernel (`kernels/mosaic/persistent_backward.py`).
 
 On a CPU: its reference against ``jax.vjp`` of a plain-JAX forward on the same padded
-operands (f32) and against `rhhjax.ops.persistent_schedule.backward_loop` (f32, bf16; with
+operands (f32) and against `persistent_schedule.backward_loop` (f32, bf16; with
 and without z and mask; odd sizes; depth 1 and 3); the weight layout; the shared-memory
 count; one-line plan errors. ``gpu_compile``: the kernel lowers and compiles for an H100
 without a GPU, and allocates exactly `backward_smem_bytes`. `TestCompiled`: the kernel against
@@ -16,18 +16,17 @@ import types
 import jax
 import jax.numpy as jnp
 import numpy as np
+import persistent_schedule as ps
 import pytest
-from kernel_cases import MosaicGpuMode, assert_race_reported, needs_cuda, run_deviceless
-from rhhjax.kernels import gpu_interpret
-from rhhjax.kernels import grid_barrier as gb
-from rhhjax.kernels import persistent_backward as pb
-from rhhjax.kernels import persistent_slots as slots
-from rhhjax.kernels.persistent_plan import PersistentPlan, PlanError, paper_plan
-
-from rhhjax.ops import persistent_schedule as ps
+from kernel_cases import MosaicGpuMode, assert_race_reported, compile_deviceless, needs_cuda
+from rhhjax.kernels.layout import F32
+from rhhjax.kernels.mosaic import grid_barrier as gb
+from rhhjax.kernels.mosaic import interpret as gpu_interpret
+from rhhjax.kernels.mosaic import persistent_backward as pb
+from rhhjax.kernels.mosaic import persistent_slots as slots
+from rhhjax.kernels.mosaic.plan import PersistentPlan, PlanError, paper_plan
 
 KEEP = 0.7
-F32 = jnp.float32
 
 
 def _pad(plan, x):
@@ -297,13 +296,10 @@ def test_unrunnable_plans_are_one_line_errors(plan, message):
 # ----------------------------------------------------------------------------- compile
 
 _COMPILE = """
-import inspect, json
-from rhhjax.tools import hlo_compile as hc
-hc.set_deviceless_env(log_ptxas=False)
-import jax, jax.numpy as jnp
+import inspect
 from jax.experimental.mosaic.gpu import core as mcore
-from rhhjax.kernels import persistent_backward as pb
-from rhhjax.kernels.persistent_plan import PersistentPlan
+from rhhjax.kernels.mosaic import persistent_backward as pb
+from rhhjax.kernels.mosaic.plan import PersistentPlan
 smem = []
 launch = mcore._launch
 def counting_launch(*args, **kwargs):
@@ -311,9 +307,6 @@ def counting_launch(*args, **kwargs):
     smem.append(mcore._smem_tree_size(bound.arguments["smem_buffers"]))
     return launch(*args, **kwargs)
 mcore._launch = counting_launch
-rep = jax.sharding.NamedSharding(hc.h100_mesh(), jax.sharding.PartitionSpec())
-def sds(shape, dtype=jnp.float32):
-    return jax.ShapeDtypeStruct(shape, dtype, sharding=rep)
 rows = []
 for plan_args, steps, depth, z_on, mask_on in {cases!r}:
     plan = PersistentPlan(*plan_args)
@@ -322,10 +315,7 @@ for plan_args, steps, depth, z_on, mask_on in {cases!r}:
             sds((phases, b, 5 if z_on else 3, n)), sds((phases, b, n)) if z_on else None,
             sds((phases, b, n)) if mask_on else None)
     smem.clear()
-    run = jax.jit(lambda *a: pb.persistent_backward(plan, *a))
-    lowered = run.trace(*args).lower(lowering_platforms=("cuda",))
-    text = lowered.as_text()
-    lowered.compile()
+    text = lower_and_compile(lambda *a: pb.persistent_backward(plan, *a), *args)
     rows.append(dict(
         mosaic="mosaic_gpu" in text,
         barrier=all(k in text for k in ("red.release.gpu", "fence.proxy.async.global")),
@@ -349,7 +339,7 @@ def test_kernel_lowers_and_compiles_for_an_h100_without_a_gpu(tmp_path):
         ((100, 37, "float32", 3, 2, 32, 3), 3, 2, False, True),
     ]
     code = _COMPILE.format(cases=cases)
-    rows, _ = run_deviceless(code, tmp_path)
+    rows, _ = compile_deviceless(code, tmp_path, log_ptxas=False)
     assert len(rows) == len(cases)
     for row in rows:
         assert row["mosaic"] and row["barrier"], row
@@ -373,7 +363,7 @@ class TestCompiled(MosaicGpuMode):
         ],
     }
     TOL = {"bfloat16": 3e-2, "float32": 3e-3}
-    LAYOUT = "grid"  # the kernels' launch layout (`kernels/rowgroup_layout.py`)
+    LAYOUT = "grid"  # the kernels' launch layout (`kernels/mosaic/rowgroup_layout.py`)
 
     def test_matches_reference(self, case):
         plan_args, steps, depth, z_on, mask_on = case

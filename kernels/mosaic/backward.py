@@ -25,7 +25,7 @@ exactly `rhhjax.ops.cells.gate_backward` and `rhhjax.ops.fused._layer_backward`.
 
 `highway_backward_reference` is the same math in plain JAX. Runs compiled on a Hopper GPU;
 lowers and compiles for one on a CPU host with the CUDA plugin, and runs in GPU interpret mode
-on a CPU with jax >= 0.11.2 (tests/test_mosaic_backward.py).
+on a CPU with jax >= 0.11.2 (tests/test_kernels_mosaic_backward.py).
 """
 
 from __future__ import annotations
@@ -37,9 +37,9 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
-from rhhjax.kernels.mosaic_gemm import gemm_nt_to_smem
+from rhhjax.kernels.layout import F32
+from rhhjax.kernels.mosaic.gemm import gemm_nt_to_smem
 
-F32 = jnp.float32
 Array = jax.Array
 
 

@@ -1,17 +1,17 @@
-"""`kernels/rowgroup_layout.py`: the persistent kernels launched as one cluster per row group
-(a hardware cluster barrier, no grid-wide barrier), against their references on fresh random
-inputs: compiled on a GPU, and executed in GPU interpret mode with the race detector on
-(jax >= 0.11.2), where the grid's clusters run one after another, each cluster's blocks at
-once. The test bodies are the grid layout's (`test_persistent_forward`,
-`test_persistent_backward`), with ``LAYOUT = "rowgroup"`` and plans of more than one row
-group."""
+"""`kernels/mosaic/rowgroup_layout.py`: the persistent kernels launched as one cluster per
+row group (a hardware cluster barrier, no grid-wide barrier), against their references on
+fresh random inputs: compiled on a GPU, and executed in GPU interpret mode with the race
+detector on (jax >= 0.11.2), where the grid's clusters run one after another, each
+cluster's blocks at once. The test bodies are the grid layout's
+(`test_kernels_mosaic_persistent_forward`, `test_kernels_mosaic_persistent_backward`), with
+``LAYOUT = "rowgroup"`` and plans of more than one row group."""
 
 import pytest
-import test_persistent_backward as tb
-import test_persistent_forward as tf
+import test_kernels_mosaic_persistent_backward as tb
+import test_kernels_mosaic_persistent_forward as tf
 from kernel_cases import needs_cuda, run_deviceless
-from rhhjax.kernels import rowgroup_layout
-from rhhjax.kernels.persistent_plan import PersistentPlan, PlanError
+from rhhjax.kernels.mosaic import rowgroup_layout
+from rhhjax.kernels.mosaic.plan import PersistentPlan, PlanError
 
 
 class TestForwardCompiled(tf.TestCompiled):
@@ -66,7 +66,7 @@ def test_a_layout_that_cannot_run_the_plan_is_one_line(layout, plan, message):
 
 
 def test_the_grid_layout_is_grid_barriers_functions():
-    from rhhjax.kernels import grid_barrier
+    from rhhjax.kernels.mosaic import grid_barrier
 
     assert rowgroup_layout.functions("grid", None)[:2] == (
         grid_barrier.launch,
@@ -79,9 +79,9 @@ import json
 from rhhjax.tools import hlo_compile as g
 g.set_deviceless_env(log_ptxas=False)
 import jax, jax.numpy as jnp
-from rhhjax.kernels import persistent_backward as pb
-from rhhjax.kernels import persistent_forward as pf
-from rhhjax.kernels.persistent_plan import PersistentPlan
+from rhhjax.kernels.mosaic import persistent_backward as pb
+from rhhjax.kernels.mosaic import persistent_forward as pf
+from rhhjax.kernels.mosaic.plan import PersistentPlan
 rep = jax.sharding.NamedSharding(g.h100_mesh(), jax.sharding.PartitionSpec())
 def sds(shape, dtype=jnp.float32):
     return jax.ShapeDtypeStruct(shape, dtype, sharding=rep)
@@ -128,7 +128,7 @@ def test_the_paper_rowgroup_plans_lower_and_compile_for_an_h100_without_a_gpu(tm
 def test_the_rowgroup_plan_is_a_runnable_one_of_at_most_16_column_blocks(batch, width, dtype):
     """`persistent.plan_for(..., "rowgroup")`: both kernels accept it, one cluster per row
     group fits an H100, and it is the grid's plan wherever that has <= 16 column blocks."""
-    from rhhjax.kernels import persistent_backward as pb
+    from rhhjax.kernels.mosaic import persistent_backward as pb
 
     from rhhjax.ops import persistent
 

@@ -27,8 +27,8 @@ from __future__ import annotations
 from typing import Any
 
 import jax
-from rhhjax.kernels import grid_barrier
-from rhhjax.kernels.persistent_plan import PersistentPlan, PlanError
+from rhhjax.kernels.mosaic import grid_barrier
+from rhhjax.kernels.mosaic.plan import PersistentPlan, PlanError
 
 LAYOUTS = ("grid", "rowgroup")
 MAX_CLUSTER = 16  # an H100's largest (non-portable) cluster
@@ -50,7 +50,7 @@ def check(plan: PersistentPlan, layout: str, interpret: Any) -> None:
             f"cluster per row group), got {plan.col_blocks}: use layout 'grid'"
         )
     if interpret is not None:
-        from rhhjax.kernels import gpu_interpret
+        from rhhjax.kernels.mosaic import interpret as gpu_interpret
 
         reason = gpu_interpret.cluster_too_large(plan.col_blocks)
         if reason is not None:

@@ -1,4 +1,4 @@
-"""The Mosaic GPU micro-layer forward (`kernels/mosaic_forward.py`).
+"""The Mosaic GPU micro-layer forward (`kernels/mosaic/forward.py`).
 
 On a CPU: its reference and operand layout against the highway math of `ops.cells`, and its
 one-line config errors. ``gpu_compile``: the kernel lowers and compiles for an H100 without
@@ -14,8 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.experimental.pallas import mosaic_gpu as plgpu
-from kernel_cases import MosaicGpuMode, assert_race_reported, needs_cuda, run_deviceless
-from rhhjax.kernels import mosaic_forward as mf
+from kernel_cases import MosaicGpuMode, assert_race_reported, compile_deviceless, needs_cuda
+from rhhjax.kernels.mosaic import forward as mf
 
 from rhhjax.ops import cells
 
@@ -71,14 +71,7 @@ def test_misaligned_shapes_are_one_line_errors(config, shape, message):
 
 
 _COMPILE = """
-import json
-from rhhjax.tools import hlo_compile as g
-g.set_deviceless_env()
-import jax, jax.numpy as jnp
-from rhhjax.kernels import mosaic_forward as mf
-rep = jax.sharding.NamedSharding(g.h100_mesh(), jax.sharding.PartitionSpec())
-def sds(shape, dtype):
-    return jax.ShapeDtypeStruct(shape, dtype, sharding=rep)
+from rhhjax.kernels.mosaic import forward as mf
 rows = []
 for b_pad, n_pad, k_pad, units, tile_k, stages in {cases!r}:
     config = mf.MosaicForwardConfig(units=units, tile_k=tile_k, stages=stages)
@@ -86,9 +79,7 @@ for b_pad, n_pad, k_pad, units, tile_k, stages in {cases!r}:
             sds((b_pad, n_pad), jnp.float32), sds((b_pad, 2, n_pad), jnp.float32),
             sds((b_pad, n_pad), jnp.float32))
     f = lambda *a: mf.highway_forward(*a, config=config)
-    lowered = jax.jit(f).trace(*args).lower(lowering_platforms=("cuda",))
-    text = lowered.as_text()
-    lowered.compile()
+    text = lower_and_compile(f, *args)
     rows.append({{"mosaic": "mosaic_gpu" in text, "compiled": True}})
 print(json.dumps(rows))
 """
@@ -101,7 +92,7 @@ def test_kernel_lowers_and_compiles_for_an_h100_without_a_gpu(tmp_path):
     blocks, K 1024) and a small odd case, deviceless, in a fresh process."""
     cases = [(256, 1056, 1024, 8, 64, 4), (64, 48, 48, 8, 16, 2)]
     code = _COMPILE.format(cases=cases)
-    rows, _ = run_deviceless(code, tmp_path)
+    rows, _ = compile_deviceless(code, tmp_path)
     assert rows == [{"mosaic": True, "compiled": True}] * len(cases)
 
 

@@ -24,9 +24,11 @@ from model_cases import (
     assert_interpret_mode_runs_or_names_the_jax,
     assert_off_gpu_refusal_advises_what_runs,
 )
-from rhhjax.kernels.persistent_plan import H100_SMS, PersistentPlan, predicted_phase_us
+from rhhjax.kernels.hardware import H100
+from rhhjax.kernels.mosaic.plan import PersistentPlan
 
 from rhhjax import models
+from rhhjax.hlo.persistent_cost import predicted_phase_us
 from rhhjax.ops import fused, persistent, spec
 
 
@@ -81,7 +83,7 @@ def test_the_plan_is_a_runnable_one_of_the_lowest_predicted_phase_time(batch, wi
     assert plan.units_per_block % 8 == 0 and plan.n_pad >= width
     assert plan.k_pad <= plan.n_pad and (2 * plan.n_pad) % plan.k_chunk == 0
     assert plan.b_pad % 64 == 0 and plan.b_pad - batch < 64 * plan.row_blocks
-    assert plan.grid <= H100_SMS
+    assert plan.grid <= H100.sms
     others = list(persistent._candidates(batch, width, "bfloat16"))
     assert plan in others and len(others) > 1
     assert all(_predicted(plan) <= _predicted(other) for other in others)
@@ -103,7 +105,7 @@ def test_the_plan_of_the_paper_width_fits_shared_memory_in_both_dtypes():
 
 def test_a_width_past_the_sms_is_one_plan_error_line():
     with pytest.raises(persistent.PlanError) as error:
-        persistent.plan_for(64, max(persistent.UNITS) * H100_SMS + 1, "bfloat16")
+        persistent.plan_for(64, max(persistent.UNITS) * H100.sms + 1, "bfloat16")
     assert "\n" not in str(error.value) and "blocks" in str(error.value)
 
 
@@ -206,7 +208,7 @@ class TestPersistentInterpret(TestPersistentCompiled):
 
 class TestPersistentInterpretRowgroup(TestPersistentInterpret):
     """The same with the kernels launched as one cluster per row group
-    (`persistent.LAYOUT = "rowgroup"`, `kernels/rowgroup_layout.py`)."""
+    (`persistent.LAYOUT = "rowgroup"`, `kernels/mosaic/rowgroup_layout.py`)."""
 
     @pytest.fixture(autouse=True)
     def _rowgroup(self, monkeypatch):

@@ -1,9 +1,10 @@
 """A self-resetting grid barrier for persistent Mosaic GPU kernels, with a bounded spin.
 
-A persistent kernel (`kernels/persistent_forward.py`, `kernels/persistent_backward.py`) runs
-every block of its grid at once and meets at a barrier between phases. JAX 0.10.2 allocates
-grid-wide semaphores only with ``pl.get_global``, which PERSISTS across kernel calls
-(``run_scoped`` semaphores are block-local), so a barrier built on monotonic counters would
+A persistent kernel (`kernels/mosaic/persistent_forward.py`,
+`kernels/mosaic/persistent_backward.py`) runs every block of its grid at once and meets at a
+barrier between phases. JAX 0.10.2 allocates grid-wide semaphores only with
+``pl.get_global``, which PERSISTS across kernel calls (``run_scoped`` semaphores are
+block-local), so a barrier built on monotonic counters would
 start the next call where the last one ended. This barrier leaves every semaphore at zero
 when a call finishes, so each call starts from the state the first one saw:
 
@@ -36,10 +37,10 @@ stores have completed and before its arrive, and again after the wait before its
 loads, orders the two (`_fence_proxy_async_global`).
 
 The semaphore barrier runs on a Hopper GPU only. It lowers and compiles for an H100 on a CPU
-host with the CUDA plugin (tests/test_grid_barrier.py); whether it performs as hoped, only a
-GPU can say.
+host with the CUDA plugin (tests/test_kernels_mosaic_grid_barrier.py); whether it performs as
+hoped, only a GPU can say.
 
-GPU interpret mode (`kernels/gpu_interpret.py`, jax >= 0.11.2) cannot run it: it allocates no
+GPU interpret mode (`kernels/mosaic/interpret.py`, jax >= 0.11.2) cannot run it: it allocates no
 ``pl.get_global`` semaphores, runs no inline PTX (the fence), and runs the grid's blocks one
 after another, so a block waiting for another would wait forever. There a persistent kernel
 launches its whole grid as ONE cluster (`launch`), whose blocks the interpreter runs at once,

@@ -1,12 +1,10 @@
 """The persistent kernel's static plan: ownership, padded extents, shared memory, weight
-slices, co-residency (refused with one line), L2 traffic and the labelled prediction."""
+slices, co-residency (refused with one line) and L2 traffic."""
 
 import dataclasses
-import subprocess
-import sys
 
 import pytest
-from rhhjax.kernels import persistent_plan as pp
+from rhhjax.kernels.mosaic import plan as pp
 
 from rhhjax.errors import UserError
 
@@ -19,7 +17,7 @@ def test_paper_bf16_plan_is_one_block_per_sm_with_both_halves_of_8_units():
     # The forward kernel's allocation with every option: 4 stages x (256 state rows + 16
     # weight columns) x 64 K x 2 B; f32 state, accumulator copy, 6 staged f32 tiles and the
     # bf16 state cast per (row, unit): 4 + 8 + 24 + 2 B; 10 mbarriers of 8 B
-    # (tests/test_persistent_forward.py checks it against Mosaic GPU's own count).
+    # (tests/test_kernels_mosaic_persistent_forward.py checks it against Mosaic GPU's own count).
     assert plan.smem_bytes() == 4 * (256 + 16) * 64 * 2 + 256 * 8 * 38 + 80 == 217_168
     assert plan.smem_bytes() <= 227 * 1024
     # Backward slice [2112, 8] is larger than the forward [1024, 16].
@@ -87,30 +85,3 @@ def test_column_ownership_reads_the_whole_state_in_every_block():
     assert split.l2_bytes_per_phase() < plan.l2_bytes_per_phase()
     assert plan.flops_per_block() == 2 * 256 * 1024 * 16
     assert plan.flops_per_block(backward=True) == 2 * 256 * 2112 * 8
-
-
-def test_prediction_is_barrier_plus_the_slowest_of_gemm_l2_and_fill():
-    plan = pp.paper_plan("bfloat16")
-    rates = pp.Rates(barrier_us=1.0, tflops_per_sm=1.0, l2_tbytes=1e9, smem_fill_bytes_per_clk=1e9)
-    gemm_us = plan.flops_per_block() / 1e12 * 1e6
-    assert pp.predicted_phase_us(plan, rates) == pytest.approx(1.0 + gemm_us)
-    l2_bound = pp.Rates(barrier_us=2.0, tflops_per_sm=1e9, l2_tbytes=5.0)
-    expected = 2.0 + plan.l2_bytes_per_phase() / 5e12 * 1e6
-    assert pp.predicted_phase_us(plan, l2_bound) == pytest.approx(expected)
-    step = pp.predicted_step_ms(plan, depth=7, length=100, rates=l2_bound)
-    assert step > 700 * pp.predicted_phase_us(plan, l2_bound) / 1e3
-
-
-def test_command_prints_the_plan_and_refuses_a_bad_one_with_one_line():
-    ok = subprocess.run(
-        [sys.executable, "-m", "rhhjax.kernels.persistent_plan", "--dtype=bfloat16"],
-        capture_output=True, text=True,
-    )  # fmt: skip
-    assert ok.returncode == 0, ok.stderr
-    assert '"smem_bytes": 217168' in ok.stdout and "PREDICTION" in ok.stdout
-    bad = subprocess.run(
-        [sys.executable, "-m", "rhhjax.kernels.persistent_plan", "--dtype=float32"],
-        capture_output=True, text=True,
-    )  # fmt: skip
-    assert bad.returncode == 1 and bad.stdout == ""
-    assert bad.stderr.count("\n") == 1 and bad.stderr.startswith("error: persistent plan needs")

@@ -14,8 +14,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
-
-F32 = jnp.float32
+from rhhjax.kernels.layout import F32
 
 
 def wgmma_transforms(cols: int, dtype) -> tuple:

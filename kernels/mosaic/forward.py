@@ -1,6 +1,6 @@
 """One highway micro-layer forward as a Mosaic GPU Pallas kernel (Hopper: wgmma, TMA).
 
-A first step towards the persistent kernel of issue 20 (`kernels/persistent_plan.py`): the
+A first step towards the persistent kernel (`kernels/mosaic/plan.py`): the
 same column ownership as one of its phases, as a standalone launch, and the forward of
 `impl="mosaic"` (`rhhjax.ops.mosaic`). Program ``(m, g)`` owns rows ``m * tile_m ..`` and
 units ``g * u ..`` (both the h- and the t-columns of its units)::
@@ -31,7 +31,7 @@ z, ``full`` [b_pad, 2, n_pad] too: the rows the backward of `rhhjax.ops.fused` r
 
 `highway_forward_reference` is the same math in plain JAX (same outputs). The kernel needs an
 H100 to run compiled; it lowers and compiles for one on a CPU host with the CUDA plugin, and
-runs in GPU interpret mode on a CPU with jax >= 0.11.2 (tests/test_mosaic_forward.py).
+runs in GPU interpret mode on a CPU with jax >= 0.11.2 (tests/test_kernels_mosaic_forward.py).
 """
 
 from __future__ import annotations
@@ -43,9 +43,9 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
-from rhhjax.kernels.mosaic_gemm import gemm_nt_to_smem
+from rhhjax.kernels.layout import F32
+from rhhjax.kernels.mosaic.gemm import gemm_nt_to_smem
 
-F32 = jnp.float32
 Array = jax.Array
 
 

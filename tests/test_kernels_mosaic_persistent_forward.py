@@ -1,7 +1,7 @@
-"""The persistent whole-sequence forward kernel (`kernels/persistent_forward.py`).
+"""The persistent whole-sequence forward kernel (`kernels/mosaic/persistent_forward.py`).
 
 On a CPU: its reference against the highway recurrence of `ops.cells` and against the
-schedule emulation `ops.persistent_schedule` (states and the saved rows in
+schedule emulation tests/persistent_schedule.py (states and the saved rows in
 `loops.pack`'s layout), the A buffer and status outputs, the weight layout, the plan's new
 checks and its shared-memory count, one-line errors. ``gpu_compile``: the kernel lowers and
 compiles for an H100 without a GPU, allocating exactly ``plan.smem_bytes(...)`` (needs the
@@ -15,21 +15,24 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+import persistent_schedule
 import pytest
 from kernel_cases import (
     MosaicGpuMode,
     assert_no_spills,
     assert_race_reported,
+    compile_deviceless,
     needs_cuda,
-    run_deviceless,
 )
-from rhhjax.kernels import gpu_interpret, grid_barrier
-from rhhjax.kernels import mosaic_forward as mf
-from rhhjax.kernels import persistent_forward as pf
-from rhhjax.kernels import persistent_plan as pp
-from rhhjax.kernels import persistent_slots as slots
+from rhhjax.kernels.hardware import H100
+from rhhjax.kernels.mosaic import forward as mf
+from rhhjax.kernels.mosaic import grid_barrier
+from rhhjax.kernels.mosaic import interpret as gpu_interpret
+from rhhjax.kernels.mosaic import persistent_forward as pf
+from rhhjax.kernels.mosaic import persistent_slots as slots
+from rhhjax.kernels.mosaic import plan as pp
 
-from rhhjax.ops import cells, fused, loops, persistent_schedule
+from rhhjax.ops import cells, fused, loops
 
 TOLERANCE = {"float32": 1e-5, "bfloat16": 1e-5}
 KEEP = 0.7
@@ -252,7 +255,7 @@ def test_paper_plan_shared_memory_fits_at_four_stages():
     expected = (4 * rows * 64 * 2 + 4 * 2 * u * 64 * 2 + rows * u * 4 + rows * 2 * u * 4
                 + 6 * rows * u * 4 + rows * u * 2 + 8 * (4 + 6))  # fmt: skip
     assert expected % kb == 80  # every buffer here is a whole number of KiB
-    assert plan.smem_bytes() == expected == 217_168 <= pp.H100_SMEM_PER_BLOCK
+    assert plan.smem_bytes() == expected == 217_168 <= H100.smem_per_block_optin
     assert plan.smem_bytes(has_z=False, has_mask=False, save=False) == 217_168 - 2 * 8192 - 16
     f32 = pp.paper_plan("float32", stages=2)
     f32.check()
@@ -260,22 +263,15 @@ def test_paper_plan_shared_memory_fits_at_four_stages():
 
 
 _COMPILE = """
-import json
-from rhhjax.tools import hlo_compile as g
-g.set_deviceless_env(log_ptxas=False)
-import jax, jax.numpy as jnp
 from jax.experimental.mosaic.gpu import core as mosaic_core
-from rhhjax.kernels import persistent_forward as pf
-from rhhjax.kernels.persistent_plan import PersistentPlan
+from rhhjax.kernels.mosaic import persistent_forward as pf
+from rhhjax.kernels.mosaic.plan import PersistentPlan
 allocated = []
 _size = mosaic_core._smem_tree_size
 def _counted(tree):
     allocated.append(_size(tree))
     return allocated[-1]
 mosaic_core._smem_tree_size = _counted
-rep = jax.sharding.NamedSharding(g.h100_mesh(), jax.sharding.PartitionSpec())
-def sds(shape, dtype):
-    return jax.ShapeDtypeStruct(shape, dtype, sharding=rep)
 rows = []
 for fields, steps, depth, has_z, has_mask, save in {cases!r}:
     plan = PersistentPlan(*fields)
@@ -286,9 +282,7 @@ for fields, steps, depth, has_z, has_mask, save in {cases!r}:
             opt(has_z), opt(has_mask))
     f = lambda *a: pf.persistent_forward(plan, *a, save=save)
     allocated.clear()
-    lowered = jax.jit(f).trace(*args).lower(lowering_platforms=("cuda",))
-    text = lowered.as_text()
-    lowered.compile()
+    text = lower_and_compile(f, *args)
     marks = ("mosaic_gpu", "persistent_highway_forward", "red.release.gpu", "ld.acquire",
              "fence.proxy.async.global")
     rows.append({{"marks": [m in text for m in marks], "smem": list(allocated),
@@ -311,7 +305,7 @@ def test_kernel_lowers_and_compiles_for_an_h100_without_a_gpu(tmp_path):
         ((100, 37, "float32", 4, 2, 16, 2), 3, 3, False, True, True),
     ]
     code = _COMPILE.format(cases=cases)
-    rows, reports = run_deviceless(code, tmp_path)
+    rows, reports = compile_deviceless(code, tmp_path, log_ptxas=False)
     assert len(rows) == len(cases)
     for row in rows:
         assert all(row["marks"]), row
@@ -354,7 +348,7 @@ class TestCompiled(MosaicGpuMode):
                  ("bfloat16", 256, 1000, 33, 4, 64, 2, 2)],
     }  # fmt: skip
     TOL = {"bfloat16": 1e-4, "float32": 3e-3}
-    LAYOUT = "grid"  # the kernels' launch layout (`kernels/rowgroup_layout.py`)
+    LAYOUT = "grid"  # the kernels' launch layout (`kernels/mosaic/rowgroup_layout.py`)
 
     def run(self, plan, ops, save):
         """The jitted kernel in this class's mode; the plan must suit the mode."""

@@ -1,11 +1,11 @@
-"""The persistent whole-sequence highway forward as ONE Mosaic GPU kernel (issue 20 item 2).
+"""The persistent whole-sequence highway forward as ONE Mosaic GPU kernel.
 
 Every micro-layer phase ``p = t * L + l`` of a sequence (``T * L`` phases) runs inside one
-launch of a ``row_blocks x col_blocks`` grid (`kernels/persistent_plan.py`), with a grid
-barrier (`kernels/grid_barrier.py`) between phases. Block ``(r, g)`` owns rows
+launch of a ``row_blocks x col_blocks`` grid (`kernels/mosaic/plan.py`), with a grid
+barrier (`kernels/mosaic/grid_barrier.py`) between phases. Block ``(r, g)`` owns rows
 ``r * rows ..`` and units ``g * u ..`` (the h- AND the t-columns of its units) and keeps
 its f32 state slice ``[rows, u]`` in shared memory across phases. Per phase, exactly
-`kernels/mosaic_forward.py`'s micro-layer (its `_epilogue` is the shared math)::
+`kernels/mosaic/forward.py`'s micro-layer (its `_epilogue` is the shared math)::
 
     acc  = s_mm[p][rows, :k_pad] @ w_blk[l, g]^T     [rows, 2u]  (K in k_chunk tiles through
            a stages-deep TMA pipeline, chunk 0 first, wgmma, f32 accumulation)
@@ -52,7 +52,7 @@ stores that overwrite the same shared memory (the state, the reused input slots)
 `persistent_forward_reference` computes the same outputs in pure JAX (a `lax.scan` over
 phases of `mosaic_forward.highway_forward_reference`). The kernel runs on a Hopper GPU
 only; it lowers and compiles for an H100 on a CPU host with the CUDA plugin
-(tests/test_persistent_forward.py).
+(tests/test_kernels_mosaic_persistent_forward.py).
 """
 
 from __future__ import annotations
@@ -63,11 +63,12 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
-from rhhjax.kernels import grid_barrier, rowgroup_layout
-from rhhjax.kernels import mosaic_forward as mf
-from rhhjax.kernels import persistent_slots as slots
-from rhhjax.kernels.mosaic_gemm import gemm_nt_to_smem
-from rhhjax.kernels.persistent_plan import (
+from rhhjax.kernels.layout import F32
+from rhhjax.kernels.mosaic import forward as mf
+from rhhjax.kernels.mosaic import grid_barrier, rowgroup_layout
+from rhhjax.kernels.mosaic import persistent_slots as slots
+from rhhjax.kernels.mosaic.gemm import gemm_nt_to_smem
+from rhhjax.kernels.mosaic.plan import (
     PersistentPlan,
     PlanError,
     forward_inputs,
@@ -75,7 +76,6 @@ from rhhjax.kernels.persistent_plan import (
     forward_staging_slots,
 )
 
-F32 = jnp.float32
 Array = jax.Array
 
 

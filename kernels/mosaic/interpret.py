@@ -14,7 +14,7 @@ What the interpreter cannot run, and how the kernels meet it:
   read ``jax.lax.axis_index(name)`` (the same lowering on a GPU, jax 0.10.2 included).
 * It runs the grid's points one after another; only the blocks of ONE cluster run at
   once. It allocates no ``pl.get_global`` semaphores and runs no inline PTX. So the
-  persistent kernels' grid barrier (`kernels/grid_barrier.py`) cannot run there: in
+  persistent kernels' grid barrier (`kernels/mosaic/grid_barrier.py`) cannot run there: in
   interpret mode they launch the whole grid as one cluster and meet at a
   ``plgpu.ClusterBarrier`` instead (`grid_barrier.launch`), at most `max_blocks` blocks.
 * Each block of a cluster of two or more is a thread that runs its own XLA computation,

@@ -1,4 +1,4 @@
-"""The Mosaic GPU micro-layer backward (`kernels/mosaic_backward.py`).
+"""The Mosaic GPU micro-layer backward (`kernels/mosaic/backward.py`).
 
 On a CPU: its reference against `rhhjax.ops.fused`'s micro-layer backward (the state-gradient
 matmul of the layer above plus `cells.gate_backward`), and its one-line config errors.
@@ -14,8 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.experimental.pallas import mosaic_gpu as plgpu
-from kernel_cases import MosaicGpuMode, assert_race_reported, needs_cuda, run_deviceless
-from rhhjax.kernels import mosaic_backward as mb
+from kernel_cases import MosaicGpuMode, assert_race_reported, compile_deviceless, needs_cuda
+from rhhjax.kernels.mosaic import backward as mb
 
 from rhhjax.ops import fused, spec
 
@@ -83,23 +83,14 @@ def test_misaligned_shapes_are_one_line_errors(config, shape, message):
 
 
 _COMPILE = """
-import json
-from rhhjax.tools import hlo_compile as g
-g.set_deviceless_env()
-import jax, jax.numpy as jnp
-from rhhjax.kernels import mosaic_backward as mb
-rep = jax.sharding.NamedSharding(g.h100_mesh(), jax.sharding.PartitionSpec())
-def sds(shape, dtype=jnp.float32):
-    return jax.ShapeDtypeStruct(shape, dtype, sharding=rep)
+from rhhjax.kernels.mosaic import backward as mb
 rows = []
 for b, n, dtype, z_on, mask_on in {cases!r}:
     mm = jnp.dtype(dtype)
     rows_f32 = [sds((b, n))] * 5
     args = (sds((b, 2 * n), mm), sds((n, 2 * n), mm), *rows_f32,
             sds((b, n)) if z_on else None, sds((b, n)) if mask_on else None)
-    lowered = jax.jit(mb.highway_backward).trace(*args).lower(lowering_platforms=("cuda",))
-    text = lowered.as_text()
-    lowered.compile()
+    text = lower_and_compile(mb.highway_backward, *args)
     rows.append({{"mosaic": "mosaic_gpu" in text, "compiled": True}})
 print(json.dumps(rows))
 """
@@ -113,7 +104,7 @@ def test_kernel_lowers_and_compiles_for_an_h100_without_a_gpu(tmp_path):
     cases = [(256, 1024, "bfloat16", True, True), (256, 1024, "float32", True, True),
              (64, 64, "bfloat16", False, False)]  # fmt: skip
     code = _COMPILE.format(cases=cases)
-    rows, _ = run_deviceless(code, tmp_path)
+    rows, _ = compile_deviceless(code, tmp_path)
     assert rows == [{"mosaic": True, "compiled": True}] * len(cases)
 
 

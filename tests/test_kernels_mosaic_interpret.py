@@ -1,11 +1,11 @@
-"""GPU interpret mode's settings (`kernels/gpu_interpret.py`): where it exists, its
+"""GPU interpret mode's settings (`kernels/mosaic/interpret.py`): where it exists, its
 parameters, and the one-line refusals of a cluster larger than the interpreter can run here.
-The kernels executed in it: the `TestInterpret` classes of tests/test_mosaic*.py,
-test_persistent*.py and test_grid_barrier.py."""
+The kernels executed in it: the `TestInterpret` classes of tests/test_kernels_mosaic_*.py,
+test_ops_mosaic.py and test_ops_persistent.py."""
 
 import jax
 import pytest
-from rhhjax.kernels import gpu_interpret
+from rhhjax.kernels.mosaic import interpret as gpu_interpret
 
 
 def test_available_is_whether_jax_has_interpret_gpu_params():

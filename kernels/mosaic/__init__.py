@@ -1,0 +1,15 @@
+"""The Mosaic GPU kernels (Hopper: wgmma, TMA pipelines), each module with its reference;
+reached through `rhhjax.ops.mosaic` and `rhhjax.ops.persistent`.
+
+    gemm.py                 the pipelined GEMM into shared memory the kernels share.
+    forward.py              one micro-layer forward per kernel, with its reference.
+    backward.py             one micro-layer backward per kernel, with its reference.
+    persistent_forward.py   the whole forward as ONE persistent kernel.
+    persistent_backward.py  the whole backward as ONE persistent kernel.
+    plan.py                 a persistent plan's resources, shared memory and refusals.
+    persistent_slots.py     the layer-major order of the persistent kernels' GEMM buffers.
+    rowgroup_layout.py      the persistent kernels launched as one cluster per row group.
+    grid_barrier.py         the persistent kernels' grid barrier (and interpret mode's
+                            cluster barrier).
+    interpret.py            GPU interpret mode's settings and limits (the kernels on a CPU).
+"""
