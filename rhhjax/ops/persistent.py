@@ -341,7 +341,10 @@ def _gradients(spec, geo, da, d_mm, s_mm, z_pm, packed, length: int, depth: int,
     elif z_pm is not None:  # sum over the halves of da * "full" (the unscaled pre-activation)
         _, rows = loops.unpack(packed, saved_rows(True))
         dz = jnp.sum(da * rows["full"], axis=-2).reshape(length, depth, b_pad, n_pad)
-        dz = _materialized_as(dz, (1, 0, 2, 3))
+        # Unpadded before it is materialized, so that the reduction, the unpadding and the
+        # transpose are one pass; padded back for the interface, which XLA folds into
+        # `recurrence`'s unpadding (a slice of a pad: no copy).
+        dz = geo.pad_rows(_materialized_as(geo.unpad_rows(dz), (1, 0, 2, 3)))
     dbias = da.reshape(length, depth, b_pad, 2, n_pad).sum((0, 2))
     # The buffers are layer-major (`persistent_slots`): layer l's rows are contiguous, so
     # dW is one batched GEMM over views of the whole buffers: no transpose, no slice copy.
