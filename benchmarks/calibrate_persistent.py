@@ -117,7 +117,7 @@ def _operands(plan: PersistentPlan, steps: int, depth: int, seed: int = 0):
         return jnp.asarray(rng.normal(size=shape) * scale, jnp.float32)
 
     kernel_s = f32(depth, plan.width, 2 * plan.width, scale=1.0 / np.sqrt(plan.width))
-    ones = jnp.ones((phases, b, n), jnp.float32)  # the dropout mask: keep every unit
+    ones = jnp.ones((phases, b, n), jnp.uint8)  # the dropout decisions: keep every unit
     w_blk = pf.forward_weights(plan, kernel_s, dt)
     fwd = (
         w_blk,

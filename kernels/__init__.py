@@ -13,5 +13,6 @@ The Pallas Triton op (`rhhjax.kernels.triton`, its own facade):
 The Mosaic GPU kernels (Hopper; `rhhjax.kernels.mosaic`):
 
     mosaic/       gemm.py, forward.py, backward.py, persistent_forward.py,
-                  persistent_backward.py, plan.py, grid_barrier.py, interpret.py.
+                  persistent_backward.py, plan.py, grid_barrier.py, interpret.py,
+                  persistent_slots.py, rowgroup_layout.py, keep_mask.py.
 """

@@ -38,7 +38,8 @@ def _pad(plan, x):
 def _case(seed, plan, steps, depth, z_on, mask_on):
     """Fresh random backward inputs at the true sizes, padded, phase-major [P = T * L, ...]:
     kernel_s [L, n, 2n]; g, s_prev, h, tg [P, Bp, n_pad]; full [P, Bp, 2, n_pad]; z, mask
-    [P, Bp, n_pad] | None; keep bool [P, Bp, n_pad] | None."""
+    [P, Bp, n_pad] | None (mask: the f32 values 0 or 1/keep); keep bool and decisions uint8
+    [P, Bp, n_pad] | None."""
     rng = np.random.default_rng(seed)
     phases, batch, n = steps * depth, plan.batch, plan.width
 
@@ -55,9 +56,11 @@ def _case(seed, plan, steps, depth, z_on, mask_on):
     z = rows(1.0 + normal(phases, batch, n, scale=0.3)) if z_on else None
     keep = rows(jnp.asarray(rng.random((phases, batch, n)) < KEEP)) if mask_on else None
     mask = None if keep is None else keep.astype(F32) / KEEP
+    decisions = None if keep is None else keep.astype(jnp.uint8)  # the kernels' operand
     return dict(
-        kernel_s=kernel_s, g=g, s_prev=s_prev, h=h, tg=tg, full=full, z=z, mask=mask, keep=keep
-    )
+        kernel_s=kernel_s, g=g, s_prev=s_prev, h=h, tg=tg, full=full, z=z, mask=mask, keep=keep,
+        decisions=decisions,
+    )  # fmt: skip
 
 
 def _packed(case):
@@ -71,7 +74,7 @@ def _packed(case):
 def _reference(plan, case, dtype):
     wt = pb.backward_weights(plan, case["kernel_s"], dtype)
     return wt, pb.persistent_backward_reference(
-        plan, wt, case["g"], _packed(case), case["z"], case["mask"]
+        plan, wt, case["g"], _packed(case), case["z"], case["decisions"], keep=KEEP
     )
 
 
@@ -150,7 +153,7 @@ def test_reference_is_the_vjp_of_a_plain_forward_f32(
     a = full if case["z"] is None else full * case["z"][:, :, None]
     case.update(s_prev=s_prev, h=jnp.tanh(a[:, :, 0]), tg=jax.nn.sigmoid(a[:, :, 1]), full=full)
     da, d_mm, ds_carry0, status = pb.persistent_backward_reference(
-        plan, wt, case["g"], _packed(case), case["z"], case["mask"]
+        plan, wt, case["g"], _packed(case), case["z"], case["decisions"], keep=KEEP
     )
     d_mm = _phase_order(d_mm, steps, depth)
     _, vjp = jax.vjp(forward, s0, zeros, zeros)
@@ -217,8 +220,9 @@ def test_reference_matches_the_persistent_schedule(
         close(jnp.sum(da * case["full"], axis=2), dz.reshape(phases, b_pad, n_pad))
         # with_dz: the same dz, computed in the epilogue, layer-major [L, T, b_pad, n_pad]
         outs = pb.persistent_backward_reference(
-            plan, wt, case["g"], _packed(case), case["z"], case["mask"], with_dz=True
-        )
+            plan, wt, case["g"], _packed(case), case["z"], case["decisions"], with_dz=True,
+            keep=KEEP,
+        )  # fmt: skip
         assert len(outs) == 5
         close(jnp.swapaxes(outs[3], 0, 1), dz.reshape(steps, depth, b_pad, n_pad))
         for a, e in zip(outs[:3], (da, d_mm_slots, ds_carry0), strict=True):
@@ -253,24 +257,36 @@ def test_reference_rejects_mismatched_operands_in_one_line():
 
 
 def test_paper_plans_fit_the_h100_shared_memory():
-    """bf16 at the default 4 stages, f32 (TF32) at 2: under 227 KiB with z and mask."""
-    bf16, f32 = paper_plan("bfloat16"), paper_plan("float32", stages=2)
-    for plan in (bf16, f32, PersistentPlan(256, 1000, col_blocks=33, row_blocks=4)):
+    """`plan_for`'s plans (bf16 4 x 16, f32 4 x 32) and the 4 x 33 split run z and the mask
+    within 227 KiB; the 132-block plans (8 units: rows of 8 B, too short for a uint8 TMA
+    tile) run without the mask, bf16 at 4 stages and f32 (TF32) at 2."""
+    chosen = (
+        PersistentPlan(256, 1000, "bfloat16", col_blocks=16, row_blocks=4, stages=3),
+        PersistentPlan(256, 1000, "float32", col_blocks=32, row_blocks=4, stages=4),
+        PersistentPlan(256, 1000, col_blocks=33, row_blocks=4),
+    )
+    for plan in chosen:
         pb.check_plan(plan)
         assert pb.backward_smem_bytes(plan) <= plan.smem_limit
+    for plan in (paper_plan("bfloat16"), paper_plan("float32", stages=2)):
+        pb.check_plan(plan, has_mask=False)
+        with pytest.raises(PlanError, match="multiple of 16"):
+            pb.check_plan(plan)
     with pytest.raises(PlanError, match="shared memory"):
-        pb.check_plan(paper_plan("float32"))
+        pb.check_plan(paper_plan("float32"), has_mask=False)
 
 
 def test_smem_bytes_count_each_allocation_rounded_to_a_kib():
-    """The paper bf16 plan: A 4 x 256 x 64 x 2, B 4 x 8 x 64 x 2, six f32 input tiles, carry
-    and accumulator [256, 8] f32, two bf16 d_scaled tiles; ten mbarriers. Without z and mask
-    two f32 tiles (and their mbarriers) fewer."""
+    """The paper bf16 plan: A 4 x 256 x 64 x 2, B 4 x 8 x 64 x 2, five f32 input tiles, the
+    uint8 mask tile [256, 8], carry and accumulator [256, 8] f32, two bf16 d_scaled tiles;
+    ten mbarriers. Without z and mask an f32 tile, the uint8 tile and two mbarriers fewer."""
     plan = paper_plan("bfloat16")
-    tile = 256 * 8 * 4
-    full = 4 * 256 * 64 * 2 + 4 * 8 * 64 * 2 + 6 * tile + 2 * tile + 2 * 256 * 8 * 2 + 8 * 10
+    tile, mask_tile = 256 * 8 * 4, 256 * 8
+    full = (4 * 256 * 64 * 2 + 4 * 8 * 64 * 2 + 5 * tile + mask_tile + 2 * tile
+            + 2 * 256 * 8 * 2 + 8 * 10)  # fmt: skip
     assert pb.backward_smem_bytes(plan) == full
-    assert pb.backward_smem_bytes(plan, has_z=False, has_mask=False) == full - 2 * tile - 16
+    without = pb.backward_smem_bytes(plan, has_z=False, has_mask=False)
+    assert without == full - tile - mask_tile - 16
     # Each allocation rounds up to 1 KiB: A 8 KiB, B 2 x 8 x 16 x 4 = 1 KiB, the four input
     # tiles [64, 8] f32 8 KiB, carry and accumulator 2 KiB each, the f32 d_scaled pair 4 KiB.
     small = PersistentPlan(64, 16, "float32", col_blocks=2, k_chunk=16, stages=2)
@@ -282,9 +298,10 @@ def test_smem_bytes_count_each_allocation_rounded_to_a_kib():
     [
         (PersistentPlan(64, 1000, col_blocks=140), "exceeds the 132 SMs"),
         (PersistentPlan(64, 40, col_blocks=10), "units_per_block % 8"),
+        (PersistentPlan(64, 64, col_blocks=8, k_chunk=16), "multiple of 16 \\(uint8 TMA rows"),
         (PersistentPlan(512, 64, col_blocks=8, k_chunk=16, stages=2), "rows_per_block <= 256"),
         (PersistentPlan(64, 40, col_blocks=5, k_chunk=64), "multiple of k_chunk 64"),
-        (paper_plan("float32", stages=4), "over the 232448 B limit"),
+        (PersistentPlan(256, 1000, "float32", col_blocks=66, stages=4), "over the 232448 B"),
     ],
 )
 def test_unrunnable_plans_are_one_line_errors(plan, message):
@@ -313,7 +330,7 @@ for plan_args, steps, depth, z_on, mask_on in {cases!r}:
     phases, b, n = steps * depth, plan.b_pad, plan.n_pad
     args = (sds((depth * n, 2 * n), jnp.dtype(plan.dtype)), sds((phases, b, n)),
             sds((phases, b, 5 if z_on else 3, n)), sds((phases, b, n)) if z_on else None,
-            sds((phases, b, n)) if mask_on else None)
+            sds((phases, b, n), jnp.uint8) if mask_on else None)
     smem.clear()
     text = lower_and_compile(lambda *a: pb.persistent_backward(plan, *a), *args)
     rows.append(dict(
@@ -327,14 +344,14 @@ print(json.dumps(rows))
 @pytest.mark.gpu_compile
 @needs_cuda
 def test_kernel_lowers_and_compiles_for_an_h100_without_a_gpu(tmp_path):
-    """The paper plan (batch 256, n 1000: 132 x 1 blocks of 8 units) in bf16 (4 stages) and
-    f32 (2 stages), the 4 x 33 plan, and a small odd case without z (2 x 3 blocks, k_chunk
-    32), 3 steps deep 2-3, deviceless, in a fresh process: Mosaic GPU, the grid barrier in the
-    lowered text, and the shared memory Mosaic GPU launches with equal to
-    `backward_smem_bytes`."""
+    """`plan_for`'s paper plans with z and the uint8 mask (bf16 4 x 16 blocks of 64 units, 3
+    stages; f32 4 x 32 of 32 units, 4 stages), the 4 x 33 plan, and a small odd case without
+    z (2 x 3 blocks, k_chunk 32), 3 steps deep 2-3, deviceless, in a fresh process: Mosaic
+    GPU, the grid barrier in the lowered text, and the shared memory Mosaic GPU launches
+    with equal to `backward_smem_bytes`."""
     cases = [
-        ((256, 1000, "bfloat16"), 3, 3, True, True),
-        ((256, 1000, "float32", 132, 1, 64, 2), 3, 2, True, True),
+        ((256, 1000, "bfloat16", 16, 4, 64, 3), 3, 3, True, True),
+        ((256, 1000, "float32", 32, 4, 64, 4), 3, 2, True, True),
         ((256, 1000, "bfloat16", 33, 4), 3, 3, False, False),
         ((100, 37, "float32", 3, 2, 32, 3), 3, 2, False, True),
     ]
@@ -373,19 +390,20 @@ class TestCompiled(MosaicGpuMode):
             pytest.skip(gpu_interpret.cluster_too_large(cluster))
         case = _case(plan.batch + steps, plan, steps, depth, z_on, mask_on)
         wt, expected = _reference(plan, case, jnp.dtype(plan.dtype))
-        operands = (wt, case["g"], _packed(case), case["z"], case["mask"])
+        operands = (wt, case["g"], _packed(case), case["z"], case["decisions"])
         tol = self.TOL[plan.dtype]
         for with_dz in (False, True) if z_on else (False,):
             kernel = functools.partial(
-                pb.persistent_backward, plan, with_dz=with_dz, interpret=self.interpret(),
-                layout=self.LAYOUT,
+                pb.persistent_backward, plan, with_dz=with_dz, keep=KEEP,
+                interpret=self.interpret(), layout=self.LAYOUT,
             )  # fmt: skip
             actual = jax.jit(kernel)(*operands)
             assert not np.asarray(actual[-1]).any(), "grid barrier timed out"
             assert len(actual) == 4 + with_dz
             want = expected[:3]
             if with_dz:  # dz: the reference's, layer-major
-                want += (pb.persistent_backward_reference(plan, *operands, with_dz=True)[3],)
+                dz = pb.persistent_backward_reference(plan, *operands, with_dz=True, keep=KEEP)[3]
+                want += (dz,)
             for a, e in zip(actual[: len(want)], want, strict=True):
                 a, e = np.asarray(a, np.float32), np.asarray(e, np.float32)
                 np.testing.assert_allclose(a, e, rtol=tol, atol=tol * float(np.abs(e).max()))
@@ -397,7 +415,7 @@ class TestInterpret(TestCompiled):
         "case": [
             ((64, 64, "bfloat16", 1, 1, 32), 3, 2, True, True),  # one block
             ((100, 37, "float32", 3, 2, 32), 2, 3, False, True),  # 2 x 3, the compiled case
-            ((64, 128, "bfloat16", 16, 1, 16), 2, 2, True, True),  # 16: an H100's largest cluster
+            ((64, 256, "bfloat16", 16, 1, 32), 2, 2, True, True),  # 16: an H100's largest cluster
         ],
     }  # fmt: skip
     TOL = {"bfloat16": 3e-2, "float32": 2e-5}

@@ -26,7 +26,7 @@ from kernel_cases import (
 )
 from rhhjax.kernels.hardware import H100
 from rhhjax.kernels.mosaic import forward as mf
-from rhhjax.kernels.mosaic import grid_barrier
+from rhhjax.kernels.mosaic import grid_barrier, keep_mask
 from rhhjax.kernels.mosaic import interpret as gpu_interpret
 from rhhjax.kernels.mosaic import persistent_forward as pf
 from rhhjax.kernels.mosaic import persistent_slots as slots
@@ -75,7 +75,7 @@ def _operands(plan, prob, has_z, has_mask):
         return jnp.pad(x.reshape(steps * depth, batch, n), [(0, 0), (0, rows), (0, cols)])
 
     z = phase_major(prob["z"]) if has_z else None
-    mask = phase_major(prob["keep"].astype(jnp.float32) / KEEP) if has_mask else None
+    mask = phase_major(prob["keep"].astype(jnp.uint8)) if has_mask else None  # decisions
     w_blk = pf.forward_weights(plan, prob["w"], jnp.dtype(plan.dtype))
     s0 = jnp.pad(prob["s0"], [(0, rows), (0, cols)])
     return w_blk, s0, xproj, bias, z, mask
@@ -105,9 +105,9 @@ def _cells_forward(prob, dtype, has_z, has_mask, inputs):
 
 
 CASES = [  # (dtype, batch, width, col_blocks, row_blocks, k_chunk, steps, depth)
-    ("float32", 64, 64, 8, 1, 32, 3, 1),
-    ("bfloat16", 64, 64, 8, 1, 32, 2, 3),
-    ("float32", 100, 37, 4, 2, 16, 2, 3),  # odd: padded rows and units, two row blocks
+    ("float32", 64, 64, 4, 1, 32, 3, 1),
+    ("bfloat16", 64, 64, 4, 1, 32, 2, 3),
+    ("float32", 100, 37, 3, 2, 16, 2, 3),  # odd: padded rows and units, two row blocks
     ("bfloat16", 70, 112, 7, 1, 16, 3, 2),
 ]
 
@@ -124,8 +124,8 @@ def test_reference_is_the_highway_recurrence_with_fused_saved_rows(case, has_z, 
     plan.check()
     prob = _problem(batch + width + depth, batch, width, steps, depth)
     ops = _operands(plan, prob, has_z, has_mask)
-    s_last, packed, s_mm, status = pf.persistent_forward_reference(plan, *ops, save=True)
-    unsaved = pf.persistent_forward_reference(plan, *ops, save=False)
+    s_last, packed, s_mm, status = pf.persistent_forward_reference(plan, *ops, save=True, keep=KEEP)
+    unsaved = pf.persistent_forward_reference(plan, *ops, save=False, keep=KEEP)
     assert len(unsaved) == 3
     states = unsaved[0]
     phases = steps * depth
@@ -159,12 +159,12 @@ def test_reference_phases_match_the_schedule_emulation(dtype):
     `forward_phase` (which sums the K chunks one by one) from the same input state, on the
     same plan, with z and gate dropout."""
     batch, width, steps, depth = 64, 96, 3, 2
-    plan = pp.PersistentPlan(batch, width, dtype, col_blocks=12, k_chunk=32)
+    plan = pp.PersistentPlan(batch, width, dtype, col_blocks=6, k_chunk=32)
     prob = _problem(3, batch, width, steps, depth)
     w_blk, s0, xproj, bias, z, mask = _operands(plan, prob, True, True)
     ops = (plan, w_blk, s0, xproj, bias, z, mask)
-    _, packed, _, _ = pf.persistent_forward_reference(*ops, save=True)
-    states = pf.persistent_forward_reference(*ops, save=False)[0]
+    _, packed, _, _ = pf.persistent_forward_reference(*ops, save=True, keep=KEEP)
+    states = pf.persistent_forward_reference(*ops, save=False, keep=KEEP)[0]
     w_blocks = persistent_schedule.forward_weights(plan, prob["w"], jnp.dtype(dtype))
     tol = 1e-5
     for p in range(steps * depth):
@@ -232,18 +232,44 @@ def test_operands_of_the_wrong_shape_or_dtype_are_one_line_errors():
 
 
 def test_staging_slots_reuse_per_phase_inputs_and_never_x_u():
-    """Saved rows overwrite inputs loaded every phase (b, z, mask), never x U (kept across a
-    step's layers); every option set stays within 6 f32 tiles."""
+    """Saved rows overwrite inputs loaded every phase (b, z), never x U (kept across a
+    step's layers); every option set stays within 6 f32 tiles; the mask is not an f32 tile."""
     for has_z in (False, True):
-        for has_mask in (False, True):
-            ins = pp.forward_inputs(has_z, has_mask)
-            for save in (False, True):
-                slots, where = pp.forward_staging_slots(has_z, has_mask, save)
-                assert len(where) == len(pp.forward_saved_rows(save, has_z))
-                assert len(set(where)) == len(where) and all(s < slots for s in where)
-                assert not {ins.index("x_h"), ins.index("x_t")} & set(where)
-                assert slots <= 6
-    assert pp.forward_staging_slots(True, False, True) == (6, (0, 1, 2, 5))
+        ins = pp.forward_inputs(has_z)
+        assert "mask" not in ins
+        for save in (False, True):
+            slots, where = pp.forward_staging_slots(has_z, save)
+            assert len(where) == len(pp.forward_saved_rows(save, has_z))
+            assert len(set(where)) == len(where) and all(s < slots for s in where)
+            assert not {ins.index("x_h"), ins.index("x_t")} & set(where)
+            assert slots <= 6
+    assert pp.forward_staging_slots(True, True) == (6, (0, 1, 2, 5))
+
+
+def test_a_mask_costs_one_mbarrier_and_no_shared_memory_tile():
+    """The uint8 mask tile shares the cast's buffer: with a mask the allocation grows by
+    one 8-byte mbarrier only (it was a 16 KiB f32 tile at the paper's 4 x 16 plan)."""
+    plan = pp.PersistentPlan(256, 1000, "bfloat16", col_blocks=16, row_blocks=4, stages=3)
+    for has_z in (False, True):
+        for save in (False, True):
+            without = plan.smem_bytes(has_z, has_mask=False, save=save)
+            assert plan.smem_bytes(has_z, has_mask=True, save=save) == without + 8
+
+
+def test_a_mask_needs_sixteen_byte_tma_rows_in_one_line():
+    """A plan of 8 units a block cannot TMA-load its uint8 mask tile (8 B rows): refused
+    in one line before any work; without a mask the same plan runs."""
+    plan = pp.PersistentPlan(64, 64, "float32", col_blocks=8, k_chunk=32)
+    prob = _problem(2, 64, 64, 1, 2)
+    ops = _operands(plan, prob, True, True)
+    with pytest.raises(pp.PlanError, match="multiple of 16") as e:
+        pf.persistent_forward_reference(plan, *ops, save=True, keep=KEEP)
+    assert "\n" not in str(e.value)
+    pf.persistent_forward_reference(plan, *ops[:-1], None, save=True)
+    with pytest.raises(pp.PlanError, match=r"mask is float32\[2, 64, 64\], expected uint8"):
+        wide = pp.PersistentPlan(64, 64, "float32", col_blocks=4, k_chunk=32)
+        wide_ops = _operands(wide, prob, True, True)
+        pf.persistent_forward(wide, *wide_ops[:-1], wide_ops[-1] / KEEP, save=True)
 
 
 def test_paper_plan_shared_memory_fits_at_four_stages():
@@ -276,11 +302,11 @@ rows = []
 for fields, steps, depth, has_z, has_mask, save in {cases!r}:
     plan = PersistentPlan(*fields)
     phases, b, n, k = steps * depth, plan.b_pad, plan.n_pad, plan.k_pad
-    opt = lambda on: sds((phases, b, n), jnp.float32) if on else None
+    opt = lambda on, dtype=jnp.float32: sds((phases, b, n), dtype) if on else None
     args = (sds((depth * 2 * n, k), jnp.dtype(plan.dtype)), sds((b, n), jnp.float32),
             sds((steps, b, 2, n), jnp.float32), sds((depth, b, 2, n), jnp.float32),
-            opt(has_z), opt(has_mask))
-    f = lambda *a: pf.persistent_forward(plan, *a, save=save)
+            opt(has_z), opt(has_mask, jnp.uint8))
+    f = lambda *a: pf.persistent_forward(plan, *a, save=save, keep=0.75)
     allocated.clear()
     text = lower_and_compile(f, *args)
     marks = ("mosaic_gpu", "persistent_highway_forward", "red.release.gpu", "ld.acquire",
@@ -294,15 +320,18 @@ print(json.dumps(rows))
 @pytest.mark.gpu_compile
 @needs_cuda
 def test_kernel_lowers_and_compiles_for_an_h100_without_a_gpu(tmp_path):
-    """The paper plan (bf16, 4 stages; f32, 2 stages), the 4 x 33 split and a small odd f32
-    plan, deviceless in a fresh process: the barrier is in the kernel, and the shared memory
-    Mosaic GPU allocates is ``plan.smem_bytes`` for the options. T is only a loop bound:
-    3 steps."""
+    """`plan_for`'s paper plan (bf16, 4 x 16, 3 stages, with z and the uint8 mask), the f32
+    132-block plan (2 stages), the 4 x 33 split and a small odd f32 plan, deviceless in a
+    fresh process: the barrier is in the kernel, and the shared memory Mosaic GPU allocates
+    is ``plan.smem_bytes`` for the options. T is only a loop bound:
+    3 steps. keep 0.75 (at keep 1, a mask that drops nothing and that the model never
+    passes, ptxas spills 8 bytes at the 4 x 16 plan: the constant 1 folds away and the
+    register schedule changes; 255 registers either way)."""
     cases = [
-        ((256, 1000, "bfloat16"), 3, 7, True, True, True),
+        ((256, 1000, "bfloat16", 16, 4, 64, 3), 3, 7, True, True, True),  # plan_for's
         ((256, 1000, "float32", 132, 1, 64, 2), 3, 2, False, False, False),
         ((256, 1000, "bfloat16", 33, 4), 3, 2, True, False, True),
-        ((100, 37, "float32", 4, 2, 16, 2), 3, 3, False, True, True),
+        ((100, 37, "float32", 3, 2, 16, 2), 3, 3, False, True, True),
     ]
     code = _COMPILE.format(cases=cases)
     rows, reports = compile_deviceless(code, tmp_path, log_ptxas=False)
@@ -319,7 +348,8 @@ def _teacher_forced(plan, ops, inputs, save_z: bool):
     """The reference of every phase from the kernel's own input state of that phase
     (``inputs`` [P, b_pad, n_pad], packed row 0), so that one rounding flip of a bf16 state
     does not propagate: [(s_new, h, t[, full]) per phase]."""
-    w_blk, _, xproj, bias, z, mask = ops
+    w_blk, _, xproj, bias, z, decisions = ops
+    mask = keep_mask.mask_values(decisions, KEEP)
     depth = bias.shape[0]
     w_layers = w_blk.reshape(depth, 2 * plan.n_pad, plan.k_pad)
     outs = []
@@ -344,7 +374,7 @@ class TestCompiled(MosaicGpuMode):
 
     CASES = {
         # (dtype, batch, width, col_blocks, row_blocks, k_chunk, steps, depth)
-        "case": [("bfloat16", 256, 1000, 132, 1, 64, 4, 3), ("float32", 100, 37, 4, 2, 16, 3, 2),
+        "case": [("bfloat16", 256, 1000, 66, 1, 64, 4, 3), ("float32", 100, 37, 3, 2, 16, 3, 2),
                  ("bfloat16", 256, 1000, 33, 4, 64, 2, 2)],
     }  # fmt: skip
     TOL = {"bfloat16": 1e-4, "float32": 3e-3}
@@ -358,8 +388,9 @@ class TestCompiled(MosaicGpuMode):
             if reason is not None:
                 pytest.skip(reason)
         kernel = functools.partial(
-            pf.persistent_forward, plan, save=save, interpret=self.interpret(), layout=self.LAYOUT
-        )
+            pf.persistent_forward, plan, save=save, keep=KEEP, interpret=self.interpret(),
+            layout=self.LAYOUT,
+        )  # fmt: skip
         return jax.block_until_ready(jax.jit(kernel)(*ops))
 
     @pytest.mark.parametrize(("has_z", "has_mask"), [(True, True), (False, False)])
@@ -396,9 +427,9 @@ class TestCompiled(MosaicGpuMode):
 class TestInterpret(TestCompiled):
     INTERPRET = True
     CASES = {
-        # one block; 2 row blocks; 2 x 4 (the compiled odd case); 16 (an H100's largest cluster)
+        # one block; 2 row blocks; 2 x 3 (the compiled odd case); 16 (an H100's largest cluster)
         "case": [("bfloat16", 64, 64, 1, 1, 32, 3, 2), ("float32", 100, 32, 1, 2, 16, 2, 3),
-                 ("float32", 100, 37, 4, 2, 16, 3, 2), ("bfloat16", 64, 128, 16, 1, 16, 2, 2)],
+                 ("float32", 100, 37, 3, 2, 16, 3, 2), ("bfloat16", 64, 256, 16, 1, 32, 2, 2)],
     }  # fmt: skip
     TOL = {"bfloat16": 1e-4, "float32": 2e-5}
 

@@ -19,7 +19,7 @@ class TestForwardCompiled(tf.TestCompiled):
     CASES = {
         # (dtype, batch, width, col_blocks, row_blocks, k_chunk, steps, depth): 4 x 16, the
         # paper bf16 plan's shape; 2 row groups of 4
-        "case": [("bfloat16", 256, 1000, 16, 4, 64, 3, 3), ("float32", 100, 37, 4, 2, 16, 3, 2)],
+        "case": [("bfloat16", 256, 1000, 16, 4, 64, 3, 3), ("float32", 100, 37, 3, 2, 16, 3, 2)],
     }  # fmt: skip
 
 
@@ -27,7 +27,7 @@ class TestForwardInterpret(tf.TestInterpret):
     LAYOUT = "rowgroup"
     CASES = {
         # 2 row groups of one block; 2 row groups of 4 blocks; 3 row groups of 2 (bf16)
-        "case": [("float32", 100, 32, 1, 2, 16, 2, 3), ("float32", 100, 37, 4, 2, 16, 3, 2),
+        "case": [("float32", 100, 32, 1, 2, 16, 2, 3), ("float32", 100, 37, 3, 2, 16, 3, 2),
                  ("bfloat16", 150, 64, 2, 3, 32, 2, 2)],
     }  # fmt: skip
 
@@ -76,7 +76,7 @@ def test_the_grid_layout_is_grid_barriers_functions():
 
 _COMPILE = """
 import json
-from rhhjax.tools import hlo_compile as g
+from rhhjax.hlo import deviceless as g
 g.set_deviceless_env(log_ptxas=False)
 import jax, jax.numpy as jnp
 from rhhjax.kernels.mosaic import persistent_backward as pb
@@ -91,9 +91,9 @@ for fields, steps, depth in {cases!r}:
     phases, b, n, k = steps * depth, plan.b_pad, plan.n_pad, plan.k_pad
     mm = jnp.dtype(plan.dtype)
     fwd = (sds((depth * 2 * n, k), mm), sds((b, n)), sds((steps, b, 2, n)),
-           sds((depth, b, 2, n)), sds((phases, b, n)), sds((phases, b, n)))
+           sds((depth, b, 2, n)), sds((phases, b, n)), sds((phases, b, n), jnp.uint8))
     bwd = (sds((depth * n, 2 * n), mm), sds((phases, b, n)), sds((phases, b, 5, n)),
-           sds((phases, b, n)), sds((phases, b, n)))
+           sds((phases, b, n)), sds((phases, b, n), jnp.uint8))
     row = []
     forward = lambda *a: pf.persistent_forward(plan, *a, save=True, layout="rowgroup")
     backward = lambda *a: pb.persistent_backward(plan, *a, layout="rowgroup")

@@ -9,6 +9,7 @@ reached through `rhhjax.ops.mosaic` and `rhhjax.ops.persistent`.
     plan.py                 a persistent plan's resources, shared memory and refusals.
     persistent_slots.py     the layer-major order of the persistent kernels' GEMM buffers.
     rowgroup_layout.py      the persistent kernels launched as one cluster per row group.
+    keep_mask.py            gate-dropout masks as uint8 keep decisions (kernel and reference).
     grid_barrier.py         the persistent kernels' grid barrier (and interpret mode's
                             cluster barrier).
     interpret.py            GPU interpret mode's settings and limits (the kernels on a CPU).

@@ -14,7 +14,7 @@ plan.units_per_block``). Phase ``p`` is ``(t, l) = (p // L, p % L)``; its "above
     ds       = acc + ds_carry + g[p]                       (ds_carry: block-local f32 in
                shared memory across phases, 0 before phase P - 1)
     da_h     = ds * t_used * (1 - h^2);  da_t = ds * (h_used - s_prev) * tg * (1 - tg)
-               (t_used = tg [* mask], h_used = h [* mask])
+               (t_used = tg [* m], h_used = h [* m]; m = mask[p] / keep)
     ds_carry = ds * (1 - tg)
     d_scaled = da (* z[p])  -> matmul dtype into d_mm row block slot(p) (h half, then t half;
                `persistent_slots`: layer-major, so the weight gradient needs no transpose)
@@ -27,7 +27,8 @@ Operands (padded; matmul dtype = wt.dtype, bf16 or f32):
     packed [P, b_pad, K, n_pad] f32             the forward's saved rows (0 s_prev, 1 h, 2 tg,
            3-4 full with z); rows 0-2 are read
     z      [P, b_pad, n_pad] f32 | None         hyper scales, phase-major
-    mask   [P, b_pad, n_pad] f32 | None         gate-dropout mask (0 or 1/keep)
+    mask   [P, b_pad, n_pad] uint8 | None       gate-dropout keep decisions (1 keep, 0 drop),
+                                                scaled by 1 / keep (`keep_mask`)
 
 Outputs, in this order: ``da [P, b_pad, 2, n_pad] f32``; ``d_mm [P * b_pad, 2 * n_pad]``
 matmul dtype (row block ``persistent_slots.slot(p)`` = d_scaled of phase p, layer-major);
@@ -58,8 +59,8 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from rhhjax.kernels.hardware import H100
 from rhhjax.kernels.layout import F32
 from rhhjax.kernels.mosaic import grid_barrier as gb
+from rhhjax.kernels.mosaic import keep_mask, rowgroup_layout
 from rhhjax.kernels.mosaic import persistent_slots as slots
-from rhhjax.kernels.mosaic import rowgroup_layout
 from rhhjax.kernels.mosaic.backward import _gate_backward, highway_backward_reference
 from rhhjax.kernels.mosaic.gemm import gemm_nt_to_smem
 from rhhjax.kernels.mosaic.plan import PersistentPlan, PlanError
@@ -75,10 +76,11 @@ def _align(nbytes: int) -> int:
     return -(-nbytes // H100.smem_alignment) * H100.smem_alignment
 
 
-def _input_names(has_z: bool, has_mask: bool, with_dz: bool = False) -> tuple[str, ...]:
-    """The per-phase epilogue input tiles, in shared-memory slot order (``with_dz``: the
-    halves of ``full``, packed rows 3-4, for dz in the epilogue)."""
-    names = ("g_out", "s_prev", "h", "t") + ("z",) * has_z + ("mask",) * has_mask
+def _input_names(has_z: bool, with_dz: bool = False) -> tuple[str, ...]:
+    """The per-phase f32 epilogue input tiles, in shared-memory slot order (``with_dz``:
+    the halves of ``full``, packed rows 3-4, for dz in the epilogue). The mask's uint8 tile
+    has a buffer of its own."""
+    names = ("g_out", "s_prev", "h", "t") + ("z",) * has_z
     return names + ("full_h", "full_t") * with_dz
 
 
@@ -92,17 +94,18 @@ def backward_smem_bytes(
         pipeline   stages' * rows * k_chunk * itemsize  (A: d_mm rows)
                  + stages' * u * k_chunk * itemsize     (B: rows of W)   stages' = min(stages,
                                                                           2 n_pad / k_chunk)
-        epi        n_in * rows * u * 4      (f32 inputs g, s_prev, h, tg [, z] [, mask]
+        epi        n_in * rows * u * 4      (f32 inputs g, s_prev, h, tg [, z]
                                              [, full_h, full_t]; da_h and da_t are written
                                              over g and s_prev, dz over h)
+        mask       rows * u                 (the uint8 keep decisions, with a mask)
         carry      rows * u * 4             (the carried state gradient, across phases)
         acc        rows * u * 4             (the accumulator, staged for the epilogue)
         dsc        2 * rows * u * itemsize  (d_scaled halves in the matmul dtype)
-        mbarriers  8 * (n_in + stages')
+        mbarriers  8 * (n_in [+ 1 mask] + stages')
     """
     rows, u, item = plan.rows_per_block, plan.units_per_block, plan.itemsize
     stages = min(plan.stages, max(2 * plan.n_pad // plan.k_chunk, 1))
-    n_in = len(_input_names(has_z, has_mask, with_dz))
+    n_in = len(_input_names(has_z, with_dz))
     tile = rows * u * 4
     allocations = (
         stages * rows * plan.k_chunk * item,
@@ -111,8 +114,9 @@ def backward_smem_bytes(
         tile,
         tile,
         2 * rows * u * item,
+        rows * u * has_mask,
     )
-    return sum(map(_align, allocations)) + MBARRIER_BYTES * (n_in + stages)
+    return sum(map(_align, allocations)) + MBARRIER_BYTES * (n_in + has_mask + stages)
 
 
 def check_plan(
@@ -134,6 +138,8 @@ def check_plan(
             f"{plan.units_per_block} (width {plan.width}, col_blocks {plan.col_blocks})."
         )
     plan.check_backward_k()
+    if has_mask:
+        keep_mask.check_plan(plan, "backward")
     need = backward_smem_bytes(plan, has_z, has_mask, with_dz)
     if need > plan.smem_limit:
         raise PlanError(
@@ -169,9 +175,9 @@ def _check_operands(plan: PersistentPlan, wt, g, packed, z, mask) -> int:
         raise PlanError(f"packed {packed.shape} is not [{phases}, {b_pad}, K, {n_pad}].")
     if packed.shape[2] < 3:
         raise PlanError(f"packed {packed.shape} has fewer than 3 saved rows (s_prev, h, tg).")
-    for name, x in (("z", z), ("mask", mask)):
-        if x is not None and x.shape != g.shape:
-            raise PlanError(f"{name} {x.shape} is not {g.shape} (like g).")
+    if z is not None and z.shape != g.shape:
+        raise PlanError(f"z {z.shape} is not {g.shape} (like g).")
+    keep_mask.check_operand(mask, g.shape, "backward")
     if jnp.dtype(wt.dtype).name != plan.dtype:
         raise PlanError(f"wt dtype {wt.dtype} is not the plan's {plan.dtype}.")
     return depth
@@ -186,11 +192,13 @@ def persistent_backward(
     mask: Array | None = None,
     *,
     with_dz: bool = False,
+    keep: float = 1.0,
     spin_limit: int = gb.DEFAULT_SPIN_LIMIT,
     interpret: Any = None,
     layout: str = "grid",
 ):
-    """All backward phases in one Mosaic GPU launch; shapes in the module docstring.
+    """All backward phases in one Mosaic GPU launch; shapes in the module docstring
+    (``keep``: the keep probability that scales the mask's decisions).
 
     ``with_dz`` (z given, packed with the rows of ``full``): the epilogue also computes
     ``dz = da_h * full_h + da_t * full_t`` and the kernel returns it, layer-major ``dz [L,
@@ -213,11 +221,16 @@ def persistent_backward(
     n_r, n_c, n_pad, b_pad = plan.row_blocks, plan.col_blocks, plan.n_pad, plan.b_pad
     k_steps = 2 * n_pad // tk
     mm_dtype = wt.dtype
-    names = _input_names(z is not None, mask is not None, with_dz)
+    has_mask = mask is not None
+    names = _input_names(z is not None, with_dz)
     extra_names = [name for name, x in (("z", z), ("mask", mask)) if x is not None]
     extras = [x for x in (z, mask) if x is not None]
+    mask_bar = len(names)  # the mask tile's mbarrier, after the f32 inputs'
 
-    def kernel(wt_g, g_g, packed_g, *refs, epi, carry, acc_smem, dsc, bar, phase_bar=None):
+    def kernel(
+        wt_g, g_g, packed_g, *refs, epi, carry, acc_smem, dsc, bar, mask_tile=None,
+        phase_bar=None,
+    ):  # fmt: skip
         extra_g = refs[: len(extras)]
         da_g, d_mm_g, ds_carry0_g = refs[len(extras) : len(extras) + 3]
         dz_g, status_g = (refs[-2] if with_dz else None), refs[-1]
@@ -248,6 +261,9 @@ def persistent_backward(
                 else:
                     src = sources[name].at[p, block_rows, units]
                 plgpu.copy_gmem_to_smem(src, epi.at[slot], bar.at[slot])
+            if has_mask:
+                mask_src = sources["mask"].at[p, block_rows, units]
+                plgpu.copy_gmem_to_smem(mask_src, mask_tile, bar.at[mask_bar])
             last = p == phases - 1  # no layer above: its GEMM term is zero
 
             @pl.when(jnp.logical_not(last))
@@ -259,10 +275,12 @@ def persistent_backward(
                 acc_smem[...] = jnp.zeros((rows, u), F32)
                 plgpu.commit_smem()
 
-            for slot in range(len(names)):
+            for slot in range(len(names) + has_mask):
                 plgpu.barrier_wait(bar.at[slot])
             plgpu.commit_smem()  # every thread's acc_smem write before anyone reads it
             ins = {name: epi[slot] for slot, name in enumerate(names)}
+            if has_mask:
+                ins["mask"] = keep_mask.load_values(mask_tile, keep)
             ins["ds_carry"] = carry[...]
             tiles = _gate_backward(acc_smem[...], ins)
             if with_dz:
@@ -322,7 +340,8 @@ def persistent_backward(
             carry=plgpu.SMEM((rows, u), F32),
             acc_smem=plgpu.SMEM((rows, u), F32),
             dsc=plgpu.SMEM((2, rows, u), mm_dtype),
-            bar=plgpu.Barrier(num_barriers=len(names)),
+            bar=plgpu.Barrier(num_barriers=len(names) + has_mask),
+            **({"mask_tile": plgpu.SMEM((rows, u), keep_mask.DTYPE)} if has_mask else {}),
             **phase_bar,
         ),
         **launch_args,
@@ -349,6 +368,7 @@ def persistent_backward_reference(
     mask: Array | None = None,
     *,
     with_dz: bool = False,
+    keep: float = 1.0,
     spin_limit: int = gb.DEFAULT_SPIN_LIMIT,
     interpret: Any = None,
     layout: str = "grid",
@@ -374,7 +394,7 @@ def persistent_backward_reference(
         return (d_scaled, ds_carry), (da, d_scaled)
 
     init = (jnp.zeros((b_pad, 2 * n_pad), wt.dtype), jnp.zeros((b_pad, n_pad), F32))
-    xs = (jnp.arange(phases), g, packed, z, mask)
+    xs = (jnp.arange(phases), g, packed, z, keep_mask.mask_values(mask, keep))
     (_, ds_carry0), (da, d_scaled) = jax.lax.scan(body, init, xs, reverse=True)
     d_mm = slots.to_slots(d_scaled, phases // depth, depth).reshape(-1, 2 * n_pad)
     status = jnp.zeros((plan.grid,), jnp.int32)

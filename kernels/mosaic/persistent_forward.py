@@ -10,7 +10,7 @@ its f32 state slice ``[rows, u]`` in shared memory across phases. Per phase, exa
     acc  = s_mm[p][rows, :k_pad] @ w_blk[l, g]^T     [rows, 2u]  (K in k_chunk tiles through
            a stages-deep TMA pipeline, chunk 0 first, wgmma, f32 accumulation)
     full = acc (+ xproj[t] at l == 0);  a = full (* z[p]) + bias[l]
-    h, tg = tanh(a_h), sigmoid(a_t);  s_new = h * tg (* mask[p]) + s * (1 - tg)
+    h, tg = tanh(a_h), sigmoid(a_t);  s_new = h * tg (* mask[p] / keep) + s * (1 - tg)
 
 then the block writes s_new (f32) to ``states[p]`` (with ``save`` at the last phase only:
 the others are the next phase's packed row 0) and its matmul-dtype cast to row block
@@ -29,7 +29,8 @@ P = T * L, C = col_blocks, R = row_blocks, u = units_per_block):
     xproj  [T, b_pad, 2, n_pad] f32  x U (no bias, unscaled), added at layer 0 only
     bias   [L, b_pad, 2, n_pad] f32  b broadcast over rows (b_U already in layer 0)
     z      [P, b_pad, n_pad]   f32  hyper scales, phase-major | None
-    mask   [P, b_pad, n_pad]   f32  gate-dropout mask (0 or 1/keep) | None
+    mask   [P, b_pad, n_pad]   uint8 gate-dropout keep decisions (1 keep, 0 drop) | None;
+                               the value is decision / ``keep`` (`kernels/mosaic/keep_mask.py`)
 
 Outputs, in this order: ``states [P, b_pad, n_pad] f32`` (the state after every phase),
 with ``save`` ``[1, b_pad, n_pad]``, the state after the last phase only (the state after
@@ -46,8 +47,11 @@ out; `grid_barrier.check_status`).
 
 Deviations from the micro-layer kernel, all exact: x U is loaded at layer 0 only and kept in
 shared memory for the step's layers; every layer adds it times 1 (layer 0) or 0 (the
-reference does the same). A warpgroup barrier separates the epilogue's loads from the
-stores that overwrite the same shared memory (the state, the reused input slots).
+reference does the same); the mask is read as uint8 decisions into the buffer of the state's
+cast (a RefUnion: the tile is read in the epilogue, before the cast is written, and the
+cast's store has completed before the next phase loads the next tile). A warpgroup barrier
+separates the epilogue's loads from the stores that overwrite the same shared memory (the
+state, the reused input slots, the mask tile).
 
 `persistent_forward_reference` computes the same outputs in pure JAX (a `lax.scan` over
 phases of `mosaic_forward.highway_forward_reference`). The kernel runs on a Hopper GPU
@@ -65,7 +69,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 from rhhjax.kernels.layout import F32
 from rhhjax.kernels.mosaic import forward as mf
-from rhhjax.kernels.mosaic import grid_barrier, rowgroup_layout
+from rhhjax.kernels.mosaic import grid_barrier, keep_mask, rowgroup_layout
 from rhhjax.kernels.mosaic import persistent_slots as slots
 from rhhjax.kernels.mosaic.gemm import gemm_nt_to_smem
 from rhhjax.kernels.mosaic.plan import (
@@ -106,6 +110,8 @@ def forward_weights(plan: PersistentPlan, kernel_s: Array, dtype) -> Array:
 def check_operands(plan, w_blk, s0, xproj, bias, z, mask) -> tuple[int, int]:
     """One-line PlanError unless the operands have the plan's padded shapes; (T, L)."""
     plan.check()
+    if mask is not None:
+        keep_mask.check_plan(plan, "forward")
     if (plan.units_per_block * plan.itemsize) % 16:
         raise PlanError(
             f"persistent forward needs units_per_block * itemsize a multiple of 16 B (TMA "
@@ -121,8 +127,8 @@ def check_operands(plan, w_blk, s0, xproj, bias, z, mask) -> tuple[int, int]:
         "xproj": (xproj, (steps, b, 2, n), "float32"),
         "bias": (bias, (depth, b, 2, n), "float32"),
         "z": (z, (phases, b, n), "float32"),
-        "mask": (mask, (phases, b, n), "float32"),
     }
+    keep_mask.check_operand(mask, (phases, b, n), "forward")
     for name, (array, shape, dtype) in expected.items():
         if array is None:
             continue
@@ -147,11 +153,13 @@ def persistent_forward(
     mask: Array | None = None,
     *,
     save: bool,
+    keep: float = 1.0,
     spin_limit: int = grid_barrier.DEFAULT_SPIN_LIMIT,
     interpret: Any = None,
     layout: str = "grid",
 ):
-    """All T * L forward phases in one Mosaic GPU launch; shapes in the module docstring.
+    """All T * L forward phases in one Mosaic GPU launch; shapes in the module docstring
+    (``keep``: the keep probability that scales the mask's decisions).
 
     Returns (states, s_mm, status) or, with ``save``, (s_last [1, b_pad, n_pad], packed, s_mm,
     status). Compiled, it runs on a Hopper GPU only; with ``interpret``
@@ -168,11 +176,14 @@ def persistent_forward(
     b_pad, n_pad, k_pad = plan.b_pad, plan.n_pad, plan.k_pad
     mm_dtype = w_blk.dtype
     has_z, has_mask = z is not None, mask is not None
-    ins, outs = forward_inputs(has_z, has_mask), forward_saved_rows(save, has_z)
-    n_slots, out_slot = forward_staging_slots(has_z, has_mask, save)
+    ins, outs = forward_inputs(has_z), forward_saved_rows(save, has_z)
+    n_slots, out_slot = forward_staging_slots(has_z, save)
     optional = [a for a in (z, mask) if a is not None]
+    mask_bar = len(ins)  # the mask tile's mbarrier, after the staged inputs'
 
-    def kernel(*refs, state, pre, epi, cast, bar, phase_bar=None):
+    def kernel(*refs, state, pre, epi, cast_or_mask, bar, phase_bar=None):
+        # The state's cast and the mask tile share one buffer (disjoint lifetimes).
+        (cast,), (mask_tile,) = cast_or_mask
         w_g, s0_g, x_g, bias_g = refs[:4]
         z_g = refs[4] if has_z else None
         mask_g = refs[4 + has_z] if has_mask else None
@@ -210,8 +221,6 @@ def persistent_forward(
             }
             if has_z:
                 src["z"] = z_g.at[p, row_sl, unit_sl]
-            if has_mask:
-                src["mask"] = mask_g.at[p, row_sl, unit_sl]
             return src
 
         def run_phase(p):
@@ -227,6 +236,9 @@ def persistent_forward(
 
                 else:
                     plgpu.copy_gmem_to_smem(src[name], epi.at[slot], bar.at[slot])
+            if has_mask:  # the cast's last store has completed (waited at the phase's end)
+                mask_src = mask_g.at[p, row_sl, unit_sl]
+                plgpu.copy_gmem_to_smem(mask_src, mask_tile, bar.at[mask_bar])
             if save:  # packed row 0: the phase's input state, before it is overwritten
                 plgpu.copy_smem_to_gmem(state, packed_g.at[p, row_sl, 0, unit_sl])
 
@@ -244,16 +256,20 @@ def persistent_forward(
 
                 else:
                     plgpu.barrier_wait(bar.at[slot])
+            if has_mask:
+                plgpu.barrier_wait(bar.at[mask_bar])
             x_scale = jnp.where(first, jnp.float32(1.0), jnp.float32(0.0))
             tiles_in = {name: epi[slot] for slot, name in enumerate(ins)}
             tiles_in["x_h"] = tiles_in["x_h"] * x_scale
             tiles_in["x_t"] = tiles_in["x_t"] * x_scale
             tiles_in["s"] = state[...]
+            if has_mask:
+                tiles_in["mask"] = keep_mask.load_values(mask_tile, keep)
             tiles = mf._epilogue(pre[:, pl.ds(0, u)], pre[:, pl.ds(u, u)], tiles_in)
             if save:  # the state's store to packed row 0 has read it
                 plgpu.wait_smem_to_gmem(0, wait_read_only=True)
             # Every thread has read the tiles that the stores below overwrite (the state,
-            # the inputs whose slots the saved rows reuse).
+            # the inputs whose slots the saved rows reuse, the mask tile under the cast).
             plgpu.commit_smem()
             state[...] = tiles["s_new"]
             cast[...] = tiles["s_new"].astype(mm_dtype)
@@ -306,8 +322,10 @@ def persistent_forward(
             state=plgpu.SMEM((rows, u), F32),
             pre=plgpu.SMEM((rows, 2 * u), F32),
             epi=plgpu.SMEM((n_slots, rows, u), F32),
-            cast=plgpu.SMEM((rows, u), mm_dtype),
-            bar=plgpu.Barrier(num_barriers=len(ins)),
+            cast_or_mask=plgpu.RefUnion(
+                (plgpu.SMEM((rows, u), mm_dtype),), (plgpu.SMEM((rows, u), keep_mask.DTYPE),)
+            ),
+            bar=plgpu.Barrier(num_barriers=len(ins) + has_mask),
             **phase_bar,
         ),
         **launch_args,
@@ -329,6 +347,7 @@ def persistent_forward_reference(
     mask: Array | None = None,
     *,
     save: bool,
+    keep: float = 1.0,
     spin_limit: int = grid_barrier.DEFAULT_SPIN_LIMIT,
     interpret: Any = None,
     layout: str = "grid",
@@ -362,7 +381,8 @@ def persistent_forward_reference(
             saved = jnp.concatenate(rows, axis=1)
         return s_new, (s_new, saved)
 
-    _, (states, packed) = jax.lax.scan(body, s0, (phases, z, mask))
+    mask_f32 = keep_mask.mask_values(mask, keep)
+    _, (states, packed) = jax.lax.scan(body, s0, (phases, z, mask_f32))
     s_mm = jnp.concatenate([s0[None], states[:-1]], axis=0)[..., :k_pad].astype(mm_dtype)
     s_mm = slots.to_slots(s_mm, steps, depth).reshape(-1, k_pad)
     status = jnp.zeros((plan.grid,), jnp.int32)

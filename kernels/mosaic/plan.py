@@ -46,11 +46,12 @@ def _round_up(x: int, m: int) -> int:
     return -(-x // m) * m
 
 
-def forward_inputs(has_z: bool, has_mask: bool) -> tuple[str, ...]:
+def forward_inputs(has_z: bool) -> tuple[str, ...]:
     """The forward kernel's f32 [rows, u] epilogue inputs staged in shared memory, in slot
     order: those loaded every phase, then x U's halves (loaded at layer 0, kept for the
-    step's layers)."""
-    return ("b_h", "b_t", *(("z",) if has_z else ()), *(("mask",) * has_mask), "x_h", "x_t")
+    step's layers). A dropout mask is not among them: its uint8 tile shares the buffer of
+    the state's matmul-dtype cast (`kernels/mosaic/keep_mask.py`)."""
+    return ("b_h", "b_t", *(("z",) if has_z else ()), "x_h", "x_t")
 
 
 def forward_saved_rows(save: bool, has_z: bool) -> tuple[str, ...]:
@@ -61,11 +62,11 @@ def forward_saved_rows(save: bool, has_z: bool) -> tuple[str, ...]:
     return ("h", "t", "full_h", "full_t") if has_z else ("h", "t")
 
 
-def forward_staging_slots(has_z: bool, has_mask: bool, save: bool) -> tuple[int, tuple]:
+def forward_staging_slots(has_z: bool, save: bool) -> tuple[int, tuple]:
     """(number of f32 [rows, u] staging slots, the slot of each saved-row tile): a saved row
     reuses the slot of an input loaded every phase (all read before any is overwritten),
     past those it takes a slot of its own (x U's slots must survive the step's layers)."""
-    ins = forward_inputs(has_z, has_mask)
+    ins = forward_inputs(has_z)
     reused = len(ins) - 2
     outs = forward_saved_rows(save, has_z)
     where = tuple(i if i < reused else len(ins) + i - reused for i in range(len(outs)))
@@ -182,12 +183,15 @@ class PersistentPlan:
             rows * 2u * 4                             the accumulator's copy
             slots * rows * u * 4                      staged f32 epilogue tiles
                                                       (`forward_staging_slots`: 6 at most)
-            rows * u * itemsize                       the state's matmul-dtype cast
-            + 8 * (stages + inputs)                   mbarriers (pipeline, staged inputs)
+            rows * u * itemsize                       the state's matmul-dtype cast, which
+                                                      the uint8 mask tile (rows * u bytes)
+                                                      shares (a RefUnion: disjoint lifetimes)
+            + 8 * (stages + inputs)                   mbarriers (pipeline, staged inputs,
+                                                      the mask)
 
         The backward kernel counts its own (`persistent_backward`)."""
         rows, units, item = self.rows_per_block, self.units_per_block, self.itemsize
-        slots, _ = forward_staging_slots(has_z, has_mask, save)
+        slots, _ = forward_staging_slots(has_z, save)
         buffers = (
             self.stages * rows * self.k_chunk * item,
             self.stages * self.cols_per_block * self.k_chunk * item,
@@ -196,7 +200,7 @@ class PersistentPlan:
             slots * rows * units * 4,
             rows * units * item,
         )
-        barriers = self.stages + len(forward_inputs(has_z, has_mask))
+        barriers = self.stages + len(forward_inputs(has_z)) + has_mask
         return sum(_round_up(b, H100.smem_alignment) for b in buffers) + 8 * barriers
 
     def accumulator_registers(self, warpgroups: int = 1) -> int:

@@ -53,7 +53,7 @@ import jax.numpy as jnp
 from rhhjax.hlo.persistent_cost import predicted_phase_us
 from rhhjax.kernels.hardware import H100
 from rhhjax.kernels.layout import Geometry
-from rhhjax.kernels.mosaic import grid_barrier, rowgroup_layout
+from rhhjax.kernels.mosaic import grid_barrier, keep_mask, rowgroup_layout
 from rhhjax.kernels.mosaic import interpret as gpu_interpret
 from rhhjax.kernels.mosaic import persistent_backward as pb
 from rhhjax.kernels.mosaic import persistent_forward as pf
@@ -67,8 +67,8 @@ Array = jax.Array
 
 NAME = "persistent"
 INTERPRETABLE = True  # model.pallas_mode="interpret": GPU interpret mode (jax >= 0.11.2).
-KEEP_DTYPE = jnp.bool_  # As `fused`: turned into the f32 mask 0 or 1/keep per call.
-UNITS = (8, 16, 32, 64)  # units per block tried (the backward's wgmma N: multiples of 8)
+KEEP_DTYPE = jnp.uint8  # The kernels read the keep decisions as uint8 (`keep_mask`).
+UNITS = (16, 32, 64)  # units per block tried (uint8 mask tiles: TMA rows of 16-byte multiples)
 K_CHUNK = 64  # K per pipeline stage
 STAGES = (4, 3, 2)  # pipeline depths tried, deepest first, until shared memory fits
 DZ_IN_KERNEL = False  # measured: see `_dz_in_kernel`
@@ -249,13 +249,15 @@ def forward_loop(spec, geo, w, bias, s0, xproj, z, keep, hidden, save: bool):
     (stacked,) = w
     length, depth = xproj.shape[0], bias.shape[0]
     rows = jnp.broadcast_to(bias[:, None], (depth, geo.b_pad, *bias.shape[1:]))
-    mask = loops.dropout_mask(spec.keep, _phase_major(keep), jnp.float32)
+    mask = keep_mask.decisions(_phase_major(keep))
     args = (plan, stacked, s0, xproj, rows, _phase_major(z), mask)
     if spec.references:
-        outs = pf.persistent_forward_reference(*args, save=save)
+        outs = pf.persistent_forward_reference(*args, save=save, keep=spec.keep)
     else:
         interpret = loops.kernel_interpret(spec)
-        outs = pf.persistent_forward(*args, save=save, interpret=interpret, layout=LAYOUT)
+        outs = pf.persistent_forward(
+            *args, save=save, keep=spec.keep, interpret=interpret, layout=LAYOUT
+        )
         grid_barrier.check_status(outs[-1], "persistent forward")
     if not save:
         return outs[0].reshape(length, depth, *outs[0].shape[1:]), None
@@ -292,14 +294,15 @@ def backward_loop(spec, geo, w, bias, s0, xproj, z, keep, hidden, saved, g_state
     plan = _plan(spec, geo)
     length, depth = xproj.shape[0], g_states.shape[1]
     z_pm = _phase_major(z)
-    mask = loops.dropout_mask(spec.keep, _phase_major(keep), jnp.float32)
+    mask = keep_mask.decisions(_phase_major(keep))
     args = (plan, stacked, _phase_major(g_states), packed, z_pm, mask)
     with_dz = _dz_in_kernel(plan, z_pm is not None, mask is not None)
+    kwargs = dict(with_dz=with_dz, keep=spec.keep)
     if spec.references:
-        outs = pb.persistent_backward_reference(*args, with_dz=with_dz)
+        outs = pb.persistent_backward_reference(*args, **kwargs)
     else:
         interpret = loops.kernel_interpret(spec)
-        outs = pb.persistent_backward(*args, with_dz=with_dz, interpret=interpret, layout=LAYOUT)
+        outs = pb.persistent_backward(*args, **kwargs, interpret=interpret, layout=LAYOUT)
         grid_barrier.check_status(outs[-1], "persistent backward")
     da, d_mm, ds_carry0 = outs[:3]
     dz_lt = outs[3] if with_dz else None
