@@ -124,7 +124,7 @@ def _operands(plan: PersistentPlan, steps: int, depth: int, seed: int = 0):
         f32(b, n),
         f32(steps, b, 2, n),
         f32(depth, b, 2, n),
-        1.0 + f32(phases, b, n),
+        1.0 + f32(depth, steps, b, plan.z_width),  # z, layer-major
         ones,
     )
     bwd_w = pb.backward_weights(plan, kernel_s, dt)

@@ -40,6 +40,7 @@ from rhhjax.kernels.mosaic import grid_barrier
 from rhhjax.kernels.mosaic import interpret as gpu_interpret
 from rhhjax.kernels.mosaic import persistent_backward as pb
 from rhhjax.kernels.mosaic import persistent_forward as pf
+from rhhjax.kernels.mosaic import persistent_slots as slots
 from rhhjax.kernels.mosaic.plan import PersistentPlan
 
 
@@ -118,7 +119,8 @@ def persistent_forward_case(plan: PersistentPlan, steps: int, depth: int):
     halves = [_phase_inputs(plan, steps, 1, rng) for _ in range(2)]
     xproj = jnp.stack(halves, axis=2) * 0.5
     bias = jnp.broadcast_to(_normal(rng, depth, 1, 2, n_pad, scale=0.3), (depth, b, 2, n_pad))
-    z = 1.0 + 0.3 * _phase_inputs(plan, steps, depth, rng)
+    z_pm = 1.0 + 0.3 * _phase_inputs(plan, steps, depth, rng)
+    z = slots.scales_to_layer_major(z_pm, steps, depth, plan.z_width)
     mask = jnp.asarray(rng.random((steps * depth, b, n_pad)) < KEEP, jnp.uint8)  # decisions
     args = (plan, w_blk, s0, xproj, bias, z, mask)
 
@@ -143,7 +145,8 @@ def persistent_backward_case(plan: PersistentPlan, steps: int, depth: int):
     t = jax.nn.sigmoid(_phase_inputs(plan, steps, depth, rng))
     full = [_phase_inputs(plan, steps, depth, rng) for _ in range(2)]
     packed = jnp.stack([s_prev, h, t, *full], axis=2)
-    z = 1.0 + 0.3 * _phase_inputs(plan, steps, depth, rng)
+    z_pm = 1.0 + 0.3 * _phase_inputs(plan, steps, depth, rng)
+    z = slots.scales_to_layer_major(z_pm, steps, depth, plan.z_width)
     mask = jnp.asarray(rng.random(g.shape) < KEEP, jnp.uint8)  # keep decisions
     args = (wt, g, packed, z, mask)
 

@@ -13,6 +13,7 @@ import pytest
 from kernel_cases import MosaicGpuMode, compile_deviceless, needs_cuda
 from rhhjax.kernels.mosaic import keep_mask
 from rhhjax.kernels.mosaic.plan import PersistentPlan, PlanError
+
 from rhhjax.ops import loops
 
 
@@ -23,7 +24,10 @@ def test_values_equal_the_f32_mask_of_the_other_implementations_bit_for_bit(keep
     got = keep_mask.mask_values(keep_mask.decisions(decisions), keep)
     assert got.dtype == jnp.float32
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
-    assert set(np.unique(np.asarray(got)).tolist()) <= {0.0, float(np.float32(1) / np.float32(keep))}
+    assert set(np.unique(np.asarray(got)).tolist()) <= {
+        0.0,
+        float(np.float32(1) / np.float32(keep)),
+    }
 
 
 def test_decisions_are_uint8_and_none_stays_none():

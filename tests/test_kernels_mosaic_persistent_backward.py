@@ -39,7 +39,7 @@ def _case(seed, plan, steps, depth, z_on, mask_on):
     """Fresh random backward inputs at the true sizes, padded, phase-major [P = T * L, ...]:
     kernel_s [L, n, 2n]; g, s_prev, h, tg [P, Bp, n_pad]; full [P, Bp, 2, n_pad]; z, mask
     [P, Bp, n_pad] | None (mask: the f32 values 0 or 1/keep); keep bool and decisions uint8
-    [P, Bp, n_pad] | None."""
+    [P, Bp, n_pad] | None; z_op: z as the kernels read it, layer-major [L, T, Bp, z_width]."""
     rng = np.random.default_rng(seed)
     phases, batch, n = steps * depth, plan.batch, plan.width
 
@@ -57,9 +57,10 @@ def _case(seed, plan, steps, depth, z_on, mask_on):
     keep = rows(jnp.asarray(rng.random((phases, batch, n)) < KEEP)) if mask_on else None
     mask = None if keep is None else keep.astype(F32) / KEEP
     decisions = None if keep is None else keep.astype(jnp.uint8)  # the kernels' operand
+    z_op = None if z is None else slots.scales_to_layer_major(z, steps, depth, plan.z_width)
     return dict(
         kernel_s=kernel_s, g=g, s_prev=s_prev, h=h, tg=tg, full=full, z=z, mask=mask, keep=keep,
-        decisions=decisions,
+        decisions=decisions, z_op=z_op,
     )  # fmt: skip
 
 
@@ -74,7 +75,7 @@ def _packed(case):
 def _reference(plan, case, dtype):
     wt = pb.backward_weights(plan, case["kernel_s"], dtype)
     return wt, pb.persistent_backward_reference(
-        plan, wt, case["g"], _packed(case), case["z"], case["decisions"], keep=KEEP
+        plan, wt, case["g"], _packed(case), case["z_op"], case["decisions"], keep=KEEP
     )
 
 
@@ -153,7 +154,7 @@ def test_reference_is_the_vjp_of_a_plain_forward_f32(
     a = full if case["z"] is None else full * case["z"][:, :, None]
     case.update(s_prev=s_prev, h=jnp.tanh(a[:, :, 0]), tg=jax.nn.sigmoid(a[:, :, 1]), full=full)
     da, d_mm, ds_carry0, status = pb.persistent_backward_reference(
-        plan, wt, case["g"], _packed(case), case["z"], case["decisions"], keep=KEEP
+        plan, wt, case["g"], _packed(case), case["z_op"], case["decisions"], keep=KEEP
     )
     d_mm = _phase_order(d_mm, steps, depth)
     _, vjp = jax.vjp(forward, s0, zeros, zeros)
@@ -220,11 +221,13 @@ def test_reference_matches_the_persistent_schedule(
         close(jnp.sum(da * case["full"], axis=2), dz.reshape(phases, b_pad, n_pad))
         # with_dz: the same dz, computed in the epilogue, layer-major [L, T, b_pad, n_pad]
         outs = pb.persistent_backward_reference(
-            plan, wt, case["g"], _packed(case), case["z"], case["decisions"], with_dz=True,
+            plan, wt, case["g"], _packed(case), case["z_op"], case["decisions"], with_dz=True,
             keep=KEEP,
         )  # fmt: skip
         assert len(outs) == 5
-        close(jnp.swapaxes(outs[3], 0, 1), dz.reshape(steps, depth, b_pad, n_pad))
+        want_dz = dz.reshape(steps, depth, b_pad, n_pad)[..., : plan.z_width]
+        close(jnp.swapaxes(outs[3], 0, 1), want_dz)  # the kernels' layout: [L, T, Bp, z_width]
+        assert not np.asarray(dz.reshape(steps, depth, b_pad, n_pad)[..., plan.z_width :]).any()
         for a, e in zip(outs[:3], (da, d_mm_slots, ds_carry0), strict=True):
             np.testing.assert_array_equal(a, e)
     else:
@@ -329,7 +332,8 @@ for plan_args, steps, depth, z_on, mask_on in {cases!r}:
     plan = PersistentPlan(*plan_args)
     phases, b, n = steps * depth, plan.b_pad, plan.n_pad
     args = (sds((depth * n, 2 * n), jnp.dtype(plan.dtype)), sds((phases, b, n)),
-            sds((phases, b, 5 if z_on else 3, n)), sds((phases, b, n)) if z_on else None,
+            sds((phases, b, 5 if z_on else 3, n)),
+            sds((depth, steps, b, plan.z_width)) if z_on else None,
             sds((phases, b, n), jnp.uint8) if mask_on else None)
     smem.clear()
     text = lower_and_compile(lambda *a: pb.persistent_backward(plan, *a), *args)
@@ -390,7 +394,7 @@ class TestCompiled(MosaicGpuMode):
             pytest.skip(gpu_interpret.cluster_too_large(cluster))
         case = _case(plan.batch + steps, plan, steps, depth, z_on, mask_on)
         wt, expected = _reference(plan, case, jnp.dtype(plan.dtype))
-        operands = (wt, case["g"], _packed(case), case["z"], case["decisions"])
+        operands = (wt, case["g"], _packed(case), case["z_op"], case["decisions"])
         tol = self.TOL[plan.dtype]
         for with_dz in (False, True) if z_on else (False,):
             kernel = functools.partial(

@@ -58,7 +58,8 @@ def _problem(seed, batch, width, steps, depth):
 
 
 def _operands(plan, prob, has_z, has_mask):
-    """The kernel's padded operands (w_blk, s0, xproj, bias, z, mask) for `prob`."""
+    """The kernel's padded operands (w_blk, s0, xproj, bias, z, mask) for `prob` (z
+    layer-major [L, T, b_pad, z_width], mask uint8 decisions)."""
     batch, n = prob["s0"].shape
     steps, depth = prob["xproj"].shape[0], prob["w"].shape[0]
     rows, cols = plan.b_pad - batch, plan.n_pad - n
@@ -74,7 +75,9 @@ def _operands(plan, prob, has_z, has_mask):
     def phase_major(x):  # [T, L, B, n] -> [P, b_pad, n_pad]
         return jnp.pad(x.reshape(steps * depth, batch, n), [(0, 0), (0, rows), (0, cols)])
 
-    z = phase_major(prob["z"]) if has_z else None
+    z = None
+    if has_z:
+        z = slots.scales_to_layer_major(phase_major(prob["z"]), steps, depth, plan.z_width)
     mask = phase_major(prob["keep"].astype(jnp.uint8)) if has_mask else None  # decisions
     w_blk = pf.forward_weights(plan, prob["w"], jnp.dtype(plan.dtype))
     s0 = jnp.pad(prob["s0"], [(0, rows), (0, cols)])
@@ -161,8 +164,9 @@ def test_reference_phases_match_the_schedule_emulation(dtype):
     batch, width, steps, depth = 64, 96, 3, 2
     plan = pp.PersistentPlan(batch, width, dtype, col_blocks=6, k_chunk=32)
     prob = _problem(3, batch, width, steps, depth)
-    w_blk, s0, xproj, bias, z, mask = _operands(plan, prob, True, True)
-    ops = (plan, w_blk, s0, xproj, bias, z, mask)
+    w_blk, s0, xproj, bias, z_lt, mask = _operands(plan, prob, True, True)
+    ops = (plan, w_blk, s0, xproj, bias, z_lt, mask)
+    z = slots.scales_to_phase_major(z_lt, plan.n_pad)
     _, packed, _, _ = pf.persistent_forward_reference(*ops, save=True, keep=KEEP)
     states = pf.persistent_forward_reference(*ops, save=False, keep=KEEP)[0]
     w_blocks = persistent_schedule.forward_weights(plan, prob["w"], jnp.dtype(dtype))
@@ -227,8 +231,10 @@ def test_operands_of_the_wrong_shape_or_dtype_are_one_line_errors():
     assert "\n" not in str(e.value)
     with pytest.raises(pp.PlanError, match="w_blk is float32"):
         pf.persistent_forward_reference(plan, ops[0].astype(jnp.float32), *ops[1:], save=True)
-    with pytest.raises(pp.PlanError, match="z is float32"):  # z must be phase-major [P, ...]
-        pf.persistent_forward(plan, *ops[:4], ops[4][:2], save=True)
+    with pytest.raises(
+        pp.PlanError, match=r"z is float32\[2, 2, 64, 8\], expected float32\[2, 2, 64, 64\]"
+    ):
+        pf.persistent_forward(plan, *ops[:4], ops[4][..., :8], save=True)
 
 
 def test_staging_slots_reuse_per_phase_inputs_and_never_x_u():
@@ -305,7 +311,8 @@ for fields, steps, depth, has_z, has_mask, save in {cases!r}:
     opt = lambda on, dtype=jnp.float32: sds((phases, b, n), dtype) if on else None
     args = (sds((depth * 2 * n, k), jnp.dtype(plan.dtype)), sds((b, n), jnp.float32),
             sds((steps, b, 2, n), jnp.float32), sds((depth, b, 2, n), jnp.float32),
-            opt(has_z), opt(has_mask, jnp.uint8))
+            sds((depth, steps, b, plan.z_width), jnp.float32) if has_z else None,
+            opt(has_mask, jnp.uint8))
     f = lambda *a: pf.persistent_forward(plan, *a, save=save, keep=0.75)
     allocated.clear()
     text = lower_and_compile(f, *args)
@@ -348,8 +355,9 @@ def _teacher_forced(plan, ops, inputs, save_z: bool):
     """The reference of every phase from the kernel's own input state of that phase
     (``inputs`` [P, b_pad, n_pad], packed row 0), so that one rounding flip of a bf16 state
     does not propagate: [(s_new, h, t[, full]) per phase]."""
-    w_blk, _, xproj, bias, z, decisions = ops
+    w_blk, _, xproj, bias, z_lt, decisions = ops
     mask = keep_mask.mask_values(decisions, KEEP)
+    z = None if z_lt is None else slots.scales_to_phase_major(z_lt, plan.n_pad)
     depth = bias.shape[0]
     w_layers = w_blk.reshape(depth, 2 * plan.n_pad, plan.k_pad)
     outs = []

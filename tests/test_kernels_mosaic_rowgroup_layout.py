@@ -91,9 +91,10 @@ for fields, steps, depth in {cases!r}:
     phases, b, n, k = steps * depth, plan.b_pad, plan.n_pad, plan.k_pad
     mm = jnp.dtype(plan.dtype)
     fwd = (sds((depth * 2 * n, k), mm), sds((b, n)), sds((steps, b, 2, n)),
-           sds((depth, b, 2, n)), sds((phases, b, n)), sds((phases, b, n), jnp.uint8))
+           sds((depth, b, 2, n)), sds((depth, steps, b, plan.z_width)),
+           sds((phases, b, n), jnp.uint8))
     bwd = (sds((depth * n, 2 * n), mm), sds((phases, b, n)), sds((phases, b, 5, n)),
-           sds((phases, b, n)), sds((phases, b, n), jnp.uint8))
+           sds((depth, steps, b, plan.z_width)), sds((phases, b, n), jnp.uint8))
     row = []
     forward = lambda *a: pf.persistent_forward(plan, *a, save=True, layout="rowgroup")
     backward = lambda *a: pb.persistent_backward(plan, *a, layout="rowgroup")

@@ -26,7 +26,9 @@ Operands (padded; matmul dtype = wt.dtype, bf16 or f32):
     g      [P, b_pad, n_pad] f32                the cotangent of the states
     packed [P, b_pad, K, n_pad] f32             the forward's saved rows (0 s_prev, 1 h, 2 tg,
            3-4 full with z); rows 0-2 are read
-    z      [P, b_pad, n_pad] f32 | None         hyper scales, phase-major
+    z      [L, T, b_pad, plan.z_width] f32 | None  hyper scales, LAYER-major
+                                                (`persistent_slots`; units past z_width
+                                                read as zero)
     mask   [P, b_pad, n_pad] uint8 | None       gate-dropout keep decisions (1 keep, 0 drop),
                                                 scaled by 1 / keep (`keep_mask`)
 
@@ -175,8 +177,9 @@ def _check_operands(plan: PersistentPlan, wt, g, packed, z, mask) -> int:
         raise PlanError(f"packed {packed.shape} is not [{phases}, {b_pad}, K, {n_pad}].")
     if packed.shape[2] < 3:
         raise PlanError(f"packed {packed.shape} has fewer than 3 saved rows (s_prev, h, tg).")
-    if z is not None and z.shape != g.shape:
-        raise PlanError(f"z {z.shape} is not {g.shape} (like g).")
+    z_shape = (depth, phases // depth, b_pad, plan.z_width)
+    if z is not None and z.shape != z_shape:
+        raise PlanError(f"z {z.shape} is not {z_shape} (layer-major [L, T, b_pad, z_width]).")
     keep_mask.check_operand(mask, g.shape, "backward")
     if jnp.dtype(wt.dtype).name != plan.dtype:
         raise PlanError(f"wt dtype {wt.dtype} is not the plan's {plan.dtype}.")
@@ -201,8 +204,9 @@ def persistent_backward(
     (``keep``: the keep probability that scales the mask's decisions).
 
     ``with_dz`` (z given, packed with the rows of ``full``): the epilogue also computes
-    ``dz = da_h * full_h + da_t * full_t`` and the kernel returns it, layer-major ``dz [L,
-    T, b_pad, n_pad] f32``, before ``status`` (the order the hyper projection reads it).
+    ``dz = da_h * full_h + da_t * full_t`` and the kernel returns it like z, layer-major
+    ``dz [L, T, b_pad, plan.z_width] f32`` (the order the hyper projection reads it; stores
+    past z_width dropped by TMA), before ``status``.
 
     Returns (da [P, b_pad, 2, n_pad] f32, d_mm [P * b_pad, 2 * n_pad] matmul dtype,
     ds_carry0 [b_pad, n_pad] f32, status [R * C] int32). The caller checks ``status`` with
@@ -255,9 +259,12 @@ def persistent_backward(
 
         def phase(p):
             """One backward micro-layer of this block: loads, GEMM, epilogue, stores."""
+            t, layer = jax.lax.div(p, depth), jax.lax.rem(p, depth)
             for slot, name in enumerate(names):
                 if name in _SAVED_ROWS:
                     src = packed_g.at[p, block_rows, _SAVED_ROWS[name], units]
+                elif name == "z":  # layer-major; units past z_width read as zero
+                    src = sources["z"].at[layer, t, block_rows, units]
                 else:
                     src = sources[name].at[p, block_rows, units]
                 plgpu.copy_gmem_to_smem(src, epi.at[slot], bar.at[slot])
@@ -298,8 +305,7 @@ def persistent_backward(
             plgpu.copy_smem_to_gmem(epi.at[1], da_g.at[p, block_rows, 1, units])
             plgpu.copy_smem_to_gmem(dsc.at[0], d_mm_slice(p, 0))
             plgpu.copy_smem_to_gmem(dsc.at[1], d_mm_slice(p, 1))
-            if with_dz:
-                t, layer = jax.lax.div(p, depth), jax.lax.rem(p, depth)
+            if with_dz:  # units past z_width: dropped by TMA
                 plgpu.copy_smem_to_gmem(epi.at[2], dz_g.at[layer, t, block_rows, units])
             plgpu.wait_smem_to_gmem(0)
 
@@ -328,7 +334,7 @@ def persistent_backward(
         jax.ShapeDtypeStruct((phases, b_pad, 2, n_pad), F32),
         jax.ShapeDtypeStruct((phases * b_pad, 2 * n_pad), mm_dtype),
         jax.ShapeDtypeStruct((b_pad, n_pad), F32),
-        *[jax.ShapeDtypeStruct((depth, steps, b_pad, n_pad), F32)] * with_dz,
+        *[jax.ShapeDtypeStruct((depth, steps, b_pad, plan.z_width), F32)] * with_dz,
         jax.ShapeDtypeStruct((n_r * n_c,), jnp.int32),
     )
     launch_args, phase_bar = launch((n_r, n_c), ("r", "g"), interpret)
@@ -394,11 +400,12 @@ def persistent_backward_reference(
         return (d_scaled, ds_carry), (da, d_scaled)
 
     init = (jnp.zeros((b_pad, 2 * n_pad), wt.dtype), jnp.zeros((b_pad, n_pad), F32))
-    xs = (jnp.arange(phases), g, packed, z, keep_mask.mask_values(mask, keep))
+    z_pm = None if z is None else slots.scales_to_phase_major(z, n_pad)
+    xs = (jnp.arange(phases), g, packed, z_pm, keep_mask.mask_values(mask, keep))
     (_, ds_carry0), (da, d_scaled) = jax.lax.scan(body, init, xs, reverse=True)
     d_mm = slots.to_slots(d_scaled, phases // depth, depth).reshape(-1, 2 * n_pad)
     status = jnp.zeros((plan.grid,), jnp.int32)
     if not with_dz:
         return da, d_mm, ds_carry0, status
     dz = jnp.sum(da * packed[:, :, 3:5], axis=2).reshape(phases // depth, depth, b_pad, n_pad)
-    return da, d_mm, ds_carry0, jnp.swapaxes(dz, 0, 1), status
+    return da, d_mm, ds_carry0, jnp.swapaxes(dz, 0, 1)[..., : plan.z_width], status

@@ -28,7 +28,8 @@ P = T * L, C = col_blocks, R = row_blocks, u = units_per_block):
     s0     [b_pad, n_pad]      f32
     xproj  [T, b_pad, 2, n_pad] f32  x U (no bias, unscaled), added at layer 0 only
     bias   [L, b_pad, 2, n_pad] f32  b broadcast over rows (b_U already in layer 0)
-    z      [P, b_pad, n_pad]   f32  hyper scales, phase-major | None
+    z      [L, T, b_pad, plan.z_width] f32  hyper scales, LAYER-major (`persistent_slots`),
+                               units past z_width read as zero (TMA) | None
     mask   [P, b_pad, n_pad]   uint8 gate-dropout keep decisions (1 keep, 0 drop) | None;
                                the value is decision / ``keep`` (`kernels/mosaic/keep_mask.py`)
 
@@ -126,7 +127,7 @@ def check_operands(plan, w_blk, s0, xproj, bias, z, mask) -> tuple[int, int]:
         "s0": (s0, (b, n), "float32"),
         "xproj": (xproj, (steps, b, 2, n), "float32"),
         "bias": (bias, (depth, b, 2, n), "float32"),
-        "z": (z, (phases, b, n), "float32"),
+        "z": (z, (depth, steps, b, plan.z_width), "float32"),
     }
     keep_mask.check_operand(mask, (phases, b, n), "forward")
     for name, (array, shape, dtype) in expected.items():
@@ -220,7 +221,7 @@ def persistent_forward(
                 "x_t": x_g.at[t, row_sl, 1, unit_sl],
             }
             if has_z:
-                src["z"] = z_g.at[p, row_sl, unit_sl]
+                src["z"] = z_g.at[layer, t, row_sl, unit_sl]  # units past z_width: 0
             return src
 
         def run_phase(p):
@@ -382,7 +383,8 @@ def persistent_forward_reference(
         return s_new, (s_new, saved)
 
     mask_f32 = keep_mask.mask_values(mask, keep)
-    _, (states, packed) = jax.lax.scan(body, s0, (phases, z, mask_f32))
+    z_pm = None if z is None else slots.scales_to_phase_major(z, plan.n_pad)
+    _, (states, packed) = jax.lax.scan(body, s0, (phases, z_pm, mask_f32))
     s_mm = jnp.concatenate([s0[None], states[:-1]], axis=0)[..., :k_pad].astype(mm_dtype)
     s_mm = slots.to_slots(s_mm, steps, depth).reshape(-1, k_pad)
     status = jnp.zeros((plan.grid,), jnp.int32)

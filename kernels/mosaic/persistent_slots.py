@@ -13,6 +13,10 @@ XLA transpose both: 2.2 GB a paper bf16 step). Nothing else is stored in them: t
 does not write the state after the last phase there (no phase reads it), and the backward's
 last phase, which has no layer above, skips its GEMM instead of reading a zero block. Slot 0
 is phase 0 (s0; the d_scaled whose product with W_0 is the gradient of s0).
+
+The hyper scales z and the dz the backward writes are layer-major too, ``[L, T, b_pad,
+plan.z_width]`` (the order of the hyper projection's GEMM, which writes z and reads dz, so
+neither is transposed or padded on its way: `scales_to_layer_major`, `scales_to_phase_major`).
 """
 
 from __future__ import annotations
@@ -40,3 +44,18 @@ def from_slots(blocks: Array, steps: int, depth: int) -> Array:
     """blocks [P, ...] in slot order -> the same blocks in phase order."""
     body = blocks.reshape(depth, steps, *blocks.shape[1:])
     return jnp.swapaxes(body, 0, 1).reshape(blocks.shape)
+
+
+def scales_to_layer_major(z_pm: Array, steps: int, depth: int, z_width: int) -> Array:
+    """z [P, b_pad, >= z_width] phase-major (padded units are zero) -> the kernels' z [L, T,
+    b_pad, z_width]."""
+    body = z_pm[..., :z_width].reshape(steps, depth, *z_pm.shape[1:-1], z_width)
+    return jnp.swapaxes(body, 0, 1)
+
+
+def scales_to_phase_major(z_lt: Array, n_pad: int) -> Array:
+    """The kernels' z [L, T, b_pad, z_width] -> [P, b_pad, n_pad] phase-major, the units past
+    z_width zero (as the kernels' TMA loads read them)."""
+    depth, steps = z_lt.shape[:2]
+    z_pm = jnp.swapaxes(z_lt, 0, 1).reshape(steps * depth, *z_lt.shape[2:])
+    return jnp.pad(z_pm, [(0, 0), (0, 0), (0, n_pad - z_lt.shape[-1])])

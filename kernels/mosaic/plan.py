@@ -73,6 +73,11 @@ def forward_staging_slots(has_z: bool, save: bool) -> tuple[int, tuple]:
     return len(ins) + max(0, len(outs) - reused), where
 
 
+def scales_width(width: int, units: int, n_pad: int) -> int:
+    """`PersistentPlan.z_width` of a plan of ``units`` per block padded to ``n_pad``."""
+    return min(n_pad, max(_round_up(width, 4), units))
+
+
 @dataclasses.dataclass(frozen=True)
 class PersistentPlan:
     """Configuration of one persistent-kernel call (hashable: a static argument).
@@ -139,6 +144,14 @@ class PersistentPlan:
     @property
     def n_pad(self) -> int:
         return self.col_blocks * self.units_per_block
+
+    @property
+    def z_width(self) -> int:
+        """Units of the hyper scales ``z [L, T, b_pad, z_width]`` the kernels read and of the
+        dz they write: the width rounded up to 4 (f32 TMA rows of 16-byte multiples; 1000
+        stays 1000, so the scales need no padding copy), at least one block's units (a TMA
+        box inside the array). TMA reads the units past it as zeros and drops stores there."""
+        return scales_width(self.width, self.units_per_block, self.n_pad)
 
     @property
     def k_pad(self) -> int:

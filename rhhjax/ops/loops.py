@@ -21,6 +21,7 @@ import jax.numpy as jnp
 from rhhjax.ops import cells
 
 if TYPE_CHECKING:
+    from rhhjax.kernels.layout import Geometry
     from rhhjax.ops.sequence_spec import ModelFacts
 
 Array = jax.Array
@@ -69,6 +70,12 @@ def runs_itself(model: ModelFacts) -> tuple[str, str] | None:
     """A `substitute` that names none: the implementation runs every model it supports."""
     del model
     return None
+
+
+def padded_scales(geo: Geometry, z: Array | None) -> Array | None:
+    """A `scales_operand` that pads: z [T, L, B, n] -> [T, L, Bp, Np] (or None), the layout
+    of the time loops that read z per step."""
+    return geo.pad_rows(z)
 
 
 def hopper_unavailable(name: str, pallas_mode: str, platform: str | None) -> str | None:

@@ -57,7 +57,7 @@ from rhhjax.kernels.mosaic import grid_barrier, keep_mask, rowgroup_layout
 from rhhjax.kernels.mosaic import interpret as gpu_interpret
 from rhhjax.kernels.mosaic import persistent_backward as pb
 from rhhjax.kernels.mosaic import persistent_forward as pf
-from rhhjax.kernels.mosaic.plan import PersistentPlan, PlanError
+from rhhjax.kernels.mosaic.plan import PersistentPlan, PlanError, scales_width
 from rhhjax.ops import cells, fused, loops
 
 if TYPE_CHECKING:
@@ -223,6 +223,19 @@ def prepare_weights(spec, geo, kernel_s: Array, transposed: bool = False) -> tup
     return (pf.forward_weights(plan, kernel_s, spec.dtype),)
 
 
+def scales_operand(geo: Geometry, z: Array | None) -> Array | None:
+    """z [T, L, B, n] -> the kernels' layer-major z [L, T, Bp, z_width] (or None): the
+    transpose undoes the model's own (the hyper projection's GEMM writes [L, T * B, n]) and
+    at the paper's sizes nothing is padded (1000 units stay 1000: the kernels' TMA reads the
+    units past them as zeros), so z reaches the kernels with no copy."""
+    if z is None:
+        return None
+    z_width = scales_width(geo.n, geo.block_n, geo.n_pad)  # the plan's z_width
+    z_lt = jnp.swapaxes(z, 0, 1)
+    pads = [(0, 0), (0, 0), (0, geo.b_pad - geo.batch), (0, z_width - geo.n)]
+    return jnp.pad(z_lt, pads)
+
+
 def saved_rows(has_z: bool) -> loops.Fields:
     """`fused`'s rows: the gates "h", "t" [Bp, Np] and, with z, "full" [Bp, 2, Np]."""
     return fused.saved_rows(has_z)
@@ -237,7 +250,8 @@ def forward_loop(spec, geo, w, bias, s0, xproj, z, keep, hidden, save: bool):
     """The whole forward as one kernel (its reference when `spec.references`).
 
     w: (the stacked weights [L * 2 * Np, k_pad],); bias [L, 2, Np]; s0 [Bp, Np]; xproj
-    [T, Bp, 2, Np]; z, keep [T, L, Bp, Np] or None. Returns (states [T, L, Bp, Np], saved
+    [T, Bp, 2, Np]; z [L, T, Bp, z_width] (`scales_operand`), keep [T, L, Bp, Np], or None.
+    Returns (states [T, L, Bp, Np], saved
     or None): saved = (packed [P, Bp, K, Np] phase-major, the kernel's saved rows; s_mm
     [P * Bp, k_pad] the input states in the matmul dtype, the kernel's A buffer,
     layer-major (`persistent_slots`): the operand of `backward_loop`'s weight gradient),
@@ -250,7 +264,7 @@ def forward_loop(spec, geo, w, bias, s0, xproj, z, keep, hidden, save: bool):
     length, depth = xproj.shape[0], bias.shape[0]
     rows = jnp.broadcast_to(bias[:, None], (depth, geo.b_pad, *bias.shape[1:]))
     mask = keep_mask.decisions(_phase_major(keep))
-    args = (plan, stacked, s0, xproj, rows, _phase_major(z), mask)
+    args = (plan, stacked, s0, xproj, rows, z, mask)
     if spec.references:
         outs = pf.persistent_forward_reference(*args, save=save, keep=spec.keep)
     else:
@@ -293,10 +307,9 @@ def backward_loop(spec, geo, w, bias, s0, xproj, z, keep, hidden, saved, g_state
     (stacked,) = w
     plan = _plan(spec, geo)
     length, depth = xproj.shape[0], g_states.shape[1]
-    z_pm = _phase_major(z)
     mask = keep_mask.decisions(_phase_major(keep))
-    args = (plan, stacked, _phase_major(g_states), packed, z_pm, mask)
-    with_dz = _dz_in_kernel(plan, z_pm is not None, mask is not None)
+    args = (plan, stacked, _phase_major(g_states), packed, z, mask)
+    with_dz = _dz_in_kernel(plan, z is not None, mask is not None)
     kwargs = dict(with_dz=with_dz, keep=spec.keep)
     if spec.references:
         outs = pb.persistent_backward_reference(*args, **kwargs)
@@ -309,7 +322,7 @@ def backward_loop(spec, geo, w, bias, s0, xproj, z, keep, hidden, saved, g_state
     # The state gradient of s0 through W_0 (no gate backward below it): one XLA matmul.
     w0 = stacked[: geo.n_pad]
     ds0 = ds_carry0 + jnp.matmul(d_mm[: geo.b_pad], w0.T, preferred_element_type=jnp.float32)
-    return ds0, *_gradients(spec, geo, da, d_mm, s_mm, z_pm, packed, length, depth, dz_lt)
+    return ds0, *_gradients(spec, geo, da, d_mm, s_mm, z, packed, length, depth, dz_lt)
 
 
 def _dz_in_kernel(plan: PersistentPlan, has_z: bool, has_mask: bool) -> bool:
@@ -327,21 +340,24 @@ def _dz_in_kernel(plan: PersistentPlan, has_z: bool, has_mask: bool) -> bool:
     return True
 
 
-def _gradients(spec, geo, da, d_mm, s_mm, z_pm, packed, length: int, depth: int, dz_lt=None):
+def _gradients(spec, geo, da, d_mm, s_mm, z, packed, length: int, depth: int, dz_lt=None):
     """From the kernels' outputs (da [P, Bp, 2, Np] f32, d_mm [P * Bp, 2 * Np], s_mm
-    [P * Bp, k_pad], z_pm [P, Bp, Np] | None, packed [P, Bp, K, Np]):
+    [P * Bp, k_pad], z [L, T, Bp, z_width] | None (`scales_operand`), packed [P, Bp, K, Np]):
     (d_scaled of layer 0 [T, 1, Bp, 2, Np], dz [T, L, Bp, Np] | None (padded, as the
     other implementations return it),
     dbias [L, 2, Np], dW [L, k_pad, 2, Np]). s_mm and d_mm are in slot order
-    (`persistent_slots`: layer-major); dz_lt [L, T, Bp, Np], the backward kernel's dz, or
-    None (then dz is computed here from da and packed's ``full``)."""
+    (`persistent_slots`: layer-major); dz_lt [L, T, Bp, z_width], the backward kernel's dz,
+    or None (then dz is computed here from da and packed's ``full``)."""
     b_pad, n_pad = geo.b_pad, geo.n_pad
     da0 = da[::depth]  # layer 0 of every step [T, Bp, 2, Np]: a strided slice, no copy
-    d_scaled0 = da0 if z_pm is None else da0 * z_pm[::depth, :, None]
+    d_scaled0 = da0
+    if z is not None:  # layer 0's z, its units padded like da's (zeros, as the kernels read)
+        z0 = jnp.pad(z[0], [(0, 0), (0, 0), (0, n_pad - z.shape[-1])])
+        d_scaled0 = da0 * z0[:, :, None]
     dz = None
-    if dz_lt is not None:  # the kernel's, layer-major [L, T, Bp, Np]: the consumers' order
-        dz = jnp.swapaxes(dz_lt, 0, 1)
-    elif z_pm is not None:  # sum over the halves of da * "full" (the unscaled pre-activation)
+    if dz_lt is not None:  # the kernel's, layer-major: the consumers' order; unpadded units
+        dz = jnp.pad(jnp.swapaxes(dz_lt, 0, 1), [(0, 0)] * 3 + [(0, n_pad - dz_lt.shape[-1])])
+    elif z is not None:  # sum over the halves of da * "full" (the unscaled pre-activation)
         _, rows = loops.unpack(packed, saved_rows(True))
         dz = jnp.sum(da * rows["full"], axis=-2).reshape(length, depth, b_pad, n_pad)
         # Unpadded before it is materialized, so that the reduction, the unpadding and the

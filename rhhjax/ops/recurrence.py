@@ -20,6 +20,7 @@ Padded layout inside the loops (B -> Bp rows, n -> Np units, halves kept aligned
     s      [Bp, Np]        f32 carry            w      L per-layer arrays, matmul dtype
     xproj  [T, Bp, 2, Np]  f32 (x U, no bias)   bias   [L, 2, Np]       f32 (b_U added at l=0)
     z      [T, L, Bp, Np]  f32 | None           keep   [T, L, Bp, Np]   KEEP_DTYPE | None
+           (z: the implementation's `scales_operand`; `persistent`'s is layer-major)
 
 Every implementation is a `rhhjax.ops.spec.Implementation`: the forward loop returns the
 states and what its own backward loop reads (one packed array per step, each micro-layer's
@@ -63,7 +64,7 @@ def _padded_operands(spec, impl, geo, weights, s0, xproj, z, key_data, hidden_ma
         bias,
         geo.pad_rows(s0),
         geo.pad_halves(xproj),
-        geo.pad_rows(z),
+        impl.scales_operand(geo, z),
         keep,
         geo.pad_rows(hidden_masks),
     )

@@ -79,6 +79,10 @@ class Implementation(Protocol):
     def geometry(self, spec: SequenceSpec, batch: int, width: int) -> Geometry:
         """The padded layout (`rhhjax.kernels.layout.Geometry`) of a [batch, width] state."""
 
+    def scales_operand(self, geo: Geometry, z: jax.Array | None) -> jax.Array | None:
+        """The hyper scales z [T, L, B, n] (or None) in the layout its loops read (the padded
+        [T, L, Bp, Np], or `persistent`'s layer-major one), prepared once per call."""
+
     def prepare_weights(
         self, spec: SequenceSpec, geo: Geometry, kernel_s: jax.Array, transposed: bool = False
     ) -> tuple[jax.Array, ...]:
