@@ -181,19 +181,27 @@ class TestPersistentReference(KernelModelMatchesScan):
     TOLERANCE = KERNEL_TOL
 
 
-class TestPersistentReferenceDzInKernel(TestPersistentReference):
-    """The same with dz computed in the backward kernel's epilogue (`persistent.DZ_IN_KERNEL`,
-    off by default) instead of XLA's pass over da and full."""
+class TestPersistentReferenceDzByXla(TestPersistentReference):
+    """The same with dz computed by XLA's pass over da and full (`persistent.DZ_IN_KERNEL`
+    off) instead of the backward kernel's epilogue (the default)."""
 
     @pytest.fixture(autouse=True)
-    def _dz_in_kernel(self, monkeypatch):
-        monkeypatch.setattr(persistent, "DZ_IN_KERNEL", True)
+    def _dz_by_xla(self, monkeypatch):
+        monkeypatch.setattr(persistent, "DZ_IN_KERNEL", False)
 
-    def test_the_small_plans_take_the_kernels_dz(self):
-        for batch, width, dtype in ((4, 8, "float32"), (8, 16, "bfloat16"), (5, 24, "float32")):
+    def test_the_small_plans_take_xlas_dz(self):
+        for batch, width, dtype in ((4, 8, "float32"), (8, 16, "bfloat16")):
             plan = persistent.plan_for(batch, width, dtype)
-            assert persistent._dz_in_kernel(plan, has_z=True, has_mask=True)
-            assert not persistent._dz_in_kernel(plan, has_z=False, has_mask=True)
+            assert not persistent._dz_in_kernel(plan, has_z=True, has_mask=True)
+
+
+def test_the_small_plans_and_the_paper_plans_take_the_kernels_dz_by_default():
+    cases = ((4, 8, "float32"), (8, 16, "bfloat16"), (5, 24, "float32"), (256, 1000, "bfloat16"),
+             (256, 1000, "float32"))  # fmt: skip
+    for batch, width, dtype in cases:
+        plan = persistent.plan_for(batch, width, dtype)
+        assert persistent._dz_in_kernel(plan, has_z=True, has_mask=True)
+        assert not persistent._dz_in_kernel(plan, has_z=False, has_mask=True)
 
 
 class TestPersistentCompiled(KernelModelMatchesScan):
