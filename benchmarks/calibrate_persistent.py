@@ -1,5 +1,6 @@
 """Calibrate the persistent plan model on a GPU: measure the three numbers it assumes and
-refit `persistent_cost.Rates` from them (`bash benchmarks/gpu_suite.sh calibrate`, < 2 min).
+refit `rhhjax.ops.persistent_cost.Rates` from them (`bash benchmarks/gpu_suite.sh calibrate`,
+< 2 min).
 
 Measured, each a median of ``--reps`` timed runs after a warm-up:
 
@@ -7,7 +8,7 @@ Measured, each a median of ``--reps`` timed runs after a warm-up:
   (`grid_barrier.make_barrier`) ``phases`` times, per barrier (two phase counts, the
   difference divided by the phases they differ by: launch overhead cancels);
 * fwd_phase_us / bwd_phase_us: the persistent forward and backward kernels at the plan
-  `ops.persistent.plan_for` chooses for the paper cell (batch 256, width 1000, depth 7) at
+  `ops.persistent_cost.plan_for` chooses for the paper cell (batch 256, width 1000, depth 7) at
   two sequence lengths, the difference per phase (barrier included, as in the model);
 * l2_tbytes: an XLA reduction that reads an L2-resident array (``--l2-mb``, default 24 MB of
   the H100's 50 MB L2) ``--l2-rounds`` times inside one jit, bytes per second.
@@ -36,7 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 from rhhjax.kernels.mosaic.plan import PersistentPlan
 
-from rhhjax.hlo.persistent_cost import Rates, predicted_phase_us
+from rhhjax.ops.persistent_cost import Rates, plan_for, predicted_phase_us
 
 PAPER = dict(batch=256, width=1000, depth=7)
 TINY = dict(batch=16, width=32, depth=2)  # interpret mode: one block
@@ -189,7 +190,7 @@ def measure(args) -> dict:
 
     shape = TINY if args.interpret else PAPER
     interpret = gpu_interpret.params() if args.interpret else None
-    choose = persistent.interpret_plan if args.interpret else persistent.plan_for
+    choose = persistent.interpret_plan if args.interpret else plan_for
     plan = choose(shape["batch"], shape["width"], args.dtype, args.layout)
     lengths = (1, 2) if args.interpret else (4, 12)
     counts = (2, 6) if args.interpret else (200, 1400)

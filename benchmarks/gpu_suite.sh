@@ -112,7 +112,7 @@ if [ "$MODE" = calibrate ]; then  # the plan model's three assumed rates, measur
     2>&1 | tee "$OUT/calibrate.log"
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
   if [ -f "$OUT/calibrate.json" ]; then
-    "$PY" -m rhhjax.hlo.persistent_prediction --calibration "$OUT/calibrate.json" \
+    "$PY" -m rhhjax.ops.persistent_cost --calibration "$OUT/calibrate.json" \
       --json "$OUT/prediction_calibrated.json" | tee "$OUT/prediction_calibrated.md" || status=1
   fi
 fi

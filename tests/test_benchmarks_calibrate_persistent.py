@@ -8,7 +8,7 @@ from benchmark_scripts import load
 from rhhjax.kernels.mosaic import interpret as gpu_interpret
 from rhhjax.kernels.mosaic.plan import paper_plan
 
-from rhhjax.hlo.persistent_cost import Rates, predicted_phase_us
+from rhhjax.ops.persistent_cost import Rates, predicted_phase_us
 
 cal = load("calibrate_persistent")
 PLAN = paper_plan("bfloat16", col_blocks=16, row_blocks=4, k_chunk=64, stages=3)

@@ -28,8 +28,8 @@ from rhhjax.kernels.hardware import H100
 from rhhjax.kernels.mosaic.plan import PersistentPlan
 
 from rhhjax import models
-from rhhjax.hlo.persistent_cost import predicted_phase_us
-from rhhjax.ops import fused, persistent, spec
+from rhhjax.ops import fused, persistent, persistent_cost, spec
+from rhhjax.ops.persistent_cost import predicted_phase_us
 
 
 def test_persistent_is_registered_but_not_ranked_for_auto():
@@ -84,7 +84,7 @@ def test_the_plan_is_a_runnable_one_of_the_lowest_predicted_phase_time(batch, wi
     assert plan.k_pad <= plan.n_pad and (2 * plan.n_pad) % plan.k_chunk == 0
     assert plan.b_pad % 64 == 0 and plan.b_pad - batch < 64 * plan.row_blocks
     assert plan.grid <= H100.sms
-    others = list(persistent._candidates(batch, width, "bfloat16"))
+    others = list(persistent_cost.candidates(batch, width, "bfloat16"))
     assert plan in others and len(others) > 1
     assert all(_predicted(plan) <= _predicted(other) for other in others)
 
@@ -105,7 +105,7 @@ def test_the_plan_of_the_paper_width_fits_shared_memory_in_both_dtypes():
 
 def test_a_width_past_the_sms_is_one_plan_error_line():
     with pytest.raises(persistent.PlanError) as error:
-        persistent.plan_for(64, max(persistent.UNITS) * H100.sms + 1, "bfloat16")
+        persistent.plan_for(64, max(persistent_cost.UNITS) * H100.sms + 1, "bfloat16")
     assert "\n" not in str(error.value) and "blocks" in str(error.value)
 
 
@@ -120,7 +120,7 @@ def test_interpret_mode_plans_the_fewest_blocks_that_both_kernels_accept(
     monkeypatch.setenv("NPROC", "17")  # XLA's CPU pool as the tests' conftest sizes it
     persistent.interpret_plan.cache_clear()
     plan = persistent.interpret_plan(batch, width, dtype)
-    candidates = list(persistent._candidates(batch, width, dtype))
+    candidates = list(persistent_cost.candidates(batch, width, dtype))
     assert plan in candidates and plan.grid == min(c.grid for c in candidates) <= 4
     plan.check_interpretable()
     interpreted = spec.SequenceSpec("persistent", 1.0, jnp.dtype(dtype), interpret=True)

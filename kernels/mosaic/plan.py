@@ -1,5 +1,5 @@
 """Static plan of the persistent whole-sequence highway kernel: ownership, shared memory,
-co-residency and L2 traffic (its time prediction: `rhhjax.hlo.persistent_cost`).
+co-residency and L2 traffic (its time prediction: `rhhjax.ops.persistent_cost`).
 
 The persistent kernel runs every micro-layer phase of a sequence inside ONE launch. Its grid
 is ``row_blocks x col_blocks`` blocks, at most one per SM. Block ``(r, g)`` owns
@@ -14,7 +14,7 @@ its weight slice ``[K, 2, units]`` through a ``stages``-deep shared-memory pipel
 bias, gates and combine in the epilogue, writes its state slice and saved gates, then meets
 the others at a grid barrier. The backward phase is the transpose (rows of ``W`` for its
 units, ``K = 2 * n_pad``): the same bytes. ``tests/persistent_schedule.py`` emulates this
-schedule in pure JAX; this module only counts, and `rhhjax.hlo.persistent_cost` turns the
+schedule in pure JAX; this module only counts, and `rhhjax.ops.persistent_cost` turns the
 counts into a labelled time PREDICTION.
 
 Padded extents: ``n_pad = col_blocks * units_per_block`` (``units_per_block =

@@ -19,7 +19,7 @@ clusters one after another, each cluster's blocks at once: the layout as a GPU w
 The same three functions as `grid_barrier` (`launch`, `block_index`, `make_barrier`), picked
 by the kernels' ``layout`` argument (`functions`). Whether it is faster (a cluster barrier
 against the grid's semaphores; TMA multicast of the A rows, not implemented here) only a GPU
-can say: `rhhjax.hlo.persistent_prediction` predicts it.
+can say: `rhhjax.ops.persistent_cost` predicts it.
 """
 
 from __future__ import annotations

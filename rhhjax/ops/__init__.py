@@ -10,6 +10,8 @@
     pallas.py      the Pallas Triton implementation's loops (`rhhjax.kernels.triton`).
     mosaic.py      the Mosaic GPU implementation's loops (`rhhjax.kernels.mosaic`).
     persistent.py  the persistent Mosaic GPU implementation: one kernel per direction.
+    persistent_cost.py  its cost model: the plan it runs (the lowest PREDICTED phase time)
+                   and the step's PREDICTION table per layout (a command).
     loops.py       what the implementations share (packed saved rows, the forward scan).
     lowrank.py     the rank-d hyper update (scan step and whole-sequence op: the second
                    entry point, for hyper_rank > 0, under `fused`).

@@ -37,7 +37,8 @@ grid barrier that times out (blocks not co-resident) ends the step with one erro
 Not supported: variational dropout (`unsupported`). Rank-d HyperRHNs run `fused` instead,
 said in the start-up line (`substitute`). Not in `impl="auto"` until measured on a GPU.
 
-Layout (`geometry`, from `plan_for`): the batch padded to the block rows (a multiple of 64),
+Layout (`geometry`, from `persistent_cost.plan_for`: the runnable plan of the lowest
+PREDICTED phase time): the batch padded to the block rows (a multiple of 64),
 the units to ``col_blocks * units_per_block``; weights stacked over layers in the kernels'
 orders (`persistent_forward.forward_weights`, `persistent_backward.backward_weights`).
 """
@@ -50,15 +51,14 @@ from typing import TYPE_CHECKING
 import jax
 import jax.numpy as jnp
 
-from rhhjax.hlo.persistent_cost import predicted_phase_us
-from rhhjax.kernels.hardware import H100
 from rhhjax.kernels.layout import Geometry
-from rhhjax.kernels.mosaic import grid_barrier, keep_mask, rowgroup_layout
+from rhhjax.kernels.mosaic import grid_barrier, keep_mask
 from rhhjax.kernels.mosaic import interpret as gpu_interpret
 from rhhjax.kernels.mosaic import persistent_backward as pb
 from rhhjax.kernels.mosaic import persistent_forward as pf
 from rhhjax.kernels.mosaic.plan import PersistentPlan, PlanError, scales_width
 from rhhjax.ops import cells, fused, loops
+from rhhjax.ops.persistent_cost import candidates, plan_for, predicted_phase_us
 
 if TYPE_CHECKING:
     from rhhjax.ops.sequence_spec import ModelFacts, SequenceSpec
@@ -68,9 +68,6 @@ Array = jax.Array
 NAME = "persistent"
 INTERPRETABLE = True  # model.pallas_mode="interpret": GPU interpret mode (jax >= 0.11.2).
 KEEP_DTYPE = jnp.uint8  # The kernels read the keep decisions as uint8 (`keep_mask`).
-UNITS = (16, 32, 64)  # units per block tried (uint8 mask tiles: TMA rows of 16-byte multiples)
-K_CHUNK = 64  # K per pipeline stage
-STAGES = (4, 3, 2)  # pipeline depths tried, deepest first, until shared memory fits
 DZ_IN_KERNEL = True  # dz in the backward kernel's epilogue (measured: see `_dz_in_kernel`)
 # The kernels' launch layout (`kernels/mosaic/rowgroup_layout.py`): "grid" (a grid barrier) or
 # "rowgroup" (one cluster per row group, a cluster barrier; plans of <= 16 column blocks).
@@ -106,35 +103,13 @@ def unavailable(pallas_mode: str, platform: str | None) -> str | None:
 
 
 @functools.cache
-def plan_for(batch: int, width: int, dtype_name: str, layout: str = "grid") -> PersistentPlan:
-    """The kernels' plan for a [batch, width] recurrence: among the plans both kernels can
-    run on an H100 (`_candidates`), the one of the lowest PREDICTED phase time
-    (`rhhjax.hlo.persistent_cost.predicted_phase_us`, forward + backward; an uncalibrated
-    model, see its `Rates`), then the fewest padded units; ``layout`` "rowgroup": among the
-    plans of at most `rowgroup_layout.MAX_CLUSTER` column blocks (K chunks of 64, 32 or 16).
-    Raises PlanError (one line) when none fits."""
-    plans = list(_candidates(batch, width, dtype_name, layout))
-    if not plans:
-        raise PlanError(
-            f"no persistent plan fits an H100 for batch {batch}, width {width} ({dtype_name}): "
-            f"at most {H100.sms} blocks of up to {max(UNITS)} units and 256 rows"
-        )
-
-    def cost(plan):
-        forward, backward = predicted_phase_us(plan), predicted_phase_us(plan, backward=True)
-        return forward + backward, plan.n_pad
-
-    return min(plans, key=cost)
-
-
-@functools.cache
 def interpret_plan(batch: int, width: int, dtype_name: str, layout: str = "grid") -> PersistentPlan:
     """The plan of GPU interpret mode: among the plans both kernels can run on an H100
-    (`_candidates`), the one of the FEWEST blocks (then the lowest predicted phase time):
-    the interpreter runs them as one cluster of threads (`grid_barrier.launch`). Raises
-    PlanError (one line) when none fits, or when the fewest are more blocks than the
+    (`persistent_cost.candidates`), the one of the FEWEST blocks (then the lowest predicted
+    phase time): the interpreter runs them as one cluster of threads (`grid_barrier.launch`).
+    Raises PlanError (one line) when none fits, or when the fewest are more blocks than the
     interpreter runs here (`gpu_interpret.cluster_too_large`)."""
-    plans = list(_candidates(batch, width, dtype_name, layout))
+    plans = list(candidates(batch, width, dtype_name, layout))
     if not plans:
         return plan_for(batch, width, dtype_name, layout)  # its one-line PlanError
 
@@ -151,49 +126,8 @@ def interpret_plan(batch: int, width: int, dtype_name: str, layout: str = "grid"
     return plan
 
 
-def _candidates(batch: int, width: int, dtype_name: str, layout: str = "grid"):
-    """Plans of 1 .. ceil(batch / 64) row blocks (no block of padding rows only) and UNITS
-    units per block, each with the fewest column blocks that keep the kernels' K extents on
-    written columns (forward ``k_pad <= n_pad``; backward ``2 * n_pad`` whole chunks) and
-    the deepest pipeline (STAGES) that both kernels' checks accept; ``layout`` "rowgroup":
-    those of at most `rowgroup_layout.MAX_CLUSTER` column blocks, at K chunks of 64, 32
-    or 16 (the widest that fits)."""
-    k_chunks = (K_CHUNK,) if layout == "grid" else (K_CHUNK, K_CHUNK // 2, K_CHUNK // 4)
-    for row_blocks in range(1, -(-batch // 64) + 1):
-        for units in UNITS:
-            for k_chunk in k_chunks:
-                plan = _deepest(batch, width, dtype_name, row_blocks, units, k_chunk)
-                if plan is not None and (
-                    layout == "grid" or plan.col_blocks <= rowgroup_layout.MAX_CLUSTER
-                ):
-                    yield plan
-                    break
-
-
-def _deepest(batch, width, dtype_name, row_blocks, units, k_chunk) -> PersistentPlan | None:
-    """The plan of the fewest column blocks for ``units`` and the deepest STAGES that both
-    kernels accept, or None."""
-    col_blocks = -(-width // units)
-    while (col_blocks * units < -(-width // k_chunk) * k_chunk) or (
-        2 * col_blocks * units % k_chunk
-    ):
-        col_blocks += 1
-    for stages in STAGES:
-        plan = PersistentPlan(
-            batch, width, dtype_name, col_blocks=col_blocks, row_blocks=row_blocks,
-            k_chunk=k_chunk, stages=stages, units=units,
-        )  # fmt: skip
-        try:
-            plan.check()
-            pb.check_plan(plan)
-        except PlanError:
-            continue
-        return plan
-    return None
-
-
 def _plan_of(spec: SequenceSpec, batch: int, width: int) -> PersistentPlan:
-    """`interpret_plan` in GPU interpret mode, else `plan_for` (the H100's)."""
+    """`interpret_plan` in GPU interpret mode, else `persistent_cost.plan_for` (the H100's)."""
     choose = interpret_plan if spec.interpret and not spec.references else plan_for
     return choose(batch, width, jnp.dtype(spec.dtype).name, LAYOUT)
 

@@ -1,0 +1,412 @@
+"""The persistent kernels' cost model: the plan `persistent` runs (the runnable plan of the
+lowest predicted phase time) and a PREDICTION of a HyperRHN training step per layout, one
+table: per-phase kernel time, barrier time, glue time and their sum, for bf16 and f32.
+
+Every number here is a MODEL, not a measurement:
+
+* kernel time of a main-cell phase: `predicted_phase_us` less its barrier (max of the
+  block's GEMM slice at ``Rates.tflops_per_sm``, all blocks' L2 bytes at ``Rates.l2_tbytes``,
+  one block's shared-memory fill), from the plan's counts (`rhhjax.kernels.mosaic.plan`);
+  f32 runs TF32 wgmma at HALF the bf16 rate (H100 datasheet: 495 vs 989 dense TFLOP/s);
+* barrier time: ``Rates.barrier_us`` per grid-barrier phase (assumed 1 us, not measured),
+  ``CLUSTER_BARRIER_US`` per hardware cluster barrier (assumed, not measured);
+* the hyper cell: today its own persistent launches, 2 * T * L more barrier-bound phases at
+  the hyper plan's predicted phase time; "in the kernel" its GEMMs are spread over the main
+  grid one phase ahead of the main cell (forward; one behind in the backward) and share the
+  main cell's barriers, adding its FLOP share per block to every main phase;
+* glue: the step's HLO bytes under the corrected rule (``bytes_per_train_step_read`` of a
+  compile report, `benchmarks/gpu_report.py`, measured without a GPU) at ``HBM_TBYTES``,
+  counted serially (every launch's operands and results, the kernels' own inputs and
+  outputs and the weight-gradient GEMMs included).
+
+    python -m rhhjax.ops.persistent_cost [--report results/...json] [--json OUT]
+        [--calibration calibrate.json]   # Rates refitted on a GPU (gpu_suite.sh calibrate)
+    python -m rhhjax.ops.persistent_cost --plan [--dtype float32 --row-blocks 2 ...]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+
+from rhhjax.kernels.hardware import H100
+from rhhjax.kernels.mosaic import persistent_backward as pb
+from rhhjax.kernels.mosaic import rowgroup_layout
+from rhhjax.kernels.mosaic.plan import PersistentPlan, PlanError
+
+UNITS = (16, 32, 64)  # units per block tried (uint8 mask tiles: TMA rows of 16-byte multiples)
+K_CHUNK = 64  # K per pipeline stage
+STAGES = (4, 3, 2)  # pipeline depths tried, deepest first, until shared memory fits
+HBM_TBYTES = H100.hbm_bytes_per_s / 1e12  # the datasheet's HBM bandwidth, TB/s
+CLUSTER_BARRIER_US = 0.3  # assumed hardware cluster barrier (arrive + wait), not measured
+TF32_SLOWDOWN = 2.0  # bf16 / TF32 dense wgmma rate on an H100 (datasheet)
+DEFAULT_REPORT = "results/gpu_report_persistent_bytes_h100.json"
+PAPER = dict(batch=256, width=1000, hyper=128, depth=7, length=100)
+
+
+@dataclasses.dataclass(frozen=True)
+class Rates:
+    """Machine rates of the prediction model (each an assumption or a measurement, stated)."""
+
+    barrier_us: float = 1.0  # assumed grid-barrier latency (not measured)
+    tflops_per_sm: float = 798.0 / H100.sms  # measured 8192^3 bf16 matmul rate / SMs
+    # Aggregate L2 read bandwidth, TB/s: a third-party microbenchmark of an H100 PCIe (114 SMs,
+    # Chips and Cheese 2023: ~5.5 TB/s); not measured here. Scaled to the H100 SXM: ~7.2.
+    l2_tbytes: float = 5.5
+    smem_fill_bytes_per_clk: float = 128.0  # assumed per-SM fill rate
+    clock_ghz: float = H100.clock_ghz  # measured SM clock (results/gpu_h100.md)
+
+
+def dtype_rates(rates: Rates, dtype: str) -> Rates:
+    """``rates`` for ``dtype``: f32 GEMMs at 1 / TF32_SLOWDOWN of the bf16 rate."""
+    if dtype == "float32":
+        return dataclasses.replace(rates, tflops_per_sm=rates.tflops_per_sm / TF32_SLOWDOWN)
+    return rates
+
+
+def predicted_phase_us(
+    plan: PersistentPlan, rates: Rates | None = None, multicast: int = 1, backward: bool = False
+) -> float:
+    """PREDICTION (a model, not a measurement) of one main-cell phase, in microseconds:
+
+        barrier + max(GEMM slice at tflops_per_sm, all blocks' L2 bytes at l2_tbytes,
+                      one block's ingest at smem_fill_bytes_per_clk * clock)
+
+    at ``rates`` as given (the step's table passes `dtype_rates` for f32)."""
+    rates = rates or Rates()
+    gemm = plan.flops_per_block(backward) / (rates.tflops_per_sm * 1e12)
+    l2 = plan.l2_bytes_per_phase(multicast, backward) / (rates.l2_tbytes * 1e12)
+    fill_rate = rates.smem_fill_bytes_per_clk * rates.clock_ghz * 1e9
+    fill = plan.ingest_bytes_per_block(backward) / fill_rate
+    return rates.barrier_us + 1e6 * max(gemm, l2, fill)
+
+
+def kernel_phase_us(plan: PersistentPlan, rates: Rates, multicast: int, backward: bool) -> float:
+    """A main-cell phase without its barrier (us): the plan model's max of GEMM, L2, fill."""
+    return predicted_phase_us(plan, rates, multicast, backward) - rates.barrier_us
+
+
+def hyper_share_us(plan: PersistentPlan, hyper: int, rates: Rates, backward: bool) -> float:
+    """The hyper cell's FLOPs per main phase spread over the main grid (us per block):
+    its gate GEMM [B, h] x [h, 2h] and the z projection [B, h] x [h, n] (the backward: the
+    transposed GEMMs, same FLOPs), divided evenly over ``plan.grid`` blocks."""
+    batch = plan.b_pad
+    flops = 2 * batch * hyper * 2 * hyper + 2 * batch * hyper * plan.n_pad
+    return 1e6 * flops / plan.grid / (rates.tflops_per_sm * 1e12) * (1.0 + backward)
+
+
+@functools.cache
+def plan_for(batch: int, width: int, dtype_name: str, layout: str = "grid") -> PersistentPlan:
+    """The kernels' plan for a [batch, width] recurrence: among the plans both kernels can
+    run on an H100 (`candidates`), the one of the lowest PREDICTED phase time
+    (`predicted_phase_us`, forward + backward at the default, uncalibrated `Rates`: the bf16
+    GEMM rate for both dtypes), then the fewest padded units; ``layout`` "rowgroup": among
+    the plans of at most `rowgroup_layout.MAX_CLUSTER` column blocks (K chunks of 64, 32 or
+    16). Raises PlanError (one line) when none fits."""
+    plans = list(candidates(batch, width, dtype_name, layout))
+    if not plans:
+        raise PlanError(
+            f"no persistent plan fits an H100 for batch {batch}, width {width} ({dtype_name}): "
+            f"at most {H100.sms} blocks of up to {max(UNITS)} units and 256 rows"
+        )
+
+    def cost(plan):
+        forward, backward = predicted_phase_us(plan), predicted_phase_us(plan, backward=True)
+        return forward + backward, plan.n_pad
+
+    return min(plans, key=cost)
+
+
+def candidates(batch: int, width: int, dtype_name: str, layout: str = "grid"):
+    """Plans of 1 .. ceil(batch / 64) row blocks (no block of padding rows only) and UNITS
+    units per block, each with the fewest column blocks that keep the kernels' K extents on
+    written columns (forward ``k_pad <= n_pad``; backward ``2 * n_pad`` whole chunks) and
+    the deepest pipeline (STAGES) that both kernels' checks accept; ``layout`` "rowgroup":
+    those of at most `rowgroup_layout.MAX_CLUSTER` column blocks, at K chunks of 64, 32
+    or 16 (the widest that fits)."""
+    k_chunks = (K_CHUNK,) if layout == "grid" else (K_CHUNK, K_CHUNK // 2, K_CHUNK // 4)
+    for row_blocks in range(1, -(-batch // 64) + 1):
+        for units in UNITS:
+            for k_chunk in k_chunks:
+                plan = _deepest(batch, width, dtype_name, row_blocks, units, k_chunk)
+                if plan is not None and (
+                    layout == "grid" or plan.col_blocks <= rowgroup_layout.MAX_CLUSTER
+                ):
+                    yield plan
+                    break
+
+
+def _deepest(batch, width, dtype_name, row_blocks, units, k_chunk) -> PersistentPlan | None:
+    """The plan of the fewest column blocks for ``units`` and the deepest STAGES that both
+    kernels accept, or None."""
+    col_blocks = -(-width // units)
+    while (col_blocks * units < -(-width // k_chunk) * k_chunk) or (
+        2 * col_blocks * units % k_chunk
+    ):
+        col_blocks += 1
+    for stages in STAGES:
+        plan = PersistentPlan(
+            batch, width, dtype_name, col_blocks=col_blocks, row_blocks=row_blocks,
+            k_chunk=k_chunk, stages=stages, units=units,
+        )  # fmt: skip
+        try:
+            plan.check()
+            pb.check_plan(plan)
+        except PlanError:
+            continue
+        return plan
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """One way to run the step: the main plan, TMA multicast of A within a cluster, the
+    barrier between phases, and where the hyper cell runs."""
+
+    name: str
+    plan: PersistentPlan
+    multicast: int
+    barrier_us: float
+    hyper_in_kernel: bool
+
+
+def rowgroup_plan(dtype: str, batch: int, width: int) -> PersistentPlan | None:
+    """The plan `plan_for` picks for the row-group clusters (at most 16 column blocks), or
+    None when none fits."""
+    try:
+        return plan_for(batch, width, dtype, "rowgroup")
+    except PlanError:
+        return None
+
+
+def layouts(dtype: str, rates: Rates, batch: int, width: int) -> list[Layout]:
+    """The layouts weighed, each named with whether it is built: today's grid, the row-group
+    clusters (`kernels/mosaic/rowgroup_layout.py`, ``persistent.LAYOUT = "rowgroup"``), each with
+    the hyper cell as its own launches (built) and inside the main kernels (not built), and
+    the row-group clusters with TMA multicast of the A rows (not built)."""
+    grid = plan_for(batch, width, dtype)
+    out = [
+        Layout("grid, hyper as own launches (built: today)", grid, 1, rates.barrier_us, False),
+    ]
+    rowgroup = rowgroup_plan(dtype, batch, width)
+    clusters = None if rowgroup is None else f"row-group clusters of {rowgroup.col_blocks}"
+    if rowgroup is not None:
+        name = f"{clusters}, hyper as own launches (built)"
+        out.append(Layout(name, rowgroup, 1, CLUSTER_BARRIER_US, False))
+    out.append(Layout("grid, hyper inside (not built)", grid, 1, rates.barrier_us, True))
+    if rowgroup is not None:
+        name = f"{clusters}, hyper inside (not built)"
+        out.append(Layout(name, rowgroup, 1, CLUSTER_BARRIER_US, True))
+        name = f"{clusters}, multicast A, hyper inside (not built)"
+        out.append(Layout(name, rowgroup, rowgroup.col_blocks, CLUSTER_BARRIER_US, True))
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """PREDICTION of one training step on a layout, unrounded: the main cell's kernel time
+    per phase (us, barrier excluded, the hyper share included when inside), the step's
+    dependent barrier phases, and its kernel, barrier and glue time (ms)."""
+
+    fwd_phase_us: float
+    bwd_phase_us: float
+    barrier_phases: int
+    kernel_ms: float
+    barrier_ms: float
+    glue_ms: float
+
+    @property
+    def step_ms(self) -> float:
+        """Kernel + barrier + glue time (ms), counted serially."""
+        return self.kernel_ms + self.barrier_ms + self.glue_ms
+
+
+def predicted_step(
+    layout: Layout, dtype: str, glue_bytes: float, rates: Rates, shape: dict = PAPER
+) -> Step:
+    """THE step PREDICTION (see the module docstring): ``shape`` gives batch, hyper, depth
+    and length (T); ``glue_bytes`` the bytes outside the kernels (0: kernels and barriers
+    alone). The hyper cell's own launches run the plan `plan_for` picks for [batch, hyper]."""
+    rates = dtype_rates(rates, dtype)
+    plan, depth, length = layout.plan, shape["depth"], shape["length"]
+    phases = depth * length  # per direction
+    fwd = kernel_phase_us(plan, rates, layout.multicast, False)
+    bwd = kernel_phase_us(plan, rates, layout.multicast, True)
+    hyper_ms = 0.0
+    barriers = 2 * phases
+    if layout.hyper_in_kernel:
+        fwd += hyper_share_us(plan, shape["hyper"], rates, False)
+        bwd += hyper_share_us(plan, shape["hyper"], rates, True)
+        barriers += 2  # the skew: one more phase per direction
+    else:
+        hyper_plan = plan_for(shape["batch"], shape["hyper"], dtype)
+        hyper = [kernel_phase_us(hyper_plan, rates, 1, b) for b in (False, True)]
+        hyper_ms = phases * sum(hyper) / 1e3
+        barriers += 2 * phases
+    kernel_ms = phases * (fwd + bwd) / 1e3 + hyper_ms
+    barrier_ms = barriers * layout.barrier_us / 1e3
+    glue_ms = glue_bytes / (HBM_TBYTES * 1e12) * 1e3
+    return Step(fwd, bwd, barriers, kernel_ms, barrier_ms, glue_ms)
+
+
+def step_row(layout: Layout, dtype: str, glue_bytes: float, rates: Rates, shape: dict) -> dict:
+    """One row of the table: `predicted_step` rounded (times in us per phase, ms per step)."""
+    step, plan = predicted_step(layout, dtype, glue_bytes, rates, shape), layout.plan
+    return {
+        "dtype": dtype,
+        "layout": layout.name,
+        "plan": f"{plan.row_blocks}x{plan.col_blocks} blocks, {plan.units_per_block} units, "
+        f"k_chunk {plan.k_chunk}, stages {plan.stages}",
+        "fwd_phase_us": round(step.fwd_phase_us, 2),
+        "bwd_phase_us": round(step.bwd_phase_us, 2),
+        "barrier_us": layout.barrier_us,
+        "barrier_phases": step.barrier_phases,
+        "kernel_ms": round(step.kernel_ms, 2),
+        "barrier_ms": round(step.barrier_ms, 2),
+        "glue_GB": round(glue_bytes / 1e9, 2),
+        "glue_ms": round(step.glue_ms, 2),
+        "step_ms": round(step.step_ms, 2),
+    }
+
+
+def glue_bytes_of(report: dict, dtype: str) -> float:
+    """Corrected-rule bytes per training step of the persistent HyperRHN row of a compile
+    report (`benchmarks/gpu_report.py` JSON). Raises ValueError (one line) without one."""
+    for row in report["rows"]:
+        if (row["model"], row["impl"], row["dtype"]) == ("hyperrhn", "persistent", dtype):
+            if row.get("status") != "ok":
+                break
+            return float(row["bytes_per_train_step_read"])
+    raise ValueError(f"the report has no compiled persistent HyperRHN {dtype} row")
+
+
+def table(report: dict, rates: Rates | None = None, shape: dict | None = None) -> list[dict]:
+    """Every layout's row for bf16 and f32 (see the module docstring for the model)."""
+    rates, shape = rates or Rates(), shape or PAPER
+    rows = []
+    for dtype in ("bfloat16", "float32"):
+        glue = glue_bytes_of(report, dtype)
+        for layout in layouts(dtype, rates, shape["batch"], shape["width"]):
+            rows.append(step_row(layout, dtype, glue, rates, shape))
+    return rows
+
+
+COLUMNS = (
+    ("dtype", "dtype"), ("layout", "layout"), ("plan", "plan"),
+    ("fwd_phase_us", "fwd phase us"), ("bwd_phase_us", "bwd phase us"),
+    ("barrier_phases", "barriers"), ("barrier_us", "barrier us"), ("kernel_ms", "kernel ms"),
+    ("barrier_ms", "barrier ms"), ("glue_GB", "glue GB"), ("glue_ms", "glue ms"),
+    ("step_ms", "step ms"),
+)  # fmt: skip
+
+
+def markdown(rows: list[dict]) -> str:
+    """The table in Markdown, titled as a PREDICTION."""
+    head = "| " + " | ".join(title for _, title in COLUMNS) + " |"
+    rule = "|" + "---|" * len(COLUMNS)
+    body = ["| " + " | ".join(str(r[key]) for key, _ in COLUMNS) + " |" for r in rows]
+    return "\n".join(["PREDICTION (plan model; assumptions in the JSON)", head, rule, *body])
+
+
+def calibrated_rates(path: str) -> Rates:
+    """The refitted Rates of a `benchmarks/calibrate_persistent.py` JSON. Raises ValueError
+    (one line) when it has none (an interpreted smoke run)."""
+    with open(path) as f:
+        fitted = json.load(f).get("rates_refitted")
+    if not fitted:
+        raise ValueError(f"{path} has no rates_refitted (an interpreted or failed run?)")
+    return Rates(**fitted)
+
+
+def plan_report(args) -> dict:
+    """``--plan``: one plan's figures and its labelled PREDICTION (the phases at the dtype's
+    rates; the step's kernels and barriers on today's grid, glue not counted). Raises
+    PlanError (one line) when the plan cannot run co-resident."""
+    plan = PersistentPlan(
+        args.batch, args.width, args.dtype, args.col_blocks, args.row_blocks,
+        args.k_chunk, args.stages,
+    )  # fmt: skip
+    plan.check()
+    rates = calibrated_rates(args.calibration) if args.calibration else Rates()
+    at_dtype = dtype_rates(rates, args.dtype)
+    shape = dict(batch=args.batch, width=args.width, hyper=args.hyper, depth=7, length=100)
+    today = Layout("grid, hyper as own launches", plan, args.multicast, rates.barrier_us, False)
+    return {
+        "plan": dataclasses.asdict(plan),
+        **plan.summary(),
+        "rates (assumed unless noted)": dataclasses.asdict(rates),
+        "PREDICTION forward phase us": round(predicted_phase_us(plan, at_dtype, args.multicast), 2),
+        "PREDICTION backward phase us": round(
+            predicted_phase_us(plan, at_dtype, args.multicast, backward=True), 2
+        ),
+        "PREDICTION step kernels + barriers ms (T 100, L 7, glue not counted)": round(
+            predicted_step(today, args.dtype, 0.0, rates, shape).step_ms, 2
+        ),
+    }
+
+
+def table_report(args) -> dict:
+    """The table with its assumptions, as the JSON ``--json`` writes."""
+    with open(args.report) as f:
+        report = json.load(f)
+    rates = calibrated_rates(args.calibration) if args.calibration else Rates()
+    return {
+        "label": "PREDICTION (a model, not a measurement)",
+        "report": args.report,
+        "report_meta": {k: report["meta"].get(k) for k in ("date", "git_commit", "jax", "host")},
+        "calibration": args.calibration,
+        "assumptions": {
+            "rates": dataclasses.asdict(rates),
+            "cluster_barrier_us": CLUSTER_BARRIER_US,
+            "hbm_tbytes": HBM_TBYTES,
+            "f32_gemm_rate": f"bf16 rate / {TF32_SLOWDOWN} (TF32)",
+            "model": __doc__.split("\n\n")[1],
+        },
+        "rows": table(report, rates),
+    }
+
+
+def _parser():
+    """The command's flags: the table's, and ``--plan`` with the plan's own."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--report", default=DEFAULT_REPORT, help="compile report JSON")
+    parser.add_argument("--json", default=None, help="write the table here as JSON")
+    parser.add_argument("--calibration", default=None, help="calibrate_persistent.py JSON")
+    one = parser.add_argument_group("--plan: one plan's figures as JSON instead of the table")
+    one.add_argument("--plan", action="store_true")
+    for name, default in (("batch", 256), ("width", 1000), ("col-blocks", H100.sms)):
+        one.add_argument(f"--{name}", type=int, default=default)
+    for name, default in (("row-blocks", 1), ("k-chunk", 64), ("stages", 4), ("hyper", 128)):
+        one.add_argument(f"--{name}", type=int, default=default)
+    one.add_argument("--multicast", type=int, default=1)
+    one.add_argument("--dtype", default="bfloat16")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """Print the table (Markdown) and, with ``--json``, write it with its assumptions; with
+    ``--plan``, print one plan's figures as JSON (a plan that cannot run: one ``error:``
+    line, exit 1)."""
+    from rhhjax.errors import exit_with_error
+
+    args = _parser().parse_args(argv)
+    if args.plan:
+        try:
+            out = plan_report(args)
+        except PlanError as e:
+            exit_with_error(e)
+        print(json.dumps(out, indent=1))
+        return out
+    out = table_report(args)
+    print(markdown(out["rows"]))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+    return out
+
+
+if __name__ == "__main__":
+    main()
