@@ -16,6 +16,7 @@ import logging
 import re
 import shutil
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,7 @@ class _OrbaxErrorFilter(logging.Filter):
 
 
 @contextlib.contextmanager
-def quiet_orbax_errors():
+def quiet_orbax_errors() -> Iterator[None]:
     """During a save: orbax's threads log every failed write with a traceback (pages of them
     for a full disk) before the save raises; the failure is reported once, as the
     CheckpointError, so those records are dropped."""
