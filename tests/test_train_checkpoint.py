@@ -1,10 +1,11 @@
-"""Checkpoint managers: bitwise round trip, retention of latest / best, pruning, read-only use;
-through whole runs: a kill between two saves, a full disk, damaged checkpoints."""
+"""Checkpoint managers: bitwise round trip, retention of latest / best, pruning, read-only use,
+a failed save, checksums written and checked; through whole runs: a kill between two saves, a
+full disk, damaged checkpoints. (The checksum table alone: test_train_checksums.py; the
+failure lines alone: test_train_checkpoint_failures.py.)"""
 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import jax
@@ -22,7 +23,7 @@ from train_cases import (
 
 from rhhjax.errors import UserError
 from rhhjax.train import checkpoint as ckpt_lib
-from rhhjax.train import trainer
+from rhhjax.train import checksums, trainer
 
 
 def make_state(seed: int = 0):
@@ -164,38 +165,6 @@ def test_failed_save_is_one_line_and_cleans_up(tmp_path, monkeypatch):
     assert not any("tmp" in p.name for p in (tmp_path / "checkpoints").iterdir())
 
 
-def test_orbax_error_records_are_dropped_during_a_save():
-    """orbax's writer threads log each failed write (with a traceback) before the save
-    raises; inside quiet_orbax_errors those records are dropped, other records are kept."""
-    import logging
-
-    seen: list[str] = []
-
-    class Keep(logging.Handler):
-        def emit(self, record):
-            seen.append(record.getMessage())
-
-    logger = logging.getLogger("absl")
-    handler = Keep()
-    logger.addHandler(handler)
-    old_level = logger.level
-    logger.setLevel(logging.INFO)
-
-    def log(pathname: str, level: int, message: str) -> None:
-        logger.handle(logger.makeRecord("absl", level, pathname, 1, message, (), None))
-
-    try:
-        with ckpt_lib.quiet_orbax_errors():
-            log("/x/site-packages/orbax/checkpoint/_src/futures/future.py", logging.ERROR, "a")
-            log("/x/site-packages/orbax/checkpoint/_src/futures/future.py", logging.INFO, "b")
-            log("/x/rhhjax/trainer.py", logging.ERROR, "c")
-        log("/x/site-packages/orbax/checkpoint/_src/futures/future.py", logging.ERROR, "d")
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(old_level)
-    assert seen == ["b", "c", "d"]
-
-
 def _saved(tmp_path):
     """Latest checkpoints 1 and 2 and a best one at 2 in ``tmp_path``."""
     params, opt_state, carry = make_state()
@@ -213,11 +182,11 @@ def _params_files(step_dir: Path) -> list[Path]:
 def test_every_saved_checkpoint_has_checksums_of_all_its_files(tmp_path):
     _saved(tmp_path)
     for step_dir in (tmp_path / "checkpoints" / "1", tmp_path / "best" / "2"):
-        table = json.loads((step_dir / ckpt_lib.CHECKSUMS_FILE).read_text())
+        table = json.loads((step_dir / checksums.CHECKSUMS_FILE).read_text())
         files = {
             str(p.relative_to(step_dir))
             for p in step_dir.rglob("*")
-            if p.is_file() and p.name != ckpt_lib.CHECKSUMS_FILE
+            if p.is_file() and p.name != checksums.CHECKSUMS_FILE
         }
         assert set(table) == files and any(name.startswith("params/") for name in table)
 
@@ -258,38 +227,12 @@ def test_a_checkpoint_without_checksums_must_hold_finite_parameters(tmp_path):
         c.save_latest(1, params, opt_state, carry, meta(1))
         c.save_latest(2, bad, opt_state, carry, meta(2))
     for step in (1, 2):
-        (tmp_path / "checkpoints" / str(step) / ckpt_lib.CHECKSUMS_FILE).unlink()
+        (tmp_path / "checkpoints" / str(step) / checksums.CHECKSUMS_FILE).unlink()
     with ckpt_lib.Checkpoints(tmp_path, read_only=True) as c:
         with pytest.raises(ckpt_lib.DamagedCheckpointError, match="non-finite parameters"):
             c.restore_params("latest", 2)
         restored, _ = c.restore_params("latest", 1)
     assert_equal(restored, params)
-
-
-def test_space_needed_never_contradicts_itself(tmp_path, monkeypatch):
-    """A failed save said "needs about 63 kB, 90 kB free": an estimate below the free space
-    becomes "more than the free space" (the write failed, so it needed more)."""
-    import shutil
-
-    usage = shutil.disk_usage(tmp_path)
-    monkeypatch.setattr(ckpt_lib.shutil, "disk_usage", lambda _: usage._replace(free=90_000))
-    assert ckpt_lib.space_needed(tmp_path, 63_000) == "it needs more than the 90 kB free"
-    assert ckpt_lib.space_needed(tmp_path, 2_000_000) == "it needs about 2.0 MB, 90 kB free"
-
-
-def test_only_tensorstores_closed_loop_noise_is_silenced(monkeypatch):
-    """A failed write or read made tensorstore's threads print 0-160 lines of "Event loop is
-    closed" tracebacks around the one-line error; those (and nothing else) are dropped."""
-    import types
-
-    seen: list[str] = []
-    monkeypatch.setattr(sys, "unraisablehook", lambda u: seen.append(str(u.exc_value)))
-    monkeypatch.setattr(ckpt_lib, "_SILENCED", False)
-    ckpt_lib.silence_closed_loop_noise()
-    ckpt_lib.silence_closed_loop_noise()  # once is enough: not wrapped twice
-    for error in (RuntimeError("Event loop is closed"), RuntimeError("other"), ValueError("x")):
-        sys.unraisablehook(types.SimpleNamespace(exc_value=error))
-    assert seen == ["other", "x"]
 
 
 def test_a_damaged_checkpoint_lists_only_the_undamaged_others(tmp_path):
@@ -302,14 +245,6 @@ def test_a_damaged_checkpoint_lists_only_the_undamaged_others(tmp_path):
         ckpt_lib.load_for_inference(tmp_path, "best")
     assert str(info.value).endswith(f"undamaged checkpoints in {tmp_path}: checkpoints/2")
     assert info.value.alternatives == (("latest", 2),)
-
-
-@pytest.mark.parametrize(
-    "n,words", [(0, "0 bytes"), (150, "150 bytes"), (2_500, "2 kB"), (61_200_000, "61.2 MB")]
-)
-def test_sizes_below_a_kilobyte_are_bytes_not_zero_kb(n, words):
-    """A full disk said "it needs about 0 kB" for a 150-byte metrics line."""
-    assert ckpt_lib._size(n) == words
 
 
 text_file = train_cases.text_file  # a shared fixture (tests/train_cases.py)

@@ -14,7 +14,7 @@ from rhhjax import models
 from rhhjax.errors import UserError
 from rhhjax.tools import evaluate, sample
 from rhhjax.train import checkpoint as ckpt_lib
-from rhhjax.train import saved_run
+from rhhjax.train import checksums, saved_run
 
 
 @pytest.fixture(scope="module")
@@ -170,12 +170,12 @@ def test_damage_in_the_checksum_file_itself_is_a_readable_line(saved, tmp_path, 
     '<bound method pybind11_detail_function_record_v1_...'; now the checksum file is named."""
     workdir = _with_latest(tmp_path, saved, steps=(3,))
     _truncate(workdir / "best" / "7")
-    (workdir / "best" / "7" / ckpt_lib.CHECKSUMS_FILE).write_text(table)
+    (workdir / "best" / "7" / checksums.CHECKSUMS_FILE).write_text(table)
     with pytest.raises(ckpt_lib.CheckpointError) as info:
         saved_run.load_run(workdir, "best")
     message = str(info.value)
     assert "bound method" not in message and "\n" not in message
-    assert f"is damaged (its {ckpt_lib.CHECKSUMS_FILE} " in message
+    assert f"is damaged (its {checksums.CHECKSUMS_FILE} " in message
     assert message.endswith("; use an undamaged one: --checkpoint=3")
 
 

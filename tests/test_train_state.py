@@ -19,7 +19,7 @@ from train_cases import (
 )
 
 from rhhjax.train import checkpoint as ckpt_lib
-from rhhjax.train import trainer
+from rhhjax.train import checksums, trainer
 from rhhjax.train import workdir as workdir_lib
 
 text_file = train_cases.text_file  # a shared fixture (tests/train_cases.py)
@@ -140,7 +140,7 @@ def test_a_run_from_before_the_kernel_fields_resumes_with_another_impl_and_block
                 rewritten += section.pop(name, None) is not None
         path.write_text(json.dumps(data))
     assert rewritten > 0  # the old format really lacks them now
-    for path in workdir.glob(f"*/*/{ckpt_lib.CHECKSUMS_FILE}"):
+    for path in workdir.glob(f"*/*/{checksums.CHECKSUMS_FILE}"):
         path.unlink()  # nor had checkpoints checksums then
     cfg = tiny_config(text_file, train__max_steps=4, model__impl="fused", **common)
     cfg.model.kernel.block_b = 16

@@ -30,6 +30,10 @@ on a difference, before orbax reads a byte. A checkpoint without that file (olde
 or a kill between the save and the file) is read as it is and refused if it does not read or
 holds a non-finite parameter.
 
+The checksum table is ``rhhjax.train.checksums``; the one-line failures of orbax are
+``rhhjax.train.checkpoint_failures``; which checkpoint a program reads (best, latest, a step)
+is chosen in ``rhhjax.train.saved_run`` (``load_for_inference`` below for best / latest).
+
 The ``meta`` JSON (version 1):
     step, epoch                 the number of finished training steps / epochs (float)
     sampler                     ``WindowSampler.state()`` / ``StreamSampler.state()``
@@ -48,14 +52,7 @@ The ``meta`` JSON (version 1):
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
-import json
-import logging
 import os
-import re
-import shutil
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -64,13 +61,14 @@ import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
 from rhhjax.errors import UserError
+from rhhjax.train import checkpoint_failures as failures
+from rhhjax.train import checksums
 
 LATEST_DIR = "checkpoints"
 BEST_DIR = "best"
 META_VERSION = 1
 LATEST_ITEMS = ("params", "opt_state", "carry", "meta")
 BEST_ITEMS = ("params", "meta")
-CHECKSUMS_FILE = "checksums.json"  # in each step's folder: {relative path: [bytes, sha256]}
 
 
 class CheckpointError(UserError):
@@ -165,7 +163,7 @@ class Checkpoints:
         self._save(
             self._latest,
             step,
-            _tree_bytes((params, opt_state, carry)),
+            failures.tree_bytes((params, opt_state, carry)),
             params=ocp.args.StandardSave(params),
             opt_state=ocp.args.StandardSave(opt_state),
             carry=ocp.args.StandardSave({"carry": carry}),  # a bare array is not a tree
@@ -178,7 +176,7 @@ class Checkpoints:
         self._save(
             self._best,
             step,
-            _tree_bytes(params),
+            failures.tree_bytes(params),
             params=ocp.args.StandardSave(params),
             meta=ocp.args.JsonSave(meta),
         )
@@ -194,30 +192,22 @@ class Checkpoints:
         return deleted
 
     def _save(self, manager, step: int, nbytes: int, **items) -> None:
+        """Save ``items`` as ``step`` of ``manager`` (about ``nbytes``), then its checksums;
+        CheckpointError (one line: ``checkpoint_failures.failed_save``) when it fails."""
         if self.read_only:
             raise CheckpointError("checkpoints opened read-only")
         if step in manager.all_steps():
             manager.delete(step)
-        silence_closed_loop_noise()
+        failures.silence_closed_loop_noise()
         try:
-            with quiet_orbax_errors():
+            with failures.quiet_orbax_errors():
                 manager.save(step, args=ocp.args.Composite(**items), force=True)
                 manager.wait_until_finished()
             if jax.process_index() == 0:
-                write_checksums(Path(manager.directory) / str(step))
+                checksums.write_checksums(Path(manager.directory) / str(step))
         except Exception as e:  # orbax / tensorstore / OSError: report it in one line
-            folder = Path(manager.directory)
-            _remove_unfinished(folder)
-            for other in (manager, self._latest):  # a finished checkpoint: its size on disk
-                previous = [s for s in other.all_steps() if s != step] if other else []
-                if previous:
-                    where = Path(other.directory) / str(max(previous))
-                    nbytes = max(nbytes, _folder_bytes(where))
-                    break
-            kept = [s for s in self._latest.all_steps() if s != step] if self._latest else []
-            raise CheckpointError(
-                _save_failure(folder, step, nbytes, e, max(kept) if kept else None)
-            ) from None
+            line = failures.failed_save(manager, self._latest, step, nbytes, e)
+            raise CheckpointError(line) from None
 
     def prune_after(self, step: int) -> list[int]:
         """Delete every checkpoint (latest and best) after ``step``; returns the steps deleted.
@@ -256,14 +246,14 @@ class Checkpoints:
         argument once the files are checked): its files are checked against its checksums
         first; one without checksums must read and hold finite parameters."""
         manager = self._which(which)
-        folder = Path(manager.directory) / str(step)
-        checked = self._check_files(which, step, folder, tuple(items))
-        silence_closed_loop_noise()
+        checked = self._check_files(which, step, self._folder(which, step), tuple(items))
+        failures.silence_closed_loop_noise()
         try:
             items = {k: v() if callable(v) else v for k, v in items.items()}
             restored = manager.restore(step, args=ocp.args.Composite(**items))
         except Exception as e:  # tensorstore / orbax / JSON errors of damaged files
-            raise self._damaged(which, step, f"it does not read: {_read_error(e)}") from None
+            reason = f"it does not read: {failures.read_error(e)}"
+            raise self._damaged(which, step, reason) from None
         if not checked and "params" in items and not _all_finite(restored.params):
             raise self._damaged(which, step, "it holds non-finite parameters")
         return restored
@@ -272,12 +262,12 @@ class Checkpoints:
         """Whether ``folder`` has checksums (False: none to check); DamagedCheckpointError
         when a file of ``items`` (or of the step itself) differs from them."""
         try:
-            expected = read_checksums(folder)
+            expected = checksums.read_checksums(folder)
         except FileNotFoundError:
             return False
-        except ChecksumFileError as e:
+        except checksums.ChecksumFileError as e:
             raise self._damaged(which, step, str(e)) from None
-        problem = files_problem(folder, expected, items)
+        problem = checksums.files_problem(folder, expected, items)
         if problem:
             raise self._damaged(which, step, problem)
         return True
@@ -285,25 +275,20 @@ class Checkpoints:
     def undamaged(self, but: tuple[str, int] | None = None) -> list[tuple[str, int]]:
         """(which, step) of every checkpoint whose files match its checksums (or that has
         none to check), newest first, ``but`` left out. Reads every file: for error paths."""
-        found = []
-        for which in ("latest", "best"):
-            manager = self._which(which)
-            for step in self.steps(which):
-                if (which, step) == but:
-                    continue
-                folder = Path(manager.directory) / str(step)
-                try:
-                    expected = read_checksums(folder)
-                except FileNotFoundError:
-                    found.append((which, step))  # older checkpoints: nothing to check
-                    continue
-                except ChecksumFileError:
-                    continue
-                if not files_problem(folder, expected, LATEST_ITEMS):
-                    found.append((which, step))
+        found = [
+            (which, step)
+            for which in ("latest", "best")
+            for step in self.steps(which)
+            if (which, step) != but and checksums.intact(self._folder(which, step), LATEST_ITEMS)
+        ]
         return sorted(found, key=lambda a: (-a[1], a[0] != "latest"))
 
+    def _folder(self, which: str, step: int) -> Path:
+        """The folder of a checkpoint of ``which`` (whose manager exists)."""
+        return Path(self._which(which).directory) / str(step)
+
     def _damaged(self, which: str, step: int, reason: str) -> DamagedCheckpointError:
+        """The error for a damaged checkpoint: its line names the undamaged others."""
         alternatives = tuple(self.undamaged(but=(which, step)))
         listed = ", ".join(folder_name(w, s) for w, s in alternatives) or "none"
         return DamagedCheckpointError(
@@ -372,226 +357,10 @@ class Checkpoints:
                 raise
 
 
-class _OrbaxErrorFilter(logging.Filter):
-    """Drops the error records (with tracebacks) orbax's writer threads log."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not (record.levelno >= logging.ERROR and "orbax" in record.pathname)
-
-
-@contextlib.contextmanager
-def quiet_orbax_errors():
-    """During a save: orbax's threads log every failed write with a traceback (pages of them
-    for a full disk) before the save raises; the failure is reported once, as the
-    CheckpointError, so those records are dropped."""
-    logger = logging.getLogger("absl")
-    quiet = _OrbaxErrorFilter()
-    logger.addFilter(quiet)
-    try:
-        yield
-    finally:
-        logger.removeFilter(quiet)
-
-
-def _closed_loop_noise(unraisable) -> bool:
-    """tensorstore's late callbacks into the asyncio loop of a failed orbax call (already
-    closed): harmless, printed as tracebacks after the one-line error."""
-    return isinstance(unraisable.exc_value, RuntimeError) and "Event loop is closed" in str(
-        unraisable.exc_value
-    )
-
-
-_SILENCED = False
-
-
-def silence_closed_loop_noise() -> None:
-    """From the first save or restore on, drop what tensorstore's threads print when a write
-    or read fails (a full disk, a damaged file; reported as one line): "Event loop is closed"
-    tracebacks of late callbacks into orbax's finished event loop (0 to 160 lines, a race),
-    during the failing call and after it. Nothing else is dropped."""
-    global _SILENCED
-    if _SILENCED:
-        return
-    _SILENCED = True
-    previous = sys.unraisablehook
-
-    def hook(unraisable):
-        if not _closed_loop_noise(unraisable):
-            previous(unraisable)
-
-    sys.unraisablehook = hook
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-class ChecksumFileError(ValueError):
-    """A ``checksums.json`` that is not a table of [bytes, SHA-256]; the message is one line."""
-
-
-def read_checksums(folder: Path) -> dict[str, tuple[int, str]]:
-    """``folder/checksums.json`` as {relative path: (bytes, sha256)}; FileNotFoundError when
-    there is none, ChecksumFileError (a readable line) when it is damaged."""
-    path = folder / CHECKSUMS_FILE
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise
-    except (OSError, UnicodeDecodeError) as e:
-        raise ChecksumFileError(f"its {CHECKSUMS_FILE} does not read ({e})") from None
-    if not text.strip():
-        raise ChecksumFileError(f"its {CHECKSUMS_FILE} is empty")
-    try:
-        table = json.loads(text)
-    except ValueError:
-        raise ChecksumFileError(f"its {CHECKSUMS_FILE} is not valid JSON") from None
-    ok = isinstance(table, dict) and all(
-        isinstance(v, list) and len(v) == 2 and isinstance(v[0], int) and isinstance(v[1], str)
-        for v in table.values()
-    )
-    if not ok:
-        raise ChecksumFileError(f"its {CHECKSUMS_FILE} is not a table of [bytes, SHA-256]")
-    return {name: (size, digest) for name, (size, digest) in table.items()}
-
-
-def files_problem(folder: Path, expected: dict, items: tuple[str, ...]) -> str:
-    """ "" when every file of ``items`` (and of the step itself) in ``folder`` is listed in
-    ``expected`` with its size and SHA-256; else the first difference, in words."""
-
-    def read_now(name: str) -> bool:  # another item's files are not read now
-        return "/" not in name or name.split("/", 1)[0] in items
-
-    for name, (size, digest) in sorted(expected.items()):
-        if read_now(name):
-            problem = _file_problem(folder / name, size, digest)
-            if problem:
-                return f"{name} {problem}"
-    on_disk = sorted(
-        str(p.relative_to(folder))
-        for p in folder.rglob("*")
-        if p.is_file() and p.name != CHECKSUMS_FILE
-    )
-    unlisted = [name for name in on_disk if read_now(name) and name not in expected]
-    if unlisted:
-        return (
-            f"its {CHECKSUMS_FILE} lists {len(expected)} files and not {unlisted[0]} "
-            f"({len(unlisted)} unlisted): the checksum file itself is damaged"
-        )
-    return ""
-
-
-def _read_error(error: BaseException) -> str:
-    """A readable line for orbax / tensorstore failing on a damaged file (their messages end
-    in a pointer to "full TensorStore details" printed as a Python method's repr)."""
-    text = " ".join(str(error).split())
-    text = re.split(r"\s*See full TensorStore details", text)[0]
-    text = re.sub(r"<bound method [^>]*>?", "", text).strip(" .;:")
-    if len(text) > 200:
-        text = text[:200].rsplit(" ", 1)[0] + " ..."
-    return text or type(error).__name__
-
-
-def write_checksums(folder: Path) -> None:
-    """``folder/checksums.json``: [bytes, SHA-256] of every file of a finished checkpoint."""
-    files = sorted(p for p in folder.rglob("*") if p.is_file() and p.name != CHECKSUMS_FILE)
-    table = {str(p.relative_to(folder)): [p.stat().st_size, _sha256(p)] for p in files}
-    tmp = folder / f".{CHECKSUMS_FILE}.tmp"
-    tmp.write_text(json.dumps(table, indent=0, sort_keys=True) + "\n")
-    os.replace(tmp, folder / CHECKSUMS_FILE)
-
-
-def _file_problem(path: Path, size: int, digest: str) -> str:
-    """ "" when ``path`` has the saved size and SHA-256, else what differs."""
-    try:
-        actual = path.stat().st_size
-    except OSError:
-        return "is missing"
-    if actual != size:
-        return f"has {actual:,} bytes, {size:,} when saved"
-    if _sha256(path) != digest:
-        return "changed since it was saved (SHA-256 differs)"
-    return ""
-
-
 def _all_finite(tree) -> bool:
     """Whether every floating-point leaf of ``tree`` is finite."""
     leaves = [x for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.floating)]
     return all(bool(jnp.all(jnp.isfinite(x))) for x in leaves)
-
-
-def _tree_bytes(tree) -> int:
-    """Bytes of the arrays in ``tree`` (what a checkpoint of it needs, metadata aside)."""
-    return int(sum(getattr(x, "nbytes", 0) for x in jax.tree.leaves(tree)))
-
-
-def _folder_bytes(folder: Path) -> int:
-    """Bytes of the files under ``folder``."""
-    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
-
-
-def _remove_unfinished(folder: Path) -> None:
-    """Delete orbax's temporary folders of unfinished saves (they hold the space a retry
-    needs); finished checkpoints are untouched."""
-    if not folder.is_dir():
-        return
-    for path in folder.iterdir():
-        if path.is_dir() and ".orbax-checkpoint-tmp" in path.name:
-            shutil.rmtree(path, ignore_errors=True)
-
-
-def _save_failure(
-    folder: Path, step: int, nbytes: int, error: BaseException, last: int | None
-) -> str:
-    """One line for a failed save: where, which step, why, the space needed, and ``last``,
-    the step of the latest training checkpoint left (None: none)."""
-    text = " ".join(str(error).split()) or type(error).__name__
-    left = (
-        f"the last checkpoint (step {last}) is intact"
-        if last is not None
-        else "no checkpoint was written before"
-    )
-    need = space_needed(folder, nbytes)
-    no_space = "no space left on device" in text.lower() or "enospc" in text.lower()
-    if no_space:
-        return (
-            f"cannot write the checkpoint of step {step} to {folder}: no space left on device "
-            f"({need}); {left}; free some space and run the same command again to resume"
-        )
-    if len(text) > 300:
-        text = text[:300] + "..."
-    return (
-        f"cannot write the checkpoint of step {step} to {folder} ({need}): {text}; {left}; "
-        f"run the same command again to resume"
-    )
-
-
-def space_needed(folder: Path, nbytes: int) -> str:
-    """ "it needs about X, Y free" for a write of about ``nbytes`` into ``folder`` that failed;
-    "it needs more than the Y free" when the estimate is not above the free space (the write
-    failed, so it needed more: metadata, file-system blocks)."""
-    try:
-        free = shutil.disk_usage(folder if folder.exists() else folder.parent).free
-    except OSError:
-        return f"it needs about {_size(nbytes)}"
-    if nbytes > free:
-        return f"it needs about {_size(nbytes)}, {_size(free)} free"
-    return f"it needs more than the {_size(free)} free"
-
-
-def _size(n: int) -> str:
-    """Bytes for people: "150 bytes", "23 kB", "61.2 MB", "3.1 GB"."""
-    if n < 1e3:
-        return f"{max(n, 0)} bytes"
-    if n < 1e6:
-        return f"{max(n, 0) / 1e3:,.0f} kB"
-    if n < 1e9:
-        return f"{n / 1e6:,.1f} MB"
-    return f"{n / 1e9:,.1f} GB"
 
 
 def _single_device_target(item_dir: Path):
@@ -612,7 +381,7 @@ def has_checkpoint(workdir: str | os.PathLike) -> bool:
     return False
 
 
-def load_for_inference(workdir: str | os.PathLike, which: str = "best"):
+def load_for_inference(workdir: str | os.PathLike, which: str = "best") -> tuple[Any, dict, str]:
     """(params, meta, which_used) of the ``which`` checkpoint of a workdir.
 
     ``which="best"`` falls back to the latest checkpoint when no best exists yet.

@@ -21,6 +21,7 @@ from rhhjax import data as data_lib
 from rhhjax import models
 from rhhjax.errors import one_line
 from rhhjax.train import checkpoint as ckpt_lib
+from rhhjax.train import checkpoint_failures
 from rhhjax.train.config import (
     MODEL_FIELDS_FREE,
     RESUME_FIELDS,
@@ -42,7 +43,7 @@ def _write_failure(path: Path, nbytes: int, error: OSError) -> WorkdirWriteError
     """The one line for a failed write of about ``nbytes`` to ``path`` (a file of the workdir
     ``path.parent``): why, and what the workdir's checkpoints hold."""
     if error.errno == errno.ENOSPC:
-        why = f"no space left on device ({ckpt_lib.space_needed(path.parent, nbytes)})"
+        why = f"no space left on device ({checkpoint_failures.space_needed(path.parent, nbytes)})"
         fix = "free some space and run the same command again"
     else:
         why = error.strerror or " ".join(str(error).split())
