@@ -136,9 +136,11 @@ RUN_MODULE = re.compile(r"python -m (rhhjax(?:\.\w+)+)")
 
 
 def test_every_module_the_docs_run_exists():
-    """docs/ and benchmarks/README.md run library modules by name (``python -m
-    rhhjax.ops.persistent_cost``): each is there, so a module that moves is renamed there."""
+    """README.md, docs/, benchmarks/README.md and results/README.md run library modules by
+    name (``python -m rhhjax.ops.persistent_cost``): each is there, so a module that moves is
+    renamed there."""
     docs = [*sorted((ROOT / "docs").glob("*.md")), ROOT / "benchmarks" / "README.md"]
+    docs += [ROOT / "README.md", ROOT / "results" / "README.md"]
     named = {name for doc in docs for name in RUN_MODULE.findall(doc.read_text())}
     assert "rhhjax.ops.persistent_cost" in named
     missing = sorted(name for name in named if importlib.util.find_spec(name) is None)
