@@ -236,6 +236,24 @@ def test_reference_matches_the_persistent_schedule(
     close(ds_carry0 + jnp.matmul(d_mm[:b_pad], w0.T, preferred_element_type=F32), ds0)
 
 
+def test_reference_takes_the_last_layers_cotangent_alone_as_the_dense_one():
+    """g [T, b_pad, n_pad]: layer L - 1's cotangent, the others zero, exactly."""
+    plan = PersistentPlan(64, 40, "float32", col_blocks=3, k_chunk=16)
+    steps, depth = 3, 3
+    case = _case(11, plan, steps, depth, True, True)
+    wt = pb.backward_weights(plan, case["kernel_s"], F32)
+    rest = (_packed(case), case["z_op"], case["decisions"])
+    g_last = case["g"][depth - 1 :: depth]
+    dense = jnp.zeros_like(case["g"]).at[depth - 1 :: depth].set(g_last)
+    alone = pb.persistent_backward_reference(plan, wt, g_last, *rest, keep=KEEP, with_dz=True)
+    whole = pb.persistent_backward_reference(plan, wt, dense, *rest, keep=KEEP, with_dz=True)
+    for a, e in zip(alone, whole, strict=True):
+        np.testing.assert_array_equal(a, e)
+    with pytest.raises(PlanError, match=r"g \(2, 64, 48\) is not \[9, 64, 48\]") as e:
+        pb.persistent_backward_reference(plan, wt, g_last[:2], *rest, keep=KEEP)
+    assert "\n" not in str(e.value)
+
+
 def test_reference_rejects_mismatched_operands_in_one_line():
     plan = PersistentPlan(64, 16, "float32", col_blocks=2, k_chunk=16)
     case = _case(0, plan, 2, 1, False, False)
@@ -411,6 +429,31 @@ class TestCompiled(MosaicGpuMode):
             for a, e in zip(actual[: len(want)], want, strict=True):
                 a, e = np.asarray(a, np.float32), np.asarray(e, np.float32)
                 np.testing.assert_allclose(a, e, rtol=tol, atol=tol * float(np.abs(e).max()))
+
+    def test_the_last_layers_cotangent_alone_is_the_dense_one(self, case):
+        """g [T, b_pad, n_pad] (layer L - 1's, the others zero: a model that reads the last
+        layer) gives what the dense g with those zeros gives."""
+        plan_args, steps, depth, z_on, mask_on = case
+        plan = PersistentPlan(*plan_args)
+        cluster = plan.grid if self.LAYOUT == "grid" else plan.col_blocks
+        if self.INTERPRET and gpu_interpret.cluster_too_large(cluster):
+            pytest.skip(gpu_interpret.cluster_too_large(cluster))
+        case = _case(plan.batch + 2 * steps, plan, steps, depth, z_on, mask_on)
+        g_last = case["g"][depth - 1 :: depth]
+        dense = jnp.zeros_like(case["g"]).at[depth - 1 :: depth].set(g_last)
+        wt = pb.backward_weights(plan, case["kernel_s"], jnp.dtype(plan.dtype))
+        rest = (_packed(case), case["z_op"], case["decisions"])
+        expected = pb.persistent_backward_reference(plan, wt, dense, *rest, keep=KEEP)
+        kernel = functools.partial(
+            pb.persistent_backward, plan, keep=KEEP, interpret=self.interpret(),
+            layout=self.LAYOUT,
+        )  # fmt: skip
+        actual = jax.jit(kernel)(wt, g_last, *rest)
+        assert not np.asarray(actual[-1]).any(), "grid barrier timed out"
+        tol = self.TOL[plan.dtype]
+        for a, e in zip(actual[:3], expected[:3], strict=True):
+            a, e = np.asarray(a, np.float32), np.asarray(e, np.float32)
+            np.testing.assert_allclose(a, e, rtol=tol, atol=tol * float(np.abs(e).max()))
 
 
 class TestInterpret(TestCompiled):

@@ -181,3 +181,49 @@ def test_time_loops_hold_no_weight_preparation_and_one_kernel_per_micro_layer(im
         else:
             # The walk reached the step's matmuls (a walk that finds nothing checks nothing).
             assert "dot_general" in names, names
+
+
+@pytest.mark.parametrize(
+    ("impl", "references"),
+    [("fused", False), ("pallas", False), ("mosaic", True), ("persistent", True)],
+)
+@pytest.mark.parametrize("with_z", [False, True])
+def test_last_layer_only_is_the_last_layer_in_values_and_gradients(impl, references, with_z):
+    """``spec.last_layer_only``: the op returns states[:, -1] of the whole op, and every
+    gradient of a loss on it equals the one through the whole op (the backward gets that
+    layer's cotangent alone: `persistent` reads it as it is, the others zero-padded)."""
+    import dataclasses
+
+    import jax.numpy as jnp
+
+    from rhhjax.ops import cells, recurrence
+    from rhhjax.ops.sequence_spec import SequenceSpec
+
+    steps, depth, batch, width = 3, 3, 5, 24
+    keys = jax.random.split(jax.random.key(7 + with_z), 8)
+    weights = cells.HighwayWeights(
+        kernel_x=jnp.zeros((4, 2 * width)),
+        bias_x=0.1 * jax.random.normal(keys[0], (2 * width,)),
+        kernel_s=0.3 * jax.random.normal(keys[1], (depth, width, 2 * width)),
+        bias_s=0.1 * jax.random.normal(keys[2], (depth, 2 * width)),
+    )
+    s0 = jax.random.normal(keys[3], (batch, width))
+    xproj = jax.random.normal(keys[4], (steps, batch, 2 * width))
+    z = 1.0 + 0.2 * jax.random.normal(keys[5], (steps, depth, batch, width)) if with_z else None
+    probe = jax.random.normal(keys[6], (steps, batch, width))
+    spec = SequenceSpec(impl, keep=0.75, dtype=jnp.float32, gate_dropout=True,
+                        interpret=impl == "pallas", references=references)  # fmt: skip
+    last = dataclasses.replace(spec, last_layer_only=True)
+
+    def loss(run_spec, pick):
+        def f(weights, s0, xproj, z):
+            states = recurrence.highway_sequence(run_spec, weights, s0, xproj, z, keys[7], None)
+            return jnp.sum(pick(states) * probe)
+
+        return jax.value_and_grad(f, argnums=(0, 1, 2, 3) if with_z else (0, 1, 2))
+
+    args = (weights, s0, xproj, z)
+    whole = loss(spec, lambda states: states[:, -1])(*args)
+    alone = loss(last, lambda states: states)(*args)
+    _assert_trees_close(alone, whole, 1e-5)
+    assert recurrence.highway_sequence(last, *args, keys[7], None).shape == (steps, batch, width)

@@ -23,7 +23,9 @@ Operands (padded; matmul dtype = wt.dtype, bf16 or f32):
 
     wt     [L * n_pad, 2 * n_pad] matmul dtype  W_l padded to [n_pad, 2 * n_pad] (gate column
            (h, i) at h * n_pad + i), stacked on rows (`backward_weights`)
-    g      [P, b_pad, n_pad] f32                the cotangent of the states
+    g      [P, b_pad, n_pad] f32                the cotangent of the states, or [T, b_pad,
+                                                n_pad]: layer L - 1's only (the others zero;
+                                                what a model that reads the last layer gives)
     packed [P, b_pad, K, n_pad] f32             the forward's saved rows (0 s_prev, 1 h, 2 tg,
            3-4 full with z); rows 0-2 are read
     z      [L, T, b_pad, plan.z_width] f32 | None  hyper scales, LAYER-major
@@ -170,17 +172,22 @@ def _check_operands(plan: PersistentPlan, wt, g, packed, z, mask) -> int:
     if wt.ndim != 2 or wt.shape[1] != 2 * n_pad or wt.shape[0] % n_pad or not wt.shape[0]:
         raise PlanError(f"wt {wt.shape} is not [L * {n_pad}, {2 * n_pad}] (plan n_pad).")
     depth = wt.shape[0] // n_pad
-    phases = g.shape[0]
-    if g.shape != (phases, b_pad, n_pad) or phases % depth or not phases:
-        raise PlanError(f"g {g.shape} is not [T * {depth}, {b_pad}, {n_pad}] (plan, depth).")
-    if packed.ndim != 4 or packed.shape[:2] != (phases, b_pad) or packed.shape[3] != n_pad:
-        raise PlanError(f"packed {packed.shape} is not [{phases}, {b_pad}, K, {n_pad}].")
+    phases = packed.shape[0] if packed.ndim == 4 else 0
+    if packed.ndim != 4 or packed.shape[1] != b_pad or packed.shape[3] != n_pad or not phases:
+        raise PlanError(f"packed {packed.shape} is not [T * L, {b_pad}, K, {n_pad}].")
+    if phases % depth:
+        raise PlanError(f"packed {packed.shape} has {phases} phases, not a multiple of L {depth}.")
+    if g.shape not in ((phases, b_pad, n_pad), (phases // depth, b_pad, n_pad)):
+        raise PlanError(
+            f"g {g.shape} is not [{phases}, {b_pad}, {n_pad}] (every phase) or "
+            f"[{phases // depth}, {b_pad}, {n_pad}] (layer {depth - 1} only)."
+        )
     if packed.shape[2] < 3:
         raise PlanError(f"packed {packed.shape} has fewer than 3 saved rows (s_prev, h, tg).")
     z_shape = (depth, phases // depth, b_pad, plan.z_width)
     if z is not None and z.shape != z_shape:
         raise PlanError(f"z {z.shape} is not {z_shape} (layer-major [L, T, b_pad, z_width]).")
-    keep_mask.check_operand(mask, g.shape, "backward")
+    keep_mask.check_operand(mask, (phases, b_pad, n_pad), "backward")
     if jnp.dtype(wt.dtype).name != plan.dtype:
         raise PlanError(f"wt dtype {wt.dtype} is not the plan's {plan.dtype}.")
     return depth
@@ -219,8 +226,9 @@ def persistent_backward(
     check_plan(plan, z is not None, mask is not None, with_dz)
     rowgroup_layout.check(plan, layout, interpret)
     launch, block_index, make_barrier = rowgroup_layout.functions(layout, interpret)
-    phases = g.shape[0]
+    phases = packed.shape[0]
     steps = phases // depth
+    g_last = g.shape[0] != phases  # layer L - 1's cotangent only: zero at the other layers
     rows, u, tk = plan.rows_per_block, plan.units_per_block, plan.k_chunk
     n_r, n_c, n_pad, b_pad = plan.row_blocks, plan.col_blocks, plan.n_pad, plan.b_pad
     k_steps = 2 * n_pad // tk
@@ -260,7 +268,20 @@ def persistent_backward(
         def phase(p):
             """One backward micro-layer of this block: loads, GEMM, epilogue, stores."""
             t, layer = jax.lax.div(p, depth), jax.lax.rem(p, depth)
+            g_here = layer == depth - 1  # with g_last, the phases that read g
             for slot, name in enumerate(names):
+                if name == "g_out" and g_last:
+
+                    @pl.when(g_here)
+                    def _(slot=slot):
+                        src = g_g.at[t, block_rows, units]
+                        plgpu.copy_gmem_to_smem(src, epi.at[slot], bar.at[slot])
+
+                    @pl.when(jnp.logical_not(g_here))
+                    def _(slot=slot):  # da_h's store from this slot has completed
+                        epi[slot] = jnp.zeros((rows, u), F32)
+
+                    continue
                 if name in _SAVED_ROWS:
                     src = packed_g.at[p, block_rows, _SAVED_ROWS[name], units]
                 elif name == "z":  # layer-major; units past z_width read as zero
@@ -283,8 +304,11 @@ def persistent_backward(
                 plgpu.commit_smem()
 
             for slot in range(len(names) + has_mask):
-                plgpu.barrier_wait(bar.at[slot])
-            plgpu.commit_smem()  # every thread's acc_smem write before anyone reads it
+                if slot == names.index("g_out") and g_last:
+                    pl.when(g_here)(lambda slot=slot: plgpu.barrier_wait(bar.at[slot]))
+                else:
+                    plgpu.barrier_wait(bar.at[slot])
+            plgpu.commit_smem()  # every thread's acc_smem (and zero g) write before any read
             ins = {name: epi[slot] for slot, name in enumerate(names)}
             if has_mask:
                 ins["mask"] = keep_mask.load_values(mask_tile, keep)
@@ -385,7 +409,9 @@ def persistent_backward_reference(
     del spin_limit, interpret, layout
     depth = _check_operands(plan, wt, g, packed, z, mask)
     _check_dz(with_dz, z, packed)
-    phases, b_pad, n_pad = g.shape
+    phases, b_pad, n_pad = packed.shape[0], g.shape[1], g.shape[2]
+    if g.shape[0] != phases:  # layer L - 1's cotangent only
+        g = jnp.zeros((phases, b_pad, n_pad), g.dtype).at[depth - 1 :: depth].set(g)
     w_layers = wt.reshape(depth, n_pad, 2 * n_pad)
 
     def body(carry, xs):

@@ -74,8 +74,11 @@ def _bias0_per_step(c: ModelConfig, s0: Array, length: int) -> Array | None:
     return ones.at[0].set(cells.first_step_bias0_scale(s0))
 
 
-def _first_step_apart(c: ModelConfig, s0: Array, xs, run_step, run_sequence) -> Array:
-    """States [T, L, B, n] of a whole-sequence op, with `original_first_step` honoured.
+def _first_step_apart(
+    c: ModelConfig, s0: Array, xs, run_step, run_sequence, last_layer_only: bool = False
+) -> Array:
+    """States [T, L, B, n] of a whole-sequence op (``last_layer_only``: [T, B, n], the last
+    layer's, as `run_sequence` returns them then), with `original_first_step` honoured.
 
     Off: `run_sequence(first_step=0, s0, xs)`. On: step 0 by the pure-JAX
     `run_step(s0, xs[0], bias0_scale)` (b_0 dropped for zero-state rows), steps 1..T-1 by
@@ -85,11 +88,12 @@ def _first_step_apart(c: ModelConfig, s0: Array, xs, run_step, run_sequence) -> 
         return run_sequence(0, s0, xs)
     first = jax.tree_util.tree_map(lambda x: x[0], xs)
     s1, layers0, _ = run_step(s0, first, cells.first_step_bias0_scale(s0))
+    step0 = layers0[-1] if last_layer_only else layers0
     length = jax.tree_util.tree_leaves(xs)[0].shape[0]
     if length == 1:
-        return layers0[None]
+        return step0[None]
     rest = run_sequence(1, s1, jax.tree_util.tree_map(lambda x: x[1:], xs))
-    return jnp.concatenate([layers0[None], rest])
+    return jnp.concatenate([step0[None], rest])
 
 
 def _step_masks(key: Array | None, keep: float, depth: int, s0: Array) -> Array | None:
@@ -99,7 +103,8 @@ def _step_masks(key: Array | None, keep: float, depth: int, s0: Array) -> Array 
 
 def _highway_states(c, spec, weights, s0, xproj, z, gate_key, hidden_masks) -> Array:
     """`recurrence.highway_sequence` states [T, L, B, n] (xproj [T, B, 2n], z [T, L, B, n] or
-    None), with `original_first_step` honoured."""
+    None), with `original_first_step` honoured; with ``spec.last_layer_only`` the last
+    layer's [T, B, n]."""
     masks0 = _step_masks(gate_key, spec.keep, weights.kernel_s.shape[0], s0)
 
     def run_step(s, xs, bias0):
@@ -110,7 +115,8 @@ def _highway_states(c, spec, weights, s0, xproj, z, gate_key, hidden_masks) -> A
         spec_t = dataclasses.replace(spec, first_step=first_step)
         return recurrence.highway_sequence(spec_t, weights, s, *xs, gate_key, hidden_masks)
 
-    return _first_step_apart(c, s0, (xproj, z), run_step, run_sequence)
+    last = spec.last_layer_only
+    return _first_step_apart(c, s0, (xproj, z), run_step, run_sequence, last)
 
 
 def _lstm_body(cell: LSTMCell, carry, xproj):
@@ -175,11 +181,13 @@ class RHNCore(nn.Module):
                 _rhn_body, self.cell, carry, (steps, xproj, bias0), gate_key, hidden_masks
             )
         else:
-            spec = dataclasses.replace(self.spec, gate_dropout=gate_key is not None)
-            states = _highway_states(
+            spec = dataclasses.replace(
+                self.spec, gate_dropout=gate_key is not None, last_layer_only=True
+            )  # the outputs and the carry are the last layer's
+            ys = _highway_states(
                 c, spec, self.cell.weights(), carry, xproj, None, gate_key, hidden_masks
             )
-            carry, ys = states[-1, -1], states[:, -1]
+            carry = ys[-1]
         return jnp.swapaxes(ys, 0, 1), carry
 
 
@@ -254,13 +262,13 @@ class HyperRHNCore(nn.Module):
         if c.hyper_rank > 0:  # Suarez section 4: main_xproj holds the raw input x here.
             main_states = self._lowrank_states(
                 spec, s_main, main_xproj, hyper_states, main_key, main_hidden
-            )
-        else:
+            )[:, -1]
+        else:  # the main cell's outputs and carry are its last layer's (every layer's z is not)
             main_states = _highway_states(
-                c, spec, cell.main.weights(), s_main, main_xproj, cell.scales(hyper_states),
-                main_key, main_hidden,
+                c, dataclasses.replace(spec, last_layer_only=True), cell.main.weights(),
+                s_main, main_xproj, cell.scales(hyper_states), main_key, main_hidden,
             )  # fmt: skip
-        return (hyper_states[-1, -1], main_states[-1, -1]), main_states[:, -1]
+        return (hyper_states[-1, -1], main_states[-1]), main_states
 
     def _lowrank_states(self, spec, s0, x, hyper_states, gate_key, hidden_masks) -> Array:
         """`lowrank.lowrank_sequence` states [T, L, B, n] (x [T, B, E], hyper_states

@@ -68,6 +68,7 @@ def unavailable(pallas_mode: str, platform: str | None) -> str | None:
 
 substitute = loops.runs_itself  # no other implementation runs a model in its place
 scales_operand = loops.padded_scales  # z padded, [T, L, Bp, Np]
+LAST_LAYER_COTANGENT = False  # its backward reads every layer's cotangent
 
 
 def geometry(spec: SequenceSpec, batch: int, width: int) -> Geometry:

@@ -69,6 +69,9 @@ NAME = "persistent"
 INTERPRETABLE = True  # model.pallas_mode="interpret": GPU interpret mode (jax >= 0.11.2).
 KEEP_DTYPE = jnp.uint8  # The kernels read the keep decisions as uint8 (`keep_mask`).
 DZ_IN_KERNEL = True  # dz in the backward kernel's epilogue (measured: see `_dz_in_kernel`)
+# The backward kernel reads layer L - 1's cotangent alone when the model reads only that layer
+# (`SequenceSpec.last_layer_only`): no dense [T, L, Bp, Np] of zeros is built or read.
+LAST_LAYER_COTANGENT = True
 # The kernels' launch layout (`kernels/mosaic/rowgroup_layout.py`): "grid" (a grid barrier) or
 # "rowgroup" (one cluster per row group, a cluster barrier; plans of <= 16 column blocks).
 # "grid" until a GPU has measured both (`benchmarks/calibrate_persistent.py`).
@@ -231,18 +234,21 @@ def backward_loop(spec, geo, w, bias, s0, xproj, z, keep, hidden, saved, g_state
     large arrays: every XLA pass reads only what it needs).
 
     w: ([L * Np, 2 * Np],) (`prepare_weights(..., transposed=True)`); saved: `forward_loop`'s
-    (packed, s_mm); g_states [T, L, Bp, Np] the padded cotangents of the states. Returns
+    (packed, s_mm); g_states [T, L, Bp, Np] the padded cotangents of the states, or [T, Bp,
+    Np] the last layer's alone (``spec.last_layer_only``: the kernel reads it at layer L - 1
+    and zero elsewhere). Returns
     (ds0 [Bp, Np], d_scaled of layer 0 [T, 1, Bp, 2, Np] = da * [z, z] (the gradient of
     xproj), dz [T, L, Bp, Np] or None, dbias [L, 2, Np], dW [L, k_pad, 2, Np]): dW from the
     kernels' matmul-dtype operands, s_mm (the input states) and d_mm (d_scaled), the values
     `loops.deferred_weight_gradient` would cast."""
-    del bias, s0, hidden  # hidden: None (`forward_loop` refused it).
+    del s0, hidden  # hidden: None (`forward_loop` refused it).
     packed, s_mm = saved
     (stacked,) = w
     plan = _plan(spec, geo)
-    length, depth = xproj.shape[0], g_states.shape[1]
+    length, depth = xproj.shape[0], bias.shape[0]
     mask = keep_mask.decisions(_phase_major(keep))
-    args = (plan, stacked, _phase_major(g_states), packed, z, mask)
+    g = g_states if g_states.ndim == 3 else _phase_major(g_states)  # [T, ...] or [P, ...]
+    args = (plan, stacked, g, packed, z, mask)
     with_dz = _dz_in_kernel(plan, z is not None, mask is not None)
     kwargs = dict(with_dz=with_dz, keep=spec.keep)
     if spec.references:

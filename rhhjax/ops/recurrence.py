@@ -84,7 +84,7 @@ def _run_forward(spec, weights, s0, xproj, z, key_data, hidden_masks, save: bool
 def _sequence(spec, weights, s0, xproj, z, key_data, hidden_masks):
     # Without differentiation nothing is saved for a backward pass.
     geo, _, states, _ = _run_forward(spec, weights, s0, xproj, z, key_data, hidden_masks, False)
-    return geo.unpad_rows(states)
+    return geo.unpad_rows(_returned(spec, states))
 
 
 def _sequence_fwd(spec, weights, s0, xproj, z, key_data, hidden_masks):
@@ -92,7 +92,22 @@ def _sequence_fwd(spec, weights, s0, xproj, z, key_data, hidden_masks):
         spec, weights, s0, xproj, z, key_data, hidden_masks, save=True
     )
     key_zero = None if key_data is None else jnp.zeros(key_data.shape, jax.dtypes.float0)
-    return geo.unpad_rows(states), (operands, saved, key_zero, weights)
+    return geo.unpad_rows(_returned(spec, states)), (operands, saved, key_zero, weights)
+
+
+def _returned(spec: SequenceSpec, states: Array) -> Array:
+    """states [T, L, Bp, Np] -> what the op returns: all of them, or with
+    ``spec.last_layer_only`` the last layer's [T, Bp, Np]."""
+    return states[:, -1] if spec.last_layer_only else states
+
+
+def _cotangent(spec: SequenceSpec, impl, g: Array, depth: int) -> Array:
+    """The padded cotangent of the returned states as ``impl``'s backward reads it: as it
+    is, or (last layer only, an implementation that reads every layer's) [T, L, Bp, Np] with
+    zeros at the other layers."""
+    if not spec.last_layer_only or impl.LAST_LAYER_COTANGENT:
+        return g
+    return jnp.zeros((g.shape[0], depth, *g.shape[1:]), g.dtype).at[:, -1].set(g)
 
 
 def _sequence_bwd(spec, residuals, g_states):
@@ -102,8 +117,9 @@ def _sequence_bwd(spec, residuals, g_states):
     impl = IMPLEMENTATIONS[spec.impl]
     geo = impl.geometry(spec, batch, width)
     w_t = impl.prepare_weights(spec, geo, weights.kernel_s, transposed=True)
+    g = _cotangent(spec, impl, geo.pad_rows(g_states), bias.shape[0])
     ds0, d_scaled, dz, dbias, dw = impl.backward_loop(
-        spec, geo, w_t, bias, s0, xproj, z, keep, hidden, saved, geo.pad_rows(g_states)
+        spec, geo, w_t, bias, s0, xproj, z, keep, hidden, saved, g
     )
     dbias = geo.unpad_bias(dbias)
     d_weights = cells.HighwayWeights(
@@ -144,7 +160,8 @@ def highway_sequence(
       gate_key: dropout key for gate masks (required when spec.gate_dropout).
       hidden_masks: [L, B, n] variational masks on the matmul input, or None (not pallas).
     Returns:
-      states [T, L, B, n]: the state after every micro-layer of every step (float32).
+      states [T, L, B, n]: the state after every micro-layer of every step (float32); with
+      ``spec.last_layer_only`` [T, B, n], the last micro-layer's only.
     """
     key_data = None if gate_key is None else jax.random.key_data(gate_key)
     if spec.gate_dropout and key_data is None:

@@ -47,6 +47,9 @@ class SequenceSpec:
     # Time index of the call's first step: gate masks of entry i are those of step
     # first_step + i (1 when the caller ran step 0 itself, e.g. model.original_first_step).
     first_step: int = 0
+    # The op returns the last layer's states [T, B, n] only (all a model's main cell reads),
+    # so its backward gets that layer's cotangent alone (`Implementation.LAST_LAYER_COTANGENT`).
+    last_layer_only: bool = False
     reason: str = dataclasses.field(default="", compare=False)
 
     @property

@@ -61,11 +61,15 @@ class Implementation(Protocol):
       NAME: the `model.impl` value.
       INTERPRETABLE: whether it runs Pallas kernels (interpreted per `model.pallas_mode`).
       KEEP_DTYPE: dtype of the gate-dropout keep decisions the loops read.
+      LAST_LAYER_COTANGENT: whether `backward_loop` takes, with ``spec.last_layer_only``,
+        the last layer's cotangent alone ([T, Bp, Np]); else it gets every layer's, zeros
+        but the last.
     """
 
     NAME: str
     INTERPRETABLE: bool
     KEEP_DTYPE: Any
+    LAST_LAYER_COTANGENT: bool
 
     def unsupported(self, model: ModelFacts) -> str | None:
         """None, or the one-line reason it cannot run `model` (needs no device)."""
@@ -102,7 +106,9 @@ class Implementation(Protocol):
         self, spec, geo, w, bias, s0, xproj, z, keep, hidden, saved, g_states
     ) -> tuple[jax.Array, jax.Array, jax.Array | None, jax.Array, jax.Array]:
         """(ds0 [Bp, Np], d_scaled [T, L | 1, Bp, 2, Np] (layer 0: the gradient of xproj),
-        dz [T, L, Bp, Np] or None, dbias [L, 2, Np], dW [L, K, 2, Np]), all padded."""
+        dz [T, L, Bp, Np] or None, dbias [L, 2, Np], dW [L, K, 2, Np]), all padded.
+        g_states: [T, L, Bp, Np], or [T, Bp, Np] (the last layer's) where
+        LAST_LAYER_COTANGENT and ``spec.last_layer_only``."""
 
 
 AUTO = "auto"
