@@ -267,7 +267,8 @@ DEFINITIONS = {
     "through a reshape and then a slice)",
     "bytes_per_step_read": "bytes_per_step under the corrected rule (launches.read_fraction): "
     "a fused operand counts the fraction of its elements the fusion reads, followed through "
-    "index-only ops (bitcast, reshape, transpose, copy, pad, reverse: fraction unchanged) to "
+    "index-only ops (bitcast, reshape, transpose, copy, pad, reverse) and converts (fraction "
+    "unchanged) to "
     "slices and dynamic-slices, strided or not (each keeps its share, elements out / "
     "elements in); any other use reads it whole; an unfused slice counts its result read "
     "and written; custom calls (Mosaic GPU, Triton kernels) still count whole operands",

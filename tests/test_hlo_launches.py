@@ -262,6 +262,37 @@ def test_bytes_read_follow_a_reshape_to_the_slice():
     assert launch.bytes_read == 2 * 2 * 32 * F32 + 2 * 2 * 32 * F32 + result
 
 
+def test_bytes_read_follow_a_convert_to_the_strided_slice():
+    """A convert between the operand and its slice (the bf16 head reading the last layer
+    of the persistent states from packed): the slice's elements, in the operand's dtype."""
+    text = """\
+%fused_last (param_0: f32[8,4,64]) -> bf16[2,4,64] {
+  %param_0 = f32[8,4,64]{2,1,0} parameter(0)
+  %cv = bf16[8,4,64]{2,1,0} convert(%param_0)
+  ROOT %sl = bf16[2,4,64]{2,1,0} slice(%cv), slice={[3:8:4], [0:4], [0:64]}
+}
+
+ENTRY %main (a: f32[8,4,64]) -> bf16[2,4,64] {
+  %a = f32[8,4,64]{2,1,0} parameter(0)
+  ROOT %f = bf16[2,4,64]{2,1,0} fusion(%a), kind=kLoop, calls=%fused_last
+}
+"""
+    launch = _only_launch(text)
+    result = 2 * 4 * 64 * 2
+    assert launch.bytes == 8 * 4 * 64 * F32 + result  # the old rule: the whole operand
+    assert launch.bytes_read == 2 * 4 * 64 * F32 + result
+    # a convert that the root reads whole still reads it all
+    whole = text.replace(
+        "ROOT %sl = bf16[2,4,64]{2,1,0} slice(%cv), slice={[3:8:4], [0:4], [0:64]}",
+        "%sl = bf16[2,4,64]{2,1,0} slice(%cv), slice={[3:8:4], [0:4], [0:64]}\n"
+        "  ROOT %t = (bf16[2,4,64]{2,1,0}, bf16[8,4,64]{2,1,0}) tuple(%sl, %cv)",
+    )
+    whole = whole.replace(
+        "-> bf16[2,4,64] {\n  %param_0", "-> (bf16[2,4,64], bf16[8,4,64]) {\n  %param_0"
+    )
+    assert _only_launch(whole).bytes_read >= 8 * 4 * 64 * F32
+
+
 def test_bytes_read_equal_the_old_rule_where_it_already_counted_the_slice(comps):
     for lp in _loops(comps).values():
         for launch in lp.launches:

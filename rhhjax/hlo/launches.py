@@ -31,9 +31,11 @@ Definitions (documented in the report's JSON under ``"definitions"``):
   read_rule=True)``): as *bytes*, but a fused operand counts the elements its computation
   finally reads whichever index-only ops lie between the parameter and a slice:
   ``bitcast``, ``reshape``, ``transpose``, ``copy``, ``pad`` and ``reverse`` keep the
-  fraction of the operand read, each ``slice`` / ``dynamic-slice`` (strided or not) keeps
-  its share of its input (elements out / elements in), any other use reads the whole
-  array, and several uses add up to at most the whole. So a read through a reshape and then
+  fraction of the operand read (so does ``convert``: one element in for each element
+  out, computed only where a later slice needs it), each ``slice`` / ``dynamic-slice``
+  (strided or not) keeps its share of its input (elements out / elements in), any other
+  use reads the whole array, and several uses add up to at most the whole. So a read
+  through a reshape and then
   a (strided) slice counts the slice, where *bytes* counts the whole array whenever the
   parameter's first use is not itself a slice. An unfused ``slice`` counts its result read
   and written. A custom call (a Mosaic GPU or Triton kernel) still counts whole operands:
@@ -284,6 +286,10 @@ def launch_bytes(
 # Fused ops that move elements without reading more or fewer of them (the fraction of an
 # operand that is read passes through them unchanged; a pad's new elements are not read).
 INDEX_ONLY = ("bitcast", "reshape", "transpose", "copy", "pad", "reverse")
+# Fused elementwise ops of one operand whose element i reads the operand's element i only: a
+# fusion computes the elements its slices keep, so the fraction read passes through too (a
+# convert to bf16 before a slice of the states reads the slice, not the whole array).
+ONE_TO_ONE = ("convert",)
 
 
 def _elements(shape_text: str) -> int:
@@ -293,8 +299,9 @@ def _elements(shape_text: str) -> int:
 
 def read_fraction(value: Instr, users: dict[str, list[Instr]], _depth: int = 0) -> float:
     """The fraction of ``value``'s elements a fused computation reads (the corrected rule):
-    through ``INDEX_ONLY`` ops unchanged, through a slice times the slice's share of its
-    input; 1 where any other op uses it (or it is the root); several uses summed, at most 1.
+    through ``INDEX_ONLY`` and ``ONE_TO_ONE`` ops unchanged, through a slice times the
+    slice's share of its input; 1 where any other op uses it (or it is the root); several
+    uses summed, at most 1.
     """
     uses = users.get(value.name, [])
     if not uses or _depth > 64:
@@ -303,7 +310,7 @@ def read_fraction(value: Instr, users: dict[str, list[Instr]], _depth: int = 0) 
     for u in uses:
         if not u.operands or u.operands[0] != value.name:
             return 1.0  # e.g. a slice's index operand, a pad's padding value
-        if u.opcode in INDEX_ONLY:
+        if u.opcode in INDEX_ONLY or u.opcode in ONE_TO_ONE:
             total += read_fraction(u, users, _depth + 1)
         elif u.opcode in SLICES:
             share = _elements(u.shape) / max(_elements(value.shape), 1)
