@@ -371,11 +371,13 @@ def highway_sequence(
       schedule: blocks and K chunk of the emulated kernel (default: the H100's 132 column
         blocks, K chunk 64).
     Returns:
-      states [T, L, B, n]: the state after every micro-layer of every step (float32).
+      states [T, L, B, n]: the state after every micro-layer of every step (float32); with
+      ``spec.last_layer_only`` [T, B, n], the last micro-layer's only.
     """
     if hidden_masks is not None:
         raise ValueError("impl 'persistent' has no variational dropout")
     key_data = None if gate_key is None else jax.random.key_data(gate_key)
     if spec.gate_dropout and key_data is None:
         raise ValueError("gate dropout needs a key")
-    return _sequence(spec, schedule or Schedule(), weights, s0, xproj, z, key_data)
+    states = _sequence(spec, schedule or Schedule(), weights, s0, xproj, z, key_data)
+    return states[:, -1] if spec.last_layer_only else states

@@ -263,7 +263,7 @@ class HyperRHNCore(nn.Module):
             main_states = self._lowrank_states(
                 spec, s_main, main_xproj, hyper_states, main_key, main_hidden
             )[:, -1]
-        else:  # the main cell's outputs and carry are its last layer's (every layer's z is not)
+        else:  # only the main cell's last layer leaves it (the outputs and the carry)
             main_states = _highway_states(
                 c, dataclasses.replace(spec, last_layer_only=True), cell.main.weights(),
                 s_main, main_xproj, cell.scales(hyper_states), main_key, main_hidden,
