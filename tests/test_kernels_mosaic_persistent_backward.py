@@ -367,13 +367,15 @@ print(json.dumps(rows))
 @needs_cuda
 def test_kernel_lowers_and_compiles_for_an_h100_without_a_gpu(tmp_path):
     """`plan_for`'s paper plans with z and the uint8 mask (bf16 4 x 16 blocks of 64 units, 3
-    stages; f32 4 x 32 of 32 units, 4 stages), the 4 x 33 plan, and a small odd case without
-    z (2 x 3 blocks, k_chunk 32), 3 steps deep 2-3, deviceless, in a fresh process: Mosaic
-    GPU, the grid barrier in the lowered text, and the shared memory Mosaic GPU launches
-    with equal to `backward_smem_bytes`."""
+    stages; f32 4 x 32 of 32 units, 4 stages), bf16 with z and no mask (jax 0.11's layout
+    inference once tiled the buffer of the unpadded z there), the 4 x 33 plan, and a small
+    odd case without z (2 x 3 blocks, k_chunk 32), 3 steps deep 2-3, deviceless, in a fresh
+    process: Mosaic GPU, the grid barrier in the lowered text, and the shared memory Mosaic
+    GPU launches with equal to `backward_smem_bytes`."""
     cases = [
         ((256, 1000, "bfloat16", 16, 4, 64, 3), 3, 3, True, True),
         ((256, 1000, "float32", 32, 4, 64, 4), 3, 2, True, True),
+        ((256, 1000, "bfloat16", 16, 4, 64, 3), 3, 2, True, False),  # z (1000 wide), no mask
         ((256, 1000, "bfloat16", 33, 4), 3, 3, False, False),
         ((100, 37, "float32", 3, 2, 32, 3), 3, 2, False, True),
     ]

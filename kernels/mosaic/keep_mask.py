@@ -46,15 +46,21 @@ def mask_values(mask: Array | None, keep: float) -> Array | None:
     return None if mask is None else mask.astype(jnp.float32) * mask_scale(keep)
 
 
+def load_strided(smem_ref) -> Array:
+    """A [rows, u] shared-memory tile -> its values in the f32 tiles' strided layout
+    (2-element vectors), inside a Mosaic GPU kernel. Also what keeps jax 0.11's layout
+    inference from tiling a buffer whose TMA source is unpadded (z: 1000 units are not a
+    multiple of a 32-column tile)."""
+    layout = plgpu.Layout.WG_STRIDED(tuple(smem_ref.shape), vec_size=_F32_VEC)
+    if "idx" in inspect.signature(plgpu.load).parameters:  # jax 0.10: load(ref, idx, ...)
+        return plgpu.load(smem_ref, (), layout=layout)
+    return plgpu.load(smem_ref, layout=layout)
+
+
 def load_values(mask_smem, keep: float) -> Array:
     """A uint8 [rows, u] shared-memory tile -> f32 values [rows, u] in the layout of the
-    kernel's f32 tiles (a strided layout of 2-element vectors), inside a Mosaic GPU kernel."""
-    layout = plgpu.Layout.WG_STRIDED(tuple(mask_smem.shape), vec_size=_F32_VEC)
-    if "idx" in inspect.signature(plgpu.load).parameters:  # jax 0.10: load(ref, idx, ...)
-        tile = plgpu.load(mask_smem, (), layout=layout)
-    else:
-        tile = plgpu.load(mask_smem, layout=layout)
-    return tile.astype(jnp.float32) * mask_scale(keep)
+    kernel's f32 tiles (`load_strided`), inside a Mosaic GPU kernel."""
+    return load_strided(mask_smem).astype(jnp.float32) * mask_scale(keep)
 
 
 def check_plan(plan: PersistentPlan, kernel: str) -> None:
