@@ -26,6 +26,8 @@ TMA_ROW_BYTES = 16
 # The vector width of an f32 [rows, u] tile's default strided layout (8 bytes a thread);
 # the uint8 tile is loaded in the same layout, so the two combine elementwise.
 _F32_VEC = 2
+# jax 0.10's plgpu.load(ref, idx, *, layout); later releases dropped idx.
+_LOAD_TAKES_INDEX = "idx" in inspect.signature(plgpu.load).parameters
 
 
 def mask_scale(keep: float) -> float:
@@ -48,11 +50,12 @@ def mask_values(mask: Array | None, keep: float) -> Array | None:
 
 def load_strided(smem_ref) -> Array:
     """A [rows, u] shared-memory tile -> its values in the f32 tiles' strided layout
-    (2-element vectors), inside a Mosaic GPU kernel. Also what keeps jax 0.11's layout
-    inference from tiling a buffer whose TMA source is unpadded (z: 1000 units are not a
+    (2-element vectors), inside a Mosaic GPU kernel: how the persistent kernels read every
+    staged tile. The explicit layout also keeps jax 0.11's layout inference from tiling a
+    staged buffer, which would refuse an unpadded TMA source (z: 1000 units are not a
     multiple of a 32-column tile)."""
     layout = plgpu.Layout.WG_STRIDED(tuple(smem_ref.shape), vec_size=_F32_VEC)
-    if "idx" in inspect.signature(plgpu.load).parameters:  # jax 0.10: load(ref, idx, ...)
+    if _LOAD_TAKES_INDEX:
         return plgpu.load(smem_ref, (), layout=layout)
     return plgpu.load(smem_ref, layout=layout)
 

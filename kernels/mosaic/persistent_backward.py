@@ -309,9 +309,7 @@ def persistent_backward(
                 else:
                     plgpu.barrier_wait(bar.at[slot])
             plgpu.commit_smem()  # every thread's acc_smem (and zero g) write before any read
-            ins = {name: epi[slot] for slot, name in enumerate(names) if name != "z"}
-            if "z" in names:  # explicitly strided: see `keep_mask.load_strided`
-                ins["z"] = keep_mask.load_strided(epi.at[names.index("z")])
+            ins = {name: keep_mask.load_strided(epi.at[slot]) for slot, name in enumerate(names)}
             if has_mask:
                 ins["mask"] = keep_mask.load_values(mask_tile, keep)
             ins["ds_carry"] = carry[...]

@@ -260,9 +260,7 @@ def persistent_forward(
             if has_mask:
                 plgpu.barrier_wait(bar.at[mask_bar])
             x_scale = jnp.where(first, jnp.float32(1.0), jnp.float32(0.0))
-            tiles_in = {name: epi[slot] for slot, name in enumerate(ins) if name != "z"}
-            if has_z:  # explicitly strided: see `keep_mask.load_strided`
-                tiles_in["z"] = keep_mask.load_strided(epi.at[ins.index("z")])
+            tiles_in = {name: keep_mask.load_strided(epi.at[slot]) for slot, name in enumerate(ins)}
             tiles_in["x_h"] = tiles_in["x_h"] * x_scale
             tiles_in["x_t"] = tiles_in["x_t"] * x_scale
             tiles_in["s"] = state[...]
