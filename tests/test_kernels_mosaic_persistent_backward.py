@@ -406,12 +406,17 @@ class TestCompiled(MosaicGpuMode):
     TOL = {"bfloat16": 3e-2, "float32": 3e-3}
     LAYOUT = "grid"  # the kernels' launch layout (`kernels/mosaic/rowgroup_layout.py`)
 
-    def test_matches_reference(self, case):
-        plan_args, steps, depth, z_on, mask_on = case
+    def runnable_plan(self, plan_args) -> PersistentPlan:
+        """The case's plan; skipped where this mode cannot run its blocks at once."""
         plan = PersistentPlan(*plan_args)
         cluster = plan.grid if self.LAYOUT == "grid" else plan.col_blocks
         if self.INTERPRET and gpu_interpret.cluster_too_large(cluster):
             pytest.skip(gpu_interpret.cluster_too_large(cluster))
+        return plan
+
+    def test_matches_reference(self, case):
+        plan_args, steps, depth, z_on, mask_on = case
+        plan = self.runnable_plan(plan_args)
         case = _case(plan.batch + steps, plan, steps, depth, z_on, mask_on)
         wt, expected = _reference(plan, case, jnp.dtype(plan.dtype))
         operands = (wt, case["g"], _packed(case), case["z_op"], case["decisions"])
@@ -436,10 +441,7 @@ class TestCompiled(MosaicGpuMode):
         """g [T, b_pad, n_pad] (layer L - 1's, the others zero: a model that reads the last
         layer) gives what the dense g with those zeros gives."""
         plan_args, steps, depth, z_on, mask_on = case
-        plan = PersistentPlan(*plan_args)
-        cluster = plan.grid if self.LAYOUT == "grid" else plan.col_blocks
-        if self.INTERPRET and gpu_interpret.cluster_too_large(cluster):
-            pytest.skip(gpu_interpret.cluster_too_large(cluster))
+        plan = self.runnable_plan(plan_args)
         case = _case(plan.batch + 2 * steps, plan, steps, depth, z_on, mask_on)
         g_last = case["g"][depth - 1 :: depth]
         dense = jnp.zeros_like(case["g"]).at[depth - 1 :: depth].set(g_last)
