@@ -141,14 +141,14 @@ def persistent_backward_case(plan: PersistentPlan, steps: int, depth: int):
     n = plan.width
     wt = pb.backward_weights(plan, _normal(rng, depth, n, 2 * n, scale=0.3), plan.dtype)
     g, s_prev = _phase_inputs(plan, steps, depth, rng), _phase_inputs(plan, steps, depth, rng)
-    h = jnp.tanh(_phase_inputs(plan, steps, depth, rng))
-    t = jax.nn.sigmoid(_phase_inputs(plan, steps, depth, rng))
     full = [_phase_inputs(plan, steps, depth, rng) for _ in range(2)]
-    packed = jnp.stack([s_prev, h, t, *full], axis=2)
+    packed = jnp.stack([s_prev, *full], axis=2)  # with z: the gates are recomputed from full
     z_pm = 1.0 + 0.3 * _phase_inputs(plan, steps, depth, rng)
     z = slots.scales_to_layer_major(z_pm, steps, depth, plan.z_width)
     mask = jnp.asarray(rng.random(g.shape) < KEEP, jnp.uint8)  # keep decisions
-    args = (wt, g, packed, z, mask)
+    b_pad, n_pad = g.shape[1:]
+    bias = jnp.broadcast_to(_normal(rng, depth, 1, 2, n_pad, scale=0.3), (depth, b_pad, 2, n_pad))
+    args = (wt, g, packed, z, mask, bias)
 
     def kernel():
         run = lambda *a: pb.persistent_backward(  # noqa: E731

@@ -32,7 +32,7 @@ from rhhjax.kernels.mosaic import persistent_forward as pf
 from rhhjax.kernels.mosaic import persistent_slots as slots
 from rhhjax.kernels.mosaic import plan as pp
 
-from rhhjax.ops import cells, fused, loops
+from rhhjax.ops import cells, loops, persistent
 
 TOLERANCE = {"float32": 1e-5, "bfloat16": 1e-5}
 KEEP = 0.7
@@ -87,8 +87,8 @@ def _operands(plan, prob, has_z, has_mask):
 def _cells_forward(prob, dtype, has_z, has_mask, inputs):
     """Each phase's micro-layer with `ops.cells` on unpadded arrays, from the given input
     state of every phase ``inputs`` [P, B, n] (so that one bf16 rounding flip does not
-    propagate): (states [P, B, n], packed [P, B, K, n] built by `loops.pack` with
-    `fused.saved_rows`)."""
+    propagate): (states [P, B, n], packed [P, B, 3, n] built by `loops.pack` with
+    `persistent.saved_rows`: the gates, or with z full alone)."""
     depth, n = prob["w"].shape[0], prob["s0"].shape[1]
     states, packed = [], []
     for p, s in enumerate(inputs):
@@ -102,7 +102,7 @@ def _cells_forward(prob, dtype, has_z, has_mask, inputs):
         saved = {"h": jnp.tanh(a[:, :n]), "t": cells.transform_gate(a)}
         if has_z:
             saved["full"] = full.reshape(s.shape[0], 2, n)
-        packed.append(loops.pack(s, saved, fused.saved_rows(has_z)))
+        packed.append(loops.pack(s, saved, persistent.saved_rows(has_z)))
         states.append(cells.highway_gate(a, s, mask))
     return jnp.stack(states), jnp.stack(packed)
 
@@ -117,8 +117,9 @@ CASES = [  # (dtype, batch, width, col_blocks, row_blocks, k_chunk, steps, depth
 
 @pytest.mark.parametrize(("has_z", "has_mask"), [(True, True), (False, False), (True, False)])
 @pytest.mark.parametrize("case", CASES, ids=[f"{c[0]}-{c[2]}-L{c[7]}" for c in CASES])
-def test_reference_is_the_highway_recurrence_with_fused_saved_rows(case, has_z, has_mask):
-    """States, the saved rows (input state, h, t[, full]) in `loops.pack`'s layout, the A
+def test_reference_is_the_highway_recurrence_with_the_ops_saved_rows(case, has_z, has_mask):
+    """States, the saved rows (input state, then h, t or with z full) in `loops.pack`'s
+    layout of `persistent.saved_rows`, the A
     buffer (s0 then every state, in the matmul dtype, K columns, in layer-major slots) and
     a zero status; with
     save, the states output is the last state only (the others are packed row 0)."""
@@ -135,7 +136,7 @@ def test_reference_is_the_highway_recurrence_with_fused_saved_rows(case, has_z, 
     assert states.shape == (phases, plan.b_pad, plan.n_pad)
     assert s_last.shape == (1, plan.b_pad, plan.n_pad)
     np.testing.assert_array_equal(s_last[0], states[-1])
-    assert packed.shape == (phases, plan.b_pad, 5 if has_z else 3, plan.n_pad)
+    assert packed.shape == (phases, plan.b_pad, 3, plan.n_pad)
     # Each phase starts from the state the last one ended with (s0 first), exactly.
     inputs = packed[:, :batch, 0, :width]
     np.testing.assert_array_equal(inputs[0], prob["s0"])
@@ -158,9 +159,10 @@ def test_reference_is_the_highway_recurrence_with_fused_saved_rows(case, has_z, 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_reference_phases_match_the_schedule_emulation(dtype):
-    """Every phase gives the same state and saved gates as `persistent_schedule`'s
+    """Every phase gives the same state and saved full as `persistent_schedule`'s
     `forward_phase` (which sums the K chunks one by one) from the same input state, on the
-    same plan, with z and gate dropout."""
+    same plan, with z and gate dropout; the gates recomputed from full (`mosaic_forward.gates`,
+    as the backward kernel does) are its gates."""
     batch, width, steps, depth = 64, 96, 3, 2
     plan = pp.PersistentPlan(batch, width, dtype, col_blocks=6, k_chunk=32)
     prob = _problem(3, batch, width, steps, depth)
@@ -178,9 +180,11 @@ def test_reference_phases_match_the_schedule_emulation(dtype):
             bias[layer, 0], xproj[t] if layer == 0 else None, mask[p] > 0,
         )  # fmt: skip
         np.testing.assert_allclose(states[p], s_new, rtol=tol, atol=tol)
-        np.testing.assert_allclose(packed[p, :, 1], saved["h"], rtol=tol, atol=tol)
-        np.testing.assert_allclose(packed[p, :, 2], saved["t"], rtol=tol, atol=tol)
-        np.testing.assert_allclose(packed[p, :, 3:], saved["u"], rtol=tol, atol=tol)
+        np.testing.assert_allclose(packed[p, :, 1:], saved["u"], rtol=tol, atol=tol)
+        b = dict(z=z[p], b_h=bias[layer, :, 0], b_t=bias[layer, :, 1])
+        h, tg = mf.gates(packed[p, :, 1], packed[p, :, 2], b)
+        np.testing.assert_allclose(h, saved["h"], rtol=tol, atol=tol)
+        np.testing.assert_allclose(tg, saved["t"], rtol=tol, atol=tol)
 
 
 def test_forward_weights_are_each_layers_block_major_transpose():
@@ -239,7 +243,7 @@ def test_operands_of_the_wrong_shape_or_dtype_are_one_line_errors():
 
 def test_staging_slots_reuse_per_phase_inputs_and_never_x_u():
     """Saved rows overwrite inputs loaded every phase (b, z), never x U (kept across a
-    step's layers); every option set stays within 6 f32 tiles; the mask is not an f32 tile."""
+    step's layers); every option set stays within 5 f32 tiles; the mask is not an f32 tile."""
     for has_z in (False, True):
         ins = pp.forward_inputs(has_z)
         assert "mask" not in ins
@@ -248,8 +252,8 @@ def test_staging_slots_reuse_per_phase_inputs_and_never_x_u():
             assert len(where) == len(pp.forward_saved_rows(save, has_z))
             assert len(set(where)) == len(where) and all(s < slots for s in where)
             assert not {ins.index("x_h"), ins.index("x_t")} & set(where)
-            assert slots <= 6
-    assert pp.forward_staging_slots(True, True) == (6, (0, 1, 2, 5))
+            assert slots <= 5
+    assert pp.forward_staging_slots(True, True) == (5, (0, 1))
 
 
 def test_a_mask_costs_one_mbarrier_and_no_shared_memory_tile():
@@ -285,13 +289,13 @@ def test_paper_plan_shared_memory_fits_at_four_stages():
     assert plan.stages == 4
     rows, u, kb = 256, 8, 1024
     expected = (4 * rows * 64 * 2 + 4 * 2 * u * 64 * 2 + rows * u * 4 + rows * 2 * u * 4
-                + 6 * rows * u * 4 + rows * u * 2 + 8 * (4 + 6))  # fmt: skip
+                + 5 * rows * u * 4 + rows * u * 2 + 8 * (4 + 6))  # fmt: skip
     assert expected % kb == 80  # every buffer here is a whole number of KiB
-    assert plan.smem_bytes() == expected == 217_168 <= H100.smem_per_block_optin
-    assert plan.smem_bytes(has_z=False, has_mask=False, save=False) == 217_168 - 2 * 8192 - 16
+    assert plan.smem_bytes() == expected == 208_976 <= H100.smem_per_block_optin
+    assert plan.smem_bytes(has_z=False, has_mask=False, save=False) == 208_976 - 8192 - 16
     f32 = pp.paper_plan("float32", stages=2)
     f32.check()
-    assert f32.smem_bytes() == 221_248
+    assert f32.smem_bytes() == 213_056
 
 
 _COMPILE = """
@@ -417,9 +421,10 @@ class TestCompiled(MosaicGpuMode):
         np.testing.assert_array_equal(s_mm, chain.astype(dtype).reshape(s_mm.shape))
         tol = self.TOL[dtype]
         for p, want in enumerate(_teacher_forced(plan, ops, inputs, has_z)):
-            got = [outputs[p], packed[p, :, 1], packed[p, :, 2]]
-            if has_z:
-                got.append(packed[p, :, 3:])
+            if has_z:  # the saved rows are full's halves: (s_new, full) of the reference
+                got, want = [outputs[p], packed[p, :, 1:]], [want[0], want[3]]
+            else:  # the gates
+                got = [outputs[p], packed[p, :, 1], packed[p, :, 2]]
             assert len(got) == len(want)
             for a, e in zip(got, want, strict=True):
                 np.testing.assert_allclose(a, e, rtol=tol, atol=tol, err_msg=f"phase {p}")

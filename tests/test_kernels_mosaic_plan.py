@@ -15,10 +15,10 @@ def test_paper_bf16_plan_is_one_block_per_sm_with_both_halves_of_8_units():
     assert (plan.grid, plan.units_per_block, plan.cols_per_block) == (132, 8, 16)
     assert (plan.b_pad, plan.n_pad, plan.k_pad, plan.k2_pad) == (256, 1056, 1024, 2112)
     # The forward kernel's allocation with every option: 4 stages x (256 state rows + 16
-    # weight columns) x 64 K x 2 B; f32 state, accumulator copy, 6 staged f32 tiles and the
-    # bf16 state cast per (row, unit): 4 + 8 + 24 + 2 B; 10 mbarriers of 8 B
+    # weight columns) x 64 K x 2 B; f32 state, accumulator copy, 5 staged f32 tiles and the
+    # bf16 state cast per (row, unit): 4 + 8 + 20 + 2 B; 10 mbarriers of 8 B
     # (tests/test_kernels_mosaic_persistent_forward.py checks it against Mosaic GPU's own count).
-    assert plan.smem_bytes() == 4 * (256 + 16) * 64 * 2 + 256 * 8 * 38 + 80 == 217_168
+    assert plan.smem_bytes() == 4 * (256 + 16) * 64 * 2 + 256 * 8 * 34 + 80 == 208_976
     assert plan.smem_bytes() <= 227 * 1024
     # Backward slice [2112, 8] is larger than the forward [1024, 16].
     assert plan.weight_slice_bytes() == 2112 * 8 * 2
@@ -27,7 +27,7 @@ def test_paper_bf16_plan_is_one_block_per_sm_with_both_halves_of_8_units():
 
 def test_paper_f32_plan_needs_two_stages_and_says_so_in_one_line():
     plan = pp.paper_plan("float32")
-    assert plan.smem_bytes() == 4 * (256 + 16) * 64 * 4 + 256 * 8 * 40 + 80
+    assert plan.smem_bytes() == 4 * (256 + 16) * 64 * 4 + 256 * 8 * 36 + 80
     with pytest.raises(pp.PlanError) as e:
         plan.check()
     message = str(e.value)

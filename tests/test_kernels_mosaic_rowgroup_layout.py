@@ -93,8 +93,9 @@ for fields, steps, depth in {cases!r}:
     fwd = (sds((depth * 2 * n, k), mm), sds((b, n)), sds((steps, b, 2, n)),
            sds((depth, b, 2, n)), sds((depth, steps, b, plan.z_width)),
            sds((phases, b, n), jnp.uint8))
-    bwd = (sds((depth * n, 2 * n), mm), sds((phases, b, n)), sds((phases, b, 5, n)),
-           sds((depth, steps, b, plan.z_width)), sds((phases, b, n), jnp.uint8))
+    bwd = (sds((depth * n, 2 * n), mm), sds((phases, b, n)), sds((phases, b, 3, n)),
+           sds((depth, steps, b, plan.z_width)), sds((phases, b, n), jnp.uint8),
+           sds((depth, b, 2, n)))
     row = []
     forward = lambda *a: pf.persistent_forward(plan, *a, save=True, layout="rowgroup")
     backward = lambda *a: pb.persistent_backward(plan, *a, layout="rowgroup")

@@ -152,9 +152,11 @@ def test_geometry_is_the_plan_layout():
     assert (geo.b_pad, geo.n_pad, geo.block_n) == (plan.b_pad, plan.n_pad, plan.units_per_block)
 
 
-def test_saved_rows_are_the_rows_the_fused_backward_reads():
-    for has_z in (True, False):
-        assert persistent.saved_rows(has_z) == fused.saved_rows(has_z)
+def test_saved_rows_are_fuseds_gates_or_with_z_full_alone():
+    """With z the backward kernel recomputes the gates from full: the forward saves it alone."""
+    assert persistent.saved_rows(False) == fused.saved_rows(False)
+    assert persistent.saved_rows(True) == (("full", 2),)
+    assert dict(fused.saved_rows(True))["full"] == 2
 
 
 @pytest.mark.parametrize(("steps", "depth"), [(3, 1), (2, 3), (1, 2)])
@@ -179,29 +181,6 @@ class TestPersistentReference(KernelModelMatchesScan):
     IMPL = "persistent"
     REFERENCES = True
     TOLERANCE = KERNEL_TOL
-
-
-class TestPersistentReferenceDzByXla(TestPersistentReference):
-    """The same with dz computed by XLA's pass over da and full (`persistent.DZ_IN_KERNEL`
-    off) instead of the backward kernel's epilogue (the default)."""
-
-    @pytest.fixture(autouse=True)
-    def _dz_by_xla(self, monkeypatch):
-        monkeypatch.setattr(persistent, "DZ_IN_KERNEL", False)
-
-    def test_the_small_plans_take_xlas_dz(self):
-        for batch, width, dtype in ((4, 8, "float32"), (8, 16, "bfloat16")):
-            plan = persistent.plan_for(batch, width, dtype)
-            assert not persistent._dz_in_kernel(plan, has_z=True, has_mask=True)
-
-
-def test_the_small_plans_and_the_paper_plans_take_the_kernels_dz_by_default():
-    cases = ((4, 8, "float32"), (8, 16, "bfloat16"), (5, 24, "float32"), (256, 1000, "bfloat16"),
-             (256, 1000, "float32"))  # fmt: skip
-    for batch, width, dtype in cases:
-        plan = persistent.plan_for(batch, width, dtype)
-        assert persistent._dz_in_kernel(plan, has_z=True, has_mask=True)
-        assert not persistent._dz_in_kernel(plan, has_z=False, has_mask=True)
 
 
 class TestPersistentCompiled(KernelModelMatchesScan):

@@ -160,7 +160,7 @@ def test_the_plan_option_prints_the_plan_and_refuses_a_bad_one_with_one_line():
     ok = subprocess.run(command + ["--dtype=bfloat16"], capture_output=True, text=True)
     assert ok.returncode == 0, ok.stderr
     figures = json.loads(ok.stdout)
-    assert figures["smem_bytes"] == 217168 and figures["grid"] == 132
+    assert figures["smem_bytes"] == 208976 and figures["grid"] == 132
     plan = kplan.paper_plan("bfloat16")
     assert figures["PREDICTION forward phase us"] == round(pc.predicted_phase_us(plan), 2)
     bad = subprocess.run(command + ["--dtype=float32"], capture_output=True, text=True)

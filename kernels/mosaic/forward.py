@@ -79,13 +79,21 @@ def _epilogue(pre_h, pre_t, ins: dict) -> dict:
     full_h, full_t = pre_h, pre_t
     if "x_h" in ins:
         full_h, full_t = full_h + ins["x_h"], full_t + ins["x_t"]
-    a_h, a_t = full_h, full_t
-    if "z" in ins:
-        a_h, a_t = a_h * ins["z"], a_t * ins["z"]
-    h, t = jnp.tanh(a_h + ins["b_h"]), jax.nn.sigmoid(a_t + ins["b_t"])
+    h, t = gates(full_h, full_t, ins)
     gate = t if "mask" not in ins else t * ins["mask"]
     s_new = h * gate + ins["s"] * (1.0 - t)
     return dict(s_new=s_new, h=h, t=t, full_h=full_h, full_t=full_t)
+
+
+def gates(full_h, full_t, ins: dict):
+    """h, tg [tm, u] from the unscaled pre-activation halves (``full``: s W (+ x U)) and the
+    tiles ``ins`` (b_h, b_t, optional z): tanh(full_h (* z) + b_h), sigmoid(full_t (* z) +
+    b_t). The persistent backward repeats it on the saved ``full`` instead of reading saved
+    gates: the same operations on the same values, so the same gates."""
+    a_h, a_t = full_h, full_t
+    if "z" in ins:
+        a_h, a_t = a_h * ins["z"], a_t * ins["z"]
+    return jnp.tanh(a_h + ins["b_h"]), jax.nn.sigmoid(a_t + ins["b_t"])
 
 
 def _output_names(save: bool, has_z: bool) -> tuple[str, ...]:

@@ -13,11 +13,15 @@ plan.units_per_block``). Phase ``p`` is ``(t, l) = (p // L, p % L)``; its "above
                TMA pipeline; f32 operands run as TF32)
     ds       = acc + ds_carry + g[p]                       (ds_carry: block-local f32 in
                shared memory across phases, 0 before phase P - 1)
+    h, tg    = the saved gates, or with z recomputed from the saved full as the forward
+               computed them: tanh(full_h * z + b_h), sigmoid(full_t * z + b_t)
+               (`mosaic_forward.gates`)
     da_h     = ds * t_used * (1 - h^2);  da_t = ds * (h_used - s_prev) * tg * (1 - tg)
                (t_used = tg [* m], h_used = h [* m]; m = mask[p] / keep)
     ds_carry = ds * (1 - tg)
     d_scaled = da (* z[p])  -> matmul dtype into d_mm row block slot(p) (h half, then t half;
                `persistent_slots`: layer-major, so the weight gradient needs no transpose)
+    dz       = da_h * full_h + da_t * full_t               (with z)
 
 Operands (padded; matmul dtype = wt.dtype, bf16 or f32):
 
@@ -26,18 +30,21 @@ Operands (padded; matmul dtype = wt.dtype, bf16 or f32):
     g      [P, b_pad, n_pad] f32                the cotangent of the states, or [T, b_pad,
                                                 n_pad]: layer L - 1's only (the others zero;
                                                 what a model that reads the last layer gives)
-    packed [P, b_pad, K, n_pad] f32             the forward's saved rows (0 s_prev, 1 h, 2 tg,
-           3-4 full with z); rows 0-2 are read
+    packed [P, b_pad, 3, n_pad] f32             the forward's saved rows: 0 s_prev, then 1 h,
+                                                2 tg, or with z 1-2 full's halves
     z      [L, T, b_pad, plan.z_width] f32 | None  hyper scales, LAYER-major
                                                 (`persistent_slots`; units past z_width
                                                 read as zero)
     mask   [P, b_pad, n_pad] uint8 | None       gate-dropout keep decisions (1 keep, 0 drop),
                                                 scaled by 1 / keep (`keep_mask`)
+    bias   [L, b_pad, 2, n_pad] f32 | None      b broadcast over rows, the forward's operand
+                                                (with z, for the gates; only then)
 
 Outputs, in this order: ``da [P, b_pad, 2, n_pad] f32``; ``d_mm [P * b_pad, 2 * n_pad]``
 matmul dtype (row block ``persistent_slots.slot(p)`` = d_scaled of phase p, layer-major);
 ``ds_carry0 [b_pad, n_pad] f32`` (the carried gradient after phase 0: the caller adds
-``d_scaled_0 @ W_0^T``);
+``d_scaled_0 @ W_0^T``); with z ``dz [L, T, b_pad, plan.z_width] f32``, layer-major like z
+(the order the hyper projection reads it; stores past z_width dropped by TMA);
 ``status [R * C] int32`` (0 = fine, else 1 + the barrier index at which the block gave up).
 
 Barriers: index 0 after the prologue (each block zeroes its carry), then
@@ -62,6 +69,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 from rhhjax.kernels.hardware import H100
 from rhhjax.kernels.layout import F32
+from rhhjax.kernels.mosaic import forward as mf
 from rhhjax.kernels.mosaic import grid_barrier as gb
 from rhhjax.kernels.mosaic import keep_mask, rowgroup_layout
 from rhhjax.kernels.mosaic import persistent_slots as slots
@@ -72,35 +80,40 @@ from rhhjax.kernels.mosaic.plan import PersistentPlan, PlanError
 Array = jax.Array
 MBARRIER_BYTES = 8
 MAX_TMA_ROWS = 256  # Mosaic GPU's async copies move at most 256 elements along a dimension
-# rows of `packed` the backward reads (full_h, full_t: with_dz only)
-_SAVED_ROWS = {"s_prev": 0, "h": 1, "t": 2, "full_h": 3, "full_t": 4}
+SAVED_ROWS = 3  # K of `packed`: s_prev, then h and tg, or with z full's halves
 
 
 def _align(nbytes: int) -> int:
     return -(-nbytes // H100.smem_alignment) * H100.smem_alignment
 
 
-def _input_names(has_z: bool, with_dz: bool = False) -> tuple[str, ...]:
-    """The per-phase f32 epilogue input tiles, in shared-memory slot order (``with_dz``:
-    the halves of ``full``, packed rows 3-4, for dz in the epilogue). The mask's uint8 tile
-    has a buffer of its own."""
-    names = ("g_out", "s_prev", "h", "t") + ("z",) * has_z
-    return names + ("full_h", "full_t") * with_dz
+def _input_names(has_z: bool) -> tuple[str, ...]:
+    """The per-phase f32 epilogue input tiles, in shared-memory slot order: g, then the saved
+    rows in `packed`'s order (s_prev and h, tg, or with z full's halves), then with z the
+    scales and the bias halves (the gates' recomputation). The mask's uint8 tile has a
+    buffer of its own."""
+    if has_z:
+        return ("g_out", "s_prev", "full_h", "full_t", "z", "b_h", "b_t")
+    return ("g_out", "s_prev", "h", "t")
 
 
-def backward_smem_bytes(
-    plan: PersistentPlan, has_z: bool = True, has_mask: bool = True, with_dz: bool = False
-) -> int:
+def _saved_row(name: str, has_z: bool) -> int | None:
+    """The `packed` row of an input tile, or None for one that is not a saved row."""
+    saved = ("s_prev", "full_h", "full_t") if has_z else ("s_prev", "h", "t")
+    return saved.index(name) if name in saved else None
+
+
+def backward_smem_bytes(plan: PersistentPlan, has_z: bool = True, has_mask: bool = True) -> int:
     """Shared memory per block (bytes) that `persistent_backward` allocates (defaults: with
-    z and mask, without ``with_dz``'s two more input tiles). Every allocation is rounded up
-    to 1 KiB (Mosaic GPU)::
+    z and mask). Every allocation is rounded up to 1 KiB (Mosaic GPU)::
 
         pipeline   stages' * rows * k_chunk * itemsize  (A: d_mm rows)
                  + stages' * u * k_chunk * itemsize     (B: rows of W)   stages' = min(stages,
                                                                           2 n_pad / k_chunk)
-        epi        n_in * rows * u * 4      (f32 inputs g, s_prev, h, tg [, z]
-                                             [, full_h, full_t]; da_h and da_t are written
-                                             over g and s_prev, dz over h)
+        epi        n_in * rows * u * 4      (f32 inputs g, s_prev, h, tg, or with z g,
+                                             s_prev, full_h, full_t, z, b_h, b_t; da_h and
+                                             da_t are written over g and s_prev, dz over
+                                             full_h)
         mask       rows * u                 (the uint8 keep decisions, with a mask)
         carry      rows * u * 4             (the carried state gradient, across phases)
         acc        rows * u * 4             (the accumulator, staged for the epilogue)
@@ -109,7 +122,7 @@ def backward_smem_bytes(
     """
     rows, u, item = plan.rows_per_block, plan.units_per_block, plan.itemsize
     stages = min(plan.stages, max(2 * plan.n_pad // plan.k_chunk, 1))
-    n_in = len(_input_names(has_z, with_dz))
+    n_in = len(_input_names(has_z))
     tile = rows * u * 4
     allocations = (
         stages * rows * plan.k_chunk * item,
@@ -123,9 +136,7 @@ def backward_smem_bytes(
     return sum(map(_align, allocations)) + MBARRIER_BYTES * (n_in + has_mask + stages)
 
 
-def check_plan(
-    plan: PersistentPlan, has_z: bool = True, has_mask: bool = True, with_dz: bool = False
-) -> None:
+def check_plan(plan: PersistentPlan, has_z: bool = True, has_mask: bool = True) -> None:
     """One-line `PlanError` unless the backward kernel can run ``plan`` co-resident: grid <=
     SMs, ``rows <= 256`` (a TMA box), ``u % 8 == 0`` (wgmma N, 16-byte TMA rows),
     ``2 * n_pad % k_chunk == 0`` (its K) and `backward_smem_bytes` within the per-block
@@ -144,7 +155,7 @@ def check_plan(
     plan.check_backward_k()
     if has_mask:
         keep_mask.check_plan(plan, "backward")
-    need = backward_smem_bytes(plan, has_z, has_mask, with_dz)
+    need = backward_smem_bytes(plan, has_z, has_mask)
     if need > plan.smem_limit:
         raise PlanError(
             f"persistent backward needs {need} B of shared memory per block, over the "
@@ -166,7 +177,7 @@ def backward_weights(plan: PersistentPlan, kernel_s: Array, dtype) -> Array:
     return w.reshape(depth * n_pad, 2 * n_pad).astype(dtype)
 
 
-def _check_operands(plan: PersistentPlan, wt, g, packed, z, mask) -> int:
+def _check_operands(plan: PersistentPlan, wt, g, packed, z, mask, bias) -> int:
     """One-line `PlanError` unless the operands have the plan's padded shapes; returns L."""
     b_pad, n_pad = plan.b_pad, plan.n_pad
     if wt.ndim != 2 or wt.shape[1] != 2 * n_pad or wt.shape[0] % n_pad or not wt.shape[0]:
@@ -182,11 +193,20 @@ def _check_operands(plan: PersistentPlan, wt, g, packed, z, mask) -> int:
             f"g {g.shape} is not [{phases}, {b_pad}, {n_pad}] (every phase) or "
             f"[{phases // depth}, {b_pad}, {n_pad}] (layer {depth - 1} only)."
         )
-    if packed.shape[2] < 3:
-        raise PlanError(f"packed {packed.shape} has fewer than 3 saved rows (s_prev, h, tg).")
+    if packed.shape[2] != SAVED_ROWS:
+        raise PlanError(
+            f"packed {packed.shape} does not have {SAVED_ROWS} saved rows (s_prev, then h "
+            "and tg, or with z full's halves)."
+        )
     z_shape = (depth, phases // depth, b_pad, plan.z_width)
     if z is not None and z.shape != z_shape:
         raise PlanError(f"z {z.shape} is not {z_shape} (layer-major [L, T, b_pad, z_width]).")
+    bias_shape = (depth, b_pad, 2, n_pad)
+    if (z is None) != (bias is None) or (bias is not None and bias.shape != bias_shape):
+        raise PlanError(
+            f"bias is {None if bias is None else bias.shape}: with z it must be {bias_shape} "
+            "(the gates are recomputed from full), without z None."
+        )
     keep_mask.check_operand(mask, (phases, b_pad, n_pad), "backward")
     if jnp.dtype(wt.dtype).name != plan.dtype:
         raise PlanError(f"wt dtype {wt.dtype} is not the plan's {plan.dtype}.")
@@ -200,30 +220,25 @@ def persistent_backward(
     packed: Array,
     z: Array | None = None,
     mask: Array | None = None,
+    bias: Array | None = None,
     *,
-    with_dz: bool = False,
     keep: float = 1.0,
     spin_limit: int = gb.DEFAULT_SPIN_LIMIT,
     interpret: Any = None,
     layout: str = "grid",
 ):
     """All backward phases in one Mosaic GPU launch; shapes in the module docstring
-    (``keep``: the keep probability that scales the mask's decisions).
-
-    ``with_dz`` (z given, packed with the rows of ``full``): the epilogue also computes
-    ``dz = da_h * full_h + da_t * full_t`` and the kernel returns it like z, layer-major
-    ``dz [L, T, b_pad, plan.z_width] f32`` (the order the hyper projection reads it; stores
-    past z_width dropped by TMA), before ``status``.
+    (``keep``: the keep probability that scales the mask's decisions; ``bias``: with z).
 
     Returns (da [P, b_pad, 2, n_pad] f32, d_mm [P * b_pad, 2 * n_pad] matmul dtype,
-    ds_carry0 [b_pad, n_pad] f32, status [R * C] int32). The caller checks ``status`` with
+    ds_carry0 [b_pad, n_pad] f32, with z dz [L, T, b_pad, plan.z_width] f32, status [R * C]
+    int32). The caller checks ``status`` with
     `grid_barrier.check_status`. Compiled, it runs on a Hopper GPU only; with ``interpret``
     (`gpu_interpret.params()`, jax >= 0.11.2) in GPU interpret mode as one cluster with a
     cluster barrier (`grid_barrier.launch`; ``plan.check_interpretable``). ``layout``
     "rowgroup": one cluster per row group, a cluster barrier (`rowgroup_layout`)."""
-    depth = _check_operands(plan, wt, g, packed, z, mask)
-    _check_dz(with_dz, z, packed)
-    check_plan(plan, z is not None, mask is not None, with_dz)
+    depth = _check_operands(plan, wt, g, packed, z, mask, bias)
+    check_plan(plan, z is not None, mask is not None)
     rowgroup_layout.check(plan, layout, interpret)
     launch, block_index, make_barrier = rowgroup_layout.functions(layout, interpret)
     phases = packed.shape[0]
@@ -233,10 +248,11 @@ def persistent_backward(
     n_r, n_c, n_pad, b_pad = plan.row_blocks, plan.col_blocks, plan.n_pad, plan.b_pad
     k_steps = 2 * n_pad // tk
     mm_dtype = wt.dtype
-    has_mask = mask is not None
-    names = _input_names(z is not None, with_dz)
-    extra_names = [name for name, x in (("z", z), ("mask", mask)) if x is not None]
-    extras = [x for x in (z, mask) if x is not None]
+    has_z, has_mask = z is not None, mask is not None
+    names = _input_names(has_z)
+    optional = (("z", z), ("mask", mask), ("bias", bias))
+    extra_names = [name for name, x in optional if x is not None]
+    extras = [x for _, x in optional if x is not None]
     mask_bar = len(names)  # the mask tile's mbarrier, after the f32 inputs'
 
     def kernel(
@@ -245,7 +261,7 @@ def persistent_backward(
     ):  # fmt: skip
         extra_g = refs[: len(extras)]
         da_g, d_mm_g, ds_carry0_g = refs[len(extras) : len(extras) + 3]
-        dz_g, status_g = (refs[-2] if with_dz else None), refs[-1]
+        dz_g, status_g = (refs[-2] if has_z else None), refs[-1]
         r, c = block_index((n_r, n_c), ("r", "g"), phase_bar)
         block_rows = pl.ds(r * rows, rows)
         units = pl.ds(c * u, u)
@@ -282,10 +298,13 @@ def persistent_backward(
                         epi[slot] = jnp.zeros((rows, u), F32)
 
                     continue
-                if name in _SAVED_ROWS:
-                    src = packed_g.at[p, block_rows, _SAVED_ROWS[name], units]
+                row = _saved_row(name, has_z)
+                if row is not None:
+                    src = packed_g.at[p, block_rows, row, units]
                 elif name == "z":  # layer-major; units past z_width read as zero
                     src = sources["z"].at[layer, t, block_rows, units]
+                elif name in ("b_h", "b_t"):
+                    src = sources["bias"].at[layer, block_rows, int(name == "b_t"), units]
                 else:
                     src = sources[name].at[p, block_rows, units]
                 plgpu.copy_gmem_to_smem(src, epi.at[slot], bar.at[slot])
@@ -313,14 +332,16 @@ def persistent_backward(
             if has_mask:
                 ins["mask"] = keep_mask.load_values(mask_tile, keep)
             ins["ds_carry"] = carry[...]
+            if has_z:  # the gates as the forward computed them, from full
+                ins["h"], ins["t"] = mf.gates(ins["full_h"], ins["full_t"], ins)
             tiles = _gate_backward(acc_smem[...], ins)
-            if with_dz:
+            if has_z:
                 dz = tiles["da_h"] * ins["full_h"] + tiles["da_t"] * ins["full_t"]
             plgpu.commit_smem()  # every read of the inputs before their slots are overwritten
             epi[0] = tiles["da_h"]  # over g_out
             epi[1] = tiles["da_t"]  # over s_prev
-            if with_dz:
-                epi[2] = dz  # over h
+            if has_z:
+                epi[2] = dz  # over full_h
             carry[...] = tiles["ds_carry"]
             dsc[0] = tiles["d_h"].astype(mm_dtype)
             dsc[1] = tiles["d_t"].astype(mm_dtype)
@@ -329,7 +350,7 @@ def persistent_backward(
             plgpu.copy_smem_to_gmem(epi.at[1], da_g.at[p, block_rows, 1, units])
             plgpu.copy_smem_to_gmem(dsc.at[0], d_mm_slice(p, 0))
             plgpu.copy_smem_to_gmem(dsc.at[1], d_mm_slice(p, 1))
-            if with_dz:  # units past z_width: dropped by TMA
+            if has_z:  # units past z_width: dropped by TMA
                 plgpu.copy_smem_to_gmem(epi.at[2], dz_g.at[layer, t, block_rows, units])
             plgpu.wait_smem_to_gmem(0)
 
@@ -358,7 +379,7 @@ def persistent_backward(
         jax.ShapeDtypeStruct((phases, b_pad, 2, n_pad), F32),
         jax.ShapeDtypeStruct((phases * b_pad, 2 * n_pad), mm_dtype),
         jax.ShapeDtypeStruct((b_pad, n_pad), F32),
-        *[jax.ShapeDtypeStruct((depth, steps, b_pad, plan.z_width), F32)] * with_dz,
+        *[jax.ShapeDtypeStruct((depth, steps, b_pad, plan.z_width), F32)] * has_z,
         jax.ShapeDtypeStruct((n_r * n_c,), jnp.int32),
     )
     launch_args, phase_bar = launch((n_r, n_c), ("r", "g"), interpret)
@@ -380,15 +401,6 @@ def persistent_backward(
     )(wt, g, packed, *extras)
 
 
-def _check_dz(with_dz: bool, z, packed) -> None:
-    """One-line `PlanError` when ``with_dz`` lacks z or the rows of ``full``."""
-    if with_dz and (z is None or packed.shape[2] < 5):
-        raise PlanError(
-            f"persistent backward with_dz needs z and packed with 5 saved rows, got z "
-            f"{None if z is None else z.shape} and packed {packed.shape}."
-        )
-
-
 def persistent_backward_reference(
     plan: PersistentPlan,
     wt: Array,
@@ -396,19 +408,19 @@ def persistent_backward_reference(
     packed: Array,
     z: Array | None = None,
     mask: Array | None = None,
+    bias: Array | None = None,
     *,
-    with_dz: bool = False,
     keep: float = 1.0,
     spin_limit: int = gb.DEFAULT_SPIN_LIMIT,
     interpret: Any = None,
     layout: str = "grid",
 ):
     """Pure-JAX `persistent_backward` (same operands, same outputs; status all zeros): a
-    reverse scan over the phases of `mosaic_backward.highway_backward_reference`
-    (``spin_limit`` and ``interpret`` unused)."""
+    reverse scan over the phases of `mosaic_backward.highway_backward_reference`, with z
+    on the gates recomputed by `mosaic_forward.gates` (``spin_limit`` and ``interpret``
+    unused)."""
     del spin_limit, interpret, layout
-    depth = _check_operands(plan, wt, g, packed, z, mask)
-    _check_dz(with_dz, z, packed)
+    depth = _check_operands(plan, wt, g, packed, z, mask, bias)
     phases, b_pad, n_pad = packed.shape[0], g.shape[1], g.shape[2]
     if g.shape[0] != phases:  # layer L - 1's cotangent only
         g = jnp.zeros((phases, b_pad, n_pad), g.dtype).at[depth - 1 :: depth].set(g)
@@ -419,6 +431,9 @@ def persistent_backward_reference(
         p, g_p, packed_p, z_p, mask_p = xs
         w_above = w_layers[jax.lax.rem(p + 1, depth)]
         s_prev, h, t = packed_p[:, 0], packed_p[:, 1], packed_p[:, 2]
+        if z is not None:  # rows 1-2 are full's halves: the gates as the forward made them
+            b = bias[jax.lax.rem(p, depth)]
+            h, t = mf.gates(h, t, dict(z=z_p, b_h=b[:, 0], b_t=b[:, 1]))
         d_scaled, ds_carry, da = highway_backward_reference(
             d_above, w_above, ds_carry, g_p, s_prev, h, t, z_p, mask_p
         )
@@ -431,7 +446,7 @@ def persistent_backward_reference(
     (_, ds_carry0), (da, d_scaled) = jax.lax.scan(body, init, xs, reverse=True)
     d_mm = slots.to_slots(d_scaled, phases // depth, depth).reshape(-1, 2 * n_pad)
     status = jnp.zeros((plan.grid,), jnp.int32)
-    if not with_dz:
+    if z is None:
         return da, d_mm, ds_carry0, status
-    dz = jnp.sum(da * packed[:, :, 3:5], axis=2).reshape(phases // depth, depth, b_pad, n_pad)
+    dz = jnp.sum(da * packed[:, :, 1:3], axis=2).reshape(phases // depth, depth, b_pad, n_pad)
     return da, d_mm, ds_carry0, jnp.swapaxes(dz, 0, 1)[..., : plan.z_width], status

@@ -36,9 +36,9 @@ P = T * L, C = col_blocks, R = row_blocks, u = units_per_block):
 Outputs, in this order: ``states [P, b_pad, n_pad] f32`` (the state after every phase),
 with ``save`` ``[1, b_pad, n_pad]``, the state after the last phase only (the state after
 phase p < P - 1 is ``packed[p + 1, :, 0]``: not written twice); with ``save`` ``packed
-[P, b_pad, K, n_pad] f32`` (K = 3, 5 with z: the input state, h, tg
-and with z ``full`` h/t halves: `rhhjax.ops.loops.pack`'s layout of
-``fused.saved_rows(has_z)``); ``s_mm [P * b_pad, k_pad]`` matmul dtype (the A
+[P, b_pad, 3, n_pad] f32`` (the input state, then h and tg, or with z the h and t halves
+of ``full``, the unscaled pre-activation, from which the backward recomputes the gates
+(`plan.forward_saved_rows`)); ``s_mm [P * b_pad, k_pad]`` matmul dtype (the A
 buffer: the input state of phase p at row block ``persistent_slots.slot(p)``, layer-major,
 slot 0 s0; the state after the last phase is not in it; the K columns only: TMA
 needs the array's minor extent a multiple of its swizzle tile, which ``k_pad`` is and
@@ -87,9 +87,7 @@ Array = jax.Array
 # ----------------------------------------------------------------------------- layout
 
 
-def saved_row_count(has_z: bool) -> int:
-    """K of ``packed``: the input state, h, tg (and with z the two halves of ``full``)."""
-    return 5 if has_z else 3
+SAVED_ROWS = 3  # K of ``packed``: the input state, then h, tg or (with z) full's halves
 
 
 def forward_weights(plan: PersistentPlan, kernel_s: Array, dtype) -> Array:
@@ -307,10 +305,9 @@ def persistent_forward(
         code = jax.lax.fori_loop(0, phases, phase, code0)
         status_g[block] = code
 
-    n_saved = saved_row_count(has_z)
     out_type = [jax.ShapeDtypeStruct((1 if save else phases, b_pad, n_pad), F32)]
     if save:
-        out_type.append(jax.ShapeDtypeStruct((phases, b_pad, n_saved, n_pad), F32))
+        out_type.append(jax.ShapeDtypeStruct((phases, b_pad, SAVED_ROWS, n_pad), F32))
     out_type += [
         jax.ShapeDtypeStruct((phases * b_pad, k_pad), mm_dtype),
         jax.ShapeDtypeStruct((n_r * n_c,), jnp.int32),
@@ -376,10 +373,8 @@ def persistent_forward_reference(
         s_new = out[0] if save else out
         saved = None
         if save:
-            rows = [s[:, None], out[1][:, None], out[2][:, None]]
-            if z is not None:
-                rows.append(out[3])
-            saved = jnp.concatenate(rows, axis=1)
+            gates = [out[1][:, None], out[2][:, None]]  # h, tg
+            saved = jnp.concatenate([s[:, None], *([out[3]] if z is not None else gates)], 1)
         return s_new, (s_new, saved)
 
     mask_f32 = keep_mask.mask_values(mask, keep)

@@ -56,10 +56,12 @@ def forward_inputs(has_z: bool) -> tuple[str, ...]:
 
 def forward_saved_rows(save: bool, has_z: bool) -> tuple[str, ...]:
     """The forward kernel's saved-row tiles (packed rows 1.. in order; row 0, the input
-    state, is stored from the state buffer)."""
+    state, is stored from the state buffer): the gates h, tg, or with z the halves of the
+    unscaled pre-activation ``full``, from which the backward recomputes the gates (it needs
+    ``full`` for dz anyway: two saved rows, not four)."""
     if not save:
         return ()
-    return ("h", "t", "full_h", "full_t") if has_z else ("h", "t")
+    return ("full_h", "full_t") if has_z else ("h", "t")
 
 
 def forward_staging_slots(has_z: bool, save: bool) -> tuple[int, tuple]:
@@ -195,7 +197,7 @@ class PersistentPlan:
             rows * u * 4                              the block's f32 state
             rows * 2u * 4                             the accumulator's copy
             slots * rows * u * 4                      staged f32 epilogue tiles
-                                                      (`forward_staging_slots`: 6 at most)
+                                                      (`forward_staging_slots`: 5 at most)
             rows * u * itemsize                       the state's matmul-dtype cast, which
                                                       the uint8 mask tile (rows * u bytes)
                                                       shares (a RefUnion: disjoint lifetimes)

@@ -11,12 +11,13 @@ after every micro-layer phase, T * L of them per direction:
 * forward (`rhhjax.kernels.mosaic.persistent_forward`): per phase the block's slice of
   ``s @ W_l`` (K chunks through a TMA pipeline, wgmma), the input projection at layer 0,
   hyper scale, bias, gates, gate dropout and combine; it writes the state in the matmul
-  dtype for the next phase's GEMM and, for the backward, `fused`'s saved rows.
+  dtype for the next phase's GEMM and, for the backward, its input state and the gates
+  (with z instead the unscaled pre-activation ``full``: `saved_rows`).
 * backward (`rhhjax.kernels.mosaic.persistent_backward`): per phase (in reverse) the block's slice
-  of ``d_scaled_above @ W_above^T`` fused with its gate backward; ``da`` is written out, and
-  dz, the bias, the input-projection and the weight gradients (from the kernels' own
-  matmul-dtype buffers) are large XLA reductions and GEMMs after the loop; the gradient
-  of s0 is one XLA matmul.
+  of ``d_scaled_above @ W_above^T`` fused with its gate backward (with z on the gates
+  recomputed from ``full``) and dz; ``da`` is written out, and the bias, the
+  input-projection and the weight gradients (from the kernels' own matmul-dtype buffers)
+  are XLA reductions and GEMMs after the loop; the gradient of s0 is one XLA matmul.
 
 The hyper cell is not inside the kernel: with ``hyper_input="x"`` the hyper recurrence runs
 first, as its own persistent sequence, and every z is computed at once
@@ -68,7 +69,6 @@ Array = jax.Array
 NAME = "persistent"
 INTERPRETABLE = True  # model.pallas_mode="interpret": GPU interpret mode (jax >= 0.11.2).
 KEEP_DTYPE = jnp.uint8  # The kernels read the keep decisions as uint8 (`keep_mask`).
-DZ_IN_KERNEL = True  # dz in the backward kernel's epilogue (measured: see `_dz_in_kernel`)
 # The backward kernel reads layer L - 1's cotangent alone when the model reads only that layer
 # (`SequenceSpec.last_layer_only`): no dense [T, L, Bp, Np] of zeros is built or read.
 LAST_LAYER_COTANGENT = True
@@ -174,8 +174,10 @@ def scales_operand(geo: Geometry, z: Array | None) -> Array | None:
 
 
 def saved_rows(has_z: bool) -> loops.Fields:
-    """`fused`'s rows: the gates "h", "t" [Bp, Np] and, with z, "full" [Bp, 2, Np]."""
-    return fused.saved_rows(has_z)
+    """`fused`'s gates "h", "t" [Bp, Np], or with z "full" [Bp, 2, Np] alone: the backward
+    kernel recomputes the gates from it (`persistent_backward`), so the forward writes two
+    rows a phase, not four."""
+    return (("full", 2),) if has_z else fused.saved_rows(has_z)
 
 
 def _phase_major(x: Array | None) -> Array | None:
@@ -248,47 +250,31 @@ def backward_loop(spec, geo, w, bias, s0, xproj, z, keep, hidden, saved, g_state
     length, depth = xproj.shape[0], bias.shape[0]
     mask = keep_mask.decisions(_phase_major(keep))
     g = g_states if g_states.ndim == 3 else _phase_major(g_states)  # [T, ...] or [P, ...]
-    args = (plan, stacked, g, packed, z, mask)
-    with_dz = _dz_in_kernel(plan, z is not None, mask is not None)
-    kwargs = dict(with_dz=with_dz, keep=spec.keep)
+    rows = None  # with z the kernel recomputes the gates from full: it needs the bias
+    if z is not None:
+        rows = jnp.broadcast_to(bias[:, None], (depth, geo.b_pad, *bias.shape[1:]))
+    args = (plan, stacked, g, packed, z, mask, rows)
     if spec.references:
-        outs = pb.persistent_backward_reference(*args, **kwargs)
+        outs = pb.persistent_backward_reference(*args, keep=spec.keep)
     else:
         interpret = loops.kernel_interpret(spec)
-        outs = pb.persistent_backward(*args, **kwargs, interpret=interpret, layout=LAYOUT)
+        outs = pb.persistent_backward(*args, keep=spec.keep, interpret=interpret, layout=LAYOUT)
         grid_barrier.check_status(outs[-1], "persistent backward")
     da, d_mm, ds_carry0 = outs[:3]
-    dz_lt = outs[3] if with_dz else None
+    dz_lt = outs[3] if z is not None else None
     # The state gradient of s0 through W_0 (no gate backward below it): one XLA matmul.
     w0 = stacked[: geo.n_pad]
     ds0 = ds_carry0 + jnp.matmul(d_mm[: geo.b_pad], w0.T, preferred_element_type=jnp.float32)
-    return ds0, *_gradients(spec, geo, da, d_mm, s_mm, z, packed, length, depth, dz_lt)
+    return ds0, *_gradients(spec, geo, da, d_mm, s_mm, z, length, depth, dz_lt)
 
 
-def _dz_in_kernel(plan: PersistentPlan, has_z: bool, has_mask: bool) -> bool:
-    """Whether the backward kernel computes dz in its epilogue (`persistent_backward`'s
-    ``with_dz``): with z and DZ_IN_KERNEL, where its two more input tiles fit shared memory.
-    Measured on the paper HyperRHN (deviceless compile report, bf16, with the uint8 masks
-    and the layer-major unpadded z): 28.8 -> 25.9 GB a step and one launch fewer, peak
-    memory 8.48 -> 9.20 GB (dz is a buffer alive during the kernel), below the 9.84 GB of
-    the f32-mask, padded-z step it replaced (results/gpu_report_persistent_bytes_h100.json)."""
-    if not (has_z and DZ_IN_KERNEL):
-        return False
-    try:
-        pb.check_plan(plan, True, has_mask, with_dz=True)
-    except PlanError:
-        return False
-    return True
-
-
-def _gradients(spec, geo, da, d_mm, s_mm, z, packed, length: int, depth: int, dz_lt=None):
+def _gradients(spec, geo, da, d_mm, s_mm, z, length: int, depth: int, dz_lt):
     """From the kernels' outputs (da [P, Bp, 2, Np] f32, d_mm [P * Bp, 2 * Np], s_mm
-    [P * Bp, k_pad], z [L, T, Bp, z_width] | None (`scales_operand`), packed [P, Bp, K, Np]):
-    (d_scaled of layer 0 [T, 1, Bp, 2, Np], dz [T, L, Bp, Np] | None (padded, as the
-    other implementations return it),
-    dbias [L, 2, Np], dW [L, k_pad, 2, Np]). s_mm and d_mm are in slot order
-    (`persistent_slots`: layer-major); dz_lt [L, T, Bp, z_width], the backward kernel's dz,
-    or None (then dz is computed here from da and packed's ``full``)."""
+    [P * Bp, k_pad], z [L, T, Bp, z_width] | None (`scales_operand`), dz_lt [L, T, Bp,
+    z_width] | None, the backward kernel's dz): (d_scaled of layer 0 [T, 1, Bp, 2, Np], dz
+    [T, L, Bp, Np] | None (padded, as the other implementations return it), dbias [L, 2,
+    Np], dW [L, k_pad, 2, Np]). s_mm and d_mm are in slot order (`persistent_slots`:
+    layer-major)."""
     b_pad, n_pad = geo.b_pad, geo.n_pad
     da0 = da[::depth]  # layer 0 of every step [T, Bp, 2, Np]: a strided slice, no copy
     d_scaled0 = da0
@@ -298,13 +284,6 @@ def _gradients(spec, geo, da, d_mm, s_mm, z, packed, length: int, depth: int, dz
     dz = None
     if dz_lt is not None:  # the kernel's, layer-major: the consumers' order; unpadded units
         dz = jnp.pad(jnp.swapaxes(dz_lt, 0, 1), [(0, 0)] * 3 + [(0, n_pad - dz_lt.shape[-1])])
-    elif z is not None:  # sum over the halves of da * "full" (the unscaled pre-activation)
-        _, rows = loops.unpack(packed, saved_rows(True))
-        dz = jnp.sum(da * rows["full"], axis=-2).reshape(length, depth, b_pad, n_pad)
-        # Unpadded before it is materialized, so that the reduction, the unpadding and the
-        # transpose are one pass; padded back for the interface, which XLA folds into
-        # `recurrence`'s unpadding (a slice of a pad: no copy).
-        dz = geo.pad_rows(_materialized_as(geo.unpad_rows(dz), (1, 0, 2, 3)))
     dbias = da.reshape(length, depth, b_pad, 2, n_pad).sum((0, 2))
     # The buffers are layer-major (`persistent_slots`): layer l's rows are contiguous, so
     # dW is one batched GEMM over views of the whole buffers: no transpose, no slice copy.
@@ -314,12 +293,3 @@ def _gradients(spec, geo, da, d_mm, s_mm, z, packed, length: int, depth: int, dz
     dw = jnp.einsum("lri,lrc->lic", s_in, d_in, preferred_element_type=acc)
     dw = dw.reshape(depth, -1, 2, n_pad)
     return d_scaled0[:, None], dz, dbias, dw
-
-
-def _materialized_as(x: Array, axes: tuple[int, ...]) -> Array:
-    """``x`` (same shape and values), computed into memory in the axis order ``axes``, the
-    order its consumers read (dz: [L, T, B, n], the layout of the hyper projection's
-    matmuls), so that XLA writes it once, transposed in the same pass, instead of writing it
-    and then transposing a copy (an optimization barrier keeps the two transposes apart)."""
-    inverse = tuple(sorted(range(len(axes)), key=axes.__getitem__))
-    return jnp.transpose(jax.lax.optimization_barrier(jnp.transpose(x, axes)), inverse)
