@@ -150,9 +150,10 @@ def _plain_forward(plan, w_layers, s0, case, e_full, e_a, depth):
 def test_reference_is_the_vjp_of_a_plain_forward_f32(
     batch, width, col_blocks, steps, depth, z_on, mask_on
 ):
-    """Run the plain forward from s0 to get s_prev, h, tg, full; the reference's da is the
-    cotangent of the pre-activations a, d_mm's rows are that of ``full`` (da * z) and
-    ``ds_carry0 + d_scaled_0 @ W_0^T`` that of s0; padded rows and units stay zero."""
+    """Run the plain forward from s0 to get s_prev, h, tg, full; the reference's bias parts
+    are each row block's sums of the cotangent of the pre-activations a (da), d_mm's rows
+    and d_x (layer 0, f32) are that of ``full`` (da * z) and ``ds_carry0 + d_scaled_0 @
+    W_0^T`` that of s0; padded rows and units stay zero."""
     plan = PersistentPlan(batch, width, "float32", col_blocks=col_blocks, k_chunk=16)
     case = _case(batch + width, plan, steps, depth, z_on, mask_on)
     n_pad, b_pad, phases = plan.n_pad, plan.b_pad, steps * depth
@@ -169,25 +170,29 @@ def test_reference_is_the_vjp_of_a_plain_forward_f32(
     if case["z"] is not None:
         a = full * case["z"][:, :, None] + case["bias"][jnp.arange(phases) % depth]
     case.update(s_prev=s_prev, h=jnp.tanh(a[:, :, 0]), tg=jax.nn.sigmoid(a[:, :, 1]), full=full)
-    da, d_mm, ds_carry0, *_, status = pb.persistent_backward_reference(
+    d_x, d_mm, ds_carry0, parts, *_, status = pb.persistent_backward_reference(
         plan, wt, case["g"], _packed(case), *_rest(case), keep=KEEP
     )
     d_mm = _phase_order(d_mm, steps, depth)
     _, vjp = jax.vjp(forward, s0, zeros, zeros)
     ds0, d_full, d_a = vjp(case["g"])
     tol = dict(rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(da, d_a, **tol)
+    rows = plan.rows_per_block  # parts [P, R, 2, group, n_pad]: sum the group -> row blocks
+    by_block = d_a.reshape(phases, plan.row_blocks, rows, 2, n_pad).sum(axis=2)
+    np.testing.assert_allclose(parts.sum(axis=3), by_block, **tol)
+    np.testing.assert_allclose(d_x, d_full[::depth], **tol)
     np.testing.assert_allclose(d_mm[: phases * b_pad].reshape(d_full.shape), d_full, **tol)
     assert d_mm.shape == (phases * b_pad, 2 * n_pad)
     ds0_ref = ds_carry0 + jnp.matmul(d_mm[:b_pad], w_layers[0].T, precision="highest")
     np.testing.assert_allclose(ds0_ref, ds0, **tol)
-    assert not np.asarray(da[:, batch:]).any() and not np.asarray(da[..., width:]).any()
+    assert not np.asarray(d_x[:, batch:]).any() and not np.asarray(d_x[..., width:]).any()
+    assert not np.asarray(parts[..., width:]).any()
     assert status.shape == (plan.grid,) and not np.asarray(status).any()
     # The check can fail: another outside cotangent gives another da.
     other = pb.persistent_backward_reference(
         plan, wt, case["g"] * 2, _packed(case), *_rest(case), keep=KEEP
     )
-    assert not np.allclose(other[0], da)
+    assert not np.allclose(other[0], d_x) and not np.allclose(other[3], parts)
 
 
 def _phase_order(d_mm, steps: int, depth: int):
@@ -207,15 +212,15 @@ def test_reference_matches_the_persistent_schedule(
 ):
     """Against `persistent_schedule.backward_loop` on the same saved values (its h, tg saved,
     the reference's recomputed from full with z): d_mm is its d_scaled in the matmul dtype,
-    da gives its bias gradient (and with z the reference's dz is its dz; da itself without
-    z), and ds_carry0 + d_scaled_0 @ W_0^T its gradient of s0."""
+    d_x its d_scaled of layer 0 in f32, the bias parts add up to its bias gradient (and with
+    z dz is its dz), and ds_carry0 + d_scaled_0 @ W_0^T its gradient of s0."""
     schedule = ps.Schedule(col_blocks=col_blocks, k_chunk=16)
     plan = schedule.plan(batch, width, dtype)
     case = _case(batch * width, plan, steps, depth, z_on, mask_on)
     mm = jnp.dtype(dtype)
     wt, outs = _reference(plan, case, mm)
-    da, d_mm_slots, ds_carry0 = outs[:3]
-    assert len(outs) == 4 + z_on
+    d_x, d_mm_slots, ds_carry0, parts = outs[:4]
+    assert len(outs) == 5 + z_on
     d_mm = _phase_order(d_mm_slots, steps, depth)
     b_pad, n_pad, phases = plan.b_pad, plan.n_pad, steps * depth
     by_step = lambda x: None if x is None else x.reshape(steps, depth, *x.shape[1:])  # noqa: E731
@@ -237,15 +242,12 @@ def test_reference_matches_the_persistent_schedule(
 
     d_scaled_mm = d_scaled.astype(mm).reshape(phases * b_pad, 2 * n_pad)
     close(d_mm[: phases * b_pad], d_scaled_mm)
-    close(da.reshape(steps, depth, b_pad, 2, n_pad).sum(axis=(0, 2)), dbias)
-    if z_on:
-        close(jnp.sum(da * case["full"], axis=2), dz.reshape(phases, b_pad, n_pad))
-        # dz, layer-major [L, T, b_pad, z_width]: the kernels' layout
+    close(pb.bias_gradient(parts, depth), dbias)
+    close(d_x, d_scaled.reshape(steps, depth, b_pad, 2, n_pad)[:, 0])
+    if z_on:  # dz, layer-major [L, T, b_pad, z_width]: the kernels' layout
         want_dz = dz.reshape(steps, depth, b_pad, n_pad)[..., : plan.z_width]
-        close(jnp.swapaxes(outs[3], 0, 1), want_dz)
+        close(jnp.swapaxes(outs[4], 0, 1), want_dz)
         assert not np.asarray(dz.reshape(steps, depth, b_pad, n_pad)[..., plan.z_width :]).any()
-    else:
-        close(da, d_scaled.reshape(da.shape))
     w0 = wt[:n_pad]
     close(ds_carry0 + jnp.matmul(d_mm[:b_pad], w0.T, preferred_element_type=F32), ds0)
 
@@ -261,7 +263,7 @@ def test_reference_takes_the_last_layers_cotangent_alone_as_the_dense_one():
     dense = jnp.zeros_like(case["g"]).at[depth - 1 :: depth].set(g_last)
     alone = pb.persistent_backward_reference(plan, wt, g_last, *rest, keep=KEEP)
     whole = pb.persistent_backward_reference(plan, wt, dense, *rest, keep=KEEP)
-    assert len(alone) == 5  # with z: dz too
+    assert len(alone) == 6  # with z: dz too
     for a, e in zip(alone, whole, strict=True):
         np.testing.assert_array_equal(a, e)
     with pytest.raises(PlanError, match=r"g \(2, 64, 48\) is not \[9, 64, 48\]") as e:
@@ -323,20 +325,23 @@ def test_paper_plans_fit_the_h100_shared_memory():
 def test_smem_bytes_count_each_allocation_rounded_to_a_kib():
     """The paper bf16 plan: A 4 x 256 x 64 x 2, B 4 x 8 x 64 x 2, seven f32 input tiles (g,
     s_prev, full's halves, z, the bias halves), the uint8 mask tile [256, 8], carry and
-    accumulator [256, 8] f32, two bf16 d_scaled tiles; twelve mbarriers. Without z and mask
-    four input tiles (g, s_prev, h, tg): three f32 tiles, the uint8 tile and four mbarriers
-    fewer."""
+    accumulator [256, 8] f32, two bf16 d_scaled tiles, the bias column sums [2, 32, 8] f32
+    (32 rows of 8 units: 256 elements); twelve mbarriers. Without z and mask four input
+    tiles (g, s_prev, h, tg): three f32 tiles, the uint8 tile and four mbarriers fewer."""
     plan = paper_plan("bfloat16")
     tile, mask_tile = 256 * 8 * 4, 256 * 8
+    assert pb.bias_row_group(plan) == 32
     full = (4 * 256 * 64 * 2 + 4 * 8 * 64 * 2 + 7 * tile + mask_tile + 2 * tile
-            + 2 * 256 * 8 * 2 + 8 * 12)  # fmt: skip
+            + 2 * 256 * 8 * 2 + 2 * 32 * 8 * 4 + 8 * 12)  # fmt: skip
     assert pb.backward_smem_bytes(plan) == full
     without = pb.backward_smem_bytes(plan, has_z=False, has_mask=False)
     assert without == full - 3 * tile - mask_tile - 32
     # Each allocation rounds up to 1 KiB: A 8 KiB, B 2 x 8 x 16 x 4 = 1 KiB, the four input
-    # tiles [64, 8] f32 8 KiB, carry and accumulator 2 KiB each, the f32 d_scaled pair 4 KiB.
+    # tiles [64, 8] f32 8 KiB, carry and accumulator 2 KiB each, the f32 d_scaled pair 4 KiB,
+    # the bias column sums 2 KiB.
     small = PersistentPlan(64, 16, "float32", col_blocks=2, k_chunk=16, stages=2)
-    assert pb.backward_smem_bytes(small, False, False) == (8 + 1 + 4 * 2 + 2 + 2 + 4) * 1024 + 48
+    want = (8 + 1 + 4 * 2 + 2 + 2 + 4 + 2) * 1024 + 48
+    assert pb.backward_smem_bytes(small, False, False) == want
 
 
 @pytest.mark.parametrize(
@@ -451,7 +456,7 @@ class TestCompiled(MosaicGpuMode):
         )  # fmt: skip
         actual = jax.jit(kernel)(wt, case["g"], _packed(case), *_rest(case))
         assert not np.asarray(actual[-1]).any(), "grid barrier timed out"
-        assert len(actual) == len(expected) == 4 + z_on  # with z: dz, layer-major
+        assert len(actual) == len(expected) == 5 + z_on  # with z: dz, layer-major
         tol = self.TOL[plan.dtype]
         for a, e in zip(actual[:-1], expected[:-1], strict=True):
             a, e = np.asarray(a, np.float32), np.asarray(e, np.float32)

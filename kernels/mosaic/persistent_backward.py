@@ -22,6 +22,8 @@ plan.units_per_block``). Phase ``p`` is ``(t, l) = (p // L, p % L)``; its "above
     d_scaled = da (* z[p])  -> matmul dtype into d_mm row block slot(p) (h half, then t half;
                `persistent_slots`: layer-major, so the weight gradient needs no transpose)
     dz       = da_h * full_h + da_t * full_t               (with z)
+    bias     = the column sums of da over the block's rows, as ``group`` partial rows
+               (`bias_row_group`: rows i, i + group, ... summed), for dbias
 
 Operands (padded; matmul dtype = wt.dtype, bf16 or f32):
 
@@ -40,11 +42,14 @@ Operands (padded; matmul dtype = wt.dtype, bf16 or f32):
     bias   [L, b_pad, 2, n_pad] f32 | None      b broadcast over rows, the forward's operand
                                                 (with z, for the gates; only then)
 
-Outputs, in this order: ``da [P, b_pad, 2, n_pad] f32``; ``d_mm [P * b_pad, 2 * n_pad]``
+Outputs, in this order: ``d_x [T, b_pad, 2, n_pad] f32`` (d_scaled of layer 0 in f32: the
+gradient of x U, written at the phases of layer 0 only); ``d_mm [P * b_pad, 2 * n_pad]``
 matmul dtype (row block ``persistent_slots.slot(p)`` = d_scaled of phase p, layer-major);
 ``ds_carry0 [b_pad, n_pad] f32`` (the carried gradient after phase 0: the caller adds
-``d_scaled_0 @ W_0^T``); with z ``dz [L, T, b_pad, plan.z_width] f32``, layer-major like z
-(the order the hyper projection reads it; stores past z_width dropped by TMA);
+``d_scaled_0 @ W_0^T``); ``bias_parts [P, R, 2, group, n_pad] f32`` (each block's column
+sums of da: `bias_gradient` adds them up; da itself, 1.5 GB at the paper's sizes, is never
+written); with z ``dz [L, T, b_pad, plan.z_width] f32``, layer-major like z (the order the
+hyper projection reads it; stores past z_width dropped by TMA);
 ``status [R * C] int32`` (0 = fine, else 1 + the barrier index at which the block gave up).
 
 Barriers: index 0 after the prologue (each block zeroes its carry), then
@@ -61,6 +66,7 @@ and compiles for an H100 on a CPU host with the CUDA plugin
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import jax
@@ -81,6 +87,30 @@ Array = jax.Array
 MBARRIER_BYTES = 8
 MAX_TMA_ROWS = 256  # Mosaic GPU's async copies move at most 256 elements along a dimension
 SAVED_ROWS = 3  # K of `packed`: s_prev, then h and tg, or with z full's halves
+
+
+def bias_row_group(plan: PersistentPlan) -> int:
+    """Rows of a block's da tile whose sums stay apart (``group``): the kernel sums the
+    tile's [group, u] slices (rows j * group .. for every j), each 256 f32 elements: two a
+    thread in the tiles' strided layout (`keep_mask.load_strided`), so a column sum is
+    slice loads and adds, no reduction across threads."""
+    return 256 // math.gcd(plan.units_per_block, 256)
+
+
+def bias_gradient(bias_parts: Array, depth: int) -> Array:
+    """The kernel's ``bias_parts`` [P, R, 2, group, n_pad] -> dbias [L, 2, n_pad]: summed over
+    the steps, the row blocks and the partial rows of each layer (P = T * L, phase-major)."""
+    phases = bias_parts.shape[0]
+    parts = bias_parts.reshape(phases // depth, depth, *bias_parts.shape[1:])
+    return parts.sum(axis=(0, 2, 4))
+
+
+def _bias_parts_reference(plan: PersistentPlan, da: Array) -> Array:
+    """da [P, b_pad, 2, n_pad] -> the kernel's ``bias_parts`` [P, R, 2, group, n_pad]: the
+    sums over j of rows j * group + i of each block's rows, i < group."""
+    group, rows = bias_row_group(plan), plan.rows_per_block
+    parts = da.reshape(da.shape[0], plan.row_blocks, rows // group, group, 2, plan.n_pad)
+    return parts.sum(axis=2).transpose(0, 1, 3, 2, 4)
 
 
 def _align(nbytes: int) -> int:
@@ -118,6 +148,7 @@ def backward_smem_bytes(plan: PersistentPlan, has_z: bool = True, has_mask: bool
         carry      rows * u * 4             (the carried state gradient, across phases)
         acc        rows * u * 4             (the accumulator, staged for the epilogue)
         dsc        2 * rows * u * itemsize  (d_scaled halves in the matmul dtype)
+        bias       2 * group * u * 4        (the column sums of da's halves, `bias_row_group`)
         mbarriers  8 * (n_in [+ 1 mask] + stages')
     """
     rows, u, item = plan.rows_per_block, plan.units_per_block, plan.itemsize
@@ -132,6 +163,7 @@ def backward_smem_bytes(plan: PersistentPlan, has_z: bool = True, has_mask: bool
         tile,
         2 * rows * u * item,
         rows * u * has_mask,
+        2 * bias_row_group(plan) * u * 4,
     )
     return sum(map(_align, allocations)) + MBARRIER_BYTES * (n_in + has_mask + stages)
 
@@ -230,9 +262,9 @@ def persistent_backward(
     """All backward phases in one Mosaic GPU launch; shapes in the module docstring
     (``keep``: the keep probability that scales the mask's decisions; ``bias``: with z).
 
-    Returns (da [P, b_pad, 2, n_pad] f32, d_mm [P * b_pad, 2 * n_pad] matmul dtype,
-    ds_carry0 [b_pad, n_pad] f32, with z dz [L, T, b_pad, plan.z_width] f32, status [R * C]
-    int32). The caller checks ``status`` with
+    Returns (d_x [T, b_pad, 2, n_pad] f32, d_mm [P * b_pad, 2 * n_pad] matmul dtype,
+    ds_carry0 [b_pad, n_pad] f32, bias_parts [P, R, 2, group, n_pad] f32, with z dz [L, T,
+    b_pad, plan.z_width] f32, status [R * C] int32). The caller checks ``status`` with
     `grid_barrier.check_status`. Compiled, it runs on a Hopper GPU only; with ``interpret``
     (`gpu_interpret.params()`, jax >= 0.11.2) in GPU interpret mode as one cluster with a
     cluster barrier (`grid_barrier.launch`; ``plan.check_interpretable``). ``layout``
@@ -254,13 +286,16 @@ def persistent_backward(
     extra_names = [name for name, x in optional if x is not None]
     extras = [x for _, x in optional if x is not None]
     mask_bar = len(names)  # the mask tile's mbarrier, after the f32 inputs'
+    group = bias_row_group(plan)
+    # d_x's f32 tiles: da's own slots without z (d_scaled = da), else two slots read already
+    d_x_slots = (3, 4) if has_z else (0, 1)
 
     def kernel(
-        wt_g, g_g, packed_g, *refs, epi, carry, acc_smem, dsc, bar, mask_tile=None,
+        wt_g, g_g, packed_g, *refs, epi, carry, acc_smem, dsc, bias_part, bar, mask_tile=None,
         phase_bar=None,
     ):  # fmt: skip
         extra_g = refs[: len(extras)]
-        da_g, d_mm_g, ds_carry0_g = refs[len(extras) : len(extras) + 3]
+        d_x_g, d_mm_g, ds_carry0_g, bias_g = refs[len(extras) : len(extras) + 4]
         dz_g, status_g = (refs[-2] if has_z else None), refs[-1]
         r, c = block_index((n_r, n_c), ("r", "g"), phase_bar)
         block_rows = pl.ds(r * rows, rows)
@@ -342,16 +377,31 @@ def persistent_backward(
             epi[1] = tiles["da_t"]  # over s_prev
             if has_z:
                 epi[2] = dz  # over full_h
+                epi[d_x_slots[0]] = tiles["d_h"]  # over full_t: d_scaled in f32
+                epi[d_x_slots[1]] = tiles["d_t"]  # over z
             carry[...] = tiles["ds_carry"]
             dsc[0] = tiles["d_h"].astype(mm_dtype)
             dsc[1] = tiles["d_t"].astype(mm_dtype)
-            plgpu.commit_smem()
-            plgpu.copy_smem_to_gmem(epi.at[0], da_g.at[p, block_rows, 0, units])
-            plgpu.copy_smem_to_gmem(epi.at[1], da_g.at[p, block_rows, 1, units])
+            plgpu.commit_smem()  # (a warpgroup barrier too: every thread's tiles before reads)
             plgpu.copy_smem_to_gmem(dsc.at[0], d_mm_slice(p, 0))
             plgpu.copy_smem_to_gmem(dsc.at[1], d_mm_slice(p, 1))
             if has_z:  # units past z_width: dropped by TMA
                 plgpu.copy_smem_to_gmem(epi.at[2], dz_g.at[layer, t, block_rows, units])
+
+            @pl.when(layer == 0)
+            def _():
+                for half, slot in enumerate(d_x_slots):
+                    plgpu.copy_smem_to_gmem(epi.at[slot], d_x_g.at[t, block_rows, half, units])
+
+            # The column sums of da's halves, read from their staged tiles while the stores
+            # above are in flight (reads both); the last phase's store of them has completed.
+            for half in range(2):
+                total = keep_mask.load_strided(epi.at[half, pl.ds(0, group)])
+                for j in range(1, rows // group):
+                    total = total + keep_mask.load_strided(epi.at[half, pl.ds(j * group, group)])
+                bias_part[half] = total
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(bias_part, bias_g.at[p, r, :, :, units])
             plgpu.wait_smem_to_gmem(0)
 
         # Prologue: zero the carry; barrier 0.
@@ -376,9 +426,10 @@ def persistent_backward(
         status_g[r * n_c + c] = fail_at
 
     out_type = (
-        jax.ShapeDtypeStruct((phases, b_pad, 2, n_pad), F32),
+        jax.ShapeDtypeStruct((steps, b_pad, 2, n_pad), F32),
         jax.ShapeDtypeStruct((phases * b_pad, 2 * n_pad), mm_dtype),
         jax.ShapeDtypeStruct((b_pad, n_pad), F32),
+        jax.ShapeDtypeStruct((phases, n_r, 2, group, n_pad), F32),
         *[jax.ShapeDtypeStruct((depth, steps, b_pad, plan.z_width), F32)] * has_z,
         jax.ShapeDtypeStruct((n_r * n_c,), jnp.int32),
     )
@@ -391,6 +442,7 @@ def persistent_backward(
             carry=plgpu.SMEM((rows, u), F32),
             acc_smem=plgpu.SMEM((rows, u), F32),
             dsc=plgpu.SMEM((2, rows, u), mm_dtype),
+            bias_part=plgpu.SMEM((2, group, u), F32),
             bar=plgpu.Barrier(num_barriers=len(names) + has_mask),
             **({"mask_tile": plgpu.SMEM((rows, u), keep_mask.DTYPE)} if has_mask else {}),
             **phase_bar,
@@ -444,9 +496,14 @@ def persistent_backward_reference(
     z_pm = None if z is None else slots.scales_to_phase_major(z, n_pad)
     xs = (jnp.arange(phases), g, packed, z_pm, keep_mask.mask_values(mask, keep))
     (_, ds_carry0), (da, d_scaled) = jax.lax.scan(body, init, xs, reverse=True)
+    d_x = da[::depth]  # layer 0: d_scaled in f32, da * z as the kernel's epilogue computes it
+    if z is not None:
+        d_x = d_x * z_pm[::depth][:, :, None]
+    bias_parts = _bias_parts_reference(plan, da)
     d_mm = slots.to_slots(d_scaled, phases // depth, depth).reshape(-1, 2 * n_pad)
     status = jnp.zeros((plan.grid,), jnp.int32)
     if z is None:
-        return da, d_mm, ds_carry0, status
+        return d_x, d_mm, ds_carry0, bias_parts, status
     dz = jnp.sum(da * packed[:, :, 1:3], axis=2).reshape(phases // depth, depth, b_pad, n_pad)
-    return da, d_mm, ds_carry0, jnp.swapaxes(dz, 0, 1)[..., : plan.z_width], status
+    dz = jnp.swapaxes(dz, 0, 1)[..., : plan.z_width]
+    return d_x, d_mm, ds_carry0, bias_parts, dz, status

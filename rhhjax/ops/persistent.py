@@ -15,9 +15,10 @@ after every micro-layer phase, T * L of them per direction:
   (with z instead the unscaled pre-activation ``full``: `saved_rows`).
 * backward (`rhhjax.kernels.mosaic.persistent_backward`): per phase (in reverse) the block's slice
   of ``d_scaled_above @ W_above^T`` fused with its gate backward (with z on the gates
-  recomputed from ``full``) and dz; ``da`` is written out, and the bias, the
-  input-projection and the weight gradients (from the kernels' own matmul-dtype buffers)
-  are XLA reductions and GEMMs after the loop; the gradient of s0 is one XLA matmul.
+  recomputed from ``full``), dz, and each block's column sums of ``da`` for the bias
+  gradient; the input-projection and the weight gradients (from the kernels' own
+  matmul-dtype buffers and layer 0's f32 d_scaled) are XLA GEMMs after the loop; the
+  gradient of s0 is one XLA matmul.
 
 The hyper cell is not inside the kernel: with ``hyper_input="x"`` the hyper recurrence runs
 first, as its own persistent sequence, and every z is computed at once
@@ -239,15 +240,16 @@ def backward_loop(spec, geo, w, bias, s0, xproj, z, keep, hidden, saved, g_state
     (packed, s_mm); g_states [T, L, Bp, Np] the padded cotangents of the states, or [T, Bp,
     Np] the last layer's alone (``spec.last_layer_only``: the kernel reads it at layer L - 1
     and zero elsewhere). Returns
-    (ds0 [Bp, Np], d_scaled of layer 0 [T, 1, Bp, 2, Np] = da * [z, z] (the gradient of
-    xproj), dz [T, L, Bp, Np] or None, dbias [L, 2, Np], dW [L, k_pad, 2, Np]): dW from the
-    kernels' matmul-dtype operands, s_mm (the input states) and d_mm (d_scaled), the values
+    (ds0 [Bp, Np], d_scaled of layer 0 [T, 1, Bp, 2, Np] = da * [z, z] in f32 (the gradient
+    of xproj, the kernel's d_x), dz [T, L, Bp, Np] or None, dbias [L, 2, Np] (from the
+    kernel's column sums of da), dW [L, k_pad, 2, Np]): dW from the kernels' matmul-dtype
+    operands, s_mm (the input states) and d_mm (d_scaled), the values
     `loops.deferred_weight_gradient` would cast."""
     del s0, hidden  # hidden: None (`forward_loop` refused it).
     packed, s_mm = saved
     (stacked,) = w
     plan = _plan(spec, geo)
-    length, depth = xproj.shape[0], bias.shape[0]
+    depth = bias.shape[0]
     mask = keep_mask.decisions(_phase_major(keep))
     g = g_states if g_states.ndim == 3 else _phase_major(g_states)  # [T, ...] or [P, ...]
     rows = None  # with z the kernel recomputes the gates from full: it needs the bias
@@ -260,36 +262,31 @@ def backward_loop(spec, geo, w, bias, s0, xproj, z, keep, hidden, saved, g_state
         interpret = loops.kernel_interpret(spec)
         outs = pb.persistent_backward(*args, keep=spec.keep, interpret=interpret, layout=LAYOUT)
         grid_barrier.check_status(outs[-1], "persistent backward")
-    da, d_mm, ds_carry0 = outs[:3]
-    dz_lt = outs[3] if z is not None else None
+    d_x, d_mm, ds_carry0, bias_parts = outs[:4]
+    dz_lt = outs[4] if z is not None else None
     # The state gradient of s0 through W_0 (no gate backward below it): one XLA matmul.
     w0 = stacked[: geo.n_pad]
     ds0 = ds_carry0 + jnp.matmul(d_mm[: geo.b_pad], w0.T, preferred_element_type=jnp.float32)
-    return ds0, *_gradients(spec, geo, da, d_mm, s_mm, z, length, depth, dz_lt)
+    dbias = pb.bias_gradient(bias_parts, depth)
+    return ds0, d_x[:, None], _dz(geo, dz_lt), dbias, _weight_gradient(spec, depth, d_mm, s_mm)
 
 
-def _gradients(spec, geo, da, d_mm, s_mm, z, length: int, depth: int, dz_lt):
-    """From the kernels' outputs (da [P, Bp, 2, Np] f32, d_mm [P * Bp, 2 * Np], s_mm
-    [P * Bp, k_pad], z [L, T, Bp, z_width] | None (`scales_operand`), dz_lt [L, T, Bp,
-    z_width] | None, the backward kernel's dz): (d_scaled of layer 0 [T, 1, Bp, 2, Np], dz
-    [T, L, Bp, Np] | None (padded, as the other implementations return it), dbias [L, 2,
-    Np], dW [L, k_pad, 2, Np]). s_mm and d_mm are in slot order (`persistent_slots`:
-    layer-major)."""
-    b_pad, n_pad = geo.b_pad, geo.n_pad
-    da0 = da[::depth]  # layer 0 of every step [T, Bp, 2, Np]: a strided slice, no copy
-    d_scaled0 = da0
-    if z is not None:  # layer 0's z, its units padded like da's (zeros, as the kernels read)
-        z0 = jnp.pad(z[0], [(0, 0), (0, 0), (0, n_pad - z.shape[-1])])
-        d_scaled0 = da0 * z0[:, :, None]
-    dz = None
-    if dz_lt is not None:  # the kernel's, layer-major: the consumers' order; unpadded units
-        dz = jnp.pad(jnp.swapaxes(dz_lt, 0, 1), [(0, 0)] * 3 + [(0, n_pad - dz_lt.shape[-1])])
-    dbias = da.reshape(length, depth, b_pad, 2, n_pad).sum((0, 2))
-    # The buffers are layer-major (`persistent_slots`): layer l's rows are contiguous, so
-    # dW is one batched GEMM over views of the whole buffers: no transpose, no slice copy.
-    s_in = s_mm.reshape(depth, length * b_pad, -1)
-    d_in = d_mm.reshape(depth, length * b_pad, 2 * n_pad)
+def _dz(geo: Geometry, dz_lt: Array | None) -> Array | None:
+    """The backward kernel's dz [L, T, Bp, z_width] (layer-major: the hyper projection's
+    order; unpadded units) -> [T, L, Bp, Np] padded, as the other implementations return it
+    (XLA folds the transpose and pad into the consumers'), or None."""
+    if dz_lt is None:
+        return None
+    return jnp.pad(jnp.swapaxes(dz_lt, 0, 1), [(0, 0)] * 3 + [(0, geo.n_pad - dz_lt.shape[-1])])
+
+
+def _weight_gradient(spec, depth: int, d_mm: Array, s_mm: Array) -> Array:
+    """dW [L, k_pad, 2, Np] from the kernels' matmul-dtype buffers d_mm [P * Bp, 2 * Np] and
+    s_mm [P * Bp, k_pad]. They are layer-major (`persistent_slots`): layer l's rows are
+    contiguous, so dW is one batched GEMM over views of the whole buffers (no transpose, no
+    slice copy)."""
+    s_in = s_mm.reshape(depth, -1, s_mm.shape[-1])
+    d_in = d_mm.reshape(depth, -1, d_mm.shape[-1])
     acc = cells.accumulation_dtype(spec.dtype)
     dw = jnp.einsum("lri,lrc->lic", s_in, d_in, preferred_element_type=acc)
-    dw = dw.reshape(depth, -1, 2, n_pad)
-    return d_scaled0[:, None], dz, dbias, dw
+    return dw.reshape(depth, s_mm.shape[-1], 2, -1)
