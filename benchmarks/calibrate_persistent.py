@@ -123,7 +123,7 @@ def _operands(plan: PersistentPlan, steps: int, depth: int, seed: int = 0):
     fwd = (
         w_blk,
         f32(b, n),
-        f32(steps, b, 2, n),
+        f32(steps, b, 2, plan.z_width),  # x U, units unpadded
         f32(depth, b, 2, n),
         1.0 + f32(depth, steps, b, plan.z_width),  # z, layer-major
         ones,

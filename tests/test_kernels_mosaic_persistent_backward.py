@@ -180,7 +180,8 @@ def test_reference_is_the_vjp_of_a_plain_forward_f32(
     rows = plan.rows_per_block  # parts [P, R, 2, group, n_pad]: sum the group -> row blocks
     by_block = d_a.reshape(phases, plan.row_blocks, rows, 2, n_pad).sum(axis=2)
     np.testing.assert_allclose(parts.sum(axis=3), by_block, **tol)
-    np.testing.assert_allclose(d_x, d_full[::depth], **tol)
+    assert d_x.shape == (steps, b_pad, 2, plan.z_width)  # unpadded units, like z
+    np.testing.assert_allclose(d_x, d_full[::depth, ..., : plan.z_width], **tol)
     np.testing.assert_allclose(d_mm[: phases * b_pad].reshape(d_full.shape), d_full, **tol)
     assert d_mm.shape == (phases * b_pad, 2 * n_pad)
     ds0_ref = ds_carry0 + jnp.matmul(d_mm[:b_pad], w_layers[0].T, precision="highest")
@@ -243,7 +244,7 @@ def test_reference_matches_the_persistent_schedule(
     d_scaled_mm = d_scaled.astype(mm).reshape(phases * b_pad, 2 * n_pad)
     close(d_mm[: phases * b_pad], d_scaled_mm)
     close(pb.bias_gradient(parts, depth), dbias)
-    close(d_x, d_scaled.reshape(steps, depth, b_pad, 2, n_pad)[:, 0])
+    close(d_x, d_scaled.reshape(steps, depth, b_pad, 2, n_pad)[:, 0, ..., : plan.z_width])
     if z_on:  # dz, layer-major [L, T, b_pad, z_width]: the kernels' layout
         want_dz = dz.reshape(steps, depth, b_pad, n_pad)[..., : plan.z_width]
         close(jnp.swapaxes(outs[4], 0, 1), want_dz)

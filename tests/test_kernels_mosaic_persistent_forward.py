@@ -58,8 +58,9 @@ def _problem(seed, batch, width, steps, depth):
 
 
 def _operands(plan, prob, has_z, has_mask):
-    """The kernel's padded operands (w_blk, s0, xproj, bias, z, mask) for `prob` (z
-    layer-major [L, T, b_pad, z_width], mask uint8 decisions)."""
+    """The kernel's padded operands (w_blk, s0, xproj, bias, z, mask) for `prob` (xproj [T,
+    b_pad, 2, z_width] and z layer-major [L, T, b_pad, z_width]: units unpadded; mask uint8
+    decisions)."""
     batch, n = prob["s0"].shape
     steps, depth = prob["xproj"].shape[0], prob["w"].shape[0]
     rows, cols = plan.b_pad - batch, plan.n_pad - n
@@ -71,6 +72,7 @@ def _operands(plan, prob, has_z, has_mask):
     bias = halves(prob["b"]).at[0].add(halves(prob["b_u"]))  # [L, 2, n_pad]
     bias = jnp.broadcast_to(bias[:, None], (depth, plan.b_pad, 2, plan.n_pad))
     xproj = jnp.pad(halves(prob["xproj"]), [(0, 0), (0, rows), (0, 0), (0, 0)])
+    xproj = xproj[..., : plan.z_width]
 
     def phase_major(x):  # [T, L, B, n] -> [P, b_pad, n_pad]
         return jnp.pad(x.reshape(steps * depth, batch, n), [(0, 0), (0, rows), (0, cols)])
@@ -82,6 +84,11 @@ def _operands(plan, prob, has_z, has_mask):
     w_blk = pf.forward_weights(plan, prob["w"], jnp.dtype(plan.dtype))
     s0 = jnp.pad(prob["s0"], [(0, rows), (0, cols)])
     return w_blk, s0, xproj, bias, z, mask
+
+
+def _padded(plan, x):
+    """[..., z_width] (an unpadded operand) -> [..., n_pad] with zeros, as the kernel reads it."""
+    return jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, plan.n_pad - x.shape[-1])])
 
 
 def _cells_forward(prob, dtype, has_z, has_mask, inputs):
@@ -177,7 +184,7 @@ def test_reference_phases_match_the_schedule_emulation(dtype):
         t, layer = divmod(p, depth)
         s_new, saved = persistent_schedule.forward_phase(
             plan, KEEP, jnp.dtype(dtype), packed[p, :, 0], w_blocks[layer], z[p],
-            bias[layer, 0], xproj[t] if layer == 0 else None, mask[p] > 0,
+            bias[layer, 0], _padded(plan, xproj[t]) if layer == 0 else None, mask[p] > 0,
         )  # fmt: skip
         np.testing.assert_allclose(states[p], s_new, rtol=tol, atol=tol)
         np.testing.assert_allclose(packed[p, :, 1:], saved["u"], rtol=tol, atol=tol)
@@ -314,7 +321,7 @@ for fields, steps, depth, has_z, has_mask, save in {cases!r}:
     phases, b, n, k = steps * depth, plan.b_pad, plan.n_pad, plan.k_pad
     opt = lambda on, dtype=jnp.float32: sds((phases, b, n), dtype) if on else None
     args = (sds((depth * 2 * n, k), jnp.dtype(plan.dtype)), sds((b, n), jnp.float32),
-            sds((steps, b, 2, n), jnp.float32), sds((depth, b, 2, n), jnp.float32),
+            sds((steps, b, 2, plan.z_width), jnp.float32), sds((depth, b, 2, n), jnp.float32),
             sds((depth, steps, b, plan.z_width), jnp.float32) if has_z else None,
             opt(has_mask, jnp.uint8))
     f = lambda *a: pf.persistent_forward(plan, *a, save=save, keep=0.75)
@@ -370,7 +377,8 @@ def _teacher_forced(plan, ops, inputs, save_z: bool):
         x_scale = 1.0 if layer == 0 else 0.0
         outs.append(mf.highway_forward_reference(
             s[:, : plan.k_pad].astype(w_blk.dtype), w_layers[layer], s, bias[layer],
-            None if z is None else z[p], xproj[t] * x_scale, None if mask is None else mask[p],
+            None if z is None else z[p], _padded(plan, xproj[t]) * x_scale,
+            None if mask is None else mask[p],
             save=True, units=plan.units_per_block,
         ))  # fmt: skip
     return outs

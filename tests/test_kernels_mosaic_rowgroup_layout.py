@@ -90,7 +90,7 @@ for fields, steps, depth in {cases!r}:
     plan = PersistentPlan(*fields)
     phases, b, n, k = steps * depth, plan.b_pad, plan.n_pad, plan.k_pad
     mm = jnp.dtype(plan.dtype)
-    fwd = (sds((depth * 2 * n, k), mm), sds((b, n)), sds((steps, b, 2, n)),
+    fwd = (sds((depth * 2 * n, k), mm), sds((b, n)), sds((steps, b, 2, plan.z_width)),
            sds((depth, b, 2, n)), sds((depth, steps, b, plan.z_width)),
            sds((phases, b, n), jnp.uint8))
     bwd = (sds((depth * n, 2 * n), mm), sds((phases, b, n)), sds((phases, b, 3, n)),

@@ -42,9 +42,11 @@ Operands (padded; matmul dtype = wt.dtype, bf16 or f32):
     bias   [L, b_pad, 2, n_pad] f32 | None      b broadcast over rows, the forward's operand
                                                 (with z, for the gates; only then)
 
-Outputs, in this order: ``d_x [T, b_pad, 2, n_pad] f32`` (d_scaled of layer 0 in f32: the
-gradient of x U, written at the phases of layer 0 only); ``d_mm [P * b_pad, 2 * n_pad]``
-matmul dtype (row block ``persistent_slots.slot(p)`` = d_scaled of phase p, layer-major);
+Outputs, in this order: ``d_x [T, b_pad, 2, plan.z_width] f32`` (d_scaled of layer 0 in
+f32: the gradient of x U, written at the phases of layer 0 only; unpadded like z: stores
+past z_width dropped by TMA, so the model's x U gradient needs no unpadding copy);
+``d_mm [P * b_pad, 2 * n_pad]`` matmul dtype (row block ``persistent_slots.slot(p)`` =
+d_scaled of phase p, layer-major);
 ``ds_carry0 [b_pad, n_pad] f32`` (the carried gradient after phase 0: the caller adds
 ``d_scaled_0 @ W_0^T``); ``bias_parts [P, R, 2, group, n_pad] f32`` (each block's column
 sums of da: `bias_gradient` adds them up; da itself, 1.5 GB at the paper's sizes, is never
@@ -262,7 +264,7 @@ def persistent_backward(
     """All backward phases in one Mosaic GPU launch; shapes in the module docstring
     (``keep``: the keep probability that scales the mask's decisions; ``bias``: with z).
 
-    Returns (d_x [T, b_pad, 2, n_pad] f32, d_mm [P * b_pad, 2 * n_pad] matmul dtype,
+    Returns (d_x [T, b_pad, 2, plan.z_width] f32, d_mm [P * b_pad, 2 * n_pad] matmul dtype,
     ds_carry0 [b_pad, n_pad] f32, bias_parts [P, R, 2, group, n_pad] f32, with z dz [L, T,
     b_pad, plan.z_width] f32, status [R * C] int32). The caller checks ``status`` with
     `grid_barrier.check_status`. Compiled, it runs on a Hopper GPU only; with ``interpret``
@@ -426,7 +428,7 @@ def persistent_backward(
         status_g[r * n_c + c] = fail_at
 
     out_type = (
-        jax.ShapeDtypeStruct((steps, b_pad, 2, n_pad), F32),
+        jax.ShapeDtypeStruct((steps, b_pad, 2, plan.z_width), F32),
         jax.ShapeDtypeStruct((phases * b_pad, 2 * n_pad), mm_dtype),
         jax.ShapeDtypeStruct((b_pad, n_pad), F32),
         jax.ShapeDtypeStruct((phases, n_r, 2, group, n_pad), F32),
@@ -499,6 +501,7 @@ def persistent_backward_reference(
     d_x = da[::depth]  # layer 0: d_scaled in f32, da * z as the kernel's epilogue computes it
     if z is not None:
         d_x = d_x * z_pm[::depth][:, :, None]
+    d_x = d_x[..., : plan.z_width]
     bias_parts = _bias_parts_reference(plan, da)
     d_mm = slots.to_slots(d_scaled, phases // depth, depth).reshape(-1, 2 * n_pad)
     status = jnp.zeros((plan.grid,), jnp.int32)

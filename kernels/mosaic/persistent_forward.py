@@ -26,7 +26,9 @@ P = T * L, C = col_blocks, R = row_blocks, u = units_per_block):
     w_blk  [L * 2 * n_pad, k_pad]  matmul dtype  rows (l * C + g) * 2u ..: the h- then the
                                    t-columns of W_l for units g * u .. (`forward_weights`)
     s0     [b_pad, n_pad]      f32
-    xproj  [T, b_pad, 2, n_pad] f32  x U (no bias, unscaled), added at layer 0 only
+    xproj  [T, b_pad, 2, plan.z_width] f32  x U (no bias, unscaled), added at layer 0 only;
+                               unpadded like z (units past z_width read as zero by TMA),
+                               so the model's projection reaches the kernel with no copy
     bias   [L, b_pad, 2, n_pad] f32  b broadcast over rows (b_U already in layer 0)
     z      [L, T, b_pad, plan.z_width] f32  hyper scales, LAYER-major (`persistent_slots`),
                                units past z_width read as zero (TMA) | None
@@ -123,7 +125,7 @@ def check_operands(plan, w_blk, s0, xproj, bias, z, mask) -> tuple[int, int]:
     expected = {
         "w_blk": (w_blk, (depth * 2 * n, k), plan.dtype),
         "s0": (s0, (b, n), "float32"),
-        "xproj": (xproj, (steps, b, 2, n), "float32"),
+        "xproj": (xproj, (steps, b, 2, plan.z_width), "float32"),
         "bias": (bias, (depth, b, 2, n), "float32"),
         "z": (z, (depth, steps, b, plan.z_width), "float32"),
     }
@@ -356,6 +358,7 @@ def persistent_forward_reference(
     elsewhere as the kernel does. ``spin_limit`` and ``interpret`` are unused."""
     del spin_limit, interpret, layout
     steps, depth = check_operands(plan, w_blk, s0, xproj, bias, z, mask)
+    xproj = jnp.pad(xproj, [(0, 0)] * 3 + [(0, plan.n_pad - plan.z_width)])  # as TMA reads it
     mm_dtype = w_blk.dtype
     k_pad, rows_w = plan.k_pad, 2 * plan.n_pad
     w_layers = w_blk.reshape(depth, rows_w, k_pad)

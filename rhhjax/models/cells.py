@@ -154,7 +154,10 @@ class HyperRHNCell(nn.Module):
         hyper_xproj = cells.matmul(x, self.hyper.kernel_x[:e], DTYPES[self.dtype])
         if self.hyper_rank > 0:  # x U~ depends on the step's u^x: the main cell gets x.
             return hyper_xproj, x
-        return hyper_xproj, self.main.input_projection(x)
+        # Two GEMMs, not one: XLA would merge them (they share x) into one [.., 2h + 2n]
+        # output whose main part every consumer then copies out (and, in the backward, a
+        # concatenation of both gradients); the barrier keeps the main one [.., 2n] itself.
+        return hyper_xproj, self.main.input_projection(jax.lax.optimization_barrier(x))
 
     def scales(self, hyper_layer_states: Array) -> Array:
         """[..., L, B, h] hyper layer states -> [..., L, B, n] scales z."""

@@ -173,7 +173,7 @@ class RHNCore(nn.Module):
         c = self.config
         gate_key = _gate_key(c, key, DropoutKeys.MAIN_GATE)
         hidden_masks = _hidden_masks(c, key, DropoutKeys.MAIN_HIDDEN, x.shape[0], c.hidden)
-        xproj = jnp.swapaxes(self.cell.input_projection(x), 0, 1)  # [T, B, 2n]
+        xproj = self.cell.input_projection(jnp.swapaxes(x, 0, 1))  # [T, B, 2n]
         steps = jnp.arange(x.shape[1])
         if self.spec.is_scan:
             bias0 = _bias0_per_step(c, carry, x.shape[1])
@@ -230,8 +230,7 @@ class HyperRHNCore(nn.Module):
             "main_hidden": _hidden_masks(c, key, DropoutKeys.MAIN_HIDDEN, batch, c.hidden),
         }
         hidden_masks = {name: m for name, m in masks.items() if m is not None}
-        hyper_xproj, main_xproj = self.cell.input_projections(x)
-        xprojs = (jnp.swapaxes(hyper_xproj, 0, 1), jnp.swapaxes(main_xproj, 0, 1))
+        xprojs = self.cell.input_projections(jnp.swapaxes(x, 0, 1))  # time-major [T, B, 2h / 2n]
         steps = jnp.arange(x.shape[1])
         if self.spec.is_scan:
             bias0s = tuple(_bias0_per_step(c, s, x.shape[1]) for s in carry)  # (None, None): off

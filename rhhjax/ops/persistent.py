@@ -204,7 +204,9 @@ def forward_loop(spec, geo, w, bias, s0, xproj, z, keep, hidden, save: bool):
     length, depth = xproj.shape[0], bias.shape[0]
     rows = jnp.broadcast_to(bias[:, None], (depth, geo.b_pad, *bias.shape[1:]))
     mask = keep_mask.decisions(_phase_major(keep))
-    args = (plan, stacked, s0, xproj, rows, z, mask)
+    # x U with its units unpadded (the kernel reads past them as zeros): XLA drops the slice
+    # and `recurrence`'s pad together, so the projection reaches the kernel with no copy.
+    args = (plan, stacked, s0, xproj[..., : plan.z_width], rows, z, mask)
     if spec.references:
         outs = pf.persistent_forward_reference(*args, save=save, keep=spec.keep)
     else:
@@ -268,16 +270,16 @@ def backward_loop(spec, geo, w, bias, s0, xproj, z, keep, hidden, saved, g_state
     w0 = stacked[: geo.n_pad]
     ds0 = ds_carry0 + jnp.matmul(d_mm[: geo.b_pad], w0.T, preferred_element_type=jnp.float32)
     dbias = pb.bias_gradient(bias_parts, depth)
-    return ds0, d_x[:, None], _dz(geo, dz_lt), dbias, _weight_gradient(spec, depth, d_mm, s_mm)
+    d_xproj = _padded_units(geo, d_x)[:, None]
+    dz = None if dz_lt is None else _padded_units(geo, jnp.swapaxes(dz_lt, 0, 1))
+    return ds0, d_xproj, dz, dbias, _weight_gradient(spec, depth, d_mm, s_mm)
 
 
-def _dz(geo: Geometry, dz_lt: Array | None) -> Array | None:
-    """The backward kernel's dz [L, T, Bp, z_width] (layer-major: the hyper projection's
-    order; unpadded units) -> [T, L, Bp, Np] padded, as the other implementations return it
-    (XLA folds the transpose and pad into the consumers'), or None."""
-    if dz_lt is None:
-        return None
-    return jnp.pad(jnp.swapaxes(dz_lt, 0, 1), [(0, 0)] * 3 + [(0, geo.n_pad - dz_lt.shape[-1])])
+def _padded_units(geo: Geometry, x: Array) -> Array:
+    """[..., z_width] (the backward kernel's unpadded d_x and dz) -> [..., Np] zero-padded, as
+    the other implementations return them: `recurrence` unpads it again, and XLA folds the
+    pad and that slice into the consumers' reads (no copy)."""
+    return jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, geo.n_pad - x.shape[-1])])
 
 
 def _weight_gradient(spec, depth: int, d_mm: Array, s_mm: Array) -> Array:
