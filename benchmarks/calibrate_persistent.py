@@ -148,7 +148,8 @@ def phase_times(
         s_last, packed, s_mm, status = forward(*fwd_ops)
         assert not np.asarray(status).any(), f"forward barrier timed out: {status}"
         backward = jax.jit(lambda *a: pb.persistent_backward(plan, *a, **kw))
-        bwd_ops = (wt, g, packed, fwd_ops[4], fwd_ops[5], fwd_ops[3])  # z, mask, bias
+        s_prev = None if plan.state_in_packed else s_mm  # f32: the input states' buffer
+        bwd_ops = (wt, g, packed, fwd_ops[4], fwd_ops[5], fwd_ops[3], s_prev)  # z, mask, bias
         fwd_s.append(_median_s(forward, fwd_ops, reps))
         bwd_s.append(_median_s(backward, bwd_ops, reps))
     phases = (lengths[1] - lengths[0]) * depth

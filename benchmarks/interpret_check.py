@@ -142,13 +142,17 @@ def persistent_backward_case(plan: PersistentPlan, steps: int, depth: int):
     wt = pb.backward_weights(plan, _normal(rng, depth, n, 2 * n, scale=0.3), plan.dtype)
     g, s_prev = _phase_inputs(plan, steps, depth, rng), _phase_inputs(plan, steps, depth, rng)
     full = [_phase_inputs(plan, steps, depth, rng) for _ in range(2)]
-    packed = jnp.stack([s_prev, *full], axis=2)  # with z: the gates are recomputed from full
+    # with z the gates are recomputed from full; in f32 s_prev is read from the A buffer
+    packed = jnp.stack([s_prev] * plan.state_in_packed + full, axis=2)
+    s_mm = None
+    if not plan.state_in_packed:
+        s_mm = slots.to_slots(s_prev[..., : plan.k_pad], steps, depth).reshape(-1, plan.k_pad)
     z_pm = 1.0 + 0.3 * _phase_inputs(plan, steps, depth, rng)
     z = slots.scales_to_layer_major(z_pm, steps, depth, plan.z_width)
     mask = jnp.asarray(rng.random(g.shape) < KEEP, jnp.uint8)  # keep decisions
     b_pad, n_pad = g.shape[1:]
     bias = jnp.broadcast_to(_normal(rng, depth, 1, 2, n_pad, scale=0.3), (depth, b_pad, 2, n_pad))
-    args = (wt, g, packed, z, mask, bias)
+    args = (wt, g, packed, z, mask, bias, s_mm)
 
     def kernel():
         run = lambda *a: pb.persistent_backward(  # noqa: E731

@@ -10,8 +10,9 @@ model type, from the widths: the coefficients below), plus the parameters and wh
 keeps beside them (gradients, optimizer moments), plus a fixed allowance for the runtime.
 The training coefficients were fitted to XLA's own buffer assignment of the compiled steps,
 the evaluation ones to measured peaks (CPU backend, ``scan``, jax 0.10.2, 2026-11-25; the
-RHN ones refitted 2026-11-26), and rounded up. ``benchmarks/memory_peaks.py`` measures the real peak (the process's resident
-set, ``VmHWM``) of a training step and an evaluation for a set of configs;
+RHN ones refitted 2026-11-26), and rounded up. ``benchmarks/memory_peaks.py`` measures the
+real peak (the process's resident set, ``VmHWM``) of a training step and an evaluation for
+a set of configs;
 ``results/memory_cpu.json`` holds the ratios: 1.03-1.27 for every config whose peak is above
 100 MB, and tests/test_memory.py checks one. The other implementations keep the states of the
 whole sequence (``[T, L, batch, n]``): their coefficient is larger, and unmeasured.

@@ -69,20 +69,34 @@ def _case(seed, plan, steps, depth, z_on, mask_on):
     z_op = None if z is None else slots.scales_to_layer_major(z, steps, depth, plan.z_width)
     return dict(
         kernel_s=kernel_s, g=g, s_prev=s_prev, h=h, tg=tg, full=full, z=z, mask=mask, keep=keep,
-        decisions=decisions, z_op=z_op, bias=bias,
+        decisions=decisions, z_op=z_op, bias=bias, plan=plan, steps=steps, depth=depth,
     )  # fmt: skip
 
 
 def _packed(case):
-    """The forward's saved rows [P, Bp, 3, n_pad]: s_prev, then h, tg or with z full's halves."""
+    """The forward's saved rows [P, Bp, K, n_pad]: s_prev (not in f32: `plan.state_in_packed`),
+    then h, tg or with z full's halves."""
+    gates = [case["h"], case["tg"]]
     if case["z"] is not None:
-        return jnp.stack([case["s_prev"], case["full"][:, :, 0], case["full"][:, :, 1]], axis=2)
-    return jnp.stack([case["s_prev"], case["h"], case["tg"]], axis=2)
+        gates = [case["full"][:, :, 0], case["full"][:, :, 1]]
+    return jnp.stack([case["s_prev"]] * case["plan"].state_in_packed + gates, axis=2)
+
+
+def _s_mm(case):
+    """In f32 the forward's A buffer [P * Bp, k_pad], layer-major slots of s_prev (the
+    backward reads the input states from it); None in bf16."""
+    plan = case["plan"]
+    if plan.state_in_packed:
+        return None
+    s_prev = case["s_prev"][..., : plan.k_pad]  # the K columns (zeros past the width)
+    s_prev = jnp.pad(s_prev, [(0, 0), (0, 0), (0, plan.k_pad - s_prev.shape[-1])])
+    return slots.to_slots(s_prev, case["steps"], case["depth"]).reshape(-1, plan.k_pad)
 
 
 def _rest(case):
-    """The operands after packed: (z layer-major, the uint8 decisions, the bias), each or None."""
-    return case["z_op"], case["decisions"], case["bias"]
+    """The operands after packed: (z layer-major, the uint8 decisions, the bias, s_mm), each
+    or None."""
+    return case["z_op"], case["decisions"], case["bias"], _s_mm(case)
 
 
 def _reference(plan, case, dtype):
@@ -276,15 +290,18 @@ def test_reference_rejects_mismatched_operands_in_one_line():
     plan = PersistentPlan(64, 16, "float32", col_blocks=2, k_chunk=16)
     case = _case(0, plan, 2, 1, False, False)
     wt = pb.backward_weights(plan, case["kernel_s"], F32)
+    s_mm = _s_mm(case)  # f32: the input states come from the A buffer
     bad = [
-        (wt[:, :-16], case["g"], _packed(case), "wt"),
-        (wt, case["g"][:, :32], _packed(case), "g"),
-        (wt, case["g"], _packed(case)[:, :, :2], "does not have 3 saved rows"),
-        (wt.astype(jnp.bfloat16), case["g"], _packed(case), "dtype"),
+        (wt[:, :-16], case["g"], _packed(case), s_mm, "wt"),
+        (wt, case["g"][:, :32], _packed(case), s_mm, "g"),
+        (wt, case["g"], _packed(case)[:, :, :1], s_mm, "does not have 2 saved rows"),
+        (wt, case["g"], _packed(case), None, "s_mm is None"),
+        (wt, case["g"], _packed(case), s_mm[:, :8], "s_mm is"),
+        (wt.astype(jnp.bfloat16), case["g"], _packed(case), s_mm, "dtype"),
     ]
-    for w, g, packed, message in bad:
+    for w, g, packed, a_buffer, message in bad:
         with pytest.raises(PlanError, match=message) as e:
-            pb.persistent_backward_reference(plan, w, g, packed)
+            pb.persistent_backward_reference(plan, w, g, packed, None, None, None, a_buffer)
         assert "\n" not in str(e.value)
     # With z the gates are recomputed from full: the bias is required, and only then.
     z_case = _case(1, plan, 2, 1, True, False)
@@ -296,7 +313,7 @@ def test_reference_rejects_mismatched_operands_in_one_line():
     for run in (pb.persistent_backward_reference, pb.persistent_backward):
         for z, bias in z_bias:
             with pytest.raises(PlanError, match="bias is") as e:
-                run(plan, wt, z_case["g"], _packed(z_case), z, None, bias)
+                run(plan, wt, z_case["g"], _packed(z_case), z, None, bias, _s_mm(z_case))
             assert "\n" not in str(e.value)
 
 
@@ -381,10 +398,11 @@ for plan_args, steps, depth, z_on, mask_on in {cases!r}:
     plan = PersistentPlan(*plan_args)
     phases, b, n = steps * depth, plan.b_pad, plan.n_pad
     args = (sds((depth * n, 2 * n), jnp.dtype(plan.dtype)), sds((phases, b, n)),
-            sds((phases, b, 3, n)),
+            sds((phases, b, plan.packed_rows, n)),
             sds((depth, steps, b, plan.z_width)) if z_on else None,
             sds((phases, b, n), jnp.uint8) if mask_on else None,
-            sds((depth, b, 2, n)) if z_on else None)
+            sds((depth, b, 2, n)) if z_on else None,
+            None if plan.state_in_packed else sds((phases * b, plan.k_pad)))
     smem.clear()
     text = lower_and_compile(lambda *a: pb.persistent_backward(plan, *a), *args)
     rows.append(dict(
@@ -510,7 +528,8 @@ class TestInterpret(TestCompiled):
             kernel = functools.partial(
                 pb.persistent_backward, plan, interpret=self.interpret(), layout=self.LAYOUT
             )
-            return jax.block_until_ready(jax.jit(kernel)(wt, case["g"], _packed(case)))
+            args = (wt, case["g"], _packed(case), *_rest(case))
+            return jax.block_until_ready(jax.jit(kernel)(*args))
 
         run()  # as it is: no race
         monkeypatch.setattr(gb, "cluster_barrier", lambda bar: jnp.bool_(True))

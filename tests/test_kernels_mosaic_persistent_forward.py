@@ -86,6 +86,20 @@ def _operands(plan, prob, has_z, has_mask):
     return w_blk, s0, xproj, bias, z, mask
 
 
+def _inputs(plan, packed, s_mm, steps, depth):
+    """Each phase's input state [P, b_pad, n_pad] as the kernel saved it: packed row 0, or in
+    f32 (`plan.state_in_packed` false) the A buffer's blocks in phase order, zero past k_pad."""
+    if plan.state_in_packed:
+        return packed[:, :, 0]
+    blocks = s_mm.reshape(steps * depth, plan.b_pad, plan.k_pad)
+    return _padded(plan, slots.from_slots(blocks, steps, depth))
+
+
+def _gate_rows(plan, packed):
+    """packed's rows after the input state [.., 2, n_pad]: h, tg, or with z full's halves."""
+    return packed[..., int(plan.state_in_packed) :, :]
+
+
 def _padded(plan, x):
     """[..., z_width] (an unpadded operand) -> [..., n_pad] with zeros, as the kernel reads it."""
     return jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, plan.n_pad - x.shape[-1])])
@@ -143,15 +157,16 @@ def test_reference_is_the_highway_recurrence_with_the_ops_saved_rows(case, has_z
     assert states.shape == (phases, plan.b_pad, plan.n_pad)
     assert s_last.shape == (1, plan.b_pad, plan.n_pad)
     np.testing.assert_array_equal(s_last[0], states[-1])
-    assert packed.shape == (phases, plan.b_pad, 3, plan.n_pad)
+    assert packed.shape == (phases, plan.b_pad, plan.packed_rows, plan.n_pad)
     # Each phase starts from the state the last one ended with (s0 first), exactly.
-    inputs = packed[:, :batch, 0, :width]
+    inputs = _inputs(plan, packed, s_mm, steps, depth)[:, :batch, :width]
     np.testing.assert_array_equal(inputs[0], prob["s0"])
     np.testing.assert_array_equal(inputs[1:], states[:-1, :batch, :width])
     want_states, want_packed = _cells_forward(prob, dtype, has_z, has_mask, inputs)
     tol = TOLERANCE[dtype]
     np.testing.assert_allclose(states[:, :batch, :width], want_states, rtol=tol, atol=tol)
-    np.testing.assert_allclose(packed[:, :batch, :, :width], want_packed, rtol=tol, atol=tol)
+    got = _gate_rows(plan, packed)[:, :batch, :, :width]
+    np.testing.assert_allclose(got, want_packed[:, :, 1:], rtol=tol, atol=tol)  # row 0: inputs
     # Padded units stay zero.
     assert not np.asarray(states[:, :, width:]).any()
     s_all = jnp.concatenate([ops[1][None], states], axis=0)[..., : plan.k_pad]
@@ -176,20 +191,22 @@ def test_reference_phases_match_the_schedule_emulation(dtype):
     w_blk, s0, xproj, bias, z_lt, mask = _operands(plan, prob, True, True)
     ops = (plan, w_blk, s0, xproj, bias, z_lt, mask)
     z = slots.scales_to_phase_major(z_lt, plan.n_pad)
-    _, packed, _, _ = pf.persistent_forward_reference(*ops, save=True, keep=KEEP)
+    _, packed, s_mm, _ = pf.persistent_forward_reference(*ops, save=True, keep=KEEP)
+    inputs = _inputs(plan, packed, s_mm, steps, depth)
     states = pf.persistent_forward_reference(*ops, save=False, keep=KEEP)[0]
     w_blocks = persistent_schedule.forward_weights(plan, prob["w"], jnp.dtype(dtype))
     tol = 1e-5
     for p in range(steps * depth):
         t, layer = divmod(p, depth)
         s_new, saved = persistent_schedule.forward_phase(
-            plan, KEEP, jnp.dtype(dtype), packed[p, :, 0], w_blocks[layer], z[p],
+            plan, KEEP, jnp.dtype(dtype), inputs[p], w_blocks[layer], z[p],
             bias[layer, 0], _padded(plan, xproj[t]) if layer == 0 else None, mask[p] > 0,
         )  # fmt: skip
         np.testing.assert_allclose(states[p], s_new, rtol=tol, atol=tol)
-        np.testing.assert_allclose(packed[p, :, 1:], saved["u"], rtol=tol, atol=tol)
+        full = _gate_rows(plan, packed[p])
+        np.testing.assert_allclose(full, saved["u"], rtol=tol, atol=tol)
         b = dict(z=z[p], b_h=bias[layer, :, 0], b_t=bias[layer, :, 1])
-        h, tg = mf.gates(packed[p, :, 1], packed[p, :, 2], b)
+        h, tg = mf.gates(full[:, 0], full[:, 1], b)
         np.testing.assert_allclose(h, saved["h"], rtol=tol, atol=tol)
         np.testing.assert_allclose(tg, saved["t"], rtol=tol, atol=tol)
 
@@ -421,7 +438,7 @@ class TestCompiled(MosaicGpuMode):
         ops = _operands(plan, _problem(5, batch, width, steps, depth), has_z, has_mask)
         s_last, packed, s_mm, status = self.run(plan, ops, save=True)
         assert not np.asarray(status).any(), status
-        inputs = packed[:, :, 0]
+        inputs = _inputs(plan, packed, s_mm, steps, depth)
         np.testing.assert_array_equal(inputs[0], ops[1])  # s0
         outputs = jnp.concatenate([inputs[1:], s_last], axis=0)
         chain = jnp.concatenate([ops[1][None], outputs], axis=0)[..., : plan.k_pad]
@@ -429,10 +446,11 @@ class TestCompiled(MosaicGpuMode):
         np.testing.assert_array_equal(s_mm, chain.astype(dtype).reshape(s_mm.shape))
         tol = self.TOL[dtype]
         for p, want in enumerate(_teacher_forced(plan, ops, inputs, has_z)):
+            rows = _gate_rows(plan, packed[p])
             if has_z:  # the saved rows are full's halves: (s_new, full) of the reference
-                got, want = [outputs[p], packed[p, :, 1:]], [want[0], want[3]]
+                got, want = [outputs[p], rows], [want[0], want[3]]
             else:  # the gates
-                got = [outputs[p], packed[p, :, 1], packed[p, :, 2]]
+                got = [outputs[p], rows[:, 0], rows[:, 1]]
             assert len(got) == len(want)
             for a, e in zip(got, want, strict=True):
                 np.testing.assert_allclose(a, e, rtol=tol, atol=tol, err_msg=f"phase {p}")

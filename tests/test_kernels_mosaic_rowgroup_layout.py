@@ -93,9 +93,9 @@ for fields, steps, depth in {cases!r}:
     fwd = (sds((depth * 2 * n, k), mm), sds((b, n)), sds((steps, b, 2, plan.z_width)),
            sds((depth, b, 2, n)), sds((depth, steps, b, plan.z_width)),
            sds((phases, b, n), jnp.uint8))
-    bwd = (sds((depth * n, 2 * n), mm), sds((phases, b, n)), sds((phases, b, 3, n)),
+    bwd = (sds((depth * n, 2 * n), mm), sds((phases, b, n)), sds((phases, b, plan.packed_rows, n)),
            sds((depth, steps, b, plan.z_width)), sds((phases, b, n), jnp.uint8),
-           sds((depth, b, 2, n)))
+           sds((depth, b, 2, n)), None if plan.state_in_packed else sds((phases * b, k)))
     row = []
     forward = lambda *a: pf.persistent_forward(plan, *a, save=True, layout="rowgroup")
     backward = lambda *a: pb.persistent_backward(plan, *a, layout="rowgroup")

@@ -25,6 +25,7 @@ from model_cases import (
     assert_off_gpu_refusal_advises_what_runs,
 )
 from rhhjax.kernels.hardware import H100
+from rhhjax.kernels.mosaic import persistent_slots as slots
 from rhhjax.kernels.mosaic.plan import PersistentPlan
 
 from rhhjax import models
@@ -172,6 +173,21 @@ def test_states_are_the_next_phases_packed_input_rows_then_the_last_state(steps,
     flat = np.asarray(states).reshape(phases, 4, 8)
     np.testing.assert_array_equal(flat[:-1], packed[1:, :, 0])
     np.testing.assert_array_equal(flat[-1], s_last[0])
+
+
+@pytest.mark.parametrize(("steps", "depth"), [(3, 1), (2, 3), (1, 2)])
+def test_f32_states_are_the_a_buffers_slots_then_the_last_state(steps, depth):
+    """In f32 the input states are s_mm's rows (layer-major slots, K columns; zero past
+    them): `_states_from_s_mm` gives what `_states_from_packed` gives from them as row 0."""
+    phases, k_pad = steps * depth, 6
+    rng = np.random.default_rng(steps * 10 + depth + 1)
+    inputs = jnp.asarray(rng.standard_normal((phases, 4, 8)), jnp.float32).at[..., k_pad:].set(0)
+    s_last = jnp.asarray(rng.standard_normal((1, 4, 8)), jnp.float32)
+    s_mm = slots.to_slots(inputs[..., :k_pad], steps, depth).reshape(-1, k_pad)
+    states = persistent._states_from_s_mm(s_mm, s_last, steps, depth)
+    packed = jnp.stack([inputs, inputs], axis=2)  # row 0: the input states
+    expected = persistent._states_from_packed(packed, s_last, depth)
+    np.testing.assert_array_equal(states, expected)
 
 
 # ----------------------------------------------------------------------------- the model

@@ -32,8 +32,9 @@ Operands (padded; matmul dtype = wt.dtype, bf16 or f32):
     g      [P, b_pad, n_pad] f32                the cotangent of the states, or [T, b_pad,
                                                 n_pad]: layer L - 1's only (the others zero;
                                                 what a model that reads the last layer gives)
-    packed [P, b_pad, 3, n_pad] f32             the forward's saved rows: 0 s_prev, then 1 h,
-                                                2 tg, or with z 1-2 full's halves
+    packed [P, b_pad, K, n_pad] f32             the forward's saved rows (K =
+                                                plan.packed_rows): s_prev (not in f32), then
+                                                h, tg, or with z full's halves
     z      [L, T, b_pad, plan.z_width] f32 | None  hyper scales, LAYER-major
                                                 (`persistent_slots`; units past z_width
                                                 read as zero)
@@ -41,6 +42,9 @@ Operands (padded; matmul dtype = wt.dtype, bf16 or f32):
                                                 scaled by 1 / keep (`keep_mask`)
     bias   [L, b_pad, 2, n_pad] f32 | None      b broadcast over rows, the forward's operand
                                                 (with z, for the gates; only then)
+    s_mm   [P * b_pad, k_pad] f32 | None        in f32 only: the forward's A buffer, whose
+                                                row block slot(p) is s_prev of phase p
+                                                (exactly: f32 has no rounding cast)
 
 Outputs, in this order: ``d_x [T, b_pad, 2, plan.z_width] f32`` (d_scaled of layer 0 in
 f32: the gradient of x U, written at the phases of layer 0 only; unpadded like z: stores
@@ -88,7 +92,6 @@ from rhhjax.kernels.mosaic.plan import PersistentPlan, PlanError
 Array = jax.Array
 MBARRIER_BYTES = 8
 MAX_TMA_ROWS = 256  # Mosaic GPU's async copies move at most 256 elements along a dimension
-SAVED_ROWS = 3  # K of `packed`: s_prev, then h and tg, or with z full's halves
 
 
 def bias_row_group(plan: PersistentPlan) -> int:
@@ -129,9 +132,9 @@ def _input_names(has_z: bool) -> tuple[str, ...]:
     return ("g_out", "s_prev", "h", "t")
 
 
-def _saved_row(name: str, has_z: bool) -> int | None:
+def _saved_row(name: str, has_z: bool, state_in_packed: bool) -> int | None:
     """The `packed` row of an input tile, or None for one that is not a saved row."""
-    saved = ("s_prev", "full_h", "full_t") if has_z else ("s_prev", "h", "t")
+    saved = ("s_prev",) * state_in_packed + (("full_h", "full_t") if has_z else ("h", "t"))
     return saved.index(name) if name in saved else None
 
 
@@ -211,7 +214,7 @@ def backward_weights(plan: PersistentPlan, kernel_s: Array, dtype) -> Array:
     return w.reshape(depth * n_pad, 2 * n_pad).astype(dtype)
 
 
-def _check_operands(plan: PersistentPlan, wt, g, packed, z, mask, bias) -> int:
+def _check_operands(plan: PersistentPlan, wt, g, packed, z, mask, bias, s_mm) -> int:
     """One-line `PlanError` unless the operands have the plan's padded shapes; returns L."""
     b_pad, n_pad = plan.b_pad, plan.n_pad
     if wt.ndim != 2 or wt.shape[1] != 2 * n_pad or wt.shape[0] % n_pad or not wt.shape[0]:
@@ -227,10 +230,18 @@ def _check_operands(plan: PersistentPlan, wt, g, packed, z, mask, bias) -> int:
             f"g {g.shape} is not [{phases}, {b_pad}, {n_pad}] (every phase) or "
             f"[{phases // depth}, {b_pad}, {n_pad}] (layer {depth - 1} only)."
         )
-    if packed.shape[2] != SAVED_ROWS:
+    if packed.shape[2] != plan.packed_rows:
         raise PlanError(
-            f"packed {packed.shape} does not have {SAVED_ROWS} saved rows (s_prev, then h "
-            "and tg, or with z full's halves)."
+            f"packed {packed.shape} does not have {plan.packed_rows} saved rows ({plan.dtype}: "
+            f"{'s_prev, then ' * plan.state_in_packed}h and tg, or with z full's halves)."
+        )
+    s_mm_shape = (phases * b_pad, plan.k_pad)
+    if plan.state_in_packed != (s_mm is None) or (
+        s_mm is not None and (s_mm.shape != s_mm_shape or s_mm.dtype != F32)
+    ):
+        raise PlanError(
+            f"s_mm is {None if s_mm is None else (s_mm.dtype.name, s_mm.shape)}: in f32 the "
+            f"input states are read from it, float32 {s_mm_shape}; in bf16 None (packed)."
         )
     z_shape = (depth, phases // depth, b_pad, plan.z_width)
     if z is not None and z.shape != z_shape:
@@ -255,6 +266,7 @@ def persistent_backward(
     z: Array | None = None,
     mask: Array | None = None,
     bias: Array | None = None,
+    s_mm: Array | None = None,
     *,
     keep: float = 1.0,
     spin_limit: int = gb.DEFAULT_SPIN_LIMIT,
@@ -262,7 +274,8 @@ def persistent_backward(
     layout: str = "grid",
 ):
     """All backward phases in one Mosaic GPU launch; shapes in the module docstring
-    (``keep``: the keep probability that scales the mask's decisions; ``bias``: with z).
+    (``keep``: the keep probability that scales the mask's decisions; ``bias``: with z;
+    ``s_mm``: in f32).
 
     Returns (d_x [T, b_pad, 2, plan.z_width] f32, d_mm [P * b_pad, 2 * n_pad] matmul dtype,
     ds_carry0 [b_pad, n_pad] f32, bias_parts [P, R, 2, group, n_pad] f32, with z dz [L, T,
@@ -271,7 +284,7 @@ def persistent_backward(
     (`gpu_interpret.params()`, jax >= 0.11.2) in GPU interpret mode as one cluster with a
     cluster barrier (`grid_barrier.launch`; ``plan.check_interpretable``). ``layout``
     "rowgroup": one cluster per row group, a cluster barrier (`rowgroup_layout`)."""
-    depth = _check_operands(plan, wt, g, packed, z, mask, bias)
+    depth = _check_operands(plan, wt, g, packed, z, mask, bias, s_mm)
     check_plan(plan, z is not None, mask is not None)
     rowgroup_layout.check(plan, layout, interpret)
     launch, block_index, make_barrier = rowgroup_layout.functions(layout, interpret)
@@ -284,7 +297,8 @@ def persistent_backward(
     mm_dtype = wt.dtype
     has_z, has_mask = z is not None, mask is not None
     names = _input_names(has_z)
-    optional = (("z", z), ("mask", mask), ("bias", bias))
+    optional = (("z", z), ("mask", mask), ("bias", bias), ("s_mm", s_mm))
+    state_in_packed = plan.state_in_packed  # else s_prev from s_mm (f32)
     extra_names = [name for name, x in optional if x is not None]
     extras = [x for _, x in optional if x is not None]
     mask_bar = len(names)  # the mask tile's mbarrier, after the f32 inputs'
@@ -305,6 +319,8 @@ def persistent_backward(
         is_leader = jnp.logical_and(r == 0, c == 0)
         barrier = make_barrier(n_r * n_c, is_leader, spin_limit, phase_bar)
         sources = dict(g_out=g_g, **dict(zip(extra_names, extra_g, strict=True)))
+
+        in_a = c * u < plan.k_pad  # s_mm holds the K columns only (the state is 0 past them)
 
         def d_mm_slice(p, half):
             first = slots.slot(p, steps, depth) * b_pad + r * rows
@@ -335,7 +351,20 @@ def persistent_backward(
                         epi[slot] = jnp.zeros((rows, u), F32)
 
                     continue
-                row = _saved_row(name, has_z)
+                if name == "s_prev" and not state_in_packed:  # f32: from the A buffer
+
+                    @pl.when(in_a)
+                    def _(slot=slot):
+                        first = slots.slot(p, steps, depth) * b_pad + r * rows
+                        src = sources["s_mm"].at[pl.ds(first, rows), units]  # TMA: 0 past k_pad
+                        plgpu.copy_gmem_to_smem(src, epi.at[slot], bar.at[slot])
+
+                    @pl.when(jnp.logical_not(in_a))
+                    def _(slot=slot):  # the stores from this slot have completed
+                        epi[slot] = jnp.zeros((rows, u), F32)
+
+                    continue
+                row = _saved_row(name, has_z, state_in_packed)
                 if row is not None:
                     src = packed_g.at[p, block_rows, row, units]
                 elif name == "z":  # layer-major; units past z_width read as zero
@@ -362,9 +391,11 @@ def persistent_backward(
             for slot in range(len(names) + has_mask):
                 if slot == names.index("g_out") and g_last:
                     pl.when(g_here)(lambda slot=slot: plgpu.barrier_wait(bar.at[slot]))
+                elif slot == names.index("s_prev") and not state_in_packed:
+                    pl.when(in_a)(lambda slot=slot: plgpu.barrier_wait(bar.at[slot]))
                 else:
                     plgpu.barrier_wait(bar.at[slot])
-            plgpu.commit_smem()  # every thread's acc_smem (and zero g) write before any read
+            plgpu.commit_smem()  # every thread's acc_smem (and zero g, s) write before a read
             ins = {name: keep_mask.load_strided(epi.at[slot]) for slot, name in enumerate(names)}
             if has_mask:
                 ins["mask"] = keep_mask.load_values(mask_tile, keep)
@@ -463,6 +494,7 @@ def persistent_backward_reference(
     z: Array | None = None,
     mask: Array | None = None,
     bias: Array | None = None,
+    s_mm: Array | None = None,
     *,
     keep: float = 1.0,
     spin_limit: int = gb.DEFAULT_SPIN_LIMIT,
@@ -474,11 +506,16 @@ def persistent_backward_reference(
     on the gates recomputed by `mosaic_forward.gates` (``spin_limit`` and ``interpret``
     unused)."""
     del spin_limit, interpret, layout
-    depth = _check_operands(plan, wt, g, packed, z, mask, bias)
+    depth = _check_operands(plan, wt, g, packed, z, mask, bias, s_mm)
     phases, b_pad, n_pad = packed.shape[0], g.shape[1], g.shape[2]
     if g.shape[0] != phases:  # layer L - 1's cotangent only
         g = jnp.zeros((phases, b_pad, n_pad), g.dtype).at[depth - 1 :: depth].set(g)
     w_layers = wt.reshape(depth, n_pad, 2 * n_pad)
+    if s_mm is not None:  # f32: each phase's input state from the A buffer, as packed row 0
+        inputs = slots.from_slots(s_mm.reshape(phases, b_pad, -1), phases // depth, depth)
+        inputs = inputs[..., :n_pad]  # (a plan may have k_pad > n_pad: zero columns)
+        inputs = jnp.pad(inputs, [(0, 0), (0, 0), (0, n_pad - inputs.shape[-1])])
+        packed = jnp.concatenate([inputs[:, :, None], packed], axis=2)
 
     def body(carry, xs):
         d_above, ds_carry = carry

@@ -13,7 +13,8 @@ its f32 state slice ``[rows, u]`` in shared memory across phases. Per phase, exa
     h, tg = tanh(a_h), sigmoid(a_t);  s_new = h * tg (* mask[p] / keep) + s * (1 - tg)
 
 then the block writes s_new (f32) to ``states[p]`` (with ``save`` at the last phase only:
-the others are the next phase's packed row 0) and its matmul-dtype cast to row block
+the others are the next phase's input state, in ``packed`` or ``s_mm``) and its matmul-dtype
+cast to row block
 ``slot(p + 1)`` (`persistent_slots`: layer-major) of the A buffer ``s_mm`` (the next
 phase's matmul input, read by every block),
 with ``save`` its saved rows, waits for its stores and meets the others at barrier
@@ -37,9 +38,10 @@ P = T * L, C = col_blocks, R = row_blocks, u = units_per_block):
 
 Outputs, in this order: ``states [P, b_pad, n_pad] f32`` (the state after every phase),
 with ``save`` ``[1, b_pad, n_pad]``, the state after the last phase only (the state after
-phase p < P - 1 is ``packed[p + 1, :, 0]``: not written twice); with ``save`` ``packed
-[P, b_pad, 3, n_pad] f32`` (the input state, then h and tg, or with z the h and t halves
-of ``full``, the unscaled pre-activation, from which the backward recomputes the gates
+phase p < P - 1 is phase p + 1's input state: not written twice); with ``save`` ``packed
+[P, b_pad, plan.packed_rows, n_pad] f32`` (the input state, except in f32, where ``s_mm``
+holds it exactly (`plan.state_in_packed`); then h and tg, or with z the h and t halves of
+``full``, the unscaled pre-activation, from which the backward recomputes the gates
 (`plan.forward_saved_rows`)); ``s_mm [P * b_pad, k_pad]`` matmul dtype (the A
 buffer: the input state of phase p at row block ``persistent_slots.slot(p)``, layer-major,
 slot 0 s0; the state after the last phase is not in it; the K columns only: TMA
@@ -87,9 +89,6 @@ Array = jax.Array
 
 
 # ----------------------------------------------------------------------------- layout
-
-
-SAVED_ROWS = 3  # K of ``packed``: the input state, then h, tg or (with z) full's halves
 
 
 def forward_weights(plan: PersistentPlan, kernel_s: Array, dtype) -> Array:
@@ -181,6 +180,7 @@ def persistent_forward(
     n_slots, out_slot = forward_staging_slots(has_z, save)
     optional = [a for a in (z, mask) if a is not None]
     mask_bar = len(ins)  # the mask tile's mbarrier, after the staged inputs'
+    save_state = save and plan.state_in_packed  # f32: s_mm holds the input states exactly
 
     def kernel(*refs, state, pre, epi, cast_or_mask, bar, phase_bar=None):
         # The state's cast and the mask tile share one buffer (disjoint lifetimes).
@@ -240,7 +240,7 @@ def persistent_forward(
             if has_mask:  # the cast's last store has completed (waited at the phase's end)
                 mask_src = mask_g.at[p, row_sl, unit_sl]
                 plgpu.copy_gmem_to_smem(mask_src, mask_tile, bar.at[mask_bar])
-            if save:  # packed row 0: the phase's input state, before it is overwritten
+            if save_state:  # packed row 0: the phase's input state, before it is overwritten
                 plgpu.copy_smem_to_gmem(state, packed_g.at[p, row_sl, 0, unit_sl])
 
             a_row, w_row = slots.slot(p, steps, depth) * n_r + r, layer * n_c + g
@@ -267,7 +267,7 @@ def persistent_forward(
             if has_mask:
                 tiles_in["mask"] = keep_mask.load_values(mask_tile, keep)
             tiles = mf._epilogue(pre[:, pl.ds(0, u)], pre[:, pl.ds(u, u)], tiles_in)
-            if save:  # the state's store to packed row 0 has read it
+            if save_state:  # the state's store to packed row 0 has read it
                 plgpu.wait_smem_to_gmem(0, wait_read_only=True)
             # Every thread has read the tiles that the stores below overwrite (the state,
             # the inputs whose slots the saved rows reuse, the mask tile under the cast).
@@ -292,7 +292,7 @@ def persistent_forward(
                 plgpu.copy_smem_to_gmem(cast, s_mm_g.at[a_rows, unit_sl])
 
             for i, slot in enumerate(out_slot):
-                dst = packed_g.at[p, row_sl, 1 + i, unit_sl]
+                dst = packed_g.at[p, row_sl, save_state + i, unit_sl]
                 plgpu.copy_smem_to_gmem(epi.at[slot], dst)
             plgpu.wait_smem_to_gmem(0)
 
@@ -309,7 +309,7 @@ def persistent_forward(
 
     out_type = [jax.ShapeDtypeStruct((1 if save else phases, b_pad, n_pad), F32)]
     if save:
-        out_type.append(jax.ShapeDtypeStruct((phases, b_pad, SAVED_ROWS, n_pad), F32))
+        out_type.append(jax.ShapeDtypeStruct((phases, b_pad, plan.packed_rows, n_pad), F32))
     out_type += [
         jax.ShapeDtypeStruct((phases * b_pad, k_pad), mm_dtype),
         jax.ShapeDtypeStruct((n_r * n_c,), jnp.int32),
@@ -377,7 +377,8 @@ def persistent_forward_reference(
         saved = None
         if save:
             gates = [out[1][:, None], out[2][:, None]]  # h, tg
-            saved = jnp.concatenate([s[:, None], *([out[3]] if z is not None else gates)], 1)
+            rows = [out[3]] if z is not None else gates
+            saved = jnp.concatenate([s[:, None]] * plan.state_in_packed + rows, axis=1)
         return s_new, (s_new, saved)
 
     mask_f32 = keep_mask.mask_values(mask, keep)

@@ -156,6 +156,19 @@ class PersistentPlan:
         return scales_width(self.width, self.units_per_block, self.n_pad)
 
     @property
+    def state_in_packed(self) -> bool:
+        """Whether the kernels' ``packed`` holds each phase's input state (row 0): not in f32,
+        where the A buffer ``s_mm`` holds the same values (the state's "cast" to f32 is the
+        state), from which the backward reads it; in bf16 ``s_mm`` is rounded."""
+        return self.dtype != "float32"
+
+    @property
+    def packed_rows(self) -> int:
+        """K of ``packed [P, b_pad, K, n_pad]``: the input state (`state_in_packed`), then the
+        gates h, tg, or with z the halves of ``full`` (`forward_saved_rows`)."""
+        return 2 + self.state_in_packed
+
+    @property
     def k_pad(self) -> int:
         """K of the forward GEMM: the true width in whole chunks (state columns past ``width``
         are zero, so the K loop stops at the last chunk holding a real unit)."""

@@ -218,7 +218,11 @@ def forward_loop(spec, geo, w, bias, s0, xproj, z, keep, hidden, save: bool):
     if not save:
         return outs[0].reshape(length, depth, *outs[0].shape[1:]), None
     s_last, packed, s_mm = outs[:3]
-    return _states_from_packed(packed, s_last, depth), (packed, s_mm)
+    if plan.state_in_packed:
+        states = _states_from_packed(packed, s_last, depth)
+    else:  # f32: the input states are s_mm's rows
+        states = _states_from_s_mm(s_mm, s_last, length, depth)
+    return states, (packed, s_mm)
 
 
 def _states_from_packed(packed: Array, s_last: Array, depth: int) -> Array:
@@ -230,6 +234,20 @@ def _states_from_packed(packed: Array, s_last: Array, depth: int) -> Array:
     inputs = packed[:, :, 0]  # [P, Bp, Np]
     layers = [inputs[layer + 1 :: depth] for layer in range(depth - 1)]
     layers.append(jnp.concatenate([inputs[depth::depth], s_last], axis=0))
+    return jnp.stack(layers, axis=1)
+
+
+def _states_from_s_mm(s_mm: Array, s_last: Array, length: int, depth: int) -> Array:
+    """s_mm [P * Bp, k_pad] f32 (layer-major slots, `persistent_slots`: block l * T + t is
+    the input of phase (t, l)), s_last [1, Bp, Np] -> states [T, L, Bp, Np]: the state after
+    (t, l) is the input of (t, l + 1), slot (l + 1) * T + t, and after (t, L - 1) the input
+    of (t + 1, 0), slot t + 1; units past k_pad are zero. Each layer is a contiguous run of
+    blocks, so a consumer of one layer reads that layer only."""
+    n_pad = s_last.shape[-1]
+    blocks = s_mm.reshape(depth, length, s_last.shape[1], -1)
+    blocks = jnp.pad(blocks, [(0, 0)] * 3 + [(0, n_pad - blocks.shape[-1])])
+    layers = [blocks[layer + 1] for layer in range(depth - 1)]
+    layers.append(jnp.concatenate([blocks[0, 1:], s_last], axis=0))
     return jnp.stack(layers, axis=1)
 
 
@@ -257,7 +275,8 @@ def backward_loop(spec, geo, w, bias, s0, xproj, z, keep, hidden, saved, g_state
     rows = None  # with z the kernel recomputes the gates from full: it needs the bias
     if z is not None:
         rows = jnp.broadcast_to(bias[:, None], (depth, geo.b_pad, *bias.shape[1:]))
-    args = (plan, stacked, g, packed, z, mask, rows)
+    s_prev = None if plan.state_in_packed else s_mm  # f32: the input states are s_mm's rows
+    args = (plan, stacked, g, packed, z, mask, rows, s_prev)
     if spec.references:
         outs = pb.persistent_backward_reference(*args, keep=spec.keep)
     else:
