@@ -145,9 +145,8 @@ def persistent_backward_case(plan: PersistentPlan, steps: int, depth: int):
     # with z the gates are recomputed from full; in f32 s_prev is read from the A buffer
     packed = jnp.stack([s_prev] * plan.state_in_packed + full, axis=2)
     s_mm = None
-    if not plan.state_in_packed:  # [P * b_pad, k_pad] layer-major (k_pad may pass n_pad)
-        a_rows = jnp.pad(s_prev, [(0, 0), (0, 0), (0, max(plan.k_pad - plan.n_pad, 0))])
-        s_mm = slots.to_slots(a_rows[..., : plan.k_pad], steps, depth).reshape(-1, plan.k_pad)
+    if not plan.state_in_packed:
+        s_mm = slots.inputs_to_a_buffer(s_prev, steps, depth, plan.k_pad)
     z_pm = 1.0 + 0.3 * _phase_inputs(plan, steps, depth, rng)
     z = slots.scales_to_layer_major(z_pm, steps, depth, plan.z_width)
     mask = jnp.asarray(rng.random(g.shape) < KEEP, jnp.uint8)  # keep decisions

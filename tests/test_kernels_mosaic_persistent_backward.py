@@ -88,9 +88,7 @@ def _s_mm(case):
     plan = case["plan"]
     if plan.state_in_packed:
         return None
-    s_prev = case["s_prev"][..., : plan.k_pad]  # the K columns (zeros past the width)
-    s_prev = jnp.pad(s_prev, [(0, 0), (0, 0), (0, plan.k_pad - s_prev.shape[-1])])
-    return slots.to_slots(s_prev, case["steps"], case["depth"]).reshape(-1, plan.k_pad)
+    return slots.inputs_to_a_buffer(case["s_prev"], case["steps"], case["depth"], plan.k_pad)
 
 
 def _rest(case):

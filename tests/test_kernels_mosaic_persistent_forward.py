@@ -91,8 +91,7 @@ def _inputs(plan, packed, s_mm, steps, depth):
     f32 (`plan.state_in_packed` false) the A buffer's blocks in phase order, zero past k_pad."""
     if plan.state_in_packed:
         return packed[:, :, 0]
-    blocks = s_mm.reshape(steps * depth, plan.b_pad, plan.k_pad)
-    return _padded(plan, slots.from_slots(blocks, steps, depth))
+    return slots.a_buffer_to_inputs(s_mm, steps, depth, plan.n_pad)
 
 
 def _gate_rows(plan, packed):

@@ -51,3 +51,22 @@ def test_a_weight_gradient_over_the_whole_buffers_equals_the_per_phase_sum():
     d_in = slots.to_slots(d, steps, depth).reshape(depth, steps * rows, n)
     got = jnp.einsum("lri,lro->lio", s_in, d_in, precision="highest")
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(("k_pad", "n_pad"), [(8, 8), (6, 8), (8, 6)])
+def test_the_a_buffer_holds_each_phases_input_at_its_slot_and_gives_it_back(k_pad, n_pad):
+    """inputs [P, rows, n_pad] -> [P * rows, k_pad]: phase p's rows at slot(p), its first
+    k_pad columns (zero-padded when k_pad passes n_pad); back: the same, zero past k_pad."""
+    steps, depth, rows = 3, 2, 4
+    rng = np.random.default_rng(k_pad * 10 + n_pad)
+    inputs = jnp.asarray(rng.normal(size=(steps * depth, rows, n_pad)), jnp.float32)
+    buffer = slots.inputs_to_a_buffer(inputs, steps, depth, k_pad)
+    assert buffer.shape == (steps * depth * rows, k_pad)
+    width = min(k_pad, n_pad)
+    for p in range(steps * depth):
+        block = buffer[slots.slot(p, steps, depth) * rows :][:rows]
+        np.testing.assert_array_equal(block[:, :width], inputs[p, :, :width])
+        assert not np.asarray(block[:, width:]).any()
+    back = slots.a_buffer_to_inputs(buffer, steps, depth, n_pad)
+    np.testing.assert_array_equal(back[..., :width], inputs[..., :width])
+    assert back.shape == inputs.shape and not np.asarray(back[..., width:]).any()

@@ -183,7 +183,7 @@ def test_f32_states_are_the_a_buffers_slots_then_the_last_state(steps, depth):
     rng = np.random.default_rng(steps * 10 + depth + 1)
     inputs = jnp.asarray(rng.standard_normal((phases, 4, 8)), jnp.float32).at[..., k_pad:].set(0)
     s_last = jnp.asarray(rng.standard_normal((1, 4, 8)), jnp.float32)
-    s_mm = slots.to_slots(inputs[..., :k_pad], steps, depth).reshape(-1, k_pad)
+    s_mm = slots.inputs_to_a_buffer(inputs, steps, depth, k_pad)
     states = persistent._states_from_s_mm(s_mm, s_last, steps, depth)
     packed = jnp.stack([inputs, inputs], axis=2)  # row 0: the input states
     expected = persistent._states_from_packed(packed, s_last, depth)

@@ -512,9 +512,7 @@ def persistent_backward_reference(
         g = jnp.zeros((phases, b_pad, n_pad), g.dtype).at[depth - 1 :: depth].set(g)
     w_layers = wt.reshape(depth, n_pad, 2 * n_pad)
     if s_mm is not None:  # f32: each phase's input state from the A buffer, as packed row 0
-        inputs = slots.from_slots(s_mm.reshape(phases, b_pad, -1), phases // depth, depth)
-        inputs = inputs[..., :n_pad]  # (a plan may have k_pad > n_pad: zero columns)
-        inputs = jnp.pad(inputs, [(0, 0), (0, 0), (0, n_pad - inputs.shape[-1])])
+        inputs = slots.a_buffer_to_inputs(s_mm, phases // depth, depth, n_pad)
         packed = jnp.concatenate([inputs[:, :, None], packed], axis=2)
 
     def body(carry, xs):

@@ -384,8 +384,8 @@ def persistent_forward_reference(
     mask_f32 = keep_mask.mask_values(mask, keep)
     z_pm = None if z is None else slots.scales_to_phase_major(z, plan.n_pad)
     _, (states, packed) = jax.lax.scan(body, s0, (phases, z_pm, mask_f32))
-    s_mm = jnp.concatenate([s0[None], states[:-1]], axis=0)[..., :k_pad].astype(mm_dtype)
-    s_mm = slots.to_slots(s_mm, steps, depth).reshape(-1, k_pad)
+    inputs = jnp.concatenate([s0[None], states[:-1]], axis=0)  # every phase's input state
+    s_mm = slots.inputs_to_a_buffer(inputs, steps, depth, k_pad).astype(mm_dtype)
     status = jnp.zeros((plan.grid,), jnp.int32)
     if save:
         return states[-1:], packed, s_mm, status

@@ -46,6 +46,25 @@ def from_slots(blocks: Array, steps: int, depth: int) -> Array:
     return jnp.swapaxes(body, 0, 1).reshape(blocks.shape)
 
 
+def _units(x: Array, width: int) -> Array:
+    """x [..., any] -> [..., width]: the last axis cut or zero-padded to ``width``."""
+    x = x[..., :width]
+    return jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, width - x.shape[-1])])
+
+
+def inputs_to_a_buffer(inputs: Array, steps: int, depth: int, k_pad: int) -> Array:
+    """Every phase's input state [P, b_pad, n] phase-major (zero past the width) -> the A
+    buffer's layout [P * b_pad, k_pad] (slot order, the K columns; in f32 it is ``s_mm``)."""
+    return to_slots(_units(inputs, k_pad), steps, depth).reshape(-1, k_pad)
+
+
+def a_buffer_to_inputs(s_mm: Array, steps: int, depth: int, n_pad: int) -> Array:
+    """The A buffer [P * b_pad, k_pad] -> every phase's input state [P, b_pad, n_pad]
+    phase-major, zero past k_pad (where the state is zero), as the kernels' TMA loads read it."""
+    blocks = s_mm.reshape(steps * depth, -1, s_mm.shape[-1])
+    return _units(from_slots(blocks, steps, depth), n_pad)
+
+
 def scales_to_layer_major(z_pm: Array, steps: int, depth: int, z_width: int) -> Array:
     """z [P, b_pad, >= z_width] phase-major (padded units are zero) -> the kernels' z [L, T,
     b_pad, z_width]."""

@@ -55,8 +55,9 @@ def forward_inputs(has_z: bool) -> tuple[str, ...]:
 
 
 def forward_saved_rows(save: bool, has_z: bool) -> tuple[str, ...]:
-    """The forward kernel's saved-row tiles (packed rows 1.. in order; row 0, the input
-    state, is stored from the state buffer): the gates h, tg, or with z the halves of the
+    """The forward kernel's saved-row tiles, in packed's order after the input state's row
+    (row 0, stored from the state buffer; none in f32: `PersistentPlan.state_in_packed`):
+    the gates h, tg, or with z the halves of the
     unscaled pre-activation ``full``, from which the backward recomputes the gates (it needs
     ``full`` for dz anyway: two saved rows, not four)."""
     if not save:

@@ -202,7 +202,7 @@ def forward_loop(spec, geo, w, bias, s0, xproj, z, keep, hidden, save: bool):
     plan = _plan(spec, geo)
     (stacked,) = w
     length, depth = xproj.shape[0], bias.shape[0]
-    rows = jnp.broadcast_to(bias[:, None], (depth, geo.b_pad, *bias.shape[1:]))
+    rows = _bias_rows(geo, bias)
     mask = keep_mask.decisions(_phase_major(keep))
     # x U with its units unpadded (the kernel reads past them as zeros): XLA drops the slice
     # and `recurrence`'s pad together, so the projection reaches the kernel with no copy.
@@ -223,6 +223,11 @@ def forward_loop(spec, geo, w, bias, s0, xproj, z, keep, hidden, save: bool):
     else:  # f32: the input states are s_mm's rows
         states = _states_from_s_mm(s_mm, s_last, length, depth)
     return states, (packed, s_mm)
+
+
+def _bias_rows(geo: Geometry, bias: Array) -> Array:
+    """bias [L, 2, Np] -> [L, Bp, 2, Np] broadcast over the rows: the kernels' bias operand."""
+    return jnp.broadcast_to(bias[:, None], (bias.shape[0], geo.b_pad, *bias.shape[1:]))
 
 
 def _states_from_packed(packed: Array, s_last: Array, depth: int) -> Array:
@@ -274,7 +279,7 @@ def backward_loop(spec, geo, w, bias, s0, xproj, z, keep, hidden, saved, g_state
     g = g_states if g_states.ndim == 3 else _phase_major(g_states)  # [T, ...] or [P, ...]
     rows = None  # with z the kernel recomputes the gates from full: it needs the bias
     if z is not None:
-        rows = jnp.broadcast_to(bias[:, None], (depth, geo.b_pad, *bias.shape[1:]))
+        rows = _bias_rows(geo, bias)
     s_prev = None if plan.state_in_packed else s_mm  # f32: the input states are s_mm's rows
     args = (plan, stacked, g, packed, z, mask, rows, s_prev)
     if spec.references:
