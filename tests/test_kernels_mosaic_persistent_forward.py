@@ -378,6 +378,69 @@ def test_kernel_lowers_and_compiles_for_an_h100_without_a_gpu(tmp_path):
     assert_no_spills(reports)
 
 
+_COMPILE_HYPER = """
+from jax.experimental.mosaic.gpu import core as mosaic_core
+from rhhjax.kernels.mosaic import persistent_forward as pf
+from rhhjax.kernels.mosaic.plan import PersistentPlan
+allocated = []
+_size = mosaic_core._smem_tree_size
+def _counted(tree):
+    allocated.append(_size(tree))
+    return allocated[-1]
+mosaic_core._smem_tree_size = _counted
+rows = []
+for fields, hyper_fields, steps, depth, save in {cases!r}:
+    plan, hp = (PersistentPlan(*f[:-1], units=f[-1]) for f in (fields, hyper_fields))
+    phases, b, n, k = steps * depth, plan.b_pad, plan.n_pad, plan.k_pad
+    mm = jnp.dtype(plan.dtype)
+    def cell(p):
+        return (sds((depth * 2 * p.n_pad, p.k_pad), mm), sds((b, p.n_pad), jnp.float32),
+                sds((steps, b, 2, p.z_width), jnp.float32),
+                sds((depth, b, 2, p.n_pad), jnp.float32),
+                sds((phases, b, p.n_pad), jnp.uint8))
+    w, s0, x, bias, mask = cell(plan)
+    hw, hs0, hx, hbias, hmask = cell(hp)
+    extra = (sds((depth * n, hp.k_pad), mm), sds((depth, b, n), jnp.float32))
+    def f(w, s0, x, bias, mask, hw, hs0, hx, hbias, hmask, proj, pbias):
+        hyper = pf.HyperInside(hp, hw, hs0, hx, hbias, hmask, proj, pbias)
+        return pf.persistent_forward(plan, w, s0, x, bias, None, mask, save=save, keep=0.75,
+                                     hyper=hyper)
+    allocated.clear()
+    text = lower_and_compile(f, w, s0, x, bias, mask, hw, hs0, hx, hbias, hmask, *extra)
+    marks = ("mosaic_gpu", "persistent_hyper_highway_forward", "red.release.gpu")
+    rows.append({{"marks": [m in text for m in marks], "smem": list(allocated),
+                  "plan_smem": plan.smem_bytes(True, True, save, hyper=hp)}})
+print(json.dumps(rows))
+"""
+
+
+@pytest.mark.gpu_compile
+@needs_cuda
+def test_kernel_with_the_hyper_cell_inside_compiles_for_an_h100_without_a_gpu(tmp_path):
+    """The hyper cell inside at the paper's sizes (n 1000, h 128, batch 256; hyper 4 x 8
+    blocks of 16 units inside the main 4 x 16 bf16 plan at 2 stages, the 4 x 32 f32 plan at
+    3), deviceless in a fresh process: the shared memory Mosaic GPU allocates is
+    ``plan.smem_bytes(hyper=...)``, within the H100's, and ptxas does not spill."""
+    cases = [
+        ((256, 1000, "bfloat16", 16, 4, 64, 2, None), (256, 128, "bfloat16", 8, 4, 64, 2, 16),
+         3, 7, True),
+        ((256, 1000, "float32", 32, 4, 64, 3, None), (256, 128, "float32", 8, 4, 64, 2, 16),
+         3, 7, True),
+        ((256, 1000, "bfloat16", 16, 4, 64, 2, None), (256, 128, "bfloat16", 8, 4, 64, 2, 16),
+         3, 7, False),
+    ]  # fmt: skip
+    rows, reports = compile_deviceless(
+        _COMPILE_HYPER.format(cases=cases), tmp_path, log_ptxas=False
+    )
+    assert len(rows) == len(cases)
+    for row in rows:
+        assert all(row["marks"]), row
+        assert row["smem"] == [row["plan_smem"]], row
+        assert row["plan_smem"] <= H100.smem_per_block_optin, row
+    assert len(reports) == len(cases), len(reports)
+    assert_no_spills(reports)
+
+
 def _teacher_forced(plan, ops, inputs, save_z: bool):
     """The reference of every phase from the kernel's own input state of that phase
     (``inputs`` [P, b_pad, n_pad], packed row 0), so that one rounding flip of a bf16 state
@@ -400,6 +463,22 @@ def _teacher_forced(plan, ops, inputs, save_z: bool):
     return outs
 
 
+def _hyper_inside(plan, hyper_plan, hyper_ops, seed):
+    """`HyperInside` of the hyper operands ``hyper_ops`` (`_operands` without z) and a fresh
+    projection P [L, h, n], p [L, n] near 1 (so z scales by about 1)."""
+    rng = np.random.default_rng(seed)
+    depth, h, n = hyper_ops[3].shape[0], hyper_plan.width, plan.width
+    proj = jnp.asarray(rng.normal(size=(depth, h, n)) * 0.2, jnp.float32)
+    p = jnp.asarray(1.0 + rng.normal(size=(depth, n)) * 0.1, jnp.float32)
+    p = jnp.pad(p, [(0, 0), (0, plan.n_pad - n)])
+    w_blk, s0, xproj, bias, _, mask = hyper_ops
+    return pf.HyperInside(
+        hyper_plan, w_blk, s0, xproj, bias, mask,
+        pf.projection_weights(plan, hyper_plan, proj, jnp.dtype(plan.dtype)),
+        jnp.broadcast_to(p[:, None], (depth, plan.b_pad, plan.n_pad)),
+    )  # fmt: skip
+
+
 class TestCompiled(MosaicGpuMode):
     """The kernel against its reference on fresh random inputs: compiled (a GPU only; the
     grid barrier), and in `TestInterpret` executed in GPU interpret mode, race detector on
@@ -412,11 +491,15 @@ class TestCompiled(MosaicGpuMode):
         # (dtype, batch, width, col_blocks, row_blocks, k_chunk, steps, depth)
         "case": [("bfloat16", 256, 1000, 66, 1, 64, 4, 3), ("float32", 100, 37, 3, 2, 16, 3, 2),
                  ("bfloat16", 256, 1000, 33, 4, 64, 2, 2)],
+        # (dtype, batch, width, hyper width, row_blocks, col_blocks, hyper col_blocks,
+        #  k_chunk, steps, depth)
+        "hyper_case": [("bfloat16", 256, 1000, 128, 4, 16, 8, 64, 3, 3),
+                       ("float32", 100, 64, 32, 2, 2, 2, 32, 2, 3)],
     }  # fmt: skip
     TOL = {"bfloat16": 1e-4, "float32": 3e-3}
     LAYOUT = "grid"  # the kernels' launch layout (`kernels/mosaic/rowgroup_layout.py`)
 
-    def run(self, plan, ops, save):
+    def run(self, plan, ops, save, hyper=None):
         """The jitted kernel in this class's mode; the plan must suit the mode."""
         if self.INTERPRET:
             cluster = plan.grid if self.LAYOUT == "grid" else plan.col_blocks
@@ -425,7 +508,7 @@ class TestCompiled(MosaicGpuMode):
                 pytest.skip(reason)
         kernel = functools.partial(
             pf.persistent_forward, plan, save=save, keep=KEEP, interpret=self.interpret(),
-            layout=self.LAYOUT,
+            layout=self.LAYOUT, hyper=hyper,
         )  # fmt: skip
         return jax.block_until_ready(jax.jit(kernel)(*ops))
 
@@ -437,6 +520,17 @@ class TestCompiled(MosaicGpuMode):
         ops = _operands(plan, _problem(5, batch, width, steps, depth), has_z, has_mask)
         s_last, packed, s_mm, status = self.run(plan, ops, save=True)
         assert not np.asarray(status).any(), status
+        outputs = self.check_saved_chain(plan, ops, s_last, packed, s_mm, steps, depth)
+        # Without save (another kernel): every state, and the A buffer their casts.
+        states, s_mm_unsaved, status = self.run(plan, ops, save=False)
+        assert not np.asarray(status).any()
+        self.check_unsaved(plan, ops, states, s_mm_unsaved, outputs, steps, depth)
+
+    def check_saved_chain(self, plan, ops, s_last, packed, s_mm, steps, depth):
+        """The saved outputs against the reference phase by phase (teacher-forced from the
+        kernel's own input states, ``ops[4]`` its z), the A buffer exactly the casts of the
+        state chain; returns the state after every phase [P, b_pad, n_pad]."""
+        dtype, has_z = plan.dtype, ops[4] is not None
         inputs = _inputs(plan, packed, s_mm, steps, depth)
         np.testing.assert_array_equal(inputs[0], ops[1])  # s0
         outputs = jnp.concatenate([inputs[1:], s_last], axis=0)
@@ -453,13 +547,46 @@ class TestCompiled(MosaicGpuMode):
             assert len(got) == len(want)
             for a, e in zip(got, want, strict=True):
                 np.testing.assert_allclose(a, e, rtol=tol, atol=tol, err_msg=f"phase {p}")
-        # Without save (another kernel): every state, and the A buffer their casts.
-        states, s_mm_unsaved, status = self.run(plan, ops, save=False)
-        assert not np.asarray(status).any()
+        return outputs
+
+    def check_unsaved(self, plan, ops, states, s_mm, outputs, steps, depth):
+        """Without save: every state (as the saved kernel's), the A buffer their casts."""
+        tol = self.TOL[plan.dtype]
         np.testing.assert_allclose(states, outputs, rtol=tol, atol=tol)
         chain = jnp.concatenate([ops[1][None], states], axis=0)[..., : plan.k_pad]
         chain = slots.to_slots(chain[:-1], steps, depth)
-        np.testing.assert_array_equal(s_mm_unsaved, chain.astype(dtype).reshape(s_mm.shape))
+        np.testing.assert_array_equal(s_mm, chain.astype(plan.dtype).reshape(s_mm.shape))
+
+    @pytest.mark.parametrize("has_mask", [True, False])
+    def test_hyper_cell_inside_matches_the_two_kernels_and_hyper_scales(self, hyper_case, has_mask):
+        """With the hyper cell inside (`HyperInside`): its outputs match the reference on
+        the hyper operands as the plain kernel's do (teacher-forced, the A buffer exactly
+        its state chain's casts); z is `hyper_scales_reference` of the kernel's own hyper
+        states (the tail the last of them, exactly); the main outputs match the reference
+        teacher-forced with that z. Without save the same states."""
+        dtype, batch, width, hyper_width, n_r, cols, hyper_cols, k_chunk, steps, depth = hyper_case
+        plan = pp.PersistentPlan(batch, width, dtype, cols, n_r, k_chunk, 2)
+        hp = pp.PersistentPlan(batch, hyper_width, dtype, hyper_cols, n_r, k_chunk, 2, units=16)
+        ops_h = _operands(hp, _problem(7, batch, hyper_width, steps, depth), False, has_mask)
+        ops = _operands(plan, _problem(8, batch, width, steps, depth), False, has_mask)
+        hyper = _hyper_inside(plan, hp, ops_h, seed=9)
+        outs = self.run(plan, ops, save=True, hyper=hyper)
+        s_last, packed, s_mm, h_last, h_packed, sh_mm, z, tail, status = outs
+        assert not np.asarray(status).any(), status
+        h_states = self.check_saved_chain(hp, ops_h, h_last, h_packed, sh_mm, steps, depth)
+        np.testing.assert_array_equal(tail, h_states[-1, :, : hp.k_pad].astype(dtype))
+        want_z = pf.hyper_scales_reference(plan, hp, h_states, hyper.proj, hyper.proj_bias, steps)
+        tol = self.TOL[dtype]
+        np.testing.assert_allclose(z, want_z, rtol=tol, atol=tol)
+        main_ops = (*ops[:4], z, ops[5])
+        outputs = self.check_saved_chain(plan, main_ops, s_last, packed, s_mm, steps, depth)
+        unsaved = self.run(plan, ops, save=False, hyper=hyper)
+        states, s_mm_unsaved, h_states_unsaved, sh_mm_unsaved, tail_unsaved, status = unsaved
+        assert not np.asarray(status).any(), status
+        self.check_unsaved(plan, main_ops, states, s_mm_unsaved, outputs, steps, depth)
+        self.check_unsaved(hp, ops_h, h_states_unsaved, sh_mm_unsaved, h_states, steps, depth)
+        want_tail = h_states_unsaved[-1, :, : hp.k_pad].astype(dtype)
+        np.testing.assert_array_equal(tail_unsaved, want_tail)
 
 
 class TestInterpret(TestCompiled):
@@ -468,6 +595,9 @@ class TestInterpret(TestCompiled):
         # one block; 2 row blocks; 2 x 3 (the compiled odd case); 16 (an H100's largest cluster)
         "case": [("bfloat16", 64, 64, 1, 1, 32, 3, 2), ("float32", 100, 32, 1, 2, 16, 2, 3),
                  ("float32", 100, 37, 3, 2, 16, 3, 2), ("bfloat16", 64, 256, 16, 1, 32, 2, 2)],
+        # two row blocks of 2 blocks, both with hyper units; 4 blocks, 2 with hyper units
+        "hyper_case": [("float32", 100, 64, 32, 2, 2, 2, 32, 2, 3),
+                       ("bfloat16", 64, 128, 32, 1, 4, 2, 32, 3, 2)],
     }  # fmt: skip
     TOL = {"bfloat16": 1e-4, "float32": 2e-5}
 

@@ -46,12 +46,15 @@ def _round_up(x: int, m: int) -> int:
     return -(-x // m) * m
 
 
-def forward_inputs(has_z: bool) -> tuple[str, ...]:
+def forward_inputs(has_z: bool, z_inside: bool = False) -> tuple[str, ...]:
     """The forward kernel's f32 [rows, u] epilogue inputs staged in shared memory, in slot
     order: those loaded every phase, then x U's halves (loaded at layer 0, kept for the
     step's layers). A dropout mask is not among them: its uint8 tile shares the buffer of
-    the state's matmul-dtype cast (`kernels/mosaic/keep_mask.py`)."""
-    return ("b_h", "b_t", *(("z",) if has_z else ()), "x_h", "x_t")
+    the state's matmul-dtype cast (`kernels/mosaic/keep_mask.py`). ``z_inside`` (the hyper
+    cell inside the kernel): z's slot holds ``s_hyper P_l`` from the kernel's own GEMM, and
+    "pz", the projection's bias p_l broadcast over rows, is loaded beside it (z = both)."""
+    scales = ("z", "pz") if z_inside else ("z",) if has_z else ()
+    return ("b_h", "b_t", *scales, "x_h", "x_t")
 
 
 def forward_saved_rows(save: bool, has_z: bool) -> tuple[str, ...]:
@@ -65,11 +68,12 @@ def forward_saved_rows(save: bool, has_z: bool) -> tuple[str, ...]:
     return ("full_h", "full_t") if has_z else ("h", "t")
 
 
-def forward_staging_slots(has_z: bool, save: bool) -> tuple[int, tuple]:
+def forward_staging_slots(has_z: bool, save: bool, z_inside: bool = False) -> tuple[int, tuple]:
     """(number of f32 [rows, u] staging slots, the slot of each saved-row tile): a saved row
     reuses the slot of an input loaded every phase (all read before any is overwritten),
-    past those it takes a slot of its own (x U's slots must survive the step's layers)."""
-    ins = forward_inputs(has_z)
+    past those it takes a slot of its own (x U's slots must survive the step's layers).
+    With ``z_inside`` two saved rows take b's slots: z's stays free for z's own store."""
+    ins = forward_inputs(has_z, z_inside)
     reused = len(ins) - 2
     outs = forward_saved_rows(save, has_z)
     where = tuple(i if i < reused else len(ins) + i - reused for i in range(len(outs)))
@@ -201,7 +205,13 @@ class PersistentPlan:
         backward = self.k2_pad * self.units_per_block
         return max(forward, backward) * self.itemsize
 
-    def smem_bytes(self, has_z: bool = True, has_mask: bool = True, save: bool = True) -> int:
+    def smem_bytes(
+        self,
+        has_z: bool = True,
+        has_mask: bool = True,
+        save: bool = True,
+        hyper: PersistentPlan | None = None,
+    ) -> int:
         """Shared memory per block (bytes) that the forward kernel
         (`kernels/mosaic/persistent_forward.py`) allocates; by default with every option (the
         most). Each buffer is rounded up to Mosaic GPU's 1024-byte scratch alignment:
@@ -218,19 +228,42 @@ class PersistentPlan:
             + 8 * (stages + inputs)                   mbarriers (pipeline, staged inputs,
                                                       the mask)
 
+        With the ``hyper`` cell inside (its plan; z computed in the kernel): one more staged
+        tile (p_l), the hyper cell's own state, staged tiles, cast and mbarriers, its GEMM
+        tile sharing ``pre`` (the larger of the two), and the z and hyper GEMMs' pipelines
+        (at most as many stages as K steps) reusing the main GEMM's buffers (run one after
+        another; the larger counts) but with mbarriers of their own when their stage count
+        differs.
+
         The backward kernel counts its own (`persistent_backward`)."""
         rows, units, item = self.rows_per_block, self.units_per_block, self.itemsize
-        slots, _ = forward_staging_slots(has_z, save)
-        buffers = (
-            self.stages * rows * self.k_chunk * item,
-            self.stages * self.cols_per_block * self.k_chunk * item,
-            rows * units * 4,
-            rows * self.cols_per_block * 4,
-            slots * rows * units * 4,
-            rows * units * item,
-        )
-        barriers = self.stages + len(forward_inputs(has_z)) + has_mask
-        return sum(_round_up(b, H100.smem_alignment) for b in buffers) + 8 * barriers
+        z_inside = hyper is not None
+        slots, _ = forward_staging_slots(has_z or z_inside, save, z_inside)
+        pipeline = [
+            self.stages * rows * self.k_chunk,
+            self.stages * self.cols_per_block * self.k_chunk,
+        ]
+        pre = rows * self.cols_per_block * 4
+        buffers = [rows * units * 4, slots * rows * units * 4, rows * units * item]
+        barriers = self.stages + len(forward_inputs(has_z or z_inside, z_inside)) + has_mask
+        if z_inside:
+            h_units, h_chunk = hyper.units_per_block, hyper.k_chunk
+            h_stages = min(hyper.stages, hyper.k_pad // h_chunk)  # the pipeline's own cap
+            h_slots, _ = forward_staging_slots(False, save)
+            buffers += [rows * h_units * 4, h_slots * rows * h_units * 4, rows * h_units * item]
+            pre = max(pre, rows * hyper.cols_per_block * 4)
+            z_gemm = [h_stages * rows * h_chunk, h_stages * units * h_chunk]
+            h_gemm = [h_stages * rows * h_chunk, h_stages * hyper.cols_per_block * h_chunk]
+            pipeline = max(pipeline, z_gemm, h_gemm, key=lambda b: sum(map(self._aligned, b)))
+            # Scoped mbarriers are reserved per kind (their count): the z and hyper GEMMs'
+            # pipelines share one kind, the main GEMM's another unless the counts agree.
+            barriers += len(forward_inputs(False)) + has_mask + h_stages * (h_stages != self.stages)
+        sizes = [b * item for b in pipeline] + [pre, *buffers]
+        return sum(map(self._aligned, sizes)) + 8 * barriers
+
+    @staticmethod
+    def _aligned(nbytes: int) -> int:
+        return _round_up(nbytes, H100.smem_alignment)
 
     def accumulator_registers(self, warpgroups: int = 1) -> int:
         """f32 accumulator registers per thread of the compute warpgroups (128 threads each)."""
