@@ -564,8 +564,10 @@ class TestCompiled(MosaicGpuMode):
         its state chain's casts); z is `hyper_scales_reference` of the kernel's own hyper
         states (the tail the last of them, exactly); the main outputs match the reference
         teacher-forced with that z. Without save the same states."""
-        dtype, batch, width, hyper_width, n_r, cols, hyper_cols, k_chunk, steps, depth = hyper_case
-        plan = pp.PersistentPlan(batch, width, dtype, cols, n_r, k_chunk, 2)
+        dtype, batch, width, hyper_width, n_r, cols, hyper_cols, k_chunk, steps, depth, *u = (
+            hyper_case
+        )
+        plan = pp.PersistentPlan(batch, width, dtype, cols, n_r, k_chunk, 2, units=(u or [None])[0])
         hp = pp.PersistentPlan(batch, hyper_width, dtype, hyper_cols, n_r, k_chunk, 2, units=16)
         ops_h = _operands(hp, _problem(7, batch, hyper_width, steps, depth), False, has_mask)
         ops = _operands(plan, _problem(8, batch, width, steps, depth), False, has_mask)
@@ -597,7 +599,8 @@ class TestInterpret(TestCompiled):
                  ("float32", 100, 37, 3, 2, 16, 3, 2), ("bfloat16", 64, 256, 16, 1, 32, 2, 2)],
         # two row blocks of 2 blocks, both with hyper units; 4 blocks, 2 with hyper units
         "hyper_case": [("float32", 100, 64, 32, 2, 2, 2, 32, 2, 3),
-                       ("bfloat16", 64, 128, 32, 1, 4, 2, 32, 3, 2)],
+                       ("bfloat16", 64, 128, 32, 1, 4, 2, 32, 3, 2),
+                       ("float32", 5, 96, 20, 1, 4, 4, 64, 4, 2, 32)],
     }  # fmt: skip
     TOL = {"bfloat16": 1e-4, "float32": 2e-5}
 
@@ -609,3 +612,11 @@ class TestInterpret(TestCompiled):
         self.run(plan, ops, save=False)  # as it is: no race
         monkeypatch.setattr(grid_barrier, "cluster_barrier", lambda bar: jnp.bool_(True))
         assert_race_reported(lambda: self.run(plan, ops, save=False), capsys)
+
+
+class TestInterpretRowgroupHyperInside(TestInterpret):
+    """The hyper cell inside the kernel launched as one cluster per row group
+    (`kernels/mosaic/rowgroup_layout.py`), interpreted: its tests only."""
+
+    LAYOUT = "rowgroup"
+    CASES = {"case": [], "hyper_case": TestInterpret.CASES["hyper_case"][:2]}

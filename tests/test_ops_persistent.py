@@ -12,6 +12,9 @@ and compiles for an H100 without a GPU. `TestPersistentCompiled`: the same compa
 the compiled kernels, on a GPU only.
 """
 
+import dataclasses
+
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -23,13 +26,14 @@ from model_cases import (
     assert_compiled_off_a_gpu_lowers_but_does_not_execute,
     assert_interpret_mode_runs_or_names_the_jax,
     assert_off_gpu_refusal_advises_what_runs,
+    loss_and_grads,
 )
 from rhhjax.kernels.hardware import H100
 from rhhjax.kernels.mosaic import persistent_slots as slots
 from rhhjax.kernels.mosaic.plan import PersistentPlan
 
 from rhhjax import models
-from rhhjax.ops import fused, persistent, persistent_cost, spec
+from rhhjax.ops import fused, persistent, persistent_cost, recurrence, spec
 from rhhjax.ops.persistent_cost import predicted_phase_us
 
 
@@ -192,14 +196,67 @@ def test_f32_states_are_the_a_buffers_slots_then_the_last_state(steps, depth):
 
 # ----------------------------------------------------------------------------- the model
 
+# HyperRHNs whose plans put the hyper cell inside the forward kernel also in GPU interpret
+# mode (`persistent.hyper_inside_plans`): (hidden, hyper_hidden, depth, batch, length,
+# original_first_step), f32, gate dropout.
+HYPER_INSIDE_CASES = [(64, 32, 3, 4, 3, True), (96, 20, 2, 5, 4, False)]
 
-class TestPersistentReference(KernelModelMatchesScan):
+
+def test_the_paper_hyperrhn_runs_the_hyper_cell_inside_the_forward_kernel():
+    """At the paper's sizes both dtypes have plans for it: the main cell's at fewer
+    pipeline stages (its shared memory beside the hyper cell's), the hyper cell's 4 x 8
+    blocks of 16 units, padded like its own plan (4 x 4 of 32), which its backward runs."""
+    for dtype, stages in [("bfloat16", 2), ("float32", 3)]:
+        sequence = spec.SequenceSpec("persistent", 0.75, jnp.dtype(dtype))
+        main, hyper = persistent.hyper_inside_plans(sequence, 256, 1000, 128)
+        assert main == dataclasses.replace(persistent.plan_for(256, 1000, dtype), stages=stages)
+        alone = persistent.plan_for(256, 128, dtype)
+        assert (hyper.row_blocks, hyper.col_blocks, hyper.units_per_block) == (4, 8, 16)
+        assert (hyper.b_pad, hyper.n_pad, hyper.k_pad) == (alone.b_pad, alone.n_pad, alone.k_pad)
+        assert main.smem_bytes(hyper=hyper) <= main.smem_limit
+        assert recurrence.hyper_inside(sequence, 256, 1000, 128)
+    # Where the hyper cell's own plan cannot be split in 16-unit blocks under the main one's
+    # (one block of 64 units beside one main block of 64): the two kernels of before.
+    one_block = spec.SequenceSpec("persistent", 0.75, jnp.bfloat16, interpret=True)
+    assert persistent.hyper_inside_plans(one_block, 4, 12, 6) is None
+
+
+class HyperInsideMatchesScan(KernelModelMatchesScan):
+    """The HyperRHN whose hyper cell runs inside the forward kernel
+    (`recurrence.hyper_highway_sequence`) against `scan`: loss and every gradient."""
+
+    CASES = {"hyper_inside_case": HYPER_INSIDE_CASES}
+
+    def test_hyper_cell_inside_matches_scan(self, hyper_inside_case):
+        hidden, hyper_hidden, depth, batch, length, first = hyper_inside_case
+        base = dict(
+            type="hyperrhn", vocab_size=11, embed_dim=5, hidden=hidden, hyper_hidden=hyper_hidden,
+            depth=depth, dropout="gate", keep=0.7, dtype="float32", original_first_step=first,
+        )  # fmt: skip
+        scan = models.build_model(models.ModelConfig(**base, impl="scan"))
+        model = self.model(models.ModelConfig(**base, impl=self.IMPL))
+        assert recurrence.hyper_inside(model.spec, batch, hidden, hyper_hidden)
+        params = models.init_params(scan, jax.random.key(hidden))
+        tokens = jnp.asarray(np.random.default_rng(hidden).integers(0, 11, (batch, length + 1)))
+        key = jax.random.key(depth)
+        actual = loss_and_grads(model, params, tokens, key)
+        expected = loss_and_grads(scan, params, tokens, key)
+        tol = self.TOLERANCE["float32"]
+        leaves = jax.tree_util.tree_leaves_with_path(actual)
+        for (path, a), e in zip(leaves, jax.tree.leaves(expected), strict=True):
+            scale = float(jnp.max(jnp.abs(e))) or 1.0
+            np.testing.assert_allclose(
+                a, e, rtol=tol, atol=tol * scale, err_msg=jax.tree_util.keystr(path)
+            )
+
+
+class TestPersistentReference(HyperInsideMatchesScan):
     IMPL = "persistent"
     REFERENCES = True
     TOLERANCE = KERNEL_TOL
 
 
-class TestPersistentCompiled(KernelModelMatchesScan):
+class TestPersistentCompiled(HyperInsideMatchesScan):
     IMPL = "persistent"
     TOLERANCE = KERNEL_TOL_COMPILED
 
@@ -217,6 +274,23 @@ class TestPersistentInterpretRowgroup(TestPersistentInterpret):
     def _rowgroup(self, monkeypatch):
         monkeypatch.setattr(persistent, "LAYOUT", "rowgroup")
 
+    # GPU interpret mode's row-group plans (the fewest blocks: one of 64 units at these sizes)
+    # leave no shared memory for the hyper cell beside the main one: it runs as its own
+    # kernel here (`test_row_group_interpret_plans_keep_the_hyper_cell_apart`), and the
+    # kernel with it inside is run in this layout at the kernel level.
+    CASES = {"hyper_inside_case": []}
+
+
+def test_row_group_interpret_plans_keep_the_hyper_cell_apart(monkeypatch):
+    """(Whatever the interpreter's thread pool: its size is not the question here.)"""
+    monkeypatch.setattr(persistent, "LAYOUT", "rowgroup")
+    monkeypatch.setattr(persistent.gpu_interpret, "cluster_too_large", lambda blocks: None)
+    persistent.interpret_plan.cache_clear()
+    sequence = spec.SequenceSpec("persistent", 0.7, jnp.float32, interpret=True)
+    for hidden, hyper_hidden, _, batch, *_ in HYPER_INSIDE_CASES:
+        assert persistent.hyper_inside_plans(sequence, batch, hidden, hyper_hidden) is None
+    persistent.interpret_plan.cache_clear()
+
 
 # ----------------------------------------------------------------------------- deviceless
 
@@ -225,16 +299,22 @@ class TestPersistentInterpretRowgroup(TestPersistentInterpret):
 @needs_cuda
 def test_paper_hyperrhn_training_step_lowers_and_compiles_for_an_h100_without_a_gpu(tmp_path):
     """configs/ptb.py's HyperRHN (batch 256 x 100, width 1000, depth 7) with
-    impl="persistent", the trainer's jitted step, bf16 and f32, deviceless: both persistent
-    kernels are in the compiled step (the hyper recurrence's and the main one's, each
-    direction, at the plans `plan_for` picks), and ptxas builds every one for sm_90a
+    impl="persistent", the trainer's jitted step, bf16 and f32, deviceless: the forward is
+    ONE kernel with the hyper cell inside (`hyper_inside_plans`), the backward the two
+    cells' kernels (at the plans `plan_for` picks), and ptxas builds every one for sm_90a
     without a register spill."""
     dtypes = ["bfloat16", "float32"]
-    kernels = ["persistent_highway_forward", "persistent_highway_backward"]
+    kernels = [
+        "persistent_hyper_highway_forward", "persistent_highway_forward",
+        "persistent_highway_backward",
+    ]  # fmt: skip
     rows, reports = compile_paper_step("persistent", dtypes, kernels, tmp_path)
     for row, dtype in zip(rows, dtypes, strict=True):
         assert row["dtype"] == dtype and row["impl"] == "persistent"
         assert (row["batch"], row["seq_len"]) == (256, 100)
-        assert min(row["kernels"].values()) >= 2, row  # the hyper and the main recurrence
-    assert len(reports) >= 4 * len(dtypes)
+        counts = row["kernels"]
+        assert counts["persistent_hyper_highway_forward"] >= 1, row
+        assert counts["persistent_highway_forward"] == 0, row  # no forward apart
+        assert counts["persistent_highway_backward"] >= 2, row  # the hyper and the main cell
+    assert len(reports) >= 3 * len(dtypes)  # one forward, two backward kernels
     assert_no_spills(reports)

@@ -45,7 +45,7 @@ def test_the_step_function_gives_the_tables_step_ms_for_every_layout():
     rows = iter(pc.table(report))
     for dtype in ("bfloat16", "float32"):
         glue = pc.glue_bytes_of(report, dtype)
-        for layout in pc.layouts(dtype, Rates(), 256, 1000):
+        for layout in pc.layouts(dtype, Rates(), 256, 1000, 128):
             step = pc.predicted_step(layout, dtype, glue, Rates())
             row = next(rows)
             assert (row["dtype"], row["layout"]) == (dtype, layout.name)
@@ -55,20 +55,44 @@ def test_the_step_function_gives_the_tables_step_ms_for_every_layout():
     assert next(rows, None) is None
 
 
-def test_the_step_of_todays_layout_counts_the_main_and_hyper_phases_and_their_barriers():
-    """Today's grid: 700 forward and 700 backward main phases at the plan model's kernel
-    time, as many of the hyper plan's own launches, 2800 barriers; no glue, no more."""
+def test_the_step_with_the_hyper_cell_as_own_launches_counts_both_cells_phases():
+    """The grid with the hyper cell's own launches: 700 forward and 700 backward main phases
+    at the plan model's kernel time, as many of the hyper plan's own launches, 2800
+    barriers; no glue, no more."""
     rates, shape = Rates(), pc.PAPER
     grid = pc.plan_for(256, 1000, "bfloat16")
     hyper = pc.plan_for(256, 128, "bfloat16")
-    today = pc.Layout("today", grid, 1, rates.barrier_us, False)
-    step = pc.predicted_step(today, "bfloat16", 0.0, rates, shape)
+    apart = pc.Layout("apart", grid, 1, rates.barrier_us, "launches")
+    step = pc.predicted_step(apart, "bfloat16", 0.0, rates, shape)
     phases = shape["depth"] * shape["length"]
     main_us = sum(pc.predicted_phase_us(grid, rates, backward=b) - 1.0 for b in (False, True))
     hyper_us = sum(pc.predicted_phase_us(hyper, rates, backward=b) - 1.0 for b in (False, True))
     assert step.kernel_ms == pytest.approx(phases * (main_us + hyper_us) / 1e3)
     assert step.barrier_phases == 4 * phases and step.glue_ms == 0.0
     assert step.step_ms == pytest.approx(step.kernel_ms + 4 * phases * 1.0 / 1e3)
+
+
+def test_the_hyper_cell_inside_the_forward_adds_its_busiest_blocks_gemms_to_a_phase():
+    """Today's grid (`inside_plans`: the main plan at 2 stages, the hyper cell's 4 x 8
+    blocks of 16 units): each forward phase gains z's GEMM slice [64, 128] x [128, 64] and
+    the hyper GEMM [64, 128] x [128, 32] of one block; the forward's barriers are 700 + 1,
+    the hyper backward keeps its own 700 launches' phases and barriers."""
+    rates, shape = Rates(), pc.PAPER
+    main, hyper = pc.inside_plans(
+        pc.plan_for(256, 1000, "bfloat16"), pc.plan_for(256, 128, "bfloat16")
+    )
+    assert (main.stages, hyper.col_blocks, hyper.units_per_block) == (2, 8, 16)
+    today = pc.Layout("today", main, 1, rates.barrier_us, "forward", hyper)
+    step = pc.predicted_step(today, "bfloat16", 0.0, rates, shape)
+    share = 2 * 64 * 128 * (64 + 32) / (rates.tflops_per_sm * 1e12) * 1e6
+    assert pc.hyper_forward_share_us(main, hyper, rates) == pytest.approx(share)
+    assert step.fwd_phase_us == pytest.approx(pc.kernel_phase_us(main, rates, 1, False) + share)
+    phases = shape["depth"] * shape["length"]
+    assert step.barrier_phases == 3 * phases + 1
+    alone = pc.plan_for(256, 128, "bfloat16")
+    hyper_bwd_ms = phases * pc.kernel_phase_us(alone, rates, 1, True) / 1e3
+    main_ms = phases * (step.fwd_phase_us + step.bwd_phase_us) / 1e3
+    assert step.kernel_ms == pytest.approx(main_ms + hyper_bwd_ms)
 
 
 def test_the_step_is_kernel_plus_barrier_plus_glue_and_glue_is_bytes_at_hbm_rate():
@@ -85,13 +109,16 @@ def test_the_step_is_kernel_plus_barrier_plus_glue_and_glue_is_bytes_at_hbm_rate
         )
 
 
-def test_the_hyper_cell_in_the_kernel_halves_the_barrier_phases():
+def test_the_hyper_cell_in_the_kernels_halves_the_barrier_phases():
     rows = [r for r in pc.table(_report(1e9, 1e9)) if r["dtype"] == "bfloat16"]
-    today = next(r for r in rows if r["layout"].startswith("grid, hyper as own"))
-    inside = next(r for r in rows if r["layout"].startswith("grid, hyper inside"))
-    assert today["barrier_phases"] == 4 * 700
+    apart = next(r for r in rows if r["layout"].startswith("grid, hyper as own"))
+    forward = next(r for r in rows if r["layout"].startswith("grid, hyper inside the forward"))
+    inside = next(r for r in rows if r["layout"].startswith("grid, hyper inside (not"))
+    assert apart["barrier_phases"] == 4 * 700
+    assert forward["barrier_phases"] == 3 * 700 + 1
     assert inside["barrier_phases"] == 2 * 700 + 2
-    assert inside["fwd_phase_us"] > today["fwd_phase_us"]  # its share of the hyper GEMMs
+    for row in (forward, inside):
+        assert row["fwd_phase_us"] > apart["fwd_phase_us"]  # its share of the hyper GEMMs
 
 
 def test_a_slower_barrier_or_gemm_raises_the_prediction():
@@ -144,14 +171,18 @@ def test_a_calibration_file_sets_the_rates_and_one_without_them_is_one_line(tmp_
 
 
 def test_the_layouts_weighed_name_whether_they_are_built():
-    """Today's grid and the row-group clusters are built; the hyper cell inside and the
-    multicast are not; the row-group plan has at most 16 column blocks in both dtypes."""
-    for dtype in ("bfloat16", "float32"):
-        names = [layout.name for layout in pc.layouts(dtype, Rates(), 256, 1000)]
-        assert len(names) == 5
-        assert (
-            sum("(built" in n for n in names) == 2 and sum("(not built)" in n for n in names) == 3
-        )
+    """The grid and the row-group clusters, with the hyper cell as own launches or inside
+    the forward, are built (one of them today's: the grid with the hyper cell inside the
+    forward); the hyper cell inside both kernels and the multicast are not; the row-group
+    plan has at most 16 column blocks in both dtypes. The f32 row-group plan (64 units a
+    block) leaves no shared memory for the hyper cell inside its forward."""
+    for dtype, built in (("bfloat16", 4), ("float32", 3)):
+        names = [layout.name for layout in pc.layouts(dtype, Rates(), 256, 1000, 128)]
+        assert sum("(built" in n for n in names) == built
+        assert sum("(not built)" in n for n in names) == 3 == len(names) - built
+        assert [n for n in names if "today" in n] == [
+            "grid, hyper inside the forward, own launches backward (built: today)"
+        ]
         assert pc.rowgroup_plan(dtype, 256, 1000).col_blocks == 16
 
 

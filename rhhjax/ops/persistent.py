@@ -60,7 +60,7 @@ from rhhjax.kernels.mosaic import persistent_backward as pb
 from rhhjax.kernels.mosaic import persistent_forward as pf
 from rhhjax.kernels.mosaic.plan import PersistentPlan, PlanError, scales_width
 from rhhjax.ops import cells, fused, loops
-from rhhjax.ops.persistent_cost import candidates, plan_for, predicted_phase_us
+from rhhjax.ops.persistent_cost import candidates, inside_plans, plan_for, predicted_phase_us
 
 if TYPE_CHECKING:
     from rhhjax.ops.sequence_spec import ModelFacts, SequenceSpec
@@ -201,20 +201,36 @@ def forward_loop(spec, geo, w, bias, s0, xproj, z, keep, hidden, save: bool):
         raise ValueError(f"impl {NAME!r} has no variational dropout")
     plan = _plan(spec, geo)
     (stacked,) = w
-    length, depth = xproj.shape[0], bias.shape[0]
+    outs = _run_forward(spec, save, *_kernel_operands(plan, geo, stacked, s0, xproj, bias, z, keep))
+    return _cell_results(plan, outs, save, xproj.shape[0], bias.shape[0])
+
+
+def _kernel_operands(plan, geo, stacked, s0, xproj, bias, z, keep) -> tuple:
+    """One cell's forward-kernel operands (plan, w_blk, s0, xproj, bias rows, z, mask) from
+    `recurrence`'s padded ones: x U with its units unpadded (the kernel reads past them as
+    zeros: XLA drops the slice and `recurrence`'s pad together, so the projection reaches
+    the kernel with no copy), the bias broadcast over rows, the uint8 keep decisions."""
     rows = _bias_rows(geo, bias)
     mask = keep_mask.decisions(_phase_major(keep))
-    # x U with its units unpadded (the kernel reads past them as zeros): XLA drops the slice
-    # and `recurrence`'s pad together, so the projection reaches the kernel with no copy.
-    args = (plan, stacked, s0, xproj[..., : plan.z_width], rows, z, mask)
+    return plan, stacked, s0, xproj[..., : plan.z_width], rows, z, mask
+
+
+def _run_forward(spec, save: bool, *args, hyper: pf.HyperInside | None = None) -> tuple:
+    """The forward kernel (its reference when `spec.references`) on `_kernel_operands`'
+    ``args``; a grid barrier that timed out is one error line."""
     if spec.references:
-        outs = pf.persistent_forward_reference(*args, save=save, keep=spec.keep)
-    else:
-        interpret = loops.kernel_interpret(spec)
-        outs = pf.persistent_forward(
-            *args, save=save, keep=spec.keep, interpret=interpret, layout=LAYOUT
-        )
-        grid_barrier.check_status(outs[-1], "persistent forward")
+        return pf.persistent_forward_reference(*args, save=save, keep=spec.keep, hyper=hyper)
+    interpret = loops.kernel_interpret(spec)
+    outs = pf.persistent_forward(
+        *args, save=save, keep=spec.keep, interpret=interpret, layout=LAYOUT, hyper=hyper
+    )
+    grid_barrier.check_status(outs[-1], "persistent forward")
+    return outs
+
+
+def _cell_results(plan: PersistentPlan, outs, save: bool, length: int, depth: int):
+    """One cell's kernel outputs (states, or with ``save`` s_last, packed, s_mm, ...) ->
+    (states [T, L, Bp, Np], saved (packed, s_mm) or None): `forward_loop`'s return."""
     if not save:
         return outs[0].reshape(length, depth, *outs[0].shape[1:]), None
     s_last, packed, s_mm = outs[:3]
@@ -223,6 +239,52 @@ def forward_loop(spec, geo, w, bias, s0, xproj, z, keep, hidden, save: bool):
     else:  # f32: the input states are s_mm's rows
         states = _states_from_s_mm(s_mm, s_last, length, depth)
     return states, (packed, s_mm)
+
+
+def hyper_inside_plans(
+    spec: SequenceSpec, batch: int, width: int, hyper_width: int
+) -> tuple[PersistentPlan, PersistentPlan] | None:
+    """(main plan, hyper plan) of the forward kernel with the hyper cell inside
+    (`persistent_forward.HyperInside`), or None where there is none: `persistent_cost.
+    inside_plans` of each cell's own plan (`geometry`'s), whose layouts the backward reads."""
+    return inside_plans(_plan_of(spec, batch, width), _plan_of(spec, batch, hyper_width))
+
+
+def hyper_forward_loop(spec, geos, kernels, operands, proj_kernel, proj_bias, save: bool):
+    """Both cells' forward as ONE kernel, the hyper cell inside (`hyper_inside_plans`).
+
+    geos, operands: (hyper, main) pairs of `forward_loop`'s geo and padded operands (the
+    main cell's z None); kernels: (hyper, main) W [L, n, 2n] (blocked here for the plans
+    inside, which split the hyper cell's units another way than its own plan);
+    proj_kernel [L, h, n], proj_bias [L, n] f32.
+    Returns ((states, saved) of the hyper cell, (states, saved) of the main cell, z): as
+    `forward_loop` returns them for each cell, and z [L, T, Bp, z_width] (`scales_operand`'s
+    layout: the main cell's backward operand) with ``save``, else None."""
+    geo_h, geo_m = geos
+    plan, hyper_plan = hyper_inside_plans(spec, geo_m.batch, geo_m.n, geo_h.n)
+    ops_h, ops_m = operands
+    if ops_h[-1] is not None or ops_m[-1] is not None:
+        raise ValueError(f"impl {NAME!r} has no variational dropout")
+    length, depth = ops_m[2].shape[0], ops_m[0].shape[0]
+
+    def kernel_operands(cell_plan, geo, kernel_s, ops):
+        bias, s0, xproj, _, keep, _ = ops
+        stacked = pf.forward_weights(cell_plan, kernel_s, spec.dtype)
+        return _kernel_operands(cell_plan, geo, stacked, s0, xproj, bias, None, keep)
+
+    args_h = kernel_operands(hyper_plan, geo_h, kernels[0], ops_h)
+    args_m = kernel_operands(plan, geo_m, kernels[1], ops_m)
+    p_rows = jnp.pad(proj_bias, [(0, 0), (0, geo_m.n_pad - geo_m.n)])
+    hyper = pf.HyperInside(
+        hyper_plan, *args_h[1:5], args_h[6],
+        pf.projection_weights(plan, hyper_plan, proj_kernel, spec.dtype),
+        jnp.broadcast_to(p_rows[:, None], (depth, geo_m.b_pad, geo_m.n_pad)),
+    )  # fmt: skip
+    outs = _run_forward(spec, save, *args_m, hyper=hyper)
+    n_cell = 2 + save  # (states or s_last, [packed,] s_mm) of each cell
+    main = _cell_results(plan, outs[:n_cell], save, length, depth)
+    hyper_out = _cell_results(hyper_plan, outs[n_cell : 2 * n_cell], save, length, depth)
+    return hyper_out, main, outs[2 * n_cell] if save else None
 
 
 def _bias_rows(geo: Geometry, bias: Array) -> Array:

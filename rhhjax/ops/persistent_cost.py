@@ -10,10 +10,14 @@ Every number here is a MODEL, not a measurement:
   f32 runs TF32 wgmma at HALF the bf16 rate (H100 datasheet: 495 vs 989 dense TFLOP/s);
 * barrier time: ``Rates.barrier_us`` per grid-barrier phase (assumed 1 us, not measured),
   ``CLUSTER_BARRIER_US`` per hardware cluster barrier (assumed, not measured);
-* the hyper cell: today its own persistent launches, 2 * T * L more barrier-bound phases at
-  the hyper plan's predicted phase time; "in the kernel" its GEMMs are spread over the main
-  grid one phase ahead of the main cell (forward; one behind in the backward) and share the
-  main cell's barriers, adding its FLOP share per block to every main phase;
+* the hyper cell: "own launches", 2 * T * L more barrier-bound phases at the hyper plan's
+  predicted phase time; "inside the forward" (built, `inside_plans`): the forward kernel
+  runs it one phase ahead of the main cell on the blocks of its own plan (T * L + 2
+  barriers), adding to every forward phase the GEMMs of its busiest block (z's slice and
+  the hyper cell's, `hyper_forward_share_us`), and its backward stays its own launches;
+  "inside" both kernels (not built): its GEMMs spread over the main grid, one phase behind
+  in the backward, adding its FLOP share per block to every main phase (the epilogues of
+  either are not modelled);
 * glue: the step's HLO bytes under the corrected rule (``bytes_per_train_step_read`` of a
   compile report, `benchmarks/gpu_report.py`, measured without a GPU) at ``HBM_TBYTES``,
   counted serially (every launch's operands and results, the kernels' own inputs and
@@ -159,16 +163,60 @@ def _deepest(batch, width, dtype_name, row_blocks, units, k_chunk) -> Persistent
     return None
 
 
+HYPER_PLACES = ("launches", "forward", "inside")  # own launches; inside the forward; both
+
+
 @dataclasses.dataclass(frozen=True)
 class Layout:
     """One way to run the step: the main plan, TMA multicast of A within a cluster, the
-    barrier between phases, and where the hyper cell runs."""
+    barrier between phases, where the hyper cell runs (`HYPER_PLACES`) and, inside the
+    forward, its plan there (`inside_plans`)."""
 
     name: str
     plan: PersistentPlan
     multicast: int
     barrier_us: float
-    hyper_in_kernel: bool
+    hyper: str
+    hyper_plan: PersistentPlan | None = None
+
+
+def inside_plans(
+    main: PersistentPlan, alone: PersistentPlan
+) -> tuple[PersistentPlan, PersistentPlan] | None:
+    """(main plan, hyper plan) of the forward kernel with the hyper cell inside, from each
+    cell's own plan, or None: ``main`` at the most pipeline stages (>= 2) that fit beside the
+    hyper cell's shared memory; the hyper plan of the same rows and the most column blocks
+    (at most the main's) that split ``alone``'s padded units in blocks of a multiple of 16
+    (uint8 mask rows), padded like ``alone`` (same b_pad, n_pad, k_pad), so that each
+    cell's backward at its own plan reads what that forward saved."""
+    for cols in range(min(main.col_blocks, alone.n_pad // 16), 0, -1):
+        units = alone.n_pad // cols
+        if alone.n_pad % cols or units % 16:
+            continue
+        try:
+            hyper = PersistentPlan(
+                alone.batch, alone.width, main.dtype, cols, main.row_blocks, alone.k_chunk, 2,
+                main.sm_count, main.smem_limit, units,
+            )  # fmt: skip
+            hyper.check()
+        except PlanError:
+            continue
+        if (hyper.b_pad, hyper.n_pad, hyper.k_pad) != (alone.b_pad, alone.n_pad, alone.k_pad):
+            continue
+        for stages in range(main.stages, 1, -1):
+            fitted = dataclasses.replace(main, stages=stages)
+            if fitted.smem_bytes(hyper=hyper) <= fitted.smem_limit:
+                return fitted, hyper
+    return None
+
+
+def hyper_forward_share_us(main: PersistentPlan, hyper: PersistentPlan, rates: Rates) -> float:
+    """What the hyper cell inside the forward adds to a phase (us) on its busiest block (one
+    with hyper units): z's GEMM for the block's units [rows, kh] x [kh, u] and the hyper
+    cell's [rows, kh] x [kh, 2 uh], run after one another at ``tflops_per_sm``."""
+    cols = main.units_per_block + hyper.cols_per_block
+    flops = 2 * main.rows_per_block * hyper.k_pad * cols
+    return 1e6 * flops / (rates.tflops_per_sm * 1e12)
 
 
 def rowgroup_plan(dtype: str, batch: int, width: int) -> PersistentPlan | None:
@@ -180,26 +228,34 @@ def rowgroup_plan(dtype: str, batch: int, width: int) -> PersistentPlan | None:
         return None
 
 
-def layouts(dtype: str, rates: Rates, batch: int, width: int) -> list[Layout]:
-    """The layouts weighed, each named with whether it is built: today's grid, the row-group
+def layouts(dtype: str, rates: Rates, batch: int, width: int, hyper: int) -> list[Layout]:
+    """The layouts weighed, each named with whether it is built: the grid and the row-group
     clusters (`kernels/mosaic/rowgroup_layout.py`, ``persistent.LAYOUT = "rowgroup"``), each with
-    the hyper cell as its own launches (built) and inside the main kernels (not built), and
-    the row-group clusters with TMA multicast of the A rows (not built)."""
-    grid = plan_for(batch, width, dtype)
-    out = [
-        Layout("grid, hyper as own launches (built: today)", grid, 1, rates.barrier_us, False),
-    ]
+    the hyper cell as its own launches (built), inside the forward kernel (built: today's
+    grid, where `inside_plans` has plans) and inside both kernels (not built), and the
+    row-group clusters with TMA multicast of the A rows (not built)."""
+    out = []
     rowgroup = rowgroup_plan(dtype, batch, width)
-    clusters = None if rowgroup is None else f"row-group clusters of {rowgroup.col_blocks}"
+    grids = [("grid", plan_for(batch, width, dtype), rates.barrier_us, "")]
     if rowgroup is not None:
-        name = f"{clusters}, hyper as own launches (built)"
-        out.append(Layout(name, rowgroup, 1, CLUSTER_BARRIER_US, False))
-    out.append(Layout("grid, hyper inside (not built)", grid, 1, rates.barrier_us, True))
+        name = f"row-group clusters of {rowgroup.col_blocks}"
+        grids.append((name, rowgroup, CLUSTER_BARRIER_US, ""))
+    for name, plan, barrier_us, _ in grids:
+        alone = plan_for(batch, hyper, dtype, "grid" if name == "grid" else "rowgroup")
+        built = "built: today" if name == "grid" else "built"
+        inside = inside_plans(plan, alone)
+        if inside is not None:
+            label = f"{name}, hyper inside the forward, own launches backward ({built})"
+            out.append(Layout(label, inside[0], 1, barrier_us, "forward", inside[1]))
+            built = "built"
+        out.append(
+            Layout(f"{name}, hyper as own launches ({built})", plan, 1, barrier_us, "launches")
+        )
+    for name, plan, barrier_us, _ in grids:
+        out.append(Layout(f"{name}, hyper inside (not built)", plan, 1, barrier_us, "inside"))
     if rowgroup is not None:
-        name = f"{clusters}, hyper inside (not built)"
-        out.append(Layout(name, rowgroup, 1, CLUSTER_BARRIER_US, True))
-        name = f"{clusters}, multicast A, hyper inside (not built)"
-        out.append(Layout(name, rowgroup, rowgroup.col_blocks, CLUSTER_BARRIER_US, True))
+        name = f"{grids[1][0]}, multicast A, hyper inside (not built)"
+        out.append(Layout(name, rowgroup, rowgroup.col_blocks, CLUSTER_BARRIER_US, "inside"))
     return out
 
 
@@ -233,15 +289,19 @@ def predicted_step(
     phases = depth * length  # per direction
     fwd = kernel_phase_us(plan, rates, layout.multicast, False)
     bwd = kernel_phase_us(plan, rates, layout.multicast, True)
-    hyper_ms = 0.0
+    hyper_plan = plan_for(shape["batch"], shape["hyper"], dtype)
+    hyper = [kernel_phase_us(hyper_plan, rates, 1, b) for b in (False, True)]
     barriers = 2 * phases
-    if layout.hyper_in_kernel:
+    if layout.hyper == "inside":
         fwd += hyper_share_us(plan, shape["hyper"], rates, False)
         bwd += hyper_share_us(plan, shape["hyper"], rates, True)
         barriers += 2  # the skew: one more phase per direction
+        hyper_ms = 0.0
+    elif layout.hyper == "forward":
+        fwd += hyper_forward_share_us(plan, layout.hyper_plan, rates)
+        barriers += 1 + phases  # the forward's prologue phase; the hyper backward's own
+        hyper_ms = phases * hyper[1] / 1e3
     else:
-        hyper_plan = plan_for(shape["batch"], shape["hyper"], dtype)
-        hyper = [kernel_phase_us(hyper_plan, rates, 1, b) for b in (False, True)]
         hyper_ms = phases * sum(hyper) / 1e3
         barriers += 2 * phases
     kernel_ms = phases * (fwd + bwd) / 1e3 + hyper_ms
@@ -287,7 +347,7 @@ def table(report: dict, rates: Rates | None = None, shape: dict | None = None) -
     rows = []
     for dtype in ("bfloat16", "float32"):
         glue = glue_bytes_of(report, dtype)
-        for layout in layouts(dtype, rates, shape["batch"], shape["width"]):
+        for layout in layouts(dtype, rates, shape["batch"], shape["width"], shape["hyper"]):
             rows.append(step_row(layout, dtype, glue, rates, shape))
     return rows
 
@@ -331,7 +391,9 @@ def plan_report(args) -> dict:
     rates = calibrated_rates(args.calibration) if args.calibration else Rates()
     at_dtype = dtype_rates(rates, args.dtype)
     shape = dict(batch=args.batch, width=args.width, hyper=args.hyper, depth=7, length=100)
-    today = Layout("grid, hyper as own launches", plan, args.multicast, rates.barrier_us, False)
+    today = Layout(
+        "grid, hyper as own launches", plan, args.multicast, rates.barrier_us, "launches"
+    )
     return {
         "plan": dataclasses.asdict(plan),
         **plan.summary(),

@@ -37,6 +37,7 @@ Shapes: T time, L depth, B batch, n width.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -167,3 +168,113 @@ def highway_sequence(
     if spec.gate_dropout and key_data is None:
         raise ValueError("gate dropout needs a key")
     return _sequence(spec, weights, s0, xproj, z, key_data, hidden_masks)
+
+
+# ----------------------------------------------------------------------------- hyper inside
+
+
+def hyper_inside(spec: SequenceSpec, batch: int, width: int, hyper_width: int) -> bool:
+    """Whether `hyper_highway_sequence` runs this HyperRHN: its implementation runs the hyper
+    cell inside its forward kernel (``persistent``) and has plans for these widths."""
+    impl = IMPLEMENTATIONS[spec.impl]
+    plans = getattr(impl, "hyper_inside_plans", None)
+    return plans is not None and plans(spec, batch, width, hyper_width) is not None
+
+
+def _hyper_specs(spec: SequenceSpec) -> tuple[SequenceSpec, SequenceSpec]:
+    """(the hyper cell's spec: every layer returned, the main cell's: the last layer only)."""
+    hyper = dataclasses.replace(spec, last_layer_only=False)
+    return hyper, dataclasses.replace(spec, last_layer_only=True)
+
+
+def _hyper_run_forward(spec, weights, proj, s0s, xprojs, keys, save: bool):
+    """Pads both cells and runs their forward as one kernel: per cell (geo, operands with
+    z, states [T, L, Bp, Np], saved)."""
+    impl = IMPLEMENTATIONS[spec.impl]
+    cells_in = zip(_hyper_specs(spec), weights, s0s, xprojs, keys, strict=True)
+    geos, operands = [], []
+    for cell_spec, w, s0, xproj, key_data in cells_in:
+        geo = impl.geometry(cell_spec, *s0.shape)
+        geos.append(geo)
+        operands.append(_padded_operands(cell_spec, impl, geo, w, s0, xproj, None, key_data, None))
+    kernels = tuple(w.kernel_s for w in weights)
+    hyper, main, z = impl.hyper_forward_loop(spec, geos, kernels, operands, *proj, save=save)
+    operands[1] = (*operands[1][:3], z, *operands[1][4:])
+    return [(geo, ops, *out) for geo, ops, out in zip(geos, operands, (hyper, main), strict=True)]
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _hyper_sequence(spec, weights, proj, s0s, xprojs, keys):
+    # Without differentiation nothing is saved for a backward pass.
+    runs = _hyper_run_forward(spec, weights, proj, s0s, xprojs, keys, save=False)
+    return _hyper_returned(spec, runs)
+
+
+def _hyper_returned(spec, runs) -> tuple[Array, Array]:
+    """(hyper states [T, L, B, h], the main cell's last layer [T, B, n]), unpadded."""
+    return tuple(
+        geo.unpad_rows(_returned(cell_spec, states))
+        for cell_spec, (geo, _, states, _) in zip(_hyper_specs(spec), runs, strict=True)
+    )
+
+
+def _hyper_sequence_fwd(spec, weights, proj, s0s, xprojs, keys):
+    runs = _hyper_run_forward(spec, weights, proj, s0s, xprojs, keys, save=True)
+    out = _hyper_returned(spec, runs)
+    residuals = []
+    for (_, operands, _, saved), w, key_data in zip(runs, weights, keys, strict=True):
+        key_zero = None if key_data is None else jnp.zeros(key_data.shape, jax.dtypes.float0)
+        residuals.append((operands, saved, key_zero, w))
+    return out, (tuple(residuals), proj, out[0])
+
+
+def _hyper_sequence_bwd(spec, residuals, g):
+    """The main cell's backward, z's VJP (`cells.hyper_scales`: dP, dp and the hyper states'
+    cotangent), then the hyper cell's backward with that cotangent added."""
+    (res_h, res_m), (proj_kernel, proj_bias), hyper_states = residuals
+    g_hyper, g_main = g
+    spec_h, spec_m = _hyper_specs(spec)
+    d_main = _sequence_bwd(spec_m, res_m, g_main)
+    dz = d_main[3]
+
+    def scales(kernel, bias, states):
+        return cells.hyper_scales(kernel, bias, states, spec.dtype)
+
+    _, scales_vjp = jax.vjp(scales, proj_kernel, proj_bias, hyper_states)
+    d_kernel, d_bias, d_states = scales_vjp(dz)
+    d_hyper = _sequence_bwd(spec_h, res_h, g_hyper + d_states)
+    pair = lambda i: (d_hyper[i], d_main[i])  # noqa: E731
+    return pair(0), (d_kernel, d_bias), pair(1), pair(2), pair(4)
+
+
+_hyper_sequence.defvjp(_hyper_sequence_fwd, _hyper_sequence_bwd)
+
+
+def hyper_highway_sequence(
+    spec: SequenceSpec,
+    weights: tuple[cells.HighwayWeights, cells.HighwayWeights],
+    proj: tuple[Array, Array],
+    s0s: tuple[Array, Array],
+    xprojs: tuple[Array, Array],
+    gate_keys: tuple[Array | None, Array | None],
+) -> tuple[Array, Array]:
+    """A HyperRHN's two recurrences (``hyper_input="x"``: the hyper cell reads x only) over a
+    whole sequence as one differentiable op whose forward runs BOTH cells in one kernel
+    (`hyper_inside`). Its gradients are `highway_sequence`'s of each cell, z = s_hyper P + p
+    between them (`cells.hyper_scales`).
+
+    Args:
+      spec: as `highway_sequence`'s (the main cell's ``last_layer_only`` is implied).
+      weights: (hyper, main) cell parameters (kernel_x unused: pass ``xprojs``).
+      proj: (P [L, h, n], p [L, n]) the hyper projection.
+      s0s: (s_hyper [B, h], s_main [B, n]) initial states (float32).
+      xprojs: (hyper x U [T, B, 2h], main x U [T, B, 2n]), no bias, unscaled.
+      gate_keys: (hyper, main) dropout keys (required when spec.gate_dropout), or Nones.
+    Returns:
+      (hyper states [T, L, B, h] after every micro-layer, main states [T, B, n] after the
+      last micro-layer of every step).
+    """
+    if spec.gate_dropout and None in gate_keys:
+        raise ValueError("gate dropout needs a key")
+    keys = tuple(None if k is None else jax.random.key_data(k) for k in gate_keys)
+    return _hyper_sequence(spec, tuple(weights), tuple(proj), tuple(s0s), tuple(xprojs), keys)
