@@ -2,8 +2,9 @@
 
     NPROC=17 python benchmarks/interpret_check.py [--paper] [--only=persistent] [--out=F.json]
 
-For each kernel (`mosaic_forward`, `mosaic_backward`, `persistent_forward`,
-`persistent_backward`) and a few layouts, from one block to a cluster of 16: runs the real
+For each kernel (`mosaic_forward`, `mosaic_backward`, `persistent_forward`, the persistent
+forward with the hyper cell inside, `persistent_backward`) and a few layouts, from one block
+to a cluster of 16: runs the real
 kernel interpreted with the race detector on (`rhhjax.kernels.mosaic.interpret.params`) and its
 pure-JAX reference on the same fresh random inputs, and prints one markdown row per run: the
 blocks (a grid run one block after another, or one cluster run at once), the largest
@@ -134,6 +135,48 @@ def persistent_forward_case(plan: PersistentPlan, steps: int, depth: int):
     return f"cluster {plan.row_blocks} x {plan.col_blocks}", kernel, reference
 
 
+def persistent_hyper_forward_case(plans: tuple, steps: int, depth: int):
+    """(cluster, kernel thunk, reference thunk) of the whole-sequence forward with the hyper
+    cell inside (`persistent_forward.HyperInside`: z from the kernel's own GEMM) and gate
+    dropout in both cells, saving the backward's rows: both cells' outputs and z."""
+    plan, hyper_plan = plans
+    rng = np.random.default_rng(plan.grid * 3 + steps)
+
+    def cell(cell_plan):  # w_blk, s0, xproj (unpadded units), bias, mask
+        n, b, n_pad = cell_plan.width, cell_plan.b_pad, cell_plan.n_pad
+        w = _normal(rng, depth, n, 2 * n, scale=0.3)
+        halves = [_phase_inputs(cell_plan, steps, 1, rng) for _ in range(2)]
+        bias = _normal(rng, depth, 1, 2, n_pad, scale=0.3)
+        return (
+            pf.forward_weights(cell_plan, w, cell_plan.dtype),
+            _phase_inputs(cell_plan, 1, 1, rng)[0],
+            (jnp.stack(halves, axis=2) * 0.5)[..., : cell_plan.z_width],
+            jnp.broadcast_to(bias, (depth, b, 2, n_pad)),
+            jnp.asarray(rng.random((steps * depth, b, n_pad)) < KEEP, jnp.uint8),
+        )
+
+    w_blk, s0, xproj, bias, mask = cell(plan)
+    proj = _normal(rng, depth, hyper_plan.width, plan.width, scale=0.2)
+    proj_bias = 1.0 + _normal(rng, depth, 1, plan.n_pad, scale=0.1)
+    hyper = pf.HyperInside(
+        hyper_plan, *cell(hyper_plan),
+        pf.projection_weights(plan, hyper_plan, proj, plan.dtype),
+        jnp.broadcast_to(proj_bias, (depth, plan.b_pad, plan.n_pad)),
+    )  # fmt: skip
+    args = (plan, w_blk, s0, xproj, bias, None, mask)
+
+    def kernel():
+        run = lambda *a: pf.persistent_forward(  # noqa: E731
+            plan, *a, save=True, keep=KEEP, interpret=gpu_interpret.params(), hyper=hyper
+        )
+        return jax.jit(run)(*args[1:])[:-1]
+
+    def reference():
+        return pf.persistent_forward_reference(*args, save=True, keep=KEEP, hyper=hyper)[:-1]
+
+    return f"cluster {plan.row_blocks} x {plan.col_blocks}", kernel, reference
+
+
 def persistent_backward_case(plan: PersistentPlan, steps: int, depth: int):
     """(cluster, kernel thunk, reference thunk) of the whole-sequence backward with z and
     gate dropout."""
@@ -199,6 +242,17 @@ def cases(paper: bool) -> list[tuple]:
         for plan, steps, depth in plans:
             note = f"B {plan.batch}, n {plan.width}, T {steps}, L {depth}"
             out.append((name, plan.dtype, note, lambda m=make, c=(plan, steps, depth): m(*c)))
+    hyper_plans = [  # ((main plan, hyper plan), steps, depth)
+        ((PersistentPlan(100, 64, "float32", 2, 2, 32, 2),
+          PersistentPlan(100, 32, "float32", 2, 2, 32, 2, units=16)), 2, 3),
+        ((PersistentPlan(64, 256, "bfloat16", 16, 1, 32, 2),
+          PersistentPlan(64, 64, "bfloat16", 4, 1, 32, 2, units=16)), 2, 2),
+    ]  # fmt: skip
+    for (plan, hyper_plan), steps, depth in hyper_plans:
+        note = f"B {plan.batch}, n {plan.width}, h {hyper_plan.width}, T {steps}, L {depth}"
+        case = ((plan, hyper_plan), steps, depth)
+        make = lambda c=case: persistent_hyper_forward_case(*c)  # noqa: E731
+        out.append(("persistent_forward, hyper inside", plan.dtype, note, make))
     # The check can fail: without its barrier between phases the kernel must be reported.
     mutant = (PersistentPlan(64, 64, "bfloat16", 2, 1, 32), 2, 1)
     note = "B 64, n 64, T 2, L 1; " + MUTANT
