@@ -221,6 +221,32 @@ def test_the_paper_hyperrhn_runs_the_hyper_cell_inside_the_forward_kernel():
     assert persistent.hyper_inside_plans(one_block, 4, 12, 6) is None
 
 
+def test_with_the_switch_off_the_hyperrhn_runs_the_two_kernels_of_before(monkeypatch):
+    """`persistent.HYPER_INSIDE = False`: no plans, so the model runs the hyper cell's own
+    kernels and the main one's, and matches its run with the hyper cell inside."""
+    sequence = spec.SequenceSpec("persistent", 0.75, jnp.float32)
+    assert recurrence.hyper_inside(sequence, 256, 1000, 128)
+    base = dict(type="hyperrhn", vocab_size=11, embed_dim=5, hidden=13, hyper_hidden=7, depth=2)
+    config = models.ModelConfig(**base, impl="persistent", dropout="gate", keep=0.7)
+    model = models.build_model(config, platform="gpu")
+    model = model.clone(spec=dataclasses.replace(model.spec, references=True))
+    params = models.init_params(model, jax.random.key(0))
+    tokens = jnp.asarray(np.random.default_rng(0).integers(0, 11, (3, 5)))
+    calls, loop = [], persistent.hyper_forward_loop
+    monkeypatch.setattr(
+        persistent, "hyper_forward_loop", lambda *a, **k: calls.append(1) or loop(*a, **k)
+    )
+    inside = loss_and_grads(model, params, tokens, jax.random.key(1))
+    assert calls
+    calls.clear()
+    monkeypatch.setattr(persistent, "HYPER_INSIDE", False)
+    assert not recurrence.hyper_inside(sequence, 256, 1000, 128)
+    apart = loss_and_grads(model, params, tokens, jax.random.key(1))
+    assert not calls
+    for a, e in zip(jax.tree.leaves(apart), jax.tree.leaves(inside), strict=True):
+        np.testing.assert_allclose(a, e, rtol=1e-5, atol=1e-6)
+
+
 class HyperInsideMatchesScan(KernelModelMatchesScan):
     """The HyperRHN whose hyper cell runs inside the forward kernel
     (`recurrence.hyper_highway_sequence`) against `scan`: loss and every gradient."""

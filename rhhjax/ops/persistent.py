@@ -20,9 +20,15 @@ after every micro-layer phase, T * L of them per direction:
   matmul-dtype buffers and layer 0's f32 d_scaled) are XLA GEMMs after the loop; the
   gradient of s0 is one XLA matmul.
 
-The hyper cell is not inside the kernel: with ``hyper_input="x"`` the hyper recurrence runs
-first, as its own persistent sequence, and every z is computed at once
-(`rhhjax.models.cores.HyperRHNCore`), so the main kernel reads z as an input.
+The hyper cell (``hyper_input="x"``: it reads x, not the main state) runs INSIDE the forward
+kernel wherever `hyper_inside_plans` has plans (the paper's HyperRHN in both dtypes):
+`hyper_forward_loop`, called by `rhhjax.ops.recurrence.hyper_highway_sequence`, runs both
+cells' T * L phases in one launch, the hyper cell one phase ahead on the blocks of its own
+plan, z from the kernel's own GEMM (`persistent_forward.HyperInside`). Its backward is each
+cell's own backward kernel, the main cell's first (dz), z's VJP between them. Elsewhere
+(and in a HyperRHN whose plans leave no room) the hyper recurrence runs first as its own
+sequence, every z is computed at once (`rhhjax.models.cores.HyperRHNCore`) and the main
+kernel reads z as an input.
 
 Where it runs: compiled on a Hopper GPU; with `model.pallas_mode="interpret"`
 (`spec.interpret`) the same kernels executed in GPU interpret mode on the host, race detector
@@ -77,6 +83,9 @@ LAST_LAYER_COTANGENT = True
 # "rowgroup" (one cluster per row group, a cluster barrier; plans of <= 16 column blocks).
 # "grid" until a GPU has measured both (`benchmarks/calibrate_persistent.py`).
 LAYOUT = "grid"
+# The HyperRHN's hyper cell inside the forward kernel where `hyper_inside_plans` has plans;
+# False: its own kernels, as before. On until a GPU has measured both.
+HYPER_INSIDE = True
 
 
 def unsupported(model: ModelFacts) -> str | None:
@@ -245,8 +254,11 @@ def hyper_inside_plans(
     spec: SequenceSpec, batch: int, width: int, hyper_width: int
 ) -> tuple[PersistentPlan, PersistentPlan] | None:
     """(main plan, hyper plan) of the forward kernel with the hyper cell inside
-    (`persistent_forward.HyperInside`), or None where there is none: `persistent_cost.
-    inside_plans` of each cell's own plan (`geometry`'s), whose layouts the backward reads."""
+    (`persistent_forward.HyperInside`), or None where there is none (or `HYPER_INSIDE` is
+    off): `persistent_cost.inside_plans` of each cell's own plan (`geometry`'s), whose
+    layouts the backward reads."""
+    if not HYPER_INSIDE:
+        return None
     return inside_plans(_plan_of(spec, batch, width), _plan_of(spec, batch, hyper_width))
 
 
