@@ -233,7 +233,7 @@ def test_reference_matches_the_persistent_schedule(
     mm = jnp.dtype(dtype)
     wt, outs = _reference(plan, case, mm)
     d_x, d_mm_slots, ds_carry0, parts = outs[:4]
-    assert len(outs) == 5 + z_on
+    assert len(outs) == 5 + 2 * z_on
     d_mm = _phase_order(d_mm_slots, steps, depth)
     b_pad, n_pad, phases = plan.b_pad, plan.n_pad, steps * depth
     by_step = lambda x: None if x is None else x.reshape(steps, depth, *x.shape[1:])  # noqa: E731
@@ -261,6 +261,8 @@ def test_reference_matches_the_persistent_schedule(
         want_dz = dz.reshape(steps, depth, b_pad, n_pad)[..., : plan.z_width]
         close(jnp.swapaxes(outs[4], 0, 1), want_dz)
         assert not np.asarray(dz.reshape(steps, depth, b_pad, n_pad)[..., plan.z_width :]).any()
+        # the column sums of dz add up to the gradient of z's bias, per layer
+        close(pb.scale_bias_gradient(outs[5], depth), want_dz.sum(axis=(0, 2))[..., :n_pad])
     w0 = wt[:n_pad]
     close(ds_carry0 + jnp.matmul(d_mm[:b_pad], w0.T, preferred_element_type=F32), ds0)
 
@@ -276,7 +278,7 @@ def test_reference_takes_the_last_layers_cotangent_alone_as_the_dense_one():
     dense = jnp.zeros_like(case["g"]).at[depth - 1 :: depth].set(g_last)
     alone = pb.persistent_backward_reference(plan, wt, g_last, *rest, keep=KEEP)
     whole = pb.persistent_backward_reference(plan, wt, dense, *rest, keep=KEEP)
-    assert len(alone) == 6  # with z: dz too
+    assert len(alone) == 7  # with z: dz and its column sums too
     for a, e in zip(alone, whole, strict=True):
         np.testing.assert_array_equal(a, e)
     with pytest.raises(PlanError, match=r"g \(2, 64, 48\) is not \[9, 64, 48\]") as e:
@@ -342,16 +344,17 @@ def test_smem_bytes_count_each_allocation_rounded_to_a_kib():
     """The paper bf16 plan: A 4 x 256 x 64 x 2, B 4 x 8 x 64 x 2, seven f32 input tiles (g,
     s_prev, full's halves, z, the bias halves), the uint8 mask tile [256, 8], carry and
     accumulator [256, 8] f32, two bf16 d_scaled tiles, the bias column sums [2, 32, 8] f32
-    (32 rows of 8 units: 256 elements); twelve mbarriers. Without z and mask four input
-    tiles (g, s_prev, h, tg): three f32 tiles, the uint8 tile and four mbarriers fewer."""
+    (32 rows of 8 units: 256 elements) and dz's [32, 8] (1 KiB); twelve mbarriers. Without
+    z and mask four input tiles (g, s_prev, h, tg): three f32 tiles, the uint8 tile, dz's
+    sums and four mbarriers fewer."""
     plan = paper_plan("bfloat16")
     tile, mask_tile = 256 * 8 * 4, 256 * 8
     assert pb.bias_row_group(plan) == 32
     full = (4 * 256 * 64 * 2 + 4 * 8 * 64 * 2 + 7 * tile + mask_tile + 2 * tile
-            + 2 * 256 * 8 * 2 + 2 * 32 * 8 * 4 + 8 * 12)  # fmt: skip
+            + 2 * 256 * 8 * 2 + 2 * 32 * 8 * 4 + 32 * 8 * 4 + 8 * 12)  # fmt: skip
     assert pb.backward_smem_bytes(plan) == full
     without = pb.backward_smem_bytes(plan, has_z=False, has_mask=False)
-    assert without == full - 3 * tile - mask_tile - 32
+    assert without == full - 3 * tile - mask_tile - 1024 - 32
     # Each allocation rounds up to 1 KiB: A 8 KiB, B 2 x 8 x 16 x 4 = 1 KiB, the four input
     # tiles [64, 8] f32 8 KiB, carry and accumulator 2 KiB each, the f32 d_scaled pair 4 KiB,
     # the bias column sums 2 KiB.
@@ -473,7 +476,7 @@ class TestCompiled(MosaicGpuMode):
         )  # fmt: skip
         actual = jax.jit(kernel)(wt, case["g"], _packed(case), *_rest(case))
         assert not np.asarray(actual[-1]).any(), "grid barrier timed out"
-        assert len(actual) == len(expected) == 5 + z_on  # with z: dz, layer-major
+        assert len(actual) == len(expected) == 5 + 2 * z_on  # with z: dz and its sums
         tol = self.TOL[plan.dtype]
         for a, e in zip(actual[:-1], expected[:-1], strict=True):
             a, e = np.asarray(a, np.float32), np.asarray(e, np.float32)

@@ -23,7 +23,8 @@ plan.units_per_block``). Phase ``p`` is ``(t, l) = (p // L, p % L)``; its "above
                `persistent_slots`: layer-major, so the weight gradient needs no transpose)
     dz       = da_h * full_h + da_t * full_t               (with z)
     bias     = the column sums of da over the block's rows, as ``group`` partial rows
-               (`bias_row_group`: rows i, i + group, ... summed), for dbias
+               (`bias_row_group`: rows i, i + group, ... summed), for dbias; with z the
+               same of dz, for the gradient of the hyper projection's bias (z = s P + p)
 
 Operands (padded; matmul dtype = wt.dtype, bf16 or f32):
 
@@ -55,7 +56,9 @@ d_scaled of phase p, layer-major);
 ``d_scaled_0 @ W_0^T``); ``bias_parts [P, R, 2, group, n_pad] f32`` (each block's column
 sums of da: `bias_gradient` adds them up; da itself, 1.5 GB at the paper's sizes, is never
 written); with z ``dz [L, T, b_pad, plan.z_width] f32``, layer-major like z (the order the
-hyper projection reads it; stores past z_width dropped by TMA);
+hyper projection reads it; stores past z_width dropped by TMA), and ``dz_parts [P, R,
+group, n_pad] f32``, each block's column sums of dz (`scale_bias_gradient` adds them up: the
+gradient of p in z = s P + p, without a pass over dz);
 ``status [R * C] int32`` (0 = fine, else 1 + the barrier index at which the block gave up).
 
 Barriers: index 0 after the prologue (each block zeroes its carry), then
@@ -110,12 +113,22 @@ def bias_gradient(bias_parts: Array, depth: int) -> Array:
     return parts.sum(axis=(0, 2, 4))
 
 
+def scale_bias_gradient(dz_parts: Array, depth: int) -> Array:
+    """The kernel's ``dz_parts`` [P, R, group, n_pad] -> the sum of dz over steps and rows
+    per layer, [L, n_pad]: the gradient of the hyper projection's bias p (z = s P + p)."""
+    phases = dz_parts.shape[0]
+    parts = dz_parts.reshape(phases // depth, depth, *dz_parts.shape[1:])
+    return parts.sum(axis=(0, 2, 3))
+
+
 def _bias_parts_reference(plan: PersistentPlan, da: Array) -> Array:
-    """da [P, b_pad, 2, n_pad] -> the kernel's ``bias_parts`` [P, R, 2, group, n_pad]: the
-    sums over j of rows j * group + i of each block's rows, i < group."""
+    """da [P, b_pad, 2, n_pad] (or dz [P, b_pad, n_pad]) -> the kernel's ``bias_parts`` [P,
+    R, 2, group, n_pad] (or ``dz_parts`` [P, R, group, n_pad]): the sums over j of rows j *
+    group + i of each block's rows, i < group."""
     group, rows = bias_row_group(plan), plan.rows_per_block
-    parts = da.reshape(da.shape[0], plan.row_blocks, rows // group, group, 2, plan.n_pad)
-    return parts.sum(axis=2).transpose(0, 1, 3, 2, 4)
+    parts = da.reshape(da.shape[0], plan.row_blocks, rows // group, group, *da.shape[2:])
+    parts = parts.sum(axis=2)  # [P, R, group, (2,) n_pad]
+    return jnp.moveaxis(parts, 2, -2) if da.ndim == 4 else parts
 
 
 def _align(nbytes: int) -> int:
@@ -154,6 +167,7 @@ def backward_smem_bytes(plan: PersistentPlan, has_z: bool = True, has_mask: bool
         acc        rows * u * 4             (the accumulator, staged for the epilogue)
         dsc        2 * rows * u * itemsize  (d_scaled halves in the matmul dtype)
         bias       2 * group * u * 4        (the column sums of da's halves, `bias_row_group`)
+        dz sums    group * u * 4            (with z: the column sums of dz)
         mbarriers  8 * (n_in [+ 1 mask] + stages')
     """
     rows, u, item = plan.rows_per_block, plan.units_per_block, plan.itemsize
@@ -169,6 +183,7 @@ def backward_smem_bytes(plan: PersistentPlan, has_z: bool = True, has_mask: bool
         2 * rows * u * item,
         rows * u * has_mask,
         2 * bias_row_group(plan) * u * 4,
+        bias_row_group(plan) * u * 4 * has_z,
     )
     return sum(map(_align, allocations)) + MBARRIER_BYTES * (n_in + has_mask + stages)
 
@@ -279,11 +294,12 @@ def persistent_backward(
 
     Returns (d_x [T, b_pad, 2, plan.z_width] f32, d_mm [P * b_pad, 2 * n_pad] matmul dtype,
     ds_carry0 [b_pad, n_pad] f32, bias_parts [P, R, 2, group, n_pad] f32, with z dz [L, T,
-    b_pad, plan.z_width] f32, status [R * C] int32). The caller checks ``status`` with
-    `grid_barrier.check_status`. Compiled, it runs on a Hopper GPU only; with ``interpret``
-    (`gpu_interpret.params()`, jax >= 0.11.2) in GPU interpret mode as one cluster with a
-    cluster barrier (`grid_barrier.launch`; ``plan.check_interpretable``). ``layout``
-    "rowgroup": one cluster per row group, a cluster barrier (`rowgroup_layout`)."""
+    b_pad, plan.z_width] f32 and dz_parts [P, R, group, n_pad] f32, status [R * C] int32).
+    The caller checks ``status`` with `grid_barrier.check_status`. Compiled, it runs on a
+    Hopper GPU only; with ``interpret`` (`gpu_interpret.params()`, jax >= 0.11.2) in GPU
+    interpret mode as one cluster with a cluster barrier (`grid_barrier.launch`;
+    ``plan.check_interpretable``). ``layout`` "rowgroup": one cluster per row group, a
+    cluster barrier (`rowgroup_layout`)."""
     depth = _check_operands(plan, wt, g, packed, z, mask, bias, s_mm)
     check_plan(plan, z is not None, mask is not None)
     rowgroup_layout.check(plan, layout, interpret)
@@ -308,11 +324,12 @@ def persistent_backward(
 
     def kernel(
         wt_g, g_g, packed_g, *refs, epi, carry, acc_smem, dsc, bias_part, bar, mask_tile=None,
-        phase_bar=None,
+        dz_part=None, phase_bar=None,
     ):  # fmt: skip
         extra_g = refs[: len(extras)]
         d_x_g, d_mm_g, ds_carry0_g, bias_g = refs[len(extras) : len(extras) + 4]
-        dz_g, status_g = (refs[-2] if has_z else None), refs[-1]
+        dz_g, dz_parts_g = (refs[-3], refs[-2]) if has_z else (None, None)
+        status_g = refs[-1]
         r, c = block_index((n_r, n_c), ("r", "g"), phase_bar)
         block_rows = pl.ds(r * rows, rows)
         units = pl.ds(c * u, u)
@@ -426,15 +443,23 @@ def persistent_backward(
                 for half, slot in enumerate(d_x_slots):
                     plgpu.copy_smem_to_gmem(epi.at[slot], d_x_g.at[t, block_rows, half, units])
 
-            # The column sums of da's halves, read from their staged tiles while the stores
-            # above are in flight (reads both); the last phase's store of them has completed.
-            for half in range(2):
-                total = keep_mask.load_strided(epi.at[half, pl.ds(0, group)])
+            # The column sums of da's halves (and of dz), read from their staged tiles while
+            # the stores above are in flight (reads both); the last phase's store of them
+            # has completed.
+            def column_sums(tile):
+                total = keep_mask.load_strided(tile.at[pl.ds(0, group)])
                 for j in range(1, rows // group):
-                    total = total + keep_mask.load_strided(epi.at[half, pl.ds(j * group, group)])
-                bias_part[half] = total
+                    total = total + keep_mask.load_strided(tile.at[pl.ds(j * group, group)])
+                return total
+
+            for half in range(2):
+                bias_part[half] = column_sums(epi.at[half])
+            if has_z:
+                dz_part[...] = column_sums(epi.at[2])
             plgpu.commit_smem()
             plgpu.copy_smem_to_gmem(bias_part, bias_g.at[p, r, :, :, units])
+            if has_z:
+                plgpu.copy_smem_to_gmem(dz_part, dz_parts_g.at[p, r, :, units])
             plgpu.wait_smem_to_gmem(0)
 
         # Prologue: zero the carry; barrier 0.
@@ -464,6 +489,7 @@ def persistent_backward(
         jax.ShapeDtypeStruct((b_pad, n_pad), F32),
         jax.ShapeDtypeStruct((phases, n_r, 2, group, n_pad), F32),
         *[jax.ShapeDtypeStruct((depth, steps, b_pad, plan.z_width), F32)] * has_z,
+        *[jax.ShapeDtypeStruct((phases, n_r, group, n_pad), F32)] * has_z,
         jax.ShapeDtypeStruct((n_r * n_c,), jnp.int32),
     )
     launch_args, phase_bar = launch((n_r, n_c), ("r", "g"), interpret)
@@ -478,6 +504,7 @@ def persistent_backward(
             bias_part=plgpu.SMEM((2, group, u), F32),
             bar=plgpu.Barrier(num_barriers=len(names) + has_mask),
             **({"mask_tile": plgpu.SMEM((rows, u), keep_mask.DTYPE)} if has_mask else {}),
+            **({"dz_part": plgpu.SMEM((group, u), F32)} if has_z else {}),
             **phase_bar,
         ),
         **launch_args,
@@ -542,6 +569,8 @@ def persistent_backward_reference(
     status = jnp.zeros((plan.grid,), jnp.int32)
     if z is None:
         return d_x, d_mm, ds_carry0, bias_parts, status
-    dz = jnp.sum(da * packed[:, :, 1:3], axis=2).reshape(phases // depth, depth, b_pad, n_pad)
+    dz_pm = jnp.sum(da * packed[:, :, 1:3], axis=2)  # [P, b_pad, n_pad]
+    dz = dz_pm.reshape(phases // depth, depth, b_pad, n_pad)
     dz = jnp.swapaxes(dz, 0, 1)[..., : plan.z_width]
-    return d_x, d_mm, ds_carry0, bias_parts, dz, status
+    dz_parts = _bias_parts_reference(plan, dz_pm)
+    return d_x, d_mm, ds_carry0, bias_parts, dz, dz_parts, status

@@ -331,6 +331,13 @@ def _states_from_s_mm(s_mm: Array, s_last: Array, length: int, depth: int) -> Ar
 
 
 def backward_loop(spec, geo, w, bias, s0, xproj, z, keep, hidden, saved, g_states):
+    """`backward_loop_and_scale_bias`'s gradients (the `rhhjax.ops.spec.Implementation`
+    loop)."""
+    args = (spec, geo, w, bias, s0, xproj, z, keep, hidden, saved, g_states)
+    return backward_loop_and_scale_bias(*args)[:5]
+
+
+def backward_loop_and_scale_bias(spec, geo, w, bias, s0, xproj, z, keep, hidden, saved, g_states):
     """The whole backward as one kernel (its reference when `spec.references`), then the
     gradients in the layouts the kernels write (phase-major, no [T, L] reshapes of the
     large arrays: every XLA pass reads only what it needs).
@@ -341,9 +348,11 @@ def backward_loop(spec, geo, w, bias, s0, xproj, z, keep, hidden, saved, g_state
     and zero elsewhere). Returns
     (ds0 [Bp, Np], d_scaled of layer 0 [T, 1, Bp, 2, Np] = da * [z, z] in f32 (the gradient
     of xproj, the kernel's d_x), dz [T, L, Bp, Np] or None, dbias [L, 2, Np] (from the
-    kernel's column sums of da), dW [L, k_pad, 2, Np]): dW from the kernels' matmul-dtype
-    operands, s_mm (the input states) and d_mm (d_scaled), the values
-    `loops.deferred_weight_gradient` would cast."""
+    kernel's column sums of da), dW [L, k_pad, 2, Np], with z the sum of dz over steps and
+    rows [L, Np] from the kernel's column sums (the gradient of the bias p of z = s P + p,
+    with no pass over dz), else None): dW from the kernels' matmul-dtype operands, s_mm
+    (the input states) and d_mm (d_scaled), the values `loops.deferred_weight_gradient`
+    would cast."""
     del s0, hidden  # hidden: None (`forward_loop` refused it).
     packed, s_mm = saved
     (stacked,) = w
@@ -370,7 +379,8 @@ def backward_loop(spec, geo, w, bias, s0, xproj, z, keep, hidden, saved, g_state
     dbias = pb.bias_gradient(bias_parts, depth)
     d_xproj = _padded_units(geo, d_x)[:, None]
     dz = None if dz_lt is None else _padded_units(geo, jnp.swapaxes(dz_lt, 0, 1))
-    return ds0, d_xproj, dz, dbias, _weight_gradient(spec, depth, d_mm, s_mm)
+    dp = None if z is None else pb.scale_bias_gradient(outs[5], depth)
+    return ds0, d_xproj, dz, dbias, _weight_gradient(spec, depth, d_mm, s_mm), dp
 
 
 def _padded_units(geo: Geometry, x: Array) -> Array:

@@ -112,6 +112,13 @@ def _cotangent(spec: SequenceSpec, impl, g: Array, depth: int) -> Array:
 
 
 def _sequence_bwd(spec, residuals, g_states):
+    return _cell_backward(spec, residuals, g_states)[0]
+
+
+def _cell_backward(spec, residuals, g_states, scale_bias: bool = False):
+    """(the cotangents of `_sequence`'s inputs, with ``scale_bias`` the sum of dz over steps
+    and rows [L, n] from the implementation's kernel (`persistent.
+    backward_loop_and_scale_bias`: the gradient of the bias p of z = s P + p), else None)."""
     operands, saved, key_zero, weights = residuals
     bias, s0, xproj, z, keep, hidden = operands
     batch, width = g_states.shape[-2:]
@@ -119,9 +126,13 @@ def _sequence_bwd(spec, residuals, g_states):
     geo = impl.geometry(spec, batch, width)
     w_t = impl.prepare_weights(spec, geo, weights.kernel_s, transposed=True)
     g = _cotangent(spec, impl, geo.pad_rows(g_states), bias.shape[0])
-    ds0, d_scaled, dz, dbias, dw = impl.backward_loop(
-        spec, geo, w_t, bias, s0, xproj, z, keep, hidden, saved, g
-    )
+    args = (spec, geo, w_t, bias, s0, xproj, z, keep, hidden, saved, g)
+    dp = None
+    if scale_bias:
+        ds0, d_scaled, dz, dbias, dw, dp = impl.backward_loop_and_scale_bias(*args)
+        dp = dp[..., : geo.n]
+    else:
+        ds0, d_scaled, dz, dbias, dw = impl.backward_loop(*args)
     dbias = geo.unpad_bias(dbias)
     d_weights = cells.HighwayWeights(
         kernel_x=jnp.zeros_like(weights.kernel_x),
@@ -133,7 +144,7 @@ def _sequence_bwd(spec, residuals, g_states):
     dxproj = geo.unpad_halves(d_scaled[:, 0])
     dz = None if dz is None else geo.unpad_rows(dz)
     dhidden = None if hidden is None else jnp.zeros((hidden.shape[0], batch, width), hidden.dtype)
-    return d_weights, geo.unpad_rows(ds0), dxproj, dz, key_zero, dhidden
+    return (d_weights, geo.unpad_rows(ds0), dxproj, dz, key_zero, dhidden), dp
 
 
 _sequence.defvjp(_sequence_fwd, _sequence_bwd)
@@ -229,19 +240,20 @@ def _hyper_sequence_fwd(spec, weights, proj, s0s, xprojs, keys):
 
 
 def _hyper_sequence_bwd(spec, residuals, g):
-    """The main cell's backward, z's VJP (`cells.hyper_scales`: dP, dp and the hyper states'
-    cotangent), then the hyper cell's backward with that cotangent added."""
+    """The main cell's backward (with dp, the sum of dz, from its kernel's column sums), z's
+    VJP for dP and the hyper states' cotangent (`cells.hyper_scales`), then the hyper cell's
+    backward with that cotangent added."""
     (res_h, res_m), (proj_kernel, proj_bias), hyper_states = residuals
     g_hyper, g_main = g
     spec_h, spec_m = _hyper_specs(spec)
-    d_main = _sequence_bwd(spec_m, res_m, g_main)
+    d_main, d_bias = _cell_backward(spec_m, res_m, g_main, scale_bias=True)
     dz = d_main[3]
 
-    def scales(kernel, bias, states):
-        return cells.hyper_scales(kernel, bias, states, spec.dtype)
+    def scales(kernel, states):
+        return cells.hyper_scales(kernel, proj_bias, states, spec.dtype)
 
-    _, scales_vjp = jax.vjp(scales, proj_kernel, proj_bias, hyper_states)
-    d_kernel, d_bias, d_states = scales_vjp(dz)
+    _, scales_vjp = jax.vjp(scales, proj_kernel, hyper_states)
+    d_kernel, d_states = scales_vjp(dz)
     d_hyper = _sequence_bwd(spec_h, res_h, g_hyper + d_states)
     pair = lambda i: (d_hyper[i], d_main[i])  # noqa: E731
     return pair(0), (d_kernel, d_bias), pair(1), pair(2), pair(4)
