@@ -612,11 +612,3 @@ class TestInterpret(TestCompiled):
         self.run(plan, ops, save=False)  # as it is: no race
         monkeypatch.setattr(grid_barrier, "cluster_barrier", lambda bar: jnp.bool_(True))
         assert_race_reported(lambda: self.run(plan, ops, save=False), capsys)
-
-
-class TestInterpretRowgroupHyperInside(TestInterpret):
-    """The hyper cell inside the kernel launched as one cluster per row group
-    (`kernels/mosaic/rowgroup_layout.py`), interpreted: its tests only."""
-
-    LAYOUT = "rowgroup"
-    CASES = {"case": [], "hyper_case": TestInterpret.CASES["hyper_case"][:2]}

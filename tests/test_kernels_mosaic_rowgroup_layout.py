@@ -20,6 +20,8 @@ class TestForwardCompiled(tf.TestCompiled):
         # (dtype, batch, width, col_blocks, row_blocks, k_chunk, steps, depth): 4 x 16, the
         # paper bf16 plan's shape; 2 row groups of 4
         "case": [("bfloat16", 256, 1000, 16, 4, 64, 3, 3), ("float32", 100, 37, 3, 2, 16, 3, 2)],
+        # the hyper cell inside: the paper's plans (hyper 4 x 8 of 16 units)
+        "hyper_case": tf.TestCompiled.CASES["hyper_case"][:1],
     }  # fmt: skip
 
 
@@ -29,6 +31,8 @@ class TestForwardInterpret(tf.TestInterpret):
         # 2 row groups of one block; 2 row groups of 4 blocks; 3 row groups of 2 (bf16)
         "case": [("float32", 100, 32, 1, 2, 16, 2, 3), ("float32", 100, 37, 3, 2, 16, 3, 2),
                  ("bfloat16", 150, 64, 2, 3, 32, 2, 2)],
+        # the hyper cell inside: 2 row groups of 2 blocks (f32); one of 4, 2 with hyper units
+        "hyper_case": tf.TestInterpret.CASES["hyper_case"][:2],
     }  # fmt: skip
 
 

@@ -56,9 +56,10 @@ d_scaled of phase p, layer-major);
 ``d_scaled_0 @ W_0^T``); ``bias_parts [P, R, 2, group, n_pad] f32`` (each block's column
 sums of da: `bias_gradient` adds them up; da itself, 1.5 GB at the paper's sizes, is never
 written); with z ``dz [L, T, b_pad, plan.z_width] f32``, layer-major like z (the order the
-hyper projection reads it; stores past z_width dropped by TMA), and ``dz_parts [P, R,
-group, n_pad] f32``, each block's column sums of dz (`scale_bias_gradient` adds them up: the
-gradient of p in z = s P + p, without a pass over dz);
+hyper projection reads it; stores past z_width dropped by TMA), and ``dz_sums [L, R,
+group, n_pad] f32``, each block's column sums of dz accumulated over the steps in shared
+memory and written once at the end (`scale_bias_gradient` adds them up: the gradient of p
+in z = s P + p, without a pass over dz and without a buffer per phase);
 ``status [R * C] int32`` (0 = fine, else 1 + the barrier index at which the block gave up).
 
 Barriers: index 0 after the prologue (each block zeroes its carry), then
@@ -113,18 +114,16 @@ def bias_gradient(bias_parts: Array, depth: int) -> Array:
     return parts.sum(axis=(0, 2, 4))
 
 
-def scale_bias_gradient(dz_parts: Array, depth: int) -> Array:
-    """The kernel's ``dz_parts`` [P, R, group, n_pad] -> the sum of dz over steps and rows
+def scale_bias_gradient(dz_sums: Array) -> Array:
+    """The kernel's ``dz_sums`` [L, R, group, n_pad] -> the sum of dz over steps and rows
     per layer, [L, n_pad]: the gradient of the hyper projection's bias p (z = s P + p)."""
-    phases = dz_parts.shape[0]
-    parts = dz_parts.reshape(phases // depth, depth, *dz_parts.shape[1:])
-    return parts.sum(axis=(0, 2, 3))
+    return dz_sums.sum(axis=(1, 2))
 
 
 def _bias_parts_reference(plan: PersistentPlan, da: Array) -> Array:
     """da [P, b_pad, 2, n_pad] (or dz [P, b_pad, n_pad]) -> the kernel's ``bias_parts`` [P,
-    R, 2, group, n_pad] (or ``dz_parts`` [P, R, group, n_pad]): the sums over j of rows j *
-    group + i of each block's rows, i < group."""
+    R, 2, group, n_pad] (or dz's [P, R, group, n_pad]): the sums over j of rows j * group + i
+    of each block's rows, i < group."""
     group, rows = bias_row_group(plan), plan.rows_per_block
     parts = da.reshape(da.shape[0], plan.row_blocks, rows // group, group, *da.shape[2:])
     parts = parts.sum(axis=2)  # [P, R, group, (2,) n_pad]
@@ -151,9 +150,12 @@ def _saved_row(name: str, has_z: bool, state_in_packed: bool) -> int | None:
     return saved.index(name) if name in saved else None
 
 
-def backward_smem_bytes(plan: PersistentPlan, has_z: bool = True, has_mask: bool = True) -> int:
+def backward_smem_bytes(
+    plan: PersistentPlan, has_z: bool = True, has_mask: bool = True, depth: int = 7
+) -> int:
     """Shared memory per block (bytes) that `persistent_backward` allocates (defaults: with
-    z and mask). Every allocation is rounded up to 1 KiB (Mosaic GPU)::
+    z and mask, ``depth`` L = 7, the paper's). Every allocation is rounded up to 1 KiB
+    (Mosaic GPU)::
 
         pipeline   stages' * rows * k_chunk * itemsize  (A: d_mm rows)
                  + stages' * u * k_chunk * itemsize     (B: rows of W)   stages' = min(stages,
@@ -167,7 +169,7 @@ def backward_smem_bytes(plan: PersistentPlan, has_z: bool = True, has_mask: bool
         acc        rows * u * 4             (the accumulator, staged for the epilogue)
         dsc        2 * rows * u * itemsize  (d_scaled halves in the matmul dtype)
         bias       2 * group * u * 4        (the column sums of da's halves, `bias_row_group`)
-        dz sums    group * u * 4            (with z: the column sums of dz)
+        dz sums    L * group * u * 4        (with z: the column sums of dz, per layer)
         mbarriers  8 * (n_in [+ 1 mask] + stages')
     """
     rows, u, item = plan.rows_per_block, plan.units_per_block, plan.itemsize
@@ -183,12 +185,14 @@ def backward_smem_bytes(plan: PersistentPlan, has_z: bool = True, has_mask: bool
         2 * rows * u * item,
         rows * u * has_mask,
         2 * bias_row_group(plan) * u * 4,
-        bias_row_group(plan) * u * 4 * has_z,
+        depth * bias_row_group(plan) * u * 4 * has_z,
     )
     return sum(map(_align, allocations)) + MBARRIER_BYTES * (n_in + has_mask + stages)
 
 
-def check_plan(plan: PersistentPlan, has_z: bool = True, has_mask: bool = True) -> None:
+def check_plan(
+    plan: PersistentPlan, has_z: bool = True, has_mask: bool = True, depth: int = 7
+) -> None:
     """One-line `PlanError` unless the backward kernel can run ``plan`` co-resident: grid <=
     SMs, ``rows <= 256`` (a TMA box), ``u % 8 == 0`` (wgmma N, 16-byte TMA rows),
     ``2 * n_pad % k_chunk == 0`` (its K) and `backward_smem_bytes` within the per-block
@@ -207,7 +211,7 @@ def check_plan(plan: PersistentPlan, has_z: bool = True, has_mask: bool = True) 
     plan.check_backward_k()
     if has_mask:
         keep_mask.check_plan(plan, "backward")
-    need = backward_smem_bytes(plan, has_z, has_mask)
+    need = backward_smem_bytes(plan, has_z, has_mask, depth)
     if need > plan.smem_limit:
         raise PlanError(
             f"persistent backward needs {need} B of shared memory per block, over the "
@@ -294,14 +298,14 @@ def persistent_backward(
 
     Returns (d_x [T, b_pad, 2, plan.z_width] f32, d_mm [P * b_pad, 2 * n_pad] matmul dtype,
     ds_carry0 [b_pad, n_pad] f32, bias_parts [P, R, 2, group, n_pad] f32, with z dz [L, T,
-    b_pad, plan.z_width] f32 and dz_parts [P, R, group, n_pad] f32, status [R * C] int32).
+    b_pad, plan.z_width] f32 and dz_sums [L, R, group, n_pad] f32, status [R * C] int32).
     The caller checks ``status`` with `grid_barrier.check_status`. Compiled, it runs on a
     Hopper GPU only; with ``interpret`` (`gpu_interpret.params()`, jax >= 0.11.2) in GPU
     interpret mode as one cluster with a cluster barrier (`grid_barrier.launch`;
     ``plan.check_interpretable``). ``layout`` "rowgroup": one cluster per row group, a
     cluster barrier (`rowgroup_layout`)."""
     depth = _check_operands(plan, wt, g, packed, z, mask, bias, s_mm)
-    check_plan(plan, z is not None, mask is not None)
+    check_plan(plan, z is not None, mask is not None, depth)
     rowgroup_layout.check(plan, layout, interpret)
     launch, block_index, make_barrier = rowgroup_layout.functions(layout, interpret)
     phases = packed.shape[0]
@@ -324,11 +328,11 @@ def persistent_backward(
 
     def kernel(
         wt_g, g_g, packed_g, *refs, epi, carry, acc_smem, dsc, bias_part, bar, mask_tile=None,
-        dz_part=None, phase_bar=None,
+        dz_acc=None, phase_bar=None,
     ):  # fmt: skip
         extra_g = refs[: len(extras)]
         d_x_g, d_mm_g, ds_carry0_g, bias_g = refs[len(extras) : len(extras) + 4]
-        dz_g, dz_parts_g = (refs[-3], refs[-2]) if has_z else (None, None)
+        dz_g, dz_sums_g = (refs[-3], refs[-2]) if has_z else (None, None)
         status_g = refs[-1]
         r, c = block_index((n_r, n_c), ("r", "g"), phase_bar)
         block_rows = pl.ds(r * rows, rows)
@@ -454,16 +458,17 @@ def persistent_backward(
 
             for half in range(2):
                 bias_part[half] = column_sums(epi.at[half])
-            if has_z:
-                dz_part[...] = column_sums(epi.at[2])
+            if has_z:  # this layer's running sums (each thread its own elements)
+                dz_acc[layer] = dz_acc[layer] + column_sums(epi.at[2])
             plgpu.commit_smem()
             plgpu.copy_smem_to_gmem(bias_part, bias_g.at[p, r, :, :, units])
-            if has_z:
-                plgpu.copy_smem_to_gmem(dz_part, dz_parts_g.at[p, r, :, units])
             plgpu.wait_smem_to_gmem(0)
 
-        # Prologue: zero the carry; barrier 0.
+        # Prologue: zero the carry (and dz's sums); barrier 0.
         carry[...] = jnp.zeros((rows, u), F32)
+        if has_z:
+            for layer in range(depth):
+                dz_acc[layer] = jnp.zeros((group, u), F32)
         plgpu.commit_smem()
         fail_at = jnp.where(barrier(jnp.int32(0)), jnp.int32(0), jnp.int32(1))
 
@@ -480,6 +485,8 @@ def persistent_backward(
 
         fail_at = jax.lax.fori_loop(0, phases, body, fail_at)
         plgpu.copy_smem_to_gmem(carry, ds_carry0_g.at[block_rows, units])
+        if has_z:
+            plgpu.copy_smem_to_gmem(dz_acc, dz_sums_g.at[:, r, :, units])
         plgpu.wait_smem_to_gmem(0)
         status_g[r * n_c + c] = fail_at
 
@@ -489,7 +496,7 @@ def persistent_backward(
         jax.ShapeDtypeStruct((b_pad, n_pad), F32),
         jax.ShapeDtypeStruct((phases, n_r, 2, group, n_pad), F32),
         *[jax.ShapeDtypeStruct((depth, steps, b_pad, plan.z_width), F32)] * has_z,
-        *[jax.ShapeDtypeStruct((phases, n_r, group, n_pad), F32)] * has_z,
+        *[jax.ShapeDtypeStruct((depth, n_r, group, n_pad), F32)] * has_z,
         jax.ShapeDtypeStruct((n_r * n_c,), jnp.int32),
     )
     launch_args, phase_bar = launch((n_r, n_c), ("r", "g"), interpret)
@@ -504,7 +511,7 @@ def persistent_backward(
             bias_part=plgpu.SMEM((2, group, u), F32),
             bar=plgpu.Barrier(num_barriers=len(names) + has_mask),
             **({"mask_tile": plgpu.SMEM((rows, u), keep_mask.DTYPE)} if has_mask else {}),
-            **({"dz_part": plgpu.SMEM((group, u), F32)} if has_z else {}),
+            **({"dz_acc": plgpu.SMEM((depth, group, u), F32)} if has_z else {}),
             **phase_bar,
         ),
         **launch_args,
@@ -572,5 +579,6 @@ def persistent_backward_reference(
     dz_pm = jnp.sum(da * packed[:, :, 1:3], axis=2)  # [P, b_pad, n_pad]
     dz = dz_pm.reshape(phases // depth, depth, b_pad, n_pad)
     dz = jnp.swapaxes(dz, 0, 1)[..., : plan.z_width]
-    dz_parts = _bias_parts_reference(plan, dz_pm)
-    return d_x, d_mm, ds_carry0, bias_parts, dz, dz_parts, status
+    dz_parts = _bias_parts_reference(plan, dz_pm)  # [P, R, group, n_pad]
+    dz_sums = dz_parts.reshape(phases // depth, depth, *dz_parts.shape[1:]).sum(axis=0)
+    return d_x, d_mm, ds_carry0, bias_parts, dz, dz_sums, status

@@ -379,7 +379,7 @@ def backward_loop_and_scale_bias(spec, geo, w, bias, s0, xproj, z, keep, hidden,
     dbias = pb.bias_gradient(bias_parts, depth)
     d_xproj = _padded_units(geo, d_x)[:, None]
     dz = None if dz_lt is None else _padded_units(geo, jnp.swapaxes(dz_lt, 0, 1))
-    dp = None if z is None else pb.scale_bias_gradient(outs[5], depth)
+    dp = None if z is None else pb.scale_bias_gradient(outs[5])
     return ds0, d_xproj, dz, dbias, _weight_gradient(spec, depth, d_mm, s_mm), dp
 
 
