@@ -122,6 +122,17 @@ def loss_and_grads(model, params, tokens, key):
     return jax.jit(jax.value_and_grad(loss_fn))(params)
 
 
+def assert_trees_close(actual, expected, tol: float) -> None:
+    """Every leaf of ``actual`` within ``tol`` of ``expected``'s, relative and scaled by the
+    largest entry of the expected leaf (gradients of very different sizes), named on failure."""
+    leaves = jax.tree_util.tree_leaves_with_path(actual)
+    for (path, a), e in zip(leaves, jax.tree.leaves(expected), strict=True):
+        scale = float(jnp.max(jnp.abs(e))) or 1.0
+        np.testing.assert_allclose(
+            a, e, rtol=tol, atol=tol * scale, err_msg=jax.tree_util.keystr(path)
+        )
+
+
 class KernelModelMatchesScan(MosaicGpuMode):
     """A Mosaic GPU implementation ``IMPL``'s model against the scan reference on fresh random
     inputs: loss, every parameter gradient, evaluation logits. One class, a subclass per mode
@@ -154,13 +165,7 @@ class KernelModelMatchesScan(MosaicGpuMode):
         key = jax.random.key(seed + 1)
         actual = loss_and_grads(self.model(config), params, tokens, key)
         expected = loss_and_grads(scan, params, tokens, key)
-        tol = self.TOLERANCE[dtype]
-        leaves = jax.tree_util.tree_leaves_with_path(actual)
-        for (path, a), e in zip(leaves, jax.tree.leaves(expected), strict=True):
-            scale = float(jnp.max(jnp.abs(e))) or 1.0
-            np.testing.assert_allclose(
-                a, e, rtol=tol, atol=tol * scale, err_msg=jax.tree_util.keystr(path)
-            )
+        assert_trees_close(actual, expected, self.TOLERANCE[dtype])
 
     def test_evaluation_logits_match_scan(self):
         """Without differentiation (the forward kernels' no-save variant)."""

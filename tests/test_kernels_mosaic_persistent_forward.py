@@ -321,7 +321,8 @@ def test_paper_plan_shared_memory_fits_at_four_stages():
     assert f32.smem_bytes() == 213_056
 
 
-_COMPILE = """
+# The compile scripts' prelude: imports, and every shared-memory allocation Mosaic GPU sizes.
+_SMEM_COUNTER = """
 from jax.experimental.mosaic.gpu import core as mosaic_core
 from rhhjax.kernels.mosaic import persistent_forward as pf
 from rhhjax.kernels.mosaic.plan import PersistentPlan
@@ -332,6 +333,11 @@ def _counted(tree):
     return allocated[-1]
 mosaic_core._smem_tree_size = _counted
 rows = []
+"""
+
+_COMPILE = (
+    _SMEM_COUNTER
+    + """
 for fields, steps, depth, has_z, has_mask, save in {cases!r}:
     plan = PersistentPlan(*fields)
     phases, b, n, k = steps * depth, plan.b_pad, plan.n_pad, plan.k_pad
@@ -349,6 +355,7 @@ for fields, steps, depth, has_z, has_mask, save in {cases!r}:
                   "plan_smem": plan.smem_bytes(has_z, has_mask, save)}})
 print(json.dumps(rows))
 """
+)
 
 
 @pytest.mark.gpu_compile
@@ -378,17 +385,9 @@ def test_kernel_lowers_and_compiles_for_an_h100_without_a_gpu(tmp_path):
     assert_no_spills(reports)
 
 
-_COMPILE_HYPER = """
-from jax.experimental.mosaic.gpu import core as mosaic_core
-from rhhjax.kernels.mosaic import persistent_forward as pf
-from rhhjax.kernels.mosaic.plan import PersistentPlan
-allocated = []
-_size = mosaic_core._smem_tree_size
-def _counted(tree):
-    allocated.append(_size(tree))
-    return allocated[-1]
-mosaic_core._smem_tree_size = _counted
-rows = []
+_COMPILE_HYPER = (
+    _SMEM_COUNTER
+    + """
 for fields, hyper_fields, steps, depth, save in {cases!r}:
     plan, hp = (PersistentPlan(*f[:-1], units=f[-1]) for f in (fields, hyper_fields))
     phases, b, n, k = steps * depth, plan.b_pad, plan.n_pad, plan.k_pad
@@ -412,6 +411,7 @@ for fields, hyper_fields, steps, depth, save in {cases!r}:
                   "plan_smem": plan.smem_bytes(True, True, save, hyper=hp)}})
 print(json.dumps(rows))
 """
+)
 
 
 @pytest.mark.gpu_compile

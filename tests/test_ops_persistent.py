@@ -26,6 +26,7 @@ from model_cases import (
     assert_compiled_off_a_gpu_lowers_but_does_not_execute,
     assert_interpret_mode_runs_or_names_the_jax,
     assert_off_gpu_refusal_advises_what_runs,
+    assert_trees_close,
     loss_and_grads,
 )
 from rhhjax.kernels.hardware import H100
@@ -267,13 +268,7 @@ class HyperInsideMatchesScan(KernelModelMatchesScan):
         key = jax.random.key(depth)
         actual = loss_and_grads(model, params, tokens, key)
         expected = loss_and_grads(scan, params, tokens, key)
-        tol = self.TOLERANCE["float32"]
-        leaves = jax.tree_util.tree_leaves_with_path(actual)
-        for (path, a), e in zip(leaves, jax.tree.leaves(expected), strict=True):
-            scale = float(jnp.max(jnp.abs(e))) or 1.0
-            np.testing.assert_allclose(
-                a, e, rtol=tol, atol=tol * scale, err_msg=jax.tree_util.keystr(path)
-            )
+        assert_trees_close(actual, expected, self.TOLERANCE["float32"])
 
 
 class TestPersistentReference(HyperInsideMatchesScan):
