@@ -58,6 +58,10 @@ cast's store has completed before the next phase loads the next tile). A warpgro
 separates the epilogue's loads from the stores that overwrite the same shared memory (the
 state, the reused input slots, the mask tile).
 
+With `HyperInside` the HyperRHN's hyper cell runs in the same launch, one phase ahead of
+the main cell on blocks of its own plan, and z comes from the kernel's own GEMM
+(`persistent_forward`'s docstring; docs/persistent_design.md section 3).
+
 `persistent_forward_reference` computes the same outputs in pure JAX (a `lax.scan` over
 phases of `mosaic_forward.highway_forward_reference`). The kernel runs on a Hopper GPU
 only; it lowers and compiles for an H100 on a CPU host with the CUDA plugin
