@@ -286,11 +286,10 @@ def hyper_forward_loop(spec, geos, kernels, operands, proj_kernel, proj_bias, sa
 
     args_h = kernel_operands(hyper_plan, geo_h, kernels[0], ops_h)
     args_m = kernel_operands(plan, geo_m, kernels[1], ops_m)
-    p_rows = jnp.pad(proj_bias, [(0, 0), (0, geo_m.n_pad - geo_m.n)])
     hyper = pf.HyperInside(
         hyper_plan, *args_h[1:5], args_h[6],
         pf.projection_weights(plan, hyper_plan, proj_kernel, spec.dtype),
-        jnp.broadcast_to(p_rows[:, None], (depth, geo_m.b_pad, geo_m.n_pad)),
+        _bias_rows(geo_m, _padded_units(geo_m, proj_bias)),  # p [L, n] -> [L, Bp, Np]
     )  # fmt: skip
     outs = _run_forward(spec, save, *args_m, hyper=hyper)
     n_cell = 2 + save  # (states or s_last, [packed,] s_mm) of each cell
@@ -384,9 +383,9 @@ def backward_loop_and_scale_bias(spec, geo, w, bias, s0, xproj, z, keep, hidden,
 
 
 def _padded_units(geo: Geometry, x: Array) -> Array:
-    """[..., z_width] (the backward kernel's unpadded d_x and dz) -> [..., Np] zero-padded, as
-    the other implementations return them: `recurrence` unpads it again, and XLA folds the
-    pad and that slice into the consumers' reads (no copy)."""
+    """[..., z_width or n] (the backward kernel's unpadded d_x and dz, a bias) -> [..., Np]
+    zero-padded, as the other implementations return them: `recurrence` unpads it again,
+    and XLA folds the pad and that slice into the consumers' reads (no copy)."""
     return jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, geo.n_pad - x.shape[-1])])
 
 

@@ -236,13 +236,13 @@ def layouts(dtype: str, rates: Rates, batch: int, width: int, hyper: int) -> lis
     row-group clusters with TMA multicast of the A rows (not built)."""
     out = []
     rowgroup = rowgroup_plan(dtype, batch, width)
-    grids = [("grid", plan_for(batch, width, dtype), rates.barrier_us, "")]
+    grids = [("grid", plan_for(batch, width, dtype), rates.barrier_us, "grid")]
     if rowgroup is not None:
         name = f"row-group clusters of {rowgroup.col_blocks}"
-        grids.append((name, rowgroup, CLUSTER_BARRIER_US, ""))
-    for name, plan, barrier_us, _ in grids:
-        alone = plan_for(batch, hyper, dtype, "grid" if name == "grid" else "rowgroup")
-        built = "built: today" if name == "grid" else "built"
+        grids.append((name, rowgroup, CLUSTER_BARRIER_US, "rowgroup"))
+    for name, plan, barrier_us, launch in grids:
+        alone = plan_for(batch, hyper, dtype, launch)
+        built = "built: today" if launch == "grid" else "built"
         inside = inside_plans(plan, alone)
         if inside is not None:
             label = f"{name}, hyper inside the forward, own launches backward ({built})"
