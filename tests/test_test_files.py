@@ -36,6 +36,8 @@ WITHOUT_A_TEST_FILE = {
     "configs/text8.py": "a config file: tests/test_configs.py",
     "kernels/mosaic/gemm.py": "the pipelined GEMM inside every Mosaic GPU kernel, run by their "
     "tests (tests/test_kernels_mosaic_forward.py and the others)",
+    "kernels/mosaic/persistent_cell.py": "the phase of the persistent forward kernel's cells, "
+    "run by its tests (tests/test_kernels_mosaic_persistent_forward.py)",
 }
 
 

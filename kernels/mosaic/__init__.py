@@ -4,7 +4,9 @@ reached through `rhhjax.ops.mosaic` and `rhhjax.ops.persistent`.
     gemm.py                 the pipelined GEMM into shared memory the kernels share.
     forward.py              one micro-layer forward per kernel, with its reference.
     backward.py             one micro-layer backward per kernel, with its reference.
-    persistent_forward.py   the whole forward as ONE persistent kernel.
+    persistent_forward.py   the whole forward as ONE persistent kernel (with the HyperRHN's
+                            hyper cell inside it, optionally).
+    persistent_cell.py      one cell's phase inside that kernel.
     persistent_backward.py  the whole backward as ONE persistent kernel.
     plan.py                 a persistent plan's resources, shared memory and refusals.
     persistent_slots.py     the layer-major order of the persistent kernels' GEMM buffers.

@@ -1,0 +1,233 @@
+"""One cell's micro-layer phase inside a persistent forward kernel
+(`kernels/mosaic/persistent_forward.py`): its refs, shared memory and the block's slices
+(`Cell`), the shared memory it allocates (`scratch`) and its outputs (`out_types`). The main
+cell and, with the hyper cell inside, the hyper cell are each one `Cell` of the same kernel.
+The phase is the module docstring's of `persistent_forward`: exactly
+`kernels/mosaic/forward.py`'s micro-layer over K chunks, its epilogue, and the stores."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+from rhhjax.kernels.layout import F32
+from rhhjax.kernels.mosaic import forward as mf
+from rhhjax.kernels.mosaic import keep_mask
+from rhhjax.kernels.mosaic import persistent_slots as slots
+from rhhjax.kernels.mosaic.gemm import gemm_nt_to_smem
+from rhhjax.kernels.mosaic.plan import (
+    PersistentPlan,
+    forward_inputs,
+    forward_saved_rows,
+    forward_staging_slots,
+)
+
+
+@dataclasses.dataclass
+class Cell:
+    """One cell inside the kernel: its plan, global refs, shared memory and the block's
+    slices; `phase` is one micro-layer phase of it (the module docstring's). The main cell
+    with the hyper cell inside has ``fill_z`` (z's slot from the kernel's own GEMM); the
+    hyper cell has ``tail`` (the cast of its state after the last phase, which the A buffer
+    does not hold and the main cell's last z reads)."""
+
+    plan: PersistentPlan
+    steps: int
+    depth: int
+    keep: float
+    save: bool
+    has_z: bool
+    z_inside: bool
+    refs: dict
+    state: Any
+    pre: Any
+    epi: Any
+    cast: Any
+    mask_tile: Any
+    bar: Any
+    r: Any
+    g: Any
+    fill_z: Callable | None = None
+
+    @property
+    def phases(self) -> int:
+        return self.steps * self.depth
+
+    @property
+    def ins(self) -> tuple[str, ...]:
+        return forward_inputs(self.has_z, self.z_inside)
+
+    def slices(self):
+        rows, u = self.plan.rows_per_block, self.plan.units_per_block
+        return pl.ds(self.r * rows, rows), pl.ds(self.g * u, u)
+
+    def in_a(self):
+        """Whether the block's units are among the A buffer's K columns."""
+        return self.g * self.plan.units_per_block < self.plan.k_pad
+
+    def prologue(self) -> None:
+        """The block's slice of s0 into its state and into the A buffer's row block 0."""
+        row_sl, unit_sl = self.slices()
+        plgpu.copy_gmem_to_smem(self.refs["s0"].at[row_sl, unit_sl], self.state, self.bar.at[0])
+        plgpu.barrier_wait(self.bar.at[0])
+        self.cast[...] = self.state[...].astype(jnp.dtype(self.plan.dtype))
+        plgpu.commit_smem()
+
+        @pl.when(self.in_a())
+        def _():
+            plgpu.copy_smem_to_gmem(self.cast, self.refs["s_mm"].at[row_sl, unit_sl])
+
+        plgpu.wait_smem_to_gmem(0)
+
+    def _sources(self, t, layer) -> dict:
+        """Each TMA-loaded staged input's global tile for phase (t, layer)."""
+        row_sl, unit_sl = self.slices()
+        bias_g, x_g = self.refs["bias"], self.refs["x"]
+        src = {
+            "b_h": bias_g.at[layer, row_sl, 0, unit_sl],
+            "b_t": bias_g.at[layer, row_sl, 1, unit_sl],
+            "x_h": x_g.at[t, row_sl, 0, unit_sl],
+            "x_t": x_g.at[t, row_sl, 1, unit_sl],
+        }
+        if self.z_inside:
+            src["pz"] = self.refs["proj_bias"].at[layer, row_sl, unit_sl]
+        elif self.has_z:
+            src["z"] = self.refs["z"].at[layer, t, row_sl, unit_sl]  # units past z_width: 0
+        return src
+
+    def phase(self, p) -> None:
+        """Phase ``p`` (traced int32): loads, GEMM, epilogue, stores; waits for its stores."""
+        plan, refs, epi, bar = self.plan, self.refs, self.epi, self.bar
+        steps, depth, phases = self.steps, self.depth, self.phases
+        row_sl, unit_sl = self.slices()
+        u, n_r = plan.units_per_block, plan.row_blocks
+        has_mask = refs["mask"] is not None
+        ins = self.ins
+        loaded = [
+            (slot, name) for slot, name in enumerate(ins) if not (name == "z" and self.z_inside)
+        ]
+        outs = forward_saved_rows(self.save, self.has_z)
+        _, out_slot = forward_staging_slots(self.has_z, self.save, self.z_inside)
+        save_state = self.save and plan.state_in_packed  # f32: s_mm holds the input states
+        mask_bar = len(ins)  # the mask tile's mbarrier, after the staged inputs'
+        t, layer = jax.lax.div(p, depth), jax.lax.rem(p, depth)
+        first = layer == 0
+        src = self._sources(t, layer)
+
+        def each_input(action):
+            for slot, name in loaded:
+                if name in ("x_h", "x_t"):  # loaded at layer 0, kept for the step's layers
+                    pl.when(first)(functools.partial(action, slot, name))
+                else:
+                    action(slot, name)
+
+        each_input(
+            lambda slot, name: plgpu.copy_gmem_to_smem(src[name], epi.at[slot], bar.at[slot])
+        )
+        if has_mask:  # the cast's last store has completed (waited at the phase's end)
+            mask_src = refs["mask"].at[p, row_sl, unit_sl]
+            plgpu.copy_gmem_to_smem(mask_src, self.mask_tile, bar.at[mask_bar])
+        if save_state:  # packed row 0: the phase's input state, before it is overwritten
+            plgpu.copy_smem_to_gmem(self.state, refs["packed"].at[p, row_sl, 0, unit_sl])
+        if self.fill_z is not None:
+            self.fill_z(p, layer, epi.at[ins.index("z")])
+
+        a_row, w_row = slots.slot(p, steps, depth) * n_r + self.r, layer * plan.col_blocks + self.g
+        gemm_nt_to_smem(
+            self.pre, refs["s_mm"], refs["w"], a_row, w_row,
+            tile_k=plan.k_chunk, k_steps=plan.k_pad // plan.k_chunk, stages=plan.stages,
+        )  # fmt: skip
+        each_input(lambda slot, name: plgpu.barrier_wait(bar.at[slot]))
+        if has_mask:
+            plgpu.barrier_wait(bar.at[mask_bar])
+        if self.z_inside:  # z = s_hyper P_l (the GEMM's) + p_l, as `cells.hyper_scales` adds;
+            # in place before the epilogue, whose live tiles would otherwise spill registers
+            z_slot, p_slot = ins.index("z"), ins.index("pz")
+            z_tile = keep_mask.load_strided(epi.at[z_slot])
+            epi[z_slot] = z_tile + keep_mask.load_strided(epi.at[p_slot])
+            plgpu.commit_smem()
+        x_scale = jnp.where(first, jnp.float32(1.0), jnp.float32(0.0))
+        tiles_in = {
+            name: keep_mask.load_strided(epi.at[slot])
+            for slot, name in enumerate(ins)
+            if name != "pz"
+        }
+        tiles_in["x_h"] = tiles_in["x_h"] * x_scale
+        tiles_in["x_t"] = tiles_in["x_t"] * x_scale
+        tiles_in["s"] = self.state[...]
+        if has_mask:
+            tiles_in["mask"] = keep_mask.load_values(self.mask_tile, self.keep)
+        tiles = mf._epilogue(self.pre[:, pl.ds(0, u)], self.pre[:, pl.ds(u, u)], tiles_in)
+        if save_state:  # the state's store to packed row 0 has read it
+            plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+        # Every thread has read the tiles that the stores below overwrite (the state, the
+        # inputs whose slots the saved rows reuse, the mask tile under the cast).
+        plgpu.commit_smem()
+        self.state[...] = tiles["s_new"]
+        self.cast[...] = tiles["s_new"].astype(jnp.dtype(self.plan.dtype))
+        for name, slot in zip(outs, out_slot, strict=True):
+            epi[slot] = tiles[name]
+        store_z = self.z_inside and self.save  # the backward reads z (its slot holds it)
+        plgpu.commit_smem()
+        if self.save:  # the states are packed row 0 of the next phase: only the last one
+
+            @pl.when(p == phases - 1)
+            def _():
+                plgpu.copy_smem_to_gmem(self.state, refs["states"].at[0, row_sl, unit_sl])
+
+        else:
+            plgpu.copy_smem_to_gmem(self.state, refs["states"].at[p, row_sl, unit_sl])
+
+        @pl.when(jnp.logical_and(self.in_a(), p < phases - 1))  # the next phase's A rows
+        def _():
+            rows = plan.rows_per_block
+            a_rows = pl.ds(slots.slot(p + 1, steps, depth) * plan.b_pad + self.r * rows, rows)
+            plgpu.copy_smem_to_gmem(self.cast, refs["s_mm"].at[a_rows, unit_sl])
+
+        if refs.get("tail") is not None:  # the last state's cast: the last z reads it
+
+            @pl.when(jnp.logical_and(self.in_a(), p == phases - 1))
+            def _():
+                plgpu.copy_smem_to_gmem(self.cast, refs["tail"].at[row_sl, unit_sl])
+
+        for i, slot in enumerate(out_slot):
+            dst = refs["packed"].at[p, row_sl, save_state + i, unit_sl]
+            plgpu.copy_smem_to_gmem(epi.at[slot], dst)
+        if store_z:
+            dst = refs["z"].at[layer, t, row_sl, unit_sl]  # TMA drops the units past z_width
+            plgpu.copy_smem_to_gmem(epi.at[ins.index("z")], dst)
+        plgpu.wait_smem_to_gmem(0)
+
+
+def scratch(
+    plan: PersistentPlan, mm_dtype, has_z: bool, has_mask: bool, save: bool, z_inside: bool
+) -> dict:
+    """One cell's shared memory, but for its GEMM tile ``pre`` (the kernel allocates it: the
+    two cells share one)."""
+    rows, u = plan.rows_per_block, plan.units_per_block
+    n_slots, _ = forward_staging_slots(has_z, save, z_inside)
+    scratch = dict(
+        state=plgpu.SMEM((rows, u), F32),
+        epi=plgpu.SMEM((n_slots, rows, u), F32),
+        cast_or_mask=plgpu.RefUnion(
+            (plgpu.SMEM((rows, u), mm_dtype),), (plgpu.SMEM((rows, u), keep_mask.DTYPE),)
+        ),
+        bar=plgpu.Barrier(num_barriers=len(forward_inputs(has_z, z_inside)) + has_mask),
+    )
+    return scratch
+
+
+def out_types(plan: PersistentPlan, phases: int, save: bool, mm_dtype) -> list:
+    """One cell's outputs: states (or with ``save`` the last and packed), s_mm."""
+    b_pad, n_pad = plan.b_pad, plan.n_pad
+    out = [jax.ShapeDtypeStruct((1 if save else phases, b_pad, n_pad), F32)]
+    if save:
+        out.append(jax.ShapeDtypeStruct((phases, b_pad, plan.packed_rows, n_pad), F32))
+    out.append(jax.ShapeDtypeStruct((phases * b_pad, plan.k_pad), mm_dtype))
+    return out
