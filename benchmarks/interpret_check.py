@@ -109,21 +109,28 @@ def _phase_inputs(plan: PersistentPlan, steps: int, depth: int, rng):
     return jnp.asarray(rows)
 
 
-def persistent_forward_case(plan: PersistentPlan, steps: int, depth: int):
-    """(cluster, kernel thunk, reference thunk) of the whole-sequence forward with z and
-    gate dropout, saving the backward's rows."""
-    rng = np.random.default_rng(plan.grid + steps)
-    n = plan.width
+def _forward_operands(plan: PersistentPlan, steps: int, depth: int, rng, with_z: bool):
+    """One cell's random forward operands (w_blk, s0, xproj with unpadded units, bias rows,
+    z or None, uint8 mask decisions), drawn from ``rng`` in that order."""
+    n, b, n_pad = plan.width, plan.b_pad, plan.n_pad
     w_blk = pf.forward_weights(plan, _normal(rng, depth, n, 2 * n, scale=0.3), plan.dtype)
-    b, n_pad = plan.b_pad, plan.n_pad
     s0 = _phase_inputs(plan, 1, 1, rng)[0]
     halves = [_phase_inputs(plan, steps, 1, rng) for _ in range(2)]
     xproj = (jnp.stack(halves, axis=2) * 0.5)[..., : plan.z_width]  # units unpadded
     bias = jnp.broadcast_to(_normal(rng, depth, 1, 2, n_pad, scale=0.3), (depth, b, 2, n_pad))
-    z_pm = 1.0 + 0.3 * _phase_inputs(plan, steps, depth, rng)
-    z = slots.scales_to_layer_major(z_pm, steps, depth, plan.z_width)
+    z = None
+    if with_z:
+        z_pm = 1.0 + 0.3 * _phase_inputs(plan, steps, depth, rng)
+        z = slots.scales_to_layer_major(z_pm, steps, depth, plan.z_width)
     mask = jnp.asarray(rng.random((steps * depth, b, n_pad)) < KEEP, jnp.uint8)  # decisions
-    args = (plan, w_blk, s0, xproj, bias, z, mask)
+    return w_blk, s0, xproj, bias, z, mask
+
+
+def persistent_forward_case(plan: PersistentPlan, steps: int, depth: int):
+    """(cluster, kernel thunk, reference thunk) of the whole-sequence forward with z and
+    gate dropout, saving the backward's rows."""
+    rng = np.random.default_rng(plan.grid + steps)
+    args = (plan, *_forward_operands(plan, steps, depth, rng, with_z=True))
 
     def kernel():
         run = lambda *a: pf.persistent_forward(  # noqa: E731
@@ -141,29 +148,15 @@ def persistent_hyper_forward_case(plans: tuple, steps: int, depth: int):
     dropout in both cells, saving the backward's rows: both cells' outputs and z."""
     plan, hyper_plan = plans
     rng = np.random.default_rng(plan.grid * 3 + steps)
-
-    def cell(cell_plan):  # w_blk, s0, xproj (unpadded units), bias, mask
-        n, b, n_pad = cell_plan.width, cell_plan.b_pad, cell_plan.n_pad
-        w = _normal(rng, depth, n, 2 * n, scale=0.3)
-        halves = [_phase_inputs(cell_plan, steps, 1, rng) for _ in range(2)]
-        bias = _normal(rng, depth, 1, 2, n_pad, scale=0.3)
-        return (
-            pf.forward_weights(cell_plan, w, cell_plan.dtype),
-            _phase_inputs(cell_plan, 1, 1, rng)[0],
-            (jnp.stack(halves, axis=2) * 0.5)[..., : cell_plan.z_width],
-            jnp.broadcast_to(bias, (depth, b, 2, n_pad)),
-            jnp.asarray(rng.random((steps * depth, b, n_pad)) < KEEP, jnp.uint8),
-        )
-
-    w_blk, s0, xproj, bias, mask = cell(plan)
+    args = (plan, *_forward_operands(plan, steps, depth, rng, with_z=False))
+    hyper_args = _forward_operands(hyper_plan, steps, depth, rng, with_z=False)
     proj = _normal(rng, depth, hyper_plan.width, plan.width, scale=0.2)
     proj_bias = 1.0 + _normal(rng, depth, 1, plan.n_pad, scale=0.1)
     hyper = pf.HyperInside(
-        hyper_plan, *cell(hyper_plan),
+        hyper_plan, *hyper_args[:4], hyper_args[5],
         pf.projection_weights(plan, hyper_plan, proj, plan.dtype),
         jnp.broadcast_to(proj_bias, (depth, plan.b_pad, plan.n_pad)),
     )  # fmt: skip
-    args = (plan, w_blk, s0, xproj, bias, None, mask)
 
     def kernel():
         run = lambda *a: pf.persistent_forward(  # noqa: E731
