@@ -18,11 +18,18 @@ import jax.numpy as jnp
 import numpy as np
 import persistent_schedule as ps
 import pytest
-from kernel_cases import MosaicGpuMode, assert_race_reported, compile_deviceless, needs_cuda
+from kernel_cases import (
+    MosaicGpuMode,
+    assert_no_spills,
+    assert_race_reported,
+    compile_deviceless,
+    needs_cuda,
+)
 from rhhjax.kernels.layout import F32
 from rhhjax.kernels.mosaic import grid_barrier as gb
 from rhhjax.kernels.mosaic import interpret as gpu_interpret
 from rhhjax.kernels.mosaic import persistent_backward as pb
+from rhhjax.kernels.mosaic import persistent_forward as pf
 from rhhjax.kernels.mosaic import persistent_slots as slots
 from rhhjax.kernels.mosaic.plan import PersistentPlan, PlanError, paper_plan
 
@@ -103,6 +110,37 @@ def _reference(plan, case, dtype):
         plan, wt, case["g"], _packed(case), *_rest(case), keep=KEEP
     )
     return wt, outs
+
+
+def _scales(case, hyper_width: int, seed: int) -> pb.ScalesInside:
+    """`ScalesInside` on fresh random operands at the case's rows: a hyper plan of
+    ``hyper_width`` (k_chunk 32, 2 stages), its A buffer and tail drawn in the matmul dtype,
+    a projection P [L, h, n] and a bias p near 1 (z about 1)."""
+    plan, steps, depth = case["plan"], case["steps"], case["depth"]
+    rng = np.random.default_rng(seed)
+    hp = PersistentPlan(plan.batch, hyper_width, plan.dtype, 1, plan.row_blocks, 32, 2)
+    mm = jnp.dtype(plan.dtype)
+
+    def normal(*shape, scale=1.0):
+        return jnp.asarray(rng.normal(size=shape) * scale, F32)
+
+    s_h = normal(steps * depth, plan.b_pad, hyper_width)
+    s_mm = slots.inputs_to_a_buffer(s_h, steps, depth, hp.k_pad).astype(mm)
+    tail = jnp.pad(normal(plan.b_pad, hyper_width), [(0, 0), (0, hp.k_pad - hyper_width)])
+    proj = pf.projection_weights(plan, hp, normal(depth, hyper_width, plan.width, scale=0.1), mm)
+    p = jnp.pad(1.0 + normal(depth, plan.width, scale=0.1), [(0, 0), (0, plan.n_pad - plan.width)])
+    p_rows = jnp.broadcast_to(p[:, None], (depth, plan.b_pad, plan.n_pad))
+    return pb.ScalesInside(hp, s_mm, tail.astype(mm), proj, p_rows)
+
+
+def _recomputed_scales(case, scales: pb.ScalesInside) -> dict:
+    """The case with z and the gates made from ``scales`` (z as the kernel recomputes it)."""
+    plan = case["plan"]
+    z_op = pf.scales_from_a_buffer_reference(
+        plan, scales.plan, scales.s_mm, scales.tail, scales.proj, scales.proj_bias,
+        case["steps"],
+    )  # fmt: skip
+    return dict(case, z_op=z_op, z=slots.scales_to_phase_major(z_op, plan.n_pad))
 
 
 # ----------------------------------------------------------------------------- weights
@@ -399,21 +437,29 @@ def counting_launch(*args, **kwargs):
     return launch(*args, **kwargs)
 mcore._launch = counting_launch
 rows = []
-for plan_args, steps, depth, z_on, mask_on in {cases!r}:
+for plan_args, steps, depth, z_on, mask_on, hyper_args in {cases!r}:
     plan = PersistentPlan(*plan_args)
+    hp = None if hyper_args is None else PersistentPlan(*hyper_args)
     phases, b, n = steps * depth, plan.b_pad, plan.n_pad
-    args = (sds((depth * n, 2 * n), jnp.dtype(plan.dtype)), sds((phases, b, n)),
+    mm = jnp.dtype(plan.dtype)
+    args = (sds((depth * n, 2 * n), mm), sds((phases, b, n)),
             sds((phases, b, plan.packed_rows, n)),
-            sds((depth, steps, b, plan.z_width)) if z_on else None,
+            sds((depth, steps, b, plan.z_width)) if z_on and hp is None else None,
             sds((phases, b, n), jnp.uint8) if mask_on else None,
             sds((depth, b, 2, n)) if z_on else None,
             None if plan.state_in_packed else sds((phases * b, plan.k_pad)))
+    scales = () if hp is None else (
+        sds((phases * b, hp.k_pad), mm), sds((b, hp.k_pad), mm),
+        sds((depth * n, hp.k_pad), mm), sds((depth, b, n)))
+    def f(*a):
+        inside = None if hp is None else pb.ScalesInside(hp, *a[7:])
+        return pb.persistent_backward(plan, *a[:7], scales=inside)
     smem.clear()
-    text = lower_and_compile(lambda *a: pb.persistent_backward(plan, *a), *args)
+    text = lower_and_compile(f, *args, *scales)
     rows.append(dict(
         mosaic="mosaic_gpu" in text,
         barrier=all(k in text for k in ("red.release.gpu", "fence.proxy.async.global")),
-        smem=list(smem), predicted=[pb.backward_smem_bytes(plan, z_on, mask_on, depth)]))
+        smem=list(smem), predicted=[pb.backward_smem_bytes(plan, z_on, mask_on, depth, hp)]))
 print(json.dumps(rows))
 """
 
@@ -425,21 +471,30 @@ def test_kernel_lowers_and_compiles_for_an_h100_without_a_gpu(tmp_path):
     stages; f32 4 x 32 of 32 units, 4 stages), bf16 with z and no mask (jax 0.11's layout
     inference once tiled the buffer of the unpadded z there), the 4 x 33 plan, and a small
     odd case without z (2 x 3 blocks, k_chunk 32), 3 steps deep 2-3, deviceless, in a fresh
-    process: Mosaic GPU, the grid barrier in the lowered text, and the shared memory Mosaic
-    GPU launches with equal to `backward_smem_bytes`."""
+    process: Mosaic GPU, the grid barrier in the lowered text, the shared memory Mosaic
+    GPU launches with equal to `backward_smem_bytes`, no register spilled by ptxas; with z
+    recomputed (`ScalesInside`) at the paper's sizes too (bf16 at 2 stages: 3 do not fit;
+    z's GEMM in K chunks of 32: at 64, ptxas spilled 28 bytes in bf16)."""
+    hyper_bf16, hyper_f32 = ((256, 128, dtype, 8, 4, 64, 2) for dtype in ("bfloat16", "float32"))
     cases = [
-        ((256, 1000, "bfloat16", 16, 4, 64, 3), 3, 7, True, True),  # the paper's depth
-        ((256, 1000, "float32", 32, 4, 64, 4), 3, 2, True, True),
-        ((256, 1000, "bfloat16", 16, 4, 64, 3), 3, 2, True, False),  # z (1000 wide), no mask
-        ((256, 1000, "bfloat16", 33, 4), 3, 3, False, False),
-        ((100, 37, "float32", 3, 2, 32, 3), 3, 2, False, True),
+        ((256, 1000, "bfloat16", 16, 4, 64, 3), 3, 7, True, True, None),  # the paper's depth
+        ((256, 1000, "float32", 32, 4, 64, 4), 3, 2, True, True, None),
+        ((256, 1000, "bfloat16", 16, 4, 64, 3), 3, 2, True, False, None),  # z 1000 wide, no mask
+        ((256, 1000, "bfloat16", 33, 4), 3, 3, False, False, None),
+        ((100, 37, "float32", 3, 2, 32, 3), 3, 2, False, True, None),
+        # z recomputed from the hyper cell's buffer at the paper's sizes (bf16 at 2 stages)
+        ((256, 1000, "bfloat16", 16, 4, 64, 2), 3, 7, True, True, hyper_bf16),
+        ((256, 1000, "float32", 32, 4, 64, 4), 3, 7, True, True, hyper_f32),
     ]
     code = _COMPILE.format(cases=cases)
-    rows, _ = compile_deviceless(code, tmp_path, log_ptxas=False)
+    rows, reports = compile_deviceless(code, tmp_path, log_ptxas=False)
     assert len(rows) == len(cases)
     for row in rows:
         assert row["mosaic"] and row["barrier"], row
         assert row["smem"] == row["predicted"], row
+    # ptxas compiled every kernel for sm_90a, without register spills.
+    assert len(reports) == len(cases), len(reports)
+    assert_no_spills(reports)
 
 
 class TestCompiled(MosaicGpuMode):
@@ -481,6 +536,31 @@ class TestCompiled(MosaicGpuMode):
         actual = jax.jit(kernel)(wt, case["g"], _packed(case), *_rest(case))
         assert not np.asarray(actual[-1]).any(), "grid barrier timed out"
         assert len(actual) == len(expected) == 5 + 2 * z_on  # with z: dz and its sums
+        tol = self.TOL[plan.dtype]
+        for a, e in zip(actual[:-1], expected[:-1], strict=True):
+            a, e = np.asarray(a, np.float32), np.asarray(e, np.float32)
+            np.testing.assert_allclose(a, e, rtol=tol, atol=tol * float(np.abs(e).max()))
+
+    def test_z_recomputed_from_the_hyper_buffer_is_z_read(self, case):
+        """With `ScalesInside` (z from the hyper cell's A buffer, the forward's GEMM, p_l
+        added) every output is the reference's with that z read: z never leaves the kernel."""
+        plan_args, steps, depth, z_on, mask_on = case
+        plan = self.runnable_plan(plan_args)
+        if not z_on:
+            pytest.skip("z recomputed applies to the cases with z")
+        case = _case(plan.batch + 3 * steps, plan, steps, depth, True, mask_on)
+        scales = _scales(case, 40, seed=plan.batch + steps)
+        case = _recomputed_scales(case, scales)
+        wt, expected = _reference(plan, case, jnp.dtype(plan.dtype))
+        z_op, decisions, bias, s_mm = _rest(case)
+        kernel = functools.partial(
+            pb.persistent_backward, plan, keep=KEEP, interpret=self.interpret(),
+            layout=self.LAYOUT,
+        )  # fmt: skip
+        args = (wt, case["g"], _packed(case), None, decisions, bias, s_mm)
+        actual = jax.jit(lambda *a: kernel(*a, scales=scales))(*args)
+        assert not np.asarray(actual[-1]).any(), "grid barrier timed out"
+        assert len(actual) == len(expected) == 7
         tol = self.TOL[plan.dtype]
         for a, e in zip(actual[:-1], expected[:-1], strict=True):
             a, e = np.asarray(a, np.float32), np.asarray(e, np.float32)

@@ -499,7 +499,7 @@ class TestCompiled(MosaicGpuMode):
     TOL = {"bfloat16": 1e-4, "float32": 3e-3}
     LAYOUT = "grid"  # the kernels' launch layout (`kernels/mosaic/rowgroup_layout.py`)
 
-    def run(self, plan, ops, save, hyper=None):
+    def run(self, plan, ops, save, hyper=None, save_scales=True):
         """The jitted kernel in this class's mode; the plan must suit the mode."""
         if self.INTERPRET:
             cluster = plan.grid if self.LAYOUT == "grid" else plan.col_blocks
@@ -508,7 +508,7 @@ class TestCompiled(MosaicGpuMode):
                 pytest.skip(reason)
         kernel = functools.partial(
             pf.persistent_forward, plan, save=save, keep=KEEP, interpret=self.interpret(),
-            layout=self.LAYOUT, hyper=hyper,
+            layout=self.LAYOUT, hyper=hyper, save_scales=save_scales,
         )  # fmt: skip
         return jax.block_until_ready(jax.jit(kernel)(*ops))
 
@@ -563,7 +563,9 @@ class TestCompiled(MosaicGpuMode):
         the hyper operands as the plain kernel's do (teacher-forced, the A buffer exactly
         its state chain's casts); z is `hyper_scales_reference` of the kernel's own hyper
         states (the tail the last of them, exactly); the main outputs match the reference
-        teacher-forced with that z. Without save the same states."""
+        teacher-forced with that z, which is also `scales_from_a_buffer_reference` of the
+        saved A buffer and tail (what the backward recomputes it from). Without
+        ``save_scales`` the same outputs but z; without save the same states."""
         dtype, batch, width, hyper_width, n_r, cols, hyper_cols, k_chunk, steps, depth, *u = (
             hyper_case
         )
@@ -580,8 +582,16 @@ class TestCompiled(MosaicGpuMode):
         want_z = pf.hyper_scales_reference(plan, hp, h_states, hyper.proj, hyper.proj_bias, steps)
         tol = self.TOL[dtype]
         np.testing.assert_allclose(z, want_z, rtol=tol, atol=tol)
+        from_buffer = pf.scales_from_a_buffer_reference(
+            plan, hp, sh_mm, tail, hyper.proj, hyper.proj_bias, steps
+        )
+        np.testing.assert_array_equal(from_buffer, want_z)
         main_ops = (*ops[:4], z, ops[5])
         outputs = self.check_saved_chain(plan, main_ops, s_last, packed, s_mm, steps, depth)
+        without_z = self.run(plan, ops, save=True, hyper=hyper, save_scales=False)
+        assert len(without_z) == len(outs) - 1
+        for a, e in zip(without_z, (*outs[:6], *outs[7:]), strict=True):
+            np.testing.assert_array_equal(a, e)
         unsaved = self.run(plan, ops, save=False, hyper=hyper)
         states, s_mm_unsaved, h_states_unsaved, sh_mm_unsaved, tail_unsaved, status = unsaved
         assert not np.asarray(status).any(), status

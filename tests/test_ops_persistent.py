@@ -30,8 +30,9 @@ from model_cases import (
     loss_and_grads,
 )
 from rhhjax.kernels.hardware import H100
+from rhhjax.kernels.mosaic import persistent_backward as pb
 from rhhjax.kernels.mosaic import persistent_slots as slots
-from rhhjax.kernels.mosaic.plan import PersistentPlan
+from rhhjax.kernels.mosaic.plan import PersistentPlan, PlanError
 
 from rhhjax import models
 from rhhjax.ops import fused, persistent, persistent_cost, recurrence, spec
@@ -248,13 +249,65 @@ def test_with_the_switch_off_the_hyperrhn_runs_the_two_kernels_of_before(monkeyp
         np.testing.assert_allclose(a, e, rtol=1e-5, atol=1e-6)
 
 
+def test_the_paper_backward_recomputes_z_at_the_stages_its_shared_memory_allows():
+    """At the paper's sizes the main backward recomputes z (`RecomputedScales`): bf16 at 2
+    pipeline stages (3 leave no room for z's GEMM and p_l's tile), f32 at its own 4; off with
+    the switch."""
+    for dtype, stages in [("bfloat16", 2), ("float32", 4)]:
+        sequence = spec.SequenceSpec("persistent", 0.75, jnp.dtype(dtype))
+        _, hyper = persistent.hyper_inside_plans(sequence, 256, 1000, 128)
+        own = persistent.plan_for(256, 1000, dtype)
+        backward = persistent.scales_backward_plan(own, hyper, 7, has_mask=True)
+        assert backward == dataclasses.replace(own, stages=stages)
+        assert pb.backward_smem_bytes(backward, scales_plan=hyper) <= own.smem_limit
+        if stages < own.stages:
+            with pytest.raises(PlanError, match="shared memory"):
+                pb.check_plan(dataclasses.replace(own, stages=stages + 1), scales_plan=hyper)
+
+
+def test_z_recomputed_in_the_backward_gives_the_gradients_of_z_saved(monkeypatch):
+    """`persistent.RECOMPUTE_SCALES = False`: the forward writes z and the backward reads it;
+    the gradients are those of the backward that recomputes z (the same GEMM on the same
+    operands), and only the latter passes `ScalesInside` to the main cell's backward."""
+    base = dict(type="hyperrhn", vocab_size=11, embed_dim=5, hidden=13, hyper_hidden=7, depth=2)
+    config = models.ModelConfig(**base, impl="persistent", dropout="gate", keep=0.7)
+    model = models.build_model(config, platform="gpu")
+    model = model.clone(spec=dataclasses.replace(model.spec, references=True))
+    params = models.init_params(model, jax.random.key(0))
+    tokens = jnp.asarray(np.random.default_rng(0).integers(0, 11, (3, 5)))
+    recomputed = _record_scales(monkeypatch)
+    inside = loss_and_grads(model, params, tokens, jax.random.key(1))
+    assert sorted(recomputed) == [False, True]  # the hyper cell's backward, the main cell's
+    recomputed.clear()
+    monkeypatch.setattr(persistent, "RECOMPUTE_SCALES", False)
+    saved = loss_and_grads(model, params, tokens, jax.random.key(1))
+    assert recomputed == [False, False]
+    for a, e in zip(jax.tree.leaves(saved), jax.tree.leaves(inside), strict=True):
+        np.testing.assert_allclose(a, e, rtol=1e-6, atol=1e-7)
+
+
+def _record_scales(monkeypatch) -> list:
+    """Records, for every backward kernel (or reference) call, whether it recomputes z."""
+    recorded = []
+    for name in ("persistent_backward", "persistent_backward_reference"):
+        original = getattr(pb, name)
+
+        def spy(*args, _original=original, **kwargs):
+            recorded.append(kwargs.get("scales") is not None)
+            return _original(*args, **kwargs)
+
+        monkeypatch.setattr(pb, name, spy)
+    return recorded
+
+
 class HyperInsideMatchesScan(KernelModelMatchesScan):
     """The HyperRHN whose hyper cell runs inside the forward kernel
-    (`recurrence.hyper_highway_sequence`) against `scan`: loss and every gradient."""
+    (`recurrence.hyper_highway_sequence`) and whose main backward recomputes z against
+    `scan`: loss and every gradient."""
 
     CASES = {"hyper_inside_case": HYPER_INSIDE_CASES}
 
-    def test_hyper_cell_inside_matches_scan(self, hyper_inside_case):
+    def test_hyper_cell_inside_matches_scan(self, hyper_inside_case, monkeypatch):
         hidden, hyper_hidden, depth, batch, length, first = hyper_inside_case
         base = dict(
             type="hyperrhn", vocab_size=11, embed_dim=5, hidden=hidden, hyper_hidden=hyper_hidden,
@@ -266,7 +319,9 @@ class HyperInsideMatchesScan(KernelModelMatchesScan):
         params = models.init_params(scan, jax.random.key(hidden))
         tokens = jnp.asarray(np.random.default_rng(hidden).integers(0, 11, (batch, length + 1)))
         key = jax.random.key(depth)
+        recomputed = _record_scales(monkeypatch)
         actual = loss_and_grads(model, params, tokens, key)
+        assert sorted(recomputed) == [False, True]  # the main backward recomputed z
         expected = loss_and_grads(scan, params, tokens, key)
         assert_trees_close(actual, expected, self.TOLERANCE["float32"])
 

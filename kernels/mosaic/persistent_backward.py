@@ -46,6 +46,13 @@ Operands (padded; matmul dtype = wt.dtype, bf16 or f32):
     s_mm   [P * b_pad, k_pad] f32 | None        in f32 only: the forward's A buffer, whose
                                                 row block slot(p) is s_prev of phase p
                                                 (exactly: f32 has no rounding cast)
+    scales `ScalesInside` | None                in place of z (then None): each phase's z
+                                                tile recomputed as the forward computed it,
+                                                ``s_hyper[p] @ P_l[:, units]`` (the hyper
+                                                cell's saved A buffer, a K = kh_pad GEMM
+                                                before the main one) + p_l (a TMA-loaded
+                                                tile, added in shared memory), so z is
+                                                never written nor read
 
 Outputs, in this order: ``d_x [T, b_pad, 2, plan.z_width] f32`` (d_scaled of layer 0 in
 f32: the gradient of x U, written at the phases of layer 0 only; unpadded like z: stores
@@ -77,7 +84,7 @@ and compiles for an H100 on a CPU host with the CUDA plugin
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -88,6 +95,7 @@ from rhhjax.kernels.layout import F32
 from rhhjax.kernels.mosaic import forward as mf
 from rhhjax.kernels.mosaic import grid_barrier as gb
 from rhhjax.kernels.mosaic import keep_mask, rowgroup_layout
+from rhhjax.kernels.mosaic import persistent_forward as pf
 from rhhjax.kernels.mosaic import persistent_slots as slots
 from rhhjax.kernels.mosaic.backward import _gate_backward, highway_backward_reference
 from rhhjax.kernels.mosaic.gemm import gemm_nt_to_smem
@@ -134,13 +142,43 @@ def _align(nbytes: int) -> int:
     return -(-nbytes // H100.smem_alignment) * H100.smem_alignment
 
 
-def _input_names(has_z: bool) -> tuple[str, ...]:
+class ScalesInside(NamedTuple):
+    """What the backward recomputes z from instead of reading it (the HyperRHN whose forward
+    ran the hyper cell inside, `persistent_forward.HyperInside`, with ``save_scales=False``):
+    z_p = s_hyper[p] P_l + p_l as the forward computed it (`persistent_forward.scales_to_smem`,
+    the same GEMM on the same operands), so z [L, T, b_pad, z_width] f32 is never written
+    nor read (1.44 GB at the paper's size)::
+
+        plan      the hyper cell's plan inside the forward (its k_chunk and stages run the
+                  GEMM; the same rows as the backward's plan)
+        s_mm      [P * b_pad, kh_pad] matmul dtype  the hyper cell's A buffer (forward output)
+        tail      [b_pad, kh_pad] matmul dtype      its state after the last phase
+        proj      [L * n_pad, kh_pad] matmul dtype  `persistent_forward.projection_weights`
+        proj_bias [L, b_pad, n_pad] f32             p_l broadcast over rows
+    """
+
+    plan: PersistentPlan
+    s_mm: Array
+    tail: Array
+    proj: Array
+    proj_bias: Array
+
+
+def scales_chunk(scales_plan: PersistentPlan) -> tuple[int, int]:
+    """(K chunk, pipeline stages) of the backward's z GEMM (`ScalesInside`): chunks of at
+    most 32 (at 64, as the forward runs it, ptxas spills registers in the paper's bf16
+    backward: its epilogue is near the 255-register limit), stages at most the K steps."""
+    chunk = min(32, scales_plan.k_chunk)
+    return chunk, min(scales_plan.stages, scales_plan.k_pad // chunk)
+
+
+def _input_names(has_z: bool, scales_inside: bool = False) -> tuple[str, ...]:
     """The per-phase f32 epilogue input tiles, in shared-memory slot order: g, then the saved
     rows in `packed`'s order (s_prev and h, tg, or with z full's halves), then with z the
-    scales and the bias halves (the gates' recomputation). The mask's uint8 tile has a
-    buffer of its own."""
+    scales and the bias halves (the gates' recomputation), with z recomputed (`ScalesInside`)
+    p_l last. The mask's uint8 tile has a buffer of its own."""
     if has_z:
-        return ("g_out", "s_prev", "full_h", "full_t", "z", "b_h", "b_t")
+        return ("g_out", "s_prev", "full_h", "full_t", "z", "b_h", "b_t") + ("pz",) * scales_inside
     return ("g_out", "s_prev", "h", "t")
 
 
@@ -151,7 +189,11 @@ def _saved_row(name: str, has_z: bool, state_in_packed: bool) -> int | None:
 
 
 def backward_smem_bytes(
-    plan: PersistentPlan, has_z: bool = True, has_mask: bool = True, depth: int = 7
+    plan: PersistentPlan,
+    has_z: bool = True,
+    has_mask: bool = True,
+    depth: int = 7,
+    scales_plan: PersistentPlan | None = None,
 ) -> int:
     """Shared memory per block (bytes) that `persistent_backward` allocates (defaults: with
     z and mask, ``depth`` L = 7, the paper's). Every allocation is rounded up to 1 KiB
@@ -171,14 +213,24 @@ def backward_smem_bytes(
         bias       2 * group * u * 4        (the column sums of da's halves, `bias_row_group`)
         dz sums    L * group * u * 4        (with z: the column sums of dz, per layer)
         mbarriers  8 * (n_in [+ 1 mask] + stages')
-    """
+
+    With z recomputed (``scales_plan``, `ScalesInside`'s plan): one more input tile (p_l),
+    and z's GEMM pipeline (``scales_plan``'s k_chunk, at most as many stages as K steps)
+    reusing the main GEMM's buffers (run one after the other; the larger counts), with
+    mbarriers of its own when its stage count differs (as `PersistentPlan.smem_bytes`)."""
     rows, u, item = plan.rows_per_block, plan.units_per_block, plan.itemsize
     stages = min(plan.stages, max(2 * plan.n_pad // plan.k_chunk, 1))
-    n_in = len(_input_names(has_z))
+    n_in = len(_input_names(has_z, scales_plan is not None))
     tile = rows * u * 4
+    pipeline = [stages * rows * plan.k_chunk * item, stages * u * plan.k_chunk * item]
+    barriers = n_in + has_mask + stages
+    if scales_plan is not None:
+        z_chunk, z_stages = scales_chunk(scales_plan)
+        z_gemm = [z_stages * rows * z_chunk * item, z_stages * u * z_chunk * item]
+        pipeline = max(pipeline, z_gemm, key=lambda b: sum(map(_align, b)))
+        barriers += z_stages * (z_stages != stages)
     allocations = (
-        stages * rows * plan.k_chunk * item,
-        stages * u * plan.k_chunk * item,
+        *pipeline,
         n_in * tile,
         tile,
         tile,
@@ -187,16 +239,20 @@ def backward_smem_bytes(
         2 * bias_row_group(plan) * u * 4,
         depth * bias_row_group(plan) * u * 4 * has_z,
     )
-    return sum(map(_align, allocations)) + MBARRIER_BYTES * (n_in + has_mask + stages)
+    return sum(map(_align, allocations)) + MBARRIER_BYTES * barriers
 
 
 def check_plan(
-    plan: PersistentPlan, has_z: bool = True, has_mask: bool = True, depth: int = 7
+    plan: PersistentPlan,
+    has_z: bool = True,
+    has_mask: bool = True,
+    depth: int = 7,
+    scales_plan: PersistentPlan | None = None,
 ) -> None:
     """One-line `PlanError` unless the backward kernel can run ``plan`` co-resident: grid <=
     SMs, ``rows <= 256`` (a TMA box), ``u % 8 == 0`` (wgmma N, 16-byte TMA rows),
     ``2 * n_pad % k_chunk == 0`` (its K) and `backward_smem_bytes` within the per-block
-    limit."""
+    limit (with z recomputed at ``scales_plan``: the same rows)."""
     plan.check_grid()
     if plan.rows_per_block > MAX_TMA_ROWS:
         raise PlanError(
@@ -211,7 +267,14 @@ def check_plan(
     plan.check_backward_k()
     if has_mask:
         keep_mask.check_plan(plan, "backward")
-    need = backward_smem_bytes(plan, has_z, has_mask, depth)
+    if scales_plan is not None and (scales_plan.rows_per_block, scales_plan.b_pad) != (
+        plan.rows_per_block, plan.b_pad,
+    ):  # fmt: skip
+        raise PlanError(
+            f"persistent backward recomputes z with the hyper plan's rows: {scales_plan} has "
+            f"other rows than {plan}."
+        )
+    need = backward_smem_bytes(plan, has_z, has_mask, depth, scales_plan)
     if need > plan.smem_limit:
         raise PlanError(
             f"persistent backward needs {need} B of shared memory per block, over the "
@@ -233,8 +296,11 @@ def backward_weights(plan: PersistentPlan, kernel_s: Array, dtype) -> Array:
     return w.reshape(depth * n_pad, 2 * n_pad).astype(dtype)
 
 
-def _check_operands(plan: PersistentPlan, wt, g, packed, z, mask, bias, s_mm) -> int:
-    """One-line `PlanError` unless the operands have the plan's padded shapes; returns L."""
+def _check_operands(
+    plan: PersistentPlan, wt, g, packed, z, mask, bias, s_mm, z_inside: bool = False
+) -> int:
+    """One-line `PlanError` unless the operands have the plan's padded shapes (``z_inside``:
+    z recomputed, `ScalesInside`); returns L."""
     b_pad, n_pad = plan.b_pad, plan.n_pad
     if wt.ndim != 2 or wt.shape[1] != 2 * n_pad or wt.shape[0] % n_pad or not wt.shape[0]:
         raise PlanError(f"wt {wt.shape} is not [L * {n_pad}, {2 * n_pad}] (plan n_pad).")
@@ -266,7 +332,8 @@ def _check_operands(plan: PersistentPlan, wt, g, packed, z, mask, bias, s_mm) ->
     if z is not None and z.shape != z_shape:
         raise PlanError(f"z {z.shape} is not {z_shape} (layer-major [L, T, b_pad, z_width]).")
     bias_shape = (depth, b_pad, 2, n_pad)
-    if (z is None) != (bias is None) or (bias is not None and bias.shape != bias_shape):
+    has_z = z is not None or z_inside
+    if has_z != (bias is not None) or (bias is not None and bias.shape != bias_shape):
         raise PlanError(
             f"bias is {None if bias is None else bias.shape}: with z it must be {bias_shape} "
             "(the gates are recomputed from full), without z None."
@@ -275,6 +342,26 @@ def _check_operands(plan: PersistentPlan, wt, g, packed, z, mask, bias, s_mm) ->
     if jnp.dtype(wt.dtype).name != plan.dtype:
         raise PlanError(f"wt dtype {wt.dtype} is not the plan's {plan.dtype}.")
     return depth
+
+
+def _check_scales(plan: PersistentPlan, scales: ScalesInside, z, bias, phases: int, depth: int):
+    """One-line `PlanError` unless `ScalesInside`'s operands have its shapes (and z is not
+    given as well; the bias is, for the gates)."""
+    if z is not None or bias is None:
+        raise PlanError("persistent backward: with z recomputed pass the bias and no z.")
+    kh_pad, mm = scales.plan.k_pad, plan.dtype
+    expected = {
+        "s_mm": (scales.s_mm, (phases * plan.b_pad, kh_pad), mm),
+        "tail": (scales.tail, (plan.b_pad, kh_pad), mm),
+        "proj": (scales.proj, (depth * plan.n_pad, kh_pad), mm),
+        "proj_bias": (scales.proj_bias, (depth, plan.b_pad, plan.n_pad), "float32"),
+    }
+    for name, (array, shape, dtype) in expected.items():
+        if tuple(array.shape) != shape or jnp.dtype(array.dtype).name != dtype:
+            raise PlanError(
+                f"persistent backward: scales' {name} is {jnp.dtype(array.dtype).name}"
+                f"{list(array.shape)}, expected {dtype}{list(shape)}."
+            )
 
 
 def persistent_backward(
@@ -291,10 +378,13 @@ def persistent_backward(
     spin_limit: int = gb.DEFAULT_SPIN_LIMIT,
     interpret: Any = None,
     layout: str = "grid",
+    scales: ScalesInside | None = None,
 ):
     """All backward phases in one Mosaic GPU launch; shapes in the module docstring
     (``keep``: the keep probability that scales the mask's decisions; ``bias``: with z;
-    ``s_mm``: in f32).
+    ``s_mm``: in f32; ``scales`` (`ScalesInside`, then z None): z recomputed in the kernel,
+    each phase's z tile from the hyper cell's saved A buffer by the forward's own GEMM, p_l
+    added in shared memory).
 
     Returns (d_x [T, b_pad, 2, plan.z_width] f32, d_mm [P * b_pad, 2 * n_pad] matmul dtype,
     ds_carry0 [b_pad, n_pad] f32, bias_parts [P, R, 2, group, n_pad] f32, with z dz [L, T,
@@ -304,8 +394,11 @@ def persistent_backward(
     interpret mode as one cluster with a cluster barrier (`grid_barrier.launch`;
     ``plan.check_interpretable``). ``layout`` "rowgroup": one cluster per row group, a
     cluster barrier (`rowgroup_layout`)."""
-    depth = _check_operands(plan, wt, g, packed, z, mask, bias, s_mm)
-    check_plan(plan, z is not None, mask is not None, depth)
+    depth = _check_operands(plan, wt, g, packed, z, mask, bias, s_mm, scales is not None)
+    scales_plan = None if scales is None else scales.plan
+    if scales is not None:
+        _check_scales(plan, scales, z, bias, packed.shape[0], depth)
+    check_plan(plan, z is not None or scales is not None, mask is not None, depth, scales_plan)
     rowgroup_layout.check(plan, layout, interpret)
     launch, block_index, make_barrier = rowgroup_layout.functions(layout, interpret)
     phases = packed.shape[0]
@@ -315,9 +408,13 @@ def persistent_backward(
     n_r, n_c, n_pad, b_pad = plan.row_blocks, plan.col_blocks, plan.n_pad, plan.b_pad
     k_steps = 2 * n_pad // tk
     mm_dtype = wt.dtype
-    has_z, has_mask = z is not None, mask is not None
-    names = _input_names(has_z)
+    z_inside = scales is not None
+    has_z, has_mask = z is not None or z_inside, mask is not None
+    names = _input_names(has_z, z_inside)
     optional = (("z", z), ("mask", mask), ("bias", bias), ("s_mm", s_mm))
+    if z_inside:
+        optional += (("h_s_mm", scales.s_mm), ("tail", scales.tail), ("proj", scales.proj))
+        optional += (("proj_bias", scales.proj_bias),)
     state_in_packed = plan.state_in_packed  # else s_prev from s_mm (f32)
     extra_names = [name for name, x in optional if x is not None]
     extras = [x for _, x in optional if x is not None]
@@ -385,6 +482,8 @@ def persistent_backward(
                         epi[slot] = jnp.zeros((rows, u), F32)
 
                     continue
+                if name == "z" and z_inside:  # the GEMM below fills it
+                    continue
                 row = _saved_row(name, has_z, state_in_packed)
                 if row is not None:
                     src = packed_g.at[p, block_rows, row, units]
@@ -392,12 +491,20 @@ def persistent_backward(
                     src = sources["z"].at[layer, t, block_rows, units]
                 elif name in ("b_h", "b_t"):
                     src = sources["bias"].at[layer, block_rows, int(name == "b_t"), units]
+                elif name == "pz":
+                    src = sources["proj_bias"].at[layer, block_rows, units]
                 else:
                     src = sources[name].at[p, block_rows, units]
                 plgpu.copy_gmem_to_smem(src, epi.at[slot], bar.at[slot])
             if has_mask:
                 mask_src = sources["mask"].at[p, block_rows, units]
                 plgpu.copy_gmem_to_smem(mask_src, mask_tile, bar.at[mask_bar])
+            if z_inside:  # z = s_hyper[p] P_l, the forward's GEMM (p_l added below)
+                pf.scales_to_smem(
+                    scales.plan, sources["h_s_mm"], sources["tail"], sources["proj"], r, c,
+                    steps, depth, p, layer, epi.at[names.index("z")],
+                    k_chunk=scales_chunk(scales.plan)[0],
+                )  # fmt: skip
             last = p == phases - 1  # no layer above: its GEMM term is zero
 
             @pl.when(jnp.logical_not(last))
@@ -410,6 +517,8 @@ def persistent_backward(
                 plgpu.commit_smem()
 
             for slot in range(len(names) + has_mask):
+                if z_inside and slot == names.index("z"):
+                    continue
                 if slot == names.index("g_out") and g_last:
                     pl.when(g_here)(lambda slot=slot: plgpu.barrier_wait(bar.at[slot]))
                 elif slot == names.index("s_prev") and not state_in_packed:
@@ -417,7 +526,16 @@ def persistent_backward(
                 else:
                     plgpu.barrier_wait(bar.at[slot])
             plgpu.commit_smem()  # every thread's acc_smem (and zero g, s) write before a read
-            ins = {name: keep_mask.load_strided(epi.at[slot]) for slot, name in enumerate(names)}
+            if z_inside:  # z + p_l in place, as the forward adds it (`cells.hyper_scales`)
+                z_slot, p_slot = names.index("z"), names.index("pz")
+                z_tile = keep_mask.load_strided(epi.at[z_slot])
+                epi[z_slot] = z_tile + keep_mask.load_strided(epi.at[p_slot])
+                plgpu.commit_smem()
+            ins = {
+                name: keep_mask.load_strided(epi.at[slot])
+                for slot, name in enumerate(names)
+                if name != "pz"
+            }
             if has_mask:
                 ins["mask"] = keep_mask.load_values(mask_tile, keep)
             ins["ds_carry"] = carry[...]
@@ -534,13 +652,20 @@ def persistent_backward_reference(
     spin_limit: int = gb.DEFAULT_SPIN_LIMIT,
     interpret: Any = None,
     layout: str = "grid",
+    scales: ScalesInside | None = None,
 ):
     """Pure-JAX `persistent_backward` (same operands, same outputs; status all zeros): a
     reverse scan over the phases of `mosaic_backward.highway_backward_reference`, with z
     on the gates recomputed by `mosaic_forward.gates` (``spin_limit`` and ``interpret``
-    unused)."""
+    unused; with ``scales`` z from `persistent_forward.scales_from_a_buffer_reference`)."""
     del spin_limit, interpret, layout
-    depth = _check_operands(plan, wt, g, packed, z, mask, bias, s_mm)
+    depth = _check_operands(plan, wt, g, packed, z, mask, bias, s_mm, scales is not None)
+    if scales is not None:  # z from the hyper cell's saved A buffer, as the kernel's GEMM
+        _check_scales(plan, scales, z, bias, packed.shape[0], depth)
+        z = pf.scales_from_a_buffer_reference(
+            plan, scales.plan, scales.s_mm, scales.tail, scales.proj, scales.proj_bias,
+            packed.shape[0] // depth,
+        )  # fmt: skip
     phases, b_pad, n_pad = packed.shape[0], g.shape[1], g.shape[2]
     if g.shape[0] != phases:  # layer L - 1's cotangent only
         g = jnp.zeros((phases, b_pad, n_pad), g.dtype).at[depth - 1 :: depth].set(g)

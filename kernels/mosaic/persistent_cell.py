@@ -173,7 +173,8 @@ class Cell:
         self.cast[...] = tiles["s_new"].astype(jnp.dtype(self.plan.dtype))
         for name, slot in zip(outs, out_slot, strict=True):
             epi[slot] = tiles[name]
-        store_z = self.z_inside and self.save  # the backward reads z (its slot holds it)
+        # z for the backward (its slot holds it), unless the backward recomputes it
+        store_z = self.z_inside and self.refs["z"] is not None
         plgpu.commit_smem()
         if self.save:  # the states are packed row 0 of the next phase: only the last one
 

@@ -212,6 +212,44 @@ def check_hyper(plan: PersistentPlan, hyper: HyperInside, steps: int, depth: int
             )
 
 
+def scales_to_smem(
+    hyper_plan: PersistentPlan,
+    s_mm,
+    tail,
+    proj,
+    r,
+    g,
+    steps: int,
+    depth: int,
+    p,
+    layer,
+    z_slot,
+    k_chunk: int | None = None,
+) -> None:
+    """z_slot [rows, u] f32 = s_hyper[p] @ P_l[:, units g] (no bias), f32 accumulation, for
+    block row ``r``: s_hyper[p] is the hyper state after hyper phase p, the hyper A buffer's
+    row block slot(p + 1) (``s_mm`` [P * b_pad, kh_pad]) or after the last phase ``tail``
+    [b_pad, kh_pad]; ``proj`` [L * n_pad, kh_pad] (`projection_weights`). Both persistent
+    kernels call it: the forward for z, the backward to recompute it (``k_chunk``: its own
+    K chunk, default the hyper plan's; the K order and f32 accumulation are the same)."""
+    rows = z_slot.shape[0]
+    n_r, n_c = s_mm.shape[0] // (steps * depth * rows), proj.shape[0] // (depth * z_slot.shape[1])
+    k_chunk = k_chunk or hyper_plan.k_chunk
+    gemm = functools.partial(
+        gemm_nt_to_smem, z_slot, tile_k=k_chunk, k_steps=hyper_plan.k_pad // k_chunk,
+        stages=hyper_plan.stages,
+    )  # fmt: skip
+    b_block, last = layer * n_c + g, p == steps * depth - 1
+
+    @pl.when(jnp.logical_not(last))
+    def _():
+        gemm(s_mm, proj, slots.slot(p + 1, steps, depth) * n_r + r, b_block)
+
+    @pl.when(last)
+    def _():
+        gemm(tail, proj, r, b_block)
+
+
 def persistent_forward(
     plan: PersistentPlan,
     w_blk: Array,
@@ -227,6 +265,7 @@ def persistent_forward(
     interpret: Any = None,
     layout: str = "grid",
     hyper: HyperInside | None = None,
+    save_scales: bool = True,
 ):
     """All T * L forward phases in one Mosaic GPU launch; shapes in the module docstring
     (``keep``: the keep probability that scales the masks' decisions).
@@ -242,9 +281,10 @@ def persistent_forward(
     state after hyper phase p, written before the last barrier), main phase p and hyper phase
     p + 1 (blocks g < hyper col_blocks), then ONE barrier; a prologue runs hyper phase 0. P + 2
     barriers in all, not 2 P + 2 in two launches. Returns the main cell's outputs, then the
-    hyper cell's (the same, for its plan), then with ``save`` z [L, T, b_pad, z_width] f32
-    (the backward's operand), then ``tail`` [b_pad, kh_pad] (the hyper state after the last
-    phase in the matmul dtype), then status.
+    hyper cell's (the same, for its plan), then with ``save`` and ``save_scales`` z [L, T,
+    b_pad, z_width] f32 (the backward's operand; without ``save_scales`` the backward
+    recomputes z: `persistent_backward.ScalesInside`), then ``tail`` [b_pad, kh_pad] (the
+    hyper state after the last phase in the matmul dtype), then status.
     """
     steps, depth = check_operands(plan, w_blk, s0, xproj, bias, z, mask)
     if hyper is not None:
@@ -266,7 +306,7 @@ def persistent_forward(
     if z_inside:
         hp = hyper.plan
         out_type += persistent_cell.out_types(hp, phases, save, mm_dtype)
-        if save:
+        if save and save_scales:
             out_type.append(jax.ShapeDtypeStruct((depth, steps, plan.b_pad, plan.z_width), F32))
         out_type.append(jax.ShapeDtypeStruct((plan.b_pad, hp.k_pad), mm_dtype))
     out_type.append(jax.ShapeDtypeStruct((n_r * n_c,), jnp.int32))
@@ -316,30 +356,13 @@ def persistent_forward(
             tail_g = outs_g[-2]
             hyper_refs["tail"] = tail_g
             main_refs["proj_bias"] = pbias_g
-            if save:
+            if save and save_scales:
                 main_refs["z"] = outs_g[-3]
             hyper_sc = {k[2:]: v for k, v in scratch.items() if k.startswith("h_")}
             hyper_cell = make_cell(hp, hyper_refs, hyper_sc, hyper_pre, False, False)
-            k_steps = hp.k_pad // hp.k_chunk
-
-            def fill_z(p, layer, z_slot):
-                """z_slot [rows, u] = s_hyper[p] @ P_l[:, units] (the hyper state after hyper
-                phase p: the A buffer's input of phase p + 1, or the tail after the last)."""
-                b_block = layer * n_c + g
-                gemm = functools.partial(
-                    gemm_nt_to_smem, z_slot, tile_k=hp.k_chunk, k_steps=k_steps, stages=hp.stages
-                )
-                last = p == phases - 1
-
-                @pl.when(jnp.logical_not(last))
-                def _():
-                    a_block = slots.slot(p + 1, steps, depth) * n_r + r
-                    gemm(hyper_refs["s_mm"], proj_g, a_block, b_block)
-
-                @pl.when(last)
-                def _():
-                    gemm(tail_g, proj_g, r, b_block)
-
+            fill_z = functools.partial(
+                scales_to_smem, hp, hyper_refs["s_mm"], tail_g, proj_g, r, g, steps, depth
+            )
             main = make_cell(plan, main_refs, main_sc, main_pre, True, True, fill_z)
         else:
             main = make_cell(plan, main_refs, main_sc, scratch["pre"], z is not None, False)
@@ -419,6 +442,7 @@ def persistent_forward_reference(
     interpret: Any = None,
     layout: str = "grid",
     hyper: HyperInside | None = None,
+    save_scales: bool = True,
 ):
     """Pure-JAX `persistent_forward` (same operands and outputs; status all zeros): a
     `lax.scan` over the phases of `mosaic_forward.highway_forward_reference` (units u),
@@ -441,7 +465,8 @@ def persistent_forward_reference(
             plan, w_blk, s0, xproj, bias, z, mask, save=save, keep=keep
         )
         tail = h_states[-1, :, : hp.k_pad].astype(w_blk.dtype)
-        return (*main[:-1], *h_outs[:-1], *((z,) if save else ()), tail, main[-1])
+        z_out = (z,) if save and save_scales else ()
+        return (*main[:-1], *h_outs[:-1], *z_out, tail, main[-1])
     xproj = jnp.pad(xproj, [(0, 0)] * 3 + [(0, plan.n_pad - plan.z_width)])  # as TMA reads it
     mm_dtype = w_blk.dtype
     k_pad, rows_w = plan.k_pad, 2 * plan.n_pad
@@ -490,3 +515,16 @@ def hyper_scales_reference(
     z = z + proj_bias[None]
     z_pm = z.reshape(steps * depth, plan.b_pad, plan.n_pad)
     return slots.scales_to_layer_major(z_pm, steps, depth, plan.z_width)
+
+
+def scales_from_a_buffer_reference(
+    plan: PersistentPlan, hyper_plan: PersistentPlan, s_mm, tail, proj, proj_bias, steps: int
+) -> Array:
+    """`hyper_scales_reference` from what the forward saves of the hyper cell: its A buffer
+    ``s_mm`` [P * b_pad, kh_pad] (the input state of every phase, cast) and ``tail`` [b_pad,
+    kh_pad] (the cast state after the last phase): the state after phase p is the input of
+    phase p + 1, so z is the same values as from the f32 states."""
+    depth = proj_bias.shape[0]
+    inputs = slots.a_buffer_to_inputs(s_mm, steps, depth, hyper_plan.k_pad)
+    after = jnp.concatenate([inputs[1:], tail[None]], axis=0)
+    return hyper_scales_reference(plan, hyper_plan, after, proj, proj_bias, steps)

@@ -25,7 +25,9 @@ kernel wherever `hyper_inside_plans` has plans (the paper's HyperRHN in both dty
 `hyper_forward_loop`, called by `rhhjax.ops.recurrence.hyper_highway_sequence`, runs both
 cells' T * L phases in one launch, the hyper cell one phase ahead on the blocks of its own
 plan, z from the kernel's own GEMM (`persistent_forward.HyperInside`). Its backward is each
-cell's own backward kernel, the main cell's first (dz), z's VJP between them. Elsewhere
+cell's own backward kernel, the main cell's first (dz), z's VJP between them; the main
+cell's backward recomputes z from the hyper cell's saved A buffer by the forward's own GEMM
+(`RecomputedScales`, `persistent_backward.ScalesInside`), so z is never written. Elsewhere
 (and in a HyperRHN whose plans leave no room) the hyper recurrence runs first as its own
 sequence, every z is computed at once (`rhhjax.models.cores.HyperRHNCore`) and the main
 kernel reads z as an input.
@@ -53,6 +55,7 @@ orders (`persistent_forward.forward_weights`, `persistent_backward.backward_weig
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import TYPE_CHECKING
 
@@ -86,6 +89,30 @@ LAYOUT = "grid"
 # The HyperRHN's hyper cell inside the forward kernel where `hyper_inside_plans` has plans;
 # False: its own kernels, as before. On until a GPU has measured both.
 HYPER_INSIDE = True
+# With the hyper cell inside: the main backward kernel recomputes z from the hyper cell's saved
+# A buffer (`persistent_backward.ScalesInside`) where its shared memory allows, so z is never
+# written; False: the forward writes z and the backward reads it. On until a GPU has measured
+# both (in bf16 the backward's main GEMM then runs at 2 pipeline stages, not 3).
+RECOMPUTE_SCALES = True
+
+
+@functools.partial(
+    jax.tree_util.register_dataclass,
+    data_fields=["s_mm", "tail", "proj", "proj_bias"],
+    meta_fields=["plan"],
+)
+@dataclasses.dataclass(frozen=True)
+class RecomputedScales:
+    """The main cell's z operand when its backward recomputes z (`RECOMPUTE_SCALES`): the
+    hyper cell's plan inside the forward and what `persistent_backward.ScalesInside` reads
+    (its A buffer [P * Bp, kh_pad] and tail [Bp, kh_pad] in the matmul dtype, the projection
+    [L * Np, kh_pad] and its bias rows [L, Bp, Np]). A pytree: it travels as a residual."""
+
+    s_mm: jax.Array
+    tail: jax.Array
+    proj: jax.Array
+    proj_bias: jax.Array
+    plan: PersistentPlan
 
 
 def unsupported(model: ModelFacts) -> str | None:
@@ -224,15 +251,16 @@ def _kernel_operands(plan, geo, stacked, s0, xproj, bias, z, keep) -> tuple:
     return plan, stacked, s0, xproj[..., : plan.z_width], rows, z, mask
 
 
-def _run_forward(spec, save: bool, *args, hyper: pf.HyperInside | None = None) -> tuple:
+def _run_forward(
+    spec, save: bool, *args, hyper: pf.HyperInside | None = None, save_scales: bool = True
+) -> tuple:
     """The forward kernel (its reference when `spec.references`) on `_kernel_operands`'
     ``args``; a grid barrier that timed out is one error line."""
+    options = dict(save=save, keep=spec.keep, hyper=hyper, save_scales=save_scales)
     if spec.references:
-        return pf.persistent_forward_reference(*args, save=save, keep=spec.keep, hyper=hyper)
+        return pf.persistent_forward_reference(*args, **options)
     interpret = loops.kernel_interpret(spec)
-    outs = pf.persistent_forward(
-        *args, save=save, keep=spec.keep, interpret=interpret, layout=LAYOUT, hyper=hyper
-    )
+    outs = pf.persistent_forward(*args, **options, interpret=interpret, layout=LAYOUT)
     grid_barrier.check_status(outs[-1], "persistent forward")
     return outs
 
@@ -262,6 +290,26 @@ def hyper_inside_plans(
     return inside_plans(_plan_of(spec, batch, width), _plan_of(spec, batch, hyper_width))
 
 
+def scales_backward_plan(
+    plan: PersistentPlan, hyper_plan: PersistentPlan, depth: int, has_mask: bool
+) -> PersistentPlan | None:
+    """The backward kernel's plan when it recomputes z (`persistent_backward.ScalesInside`):
+    ``plan`` at the most pipeline stages (at least 2) whose shared memory fits beside z's GEMM
+    and p_l's tile (the paper's bf16 plan: 2, not 3), or None where none does or
+    `RECOMPUTE_SCALES` is off. Stages change no layout: the forward's buffers are read as
+    they are."""
+    if not RECOMPUTE_SCALES:
+        return None
+    for stages in range(plan.stages, 1, -1):
+        candidate = dataclasses.replace(plan, stages=stages)
+        try:
+            pb.check_plan(candidate, True, has_mask, depth, hyper_plan)
+        except PlanError:
+            continue
+        return candidate
+    return None
+
+
 def hyper_forward_loop(spec, geos, kernels, operands, proj_kernel, proj_bias, save: bool):
     """Both cells' forward as ONE kernel, the hyper cell inside (`hyper_inside_plans`).
 
@@ -270,8 +318,10 @@ def hyper_forward_loop(spec, geos, kernels, operands, proj_kernel, proj_bias, sa
     inside, which split the hyper cell's units another way than its own plan);
     proj_kernel [L, h, n], proj_bias [L, n] f32.
     Returns ((states, saved) of the hyper cell, (states, saved) of the main cell, z): as
-    `forward_loop` returns them for each cell, and z [L, T, Bp, z_width] (`scales_operand`'s
-    layout: the main cell's backward operand) with ``save``, else None."""
+    `forward_loop` returns them for each cell, and with ``save`` the main cell's backward
+    operand for z: `RecomputedScales` where its backward recomputes z
+    (`scales_backward_plan`), else z [L, T, Bp, z_width] (`scales_operand`'s layout, written
+    by the kernel); without ``save`` None."""
     geo_h, geo_m = geos
     plan, hyper_plan = hyper_inside_plans(spec, geo_m.batch, geo_m.n, geo_h.n)
     ops_h, ops_m = operands
@@ -291,11 +341,18 @@ def hyper_forward_loop(spec, geos, kernels, operands, proj_kernel, proj_bias, sa
         pf.projection_weights(plan, hyper_plan, proj_kernel, spec.dtype),
         _bias_rows(geo_m, _padded_units(geo_m, proj_bias)),  # p [L, n] -> [L, Bp, Np]
     )  # fmt: skip
-    outs = _run_forward(spec, save, *args_m, hyper=hyper)
+    recompute = scales_backward_plan(plan, hyper_plan, depth, args_m[6] is not None) is not None
+    outs = _run_forward(spec, save, *args_m, hyper=hyper, save_scales=not recompute)
     n_cell = 2 + save  # (states or s_last, [packed,] s_mm) of each cell
     main = _cell_results(plan, outs[:n_cell], save, length, depth)
     hyper_out = _cell_results(hyper_plan, outs[n_cell : 2 * n_cell], save, length, depth)
-    return hyper_out, main, outs[2 * n_cell] if save else None
+    if not save:
+        return hyper_out, main, None
+    if not recompute:
+        return hyper_out, main, outs[2 * n_cell]
+    tail = outs[-2]
+    z = RecomputedScales(hyper_out[1][1], tail, hyper.proj, hyper.proj_bias, hyper_plan)
+    return hyper_out, main, z
 
 
 def _bias_rows(geo: Geometry, bias: Array) -> Array:
@@ -362,23 +419,31 @@ def backward_loop_and_scale_bias(spec, geo, w, bias, s0, xproj, z, keep, hidden,
     rows = None  # with z the kernel recomputes the gates from full: it needs the bias
     if z is not None:
         rows = _bias_rows(geo, bias)
+    scales = None
+    if isinstance(z, RecomputedScales):  # the kernel recomputes z from the hyper cell's buffer
+        scales = pb.ScalesInside(z.plan, z.s_mm, z.tail, z.proj, z.proj_bias)
+        plan = scales_backward_plan(plan, z.plan, depth, mask is not None)
+        z = None
     s_prev = None if plan.state_in_packed else s_mm  # f32: the input states are s_mm's rows
     args = (plan, stacked, g, packed, z, mask, rows, s_prev)
     if spec.references:
-        outs = pb.persistent_backward_reference(*args, keep=spec.keep)
+        outs = pb.persistent_backward_reference(*args, keep=spec.keep, scales=scales)
     else:
         interpret = loops.kernel_interpret(spec)
-        outs = pb.persistent_backward(*args, keep=spec.keep, interpret=interpret, layout=LAYOUT)
+        outs = pb.persistent_backward(
+            *args, keep=spec.keep, interpret=interpret, layout=LAYOUT, scales=scales
+        )
         grid_barrier.check_status(outs[-1], "persistent backward")
+    has_z = z is not None or scales is not None
     d_x, d_mm, ds_carry0, bias_parts = outs[:4]
-    dz_lt = outs[4] if z is not None else None
+    dz_lt = outs[4] if has_z else None
     # The state gradient of s0 through W_0 (no gate backward below it): one XLA matmul.
     w0 = stacked[: geo.n_pad]
     ds0 = ds_carry0 + jnp.matmul(d_mm[: geo.b_pad], w0.T, preferred_element_type=jnp.float32)
     dbias = pb.bias_gradient(bias_parts, depth)
     d_xproj = _padded_units(geo, d_x)[:, None]
     dz = None if dz_lt is None else _padded_units(geo, jnp.swapaxes(dz_lt, 0, 1))
-    dp = None if z is None else pb.scale_bias_gradient(outs[5])
+    dp = None if not has_z else pb.scale_bias_gradient(outs[5])
     return ds0, d_xproj, dz, dbias, _weight_gradient(spec, depth, d_mm, s_mm), dp
 
 

@@ -200,7 +200,8 @@ def _hyper_specs(spec: SequenceSpec) -> tuple[SequenceSpec, SequenceSpec]:
 
 def _hyper_run_forward(spec, weights, proj, s0s, xprojs, keys, save: bool):
     """Pads both cells and runs their forward as one kernel: per cell (geo, operands with
-    z, states [T, L, Bp, Np], saved)."""
+    z, states [T, L, Bp, Np], saved); the main cell's z is what its backward reads (the
+    implementation's: `persistent.RecomputedScales` where it recomputes z)."""
     impl = IMPLEMENTATIONS[spec.impl]
     cells_in = zip(_hyper_specs(spec), weights, s0s, xprojs, keys, strict=True)
     geos, operands = [], []
