@@ -75,8 +75,9 @@ def test_the_step_with_the_hyper_cell_as_own_launches_counts_both_cells_phases()
 def test_the_hyper_cell_inside_the_forward_adds_its_busiest_blocks_gemms_to_a_phase():
     """Today's grid (`inside_plans`: the main plan at 2 stages, the hyper cell's 4 x 8
     blocks of 16 units): each forward phase gains z's GEMM slice [64, 128] x [128, 64] and
-    the hyper GEMM [64, 128] x [128, 32] of one block; the forward's barriers are 700 + 1,
-    the hyper backward keeps its own 700 launches' phases and barriers."""
+    the hyper GEMM [64, 128] x [128, 32] of one block, each backward phase z's slice again
+    (recomputed); the forward's barriers are 700 + 1, the hyper backward keeps its own 700
+    launches' phases and barriers."""
     rates, shape = Rates(), pc.PAPER
     main, hyper = pc.inside_plans(
         pc.plan_for(256, 1000, "bfloat16"), pc.plan_for(256, 128, "bfloat16")
@@ -87,6 +88,9 @@ def test_the_hyper_cell_inside_the_forward_adds_its_busiest_blocks_gemms_to_a_ph
     share = 2 * 64 * 128 * (64 + 32) / (rates.tflops_per_sm * 1e12) * 1e6
     assert pc.hyper_forward_share_us(main, hyper, rates) == pytest.approx(share)
     assert step.fwd_phase_us == pytest.approx(pc.kernel_phase_us(main, rates, 1, False) + share)
+    recompute = 2 * 64 * 128 * 64 / (rates.tflops_per_sm * 1e12) * 1e6
+    assert pc.scales_backward_share_us(main, hyper, rates) == pytest.approx(recompute)
+    assert step.bwd_phase_us == pytest.approx(pc.kernel_phase_us(main, rates, 1, True) + recompute)
     phases = shape["depth"] * shape["length"]
     assert step.barrier_phases == 3 * phases + 1
     alone = pc.plan_for(256, 128, "bfloat16")
@@ -181,7 +185,8 @@ def test_the_layouts_weighed_name_whether_they_are_built():
         assert sum("(built" in n for n in names) == built
         assert sum("(not built)" in n for n in names) == 3 == len(names) - built
         assert [n for n in names if "today" in n] == [
-            "grid, hyper inside the forward, own launches backward (built: today)"
+            "grid, hyper inside the forward, z recomputed in the backward, own launches "
+            "backward (built: today)"
         ]
         assert pc.rowgroup_plan(dtype, 256, 1000).col_blocks == 16
 

@@ -14,7 +14,9 @@ Every number here is a MODEL, not a measurement:
   predicted phase time; "inside the forward" (built, `inside_plans`): the forward kernel
   runs it one phase ahead of the main cell on the blocks of its own plan (T * L + 2
   barriers), adding to every forward phase the GEMMs of its busiest block (z's slice and
-  the hyper cell's, `hyper_forward_share_us`), and its backward stays its own launches;
+  the hyper cell's, `hyper_forward_share_us`), the main backward recomputes z (built,
+  `persistent.RECOMPUTE_SCALES`: z's slice GEMM added to every backward phase,
+  `scales_backward_share_us`), and the hyper backward stays its own launches;
   "inside" both kernels (not built): its GEMMs spread over the main grid, one phase behind
   in the backward, adding its FLOP share per block to every main phase (the epilogues of
   either are not modelled);
@@ -93,11 +95,13 @@ def kernel_phase_us(plan: PersistentPlan, rates: Rates, multicast: int, backward
 
 def hyper_share_us(plan: PersistentPlan, hyper: int, rates: Rates, backward: bool) -> float:
     """The hyper cell's FLOPs per main phase spread over the main grid (us per block):
-    its gate GEMM [B, h] x [h, 2h] and the z projection [B, h] x [h, n] (the backward: the
-    transposed GEMMs, same FLOPs), divided evenly over ``plan.grid`` blocks."""
+    its gate GEMM [B, h] x [h, 2h] and the z projection [B, h] x [h, n]; the backward: the
+    transposed GEMMs (twice the FLOPs) and z recomputed (the projection once more); divided
+    evenly over ``plan.grid`` blocks."""
     batch = plan.b_pad
-    flops = 2 * batch * hyper * 2 * hyper + 2 * batch * hyper * plan.n_pad
-    return 1e6 * flops / plan.grid / (rates.tflops_per_sm * 1e12) * (1.0 + backward)
+    gate, projection = 2 * batch * hyper * 2 * hyper, 2 * batch * hyper * plan.n_pad
+    flops = 2 * (gate + projection) + projection if backward else gate + projection
+    return 1e6 * flops / plan.grid / (rates.tflops_per_sm * 1e12)
 
 
 @functools.cache
@@ -219,6 +223,13 @@ def hyper_forward_share_us(main: PersistentPlan, hyper: PersistentPlan, rates: R
     return 1e6 * flops / (rates.tflops_per_sm * 1e12)
 
 
+def scales_backward_share_us(main: PersistentPlan, hyper: PersistentPlan, rates: Rates) -> float:
+    """What recomputing z adds to a main backward phase (us, every block): z's GEMM for the
+    block's units [rows, kh] x [kh, u] at ``tflops_per_sm``."""
+    flops = 2 * main.rows_per_block * hyper.k_pad * main.units_per_block
+    return 1e6 * flops / (rates.tflops_per_sm * 1e12)
+
+
 def rowgroup_plan(dtype: str, batch: int, width: int) -> PersistentPlan | None:
     """The plan `plan_for` picks for the row-group clusters (at most 16 column blocks), or
     None when none fits."""
@@ -245,7 +256,10 @@ def layouts(dtype: str, rates: Rates, batch: int, width: int, hyper: int) -> lis
         built = "built: today" if launch == "grid" else "built"
         inside = inside_plans(plan, alone)
         if inside is not None:
-            label = f"{name}, hyper inside the forward, own launches backward ({built})"
+            label = (
+                f"{name}, hyper inside the forward, z recomputed in the backward, own "
+                f"launches backward ({built})"
+            )
             out.append(Layout(label, inside[0], 1, barrier_us, "forward", inside[1]))
             built = "built"
         out.append(
@@ -299,6 +313,7 @@ def predicted_step(
         hyper_ms = 0.0
     elif layout.hyper == "forward":
         fwd += hyper_forward_share_us(plan, layout.hyper_plan, rates)
+        bwd += scales_backward_share_us(plan, layout.hyper_plan, rates)
         barriers += 1 + phases  # the forward's prologue phase; the hyper backward's own
         hyper_ms = phases * hyper[1] / 1e3
     else:
