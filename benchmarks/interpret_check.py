@@ -3,9 +3,9 @@
     NPROC=17 python benchmarks/interpret_check.py [--paper] [--only=persistent] [--out=F.json]
 
 For each kernel (`mosaic_forward`, `mosaic_backward`, `persistent_forward`, the persistent
-forward with the hyper cell inside, `persistent_backward`) and a few layouts, from one block
-to a cluster of 16: runs the real
-kernel interpreted with the race detector on (`rhhjax.kernels.mosaic.interpret.params`) and its
+forward with the hyper cell inside, `persistent_backward`, also with z recomputed) and a few
+layouts, from one block to a cluster of 16: runs the real kernel interpreted with the race
+detector on (`rhhjax.kernels.mosaic.interpret.params`) and its
 pure-JAX reference on the same fresh random inputs, and prints one markdown row per run: the
 blocks (a grid run one block after another, or one cluster run at once), the largest
 difference from the reference (absolute, and relative to the largest reference entry), the
@@ -170,9 +170,12 @@ def persistent_hyper_forward_case(plans: tuple, steps: int, depth: int):
     return f"cluster {plan.row_blocks} x {plan.col_blocks}", kernel, reference
 
 
-def persistent_backward_case(plan: PersistentPlan, steps: int, depth: int):
+def persistent_backward_case(
+    plan: PersistentPlan, steps: int, depth: int, hyper_plan: PersistentPlan | None = None
+):
     """(cluster, kernel thunk, reference thunk) of the whole-sequence backward with z and
-    gate dropout."""
+    gate dropout; with ``hyper_plan`` z recomputed from a random hyper A buffer and tail
+    (`persistent_backward.ScalesInside`) instead of read."""
     rng = np.random.default_rng(plan.grid * 7 + steps)
     n = plan.width
     wt = pb.backward_weights(plan, _normal(rng, depth, n, 2 * n, scale=0.3), plan.dtype)
@@ -189,15 +192,35 @@ def persistent_backward_case(plan: PersistentPlan, steps: int, depth: int):
     b_pad, n_pad = g.shape[1:]
     bias = jnp.broadcast_to(_normal(rng, depth, 1, 2, n_pad, scale=0.3), (depth, b_pad, 2, n_pad))
     args = (wt, g, packed, z, mask, bias, s_mm)
+    scales = None
+    if hyper_plan is not None:
+        scales = _scales_inside(plan, hyper_plan, steps, depth, rng)
+        args = (wt, g, packed, None, mask, bias, s_mm)
 
     def kernel():
         run = lambda *a: pb.persistent_backward(  # noqa: E731
-            plan, *a, keep=KEEP, interpret=gpu_interpret.params()
+            plan, *a, keep=KEEP, interpret=gpu_interpret.params(), scales=scales
         )
         return jax.jit(run)(*args)[:-1]  # all but the status: d_x, d_mm, carry, bias, dz
 
-    reference = lambda: pb.persistent_backward_reference(plan, *args, keep=KEEP)[:-1]  # noqa: E731
+    def reference():
+        return pb.persistent_backward_reference(plan, *args, keep=KEEP, scales=scales)[:-1]
+
     return f"cluster {plan.row_blocks} x {plan.col_blocks}", kernel, reference
+
+
+def _scales_inside(plan, hyper_plan, steps: int, depth: int, rng) -> pb.ScalesInside:
+    """Random `ScalesInside` operands: the hyper cell's A buffer and tail in the matmul
+    dtype, a projection P [L, h, n] and a bias p near 1."""
+    h_in = _phase_inputs(hyper_plan, steps, depth, rng)
+    s_mm = slots.inputs_to_a_buffer(h_in, steps, depth, hyper_plan.k_pad).astype(plan.dtype)
+    tail = _phase_inputs(hyper_plan, 1, 1, rng)[0, :, : hyper_plan.k_pad].astype(plan.dtype)
+    proj = _normal(rng, depth, hyper_plan.width, plan.width, scale=0.2)
+    proj_bias = 1.0 + _normal(rng, depth, 1, plan.n_pad, scale=0.1)
+    return pb.ScalesInside(
+        hyper_plan, s_mm, tail, pf.projection_weights(plan, hyper_plan, proj, plan.dtype),
+        jnp.broadcast_to(proj_bias, (depth, plan.b_pad, plan.n_pad)),
+    )  # fmt: skip
 
 
 def cases(paper: bool) -> list[tuple]:
@@ -246,6 +269,8 @@ def cases(paper: bool) -> list[tuple]:
         case = ((plan, hyper_plan), steps, depth)
         make = lambda c=case: persistent_hyper_forward_case(*c)  # noqa: E731
         out.append(("persistent_forward, hyper inside", plan.dtype, note, make))
+        make = lambda c=case: persistent_backward_case(c[0][0], *c[1:], c[0][1])  # noqa: E731
+        out.append(("persistent_backward, z recomputed", plan.dtype, note, make))
     # The check can fail: without its barrier between phases the kernel must be reported.
     mutant = (PersistentPlan(64, 64, "bfloat16", 2, 1, 32), 2, 1)
     note = "B 64, n 64, T 2, L 1; " + MUTANT
