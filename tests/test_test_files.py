@@ -38,6 +38,8 @@ WITHOUT_A_TEST_FILE = {
     "tests (tests/test_kernels_mosaic_forward.py and the others)",
     "kernels/mosaic/persistent_cell.py": "the phase of the persistent forward kernel's cells, "
     "run by its tests (tests/test_kernels_mosaic_persistent_forward.py)",
+    "kernels/mosaic/persistent_backward_cell.py": "the phase of the persistent backward "
+    "kernel's cells, run by its tests (tests/test_kernels_mosaic_persistent_backward.py)",
 }
 
 

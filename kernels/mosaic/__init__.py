@@ -8,6 +8,7 @@ reached through `rhhjax.ops.mosaic` and `rhhjax.ops.persistent`.
                             hyper cell inside it, optionally).
     persistent_cell.py      one cell's phase inside that kernel.
     persistent_backward.py  the whole backward as ONE persistent kernel.
+    persistent_backward_cell.py  one cell's phase inside that kernel.
     plan.py                 a persistent plan's resources, shared memory and refusals.
     persistent_slots.py     the layer-major order of the persistent kernels' GEMM buffers.
     rowgroup_layout.py      the persistent kernels launched as one cluster per row group.

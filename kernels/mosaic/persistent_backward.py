@@ -83,7 +83,6 @@ and compiles for an H100 on a CPU host with the CUDA plugin
 
 from __future__ import annotations
 
-import math
 from typing import Any, NamedTuple
 
 import jax
@@ -97,21 +96,18 @@ from rhhjax.kernels.mosaic import grid_barrier as gb
 from rhhjax.kernels.mosaic import keep_mask, rowgroup_layout
 from rhhjax.kernels.mosaic import persistent_forward as pf
 from rhhjax.kernels.mosaic import persistent_slots as slots
-from rhhjax.kernels.mosaic.backward import _gate_backward, highway_backward_reference
-from rhhjax.kernels.mosaic.gemm import gemm_nt_to_smem
+from rhhjax.kernels.mosaic.backward import highway_backward_reference
+from rhhjax.kernels.mosaic.persistent_backward_cell import (
+    BackwardCell,
+    bias_row_group,
+    input_names,
+    scales_chunk,
+)
 from rhhjax.kernels.mosaic.plan import PersistentPlan, PlanError
 
 Array = jax.Array
 MBARRIER_BYTES = 8
 MAX_TMA_ROWS = 256  # Mosaic GPU's async copies move at most 256 elements along a dimension
-
-
-def bias_row_group(plan: PersistentPlan) -> int:
-    """Rows of a block's da tile whose sums stay apart (``group``): the kernel sums the
-    tile's [group, u] slices (rows j * group .. for every j), each 256 f32 elements: two a
-    thread in the tiles' strided layout (`keep_mask.load_strided`), so a column sum is
-    slice loads and adds, no reduction across threads."""
-    return 256 // math.gcd(plan.units_per_block, 256)
 
 
 def bias_gradient(bias_parts: Array, depth: int) -> Array:
@@ -164,30 +160,6 @@ class ScalesInside(NamedTuple):
     proj_bias: Array
 
 
-def scales_chunk(scales_plan: PersistentPlan) -> tuple[int, int]:
-    """(K chunk, pipeline stages) of the backward's z GEMM (`ScalesInside`): chunks of at
-    most 32 (at 64, as the forward runs it, ptxas spills registers in the paper's bf16
-    backward: its epilogue is near the 255-register limit), stages at most the K steps."""
-    chunk = min(32, scales_plan.k_chunk)
-    return chunk, min(scales_plan.stages, scales_plan.k_pad // chunk)
-
-
-def _input_names(has_z: bool, scales_inside: bool = False) -> tuple[str, ...]:
-    """The per-phase f32 epilogue input tiles, in shared-memory slot order: g, then the saved
-    rows in `packed`'s order (s_prev and h, tg, or with z full's halves), then with z the
-    scales and the bias halves (the gates' recomputation), with z recomputed (`ScalesInside`)
-    p_l last. The mask's uint8 tile has a buffer of its own."""
-    if has_z:
-        return ("g_out", "s_prev", "full_h", "full_t", "z", "b_h", "b_t") + ("pz",) * scales_inside
-    return ("g_out", "s_prev", "h", "t")
-
-
-def _saved_row(name: str, has_z: bool, state_in_packed: bool) -> int | None:
-    """The `packed` row of an input tile, or None for one that is not a saved row."""
-    saved = ("s_prev",) * state_in_packed + (("full_h", "full_t") if has_z else ("h", "t"))
-    return saved.index(name) if name in saved else None
-
-
 def backward_smem_bytes(
     plan: PersistentPlan,
     has_z: bool = True,
@@ -220,7 +192,7 @@ def backward_smem_bytes(
     mbarriers of its own when its stage count differs (as `PersistentPlan.smem_bytes`)."""
     rows, u, item = plan.rows_per_block, plan.units_per_block, plan.itemsize
     stages = min(plan.stages, max(2 * plan.n_pad // plan.k_chunk, 1))
-    n_in = len(_input_names(has_z, scales_plan is not None))
+    n_in = len(input_names(has_z, scales_plan is not None))
     tile = rows * u * 4
     pipeline = [stages * rows * plan.k_chunk * item, stages * u * plan.k_chunk * item]
     barriers = n_in + has_mask + stages
@@ -404,196 +376,41 @@ def persistent_backward(
     phases = packed.shape[0]
     steps = phases // depth
     g_last = g.shape[0] != phases  # layer L - 1's cotangent only: zero at the other layers
-    rows, u, tk = plan.rows_per_block, plan.units_per_block, plan.k_chunk
+    rows, u = plan.rows_per_block, plan.units_per_block
     n_r, n_c, n_pad, b_pad = plan.row_blocks, plan.col_blocks, plan.n_pad, plan.b_pad
-    k_steps = 2 * n_pad // tk
     mm_dtype = wt.dtype
     z_inside = scales is not None
     has_z, has_mask = z is not None or z_inside, mask is not None
-    names = _input_names(has_z, z_inside)
+    names = input_names(has_z, z_inside)
     optional = (("z", z), ("mask", mask), ("bias", bias), ("s_mm", s_mm))
     if z_inside:
         optional += (("h_s_mm", scales.s_mm), ("tail", scales.tail), ("proj", scales.proj))
         optional += (("proj_bias", scales.proj_bias),)
-    state_in_packed = plan.state_in_packed  # else s_prev from s_mm (f32)
     extra_names = [name for name, x in optional if x is not None]
     extras = [x for _, x in optional if x is not None]
-    mask_bar = len(names)  # the mask tile's mbarrier, after the f32 inputs'
     group = bias_row_group(plan)
-    # d_x's f32 tiles: da's own slots without z (d_scaled = da), else two slots read already
-    d_x_slots = (3, 4) if has_z else (0, 1)
 
-    def kernel(
-        wt_g, g_g, packed_g, *refs, epi, carry, acc_smem, dsc, bias_part, bar, mask_tile=None,
-        dz_acc=None, phase_bar=None,
-    ):  # fmt: skip
-        extra_g = refs[: len(extras)]
-        d_x_g, d_mm_g, ds_carry0_g, bias_g = refs[len(extras) : len(extras) + 4]
-        dz_g, dz_sums_g = (refs[-3], refs[-2]) if has_z else (None, None)
-        status_g = refs[-1]
+    def kernel(wt_g, g_g, packed_g, *refs, phase_bar=None, **sc):
+        extra_g = dict(zip(extra_names, refs[: len(extras)], strict=True))
+        outs = refs[len(extras) :]
+        status_g = outs[-1]
         r, c = block_index((n_r, n_c), ("r", "g"), phase_bar)
-        block_rows = pl.ds(r * rows, rows)
-        units = pl.ds(c * u, u)
-        is_leader = jnp.logical_and(r == 0, c == 0)
-        barrier = make_barrier(n_r * n_c, is_leader, spin_limit, phase_bar)
-        sources = dict(g_out=g_g, **dict(zip(extra_names, extra_g, strict=True)))
+        barrier = make_barrier(n_r * n_c, jnp.logical_and(r == 0, c == 0), spin_limit, phase_bar)
+        named = dict(z=None, mask=None, bias=None, s_mm=None) | extra_g
+        named |= dict(wt=wt_g, g=g_g, packed=packed_g, d_x=outs[0], d_mm=outs[1])
+        named |= dict(bias_parts=outs[3], dz=outs[4] if has_z else None)
+        main = BackwardCell(
+            plan, steps, depth, keep, names, g_last, named, sc, r, c,
+            scales_plan=scales_plan,
+        )  # fmt: skip
 
-        in_a = c * u < plan.k_pad  # s_mm holds the K columns only (the state is 0 past them)
-
-        def d_mm_slice(p, half):
-            first = slots.slot(p, steps, depth) * b_pad + r * rows
-            return d_mm_g.at[pl.ds(first, rows), pl.ds(half * n_pad + c * u, u)]
-
-        def gemm(p, l_above):
-            """acc_smem = d_mm[p + 1][block rows] @ wt[l_above, block units]^T (f32)."""
-            gemm_nt_to_smem(
-                acc_smem, d_mm_g, wt_g, slots.slot(p + 1, steps, depth) * n_r + r,
-                l_above * n_c + c,
-                tile_k=tk, k_steps=k_steps, stages=plan.stages,
-            )  # fmt: skip
-
-        def phase(p):
-            """One backward micro-layer of this block: loads, GEMM, epilogue, stores."""
-            t, layer = jax.lax.div(p, depth), jax.lax.rem(p, depth)
-            g_here = layer == depth - 1  # with g_last, the phases that read g
-            for slot, name in enumerate(names):
-                if name == "g_out" and g_last:
-
-                    @pl.when(g_here)
-                    def _(slot=slot):
-                        src = g_g.at[t, block_rows, units]
-                        plgpu.copy_gmem_to_smem(src, epi.at[slot], bar.at[slot])
-
-                    @pl.when(jnp.logical_not(g_here))
-                    def _(slot=slot):  # da_h's store from this slot has completed
-                        epi[slot] = jnp.zeros((rows, u), F32)
-
-                    continue
-                if name == "s_prev" and not state_in_packed:  # f32: from the A buffer
-
-                    @pl.when(in_a)
-                    def _(slot=slot):
-                        first = slots.slot(p, steps, depth) * b_pad + r * rows
-                        src = sources["s_mm"].at[pl.ds(first, rows), units]  # TMA: 0 past k_pad
-                        plgpu.copy_gmem_to_smem(src, epi.at[slot], bar.at[slot])
-
-                    @pl.when(jnp.logical_not(in_a))
-                    def _(slot=slot):  # the stores from this slot have completed
-                        epi[slot] = jnp.zeros((rows, u), F32)
-
-                    continue
-                if name == "z" and z_inside:  # the GEMM below fills it
-                    continue
-                row = _saved_row(name, has_z, state_in_packed)
-                if row is not None:
-                    src = packed_g.at[p, block_rows, row, units]
-                elif name == "z":  # layer-major; units past z_width read as zero
-                    src = sources["z"].at[layer, t, block_rows, units]
-                elif name in ("b_h", "b_t"):
-                    src = sources["bias"].at[layer, block_rows, int(name == "b_t"), units]
-                elif name == "pz":
-                    src = sources["proj_bias"].at[layer, block_rows, units]
-                else:
-                    src = sources[name].at[p, block_rows, units]
-                plgpu.copy_gmem_to_smem(src, epi.at[slot], bar.at[slot])
-            if has_mask:
-                mask_src = sources["mask"].at[p, block_rows, units]
-                plgpu.copy_gmem_to_smem(mask_src, mask_tile, bar.at[mask_bar])
-            if z_inside:  # z = s_hyper[p] P_l, the forward's GEMM (p_l added below)
-                pf.scales_to_smem(
-                    scales.plan, sources["h_s_mm"], sources["tail"], sources["proj"], r, c,
-                    steps, depth, p, layer, epi.at[names.index("z")],
-                    k_chunk=scales_chunk(scales.plan)[0],
-                )  # fmt: skip
-            last = p == phases - 1  # no layer above: its GEMM term is zero
-
-            @pl.when(jnp.logical_not(last))
-            def _():
-                gemm(p, jax.lax.rem(p + 1, depth))
-
-            @pl.when(last)
-            def _():
-                acc_smem[...] = jnp.zeros((rows, u), F32)
-                plgpu.commit_smem()
-
-            for slot in range(len(names) + has_mask):
-                if z_inside and slot == names.index("z"):
-                    continue
-                if slot == names.index("g_out") and g_last:
-                    pl.when(g_here)(lambda slot=slot: plgpu.barrier_wait(bar.at[slot]))
-                elif slot == names.index("s_prev") and not state_in_packed:
-                    pl.when(in_a)(lambda slot=slot: plgpu.barrier_wait(bar.at[slot]))
-                else:
-                    plgpu.barrier_wait(bar.at[slot])
-            plgpu.commit_smem()  # every thread's acc_smem (and zero g, s) write before a read
-            if z_inside:  # z + p_l in place, as the forward adds it (`cells.hyper_scales`)
-                z_slot, p_slot = names.index("z"), names.index("pz")
-                z_tile = keep_mask.load_strided(epi.at[z_slot])
-                epi[z_slot] = z_tile + keep_mask.load_strided(epi.at[p_slot])
-                plgpu.commit_smem()
-            ins = {
-                name: keep_mask.load_strided(epi.at[slot])
-                for slot, name in enumerate(names)
-                if name != "pz"
-            }
-            if has_mask:
-                ins["mask"] = keep_mask.load_values(mask_tile, keep)
-            ins["ds_carry"] = carry[...]
-            if has_z:  # the gates as the forward computed them, from full
-                ins["h"], ins["t"] = mf.gates(ins["full_h"], ins["full_t"], ins)
-            tiles = _gate_backward(acc_smem[...], ins)
-            if has_z:
-                dz = tiles["da_h"] * ins["full_h"] + tiles["da_t"] * ins["full_t"]
-            plgpu.commit_smem()  # every read of the inputs before their slots are overwritten
-            epi[0] = tiles["da_h"]  # over g_out
-            epi[1] = tiles["da_t"]  # over s_prev
-            if has_z:
-                epi[2] = dz  # over full_h
-                epi[d_x_slots[0]] = tiles["d_h"]  # over full_t: d_scaled in f32
-                epi[d_x_slots[1]] = tiles["d_t"]  # over z
-            carry[...] = tiles["ds_carry"]
-            dsc[0] = tiles["d_h"].astype(mm_dtype)
-            dsc[1] = tiles["d_t"].astype(mm_dtype)
-            plgpu.commit_smem()  # (a warpgroup barrier too: every thread's tiles before reads)
-            plgpu.copy_smem_to_gmem(dsc.at[0], d_mm_slice(p, 0))
-            plgpu.copy_smem_to_gmem(dsc.at[1], d_mm_slice(p, 1))
-            if has_z:  # units past z_width: dropped by TMA
-                plgpu.copy_smem_to_gmem(epi.at[2], dz_g.at[layer, t, block_rows, units])
-
-            @pl.when(layer == 0)
-            def _():
-                for half, slot in enumerate(d_x_slots):
-                    plgpu.copy_smem_to_gmem(epi.at[slot], d_x_g.at[t, block_rows, half, units])
-
-            # The column sums of da's halves (and of dz), read from their staged tiles while
-            # the stores above are in flight (reads both); the last phase's store of them
-            # has completed.
-            def column_sums(tile):
-                total = keep_mask.load_strided(tile.at[pl.ds(0, group)])
-                for j in range(1, rows // group):
-                    total = total + keep_mask.load_strided(tile.at[pl.ds(j * group, group)])
-                return total
-
-            for half in range(2):
-                bias_part[half] = column_sums(epi.at[half])
-            if has_z:  # this layer's running sums (each thread its own elements)
-                dz_acc[layer] = dz_acc[layer] + column_sums(epi.at[2])
-            plgpu.commit_smem()
-            plgpu.copy_smem_to_gmem(bias_part, bias_g.at[p, r, :, :, units])
-            plgpu.wait_smem_to_gmem(0)
-
-        # Prologue: zero the carry (and dz's sums); barrier 0.
-        carry[...] = jnp.zeros((rows, u), F32)
-        if has_z:
-            for layer in range(depth):
-                dz_acc[layer] = jnp.zeros((group, u), F32)
-        plgpu.commit_smem()
+        main.prologue()
         fail_at = jnp.where(barrier(jnp.int32(0)), jnp.int32(0), jnp.int32(1))
 
         def body(i, fail_at):
             p = phases - 1 - i
             fine = fail_at == 0
-            pl.when(fine)(lambda: phase(p))
+            pl.when(fine)(lambda: main.phase(p))
             passed = jax.lax.cond(
                 jnp.logical_and(fine, i < phases - 1),
                 lambda: barrier(i + 1),
@@ -602,10 +419,7 @@ def persistent_backward(
             return jnp.where(passed, fail_at, i + 2)
 
         fail_at = jax.lax.fori_loop(0, phases, body, fail_at)
-        plgpu.copy_smem_to_gmem(carry, ds_carry0_g.at[block_rows, units])
-        if has_z:
-            plgpu.copy_smem_to_gmem(dz_acc, dz_sums_g.at[:, r, :, units])
-        plgpu.wait_smem_to_gmem(0)
+        main.finish(outs[2], outs[5] if has_z else None)
         status_g[r * n_c + c] = fail_at
 
     out_type = (
@@ -624,7 +438,7 @@ def persistent_backward(
         scratch_types=dict(
             epi=plgpu.SMEM((len(names), rows, u), F32),
             carry=plgpu.SMEM((rows, u), F32),
-            acc_smem=plgpu.SMEM((rows, u), F32),
+            acc=plgpu.SMEM((rows, u), F32),
             dsc=plgpu.SMEM((2, rows, u), mm_dtype),
             bias_part=plgpu.SMEM((2, group, u), F32),
             bar=plgpu.Barrier(num_barriers=len(names) + has_mask),

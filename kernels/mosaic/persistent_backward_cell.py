@@ -1,0 +1,305 @@
+"""One cell's micro-layer phase inside the persistent backward kernel
+(`kernels/mosaic/persistent_backward.py`): its refs, shared memory and the block's slices
+(`BackwardCell`), and the names of its staged input tiles (`input_names`). The main cell and,
+with the hyper cell inside, the hyper cell are each one `BackwardCell` of the same kernel.
+The phase is the module docstring's of `persistent_backward`: exactly
+`kernels/mosaic/backward.py`'s micro-layer backward, its epilogue, and the stores."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+from rhhjax.kernels.layout import F32
+from rhhjax.kernels.mosaic import forward as mf
+from rhhjax.kernels.mosaic import keep_mask
+from rhhjax.kernels.mosaic import persistent_forward as pf
+from rhhjax.kernels.mosaic import persistent_slots as slots
+from rhhjax.kernels.mosaic.backward import _gate_backward
+from rhhjax.kernels.mosaic.gemm import gemm_nt_to_smem
+from rhhjax.kernels.mosaic.plan import PersistentPlan
+
+
+def bias_row_group(plan: PersistentPlan) -> int:
+    """Rows of a block's da tile whose sums stay apart (``group``): the kernel sums the
+    tile's [group, u] slices (rows j * group .. for every j), each 256 f32 elements: two a
+    thread in the tiles' strided layout (`keep_mask.load_strided`), so a column sum is
+    slice loads and adds, no reduction across threads."""
+    return 256 // math.gcd(plan.units_per_block, 256)
+
+
+def scales_chunk(scales_plan: PersistentPlan) -> tuple[int, int]:
+    """(K chunk, pipeline stages) of the backward's z GEMM (`ScalesInside`): chunks of at
+    most 32 (at 64, as the forward runs it, ptxas spills registers in the paper's bf16
+    backward: its epilogue is near the 255-register limit), stages at most the K steps."""
+    chunk = min(32, scales_plan.k_chunk)
+    return chunk, min(scales_plan.stages, scales_plan.k_pad // chunk)
+
+
+def input_names(has_z: bool, scales_inside: bool = False, hyper: bool = False) -> tuple[str, ...]:
+    """The per-phase f32 epilogue input tiles, in shared-memory slot order: g, then the saved
+    rows in `packed`'s order (s_prev and h, tg, or with z full's halves), then with z the
+    scales and the bias halves (the gates' recomputation), with z recomputed (`ScalesInside`)
+    p_l last; the hyper cell inside (``hyper``) ds_h last (its state gradient through z,
+    added to g). The mask's uint8 tile has a buffer of its own."""
+    if has_z:
+        return ("g_out", "s_prev", "full_h", "full_t", "z", "b_h", "b_t") + ("pz",) * scales_inside
+    return ("g_out", "s_prev", "h", "t") + ("ds_h",) * hyper
+
+
+def saved_row(name: str, has_z: bool, state_in_packed: bool) -> int | None:
+    """The `packed` row of an input tile, or None for one that is not a saved row."""
+    saved = ("s_prev",) * state_in_packed + (("full_h", "full_t") if has_z else ("h", "t"))
+    return saved.index(name) if name in saved else None
+
+
+@dataclasses.dataclass
+class BackwardCell:
+    """One cell inside the backward kernel: its plan, global refs (``refs``: the operands
+    wt, g, packed and, where given, z, mask, bias, s_mm, the `ScalesInside` operands h_s_mm,
+    tail, proj, proj_bias; the outputs d_x, d_mm, bias_parts, with z dz, with the hyper cell
+    inside the main cell's dz_ring), shared memory (``sc``: epi, carry, acc, dsc, bias_part,
+    bar, mask_tile, dz_acc) and the block's (r, c); `phase` is one micro-layer phase of it.
+    The main cell with z recomputed has ``scales_plan``; the hyper cell inside has
+    ``fill_ds_h`` (its ds_h slot from the kernel's own GEMM over the main cell's dz)."""
+
+    plan: PersistentPlan
+    steps: int
+    depth: int
+    keep: float
+    names: tuple[str, ...]
+    g_last: bool
+    refs: dict
+    sc: dict
+    r: Any
+    c: Any
+    scales_plan: PersistentPlan | None = None
+    fill_ds_h: Callable | None = None
+
+    @property
+    def phases(self) -> int:
+        return self.steps * self.depth
+
+    @property
+    def has_z(self) -> bool:
+        return "z" in self.names
+
+    def slices(self):
+        rows, u = self.plan.rows_per_block, self.plan.units_per_block
+        return pl.ds(self.r * rows, rows), pl.ds(self.c * u, u)
+
+    def prologue(self) -> None:
+        """Zeroes the carry (and dz's sums)."""
+        rows, u = self.plan.rows_per_block, self.plan.units_per_block
+        self.sc["carry"][...] = jnp.zeros((rows, u), F32)
+        if self.has_z:
+            for layer in range(self.depth):
+                self.sc["dz_acc"][layer] = jnp.zeros((bias_row_group(self.plan), u), F32)
+        plgpu.commit_smem()
+
+    def finish(self, ds_carry0, dz_sums) -> None:
+        """Writes the carry after phase 0 (and dz's sums) and waits for the stores."""
+        row_sl, unit_sl = self.slices()
+        plgpu.copy_smem_to_gmem(self.sc["carry"], ds_carry0.at[row_sl, unit_sl])
+        if self.has_z:
+            plgpu.copy_smem_to_gmem(self.sc["dz_acc"], dz_sums.at[:, self.r, :, unit_sl])
+        plgpu.wait_smem_to_gmem(0)
+
+    def _load_inputs(self, p, t, layer) -> None:
+        """Issues the TMA loads of the phase's staged inputs (zeroing those it has none of)."""
+        plan, refs, epi, bar = self.plan, self.refs, self.sc["epi"], self.sc["bar"]
+        rows, u = plan.rows_per_block, plan.units_per_block
+        row_sl, unit_sl = self.slices()
+        for slot, name in enumerate(self.names):
+            if name == "g_out" and self.g_last:
+
+                @pl.when(layer == self.depth - 1)
+                def _(slot=slot):
+                    src = refs["g"].at[t, row_sl, unit_sl]
+                    plgpu.copy_gmem_to_smem(src, epi.at[slot], bar.at[slot])
+
+                @pl.when(layer != self.depth - 1)
+                def _(slot=slot):  # da_h's store from this slot has completed
+                    epi[slot] = jnp.zeros((rows, u), F32)
+
+                continue
+            if name == "s_prev" and not plan.state_in_packed:  # f32: from the A buffer
+
+                @pl.when(self.c * u < plan.k_pad)  # s_mm holds the K columns only
+                def _(slot=slot):
+                    first = slots.slot(p, self.steps, self.depth) * plan.b_pad + self.r * rows
+                    src = refs["s_mm"].at[pl.ds(first, rows), unit_sl]  # TMA: 0 past k_pad
+                    plgpu.copy_gmem_to_smem(src, epi.at[slot], bar.at[slot])
+
+                @pl.when(self.c * u >= plan.k_pad)
+                def _(slot=slot):  # the stores from this slot have completed
+                    epi[slot] = jnp.zeros((rows, u), F32)
+
+                continue
+            if (name == "z" and self.scales_plan is not None) or name == "ds_h":
+                continue  # a GEMM of the phase fills it
+            row = saved_row(name, self.has_z, plan.state_in_packed)
+            if row is not None:
+                src = refs["packed"].at[p, row_sl, row, unit_sl]
+            elif name == "z":  # layer-major; units past z_width read as zero
+                src = refs["z"].at[layer, t, row_sl, unit_sl]
+            elif name in ("b_h", "b_t"):
+                src = refs["bias"].at[layer, row_sl, int(name == "b_t"), unit_sl]
+            elif name == "pz":
+                src = refs["proj_bias"].at[layer, row_sl, unit_sl]
+            else:
+                src = refs["g"].at[p, row_sl, unit_sl]
+            plgpu.copy_gmem_to_smem(src, epi.at[slot], bar.at[slot])
+        if refs["mask"] is not None:
+            mask_src = refs["mask"].at[p, row_sl, unit_sl]
+            plgpu.copy_gmem_to_smem(mask_src, self.sc["mask_tile"], bar.at[len(self.names)])
+
+    def _wait_inputs(self, layer) -> None:
+        """Waits for the loads `_load_inputs` issued."""
+        plan, bar, names = self.plan, self.sc["bar"], self.names
+        for slot in range(len(names) + (self.refs["mask"] is not None)):
+            name = names[slot] if slot < len(names) else "mask"
+            if (name == "z" and self.scales_plan is not None) or name == "ds_h":
+                continue
+            if name == "g_out" and self.g_last:
+                pl.when(layer == self.depth - 1)(lambda slot=slot: plgpu.barrier_wait(bar.at[slot]))
+            elif name == "s_prev" and not plan.state_in_packed:
+                in_a = self.c * plan.units_per_block < plan.k_pad
+                pl.when(in_a)(lambda slot=slot: plgpu.barrier_wait(bar.at[slot]))
+            else:
+                plgpu.barrier_wait(bar.at[slot])
+
+    def _gemm(self, p) -> None:
+        """acc = d_mm[p + 1][block rows] @ wt[l_above, block units]^T (f32); zero at the
+        last phase (no layer above)."""
+        plan, acc = self.plan, self.sc["acc"]
+        last = p == self.phases - 1
+
+        @pl.when(jnp.logical_not(last))
+        def _():
+            a_block = slots.slot(p + 1, self.steps, self.depth) * plan.row_blocks + self.r
+            w_block = jax.lax.rem(p + 1, self.depth) * plan.col_blocks + self.c
+            gemm_nt_to_smem(
+                acc, self.refs["d_mm"], self.refs["wt"], a_block, w_block,
+                tile_k=plan.k_chunk, k_steps=2 * plan.n_pad // plan.k_chunk, stages=plan.stages,
+            )  # fmt: skip
+
+        @pl.when(last)
+        def _():
+            acc[...] = jnp.zeros(acc.shape, F32)
+            plgpu.commit_smem()
+
+    def _add_in_place(self, into: str, addend: str) -> None:
+        """epi[into] += epi[addend] (f32 tiles), before the epilogue reads them."""
+        epi, names = self.sc["epi"], self.names
+        a, b = names.index(into), names.index(addend)
+        epi[a] = keep_mask.load_strided(epi.at[a]) + keep_mask.load_strided(epi.at[b])
+        plgpu.commit_smem()
+
+    def phase(self, p) -> None:
+        """Phase ``p`` (traced int32): loads, GEMMs, epilogue, stores; waits for its stores."""
+        plan, refs, sc, names = self.plan, self.refs, self.sc, self.names
+        epi, dsc, mm_dtype = sc["epi"], sc["dsc"], refs["wt"].dtype
+        rows, u = plan.rows_per_block, plan.units_per_block
+        row_sl, unit_sl = self.slices()
+        t, layer = jax.lax.div(p, self.depth), jax.lax.rem(p, self.depth)
+        has_z, z_inside = self.has_z, self.scales_plan is not None
+        self._load_inputs(p, t, layer)
+        if z_inside:  # z = s_hyper[p] P_l, the forward's GEMM (p_l added below)
+            pf.scales_to_smem(
+                self.scales_plan, refs["h_s_mm"], refs["tail"], refs["proj"], self.r, self.c,
+                self.steps, self.depth, p, layer, epi.at[names.index("z")],
+                k_chunk=scales_chunk(self.scales_plan)[0],
+            )  # fmt: skip
+        if self.fill_ds_h is not None:
+            self.fill_ds_h(p, layer, epi.at[names.index("ds_h")])
+        self._gemm(p)
+        self._wait_inputs(layer)
+        plgpu.commit_smem()  # every thread's acc (and zero g, s) write before a read
+        if z_inside:  # z + p_l in place, as the forward adds it (`cells.hyper_scales`)
+            self._add_in_place("z", "pz")
+        if self.fill_ds_h is not None:  # the state gradient through z, added to g
+            self._add_in_place("g_out", "ds_h")
+        ins = {
+            name: keep_mask.load_strided(epi.at[slot])
+            for slot, name in enumerate(names)
+            if name not in ("pz", "ds_h")
+        }
+        if refs["mask"] is not None:
+            ins["mask"] = keep_mask.load_values(sc["mask_tile"], self.keep)
+        ins["ds_carry"] = sc["carry"][...]
+        if has_z:  # the gates as the forward computed them, from full
+            ins["h"], ins["t"] = mf.gates(ins["full_h"], ins["full_t"], ins)
+        tiles = _gate_backward(sc["acc"][...], ins)
+        if has_z:
+            dz = tiles["da_h"] * ins["full_h"] + tiles["da_t"] * ins["full_t"]
+        plgpu.commit_smem()  # every read of the inputs before their slots are overwritten
+        # d_x's f32 tiles: da's own slots without z (d_scaled = da), else two slots read already
+        d_x_slots = (3, 4) if has_z else (0, 1)
+        epi[0] = tiles["da_h"]  # over g_out
+        epi[1] = tiles["da_t"]  # over s_prev
+        if has_z:
+            epi[2] = dz  # over full_h
+            epi[d_x_slots[0]] = tiles["d_h"]  # over full_t: d_scaled in f32
+            epi[d_x_slots[1]] = tiles["d_t"]  # over z
+        sc["carry"][...] = tiles["ds_carry"]
+        dsc[0] = tiles["d_h"].astype(mm_dtype)
+        dsc[1] = tiles["d_t"].astype(mm_dtype)
+        plgpu.commit_smem()  # (a warpgroup barrier too: every thread's tiles before reads)
+        first = slots.slot(p, self.steps, self.depth) * plan.b_pad + self.r * rows
+        for half in range(2):
+            dst = refs["d_mm"].at[pl.ds(first, rows), pl.ds(half * plan.n_pad + self.c * u, u)]
+            plgpu.copy_smem_to_gmem(dsc.at[half], dst)
+        if has_z:  # units past z_width: dropped by TMA
+            plgpu.copy_smem_to_gmem(epi.at[2], refs["dz"].at[layer, t, row_sl, unit_sl])
+
+        @pl.when(layer == 0)
+        def _():
+            for half, slot in enumerate(d_x_slots):
+                plgpu.copy_smem_to_gmem(epi.at[slot], refs["d_x"].at[t, row_sl, half, unit_sl])
+
+        self._column_sums(p, layer)
+        if refs.get("dz_ring") is not None:
+            self._store_dz_ring(p)
+        plgpu.wait_smem_to_gmem(0)
+
+    def _column_sums(self, p, layer) -> None:
+        """The column sums of da's halves (and of dz), read from their staged tiles while
+        the stores above are in flight (reads both); the last phase's store of them has
+        completed."""
+        plan, epi, sc = self.plan, self.sc["epi"], self.sc
+        rows, group = plan.rows_per_block, bias_row_group(plan)
+        _, unit_sl = self.slices()
+
+        def column_sums(tile):
+            total = keep_mask.load_strided(tile.at[pl.ds(0, group)])
+            for j in range(1, rows // group):
+                total = total + keep_mask.load_strided(tile.at[pl.ds(j * group, group)])
+            return total
+
+        for half in range(2):
+            sc["bias_part"][half] = column_sums(epi.at[half])
+        if self.has_z:  # this layer's running sums (each thread its own elements)
+            sc["dz_acc"][layer] = sc["dz_acc"][layer] + column_sums(epi.at[2])
+        plgpu.commit_smem()
+        dst = self.refs["bias_parts"].at[p, self.r, :, :, unit_sl]
+        plgpu.copy_smem_to_gmem(sc["bias_part"], dst)
+
+    def _store_dz_ring(self, p) -> None:
+        """dz in the matmul dtype to the ring's slot p % 2 (the hyper cell inside reads it in
+        the next iteration: ds_h = dz P^T), staged in d_scaled's buffer once its stores have
+        read it."""
+        plan, epi, dsc = self.plan, self.sc["epi"], self.sc["dsc"]
+        rows, u = plan.rows_per_block, plan.units_per_block
+        plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+        dsc[0] = keep_mask.load_strided(epi.at[2]).astype(self.refs["wt"].dtype)
+        plgpu.commit_smem()
+        first = jax.lax.rem(p, 2) * plan.b_pad + self.r * rows
+        dst = self.refs["dz_ring"].at[pl.ds(first, rows), pl.ds(self.c * u, u)]
+        plgpu.copy_smem_to_gmem(dsc.at[0], dst)
