@@ -6,10 +6,10 @@ and without z and mask; odd sizes; depth 1 and 3); the weight layout; the shared
 count; one-line plan errors. ``gpu_compile``: the kernel lowers and compiles for an H100
 without a GPU, and allocates exactly `backward_smem_bytes`. `TestCompiled`: the kernel against
 its reference (also with z recomputed from a hyper cell's A buffer, `ScalesInside`, against
-the reference that reads that z), on a GPU only; `TestInterpret`: the same tests with the kernel executed in GPU
-interpret mode on a CPU, race detector on (jax >= 0.11.2; one block, clusters of 6 and 16
-blocks meeting at a cluster barrier), and a kernel without its barrier between phases
-reported as a race."""
+the reference that reads that z), on a GPU only; `TestInterpret`: the same tests with the
+kernel executed in GPU interpret mode on a CPU, race detector on (jax >= 0.11.2; one block,
+clusters of 6 and 16 blocks meeting at a cluster barrier), and a kernel without its barrier
+between phases reported as a race."""
 
 import dataclasses
 import functools
