@@ -135,14 +135,40 @@ def _scales(case, hyper_width: int, seed: int) -> pb.ScalesInside:
     return pb.ScalesInside(hp, s_mm, tail.astype(mm), proj, p_rows)
 
 
-def _with_room_for_scales(plan, scales_plan, depth: int, has_mask: bool) -> PersistentPlan:
-    """``plan`` at the most pipeline stages whose shared memory fits z's recomputation (as
-    `persistent.scales_backward_plan` picks; stages change no layout)."""
+def _with_room_for_scales(
+    plan, scales_plan, depth: int, has_mask: bool, hyper_plan=None
+) -> PersistentPlan:
+    """``plan`` at the most pipeline stages whose shared memory fits z's recomputation (and
+    the hyper cell inside), as `persistent.scales_backward_plan` picks; stages change no
+    layout."""
     for stages in range(plan.stages, 1, -1):
         fitted = dataclasses.replace(plan, stages=stages)
-        if pb.backward_smem_bytes(fitted, True, has_mask, depth, scales_plan) <= plan.smem_limit:
+        need = pb.backward_smem_bytes(
+            fitted, True, has_mask, depth, scales_plan, hyper_plan, has_mask
+        )
+        if need <= plan.smem_limit:
             return fitted
     pytest.fail(f"no stages of {plan} fit z's recomputation")
+
+
+def _hyper_backward(case, scales: pb.ScalesInside, mask_on: bool, seed: int) -> pb.HyperBackward:
+    """`HyperBackward` of a hyper cell as wide as ``scales``' (fresh random cotangent, saved
+    rows, mask; f32: its A buffer) on at most 3 column blocks of the case's plan, of 16-unit
+    multiples (uint8 mask rows), with the projection P that ``scales`` holds."""
+    plan, steps, depth = case["plan"], case["steps"], case["depth"]
+    width = scales.plan.width
+    cols = min(plan.col_blocks, 3)
+    units = -(-width // cols // 16) * 16
+    hp = PersistentPlan(plan.batch, width, plan.dtype, cols, plan.row_blocks, 32, 2, units=units)
+    hyper = _case(seed, hp, steps, depth, False, mask_on)
+    mm = jnp.dtype(plan.dtype)
+    # P [L, h, n] back from `projection_weights`' P^T rows [L * n_pad, kh_pad]
+    p_t = scales.proj.reshape(depth, plan.n_pad, -1)[:, : plan.width, :width]
+    proj = jnp.swapaxes(p_t, 1, 2).astype(F32)
+    return pb.HyperBackward(
+        hp, pb.backward_weights(hp, hyper["kernel_s"], mm), hyper["g"], _packed(hyper),
+        hyper["decisions"], _s_mm(hyper), pb.projection_rows(plan, hp, proj, mm),
+    )  # fmt: skip
 
 
 def _recomputed_scales(case, scales: pb.ScalesInside) -> dict:
@@ -449,9 +475,10 @@ def counting_launch(*args, **kwargs):
     return launch(*args, **kwargs)
 mcore._launch = counting_launch
 rows = []
-for plan_args, steps, depth, z_on, mask_on, hyper_args in {cases!r}:
+for plan_args, steps, depth, z_on, mask_on, hyper_args, inside_args in {cases!r}:
     plan = PersistentPlan(*plan_args)
     hp = None if hyper_args is None else PersistentPlan(*hyper_args)
+    ip = None if inside_args is None else PersistentPlan(*inside_args[:-1], units=inside_args[-1])
     phases, b, n = steps * depth, plan.b_pad, plan.n_pad
     mm = jnp.dtype(plan.dtype)
     args = (sds((depth * n, 2 * n), mm), sds((phases, b, n)),
@@ -463,15 +490,22 @@ for plan_args, steps, depth, z_on, mask_on, hyper_args in {cases!r}:
     scales = () if hp is None else (
         sds((phases * b, hp.k_pad), mm), sds((b, hp.k_pad), mm),
         sds((depth * n, hp.k_pad), mm), sds((depth, b, n)))
+    hyper = () if ip is None else (
+        sds((depth * ip.n_pad, 2 * ip.n_pad), mm), sds((phases, b, ip.n_pad)),
+        sds((phases, b, ip.packed_rows, ip.n_pad)), sds((phases, b, ip.n_pad), jnp.uint8),
+        None if ip.state_in_packed else sds((phases * b, ip.k_pad)),
+        sds((depth * ip.n_pad, n), mm))
     def f(*a):
-        inside = None if hp is None else pb.ScalesInside(hp, *a[7:])
-        return pb.persistent_backward(plan, *a[:7], scales=inside)
+        inside = None if hp is None else pb.ScalesInside(hp, *a[7:11])
+        cell = None if ip is None else pb.HyperBackward(ip, *a[11:])
+        return pb.persistent_backward(plan, *a[:7], scales=inside, hyper=cell)
     smem.clear()
-    text = lower_and_compile(f, *args, *scales)
+    text = lower_and_compile(f, *args, *scales, *hyper)
     rows.append(dict(
         mosaic="mosaic_gpu" in text,
         barrier=all(k in text for k in ("red.release.gpu", "fence.proxy.async.global")),
-        smem=list(smem), predicted=[pb.backward_smem_bytes(plan, z_on, mask_on, depth, hp)]))
+        smem=list(smem),
+        predicted=[pb.backward_smem_bytes(plan, z_on, mask_on, depth, hp, ip, ip is not None)]))
 print(json.dumps(rows))
 """
 
@@ -488,15 +522,19 @@ def test_kernel_lowers_and_compiles_for_an_h100_without_a_gpu(tmp_path):
     recomputed (`ScalesInside`) at the paper's sizes too (bf16 at 2 stages: 3 do not fit;
     z's GEMM in K chunks of 32: at 64, ptxas spilled 28 bytes in bf16)."""
     hyper_bf16, hyper_f32 = ((256, 128, dtype, 8, 4, 64, 2) for dtype in ("bfloat16", "float32"))
+    inside_bf16, inside_f32 = (hyper + (16,) for hyper in (hyper_bf16, hyper_f32))
     cases = [
-        ((256, 1000, "bfloat16", 16, 4, 64, 3), 3, 7, True, True, None),  # the paper's depth
-        ((256, 1000, "float32", 32, 4, 64, 4), 3, 2, True, True, None),
-        ((256, 1000, "bfloat16", 16, 4, 64, 3), 3, 2, True, False, None),  # z 1000 wide, no mask
-        ((256, 1000, "bfloat16", 33, 4), 3, 3, False, False, None),
-        ((100, 37, "float32", 3, 2, 32, 3), 3, 2, False, True, None),
+        ((256, 1000, "bfloat16", 16, 4, 64, 3), 3, 7, True, True, None, None),  # paper depth
+        ((256, 1000, "float32", 32, 4, 64, 4), 3, 2, True, True, None, None),
+        ((256, 1000, "bfloat16", 16, 4, 64, 3), 3, 2, True, False, None, None),  # no mask
+        ((256, 1000, "bfloat16", 33, 4), 3, 3, False, False, None, None),
+        ((100, 37, "float32", 3, 2, 32, 3), 3, 2, False, True, None, None),
         # z recomputed from the hyper cell's buffer at the paper's sizes (bf16 at 2 stages)
-        ((256, 1000, "bfloat16", 16, 4, 64, 2), 3, 7, True, True, hyper_bf16),
-        ((256, 1000, "float32", 32, 4, 64, 4), 3, 7, True, True, hyper_f32),
+        ((256, 1000, "bfloat16", 16, 4, 64, 2), 3, 7, True, True, hyper_bf16, None),
+        ((256, 1000, "float32", 32, 4, 64, 4), 3, 7, True, True, hyper_f32, None),
+        # and the hyper cell inside (4 x 8 blocks of 16 units)
+        ((256, 1000, "bfloat16", 16, 4, 64, 2), 3, 7, True, True, hyper_bf16, inside_bf16),
+        ((256, 1000, "float32", 32, 4, 64, 4), 3, 7, True, True, hyper_f32, inside_f32),
     ]
     code = _COMPILE.format(cases=cases)
     rows, reports = compile_deviceless(code, tmp_path, log_ptxas=False)
@@ -578,6 +616,40 @@ class TestCompiled(MosaicGpuMode):
         for a, e in zip(actual[:-1], expected[:-1], strict=True):
             a, e = np.asarray(a, np.float32), np.asarray(e, np.float32)
             np.testing.assert_allclose(a, e, rtol=tol, atol=tol * float(np.abs(e).max()))
+
+    def test_the_hyper_cell_inside_matches_its_reference(self, case):
+        """With `HyperBackward` (the hyper cell one phase behind, ds_h = dz P^T from the main
+        cell's dz): every output of both cells matches the reference, which is the main
+        cell's reference, then the hyper cell's with g + ds_h; the main cell's outputs are
+        those of the kernel without the hyper cell."""
+        plan_args, steps, depth, z_on, mask_on = case
+        plan = self.runnable_plan(plan_args)
+        if not z_on:
+            pytest.skip("the hyper cell inside needs z (its ds_h is dz P^T)")
+        case = _case(plan.batch + 5 * steps, plan, steps, depth, True, mask_on)
+        scales = _scales(case, 40, seed=plan.batch + 2 * steps)
+        case = _recomputed_scales(case, scales)
+        hyper = _hyper_backward(case, scales, mask_on, seed=plan.batch + 7)
+        plan = _with_room_for_scales(plan, scales.plan, depth, mask_on, hyper.plan)
+        wt = pb.backward_weights(plan, case["kernel_s"], jnp.dtype(plan.dtype))
+        _, decisions, bias, s_mm = _rest(case)
+        args = (wt, case["g"], _packed(case), None, decisions, bias, s_mm)
+        options = dict(keep=KEEP, scales=scales, hyper=hyper)
+        expected = pb.persistent_backward_reference(plan, *args, **options)
+        kernel = functools.partial(
+            pb.persistent_backward, plan, interpret=self.interpret(), layout=self.LAYOUT,
+            **options,
+        )  # fmt: skip
+        actual = jax.jit(kernel)(*args)
+        assert not np.asarray(actual[-1]).any(), "grid barrier timed out"
+        assert len(actual) == len(expected) == 11  # the main cell's 6, the hyper cell's 4
+        tol = self.TOL[plan.dtype]
+        for a, e in zip(actual[:-1], expected[:-1], strict=True):
+            a, e = np.asarray(a, np.float32), np.asarray(e, np.float32)
+            np.testing.assert_allclose(a, e, rtol=tol, atol=tol * float(np.abs(e).max()))
+        alone = pb.persistent_backward_reference(plan, *args, keep=KEEP, scales=scales)
+        for a, e in zip(expected[:6], alone[:6], strict=True):
+            np.testing.assert_array_equal(a, e)
 
     def test_the_last_layers_cotangent_alone_is_the_dense_one(self, case):
         """g [T, b_pad, n_pad] (layer L - 1's, the others zero: a model that reads the last

@@ -97,6 +97,7 @@ from rhhjax.kernels.mosaic import keep_mask, rowgroup_layout
 from rhhjax.kernels.mosaic import persistent_forward as pf
 from rhhjax.kernels.mosaic import persistent_slots as slots
 from rhhjax.kernels.mosaic.backward import highway_backward_reference
+from rhhjax.kernels.mosaic.gemm import gemm_nt_to_smem
 from rhhjax.kernels.mosaic.persistent_backward_cell import (
     BackwardCell,
     bias_row_group,
@@ -160,12 +161,75 @@ class ScalesInside(NamedTuple):
     proj_bias: Array
 
 
+class HyperBackward(NamedTuple):
+    """The hyper cell's operands for `persistent_backward` with the hyper cell INSIDE the
+    kernel's phases, one phase BEHIND the main cell (its state gradient through z, ds_h =
+    dz P^T, needs dz of every main block), on the blocks ``(r, c < plan.col_blocks)`` of
+    its own plan (the same rows). Operands as the main cell's, for ``plan``:
+
+        wt     [L * h_pad, 2 * h_pad] matmul dtype (`backward_weights(plan, ...)`)
+        g      [P, b_pad, h_pad] f32   the cotangent of its states from outside the op
+        packed [P, b_pad, K, h_pad] f32  its forward's saved rows (s_prev in bf16, h, tg)
+        mask   [P, b_pad, h_pad] uint8 | None;  s_mm [P * b_pad, kh_pad] f32 | None (f32)
+        proj_rows [L * h_pad, n_pad] matmul dtype  P_l as it is (rows l * h_pad + i: row i
+                  of P_l), the B operand of ds_h's GEMM (`projection_rows`)
+
+    Per hyper phase q: ds_h = dz_mm(q) @ P_l^T (K = n_pad; dz in the matmul dtype, each
+    main block's tile written to a two-slot ring after its epilogue), added to g in shared
+    memory, then the main cell's phase math at ``plan`` (no z)."""
+
+    plan: PersistentPlan
+    wt: Array
+    g: Array
+    packed: Array
+    mask: Array | None
+    s_mm: Array | None
+    proj_rows: Array
+
+
+def projection_rows(main: PersistentPlan, hyper_plan: PersistentPlan, kernel, dtype) -> Array:
+    """The hyper projection P [L, h, n] -> [L * h_pad, n_pad] in ``dtype``, zero-padded: the
+    B operand of the backward's ds_h GEMM (`HyperBackward`)."""
+    depth, h, n = kernel.shape
+    if (h, n) != (hyper_plan.width, main.width):
+        raise PlanError(
+            f"projection kernel has shape {kernel.shape}, expected [L, {hyper_plan.width}, "
+            f"{main.width}]."
+        )
+    rows = jnp.pad(kernel, [(0, 0), (0, hyper_plan.n_pad - h), (0, main.n_pad - n)])
+    return rows.reshape(depth * hyper_plan.n_pad, main.n_pad).astype(dtype)
+
+
+def ds_h_chunk(plan: PersistentPlan) -> tuple[int, int]:
+    """(K chunk, pipeline stages) of the hyper cell's ds_h GEMM over the main units (K =
+    n_pad): the largest of 64, 32, 16, 8 that divides n_pad, at most the main k_chunk."""
+    chunk = next(k for k in (64, 32, 16, 8) if k <= plan.k_chunk and plan.n_pad % k == 0)
+    return chunk, min(plan.stages, plan.n_pad // chunk)
+
+
+def _hyper_group(hyper_plan: PersistentPlan, rows: int, has_mask: bool) -> list[int]:
+    """Bytes of the hyper cell's per-phase shared memory inside the backward (its input
+    tiles, accumulator, d_scaled pair, bias sums, mask): one `RefUnion` group beside the
+    main cell's input tiles, which it shares (the main phase is over when it runs)."""
+    hu, item = hyper_plan.units_per_block, hyper_plan.itemsize
+    tile = rows * hu * 4
+    group = [
+        len(input_names(False, hyper=True)) * tile,
+        tile,
+        2 * rows * hu * item,
+        2 * bias_row_group(hyper_plan) * hu * 4,
+    ]
+    return group + [rows * hu] * has_mask
+
+
 def backward_smem_bytes(
     plan: PersistentPlan,
     has_z: bool = True,
     has_mask: bool = True,
     depth: int = 7,
     scales_plan: PersistentPlan | None = None,
+    hyper_plan: PersistentPlan | None = None,
+    hyper_mask: bool = True,
 ) -> int:
     """Shared memory per block (bytes) that `persistent_backward` allocates (defaults: with
     z and mask, ``depth`` L = 7, the paper's). Every allocation is rounded up to 1 KiB
@@ -189,21 +253,36 @@ def backward_smem_bytes(
     With z recomputed (``scales_plan``, `ScalesInside`'s plan): one more input tile (p_l),
     and z's GEMM pipeline (``scales_plan``'s k_chunk, at most as many stages as K steps)
     reusing the main GEMM's buffers (run one after the other; the larger counts), with
-    mbarriers of its own when its stage count differs (as `PersistentPlan.smem_bytes`)."""
+    mbarriers of its own when its stage count differs (as `PersistentPlan.smem_bytes`).
+    With the hyper cell inside (``hyper_plan``, ``hyper_mask``: `HyperBackward`): its input
+    tiles, accumulator, d_scaled pair, bias sums and mask in a `RefUnion` with the main
+    input tiles (`_hyper_group`; the larger counts), its own carry and mbarriers, and its
+    GEMMs' pipelines (its cell's, K = 2 h_pad, and ds_h's, `ds_h_chunk`) sharing the main
+    one's buffers, with mbarriers per stage count."""
     rows, u, item = plan.rows_per_block, plan.units_per_block, plan.itemsize
     stages = min(plan.stages, max(2 * plan.n_pad // plan.k_chunk, 1))
     n_in = len(input_names(has_z, scales_plan is not None))
     tile = rows * u * 4
-    pipeline = [stages * rows * plan.k_chunk * item, stages * u * plan.k_chunk * item]
-    barriers = n_in + has_mask + stages
+    gemms = [(plan.k_chunk, stages, u)]  # (K chunk, stages, B rows) of each pipelined GEMM
     if scales_plan is not None:
-        z_chunk, z_stages = scales_chunk(scales_plan)
-        z_gemm = [z_stages * rows * z_chunk * item, z_stages * u * z_chunk * item]
-        pipeline = max(pipeline, z_gemm, key=lambda b: sum(map(_align, b)))
-        barriers += z_stages * (z_stages != stages)
+        gemms.append((*scales_chunk(scales_plan), u))
+    epi = [_align(n_in * tile)]
+    barriers = n_in + has_mask
+    hyper_alloc = []
+    if hyper_plan is not None:
+        hu, h_chunk = hyper_plan.units_per_block, hyper_plan.k_chunk
+        gemms.append((h_chunk, min(hyper_plan.stages, 2 * hyper_plan.n_pad // h_chunk), hu))
+        gemms.append((*ds_h_chunk(plan), hu))
+        epi.append(sum(map(_align, _hyper_group(hyper_plan, rows, hyper_mask))))
+        hyper_alloc = [rows * hu * 4]  # its carry
+        barriers += len(input_names(False, hyper=True)) + hyper_mask
+    pipelines = [[s * rows * k * item, s * b * k * item] for k, s, b in gemms]
+    pipeline = max(pipelines, key=lambda b: sum(map(_align, b)))
+    # Scoped mbarriers are reserved per kind (their count): one set per distinct stage count.
+    barriers += sum({s for _, s, _ in gemms})
     allocations = (
         *pipeline,
-        n_in * tile,
+        *hyper_alloc,
         tile,
         tile,
         2 * rows * u * item,
@@ -211,7 +290,7 @@ def backward_smem_bytes(
         2 * bias_row_group(plan) * u * 4,
         depth * bias_row_group(plan) * u * 4 * has_z,
     )
-    return sum(map(_align, allocations)) + MBARRIER_BYTES * barriers
+    return sum(map(_align, allocations)) + max(epi) + MBARRIER_BYTES * barriers
 
 
 def check_plan(
@@ -220,11 +299,14 @@ def check_plan(
     has_mask: bool = True,
     depth: int = 7,
     scales_plan: PersistentPlan | None = None,
+    hyper_plan: PersistentPlan | None = None,
+    hyper_mask: bool = True,
 ) -> None:
     """One-line `PlanError` unless the backward kernel can run ``plan`` co-resident: grid <=
     SMs, ``rows <= 256`` (a TMA box), ``u % 8 == 0`` (wgmma N, 16-byte TMA rows),
     ``2 * n_pad % k_chunk == 0`` (its K) and `backward_smem_bytes` within the per-block
-    limit (with z recomputed at ``scales_plan``: the same rows)."""
+    limit (with z recomputed at ``scales_plan``, the hyper cell inside at ``hyper_plan``:
+    the same rows; the hyper plan at most the main plan's column blocks)."""
     plan.check_grid()
     if plan.rows_per_block > MAX_TMA_ROWS:
         raise PlanError(
@@ -246,7 +328,17 @@ def check_plan(
             f"persistent backward recomputes z with the hyper plan's rows: {scales_plan} has "
             f"other rows than {plan}."
         )
-    need = backward_smem_bytes(plan, has_z, has_mask, depth, scales_plan)
+    if hyper_plan is not None:
+        same = (hyper_plan.rows_per_block, hyper_plan.b_pad) == (plan.rows_per_block, plan.b_pad)
+        if not same or hyper_plan.col_blocks > plan.col_blocks or not has_z:
+            raise PlanError(
+                f"persistent backward runs the hyper cell inside with the main cell's rows, at "
+                f"most its column blocks, and z: {hyper_plan} does not fit {plan}."
+            )
+        hyper_plan.check_backward_k()
+        if hyper_mask:
+            keep_mask.check_plan(hyper_plan, "backward")
+    need = backward_smem_bytes(plan, has_z, has_mask, depth, scales_plan, hyper_plan, hyper_mask)
     if need > plan.smem_limit:
         raise PlanError(
             f"persistent backward needs {need} B of shared memory per block, over the "
@@ -316,6 +408,26 @@ def _check_operands(
     return depth
 
 
+def _check_hyper(plan: PersistentPlan, hyper: HyperBackward, phases: int, depth: int) -> None:
+    """One-line `PlanError` unless `HyperBackward`'s operands have its plan's shapes: the
+    main cell's phases and depth, g for every phase, P's rows [L * h_pad, n_pad]."""
+    hp = hyper.plan
+    operands = (hyper.wt, hyper.g, hyper.packed, None, hyper.mask, None, hyper.s_mm)
+    h_depth = _check_operands(hp, *operands)
+    if (h_depth, hyper.packed.shape[0], hyper.g.shape[0]) != (depth, phases, phases):
+        raise PlanError(
+            f"hyper backward operands have {hyper.packed.shape[0]} phases of depth {h_depth} "
+            f"and g for {hyper.g.shape[0]}, the main cell {phases} of depth {depth} (g: every "
+            "phase)."
+        )
+    shape = (depth * hp.n_pad, plan.n_pad)
+    if hyper.proj_rows.shape != shape or hyper.proj_rows.dtype != jnp.dtype(plan.dtype):
+        raise PlanError(
+            f"hyper proj_rows is {hyper.proj_rows.dtype}{list(hyper.proj_rows.shape)}, expected "
+            f"{plan.dtype}{list(shape)} (`projection_rows`)."
+        )
+
+
 def _check_scales(plan: PersistentPlan, scales: ScalesInside, z, bias, phases: int, depth: int):
     """One-line `PlanError` unless `ScalesInside`'s operands have its shapes (and z is not
     given as well; the bias is, for the gates)."""
@@ -351,6 +463,7 @@ def persistent_backward(
     interpret: Any = None,
     layout: str = "grid",
     scales: ScalesInside | None = None,
+    hyper: HyperBackward | None = None,
 ):
     """All backward phases in one Mosaic GPU launch; shapes in the module docstring
     (``keep``: the keep probability that scales the mask's decisions; ``bias``: with z;
@@ -365,12 +478,26 @@ def persistent_backward(
     Hopper GPU only; with ``interpret`` (`gpu_interpret.params()`, jax >= 0.11.2) in GPU
     interpret mode as one cluster with a cluster barrier (`grid_barrier.launch`;
     ``plan.check_interpretable``). ``layout`` "rowgroup": one cluster per row group, a
-    cluster barrier (`rowgroup_layout`)."""
+    cluster barrier (`rowgroup_layout`).
+
+    ``hyper`` (`HyperBackward`; needs z): the hyper cell's backward runs inside the same
+    launch, one phase BEHIND the main cell: iteration i runs main phase P - 1 - i and hyper
+    phase P - i (blocks c < hyper col_blocks; its ds_h from the dz the main cell wrote before
+    the last barrier), then ONE barrier; a last iteration runs hyper phase 0: P + 1
+    barriers for both cells, not 2 P in two launches. Then the main cell's outputs are
+    followed by the hyper cell's (d_x, d_mm, ds_carry0, bias_parts, for its plan) before
+    status."""
     depth = _check_operands(plan, wt, g, packed, z, mask, bias, s_mm, scales is not None)
     scales_plan = None if scales is None else scales.plan
     if scales is not None:
         _check_scales(plan, scales, z, bias, packed.shape[0], depth)
-    check_plan(plan, z is not None or scales is not None, mask is not None, depth, scales_plan)
+    hp = None if hyper is None else hyper.plan
+    if hyper is not None:
+        _check_hyper(plan, hyper, packed.shape[0], depth)
+    check_plan(
+        plan, z is not None or scales is not None, mask is not None, depth, scales_plan, hp,
+        hyper is not None and hyper.mask is not None,
+    )  # fmt: skip
     rowgroup_layout.check(plan, layout, interpret)
     launch, block_index, make_barrier = rowgroup_layout.functions(layout, interpret)
     phases = packed.shape[0]
@@ -390,37 +517,88 @@ def persistent_backward(
     extras = [x for _, x in optional if x is not None]
     group = bias_row_group(plan)
 
+    hyper_ops = []
+    if hyper is not None:
+        hyper_ops = [hyper.wt, hyper.g, hyper.packed]
+        hyper_ops += [x for x in (hyper.mask, hyper.s_mm) if x is not None] + [hyper.proj_rows]
+    n_main_out = 4 + 2 * has_z
+
     def kernel(wt_g, g_g, packed_g, *refs, phase_bar=None, **sc):
         extra_g = dict(zip(extra_names, refs[: len(extras)], strict=True))
-        outs = refs[len(extras) :]
+        hyper_g = refs[len(extras) : len(extras) + len(hyper_ops)]
+        outs = refs[len(extras) + len(hyper_ops) :]
         status_g = outs[-1]
         r, c = block_index((n_r, n_c), ("r", "g"), phase_bar)
         barrier = make_barrier(n_r * n_c, jnp.logical_and(r == 0, c == 0), spin_limit, phase_bar)
         named = dict(z=None, mask=None, bias=None, s_mm=None) | extra_g
         named |= dict(wt=wt_g, g=g_g, packed=packed_g, d_x=outs[0], d_mm=outs[1])
         named |= dict(bias_parts=outs[3], dz=outs[4] if has_z else None)
+        main_sc, hyper_cell = sc, None
+        if hyper is not None:
+            (epi,), hyper_epi = sc["epi"]
+            main_sc = sc | dict(epi=epi)
+            named["dz_ring"] = outs[-2]
+            hyper_outs = outs[n_main_out:-2]
+            hyper_cell = _hyper_cell(hyper_g, hyper_outs, outs[-2], hyper_epi, sc, r, c)
         main = BackwardCell(
-            plan, steps, depth, keep, names, g_last, named, sc, r, c,
+            plan, steps, depth, keep, names, g_last, named, main_sc, r, c,
             scales_plan=scales_plan,
         )  # fmt: skip
+        is_hyper_block = c < (0 if hp is None else hp.col_blocks)
 
         main.prologue()
+        if hyper_cell is not None:
+            pl.when(is_hyper_block)(hyper_cell.prologue)
         fail_at = jnp.where(barrier(jnp.int32(0)), jnp.int32(0), jnp.int32(1))
+        # With the hyper cell one phase behind: one more iteration, and a barrier after
+        # main phase 0 (hyper phase 0 reads its dz).
+        iterations = phases + (hyper is not None)
 
         def body(i, fail_at):
-            p = phases - 1 - i
             fine = fail_at == 0
-            pl.when(fine)(lambda: main.phase(p))
+            pl.when(jnp.logical_and(fine, i < phases))(lambda: main.phase(phases - 1 - i))
+            if hyper_cell is not None:
+                behind = jnp.logical_and(jnp.logical_and(fine, i >= 1), is_hyper_block)
+                pl.when(behind)(lambda: hyper_cell.phase(phases - i))
             passed = jax.lax.cond(
-                jnp.logical_and(fine, i < phases - 1),
+                jnp.logical_and(fine, i < iterations - 1),
                 lambda: barrier(i + 1),
                 lambda: jnp.bool_(True),
             )
             return jnp.where(passed, fail_at, i + 2)
 
-        fail_at = jax.lax.fori_loop(0, phases, body, fail_at)
+        fail_at = jax.lax.fori_loop(0, iterations, body, fail_at)
         main.finish(outs[2], outs[5] if has_z else None)
+        if hyper_cell is not None:
+            pl.when(is_hyper_block)(lambda: hyper_cell.finish(outs[n_main_out + 2], None))
         status_g[r * n_c + c] = fail_at
+
+    def _hyper_cell(hyper_g, hyper_outs, ring, hyper_epi, sc, r, c) -> BackwardCell:
+        """The hyper cell's `BackwardCell`: its refs, its shared memory (the group of the
+        RefUnion with the main input tiles, its own carry and mbarriers), and its ds_h."""
+        h_wt, h_g, h_packed, *rest = hyper_g
+        proj_rows_g = rest.pop()
+        h_mask = rest.pop(0) if hyper.mask is not None else None
+        h_s_mm = rest.pop(0) if hyper.s_mm is not None else None
+        h_epi, h_acc, h_dsc, h_bias_part, *h_mask_tile = hyper_epi
+        named = dict(wt=h_wt, g=h_g, packed=h_packed, mask=h_mask, s_mm=h_s_mm, z=None)
+        named |= dict(d_x=hyper_outs[0], d_mm=hyper_outs[1], bias_parts=hyper_outs[3], dz=None)
+        h_sc = dict(epi=h_epi, acc=h_acc, dsc=h_dsc, bias_part=h_bias_part)
+        h_sc |= dict(carry=sc["h_carry"], bar=sc["h_bar"], mask_tile=(h_mask_tile or [None])[0])
+        k_chunk, stages = ds_h_chunk(plan)
+
+        def fill_ds_h(q, layer, slot):
+            """slot [rows, hu] = dz_mm(q)[block rows] @ P_l[units, :]^T (f32 accumulation)."""
+            gemm_nt_to_smem(
+                slot, ring, proj_rows_g, jax.lax.rem(q, 2) * n_r + r,
+                layer * hp.col_blocks + c, tile_k=k_chunk, k_steps=n_pad // k_chunk,
+                stages=stages,
+            )  # fmt: skip
+
+        return BackwardCell(
+            hp, steps, depth, keep, input_names(False, hyper=True), False, named, h_sc, r, c,
+            fill_ds_h=fill_ds_h,
+        )  # fmt: skip
 
     out_type = (
         jax.ShapeDtypeStruct((steps, b_pad, 2, plan.z_width), F32),
@@ -429,14 +607,30 @@ def persistent_backward(
         jax.ShapeDtypeStruct((phases, n_r, 2, group, n_pad), F32),
         *[jax.ShapeDtypeStruct((depth, steps, b_pad, plan.z_width), F32)] * has_z,
         *[jax.ShapeDtypeStruct((depth, n_r, group, n_pad), F32)] * has_z,
+        *(_hyper_out_types(plan, hp, steps, depth, mm_dtype) if hyper is not None else []),
         jax.ShapeDtypeStruct((n_r * n_c,), jnp.int32),
     )
+    epi_type = plgpu.SMEM((len(names), rows, u), F32)
+    hyper_scratch = {}
+    if hyper is not None:  # its per-phase tiles share the main input tiles' memory
+        hu, h_names = hp.units_per_block, input_names(False, hyper=True)
+        group_h = [
+            plgpu.SMEM((len(h_names), rows, hu), F32), plgpu.SMEM((rows, hu), F32),
+            plgpu.SMEM((2, rows, hu), mm_dtype), plgpu.SMEM((2, bias_row_group(hp), hu), F32),
+        ]  # fmt: skip
+        if hyper.mask is not None:
+            group_h.append(plgpu.SMEM((rows, hu), keep_mask.DTYPE))
+        epi_type = plgpu.RefUnion((epi_type,), tuple(group_h))
+        hyper_scratch = dict(
+            h_carry=plgpu.SMEM((rows, hu), F32),
+            h_bar=plgpu.Barrier(num_barriers=len(h_names) + (hyper.mask is not None)),
+        )
     launch_args, phase_bar = launch((n_r, n_c), ("r", "g"), interpret)
-    return plgpu.kernel(
+    outs = plgpu.kernel(
         kernel,
         out_type=out_type,
         scratch_types=dict(
-            epi=plgpu.SMEM((len(names), rows, u), F32),
+            epi=epi_type,
             carry=plgpu.SMEM((rows, u), F32),
             acc=plgpu.SMEM((rows, u), F32),
             dsc=plgpu.SMEM((2, rows, u), mm_dtype),
@@ -444,12 +638,32 @@ def persistent_backward(
             bar=plgpu.Barrier(num_barriers=len(names) + has_mask),
             **({"mask_tile": plgpu.SMEM((rows, u), keep_mask.DTYPE)} if has_mask else {}),
             **({"dz_acc": plgpu.SMEM((depth, group, u), F32)} if has_z else {}),
+            **hyper_scratch,
             **phase_bar,
         ),
         **launch_args,
-        kernel_name="persistent_highway_backward",
+        kernel_name="persistent_hyper_highway_backward"
+        if hyper is not None
+        else "persistent_highway_backward",
         interpret=interpret,
-    )(wt, g, packed, *extras)
+    )(wt, g, packed, *extras, *hyper_ops)
+    if hyper is not None:  # the dz ring is the kernel's scratch in global memory
+        return (*outs[:-2], outs[-1])
+    return outs
+
+
+def _hyper_out_types(plan: PersistentPlan, hp: PersistentPlan, steps: int, depth: int, mm) -> list:
+    """The hyper cell's outputs inside the backward (d_x, d_mm, ds_carry0, bias_parts, as
+    the main cell's for its plan ``hp``), then the main cell's dz ring [2 * b_pad, n_pad] in
+    the matmul dtype (its scratch in global memory, not returned)."""
+    b_pad, h_pad, phases = hp.b_pad, hp.n_pad, steps * depth
+    return [
+        jax.ShapeDtypeStruct((steps, b_pad, 2, hp.z_width), F32),
+        jax.ShapeDtypeStruct((phases * b_pad, 2 * h_pad), mm),
+        jax.ShapeDtypeStruct((b_pad, h_pad), F32),
+        jax.ShapeDtypeStruct((phases, hp.row_blocks, 2, bias_row_group(hp), h_pad), F32),
+        jax.ShapeDtypeStruct((2 * plan.b_pad, plan.n_pad), mm),
+    ]
 
 
 def persistent_backward_reference(
@@ -467,13 +681,30 @@ def persistent_backward_reference(
     interpret: Any = None,
     layout: str = "grid",
     scales: ScalesInside | None = None,
+    hyper: HyperBackward | None = None,
 ):
     """Pure-JAX `persistent_backward` (same operands, same outputs; status all zeros): a
     reverse scan over the phases of `mosaic_backward.highway_backward_reference`, with z
     on the gates recomputed by `mosaic_forward.gates` (``spin_limit`` and ``interpret``
-    unused; with ``scales`` z from `persistent_forward.scales_from_a_buffer_reference`)."""
+    unused; with ``scales`` z from `persistent_forward.scales_from_a_buffer_reference`; with
+    ``hyper`` the hyper cell's reference after the main cell's, with g + ds_h, ds_h = dz P^T
+    from dz in the matmul dtype as the kernel's GEMM reads it)."""
     del spin_limit, interpret, layout
     depth = _check_operands(plan, wt, g, packed, z, mask, bias, s_mm, scales is not None)
+    if hyper is not None:
+        _check_hyper(plan, hyper, packed.shape[0], depth)
+        main = persistent_backward_reference(
+            plan, wt, g, packed, z, mask, bias, s_mm, keep=keep, scales=scales
+        )
+        dz_pm = slots.scales_to_phase_major(main[4], plan.n_pad)  # [P, b_pad, n_pad]
+        hp, phases = hyper.plan, packed.shape[0]
+        dz_mm = dz_pm.astype(wt.dtype).reshape(phases // depth, depth, plan.b_pad, plan.n_pad)
+        p_rows = hyper.proj_rows.reshape(depth, hp.n_pad, plan.n_pad)
+        ds_h = jnp.einsum("tlbn,lhn->tlbh", dz_mm, p_rows, preferred_element_type=F32)
+        g_h = hyper.g + ds_h.reshape(phases, plan.b_pad, hp.n_pad)
+        h_args = (hp, hyper.wt, g_h, hyper.packed, None, hyper.mask, None, hyper.s_mm)
+        h_outs = persistent_backward_reference(*h_args, keep=keep)
+        return (*main[:-1], *h_outs[:-1], main[-1])
     if scales is not None:  # z from the hyper cell's saved A buffer, as the kernel's GEMM
         _check_scales(plan, scales, z, bias, packed.shape[0], depth)
         z = pf.scales_from_a_buffer_reference(
