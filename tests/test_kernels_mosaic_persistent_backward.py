@@ -518,9 +518,11 @@ def test_kernel_lowers_and_compiles_for_an_h100_without_a_gpu(tmp_path):
     inference once tiled the buffer of the unpadded z there), the 4 x 33 plan, and a small
     odd case without z (2 x 3 blocks, k_chunk 32), 3 steps deep 2-3, deviceless, in a fresh
     process: Mosaic GPU, the grid barrier in the lowered text, the shared memory Mosaic
-    GPU launches with equal to `backward_smem_bytes`, no register spilled by ptxas; with z
-    recomputed (`ScalesInside`) at the paper's sizes too (bf16 at 2 stages: 3 do not fit;
-    z's GEMM in K chunks of 32: at 64, ptxas spilled 28 bytes in bf16)."""
+    GPU launches with equal to `backward_smem_bytes`, no register spilled by ptxas (the
+    epilogue in row halves: on whole tiles the bf16 one took 231 registers alone and spilled
+    with z recomputed); with z recomputed (`ScalesInside`) and with the hyper cell inside
+    (`HyperBackward`, 4 x 8 blocks of 16 units) at the paper's sizes too (bf16 at 2 stages:
+    3 do not fit)."""
     hyper_bf16, hyper_f32 = ((256, 128, dtype, 8, 4, 64, 2) for dtype in ("bfloat16", "float32"))
     inside_bf16, inside_f32 = (hyper + (16,) for hyper in (hyper_bf16, hyper_f32))
     cases = [

@@ -102,7 +102,6 @@ from rhhjax.kernels.mosaic.persistent_backward_cell import (
     BackwardCell,
     bias_row_group,
     input_names,
-    scales_chunk,
 )
 from rhhjax.kernels.mosaic.plan import PersistentPlan, PlanError
 
@@ -251,7 +250,7 @@ def backward_smem_bytes(
         mbarriers  8 * (n_in [+ 1 mask] + stages')
 
     With z recomputed (``scales_plan``, `ScalesInside`'s plan): one more input tile (p_l),
-    and z's GEMM pipeline (``scales_plan``'s k_chunk, at most as many stages as K steps)
+    and z's GEMM pipeline (``scales_plan``'s k_chunk and stages, at most the K steps)
     reusing the main GEMM's buffers (run one after the other; the larger counts), with
     mbarriers of its own when its stage count differs (as `PersistentPlan.smem_bytes`).
     With the hyper cell inside (``hyper_plan``, ``hyper_mask``: `HyperBackward`): its input
@@ -265,7 +264,8 @@ def backward_smem_bytes(
     tile = rows * u * 4
     gemms = [(plan.k_chunk, stages, u)]  # (K chunk, stages, B rows) of each pipelined GEMM
     if scales_plan is not None:
-        gemms.append((*scales_chunk(scales_plan), u))
+        z_chunk = scales_plan.k_chunk  # the forward's z GEMM, the same K chunks
+        gemms.append((z_chunk, min(scales_plan.stages, scales_plan.k_pad // z_chunk), u))
     epi = [_align(n_in * tile)]
     barriers = n_in + has_mask
     hyper_alloc = []

@@ -34,14 +34,6 @@ def bias_row_group(plan: PersistentPlan) -> int:
     return 256 // math.gcd(plan.units_per_block, 256)
 
 
-def scales_chunk(scales_plan: PersistentPlan) -> tuple[int, int]:
-    """(K chunk, pipeline stages) of the backward's z GEMM (`ScalesInside`): chunks of at
-    most 32 (at 64, as the forward runs it, ptxas spills registers in the paper's bf16
-    backward: its epilogue is near the 255-register limit), stages at most the K steps."""
-    chunk = min(32, scales_plan.k_chunk)
-    return chunk, min(scales_plan.stages, scales_plan.k_pad // chunk)
-
-
 def input_names(has_z: bool, scales_inside: bool = False, hyper: bool = False) -> tuple[str, ...]:
     """The per-phase f32 epilogue input tiles, in shared-memory slot order: g, then the saved
     rows in `packed`'s order (s_prev and h, tg, or with z full's halves), then with z the
@@ -215,7 +207,6 @@ class BackwardCell:
             pf.scales_to_smem(
                 self.scales_plan, refs["h_s_mm"], refs["tail"], refs["proj"], self.r, self.c,
                 self.steps, self.depth, p, layer, epi.at[names.index("z")],
-                k_chunk=scales_chunk(self.scales_plan)[0],
             )  # fmt: skip
         if self.fill_ds_h is not None:
             self.fill_ds_h(p, layer, epi.at[names.index("ds_h")])
@@ -226,32 +217,11 @@ class BackwardCell:
             self._add_in_place("z", "pz")
         if self.fill_ds_h is not None:  # the state gradient through z, added to g
             self._add_in_place("g_out", "ds_h")
-        ins = {
-            name: keep_mask.load_strided(epi.at[slot])
-            for slot, name in enumerate(names)
-            if name not in ("pz", "ds_h")
-        }
-        if refs["mask"] is not None:
-            ins["mask"] = keep_mask.load_values(sc["mask_tile"], self.keep)
-        ins["ds_carry"] = sc["carry"][...]
-        if has_z:  # the gates as the forward computed them, from full
-            ins["h"], ins["t"] = mf.gates(ins["full_h"], ins["full_t"], ins)
-        tiles = _gate_backward(sc["acc"][...], ins)
-        if has_z:
-            dz = tiles["da_h"] * ins["full_h"] + tiles["da_t"] * ins["full_t"]
-        plgpu.commit_smem()  # every read of the inputs before their slots are overwritten
+        for chunk in self._row_chunks():
+            self._epilogue(chunk, mm_dtype)
+        plgpu.commit_smem()  # (a warpgroup barrier too: every thread's tiles before reads)
         # d_x's f32 tiles: da's own slots without z (d_scaled = da), else two slots read already
         d_x_slots = (3, 4) if has_z else (0, 1)
-        epi[0] = tiles["da_h"]  # over g_out
-        epi[1] = tiles["da_t"]  # over s_prev
-        if has_z:
-            epi[2] = dz  # over full_h
-            epi[d_x_slots[0]] = tiles["d_h"]  # over full_t: d_scaled in f32
-            epi[d_x_slots[1]] = tiles["d_t"]  # over z
-        sc["carry"][...] = tiles["ds_carry"]
-        dsc[0] = tiles["d_h"].astype(mm_dtype)
-        dsc[1] = tiles["d_t"].astype(mm_dtype)
-        plgpu.commit_smem()  # (a warpgroup barrier too: every thread's tiles before reads)
         first = slots.slot(p, self.steps, self.depth) * plan.b_pad + self.r * rows
         for half in range(2):
             dst = refs["d_mm"].at[pl.ds(first, rows), pl.ds(half * plan.n_pad + self.c * u, u)]
@@ -268,6 +238,45 @@ class BackwardCell:
         if refs.get("dz_ring") is not None:
             self._store_dz_ring(p)
         plgpu.wait_smem_to_gmem(0)
+
+    def _row_chunks(self) -> list:
+        """The epilogue's row slices: two halves where each is a whole number of the strided
+        layout's 256-element units (the live tiles of one half at a time: the paper's bf16
+        epilogue with every input is near the 255-register limit), else the whole tile."""
+        rows, u = self.plan.rows_per_block, self.plan.units_per_block
+        if rows % 2 == 0 and (rows // 2 * u) % 256 == 0:
+            return [pl.ds(0, rows // 2), pl.ds(rows // 2, rows // 2)]
+        return [pl.ds(0, rows)]
+
+    def _epilogue(self, chunk, mm_dtype) -> None:
+        """The gate backward on the rows ``chunk`` of the block's tiles: reads the staged
+        inputs, the accumulator and the carry, writes da's halves, dz and d_scaled (f32 and
+        the matmul dtype) and the new carry over the inputs read (a warpgroup barrier
+        between: every thread has read the rows before any writes them)."""
+        sc, names, epi, has_z = self.sc, self.names, self.sc["epi"], self.has_z
+        ins = {
+            name: keep_mask.load_strided(epi.at[slot, chunk])
+            for slot, name in enumerate(names)
+            if name not in ("pz", "ds_h")
+        }
+        if self.refs["mask"] is not None:
+            ins["mask"] = keep_mask.load_values(sc["mask_tile"].at[chunk], self.keep)
+        ins["ds_carry"] = keep_mask.load_strided(sc["carry"].at[chunk])
+        if has_z:  # the gates as the forward computed them, from full
+            ins["h"], ins["t"] = mf.gates(ins["full_h"], ins["full_t"], ins)
+        tiles = _gate_backward(keep_mask.load_strided(sc["acc"].at[chunk]), ins)
+        if has_z:
+            dz = tiles["da_h"] * ins["full_h"] + tiles["da_t"] * ins["full_t"]
+        plgpu.commit_smem()  # every read of the inputs before their slots are overwritten
+        epi[0, chunk] = tiles["da_h"]  # over g_out
+        epi[1, chunk] = tiles["da_t"]  # over s_prev
+        if has_z:
+            epi[2, chunk] = dz  # over full_h
+            epi[3, chunk] = tiles["d_h"]  # over full_t: d_scaled in f32 (d_x)
+            epi[4, chunk] = tiles["d_t"]  # over z
+        sc["carry"][chunk] = tiles["ds_carry"]
+        sc["dsc"][0, chunk] = tiles["d_h"].astype(mm_dtype)
+        sc["dsc"][1, chunk] = tiles["d_t"].astype(mm_dtype)
 
     def _column_sums(self, p, layer) -> None:
         """The column sums of da's halves (and of dz), read from their staged tiles while

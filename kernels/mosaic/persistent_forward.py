@@ -224,17 +224,16 @@ def scales_to_smem(
     p,
     layer,
     z_slot,
-    k_chunk: int | None = None,
 ) -> None:
     """z_slot [rows, u] f32 = s_hyper[p] @ P_l[:, units g] (no bias), f32 accumulation, for
     block row ``r``: s_hyper[p] is the hyper state after hyper phase p, the hyper A buffer's
     row block slot(p + 1) (``s_mm`` [P * b_pad, kh_pad]) or after the last phase ``tail``
     [b_pad, kh_pad]; ``proj`` [L * n_pad, kh_pad] (`projection_weights`). Both persistent
-    kernels call it: the forward for z, the backward to recompute it (``k_chunk``: its own
-    K chunk, default the hyper plan's; the K order and f32 accumulation are the same)."""
+    kernels call it: the forward for z, the backward to recompute it (the same K chunks, order
+    and f32 accumulation: the same values)."""
     rows = z_slot.shape[0]
     n_r, n_c = s_mm.shape[0] // (steps * depth * rows), proj.shape[0] // (depth * z_slot.shape[1])
-    k_chunk = k_chunk or hyper_plan.k_chunk
+    k_chunk = hyper_plan.k_chunk
     gemm = functools.partial(
         gemm_nt_to_smem, z_slot, tile_k=k_chunk, k_steps=hyper_plan.k_pad // k_chunk,
         stages=hyper_plan.stages,
