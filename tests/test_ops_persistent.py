@@ -265,35 +265,49 @@ def test_the_paper_backward_recomputes_z_at_the_stages_its_shared_memory_allows(
                 pb.check_plan(dataclasses.replace(own, stages=stages + 1), scales_plan=hyper)
 
 
-def test_z_recomputed_in_the_backward_gives_the_gradients_of_z_saved(monkeypatch):
-    """`persistent.RECOMPUTE_SCALES = False`: the forward writes z and the backward reads it;
-    the gradients are those of the backward that recomputes z (the same GEMM on the same
-    operands), and only the latter passes `ScalesInside` to the main cell's backward."""
+@pytest.mark.parametrize(
+    ("switch", "calls"),
+    [
+        # the forward writes z, the main backward reads it, the hyper cell's own follows
+        ("RECOMPUTE_SCALES", {(False, False)}),
+        # z recomputed, the hyper cell's backward its own kernel after the main one's
+        ("HYPER_BACKWARD_INSIDE", {(True, False), (False, False)}),
+    ],
+)
+def test_each_switch_off_gives_the_gradients_of_both_cells_in_one_backward(
+    monkeypatch, switch, calls
+):
+    """`persistent.RECOMPUTE_SCALES` or `HYPER_BACKWARD_INSIDE` off: the backward calls the
+    kernels as the switch says, and the gradients are those of the default, one backward
+    kernel for both cells that recomputes z (the same GEMMs on the same operands; ds_h from
+    dz in f32 here, as XLA's VJP computes it)."""
     base = dict(type="hyperrhn", vocab_size=11, embed_dim=5, hidden=13, hyper_hidden=7, depth=2)
     config = models.ModelConfig(**base, impl="persistent", dropout="gate", keep=0.7)
     model = models.build_model(config, platform="gpu")
     model = model.clone(spec=dataclasses.replace(model.spec, references=True))
     params = models.init_params(model, jax.random.key(0))
     tokens = jnp.asarray(np.random.default_rng(0).integers(0, 11, (3, 5)))
-    recomputed = _record_scales(monkeypatch)
+    recorded = _record_backward(monkeypatch)
     inside = loss_and_grads(model, params, tokens, jax.random.key(1))
-    assert sorted(recomputed) == [False, True]  # the hyper cell's backward, the main cell's
-    recomputed.clear()
-    monkeypatch.setattr(persistent, "RECOMPUTE_SCALES", False)
-    saved = loss_and_grads(model, params, tokens, jax.random.key(1))
-    assert recomputed == [False, False]
-    for a, e in zip(jax.tree.leaves(saved), jax.tree.leaves(inside), strict=True):
-        np.testing.assert_allclose(a, e, rtol=1e-6, atol=1e-7)
+    assert recorded[0] == (True, True)  # one backward for both cells, z recomputed
+    recorded.clear()
+    monkeypatch.setattr(persistent, switch, False)
+    apart = loss_and_grads(model, params, tokens, jax.random.key(1))
+    assert set(recorded) == calls
+    for a, e in zip(jax.tree.leaves(apart), jax.tree.leaves(inside), strict=True):
+        np.testing.assert_allclose(a, e, rtol=1e-5, atol=1e-6)
 
 
-def _record_scales(monkeypatch) -> list:
-    """Records, for every backward kernel (or reference) call, whether it recomputes z."""
+def _record_backward(monkeypatch) -> list:
+    """Records, for every backward kernel (or reference) call, (whether it recomputes z,
+    whether it runs the hyper cell inside), in call order."""
     recorded = []
     for name in ("persistent_backward", "persistent_backward_reference"):
         original = getattr(pb, name)
 
         def spy(*args, _original=original, **kwargs):
-            recorded.append(kwargs.get("scales") is not None)
+            given = (kwargs.get("scales") is not None, kwargs.get("hyper") is not None)
+            recorded.append(given)
             return _original(*args, **kwargs)
 
         monkeypatch.setattr(pb, name, spy)
@@ -301,9 +315,9 @@ def _record_scales(monkeypatch) -> list:
 
 
 class HyperInsideMatchesScan(KernelModelMatchesScan):
-    """The HyperRHN whose hyper cell runs inside the forward kernel
-    (`recurrence.hyper_highway_sequence`) and whose main backward recomputes z against
-    `scan`: loss and every gradient."""
+    """The HyperRHN whose hyper cell runs inside the forward kernel and inside the backward
+    kernel, which recomputes z (`recurrence.hyper_highway_sequence`), against `scan`: loss
+    and every gradient."""
 
     CASES = {"hyper_inside_case": HYPER_INSIDE_CASES}
 
@@ -319,9 +333,9 @@ class HyperInsideMatchesScan(KernelModelMatchesScan):
         params = models.init_params(scan, jax.random.key(hidden))
         tokens = jnp.asarray(np.random.default_rng(hidden).integers(0, 11, (batch, length + 1)))
         key = jax.random.key(depth)
-        recomputed = _record_scales(monkeypatch)
+        recorded = _record_backward(monkeypatch)
         actual = loss_and_grads(model, params, tokens, key)
-        assert sorted(recomputed) == [False, True]  # the main backward recomputed z
+        assert recorded[0] == (True, True)  # one backward for both cells, z recomputed
         expected = loss_and_grads(scan, params, tokens, key)
         assert_trees_close(actual, expected, self.TOLERANCE["float32"])
 
@@ -376,13 +390,13 @@ def test_row_group_interpret_plans_keep_the_hyper_cell_apart(monkeypatch):
 def test_paper_hyperrhn_training_step_lowers_and_compiles_for_an_h100_without_a_gpu(tmp_path):
     """configs/ptb.py's HyperRHN (batch 256 x 100, width 1000, depth 7) with
     impl="persistent", the trainer's jitted step, bf16 and f32, deviceless: the forward is
-    ONE kernel with the hyper cell inside (`hyper_inside_plans`), the backward the two
-    cells' kernels (at the plans `plan_for` picks), and ptxas builds every one for sm_90a
-    without a register spill."""
+    ONE kernel with the hyper cell inside (`hyper_inside_plans`), the backward ONE kernel
+    with the hyper cell inside, recomputing z (`hyper_backward_loop`), and ptxas builds
+    every one for sm_90a without a register spill."""
     dtypes = ["bfloat16", "float32"]
     kernels = [
         "persistent_hyper_highway_forward", "persistent_highway_forward",
-        "persistent_highway_backward",
+        "persistent_hyper_highway_backward", "persistent_highway_backward",
     ]  # fmt: skip
     rows, reports = compile_paper_step("persistent", dtypes, kernels, tmp_path)
     for row, dtype in zip(rows, dtypes, strict=True):
@@ -391,6 +405,7 @@ def test_paper_hyperrhn_training_step_lowers_and_compiles_for_an_h100_without_a_
         counts = row["kernels"]
         assert counts["persistent_hyper_highway_forward"] >= 1, row
         assert counts["persistent_highway_forward"] == 0, row  # no forward apart
-        assert counts["persistent_highway_backward"] >= 2, row  # the hyper and the main cell
-    assert len(reports) >= 3 * len(dtypes)  # one forward, two backward kernels
+        assert counts["persistent_hyper_highway_backward"] >= 1, row
+        assert counts["persistent_highway_backward"] == 0, row  # no backward apart
+    assert len(reports) >= 2 * len(dtypes)  # one forward, one backward kernel
     assert_no_spills(reports)

@@ -94,6 +94,10 @@ HYPER_INSIDE = True
 # written; False: the forward writes z and the backward reads it. On until a GPU has measured
 # both (in bf16 the backward's main GEMM then runs at 2 pipeline stages, not 3).
 RECOMPUTE_SCALES = True
+# With z recomputed: the hyper cell's backward inside the main backward kernel, one phase
+# behind (`hyper_backward_loop`: P + 1 barriers for both cells, not 2 P in two launches);
+# False: its own kernel after the main one's, as before. On until a GPU has measured both.
+HYPER_BACKWARD_INSIDE = True
 
 
 @functools.partial(
@@ -426,25 +430,91 @@ def backward_loop_and_scale_bias(spec, geo, w, bias, s0, xproj, z, keep, hidden,
         z = None
     s_prev = None if plan.state_in_packed else s_mm  # f32: the input states are s_mm's rows
     args = (plan, stacked, g, packed, z, mask, rows, s_prev)
+    outs = _run_backward(spec, *args, scales=scales)
+    return _gradients(spec, geo, stacked, depth, outs, s_mm)
+
+
+def _run_backward(spec, *args, **cells) -> tuple:
+    """The backward kernel (its reference when `spec.references`) on ``args``; a grid
+    barrier that timed out is one error line."""
     if spec.references:
-        outs = pb.persistent_backward_reference(*args, keep=spec.keep, scales=scales)
-    else:
-        interpret = loops.kernel_interpret(spec)
-        outs = pb.persistent_backward(
-            *args, keep=spec.keep, interpret=interpret, layout=LAYOUT, scales=scales
-        )
-        grid_barrier.check_status(outs[-1], "persistent backward")
-    has_z = z is not None or scales is not None
+        return pb.persistent_backward_reference(*args, keep=spec.keep, **cells)
+    interpret = loops.kernel_interpret(spec)
+    outs = pb.persistent_backward(
+        *args, keep=spec.keep, interpret=interpret, layout=LAYOUT, **cells
+    )
+    grid_barrier.check_status(outs[-1], "persistent backward")
+    return outs
+
+
+def _gradients(spec, geo, stacked, depth: int, outs, s_mm) -> tuple:
+    """One cell's backward-kernel outputs (d_x, d_mm, ds_carry0, bias_parts[, dz, dz_sums])
+    -> `backward_loop_and_scale_bias`'s gradients."""
     d_x, d_mm, ds_carry0, bias_parts = outs[:4]
-    dz_lt = outs[4] if has_z else None
+    has_z = len(outs) >= 6
     # The state gradient of s0 through W_0 (no gate backward below it): one XLA matmul.
     w0 = stacked[: geo.n_pad]
     ds0 = ds_carry0 + jnp.matmul(d_mm[: geo.b_pad], w0.T, preferred_element_type=jnp.float32)
     dbias = pb.bias_gradient(bias_parts, depth)
     d_xproj = _padded_units(geo, d_x)[:, None]
-    dz = None if dz_lt is None else _padded_units(geo, jnp.swapaxes(dz_lt, 0, 1))
-    dp = None if not has_z else pb.scale_bias_gradient(outs[5])
+    dz = _padded_units(geo, jnp.swapaxes(outs[4], 0, 1)) if has_z else None
+    dp = pb.scale_bias_gradient(outs[5]) if has_z else None
     return ds0, d_xproj, dz, dbias, _weight_gradient(spec, depth, d_mm, s_mm), dp
+
+
+def hyper_backward_plan(
+    plan: PersistentPlan, hyper_plan: PersistentPlan, depth: int, has_mask: bool
+) -> PersistentPlan | None:
+    """The backward kernel's plan with the hyper cell inside it (`hyper_backward_loop`) and
+    z recomputed: ``plan`` at the most pipeline stages (>= 2) whose shared memory fits both
+    (the paper's bf16 plan: 2), or None where none does or `HYPER_BACKWARD_INSIDE` is off."""
+    if not HYPER_BACKWARD_INSIDE:
+        return None
+    for stages in range(plan.stages, 1, -1):
+        candidate = dataclasses.replace(plan, stages=stages)
+        try:
+            pb.check_plan(candidate, True, has_mask, depth, hyper_plan, hyper_plan, has_mask)
+        except PlanError:
+            continue
+        return candidate
+    return None
+
+
+def hyper_backward_loop(spec, args_h, args_m, proj_kernel):
+    """Both cells' backward as ONE kernel, the hyper cell inside one phase behind the main
+    cell (`persistent_backward.HyperBackward`), or None where it does not run (the main
+    cell's z is not `RecomputedScales`, no `hyper_backward_plan`): then each cell runs
+    `backward_loop_and_scale_bias` in turn, z's VJP between them.
+
+    args_h, args_m: each cell's `backward_loop_and_scale_bias` arguments (spec, geo, w, bias,
+    s0, xproj, z, keep, hidden, saved, g_states), the hyper cell's g_states its states'
+    cotangent from outside the op; proj_kernel P [L, h, n]. Returns (the hyper cell's
+    `backward_loop` gradients, the main cell's `backward_loop_and_scale_bias` gradients):
+    the kernel adds ds_h = dz P^T to the hyper cell's cotangent itself."""
+    _, geo_m, (stacked_m,), bias_m, _, _, z, keep_m, _, saved_m, g_m = args_m
+    _, geo_h, (stacked_h,), _, _, _, _, keep_h, _, saved_h, g_h = args_h
+    if not isinstance(z, RecomputedScales):
+        return None
+    depth, has_mask = bias_m.shape[0], keep_m is not None
+    plan = hyper_backward_plan(_plan(spec, geo_m), z.plan, depth, has_mask)
+    if plan is None:
+        return None
+    hp = z.plan
+    (packed_m, s_mm_m), (packed_h, s_mm_h) = saved_m, saved_h
+    hyper = pb.HyperBackward(
+        hp, stacked_h, _phase_major(g_h), packed_h, keep_mask.decisions(_phase_major(keep_h)),
+        None if hp.state_in_packed else s_mm_h,
+        pb.projection_rows(plan, hp, proj_kernel, spec.dtype),
+    )  # fmt: skip
+    scales = pb.ScalesInside(z.plan, z.s_mm, z.tail, z.proj, z.proj_bias)
+    g = g_m if g_m.ndim == 3 else _phase_major(g_m)
+    mask = keep_mask.decisions(_phase_major(keep_m))
+    s_prev = None if plan.state_in_packed else s_mm_m
+    args = (plan, stacked_m, g, packed_m, None, mask, _bias_rows(geo_m, bias_m), s_prev)
+    outs = _run_backward(spec, *args, scales=scales, hyper=hyper)
+    main = _gradients(spec, geo_m, stacked_m, depth, outs[:6], s_mm_m)
+    hyper_grads = _gradients(spec, geo_h, stacked_h, depth, outs[6:10], s_mm_h)
+    return hyper_grads[:5], main
 
 
 def _padded_units(geo: Geometry, x: Array) -> Array:

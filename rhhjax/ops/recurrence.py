@@ -119,20 +119,36 @@ def _cell_backward(spec, residuals, g_states, scale_bias: bool = False):
     """(the cotangents of `_sequence`'s inputs, with ``scale_bias`` the sum of dz over steps
     and rows [L, n] from the implementation's kernel (`persistent.
     backward_loop_and_scale_bias`: the gradient of the bias p of z = s P + p), else None)."""
-    operands, saved, key_zero, weights = residuals
-    bias, s0, xproj, z, keep, hidden = operands
-    batch, width = g_states.shape[-2:]
     impl = IMPLEMENTATIONS[spec.impl]
-    geo = impl.geometry(spec, batch, width)
+    args = _backward_args(spec, residuals, g_states)
+    if scale_bias:
+        loop_out = impl.backward_loop_and_scale_bias(*args)
+    else:
+        loop_out = impl.backward_loop(*args)
+    return _cell_cotangents(residuals, args[1], g_states, loop_out)
+
+
+def _backward_args(spec, residuals, g_states) -> tuple:
+    """The implementation's `backward_loop` arguments (spec, geo, transposed weights, the
+    padded operands, saved, the padded cotangent g)."""
+    operands, saved, _, weights = residuals
+    bias, s0, xproj, z, keep, hidden = operands
+    impl = IMPLEMENTATIONS[spec.impl]
+    geo = impl.geometry(spec, *g_states.shape[-2:])
     w_t = impl.prepare_weights(spec, geo, weights.kernel_s, transposed=True)
     g = _cotangent(spec, impl, geo.pad_rows(g_states), bias.shape[0])
-    args = (spec, geo, w_t, bias, s0, xproj, z, keep, hidden, saved, g)
-    dp = None
-    if scale_bias:
-        ds0, d_scaled, dz, dbias, dw, dp = impl.backward_loop_and_scale_bias(*args)
-        dp = dp[..., : geo.n]
-    else:
-        ds0, d_scaled, dz, dbias, dw = impl.backward_loop(*args)
+    return (spec, geo, w_t, bias, s0, xproj, z, keep, hidden, saved, g)
+
+
+def _cell_cotangents(residuals, geo, g_states, loop_out):
+    """`_cell_backward`'s return from a `backward_loop`'s (ds0, d_scaled, dz, dbias, dw[,
+    dp]) gradients: each unpadded (dp, the sum of dz, None without it)."""
+    operands, _, key_zero, weights = residuals
+    hidden = operands[5]
+    batch, width = g_states.shape[-2:]
+    ds0, d_scaled, dz, dbias, dw = loop_out[:5]
+    dp = loop_out[5] if len(loop_out) > 5 else None
+    dp = None if dp is None else dp[..., : geo.n]
     dbias = geo.unpad_bias(dbias)
     d_weights = cells.HighwayWeights(
         kernel_x=jnp.zeros_like(weights.kernel_x),
@@ -241,21 +257,33 @@ def _hyper_sequence_fwd(spec, weights, proj, s0s, xprojs, keys):
 
 
 def _hyper_sequence_bwd(spec, residuals, g):
-    """The main cell's backward (with dp, the sum of dz, from its kernel's column sums), z's
-    VJP for dP and the hyper states' cotangent (`cells.hyper_scales`), then the hyper cell's
-    backward with that cotangent added."""
+    """Both cells' backward in one kernel where the implementation has it
+    (`persistent.hyper_backward_loop`: the hyper cell one phase behind, its state gradient
+    through z added in the kernel); else the main cell's backward (with dp, the sum of dz,
+    from its kernel's column sums), z's VJP for the hyper states' cotangent
+    (`cells.hyper_scales`), then the hyper cell's backward with that cotangent added. dP,
+    the projection's gradient, is z's VJP either way."""
     (res_h, res_m), (proj_kernel, proj_bias), hyper_states = residuals
     g_hyper, g_main = g
     spec_h, spec_m = _hyper_specs(spec)
-    d_main, d_bias = _cell_backward(spec_m, res_m, g_main, scale_bias=True)
-    dz = d_main[3]
 
     def scales(kernel, states):
         return cells.hyper_scales(kernel, proj_bias, states, spec.dtype)
 
-    _, scales_vjp = jax.vjp(scales, proj_kernel, hyper_states)
-    d_kernel, d_states = scales_vjp(dz)
-    d_hyper = _sequence_bwd(spec_h, res_h, g_hyper + d_states)
+    args_h = _backward_args(spec_h, res_h, g_hyper)
+    args_m = _backward_args(spec_m, res_m, g_main)
+    joint = getattr(IMPLEMENTATIONS[spec.impl], "hyper_backward_loop", None)
+    joint = None if joint is None else joint(spec, args_h, args_m, proj_kernel)
+    if joint is not None:
+        d_hyper, _ = _cell_cotangents(res_h, args_h[1], g_hyper, joint[0])
+        d_main, d_bias = _cell_cotangents(res_m, args_m[1], g_main, joint[1])
+        _, kernel_vjp = jax.vjp(lambda kernel: scales(kernel, hyper_states), proj_kernel)
+        (d_kernel,) = kernel_vjp(d_main[3])
+    else:
+        d_main, d_bias = _cell_backward(spec_m, res_m, g_main, scale_bias=True)
+        _, scales_vjp = jax.vjp(scales, proj_kernel, hyper_states)
+        d_kernel, d_states = scales_vjp(d_main[3])
+        d_hyper = _sequence_bwd(spec_h, res_h, g_hyper + d_states)
     pair = lambda i: (d_hyper[i], d_main[i])  # noqa: E731
     return pair(0), (d_kernel, d_bias), pair(1), pair(2), pair(4)
 
