@@ -3,11 +3,11 @@
     NPROC=17 python benchmarks/interpret_check.py [--paper] [--only=persistent] [--out=F.json]
 
 For each kernel (`mosaic_forward`, `mosaic_backward`, `persistent_forward`, the persistent
-forward with the hyper cell inside, `persistent_backward`, also with z recomputed) and a few
-layouts, from one block to a cluster of 16: runs the real kernel interpreted with the race
-detector on (`rhhjax.kernels.mosaic.interpret.params`) and its
-pure-JAX reference on the same fresh random inputs, and prints one markdown row per run: the
-blocks (a grid run one block after another, or one cluster run at once), the largest
+forward with the hyper cell inside, `persistent_backward`, also with z recomputed and with
+the hyper cell inside) and a few layouts, from one block to a cluster of 16: runs the real
+kernel interpreted with the race detector on (`rhhjax.kernels.mosaic.interpret.params`) and
+its pure-JAX reference on the same fresh random inputs, and prints one markdown row per run:
+the blocks (a grid run one block after another, or one cluster run at once), the largest
 difference from the reference (absolute, and relative to the largest reference entry), the
 races reported ("none", or the report: jax 0.12 raises it, 0.11.2 prints it) and the seconds
 it took (interpretation and its compile). The last row is a MUTANT, the persistent forward
@@ -171,11 +171,16 @@ def persistent_hyper_forward_case(plans: tuple, steps: int, depth: int):
 
 
 def persistent_backward_case(
-    plan: PersistentPlan, steps: int, depth: int, hyper_plan: PersistentPlan | None = None
+    plan: PersistentPlan,
+    steps: int,
+    depth: int,
+    hyper_plan: PersistentPlan | None = None,
+    inside: bool = False,
 ):
     """(cluster, kernel thunk, reference thunk) of the whole-sequence backward with z and
     gate dropout; with ``hyper_plan`` z recomputed from a random hyper A buffer and tail
-    (`persistent_backward.ScalesInside`) instead of read."""
+    (`persistent_backward.ScalesInside`) instead of read, with ``inside`` also the hyper
+    cell's backward inside (`persistent_backward.HyperBackward`, random operands)."""
     rng = np.random.default_rng(plan.grid * 7 + steps)
     n = plan.width
     wt = pb.backward_weights(plan, _normal(rng, depth, n, 2 * n, scale=0.3), plan.dtype)
@@ -192,19 +197,21 @@ def persistent_backward_case(
     b_pad, n_pad = g.shape[1:]
     bias = jnp.broadcast_to(_normal(rng, depth, 1, 2, n_pad, scale=0.3), (depth, b_pad, 2, n_pad))
     args = (wt, g, packed, z, mask, bias, s_mm)
-    scales = None
+    cells = {}
     if hyper_plan is not None:
-        scales = _scales_inside(plan, hyper_plan, steps, depth, rng)
+        cells["scales"] = _scales_inside(plan, hyper_plan, steps, depth, rng)
         args = (wt, g, packed, None, mask, bias, s_mm)
+    if inside:
+        cells["hyper"] = _hyper_backward(plan, hyper_plan, steps, depth, rng)
 
     def kernel():
         run = lambda *a: pb.persistent_backward(  # noqa: E731
-            plan, *a, keep=KEEP, interpret=gpu_interpret.params(), scales=scales
+            plan, *a, keep=KEEP, interpret=gpu_interpret.params(), **cells
         )
-        return jax.jit(run)(*args)[:-1]  # all but the status: d_x, d_mm, carry, bias, dz
+        return jax.jit(run)(*args)[:-1]  # all but the status: d_x, d_mm, carry, bias, dz...
 
     def reference():
-        return pb.persistent_backward_reference(plan, *args, keep=KEEP, scales=scales)[:-1]
+        return pb.persistent_backward_reference(plan, *args, keep=KEEP, **cells)[:-1]
 
     return f"cluster {plan.row_blocks} x {plan.col_blocks}", kernel, reference
 
@@ -221,6 +228,23 @@ def _scales_inside(plan, hyper_plan, steps: int, depth: int, rng) -> pb.ScalesIn
         hyper_plan, s_mm, tail, pf.projection_weights(plan, hyper_plan, proj, plan.dtype),
         jnp.broadcast_to(proj_bias, (depth, plan.b_pad, plan.n_pad)),
     )  # fmt: skip
+
+
+def _hyper_backward(plan, hyper_plan, steps: int, depth: int, rng) -> pb.HyperBackward:
+    """Random `HyperBackward` operands at ``hyper_plan``: weights, cotangent, saved rows
+    (s_prev in bf16, h, tg), keep decisions, in f32 the A buffer, and P's rows."""
+    h = hyper_plan.width
+    wt = pb.backward_weights(hyper_plan, _normal(rng, depth, h, 2 * h, scale=0.3), plan.dtype)
+    g, s_prev = (_phase_inputs(hyper_plan, steps, depth, rng) for _ in range(2))
+    gates = [jnp.tanh(_phase_inputs(hyper_plan, steps, depth, rng)) for _ in range(2)]
+    packed = jnp.stack([s_prev] * hyper_plan.state_in_packed + gates, axis=2)
+    s_mm = None
+    if not hyper_plan.state_in_packed:
+        s_mm = slots.inputs_to_a_buffer(s_prev, steps, depth, hyper_plan.k_pad)
+    mask = jnp.asarray(rng.random(g.shape) < KEEP, jnp.uint8)
+    proj = _normal(rng, depth, h, plan.width, scale=0.2)
+    rows = pb.projection_rows(plan, hyper_plan, proj, plan.dtype)
+    return pb.HyperBackward(hyper_plan, wt, g, packed, mask, s_mm, rows)
 
 
 def cases(paper: bool) -> list[tuple]:
@@ -271,6 +295,8 @@ def cases(paper: bool) -> list[tuple]:
         out.append(("persistent_forward, hyper inside", plan.dtype, note, make))
         make = lambda c=case: persistent_backward_case(c[0][0], *c[1:], c[0][1])  # noqa: E731
         out.append(("persistent_backward, z recomputed", plan.dtype, note, make))
+        make = lambda c=case: persistent_backward_case(c[0][0], *c[1:], c[0][1], True)  # noqa: E731
+        out.append(("persistent_backward, hyper inside", plan.dtype, note, make))
     # The check can fail: without its barrier between phases the kernel must be reported.
     mutant = (PersistentPlan(64, 64, "bfloat16", 2, 1, 32), 2, 1)
     note = "B 64, n 64, T 2, L 1; " + MUTANT

@@ -117,12 +117,32 @@ def test_the_hyper_cell_in_the_kernels_halves_the_barrier_phases():
     rows = [r for r in pc.table(_report(1e9, 1e9)) if r["dtype"] == "bfloat16"]
     apart = next(r for r in rows if r["layout"].startswith("grid, hyper as own"))
     forward = next(r for r in rows if r["layout"].startswith("grid, hyper inside the forward"))
-    inside = next(r for r in rows if r["layout"].startswith("grid, hyper inside (not"))
+    both = next(r for r in rows if r["layout"].startswith("grid, hyper inside both"))
     assert apart["barrier_phases"] == 4 * 700
     assert forward["barrier_phases"] == 3 * 700 + 1
-    assert inside["barrier_phases"] == 2 * 700 + 2
-    for row in (forward, inside):
+    assert both["barrier_phases"] == 2 * 700 + 2
+    for row in (forward, both):
         assert row["fwd_phase_us"] > apart["fwd_phase_us"]  # its share of the hyper GEMMs
+    assert both["bwd_phase_us"] > forward["bwd_phase_us"] > apart["bwd_phase_us"]
+
+
+def test_the_hyper_cell_inside_the_backward_adds_its_busiest_blocks_gemms_to_a_phase():
+    """Today's grid (the hyper cell inside both kernels): each backward phase gains z's
+    slice [64, 128] x [128, 64] (recomputed), ds_h's [64, 1024] x [1024, 16] and the hyper
+    cell's [64, 256] x [256, 16] on a block with hyper units; no hyper launches of its own,
+    700 + 1 barriers a direction."""
+    rates, shape = Rates(), pc.PAPER
+    main, hyper = pc.inside_plans(
+        pc.plan_for(256, 1000, "bfloat16"), pc.plan_for(256, 128, "bfloat16")
+    )
+    today = pc.Layout("today", main, 1, rates.barrier_us, "both", hyper)
+    step = pc.predicted_step(today, "bfloat16", 0.0, rates, shape)
+    share = 2 * 64 * (128 * 64 + 1024 * 16 + 256 * 16) / (rates.tflops_per_sm * 1e12) * 1e6
+    assert pc.hyper_backward_share_us(main, hyper, rates) == pytest.approx(share)
+    assert step.bwd_phase_us == pytest.approx(pc.kernel_phase_us(main, rates, 1, True) + share)
+    phases = shape["depth"] * shape["length"]
+    assert step.barrier_phases == 2 * phases + 2
+    assert step.kernel_ms == pytest.approx(phases * (step.fwd_phase_us + step.bwd_phase_us) / 1e3)
 
 
 def test_a_slower_barrier_or_gemm_raises_the_prediction():
@@ -175,18 +195,17 @@ def test_a_calibration_file_sets_the_rates_and_one_without_them_is_one_line(tmp_
 
 
 def test_the_layouts_weighed_name_whether_they_are_built():
-    """The grid and the row-group clusters, with the hyper cell as own launches or inside
-    the forward, are built (one of them today's: the grid with the hyper cell inside the
-    forward); the hyper cell inside both kernels and the multicast are not; the row-group
-    plan has at most 16 column blocks in both dtypes. The f32 row-group plan (64 units a
-    block) leaves no shared memory for the hyper cell inside its forward."""
-    for dtype, built in (("bfloat16", 4), ("float32", 3)):
+    """The grid and the row-group clusters, with the hyper cell inside both kernels, inside
+    the forward or as own launches, are built (one of them today's: the grid with the hyper
+    cell inside both); the multicast is not; the row-group plan has at most 16 column
+    blocks in both dtypes. The f32 row-group plan (64 units a block) leaves no shared memory
+    for the hyper cell inside its kernels."""
+    for dtype, built in (("bfloat16", 6), ("float32", 4)):
         names = [layout.name for layout in pc.layouts(dtype, Rates(), 256, 1000, 128)]
         assert sum("(built" in n for n in names) == built
-        assert sum("(not built)" in n for n in names) == 3 == len(names) - built
+        assert sum("(not built)" in n for n in names) == 1 == len(names) - built
         assert [n for n in names if "today" in n] == [
-            "grid, hyper inside the forward, z recomputed in the backward, own launches "
-            "backward (built: today)"
+            "grid, hyper inside both kernels, z recomputed (built: today)"
         ]
         assert pc.rowgroup_plan(dtype, 256, 1000).col_blocks == 16
 

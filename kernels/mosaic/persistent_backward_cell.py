@@ -264,19 +264,19 @@ class BackwardCell:
         ins["ds_carry"] = keep_mask.load_strided(sc["carry"].at[chunk])
         if has_z:  # the gates as the forward computed them, from full
             ins["h"], ins["t"] = mf.gates(ins["full_h"], ins["full_t"], ins)
-        tiles = _gate_backward(keep_mask.load_strided(sc["acc"].at[chunk]), ins)
+        tiles = _gate_backward(sc["acc"][chunk], ins)
         if has_z:
             dz = tiles["da_h"] * ins["full_h"] + tiles["da_t"] * ins["full_t"]
         plgpu.commit_smem()  # every read of the inputs before their slots are overwritten
-        epi[0, chunk] = tiles["da_h"]  # over g_out
-        epi[1, chunk] = tiles["da_t"]  # over s_prev
+        epi.at[0, chunk][...] = tiles["da_h"]  # over g_out
+        epi.at[1, chunk][...] = tiles["da_t"]  # over s_prev
         if has_z:
-            epi[2, chunk] = dz  # over full_h
-            epi[3, chunk] = tiles["d_h"]  # over full_t: d_scaled in f32 (d_x)
-            epi[4, chunk] = tiles["d_t"]  # over z
-        sc["carry"][chunk] = tiles["ds_carry"]
-        sc["dsc"][0, chunk] = tiles["d_h"].astype(mm_dtype)
-        sc["dsc"][1, chunk] = tiles["d_t"].astype(mm_dtype)
+            epi.at[2, chunk][...] = dz  # over full_h
+            epi.at[3, chunk][...] = tiles["d_h"]  # over full_t: d_scaled in f32 (d_x)
+            epi.at[4, chunk][...] = tiles["d_t"]  # over z
+        sc["carry"].at[chunk][...] = tiles["ds_carry"]
+        sc["dsc"].at[0, chunk][...] = tiles["d_h"].astype(mm_dtype)
+        sc["dsc"].at[1, chunk][...] = tiles["d_t"].astype(mm_dtype)
 
     def _column_sums(self, p, layer) -> None:
         """The column sums of da's halves (and of dz), read from their staged tiles while

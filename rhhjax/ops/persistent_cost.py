@@ -12,14 +12,15 @@ Every number here is a MODEL, not a measurement:
   ``CLUSTER_BARRIER_US`` per hardware cluster barrier (assumed, not measured);
 * the hyper cell: "own launches", 2 * T * L more barrier-bound phases at the hyper plan's
   predicted phase time; "inside the forward" (built, `inside_plans`): the forward kernel
-  runs it one phase ahead of the main cell on the blocks of its own plan (T * L + 2
-  barriers), adding to every forward phase the GEMMs of its busiest block (z's slice and
-  the hyper cell's, `hyper_forward_share_us`), the main backward recomputes z (built,
-  `persistent.RECOMPUTE_SCALES`: z's slice GEMM added to every backward phase,
-  `scales_backward_share_us`), and the hyper backward stays its own launches;
-  "inside" both kernels (not built): its GEMMs spread over the main grid, one phase behind
-  in the backward, adding its FLOP share per block to every main phase (the epilogues of
-  either are not modelled);
+  runs it one phase ahead of the main cell on the blocks of its own plan (T * L + 1
+  dependent barriers), adding to every forward phase the GEMMs of its busiest block (z's
+  slice and the hyper cell's, `hyper_forward_share_us`), the main backward recomputes z
+  (`persistent.RECOMPUTE_SCALES`: z's slice GEMM added to every backward phase,
+  `scales_backward_share_us`), and the hyper backward is its own launches; "inside both
+  kernels" (built: today, `persistent.HYPER_BACKWARD_INSIDE`): the backward kernel also
+  runs it, one phase behind, on the same blocks (T * L + 1 more barriers), adding to every
+  backward phase the GEMMs of its busiest block (z's slice, ds_h's and the hyper cell's,
+  `hyper_backward_share_us`) (the epilogues of either are not modelled);
 * glue: the step's HLO bytes under the corrected rule (``bytes_per_train_step_read`` of a
   compile report, `benchmarks/gpu_report.py`, measured without a GPU) at ``HBM_TBYTES``,
   counted serially (every launch's operands and results, the kernels' own inputs and
@@ -93,17 +94,6 @@ def kernel_phase_us(plan: PersistentPlan, rates: Rates, multicast: int, backward
     return predicted_phase_us(plan, rates, multicast, backward) - rates.barrier_us
 
 
-def hyper_share_us(plan: PersistentPlan, hyper: int, rates: Rates, backward: bool) -> float:
-    """The hyper cell's FLOPs per main phase spread over the main grid (us per block):
-    its gate GEMM [B, h] x [h, 2h] and the z projection [B, h] x [h, n]; the backward: the
-    transposed GEMMs (twice the FLOPs) and z recomputed (the projection once more); divided
-    evenly over ``plan.grid`` blocks."""
-    batch = plan.b_pad
-    gate, projection = 2 * batch * hyper * 2 * hyper, 2 * batch * hyper * plan.n_pad
-    flops = 2 * (gate + projection) + projection if backward else gate + projection
-    return 1e6 * flops / plan.grid / (rates.tflops_per_sm * 1e12)
-
-
 @functools.cache
 def plan_for(batch: int, width: int, dtype_name: str, layout: str = "grid") -> PersistentPlan:
     """The kernels' plan for a [batch, width] recurrence: among the plans both kernels can
@@ -167,7 +157,7 @@ def _deepest(batch, width, dtype_name, row_blocks, units, k_chunk) -> Persistent
     return None
 
 
-HYPER_PLACES = ("launches", "forward", "inside")  # own launches; inside the forward; both
+HYPER_PLACES = ("launches", "forward", "both")  # own launches; inside the forward; both
 
 
 @dataclasses.dataclass(frozen=True)
@@ -230,6 +220,16 @@ def scales_backward_share_us(main: PersistentPlan, hyper: PersistentPlan, rates:
     return 1e6 * flops / (rates.tflops_per_sm * 1e12)
 
 
+def hyper_backward_share_us(main: PersistentPlan, hyper: PersistentPlan, rates: Rates) -> float:
+    """What the hyper cell inside the backward adds to a main backward phase (us) on its
+    busiest block (one with hyper units): z's GEMM [rows, kh] x [kh, u] (recomputed), ds_h's
+    [rows, n_pad] x [n_pad, uh] and the hyper cell's [rows, 2 h_pad] x [2 h_pad, uh], run
+    after one another at ``tflops_per_sm``."""
+    rows, hu = main.rows_per_block, hyper.units_per_block
+    macs = hyper.k_pad * main.units_per_block + main.n_pad * hu + 2 * hyper.n_pad * hu
+    return 1e6 * 2 * rows * macs / (rates.tflops_per_sm * 1e12)
+
+
 def rowgroup_plan(dtype: str, batch: int, width: int) -> PersistentPlan | None:
     """The plan `plan_for` picks for the row-group clusters (at most 16 column blocks), or
     None when none fits."""
@@ -242,34 +242,38 @@ def rowgroup_plan(dtype: str, batch: int, width: int) -> PersistentPlan | None:
 def layouts(dtype: str, rates: Rates, batch: int, width: int, hyper: int) -> list[Layout]:
     """The layouts weighed, each named with whether it is built: the grid and the row-group
     clusters (`kernels/mosaic/rowgroup_layout.py`, ``persistent.LAYOUT = "rowgroup"``), each with
-    the hyper cell as its own launches (built), inside the forward kernel (built: today's
-    grid, where `inside_plans` has plans) and inside both kernels (not built), and the
-    row-group clusters with TMA multicast of the A rows (not built)."""
+    the hyper cell inside both kernels (built: today's grid, where `inside_plans` has plans),
+    inside the forward only (built) and as its own launches (built), and the row-group
+    clusters with TMA multicast of the A rows and the hyper cell inside both (not built)."""
     out = []
     rowgroup = rowgroup_plan(dtype, batch, width)
     grids = [("grid", plan_for(batch, width, dtype), rates.barrier_us, "grid")]
     if rowgroup is not None:
         name = f"row-group clusters of {rowgroup.col_blocks}"
         grids.append((name, rowgroup, CLUSTER_BARRIER_US, "rowgroup"))
+    multicast = None
     for name, plan, barrier_us, launch in grids:
         alone = plan_for(batch, hyper, dtype, launch)
         built = "built: today" if launch == "grid" else "built"
         inside = inside_plans(plan, alone)
         if inside is not None:
-            label = (
-                f"{name}, hyper inside the forward, z recomputed in the backward, own "
-                f"launches backward ({built})"
-            )
+            label = f"{name}, hyper inside both kernels, z recomputed ({built})"
+            out.append(Layout(label, inside[0], 1, barrier_us, "both", inside[1]))
+            label = f"{name}, hyper inside the forward, z recomputed, own launches backward (built)"
             out.append(Layout(label, inside[0], 1, barrier_us, "forward", inside[1]))
             built = "built"
+            if launch == "rowgroup":
+                multicast = inside
         out.append(
             Layout(f"{name}, hyper as own launches ({built})", plan, 1, barrier_us, "launches")
         )
-    for name, plan, barrier_us, _ in grids:
-        out.append(Layout(f"{name}, hyper inside (not built)", plan, 1, barrier_us, "inside"))
-    if rowgroup is not None:
-        name = f"{grids[1][0]}, multicast A, hyper inside (not built)"
-        out.append(Layout(name, rowgroup, rowgroup.col_blocks, CLUSTER_BARRIER_US, "inside"))
+    if rowgroup is not None:  # with the hyper cell inside both where the plan has room
+        hyper_at = "both" if multicast is not None else "launches"
+        main, hyper_plan = multicast if multicast is not None else (rowgroup, None)
+        where = "inside both kernels" if multicast is not None else "as own launches"
+        name = f"{grids[1][0]}, multicast A, hyper {where} (not built)"
+        cols, barrier_us = rowgroup.col_blocks, CLUSTER_BARRIER_US
+        out.append(Layout(name, main, cols, barrier_us, hyper_at, hyper_plan))
     return out
 
 
@@ -306,9 +310,9 @@ def predicted_step(
     hyper_plan = plan_for(shape["batch"], shape["hyper"], dtype)
     hyper = [kernel_phase_us(hyper_plan, rates, 1, b) for b in (False, True)]
     barriers = 2 * phases
-    if layout.hyper == "inside":
-        fwd += hyper_share_us(plan, shape["hyper"], rates, False)
-        bwd += hyper_share_us(plan, shape["hyper"], rates, True)
+    if layout.hyper == "both":
+        fwd += hyper_forward_share_us(plan, layout.hyper_plan, rates)
+        bwd += hyper_backward_share_us(plan, layout.hyper_plan, rates)
         barriers += 2  # the skew: one more phase per direction
         hyper_ms = 0.0
     elif layout.hyper == "forward":
