@@ -152,9 +152,10 @@ def _with_room_for_scales(
 
 
 def _hyper_backward(case, scales: pb.ScalesInside, mask_on: bool, seed: int) -> pb.HyperBackward:
-    """`HyperBackward` of a hyper cell as wide as ``scales``' (fresh random cotangent, saved
-    rows, mask; f32: its A buffer) on at most 3 column blocks of the case's plan, of 16-unit
-    multiples (uint8 mask rows), with the projection P that ``scales`` holds."""
+    """`HyperBackward` of a hyper cell as wide as ``scales``' (fresh random cotangent of its
+    last layer alone, as the model gives it; saved rows, mask; f32: its A buffer) on at most
+    3 column blocks of the case's plan, of 16-unit multiples (uint8 mask rows), with the
+    projection P that ``scales`` holds."""
     plan, steps, depth = case["plan"], case["steps"], case["depth"]
     width = scales.plan.width
     cols = min(plan.col_blocks, 3)
@@ -166,7 +167,8 @@ def _hyper_backward(case, scales: pb.ScalesInside, mask_on: bool, seed: int) -> 
     p_t = scales.proj.reshape(depth, plan.n_pad, -1)[:, : plan.width, :width]
     proj = jnp.swapaxes(p_t, 1, 2).astype(F32)
     return pb.HyperBackward(
-        hp, pb.backward_weights(hp, hyper["kernel_s"], mm), hyper["g"], _packed(hyper),
+        hp, pb.backward_weights(hp, hyper["kernel_s"], mm), hyper["g"][depth - 1 :: depth],
+        _packed(hyper),
         hyper["decisions"], _s_mm(hyper), pb.projection_rows(plan, hp, proj, mm),
     )  # fmt: skip
 

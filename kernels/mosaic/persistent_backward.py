@@ -167,7 +167,8 @@ class HyperBackward(NamedTuple):
     its own plan (the same rows). Operands as the main cell's, for ``plan``:
 
         wt     [L * h_pad, 2 * h_pad] matmul dtype (`backward_weights(plan, ...)`)
-        g      [P, b_pad, h_pad] f32   the cotangent of its states from outside the op
+        g      [P, b_pad, h_pad] f32   the cotangent of its states from outside the op,
+                                       or [T, b_pad, h_pad]: its last layer's only
         packed [P, b_pad, K, h_pad] f32  its forward's saved rows (s_prev in bf16, h, tg)
         mask   [P, b_pad, h_pad] uint8 | None;  s_mm [P * b_pad, kh_pad] f32 | None (f32)
         proj_rows [L * h_pad, n_pad] matmul dtype  P_l as it is (rows l * h_pad + i: row i
@@ -414,11 +415,10 @@ def _check_hyper(plan: PersistentPlan, hyper: HyperBackward, phases: int, depth:
     hp = hyper.plan
     operands = (hyper.wt, hyper.g, hyper.packed, None, hyper.mask, None, hyper.s_mm)
     h_depth = _check_operands(hp, *operands)
-    if (h_depth, hyper.packed.shape[0], hyper.g.shape[0]) != (depth, phases, phases):
+    if (h_depth, hyper.packed.shape[0]) != (depth, phases):
         raise PlanError(
-            f"hyper backward operands have {hyper.packed.shape[0]} phases of depth {h_depth} "
-            f"and g for {hyper.g.shape[0]}, the main cell {phases} of depth {depth} (g: every "
-            "phase)."
+            f"hyper backward operands have {hyper.packed.shape[0]} phases of depth {h_depth}, "
+            f"the main cell {phases} of depth {depth}."
         )
     shape = (depth * hp.n_pad, plan.n_pad)
     if hyper.proj_rows.shape != shape or hyper.proj_rows.dtype != jnp.dtype(plan.dtype):
@@ -595,8 +595,9 @@ def persistent_backward(
                 stages=stages,
             )  # fmt: skip
 
+        g_last_h = hyper.g.shape[0] != phases
         return BackwardCell(
-            hp, steps, depth, keep, input_names(False, hyper=True), False, named, h_sc, r, c,
+            hp, steps, depth, keep, input_names(False, hyper=True), g_last_h, named, h_sc, r, c,
             fill_ds_h=fill_ds_h,
         )  # fmt: skip
 
@@ -701,7 +702,11 @@ def persistent_backward_reference(
         dz_mm = dz_pm.astype(wt.dtype).reshape(phases // depth, depth, plan.b_pad, plan.n_pad)
         p_rows = hyper.proj_rows.reshape(depth, hp.n_pad, plan.n_pad)
         ds_h = jnp.einsum("tlbn,lhn->tlbh", dz_mm, p_rows, preferred_element_type=F32)
-        g_h = hyper.g + ds_h.reshape(phases, plan.b_pad, hp.n_pad)
+        g_h = hyper.g
+        if g_h.shape[0] != phases:  # its last layer's cotangent only
+            dense = jnp.zeros((phases, *g_h.shape[1:]), g_h.dtype)
+            g_h = dense.at[depth - 1 :: depth].set(g_h)
+        g_h = g_h + ds_h.reshape(phases, plan.b_pad, hp.n_pad)
         h_args = (hp, hyper.wt, g_h, hyper.packed, None, hyper.mask, None, hyper.s_mm)
         h_outs = persistent_backward_reference(*h_args, keep=keep)
         return (*main[:-1], *h_outs[:-1], main[-1])

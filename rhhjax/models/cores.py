@@ -255,8 +255,8 @@ class HyperRHNCore(nn.Module):
         spec = dataclasses.replace(self.spec, gate_dropout=keys is not None)
         batch = s_main.shape[0]
         if c.hyper_rank == 0 and recurrence.hyper_inside(spec, batch, c.hidden, c.hyper_hidden):
-            hyper_states, main_states = self._hyper_inside(spec, carry, xprojs, keys)
-            return (hyper_states[-1, -1], main_states[-1]), main_states
+            hyper_last, main_states = self._hyper_inside(spec, carry, xprojs, keys)
+            return (hyper_last, main_states[-1]), main_states
         hyper_states = _highway_states(
             c, spec, cell.hyper.weights(), s_hyper, hyper_xproj, None, hyper_key,
             hidden_masks.get("hyper_hidden"),
@@ -274,10 +274,10 @@ class HyperRHNCore(nn.Module):
         return (hyper_states[-1, -1], main_states[-1]), main_states
 
     def _hyper_inside(self, spec, carry, xprojs, keys) -> tuple[Array, Array]:
-        """(hyper states [T, L, B, h], main last-layer states [T, B, n]) of ONE op running
-        both cells (`recurrence.hyper_highway_sequence`: the hyper cell inside the forward
-        kernel); with `original_first_step` step 0 of both cells apart, in pure JAX, as
-        `_first_step_apart` runs each cell's."""
+        """(the hyper state after the last micro-layer [B, h], main last-layer states [T, B,
+        n]) of ONE op running both cells (`recurrence.hyper_highway_sequence`: the hyper
+        cell inside the persistent kernels); with `original_first_step` step 0 of both cells
+        apart, in pure JAX, as `_first_step_apart` runs each cell's."""
         c, cell = self.config, self.cell
         weights = (cell.hyper.weights(), cell.main.weights())
         proj = (cell.proj_kernel, cell.proj_bias)
@@ -298,12 +298,9 @@ class HyperRHNCore(nn.Module):
         s_h1, hyper0, _ = step0(weights[0], carry[0], xprojs[0], keys[0], None)
         s_m1, main0, _ = step0(weights[1], carry[1], xprojs[1], keys[1], cell.scales(hyper0))
         if xprojs[0].shape[0] == 1:
-            return hyper0[None], main0[-1][None]
-        hyper_rest, main_rest = run(1, (s_h1, s_m1), tuple(x[1:] for x in xprojs))
-        return (
-            jnp.concatenate([hyper0[None], hyper_rest]),
-            jnp.concatenate([main0[-1][None], main_rest]),
-        )
+            return hyper0[-1], main0[-1][None]
+        hyper_last, main_rest = run(1, (s_h1, s_m1), tuple(x[1:] for x in xprojs))
+        return hyper_last, jnp.concatenate([main0[-1][None], main_rest])
 
     def _lowrank_states(self, spec, s0, x, hyper_states, gate_key, hidden_masks) -> Array:
         """`lowrank.lowrank_sequence` states [T, L, B, n] (x [T, B, E], hyper_states

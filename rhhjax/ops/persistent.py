@@ -501,8 +501,9 @@ def hyper_backward_loop(spec, args_h, args_m, proj_kernel):
         return None
     hp = z.plan
     (packed_m, s_mm_m), (packed_h, s_mm_h) = saved_m, saved_h
+    g_h = g_h if g_h.ndim == 3 else _phase_major(g_h)  # [T, ...]: its last layer's alone
     hyper = pb.HyperBackward(
-        hp, stacked_h, _phase_major(g_h), packed_h, keep_mask.decisions(_phase_major(keep_h)),
+        hp, stacked_h, g_h, packed_h, keep_mask.decisions(_phase_major(keep_h)),
         None if hp.state_in_packed else s_mm_h,
         pb.projection_rows(plan, hp, proj_kernel, spec.dtype),
     )  # fmt: skip

@@ -239,11 +239,11 @@ def _hyper_sequence(spec, weights, proj, s0s, xprojs, keys):
 
 
 def _hyper_returned(spec, runs) -> tuple[Array, Array]:
-    """(hyper states [T, L, B, h], the main cell's last layer [T, B, n]), unpadded."""
-    return tuple(
-        geo.unpad_rows(_returned(cell_spec, states))
-        for cell_spec, (geo, _, states, _) in zip(_hyper_specs(spec), runs, strict=True)
-    )
+    """(the hyper state after the last micro-layer [B, h] (the carry: all the model reads of
+    it), the main cell's last layer [T, B, n]), unpadded."""
+    (geo_h, _, states_h, _), (geo_m, _, states_m, _) = runs
+    _, spec_m = _hyper_specs(spec)
+    return geo_h.unpad_rows(states_h[-1, -1]), geo_m.unpad_rows(_returned(spec_m, states_m))
 
 
 def _hyper_sequence_fwd(spec, weights, proj, s0s, xprojs, keys):
@@ -253,7 +253,8 @@ def _hyper_sequence_fwd(spec, weights, proj, s0s, xprojs, keys):
     for (_, operands, _, saved), w, key_data in zip(runs, weights, keys, strict=True):
         key_zero = None if key_data is None else jnp.zeros(key_data.shape, jax.dtypes.float0)
         residuals.append((operands, saved, key_zero, w))
-    return out, (tuple(residuals), proj, out[0])
+    geo_h, _, states_h, _ = runs[0]
+    return out, (tuple(residuals), proj, geo_h.unpad_rows(states_h))  # dP reads every state
 
 
 def _hyper_sequence_bwd(spec, residuals, g):
@@ -264,18 +265,22 @@ def _hyper_sequence_bwd(spec, residuals, g):
     (`cells.hyper_scales`), then the hyper cell's backward with that cotangent added. dP,
     the projection's gradient, is z's VJP either way."""
     (res_h, res_m), (proj_kernel, proj_bias), hyper_states = residuals
-    g_hyper, g_main = g
+    g_last, g_main = g  # the hyper state after the last micro-layer's cotangent [B, h]
     spec_h, spec_m = _hyper_specs(spec)
+    steps, depth = hyper_states.shape[:2]
+    g_hyper = jnp.zeros((steps, *g_last.shape), g_last.dtype).at[-1].set(g_last)
 
     def scales(kernel, states):
         return cells.hyper_scales(kernel, proj_bias, states, spec.dtype)
 
-    args_h = _backward_args(spec_h, res_h, g_hyper)
+    # The hyper cell's cotangent as its last layer's alone ([T, B, h], zero but at T - 1).
+    spec_h_last = dataclasses.replace(spec_h, last_layer_only=True)
+    args_h = _backward_args(spec_h_last, res_h, g_hyper)
     args_m = _backward_args(spec_m, res_m, g_main)
     joint = getattr(IMPLEMENTATIONS[spec.impl], "hyper_backward_loop", None)
     joint = None if joint is None else joint(spec, args_h, args_m, proj_kernel)
     if joint is not None:
-        d_hyper, _ = _cell_cotangents(res_h, args_h[1], g_hyper, joint[0])
+        d_hyper, _ = _cell_cotangents(res_h, args_h[1], g_last, joint[0])
         d_main, d_bias = _cell_cotangents(res_m, args_m[1], g_main, joint[1])
         _, kernel_vjp = jax.vjp(lambda kernel: scales(kernel, hyper_states), proj_kernel)
         (d_kernel,) = kernel_vjp(d_main[3])
@@ -283,7 +288,8 @@ def _hyper_sequence_bwd(spec, residuals, g):
         d_main, d_bias = _cell_backward(spec_m, res_m, g_main, scale_bias=True)
         _, scales_vjp = jax.vjp(scales, proj_kernel, hyper_states)
         d_kernel, d_states = scales_vjp(d_main[3])
-        d_hyper = _sequence_bwd(spec_h, res_h, g_hyper + d_states)
+        g_every = jnp.zeros((steps, depth, *g_last.shape), g_last.dtype).at[-1, -1].set(g_last)
+        d_hyper = _sequence_bwd(spec_h, res_h, g_every + d_states)
     pair = lambda i: (d_hyper[i], d_main[i])  # noqa: E731
     return pair(0), (d_kernel, d_bias), pair(1), pair(2), pair(4)
 
@@ -312,8 +318,8 @@ def hyper_highway_sequence(
       xprojs: (hyper x U [T, B, 2h], main x U [T, B, 2n]), no bias, unscaled.
       gate_keys: (hyper, main) dropout keys (required when spec.gate_dropout), or Nones.
     Returns:
-      (hyper states [T, L, B, h] after every micro-layer, main states [T, B, n] after the
-      last micro-layer of every step).
+      (the hyper state after the last micro-layer of the last step [B, h] (the carry), main
+      states [T, B, n] after the last micro-layer of every step).
     """
     if spec.gate_dropout and None in gate_keys:
         raise ValueError("gate dropout needs a key")
