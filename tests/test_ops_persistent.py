@@ -228,12 +228,7 @@ def test_with_the_switch_off_the_hyperrhn_runs_the_two_kernels_of_before(monkeyp
     kernels and the main one's, and matches its run with the hyper cell inside."""
     sequence = spec.SequenceSpec("persistent", 0.75, jnp.float32)
     assert recurrence.hyper_inside(sequence, 256, 1000, 128)
-    base = dict(type="hyperrhn", vocab_size=11, embed_dim=5, hidden=13, hyper_hidden=7, depth=2)
-    config = models.ModelConfig(**base, impl="persistent", dropout="gate", keep=0.7)
-    model = models.build_model(config, platform="gpu")
-    model = model.clone(spec=dataclasses.replace(model.spec, references=True))
-    params = models.init_params(model, jax.random.key(0))
-    tokens = jnp.asarray(np.random.default_rng(0).integers(0, 11, (3, 5)))
+    model, params, tokens = _tiny_hyperrhn()
     calls, loop = [], persistent.hyper_forward_loop
     monkeypatch.setattr(
         persistent, "hyper_forward_loop", lambda *a, **k: calls.append(1) or loop(*a, **k)
@@ -265,6 +260,16 @@ def test_the_paper_backward_recomputes_z_at_the_stages_its_shared_memory_allows(
                 pb.check_plan(dataclasses.replace(own, stages=stages + 1), scales_plan=hyper)
 
 
+def _tiny_hyperrhn():
+    """(a persistent HyperRHN with its kernels' references, its parameters, tokens [3, 5])."""
+    base = dict(type="hyperrhn", vocab_size=11, embed_dim=5, hidden=13, hyper_hidden=7, depth=2)
+    config = models.ModelConfig(**base, impl="persistent", dropout="gate", keep=0.7)
+    model = models.build_model(config, platform="gpu")
+    model = model.clone(spec=dataclasses.replace(model.spec, references=True))
+    params = models.init_params(model, jax.random.key(0))
+    return model, params, jnp.asarray(np.random.default_rng(0).integers(0, 11, (3, 5)))
+
+
 @pytest.mark.parametrize(
     ("switch", "calls"),
     [
@@ -281,12 +286,7 @@ def test_each_switch_off_gives_the_gradients_of_both_cells_in_one_backward(
     kernels as the switch says, and the gradients are those of the default, one backward
     kernel for both cells that recomputes z (the same GEMMs on the same operands; ds_h from
     dz in f32 here, as XLA's VJP computes it)."""
-    base = dict(type="hyperrhn", vocab_size=11, embed_dim=5, hidden=13, hyper_hidden=7, depth=2)
-    config = models.ModelConfig(**base, impl="persistent", dropout="gate", keep=0.7)
-    model = models.build_model(config, platform="gpu")
-    model = model.clone(spec=dataclasses.replace(model.spec, references=True))
-    params = models.init_params(model, jax.random.key(0))
-    tokens = jnp.asarray(np.random.default_rng(0).integers(0, 11, (3, 5)))
+    model, params, tokens = _tiny_hyperrhn()
     recorded = _record_backward(monkeypatch)
     inside = loss_and_grads(model, params, tokens, jax.random.key(1))
     assert recorded[0] == (True, True)  # one backward for both cells, z recomputed

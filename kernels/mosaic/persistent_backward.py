@@ -103,7 +103,7 @@ from rhhjax.kernels.mosaic.persistent_backward_cell import (
     bias_row_group,
     input_names,
 )
-from rhhjax.kernels.mosaic.plan import PersistentPlan, PlanError
+from rhhjax.kernels.mosaic.plan import PersistentPlan, PlanError, check_arrays
 
 Array = jax.Array
 MBARRIER_BYTES = 8
@@ -421,11 +421,7 @@ def _check_hyper(plan: PersistentPlan, hyper: HyperBackward, phases: int, depth:
             f"the main cell {phases} of depth {depth}."
         )
     shape = (depth * hp.n_pad, plan.n_pad)
-    if hyper.proj_rows.shape != shape or hyper.proj_rows.dtype != jnp.dtype(plan.dtype):
-        raise PlanError(
-            f"hyper proj_rows is {hyper.proj_rows.dtype}{list(hyper.proj_rows.shape)}, expected "
-            f"{plan.dtype}{list(shape)} (`projection_rows`)."
-        )
+    check_arrays({"proj_rows": (hyper.proj_rows, shape, plan.dtype)}, "persistent backward: hyper")
 
 
 def _check_scales(plan: PersistentPlan, scales: ScalesInside, z, bias, phases: int, depth: int):
@@ -440,12 +436,7 @@ def _check_scales(plan: PersistentPlan, scales: ScalesInside, z, bias, phases: i
         "proj": (scales.proj, (depth * plan.n_pad, kh_pad), mm),
         "proj_bias": (scales.proj_bias, (depth, plan.b_pad, plan.n_pad), "float32"),
     }
-    for name, (array, shape, dtype) in expected.items():
-        if tuple(array.shape) != shape or jnp.dtype(array.dtype).name != dtype:
-            raise PlanError(
-                f"persistent backward: scales' {name} is {jnp.dtype(array.dtype).name}"
-                f"{list(array.shape)}, expected {dtype}{list(shape)}."
-            )
+    check_arrays(expected, "persistent backward: scales'")
 
 
 def persistent_backward(

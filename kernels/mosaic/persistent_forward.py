@@ -82,7 +82,7 @@ from rhhjax.kernels.mosaic import forward as mf
 from rhhjax.kernels.mosaic import grid_barrier, keep_mask, persistent_cell, rowgroup_layout
 from rhhjax.kernels.mosaic import persistent_slots as slots
 from rhhjax.kernels.mosaic.gemm import gemm_nt_to_smem
-from rhhjax.kernels.mosaic.plan import PersistentPlan, PlanError
+from rhhjax.kernels.mosaic.plan import PersistentPlan, PlanError, check_arrays
 
 Array = jax.Array
 
@@ -204,12 +204,7 @@ def check_hyper(plan: PersistentPlan, hyper: HyperInside, steps: int, depth: int
         "proj": (hyper.proj, (depth * plan.n_pad, hp.k_pad), plan.dtype),
         "proj_bias": (hyper.proj_bias, (depth, plan.b_pad, plan.n_pad), "float32"),
     }
-    for name, (array, shape, dtype) in expected.items():
-        if tuple(array.shape) != shape or jnp.dtype(array.dtype).name != dtype:
-            raise PlanError(
-                f"persistent forward: hyper {name} is {jnp.dtype(array.dtype).name}"
-                f"{list(array.shape)}, expected {dtype}{list(shape)}."
-            )
+    check_arrays(expected, "persistent forward: hyper")
 
 
 def scales_to_smem(

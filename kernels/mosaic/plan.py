@@ -80,6 +80,17 @@ def forward_staging_slots(has_z: bool, save: bool, z_inside: bool = False) -> tu
     return len(ins) + max(0, len(outs) - reused), where
 
 
+def check_arrays(expected: dict, what: str) -> None:
+    """One-line `PlanError` unless each array of ``expected`` (name -> (array, shape, dtype
+    name)) has that shape and dtype; ``what`` begins the line (the kernel and operand)."""
+    for name, (array, shape, dtype) in expected.items():
+        if tuple(array.shape) != tuple(shape) or jnp.dtype(array.dtype).name != dtype:
+            raise PlanError(
+                f"{what} {name} is {jnp.dtype(array.dtype).name}{list(array.shape)}, "
+                f"expected {dtype}{list(shape)}."
+            )
+
+
 def scales_width(width: int, units: int, n_pad: int) -> int:
     """`PersistentPlan.z_width` of a plan of ``units`` per block padded to ``n_pad``."""
     return min(n_pad, max(_round_up(width, 4), units))
