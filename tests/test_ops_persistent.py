@@ -260,10 +260,10 @@ def test_the_paper_backward_recomputes_z_at_the_stages_its_shared_memory_allows(
                 pb.check_plan(dataclasses.replace(own, stages=stages + 1), scales_plan=hyper)
 
 
-def _tiny_hyperrhn():
+def _tiny_hyperrhn(dtype: str = "float32"):
     """(a persistent HyperRHN with its kernels' references, its parameters, tokens [3, 5])."""
     base = dict(type="hyperrhn", vocab_size=11, embed_dim=5, hidden=13, hyper_hidden=7, depth=2)
-    config = models.ModelConfig(**base, impl="persistent", dropout="gate", keep=0.7)
+    config = models.ModelConfig(**base, impl="persistent", dropout="gate", keep=0.7, dtype=dtype)
     model = models.build_model(config, platform="gpu")
     model = model.clone(spec=dataclasses.replace(model.spec, references=True))
     params = models.init_params(model, jax.random.key(0))
@@ -271,22 +271,25 @@ def _tiny_hyperrhn():
 
 
 @pytest.mark.parametrize(
-    ("switch", "calls"),
+    ("switch", "calls", "dtype"),
     [
         # the forward writes z, the main backward reads it, the hyper cell's own follows
-        ("RECOMPUTE_SCALES", {(False, False)}),
+        ("RECOMPUTE_SCALES", {(False, False)}, "float32"),
         # z recomputed, the hyper cell's backward its own kernel after the main one's
-        ("HYPER_BACKWARD_INSIDE", {(True, False), (False, False)}),
+        ("HYPER_BACKWARD_INSIDE", {(True, False), (False, False)}, "float32"),
+        ("HYPER_BACKWARD_INSIDE", {(True, False), (False, False)}, "bfloat16"),
     ],
 )
 def test_each_switch_off_gives_the_gradients_of_both_cells_in_one_backward(
-    monkeypatch, switch, calls
+    monkeypatch, switch, calls, dtype
 ):
     """`persistent.RECOMPUTE_SCALES` or `HYPER_BACKWARD_INSIDE` off: the backward calls the
     kernels as the switch says, and the gradients are those of the default, one backward
     kernel for both cells that recomputes z (the same GEMMs on the same operands; ds_h from
-    dz in f32 here, as XLA's VJP computes it)."""
-    model, params, tokens = _tiny_hyperrhn()
+    dz in f32, as XLA's VJP computes it; in bf16 the kernel rounds dz before ds_h's GEMM,
+    XLA's VJP the product after: the bf16 tolerance, relative to each gradient's largest
+    entry)."""
+    model, params, tokens = _tiny_hyperrhn(dtype)
     recorded = _record_backward(monkeypatch)
     inside = loss_and_grads(model, params, tokens, jax.random.key(1))
     assert recorded[0] == (True, True)  # one backward for both cells, z recomputed
@@ -294,8 +297,11 @@ def test_each_switch_off_gives_the_gradients_of_both_cells_in_one_backward(
     monkeypatch.setattr(persistent, switch, False)
     apart = loss_and_grads(model, params, tokens, jax.random.key(1))
     assert set(recorded) == calls
-    for a, e in zip(jax.tree.leaves(apart), jax.tree.leaves(inside), strict=True):
-        np.testing.assert_allclose(a, e, rtol=1e-5, atol=1e-6)
+    if dtype == "float32":
+        for a, e in zip(jax.tree.leaves(apart), jax.tree.leaves(inside), strict=True):
+            np.testing.assert_allclose(a, e, rtol=1e-5, atol=1e-6)
+    else:
+        assert_trees_close(apart, inside, KERNEL_TOL["bfloat16"])
 
 
 def _record_backward(monkeypatch) -> list:

@@ -53,6 +53,8 @@ Operands (padded; matmul dtype = wt.dtype, bf16 or f32):
                                                 before the main one) + p_l (a TMA-loaded
                                                 tile, added in shared memory), so z is
                                                 never written nor read
+    hyper  `HyperBackward` | None               the HyperRHN's hyper cell inside, one phase
+                                                behind (`persistent_backward`'s docstring)
 
 Outputs, in this order: ``d_x [T, b_pad, 2, plan.z_width] f32`` (d_scaled of layer 0 in
 f32: the gradient of x U, written at the phases of layer 0 only; unpadded like z: stores
@@ -73,7 +75,9 @@ Barriers: index 0 after the prologue (each block zeroes its carry), then
 index ``i + 1`` after the i-th phase run (phase ``P - 1 - i``), for ``i < P - 1`` (nothing
 reads phase 0's outputs inside the kernel, so it has no barrier). Consecutive indices, so
 the barrier's parity alternates (``p + 1`` after phase p would put barrier P right after
-barrier 0: the same parity when P is even).
+barrier 0: the same parity when P is even). With the hyper cell inside (`HyperBackward`)
+one more iteration runs hyper phase 0 after barrier P, which follows main phase 0 (the
+hyper phase reads its dz): P + 1 barriers.
 
 `persistent_backward_reference` is the same math in plain JAX (a reverse `lax.scan` of
 `mosaic_backward.highway_backward_reference`). The kernel runs on a Hopper GPU only; it lowers

@@ -24,10 +24,13 @@ The hyper cell (``hyper_input="x"``: it reads x, not the main state) runs INSIDE
 kernel wherever `hyper_inside_plans` has plans (the paper's HyperRHN in both dtypes):
 `hyper_forward_loop`, called by `rhhjax.ops.recurrence.hyper_highway_sequence`, runs both
 cells' T * L phases in one launch, the hyper cell one phase ahead on the blocks of its own
-plan, z from the kernel's own GEMM (`persistent_forward.HyperInside`). Its backward is each
-cell's own backward kernel, the main cell's first (dz), z's VJP between them; the main
-cell's backward recomputes z from the hyper cell's saved A buffer by the forward's own GEMM
-(`RecomputedScales`, `persistent_backward.ScalesInside`), so z is never written. Elsewhere
+plan, z from the kernel's own GEMM (`persistent_forward.HyperInside`). Its backward is ONE
+kernel too (`hyper_backward_loop`): the main cell recomputes z from the hyper cell's saved A
+buffer by the forward's own GEMM (`RecomputedScales`, `persistent_backward.ScalesInside`),
+so z is never written, and the hyper cell runs one phase behind, its state gradient through
+z (dz P^T) its own GEMM (`persistent_backward.HyperBackward`); dP, the projection's
+gradient, is an XLA GEMM over dz after it. The switches `RECOMPUTE_SCALES` and
+`HYPER_BACKWARD_INSIDE` give back each cell's own backward kernel, z's VJP between. Elsewhere
 (and in a HyperRHN whose plans leave no room) the hyper recurrence runs first as its own
 sequence, every z is computed at once (`rhhjax.models.cores.HyperRHNCore`) and the main
 kernel reads z as an input.
