@@ -307,10 +307,16 @@ def scales_backward_plan(
     they are."""
     if not RECOMPUTE_SCALES:
         return None
+    return _deepest_backward_plan(plan, True, has_mask, depth, hyper_plan)
+
+
+def _deepest_backward_plan(plan: PersistentPlan, *check_args) -> PersistentPlan | None:
+    """``plan`` at the most pipeline stages (>= 2) that `persistent_backward.check_plan`
+    accepts with ``check_args``, or None."""
     for stages in range(plan.stages, 1, -1):
         candidate = dataclasses.replace(plan, stages=stages)
         try:
-            pb.check_plan(candidate, True, has_mask, depth, hyper_plan)
+            pb.check_plan(candidate, *check_args)
         except PlanError:
             continue
         return candidate
@@ -473,14 +479,7 @@ def hyper_backward_plan(
     (the paper's bf16 plan: 2), or None where none does or `HYPER_BACKWARD_INSIDE` is off."""
     if not HYPER_BACKWARD_INSIDE:
         return None
-    for stages in range(plan.stages, 1, -1):
-        candidate = dataclasses.replace(plan, stages=stages)
-        try:
-            pb.check_plan(candidate, True, has_mask, depth, hyper_plan, hyper_plan, has_mask)
-        except PlanError:
-            continue
-        return candidate
-    return None
+    return _deepest_backward_plan(plan, True, has_mask, depth, hyper_plan, hyper_plan, has_mask)
 
 
 def hyper_backward_loop(spec, args_h, args_m, proj_kernel):
