@@ -4,12 +4,16 @@ Command (the paper's HyperRHN, 15,262,736 parameters):
 
     python train.py --config=configs/ptb.py --workdir=workdirs/ptb_hyperrhn
 
-Run time: 41.7 ms a step on one H100 in bfloat16 (50.4 ms in float32), about 1.5 hours for
-the paper's ~660 epochs of 199 steps; a 2-core CPU takes 42 to 96 minutes an epoch (use a
-GPU). Expected result: 1.21 validation BPC, the paper's own evaluation protocol; not trained
-to convergence here. The measurements (commands,
-machines, dates): results/README.md#training-step-on-an-h100 and
-#the-paper-recipe-cost-on-a-cpu.
+Run time: 41.7 ms a step on one H100 in bfloat16 (50.4 ms in float32; 2026-11-23); a
+2-core CPU takes 42 to 96 minutes an epoch (use a GPU). Measured on one H100 in bfloat16
+(2026-11-26, `bash benchmarks/gpu_suite.sh lease` then `train` twice, one run resumed):
+53.3 epochs (10,613 steps) in 456 s of training (41.0 ms a step in steady state), best
+step 10547: valid 1.3791 / test 1.3424 BPC (windows protocol), valid 1.3793 under the
+paper's protocol: NOT converged (results/ptb_gpu/README.md). The paper's ~660 epochs of 199
+steps would take about 1.5 hours at 41.0 ms a step (a PROJECTION). Expected result: 1.21
+validation BPC, the paper's own evaluation protocol (its authors' saved curve: 1.2275); not
+trained to convergence here. The measurements (commands, machines, dates):
+results/README.md#training-step-on-an-h100 and #the-paper-recipe-cost-on-a-cpu.
 
 Variants, chosen after a colon (what they are; run time and result, same sources):
 
