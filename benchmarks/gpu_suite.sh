@@ -117,7 +117,8 @@ if [ "$MODE" = lease ]; then
   # its final evaluation end inside the call; everything comes back as $OUT/lease.tar.gz.
   lease=${LEASE_SECONDS:-570}
   # shellcheck disable=SC2086
-  timeout 90 "$PY" -m pytest -v -p no:cacheprovider -n 4 --dist loadfile \
+  RHHJAX_FAILURE_LOG="$OUT/failures.log" timeout 90 "$PY" -m pytest -v -p no:cacheprovider \
+    -n 4 --dist loadfile \
     tests/test_kernels_mosaic_grid_barrier.py tests/test_ops_persistent.py \
     tests/test_kernels_mosaic_persistent_forward.py \
     tests/test_kernels_mosaic_persistent_backward.py 2>&1 | tee "$OUT/tests.log" \

@@ -66,3 +66,13 @@ def _case_id(value) -> str:
     if isinstance(value, tuple):
         return "-".join(_case_id(v) for v in value)
     return str(value)
+
+
+def pytest_runtest_logreport(report):
+    """With ``RHHJAX_FAILURE_LOG`` set, each failure's report is appended to that file as
+    soon as it happens (under xdist too): a GPU lease's test command is cut by its time limit
+    before pytest prints the failures at the end (`benchmarks/gpu_suite.sh lease`)."""
+    path = os.environ.get("RHHJAX_FAILURE_LOG")
+    if path and report.failed:
+        with open(path, "a", encoding="utf-8") as log:
+            log.write(f"==== {report.nodeid} ({report.when})\n{report.longreprtext}\n")

@@ -4,7 +4,7 @@ On a CPU: `check_status` passes an all-zero status and raises ONE line naming th
 otherwise. ``gpu_compile``: a 132-block kernel of 700 phases whose every phase reads a
 slice another block wrote in the phase before lowers and compiles for an H100 without a GPU
 (CUDA plugin). `TestOnAGpu`: the same kernel against its NumPy result, twice in one process
-(the semaphores reset themselves); `TestSpinOnAGpu`: a grid that cannot be co-resident gives
+(the counter's low bits end at zero); `TestSpinOnAGpu`: a grid that cannot be co-resident gives
 up with the one-line error instead of hanging (both on a GPU only). `TestInterpret`: the
 kernel in GPU interpret mode with the cluster barrier in place of the semaphore barrier
 (clusters of 2 and 16 blocks; jax >= 0.11.2), and without that barrier reported as a race.
@@ -109,8 +109,10 @@ def compile_main(blocks: int = 132, phases: int = 700) -> None:
     )
     text = lowered.as_text()
     lowered.compile()
-    pieces = ("fence.proxy.async.global", "red.release.gpu", "ld.acquire", "cas.b32")
-    print(json.dumps({piece: piece in text for piece in pieces}))
+    pieces = {piece: piece in text for piece in ("fence.proxy.async.global", "red.release.gpu")}
+    pieces["ld.acquire"] = "ld.acquire" in text
+    pieces["no compare-and-swap"] = "cas.b32" not in text  # nothing decremented
+    print(json.dumps(pieces))
 
 
 def test_an_all_zero_status_passes():
@@ -127,6 +129,48 @@ def test_a_timed_out_block_is_one_error_line_naming_the_barrier():
     assert "2 of 132 blocks" in line and "barrier 41" in line and "restart the process" in line
 
 
+def _arrive_in_order(counter: np.uint32, grid: int, order, leader_increment=None):
+    """Every block of ``grid`` adds its `arrival_increment` to ``counter`` in ``order`` (uint32
+    arithmetic, as the GPU's red.add.u32); returns the counter after each arrival."""
+    values = []
+    for block in order:
+        step = grid_barrier.arrival_increment(grid, bool(block == 0))
+        if block == 0 and leader_increment is not None:
+            step = leader_increment
+        counter = np.uint32((int(counter) + step % 2**32) % 2**32)
+        values.append(counter)
+    return values
+
+
+@pytest.mark.parametrize("grid", [1, 2, 3, 66, 132])
+def test_the_counters_sign_flips_exactly_when_the_last_block_arrives_in_any_order(grid):
+    """Three calls of 5 barriers, arrivals in a fresh random order each barrier: before the
+    last arrival no block may pass, after it every block passes, and the low 31 bits are back
+    at zero; each call reads its start sign, so a call may begin at either sign."""
+    rng = np.random.default_rng(grid)
+    counter = np.uint32(0)
+    for _call in range(3):
+        start_sign = np.int32(counter.view(np.int32)) < 0
+        for phase in range(5):
+            sign_before = start_sign != (phase % 2 == 1)
+            values = _arrive_in_order(counter, grid, rng.permutation(grid))
+            passed = [bool(grid_barrier.has_flipped(v.view(np.int32), sign_before)) for v in values]
+            assert passed == [False] * (grid - 1) + [True]
+            counter = values[-1]
+            assert int(counter) & 0x7FFFFFFF == 0
+
+
+def test_a_leader_increment_one_too_large_would_let_blocks_pass_early():
+    """The check above can fail: with the leader adding one more, the sign flips one
+    arrival early whenever the leader is not last."""
+    grid = 66
+    order = [0] + list(range(1, grid))
+    values = _arrive_in_order(np.uint32(0), grid, order, leader_increment=2**31 - grid + 2)
+    passed = [bool(grid_barrier.has_flipped(v.view(np.int32), False)) for v in values]
+    assert passed.index(True) == grid - 2
+
+
+@pytest.mark.skipif(jax.default_backend() == "gpu", reason="on a GPU the check is a callback")
 def test_off_a_gpu_the_status_check_adds_no_host_callback():
     """A step lowered for a GPU on a CPU host cannot carry a host callback for the GPU."""
     jaxpr = jax.make_jaxpr(lambda s: grid_barrier.check_status(s, "f"))(jnp.zeros(4, jnp.int32))

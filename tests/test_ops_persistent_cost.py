@@ -65,11 +65,15 @@ def test_the_step_with_the_hyper_cell_as_own_launches_counts_both_cells_phases()
     apart = pc.Layout("apart", grid, 1, rates.barrier_us, "launches")
     step = pc.predicted_step(apart, "bfloat16", 0.0, rates, shape)
     phases = shape["depth"] * shape["length"]
-    main_us = sum(pc.predicted_phase_us(grid, rates, backward=b) - 1.0 for b in (False, True))
-    hyper_us = sum(pc.predicted_phase_us(hyper, rates, backward=b) - 1.0 for b in (False, True))
+    main_us = sum(
+        pc.predicted_phase_us(grid, rates, backward=b) - rates.barrier_us for b in (False, True)
+    )
+    hyper_us = sum(
+        pc.predicted_phase_us(hyper, rates, backward=b) - rates.barrier_us for b in (False, True)
+    )
     assert step.kernel_ms == pytest.approx(phases * (main_us + hyper_us) / 1e3)
     assert step.barrier_phases == 4 * phases and step.glue_ms == 0.0
-    assert step.step_ms == pytest.approx(step.kernel_ms + 4 * phases * 1.0 / 1e3)
+    assert step.step_ms == pytest.approx(step.kernel_ms + 4 * phases * rates.barrier_us / 1e3)
 
 
 def test_the_hyper_cell_inside_the_forward_adds_its_busiest_blocks_gemms_to_a_phase():

@@ -2,43 +2,51 @@
 
 A persistent kernel (`kernels/mosaic/persistent_forward.py`,
 `kernels/mosaic/persistent_backward.py`) runs every block of its grid at once and meets at a
-barrier between phases. JAX 0.10.2 allocates grid-wide semaphores only with
-``pl.get_global``, which PERSISTS across kernel calls (``run_scoped`` semaphores are
-block-local), so a barrier built on monotonic counters would
-start the next call where the last one ended. This barrier leaves every semaphore at zero
-when a call finishes, so each call starts from the state the first one saw:
+barrier between phases. JAX allocates grid-wide semaphores only with ``pl.get_global``,
+which PERSISTS across kernel calls, so the barrier must leave its counter as each call
+found it. It is the sign-flip barrier of CUDA's cooperative groups (`grid.sync()`), on ONE
+32-bit counter:
 
-* ``arrive``: every block adds 1 (a release add) after its phase's writes.
-* Block 0 (the leader) waits until ``arrive >= grid`` and takes ``grid`` off it
-  (decrement), then adds ``grid`` tokens to ``go[phase % 2]`` (a release add).
-* Every block (the leader too) waits until ``go[phase % 2] >= 1`` and takes one token.
+* Arriving, a block adds `arrival_increment`: the leader (one block) 2**31 - (grid - 1),
+  every other block 1 (a release add, after the phase's writes). A barrier's arrivals sum to
+  2**31: the counter's sign bit flips when, and only when, the last block arrives, and its
+  low 31 bits end where they began (zero).
+* Each block then reads the counter (acquire loads) until its sign differs from the sign
+  before this barrier (`has_flipped`). A block knows that sign without reading it again: it
+  reads the counter once at the start of the kernel, before its first arrival (the sign
+  cannot flip before every block, this one too, has arrived), and the sign alternates from
+  barrier to barrier.
 
-Two ``go`` semaphores, by phase parity: a block that has passed barrier ``p`` and reaches
-``p + 1`` waits on the other semaphore, so it cannot take a token meant for a slower block
-still leaving ``p``; by the time the leader releases ``p + 1`` (every block has arrived
-there) every token of ``p - 1`` is taken. Ordering: a block's writes happen before its
-release add; the leader's acquire and release, then the waiter's acquire, chain them to
-every reader (the PTX memory model's causality order is transitive).
+No semaphore is decremented, so no block waits on another's compare-and-swap: the barrier it
+replaces (block 0 collecting arrivals, then handing every block a token that each took back
+with a compare-and-swap loop on one shared word) measured 20.8 us a barrier on an H100
+(`results/calibrate_persistent_h100.json`, 2026-11-26), 132 contended CAS loops each
+barrier. A call ends with the counter's low bits zero, as the next call needs; its sign
+may differ from the last call's start, which the next call reads. Ordering: a block's writes
+happen before its release add; the acquire load that sees the flip reads the last add of
+the barrier's release sequence (every add is an atomic read-modify-write on the counter),
+so every block's writes happen before the reader's next phase.
 
-Bounded spin: before each wait, one thread reads the semaphore (an acquire load) up to
-``spin_limit`` times. If the count is still short, the block gives up: the barrier returns
-False, the caller writes the phase into its status output and skips the rest of its work,
-and the wrapper turns a non-zero status into one error line (`check_status`) instead of a
-hang. After a timeout the semaphores are left non-zero: the process must restart before the
-next persistent call, which the error line says. Every thread of the warpgroup spins on its
-own reads; the counts they wait for only grow until the block itself takes its token, so
-they agree, except if a token arrives just as the threads reach ``spin_limit`` (a phase of
+Bounded spin: the counter is read (acquire loads) up to ``spin_limit`` times. If the sign
+has not flipped by then, the block gives up: the barrier returns False, the caller writes the
+phase into its status output and skips the rest of its work, and the wrapper turns a
+non-zero status into one error line (`check_status`) instead of a hang. After a timeout the
+counter's low bits are left non-zero: the process must restart before the next persistent
+call, which the error line says. Every thread of the warpgroup spins on its own reads; once
+flipped, the sign stays so until this block itself arrives at the next barrier, so they
+agree, except if the flip comes just as the threads reach ``spin_limit`` (a phase of
 seconds): then some threads may pass and some give up, and the warpgroup could hang after
-all. When blocks are not co-resident the token never comes and every thread gives up.
+all. When blocks are not co-resident the flip never comes and every thread gives up.
 
-Async-proxy fences: the phases' data moves by TMA (the async proxy), the semaphores by
+Async-proxy fences: the phases' data moves by TMA (the async proxy), the counter by
 ordinary atomics (the generic proxy). ``fence.proxy.async.global`` after a block's TMA
 stores have completed and before its arrive, and again after the wait before its next TMA
 loads, orders the two (`_fence_proxy_async_global`).
 
 The semaphore barrier runs on a Hopper GPU only. It lowers and compiles for an H100 on a CPU
-host with the CUDA plugin (tests/test_kernels_mosaic_grid_barrier.py); whether it performs as
-hoped, only a GPU can say.
+host with the CUDA plugin (tests/test_kernels_mosaic_grid_barrier.py); its counter
+arithmetic is checked on a CPU against every arrival order (`arrival_increment`,
+`has_flipped`); the sign-flip version has not yet run on a GPU.
 
 GPU interpret mode (`kernels/mosaic/interpret.py`, jax >= 0.11.2) cannot run it: it allocates no
 ``pl.get_global`` semaphores, runs no inline PTX (the fence), and runs the grid's blocks one
@@ -52,15 +60,15 @@ the next phase's reads. Two details, both found by that race detector on a 2 x 4
 * The cluster has ONE axis (`CLUSTER_AXIS`, the blocks in row-major order; `block_index`
   gives the grid coordinates back): a cluster barrier collective over two axes only orders
   the blocks that share a row or a column, not the whole grid.
-* Two cluster barriers, by phase parity, as the semaphore barrier has two ``go``
-  semaphores: an mbarrier counts arrivals, so a block already past barrier ``p`` arriving
-  at ``p + 1`` on the same mbarrier would count towards ``p`` for a block still waiting
-  there. On alternate barriers it cannot; arriving at ``p + 2`` needs every block past
-  ``p + 1``, hence done arriving at ``p``.
+* Two cluster barriers, by phase parity: an mbarrier counts arrivals, so a block already
+  past barrier ``p`` arriving at ``p + 1`` on the same mbarrier would count towards ``p``
+  for a block still waiting there. On alternate barriers it cannot; arriving at ``p + 2``
+  needs every block past ``p + 1``, hence done arriving at ``p``.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from typing import Any
@@ -82,10 +90,26 @@ class GridBarrierTimeout(RuntimeError):
 
 
 def semaphores():
-    """The barrier's grid-wide semaphores: (arrive, go [2]); call once in the kernel body."""
-    arrive = pl.get_global(plgpu.SemaphoreType.REGULAR)
-    go = pl.get_global(plgpu.SemaphoreType.REGULAR((2,)))
-    return arrive, go
+    """The barrier's grid-wide counter (one int32 semaphore); call once in the kernel body."""
+    return pl.get_global(plgpu.SemaphoreType.REGULAR)
+
+
+def arrival_increment(grid: int, is_leader: bool) -> int:
+    """What a block adds to the counter on arriving (an int32 holding the bits of a uint32
+    add): 2**31 - (grid - 1) for the leader, 1 for every other block; ``grid`` blocks'
+    arrivals sum to 2**31 (mod 2**32)."""
+    if grid < 1:
+        raise ValueError(f"grid={grid}: a barrier needs at least one block")
+    if not is_leader:
+        return 1
+    leader = (2**31 - (grid - 1)) % 2**32
+    return leader - 2**32 if leader >= 2**31 else leader  # the same 32 bits as an int32
+
+
+def has_flipped(value, sign_before):
+    """True when the counter ``value`` (int32) has a sign other than ``sign_before`` (True:
+    negative, the sign bit set): every block has arrived at the barrier."""
+    return (value < 0) != sign_before
 
 
 def _fence_proxy_async_global() -> None:
@@ -106,61 +130,58 @@ def _fence_proxy_async_global() -> None:
     fence()
 
 
-def _bounded_spin(sem, target, spin_limit) -> jax.Array:
-    """Reads ``sem`` until it is >= ``target`` or ``spin_limit`` reads; True when reached."""
+def _arrive(counter, increment: int) -> None:
+    """This block's writes so far, then its release add of ``increment`` to ``counter``."""
+    _fence_proxy_async_global()
+    plgpu.semaphore_signal(counter, increment, memory_scope=MEMORY_SCOPE)
 
-    def short(count_and_value):
+
+def _spin_until_flipped(counter, sign_before, spin_limit) -> jax.Array:
+    """Reads ``counter`` until its sign differs from ``sign_before`` or ``spin_limit``
+    reads; True when it flipped."""
+
+    def waiting(count_and_value):
         count, value = count_and_value
-        return jnp.logical_and(value < target, count < spin_limit)
+        return jnp.logical_and(jnp.logical_not(has_flipped(value, sign_before)), count < spin_limit)
 
     def read_again(count_and_value):
         count, _ = count_and_value
-        return count + 1, pl.semaphore_read(sem)
+        return count + 1, pl.semaphore_read(counter)
 
-    _, value = jax.lax.while_loop(short, read_again, (jnp.int32(0), pl.semaphore_read(sem)))
-    return value >= target
+    _, value = jax.lax.while_loop(waiting, read_again, (jnp.int32(0), pl.semaphore_read(counter)))
+    return has_flipped(value, sign_before)
 
 
 def grid_barrier(
-    arrive,
-    go,
+    counter,
+    start_sign,
     phase,
     grid: int,
     is_leader,
     active=True,
     spin_limit: int = DEFAULT_SPIN_LIMIT,
 ) -> jax.Array:
-    """The barrier ending ``phase`` (an int32 scalar); True when passed, False on a timeout
-    or when ``active`` is False (a block that gave up earlier: it neither arrives nor waits,
-    so the others give up at this barrier too).
+    """The barrier ending ``phase`` (an int32 scalar, 0, 1, 2, ... in order); True when
+    passed, False on a timeout or when ``active`` is False (a block that gave up earlier: it
+    neither arrives nor waits, so the others give up at this barrier too). ``start_sign``:
+    the counter's sign read at the kernel's start, before the block's first arrival.
 
     Call it from every block of a ``grid``-block kernel, after the phase's TMA stores have
     been waited for (`plgpu.wait_smem_to_gmem(0)`), with ``is_leader`` true in exactly one
     block. The next phase's TMA loads may start when it returns True.
     """
     active = jnp.asarray(active, jnp.bool_)
-    go_now = go.at[jax.lax.rem(phase, 2)]
+    sign_before = jnp.logical_xor(start_sign, jax.lax.rem(phase, 2) == 1)
 
-    @pl.when(active)
-    def _arrive():
-        _fence_proxy_async_global()
-        plgpu.semaphore_signal(arrive, 1, memory_scope=MEMORY_SCOPE)
-
-    @pl.when(jnp.logical_and(active, is_leader))
-    def _release():
-        @pl.when(_bounded_spin(arrive, grid, spin_limit))
-        def _():
-            plgpu.semaphore_wait(arrive, grid, decrement=True, memory_scope=MEMORY_SCOPE)
-            plgpu.semaphore_signal(go_now, grid, memory_scope=MEMORY_SCOPE)
+    # The increment must be a constant of the kernel: one branch each.
+    leads = jnp.logical_and(active, is_leader)
+    follows = jnp.logical_and(active, jnp.logical_not(is_leader))
+    pl.when(leads)(functools.partial(_arrive, counter, arrival_increment(grid, True)))
+    pl.when(follows)(functools.partial(_arrive, counter, arrival_increment(grid, False)))
 
     limit = jnp.where(active, jnp.int32(spin_limit), jnp.int32(0))
-    passed = jnp.logical_and(active, _bounded_spin(go_now, 1, limit))
-
-    @pl.when(passed)
-    def _take_token():
-        plgpu.semaphore_wait(go_now, 1, decrement=True, memory_scope=MEMORY_SCOPE)
-        _fence_proxy_async_global()
-
+    passed = jnp.logical_and(active, _spin_until_flipped(counter, sign_before, limit))
+    pl.when(passed)(_fence_proxy_async_global)
     return passed
 
 
@@ -205,15 +226,16 @@ def make_barrier(
     blocks: int, is_leader, spin_limit: int, phase_bar=None
 ) -> Callable[[jax.Array], jax.Array]:
     """The kernel's barrier between phases, ``barrier(index) -> passed``, with ``index``
-    0, 1, 2, ... in order: the grid barrier on its semaphores (`semaphores`,
+    0, 1, 2, ... in order: the grid barrier on its counter (`semaphores`,
     `grid_barrier`), or with ``phase_bar`` (the scratch that `launch` adds in interpret
     mode) the cluster barrier of the index's parity. Call once in the kernel body."""
     if phase_bar is not None:
         return lambda index: cluster_barrier(phase_bar.at[jax.lax.rem(index, 2)])
-    arrive, go = semaphores()
+    counter = semaphores()
+    start_sign = pl.semaphore_read(counter) < 0  # before this block's first arrival
 
     def barrier(index):
-        return grid_barrier(arrive, go, index, blocks, is_leader, spin_limit=spin_limit)
+        return grid_barrier(counter, start_sign, index, blocks, is_leader, spin_limit=spin_limit)
 
     return barrier
 
@@ -231,7 +253,7 @@ def raise_if_timed_out(status, name: str) -> None:
             f"{name}: grid barrier timed out in {blocks.size} of {values.size} blocks "
             f"(first at barrier {int(values[blocks[0]]) - 1}): the blocks were not all "
             "resident at once, or one hung; restart the process before the next "
-            "persistent call (the barrier's semaphores are left non-zero)"
+            "persistent call (the barrier's counter is left non-zero)"
         )
 
 

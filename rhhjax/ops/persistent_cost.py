@@ -8,7 +8,8 @@ Every number here is a MODEL, not a measurement:
   block's GEMM slice at ``Rates.tflops_per_sm``, all blocks' L2 bytes at ``Rates.l2_tbytes``,
   one block's shared-memory fill), from the plan's counts (`rhhjax.kernels.mosaic.plan`);
   f32 runs TF32 wgmma at HALF the bf16 rate (H100 datasheet: 495 vs 989 dense TFLOP/s);
-* barrier time: ``Rates.barrier_us`` per grid-barrier phase (assumed 1 us, not measured),
+* barrier time: ``Rates.barrier_us`` per grid-barrier phase (2 us predicted for the sign-flip
+  barrier; the token barrier before it measured 20.8 us),
   ``CLUSTER_BARRIER_US`` per hardware cluster barrier (assumed, not measured);
 * the hyper cell: "own launches", 2 * T * L more barrier-bound phases at the hyper plan's
   predicted phase time; "inside the forward" (built, `inside_plans`): the forward kernel
@@ -56,11 +57,16 @@ PAPER = dict(batch=256, width=1000, hyper=128, depth=7, length=100)
 class Rates:
     """Machine rates of the prediction model (each an assumption or a measurement, stated)."""
 
-    barrier_us: float = 1.0  # assumed grid-barrier latency (not measured)
+    # Grid barrier, us: a PREDICTION for the sign-flip barrier (`grid_barrier`: one release
+    # add per block, then acquire loads; ~1 us each way through L2), not measured. The token
+    # barrier it replaced measured 20.8 us on an H100 (results/calibrate_persistent_h100.json,
+    # 2026-11-26), with which this model predicted 61.4 ms for the 59.8 ms measured step.
+    barrier_us: float = 2.0
     tflops_per_sm: float = 798.0 / H100.sms  # measured 8192^3 bf16 matmul rate / SMs
-    # Aggregate L2 read bandwidth, TB/s: a third-party microbenchmark of an H100 PCIe (114 SMs,
-    # Chips and Cheese 2023: ~5.5 TB/s); not measured here. Scaled to the H100 SXM: ~7.2.
-    l2_tbytes: float = 5.5
+    # Aggregate L2 read bandwidth, TB/s: measured on an H100, 2026-11-26 (an XLA reduction
+    # over a 24 MB L2-resident array, benchmarks/calibrate_persistent.py); a third-party
+    # microbenchmark (Chips and Cheese 2023, H100 PCIe) reached ~5.5.
+    l2_tbytes: float = 1.48
     smem_fill_bytes_per_clk: float = 128.0  # assumed per-SM fill rate
     clock_ghz: float = H100.clock_ghz  # measured SM clock (results/gpu_h100.md)
 
