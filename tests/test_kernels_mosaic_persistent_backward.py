@@ -708,3 +708,11 @@ class TestInterpret(TestCompiled):
         run()  # as it is: no race
         monkeypatch.setattr(gb, "cluster_barrier", lambda bar: jnp.bool_(True))
         assert_race_reported(run, capsys)
+
+
+@pytest.mark.parametrize("mode", [TestCompiled, TestInterpret], ids=["compiled", "interpret"])
+def test_every_kernel_case_is_a_plan_the_kernel_accepts(mode):
+    """Checked on a CPU, where the cases of more blocks than interpret mode runs never
+    reach the kernel (the forward's 66-block case was first found invalid on a GPU)."""
+    for plan_args, _, depth, z_on, mask_on in mode.CASES["case"]:
+        pb.check_plan(PersistentPlan(*plan_args), z_on, mask_on, depth)

@@ -479,6 +479,25 @@ def _hyper_inside(plan, hyper_plan, hyper_ops, seed):
     )  # fmt: skip
 
 
+def _case_plan(case) -> pp.PersistentPlan:
+    """A `TestCompiled` "case"'s plan: f32 at 2 pipeline stages, bf16 at the most of 4, 3, 2
+    whose shared memory fits (a block of 256 rows needs fewer than 4)."""
+    dtype, batch, width, cols, row_blocks, k_chunk = case[:6]
+    for stages in (2,) if dtype == "float32" else (4, 3, 2):
+        plan = pp.PersistentPlan(batch, width, dtype, cols, row_blocks, k_chunk, stages)
+        if plan.smem_bytes() <= plan.smem_limit:
+            break
+    return plan
+
+
+def _hyper_case_plans(hyper_case) -> tuple[pp.PersistentPlan, pp.PersistentPlan]:
+    """A "hyper_case"'s (main plan, hyper plan), both at 2 pipeline stages."""
+    dtype, batch, width, hyper_width, n_r, cols, hyper_cols, k_chunk, _, _, *u = hyper_case
+    plan = pp.PersistentPlan(batch, width, dtype, cols, n_r, k_chunk, 2, units=(u or [None])[0])
+    hp = pp.PersistentPlan(batch, hyper_width, dtype, hyper_cols, n_r, k_chunk, 2, units=16)
+    return plan, hp
+
+
 class TestCompiled(MosaicGpuMode):
     """The kernel against its reference on fresh random inputs: compiled (a GPU only; the
     grid barrier), and in `TestInterpret` executed in GPU interpret mode, race detector on
@@ -515,8 +534,7 @@ class TestCompiled(MosaicGpuMode):
     @pytest.mark.parametrize(("has_z", "has_mask"), [(True, True), (False, False)])
     def test_matches_reference(self, case, has_z, has_mask):
         dtype, batch, width, cols, row_blocks, k_chunk, steps, depth = case
-        stages = 2 if dtype == "float32" else 4
-        plan = pp.PersistentPlan(batch, width, dtype, cols, row_blocks, k_chunk, stages)
+        plan = _case_plan(case)
         ops = _operands(plan, _problem(5, batch, width, steps, depth), has_z, has_mask)
         s_last, packed, s_mm, status = self.run(plan, ops, save=True)
         assert not np.asarray(status).any(), status
@@ -569,8 +587,7 @@ class TestCompiled(MosaicGpuMode):
         dtype, batch, width, hyper_width, n_r, cols, hyper_cols, k_chunk, steps, depth, *u = (
             hyper_case
         )
-        plan = pp.PersistentPlan(batch, width, dtype, cols, n_r, k_chunk, 2, units=(u or [None])[0])
-        hp = pp.PersistentPlan(batch, hyper_width, dtype, hyper_cols, n_r, k_chunk, 2, units=16)
+        plan, hp = _hyper_case_plans(hyper_case)
         ops_h = _operands(hp, _problem(7, batch, hyper_width, steps, depth), False, has_mask)
         ops = _operands(plan, _problem(8, batch, width, steps, depth), False, has_mask)
         hyper = _hyper_inside(plan, hp, ops_h, seed=9)
@@ -622,3 +639,14 @@ class TestInterpret(TestCompiled):
         self.run(plan, ops, save=False)  # as it is: no race
         monkeypatch.setattr(grid_barrier, "cluster_barrier", lambda bar: jnp.bool_(True))
         assert_race_reported(lambda: self.run(plan, ops, save=False), capsys)
+
+
+@pytest.mark.parametrize("mode", [TestCompiled, TestInterpret], ids=["compiled", "interpret"])
+def test_every_kernel_case_is_a_plan_the_kernel_accepts(mode):
+    """Checked on a CPU: a case that only a GPU can run (66 blocks) was first found to be
+    an invalid plan there (2026-11-26: 286,800 B of shared memory at 4 stages)."""
+    for case in mode.CASES["case"]:
+        _case_plan(case).check()
+    for hyper_case in mode.CASES["hyper_case"]:
+        for plan in _hyper_case_plans(hyper_case):
+            plan.check()
