@@ -21,8 +21,9 @@ No semaphore is decremented, so no block waits on another's compare-and-swap: th
 replaces (block 0 collecting arrivals, then handing every block a token that each took back
 with a compare-and-swap loop on one shared word) measured 20.8 us a barrier on an H100
 (`results/calibrate_persistent_h100.json`, 2026-11-26, a 64-block grid): one contended
-compare-and-swap loop per block, every barrier. A call ends with the counter's low bits zero, as the next call needs; its sign
-may differ from the last call's start, which the next call reads. Ordering: a block's writes
+compare-and-swap loop per block, every barrier. A call ends with the counter's low bits
+zero, as the next call needs; its sign may differ from the last call's start, which the
+next call reads. Ordering: a block's writes
 happen before its release add; the acquire load that sees the flip reads the last add of
 the barrier's release sequence (every add is an atomic read-modify-write on the counter),
 so every block's writes happen before the reader's next phase.
