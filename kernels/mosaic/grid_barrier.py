@@ -23,10 +23,10 @@ with a compare-and-swap loop on one shared word) measured 20.8 us a barrier on a
 (`results/calibrate_persistent_h100.json`, 2026-11-26, a 64-block grid): one contended
 compare-and-swap loop per block, every barrier. A call ends with the counter's low bits
 zero, as the next call needs; its sign may differ from the last call's start, which the
-next call reads. Ordering: a block's writes
-happen before its release add; the acquire load that sees the flip reads the last add of
-the barrier's release sequence (every add is an atomic read-modify-write on the counter),
-so every block's writes happen before the reader's next phase.
+next call reads. Ordering: a block's writes happen before its release add; the acquire load
+that sees the flip reads the last add of the barrier's release sequence (every add is an
+atomic read-modify-write on the counter), so every block's writes happen before the
+reader's next phase.
 
 Bounded spin: the counter is read (acquire loads) up to ``spin_limit`` times. If the sign
 has not flipped by then, the block gives up: the barrier returns False, the caller writes the
