@@ -40,6 +40,9 @@ WITHOUT_A_TEST_FILE = {
     "run by its tests (tests/test_kernels_mosaic_persistent_forward.py)",
     "kernels/mosaic/persistent_backward_cell.py": "the phase of the persistent backward "
     "kernel's cells, run by its tests (tests/test_kernels_mosaic_persistent_backward.py)",
+    "kernels/mosaic/persistent_backward_operands.py": "the persistent backward kernel's "
+    "operands, checks and shared-memory count, tested with the kernel "
+    "(tests/test_kernels_mosaic_persistent_backward.py)",
 }
 
 

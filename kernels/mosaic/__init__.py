@@ -9,6 +9,8 @@ reached through `rhhjax.ops.mosaic` and `rhhjax.ops.persistent`.
     persistent_cell.py      one cell's phase inside that kernel.
     persistent_backward.py  the whole backward as ONE persistent kernel.
     persistent_backward_cell.py  one cell's phase inside that kernel.
+    persistent_backward_operands.py  that kernel's operand bundles, checks and shared
+                            memory count.
     plan.py                 a persistent plan's resources, shared memory and refusals.
     persistent_slots.py     the layer-major order of the persistent kernels' GEMM buffers.
     rowgroup_layout.py      the persistent kernels launched as one cluster per row group.
