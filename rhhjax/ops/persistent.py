@@ -121,6 +121,10 @@ class RecomputedScales:
     proj_bias: jax.Array
     plan: PersistentPlan
 
+    def kernel_operand(self) -> pb.ScalesInside:
+        """The backward kernel's ``scales`` operand."""
+        return pb.ScalesInside(self.plan, self.s_mm, self.tail, self.proj, self.proj_bias)
+
 
 def unsupported(model: ModelFacts) -> str | None:
     """Why `persistent` cannot run `model`, or None. Rank-d is not refused: `substitute`
@@ -227,6 +231,12 @@ def saved_rows(has_z: bool) -> loops.Fields:
 def _phase_major(x: Array | None) -> Array | None:
     """[T, L, ...] -> [T * L, ...] (phase p = t * L + l); None stays None."""
     return None if x is None else x.reshape(-1, *x.shape[2:])
+
+
+def _cotangent_rows(g_states: Array) -> Array:
+    """The backward kernel's ``g``: [T, Bp, Np] (the last layer's alone) as it is, or
+    [T, L, Bp, Np] phase-major [P, Bp, Np]."""
+    return g_states if g_states.ndim == 3 else _phase_major(g_states)
 
 
 def forward_loop(spec, geo, w, bias, s0, xproj, z, keep, hidden, save: bool):
@@ -428,19 +438,20 @@ def backward_loop_and_scale_bias(spec, geo, w, bias, s0, xproj, z, keep, hidden,
     plan = _plan(spec, geo)
     depth = bias.shape[0]
     mask = keep_mask.decisions(_phase_major(keep))
-    g = g_states if g_states.ndim == 3 else _phase_major(g_states)  # [T, ...] or [P, ...]
+    g = _cotangent_rows(g_states)
     rows = None  # with z the kernel recomputes the gates from full: it needs the bias
     if z is not None:
         rows = _bias_rows(geo, bias)
     scales = None
     if isinstance(z, RecomputedScales):  # the kernel recomputes z from the hyper cell's buffer
-        scales = pb.ScalesInside(z.plan, z.s_mm, z.tail, z.proj, z.proj_bias)
+        scales = z.kernel_operand()
         plan = scales_backward_plan(plan, z.plan, depth, mask is not None)
         z = None
     s_prev = None if plan.state_in_packed else s_mm  # f32: the input states are s_mm's rows
     args = (plan, stacked, g, packed, z, mask, rows, s_prev)
     outs = _run_backward(spec, *args, scales=scales)
-    return _gradients(spec, geo, stacked, depth, outs, s_mm)
+    has_z = rows is not None  # z read, or recomputed: the kernel returns dz and its sums
+    return _gradients(spec, geo, stacked, depth, outs, s_mm, has_z)
 
 
 def _run_backward(spec, *args, **cells) -> tuple:
@@ -456,11 +467,10 @@ def _run_backward(spec, *args, **cells) -> tuple:
     return outs
 
 
-def _gradients(spec, geo, stacked, depth: int, outs, s_mm) -> tuple:
-    """One cell's backward-kernel outputs (d_x, d_mm, ds_carry0, bias_parts[, dz, dz_sums])
-    -> `backward_loop_and_scale_bias`'s gradients."""
+def _gradients(spec, geo, stacked, depth: int, outs, s_mm, has_z: bool) -> tuple:
+    """One cell's backward-kernel outputs (d_x, d_mm, ds_carry0, bias_parts, then with
+    ``has_z`` dz, dz_sums) -> `backward_loop_and_scale_bias`'s gradients."""
     d_x, d_mm, ds_carry0, bias_parts = outs[:4]
-    has_z = len(outs) >= 6
     # The state gradient of s0 through W_0 (no gate backward below it): one XLA matmul.
     w0 = stacked[: geo.n_pad]
     ds0 = ds_carry0 + jnp.matmul(d_mm[: geo.b_pad], w0.T, preferred_element_type=jnp.float32)
@@ -497,26 +507,25 @@ def hyper_backward_loop(spec, args_h, args_m, proj_kernel):
     _, geo_h, (stacked_h,), _, _, _, _, keep_h, _, saved_h, g_h = args_h
     if not isinstance(z, RecomputedScales):
         return None
-    depth, has_mask = bias_m.shape[0], keep_m is not None
-    plan = hyper_backward_plan(_plan(spec, geo_m), z.plan, depth, has_mask)
+    depth, has_mask, hp = bias_m.shape[0], keep_m is not None, z.plan
+    plan = hyper_backward_plan(_plan(spec, geo_m), hp, depth, has_mask)
     if plan is None:
         return None
-    hp = z.plan
     (packed_m, s_mm_m), (packed_h, s_mm_h) = saved_m, saved_h
-    g_h = g_h if g_h.ndim == 3 else _phase_major(g_h)  # [T, ...]: its last layer's alone
+    g_h = _cotangent_rows(g_h)  # [T, ...]: its last layer's alone
     hyper = pb.HyperBackward(
         hp, stacked_h, g_h, packed_h, keep_mask.decisions(_phase_major(keep_h)),
         None if hp.state_in_packed else s_mm_h,
         pb.projection_rows(plan, hp, proj_kernel, spec.dtype),
     )  # fmt: skip
-    scales = pb.ScalesInside(z.plan, z.s_mm, z.tail, z.proj, z.proj_bias)
-    g = g_m if g_m.ndim == 3 else _phase_major(g_m)
+    scales = z.kernel_operand()
+    g = _cotangent_rows(g_m)
     mask = keep_mask.decisions(_phase_major(keep_m))
     s_prev = None if plan.state_in_packed else s_mm_m
     args = (plan, stacked_m, g, packed_m, None, mask, _bias_rows(geo_m, bias_m), s_prev)
     outs = _run_backward(spec, *args, scales=scales, hyper=hyper)
-    main = _gradients(spec, geo_m, stacked_m, depth, outs[:6], s_mm_m)
-    hyper_grads = _gradients(spec, geo_h, stacked_h, depth, outs[6:10], s_mm_h)
+    main = _gradients(spec, geo_m, stacked_m, depth, outs[:6], s_mm_m, True)
+    hyper_grads = _gradients(spec, geo_h, stacked_h, depth, outs[6:10], s_mm_h, False)
     return hyper_grads[:5], main
 
 

@@ -268,24 +268,27 @@ def _hyper_sequence_bwd(spec, residuals, g):
     g_last, g_main = g  # the hyper state after the last micro-layer's cotangent [B, h]
     spec_h, spec_m = _hyper_specs(spec)
     steps, depth = hyper_states.shape[:2]
-    g_hyper = jnp.zeros((steps, *g_last.shape), g_last.dtype).at[-1].set(g_last)
 
     def scales(kernel, states):
         return cells.hyper_scales(kernel, proj_bias, states, spec.dtype)
 
-    # The hyper cell's cotangent as its last layer's alone ([T, B, h], zero but at T - 1).
-    spec_h_last = dataclasses.replace(spec_h, last_layer_only=True)
-    args_h = _backward_args(spec_h_last, res_h, g_hyper)
+    impl = IMPLEMENTATIONS[spec.impl]
     args_m = _backward_args(spec_m, res_m, g_main)
-    joint = getattr(IMPLEMENTATIONS[spec.impl], "hyper_backward_loop", None)
-    joint = None if joint is None else joint(spec, args_h, args_m, proj_kernel)
+    joint = None
+    if hasattr(impl, "hyper_backward_loop"):
+        # The hyper cell's cotangent as its last layer's alone ([T, B, h], zero but at T - 1).
+        spec_h_last = dataclasses.replace(spec_h, last_layer_only=True)
+        g_hyper = jnp.zeros((steps, *g_last.shape), g_last.dtype).at[-1].set(g_last)
+        args_h = _backward_args(spec_h_last, res_h, g_hyper)
+        joint = impl.hyper_backward_loop(spec, args_h, args_m, proj_kernel)
     if joint is not None:
         d_hyper, _ = _cell_cotangents(res_h, args_h[1], g_last, joint[0])
         d_main, d_bias = _cell_cotangents(res_m, args_m[1], g_main, joint[1])
         _, kernel_vjp = jax.vjp(lambda kernel: scales(kernel, hyper_states), proj_kernel)
         (d_kernel,) = kernel_vjp(d_main[3])
     else:
-        d_main, d_bias = _cell_backward(spec_m, res_m, g_main, scale_bias=True)
+        loop_out = impl.backward_loop_and_scale_bias(*args_m)
+        d_main, d_bias = _cell_cotangents(res_m, args_m[1], g_main, loop_out)
         _, scales_vjp = jax.vjp(scales, proj_kernel, hyper_states)
         d_kernel, d_states = scales_vjp(d_main[3])
         g_every = jnp.zeros((steps, depth, *g_last.shape), g_last.dtype).at[-1, -1].set(g_last)
