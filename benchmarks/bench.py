@@ -55,6 +55,7 @@ from absl import app, flags
 
 from rhhjax import configs, models
 from rhhjax.hlo import launches as hl
+from rhhjax.ops import persistent
 from rhhjax.train.optim import OptimizerConfig
 from rhhjax.train.step import init_key, make_init, make_train_step, step_inputs
 
@@ -91,6 +92,12 @@ def _define_flags() -> None:
     flags.DEFINE_enum(
         "command_buffer", "default", list(COMMAND_BUFFER_FLAGS), "XLA command buffers."
     )
+    flags.DEFINE_enum(
+        "persistent_layout",
+        persistent.LAYOUT,
+        ["grid", "rowgroup"],
+        "Launch layout of the persistent rows (rhhjax.ops.persistent.LAYOUT).",
+    )
 
 
 @dataclasses.dataclass
@@ -111,6 +118,7 @@ class Row:
     hyper_rank: int = 0
     peak_bytes: int | None = None  # compiled.memory_analysis(): arguments + outputs + temps
     command_buffer: str = "default"
+    persistent_layout: str = ""  # the persistent rows' launch layout ("" for other impls)
 
 
 def model_config(
@@ -208,6 +216,7 @@ def time_row(
         hyper_rank=config.hyper_rank,
         peak_bytes=stats.get("peak_bytes"),
         command_buffer=os.environ.get("RHHJAX_COMMAND_BUFFER", "default"),
+        persistent_layout=persistent.LAYOUT if impl == persistent.NAME else "",
     )
 
 
@@ -434,6 +443,7 @@ def main(argv: Sequence[str]) -> None:
     f = flags.FLAGS
     validate_flags(f)
     set_command_buffer(f.command_buffer)
+    persistent.LAYOUT = f.persistent_layout
     ranks = sorted({int(r) for r in f.ranks})
     record = Record(f.out)
     square = f.square or (8192 if on_gpu() else 1024)

@@ -21,6 +21,8 @@
 #   bash benchmarks/gpu_suite.sh lease     # a 15-minute lease in one 10-minute call: the
 #                                          # persistent tests, calibrate, the persistent and
 #                                          # fused step rows, then train with the rest
+#   bash benchmarks/gpu_suite.sh kernels   # a lease in one call for the kernels alone: barrier,
+#                                          # persistent vs scan, calibrate, paper steps, tests
 #   bash benchmarks/gpu_suite.sh dry-run   # on a CPU: every step at the small size
 #
 # Writes versions.txt, tests.log, bench.log, bench_<part>.json, bench.json (all parts merged)
@@ -142,6 +144,38 @@ if [ "$MODE" = lease ]; then
   fi
   LEASE=1
 fi
+if [ "$MODE" = kernels ]; then
+  # A lease spent on the kernels alone, in one call of about 590 s: the grid barrier on a GPU,
+  # the persistent model against scan, the calibration, the paper-size HyperRHN step of
+  # persistent, fused and mosaic (bf16, then f32), then every other compiled kernel test with
+  # the time left; everything comes back as $OUT/lease.tar.gz.
+  lease=${LEASE_SECONDS:-570}
+  gpu_tests() {  # gpu_tests SECONDS LOG FILES...: the GPU-only classes, failures logged at once
+    local seconds=$1 log=$2
+    shift 2
+    RHHJAX_FAILURE_LOG="$OUT/failures.log" timeout "$seconds" "$PY" -m pytest -v \
+      -p no:cacheprovider -n 4 --dist load -k "Compiled or OnAGpu" "$@" 2>&1 \
+      | tee "$OUT/$log" | grep -E "FAILED|ERROR|passed|failed|Timeout"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  }
+  gpu_tests 50 tests_barrier.log tests/test_kernels_mosaic_grid_barrier.py
+  gpu_tests 120 tests_ops.log tests/test_ops_persistent.py
+  timeout 60 "$PY" benchmarks/calibrate_persistent.py --out "$OUT/calibrate.json" \
+    2>&1 | tee "$OUT/calibrate.log"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  part step_bf16 160 --sizes="${BENCH_SIZES:-paper}" --models=hyperrhn --impls=persistent,fused,mosaic \
+    --dtypes=bfloat16 --parts=step --repeats=10
+  part step_f32 110 --sizes="${BENCH_SIZES:-paper}" --models=hyperrhn --impls=persistent,fused \
+    --dtypes=float32 --parts=step --repeats=10
+  left=$((lease - SECONDS))
+  if [ "$left" -ge 20 ]; then
+    gpu_tests "$left" tests_kernels.log tests/test_kernels_mosaic_persistent_backward.py \
+      tests/test_kernels_mosaic_persistent_forward.py tests/test_kernels_mosaic_rowgroup_layout.py \
+      tests/test_ops_mosaic.py tests/test_kernels_mosaic_forward.py \
+      tests/test_kernels_mosaic_backward.py
+  fi
+  LEASE=1
+fi
 if [ "$MODE" = calibrate ]; then  # the plan model's three assumed rates, measured; < 2 min
   timeout 110 "$PY" benchmarks/calibrate_persistent.py --out "$OUT/calibrate.json" \
     2>&1 | tee "$OUT/calibrate.log"
@@ -215,7 +249,10 @@ fi
 if [ -n "${LEASE:-}" ]; then  # at most 8 files come back from a device call: one archive
   tar -C "$OUT" -czf /tmp/lease.tar.gz . && rm -rf "${OUT:?}"/* && mv /tmp/lease.tar.gz "$OUT/"
   echo "== lease summary"
-  tar -xzOf "$OUT/lease.tar.gz" ./tests.log 2> /dev/null | tail -1
+  for log in tests tests_barrier tests_ops tests_kernels; do
+    tar -xzOf "$OUT/lease.tar.gz" "./$log.log" 2> /dev/null | tail -1
+  done
+  tar -xzOf "$OUT/lease.tar.gz" ./failures.log 2> /dev/null | grep -E "^(====|E )" | head -30
   tar -xzOf "$OUT/lease.tar.gz" ./calibrate.log 2> /dev/null | tail -8
   tar -xzOf "$OUT/lease.tar.gz" ./bench.log 2> /dev/null | grep -A8 "^impl "
   tar -xzOf "$OUT/lease.tar.gz" ./train.log 2> /dev/null | tail -14
