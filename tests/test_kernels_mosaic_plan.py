@@ -85,3 +85,25 @@ def test_column_ownership_reads_the_whole_state_in_every_block():
     assert split.l2_bytes_per_phase() < plan.l2_bytes_per_phase()
     assert plan.flops_per_block() == 2 * 256 * 1024 * 16
     assert plan.flops_per_block(backward=True) == 2 * 256 * 2112 * 8
+
+
+@pytest.mark.parametrize("block_units", [None, 16, 32])
+@pytest.mark.parametrize("col_blocks", [1, 2, 4, 33])
+def test_a_blocks_box_of_z_is_never_a_whole_row_of_z_unless_every_box_is_inside(
+    col_blocks, block_units
+):
+    """z and dz are read and written as [rows, units] boxes at each block's units. A box as
+    wide as z's rows is contiguous, and Mosaic GPU copies it with a bulk copy that is not
+    clipped per row: a box past z_width would land on the next rows (an H100 measured the
+    padding blocks' zero dz over the real one at width 13 of 4 blocks of 16). So z_width is
+    n_pad, or wider than a block's units; and it covers the width (rounded up to 4)."""
+    for width in range(1, (block_units or 40) * col_blocks + 1, 3):
+        plan = pp.PersistentPlan(64, width, "float32", col_blocks, k_chunk=32, units=block_units)
+        units, n_pad, z_width = plan.units_per_block, plan.n_pad, plan.z_width
+        assert z_width == n_pad or z_width > units, (width, units, n_pad, z_width)
+        assert min(n_pad, -(-width // 4) * 4) <= z_width <= n_pad, (width, z_width)
+
+
+def test_the_width_measured_wrong_on_a_gpu_reads_z_at_its_padded_width():
+    plan = pp.PersistentPlan(5, 13, "float32", col_blocks=4, k_chunk=64, units=16)
+    assert (plan.units_per_block, plan.n_pad, plan.z_width) == (16, 64, 64)

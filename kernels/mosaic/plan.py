@@ -92,8 +92,16 @@ def check_arrays(expected: dict, what: str) -> None:
 
 
 def scales_width(width: int, units: int, n_pad: int) -> int:
-    """`PersistentPlan.z_width` of a plan of ``units`` per block padded to ``n_pad``."""
-    return min(n_pad, max(_round_up(width, 4), units))
+    """`PersistentPlan.z_width` of a plan of ``units`` per block padded to ``n_pad``.
+
+    Never exactly one block's units when there are more blocks: a block's box [rows, units]
+    would then span whole rows of z, a contiguous slice, which Mosaic GPU copies with a
+    plain bulk copy (``cp.async.bulk``, no TMA descriptor) bounded only by the array's end,
+    so the boxes of the blocks past z_width would land on the next rows instead of being
+    dropped (on an H100 the padding blocks' zero dz overwrote the real dz). Such a plan
+    reads and writes z at its full ``n_pad`` instead."""
+    z_width = min(n_pad, max(_round_up(width, 4), units))
+    return n_pad if z_width == units else z_width
 
 
 @dataclasses.dataclass(frozen=True)
@@ -167,8 +175,9 @@ class PersistentPlan:
     def z_width(self) -> int:
         """Units of the hyper scales ``z [L, T, b_pad, z_width]`` the kernels read and of the
         dz they write: the width rounded up to 4 (f32 TMA rows of 16-byte multiples; 1000
-        stays 1000, so the scales need no padding copy), at least one block's units (a TMA
-        box inside the array). TMA reads the units past it as zeros and drops stores there."""
+        stays 1000, so the scales need no padding copy), more than one block's units (a TMA
+        box inside the array, never a whole row of it: `scales_width`), else ``n_pad``. TMA
+        reads the units past it as zeros and drops stores there."""
         return scales_width(self.width, self.units_per_block, self.n_pad)
 
     @property
