@@ -48,6 +48,9 @@ def refit(plan: PersistentPlan, measured: dict, rates: Rates | None = None) -> R
     TB/s): barrier and L2 rate taken as measured; ``tflops_per_sm`` set so that the model's
     GEMM term equals the measured forward phase less the barrier, when that exceeds the
     model's L2 and fill terms (the phase is then GEMM-bound); otherwise left as it was.
+    When the phase is shorter than the model's L2 term at the measured rate, the kernel read
+    L2 faster than the XLA reduction did (an H100 measured both, 2026-11-26): the L2 rate
+    becomes the one the phase reached, so that the model predicts the measured phase.
     Raises ValueError (one line) for a missing or non-positive measurement."""
     rates = rates or Rates()
     for key in ("barrier_us", "fwd_phase_us", "l2_tbytes"):
@@ -61,6 +64,8 @@ def refit(plan: PersistentPlan, measured: dict, rates: Rates | None = None) -> R
     fill_us = 1e6 * plan.ingest_bytes_per_block() / fill_rate
     if work_us > max(l2_us, fill_us):
         new = dataclasses.replace(new, tflops_per_sm=plan.flops_per_block() / (work_us * 1e6))
+    elif work_us < l2_us:  # the kernel read its phase's L2 bytes faster than the reduction
+        new = dataclasses.replace(new, l2_tbytes=plan.l2_bytes_per_phase() / (work_us * 1e6))
     return new
 
 

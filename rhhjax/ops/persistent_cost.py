@@ -2,15 +2,16 @@
 lowest predicted phase time) and a PREDICTION of a HyperRHN training step per layout, one
 table: per-phase kernel time, barrier time, glue time and their sum, for bf16 and f32.
 
-Every number here is a MODEL, not a measurement:
+Every number here is a MODEL, not a measurement (its rates are measured on an H100; it
+explains the measured f32 step, not the bf16 one: results/gpu_h100_2026-11-26b.md):
 
 * kernel time of a main-cell phase: `predicted_phase_us` less its barrier (max of the
   block's GEMM slice at ``Rates.tflops_per_sm``, all blocks' L2 bytes at ``Rates.l2_tbytes``,
   one block's shared-memory fill), from the plan's counts (`rhhjax.kernels.mosaic.plan`);
   f32 runs TF32 wgmma at HALF the bf16 rate (H100 datasheet: 495 vs 989 dense TFLOP/s);
-* barrier time: ``Rates.barrier_us`` per grid-barrier phase (2 us predicted for the sign-flip
-  barrier; the token barrier before it measured 20.8 us),
-  ``CLUSTER_BARRIER_US`` per hardware cluster barrier (assumed, not measured);
+* barrier time: ``Rates.barrier_us`` per grid-barrier phase (the sign-flip barrier measured
+  1.03 us; the token barrier before it 20.8 us),
+  ``CLUSTER_BARRIER_US`` per hardware cluster barrier (measured on an H100);
 * the hyper cell: "own launches", 2 * T * L more barrier-bound phases at the hyper plan's
   predicted phase time; "inside the forward" (built, `inside_plans`): the forward kernel
   runs it one phase ahead of the main cell on the blocks of its own plan (T * L + 1
@@ -47,7 +48,9 @@ UNITS = (16, 32, 64)  # units per block tried (uint8 mask tiles: TMA rows of 16-
 K_CHUNK = 64  # K per pipeline stage
 STAGES = (4, 3, 2)  # pipeline depths tried, deepest first, until shared memory fits
 HBM_TBYTES = H100.hbm_bytes_per_s / 1e12  # the datasheet's HBM bandwidth, TB/s
-CLUSTER_BARRIER_US = 0.3  # assumed hardware cluster barrier (arrive + wait), not measured
+# The hardware cluster barrier alone, measured on an H100 (2026-11-26,
+# results/calibrate_persistent_h100_rowgroup.json).
+CLUSTER_BARRIER_US = 0.137
 TF32_SLOWDOWN = 2.0  # bf16 / TF32 dense wgmma rate on an H100 (datasheet)
 DEFAULT_REPORT = "results/gpu_report_persistent_bytes_h100.json"
 PAPER = dict(batch=256, width=1000, hyper=128, depth=7, length=100)
@@ -57,16 +60,15 @@ PAPER = dict(batch=256, width=1000, hyper=128, depth=7, length=100)
 class Rates:
     """Machine rates of the prediction model (each an assumption or a measurement, stated)."""
 
-    # Grid barrier, us: a PREDICTION for the sign-flip barrier (`grid_barrier`: one release
-    # add per block, then acquire loads; ~1 us each way through L2), not measured. The token
-    # barrier it replaced measured 20.8 us on an H100 (results/calibrate_persistent_h100.json,
-    # 2026-11-26), with which this model predicted 61.4 ms for the 59.8 ms measured step.
-    barrier_us: float = 2.0
+    # Grid barrier, us: the sign-flip barrier (`grid_barrier`) measured alone at a 64-block
+    # grid on an H100, 2026-11-26 (results/calibrate_persistent_h100_signflip.json); the
+    # token barrier it replaced measured 20.8 us.
+    barrier_us: float = 1.03
     tflops_per_sm: float = 798.0 / H100.sms  # measured 8192^3 bf16 matmul rate / SMs
-    # Aggregate L2 read bandwidth, TB/s: measured on an H100, 2026-11-26 (an XLA reduction
-    # over a 24 MB L2-resident array, benchmarks/calibrate_persistent.py); a third-party
-    # microbenchmark (Chips and Cheese 2023, H100 PCIe) reached ~5.5.
-    l2_tbytes: float = 1.48
+    # L2 read rate, TB/s: the rate the measured forward phase (7.78 us, same file) read its
+    # bytes at, refitted (`benchmarks/calibrate_persistent.py` refit). An XLA reduction over
+    # a 24 MB L2-resident array measured 0.82-1.56 on the same H100, slower than the kernel.
+    l2_tbytes: float = 3.72
     smem_fill_bytes_per_clk: float = 128.0  # assumed per-SM fill rate
     clock_ghz: float = H100.clock_ghz  # measured SM clock (results/gpu_h100.md)
 
