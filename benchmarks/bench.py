@@ -92,6 +92,14 @@ def _define_flags() -> None:
     flags.DEFINE_enum(
         "command_buffer", "default", list(COMMAND_BUFFER_FLAGS), "XLA command buffers."
     )
+    flags.DEFINE_integer("seq_len", 0, "Sequence length of the step rows (0: the size's).")
+    flags.DEFINE_string(
+        "profile_dir",
+        "",
+        "Trace --profile_steps more steps of every step row here "
+        "(jax.profiler; summarize with benchmarks/profile_summary.py).",
+    )
+    flags.DEFINE_integer("profile_steps", 2, "Steps traced per row with --profile_dir.")
     flags.DEFINE_enum(
         "persistent_layout",
         persistent.LAYOUT,
@@ -119,6 +127,8 @@ class Row:
     peak_bytes: int | None = None  # compiled.memory_analysis(): arguments + outputs + temps
     command_buffer: str = "default"
     persistent_layout: str = ""  # the persistent rows' launch layout ("" for other impls)
+    seq_len: int = 0  # the step's sequence length
+    profile: str = ""  # the folder of its jax.profiler trace, if traced (or why it failed)
 
 
 def model_config(
@@ -167,11 +177,15 @@ def peak_bytes(compiled) -> int | None:
     )
 
 
-def time_step(config: models.ModelConfig, batch: int, length: int, repeats: int, stats=None):
+def time_step(
+    config: models.ModelConfig, batch: int, length: int, repeats: int, stats=None,
+    profile_dir: str = "", profile_steps: int = 2,
+):  # fmt: skip
     """(compile seconds, [seconds of each timed step]) of the training step ``train.py`` runs
     (``rhhjax.train.step``: forward, backward, clipping, Adam) on random tokens; the step is
     compiled first (``stats["peak_bytes"]`` gets its memory if ``stats`` is a dict), then one
-    warm-up call and ``repeats`` timed calls."""
+    warm-up call and ``repeats`` timed calls; with ``profile_dir``, ``profile_steps`` more
+    calls traced there (`jax.profiler.trace`), after the timed ones."""
     oc = paper_optimizer()
     step = make_train_step(config, oc, 0)
     args = list(step_inputs(config, oc, batch, length))
@@ -188,17 +202,32 @@ def time_step(config: models.ModelConfig, batch: int, length: int, repeats: int,
         out[3].block_until_ready()
         times.append(time.perf_counter() - start)
         args[:3] = out[:3]  # params, opt_state, carry were donated
+    if profile_dir:  # a tracing failure (no profiler here) costs the trace, not the row
+        try:
+            with jax.profiler.trace(profile_dir):
+                for _ in range(profile_steps):
+                    out = compiled(*args)
+                    out[3].block_until_ready()
+                    args[:3] = out[:3]
+        except Exception as e:  # noqa: BLE001
+            if stats is not None:
+                stats["profile_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
     return compile_s, times[1:]
 
 
 def time_row(
-    impl: str, model: str, size: str, dtype: str, repeats: int, rate: float, rank: int = 0
-) -> Row:
-    """Compiles, warms up and times one configuration (``rate``: the square GEMM FLOP/s)."""
+    impl: str, model: str, size: str, dtype: str, repeats: int, rate: float, rank: int = 0,
+    seq_len: int = 0, profile_dir: str = "", profile_steps: int = 2,
+) -> Row:  # fmt: skip
+    """Compiles, warms up and times one configuration (``rate``: the square GEMM FLOP/s;
+    ``seq_len``: the step's length, 0 for the size's; ``profile_dir``: trace
+    ``profile_steps`` more steps into a folder of it named after the row)."""
     config = model_config(model, size, impl, dtype, rank)
     _, _, _, batch, length = SIZES[size]
+    length = seq_len or length
+    trace = f"{profile_dir}/{impl}_{model}_r{rank}_{size}_{dtype}_T{length}" if profile_dir else ""
     stats: dict = {}
-    compile_s, times = time_step(config, batch, length, repeats, stats)
+    compile_s, times = time_step(config, batch, length, repeats, stats, trace, profile_steps)
     median = statistics.median(times)
     flops = flops_per_step(config, batch, length)
     return Row(
@@ -217,6 +246,8 @@ def time_row(
         peak_bytes=stats.get("peak_bytes"),
         command_buffer=os.environ.get("RHHJAX_COMMAND_BUFFER", "default"),
         persistent_layout=persistent.LAYOUT if impl == persistent.NAME else "",
+        seq_len=length,
+        profile=stats.get("profile_error", trace),
     )
 
 
@@ -427,6 +458,8 @@ def validate_flags(f) -> None:
         raise SystemExit(f"error: unknown benchmark choice(s): {', '.join(unknown)}")
     if len(f.phase_depths) != 2 or int(f.phase_depths[0]) >= int(f.phase_depths[1]):
         raise SystemExit("error: --phase_depths must be two depths d1 < d2")
+    if f.seq_len < 0 or f.profile_steps < 1:
+        raise SystemExit("error: --seq_len must be >= 0 and --profile_steps >= 1")
 
 
 def set_command_buffer(mode: str) -> None:
@@ -472,6 +505,7 @@ def main(argv: Sequence[str]) -> None:
         for impl, model, size, dtype, rank in plan(f.impls, f.models, f.sizes, f.dtypes, ranks):
             label = f"{impl} {model} r{rank} {size} {dtype}"
             args = (impl, model, size, dtype, f.repeats, rates.get(dtype, 0.0), rank)
+            args += (f.seq_len, f.profile_dir, f.profile_steps)
             row = record.run("rows", label, time_row, *args)
             if row:
                 print(format_table([row]).splitlines()[1], flush=True)

@@ -22,7 +22,8 @@
 #                                          # persistent tests, calibrate, the persistent and
 #                                          # fused step rows, then train with the rest
 #   bash benchmarks/gpu_suite.sh kernels   # a lease in one call for the kernels alone: barrier,
-#                                          # persistent vs scan, calibrate, paper steps, tests
+#                                          # persistent vs scan, paper steps (bf16 traced),
+#                                          # calibrate, tests
 #   bash benchmarks/gpu_suite.sh dry-run   # on a CPU: every step at the small size
 #
 # Writes versions.txt, tests.log, bench.log, bench_<part>.json, bench.json (all parts merged)
@@ -146,10 +147,13 @@ if [ "$MODE" = lease ]; then
 fi
 if [ "$MODE" = kernels ]; then
   # A lease spent on the kernels alone, in one call of about 590 s: the grid barrier on a GPU,
-  # the persistent model against scan, the calibration, the paper-size HyperRHN step of
-  # persistent, fused and mosaic (bf16, then f32), then every other compiled kernel test with
-  # the time left; everything comes back as $OUT/lease.tar.gz.
+  # the persistent model against scan, the paper-size HyperRHN step of persistent and fused
+  # in bf16 (each traced for 2 more steps: $OUT/profile_summary.md, the traces apart in
+  # $OUT/profile.tar.gz), persistent's at half the length (the step's part that scales with
+  # it), the calibration, the f32 step, then every other compiled Mosaic GPU test with the
+  # time left; everything else comes back as $OUT/lease.tar.gz.
   lease=${LEASE_SECONDS:-570}
+  rm -rf /tmp/rhhjax_profile  # no earlier call's traces
   gpu_tests() {  # gpu_tests SECONDS LOG FILES...: the GPU-only classes, failures logged at once
     local seconds=$1 log=$2
     shift 2
@@ -158,15 +162,21 @@ if [ "$MODE" = kernels ]; then
       | tee "$OUT/$log" | grep -E "FAILED|ERROR|passed|failed|Timeout"
     [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
   }
-  gpu_tests 50 tests_barrier.log tests/test_kernels_mosaic_grid_barrier.py
+  gpu_tests 40 tests_barrier.log tests/test_kernels_mosaic_grid_barrier.py
   gpu_tests 120 tests_ops.log tests/test_ops_persistent.py
+  sizes=(--sizes="${BENCH_SIZES:-paper}" --models=hyperrhn --parts=step --repeats=10)
+  part step_bf16 120 "${sizes[@]}" --impls=persistent,fused --dtypes=bfloat16 \
+    --profile_dir="$OUT/profile" --profile_steps=2
+  part step_bf16_half 50 "${sizes[@]}" --impls=persistent --dtypes=bfloat16 --seq_len=50
+  if [ -d "$OUT/profile" ]; then  # the traces travel apart: the lease's archive stays small
+    "$PY" benchmarks/profile_summary.py "$OUT/profile" --steps 2 \
+      --json "$OUT/profile_summary.json" > "$OUT/profile_summary.md" 2>&1 || status=1
+    rm -rf /tmp/rhhjax_profile && mv "$OUT/profile" /tmp/rhhjax_profile
+  fi
   timeout 60 "$PY" benchmarks/calibrate_persistent.py --out "$OUT/calibrate.json" \
     2>&1 | tee "$OUT/calibrate.log"
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
-  part step_bf16 160 --sizes="${BENCH_SIZES:-paper}" --models=hyperrhn --impls=persistent,fused,mosaic \
-    --dtypes=bfloat16 --parts=step --repeats=10
-  part step_f32 110 --sizes="${BENCH_SIZES:-paper}" --models=hyperrhn --impls=persistent,fused \
-    --dtypes=float32 --parts=step --repeats=10
+  part step_f32 110 "${sizes[@]}" --impls=persistent,fused --dtypes=float32
   left=$((lease - SECONDS))
   if [ "$left" -ge 20 ]; then
     gpu_tests "$left" tests_kernels.log tests/test_kernels_mosaic_persistent_backward.py \
@@ -248,6 +258,12 @@ if [ -f "$OUT/bench.json" ]; then
 fi
 if [ -n "${LEASE:-}" ]; then  # at most 8 files come back from a device call: one archive
   tar -C "$OUT" -czf /tmp/lease.tar.gz . && rm -rf "${OUT:?}"/* && mv /tmp/lease.tar.gz "$OUT/"
+  if [ -d /tmp/rhhjax_profile ]; then  # at most 16 MiB comes back per file
+    tar -C /tmp -czf "$OUT/profile.tar.gz" rhhjax_profile
+    if [ "$(stat -c %s "$OUT/profile.tar.gz")" -gt 16000000 ]; then
+      rm "$OUT/profile.tar.gz" && echo "the traces are over 16 MB: left on the machine"
+    fi
+  fi
   echo "== lease summary"
   for log in tests tests_barrier tests_ops tests_kernels; do
     tar -xzOf "$OUT/lease.tar.gz" "./$log.log" 2> /dev/null | tail -1
