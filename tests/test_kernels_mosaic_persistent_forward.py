@@ -515,7 +515,11 @@ class TestCompiled(MosaicGpuMode):
         "hyper_case": [("bfloat16", 256, 1000, 128, 4, 16, 8, 64, 3, 3),
                        ("float32", 100, 64, 32, 2, 2, 2, 32, 2, 3)],
     }  # fmt: skip
-    TOL = {"bfloat16": 1e-4, "float32": 3e-3}
+    # Compiled, wgmma sums in another order than XLA's reference (and f32 runs as TF32): on
+    # an H100 (2026-11-26) the hyper-inside cases missed 1e-4 / 3e-3 by a few elements
+    # (1 of 262,144 at 1.26e-4 in bf16, identical in both launch layouts, so arithmetic, not
+    # a race; 4 of 8,192 at up to 5.5e-3 in f32). A wrong phase is off by O(0.1) or more.
+    TOL = {"bfloat16": 3e-4, "float32": 1e-2}
     LAYOUT = "grid"  # the kernels' launch layout (`kernels/mosaic/rowgroup_layout.py`)
 
     def run(self, plan, ops, save, hyper=None, save_scales=True):
