@@ -2,8 +2,12 @@
 slices, co-residency (refused with one line) and L2 traffic."""
 
 import dataclasses
+import os
+import subprocess
+import sys
 
 import pytest
+from kernel_cases import needs_cuda
 from rhhjax.kernels.mosaic import plan as pp
 
 from rhhjax.errors import UserError
@@ -107,3 +111,51 @@ def test_a_blocks_box_of_z_is_never_a_whole_row_of_z_unless_every_box_is_inside(
 def test_the_width_measured_wrong_on_a_gpu_reads_z_at_its_padded_width():
     plan = pp.PersistentPlan(5, 13, "float32", col_blocks=4, k_chunk=64, units=16)
     assert (plan.units_per_block, plan.n_pad, plan.z_width) == (16, 64, 64)
+
+
+# A 4-block kernel whose block c stores a [64, 16] box at units 16 c of an f32 array
+# [3, 6, 64, width]; compiled for an H100 without a GPU, its PTX printed (MOSAIC_GPU_DUMP_PTX).
+_STORE_PROBE = """
+import sys, jax, jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+from rhhjax.hlo import deviceless
+
+def body(out_ref, smem):
+    c = jax.lax.axis_index("c")
+    smem[...] = jnp.zeros((64, 16), jnp.float32)
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(smem, out_ref.at[1, 2, pl.ds(0, 64), pl.ds(c * 16, 16)])
+    plgpu.wait_smem_to_gmem(0)
+
+out = jax.ShapeDtypeStruct((3, 6, 64, int(sys.argv[1])), jnp.float32)
+kernel = plgpu.kernel(body, out_type=out, grid=(4,), grid_names=("c",),
+                      scratch_types=[plgpu.SMEM((64, 16), jnp.float32)])
+mesh = deviceless.h100_mesh()
+with deviceless.lowering_device(mesh):
+    sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    jax.jit(kernel, out_shardings=sharding).lower().compile()
+"""
+
+
+@pytest.mark.gpu_compile
+@needs_cuda
+@pytest.mark.parametrize(("width", "store"), [
+    (16, "cp.async.bulk.global.shared::cta"),  # a box as wide as the array: no descriptor
+    (64, "cp.async.bulk.tensor.4d.global.shared::cta"),  # clipped per dimension
+])  # fmt: skip
+def test_mosaic_gpu_stores_a_box_as_wide_as_its_array_with_a_copy_no_dimension_clips(width, store):
+    """Why `scales_width` never makes z one block's units wide: Mosaic GPU stores a box
+    spanning whole rows with a plain bulk copy bounded by the array's end only, so a block's
+    box past the width lands on the next rows; a narrower box is a tensor copy, which drops
+    what lies past the width."""
+    env = dict(os.environ, MOSAIC_GPU_DUMP_PTX="1", JAX_SKIP_CUDA_CONSTRAINTS_CHECK="1")
+    env |= {"CUDA_VISIBLE_DEVICES": "-1", "PYTHONPATH": os.pathsep.join(sys.path)}
+    run = subprocess.run(
+        [sys.executable, "-c", _STORE_PROBE, str(width)],
+        env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    stores = [line for line in (run.stdout + run.stderr).splitlines() if "cp.async.bulk." in line]
+    stores = [line for line in stores if ".global.shared::cta" in line]
+    assert len(stores) == 1 and store + ".bulk_group" in stores[0], stores
