@@ -106,6 +106,12 @@ def _define_flags() -> None:
         ["grid", "rowgroup"],
         "Launch layout of the persistent rows (rhhjax.ops.persistent.LAYOUT).",
     )
+    flags.DEFINE_bool(
+        "persistent_hyper_inside",
+        persistent.HYPER_INSIDE,
+        "The persistent rows' hyper cell inside the main kernels "
+        "(rhhjax.ops.persistent.HYPER_INSIDE; off: its own launches).",
+    )
 
 
 @dataclasses.dataclass
@@ -127,6 +133,7 @@ class Row:
     peak_bytes: int | None = None  # compiled.memory_analysis(): arguments + outputs + temps
     command_buffer: str = "default"
     persistent_layout: str = ""  # the persistent rows' launch layout ("" for other impls)
+    persistent_hyper_inside: bool | None = None  # their hyper cell inside (None: other impls)
     seq_len: int = 0  # the step's sequence length
     profile: str = ""  # the folder of its jax.profiler trace, if traced (or why it failed)
 
@@ -246,6 +253,7 @@ def time_row(
         peak_bytes=stats.get("peak_bytes"),
         command_buffer=os.environ.get("RHHJAX_COMMAND_BUFFER", "default"),
         persistent_layout=persistent.LAYOUT if impl == persistent.NAME else "",
+        persistent_hyper_inside=persistent.HYPER_INSIDE if impl == persistent.NAME else None,
         seq_len=length,
         profile=stats.get("profile_error", trace),
     )
@@ -477,6 +485,7 @@ def main(argv: Sequence[str]) -> None:
     validate_flags(f)
     set_command_buffer(f.command_buffer)
     persistent.LAYOUT = f.persistent_layout
+    persistent.HYPER_INSIDE = f.persistent_hyper_inside
     ranks = sorted({int(r) for r in f.ranks})
     record = Record(f.out)
     square = f.square or (8192 if on_gpu() else 1024)
