@@ -47,8 +47,8 @@ loads, orders the two (`_fence_proxy_async_global`).
 The semaphore barrier runs on a Hopper GPU only. It lowers and compiles for an H100 on a CPU
 host with the CUDA plugin (tests/test_kernels_mosaic_grid_barrier.py); its counter
 arithmetic is checked on a CPU against every arrival order (`arrival_increment`,
-`has_flipped`); on an H100 (2026-11-26) it held at 132 blocks x 700 phases and measured
-1.03 us a barrier at 64 blocks (results/gpu_h100_2026-11-26b.md).
+`has_flipped`); on an H100 (2026-11-26) it held with one block on every SM for 700 phases
+and measured 1.03 us a barrier at 64 blocks (results/gpu_h100_2026-11-26b.md).
 
 GPU interpret mode (`kernels/mosaic/interpret.py`, jax >= 0.11.2) cannot run it: it allocates no
 ``pl.get_global`` semaphores, runs no inline PTX (the fence), and runs the grid's blocks one
