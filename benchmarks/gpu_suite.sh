@@ -24,6 +24,8 @@
 #   bash benchmarks/gpu_suite.sh kernels   # a lease in one call for the kernels alone: barrier,
 #                                          # persistent vs scan, paper steps (bf16 traced),
 #                                          # calibrate, tests
+#   bash benchmarks/gpu_suite.sh row ARGS  # one bench.py call with ARGS (a lease's follow-up
+#                                          # call; --profile_dir=$OUT/profile: one archive)
 #   bash benchmarks/gpu_suite.sh dry-run   # on a CPU: every step at the small size
 #
 # Writes versions.txt, tests.log, bench.log, bench_<part>.json, bench.json (all parts merged)
@@ -184,6 +186,17 @@ if [ "$MODE" = kernels ]; then
       tests/test_kernels_mosaic_persistent_backward.py tests/test_kernels_mosaic_rowgroup_layout.py
   fi
   LEASE=1
+fi
+if [ "$MODE" = row ]; then
+  # One bench.py call with the arguments after "row" (a lease's follow-up call, set up like
+  # the others); with --profile_dir=$OUT/profile its traces come back as one archive.
+  shift
+  part row 570 "$@"
+  if [ -d "$OUT/profile" ]; then
+    "$PY" benchmarks/profile_summary.py "$OUT/profile" --json "$OUT/profile_summary.json" \
+      > "$OUT/profile_summary.md" 2>&1 || status=1
+    tar -C "$OUT" -czf "$OUT/profile.tar.gz" profile && rm -rf "$OUT/profile"
+  fi
 fi
 if [ "$MODE" = calibrate ]; then  # the plan model's three assumed rates, measured; < 2 min
   timeout 110 "$PY" benchmarks/calibrate_persistent.py --out "$OUT/calibrate.json" \
