@@ -37,6 +37,7 @@ cd "$(dirname "$0")/.."
 MODE=${1:-all}
 OUT=${OUT:-/tmp/rhhjax_gpu_suite}
 mkdir -p "$OUT"
+rm -f /tmp/rhhjax_profile.tar.gz  # no earlier call's traces (see `traces`)
 PY=${PYTHON:-python3}
 if compgen -G ".whl/*.whl" > /dev/null; then
   "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
@@ -89,6 +90,20 @@ part() {  # part NAME SECONDS ARGS...: one bench.py invocation -> $OUT/bench_NAM
     | tee -a "$OUT/bench.log"
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 }
+gpu_tests() {  # gpu_tests SECONDS LOG [PYTEST OPTIONS] FILES...: the GPU-only test classes
+  local seconds=$1 log=$2  # (the rest runs in CI), each failure logged as it happens
+  shift 2
+  RHHJAX_FAILURE_LOG="$OUT/failures.log" timeout "$seconds" "$PY" -m pytest -v \
+    -p no:cacheprovider -n 4 --dist load -k "Compiled or OnAGpu" "$@" 2>&1 \
+    | tee "$OUT/$log" | grep -E "FAILED|ERROR|Error|passed|failed|Timeout"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+}
+traces() {  # $OUT/profile (bench.py --profile_dir) -> its summary; the traces travel apart,
+  [ -d "$OUT/profile" ] || return 0  # as $OUT/profile.tar.gz at the end
+  "$PY" benchmarks/profile_summary.py "$OUT/profile" --steps 2 \
+    --json "$OUT/profile_summary.json" > "$OUT/profile_summary.md" 2>&1 || status=1
+  tar -C "$OUT" -czf /tmp/rhhjax_profile.tar.gz profile && rm -rf "$OUT/profile"
+}
 if [ "$MODE" = bench ] || [ "$MODE" = all ]; then
   # paper-size step of every impl x model (rank 0), with the GEMM-loop rates of the dtype
   part bfloat16 150 --sizes=paper --dtypes=bfloat16 --parts=gemm,step --repeats=10
@@ -121,16 +136,9 @@ if [ "$MODE" = lease ]; then
   # (110 s), then the paper model trained with the rest (fused, bf16) so that training and
   # its final evaluation end inside the call; everything comes back as $OUT/lease.tar.gz.
   lease=${LEASE_SECONDS:-570}
-  # shellcheck disable=SC2086
-  # the GPU-only classes alone (the rest runs in CI); each failure logged as it happens
-  RHHJAX_FAILURE_LOG="$OUT/failures.log" timeout 90 "$PY" -m pytest -v -p no:cacheprovider \
-    -n 4 --dist loadfile -k "Compiled or OnAGpu" \
-    tests/test_kernels_mosaic_grid_barrier.py tests/test_ops_persistent.py \
-    tests/test_kernels_mosaic_persistent_forward.py \
-    tests/test_kernels_mosaic_persistent_backward.py \
-    tests/test_kernels_mosaic_rowgroup_layout.py 2>&1 | tee "$OUT/tests.log" \
-    | grep -E "FAILED|ERROR|Error|passed|failed|Timeout"
-  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  gpu_tests 90 tests.log --dist loadfile tests/test_kernels_mosaic_grid_barrier.py \
+    tests/test_ops_persistent.py tests/test_kernels_mosaic_persistent_forward.py \
+    tests/test_kernels_mosaic_persistent_backward.py tests/test_kernels_mosaic_rowgroup_layout.py
   timeout 60 "$PY" benchmarks/calibrate_persistent.py --out "$OUT/calibrate.json" \
     2>&1 | tee "$OUT/calibrate.log"
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
@@ -155,26 +163,13 @@ if [ "$MODE" = kernels ]; then
   # it), the calibration, the f32 step, then the persistent kernels' compiled tests with the
   # time left; everything else comes back as $OUT/lease.tar.gz.
   lease=${LEASE_SECONDS:-570}
-  rm -rf /tmp/rhhjax_profile  # no earlier call's traces
-  gpu_tests() {  # gpu_tests SECONDS LOG FILES...: the GPU-only classes, failures logged at once
-    local seconds=$1 log=$2
-    shift 2
-    RHHJAX_FAILURE_LOG="$OUT/failures.log" timeout "$seconds" "$PY" -m pytest -v \
-      -p no:cacheprovider -n 4 --dist load -k "Compiled or OnAGpu" "$@" 2>&1 \
-      | tee "$OUT/$log" | grep -E "FAILED|ERROR|passed|failed|Timeout"
-    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
-  }
   gpu_tests 40 tests_barrier.log tests/test_kernels_mosaic_grid_barrier.py
   gpu_tests 120 tests_ops.log tests/test_ops_persistent.py
   sizes=(--sizes="${BENCH_SIZES:-paper}" --models=hyperrhn --parts=step --repeats=10)
   part step_bf16 120 "${sizes[@]}" --impls=persistent,fused --dtypes=bfloat16 \
     --profile_dir="$OUT/profile" --profile_steps=2
   part step_bf16_half 50 "${sizes[@]}" --impls=persistent --dtypes=bfloat16 --seq_len=50
-  if [ -d "$OUT/profile" ]; then  # the traces travel apart: the lease's archive stays small
-    "$PY" benchmarks/profile_summary.py "$OUT/profile" --steps 2 \
-      --json "$OUT/profile_summary.json" > "$OUT/profile_summary.md" 2>&1 || status=1
-    rm -rf /tmp/rhhjax_profile && mv "$OUT/profile" /tmp/rhhjax_profile
-  fi
+  traces  # apart from the lease's archive, which stays small
   timeout 60 "$PY" benchmarks/calibrate_persistent.py --out "$OUT/calibrate.json" \
     2>&1 | tee "$OUT/calibrate.log"
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
@@ -192,11 +187,7 @@ if [ "$MODE" = row ]; then
   # the others); with --profile_dir=$OUT/profile its traces come back as one archive.
   shift
   part row 570 "$@"
-  if [ -d "$OUT/profile" ]; then
-    "$PY" benchmarks/profile_summary.py "$OUT/profile" --json "$OUT/profile_summary.json" \
-      > "$OUT/profile_summary.md" 2>&1 || status=1
-    tar -C "$OUT" -czf "$OUT/profile.tar.gz" profile && rm -rf "$OUT/profile"
-  fi
+  traces
 fi
 if [ "$MODE" = calibrate ]; then  # the plan model's three assumed rates, measured; < 2 min
   timeout 110 "$PY" benchmarks/calibrate_persistent.py --out "$OUT/calibrate.json" \
@@ -270,12 +261,6 @@ if [ -f "$OUT/bench.json" ]; then
 fi
 if [ -n "${LEASE:-}" ]; then  # at most 8 files come back from a device call: one archive
   tar -C "$OUT" -czf /tmp/lease.tar.gz . && rm -rf "${OUT:?}"/* && mv /tmp/lease.tar.gz "$OUT/"
-  if [ -d /tmp/rhhjax_profile ]; then  # at most 16 MiB comes back per file
-    tar -C /tmp -czf "$OUT/profile.tar.gz" rhhjax_profile
-    if [ "$(stat -c %s "$OUT/profile.tar.gz")" -gt 16000000 ]; then
-      rm "$OUT/profile.tar.gz" && echo "the traces are over 16 MB: left on the machine"
-    fi
-  fi
   echo "== lease summary"
   for log in tests tests_barrier tests_ops tests_kernels; do
     tar -xzOf "$OUT/lease.tar.gz" "./$log.log" 2> /dev/null | tail -1
@@ -284,6 +269,13 @@ if [ -n "${LEASE:-}" ]; then  # at most 8 files come back from a device call: on
   tar -xzOf "$OUT/lease.tar.gz" ./calibrate.log 2> /dev/null | tail -8
   tar -xzOf "$OUT/lease.tar.gz" ./bench.log 2> /dev/null | grep -A8 "^impl "
   tar -xzOf "$OUT/lease.tar.gz" ./train.log 2> /dev/null | tail -14
+fi
+if [ -f /tmp/rhhjax_profile.tar.gz ]; then  # `traces`; at most 16 MiB comes back per file
+  if [ "$(stat -c %s /tmp/rhhjax_profile.tar.gz)" -gt 16000000 ]; then
+    echo "the traces are over 16 MB: left on the machine in /tmp/rhhjax_profile.tar.gz"
+  else
+    mv /tmp/rhhjax_profile.tar.gz "$OUT/profile.tar.gz"
+  fi
 fi
 echo "gpu_suite $MODE: status $status"
 exit $status
