@@ -19,7 +19,14 @@ bounds it (else unchanged). The JSON (measurements, old and refitted Rates, the 
 new predicted phases, versions, date) goes to ``--out``.
 
     python benchmarks/calibrate_persistent.py --out $OUT/calibrate.json
+    python benchmarks/calibrate_persistent.py --stages 2 ...  # the plan at 2 pipeline stages
     python benchmarks/calibrate_persistent.py --interpret   # tiny shapes, GPU interpret mode
+
+``--stages`` / ``--k-chunk`` time the chosen plan at another pipeline depth or K chunk, e.g.
+2 stages, the main GEMM's depth beside the hyper cell inside the kernels (bf16), which
+measured slower on an H100, or ``--stages 6 --k-chunk 32`` (the same shared memory as 3 x
+64, more loads in flight): whether the phases are bound by the pipeline's depth, which the
+plan model does not see.
 """
 
 from __future__ import annotations
@@ -35,7 +42,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
-from rhhjax.kernels.mosaic.plan import PersistentPlan
+from rhhjax.kernels.mosaic.plan import PersistentPlan, PlanError
 
 from rhhjax.ops.persistent_cost import Rates, plan_for, predicted_phase_us
 
@@ -67,6 +74,20 @@ def refit(plan: PersistentPlan, measured: dict, rates: Rates | None = None) -> R
     elif work_us < l2_us:  # the kernel read its phase's L2 bytes faster than the reduction
         new = dataclasses.replace(new, l2_tbytes=plan.l2_bytes_per_phase() / (work_us * 1e6))
     return new
+
+
+def replanned(plan: PersistentPlan, stages: int = 0, k_chunk: int = 0) -> PersistentPlan:
+    """``plan`` at ``stages`` pipeline stages and K chunks of ``k_chunk`` (0: the plan's).
+    Raises PlanError (one line) where either persistent kernel cannot run it (its shared
+    memory, a chunk that does not divide K)."""
+    from rhhjax.kernels.mosaic import persistent_backward as pb
+
+    candidate = dataclasses.replace(
+        plan, stages=stages or plan.stages, k_chunk=k_chunk or plan.k_chunk
+    )
+    candidate.check()
+    pb.check_plan(candidate)
+    return candidate
 
 
 def _median_s(fn, args, reps: int) -> float:
@@ -198,6 +219,8 @@ def measure(args) -> dict:
     interpret = gpu_interpret.params() if args.interpret else None
     choose = persistent.interpret_plan if args.interpret else plan_for
     plan = choose(shape["batch"], shape["width"], args.dtype, args.layout)
+    if args.stages or args.k_chunk:
+        plan = replanned(plan, args.stages, args.k_chunk)
     lengths = (1, 2) if args.interpret else (4, 12)
     counts = (2, 6) if args.interpret else (200, 1400)
     reps = 1 if args.interpret else args.reps
@@ -221,8 +244,19 @@ def main(argv=None) -> dict:
     parser.add_argument("--l2-rounds", type=int, default=50)
     parser.add_argument("--interpret", action="store_true", help="tiny shapes, interpreted")
     parser.add_argument("--layout", default="grid", choices=("grid", "rowgroup"))
+    parser.add_argument(
+        "--stages", type=int, default=0, help="pipeline stages of the plan (0: the chosen plan's)"
+    )
+    parser.add_argument(
+        "--k-chunk", type=int, default=0, help="K per pipeline stage (0: the chosen plan's)"
+    )
     args = parser.parse_args(argv)
-    measured, plan = measure(args)
+    try:
+        measured, plan = measure(args)
+    except PlanError as e:
+        from rhhjax.errors import exit_with_error
+
+        exit_with_error(e)
     old = Rates()
     result = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),

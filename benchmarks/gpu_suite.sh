@@ -23,7 +23,7 @@
 #                                          # fused step rows, then train with the rest
 #   bash benchmarks/gpu_suite.sh kernels   # a lease in one call for the kernels alone: barrier,
 #                                          # persistent vs scan, paper steps (bf16 traced),
-#                                          # calibrate, tests
+#                                          # calibrate (3 and 2 stages), tests
 #   bash benchmarks/gpu_suite.sh row ARGS  # one bench.py call with ARGS (a lease's follow-up
 #                                          # call; --profile_dir=$OUT/profile: one archive)
 #   bash benchmarks/gpu_suite.sh dry-run   # on a CPU: every step at the small size
@@ -160,8 +160,9 @@ if [ "$MODE" = kernels ]; then
   # the persistent model against scan, the paper-size HyperRHN step of persistent and fused
   # in bf16 (each traced for 2 more steps: $OUT/profile_summary.md, the traces apart in
   # $OUT/profile.tar.gz), persistent's at half the length (the step's part that scales with
-  # it), the calibration, the f32 step, then the persistent kernels' compiled tests with the
-  # time left; everything else comes back as $OUT/lease.tar.gz.
+  # it), the calibration at the chosen plan and at 2 pipeline stages (the main GEMM's depth
+  # beside the hyper cell inside), then the persistent kernels' compiled tests with the time
+  # left; everything else comes back as $OUT/lease.tar.gz.
   lease=${LEASE_SECONDS:-570}
   gpu_tests 40 tests_barrier.log tests/test_kernels_mosaic_grid_barrier.py
   gpu_tests 120 tests_ops.log tests/test_ops_persistent.py
@@ -170,10 +171,11 @@ if [ "$MODE" = kernels ]; then
     --profile_dir="$OUT/profile" --profile_steps=2
   part step_bf16_half 50 "${sizes[@]}" --impls=persistent --dtypes=bfloat16 --seq_len=50
   traces  # apart from the lease's archive, which stays small
-  timeout 60 "$PY" benchmarks/calibrate_persistent.py --out "$OUT/calibrate.json" \
-    2>&1 | tee "$OUT/calibrate.log"
-  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
-  part step_f32 110 "${sizes[@]}" --impls=persistent,fused --dtypes=float32
+  for stages in 0 2; do  # 0: the chosen plan's (3 in bf16)
+    timeout 60 "$PY" benchmarks/calibrate_persistent.py --stages "$stages" \
+      --out "$OUT/calibrate_stages$stages.json" 2>&1 | tee "$OUT/calibrate_stages$stages.log"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  done
   left=$((lease - SECONDS))
   if [ "$left" -ge 20 ]; then
     # the persistent kernels' (mosaic's passed every compiled test on 2026-11-26)

@@ -341,12 +341,16 @@ def run_deviceless(code: str, cwd, dump_dir=None) -> tuple[object, list[str]]:
     return result, [path.read_text() for path in sorted(dump.glob("*.ptxas"))]
 
 
-def compile_paper_step(impl: str, dtypes, kernels, tmp_path) -> tuple[list[dict], list[str]]:
+def compile_paper_step(
+    impl: str, dtypes, kernels, tmp_path, setup: str = ""
+) -> tuple[list[dict], list[str]]:
     """configs/ptb.py's HyperRHN training step (the trainer's jitted step, batch 256 x 100)
     with ``impl``, compiled for an H100 without a GPU in a fresh process (the CUDA plugin's
-    venv), once per dtype. Returns (one row per dtype: its sizes and how often each name of
-    ``kernels`` occurs in the compiled HLO, the ptxas report of every Mosaic GPU kernel)."""
-    code = _PAPER_STEP.format(impl=impl, dtypes=list(dtypes), kernels=list(kernels))
+    venv), once per dtype, after the Python lines ``setup`` (e.g. a module switch). Returns
+    (one row per dtype: its sizes and how often each name of ``kernels`` occurs in the
+    compiled HLO, the ptxas report of every Mosaic GPU kernel)."""
+    body = _PAPER_STEP.format(impl=impl, dtypes=list(dtypes), kernels=list(kernels))
+    code = setup + "\n" + body
     return compile_deviceless(code, tmp_path)
 
 

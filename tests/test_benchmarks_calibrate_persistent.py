@@ -2,15 +2,18 @@
 measurements (the measuring itself needs a GPU, or interpret mode for a smoke run)."""
 
 import dataclasses
+import subprocess
+import sys
 
 import pytest
-from benchmark_scripts import load
+from benchmark_scripts import BENCH, load
 from rhhjax.kernels.mosaic import interpret as gpu_interpret
-from rhhjax.kernels.mosaic.plan import paper_plan
+from rhhjax.kernels.mosaic.plan import PlanError, paper_plan
 
-from rhhjax.ops.persistent_cost import Rates, predicted_phase_us
+from rhhjax.ops.persistent_cost import Rates, plan_for, predicted_phase_us
 
 cal = load("calibrate_persistent")
+SCRIPT = BENCH / "calibrate_persistent.py"
 PLAN = paper_plan("bfloat16", col_blocks=16, row_blocks=4, k_chunk=64, stages=3)
 
 
@@ -80,3 +83,27 @@ def test_the_calibration_kernels_run_interpreted_at_a_tiny_shape(tmp_path, layou
     for key in ("barrier_us", "fwd_phase_us", "bwd_phase_us", "l2_tbytes"):
         assert key in measured
     assert "rates_refitted" not in out
+
+
+def test_the_plan_at_other_stages_or_k_chunks_is_checked_in_both_kernels():
+    """``--stages`` / ``--k-chunk``: the chosen plan at 2 stages (the main GEMM's beside the
+    hyper cell inside, bf16), or at 6 stages of 32 (the shared memory of 3 x 64), is the same
+    plan but for its pipeline; 4 stages of 64 do not fit a bf16 block's shared memory, and
+    a chunk that does not divide K is refused: one PlanError line each."""
+    chosen = plan_for(256, 1000, "bfloat16")
+    assert cal.replanned(chosen, 2) == dataclasses.replace(chosen, stages=2)
+    assert cal.replanned(chosen, 6, 32) == dataclasses.replace(chosen, stages=6, k_chunk=32)
+    assert cal.replanned(chosen) == chosen
+    for stages, k_chunk, message in [(4, 0, "shared memory"), (0, 48, "k_chunk")]:
+        with pytest.raises(PlanError, match=message) as error:
+            cal.replanned(chosen, stages, k_chunk)
+        assert "\n" not in str(error.value)
+
+
+def test_stages_that_do_not_fit_end_the_command_with_one_error_line_before_any_kernel(tmp_path):
+    out = tmp_path / "c.json"
+    command = [sys.executable, str(SCRIPT), "--stages", "4", "--out", str(out)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and done.stdout == "" and not out.exists()
+    assert done.stderr.startswith("error: ") and done.stderr.count("\n") == 1, done.stderr
+    assert "shared memory" in done.stderr

@@ -204,7 +204,20 @@ def test_f32_states_are_the_a_buffers_slots_then_the_last_state(steps, depth):
 HYPER_INSIDE_CASES = [(64, 32, 3, 4, 3, True), (96, 20, 2, 5, 4, False)]
 
 
-def test_the_paper_hyperrhn_runs_the_hyper_cell_inside_the_forward_kernel():
+@pytest.fixture
+def hyper_inside(monkeypatch):
+    """The hyper cell inside the main kernels (`persistent.HYPER_INSIDE`, off by default)."""
+    monkeypatch.setattr(persistent, "HYPER_INSIDE", True)
+
+
+def test_by_default_the_paper_hyperrhn_runs_the_hyper_cell_as_its_own_kernels():
+    for dtype in ("bfloat16", "float32"):
+        sequence = spec.SequenceSpec("persistent", 0.75, jnp.dtype(dtype))
+        assert persistent.hyper_inside_plans(sequence, 256, 1000, 128) is None
+        assert not recurrence.hyper_inside(sequence, 256, 1000, 128)
+
+
+def test_with_the_switch_on_the_paper_hyperrhn_runs_the_hyper_cell_inside(hyper_inside):
     """At the paper's sizes both dtypes have plans for it: the main cell's at fewer
     pipeline stages (its shared memory beside the hyper cell's), the hyper cell's 4 x 8
     blocks of 16 units, padded like its own plan (4 x 4 of 32), which its backward runs."""
@@ -223,28 +236,27 @@ def test_the_paper_hyperrhn_runs_the_hyper_cell_inside_the_forward_kernel():
     assert persistent.hyper_inside_plans(one_block, 4, 12, 6) is None
 
 
-def test_with_the_switch_off_the_hyperrhn_runs_the_two_kernels_of_before(monkeypatch):
-    """`persistent.HYPER_INSIDE = False`: no plans, so the model runs the hyper cell's own
-    kernels and the main one's, and matches its run with the hyper cell inside."""
+def test_the_hyper_cell_inside_and_as_its_own_kernels_give_the_same_gradients(monkeypatch):
+    """`persistent.HYPER_INSIDE` on: the model runs both cells in one forward kernel
+    (`hyper_forward_loop`); off (the default): the hyper cell's own kernels and the main
+    one's. Loss and every gradient agree."""
     sequence = spec.SequenceSpec("persistent", 0.75, jnp.float32)
-    assert recurrence.hyper_inside(sequence, 256, 1000, 128)
     model, params, tokens = _tiny_hyperrhn()
     calls, loop = [], persistent.hyper_forward_loop
     monkeypatch.setattr(
         persistent, "hyper_forward_loop", lambda *a, **k: calls.append(1) or loop(*a, **k)
     )
-    inside = loss_and_grads(model, params, tokens, jax.random.key(1))
-    assert calls
-    calls.clear()
-    monkeypatch.setattr(persistent, "HYPER_INSIDE", False)
-    assert not recurrence.hyper_inside(sequence, 256, 1000, 128)
     apart = loss_and_grads(model, params, tokens, jax.random.key(1))
     assert not calls
+    monkeypatch.setattr(persistent, "HYPER_INSIDE", True)
+    assert recurrence.hyper_inside(sequence, 256, 1000, 128)
+    inside = loss_and_grads(model, params, tokens, jax.random.key(1))
+    assert calls
     for a, e in zip(jax.tree.leaves(apart), jax.tree.leaves(inside), strict=True):
         np.testing.assert_allclose(a, e, rtol=1e-5, atol=1e-6)
 
 
-def test_the_paper_backward_recomputes_z_at_the_stages_its_shared_memory_allows():
+def test_the_paper_backward_recomputes_z_at_the_stages_its_shared_memory_allows(hyper_inside):
     """At the paper's sizes the main backward recomputes z (`RecomputedScales`): bf16 at 2
     pipeline stages (3 leave no room for z's GEMM and p_l's tile), f32 at its own 4; off with
     the switch."""
@@ -281,10 +293,11 @@ def _tiny_hyperrhn(dtype: str = "float32"):
     ],
 )
 def test_each_switch_off_gives_the_gradients_of_both_cells_in_one_backward(
-    monkeypatch, switch, calls, dtype
+    monkeypatch, hyper_inside, switch, calls, dtype
 ):
-    """`persistent.RECOMPUTE_SCALES` or `HYPER_BACKWARD_INSIDE` off: the backward calls the
-    kernels as the switch says, and the gradients are those of the default, one backward
+    """With the hyper cell inside, `persistent.RECOMPUTE_SCALES` or `HYPER_BACKWARD_INSIDE`
+    off: the backward calls the kernels as the switch says, and the gradients are those of
+    both switches on, one backward
     kernel for both cells that recomputes z (the same GEMMs on the same operands; ds_h from
     dz in f32, as XLA's VJP computes it; in bf16 the kernel rounds dz before ds_h's GEMM,
     XLA's VJP the product after: the bf16 tolerance, relative to each gradient's largest
@@ -329,6 +342,7 @@ class HyperInsideMatchesScan(KernelModelMatchesScan):
 
     def test_hyper_cell_inside_matches_scan(self, hyper_inside_case, monkeypatch):
         hidden, hyper_hidden, depth, batch, length, first = hyper_inside_case
+        monkeypatch.setattr(persistent, "HYPER_INSIDE", True)
         base = dict(
             type="hyperrhn", vocab_size=11, embed_dim=5, hidden=hidden, hyper_hidden=hyper_hidden,
             depth=depth, dropout="gate", keep=0.7, dtype="float32", original_first_step=first,
@@ -377,8 +391,9 @@ class TestPersistentInterpretRowgroup(TestPersistentInterpret):
     CASES = {"hyper_inside_case": []}
 
 
-def test_row_group_interpret_plans_keep_the_hyper_cell_apart(monkeypatch):
-    """(Whatever the interpreter's thread pool: its size is not the question here.)"""
+def test_row_group_interpret_plans_keep_the_hyper_cell_apart(monkeypatch, hyper_inside):
+    """Even with the switch on. (Whatever the interpreter's thread pool: its size is not the
+    question here.)"""
     monkeypatch.setattr(persistent, "LAYOUT", "rowgroup")
     monkeypatch.setattr(persistent.gpu_interpret, "cluster_too_large", lambda blocks: None)
     persistent.interpret_plan.cache_clear()
@@ -393,25 +408,36 @@ def test_row_group_interpret_plans_keep_the_hyper_cell_apart(monkeypatch):
 
 @pytest.mark.gpu_compile
 @needs_cuda
-def test_paper_hyperrhn_training_step_lowers_and_compiles_for_an_h100_without_a_gpu(tmp_path):
+@pytest.mark.parametrize("inside", [False, True], ids=["hyper_apart", "hyper_inside"])
+def test_paper_hyperrhn_training_step_lowers_and_compiles_for_an_h100_without_a_gpu(
+    tmp_path, inside
+):
     """configs/ptb.py's HyperRHN (batch 256 x 100, width 1000, depth 7) with
-    impl="persistent", the trainer's jitted step, bf16 and f32, deviceless: the forward is
-    ONE kernel with the hyper cell inside (`hyper_inside_plans`), the backward ONE kernel
-    with the hyper cell inside, recomputing z (`hyper_backward_loop`), and ptxas builds
-    every one for sm_90a without a register spill."""
+    impl="persistent", the trainer's jitted step, bf16 and f32, deviceless; by default
+    (``hyper_apart``) the forward and the backward are each the hyper cell's kernel and the
+    main cell's; with `persistent.HYPER_INSIDE` on (``hyper_inside``) the forward is ONE
+    kernel with the hyper cell inside (`hyper_inside_plans`), the backward ONE kernel with
+    the hyper cell inside, recomputing z (`hyper_backward_loop`). ptxas builds every one for
+    sm_90a without a register spill."""
     dtypes = ["bfloat16", "float32"]
     kernels = [
         "persistent_hyper_highway_forward", "persistent_highway_forward",
         "persistent_hyper_highway_backward", "persistent_highway_backward",
     ]  # fmt: skip
-    rows, reports = compile_paper_step("persistent", dtypes, kernels, tmp_path)
+    setup = f"from rhhjax.ops import persistent\npersistent.HYPER_INSIDE = {inside}"
+    rows, reports = compile_paper_step("persistent", dtypes, kernels, tmp_path, setup)
     for row, dtype in zip(rows, dtypes, strict=True):
         assert row["dtype"] == dtype and row["impl"] == "persistent"
         assert (row["batch"], row["seq_len"]) == (256, 100)
         counts = row["kernels"]
-        assert counts["persistent_hyper_highway_forward"] >= 1, row
-        assert counts["persistent_highway_forward"] == 0, row  # no forward apart
-        assert counts["persistent_hyper_highway_backward"] >= 1, row
-        assert counts["persistent_highway_backward"] == 0, row  # no backward apart
-    assert len(reports) >= 2 * len(dtypes)  # one forward, one backward kernel
+        joint = [
+            counts["persistent_hyper_highway_forward"],
+            counts["persistent_hyper_highway_backward"],
+        ]
+        apart = [counts["persistent_highway_forward"], counts["persistent_highway_backward"]]
+        if inside:
+            assert min(joint) >= 1 and max(apart) == 0, row  # no kernel apart
+        else:
+            assert min(apart) >= 1 and max(joint) == 0, row  # no joint kernel
+    assert len(reports) >= (2 if inside else 4) * len(dtypes)  # each cell's fwd, bwd apart
     assert_no_spills(reports)

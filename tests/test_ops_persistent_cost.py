@@ -12,6 +12,7 @@ import sys
 import pytest
 from rhhjax.kernels.mosaic import plan as kplan
 
+from rhhjax.ops import persistent
 from rhhjax.ops import persistent_cost as pc
 from rhhjax.ops.persistent_cost import Rates
 
@@ -174,14 +175,31 @@ def test_a_report_without_the_row_is_one_value_error_line():
 
 
 def test_the_command_prints_a_prediction_table_and_writes_its_json(tmp_path, capsys):
-    path = tmp_path / "report.json"
+    path, apart = tmp_path / "report.json", tmp_path / "apart.json"
     path.write_text(json.dumps(_report(5e9, 9e9)))
-    out = pc.main(["--report", str(path), "--json", str(tmp_path / "t.json")])
+    apart.write_text(json.dumps(_report(7e9, 11e9)))
+    out = pc.main(
+        ["--report", str(path), "--report-apart", str(apart), "--json", str(tmp_path / "t.json")]
+    )
     printed = capsys.readouterr().out
     assert printed.startswith("PREDICTION") and "| step ms |" in printed
     saved = json.loads((tmp_path / "t.json").read_text())
     assert saved["label"].startswith("PREDICTION") and saved["rows"] == out["rows"]
     assert saved["assumptions"]["cluster_barrier_us"] == pc.CLUSTER_BARRIER_US
+    assert saved["report_apart"] == str(apart)
+
+
+def test_the_hyper_cell_as_its_own_launches_takes_its_glue_from_the_report_compiled_so():
+    """Its own kernels write z and read it: another step's bytes than the hyper cell inside."""
+    rows = pc.table(_report(5e9, 9e9), apart=_report(7e9, 11e9))
+    for row in rows:
+        bf16 = row["dtype"] == "bfloat16"
+        if "hyper as own launches" in row["layout"]:
+            assert row["glue_GB"] == (7.0 if bf16 else 11.0), row
+        else:
+            assert row["glue_GB"] == (5.0 if bf16 else 9.0), row
+    assert any("hyper as own launches" in r["layout"] for r in rows)
+    assert any("hyper inside" in r["layout"] for r in rows)
 
 
 def test_a_calibration_file_sets_the_rates_and_one_without_them_is_one_line(tmp_path):
@@ -190,7 +208,9 @@ def test_a_calibration_file_sets_the_rates_and_one_without_them_is_one_line(tmp_
     fitted = dataclasses.replace(Rates(), barrier_us=0.25, l2_tbytes=9.0)
     calibration = tmp_path / "calibrate.json"
     calibration.write_text(json.dumps({"rates_refitted": dataclasses.asdict(fitted)}))
-    out = pc.main(["--report", str(report), "--calibration", str(calibration)])
+    out = pc.main(
+        ["--report", str(report), "--report-apart", "", "--calibration", str(calibration)]
+    )
     assert out["assumptions"]["rates"]["barrier_us"] == 0.25
     assert out["rows"] == pc.table(_report(5e9, 9e9), fitted)
     calibration.write_text(json.dumps({"measured": {}}))
@@ -200,16 +220,17 @@ def test_a_calibration_file_sets_the_rates_and_one_without_them_is_one_line(tmp_
 
 def test_the_layouts_weighed_name_whether_they_are_built():
     """The grid and the row-group clusters, with the hyper cell inside both kernels, inside
-    the forward or as own launches, are built (one of them today's: the grid with the hyper
-    cell inside both); the multicast is not; the row-group plan has at most 16 column
-    blocks in both dtypes. The f32 row-group plan (64 units a block) leaves no shared memory
-    for the hyper cell inside its kernels."""
+    the forward or as own launches, are built (one of them the default, `persistent`'s
+    switches: the grid with the hyper cell as its own launches); the multicast is not; the
+    row-group plan has at most 16 column blocks in both dtypes. The f32 row-group plan (64
+    units a block) leaves no shared memory for the hyper cell inside its kernels."""
+    assert (persistent.LAYOUT, persistent.HYPER_INSIDE) == ("grid", False)
     for dtype, built in (("bfloat16", 6), ("float32", 4)):
         names = [layout.name for layout in pc.layouts(dtype, Rates(), 256, 1000, 128)]
         assert sum("(built" in n for n in names) == built
         assert sum("(not built)" in n for n in names) == 1 == len(names) - built
-        assert [n for n in names if "today" in n] == [
-            "grid, hyper inside both kernels, z recomputed (built: today)"
+        assert [n for n in names if "the default" in n] == [
+            "grid, hyper as own launches (built: the default)"
         ]
         assert pc.rowgroup_plan(dtype, 256, 1000).col_blocks == 16
 

@@ -20,20 +20,22 @@ after every micro-layer phase, T * L of them per direction:
   matmul-dtype buffers and layer 0's f32 d_scaled) are XLA GEMMs after the loop; the
   gradient of s0 is one XLA matmul.
 
-The hyper cell (``hyper_input="x"``: it reads x, not the main state) runs INSIDE the forward
-kernel wherever `hyper_inside_plans` has plans (the paper's HyperRHN in both dtypes):
-`hyper_forward_loop`, called by `rhhjax.ops.recurrence.hyper_highway_sequence`, runs both
-cells' T * L phases in one launch, the hyper cell one phase ahead on the blocks of its own
-plan, z from the kernel's own GEMM (`persistent_forward.HyperInside`). Its backward is ONE
+The hyper cell (``hyper_input="x"``: it reads x, not the main state) runs by default as its
+own persistent kernels: its recurrence first, every z computed at once
+(`rhhjax.models.cores.HyperRHNCore`), the main kernels reading z as an input, its backward
+after the main one's. With `HYPER_INSIDE` on (measured slower on an H100, less peak memory)
+it runs INSIDE the main kernels wherever `hyper_inside_plans` has plans (the paper's
+HyperRHN in both dtypes): `hyper_forward_loop`, called by
+`rhhjax.ops.recurrence.hyper_highway_sequence`, runs both cells' T * L phases in one launch,
+the hyper cell one phase ahead on the blocks of its own plan, z from the kernel's own GEMM
+(`persistent_forward.HyperInside`). Its backward is ONE
 kernel too (`hyper_backward_loop`): the main cell recomputes z from the hyper cell's saved A
 buffer by the forward's own GEMM (`RecomputedScales`, `persistent_backward.ScalesInside`),
 so z is never written, and the hyper cell runs one phase behind, its state gradient through
 z (dz P^T) its own GEMM (`persistent_backward.HyperBackward`); dP, the projection's
 gradient, is an XLA GEMM over dz after it. The switches `RECOMPUTE_SCALES` and
-`HYPER_BACKWARD_INSIDE` give back each cell's own backward kernel, z's VJP between. Elsewhere
-(and in a HyperRHN whose plans leave no room) the hyper recurrence runs first as its own
-sequence, every z is computed at once (`rhhjax.models.cores.HyperRHNCore`) and the main
-kernel reads z as an input.
+`HYPER_BACKWARD_INSIDE` give back each cell's own backward kernel, z's VJP between. A
+HyperRHN whose plans leave no room runs the default's kernels.
 
 Where it runs: compiled on a Hopper GPU; with `model.pallas_mode="interpret"`
 (`spec.interpret`) the same kernels executed in GPU interpret mode on the host, race detector
@@ -89,9 +91,12 @@ LAST_LAYER_COTANGENT = True
 # "rowgroup" (one cluster per row group, a cluster barrier; plans of <= 16 column blocks).
 # "grid" until a GPU has measured both (`benchmarks/calibrate_persistent.py`).
 LAYOUT = "grid"
-# The HyperRHN's hyper cell inside the forward kernel where `hyper_inside_plans` has plans;
-# False: its own kernels, as before. On until a GPU has measured both.
-HYPER_INSIDE = True
+# The HyperRHN's hyper cell inside the main kernels where `hyper_inside_plans` has plans
+# (True: 1,402 grid-barrier phases a step, the least peak memory); False: its own persistent
+# kernels before and after the main ones, z between. Off: on an H100 the paper step measured
+# 34.2 / 33.1 ms (bf16 / f32) apart against 40.5 / 38.5 inside, at 0.57 / 0.52 GB more peak
+# memory (`results/gpu_h100_2026-11-26b.md`).
+HYPER_INSIDE = False
 # With the hyper cell inside: the main backward kernel recomputes z from the hyper cell's saved
 # A buffer (`persistent_backward.ScalesInside`) where its shared memory allows, so z is never
 # written; False: the forward writes z and the backward reads it. On until a GPU has measured

@@ -19,16 +19,18 @@ explains the measured f32 step, not the bf16 one: results/gpu_h100_2026-11-26b.m
   slice and the hyper cell's, `hyper_forward_share_us`), the main backward recomputes z
   (`persistent.RECOMPUTE_SCALES`: z's slice GEMM added to every backward phase,
   `scales_backward_share_us`), and the hyper backward is its own launches; "inside both
-  kernels" (built: today, `persistent.HYPER_BACKWARD_INSIDE`): the backward kernel also
+  kernels" (built, `persistent.HYPER_BACKWARD_INSIDE`): the backward kernel also
   runs it, one phase behind, on the same blocks (T * L + 1 more barriers), adding to every
   backward phase the GEMMs of its busiest block (z's slice, ds_h's and the hyper cell's,
   `hyper_backward_share_us`) (the epilogues of either are not modelled);
 * glue: the step's HLO bytes under the corrected rule (``bytes_per_train_step_read`` of a
   compile report, `benchmarks/gpu_report.py`, measured without a GPU) at ``HBM_TBYTES``,
   counted serially (every launch's operands and results, the kernels' own inputs and
-  outputs and the weight-gradient GEMMs included).
+  outputs and the weight-gradient GEMMs included): the report compiled with the hyper cell
+  inside (``--report``) for the layouts with it inside, the one compiled with it as its own
+  launches (``--report-apart``, where given) for those.
 
-    python -m rhhjax.ops.persistent_cost [--report results/...json] [--json OUT]
+    python -m rhhjax.ops.persistent_cost [--report R] [--report-apart R] [--json OUT]
         [--calibration calibrate.json]   # Rates refitted on a GPU (gpu_suite.sh calibrate)
     python -m rhhjax.ops.persistent_cost --plan [--dtype float32 --row-blocks 2 ...]
 """
@@ -52,7 +54,8 @@ HBM_TBYTES = H100.hbm_bytes_per_s / 1e12  # the datasheet's HBM bandwidth, TB/s
 # results/calibrate_persistent_h100_rowgroup.json).
 CLUSTER_BARRIER_US = 0.137
 TF32_SLOWDOWN = 2.0  # bf16 / TF32 dense wgmma rate on an H100 (datasheet)
-DEFAULT_REPORT = "results/gpu_report_persistent_bytes_h100.json"
+DEFAULT_REPORT = "results/gpu_report_persistent_bytes_h100.json"  # the hyper cell inside
+DEFAULT_REPORT_APART = "results/gpu_report_persistent_apart_h100.json"  # as its own launches
 PAPER = dict(batch=256, width=1000, hyper=128, depth=7, length=100)
 
 
@@ -250,8 +253,8 @@ def rowgroup_plan(dtype: str, batch: int, width: int) -> PersistentPlan | None:
 def layouts(dtype: str, rates: Rates, batch: int, width: int, hyper: int) -> list[Layout]:
     """The layouts weighed, each named with whether it is built: the grid and the row-group
     clusters (`kernels/mosaic/rowgroup_layout.py`, ``persistent.LAYOUT = "rowgroup"``), each with
-    the hyper cell inside both kernels (built: today's grid, where `inside_plans` has plans),
-    inside the forward only (built) and as its own launches (built), and the row-group
+    the hyper cell inside both kernels (built, where `inside_plans` has plans), inside the
+    forward only (built) and as its own launches (built; the default on the grid), and the row-group
     clusters with TMA multicast of the A rows and the hyper cell inside both (not built)."""
     out = []
     rowgroup = rowgroup_plan(dtype, batch, width)
@@ -262,16 +265,15 @@ def layouts(dtype: str, rates: Rates, batch: int, width: int, hyper: int) -> lis
     multicast = None
     for name, plan, barrier_us, launch in grids:
         alone = plan_for(batch, hyper, dtype, launch)
-        built = "built: today" if launch == "grid" else "built"
         inside = inside_plans(plan, alone)
         if inside is not None:
-            label = f"{name}, hyper inside both kernels, z recomputed ({built})"
+            label = f"{name}, hyper inside both kernels, z recomputed (built)"
             out.append(Layout(label, inside[0], 1, barrier_us, "both", inside[1]))
             label = f"{name}, hyper inside the forward, z recomputed, own launches backward (built)"
             out.append(Layout(label, inside[0], 1, barrier_us, "forward", inside[1]))
-            built = "built"
             if launch == "rowgroup":
                 multicast = inside
+        built = "built: the default" if launch == "grid" else "built"
         out.append(
             Layout(f"{name}, hyper as own launches ({built})", plan, 1, barrier_us, "launches")
         )
@@ -368,14 +370,18 @@ def glue_bytes_of(report: dict, dtype: str) -> float:
     raise ValueError(f"the report has no compiled persistent HyperRHN {dtype} row")
 
 
-def table(report: dict, rates: Rates | None = None, shape: dict | None = None) -> list[dict]:
-    """Every layout's row for bf16 and f32 (see the module docstring for the model)."""
+def table(
+    report: dict, rates: Rates | None = None, shape: dict | None = None, apart: dict | None = None
+) -> list[dict]:
+    """Every layout's row for bf16 and f32 (see the module docstring for the model); glue
+    from ``report``, or for the layouts with the hyper cell as its own launches from the
+    report ``apart`` where given."""
     rates, shape = rates or Rates(), shape or PAPER
     rows = []
     for dtype in ("bfloat16", "float32"):
-        glue = glue_bytes_of(report, dtype)
         for layout in layouts(dtype, rates, shape["batch"], shape["width"], shape["hyper"]):
-            rows.append(step_row(layout, dtype, glue, rates, shape))
+            source = apart if apart is not None and layout.hyper == "launches" else report
+            rows.append(step_row(layout, dtype, glue_bytes_of(source, dtype), rates, shape))
     return rows
 
 
@@ -439,11 +445,18 @@ def table_report(args) -> dict:
     """The table with its assumptions, as the JSON ``--json`` writes."""
     with open(args.report) as f:
         report = json.load(f)
+    apart = None
+    if args.report_apart:
+        with open(args.report_apart) as f:
+            apart = json.load(f)
     rates = calibrated_rates(args.calibration) if args.calibration else Rates()
+    meta = ("date", "git_commit", "jax", "host")
     return {
         "label": "PREDICTION (a model, not a measurement)",
         "report": args.report,
-        "report_meta": {k: report["meta"].get(k) for k in ("date", "git_commit", "jax", "host")},
+        "report_meta": {k: report["meta"].get(k) for k in meta},
+        "report_apart": args.report_apart or None,
+        "report_apart_meta": apart and {k: apart["meta"].get(k) for k in meta},
         "calibration": args.calibration,
         "assumptions": {
             "rates": dataclasses.asdict(rates),
@@ -452,7 +465,7 @@ def table_report(args) -> dict:
             "f32_gemm_rate": f"bf16 rate / {TF32_SLOWDOWN} (TF32)",
             "model": __doc__.split("\n\n")[1],
         },
-        "rows": table(report, rates),
+        "rows": table(report, rates, apart=apart),
     }
 
 
@@ -461,7 +474,14 @@ def _parser():
     import argparse
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--report", default=DEFAULT_REPORT, help="compile report JSON")
+    parser.add_argument(
+        "--report", default=DEFAULT_REPORT, help="compile report JSON, the hyper cell inside"
+    )
+    parser.add_argument(
+        "--report-apart",
+        default=DEFAULT_REPORT_APART,
+        help="compile report JSON, the hyper cell as its own launches ('' for none)",
+    )
     parser.add_argument("--json", default=None, help="write the table here as JSON")
     parser.add_argument("--calibration", default=None, help="calibrate_persistent.py JSON")
     one = parser.add_argument_group("--plan: one plan's figures as JSON instead of the table")
