@@ -23,7 +23,7 @@
 #                                          # fused step rows, then train with the rest
 #   bash benchmarks/gpu_suite.sh kernels   # a lease in one call for the kernels alone: barrier,
 #                                          # persistent vs scan, paper steps (bf16 traced),
-#                                          # calibrate (3 and 2 stages), tests
+#                                          # calibrate (3 pipelines), tests
 #   bash benchmarks/gpu_suite.sh row ARGS  # one bench.py call with ARGS (a lease's follow-up
 #                                          # call; --profile_dir=$OUT/profile: one archive)
 #   bash benchmarks/gpu_suite.sh dry-run   # on a CPU: every step at the small size
@@ -160,9 +160,9 @@ if [ "$MODE" = kernels ]; then
   # the persistent model against scan, the paper-size HyperRHN step of persistent and fused
   # in bf16 (each traced for 2 more steps: $OUT/profile_summary.md, the traces apart in
   # $OUT/profile.tar.gz), persistent's at half the length (the step's part that scales with
-  # it), the calibration at the chosen plan and at 2 pipeline stages (the main GEMM's depth
-  # beside the hyper cell inside), then the persistent kernels' compiled tests with the time
-  # left; everything else comes back as $OUT/lease.tar.gz.
+  # it), the calibration at the chosen plan and at two other pipelines (below), then the
+  # persistent kernels' compiled tests with the time left; everything else comes back as
+  # $OUT/lease.tar.gz.
   lease=${LEASE_SECONDS:-570}
   gpu_tests 40 tests_barrier.log tests/test_kernels_mosaic_grid_barrier.py
   gpu_tests 120 tests_ops.log tests/test_ops_persistent.py
@@ -171,9 +171,12 @@ if [ "$MODE" = kernels ]; then
     --profile_dir="$OUT/profile" --profile_steps=2
   part step_bf16_half 50 "${sizes[@]}" --impls=persistent --dtypes=bfloat16 --seq_len=50
   traces  # apart from the lease's archive, which stays small
-  for stages in 0 2; do  # 0: the chosen plan's (3 in bf16)
-    timeout 60 "$PY" benchmarks/calibrate_persistent.py --stages "$stages" \
-      --out "$OUT/calibrate_stages$stages.json" 2>&1 | tee "$OUT/calibrate_stages$stages.log"
+  # the chosen plan (3 stages of 64 in bf16), 2 stages (the hyper cell inside's), 6 of 32
+  # (the same shared memory, more loads in flight): is a phase bound by its pipeline's depth?
+  for pipeline in 0x0 2x0 6x32; do
+    timeout 60 "$PY" benchmarks/calibrate_persistent.py --stages "${pipeline%x*}" \
+      --k-chunk "${pipeline#*x}" --out "$OUT/calibrate_$pipeline.json" 2>&1 |
+      tee "$OUT/calibrate_$pipeline.log"
     [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
   done
   left=$((lease - SECONDS))
@@ -268,7 +271,11 @@ if [ -n "${LEASE:-}" ]; then  # at most 8 files come back from a device call: on
     tar -xzOf "$OUT/lease.tar.gz" "./$log.log" 2> /dev/null | tail -1
   done
   tar -xzOf "$OUT/lease.tar.gz" ./failures.log 2> /dev/null | grep -E "^(====|E )" | head -30
-  tar -xzOf "$OUT/lease.tar.gz" ./calibrate.log 2> /dev/null | tail -8
+  for log in calibrate calibrate_0x0 calibrate_2x0 calibrate_6x32; do  # the measured figures
+    line=$(tar -xzOf "$OUT/lease.tar.gz" "./$log.log" 2> /dev/null |
+      grep -E '"(k_chunk|stages|barrier_us|fwd_phase_us|bwd_phase_us)"' | head -5 | tr -d '\n')
+    [ -z "$line" ] || echo "$log:$line"
+  done
   tar -xzOf "$OUT/lease.tar.gz" ./bench.log 2> /dev/null | grep -A8 "^impl "
   tar -xzOf "$OUT/lease.tar.gz" ./train.log 2> /dev/null | tail -14
 fi
