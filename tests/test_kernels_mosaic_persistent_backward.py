@@ -31,6 +31,7 @@ from rhhjax.kernels.layout import F32
 from rhhjax.kernels.mosaic import grid_barrier as gb
 from rhhjax.kernels.mosaic import interpret as gpu_interpret
 from rhhjax.kernels.mosaic import persistent_backward as pb
+from rhhjax.kernels.mosaic import persistent_backward_cell as pbc
 from rhhjax.kernels.mosaic import persistent_forward as pf
 from rhhjax.kernels.mosaic import persistent_slots as slots
 from rhhjax.kernels.mosaic.plan import PersistentPlan, PlanError, paper_plan
@@ -691,22 +692,41 @@ class TestInterpret(TestCompiled):
     }  # fmt: skip
     TOL = {"bfloat16": 3e-2, "float32": 2e-5}
 
-    def test_the_race_detector_reports_a_missing_barrier_between_phases(self, monkeypatch, capsys):
-        """The check can fail: without the barrier between phases, one block's TMA load of
-        the layer above's d_scaled races with another block's store of it."""
+    def _two_block_run(self):
+        """A function that runs the kernel interpreted on two blocks (f32, no z, no mask),
+        traced again at each call (after a patch too)."""
         plan = PersistentPlan(64, 32, "float32", col_blocks=2, k_chunk=32)
         case = _case(2, plan, 2, 2, False, False)
         wt = pb.backward_weights(plan, case["kernel_s"], F32)
 
-        def run():  # a new function each time: traced again, after the patch too
+        def run():
             kernel = functools.partial(
                 pb.persistent_backward, plan, interpret=self.interpret(), layout=self.LAYOUT
             )
             args = (wt, case["g"], _packed(case), *_rest(case))
             return jax.block_until_ready(jax.jit(kernel)(*args))
 
+        return run
+
+    def test_the_race_detector_reports_a_missing_barrier_between_phases(self, monkeypatch, capsys):
+        """The check can fail: without the barrier between phases, one block's TMA load of
+        the layer above's d_scaled races with another block's store of it."""
+        run = self._two_block_run()
         run()  # as it is: no race
         monkeypatch.setattr(gb, "cluster_barrier", lambda bar: jnp.bool_(True))
+        assert_race_reported(run, capsys)
+
+    def test_the_race_detector_reports_a_store_the_next_phase_reads_left_writing(
+        self, monkeypatch, capsys
+    ):
+        """The check can fail: a phase that leaves one bulk store more in flight past the
+        barrier than its late ones (dz, the bias sums: nothing in the kernel reads them)
+        leaves a store of its d_scaled writing, which races with another block's TMA load of
+        it in the next phase."""
+        run = self._two_block_run()
+        run()  # as it is: no race
+        wait = pbc.wait_for_all_but
+        monkeypatch.setattr(pbc, "wait_for_all_but", lambda late: wait(late + 1))
         assert_race_reported(run, capsys)
 
 

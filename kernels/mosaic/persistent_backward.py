@@ -26,6 +26,11 @@ plan.units_per_block``). Phase ``p`` is ``(t, l) = (p // L, p % L)``; its "above
                (`bias_row_group`: rows i, i + group, ... summed), for dbias; with z the
                same of dz, for the gradient of the hyper projection's bias (z = s P + p)
 
+The phase stores d_scaled (and with the hyper cell inside the dz ring) first and waits for
+those writes before the barrier; dz, d_x and the bias sums follow and may still be writing
+when the next phase starts (nothing in the kernel reads them; the kernel waits for them
+before it ends: `persistent_cell.wait_for_all_but`).
+
 Operands (padded; matmul dtype = wt.dtype, bf16 or f32):
 
     wt     [L * n_pad, 2 * n_pad] matmul dtype  W_l padded to [n_pad, 2 * n_pad] (gate column

@@ -23,6 +23,7 @@ from rhhjax.kernels.mosaic import persistent_forward as pf
 from rhhjax.kernels.mosaic import persistent_slots as slots
 from rhhjax.kernels.mosaic.backward import _gate_backward
 from rhhjax.kernels.mosaic.gemm import gemm_nt_to_smem
+from rhhjax.kernels.mosaic.persistent_cell import wait_for_all_but
 from rhhjax.kernels.mosaic.plan import PersistentPlan
 
 
@@ -96,7 +97,8 @@ class BackwardCell:
         plgpu.commit_smem()
 
     def finish(self, ds_carry0, dz_sums) -> None:
-        """Writes the carry after phase 0 (and dz's sums) and waits for the stores."""
+        """Writes the carry after phase 0 (and dz's sums) and waits for every store (the
+        last phase's late ones too)."""
         row_sl, unit_sl = self.slices()
         plgpu.copy_smem_to_gmem(self.sc["carry"], ds_carry0.at[row_sl, unit_sl])
         if self.has_z:
@@ -195,7 +197,8 @@ class BackwardCell:
         plgpu.commit_smem()
 
     def phase(self, p) -> None:
-        """Phase ``p`` (traced int32): loads, GEMMs, epilogue, stores; waits for its stores."""
+        """Phase ``p`` (traced int32): loads, GEMMs, epilogue, stores; waits for the stores
+        a later phase reads (`persistent_cell.wait_for_all_but`)."""
         plan, refs, sc, names = self.plan, self.refs, self.sc, self.names
         epi, dsc, mm_dtype = sc["epi"], sc["dsc"], refs["wt"].dtype
         rows, u = plan.rows_per_block, plan.units_per_block
@@ -220,24 +223,26 @@ class BackwardCell:
         for chunk in self._row_chunks():
             self._epilogue(chunk, mm_dtype)
         plgpu.commit_smem()  # (a warpgroup barrier too: every thread's tiles before reads)
-        # d_x's f32 tiles: da's own slots without z (d_scaled = da), else two slots read already
-        d_x_slots = (3, 4) if has_z else (0, 1)
+        # First the stores the next phase reads (d_scaled, its A rows; with the hyper cell
+        # inside the dz ring), then the rest: the phase waits for the first ones' writes.
         first = slots.slot(p, self.steps, self.depth) * plan.b_pad + self.r * rows
         for half in range(2):
             dst = refs["d_mm"].at[pl.ds(first, rows), pl.ds(half * plan.n_pad + self.c * u, u)]
             plgpu.copy_smem_to_gmem(dsc.at[half], dst)
-        if has_z:  # units past z_width: dropped by TMA
-            plgpu.copy_smem_to_gmem(epi.at[2], refs["dz"].at[layer, t, row_sl, unit_sl])
+        if refs.get("dz_ring") is not None:
+            self._store_dz_ring(p)
+        # d_x's f32 tiles: da's own slots without z (d_scaled = da), else two slots read already
+        d_x_slots = (3, 4) if has_z else (0, 1)
 
-        @pl.when(layer == 0)
+        @pl.when(layer == 0)  # waited for with the first ones (a count of late stores is static)
         def _():
             for half, slot in enumerate(d_x_slots):
                 plgpu.copy_smem_to_gmem(epi.at[slot], refs["d_x"].at[t, row_sl, half, unit_sl])
 
-        self._column_sums(p, layer)
-        if refs.get("dz_ring") is not None:
-            self._store_dz_ring(p)
-        plgpu.wait_smem_to_gmem(0)
+        if has_z:  # units past z_width: dropped by TMA
+            plgpu.copy_smem_to_gmem(epi.at[2], refs["dz"].at[layer, t, row_sl, unit_sl])
+        self._column_sums(p, layer)  # its store last
+        wait_for_all_but(has_z + 1)
 
     def _row_chunks(self) -> list:
         """The epilogue's row slices: two halves where each is a whole number of the strided
@@ -302,8 +307,8 @@ class BackwardCell:
 
     def _store_dz_ring(self, p) -> None:
         """dz in the matmul dtype to the ring's slot p % 2 (the hyper cell inside reads it in
-        the next iteration: ds_h = dz P^T), staged in d_scaled's buffer once its stores have
-        read it."""
+        the next iteration: ds_h = dz P^T), staged in d_scaled's buffer once its stores (the
+        only ones in flight) have read it."""
         plan, epi, dsc = self.plan, self.sc["epi"], self.sc["dsc"]
         rows, u = plan.rows_per_block, plan.units_per_block
         plgpu.wait_smem_to_gmem(0, wait_read_only=True)

@@ -102,7 +102,8 @@ class Cell:
         return src
 
     def phase(self, p) -> None:
-        """Phase ``p`` (traced int32): loads, GEMM, epilogue, stores; waits for its stores."""
+        """Phase ``p`` (traced int32): loads, GEMM, epilogue, stores; waits for the stores a
+        later phase reads (`wait_for_all_but`)."""
         plan, refs, epi, bar = self.plan, self.refs, self.epi, self.bar
         steps, depth, phases = self.steps, self.depth, self.phases
         row_sl, unit_sl = self.slices()
@@ -176,14 +177,6 @@ class Cell:
         # z for the backward (its slot holds it), unless the backward recomputes it
         store_z = self.z_inside and self.refs["z"] is not None
         plgpu.commit_smem()
-        if self.save:  # the states are packed row 0 of the next phase: only the last one
-
-            @pl.when(p == phases - 1)
-            def _():
-                plgpu.copy_smem_to_gmem(self.state, refs["states"].at[0, row_sl, unit_sl])
-
-        else:
-            plgpu.copy_smem_to_gmem(self.state, refs["states"].at[p, row_sl, unit_sl])
 
         @pl.when(jnp.logical_and(self.in_a(), p < phases - 1))  # the next phase's A rows
         def _():
@@ -191,19 +184,56 @@ class Cell:
             a_rows = pl.ds(slots.slot(p + 1, steps, depth) * plan.b_pad + self.r * rows, rows)
             plgpu.copy_smem_to_gmem(self.cast, refs["s_mm"].at[a_rows, unit_sl])
 
+        if self.save:  # the states are packed row 0 of the next phase: only the last one
+
+            @pl.when(p == phases - 1)
+            def _():
+                plgpu.copy_smem_to_gmem(self.state, refs["states"].at[0, row_sl, unit_sl])
+
         if refs.get("tail") is not None:  # the last state's cast: the last z reads it
 
             @pl.when(jnp.logical_and(self.in_a(), p == phases - 1))
             def _():
                 plgpu.copy_smem_to_gmem(self.cast, refs["tail"].at[row_sl, unit_sl])
 
+        late = self._late_stores(p, t, layer, out_slot, save_state, store_z)
+        wait_for_all_but(late)
+
+    def _late_stores(self, p, t, layer, out_slot, save_state: bool, store_z: bool) -> int:
+        """Issues the phase's stores that no later phase of this kernel reads (the saved
+        rows, z, without ``save`` the state), each its own bulk group, after every store
+        that one reads; returns how many."""
+        refs, epi, ins = self.refs, self.epi, self.ins
+        row_sl, unit_sl = self.slices()
+        late = 0
+        if not self.save:
+            plgpu.copy_smem_to_gmem(self.state, refs["states"].at[p, row_sl, unit_sl])
+            late += 1
         for i, slot in enumerate(out_slot):
             dst = refs["packed"].at[p, row_sl, save_state + i, unit_sl]
             plgpu.copy_smem_to_gmem(epi.at[slot], dst)
+            late += 1
         if store_z:
             dst = refs["z"].at[layer, t, row_sl, unit_sl]  # TMA drops the units past z_width
             plgpu.copy_smem_to_gmem(epi.at[ins.index("z")], dst)
-        plgpu.wait_smem_to_gmem(0)
+            late += 1
+        return late
+
+
+def wait_for_all_but(late: int) -> None:
+    """Waits until every bulk store but the ``late`` last ones has written global memory
+    (those a later phase reads: the barrier after the phase publishes them) and every store
+    has read its shared memory (whose buffers the next phase reuses). The ``late`` ones may
+    still be writing when the next phase starts: nothing in the kernel reads them, and the
+    kernel waits for them before it ends (`wait_for_every_store`)."""
+    plgpu.wait_smem_to_gmem(late)
+    plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+
+
+def wait_for_every_store() -> None:
+    """Waits until every bulk store of the block has written global memory: a kernel's last
+    act, after its phases leave their late stores in flight (`wait_for_all_but`)."""
+    plgpu.wait_smem_to_gmem(0)
 
 
 def scratch(

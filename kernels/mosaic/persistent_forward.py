@@ -12,14 +12,15 @@ its f32 state slice ``[rows, u]`` in shared memory across phases. Per phase, exa
     full = acc (+ xproj[t] at l == 0);  a = full (* z[p]) + bias[l]
     h, tg = tanh(a_h), sigmoid(a_t);  s_new = h * tg (* mask[p] / keep) + s * (1 - tg)
 
-then the block writes s_new (f32) to ``states[p]`` (with ``save`` at the last phase only:
-the others are the next phase's input state, in ``packed`` or ``s_mm``) and its matmul-dtype
-cast to row block
-``slot(p + 1)`` (`persistent_slots`: layer-major) of the A buffer ``s_mm`` (the next
-phase's matmul input, read by every block),
-with ``save`` its saved rows, waits for its stores and meets the others at barrier
-``p + 1``. A prologue copies each block's slice of s0 into its state and into ``s_mm``
-row block 0, then barrier 0.
+then the block writes its matmul-dtype cast of s_new to row block ``slot(p + 1)``
+(`persistent_slots`: layer-major) of the A buffer ``s_mm`` (the next phase's matmul input,
+read by every block), s_new (f32) to ``states[p]`` (with ``save`` at the last phase only:
+the others are the next phase's input state, in ``packed`` or ``s_mm``) and, with ``save``,
+its saved rows last; waits until every store but the last ones has written and every store
+has read its shared memory (the saved rows may still be writing: only later kernels read
+them, and the kernel waits for them before it ends) and meets the others at barrier
+``p + 1``. A prologue copies each block's slice of s0 into its state and into ``s_mm`` row
+block 0, then barrier 0.
 
 Operands (padded; matmul dtype = ``w_blk.dtype``, bf16 or f32; T steps, L layers,
 P = T * L, C = col_blocks, R = row_blocks, u = units_per_block):
@@ -388,6 +389,7 @@ def persistent_forward(
             return jax.lax.cond(code == 0, work, lambda c: c, code)
 
         code = jax.lax.fori_loop(0, phases, phase, code)
+        persistent_cell.wait_for_every_store()
         status_g[block] = code
 
     main_scratch = persistent_cell.scratch(plan, mm_dtype, has_z, mask is not None, save, z_inside)
