@@ -297,11 +297,10 @@ def test_each_switch_off_gives_the_gradients_of_both_cells_in_one_backward(
 ):
     """With the hyper cell inside, `persistent.RECOMPUTE_SCALES` or `HYPER_BACKWARD_INSIDE`
     off: the backward calls the kernels as the switch says, and the gradients are those of
-    both switches on, one backward
-    kernel for both cells that recomputes z (the same GEMMs on the same operands; ds_h from
-    dz in f32, as XLA's VJP computes it; in bf16 the kernel rounds dz before ds_h's GEMM,
-    XLA's VJP the product after: the bf16 tolerance, relative to each gradient's largest
-    entry)."""
+    both switches on, one backward kernel for both cells that recomputes z (the same GEMMs
+    on the same operands; ds_h from dz in f32, as XLA's VJP computes it; in bf16 the kernel
+    rounds dz before ds_h's GEMM, XLA's VJP the product after: the bf16 tolerance, relative
+    to each gradient's largest entry)."""
     model, params, tokens = _tiny_hyperrhn(dtype)
     recorded = _record_backward(monkeypatch)
     inside = loss_and_grads(model, params, tokens, jax.random.key(1))
