@@ -44,7 +44,7 @@ import jax.numpy as jnp
 import numpy as np
 from rhhjax.kernels.mosaic.plan import PersistentPlan, PlanError
 
-from rhhjax.ops.persistent_cost import Rates, plan_for, predicted_phase_us
+from rhhjax.ops.persistent_cost import Rates, check_runnable, plan_for, predicted_phase_us
 
 PAPER = dict(batch=256, width=1000, depth=7)
 TINY = dict(batch=16, width=32, depth=2)  # interpret mode: one block
@@ -79,14 +79,11 @@ def refit(plan: PersistentPlan, measured: dict, rates: Rates | None = None) -> R
 def replanned(plan: PersistentPlan, stages: int = 0, k_chunk: int = 0) -> PersistentPlan:
     """``plan`` at ``stages`` pipeline stages and K chunks of ``k_chunk`` (0: the plan's).
     Raises PlanError (one line) where either persistent kernel cannot run it (its shared
-    memory, a chunk that does not divide K)."""
-    from rhhjax.kernels.mosaic import persistent_backward as pb
-
+    memory, a chunk that does not divide K: `check_runnable`)."""
     candidate = dataclasses.replace(
         plan, stages=stages or plan.stages, k_chunk=k_chunk or plan.k_chunk
     )
-    candidate.check()
-    pb.check_plan(candidate)
+    check_runnable(candidate)
     return candidate
 
 

@@ -98,6 +98,13 @@ gpu_tests() {  # gpu_tests SECONDS LOG [PYTEST OPTIONS] FILES...: the GPU-only t
     | tee "$OUT/$log" | grep -E "FAILED|ERROR|Error|passed|failed|Timeout"
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 }
+calibrate() {  # calibrate NAME SECONDS [ARGS]: calibrate_persistent.py -> $OUT/NAME.{json,log}
+  local name=$1 seconds=$2
+  shift 2
+  timeout "$seconds" "$PY" benchmarks/calibrate_persistent.py "$@" --out "$OUT/$name.json" \
+    2>&1 | tee "$OUT/$name.log"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+}
 traces() {  # $OUT/profile (bench.py --profile_dir) -> its summary; the traces travel apart,
   [ -d "$OUT/profile" ] || return 0  # as $OUT/profile.tar.gz at the end
   "$PY" benchmarks/profile_summary.py "$OUT/profile" --steps 2 \
@@ -139,9 +146,7 @@ if [ "$MODE" = lease ]; then
   gpu_tests 90 tests.log --dist loadfile tests/test_kernels_mosaic_grid_barrier.py \
     tests/test_ops_persistent.py tests/test_kernels_mosaic_persistent_forward.py \
     tests/test_kernels_mosaic_persistent_backward.py tests/test_kernels_mosaic_rowgroup_layout.py
-  timeout 60 "$PY" benchmarks/calibrate_persistent.py --out "$OUT/calibrate.json" \
-    2>&1 | tee "$OUT/calibrate.log"
-  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  calibrate calibrate 60
   part persistent 110 --sizes="${BENCH_SIZES:-paper}" --models=hyperrhn \
     --impls=persistent,fused --dtypes=bfloat16,float32 --parts=step --repeats=10
   left=$((lease - SECONDS))
@@ -174,10 +179,7 @@ if [ "$MODE" = kernels ]; then
   # the chosen plan (3 stages of 64 in bf16), 2 stages (the hyper cell inside's), 6 of 32
   # (the same shared memory, more loads in flight): is a phase bound by its pipeline's depth?
   for pipeline in 0x0 2x0 6x32; do
-    timeout 60 "$PY" benchmarks/calibrate_persistent.py --stages "${pipeline%x*}" \
-      --k-chunk "${pipeline#*x}" --out "$OUT/calibrate_$pipeline.json" 2>&1 |
-      tee "$OUT/calibrate_$pipeline.log"
-    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+    calibrate "calibrate_$pipeline" 60 --stages "${pipeline%x*}" --k-chunk "${pipeline#*x}"
   done
   left=$((lease - SECONDS))
   if [ "$left" -ge 20 ]; then
@@ -195,9 +197,7 @@ if [ "$MODE" = row ]; then
   traces
 fi
 if [ "$MODE" = calibrate ]; then  # the plan model's three assumed rates, measured; < 2 min
-  timeout 110 "$PY" benchmarks/calibrate_persistent.py --out "$OUT/calibrate.json" \
-    2>&1 | tee "$OUT/calibrate.log"
-  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  calibrate calibrate 110
   if [ -f "$OUT/calibrate.json" ]; then
     "$PY" -m rhhjax.ops.persistent_cost --calibration "$OUT/calibrate.json" \
       --json "$OUT/prediction_calibrated.json" | tee "$OUT/prediction_calibrated.md" || status=1

@@ -146,6 +146,13 @@ def candidates(batch: int, width: int, dtype_name: str, layout: str = "grid"):
                     break
 
 
+def check_runnable(plan: PersistentPlan) -> None:
+    """Raises PlanError (one line) unless both persistent kernels accept ``plan`` (the
+    forward's check, then the backward's: shared memory, K extents, co-residency)."""
+    plan.check()
+    pb.check_plan(plan)
+
+
 def _deepest(batch, width, dtype_name, row_blocks, units, k_chunk) -> PersistentPlan | None:
     """The plan of the fewest column blocks for ``units`` and the deepest STAGES that both
     kernels accept, or None."""
@@ -160,8 +167,7 @@ def _deepest(batch, width, dtype_name, row_blocks, units, k_chunk) -> Persistent
             k_chunk=k_chunk, stages=stages, units=units,
         )  # fmt: skip
         try:
-            plan.check()
-            pb.check_plan(plan)
+            check_runnable(plan)
         except PlanError:
             continue
         return plan
@@ -441,22 +447,30 @@ def plan_report(args) -> dict:
     }
 
 
+def _read_report(path: str) -> dict:
+    """A compile report's JSON."""
+    with open(path) as f:
+        return json.load(f)
+
+
+def _report_meta(report: dict | None) -> dict | None:
+    """What the table records of a report: where and when it was compiled."""
+    if report is None:
+        return None
+    return {k: report["meta"].get(k) for k in ("date", "git_commit", "jax", "host")}
+
+
 def table_report(args) -> dict:
     """The table with its assumptions, as the JSON ``--json`` writes."""
-    with open(args.report) as f:
-        report = json.load(f)
-    apart = None
-    if args.report_apart:
-        with open(args.report_apart) as f:
-            apart = json.load(f)
+    report = _read_report(args.report)
+    apart = _read_report(args.report_apart) if args.report_apart else None
     rates = calibrated_rates(args.calibration) if args.calibration else Rates()
-    meta = ("date", "git_commit", "jax", "host")
     return {
         "label": "PREDICTION (a model, not a measurement)",
         "report": args.report,
-        "report_meta": {k: report["meta"].get(k) for k in meta},
+        "report_meta": _report_meta(report),
         "report_apart": args.report_apart or None,
-        "report_apart_meta": apart and {k: apart["meta"].get(k) for k in meta},
+        "report_apart_meta": _report_meta(apart),
         "calibration": args.calibration,
         "assumptions": {
             "rates": dataclasses.asdict(rates),
