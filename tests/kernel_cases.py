@@ -208,11 +208,29 @@ class MosaicGpuMode:
 RACE = "RACE DETECTED"  # how GPU interpret mode's race detector reports a race
 
 
-def assert_race_reported(run, capsys) -> None:
+def _interpreter_memory_class():
+    """The interpreter's shared-memory class, whose ``get_next_tma_thread_id`` hands each TMA
+    copy its race-detector clock (private to jax: None where this jax has no such method)."""
+    try:
+        from jax._src.pallas.mosaic_gpu.interpret import shared_memory
+    except ImportError:
+        return None
+    memory = getattr(shared_memory, "GPUSharedMemory", None)
+    return memory if hasattr(memory, "get_next_tma_thread_id") else None
+
+
+def assert_race_reported(run, capsys, monkeypatch) -> None:
     """``run()`` interprets a kernel in which the race detector must report a race: jax 0.12
     raises it (``on_race="raise"``), 0.11.2 prints it and carries on. Consumes the printed
     report (the mode's check after the test is for races nobody expected) and resets the
-    interpreter's state, as jax asks after a kernel raised."""
+    interpreter's state, as jax asks after a kernel raised. Checks too that ``run`` issued
+    no more TMA copies than the detector has clocks for them (`gpu_interpret.TMA_CLOCKS`):
+    with fewer, copies share clocks and whether a race shows depends on scheduling."""
+    memory_class, copies = _interpreter_memory_class(), []
+    if memory_class is not None:
+        handout = memory_class.get_next_tma_thread_id
+        counted = lambda memory: copies.append(1) or handout(memory)  # noqa: E731
+        monkeypatch.setattr(memory_class, "get_next_tma_thread_id", counted)
     try:
         run()
     except Exception as error:  # the interpreter's error, raised through XLA's callback
@@ -221,6 +239,9 @@ def assert_race_reported(run, capsys) -> None:
         assert RACE in capsys.readouterr().out, "the race detector reported no race"
     capsys.readouterr()
     gpu_interpret.reset_state()
+    assert len(copies) <= gpu_interpret.TMA_CLOCKS, (
+        f"{len(copies)} TMA copies share the race detector's {gpu_interpret.TMA_CLOCKS} clocks"
+    )
 
 
 def _has_cuda_plugin() -> bool:

@@ -151,4 +151,4 @@ class TestInterpret(TestCompiled):
 
         run()  # as it is: no race
         monkeypatch.setattr(plgpu, "commit_smem", lambda: None)
-        assert_race_reported(run, capsys)
+        assert_race_reported(run, capsys, monkeypatch)

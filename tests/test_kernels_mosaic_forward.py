@@ -150,7 +150,7 @@ class TestInterpret(TestCompiled):
         ops, _ = _full_case(3, 64, 16, 64, 8, "bfloat16")
         self.run(*ops)  # as it is: no race
         monkeypatch.setattr(plgpu, "barrier_wait", lambda barrier: None)
-        assert_race_reported(lambda: jax.block_until_ready(self.run(*ops)), capsys)
+        assert_race_reported(lambda: jax.block_until_ready(self.run(*ops)), capsys, monkeypatch)
 
 
 def _full_case(seed, batch, width, k_pad, units, dtype, keep=0.7):

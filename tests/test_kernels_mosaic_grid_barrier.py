@@ -231,7 +231,7 @@ class TestInterpret(TestOnAGpu):
 
         run()  # as it is: no race
         monkeypatch.setattr(grid_barrier, "cluster_barrier", lambda bar: jnp.bool_(True))
-        assert_race_reported(run, capsys)
+        assert_race_reported(run, capsys, monkeypatch)
 
 
 class TestSpinOnAGpu(MosaicGpuMode):

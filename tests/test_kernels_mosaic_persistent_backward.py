@@ -714,7 +714,7 @@ class TestInterpret(TestCompiled):
         run = self._two_block_run()
         run()  # as it is: no race
         monkeypatch.setattr(gb, "cluster_barrier", lambda bar: jnp.bool_(True))
-        assert_race_reported(run, capsys)
+        assert_race_reported(run, capsys, monkeypatch)
 
     def test_the_race_detector_reports_a_store_the_next_phase_reads_left_writing(
         self, monkeypatch, capsys
@@ -727,7 +727,7 @@ class TestInterpret(TestCompiled):
         run()  # as it is: no race
         wait = pbc.wait_for_all_but
         monkeypatch.setattr(pbc, "wait_for_all_but", lambda late: wait(late + 1))
-        assert_race_reported(run, capsys)
+        assert_race_reported(run, capsys, monkeypatch)
 
 
 @pytest.mark.parametrize("mode", [TestCompiled, TestInterpret], ids=["compiled", "interpret"])

@@ -642,7 +642,7 @@ class TestInterpret(TestCompiled):
         ops = _operands(plan, _problem(1, 64, 64, 2, 1), False, False)
         self.run(plan, ops, save=False)  # as it is: no race
         monkeypatch.setattr(grid_barrier, "cluster_barrier", lambda bar: jnp.bool_(True))
-        assert_race_reported(lambda: self.run(plan, ops, save=False), capsys)
+        assert_race_reported(lambda: self.run(plan, ops, save=False), capsys, monkeypatch)
 
     def test_the_race_detector_reports_a_store_the_next_phase_reads_left_writing(
         self, monkeypatch, capsys
@@ -655,7 +655,7 @@ class TestInterpret(TestCompiled):
         self.run(plan, ops, save=False)  # as it is: no race
         wait = persistent_cell.wait_for_all_but
         monkeypatch.setattr(persistent_cell, "wait_for_all_but", lambda late: wait(late + 1))
-        assert_race_reported(lambda: self.run(plan, ops, save=False), capsys)
+        assert_race_reported(lambda: self.run(plan, ops, save=False), capsys, monkeypatch)
 
 
 @pytest.mark.parametrize("mode", [TestCompiled, TestInterpret], ids=["compiled", "interpret"])

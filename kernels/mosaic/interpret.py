@@ -24,6 +24,14 @@ What the interpreter cannot run, and how the kernels meet it:
   the blocks wait for each other forever, so `max_blocks` is the pool's size - 1 (one block
   needs no thread of its own), and at most `MAX_BLOCKS` (32 blocks hung on the 2-core CPU
   even with ``NPROC=64``; 24 ran).
+* The race detector's vector clocks give TMA copies a clock each, handed out round-robin
+  from ``num_tma_threads_per_device`` (5 by default) in the order the blocks' threads issue
+  them. Two copies that share a clock can order one before another block's access and hide
+  a race, depending on how the threads interleave (a CI run missed a race that every local
+  run reported). `params` asks for `TMA_CLOCKS`: a cluster that issues at most that many
+  copies gives each its own clock, so whether a race shows no longer depends on scheduling
+  (the tests that inject a race check that their kernels stay under it). Larger runs reuse
+  clocks past that count and can still miss a race.
 * Nothing is timed: a CPU simulation says nothing about speed, co-residency or the GPU's
   memory model beyond the happens-before order that the race detector checks.
 
@@ -33,6 +41,7 @@ kernels): `unavailable` says so in one line.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any
 
@@ -40,6 +49,7 @@ import jax
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 MIN_JAX = "0.11.2"  # the oldest release seen with plgpu.InterpretGPUParams (0.10.2 lacks it)
+TMA_CLOCKS = 256  # TMA clocks of the race detector (copies of one cluster run up to it exact)
 MAX_BLOCKS = 24  # the most blocks of one cluster run here (2-core CPU, NPROC=40, 2026-11-25)
 
 
@@ -60,13 +70,17 @@ def unavailable(what: str = "GPU interpret mode") -> str | None:
 
 def params(detect_races: bool = True) -> Any:
     """``plgpu.InterpretGPUParams`` for the kernels here: the race detector on by default
-    (a race raises), uninitialised memory NaN (an unwritten output shows), inline PTX an
-    error (nothing is silently skipped). Raises RuntimeError (one line) where jax has no
-    GPU interpret mode."""
+    (a race raises) with `TMA_CLOCKS` clocks for TMA copies, uninitialised memory NaN (an
+    unwritten output shows), inline PTX an error (nothing is silently skipped). Raises
+    RuntimeError (one line) where jax has no GPU interpret mode."""
     reason = unavailable()
     if reason is not None:
         raise RuntimeError(reason)
-    return plgpu.InterpretGPUParams(detect_races=detect_races, inline_mgpu="error")
+    fields = {field.name for field in dataclasses.fields(plgpu.InterpretGPUParams)}
+    clocks = (
+        {"num_tma_threads_per_device": TMA_CLOCKS} if "num_tma_threads_per_device" in fields else {}
+    )
+    return plgpu.InterpretGPUParams(detect_races=detect_races, inline_mgpu="error", **clocks)
 
 
 def pool_threads() -> int:
