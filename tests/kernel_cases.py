@@ -224,8 +224,9 @@ def assert_race_reported(run, capsys, monkeypatch) -> None:
     raises it (``on_race="raise"``), 0.11.2 prints it and carries on. Consumes the printed
     report (the mode's check after the test is for races nobody expected) and resets the
     interpreter's state, as jax asks after a kernel raised. Checks too that ``run`` issued
-    no more TMA copies than the detector has clocks for them (`gpu_interpret.TMA_CLOCKS`):
-    with fewer, copies share clocks and whether a race shows depends on scheduling."""
+    no more TMA copies than the detector has clocks for them (`gpu_interpret.TMA_CLOCKS`
+    where jax takes it): with fewer clocks, copies share them and whether a race shows
+    depends on scheduling."""
     memory_class, copies = _interpreter_memory_class(), []
     if memory_class is not None:
         handout = memory_class.get_next_tma_thread_id
@@ -239,9 +240,8 @@ def assert_race_reported(run, capsys, monkeypatch) -> None:
         assert RACE in capsys.readouterr().out, "the race detector reported no race"
     capsys.readouterr()
     gpu_interpret.reset_state()
-    assert len(copies) <= gpu_interpret.TMA_CLOCKS, (
-        f"{len(copies)} TMA copies share the race detector's {gpu_interpret.TMA_CLOCKS} clocks"
-    )
+    clocks = getattr(gpu_interpret.params(), "num_tma_threads_per_device", len(copies))
+    assert len(copies) <= clocks, f"{len(copies)} TMA copies share the detector's {clocks} clocks"
 
 
 def _has_cuda_plugin() -> bool:
