@@ -52,9 +52,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
+from hlo import launches as hl
 
 from rhhjax import configs, models
-from rhhjax.hlo import launches as hl
 from rhhjax.ops import persistent
 from rhhjax.train.optim import OptimizerConfig
 from rhhjax.train.step import init_key, make_init, make_train_step, step_inputs

@@ -14,7 +14,7 @@ Rows: ``results/bench_gpu_h100.json`` (paper-size step, rank 0) and
 model of ``results/gpu_report_h100.json`` (one prediction per configuration: its FLOP and
 byte counts do not depend on the Pallas blocks); "after" is each row predicted by the fit to
 every other row (leave-one-out). The coefficients go to ``results/cost_model_h100.json``,
-which ``gpu_report.py --calibration`` reads. Terms and geometry: ``rhhjax/hlo/calibrate.py``.
+which ``gpu_report.py --calibration`` reads. Terms and geometry: ``benchmarks/hlo/calibrate.py``.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import json
 import sys
 from pathlib import Path
 
-from rhhjax.hlo import calibrate as hc
+from hlo import calibrate as hc
 
 SEQ_LEN, HIDDEN = 100, 1000  # the paper size the rows were measured at
 

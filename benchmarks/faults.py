@@ -107,8 +107,10 @@ def run(
     env: dict | None = None,
     memory_limit: int | None = None,
     stop_after: float | None = None,
+    pick: str | None = None,
 ) -> dict:
-    """Run one command; ``stop_after``: SIGTERM after that many seconds (a run that trains)."""
+    """Run one command; ``stop_after``: SIGTERM after that many seconds (a run that trains);
+    ``pick``: the line that matters is the first printed line matching this regex."""
     limit = None
     if memory_limit:
 
@@ -130,7 +132,11 @@ def run(
     except subprocess.TimeoutExpired:
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=300)
-    return summarize(proc.returncode, out, err, time.time() - start)
+    result = summarize(proc.returncode, out, err, time.time() - start)
+    if pick:
+        picked = [line for line in (out + err).splitlines() if re.search(pick, line)]
+        result["line"] = picked[0][:600] if picked else f"(no line matches {pick!r})"
+    return result
 
 
 def summarize(code: int, out: str, err: str, seconds: float) -> dict:
@@ -437,6 +443,131 @@ def install_cases(ctx: Context) -> dict[str, Callable[[], dict]]:
     }
 
 
+def new_user_cases(ctx: Context) -> dict[str, Callable[[], dict]]:
+    """What a new user met on the programs: help, ablate, signals, locks, memory, text."""
+    tiny = [f"--config={ctx.checkout / 'configs' / 'ptb.py'}:tiny", "--config.data.format=text"]
+    text = [*tiny, f"--config.data.text_files={ctx.text}", "--config.data.hutter_holdout=3000"]
+
+    def helps() -> dict:
+        """Row 2: the flags each console command's --help lists (installed commands)."""
+        bin_dir = ctx.installed() / "bin"
+        env = {**ctx.env, "PYTHONPATH": str(ctx.installed())}
+        script = "; ".join(
+            f"printf '{c} %s, ' $({bin_dir}/rhhjax-{c} --help 2>/dev/null | "
+            f"sed -n '/^Flags:/,$p' | grep -c '^  --')"
+            for c in ("evaluate", "sample", "plot", "analyze", "ablate", "summary")
+        )
+        return run(["bash", "-c", script + "; echo '(flags listed)'"], ctx, env=env)
+
+    def ablate(name: str, *args: str, stop_after: float | None = None) -> Callable[[], dict]:
+        out = ctx.tmp / f"i43_{name}"
+        return lambda: run(ctx.tool("ablate", *text, f"--out={out}", *args), ctx,
+                           stop_after=stop_after, pick=r"^error:|ETA|^\| ")  # fmt: skip
+
+    def evaluate_sigterm() -> dict:
+        """Row 6: SIGTERM while evaluate reads its text (a named pipe: deterministic)."""
+        workdir, fifo = ctx.workdir("i43_sig"), ctx.tmp / "i43_sig.fifo"
+        fifo.unlink(missing_ok=True)
+        os.mkfifo(fifo)
+        args = ctx.tool("evaluate", f"--workdir={workdir}", f"--text_files={fifo}")
+        start = time.time()
+        proc = subprocess.Popen(args, cwd=ctx.tmp, env=ctx.env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)  # fmt: skip
+        with open(fifo, "wb"):  # returns once the program opened the pipe
+            proc.send_signal(signal.SIGTERM)
+            out, err = proc.communicate(timeout=120)
+        return summarize(proc.returncode, out, err, time.time() - start)
+
+    def in_use() -> dict:
+        """Row 7: a second train on a workdir whose lock this process holds."""
+        import fcntl
+
+        workdir = ctx.tmp / "i43_lock"
+        workdir.mkdir(exist_ok=True)
+        with open(workdir / ".lock", "w") as held:
+            fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            held.write(f"{os.getpid()}\n")
+            held.flush()
+            return run(ctx.train(workdir=workdir), ctx)
+
+    def fresh(name: str, *extra: str, pick: str | None = None, size: int | None = None):
+        def case() -> dict:
+            corpus = ctx.tmp / f"i43_{name}.txt"
+            corpus.write_text(ctx.text.read_text()[:size] if size is not None else "")
+            workdir = ctx.tmp / f"i43_{name}"
+            shutil.rmtree(workdir, ignore_errors=True)
+            args = [*tiny, f"--config.data.text_files={corpus}", *extra, f"--workdir={workdir}"]
+            return run([ctx.python, str(ctx.checkout / "train.py"), *args], ctx, pick=pick)
+
+        return case
+
+    def moved_text() -> dict:
+        """Row 12: evaluate a run whose text file has moved since training."""
+        corpus = ctx.tmp / "i43_moved.txt"
+        shutil.copy(ctx.text, corpus)
+        workdir = ctx.tmp / "i43_moved"
+        shutil.rmtree(workdir, ignore_errors=True)
+        args = [*tiny, f"--config.data.text_files={corpus}", "--config.data.hutter_holdout=3000"]
+        run([ctx.python, str(ctx.checkout / "train.py"), *args, f"--workdir={workdir}",
+             "--config.train.max_steps=1", "--config.eval.final_protocols="], ctx)  # fmt: skip
+        corpus.unlink()
+        return run(ctx.tool("evaluate", f"--workdir={workdir}"), ctx)
+
+    def shadowed() -> dict:
+        """Row 13: python train.py in a checkout whose rhhjax is installed non-editable
+        (``python -S``: no editable finder; site-packages on PYTHONPATH for absl & co)."""
+        import sysconfig
+
+        copy = ctx.tmp / "i43_checkout"
+        shutil.rmtree(copy, ignore_errors=True)
+        skip = shutil.ignore_patterns("__pycache__", "configs", "kernels")  # a before-tree's links
+        shutil.copytree(ctx.checkout / "rhhjax", copy / "rhhjax", ignore=skip)
+        shutil.copytree(ctx.checkout / "configs", copy / "configs")
+        shutil.copy(ctx.checkout / "train.py", copy / "train.py")
+        env = {**ctx.env, "PYTHONPATH": sysconfig.get_paths()["purelib"]}
+        return run([ctx.python, "-S", "train.py", "--config=configs/ptb.py:tiny"], ctx, cwd=copy,
+                   env=env)  # fmt: skip
+
+    def no_config_json() -> dict:
+        """Row 14: config.json deleted from a finished run, then the same command again."""
+        workdir = ctx.workdir("i43_nocfg")
+        (workdir / "config.json").unlink()
+        return run(ctx.train(workdir=workdir), ctx,
+                   pick=r"already finished|final evaluation|^evaluating|^step ")  # fmt: skip
+
+    return {
+        "new user 2: --help of rhhjax-evaluate, sample, plot, analyze, ablate, summary": helps,
+        "new user 3: ablate --sweep=model.hidden=8,-1 --max_steps=2": ablate(
+            "sweep", "--sweep=model.hidden=8,-1", "--max_steps=2"
+        ),
+        "new user 4: ablate --sweep=model.depth=1 --max_steps=0 (SIGTERM after 60 s)": ablate(
+            "zero", "--sweep=model.depth=1", "--max_steps=0", stop_after=60
+        ),
+        "new user 5: ablate --variant=foo --max_steps=1": ablate(
+            "foo", "--variant=foo", "--max_steps=1"
+        ),
+        "new user 6: SIGTERM during evaluate": evaluate_sigterm,
+        "new user 7: a second train on a workdir in use": in_use,
+        "new user 8: the memory estimate at start-up (train, max_steps=1)": fresh(
+            "memory",
+            "--config.train.max_steps=1",
+            "--config.data.hutter_holdout=3000",
+            pick=r"^memory:|^error:|^training ",
+            size=30_000,
+        ),
+        "new user 9: own text, a 2,048-character file (the data line)": fresh(
+            "2kb", "--config.train.max_steps=1", pick=r"^data |^error:", size=2_048
+        ),
+        "new user 10: train --config.train.learning_rate=inf": fresh(
+            "inf", "--config.train.learning_rate=inf", size=30_000
+        ),
+        "new user 11: an empty text file": fresh("empty"),
+        "new user 12: evaluate a run whose text file has moved": moved_text,
+        "new user 13: python train.py in a checkout shadowing a non-editable install": shadowed,
+        "new user 14: config.json deleted from a finished run, train again": no_config_json,
+    }
+
+
 GROUPS = {
     "memory": memory_cases,
     "output": output_cases,
@@ -445,6 +576,7 @@ GROUPS = {
     "config_json": config_json_cases,
     "finished": finished_case,
     "install": install_cases,
+    "new_user": new_user_cases,
 }
 NEEDS_ROOT = re.compile(r"READ_ONLY|read-only|full disk")
 

@@ -19,7 +19,7 @@ For every impl x dtype x model (``hyperrhn`` once per ``--ranks`` value) it buil
 model and optimizer from ``configs/ptb.py`` (the paper size unless overridden), compiles
 ``rhhjax.train.step.make_train_step`` for a compile-only H100 device
 (``jax.experimental.topologies``, no GPU needed) and reports, from the optimised HLO
-(``rhhjax/hlo/launches.py`` and ``cost.py`` define every figure):
+(``benchmarks/hlo/launches.py`` and ``cost.py`` define every figure):
 
 * launches per time step in the 100-trip time loops, split hyper/main x forward/backward;
 * in-loop data-movement launches (pad / convert / copy / transpose ...), by name;
@@ -31,9 +31,9 @@ model and optimizer from ``configs/ptb.py`` (the paper size unless overridden), 
   ``--bf16-tflops``, ``--f32-mm-tflops``, ``--f32-simt-tflops``; every one an assumption);
 * ``calibrated_step_ms`` and its ``dominant_term``: the cost model fitted to the measured
   H100 rows (``--calibration``, default ``results/cost_model_h100.json`` from
-  ``benchmarks/cost_model.py``; terms in ``rhhjax/hlo/calibrate.py``).
+  ``benchmarks/cost_model.py``; terms in ``benchmarks/hlo/calibrate.py``).
 
-The work is split: ``rhhjax/hlo/deviceless.py`` builds and compiles the step,
+The work is split: ``benchmarks/hlo/deviceless.py`` builds and compiles the step,
 ``dumps.py`` reads ptxas and the thunk sequence, ``launches.py`` / ``cost.py``
 count and predict, this file is the command line and the table.
 
@@ -56,12 +56,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from rhhjax.kernels.hardware import H100
-
-from rhhjax.errors import UserError
-from rhhjax.hlo import calibrate as hlo_calibrate
-from rhhjax.hlo import cost as hlo_cost
-from rhhjax.hlo.deviceless import (
+from hlo import calibrate as hlo_calibrate
+from hlo import cost as hlo_cost
+from hlo.deviceless import (
     DTYPES,
     IMPL_CHOICES,
     IMPLS,
@@ -76,7 +73,10 @@ from rhhjax.hlo.deviceless import (
     h100_mesh,
     set_deviceless_env,
 )
-from rhhjax.hlo.dumps import kernel_stats, thunk_check
+from hlo.dumps import kernel_stats, thunk_check
+from rhhjax.kernels.hardware import H100
+
+from rhhjax.errors import UserError
 
 # ----------------------------------------------------------------------------- one row
 

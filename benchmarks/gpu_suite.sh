@@ -24,6 +24,9 @@
 #   bash benchmarks/gpu_suite.sh kernels   # a lease in one call for the kernels alone: barrier,
 #                                          # persistent vs scan, paper steps (bf16 traced),
 #                                          # calibrate (3 pipelines), tests
+#   bash benchmarks/gpu_suite.sh fast      # a loan's training call: configs/ptb.py:fast for
+#                                          # FAST_MINUTES (7) with FAST_IMPL (fused), every
+#                                          # protocol, samples, the parameters as 4 files
 #   bash benchmarks/gpu_suite.sh row ARGS  # one bench.py call with ARGS (a lease's follow-up
 #                                          # call; --profile_dir=$OUT/profile: one archive)
 #   bash benchmarks/gpu_suite.sh dry-run   # on a CPU: every step at the small size
@@ -74,7 +77,9 @@ TESTS="tests/test_kernels_triton_config.py tests/test_kernels_triton_forward.py
   tests/test_ops_mosaic.py tests/test_kernels_mosaic_forward.py
   tests/test_kernels_mosaic_backward.py tests/test_kernels_mosaic_grid_barrier.py
   tests/test_ops_persistent.py tests/test_kernels_mosaic_persistent_forward.py
-  tests/test_kernels_mosaic_persistent_backward.py tests/test_kernels_mosaic_rowgroup_layout.py"
+  tests/test_kernels_mosaic_persistent_forward_run.py
+  tests/test_kernels_mosaic_persistent_backward.py
+  tests/test_kernels_mosaic_persistent_backward_run.py tests/test_kernels_mosaic_rowgroup_layout.py"
 if [ "$MODE" = tests ] || [ "$MODE" = all ]; then
   # On a GPU, `pallas` resolves to compiled Triton kernels and the GPU-only tests run.
   # shellcheck disable=SC2086
@@ -131,7 +136,9 @@ if [ "$MODE" = persistent ]; then  # the persistent kernels' tests on a GPU
   timeout 240 "$PY" -m pytest -q -p no:cacheprovider -n 4 --dist loadfile \
     tests/test_kernels_mosaic_grid_barrier.py tests/test_ops_persistent.py \
     tests/test_kernels_mosaic_persistent_forward.py \
+    tests/test_kernels_mosaic_persistent_forward_run.py \
     tests/test_kernels_mosaic_persistent_backward.py \
+    tests/test_kernels_mosaic_persistent_backward_run.py \
     tests/test_kernels_mosaic_rowgroup_layout.py 2>&1 | tee "$OUT/tests.log"
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
   part persistent 300 --sizes=paper --models=hyperrhn --impls=fused,mosaic,persistent \
@@ -145,7 +152,10 @@ if [ "$MODE" = lease ]; then
   lease=${LEASE_SECONDS:-570}
   gpu_tests 90 tests.log --dist loadfile tests/test_kernels_mosaic_grid_barrier.py \
     tests/test_ops_persistent.py tests/test_kernels_mosaic_persistent_forward.py \
-    tests/test_kernels_mosaic_persistent_backward.py tests/test_kernels_mosaic_rowgroup_layout.py
+    tests/test_kernels_mosaic_persistent_forward_run.py \
+    tests/test_kernels_mosaic_persistent_backward.py \
+    tests/test_kernels_mosaic_persistent_backward_run.py \
+    tests/test_kernels_mosaic_rowgroup_layout.py
   calibrate calibrate 60
   part persistent 110 --sizes="${BENCH_SIZES:-paper}" --models=hyperrhn \
     --impls=persistent,fused --dtypes=bfloat16,float32 --parts=step --repeats=10
@@ -185,7 +195,10 @@ if [ "$MODE" = kernels ]; then
   if [ "$left" -ge 20 ]; then
     # the persistent kernels' (mosaic's passed every compiled test on 2026-11-26)
     gpu_tests "$left" tests_kernels.log tests/test_kernels_mosaic_persistent_forward.py \
-      tests/test_kernels_mosaic_persistent_backward.py tests/test_kernels_mosaic_rowgroup_layout.py
+      tests/test_kernels_mosaic_persistent_forward_run.py \
+      tests/test_kernels_mosaic_persistent_backward.py \
+      tests/test_kernels_mosaic_persistent_backward_run.py \
+      tests/test_kernels_mosaic_rowgroup_layout.py
   fi
   LEASE=1
 fi
@@ -199,7 +212,7 @@ fi
 if [ "$MODE" = calibrate ]; then  # the plan model's three assumed rates, measured; < 2 min
   calibrate calibrate 110
   if [ -f "$OUT/calibrate.json" ]; then
-    "$PY" -m rhhjax.ops.persistent_cost --calibration "$OUT/calibrate.json" \
+    "$PY" benchmarks/persistent_prediction.py --calibration "$OUT/calibrate.json" \
       --json "$OUT/prediction_calibrated.json" | tee "$OUT/prediction_calibrated.md" || status=1
   fi
 fi
@@ -231,6 +244,32 @@ if [ "$MODE" = train ]; then
     status=1
   fi
   cat "$OUT/train_status"
+fi
+if [ "$MODE" = fast ]; then
+  # The loan's training call (../shared/docs/gpu-lease.md, call 2, timeout 540 s): the
+  # time-budgeted recipe in bf16 with the fastest implementation that passed its compiled
+  # tests in call 1, its final evaluation under every protocol, three samples and the best
+  # parameters as float32 files of < 16 MiB; the rest comes back as $OUT/fast.tar.gz.
+  WORKDIR=${TRAIN_WORKDIR:-/tmp/rhhjax_train/ptb_fast}
+  mkdir -p "$(dirname "$WORKDIR")" "$OUT/run"
+  # shellcheck disable=SC2086
+  timeout --signal=TERM "${TRAIN_CALL_SECONDS:-480}" "$PY" train.py \
+    --config="${TRAIN_CONFIG:-configs/ptb.py:fast}" --workdir="$WORKDIR" \
+    --config.data.dir="${RHHJAX_PTB_DIR:-.data/ptb}" --config.data.download=False \
+    --config.model.dtype="${TRAIN_DTYPE:-bfloat16}" --config.model.impl="${FAST_IMPL:-fused}" \
+    --config.train.budget_minutes="${FAST_MINUTES:-7}" ${TRAIN_ARGS:-} 2>&1 | tee "$OUT/run/train.log"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  for temperature in 0.5 0.8 1.0; do
+    timeout 30 "$PY" -m rhhjax.tools.sample --workdir="$WORKDIR" --prompt="the " --length=400 \
+      --temperature=$temperature --output="$OUT/run/sample_t$temperature.txt" || status=1
+  done
+  for f in config.json metrics.jsonl results.json; do
+    [ -f "$WORKDIR/$f" ] && cp "$WORKDIR/$f" "$OUT/run/"
+  done
+  timeout 60 "$PY" benchmarks/params_files.py export "$WORKDIR" "$OUT/run" --parts=4 || status=1
+  mv "$OUT"/run/params_*.npy "$OUT/" 2> /dev/null
+  tar -C "$OUT/run" -czf "$OUT/fast.tar.gz" . && rm -rf "$OUT/run"
+  tail -14 < <(tar -xzOf "$OUT/fast.tar.gz" ./train.log)
 fi
 if [ "$MODE" = dry-run ]; then  # the CPU rehearsal: same steps, small and fast
   # shellcheck disable=SC2086

@@ -1,30 +1,11 @@
 """The RHN paper's recipe for the Hutter-prize corpora (Zilly et al. 2017), shared by
-``configs/enwik8.py`` and ``configs/text8.py``: the two differ only in the corpus and its
-vocabulary. Every field not set here keeps the library's default
-(``rhhjax.train.config.default_config``, the paper's PTB recipe).
-
-Data: the first 10^8 symbols of English Wikipedia, read from ``data.text_files``, else from the
-cache ($RHHJAX_CACHE/<corpus>/<corpus>, default ~/.cache/rhhjax), else downloaded from
-mattmahoney.net/dc/<corpus>.zip, its SHA256 checked against the hash embedded in
-``rhhjax/data/text.py`` (override with ``--config.data.sha256=...`` only for a mirror you
-trust), and unzipped there. Offline: put the unzipped file there yourself, or pass
-``--config.data.text_files=/path/to/<corpus>``. Split (Hutter): the first 90M symbols train,
-the next 5M valid, the last 5M test.
-
-Model: a plain RHN of depth 10 and width 1500, embedding width = vocabulary size, no weight
-tying, transform-gate bias -4, Zilly's variational dropout. Zilly's code has four dropout rates,
-x / input / hidden / output = 0.10 / 0.40 / 0.10 / 0.40; ``ModelConfig`` has no separate x
-(whole-character embedding) dropout, so ``keep_input = 0.6``, ``keep_hidden = 0.9``,
-``keep_output = 0.6`` implement the last three and the 0.10 x-dropout is NOT reproduced. Zilly
-initialises weights U(-0.04, 0.04); the closest option here is ``init = "uniform"`` (PyTorch's
-U(+-1/sqrt(fan_in)), +-0.026 for 1500 inputs).
-
-Training: plain SGD, learning rate 0.2, divided by 1.03 per epoch from the sixth epoch on
-(``lr_decay_start_epoch = 5``, 0-based epochs, as Zilly's ``max_epoch = 5``), gradient clipping
-at global L2 norm 10, L2 weight decay 1e-7 (added to the gradient before clipping), truncated
-BPTT: batch 128 x 50 steps with the state carried across batches (``sampler = "stream"``), at
-most 500 epochs, no early stopping. Zilly et al. trained for days on a GPU.
+``configs/enwik8.py`` and ``configs/text8.py`` (``config_file``): ``recipe(corpus)``, the defaults
+plus the fields below. The first 10^8 symbols, split 90M / 5M / 5M, read from
+``data.text_files``, the cache or a verified download. A plain RHN, depth 10, width 1500, plain
+SGD. Zilly's 0.10 x-dropout is not reproduced: docs/design.md (``configs/hutter.py``).
 """
+
+from collections.abc import Callable
 
 import ml_collections
 
@@ -79,3 +60,15 @@ def recipe(corpus: str) -> ml_collections.ConfigDict:
     for field, value in overrides.items():
         configs.override(config, field, value)
     return config
+
+
+def config_file(corpus: str) -> tuple[tuple[str, ...], Callable[..., ml_collections.ConfigDict]]:
+    """(VARIANTS, get_config) of the config file of ``corpus``: one variant, the recipe."""
+    variants = ("",)
+
+    def get_config(variant: str = "") -> ml_collections.ConfigDict:
+        """The RHN paper's configuration of the file's corpus."""
+        configs.check_variant(corpus, variant, variants)
+        return recipe(corpus)
+
+    return variants, get_config

@@ -1,42 +1,14 @@
-"""Penn Treebank character-level language modelling (Suarez 2017).
-
-Command (the paper's HyperRHN, 15,262,736 parameters):
+"""Penn Treebank characters (Suarez 2017): the paper's HyperRHN, the defaults, and variants.
 
     python train.py --config=configs/ptb.py --workdir=workdirs/ptb_hyperrhn
 
-Run time: 41.7 ms a step on one H100 in bfloat16 (50.4 ms in float32; 2026-11-23); a
-2-core CPU takes 42 to 96 minutes an epoch (use a GPU). Measured on one H100 in bfloat16
-(2026-11-26, `bash benchmarks/gpu_suite.sh lease` then `train` twice, one run resumed):
-53.3 epochs (10,613 steps) in 456 s of training (41.0 ms a step in steady state), best
-step 10547: valid 1.3791 / test 1.3424 BPC (windows protocol), valid 1.3793 under the
-paper's protocol: NOT converged (results/ptb_gpu/README.md). The paper's ~660 epochs of 199
-steps would take about 1.5 hours at 41.0 ms a step (a PROJECTION). Expected result: 1.21
-validation BPC, the paper's own evaluation protocol (its authors' saved curve: 1.2275); not
-trained to convergence here. The measurements (commands, machines, dates):
-results/README.md#training-step-on-an-h100 and #the-paper-recipe-cost-on-a-cpu.
-
-Variants, chosen after a colon (what they are; run time and result, same sources):
-
-    configs/ptb.py:rhn       the paper's plain RHN baseline (same sizes, Adam 5e-4): 33.5 ms a
-                             step on an H100 (float32, ``fused``).
-    configs/ptb.py:lstm      the paper's 2 x 1125 LSTM baseline: not measured.
-    configs/ptb.py:cpu       a small HyperRHN (501,752 parameters: depth 3, main 256, hyper 64,
-                             no dropout) sized for a 2-core CPU: batch 64 x 100, Adam 2e-3, a
-                             12-minute training budget: about 14 minutes in all, valid 1.7188 /
-                             test 1.6730 BPC (windows protocol):
-                             results/README.md#cpu-recipe-configsptbpycpu (every setting
-                             tried: results/cpu_recipe_tuning.md).
-    configs/ptb.py:tiny      a smoke configuration used by the tests: 6 steps, about 20 s on a
-                             2-core CPU with PTB (most of it the final evaluation):
-                             results/README.md#smoke-config-configsptbpytiny.
-
-Any field can be overridden: `--config.model.depth=5 --config.train.learning_rate=5e-4`.
-
-The paper recipe is the library's defaults (`rhhjax.train.config.default_config`, which
-lists every field with its comment: the `data` block in `rhhjax/data/config.py`, `model` in
-`rhhjax/models/config.py`, its `kernel` block in `kernels/triton/config.py`, `train` and `eval` in
-`rhhjax/train/config.py`); this file sets what each variant changes. `configs/hutter.py`
-(enwik8, text8) starts from the same defaults.
+Variants, after a colon: `configs/ptb.py:rhn` (the plain RHN baseline, Adam 5e-4),
+`configs/ptb.py:lstm` (the 2 x 1125 LSTM), `configs/ptb.py:fast` (the paper's model with a
+time budget, warm-up and decay), `configs/ptb.py:cpu` (a small HyperRHN for a 2-core CPU) and
+`configs/ptb.py:tiny` (the tests' smoke run). Run times and results, each with its machine and
+date: results/README.md; the `:fast` recipe's evidence: results/fast_recipe_cpu/README.md.
+The paper recipe is the library's defaults (``rhhjax.train.config.default_config``); this
+file sets what each variant changes.
 """
 
 import ml_collections
@@ -44,7 +16,7 @@ from rhhjax.configs import check_variant
 
 from rhhjax.train.config import default_config
 
-VARIANTS = ("", "rhn", "lstm", "cpu", "tiny")
+VARIANTS = ("", "rhn", "lstm", "fast", "cpu", "tiny")
 
 
 def get_config(variant: str = "") -> ml_collections.ConfigDict:
@@ -60,6 +32,15 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
         model.type = "lstm"  # The paper's LSTM baseline: 2 layers ...
         model.hidden = 1125  # ... of 1125 units.
         model.keep = 1.0  # No dropout.
+    elif variant == "fast":
+        train.budget_minutes = 8.0  # Training time, compilation included (a GPU loan's).
+        train.max_epochs = 0  # The budget, not an epoch count, ends the run ...
+        train.patience = 0  # ... and no early stop cuts the schedule short.
+        train.schedule = "cosine"  # Warm-up, then a cosine decay to the floor.
+        train.warmup_steps = 200  # Linear warm-up (the budget is fixed after 21 steps).
+        train.learning_rate = 2e-3  # Peak step size, twice the paper's constant 1e-3.
+        train.final_lr_fraction = 0.1  # Floor: a tenth of the peak, on the last step.
+        train.eval_every_steps = 1000  # Validate every ~5 epochs (each costs loan time).
     elif variant == "cpu":
         model.hidden = 256  # Main width n, sized for a 2-core CPU.
         model.hyper_hidden = 64  # Hypernetwork width h.

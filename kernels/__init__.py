@@ -1,18 +1,11 @@
-"""Pallas kernels for rhhjax, installed as `rhhjax.kernels`; model code reaches them only
-through `rhhjax.ops`.
-
-Shared by every implementation:
+"""Pallas kernels for rhhjax, installed as `rhhjax.kernels`; models reach them through
+`rhhjax.ops`.
 
     layout.py     `Geometry`: the padded layout of the whole-sequence recurrence.
-    hardware.py   the GPU the kernels are built for, in one table (`H100`).
+    hardware.py   the GPU the kernels are built for (`H100`).
+    triton/       the Pallas Triton op (`rhhjax.kernels.triton`).
+    mosaic/       the Mosaic GPU kernels (Hopper; `rhhjax.kernels.mosaic`).
 
-The Pallas Triton op (`rhhjax.kernels.triton`, its own facade):
-
-    triton/       config.py, common.py, forward.py, backward.py, stacked.py.
-
-The Mosaic GPU kernels (Hopper; `rhhjax.kernels.mosaic`):
-
-    mosaic/       gemm.py, forward.py, backward.py, persistent_forward.py,
-                  persistent_backward.py, plan.py, grid_barrier.py, interpret.py,
-                  persistent_slots.py, rowgroup_layout.py, keep_mask.py.
+Each subpackage's `__init__` names its own modules; every module of every package, in one
+list: docs/design.md's module map.
 """

@@ -1,11 +1,5 @@
-"""The GPU the kernels and the compile report are built for, in one table: an H100 SXM 80GB
-(Hopper, compute capability 9.0).
-
-The figures are those of NVIDIA's deviceQuery for the card, as XLA's own
-``xla/tools/hlo_opt/gpu_specs/h100_sxm`` gives them (`rhhjax.hlo.deviceless` writes them into
-the compile-only topology); ``smem_alignment`` is Mosaic GPU's. Pure Python: the compile
-report reads it without JAX.
-"""
+"""The GPU the kernels and the compile report are built for: an H100 SXM 80GB (Hopper, 9.0),
+figures as XLA's ``gpu_specs/h100_sxm`` gives them. Pure Python (no JAX)."""
 
 from __future__ import annotations
 
@@ -14,9 +8,9 @@ import dataclasses
 
 @dataclasses.dataclass(frozen=True)
 class Gpu:
-    """One GPU's facts (bytes, counts per SM or per block, as named)."""
+    """One GPU's facts."""
 
-    device_kind: str  # the device's name as JAX reports it
+    device_kind: str  # as JAX reports it
     compute_capability: tuple[int, int]
     sms: int  # streaming multiprocessors
     clock_ghz: float
@@ -24,13 +18,13 @@ class Gpu:
     threads_per_warp: int
     threads_per_block: int
     threads_per_sm: int
-    registers_per_sm: int  # 32-bit registers
+    registers_per_sm: int
     registers_per_block: int
-    registers_per_thread: int  # the most a thread may hold (ptxas' limit)
+    registers_per_thread: int  # ptxas' limit
     smem_per_block: int  # shared memory a block gets without opting in
     smem_per_block_optin: int  # the most shared memory a block may opt in to
     smem_per_sm: int
-    smem_alignment: int  # Mosaic GPU rounds every shared-memory scratch buffer up to this
+    smem_alignment: int  # Mosaic GPU's scratch alignment
     l2_bytes: int
     hbm_bytes: int
     hbm_bytes_per_s: int

@@ -1,13 +1,9 @@
 """The padded layout of the whole-sequence recurrence, shared by every implementation.
 
-:class:`Geometry` holds the effective block sizes and padded extents of one problem size
-(hashable, static) and the padding helpers. ``B`` is padded up to ``b_pad`` (a multiple of
-``block_b``) and ``n`` up to ``n_pad`` (a multiple of ``block_n`` and ``block_k``) with zeros.
-Arrays with two halves (h and t) are ``[..., 2, n_pad]``, so that ``x2[..., half, u]`` is
-``x[..., half * n + u]``; the forward weight is ``w3 [n_pad, 2, n_pad]`` (``w3[k, half, j] =
-w[k, half * n + j]``) and the state-gradient weight ``w_t [2, n_pad, n_pad]`` (``w_t[half, k,
-j] = w[j, half * n + k]``). States, gates and accumulations are float32 (``F32``) whatever the
-matmul dtype.
+`Geometry`: B padded to ``b_pad`` (a multiple of ``block_b``), n to ``n_pad`` (of
+``block_n`` and ``block_k``). Halves are ``[..., 2, n_pad]``; weights ``w3 [n_pad, 2,
+n_pad]`` (``w3[k, h, j] = w[k, h * n + j]``) and ``w_t [2, n_pad, n_pad]`` (``w_t[h, k, j]
+= w[j, h * n + k]``). States, gates and accumulations are float32.
 """
 
 from __future__ import annotations
@@ -19,11 +15,11 @@ from typing import Protocol
 import jax
 import jax.numpy as jnp
 
-F32 = jnp.float32  # the dtype of states, gates and accumulations
+F32 = jnp.float32
 
 
 class BlockSizes(Protocol):
-    """What :meth:`Geometry.make` reads of a kernel config (e.g. the Triton op's)."""
+    """What `Geometry.make` reads of a kernel config."""
 
     block_b: int
     block_n: int
@@ -33,7 +29,6 @@ class BlockSizes(Protocol):
 
 
 def round_up(x: int, multiple: int) -> int:
-    """``x`` rounded up to a multiple of ``multiple``."""
     return -(-x // multiple) * multiple
 
 
@@ -42,12 +37,11 @@ def _next_power_of_2(x: int) -> int:
 
 
 def _clamp_block(block: int, size: int) -> int:
-    """Shrinks a block to the next power of two >= size (but never below 16)."""
+    """Rounds a block down to the next power of two >= size, at least 16."""
     return min(block, max(16, _next_power_of_2(size)))
 
 
 def _pad_trailing(x: jax.Array, trailing: tuple[int, ...]) -> jax.Array:
-    """Zero-pads the last ``len(trailing)`` axes of ``x`` up to ``trailing``."""
     lead = x.ndim - len(trailing)
     widths = [(0, 0)] * lead + [
         (0, target - size) for size, target in zip(x.shape[lead:], trailing, strict=True)
@@ -61,13 +55,8 @@ def _pad_trailing(x: jax.Array, trailing: tuple[int, ...]) -> jax.Array:
 
 @dataclasses.dataclass(frozen=True)
 class Geometry:
-    """The padded layout of one problem size: effective block sizes and padded extents
-    (hashable, static), with the padding helpers. The ONE layout of the whole-sequence
-    recurrence: the Triton kernels' (:meth:`make`), the XLA ``fused`` path's
-    (:meth:`for_units`: units only, no batch padding) and the Mosaic kernels' (built directly).
-
-    ``grid = (b_pad // block_b, n_pad // block_n)``.
-    """
+    """The padded layout of one problem size (static), with the padding helpers; grid =
+    (b_pad // block_b, n_pad // block_n)."""
 
     batch: int
     n: int
@@ -79,11 +68,7 @@ class Geometry:
 
     @classmethod
     def make(cls, config: BlockSizes, batch: int, n: int) -> Geometry:
-        """Clamps the config's blocks to the problem and rounds ``batch`` and ``n`` up.
-
-        The kernels take their block sizes from the geometry and only the launch parameters
-        (warps, stages, ``allow_tf32``) from the config they are given.
-        """
+        """The config's blocks clamped to the problem, ``batch`` and ``n`` rounded up."""
         config.validate()
         if batch < 1 or n < 1:
             raise ValueError(f"Geometry needs batch >= 1 and n >= 1, got {batch} and {n}.")
@@ -102,8 +87,7 @@ class Geometry:
 
     @classmethod
     def for_units(cls, batch: int, n: int, unit_multiple: int) -> Geometry:
-        """``n`` rounded up to a multiple of ``unit_multiple``, the batch unpadded (one block
-        of ``batch`` rows, unit blocks of ``unit_multiple``): the layout of the XLA path."""
+        """``n`` rounded up to ``unit_multiple``, batch unpadded: the XLA path's layout."""
         if batch < 1 or n < 1:
             raise ValueError(f"Geometry needs batch >= 1 and n >= 1, got {batch} and {n}.")
         n_pad = round_up(n, unit_multiple)
@@ -111,34 +95,29 @@ class Geometry:
 
     @property
     def grid(self) -> tuple[int, int]:
-        """(batch blocks, unit blocks)."""
         return (self.b_pad // self.block_b, self.n_pad // self.block_n)
 
-    # --- padding helpers: all accept leading axes ([T, L, ...], [L, ...]) -------------------
-
     def pad_rows(self, x: jax.Array | None) -> jax.Array | None:
-        """[..., B, n] -> [..., b_pad, n_pad], dtype kept (f32 states, int8 masks); None
-        stays None."""
+        """[..., B, n] -> [..., b_pad, n_pad]; None stays None."""
         return None if x is None else _pad_trailing(x, (self.b_pad, self.n_pad))
 
     def pad_halves(self, x: jax.Array) -> jax.Array:
-        """[..., B, 2n] -> [..., b_pad, 2, n_pad], dtype kept (the h and t halves aligned)."""
+        """[..., B, 2n] -> [..., b_pad, 2, n_pad]."""
         x = x.reshape(*x.shape[:-1], 2, self.n)
         return _pad_trailing(x, (self.b_pad, 2, self.n_pad))
 
     def pad_weight(self, w: jax.Array, dtype) -> jax.Array:
-        """[..., n, 2n] -> [..., n_pad, 2, n_pad] in ``dtype`` (the forward layout ``w3``)."""
+        """[..., n, 2n] -> w3 [..., n_pad, 2, n_pad] in ``dtype``."""
         w3 = w.astype(dtype).reshape(*w.shape[:-1], 2, self.n)
         return _pad_trailing(w3, (self.n_pad, 2, self.n_pad))
 
     def pad_weight_t(self, w: jax.Array, dtype) -> jax.Array:
-        """[..., n, 2n] -> [..., 2, n_pad, n_pad] in ``dtype``; ``w_t[h, k, j] = w[j, h*n+k]``."""
+        """[..., n, 2n] -> w_t [..., 2, n_pad, n_pad] in ``dtype``."""
         w3 = w.astype(dtype).reshape(*w.shape[:-1], 2, self.n)  # [..., j, h, k]
         w_t = jnp.moveaxis(w3, -3, -1)  # [..., h, k, j]
         return _pad_trailing(w_t, (2, self.n_pad, self.n_pad))
 
     def pad_bias(self, b: jax.Array) -> jax.Array:
-        """[..., 2n] -> [..., 2, n_pad], dtype kept."""
         b2 = b.reshape(*b.shape[:-1], 2, self.n)
         return _pad_trailing(b2, (2, self.n_pad))
 

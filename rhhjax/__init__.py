@@ -1,26 +1,12 @@
 """rhhjax: Recurrent Highway Networks and Recurrent Highway Hypernetworks in JAX/Flax.
 
-Packages (each package's ``__init__`` names its modules):
-
-    models/     Flax modules: the cells, the cores over time, the character LM
-    ops/        the op layer, arrays in and out: the implementations of the recurrence
-    kernels/    Pallas kernels (installed from the top-level kernels/ folder)
-    data/       vocabularies, corpora, samplers, evaluation batches
-    train/      the training program, loop, state, checkpoints and workdir
-    analysis/   weight norms, gradient flow, gates, lesions, figures
-    hlo/        the compile report's library (HLO and compile dumps read back)
-    tools/      the programs: evaluate, sample, plot, summary, ablate, analyze
-    configs/    the experiment configs (installed from the top-level configs/ folder)
-
-Modules:
-
-    evaluation.py     cross-entropy, BPC and accuracy under every protocol
-    sampling.py       text generation from a trained model
-    parallel.py       the device mesh, shardings, multi-host helpers
-    memory.py         memory estimates and out-of-memory lines
-    outputs.py        output paths checked first, files written whole
-    config_fields.py  dotted config fields and their "did you mean" hint
-    errors.py         ``UserError``: every fixable error is one ``error:`` line
+Packages: models/ (Flax modules), ops/ (the recurrence's implementations), kernels/ (Pallas
+kernels), data/ (corpora, samplers, evaluation batches), train/ (the training program),
+analysis/ (norms, gradient flow, gates, lesions), tools/ (the programs), configs/.
+Modules: evaluation.py (BPC under every protocol), sampling.py (text generation), parallel.py
+(mesh, shardings), memory.py (estimates, out-of-memory lines), outputs.py (checked output
+paths), config_fields.py (dotted fields), config_files.py (the config loader), cli.py (what
+every program shares), errors.py (``UserError``: one ``error:`` line).
 """
 
 __version__ = "0.1.0"

@@ -1,15 +1,9 @@
 """Dotted config fields ("model.depth"): the one lookup behind every "did you mean" hint.
 
-``lookup(config, "model.depth")`` is the field's value. A field that is not there raises
-``UnknownField``, which says where the walk left the config and names the closest sibling of
-its first missing part; each caller words its own one-line error with that hint:
-
-    configs.override ("block.field=value" overrides) and the --config.<field>= check of
-    rhhjax.tools.common:  unknown config field model.dept (did you mean model.depth?)
-    --sweep / --variant of rhhjax.tools.ablate:  --sweep field 'model.hyper_rnk' is not in
-    the config (did you mean model.hyper_rank?)
-
-Standard library only: configs/, the library and its tools import it; it imports none of them.
+``lookup(config, "model.depth")`` is the field's value; a missing field raises
+``UnknownField``, naming where the walk left the config and the closest sibling, which
+callers (``configs.override``, ``--config.<field>=``, ``ablate --sweep``) word into one line:
+``unknown config field model.dept (did you mean model.depth?)``. Standard library only.
 """
 
 from __future__ import annotations

@@ -1,29 +1,10 @@
 """Evaluation: cross-entropy, BPC, perplexity and accuracy of a model on a split.
 
-Protocols (``rhhjax.data.eval_batches``):
-
-    windows   overlapping windows with a minimum context; every character but the first is
-              scored exactly once (stateless).
-    stream    the split cut into ``eval.batch_size`` rows read left to right with the state
-              carried; every character but the first is scored exactly once.
-    paper     the Recurrent Highway Hypernetworks paper's own protocol: 51-character chunks,
-              100-character rows, positions >= 50 scored (NOT every character once).
-              On the test split the paper's code raised the mask to 95 on the same batches
-              (only 5 of every 51 characters scored); that number is reported separately as
-              ``paper_test_mask95``.
-
-Metrics: ``nats`` (mean cross-entropy), ``bpc`` = nats / ln 2, ``ppl`` = e^nats,
-``acc`` = argmax hits / scored characters, ``chars`` = number of scored characters.
-
-Command line (any checkpoint of a workdir, no training)::
-
-    python -m rhhjax.tools.evaluate --workdir=workdirs/ptb [--split=valid|test|all]
-        [--protocol=windows|stream|paper|all] [--checkpoint=best|latest|STEP] [--output=FILE.json]
-        [--data_dir=FOLDER | --text_files=FILE[,FILE,FILE]]
-
-The data is found as the run's config says (its ``data`` section); ``--data_dir`` (PTB) or
-``--text_files`` (format=text) point it at data that has moved since training. The vocabulary
-must still match the checkpoint's.
+Protocols (``rhhjax.data.eval_batches``; docs/design.md): ``windows`` and ``stream`` score
+every character but the first once; ``paper`` is the paper's 51-character chunks with
+positions >= 50 scored (and ``paper_test_mask95``, its test-split mask). Metrics: ``nats``,
+``bpc`` = nats / ln 2, ``ppl`` = e^nats, ``acc``, ``chars`` (scored characters).
+Command line: ``python -m rhhjax.tools.evaluate --workdir=DIR`` (README).
 """
 
 from __future__ import annotations
@@ -109,18 +90,11 @@ def evaluate_tokens(
     mesh: jax.sharding.Mesh | None = None,
     max_chunk: int = data_lib.MAX_CHUNK,
 ) -> dict:
-    """Metrics of the model on ``tokens`` under ``protocol`` (see module docstring).
+    """Metrics of the model on ``tokens`` under ``protocol``.
 
-    ``max_chunk``: time steps of one batch at most; a longer ``seq_len`` runs in pieces with
-    the state carried (``rhhjax.data.eval_batches``), so memory does not grow with it.
-
-    ``should_stop`` is polled between batches; when it returns True a ``KeyboardInterrupt``
-    is raised (used for SIGTERM during the final evaluation).
-
-    ``mesh`` (``rhhjax.parallel.make_mesh``): the batches are split over its ``"data"`` axis
-    (``batch_size`` must divide by its size; every process builds the same global batches and
-    places its rows), the parameters replicated unless already on the mesh. The metrics are
-    those of the unsharded evaluation up to float summation order.
+    ``max_chunk``: the most time steps per batch (longer windows run in pieces, the state
+    carried); ``should_stop``: polled between batches, raises ``KeyboardInterrupt``;
+    ``mesh``: batches split over ``"data"``, the same metrics up to summation order.
     """
     step = make_eval_step(model_config, mesh)
     carry = zero_carry(model_config, params, batch_size)
@@ -168,11 +142,7 @@ def evaluate_splits(
     should_stop: Callable[[], bool] | None = None,
     mesh: jax.sharding.Mesh | None = None,
 ) -> dict:
-    """{split: {protocol: metrics}} for every split and protocol.
-
-    On the test split the ``paper`` protocol is also run with the paper's test mask 95
-    (``paper_test_mask95``).
-    """
+    """{split: {protocol: metrics}}; on test also ``paper_test_mask95``."""
     results: dict = {}
     for split in splits:
         tokens = corpus.split(split)

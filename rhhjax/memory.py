@@ -5,23 +5,10 @@ and an out-of-memory that still happens turned into one line.
     need = memory.training(model, n_params, batch=256, seq_len=100, optimizer="adam")
     memory.check([need, *memory.evaluations(...)], memory.free_memory())   # MemoryCheckError
 
-The estimate (``Need``) is activations per ``[batch, time]`` element (floats per element, by
-model type, from the widths: the coefficients below), plus the parameters and what the step
-keeps beside them (gradients, optimizer moments), plus a fixed allowance for the runtime.
-The training coefficients were fitted to XLA's own buffer assignment of the compiled steps,
-the evaluation ones to measured peaks (CPU backend, ``scan``, jax 0.10.2, 2026-11-25; the
-RHN ones refitted 2026-11-26), and rounded up. ``benchmarks/memory_peaks.py`` measures the
-real peak (the process's resident set, ``VmHWM``) of a training step and an evaluation for
-a set of configs;
-``results/memory_cpu.json`` holds the ratios: 1.03-1.27 for every config whose peak is above
-100 MB, and tests/test_memory.py checks one. The other implementations keep the states of the
-whole sequence (``[T, L, batch, n]``): their coefficient is larger, and unmeasured.
-Evaluation never spans more than ``rhhjax.data.MAX_CHUNK`` time steps per batch, with at most
-two batches in flight.
-
-On the CPU backend device memory is host memory: one budget. On a GPU the device's free memory
-(``memory_stats``) bounds the step and the host's the batches built on the host. Compiling
-takes memory of its own (``COMPILE_BYTES``), freed before the step runs.
+``Need``: activations per ``[batch, time]`` element by model type (coefficients fitted to
+XLA's buffer assignment and measured peaks, rounded up), plus parameters, gradients and
+optimizer moments, a runtime allowance and ``COMPILE_BYTES`` for compiling. How it compares
+with measured peaks: docs/operations.md ("Memory"), results/memory_cpu.json.
 """
 
 from __future__ import annotations
@@ -36,32 +23,27 @@ from rhhjax.errors import UserError
 if TYPE_CHECKING:  # no jax import at run time: the programs check before importing it
     from rhhjax.models import ModelConfig
 
-FLOAT = 4  # bytes: the estimate counts float32 (bfloat16 halves some of it: a bound)
-RUNTIME_BYTES = 16 * 2**20  # the runtime's buffers beside a step, allocator noise (1-10 MB each)
-# Compiling a step takes memory of its own, freed before the step runs (measured on the CPU:
-# 150-320 MB whatever the widths): a run needs at least this much free.
+FLOAT = 4  # bytes: float32 (an upper bound for bfloat16)
+RUNTIME_BYTES = 16 * 2**20  # the runtime's buffers beside a step
+# compiling a step takes memory of its own, freed before the step runs (results/memory_cpu.json)
 COMPILE_BYTES = 384 * 2**20
-HOST_BYTES_PER_EVAL_ELEMENT = 48  # numpy index, mask and token arrays of one eval batch
+HOST_BYTES_PER_EVAL_ELEMENT = 48  # numpy arrays of one eval batch
 OPTIMIZER_SLOTS = {"adam": 2, "sgd": 0}  # moments per parameter
 
-# Floats per [batch, time] element of a training step (forward residuals and the backward's
-# temporaries), by model type: {width term: coefficient}. "Ln": depth (LSTM: layers) x hidden;
-# "n": hidden; "Lh" / "h": the hypernetwork's; "V": vocabulary; "E": embedding.
+# floats per [batch, time] element of a training step: {width term: coefficient}; "Ln": depth
+# (LSTM: layers) x hidden, "n": hidden, "Lh" / "h": the hypernetwork's, "V", "E": vocab, embedding
 TRAIN_FLOATS = {
     "hyperrhn": {"Ln": 13.0, "n": 6.0, "Lh": 2.0, "h": 23.0, "V": 2.6, "E": 2.1},
     "rhn": {"Ln": 8.1, "n": 6.0, "V": 2.6, "E": 2.1},
     "lstm": {"Ln": 18.7, "n": 10.0, "V": 2.6, "E": 2.1},
 }
-# ... of an evaluation batch (forward only: the scan keeps its outputs, not its residuals;
-# depth hardly matters). Fitted to the measured peaks, two batches in flight (refitted
-# 2026-11-26 after the RHN cores project the input time-major: 40% lower peaks).
+# ... of an evaluation batch (forward only, two batches in flight; fitted to measured peaks)
 EVAL_FLOATS = {
     "hyperrhn": {"n": 3.5, "h": 2.0, "V": 1.0, "E": 0.5},
     "rhn": {"n": 3.5, "V": 1.0, "E": 0.5},
     "lstm": {"n": 11.0, "V": 1.0, "E": 0.5},
 }
-# Whole-sequence implementations (fused, pallas, mosaic, persistent) keep every state
-# [T, L, B, n] of a batch (and, training, the gates): these floats per L x n more.
+# whole-sequence implementations keep every state [T, L, B, n]: these floats per L x n more
 OP_EXTRA_LN = {"train": 2.0, "eval": 2.5}
 
 
@@ -75,9 +57,8 @@ class OutOfMemoryError(UserError):
 
 @dataclasses.dataclass(frozen=True)
 class Need:
-    """The estimated peak of one computation: ``device`` bytes (the step's buffers) and
-    ``host`` bytes (numpy batches beside it); ``what`` and ``fields`` say what it is and
-    which fields size it (the first one is the one to lower)."""
+    """The estimated peak of one computation in ``device`` and ``host`` bytes; ``fields``
+    size it (the first is the one to lower)."""
 
     what: str
     device: int
@@ -88,8 +69,7 @@ class Need:
 
 @dataclasses.dataclass(frozen=True)
 class Free:
-    """Free memory: ``host`` bytes; ``device`` bytes of one accelerator, or None on the CPU
-    backend (its memory is the host's)."""
+    """Free bytes: ``host``; ``device`` of one accelerator (None on the CPU backend)."""
 
     host: int
     device: int | None = None
@@ -110,8 +90,7 @@ def _widths(model: ModelConfig) -> dict[str, float]:
 
 
 def floats_per_element(model: ModelConfig, kind: str, impl: str = "scan") -> float:
-    """Floats per ``[batch, time]`` element of a training step (``kind="train"``) or an
-    evaluation batch (``"eval"``) of ``model`` run with ``impl``."""
+    """Floats per ``[batch, time]`` element of a ``"train"`` step or an ``"eval"`` batch."""
     table = (TRAIN_FLOATS if kind == "train" else EVAL_FLOATS)[model.type]
     widths = _widths(model)
     floats = sum(coef * widths[term] for term, coef in table.items())
@@ -129,8 +108,7 @@ def training(
     impl: str = "scan",
     n_devices: int = 1,
 ) -> Need:
-    """The peak of one training step on one device: activations of ``[batch / n_devices,
-    seq_len]``, the parameters with their gradients, updates and optimizer moments."""
+    """The peak of one training step on one device, optimizer state included."""
     per_device = max(batch // max(n_devices, 1), 1)
     activations = FLOAT * floats_per_element(model, "train", impl) * per_device * seq_len
     copies = 3 + OPTIMIZER_SLOTS.get(optimizer, 2)  # params, gradients, updates, moments
@@ -155,8 +133,7 @@ def evaluation(
     n_devices: int = 1,
     batch_field: str = "eval.batch_size",
 ) -> Need:
-    """The peak of one evaluation batch of ``[batch, steps]`` under ``protocol`` (``steps``:
-    the batch's time steps, ``rhhjax.data`` caps them at ``MAX_CHUNK``)."""
+    """The peak of one evaluation batch of ``[batch, steps]`` under ``protocol``."""
     per_device = max(batch // max(n_devices, 1), 1)
     activations = FLOAT * floats_per_element(model, "eval", impl) * per_device * steps
     device = int(activations + FLOAT * n_params + RUNTIME_BYTES)
@@ -171,8 +148,7 @@ def evaluation(
 
 
 def eval_steps(protocol: str, seq_len: int) -> int:
-    """Time steps of one evaluation batch: 100 for ``paper``, else ``seq_len`` capped at
-    ``MAX_CHUNK``."""
+    """Time steps of one evaluation batch (``paper``: 100; else capped at ``MAX_CHUNK``)."""
     from rhhjax import data as data_lib
 
     if protocol == "paper":
@@ -236,8 +212,7 @@ def _address_space_free() -> int | None:
 
 
 def host_free() -> tuple[int, str]:
-    """(free host bytes, where the bound comes from): the least of MemAvailable, the cgroup's
-    limit and ``ulimit -v``."""
+    """(free host bytes, its source): the least of MemAvailable, cgroup and ``ulimit -v``."""
     candidates = [
         (_meminfo_available(), "MemAvailable"),
         (_cgroup_free(), "the cgroup's memory.max"),
@@ -250,8 +225,7 @@ def host_free() -> tuple[int, str]:
 
 
 def device_free(device: object | None = None) -> int | None:
-    """Free bytes of an accelerator (``memory_stats``: limit less in use); None on the CPU
-    backend or when the device does not say."""
+    """Free bytes of an accelerator (``memory_stats``); None on the CPU or when unknown."""
     import jax
 
     device = device or jax.local_devices()[0]
@@ -283,28 +257,43 @@ def size(n: float) -> str:
     return f"{n / 1e3:,.0f} kB"
 
 
-def _problem(need: Need, free: Free) -> str | None:
-    """The refusal line of one estimate, or None when it fits."""
+def _budget(need: Need, free: Free) -> tuple[str, int, int, str]:
+    """(where, estimate, free, " (source)") of the budget that bounds ``need``: the device's
+    unless it fits there, else the host's."""
+    host_source = f" ({free.host_source})"
     if free.device is None:  # CPU backend: the step's buffers are host memory
-        where, needed, available = "host memory", need.device + need.host, free.host
-        source = f" ({free.host_source})"
-    elif max(need.device, COMPILE_BYTES) > free.device:
-        where, needed, available, source = "device memory", need.device, free.device, ""
-    else:
-        where, needed, available = "host memory", need.host, free.host
-        source = f" ({free.host_source})"
-    if max(needed, COMPILE_BYTES) <= available:
+        return "host memory", need.device + need.host, free.host, host_source
+    if need.device + COMPILE_BYTES > free.device:
+        return "device memory", need.device, free.device, ""
+    return "host memory", need.host, free.host, host_source
+
+
+def _problem(need: Need, free: Free) -> str | None:
+    """The refusal line of one estimate, or None when it and the compile allowance fit."""
+    where, needed, available, source = _budget(need, free)
+    if needed + COMPILE_BYTES <= available:
         return None
     lower = need.fields[0] + (f" (or {need.fields[1]})" if len(need.fields) > 1 else "")
     return (
-        f"{need.what} needs about {size(needed)} of {where} ({need.shape}), "
-        f"{size(available)} is free{source}: lower {lower}"
+        f"{need.what} needs about {size(needed)} + {size(COMPILE_BYTES)} to compile of {where} "
+        f"({need.shape}), {size(available)} is free{source}: lower {lower}"
+    )
+
+
+def estimate_line(needs: Sequence[Need], free: Free) -> str:
+    """The start-up line: the largest estimate beside what is free."""
+    budgets = [(_budget(need, free), need) for need in needs]
+    (where, needed, available, source), need = max(
+        budgets, key=lambda b: (b[0][1] + COMPILE_BYTES) / max(b[0][2], 1)
+    )
+    return (
+        f"memory: {need.what} needs about {size(needed)} + {size(COMPILE_BYTES)} to compile of "
+        f"{where} ({need.shape}), {size(available)} is free{source}"
     )
 
 
 def check(needs: Sequence[Need], free: Free, hint: str = "") -> None:
-    """MemoryCheckError (one line) for the first estimate that does not fit in ``free``;
-    ``hint`` ends the line (e.g. how to run anyway)."""
+    """MemoryCheckError for the first estimate that does not fit; ``hint`` ends the line."""
     for need in needs:
         problem = _problem(need, free)
         if problem:
@@ -315,8 +304,7 @@ def check(needs: Sequence[Need], free: Free, hint: str = "") -> None:
 
 
 def is_out_of_memory(error: BaseException) -> bool:
-    """Whether ``error`` is an out-of-memory: numpy's (``MemoryError``) or XLA's
-    (``RESOURCE_EXHAUSTED``, "Out of memory")."""
+    """Whether ``error`` is numpy's or XLA's out-of-memory."""
     if isinstance(error, MemoryError):
         return True
     text = str(error)
@@ -326,8 +314,7 @@ def is_out_of_memory(error: BaseException) -> bool:
 
 
 def out_of_memory_line(error: BaseException, during: str, fields: Sequence[str], kept: str) -> str:
-    """One line for an out-of-memory ``during`` something: what failed (its first line), what
-    is kept, and which field to lower."""
+    """One line for an out-of-memory: what failed, what is kept, which field to lower."""
     first = next((line.strip() for line in str(error).splitlines() if line.strip()), "")
     lower = fields[0] + (f" (or {fields[1]})" if len(fields) > 1 else "")
     reason = f"{type(error).__name__}: {first}"[:240].rstrip(".")

@@ -1,15 +1,6 @@
-"""The files and folders the programs write: checked before any work, written whole or not at all.
-
-    outputs.check_file(path, "--output")   # before loading or computing anything
-    outputs.check_folder(path, "--out")
-    outputs.write_text(path, text, "--output")   # a temporary file renamed over ``path``
-    with outputs.atomic_path(path, "--out") as tmp:  # for writers that take a path (savefig)
-        fig.savefig(tmp)
-
-Every problem is an ``OutputError`` (a ``UserError``): one line naming the flag and the path,
-e.g. ``--out=/tmp/a_file is a file, not a folder`` or ``--output=/ro/r.json: cannot write in
-/ro (Read-only file system)``. No jax here: the programs check their outputs before importing
-anything heavy.
+"""The files and folders the programs write: checked before any work (``check_file``,
+``check_folder``, ``check_workdir_free``), written whole or not at all (``write_text``,
+``atomic_path``); every problem a one-line ``OutputError``. No jax here.
 """
 
 from __future__ import annotations
@@ -25,8 +16,7 @@ from rhhjax.errors import UserError
 
 
 class OutputError(UserError):
-    """An output path that is a file where a folder is needed (or the reverse), or that cannot
-    be written; the message is one line."""
+    """An output path of the wrong kind (file / folder) or that cannot be written."""
 
 
 def _reason(error: OSError) -> str:
@@ -61,8 +51,7 @@ def _check_parents(path: Path, label: str) -> None:
 
 
 def check_file(path: str | os.PathLike, flag: str) -> Path:
-    """``path`` as a Path, checked for writing a file there (its folder may not exist yet):
-    OutputError when it is a folder, a parent is a file, or the folder is not writable."""
+    """``path`` as a Path, checked for writing a file there (its folder may not exist yet)."""
     path = Path(path)
     label = f"{flag}={path}"
     if path.is_dir():
@@ -72,8 +61,7 @@ def check_file(path: str | os.PathLike, flag: str) -> Path:
 
 
 def check_folder(path: str | os.PathLike, flag: str) -> Path:
-    """``path`` as a Path, checked for writing files into it (it may not exist yet):
-    OutputError when it or a parent is a file, or it cannot be created or written."""
+    """``path`` as a Path, checked for writing files into it (it may not exist yet)."""
     path = Path(path)
     label = f"{flag}={path}"
     if path.exists() and not path.is_dir():
@@ -101,9 +89,7 @@ def file_mode() -> int:
 
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike, flag: str) -> Iterator[Path]:
-    """A temporary path beside ``path`` to write; renamed over ``path`` when the block ends
-    without an error, deleted otherwise (``path`` keeps its old content). The folder is
-    created. A failed write is an OutputError (one line)."""
+    """A temporary path beside ``path``, renamed over it if the block succeeds, else deleted."""
     path = Path(path)
     make_folder(path.parent, flag)
     tmp = None
@@ -128,3 +114,40 @@ def write_text(path: str | os.PathLike, text: str, flag: str) -> Path:
     with atomic_path(path, flag) as tmp:
         tmp.write_text(text, encoding="utf-8")
     return Path(path)
+
+
+# ----------------------------------------------------------------------------- workdirs
+
+WORKDIR_LOCK = ".lock"  # the file a running training holds an flock on (the trainer takes it)
+
+
+class WorkdirInUseError(OutputError):
+    """Another process holds the workdir's lock; one line."""
+
+
+def in_use_message(workdir: Path, fd: int) -> str:
+    """The one line for a workdir whose lock (open as ``fd``) another process holds."""
+    holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
+    return (
+        f"workdir {workdir} is in use by another run (process {holder}); wait for it to finish "
+        f"or use another --workdir"
+    )
+
+
+def check_workdir_free(workdir: str | os.PathLike) -> None:
+    """WorkdirInUseError when another process holds ``workdir/.lock`` (creates nothing)."""
+    import fcntl
+
+    path = Path(workdir)
+    try:
+        fd = os.open(path / WORKDIR_LOCK, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise WorkdirInUseError(in_use_message(path, fd)) from None
+    except OSError:
+        pass
+    finally:
+        os.close(fd)  # releases the shared lock at once

@@ -1,16 +1,10 @@
 """Data parallelism: a 1-D device mesh (axis ``"data"``), shardings, multi-host helpers.
 
-The training and evaluation batches are split along their first (batch) axis over every
-device of every process; the parameters and the optimizer state are replicated (or, with
-``train.fsdp``, each array is split along its largest axis that divides by the device count,
-FSDP-style; GSPMD inserts the all-gathers). One device is a 1-device mesh: nothing changes.
-
-Multi-host (``jax.distributed``): every process runs the same command; ``initialize`` is
-called when ``train.distributed`` is true or ``JAX_COORDINATOR_ADDRESS`` is set (with
-``JAX_NUM_PROCESSES`` / ``JAX_PROCESS_ID``, or a cluster jax detects: SLURM, Open MPI, TPU).
-Every process generates the *global* batch from the seed (the samplers are deterministic) and
-hands its own rows to ``jax.make_array_from_process_local_data``; arrays that are the same
-everywhere (parameters at init, scalars) are built with ``make_array_from_callback``.
+Batches are split along their first axis over every device of every process; parameters and
+optimizer state are replicated, or with ``train.fsdp`` split along their largest divisible
+axis. Multi-host (``jax.distributed``): every process runs the same command, generates the
+global batch from the seed and hands its rows to ``make_array_from_process_local_data``;
+arrays the same everywhere use ``make_array_from_callback``.
 """
 
 from __future__ import annotations
@@ -34,9 +28,6 @@ ENV_PROCESS_ID = "JAX_PROCESS_ID"
 
 class ParallelError(UserError):
     """A user-facing problem with the device / process setup; the message is one line."""
-
-
-# ----------------------------------------------------------------------------- processes
 
 
 def maybe_initialize_distributed(enabled: bool = False) -> bool:
@@ -93,9 +84,6 @@ def sync(name: str) -> None:
         from jax.experimental import multihost_utils
 
         multihost_utils.sync_global_devices(name)
-
-
-# ----------------------------------------------------------------------------- mesh
 
 
 def make_mesh(devices=None) -> Mesh:
@@ -157,9 +145,6 @@ def constrain_batch(tree: Any, mesh: Mesh) -> Any:
 
 def constrain_replicated(tree: Any, mesh: Mesh) -> Any:
     return jax.lax.with_sharding_constraint(tree, replicated(mesh))
-
-
-# ----------------------------------------------------------------------------- placement
 
 
 def _from_global(x, sharding: NamedSharding) -> jax.Array:

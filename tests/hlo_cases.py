@@ -1,5 +1,5 @@
 # ruff: noqa: E501  (the HLO fixture below is real-length HLO lines)
-"""A hand-written optimised-HLO module for the compile report's tests (rhhjax/hlo/)."""
+"""A hand-written optimised-HLO module for the compile report's tests (benchmarks/hlo/)."""
 
 # A hand-written optimised-HLO module with the shapes of a tiny HyperRHN (seq_len 3,
 # hidden 64, hyper 8): a hyper forward loop, a main forward loop (with a nested 2-trip

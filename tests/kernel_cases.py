@@ -1,5 +1,6 @@
 """Shared cases and helpers of the kernel tests (tests/test_kernels_*.py): random operands,
-tolerances, the per-mode run cache, the GPU skip mark and the CUDA lowering helpers."""
+tolerances, the per-mode run cache, the GPU skip mark, the CUDA lowering helpers and the
+persistent kernels' operands."""
 
 from __future__ import annotations
 
@@ -12,7 +13,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from rhhjax.kernels import triton as hw
+from rhhjax.kernels.layout import F32
 from rhhjax.kernels.mosaic import interpret as gpu_interpret
+from rhhjax.kernels.mosaic import persistent_backward as pb
+from rhhjax.kernels.mosaic import persistent_forward as pf
+from rhhjax.kernels.mosaic import persistent_slots as slots
 from rhhjax.kernels.triton.common import dot_precision
 
 # Custom-call target of a Triton pallas_call: "__gpu$xla.gpu.triton" (jaxlib <= 0.10.2, Triton
@@ -311,11 +316,11 @@ print(json.dumps(rows))
 
 
 # What every deviceless compile script starts with: the compile-only H100 set up before jax
-# starts (`rhhjax.hlo.deviceless`, as ``g``), ``sds`` (an abstract array on the H100 mesh) and
+# starts (benchmarks/hlo/deviceless.py, as ``g``), ``sds`` (an abstract array on the H100 mesh) and
 # ``lower_and_compile`` (the lowered text of a jitted function, compiled for an H100).
 _DEVICELESS_PRELUDE = """
 import json
-from rhhjax.hlo import deviceless as g
+from hlo import deviceless as g
 g.set_deviceless_env(log_ptxas={log_ptxas})
 import jax, jax.numpy as jnp
 rep = jax.sharding.NamedSharding(g.h100_mesh(), jax.sharding.PartitionSpec())
@@ -340,9 +345,10 @@ def compile_deviceless(
 
 
 def run_deviceless(code: str, cwd, dump_dir=None) -> tuple[object, list[str]]:
-    """Runs ``code`` (Python that compiles for an H100 with rhhjax.hlo.deviceless's setup
-    and prints one JSON line last) in a fresh process of this interpreter in ``cwd``, with
-    Mosaic GPU's ptxas reports dumped under ``dump_dir`` (default ``cwd/ptxas``). Returns
+    """Runs ``code`` (Python that compiles for an H100 with benchmarks/hlo/deviceless.py's
+    setup, importable as ``hlo``, and prints one JSON line last) in a fresh process of this
+    interpreter in ``cwd``, with Mosaic GPU's ptxas reports dumped under ``dump_dir``
+    (default ``cwd/ptxas``). Returns
     (that JSON line, parsed; the ptxas report of every Mosaic GPU kernel compiled, in
     file-name order)."""
     import json
@@ -351,9 +357,12 @@ def run_deviceless(code: str, cwd, dump_dir=None) -> tuple[object, list[str]]:
     import subprocess
     import sys
 
+    from benchmark_scripts import BENCH
+
     dump = pathlib.Path(dump_dir or pathlib.Path(cwd) / "ptxas")
     dump.mkdir(exist_ok=True)
     env = dict(os.environ, MOSAIC_GPU_DUMP_PTXAS="1", MOSAIC_GPU_DUMP_TO=str(dump))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(BENCH), env.get("PYTHONPATH")]))
     run = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, cwd=cwd, env=env
     )
@@ -379,3 +388,151 @@ def assert_no_spills(reports: list[str]) -> None:
     """Every ptxas report is for sm_90a and spills no register."""
     for report in reports:
         assert "for 'sm_90a'" in report and "0 bytes spill stores" in report, report
+
+
+# ----------------------------------------------------------------------------- persistent kernels
+# The persistent kernels' operands (kernels/mosaic/persistent_forward.py, _backward.py) at
+# their padded sizes, shared by their test files (test_kernels_mosaic_persistent_forward.py
+# and _forward_run.py, _backward.py and _backward_run.py); gate dropout keeps KEEP.
+
+
+def forward_problem(seed, batch, width, steps, depth):
+    """Fresh unpadded inputs: W [L, n, 2n], s0 [B, n], xproj [T, B, 2n], b [L, 2n], b_U [2n],
+    z [T, L, B, n], keep [T, L, B, n] bool."""
+    rng = np.random.default_rng(seed)
+
+    def normal(*shape, scale=1.0):
+        return jnp.asarray(rng.normal(size=shape) * scale, jnp.float32)
+
+    return dict(
+        w=normal(depth, width, 2 * width, scale=0.3),
+        s0=normal(batch, width),
+        xproj=normal(steps, batch, 2 * width, scale=0.5),
+        b=normal(depth, 2 * width, scale=0.3),
+        b_u=normal(2 * width, scale=0.3),
+        z=1.0 + normal(steps, depth, batch, width, scale=0.3),
+        keep=jnp.asarray(rng.random((steps, depth, batch, width)) < KEEP),
+    )
+
+
+def forward_operands(plan, prob, has_z, has_mask):
+    """The kernel's padded operands (w_blk, s0, xproj, bias, z, mask) for `prob` (xproj [T,
+    b_pad, 2, z_width] and z layer-major [L, T, b_pad, z_width]: units unpadded; mask uint8
+    decisions)."""
+    batch, n = prob["s0"].shape
+    steps, depth = prob["xproj"].shape[0], prob["w"].shape[0]
+    rows, cols = plan.b_pad - batch, plan.n_pad - n
+
+    def halves(x):  # [..., 2n] -> [..., 2, n_pad]
+        x = x.reshape(*x.shape[:-1], 2, n)
+        return jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, cols)])
+
+    bias = halves(prob["b"]).at[0].add(halves(prob["b_u"]))  # [L, 2, n_pad]
+    bias = jnp.broadcast_to(bias[:, None], (depth, plan.b_pad, 2, plan.n_pad))
+    xproj = jnp.pad(halves(prob["xproj"]), [(0, 0), (0, rows), (0, 0), (0, 0)])
+    xproj = xproj[..., : plan.z_width]
+
+    def phase_major(x):  # [T, L, B, n] -> [P, b_pad, n_pad]
+        return jnp.pad(x.reshape(steps * depth, batch, n), [(0, 0), (0, rows), (0, cols)])
+
+    z = None
+    if has_z:
+        z = slots.scales_to_layer_major(phase_major(prob["z"]), steps, depth, plan.z_width)
+    mask = phase_major(prob["keep"].astype(jnp.uint8)) if has_mask else None  # decisions
+    w_blk = pf.forward_weights(plan, prob["w"], jnp.dtype(plan.dtype))
+    s0 = jnp.pad(prob["s0"], [(0, rows), (0, cols)])
+    return w_blk, s0, xproj, bias, z, mask
+
+
+def forward_inputs(plan, packed, s_mm, steps, depth):
+    """Each phase's input state [P, b_pad, n_pad] as the kernel saved it: packed row 0, or in
+    f32 (`plan.state_in_packed` false) the A buffer's blocks in phase order, zero past k_pad."""
+    if plan.state_in_packed:
+        return packed[:, :, 0]
+    return slots.a_buffer_to_inputs(s_mm, steps, depth, plan.n_pad)
+
+
+def forward_gate_rows(plan, packed):
+    """packed's rows after the input state [.., 2, n_pad]: h, tg, or with z full's halves."""
+    return packed[..., int(plan.state_in_packed) :, :]
+
+
+def pad_units(plan, x):
+    """[..., z_width] (an unpadded operand) -> [..., n_pad] with zeros, as the kernel reads it."""
+    return jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, plan.n_pad - x.shape[-1])])
+
+
+def pad_rows_and_units(plan, x):
+    """[..., B, n] -> [..., b_pad, n_pad] with zeros."""
+    lead = [(0, 0)] * (x.ndim - 2)
+    return jnp.pad(x, [*lead, (0, plan.b_pad - plan.batch), (0, plan.n_pad - plan.width)])
+
+
+def backward_case(seed, plan, steps, depth, z_on, mask_on):
+    """Fresh random backward inputs at the true sizes, padded, phase-major [P = T * L, ...]:
+    kernel_s [L, n, 2n]; g, s_prev, h, tg [P, Bp, n_pad]; full [P, Bp, 2, n_pad]; z, mask
+    [P, Bp, n_pad] | None (mask: the f32 values 0 or 1/keep); keep bool and decisions uint8
+    [P, Bp, n_pad] | None; z_op: z as the kernels read it, layer-major [L, T, Bp, z_width];
+    bias [L, Bp, 2, n_pad] with z (else None). With z the gates are those of full, z and
+    the bias (tanh(full_h * z + b_h), sigmoid(full_t * z + b_t)), as the kernel recomputes
+    them; without z they are drawn on their own."""
+    rng = np.random.default_rng(seed)
+    phases, batch, n = steps * depth, plan.batch, plan.width
+
+    def normal(*shape, scale=1.0):
+        return jnp.asarray(rng.normal(size=shape) * scale, F32)
+
+    kernel_s = normal(depth, n, 2 * n, scale=0.3)
+    rows = lambda x: pad_rows_and_units(plan, x)  # noqa: E731
+    g = rows(normal(phases, batch, n))
+    s_prev = rows(normal(phases, batch, n))
+    h = rows(jnp.tanh(normal(phases, batch, n)))
+    tg = rows(jax.nn.sigmoid(normal(phases, batch, n)))
+    full = jnp.stack([rows(normal(phases, batch, n)), rows(normal(phases, batch, n))], axis=2)
+    z = rows(1.0 + normal(phases, batch, n, scale=0.3)) if z_on else None
+    bias = None
+    if z_on:  # broadcast over rows, as the forward's operand; the gates follow from full
+        b = jnp.broadcast_to(normal(depth, 1, 2, n, scale=0.5), (depth, batch, 2, n))
+        bias = jnp.pad(b, [(0, 0), (0, plan.b_pad - batch), (0, 0), (0, plan.n_pad - n)])
+        a = full * z[:, :, None] + bias[jnp.arange(phases) % depth]
+        h, tg = jnp.tanh(a[:, :, 0]), jax.nn.sigmoid(a[:, :, 1])
+    keep = rows(jnp.asarray(rng.random((phases, batch, n)) < KEEP)) if mask_on else None
+    mask = None if keep is None else keep.astype(F32) / KEEP
+    decisions = None if keep is None else keep.astype(jnp.uint8)  # the kernels' operand
+    z_op = None if z is None else slots.scales_to_layer_major(z, steps, depth, plan.z_width)
+    return dict(
+        kernel_s=kernel_s, g=g, s_prev=s_prev, h=h, tg=tg, full=full, z=z, mask=mask, keep=keep,
+        decisions=decisions, z_op=z_op, bias=bias, plan=plan, steps=steps, depth=depth,
+    )  # fmt: skip
+
+
+def backward_packed(case):
+    """The forward's saved rows [P, Bp, K, n_pad]: s_prev (not in f32: `plan.state_in_packed`),
+    then h, tg or with z full's halves."""
+    gates = [case["h"], case["tg"]]
+    if case["z"] is not None:
+        gates = [case["full"][:, :, 0], case["full"][:, :, 1]]
+    return jnp.stack([case["s_prev"]] * case["plan"].state_in_packed + gates, axis=2)
+
+
+def backward_a_buffer(case):
+    """In f32 the forward's A buffer [P * Bp, k_pad], layer-major slots of s_prev (the
+    backward reads the input states from it); None in bf16."""
+    plan = case["plan"]
+    if plan.state_in_packed:
+        return None
+    return slots.inputs_to_a_buffer(case["s_prev"], case["steps"], case["depth"], plan.k_pad)
+
+
+def backward_rest(case):
+    """The operands after packed: (z layer-major, the uint8 decisions, the bias, s_mm), each
+    or None."""
+    return case["z_op"], case["decisions"], case["bias"], backward_a_buffer(case)
+
+
+def backward_reference(plan, case, dtype):
+    wt = pb.backward_weights(plan, case["kernel_s"], dtype)
+    outs = pb.persistent_backward_reference(
+        plan, wt, case["g"], backward_packed(case), *backward_rest(case), keep=KEEP
+    )
+    return wt, outs

@@ -15,10 +15,10 @@ import pytest
 from benchmark_scripts import load
 
 from rhhjax import models
-from rhhjax.hlo import launches as hl
 from rhhjax.train import step as train_step
 
 bench = load("bench")
+hl = load("hlo.launches")
 
 
 def _forward_flops_by_xla(config: models.ModelConfig, batch: int) -> float:

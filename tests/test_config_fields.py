@@ -10,10 +10,9 @@ import sys
 
 import pytest
 
-from rhhjax import config_fields, configs
+from rhhjax import cli, config_fields, configs
 from rhhjax.errors import UserError
 from rhhjax.tools import ablate
-from rhhjax.tools import common as cli
 
 
 def _miss(config, field: str) -> config_fields.UnknownField:

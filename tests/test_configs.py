@@ -148,3 +148,34 @@ def test_every_field_a_config_sets_has_a_comment(source):
     text = source.read_text() if isinstance(source, Path) else inspect.getsource(source)
     assert sum(bool(_FIELD_LINE.match(line)) for line in text.splitlines()) >= 5
     assert _uncommented_field_lines(text) == []
+
+
+def _leaves(tree: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out.update(_leaves(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def test_the_fast_variant_changes_only_the_optimisation_recipe_of_the_paper_model():
+    paper, fast = (
+        _leaves(configs.load("ptb").to_dict()),
+        _leaves(configs.load("ptb:fast").to_dict()),
+    )
+    changed = {field for field in paper if paper[field] != fast[field]}
+    assert changed == {
+        "variant",
+        "train.budget_minutes",
+        "train.max_epochs",
+        "train.patience",
+        "train.schedule",
+        "train.warmup_steps",
+        "train.learning_rate",
+        "train.eval_every_steps",
+    }
+    assert fast["train.batch_size"] == 256 and fast["model.keep"] == paper["model.keep"] == 0.65
+    prepared = train_config.prepare_config(configs.load("ptb:fast"))  # a valid budget run
+    assert prepared.train.warmup_steps > prepared.train.budget_probe_steps + 1

@@ -166,6 +166,32 @@ def test_the_default_hutter_split_is_sized_to_the_file(tmp_path, n, holdout):
     assert [len(corpus.split(s)) for s in SPLITS] == [n - 2 * holdout, holdout, holdout]
 
 
+def test_the_readme_states_the_held_out_sizes_the_code_gives(tmp_path):
+    """A 2 KB file gets 512 characters of valid and of test each, which the
+    README's own-text sentence says (it said "at least 1,000")."""
+    readme = " ".join((Path(__file__).resolve().parents[1] / "README.md").read_text().split())
+    path = tmp_path / "t.txt"
+    path.write_text("ab\n" * 682 + "ab")  # 2,048 characters
+    corpus = text.load_text_corpus(str(path), "hutter", "char")
+    assert [len(corpus.split(s)) for s in SPLITS] == [1_024, 512, 512]
+    sentence = "each at least 1,000 characters, or a quarter of a file under 4,000: 512 each of a"
+    assert f"{sentence} 2,048-character file" in readme
+    assert text.auto_holdout(3_999) == 999 and text.auto_holdout(4_000) == 1_000
+
+
+@pytest.mark.parametrize("split, files", [("hutter", ["e.txt"]), ("files", ["t", "e.txt", "t"])])
+def test_an_empty_text_file_is_named_empty(tmp_path, split, files):
+    """An empty file said "needs more than 0 ... lower hutter_holdout"."""
+    (tmp_path / "t").write_text("some text\n" * 100)
+    (tmp_path / "e.txt").write_bytes(b"")
+    paths = ",".join(str(tmp_path / f) for f in files)
+    with pytest.raises(DataError) as info:
+        text.load_text_corpus(paths, split, "char")
+    assert str(info.value) == (
+        f"text file {tmp_path / 'e.txt'} is empty: data.text_files needs a file of text"
+    )
+
+
 def test_a_negative_holdout_is_an_error_and_zero_means_automatic():
     assert text.check_holdout(0) == 0 and text.DEFAULT_HUTTER_HOLDOUT == 0
     with pytest.raises(DataError, match="hutter_holdout must be an integer >= 0"):

@@ -2,8 +2,9 @@
 module is named where a reader looks for it. The lists come from the code (the registry of
 ``rhhjax.ops.spec``, each config file's ``VARIANTS``, the programs in ``rhhjax/tools/`` and
 ``benchmarks/``, the package folders), so something new fails here until the docs name it:
-the README (commands, configs, layout), docs/design.md (implementations, module map),
-benchmarks/README.md, the ``--impl`` help of evaluate and each package's ``__init__``."""
+the README (commands, configs, the layout by folder), docs/design.md (implementations, the
+one module map), benchmarks/README.md, the ``--impl`` help of evaluate and each package's
+``__init__`` (its own modules)."""
 
 from __future__ import annotations
 
@@ -137,12 +138,12 @@ RUN_MODULE = re.compile(r"python -m (rhhjax(?:\.\w+)+)")
 
 def test_every_module_the_docs_run_exists():
     """README.md, docs/, benchmarks/README.md and results/README.md run library modules by
-    name (``python -m rhhjax.ops.persistent_cost``): each is there, so a module that moves is
+    name (``python -m rhhjax.tools.evaluate``): each is there, so a module that moves is
     renamed there."""
     docs = [*sorted((ROOT / "docs").glob("*.md")), ROOT / "benchmarks" / "README.md"]
     docs += [ROOT / "README.md", ROOT / "results" / "README.md"]
     named = {name for doc in docs for name in RUN_MODULE.findall(doc.read_text())}
-    assert "rhhjax.ops.persistent_cost" in named
+    assert "rhhjax.tools.evaluate" in named
     missing = sorted(name for name in named if importlib.util.find_spec(name) is None)
     assert not missing, f"the docs run modules that are not there: {missing}"
 
@@ -205,15 +206,23 @@ def test_every_source_path_the_docs_name_exists():
     assert not stale, f"paths to files that are not there: {stale}"
 
 
-def test_the_readme_layout_names_every_package_and_top_level_module():
-    layout = code_block(section(README, "## Layout"))
+def test_the_readme_layout_is_by_folder_and_points_to_the_one_module_list():
+    """The module list has one home, docs/design.md's module map (checked above); the
+    README's layout names every top-level folder and the subpackages of each, and points
+    there instead of repeating it."""
+    text = section(README, "## Layout")
+    layout = entries(code_block(text))
+    assert "](docs/design.md#module-map)" in text
     for package in packages():
-        where = package.relative_to(ROOT).as_posix()
-        if where != "rhhjax":
-            assert f"{where.replace('kernels/', '').rstrip('/')}/" in layout, where
-    for path in (ROOT / "rhhjax").glob("*.py"):
-        if path.name != "__init__.py":
-            assert path.name in layout, path.name
+        top, *rest = package.relative_to(ROOT).parts
+        assert f"{top}/" in layout, f"README's layout has no entry {top}/"
+        if len(rest) == 1:
+            assert f"{rest[0]}/" in layout[f"{top}/"], f"README's layout, {top}/: no {rest[0]}/"
+    for folder in ("benchmarks", "tests", "results", "docs"):
+        assert f"{folder}/" in layout, folder
+    assert not NAMED_FILE.search(layout["rhhjax/"] + layout["kernels/"]), (
+        "README's layout names modules: they belong in docs/design.md's module map"
+    )
 
 
 # An issue tracker's number (the word issue, then a number, "#" optional): comments say what

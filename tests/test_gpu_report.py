@@ -1,4 +1,4 @@
-"""The GPU compile report's command line (benchmarks/gpu_report.py, rhhjax/hlo/deviceless.py).
+"""The GPU compile report's command line (benchmarks/gpu_report.py, benchmarks/hlo/deviceless.py).
 
 The argument tests run everywhere. The tests marked
 ``gpu_compile`` compile the Pallas kernels for an H100 without a GPU; they need the JAX CUDA
@@ -17,7 +17,8 @@ from benchmark_scripts import BENCH, load
 from hlo_cases import HIDDEN, HLO, SEQ
 from kernel_cases import compile_deviceless
 
-from rhhjax.hlo import deviceless
+deviceless = load("hlo.deviceless")
+
 
 report = load("gpu_report")
 compare_reports = load("gpu_report_compare")

@@ -9,12 +9,14 @@ import inspect
 import re
 
 import pytest
+from benchmark_scripts import load
 from helpers import ROOT
 from rhhjax.kernels.hardware import H100
 from rhhjax.kernels.mosaic.plan import PersistentPlan
 from rhhjax.kernels.triton import HighwayConfig, KernelConfigError, common
 
-from rhhjax.hlo import calibrate, dumps
+calibrate = load("hlo.calibrate")
+dumps = load("hlo.dumps")
 
 
 def test_h100_figures():

@@ -100,7 +100,7 @@ def neighbour_reference(x0: np.ndarray, blocks: int, phases: int) -> np.ndarray:
 def compile_main(blocks: int = 132, phases: int = 700) -> None:
     """Run in a fresh deviceless process: lower and compile `neighbour_kernel` for an H100;
     prints a JSON line with what the lowered module holds."""
-    from rhhjax.hlo import deviceless
+    from hlo import deviceless
 
     rep = jax.sharding.NamedSharding(deviceless.h100_mesh(), jax.sharding.PartitionSpec())
     x0 = jax.ShapeDtypeStruct((ROWS, blocks * UNITS), jnp.float32, sharding=rep)

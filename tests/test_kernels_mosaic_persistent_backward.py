@@ -1,18 +1,14 @@
-"""The persistent whole-sequence backward kernel (`kernels/mosaic/persistent_backward.py`).
+"""The persistent whole-sequence backward kernel (`kernels/mosaic/persistent_backward.py`):
+its reference, plan and compile.
 
 On a CPU: its reference against ``jax.vjp`` of a plain-JAX forward on the same padded
 operands (f32) and against `persistent_schedule.backward_loop` (f32, bf16; with
 and without z and mask; odd sizes; depth 1 and 3); the weight layout; the shared-memory
 count; one-line plan errors. ``gpu_compile``: the kernel lowers and compiles for an H100
-without a GPU, and allocates exactly `backward_smem_bytes`. `TestCompiled`: the kernel against
-its reference (also with z recomputed from a hyper cell's A buffer, `ScalesInside`, against
-the reference that reads that z), on a GPU only; `TestInterpret`: the same tests with the
-kernel executed in GPU interpret mode on a CPU, race detector on (jax >= 0.11.2; one block,
-clusters of 6 and 16 blocks meeting at a cluster barrier), and a kernel without its barrier
-between phases reported as a race."""
+without a GPU, and allocates exactly `backward_smem_bytes`. The kernel run against its
+reference (compiled on a GPU, interpreted on a CPU):
+tests/test_kernels_mosaic_persistent_backward_run.py."""
 
-import dataclasses
-import functools
 import types
 
 import jax
@@ -21,168 +17,21 @@ import numpy as np
 import persistent_schedule as ps
 import pytest
 from kernel_cases import (
-    MosaicGpuMode,
+    KEEP,
     assert_no_spills,
-    assert_race_reported,
+    backward_a_buffer,
+    backward_case,
+    backward_packed,
+    backward_reference,
+    backward_rest,
     compile_deviceless,
     needs_cuda,
+    pad_rows_and_units,
 )
 from rhhjax.kernels.layout import F32
-from rhhjax.kernels.mosaic import grid_barrier as gb
-from rhhjax.kernels.mosaic import interpret as gpu_interpret
 from rhhjax.kernels.mosaic import persistent_backward as pb
-from rhhjax.kernels.mosaic import persistent_backward_cell as pbc
-from rhhjax.kernels.mosaic import persistent_forward as pf
 from rhhjax.kernels.mosaic import persistent_slots as slots
 from rhhjax.kernels.mosaic.plan import PersistentPlan, PlanError, paper_plan
-
-KEEP = 0.7
-
-
-def _pad(plan, x):
-    """[..., B, n] -> [..., b_pad, n_pad] with zeros."""
-    lead = [(0, 0)] * (x.ndim - 2)
-    return jnp.pad(x, [*lead, (0, plan.b_pad - plan.batch), (0, plan.n_pad - plan.width)])
-
-
-def _case(seed, plan, steps, depth, z_on, mask_on):
-    """Fresh random backward inputs at the true sizes, padded, phase-major [P = T * L, ...]:
-    kernel_s [L, n, 2n]; g, s_prev, h, tg [P, Bp, n_pad]; full [P, Bp, 2, n_pad]; z, mask
-    [P, Bp, n_pad] | None (mask: the f32 values 0 or 1/keep); keep bool and decisions uint8
-    [P, Bp, n_pad] | None; z_op: z as the kernels read it, layer-major [L, T, Bp, z_width];
-    bias [L, Bp, 2, n_pad] with z (else None). With z the gates are those of full, z and
-    the bias (tanh(full_h * z + b_h), sigmoid(full_t * z + b_t)), as the kernel recomputes
-    them; without z they are drawn on their own."""
-    rng = np.random.default_rng(seed)
-    phases, batch, n = steps * depth, plan.batch, plan.width
-
-    def normal(*shape, scale=1.0):
-        return jnp.asarray(rng.normal(size=shape) * scale, F32)
-
-    kernel_s = normal(depth, n, 2 * n, scale=0.3)
-    rows = lambda x: _pad(plan, x)  # noqa: E731
-    g = rows(normal(phases, batch, n))
-    s_prev = rows(normal(phases, batch, n))
-    h = rows(jnp.tanh(normal(phases, batch, n)))
-    tg = rows(jax.nn.sigmoid(normal(phases, batch, n)))
-    full = jnp.stack([rows(normal(phases, batch, n)), rows(normal(phases, batch, n))], axis=2)
-    z = rows(1.0 + normal(phases, batch, n, scale=0.3)) if z_on else None
-    bias = None
-    if z_on:  # broadcast over rows, as the forward's operand; the gates follow from full
-        b = jnp.broadcast_to(normal(depth, 1, 2, n, scale=0.5), (depth, batch, 2, n))
-        bias = jnp.pad(b, [(0, 0), (0, plan.b_pad - batch), (0, 0), (0, plan.n_pad - n)])
-        a = full * z[:, :, None] + bias[jnp.arange(phases) % depth]
-        h, tg = jnp.tanh(a[:, :, 0]), jax.nn.sigmoid(a[:, :, 1])
-    keep = rows(jnp.asarray(rng.random((phases, batch, n)) < KEEP)) if mask_on else None
-    mask = None if keep is None else keep.astype(F32) / KEEP
-    decisions = None if keep is None else keep.astype(jnp.uint8)  # the kernels' operand
-    z_op = None if z is None else slots.scales_to_layer_major(z, steps, depth, plan.z_width)
-    return dict(
-        kernel_s=kernel_s, g=g, s_prev=s_prev, h=h, tg=tg, full=full, z=z, mask=mask, keep=keep,
-        decisions=decisions, z_op=z_op, bias=bias, plan=plan, steps=steps, depth=depth,
-    )  # fmt: skip
-
-
-def _packed(case):
-    """The forward's saved rows [P, Bp, K, n_pad]: s_prev (not in f32: `plan.state_in_packed`),
-    then h, tg or with z full's halves."""
-    gates = [case["h"], case["tg"]]
-    if case["z"] is not None:
-        gates = [case["full"][:, :, 0], case["full"][:, :, 1]]
-    return jnp.stack([case["s_prev"]] * case["plan"].state_in_packed + gates, axis=2)
-
-
-def _s_mm(case):
-    """In f32 the forward's A buffer [P * Bp, k_pad], layer-major slots of s_prev (the
-    backward reads the input states from it); None in bf16."""
-    plan = case["plan"]
-    if plan.state_in_packed:
-        return None
-    return slots.inputs_to_a_buffer(case["s_prev"], case["steps"], case["depth"], plan.k_pad)
-
-
-def _rest(case):
-    """The operands after packed: (z layer-major, the uint8 decisions, the bias, s_mm), each
-    or None."""
-    return case["z_op"], case["decisions"], case["bias"], _s_mm(case)
-
-
-def _reference(plan, case, dtype):
-    wt = pb.backward_weights(plan, case["kernel_s"], dtype)
-    outs = pb.persistent_backward_reference(
-        plan, wt, case["g"], _packed(case), *_rest(case), keep=KEEP
-    )
-    return wt, outs
-
-
-def _scales(case, hyper_width: int, seed: int) -> pb.ScalesInside:
-    """`ScalesInside` on fresh random operands at the case's rows: a hyper plan of
-    ``hyper_width`` (k_chunk 32, 2 stages), its A buffer and tail drawn in the matmul dtype,
-    a projection P [L, h, n] and a bias p near 1 (z about 1)."""
-    plan, steps, depth = case["plan"], case["steps"], case["depth"]
-    rng = np.random.default_rng(seed)
-    hp = PersistentPlan(plan.batch, hyper_width, plan.dtype, 1, plan.row_blocks, 32, 2)
-    mm = jnp.dtype(plan.dtype)
-
-    def normal(*shape, scale=1.0):
-        return jnp.asarray(rng.normal(size=shape) * scale, F32)
-
-    s_h = normal(steps * depth, plan.b_pad, hyper_width)
-    s_mm = slots.inputs_to_a_buffer(s_h, steps, depth, hp.k_pad).astype(mm)
-    tail = jnp.pad(normal(plan.b_pad, hyper_width), [(0, 0), (0, hp.k_pad - hyper_width)])
-    proj = pf.projection_weights(plan, hp, normal(depth, hyper_width, plan.width, scale=0.1), mm)
-    p = jnp.pad(1.0 + normal(depth, plan.width, scale=0.1), [(0, 0), (0, plan.n_pad - plan.width)])
-    p_rows = jnp.broadcast_to(p[:, None], (depth, plan.b_pad, plan.n_pad))
-    return pb.ScalesInside(hp, s_mm, tail.astype(mm), proj, p_rows)
-
-
-def _with_room_for_scales(
-    plan, scales_plan, depth: int, has_mask: bool, hyper_plan=None
-) -> PersistentPlan:
-    """``plan`` at the most pipeline stages whose shared memory fits z's recomputation (and
-    the hyper cell inside), as `persistent.scales_backward_plan` picks; stages change no
-    layout."""
-    for stages in range(plan.stages, 1, -1):
-        fitted = dataclasses.replace(plan, stages=stages)
-        need = pb.backward_smem_bytes(
-            fitted, True, has_mask, depth, scales_plan, hyper_plan, has_mask
-        )
-        if need <= plan.smem_limit:
-            return fitted
-    pytest.fail(f"no stages of {plan} fit z's recomputation")
-
-
-def _hyper_backward(case, scales: pb.ScalesInside, mask_on: bool, seed: int) -> pb.HyperBackward:
-    """`HyperBackward` of a hyper cell as wide as ``scales``' (fresh random cotangent of its
-    last layer alone, as the model gives it; saved rows, mask; f32: its A buffer) on at most
-    3 column blocks of the case's plan, of 16-unit multiples (uint8 mask rows), with the
-    projection P that ``scales`` holds."""
-    plan, steps, depth = case["plan"], case["steps"], case["depth"]
-    width = scales.plan.width
-    cols = min(plan.col_blocks, 3)
-    units = -(-width // cols // 16) * 16
-    hp = PersistentPlan(plan.batch, width, plan.dtype, cols, plan.row_blocks, 32, 2, units=units)
-    hyper = _case(seed, hp, steps, depth, False, mask_on)
-    mm = jnp.dtype(plan.dtype)
-    # P [L, h, n] back from `projection_weights`' P^T rows [L * n_pad, kh_pad]
-    p_t = scales.proj.reshape(depth, plan.n_pad, -1)[:, : plan.width, :width]
-    proj = jnp.swapaxes(p_t, 1, 2).astype(F32)
-    return pb.HyperBackward(
-        hp, pb.backward_weights(hp, hyper["kernel_s"], mm), hyper["g"][depth - 1 :: depth],
-        _packed(hyper),
-        hyper["decisions"], _s_mm(hyper), pb.projection_rows(plan, hp, proj, mm),
-    )  # fmt: skip
-
-
-def _recomputed_scales(case, scales: pb.ScalesInside) -> dict:
-    """The case with z and the gates made from ``scales`` (z as the kernel recomputes it)."""
-    plan = case["plan"]
-    z_op = pf.scales_from_a_buffer_reference(
-        plan, scales.plan, scales.s_mm, scales.tail, scales.proj, scales.proj_bias,
-        case["steps"],
-    )  # fmt: skip
-    return dict(case, z_op=z_op, z=slots.scales_to_phase_major(z_op, plan.n_pad))
-
 
 # ----------------------------------------------------------------------------- weights
 
@@ -246,11 +95,13 @@ def test_reference_is_the_vjp_of_a_plain_forward_f32(
     and d_x (layer 0, f32) are that of ``full`` (da * z) and ``ds_carry0 + d_scaled_0 @
     W_0^T`` that of s0; padded rows and units stay zero."""
     plan = PersistentPlan(batch, width, "float32", col_blocks=col_blocks, k_chunk=16)
-    case = _case(batch + width, plan, steps, depth, z_on, mask_on)
+    case = backward_case(batch + width, plan, steps, depth, z_on, mask_on)
     n_pad, b_pad, phases = plan.n_pad, plan.b_pad, steps * depth
     wt = pb.backward_weights(plan, case["kernel_s"], F32)
     w_layers = wt.reshape(depth, n_pad, 2 * n_pad)
-    s0 = _pad(plan, jnp.asarray(np.random.default_rng(1).normal(size=(batch, width)), F32))
+    s0 = pad_rows_and_units(
+        plan, jnp.asarray(np.random.default_rng(1).normal(size=(batch, width)), F32)
+    )
     zeros = jnp.zeros((phases, b_pad, 2, n_pad), F32)
     forward = lambda s, ef, ea: _plain_forward(plan, w_layers, s, case, ef, ea, depth)  # noqa: E731
     states = forward(s0, zeros, zeros)
@@ -262,7 +113,7 @@ def test_reference_is_the_vjp_of_a_plain_forward_f32(
         a = full * case["z"][:, :, None] + case["bias"][jnp.arange(phases) % depth]
     case.update(s_prev=s_prev, h=jnp.tanh(a[:, :, 0]), tg=jax.nn.sigmoid(a[:, :, 1]), full=full)
     d_x, d_mm, ds_carry0, parts, *_, status = pb.persistent_backward_reference(
-        plan, wt, case["g"], _packed(case), *_rest(case), keep=KEEP
+        plan, wt, case["g"], backward_packed(case), *backward_rest(case), keep=KEEP
     )
     d_mm = _phase_order(d_mm, steps, depth)
     _, vjp = jax.vjp(forward, s0, zeros, zeros)
@@ -282,7 +133,7 @@ def test_reference_is_the_vjp_of_a_plain_forward_f32(
     assert status.shape == (plan.grid,) and not np.asarray(status).any()
     # The check can fail: another outside cotangent gives another da.
     other = pb.persistent_backward_reference(
-        plan, wt, case["g"] * 2, _packed(case), *_rest(case), keep=KEEP
+        plan, wt, case["g"] * 2, backward_packed(case), *backward_rest(case), keep=KEEP
     )
     assert not np.allclose(other[0], d_x) and not np.allclose(other[3], parts)
 
@@ -308,9 +159,9 @@ def test_reference_matches_the_persistent_schedule(
     z dz is its dz), and ds_carry0 + d_scaled_0 @ W_0^T its gradient of s0."""
     schedule = ps.Schedule(col_blocks=col_blocks, k_chunk=16)
     plan = schedule.plan(batch, width, dtype)
-    case = _case(batch * width, plan, steps, depth, z_on, mask_on)
+    case = backward_case(batch * width, plan, steps, depth, z_on, mask_on)
     mm = jnp.dtype(dtype)
-    wt, outs = _reference(plan, case, mm)
+    wt, outs = backward_reference(plan, case, mm)
     d_x, d_mm_slots, ds_carry0, parts = outs[:4]
     assert len(outs) == 5 + 2 * z_on
     d_mm = _phase_order(d_mm_slots, steps, depth)
@@ -350,9 +201,9 @@ def test_reference_takes_the_last_layers_cotangent_alone_as_the_dense_one():
     """g [T, b_pad, n_pad]: layer L - 1's cotangent, the others zero, exactly."""
     plan = PersistentPlan(64, 40, "float32", col_blocks=3, k_chunk=16)
     steps, depth = 3, 3
-    case = _case(11, plan, steps, depth, True, True)
+    case = backward_case(11, plan, steps, depth, True, True)
     wt = pb.backward_weights(plan, case["kernel_s"], F32)
-    rest = (_packed(case), *_rest(case))
+    rest = (backward_packed(case), *backward_rest(case))
     g_last = case["g"][depth - 1 :: depth]
     dense = jnp.zeros_like(case["g"]).at[depth - 1 :: depth].set(g_last)
     alone = pb.persistent_backward_reference(plan, wt, g_last, *rest, keep=KEEP)
@@ -367,23 +218,23 @@ def test_reference_takes_the_last_layers_cotangent_alone_as_the_dense_one():
 
 def test_reference_rejects_mismatched_operands_in_one_line():
     plan = PersistentPlan(64, 16, "float32", col_blocks=2, k_chunk=16)
-    case = _case(0, plan, 2, 1, False, False)
+    case = backward_case(0, plan, 2, 1, False, False)
     wt = pb.backward_weights(plan, case["kernel_s"], F32)
-    s_mm = _s_mm(case)  # f32: the input states come from the A buffer
+    s_mm = backward_a_buffer(case)  # f32: the input states come from the A buffer
     bad = [
-        (wt[:, :-16], case["g"], _packed(case), s_mm, "wt"),
-        (wt, case["g"][:, :32], _packed(case), s_mm, "g"),
-        (wt, case["g"], _packed(case)[:, :, :1], s_mm, "does not have 2 saved rows"),
-        (wt, case["g"], _packed(case), None, "s_mm is None"),
-        (wt, case["g"], _packed(case), s_mm[:, :8], "s_mm is"),
-        (wt.astype(jnp.bfloat16), case["g"], _packed(case), s_mm, "dtype"),
+        (wt[:, :-16], case["g"], backward_packed(case), s_mm, "wt"),
+        (wt, case["g"][:, :32], backward_packed(case), s_mm, "g"),
+        (wt, case["g"], backward_packed(case)[:, :, :1], s_mm, "does not have 2 saved rows"),
+        (wt, case["g"], backward_packed(case), None, "s_mm is None"),
+        (wt, case["g"], backward_packed(case), s_mm[:, :8], "s_mm is"),
+        (wt.astype(jnp.bfloat16), case["g"], backward_packed(case), s_mm, "dtype"),
     ]
     for w, g, packed, a_buffer, message in bad:
         with pytest.raises(PlanError, match=message) as e:
             pb.persistent_backward_reference(plan, w, g, packed, None, None, None, a_buffer)
         assert "\n" not in str(e.value)
     # With z the gates are recomputed from full: the bias is required, and only then.
-    z_case = _case(1, plan, 2, 1, True, False)
+    z_case = backward_case(1, plan, 2, 1, True, False)
     z_bias = [
         (z_case["z_op"], None),
         (None, z_case["bias"]),
@@ -392,7 +243,16 @@ def test_reference_rejects_mismatched_operands_in_one_line():
     for run in (pb.persistent_backward_reference, pb.persistent_backward):
         for z, bias in z_bias:
             with pytest.raises(PlanError, match="bias is") as e:
-                run(plan, wt, z_case["g"], _packed(z_case), z, None, bias, _s_mm(z_case))
+                run(
+                    plan,
+                    wt,
+                    z_case["g"],
+                    backward_packed(z_case),
+                    z,
+                    None,
+                    bias,
+                    backward_a_buffer(z_case),
+                )
             assert "\n" not in str(e.value)
 
 
@@ -550,189 +410,3 @@ def test_kernel_lowers_and_compiles_for_an_h100_without_a_gpu(tmp_path):
     # ptxas compiled every kernel for sm_90a, without register spills.
     assert len(reports) == len(cases), len(reports)
     assert_no_spills(reports)
-
-
-class TestCompiled(MosaicGpuMode):
-    """The kernel against its reference on fresh random inputs: compiled (a GPU only; the
-    grid barrier), and in `TestInterpret` executed in GPU interpret mode, race detector on
-    (jax >= 0.11.2; the grid as one cluster with a cluster barrier). f32 operands run as
-    TF32 in wgmma on a GPU: the compiled f32 tolerance is TF32's; bf16 d_scaled feeds the
-    next phase, so errors compound over the phases."""
-
-    CASES = {
-        # (PersistentPlan arguments, steps, depth, z_on, mask_on)
-        "case": [
-            ((64, 60, "bfloat16", 4, 1, 32), 3, 2, True, True),
-            ((100, 37, "float32", 3, 2, 32), 2, 3, False, True),
-            ((256, 1000, "bfloat16"), 4, 2, True, False),  # the paper plan: 132 blocks
-            ((256, 1000, "float32", 33, 4), 2, 2, False, False),
-        ],
-    }
-    TOL = {"bfloat16": 3e-2, "float32": 3e-3}
-    LAYOUT = "grid"  # the kernels' launch layout (`kernels/mosaic/rowgroup_layout.py`)
-
-    def runnable_plan(self, plan_args) -> PersistentPlan:
-        """The case's plan; skipped where this mode cannot run its blocks at once."""
-        plan = PersistentPlan(*plan_args)
-        cluster = plan.grid if self.LAYOUT == "grid" else plan.col_blocks
-        if self.INTERPRET and gpu_interpret.cluster_too_large(cluster):
-            pytest.skip(gpu_interpret.cluster_too_large(cluster))
-        return plan
-
-    def test_matches_reference(self, case):
-        plan_args, steps, depth, z_on, mask_on = case
-        plan = self.runnable_plan(plan_args)
-        case = _case(plan.batch + steps, plan, steps, depth, z_on, mask_on)
-        wt, expected = _reference(plan, case, jnp.dtype(plan.dtype))
-        kernel = functools.partial(
-            pb.persistent_backward, plan, keep=KEEP, interpret=self.interpret(),
-            layout=self.LAYOUT,
-        )  # fmt: skip
-        actual = jax.jit(kernel)(wt, case["g"], _packed(case), *_rest(case))
-        assert not np.asarray(actual[-1]).any(), "grid barrier timed out"
-        assert len(actual) == len(expected) == 5 + 2 * z_on  # with z: dz and its sums
-        tol = self.TOL[plan.dtype]
-        for a, e in zip(actual[:-1], expected[:-1], strict=True):
-            a, e = np.asarray(a, np.float32), np.asarray(e, np.float32)
-            np.testing.assert_allclose(a, e, rtol=tol, atol=tol * float(np.abs(e).max()))
-
-    def test_z_recomputed_from_the_hyper_buffer_is_z_read(self, case):
-        """With `ScalesInside` (z from the hyper cell's A buffer, the forward's GEMM, p_l
-        added) every output is the reference's with that z read: z never leaves the kernel."""
-        plan_args, steps, depth, z_on, mask_on = case
-        plan = self.runnable_plan(plan_args)
-        if not z_on:
-            pytest.skip("z recomputed applies to the cases with z")
-        case = _case(plan.batch + 3 * steps, plan, steps, depth, True, mask_on)
-        scales = _scales(case, 40, seed=plan.batch + steps)
-        case = _recomputed_scales(case, scales)
-        plan = _with_room_for_scales(plan, scales.plan, depth, mask_on)
-        wt, expected = _reference(plan, case, jnp.dtype(plan.dtype))
-        z_op, decisions, bias, s_mm = _rest(case)
-        kernel = functools.partial(
-            pb.persistent_backward, plan, keep=KEEP, interpret=self.interpret(),
-            layout=self.LAYOUT,
-        )  # fmt: skip
-        args = (wt, case["g"], _packed(case), None, decisions, bias, s_mm)
-        actual = jax.jit(lambda *a: kernel(*a, scales=scales))(*args)
-        assert not np.asarray(actual[-1]).any(), "grid barrier timed out"
-        assert len(actual) == len(expected) == 7
-        tol = self.TOL[plan.dtype]
-        for a, e in zip(actual[:-1], expected[:-1], strict=True):
-            a, e = np.asarray(a, np.float32), np.asarray(e, np.float32)
-            np.testing.assert_allclose(a, e, rtol=tol, atol=tol * float(np.abs(e).max()))
-
-    def test_the_hyper_cell_inside_matches_its_reference(self, case):
-        """With `HyperBackward` (the hyper cell one phase behind, ds_h = dz P^T from the main
-        cell's dz): every output of both cells matches the reference, which is the main
-        cell's reference, then the hyper cell's with g + ds_h; the main cell's outputs are
-        those of the kernel without the hyper cell."""
-        plan_args, steps, depth, z_on, mask_on = case
-        plan = self.runnable_plan(plan_args)
-        if not z_on:
-            pytest.skip("the hyper cell inside needs z (its ds_h is dz P^T)")
-        case = _case(plan.batch + 5 * steps, plan, steps, depth, True, mask_on)
-        scales = _scales(case, 40, seed=plan.batch + 2 * steps)
-        case = _recomputed_scales(case, scales)
-        hyper = _hyper_backward(case, scales, mask_on, seed=plan.batch + 7)
-        plan = _with_room_for_scales(plan, scales.plan, depth, mask_on, hyper.plan)
-        wt = pb.backward_weights(plan, case["kernel_s"], jnp.dtype(plan.dtype))
-        _, decisions, bias, s_mm = _rest(case)
-        args = (wt, case["g"], _packed(case), None, decisions, bias, s_mm)
-        options = dict(keep=KEEP, scales=scales, hyper=hyper)
-        expected = pb.persistent_backward_reference(plan, *args, **options)
-        kernel = functools.partial(
-            pb.persistent_backward, plan, interpret=self.interpret(), layout=self.LAYOUT,
-            **options,
-        )  # fmt: skip
-        actual = jax.jit(kernel)(*args)
-        assert not np.asarray(actual[-1]).any(), "grid barrier timed out"
-        assert len(actual) == len(expected) == 11  # the main cell's 6, the hyper cell's 4
-        tol = self.TOL[plan.dtype]
-        for a, e in zip(actual[:-1], expected[:-1], strict=True):
-            a, e = np.asarray(a, np.float32), np.asarray(e, np.float32)
-            np.testing.assert_allclose(a, e, rtol=tol, atol=tol * float(np.abs(e).max()))
-        alone = pb.persistent_backward_reference(plan, *args, keep=KEEP, scales=scales)
-        for a, e in zip(expected[:6], alone[:6], strict=True):
-            np.testing.assert_array_equal(a, e)
-
-    def test_the_last_layers_cotangent_alone_is_the_dense_one(self, case):
-        """g [T, b_pad, n_pad] (layer L - 1's, the others zero: a model that reads the last
-        layer) gives what the dense g with those zeros gives."""
-        plan_args, steps, depth, z_on, mask_on = case
-        plan = self.runnable_plan(plan_args)
-        case = _case(plan.batch + 2 * steps, plan, steps, depth, z_on, mask_on)
-        g_last = case["g"][depth - 1 :: depth]
-        dense = jnp.zeros_like(case["g"]).at[depth - 1 :: depth].set(g_last)
-        wt = pb.backward_weights(plan, case["kernel_s"], jnp.dtype(plan.dtype))
-        rest = (_packed(case), *_rest(case))
-        expected = pb.persistent_backward_reference(plan, wt, dense, *rest, keep=KEEP)
-        kernel = functools.partial(
-            pb.persistent_backward, plan, keep=KEEP, interpret=self.interpret(),
-            layout=self.LAYOUT,
-        )  # fmt: skip
-        actual = jax.jit(kernel)(wt, g_last, *rest)
-        assert not np.asarray(actual[-1]).any(), "grid barrier timed out"
-        tol = self.TOL[plan.dtype]
-        for a, e in zip(actual[:-1], expected[:-1], strict=True):
-            a, e = np.asarray(a, np.float32), np.asarray(e, np.float32)
-            np.testing.assert_allclose(a, e, rtol=tol, atol=tol * float(np.abs(e).max()))
-
-
-class TestInterpret(TestCompiled):
-    INTERPRET = True
-    CASES = {
-        "case": [
-            ((64, 64, "bfloat16", 1, 1, 32), 3, 2, True, True),  # one block
-            ((100, 37, "float32", 3, 2, 32), 2, 3, False, True),  # 2 x 3, the compiled case
-            # z_width 40 of n_pad 48: the last block's z loads and dz stores run past z
-            ((64, 40, "float32", 3, 1, 16), 2, 2, True, True),
-            ((64, 256, "bfloat16", 16, 1, 32), 2, 2, True, True),  # 16: an H100's largest cluster
-        ],
-    }  # fmt: skip
-    TOL = {"bfloat16": 3e-2, "float32": 2e-5}
-
-    def _two_block_run(self):
-        """A function that runs the kernel interpreted on two blocks (f32, no z, no mask),
-        traced again at each call (after a patch too)."""
-        plan = PersistentPlan(64, 32, "float32", col_blocks=2, k_chunk=32)
-        case = _case(2, plan, 2, 2, False, False)
-        wt = pb.backward_weights(plan, case["kernel_s"], F32)
-
-        def run():
-            kernel = functools.partial(
-                pb.persistent_backward, plan, interpret=self.interpret(), layout=self.LAYOUT
-            )
-            args = (wt, case["g"], _packed(case), *_rest(case))
-            return jax.block_until_ready(jax.jit(kernel)(*args))
-
-        return run
-
-    def test_the_race_detector_reports_a_missing_barrier_between_phases(self, monkeypatch, capsys):
-        """The check can fail: without the barrier between phases, one block's TMA load of
-        the layer above's d_scaled races with another block's store of it."""
-        run = self._two_block_run()
-        run()  # as it is: no race
-        monkeypatch.setattr(gb, "cluster_barrier", lambda bar: jnp.bool_(True))
-        assert_race_reported(run, capsys, monkeypatch)
-
-    def test_the_race_detector_reports_a_store_the_next_phase_reads_left_writing(
-        self, monkeypatch, capsys
-    ):
-        """The check can fail: a phase that leaves one bulk store more in flight past the
-        barrier than its late ones (dz, the bias sums: nothing in the kernel reads them)
-        leaves a store of its d_scaled writing, which races with another block's TMA load of
-        it in the next phase."""
-        run = self._two_block_run()
-        run()  # as it is: no race
-        wait = pbc.wait_for_all_but
-        monkeypatch.setattr(pbc, "wait_for_all_but", lambda late: wait(late + 1))
-        assert_race_reported(run, capsys, monkeypatch)
-
-
-@pytest.mark.parametrize("mode", [TestCompiled, TestInterpret], ids=["compiled", "interpret"])
-def test_every_kernel_case_is_a_plan_the_kernel_accepts(mode):
-    """Checked on a CPU, where the cases of more blocks than interpret mode runs never
-    reach the kernel (the forward's 66-block case was first found invalid on a GPU)."""
-    for plan_args, _, depth, z_on, mask_on in mode.CASES["case"]:
-        pb.check_plan(PersistentPlan(*plan_args), z_on, mask_on, depth)

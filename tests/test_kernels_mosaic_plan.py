@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+from benchmark_scripts import BENCH
 from kernel_cases import needs_cuda
 from rhhjax.kernels.mosaic import plan as pp
 
@@ -119,7 +120,7 @@ _STORE_PROBE = """
 import sys, jax, jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
-from rhhjax.hlo import deviceless
+from hlo import deviceless
 
 def body(out_ref, smem):
     c = jax.lax.axis_index("c")
@@ -150,7 +151,8 @@ def test_mosaic_gpu_stores_a_box_as_wide_as_its_array_with_a_copy_no_dimension_c
     box past the width lands on the next rows; a narrower box is a tensor copy, which drops
     what lies past the width."""
     env = dict(os.environ, MOSAIC_GPU_DUMP_PTX="1", JAX_SKIP_CUDA_CONSTRAINTS_CHECK="1")
-    env |= {"CUDA_VISIBLE_DEVICES": "-1", "PYTHONPATH": os.pathsep.join(sys.path)}
+    path = os.pathsep.join([str(BENCH), *sys.path])  # benchmarks/hlo/ as hlo
+    env |= {"CUDA_VISIBLE_DEVICES": "-1", "PYTHONPATH": path}
     run = subprocess.run(
         [sys.executable, "-c", _STORE_PROBE, str(width)],
         env=env, capture_output=True, text=True, timeout=600,

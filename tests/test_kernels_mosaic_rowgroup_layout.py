@@ -3,12 +3,12 @@ row group (a hardware cluster barrier, no grid-wide barrier), against their refe
 fresh random inputs: compiled on a GPU, and executed in GPU interpret mode with the race
 detector on (jax >= 0.11.2), where the grid's clusters run one after another, each
 cluster's blocks at once. The test bodies are the grid layout's
-(`test_kernels_mosaic_persistent_forward`, `test_kernels_mosaic_persistent_backward`), with
+(`test_kernels_mosaic_persistent_forward_run`, `..._backward_run`), with
 ``LAYOUT = "rowgroup"`` and plans of more than one row group."""
 
 import pytest
-import test_kernels_mosaic_persistent_backward as tb
-import test_kernels_mosaic_persistent_forward as tf
+import test_kernels_mosaic_persistent_backward_run as tb
+import test_kernels_mosaic_persistent_forward_run as tf
 from kernel_cases import needs_cuda, run_deviceless
 from rhhjax.kernels.mosaic import rowgroup_layout
 from rhhjax.kernels.mosaic.plan import PersistentPlan, PlanError
@@ -80,7 +80,7 @@ def test_the_grid_layout_is_grid_barriers_functions():
 
 _COMPILE = """
 import json
-from rhhjax.hlo import deviceless as g
+from hlo import deviceless as g
 g.set_deviceless_env(log_ptxas=False)
 import jax, jax.numpy as jnp
 from rhhjax.kernels.mosaic import persistent_backward as pb

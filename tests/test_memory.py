@@ -64,6 +64,30 @@ def test_a_need_above_what_is_free_is_one_line_naming_the_field(free, where):
     memory.check([memory.training(MODEL, 1000, 8, 100)], memory.Free(host=10**10))  # fits
 
 
+@pytest.mark.parametrize("free", [memory.Free(host=600 * 10**6), memory.Free(10**12, 600 * 10**6)])
+def test_the_check_asks_for_the_estimate_plus_the_compile_allowance(free):
+    """The check took the larger of the estimate and ``COMPILE_BYTES``, so
+    500 MB passed with 600 MB free though compiling it takes ~300 MB more (measured growth up
+    to 1.07x the estimate; estimate plus allowance covered every run)."""
+    need = memory.Need("training", 500 * 10**6, 0, ("train.batch_size",), "b=1 x t=1")
+    with pytest.raises(memory.MemoryCheckError, match=r"500.0 MB \+ 402.7 MB to compile"):
+        memory.check([need], free)
+    roomy = memory.Free(host=10**12, device=None if free.device is None else 10**12)
+    memory.check([need], roomy)  # fits: estimate + allowance < free
+    edge = 500 * 10**6 + memory.COMPILE_BYTES
+    memory.check([need], memory.Free(host=edge))
+
+
+def test_the_start_up_line_states_the_estimate_and_the_allowance_beside_the_free_memory():
+    small = memory.Need("training", 5 * 10**6, 10**5, ("train.batch_size",), "b=4 x t=20")
+    large = memory.Need("evaluation (paper protocol)", 9 * 10**6, 0, ("eval.batch_size",), "e")
+    line = memory.estimate_line([small, large], memory.Free(host=20 * 10**9))
+    assert line == (
+        "memory: evaluation (paper protocol) needs about 9.0 MB + 402.7 MB to compile of host "
+        "memory (e), 20.0 GB is free (MemAvailable)"
+    )
+
+
 def test_out_of_memory_errors_are_recognised_and_put_in_one_line():
     import jax
 

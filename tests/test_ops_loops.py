@@ -1,5 +1,5 @@
-"""What the whole-sequence implementations share (rhhjax/ops/loops.py): refusals, the packed
-saved rows, the states from the saved inputs, the generic forward scan and the gradients
+"""What the whole-sequence implementations share (rhhjax/ops/loops.py): the packed saved
+rows, the states from the saved inputs, the generic forward scan and the gradients
 formed after the reverse loop."""
 
 import jax
@@ -8,34 +8,6 @@ import numpy as np
 import pytest
 
 from rhhjax.ops import cells, loops
-from rhhjax.ops.sequence_spec import ModelFacts
-
-
-def test_refusals_are_one_line_and_name_the_alternative():
-    assert loops.whole_sequence_unsupported("fused", ModelFacts("rhn", dropout="gate")) is None
-    assert "use 'scan'" in loops.whole_sequence_unsupported("fused", ModelFacts("lstm"))
-    stateful = ModelFacts("hyperrhn", hyper_input="x_and_state")
-    assert "hyper_input='x'" in loops.whole_sequence_unsupported("fused", stateful)
-    variational = ModelFacts("rhn", dropout="variational")
-    assert "use impl='fused'" in loops.kernel_unsupported("pallas", variational)
-    assert "hyper_rank=2" in loops.kernel_unsupported(
-        "pallas", ModelFacts("hyperrhn", hyper_rank=2)
-    )
-    assert loops.hopper_unavailable("mosaic", "compiled", "cpu") is None
-    assert loops.hopper_unavailable("mosaic", "auto", "gpu") is None
-    off_gpu = loops.hopper_unavailable("mosaic", "auto", "cpu")
-    assert "for a Hopper GPU" in off_gpu and "model.impl='fused' or 'scan'" in off_gpu
-    assert "\n" not in off_gpu
-
-
-def test_interpret_mode_is_refused_exactly_where_jax_lacks_it():
-    from rhhjax.kernels.mosaic import interpret as gpu_interpret
-
-    reason = loops.hopper_unavailable("mosaic", "interpret", "gpu")
-    if gpu_interpret.available():
-        assert reason is None
-    else:
-        assert "needs jax >= 0.11.2" in reason and "\n" not in reason
 
 
 def test_pack_and_unpack_are_inverse():

@@ -34,7 +34,7 @@ def test_every_registered_implementation_is_an_implementation():
     """Every member of the protocol, each function with the protocol's parameter names,
     kinds and defaults, in order."""
     members = _protocol_members()
-    assert {"prepare_weights", "forward_loop", "backward_loop", "unavailable"} <= set(members)
+    assert {"prepare_weights", "forward_loop", "backward_loop", "saved_rows"} <= set(members)
     for name, module in spec.IMPLEMENTATIONS.items():
         assert module.NAME == name
         missing = [member for member in members if not hasattr(module, member)]
@@ -55,6 +55,35 @@ def test_a_module_that_differs_from_the_protocol_is_found():
 
     expected = _protocol_members()["backward_loop"]
     assert _parameters(inspect.signature(backward_loop)) != _parameters(expected)
+
+
+def test_refusals_are_one_line_and_name_the_alternative():
+    assert spec.unsupported("fused", spec.ModelFacts("rhn", dropout="gate")) is None
+    assert "use 'scan'" in spec.unsupported("fused", spec.ModelFacts("lstm"))
+    stateful = spec.ModelFacts("hyperrhn", hyper_input="x_and_state")
+    assert "hyper_input='x'" in spec.unsupported("fused", stateful)
+    variational = spec.ModelFacts("rhn", dropout="variational")
+    assert "use impl='fused'" in spec.unsupported("pallas", variational)
+    assert "hyper_rank=2" in spec.unsupported("pallas", spec.ModelFacts("hyperrhn", hyper_rank=2))
+    assert spec.unavailable("mosaic", "compiled", "cpu") is None
+    assert spec.unavailable("mosaic", "auto", "gpu") is None
+    off_gpu = spec.unavailable("mosaic", "auto", "cpu")
+    assert "for a Hopper GPU" in off_gpu and "model.impl='fused' or 'scan'" in off_gpu
+    assert "\n" not in off_gpu
+    assert spec.unsupported("scan", spec.ModelFacts("lstm")) is None
+    rank_d = spec.ModelFacts("hyperrhn", hyper_rank=2)
+    assert spec.substitute("persistent", rank_d)[0] == "fused"
+    assert spec.substitute("fused", rank_d) is None
+
+
+def test_interpret_mode_is_refused_exactly_where_jax_lacks_it():
+    from rhhjax.kernels.mosaic import interpret as gpu_interpret
+
+    reason = spec.unavailable("mosaic", "interpret", "gpu")
+    if gpu_interpret.available():
+        assert reason is None
+    else:
+        assert "needs jax >= 0.11.2" in reason and "\n" not in reason
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,6 @@
-"""What the installed project provides: the kernels and configs under the rhhjax namespace, and
-no top-level module named ``kernels`` (a PyPI package of that name exists)."""
+"""What the installed project provides: the kernels and configs under the rhhjax namespace, no
+top-level module named ``kernels`` (a PyPI package of that name exists), and none of the
+benchmarks' tooling (benchmarks/hlo/ stays in the checkout)."""
 
 import json
 import os
@@ -8,12 +9,12 @@ import sys
 
 PROBE = """
 import importlib.util, json
-import rhhjax.kernels.triton, rhhjax.hlo.deviceless, rhhjax.configs.ptb
+import rhhjax.kernels.triton, rhhjax.configs.ptb
 print(json.dumps({
     "kernels_top_level": importlib.util.find_spec("kernels") is not None,
     "configs_top_level": importlib.util.find_spec("configs") is not None,
     "triton": rhhjax.kernels.triton.__name__,
-    "hlo": rhhjax.hlo.deviceless.__name__,
+    "hlo": [importlib.util.find_spec(name) is not None for name in ("hlo", "rhhjax.hlo")],
     "ptb_variants": list(rhhjax.configs.ptb.VARIANTS),
 }))
 """
@@ -36,8 +37,8 @@ def test_installed_namespace_has_kernels_and_configs_and_no_top_level_kernels(tm
         "kernels_top_level": False,
         "configs_top_level": False,
         "triton": "rhhjax.kernels.triton",
-        "hlo": "rhhjax.hlo.deviceless",
-        "ptb_variants": ["", "rhn", "lstm", "cpu", "tiny"],
+        "hlo": [False, False],
+        "ptb_variants": ["", "rhn", "lstm", "fast", "cpu", "tiny"],
     }
 
 
@@ -94,6 +95,8 @@ def test_the_installed_commands_run_from_anywhere_with_a_config_name(tmp_path):
     assert again.returncode == 0 and "already finished at step 1" in again.stdout, again.stderr
     for command in ("evaluate", "sample", "plot", "summary", "ablate", "analyze"):
         assert (target / "bin" / f"rhhjax-{command}").is_file()
+    authors = target / "rhhjax" / "data" / "authors"  # the curves rhhjax-plot draws beside a run
+    assert {p.name for p in authors.iterdir()} >= {"hyperrhn_curve.csv", "rhn_curve.csv"}
 
 
 def test_the_readme_and_the_docs_name_every_console_command_and_both_routes():

@@ -159,7 +159,7 @@ def test_rank_ablation_on_tiny_ptb(tmp_path):
 
 
 @needs_ptb
-def test_cli_records_a_failing_variant_and_exits_1(tmp_path):
+def test_cli_refuses_an_invalid_variant_before_training_and_exits_1(tmp_path):
     command = [
         sys.executable,
         "-m",
@@ -174,10 +174,10 @@ def test_cli_records_a_failing_variant_and_exits_1(tmp_path):
     ]
     result = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert result.returncode == 1, result.stderr[-2000:]
-    saved = json.loads((tmp_path / "results.json").read_text())
-    (row,) = saved["rows"]
-    assert row["status"] == "error" and "hyper_rank" in row["error"]
-    assert "error: model.hyper_rank=2" in (tmp_path / "results.md").read_text()
+    # an invalid variant is refused before any variant trains, in one line
+    (line,) = result.stderr.splitlines()
+    assert line.startswith("error: variant type-rhn: model.hyper_rank=2"), line
+    assert not (tmp_path / "results.json").exists()
     bad = subprocess.run(
         [*command[:3], command[3], "--sweep=model.depth=x", f"--out={tmp_path}"],
         capture_output=True,
@@ -224,3 +224,105 @@ def test_an_output_folder_that_cannot_be_written_is_one_line_before_any_variant_
     out = tmp_path / "a_file" if where == "a file" else read_only_folder(tmp_path) / "abl"
     with pytest.raises(outputs.OutputError, match=f"--out={out}"):
         ablate.run_ablation(configs.load("ptb:tiny"), ["model.depth=1"], out, memory=False)
+
+
+@pytest.fixture
+def nothing_trains(monkeypatch):
+    """run_variant fails the test: a refusal must come before the first variant trains."""
+
+    def never(*args, **kwargs):
+        raise AssertionError("a variant ran")
+
+    monkeypatch.setattr(ablate, "run_variant", never)
+
+
+def test_every_sweep_value_is_checked_before_the_first_variant_trains(tmp_path, nothing_trains):
+    """--sweep=model.hidden=8,-1 trained hidden 8, then failed on -1."""
+    from rhhjax import configs
+
+    out = tmp_path / "abl"
+    with pytest.raises(ablate.SweepError) as info:
+        ablate.run_ablation(
+            configs.load("ptb:tiny"), ["model.hidden=8,-1"], out, max_steps=2, memory=False
+        )
+    assert str(info.value).startswith("variant hidden--1: model.hidden=-1 must be a positive")
+    assert "nothing was trained" in str(info.value) and "\n" not in str(info.value)
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    "budget, needle",
+    [
+        (dict(max_steps=0), "--max_steps=0 must be >= 1"),
+        (dict(max_steps=-5), "--max_steps=-5 must be >= 1"),
+        (dict(max_minutes=0.0), "--max_minutes=0.0 must be a finite number > 0"),
+    ],
+)
+def test_a_budget_of_zero_is_refused_not_unlimited(tmp_path, nothing_trains, budget, needle):
+    """--max_steps=0 meant no bound (63,770,000 steps, ETA 75 h)."""
+    from rhhjax import configs
+
+    with pytest.raises(ablate.SweepError, match=needle):
+        ablate.run_ablation(
+            configs.load("ptb:tiny"), ["model.depth=1"], tmp_path / "abl", memory=False, **budget
+        )
+
+
+def test_a_variant_that_changes_nothing_is_refused_naming_the_variants():
+    """--variant=foo quietly ran the base config."""
+    config = tiny_config()
+    with pytest.raises(ablate.SweepError) as info:
+        ablate.parse_variant("foo", config, ["rhn", "lstm", "cpu", "tiny"])
+    assert str(info.value) == (
+        "--variant=foo changes no field: give NAME:FIELD=V,FIELD=V (e.g. "
+        "rhn:model.type=rhn,model.hidden=280), or base / hyperrhn / foo: for the base config; "
+        "the config file's own variants (rhn, lstm, cpu, tiny) are picked with "
+        "--config=FILE:VARIANT"
+    )
+    for base in ("foo:", "base", "hyperrhn"):  # the base config, said so
+        assert ablate.parse_variant(base, config)[1] == {}
+
+
+def test_the_command_refuses_a_variant_that_changes_nothing_in_one_line(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "rhhjax.tools.ablate", "--config=ptb:tiny", "--variant=foo",
+         f"--out={tmp_path / 'abl'}"],
+        capture_output=True, text=True, timeout=120, cwd=ROOT,
+    )  # fmt: skip
+    from rhhjax.configs import ptb
+
+    assert proc.returncode == 1 and not (tmp_path / "abl").exists()
+    assert proc.stderr.splitlines() == [
+        "error: --variant=foo changes no field: give NAME:FIELD=V,FIELD=V (e.g. "
+        "rhn:model.type=rhn,model.hidden=280), or base / hyperrhn / foo: for the base config; "
+        f"the config file's own variants ({', '.join(v for v in ptb.VARIANTS if v)}) are "
+        "picked with --config=FILE:VARIANT"
+    ]
+
+
+def test_a_signal_stops_the_ablation_instead_of_starting_the_next_run(tmp_path, monkeypatch):
+    """SIGTERM stopped the run in flight, then the ablation went on to the next variant."""
+    from rhhjax import configs
+    from rhhjax.train import trainer
+
+    started = []
+
+    def interrupted(config, workdir, log):
+        started.append(workdir.name)
+        return {"status": "interrupted", "exit_code": 143, "step": 2, "stop_reason": "signal"}
+
+    monkeypatch.setattr(trainer, "train_and_evaluate", interrupted)
+    messages: list[str] = []
+    rows = ablate.run_ablation(
+        configs.load("ptb:tiny"),
+        ["model.hyper_rank=0,2"],
+        tmp_path,
+        max_steps=3,
+        memory=False,
+        log=messages.append,
+    )
+    assert started == ["hyper_rank-0"]
+    assert [(r["variant"], r["status"], r["exit_code"]) for r in rows] == [
+        ("hyper_rank-0", "interrupted", 143)
+    ]
+    assert "stopped during hyper_rank-0: run the same command again to resume it" in messages

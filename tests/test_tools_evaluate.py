@@ -44,3 +44,49 @@ def test_evaluate_reads_moved_data(trained, tmp_path, text_file):
         evaluate_tool.run(str(workdir), "test", "stream", "best", log=quiet, data_dir=str(tmp_path))
     with pytest.raises(data_lib.DataError, match="nowhere.txt"):
         evaluate_tool.run(str(workdir), "test", "stream", log=quiet, text_files="/nowhere.txt")
+
+
+def test_sigterm_during_an_evaluation_is_one_line_saying_nothing_was_written(trained, tmp_path):
+    """SIGTERM during rhhjax-evaluate exited 143 without a word. The run's
+    text is given as a named pipe, so the program blocks reading it (after its signal catcher
+    started) until the test has sent the signal: deterministic on a loaded machine."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    workdir = trained[0]
+    fifo = tmp_path / "text.fifo"
+    os.mkfifo(fifo)
+    output = tmp_path / "out.json"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rhhjax.tools.evaluate", f"--workdir={workdir}",
+         f"--text_files={fifo}", f"--output={output}"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    with open(fifo, "wb"):  # returns once the program has opened the pipe for reading
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM
+    assert stderr.splitlines() == [
+        "error: stopped by SIGTERM during the evaluation; nothing was written"
+    ]
+    assert not output.exists()
+
+
+def test_a_moved_text_file_names_the_flag_that_points_at_it(trained, tmp_path):
+    """Evaluating a run whose text file has moved was one line without a
+    hint of --text_files."""
+    from rhhjax.train import saved_run
+
+    run = saved_run.load_run(str(trained[0]), "best")
+    moved = str(tmp_path / "gone" / "shake.txt")
+    run.config.data.text_files = moved  # the run's data section names a file no longer there
+    with pytest.raises(data_lib.DataError) as info:
+        run.corpus()
+    message = str(info.value)
+    assert message.startswith(f"cannot read text file {moved}: ")
+    assert message.endswith(
+        "; if the run's data has moved, give its new place with --text_files=FILE (or "
+        "FILE,FILE,FILE)"
+    )

@@ -124,3 +124,79 @@ def test_plot_of_run(trained, tmp_path):
     workdir, _, _, _ = trained
     out = plot.plot([workdir], tmp_path / "bpc.png")
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_shipped_authors_curves_are_the_shared_ones_and_reach_their_best():
+    shared = plot.AUTHORS_DIR.parents[2].parent / "shared" / "data" / "authors"
+    for model, best, epoch in (("hyperrhn", 1.2275, 651), ("rhn", 1.2401, 1021)):
+        curve = plot.authors_curve(model)
+        assert min(curve["bpc"]) == pytest.approx(best, abs=5e-5)
+        assert curve["epoch"][curve["bpc"].index(min(curve["bpc"]))] == epoch
+        assert curve["minutes_per_epoch"] > 0
+        name = f"{model}_curve.csv"
+        if (shared / name).is_file():  # the shipped copy is the authors' file unchanged
+            assert (plot.AUTHORS_DIR / name).read_bytes() == (shared / name).read_bytes()
+
+
+@pytest.mark.parametrize(
+    "model_type, choice, expected",
+    [("hyperrhn", "auto", "hyperrhn"), ("rhn", "auto", "rhn"), ("lstm", "auto", None),
+     ("lstm", "rhn", "rhn"), ("hyperrhn", "none", None)],
+)  # fmt: skip
+def test_the_authors_curve_follows_the_runs_model_type(tmp_path, model_type, choice, expected):
+    (tmp_path / "config.json").write_text(json.dumps({"model": {"type": model_type}}))
+    assert plot.authors_model(tmp_path, choice) == expected
+
+
+def test_the_figure_draws_the_authors_curve_in_both_panels(tmp_path, monkeypatch):
+    import matplotlib.figure
+
+    records = [
+        {
+            "kind": "valid",
+            "step": s,
+            "epoch": s / 2,
+            "bpc": 2.0 - s / 100,
+            "train_seconds": 150.0 * s,
+        }
+        for s in (2, 4, 6, 8)
+    ]
+    write_metrics(tmp_path / "run", records)
+    (tmp_path / "run" / "config.json").write_text(json.dumps({"model": {"type": "hyperrhn"}}))
+    saved = []
+    real = matplotlib.figure.Figure.savefig
+    monkeypatch.setattr(
+        matplotlib.figure.Figure,
+        "savefig",
+        lambda fig, *a, **k: (saved.append(fig), real(fig, *a, **k)),
+    )
+    out = plot.plot([tmp_path / "run"])
+    assert out.read_bytes()[:8] == PNG
+    (fig,) = saved
+    epoch_ax, minutes_ax = fig.axes
+    assert (epoch_ax.get_xlabel(), minutes_ax.get_xlabel()) == ("epoch", "training minutes")
+    for ax, scale in (
+        (epoch_ax, 1.0),
+        (minutes_ax, plot.authors_curve("hyperrhn")["minutes_per_epoch"]),
+    ):
+        labels = [line.get_label() for line in ax.get_lines()]
+        assert any(label.startswith("authors' HyperRHN") for label in labels), labels
+        assert "their best 1.2275 (epoch 651)" in labels
+        authors = next(a for a in ax.get_lines() if a.get_label().startswith("authors'"))
+        xs = authors.get_xdata()
+        assert xs[0] == pytest.approx(scale) and max(xs) <= 1.05 * ax.get_xlim()[1]
+
+
+@pytest.mark.parametrize("name", ["newplot", "x.txt", "figure.tmp"])
+def test_an_output_name_without_a_figure_format_is_one_line_before_any_reading(tmp_path, name):
+    """--out=newplot or x.txt was a 31-line traceback from matplotlib."""
+    with pytest.raises(plot.PlotError) as info:
+        plot.plot([tmp_path / "no_run"], tmp_path / name)
+    assert str(info.value).startswith(f"--out={tmp_path / name}: the figure is written as .png")
+    assert not (tmp_path / name).exists()
+
+
+def test_other_figure_formats_are_written(tmp_path):
+    fake_run(tmp_path / "run")
+    out = plot.plot([tmp_path / "run"], tmp_path / "f.svg", authors="none")
+    assert b"<svg" in out.read_bytes()[:500]

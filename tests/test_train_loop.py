@@ -67,16 +67,21 @@ def test_progress_total_only_when_a_step_bound_decides():
     import ml_collections
 
     cfg = ml_collections.ConfigDict(
-        {"train": {"max_steps": 0, "max_epochs": 1000, "max_minutes": 12.0}}
+        {"train": {"max_steps": 0, "max_epochs": 1000, "max_minutes": 12.0, "budget_minutes": 0.0}}
     )
     run = types.SimpleNamespace(cfg=cfg, steps_per_epoch=797)
     loop = train_loop.Loop.__new__(train_loop.Loop)  # only run.cfg and the epoch are read
     loop.run = run
-    assert loop._total_steps() == 0
+    state = types.SimpleNamespace(budget_steps=0)
+    assert loop._total_steps(state) == 0
     cfg.train.max_minutes = 0.0
-    assert loop._total_steps() == 797_000
+    assert loop._total_steps(state) == 797_000
     cfg.train.max_steps = 500
-    assert loop._total_steps() == 500
+    assert loop._total_steps(state) == 500
+    cfg.train.budget_minutes = 8.0  # a time budget: no total until its steps are fixed ...
+    assert loop._total_steps(state) == 0
+    state.budget_steps = 300  # ... then the nearest bound
+    assert loop._total_steps(state) == 300
 
 
 def test_epoch_estimate_names_the_cpu_recipe_for_a_model_too_large_for_a_cpu():

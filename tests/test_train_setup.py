@@ -93,6 +93,26 @@ def test_a_batch_that_cannot_fit_is_one_line_before_anything_is_written(tmp_path
     prepare_run(config, tmp_path / "w", lambda m: None, SignalCatcher())  # not refused
 
 
+def test_a_run_states_its_memory_estimate_beside_the_free_memory_at_start_up(tmp_path):
+    """A run that passed the memory check never printed its estimate."""
+    from helpers import tiny_run_config
+
+    lines: list[str] = []
+    config = tiny_run_config(write_text(tmp_path / "t.txt", 20_000))
+    prepare_run(config, tmp_path / "w", lines.append, SignalCatcher())
+    memory_lines = [line for line in lines if line.startswith("memory: ")]
+    assert len(memory_lines) == 1, lines
+    assert re.fullmatch(
+        r"memory: .+ needs about [\d.]+ MB \+ 402\.7 MB to compile of host memory \(.+\), "
+        r"[\d.,]+ [kMGT]?B is free \(.+\)",
+        memory_lines[0],
+    )
+    config.train.check_memory = False
+    lines.clear()
+    prepare_run(config, tmp_path / "w", lines.append, SignalCatcher())
+    assert not any(line.startswith("memory: ") for line in lines)
+
+
 text_file = train_cases.text_file  # a shared fixture (tests/train_cases.py)
 
 

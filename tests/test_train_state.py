@@ -146,3 +146,64 @@ def test_a_run_from_before_the_kernel_fields_resumes_with_another_impl_and_block
     cfg.model.kernel.block_b = 16
     results = trainer.train_and_evaluate(cfg, workdir, log=quiet)
     assert results["step"] == 4
+
+
+def _budget_config(text_file, **overrides):
+    """A cosine schedule over a 12-step budget (0.6 s at a given 0.05 s a step)."""
+    budget = dict(
+        train__max_steps=0,
+        train__max_epochs=0,
+        train__budget_minutes=0.01,
+        train__budget_step_seconds=0.05,
+        train__schedule="cosine",
+        train__warmup_steps=3,
+        train__eval_every_steps=4,
+        train__log_every_steps=3,
+        train__checkpoint_every_steps=2,
+    )
+    return tiny_config(text_file, **{**budget, **overrides})
+
+
+def test_a_budget_run_resumed_mid_schedule_equals_the_uninterrupted_one(tmp_path, text_file):
+    """12 budgeted steps straight == 5 steps (max_steps), resume to the budget: the same
+    records and parameters bit for bit; the schedule's floor on the last budgeted step."""
+    straight = tmp_path / "straight"
+    results = trainer.train_and_evaluate(_budget_config(text_file), straight, log=quiet)
+    assert (results["step"], results["stop_reason"]) == (12, "budget")
+    stopped = tmp_path / "stopped"
+    first = trainer.train_and_evaluate(
+        _budget_config(text_file, train__max_steps=5), stopped, log=quiet
+    )
+    assert (first["step"], first["stop_reason"]) == (5, "max_steps")
+    lines: list[str] = []
+    trainer.train_and_evaluate(_budget_config(text_file), stopped, log=lines.append)
+    assert any("resuming" in line and "step 5" in line for line in lines)
+    assert not any(line.startswith("budget:") for line in lines)  # fixed by the first start
+
+    stop_step_validation = [r for r in records(stopped) if r["kind"] == "valid" and r["step"] == 5]
+    assert [r for r in records(stopped) if r not in stop_step_validation] == records(straight)
+    reference, meta = latest_params(straight)
+    params, resumed_meta = latest_params(stopped)
+    assert_trees_equal(params, reference)
+    assert meta["budget_steps"] == resumed_meta["budget_steps"] == 12
+    lrs = {r["step"]: r["lr"] for r in records(straight, ("train",))}
+    assert lrs[12] == pytest.approx(1e-3 * 0.1, rel=1e-6)  # the floor, reached at the end
+    assert lrs[3] == pytest.approx(1e-3 * 2 / 3, rel=1e-6)  # step index 2 of a 3-step warm-up
+
+
+def test_a_measured_budget_is_fixed_after_the_probe_and_stops_the_run(tmp_path, text_file):
+    lines: list[str] = []
+    config = _budget_config(
+        text_file,
+        train__budget_minutes=0.25,
+        train__budget_step_seconds=0.0,
+        train__budget_probe_steps=2,
+        train__schedule="constant",
+        train__eval_every_steps=0,
+        train__log_every_steps=50,
+    )
+    results = trainer.train_and_evaluate(config, tmp_path / "run", log=lines.append)
+    budget = [line for line in lines if line.startswith("budget: 0.25 minutes = ")]
+    assert len(budget) == 1, lines
+    _, meta = latest_params(tmp_path / "run")
+    assert results["stop_reason"] == "budget" and results["step"] == meta["budget_steps"] >= 3

@@ -231,3 +231,34 @@ def test_an_out_of_host_memory_in_validation_names_eval_batch_size(
     message = str(info.value)
     assert message.startswith("out of memory during validation (MemoryError: Unable to ")
     assert message.endswith("; no checkpoint was written yet; lower eval.batch_size")
+
+
+def test_a_finished_run_without_its_config_json_is_already_finished_from_the_command_line(
+    trained, text_file, tmp_path
+):
+    """``config.json`` deleted from a finished run, then the same command
+    again: "already finished", read from the checkpoint (its meta holds the config); nothing
+    re-evaluated, nothing written (config.json stays missing), one warning line."""
+    import shutil
+    import subprocess
+    import sys
+
+    from helpers import ROOT
+
+    workdir = tmp_path / "run"
+    shutil.copytree(trained[0], workdir)
+    (workdir / "config.json").unlink()
+    before = snapshot(workdir)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "train.py"), "--config=ptb:tiny",
+         "--config.data.format=text", f"--config.data.text_files={text_file}",
+         "--config.data.hutter_holdout=3000", f"--workdir={workdir}"],
+        capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert f"{workdir} already finished at step 6: nothing to do" in proc.stdout
+    assert "final evaluation" not in proc.stdout and "evaluating" not in proc.stdout
+    assert proc.stderr.splitlines() == [
+        f"warning: {workdir / 'config.json'} is missing; following the checkpoint of step 6"
+    ]
+    assert snapshot(workdir) == before

@@ -1,21 +1,12 @@
-"""The Mosaic GPU kernels (Hopper: wgmma, TMA pipelines), each module with its reference;
-reached through `rhhjax.ops.mosaic` and `rhhjax.ops.persistent`.
+"""The Mosaic GPU kernels (Hopper: wgmma, TMA), each with its reference; reached through
+`rhhjax.ops.mosaic` and `rhhjax.ops.persistent`.
 
     gemm.py                 the pipelined GEMM into shared memory the kernels share.
-    forward.py              one micro-layer forward per kernel, with its reference.
-    backward.py             one micro-layer backward per kernel, with its reference.
-    persistent_forward.py   the whole forward as ONE persistent kernel (with the HyperRHN's
-                            hyper cell inside it, optionally).
-    persistent_cell.py      one cell's phase inside that kernel.
-    persistent_backward.py  the whole backward as ONE persistent kernel.
-    persistent_backward_cell.py  one cell's phase inside that kernel.
-    persistent_backward_operands.py  that kernel's operand bundles, checks and shared
-                            memory count.
-    plan.py                 a persistent plan's resources, shared memory and refusals.
-    persistent_slots.py     the layer-major order of the persistent kernels' GEMM buffers.
-    rowgroup_layout.py      the persistent kernels launched as one cluster per row group.
-    keep_mask.py            gate-dropout masks as uint8 keep decisions (kernel and reference).
-    grid_barrier.py         the persistent kernels' grid barrier (and interpret mode's
-                            cluster barrier).
-    interpret.py            GPU interpret mode's settings and limits (the kernels on a CPU).
+    forward.py, backward.py  one micro-layer per kernel.
+    persistent_forward.py, persistent_backward.py  the whole sequence as one kernel.
+    persistent_cell.py, persistent_backward_cell.py  one cell's phase inside them.
+    persistent_backward_operands.py  the backward's operands, checks, shared memory.
+    plan.py, persistent_slots.py  a persistent plan's resources; its buffers' order.
+    rowgroup_layout.py, grid_barrier.py  launch layouts and the grid barrier.
+    keep_mask.py, interpret.py  uint8 dropout decisions; GPU interpret mode.
 """

@@ -1,31 +1,14 @@
-"""One highway micro-layer backward as a Mosaic GPU Pallas kernel (Hopper: wgmma, TMA): the
+"""One highway micro-layer backward as a Mosaic GPU kernel (Hopper: wgmma, TMA): the
 state-gradient GEMM of the layer above fused with this layer's gate backward.
 
-Program ``(m, g)`` owns rows ``m * tile_m ..`` and the state units ``g * u ..``::
+Program (m, g) owns rows ``m * tile_m ..`` and units ``g * u ..``:
 
-    acc      = d_above[rows, :] @ W_above[units, :]^T   [tile_m, u]: the state gradient the
-               layer above sends down (K = its 2 * n_pad gate columns in ``tile_k`` chunks
-               through a TMA pipeline, f32 accumulation)
-    ds       = acc + ds_carry + g_out                   (the carried and the outside gradient)
-    da_h     = ds * t_used * (1 - h^2)                  t_used = t [* mask], h_used = h [* mask]
-    da_t     = ds * (h_used - s_prev) * t * (1 - t)
-    ds_carry = ds * (1 - t)
-    d_scaled = da [* z]                                 (in the matmul dtype: the next GEMM's A)
+    ds = d_above @ w_above[units]^T + ds_carry + g_out
+    da = `ops.cells.gate_backward`;  ds_carry = ds * (1 - t);  d_scaled = da (* z)
 
-exactly `rhhjax.ops.cells.gate_backward` and `rhhjax.ops.fused._layer_backward`. Operands
-(padded; ``n_pad`` a multiple of ``u``, ``2 * n_pad`` of ``tile_k``, ``b_pad`` of ``tile_m``):
-
-    d_above  [b_pad, 2 * n_pad] matmul dtype  d_scaled of the layer above (h- then t-half)
-    w_above  [n_pad, 2 * n_pad] matmul dtype  W of the layer above as it is (K minor)
-    ds_carry [b_pad, n_pad] f32   g_out [b_pad, n_pad] f32   s_prev [b_pad, n_pad] f32
-    h, t     [b_pad, n_pad] f32 (the forward's saved gates)
-    z        [b_pad, n_pad] f32 | None       mask [b_pad, n_pad] f32 (0 or 1/keep) | None
-    -> (d_scaled [b_pad, 2, n_pad] matmul dtype, ds_carry [b_pad, n_pad] f32,
-        da [b_pad, 2, n_pad] f32)
-
-`highway_backward_reference` is the same math in plain JAX. Runs compiled on a Hopper GPU;
-lowers and compiles for one on a CPU host with the CUDA plugin, and runs in GPU interpret mode
-on a CPU with jax >= 0.11.2 (tests/test_kernels_mosaic_backward.py).
+d_above [b_pad, 2 * n_pad], w_above [n_pad, 2 * n_pad] matmul dtype; ds_carry, g_out,
+s_prev, h, t, z, mask [b_pad, n_pad] f32. Returns (d_scaled [b_pad, 2, n_pad], ds_carry
+[b_pad, n_pad], da [b_pad, 2, n_pad]). `highway_backward_reference` is the same in JAX.
 """
 
 from __future__ import annotations
@@ -45,8 +28,8 @@ Array = jax.Array
 
 @dataclasses.dataclass(frozen=True)
 class MosaicBackwardConfig:
-    """Tile sizes: ``tile_m`` rows (a multiple of 64), ``units`` state units per program
-    (wgmma N, a multiple of 8), ``tile_k`` K per pipeline step, ``stages`` in flight."""
+    """Tiles: ``tile_m`` rows (a multiple of 64), ``units`` per program (a multiple of 8),
+    ``tile_k`` K per pipeline step, ``stages`` in flight."""
 
     tile_m: int = 64
     units: int = 16
@@ -54,7 +37,6 @@ class MosaicBackwardConfig:
     stages: int = 4
 
     def check(self, b_pad: int, n_pad: int) -> None:
-        """One-line ValueError unless the padded extents tile exactly (K = 2 * n_pad)."""
         if self.tile_m % 64 or self.units % 8 or self.tile_k % 16:
             raise ValueError(f"{self}: tile_m % 64, units % 8 and tile_k % 16 must be 0.")
         for name, size, tile in (
@@ -67,8 +49,7 @@ class MosaicBackwardConfig:
 
 
 def _gate_backward(acc, ins: dict) -> dict:
-    """The epilogue on one tile (the kernel's shared-memory tiles, or whole arrays in the
-    reference): acc and the input tiles -> da_h, da_t, ds_carry, d_h, d_t (d_scaled halves)."""
+    """The epilogue on one tile: acc, inputs -> da_h, da_t, ds_carry, d_h, d_t."""
     ds = acc + ins["ds_carry"] + ins["g_out"]
     h, t = ins["h"], ins["t"]
     t_used, h_used = (t, h) if "mask" not in ins else (t * ins["mask"], h * ins["mask"])
@@ -78,7 +59,7 @@ def _gate_backward(acc, ins: dict) -> dict:
     return dict(da_h=da_h, da_t=da_t, ds_carry=ds * (1.0 - t), d_h=d_h, d_t=d_t)
 
 
-_ROWS = ("ds_carry", "g_out", "s_prev", "h", "t")  # the always-present epilogue inputs
+_ROWS = ("ds_carry", "g_out", "s_prev", "h", "t")
 
 
 def highway_backward(
@@ -95,8 +76,8 @@ def highway_backward(
     config: MosaicBackwardConfig | None = None,
     interpret: Any = None,
 ):
-    """The micro-layer backward as one Mosaic GPU kernel; shapes in the module docstring.
-    ``interpret``: `gpu_interpret.params()` to execute it in GPU interpret mode (jax >= 0.11.2)."""
+    """The micro-layer backward as one Mosaic GPU kernel (``interpret``: GPU interpret
+    mode)."""
     config = config or MosaicBackwardConfig()
     b_pad, k_pad = d_above.shape
     n_pad = w_above.shape[0]
@@ -170,8 +151,7 @@ def highway_backward_reference(
     z: Array | None = None,
     mask: Array | None = None,
 ):
-    """Pure-JAX `highway_backward` (same operands and outputs): f32 accumulation of the
-    matmul dtype's products, then the kernel's own epilogue math on whole arrays."""
+    """Pure-JAX `highway_backward` with the kernel's own epilogue math."""
     acc = jnp.matmul(d_above, w_above.T, preferred_element_type=F32)
     ins = dict(ds_carry=ds_carry, g_out=g_out, s_prev=s_prev, h=h, t=t)
     if z is not None:

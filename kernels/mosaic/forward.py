@@ -1,37 +1,14 @@
-"""One highway micro-layer forward as a Mosaic GPU Pallas kernel (Hopper: wgmma, TMA).
+"""One highway micro-layer forward as a Mosaic GPU kernel (Hopper: wgmma, TMA).
 
-A first step towards the persistent kernel (`kernels/mosaic/plan.py`): the
-same column ownership as one of its phases, as a standalone launch, and the forward of
-`impl="mosaic"` (`rhhjax.ops.mosaic`). Program ``(m, g)`` owns rows ``m * tile_m ..`` and
-units ``g * u ..`` (both the h- and the t-columns of its units)::
+Program (m, g) owns rows ``m * tile_m ..`` and the h- and t-columns of units ``g * u ..``:
 
-    acc          = s[rows, :] @ W_blocks[:, g]   [tile_m, 2u]: the h- then the t-columns of
-                   its units (one wgmma N of 2u; K in ``tile_k`` chunks through a TMA
-                   pipeline, chunk 0 first, f32 accumulation)
-    full         = acc [+ xproj]                  (the input projection x U, layer 0 only)
-    a            = full [* z] + bias              (z: the hyper scales, both halves)
-    h, t         = tanh(a_h), sigmoid(a_t)
-    s_new        = h * (t [* mask]) + s * (1 - t) (mask: inverted gate dropout, 0 or 1/keep)
+    full = s_mm @ w_blk[g]^T (+ xproj);  a = full (* z) + bias
+    s_new = tanh(a_h) * sigmoid(a_t) (* mask) + s * (1 - sigmoid(a_t))
 
-Operands, padded (``n_pad`` a multiple of ``u``, ``k_pad`` of ``tile_k``, ``b_pad`` of
-``tile_m``); the optional ones are None when absent:
-
-    s_mm  [b_pad, k_pad]  matmul dtype  the state as the matmul input
-    w_blk [2 * n_pad, k_pad] matmul dtype  W^T in block-major order: rows g * 2u .. hold the
-                                 h-columns then the t-columns of W for units g * u ..
-                                 (K minor, so that its tiles swizzle like the state's)
-    s     [b_pad, n_pad]  f32    the carried state
-    bias  [b_pad, 2, n_pad] f32  b broadcast over rows (the epilogue reads tiles only)
-    z     [b_pad, n_pad]  f32    hyper scales | None
-    xproj [b_pad, 2, n_pad] f32  x U (no bias, unscaled) | None
-    mask  [b_pad, n_pad]  f32    gate-dropout mask (0 or 1/keep) | None
-
-Returns the new state [b_pad, n_pad] f32; with ``save`` the tuple (s_new, h, t) and, with
-z, ``full`` [b_pad, 2, n_pad] too: the rows the backward of `rhhjax.ops.fused` reads.
-
-`highway_forward_reference` is the same math in plain JAX (same outputs). The kernel needs an
-H100 to run compiled; it lowers and compiles for one on a CPU host with the CUDA plugin, and
-runs in GPU interpret mode on a CPU with jax >= 0.11.2 (tests/test_kernels_mosaic_forward.py).
+s_mm [b_pad, k_pad] matmul dtype; w_blk [2 * n_pad, k_pad] (W^T block-major, K minor);
+s [b_pad, n_pad]; bias, xproj [b_pad, 2, n_pad]; z, mask [b_pad, n_pad] or None. Returns
+s_new [b_pad, n_pad], or with ``save`` (s_new, h, t[, full]). `highway_forward_reference`
+is the same math in JAX.
 """
 
 from __future__ import annotations
@@ -51,9 +28,8 @@ Array = jax.Array
 
 @dataclasses.dataclass(frozen=True)
 class MosaicForwardConfig:
-    """Tile sizes: ``tile_m`` rows (a multiple of 64: one warpgroup's wgmma M), ``units``
-    per program (wgmma N = 2 * units), ``tile_k`` K per pipeline step (both operand tiles
-    have K minor: wgmma needs their swizzles equal), ``stages`` concurrent pipeline steps."""
+    """Tiles: ``tile_m`` rows (a multiple of 64), ``units`` per program (wgmma N = 2 *
+    units), ``tile_k`` K per pipeline step, ``stages`` in flight."""
 
     tile_m: int = 64
     units: int = 8
@@ -61,7 +37,6 @@ class MosaicForwardConfig:
     stages: int = 4
 
     def check(self, b_pad: int, n_pad: int, k_pad: int) -> None:
-        """One-line ValueError unless the padded extents tile exactly."""
         if self.tile_m % 64 or self.units % 8 or self.tile_k % 16:
             raise ValueError(f"{self}: tile_m % 64, units % 8 and tile_k % 16 must be 0.")
         for name, size, tile in (("b_pad", b_pad, self.tile_m), ("n_pad", n_pad, self.units)):
@@ -72,10 +47,8 @@ class MosaicForwardConfig:
 
 
 def _epilogue(pre_h, pre_t, ins: dict) -> dict:
-    """The gate math on one tile: pre_h, pre_t [tm, u] (the h- and t-columns) and the input tiles
-    ``ins`` ([tm, u] each: s, b_h, b_t and optional z, x_h, x_t, mask) -> the output tiles
-    (s_new, h, t, full_h, full_t). Shared by the kernel (on its shared-memory tiles) and,
-    through `highway_forward_reference`, by the reference, so both do the same operations."""
+    """The gate math on one tile, shared by the kernel and the reference: pre_h, pre_t
+    [tm, u] and ``ins`` -> (s_new, h, t, full_h, full_t)."""
     full_h, full_t = pre_h, pre_t
     if "x_h" in ins:
         full_h, full_t = full_h + ins["x_h"], full_t + ins["x_t"]
@@ -86,10 +59,8 @@ def _epilogue(pre_h, pre_t, ins: dict) -> dict:
 
 
 def gates(full_h, full_t, ins: dict):
-    """h, tg [tm, u] from the unscaled pre-activation halves (``full``: s W (+ x U)) and the
-    tiles ``ins`` (b_h, b_t, optional z): tanh(full_h (* z) + b_h), sigmoid(full_t (* z) +
-    b_t). The persistent backward repeats it on the saved ``full`` instead of reading saved
-    gates: the same operations on the same values, so the same gates."""
+    """h, tg [tm, u] from ``full``'s halves and ``ins`` (b_h, b_t, optional z); the
+    persistent backward recomputes the gates with it."""
     a_h, a_t = full_h, full_t
     if "z" in ins:
         a_h, a_t = a_h * ins["z"], a_t * ins["z"]
@@ -103,7 +74,6 @@ def _output_names(save: bool, has_z: bool) -> tuple[str, ...]:
 
 
 def _assemble(tiles: dict, names: tuple[str, ...]):
-    """Output tiles -> s_new, or (s_new, h, t[, full [.., 2, ..]])."""
     if len(names) == 1:
         return tiles["s_new"]
     out = (tiles["s_new"], tiles["h"], tiles["t"])
@@ -125,12 +95,8 @@ def highway_forward(
     config: MosaicForwardConfig | None = None,
     interpret: Any = None,
 ):
-    """The micro-layer forward as one Mosaic GPU kernel; shapes in the module docstring.
-
-    Compiled for a Hopper GPU, or with ``interpret`` (`gpu_interpret.params()`, jax >= 0.11.2)
-    executed in GPU interpret mode on a CPU. (JAX 0.10.2's private Mosaic GPU interpreter
-    cannot run it: it rejects the accumulator beside shared memory in one scope, and the
-    transposed weight tile, tried 2026-11-24.)"""
+    """The micro-layer forward as one Mosaic GPU kernel (``interpret``: GPU interpret
+    mode)."""
     config = config or MosaicForwardConfig()
     b_pad, k_pad = s_mm.shape
     n_pad = w_blk.shape[0] // 2
@@ -213,9 +179,7 @@ def highway_forward_reference(
     save: bool = False,
     units: int = 8,
 ):
-    """Pure-JAX `highway_forward` for ``units`` per program (same operands and outputs):
-    f32 accumulation of the matmul dtype's products, the block-major columns put back in
-    (h, t) order, then the kernel's own epilogue math on whole arrays."""
+    """Pure-JAX `highway_forward` with the kernel's own epilogue math."""
     b_pad, n_pad = s.shape
     acc = jnp.matmul(s_mm, w_blk.T, preferred_element_type=F32)
     acc = acc.reshape(b_pad, n_pad // units, 2, units).transpose(0, 2, 1, 3)
@@ -231,16 +195,14 @@ def highway_forward_reference(
 
 
 def block_weight(w: Array, dtype, units: int, k_pad: int) -> Array:
-    """W [n_in, 2 * n] (n a multiple of ``units``, n_in <= k_pad) -> w_blk [2n, k_pad] in
-    ``dtype``: the block-major transposed layout of the module docstring."""
+    """W [n_in, 2 * n] -> w_blk [2n, k_pad]: W^T in block-major order."""
     n_in, n = w.shape[0], w.shape[1] // 2
     w3 = jnp.pad(w, [(0, k_pad - n_in), (0, 0)]).reshape(k_pad, 2, n // units, units)
     return w3.transpose(2, 1, 3, 0).reshape(2 * n, k_pad).astype(dtype)
 
 
 def operands(w: Array, s: Array, z: Array, b: Array, dtype, units: int, k_pad):
-    """(W_l [n, 2n], s [B, n], z [B, n], b_l [2n]) with B a multiple of the row tile and n of
-    ``units`` (callers pad) -> the kernel's (s_mm, w_blk, s, bias, z) for ``k_pad >= n``."""
+    """(W_l [n, 2n], s [B, n], z [B, n], b_l [2n]), padded -> (s_mm, w_blk, s, bias, z)."""
     batch, n = s.shape
     s_mm = jnp.pad(s, [(0, 0), (0, k_pad - n)]).astype(dtype)
     w_blk = block_weight(w, dtype, units, k_pad)

@@ -1,12 +1,5 @@
-"""The K loop every Mosaic GPU kernel here shares (`mosaic_forward`, `mosaic_backward`,
-`persistent_forward`, `persistent_backward`): one block's f32 tile of ``A @ B^T``.
-
-`gemm_nt_to_smem` streams ``A[a_block rows, :K]`` and ``B[b_block rows, :K]`` (both K minor,
-so their tiles swizzle alike, as wgmma needs) through a ``stages``-deep TMA pipeline in
-``tile_k``-wide chunks, chunk 0 first, into a wgmma accumulator in registers (float32), and
-stores it to shared memory followed by a warpgroup barrier, so that every thread may then
-read it in another layout (the epilogues read column slices).
-"""
+"""The K loop every Mosaic GPU kernel here shares: one block's f32 tile of ``A @ B^T``
+through a ``stages``-deep TMA pipeline into a wgmma accumulator, stored to shared memory."""
 
 from __future__ import annotations
 
@@ -18,7 +11,7 @@ from rhhjax.kernels.layout import F32
 
 
 def wgmma_transforms(cols: int, dtype) -> tuple:
-    """wgmma shared-memory layout of a tile whose minor dim has ``cols`` elements."""
+    """wgmma shared-memory transforms of a tile with ``cols`` minor elements."""
     swizzle = plgpu.find_swizzle(cols * jnp.dtype(dtype).itemsize * 8)
     elems = swizzle // jnp.dtype(dtype).itemsize
     return (plgpu.TilingTransform((8, elems)), plgpu.SwizzleTransform(swizzle))
@@ -35,12 +28,8 @@ def gemm_nt_to_smem(
     k_steps: int,
     stages: int,
 ) -> None:
-    """``out [rows, cols] f32 (shared memory) = A[a_block] @ B[b_block]^T``.
-
-    a_gmem [.., K] and b_gmem [.., K] in the matmul dtype, read as row blocks of ``rows``
-    (A) and ``cols`` (B) rows (``a_block``, ``b_block``: block indices, traced or static);
-    K = ``k_steps * tile_k`` columns. Call from inside a kernel; operands the epilogue needs
-    may be copied in by TMA before the call, to overlap the K loop."""
+    """``out [rows, cols] f32 (shared memory) = A[a_block] @ B[b_block]^T``, K =
+    ``k_steps * tile_k``; A and B are K minor."""
     rows, cols = out.shape
     layout = wgmma_transforms(tile_k, a_gmem.dtype)
 
@@ -61,4 +50,4 @@ def gemm_nt_to_smem(
         out[...] = acc[...]
 
     pl.run_scoped(accumulate, plgpu.ACC((rows, cols), F32))
-    plgpu.commit_smem()  # other threads read `out` in another layout: a warpgroup barrier
+    plgpu.commit_smem()  # a warpgroup barrier: others read `out` in another layout

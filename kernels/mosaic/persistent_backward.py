@@ -1,93 +1,13 @@
-"""The persistent whole-sequence highway BACKWARD as one Mosaic GPU kernel:
-all ``P = T * L`` micro-layer backward phases in reverse order in ONE launch, a grid barrier
-(`rhhjax.kernels.mosaic.grid_barrier`) between phases.
+"""The persistent highway backward as one Mosaic GPU kernel: all P = T * L micro-layer
+phases in reverse in one launch, a grid barrier between phases.
 
-Grid ``(plan.row_blocks, plan.col_blocks)`` (names "r", "g"); block ``(r, g)`` owns rows
-``r * rows ..`` (``rows = plan.rows_per_block``) and units ``g * u ..`` (``u =
-plan.units_per_block``). Phase ``p`` is ``(t, l) = (p // L, p % L)``; its "above" is phase
-``p + 1`` (layer ``(p + 1) % L``). Per phase, exactly `kernels/mosaic/backward.py`'s math::
-
-    acc      = d_mm[slot(p + 1)][rows, :] @ wt[(l_above, g)]^T  [rows, u] (0 at p = P - 1:
-               no layer above, no GEMM), K = 2 * n_pad in
-               plan.k_chunk chunks (increasing order, f32 accumulation, a plan.stages-deep
-               TMA pipeline; f32 operands run as TF32)
-    ds       = acc + ds_carry + g[p]                       (ds_carry: block-local f32 in
-               shared memory across phases, 0 before phase P - 1)
-    h, tg    = the saved gates, or with z recomputed from the saved full as the forward
-               computed them: tanh(full_h * z + b_h), sigmoid(full_t * z + b_t)
-               (`mosaic_forward.gates`)
-    da_h     = ds * t_used * (1 - h^2);  da_t = ds * (h_used - s_prev) * tg * (1 - tg)
-               (t_used = tg [* m], h_used = h [* m]; m = mask[p] / keep)
-    ds_carry = ds * (1 - tg)
-    d_scaled = da (* z[p])  -> matmul dtype into d_mm row block slot(p) (h half, then t half;
-               `persistent_slots`: layer-major, so the weight gradient needs no transpose)
-    dz       = da_h * full_h + da_t * full_t               (with z)
-    bias     = the column sums of da over the block's rows, as ``group`` partial rows
-               (`bias_row_group`: rows i, i + group, ... summed), for dbias; with z the
-               same of dz, for the gradient of the hyper projection's bias (z = s P + p)
-
-The phase stores d_scaled (and with the hyper cell inside the dz ring) first and waits for
-those writes before the barrier; dz, d_x and the bias sums follow and may still be writing
-when the next phase starts (nothing in the kernel reads them; the kernel waits for them
-before it ends: `persistent_cell.wait_for_all_but`).
-
-Operands (padded; matmul dtype = wt.dtype, bf16 or f32):
-
-    wt     [L * n_pad, 2 * n_pad] matmul dtype  W_l padded to [n_pad, 2 * n_pad] (gate column
-           (h, i) at h * n_pad + i), stacked on rows (`backward_weights`)
-    g      [P, b_pad, n_pad] f32                the cotangent of the states, or [T, b_pad,
-                                                n_pad]: layer L - 1's only (the others zero;
-                                                what a model that reads the last layer gives)
-    packed [P, b_pad, K, n_pad] f32             the forward's saved rows (K =
-                                                plan.packed_rows): s_prev (not in f32), then
-                                                h, tg, or with z full's halves
-    z      [L, T, b_pad, plan.z_width] f32 | None  hyper scales, LAYER-major
-                                                (`persistent_slots`; units past z_width
-                                                read as zero)
-    mask   [P, b_pad, n_pad] uint8 | None       gate-dropout keep decisions (1 keep, 0 drop),
-                                                scaled by 1 / keep (`keep_mask`)
-    bias   [L, b_pad, 2, n_pad] f32 | None      b broadcast over rows, the forward's operand
-                                                (with z, for the gates; only then)
-    s_mm   [P * b_pad, k_pad] f32 | None        in f32 only: the forward's A buffer, whose
-                                                row block slot(p) is s_prev of phase p
-                                                (exactly: f32 has no rounding cast)
-    scales `ScalesInside` | None                in place of z (then None): each phase's z
-                                                tile recomputed as the forward computed it,
-                                                ``s_hyper[p] @ P_l[:, units]`` (the hyper
-                                                cell's saved A buffer, a K = kh_pad GEMM
-                                                before the main one) + p_l (a TMA-loaded
-                                                tile, added in shared memory), so z is
-                                                never written nor read
-    hyper  `HyperBackward` | None               the HyperRHN's hyper cell inside, one phase
-                                                behind (`persistent_backward`'s docstring)
-
-Outputs, in this order: ``d_x [T, b_pad, 2, plan.z_width] f32`` (d_scaled of layer 0 in
-f32: the gradient of x U, written at the phases of layer 0 only; unpadded like z: stores
-past z_width dropped by TMA, so the model's x U gradient needs no unpadding copy);
-``d_mm [P * b_pad, 2 * n_pad]`` matmul dtype (row block ``persistent_slots.slot(p)`` =
-d_scaled of phase p, layer-major);
-``ds_carry0 [b_pad, n_pad] f32`` (the carried gradient after phase 0: the caller adds
-``d_scaled_0 @ W_0^T``); ``bias_parts [P, R, 2, group, n_pad] f32`` (each block's column
-sums of da: `bias_gradient` adds them up; da itself, 1.5 GB at the paper's sizes, is never
-written); with z ``dz [L, T, b_pad, plan.z_width] f32``, layer-major like z (the order the
-hyper projection reads it; stores past z_width dropped by TMA), and ``dz_sums [L, R,
-group, n_pad] f32``, each block's column sums of dz accumulated over the steps in shared
-memory and written once at the end (`scale_bias_gradient` adds them up: the gradient of p
-in z = s P + p, without a pass over dz and without a buffer per phase);
-``status [R * C] int32`` (0 = fine, else 1 + the barrier index at which the block gave up).
-
-Barriers: index 0 after the prologue (each block zeroes its carry), then
-index ``i + 1`` after the i-th phase run (phase ``P - 1 - i``), for ``i < P - 1`` (nothing
-reads phase 0's outputs inside the kernel, so it has no barrier). Consecutive indices, so
-the barrier's parity alternates (``p + 1`` after phase p would put barrier P right after
-barrier 0: the same parity when P is even). With the hyper cell inside (`HyperBackward`)
-one more iteration runs hyper phase 0 after barrier P, which follows main phase 0 (the
-hyper phase reads its dz): P + 1 barriers.
-
-`persistent_backward_reference` is the same math in plain JAX (a reverse `lax.scan` of
-`mosaic_backward.highway_backward_reference`). The kernel runs on a Hopper GPU only; it lowers
-and compiles for an H100 on a CPU host with the CUDA plugin
-(tests/test_kernels_mosaic_persistent_backward.py).
+Block (r, g) of the grid (plan.row_blocks, plan.col_blocks) owns plan.rows_per_block rows
+and plan.units_per_block units, and per phase runs `backward.py`'s math: the GEMM of the
+layer above's d_scaled with W^T, the gate backward, d_scaled into d_mm, dz and column sums
+for the bias gradients. Operands: wt [L * n_pad, 2 * n_pad], g [P, b_pad, n_pad] (or
+[T, ...]: layer L - 1 only), packed [P, b_pad, K, n_pad], z [L, T, b_pad, z_width] or None,
+mask [P, b_pad, n_pad] uint8 or None. `persistent_backward_reference` is the same in JAX.
+Design: docs/design.md (module notes).
 """
 
 from __future__ import annotations
@@ -115,34 +35,30 @@ from rhhjax.kernels.mosaic.persistent_backward_cell import (
 from rhhjax.kernels.mosaic.plan import PersistentPlan
 
 Array = jax.Array
-# The operand bundles, layouts and plan checks live in `persistent_backward_operands`;
-# named here as well, where callers have always found them.
+# Re-exported from `persistent_backward_operands`.
 ScalesInside, HyperBackward = operands.ScalesInside, operands.HyperBackward
 backward_weights, projection_rows = operands.backward_weights, operands.projection_rows
 backward_smem_bytes, check_plan = operands.backward_smem_bytes, operands.check_plan
 
 
 def bias_gradient(bias_parts: Array, depth: int) -> Array:
-    """The kernel's ``bias_parts`` [P, R, 2, group, n_pad] -> dbias [L, 2, n_pad]: summed over
-    the steps, the row blocks and the partial rows of each layer (P = T * L, phase-major)."""
+    """bias_parts [P, R, 2, group, n_pad] -> dbias [L, 2, n_pad]."""
     phases = bias_parts.shape[0]
     parts = bias_parts.reshape(phases // depth, depth, *bias_parts.shape[1:])
     return parts.sum(axis=(0, 2, 4))
 
 
 def scale_bias_gradient(dz_sums: Array) -> Array:
-    """The kernel's ``dz_sums`` [L, R, group, n_pad] -> the sum of dz over steps and rows
-    per layer, [L, n_pad]: the gradient of the hyper projection's bias p (z = s P + p)."""
+    """dz_sums [L, R, group, n_pad] -> [L, n_pad]: the gradient of p in z = s P + p."""
     return dz_sums.sum(axis=(1, 2))
 
 
 def _bias_parts_reference(plan: PersistentPlan, da: Array) -> Array:
-    """da [P, b_pad, 2, n_pad] (or dz [P, b_pad, n_pad]) -> the kernel's ``bias_parts`` [P,
-    R, 2, group, n_pad] (or dz's [P, R, group, n_pad]): the sums over j of rows j * group + i
-    of each block's rows, i < group."""
+    """da [P, b_pad, (2,) n_pad] -> the kernel's partial column sums [P, R, (2,) group,
+    n_pad]."""
     group, rows = bias_row_group(plan), plan.rows_per_block
     parts = da.reshape(da.shape[0], plan.row_blocks, rows // group, group, *da.shape[2:])
-    parts = parts.sum(axis=2)  # [P, R, group, (2,) n_pad]
+    parts = parts.sum(axis=2)
     return jnp.moveaxis(parts, 2, -2) if da.ndim == 4 else parts
 
 
@@ -163,28 +79,14 @@ def persistent_backward(
     scales: ScalesInside | None = None,
     hyper: HyperBackward | None = None,
 ):
-    """All backward phases in one Mosaic GPU launch; shapes in the module docstring
-    (``keep``: the keep probability that scales the mask's decisions; ``bias``: with z;
-    ``s_mm``: in f32; ``scales`` (`ScalesInside`, then z None): z recomputed in the kernel,
-    each phase's z tile from the hyper cell's saved A buffer by the forward's own GEMM, p_l
-    added in shared memory).
+    """All backward phases in one Mosaic GPU launch.
 
-    Returns (d_x [T, b_pad, 2, plan.z_width] f32, d_mm [P * b_pad, 2 * n_pad] matmul dtype,
-    ds_carry0 [b_pad, n_pad] f32, bias_parts [P, R, 2, group, n_pad] f32, with z dz [L, T,
-    b_pad, plan.z_width] f32 and dz_sums [L, R, group, n_pad] f32, status [R * C] int32).
-    The caller checks ``status`` with `grid_barrier.check_status`. Compiled, it runs on a
-    Hopper GPU only; with ``interpret`` (`gpu_interpret.params()`, jax >= 0.11.2) in GPU
-    interpret mode as one cluster with a cluster barrier (`grid_barrier.launch`;
-    ``plan.check_interpretable``). ``layout`` "rowgroup": one cluster per row group, a
-    cluster barrier (`rowgroup_layout`).
-
-    ``hyper`` (`HyperBackward`; needs z): the hyper cell's backward runs inside the same
-    launch, one phase BEHIND the main cell: iteration i runs main phase P - 1 - i and hyper
-    phase P - i (blocks c < hyper col_blocks; its ds_h from the dz the main cell wrote before
-    the last barrier), then ONE barrier; a last iteration runs hyper phase 0: P + 1
-    barriers for both cells, not 2 P in two launches. Then the main cell's outputs are
-    followed by the hyper cell's (d_x, d_mm, ds_carry0, bias_parts, for its plan) before
-    status."""
+    Returns (d_x [T, b_pad, 2, z_width] f32, d_mm [P * b_pad, 2 * n_pad], ds_carry0
+    [b_pad, n_pad], bias_parts [P, R, 2, group, n_pad], with z: dz [L, T, b_pad, z_width]
+    and dz_sums [L, R, group, n_pad], then with ``hyper`` the hyper cell's first four,
+    status [R * C] int32). ``scales`` recomputes z in the kernel; ``hyper`` runs the hyper
+    cell one phase behind.
+    """
     depth = operands.check_operands(plan, wt, g, packed, z, mask, bias, s_mm, scales is not None)
     scales_plan = None if scales is None else scales.plan
     if scales is not None:
@@ -272,8 +174,7 @@ def persistent_backward(
         status_g[r * n_c + c] = fail_at
 
     def _hyper_cell(hyper_g, hyper_outs, ring, hyper_epi, sc, r, c) -> BackwardCell:
-        """The hyper cell's `BackwardCell`: its refs, its shared memory (the group of the
-        RefUnion with the main input tiles, its own carry and mbarriers), and its ds_h."""
+        """The hyper cell's `BackwardCell` (its shared memory unioned with the main input tiles)."""
         h_wt, h_g, h_packed, *rest = hyper_g
         proj_rows_g = rest.pop()
         h_mask = rest.pop(0) if hyper.mask is not None else None
@@ -352,9 +253,8 @@ def persistent_backward(
 
 
 def _hyper_out_types(plan: PersistentPlan, hp: PersistentPlan, steps: int, depth: int, mm) -> list:
-    """The hyper cell's outputs inside the backward (d_x, d_mm, ds_carry0, bias_parts, as
-    the main cell's for its plan ``hp``), then the main cell's dz ring [2 * b_pad, n_pad] in
-    the matmul dtype (its scratch in global memory, not returned)."""
+    """The hyper cell's outputs (as the main cell's, for plan ``hp``), then the dz ring
+    [2 * b_pad, n_pad] (global scratch, not returned)."""
     b_pad, h_pad, phases = hp.b_pad, hp.n_pad, steps * depth
     return [
         jax.ShapeDtypeStruct((steps, b_pad, 2, hp.z_width), F32),
@@ -382,12 +282,8 @@ def persistent_backward_reference(
     scales: ScalesInside | None = None,
     hyper: HyperBackward | None = None,
 ):
-    """Pure-JAX `persistent_backward` (same operands, same outputs; status all zeros): a
-    reverse scan over the phases of `mosaic_backward.highway_backward_reference`, with z
-    on the gates recomputed by `mosaic_forward.gates` (``spin_limit`` and ``interpret``
-    unused; with ``scales`` z from `persistent_forward.scales_from_a_buffer_reference`; with
-    ``hyper`` the hyper cell's reference after the main cell's, with g + ds_h, ds_h = dz P^T
-    from dz in the matmul dtype as the kernel's GEMM reads it)."""
+    """Pure-JAX `persistent_backward` (status all zeros): a reverse scan of
+    `highway_backward_reference` over the phases."""
     del spin_limit, interpret, layout
     depth = operands.check_operands(plan, wt, g, packed, z, mask, bias, s_mm, scales is not None)
     if hyper is not None:

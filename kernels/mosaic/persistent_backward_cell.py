@@ -28,39 +28,27 @@ from rhhjax.kernels.mosaic.plan import PersistentPlan
 
 
 def bias_row_group(plan: PersistentPlan) -> int:
-    """Rows of a block's da tile whose sums stay apart (``group``): the kernel sums the
-    tile's [group, u] slices (rows j * group .. for every j), each 256 f32 elements: two a
-    thread in the tiles' strided layout (`keep_mask.load_strided`), so a column sum is
-    slice loads and adds, no reduction across threads."""
+    """Rows of a block's da tile whose column sums stay apart: sums are slice loads and
+    adds in the strided layout, no reduction across threads."""
     return 256 // math.gcd(plan.units_per_block, 256)
 
 
 def input_names(has_z: bool, scales_inside: bool = False, hyper: bool = False) -> tuple[str, ...]:
-    """The per-phase f32 epilogue input tiles, in shared-memory slot order: g, then the saved
-    rows in `packed`'s order (s_prev and h, tg, or with z full's halves), then with z the
-    scales and the bias halves (the gates' recomputation), with z recomputed (`ScalesInside`)
-    p_l last; the hyper cell inside (``hyper``) ds_h last (its state gradient through z,
-    added to g). The mask's uint8 tile has a buffer of its own."""
+    """The per-phase f32 epilogue input tiles, in slot order."""
     if has_z:
         return ("g_out", "s_prev", "full_h", "full_t", "z", "b_h", "b_t") + ("pz",) * scales_inside
     return ("g_out", "s_prev", "h", "t") + ("ds_h",) * hyper
 
 
 def saved_row(name: str, has_z: bool, state_in_packed: bool) -> int | None:
-    """The `packed` row of an input tile, or None for one that is not a saved row."""
     saved = ("s_prev",) * state_in_packed + (("full_h", "full_t") if has_z else ("h", "t"))
     return saved.index(name) if name in saved else None
 
 
 @dataclasses.dataclass
 class BackwardCell:
-    """One cell inside the backward kernel: its plan, global refs (``refs``: the operands
-    wt, g, packed and, where given, z, mask, bias, s_mm, the `ScalesInside` operands h_s_mm,
-    tail, proj, proj_bias; the outputs d_x, d_mm, bias_parts, with z dz, with the hyper cell
-    inside the main cell's dz_ring), shared memory (``sc``: epi, carry, acc, dsc, bias_part,
-    bar, mask_tile, dz_acc) and the block's (r, c); `phase` is one micro-layer phase of it.
-    The main cell with z recomputed has ``scales_plan``; the hyper cell inside has
-    ``fill_ds_h`` (its ds_h slot from the kernel's own GEMM over the main cell's dz)."""
+    """One cell inside the backward kernel: its plan, global refs, shared memory and block
+    (r, c); `phase` runs one micro-layer phase."""
 
     plan: PersistentPlan
     steps: int
@@ -97,8 +85,7 @@ class BackwardCell:
         plgpu.commit_smem()
 
     def finish(self, ds_carry0, dz_sums) -> None:
-        """Writes the carry after phase 0 (and dz's sums) and waits for every store (the
-        last phase's late ones too)."""
+        """Writes the carry after phase 0 (and dz's sums); waits for every store."""
         row_sl, unit_sl = self.slices()
         plgpu.copy_smem_to_gmem(self.sc["carry"], ds_carry0.at[row_sl, unit_sl])
         if self.has_z:
@@ -106,7 +93,7 @@ class BackwardCell:
         plgpu.wait_smem_to_gmem(0)
 
     def _load_inputs(self, p, t, layer) -> None:
-        """Issues the TMA loads of the phase's staged inputs (zeroing those it has none of)."""
+        """TMA loads of the phase's staged inputs (zeroing absent ones)."""
         plan, refs, epi, bar = self.plan, self.refs, self.sc["epi"], self.sc["bar"]
         rows, u = plan.rows_per_block, plan.units_per_block
         row_sl, unit_sl = self.slices()
@@ -119,7 +106,7 @@ class BackwardCell:
                     plgpu.copy_gmem_to_smem(src, epi.at[slot], bar.at[slot])
 
                 @pl.when(layer != self.depth - 1)
-                def _(slot=slot):  # da_h's store from this slot has completed
+                def _(slot=slot):
                     epi[slot] = jnp.zeros((rows, u), F32)
 
                 continue
@@ -128,16 +115,16 @@ class BackwardCell:
                 @pl.when(self.c * u < plan.k_pad)  # s_mm holds the K columns only
                 def _(slot=slot):
                     first = slots.slot(p, self.steps, self.depth) * plan.b_pad + self.r * rows
-                    src = refs["s_mm"].at[pl.ds(first, rows), unit_sl]  # TMA: 0 past k_pad
+                    src = refs["s_mm"].at[pl.ds(first, rows), unit_sl]
                     plgpu.copy_gmem_to_smem(src, epi.at[slot], bar.at[slot])
 
                 @pl.when(self.c * u >= plan.k_pad)
-                def _(slot=slot):  # the stores from this slot have completed
+                def _(slot=slot):
                     epi[slot] = jnp.zeros((rows, u), F32)
 
                 continue
             if (name == "z" and self.scales_plan is not None) or name == "ds_h":
-                continue  # a GEMM of the phase fills it
+                continue  # filled by a GEMM
             row = saved_row(name, self.has_z, plan.state_in_packed)
             if row is not None:
                 src = refs["packed"].at[p, row_sl, row, unit_sl]
@@ -155,7 +142,6 @@ class BackwardCell:
             plgpu.copy_gmem_to_smem(mask_src, self.sc["mask_tile"], bar.at[len(self.names)])
 
     def _wait_inputs(self, layer) -> None:
-        """Waits for the loads `_load_inputs` issued."""
         plan, bar, names = self.plan, self.sc["bar"], self.names
         for slot in range(len(names) + (self.refs["mask"] is not None)):
             name = names[slot] if slot < len(names) else "mask"
@@ -170,8 +156,7 @@ class BackwardCell:
                 plgpu.barrier_wait(bar.at[slot])
 
     def _gemm(self, p) -> None:
-        """acc = d_mm[p + 1][block rows] @ wt[l_above, block units]^T (f32); zero at the
-        last phase (no layer above)."""
+        """acc = d_mm[p + 1] @ wt[l_above]^T on the block's tile; zero at the last phase."""
         plan, acc = self.plan, self.sc["acc"]
         last = p == self.phases - 1
 
@@ -190,15 +175,13 @@ class BackwardCell:
             plgpu.commit_smem()
 
     def _add_in_place(self, into: str, addend: str) -> None:
-        """epi[into] += epi[addend] (f32 tiles), before the epilogue reads them."""
         epi, names = self.sc["epi"], self.names
         a, b = names.index(into), names.index(addend)
         epi[a] = keep_mask.load_strided(epi.at[a]) + keep_mask.load_strided(epi.at[b])
         plgpu.commit_smem()
 
     def phase(self, p) -> None:
-        """Phase ``p`` (traced int32): loads, GEMMs, epilogue, stores; waits for the stores
-        a later phase reads (`persistent_cell.wait_for_all_but`)."""
+        """Phase ``p``: loads, GEMMs, epilogue, stores."""
         plan, refs, sc, names = self.plan, self.refs, self.sc, self.names
         epi, dsc, mm_dtype = sc["epi"], sc["dsc"], refs["wt"].dtype
         rows, u = plan.rows_per_block, plan.units_per_block
@@ -222,19 +205,17 @@ class BackwardCell:
             self._add_in_place("g_out", "ds_h")
         for chunk in self._row_chunks():
             self._epilogue(chunk, mm_dtype)
-        plgpu.commit_smem()  # (a warpgroup barrier too: every thread's tiles before reads)
-        # First the stores the next phase reads (d_scaled, its A rows; with the hyper cell
-        # inside the dz ring), then the rest: the phase waits for the first ones' writes.
+        plgpu.commit_smem()
+        # First the stores the next phase reads; the phase waits for those alone.
         first = slots.slot(p, self.steps, self.depth) * plan.b_pad + self.r * rows
         for half in range(2):
             dst = refs["d_mm"].at[pl.ds(first, rows), pl.ds(half * plan.n_pad + self.c * u, u)]
             plgpu.copy_smem_to_gmem(dsc.at[half], dst)
         if refs.get("dz_ring") is not None:
             self._store_dz_ring(p)
-        # d_x's f32 tiles: da's own slots without z (d_scaled = da), else two slots read already
         d_x_slots = (3, 4) if has_z else (0, 1)
 
-        @pl.when(layer == 0)  # waited for with the first ones (a count of late stores is static)
+        @pl.when(layer == 0)
         def _():
             for half, slot in enumerate(d_x_slots):
                 plgpu.copy_smem_to_gmem(epi.at[slot], refs["d_x"].at[t, row_sl, half, unit_sl])
@@ -245,19 +226,16 @@ class BackwardCell:
         wait_for_all_but(has_z + 1)
 
     def _row_chunks(self) -> list:
-        """The epilogue's row slices: two halves where each is a whole number of the strided
-        layout's 256-element units (the live tiles of one half at a time: the paper's bf16
-        epilogue with every input is near the 255-register limit), else the whole tile."""
+        """Row slices of the epilogue: two halves where the strided layout allows (register
+        pressure), else the whole tile."""
         rows, u = self.plan.rows_per_block, self.plan.units_per_block
         if rows % 2 == 0 and (rows // 2 * u) % 256 == 0:
             return [pl.ds(0, rows // 2), pl.ds(rows // 2, rows // 2)]
         return [pl.ds(0, rows)]
 
     def _epilogue(self, chunk, mm_dtype) -> None:
-        """The gate backward on the rows ``chunk`` of the block's tiles: reads the staged
-        inputs, the accumulator and the carry, writes da's halves, dz and d_scaled (f32 and
-        the matmul dtype) and the new carry over the inputs read (a warpgroup barrier
-        between: every thread has read the rows before any writes them)."""
+        """The gate backward on rows ``chunk``: da, dz, d_scaled and the new carry, written
+        over the inputs once every thread has read them."""
         sc, names, epi, has_z = self.sc, self.names, self.sc["epi"], self.has_z
         ins = {
             name: keep_mask.load_strided(epi.at[slot, chunk])
@@ -284,9 +262,7 @@ class BackwardCell:
         sc["dsc"].at[1, chunk][...] = tiles["d_t"].astype(mm_dtype)
 
     def _column_sums(self, p, layer) -> None:
-        """The column sums of da's halves (and of dz), read from their staged tiles while
-        the stores above are in flight (reads both); the last phase's store of them has
-        completed."""
+        """Column sums of da's halves (and dz) from their staged tiles."""
         plan, epi, sc = self.plan, self.sc["epi"], self.sc
         rows, group = plan.rows_per_block, bias_row_group(plan)
         _, unit_sl = self.slices()
@@ -299,16 +275,14 @@ class BackwardCell:
 
         for half in range(2):
             sc["bias_part"][half] = column_sums(epi.at[half])
-        if self.has_z:  # this layer's running sums (each thread its own elements)
+        if self.has_z:
             sc["dz_acc"][layer] = sc["dz_acc"][layer] + column_sums(epi.at[2])
         plgpu.commit_smem()
         dst = self.refs["bias_parts"].at[p, self.r, :, :, unit_sl]
         plgpu.copy_smem_to_gmem(sc["bias_part"], dst)
 
     def _store_dz_ring(self, p) -> None:
-        """dz in the matmul dtype to the ring's slot p % 2 (the hyper cell inside reads it in
-        the next iteration: ds_h = dz P^T), staged in d_scaled's buffer once its stores (the
-        only ones in flight) have read it."""
+        """dz in the matmul dtype to ring slot p % 2, for the hyper cell's ds_h next."""
         plan, epi, dsc = self.plan, self.sc["epi"], self.sc["dsc"]
         rows, u = plan.rows_per_block, plan.units_per_block
         plgpu.wait_smem_to_gmem(0, wait_read_only=True)

@@ -31,11 +31,8 @@ from rhhjax.kernels.mosaic.plan import (
 
 @dataclasses.dataclass
 class Cell:
-    """One cell inside the kernel: its plan, global refs, shared memory and the block's
-    slices; `phase` is one micro-layer phase of it (the module docstring's). The main cell
-    with the hyper cell inside has ``fill_z`` (z's slot from the kernel's own GEMM); the
-    hyper cell has ``tail`` (the cast of its state after the last phase, which the A buffer
-    does not hold and the main cell's last z reads)."""
+    """One cell inside the persistent forward: plan, global refs, shared memory, block
+    slices; `phase` runs one micro-layer phase."""
 
     plan: PersistentPlan
     steps: int
@@ -86,7 +83,6 @@ class Cell:
         plgpu.wait_smem_to_gmem(0)
 
     def _sources(self, t, layer) -> dict:
-        """Each TMA-loaded staged input's global tile for phase (t, layer)."""
         row_sl, unit_sl = self.slices()
         bias_g, x_g = self.refs["bias"], self.refs["x"]
         src = {
@@ -98,12 +94,11 @@ class Cell:
         if self.z_inside:
             src["pz"] = self.refs["proj_bias"].at[layer, row_sl, unit_sl]
         elif self.has_z:
-            src["z"] = self.refs["z"].at[layer, t, row_sl, unit_sl]  # units past z_width: 0
+            src["z"] = self.refs["z"].at[layer, t, row_sl, unit_sl]
         return src
 
     def phase(self, p) -> None:
-        """Phase ``p`` (traced int32): loads, GEMM, epilogue, stores; waits for the stores a
-        later phase reads (`wait_for_all_but`)."""
+        """Phase ``p``: loads, GEMM, epilogue, stores."""
         plan, refs, epi, bar = self.plan, self.refs, self.epi, self.bar
         steps, depth, phases = self.steps, self.depth, self.phases
         row_sl, unit_sl = self.slices()
@@ -116,7 +111,7 @@ class Cell:
         outs = forward_saved_rows(self.save, self.has_z)
         _, out_slot = forward_staging_slots(self.has_z, self.save, self.z_inside)
         save_state = self.save and plan.state_in_packed  # f32: s_mm holds the input states
-        mask_bar = len(ins)  # the mask tile's mbarrier, after the staged inputs'
+        mask_bar = len(ins)
         t, layer = jax.lax.div(p, depth), jax.lax.rem(p, depth)
         first = layer == 0
         src = self._sources(t, layer)
@@ -147,8 +142,7 @@ class Cell:
         each_input(lambda slot, name: plgpu.barrier_wait(bar.at[slot]))
         if has_mask:
             plgpu.barrier_wait(bar.at[mask_bar])
-        if self.z_inside:  # z = s_hyper P_l (the GEMM's) + p_l, as `cells.hyper_scales` adds;
-            # in place before the epilogue, whose live tiles would otherwise spill registers
+        if self.z_inside:  # z = s_hyper P_l + p_l, in place before the epilogue
             z_slot, p_slot = ins.index("z"), ins.index("pz")
             z_tile = keep_mask.load_strided(epi.at[z_slot])
             epi[z_slot] = z_tile + keep_mask.load_strided(epi.at[p_slot])
@@ -167,8 +161,7 @@ class Cell:
         tiles = mf._epilogue(self.pre[:, pl.ds(0, u)], self.pre[:, pl.ds(u, u)], tiles_in)
         if save_state:  # the state's store to packed row 0 has read it
             plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-        # Every thread has read the tiles that the stores below overwrite (the state, the
-        # inputs whose slots the saved rows reuse, the mask tile under the cast).
+        # Every thread has read the tiles the stores below overwrite.
         plgpu.commit_smem()
         self.state[...] = tiles["s_new"]
         self.cast[...] = tiles["s_new"].astype(jnp.dtype(self.plan.dtype))
@@ -200,9 +193,7 @@ class Cell:
         wait_for_all_but(late)
 
     def _late_stores(self, p, t, layer, out_slot, save_state: bool, store_z: bool) -> int:
-        """Issues the phase's stores that no later phase of this kernel reads (the saved
-        rows, z, without ``save`` the state), each its own bulk group, after every store
-        that one reads; returns how many."""
+        """Issues the stores no later phase reads, after those one does; returns how many."""
         refs, epi, ins = self.refs, self.epi, self.ins
         row_sl, unit_sl = self.slices()
         late = 0
@@ -214,33 +205,28 @@ class Cell:
             plgpu.copy_smem_to_gmem(epi.at[slot], dst)
             late += 1
         if store_z:
-            dst = refs["z"].at[layer, t, row_sl, unit_sl]  # TMA drops the units past z_width
+            dst = refs["z"].at[layer, t, row_sl, unit_sl]
             plgpu.copy_smem_to_gmem(epi.at[ins.index("z")], dst)
             late += 1
         return late
 
 
 def wait_for_all_but(late: int) -> None:
-    """Waits until every bulk store but the ``late`` last ones has written global memory
-    (those a later phase reads: the barrier after the phase publishes them) and every store
-    has read its shared memory (whose buffers the next phase reuses). The ``late`` ones may
-    still be writing when the next phase starts: nothing in the kernel reads them, and the
-    kernel waits for them before it ends (`wait_for_every_store`)."""
+    """Waits for every bulk store but the ``late`` last ones to write (the next phase reads
+    those) and for every store to read its shared memory (the next phase reuses it)."""
     plgpu.wait_smem_to_gmem(late)
     plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
 
 def wait_for_every_store() -> None:
-    """Waits until every bulk store of the block has written global memory: a kernel's last
-    act, after its phases leave their late stores in flight (`wait_for_all_but`)."""
+    """Waits for every bulk store of the block: a kernel's last act."""
     plgpu.wait_smem_to_gmem(0)
 
 
 def scratch(
     plan: PersistentPlan, mm_dtype, has_z: bool, has_mask: bool, save: bool, z_inside: bool
 ) -> dict:
-    """One cell's shared memory, but for its GEMM tile ``pre`` (the kernel allocates it: the
-    two cells share one)."""
+    """One cell's shared memory but its GEMM tile ``pre`` (shared by the cells)."""
     rows, u = plan.rows_per_block, plan.units_per_block
     n_slots, _ = forward_staging_slots(has_z, save, z_inside)
     scratch = dict(

@@ -1,72 +1,13 @@
-"""The persistent whole-sequence highway forward as ONE Mosaic GPU kernel.
+"""The persistent highway forward as one Mosaic GPU kernel: all P = T * L micro-layer phases
+in one launch, a grid barrier between phases.
 
-Every micro-layer phase ``p = t * L + l`` of a sequence (``T * L`` phases) runs inside one
-launch of a ``row_blocks x col_blocks`` grid (`kernels/mosaic/plan.py`), with a grid
-barrier (`kernels/mosaic/grid_barrier.py`) between phases. Block ``(r, g)`` owns rows
-``r * rows ..`` and units ``g * u ..`` (the h- AND the t-columns of its units) and keeps
-its f32 state slice ``[rows, u]`` in shared memory across phases. Per phase, exactly
-`kernels/mosaic/forward.py`'s micro-layer (its `_epilogue` is the shared math)::
-
-    acc  = s_mm[p][rows, :k_pad] @ w_blk[l, g]^T     [rows, 2u]  (K in k_chunk tiles through
-           a stages-deep TMA pipeline, chunk 0 first, wgmma, f32 accumulation)
-    full = acc (+ xproj[t] at l == 0);  a = full (* z[p]) + bias[l]
-    h, tg = tanh(a_h), sigmoid(a_t);  s_new = h * tg (* mask[p] / keep) + s * (1 - tg)
-
-then the block writes its matmul-dtype cast of s_new to row block ``slot(p + 1)``
-(`persistent_slots`: layer-major) of the A buffer ``s_mm`` (the next phase's matmul input,
-read by every block), s_new (f32) to ``states[p]`` (with ``save`` at the last phase only:
-the others are the next phase's input state, in ``packed`` or ``s_mm``) and, with ``save``,
-its saved rows last; waits until every store but the last ones has written and every store
-has read its shared memory (the saved rows may still be writing: only later kernels read
-them, and the kernel waits for them before it ends) and meets the others at barrier
-``p + 1``. A prologue copies each block's slice of s0 into its state and into ``s_mm`` row
-block 0, then barrier 0.
-
-Operands (padded; matmul dtype = ``w_blk.dtype``, bf16 or f32; T steps, L layers,
-P = T * L, C = col_blocks, R = row_blocks, u = units_per_block):
-
-    w_blk  [L * 2 * n_pad, k_pad]  matmul dtype  rows (l * C + g) * 2u ..: the h- then the
-                                   t-columns of W_l for units g * u .. (`forward_weights`)
-    s0     [b_pad, n_pad]      f32
-    xproj  [T, b_pad, 2, plan.z_width] f32  x U (no bias, unscaled), added at layer 0 only;
-                               unpadded like z (units past z_width read as zero by TMA),
-                               so the model's projection reaches the kernel with no copy
-    bias   [L, b_pad, 2, n_pad] f32  b broadcast over rows (b_U already in layer 0)
-    z      [L, T, b_pad, plan.z_width] f32  hyper scales, LAYER-major (`persistent_slots`),
-                               units past z_width read as zero (TMA) | None
-    mask   [P, b_pad, n_pad]   uint8 gate-dropout keep decisions (1 keep, 0 drop) | None;
-                               the value is decision / ``keep`` (`kernels/mosaic/keep_mask.py`)
-
-Outputs, in this order: ``states [P, b_pad, n_pad] f32`` (the state after every phase),
-with ``save`` ``[1, b_pad, n_pad]``, the state after the last phase only (the state after
-phase p < P - 1 is phase p + 1's input state: not written twice); with ``save`` ``packed
-[P, b_pad, plan.packed_rows, n_pad] f32`` (the input state, except in f32, where ``s_mm``
-holds it exactly (`plan.state_in_packed`); then h and tg, or with z the h and t halves of
-``full``, the unscaled pre-activation, from which the backward recomputes the gates
-(`plan.forward_saved_rows`)); ``s_mm [P * b_pad, k_pad]`` matmul dtype (the A
-buffer: the input state of phase p at row block ``persistent_slots.slot(p)``, layer-major,
-slot 0 s0; the state after the last phase is not in it; the K columns only: TMA
-needs the array's minor extent a multiple of its swizzle tile, which ``k_pad`` is and
-``n_pad`` need not be; blocks whose units lie past ``k_pad`` skip it); ``status [R * C]
-int32`` (0 = fine, else the 1-based barrier index at which the block's grid barrier timed
-out; `grid_barrier.check_status`).
-
-Deviations from the micro-layer kernel, all exact: x U is loaded at layer 0 only and kept in
-shared memory for the step's layers; every layer adds it times 1 (layer 0) or 0 (the
-reference does the same); the mask is read as uint8 decisions into the buffer of the state's
-cast (a RefUnion: the tile is read in the epilogue, before the cast is written, and the
-cast's store has completed before the next phase loads the next tile). A warpgroup barrier
-separates the epilogue's loads from the stores that overwrite the same shared memory (the
-state, the reused input slots, the mask tile).
-
-With `HyperInside` the HyperRHN's hyper cell runs in the same launch, one phase ahead of
-the main cell on blocks of its own plan, and z comes from the kernel's own GEMM
-(`persistent_forward`'s docstring; docs/persistent_design.md section 3).
-
-`persistent_forward_reference` computes the same outputs in pure JAX (a `lax.scan` over
-phases of `mosaic_forward.highway_forward_reference`). The kernel runs on a Hopper GPU
-only; it lowers and compiles for an H100 on a CPU host with the CUDA plugin
-(tests/test_kernels_mosaic_persistent_forward.py).
+Block (r, g) of the grid (plan.row_blocks, plan.col_blocks) owns rows and units and keeps
+its f32 state slice in shared memory; per phase it runs `forward.py`'s micro-layer and
+writes the next phase's GEMM input to the A buffer ``s_mm``. Operands: w_blk
+[L * 2 * n_pad, k_pad], s0 [b_pad, n_pad], xproj [T, b_pad, 2, z_width], bias
+[L, b_pad, 2, n_pad], z [L, T, b_pad, z_width] or None, mask [P, b_pad, n_pad] uint8 or
+None. With `HyperInside` the hyper cell runs in the same launch, one phase ahead.
+`persistent_forward_reference` is the same in JAX. Design: docs/design.md (module notes).
 """
 
 from __future__ import annotations
@@ -88,13 +29,8 @@ from rhhjax.kernels.mosaic.plan import PersistentPlan, PlanError, check_arrays
 Array = jax.Array
 
 
-# ----------------------------------------------------------------------------- layout
-
-
 def forward_weights(plan: PersistentPlan, kernel_s: Array, dtype) -> Array:
-    """W [L, n, 2n] (n = plan.width) -> w_blk [L * 2 * n_pad, k_pad] in ``dtype``: layer l's
-    `mosaic_forward.block_weight` of W_l zero-padded to [k_pad, 2 * n_pad], stacked on rows
-    (rows ``(l * C + g) * 2u ..``: the h- then the t-columns of units ``g * u ..``)."""
+    """W [L, n, 2n] -> w_blk [L * 2 * n_pad, k_pad]: per layer `block_weight`, stacked."""
     depth, n = kernel_s.shape[0], plan.width
     if kernel_s.shape[1:] != (n, 2 * n):
         raise PlanError(f"kernel_s has shape {kernel_s.shape}, expected [L, {n}, {2 * n}].")
@@ -140,23 +76,10 @@ def check_operands(plan, w_blk, s0, xproj, bias, z, mask) -> tuple[int, int]:
     return steps, depth
 
 
-# ----------------------------------------------------------------------------- kernel
-
-
 class HyperInside(NamedTuple):
-    """The hyper cell's operands for `persistent_forward` with the hyper cell INSIDE the
-    kernel's phases (``hyper_input="x"``: it reads x, not the main state). Its blocks are
-    the main grid's blocks ``(r, g < plan.col_blocks)``: the same rows, ``plan`` its own
-    units (a multiple of 16: uint8 mask rows). Operands as the main cell's, for ``plan``:
-
-        w_blk  [L * 2 * h_pad, kh_pad]  matmul dtype (`forward_weights(plan, ...)`)
-        s0     [b_pad, h_pad] f32;  xproj [T, b_pad, 2, plan.z_width] f32 (x U_hyper)
-        bias   [L, b_pad, 2, h_pad] f32;  mask [P, b_pad, h_pad] uint8 | None
-        proj   [L * n_pad, kh_pad] matmul dtype: P_l^T, rows l * n_pad + j (`projection_weights`)
-        proj_bias [L, b_pad, n_pad] f32: p_l broadcast over rows
-
-    and z_p = s_hyper[p] P_l + p_l (s_hyper[p] the hyper state after phase p, cast to the
-    matmul dtype, f32 accumulation, then p_l added: `ops.cells.hyper_scales`)."""
+    """The hyper cell's operands when it runs inside `persistent_forward` (on blocks
+    (r, g < plan.col_blocks)): as the main cell's for its own ``plan``, plus proj
+    [L * n_pad, kh_pad] (P_l^T) and proj_bias [L, b_pad, n_pad]; z_p = s_hyper[p] P_l + p_l."""
 
     plan: PersistentPlan
     w_blk: Array
@@ -169,22 +92,20 @@ class HyperInside(NamedTuple):
 
 
 def projection_weights(plan: PersistentPlan, hyper_plan: PersistentPlan, kernel, dtype) -> Array:
-    """The hyper projection P [L, h, n] -> [L * n_pad, kh_pad] in ``dtype``: P_l^T zero-padded
-    (rows l * n_pad + j hold unit j's column of P_l), the B operand of the kernel's z GEMM."""
+    """P [L, h, n] -> [L * n_pad, kh_pad]: P_l^T zero-padded, the B operand of the z GEMM."""
     depth, h, n = kernel.shape
     if (h, n) != (hyper_plan.width, plan.width):
         raise PlanError(
             f"projection kernel has shape {kernel.shape}, expected [L, {hyper_plan.width}, "
             f"{plan.width}]."
         )
-    pt = jnp.swapaxes(kernel, 1, 2)  # [L, n, h]
+    pt = jnp.swapaxes(kernel, 1, 2)
     pt = jnp.pad(pt, [(0, 0), (0, plan.n_pad - n), (0, hyper_plan.k_pad - h)])
     return pt.reshape(depth * plan.n_pad, hyper_plan.k_pad).astype(dtype)
 
 
 def check_hyper(plan: PersistentPlan, hyper: HyperInside, steps: int, depth: int) -> None:
-    """One-line PlanError unless the hyper cell's plan and operands suit the main plan: the
-    same rows and dtype, at most the main cell's column blocks, its own operands' shapes."""
+    """PlanError unless the hyper plan and operands suit the main plan."""
     hp = hyper.plan
     same = (hp.rows_per_block, hp.row_blocks, hp.dtype) == (
         plan.rows_per_block, plan.row_blocks, plan.dtype,
@@ -221,12 +142,8 @@ def scales_to_smem(
     layer,
     z_slot,
 ) -> None:
-    """z_slot [rows, u] f32 = s_hyper[p] @ P_l[:, units g] (no bias), f32 accumulation, for
-    block row ``r``: s_hyper[p] is the hyper state after hyper phase p, the hyper A buffer's
-    row block slot(p + 1) (``s_mm`` [P * b_pad, kh_pad]) or after the last phase ``tail``
-    [b_pad, kh_pad]; ``proj`` [L * n_pad, kh_pad] (`projection_weights`). Both persistent
-    kernels call it: the forward for z, the backward to recompute it (the same K chunks, order
-    and f32 accumulation: the same values)."""
+    """z_slot [rows, u] f32 = s_hyper[p] @ P_l[:, units g], no bias; the backward calls it
+    too, so the recomputed z equals the forward's."""
     rows = z_slot.shape[0]
     n_r, n_c = s_mm.shape[0] // (steps * depth * rows), proj.shape[0] // (depth * z_slot.shape[1])
     k_chunk = hyper_plan.k_chunk
@@ -262,24 +179,12 @@ def persistent_forward(
     hyper: HyperInside | None = None,
     save_scales: bool = True,
 ):
-    """All T * L forward phases in one Mosaic GPU launch; shapes in the module docstring
-    (``keep``: the keep probability that scales the masks' decisions).
+    """All T * L forward phases in one Mosaic GPU launch.
 
-    Returns (states, s_mm, status) or, with ``save``, (s_last [1, b_pad, n_pad], packed, s_mm,
-    status). Compiled, it runs on a Hopper GPU only; with ``interpret``
-    (`gpu_interpret.params()`, jax >= 0.11.2) it runs in GPU interpret mode as one cluster with
-    a cluster barrier (`grid_barrier.launch`; ``plan.check_interpretable``). ``layout``
-    "rowgroup": one cluster per row group, a cluster barrier (`rowgroup_layout`).
-
-    ``hyper`` (`HyperInside`; then ``z`` is None): the hyper cell runs inside the same
-    phases, one phase AHEAD: iteration p runs the z GEMM of main phase p (from the hyper
-    state after hyper phase p, written before the last barrier), main phase p and hyper phase
-    p + 1 (blocks g < hyper col_blocks), then ONE barrier; a prologue runs hyper phase 0. P + 2
-    barriers in all, not 2 P + 2 in two launches. Returns the main cell's outputs, then the
-    hyper cell's (the same, for its plan), then with ``save`` and ``save_scales`` z [L, T,
-    b_pad, z_width] f32 (the backward's operand; without ``save_scales`` the backward
-    recomputes z: `persistent_backward.ScalesInside`), then ``tail`` [b_pad, kh_pad] (the
-    hyper state after the last phase in the matmul dtype), then status.
+    Returns (states [P, b_pad, n_pad], s_mm, status) or with ``save`` (s_last
+    [1, b_pad, n_pad], packed [P, b_pad, K, n_pad], s_mm [P * b_pad, k_pad], status).
+    With ``hyper`` the hyper cell's outputs follow the main cell's, then z (with
+    ``save_scales``) and ``tail`` [b_pad, kh_pad], then status.
     """
     steps, depth = check_operands(plan, w_blk, s0, xproj, bias, z, mask)
     if hyper is not None:
@@ -420,9 +325,6 @@ def persistent_forward(
     )(*operands)
 
 
-# ----------------------------------------------------------------------------- reference
-
-
 def persistent_forward_reference(
     plan: PersistentPlan,
     w_blk: Array,
@@ -440,12 +342,8 @@ def persistent_forward_reference(
     hyper: HyperInside | None = None,
     save_scales: bool = True,
 ):
-    """Pure-JAX `persistent_forward` (same operands and outputs; status all zeros): a
-    `lax.scan` over the phases of `mosaic_forward.highway_forward_reference` (units u),
-    the state's matmul-dtype cast as the A operand, xproj scaled by 1 at layer 0 and by 0
-    elsewhere as the kernel does. With ``hyper``: the hyper cell's reference first, z from
-    its states (`hyper_scales_reference`), then the main cell's. ``spin_limit``,
-    ``interpret`` and ``layout`` are unused."""
+    """Pure-JAX `persistent_forward` (status all zeros): a scan of
+    `highway_forward_reference` over the phases."""
     del spin_limit, interpret, layout
     steps, depth = check_operands(plan, w_blk, s0, xproj, bias, z, mask)
     if hyper is not None:
@@ -500,10 +398,7 @@ def persistent_forward_reference(
 def hyper_scales_reference(
     plan: PersistentPlan, hyper_plan: PersistentPlan, h_states, proj, proj_bias, steps: int
 ) -> Array:
-    """z [L, T, b_pad, z_width] (the kernels' layer-major layout) from the hyper state after
-    every phase ``h_states [P, b_pad, h_pad]`` f32: z_p = cast(s_hyper[p]) @ P_l^T rows +
-    p_l (f32 accumulation, then the bias: `ops.cells.hyper_scales`), ``proj`` and
-    ``proj_bias`` as `HyperInside`'s."""
+    """z [L, T, b_pad, z_width] from the hyper states [P, b_pad, h_pad], as the kernel."""
     depth = proj_bias.shape[0]
     s = h_states[..., : hyper_plan.k_pad].astype(proj.dtype).reshape(steps, depth, plan.b_pad, -1)
     p_t = proj.reshape(depth, plan.n_pad, hyper_plan.k_pad)
@@ -516,10 +411,7 @@ def hyper_scales_reference(
 def scales_from_a_buffer_reference(
     plan: PersistentPlan, hyper_plan: PersistentPlan, s_mm, tail, proj, proj_bias, steps: int
 ) -> Array:
-    """`hyper_scales_reference` from what the forward saves of the hyper cell: its A buffer
-    ``s_mm`` [P * b_pad, kh_pad] (the input state of every phase, cast) and ``tail`` [b_pad,
-    kh_pad] (the cast state after the last phase): the state after phase p is the input of
-    phase p + 1, so z is the same values as from the f32 states."""
+    """`hyper_scales_reference` from the hyper A buffer ``s_mm`` and ``tail``."""
     depth = proj_bias.shape[0]
     inputs = slots.a_buffer_to_inputs(s_mm, steps, depth, hyper_plan.k_pad)
     after = jnp.concatenate([inputs[1:], tail[None]], axis=0)

@@ -1,19 +1,11 @@
 """Backward kernels of one highway micro-layer, padded layout: the kernel body, the
 state-gradient launch and the references.
 
-Given ``ds`` (the cotangent of ``s_new``, plus ``g`` from outside)::
+    d_scaled = da * [z, z];  ds_carry = ds * (1 - t);  dz = sum over halves of da * u
+    ds_in = ds_carry + d_scaled @ w^T        (dW = s^T @ d_scaled is left to the caller)
 
-    da       = d a                                    [B, 2n]
-    d_scaled = da * [z, z]  (= da without z)          [B, 2n]  = d u = d pre = d xproj
-    ds_carry = ds * (1 - t)                           [B, n]
-    dz       = da[:, :n] * u[:, :n] + da[:, n:] * u[:, n:]     (u includes xproj)
-    ds_in    = ds_carry + d_scaled @ w.T              [B, n]   the state gradient of the layer
-
-One kernel body (:func:`backward_kernel`) serves every backward launch: the state-gradient
-GEMM of the layer above alone (:func:`state_grad_padded`, e.g. for the gradient of the
-initial state), and that GEMM fused with this layer's elementwise gate backward, ONE launch
-per micro-layer (:func:`rhhjax.kernels.triton.stacked.backward_fused_stacked`). ``dw = s.T @
-d_scaled`` is left to the caller (one GEMM after the time loop).
+`backward_kernel` serves the state-gradient GEMM alone (`state_grad_padded`) and fused with
+the gate backward (`stacked.backward_fused_stacked`).
 """
 
 from __future__ import annotations
@@ -47,7 +39,7 @@ from rhhjax.kernels.triton.config import DEFAULT_CONFIG, HighwayConfig
 
 
 def state_grad_in_kernel(d_h_ref, d_t_ref, wt_h_ref, wt_t_ref, block_k: int, precision):
-    """[block_b, block_n] f32: d_scaled_above @ W_above^T for this column block (K = 2 n_pad)."""
+    """d_scaled_above @ W_above^T for this column block: [block_b, block_n] f32."""
     dot_dtype = wt_h_ref.dtype
     block_b = d_h_ref.shape[0]
     block_n = wt_h_ref.shape[1]
@@ -80,20 +72,9 @@ def backward_kernel(
     precision,
     mask_scale: float,
 ):
-    """One (batch block i, unit block j) program of the backward.
-
-    Refs (block shapes), in this order:
-      if gemm: d_h_ref, d_t_ref [block_b, n_pad] (h / t halves of d_scaled_above, whole
-        rows), wt_h_ref, wt_t_ref [n_pad, block_n] (w_t_above[half, :, j block]);
-        ds_carry_above_ref [block_b, block_n] if has.ds_carry_above;
-      else: ds_ref [block_b, block_n] (the incoming state gradient);
-      g_ref [block_b, block_n] if has.g;
-      if elementwise: s_ref [block_b, block_n]; pre_ref [block_b, 2, block_n];
-        bias_ref [2, block_n]; z_ref, xproj_ref, mask_ref as in the forward;
-      outputs: if elementwise: d_out_ref [block_b, 2, block_n] (d_scaled), ds_carry_ref
-        [block_b, block_n], dz_ref [block_b, block_n] if has.z,
-        dbias_ref [2, block_n] (this program's column sums of da); else ds_ref_out.
-    """
+    """One (batch block i, unit block j) program of the backward: with ``gemm`` the state
+    gradient from the layer above, with ``elementwise`` the gate backward, writing
+    d_scaled [block_b, 2, block_n], ds_carry, dz and the column sums of da."""
     refs = list(refs)
     if gemm:
         d_h_ref, d_t_ref, wt_h_ref, wt_t_ref = refs[:4]
@@ -143,9 +124,8 @@ def backward_kernel(
 def gemm_operands(
     geo: Geometry, d_scaled_above: jax.Array, w_t_above: jax.Array, ds_carry_above: jax.Array | None
 ) -> list[Operand]:
-    """The GEMM operands of :func:`backward_kernel` (``gemm=True``) for :func:`launch`: the h
-    and t halves of ``d_scaled_above``'s whole rows, ``w_t_above`` once per half, and
-    ``ds_carry_above`` where present."""
+    """The GEMM operands for `launch`: d_scaled_above's halves, w_t_above per half,
+    ds_carry_above where present."""
     whole = (geo.block_b, SQUEEZED, geo.n_pad)
     wt_h, wt_t = weight_t_specs(geo)
     return [
@@ -160,7 +140,6 @@ def gemm_operands(
 def check_gemm_operands(
     geo: Geometry, d_scaled_above: jax.Array, w_t_above: jax.Array, ds_carry_above: jax.Array | None
 ) -> None:
-    """One-line checks of the GEMM operands (:func:`gemm_operands`)."""
     rows, rows2 = (geo.b_pad, geo.n_pad), (geo.b_pad, 2, geo.n_pad)
     check_operand("d_scaled_above", d_scaled_above, rows2, (F32,))
     check_operand("w_t_above", w_t_above, (2, geo.n_pad, geo.n_pad))
@@ -177,15 +156,8 @@ def state_grad_padded(
     config: HighwayConfig = DEFAULT_CONFIG,
     interpret: bool = False,
 ) -> jax.Array:
-    """``ds_carry + d_scaled @ W^T (+ g)`` [b_pad, n_pad] f32: the state-gradient GEMM of the
-    layer above alone, ONE kernel (e.g. for the gradient of the initial state).
-
-    Args:
-      d_scaled: [b_pad, 2, n_pad] f32, the layer above's ``d_scaled``.
-      w_t: [2, n_pad, n_pad] that layer's weight in the dot dtype (``geo.pad_weight_t``).
-      ds_carry: [b_pad, n_pad] f32, that layer's ``ds_carry``, or None (zero).
-      g: [b_pad, n_pad] f32 added (a cotangent from outside), or None.
-    """
+    """ds_carry + d_scaled @ W^T (+ g) [b_pad, n_pad] f32 in one kernel: d_scaled
+    [b_pad, 2, n_pad], w_t [2, n_pad, n_pad], ds_carry and g [b_pad, n_pad] or None."""
     check_gemm_operands(geo, d_scaled, w_t, ds_carry)
     config.validate(w_t.dtype)
     check_operand("g", g, (geo.b_pad, geo.n_pad), (F32,))
@@ -203,15 +175,9 @@ def state_grad_padded(
     return ds
 
 
-# --- references (pure jnp, same padded layout) ----------------------------------------------------
-
-
 def backward_padded_reference(ds, s, pre, z, bias2, xproj, keep_mask, *, g=None, keep=1.0):
-    """Pure-jnp :func:`backward_padded`, derived by autodiff of the forward combine.
-
-    ``dbias_partial`` is returned with a single row (the column sums over all rows): compare
-    it with the kernel's partial sums summed over axis 0.
-    """
+    """Pure-jnp `backward_padded` by autodiff of the forward combine; ``dbias_partial`` has
+    one row (sum the kernel's over axis 0 to compare)."""
     m = reference_mask(keep_mask, keep)
     u = pre if xproj is None else pre + xproj
     zeros = jnp.zeros_like(pre)

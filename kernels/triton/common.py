@@ -1,14 +1,7 @@
-"""Pieces shared by the Triton kernel families (forward, backward, stacked).
-
-Triton launch parameters and dot precision, one-line operand checks, the BlockSpecs of the
-padded layout and THE ``pallas_call`` of every kernel (:func:`launch`), the in-kernel gate
-math and K loop, the pure-``jax.numpy`` helpers of the references, and
-:func:`cuda_lowering_device` (trace and lower the Triton kernels for CUDA without a GPU).
-
-The Triton backend is selected explicitly by passing
-``jax.experimental.pallas.triton.CompilerParams`` to ``pl.pallas_call``; without it, recent JAX
-versions lower GPU ``pallas_call`` through Mosaic GPU, which cannot lower these kernels.
-"""
+"""What the Triton kernels share: launch parameters, operand checks, the BlockSpecs of the
+padded layout and the one ``pallas_call`` (`launch`), the in-kernel gate math, the
+references' helpers and `cuda_lowering_device`. Passing the Triton ``CompilerParams`` picks
+the Triton backend (recent JAX otherwise lowers through Mosaic GPU)."""
 
 from __future__ import annotations
 
@@ -24,30 +17,29 @@ from rhhjax.kernels.hardware import H100
 from rhhjax.kernels.layout import F32, Geometry
 from rhhjax.kernels.triton.config import HighwayConfig
 
-# The Triton compiler-params class was called `TritonCompilerParams` in older JAX versions.
+# `TritonCompilerParams` in older JAX.
 TritonCompilerParams = getattr(plgpu, "CompilerParams", None) or plgpu.TritonCompilerParams
-# A squeezed block dimension: `pl.squeezed` in newer JAX, `None` in older ones.
+# A squeezed block dimension: `pl.squeezed`, or None in older JAX.
 SQUEEZED = getattr(pl, "squeezed", None)
 
-MASK_DTYPES = (jnp.int8,)  # keep decisions 0/1, scaled by 1/keep in the kernels
+MASK_DTYPES = (jnp.int8,)  # keep decisions 0/1
 
-__all__ = ["F32"]  # re-exported for the kernel modules
+__all__ = ["F32"]
 
 
 def compiler_params(config: HighwayConfig):
-    """Triton launch parameters of ``config`` (selects the Triton backend of ``pallas_call``)."""
+    """Triton launch parameters of ``config``."""
     return TritonCompilerParams(num_warps=config.num_warps, num_stages=config.num_stages)
 
 
 def dot_precision(dtype, allow_tf32: bool):
-    """``Precision.HIGHEST`` (exact f32) for f32 dots unless ``allow_tf32``; None otherwise."""
+    """``HIGHEST`` for f32 dots unless ``allow_tf32``, else None."""
     if jnp.dtype(dtype) == jnp.float32 and not allow_tf32:
         return lax.Precision.HIGHEST
     return None
 
 
 def check_operand(name: str, x: jax.Array | None, shape: tuple[int, ...], dtypes=None) -> None:
-    """One-line shape (and dtype) check of a padded operand."""
     if x is None:
         return
     if tuple(x.shape) != tuple(shape):
@@ -58,7 +50,6 @@ def check_operand(name: str, x: jax.Array | None, shape: tuple[int, ...], dtypes
 
 
 def dropout_scale(keep_mask: jax.Array | None, keep: float) -> float:
-    """1/keep for int8 keep decisions (0/1); 1 without a mask."""
     if keep_mask is None:
         return 1.0
     if not 0.0 < keep <= 1.0:
@@ -69,8 +60,7 @@ def dropout_scale(keep_mask: jax.Array | None, keep: float) -> float:
 def kernel_params(
     geo: Geometry, config: HighwayConfig, dot_dtype, keep_mask: jax.Array | None, keep: float
 ) -> dict:
-    """The static keyword arguments of a kernel body: the K chunk, the dot precision of
-    ``dot_dtype`` weights and the dropout scale of ``keep_mask`` (None: no mask)."""
+    """Static keyword arguments of a kernel body: K chunk, dot precision, dropout scale."""
     return dict(
         block_k=geo.block_k,
         precision=dot_precision(dot_dtype, config.allow_tf32),
@@ -78,41 +68,36 @@ def kernel_params(
     )
 
 
-# --- BlockSpecs of the padded layout and the one pallas_call --------------------------------------
-
-# (array or None, its BlockSpec[, the output it is aliased to]); None: an absent operand.
+# (array or None, BlockSpec[, aliased output]).
 Operand = tuple
 
 
 def lead_spec(lead: tuple[int, ...], block: tuple, index) -> pl.BlockSpec:
-    """BlockSpec keeping the leading dims ``lead`` whole; ``index(i, j)`` the trailing ones."""
     zeros = (0,) * len(lead)
     return pl.BlockSpec((*lead, *block), lambda i, j: (*zeros, *index(i, j)))
 
 
 def rows_spec(geo: Geometry, lead: tuple[int, ...] = ()) -> pl.BlockSpec:
-    """Program (i, j)'s [block_b, block_n] tile of a [*lead, b_pad, n_pad] array."""
+    """Program (i, j)'s [block_b, block_n] tile."""
     return lead_spec(lead, (geo.block_b, geo.block_n), lambda i, j: (i, j))
 
 
 def halves_spec(geo: Geometry, lead: tuple[int, ...] = ()) -> pl.BlockSpec:
-    """Program (i, j)'s [block_b, 2, block_n] tile (both halves) of [*lead, b_pad, 2, n_pad]."""
+    """Program (i, j)'s [block_b, 2, block_n] tile."""
     return lead_spec(lead, (geo.block_b, 2, geo.block_n), lambda i, j: (i, 0, j))
 
 
 def whole_rows_spec(geo: Geometry) -> pl.BlockSpec:
-    """Program (i, j)'s whole rows [block_b, n_pad] of [b_pad, n_pad] (a K operand)."""
+    """Program (i, j)'s whole rows [block_b, n_pad] (a K operand)."""
     return pl.BlockSpec((geo.block_b, geo.n_pad), lambda i, j: (i, 0))
 
 
 def bias_spec(geo: Geometry) -> pl.BlockSpec:
-    """Column block j [2, block_n] of a bias [2, n_pad]."""
     return pl.BlockSpec((2, geo.block_n), lambda i, j: (0, j))
 
 
 def weight_specs(geo: Geometry) -> tuple[pl.BlockSpec, pl.BlockSpec]:
-    """The h and the t column block j [n_pad, block_n] of ``w3`` [n_pad, 2, n_pad] (``w3`` is
-    passed twice, once per half)."""
+    """Column block j [n_pad, block_n] of each half of ``w3`` [n_pad, 2, n_pad]."""
     shape = (geo.n_pad, SQUEEZED, geo.block_n)
     return (
         pl.BlockSpec(shape, lambda i, j: (0, 0, j)),
@@ -121,8 +106,7 @@ def weight_specs(geo: Geometry) -> tuple[pl.BlockSpec, pl.BlockSpec]:
 
 
 def weight_t_specs(geo: Geometry) -> tuple[pl.BlockSpec, pl.BlockSpec]:
-    """Column block j [n_pad, block_n] of the h and the t half of ``w_t`` [2, n_pad, n_pad]
-    (``w_t`` is passed twice, once per half)."""
+    """Column block j [n_pad, block_n] of each half of ``w_t`` [2, n_pad, n_pad]."""
     shape = (SQUEEZED, geo.n_pad, geo.block_n)
     return (
         pl.BlockSpec(shape, lambda i, j: (0, 0, j)),
@@ -140,9 +124,8 @@ def launch(
     interpret: bool,
     name: str,
 ) -> list[jax.Array]:
-    """ONE ``pallas_call`` of ``kernel`` on ``geo.grid`` with ``config``'s Triton launch
-    parameters: the present operands in order (absent ones, None, are left out, so the kernel
-    gets only the refs it was told of), an aliased operand updated in place as its output."""
+    """The one ``pallas_call`` on ``geo.grid``: absent (None) operands left out, aliased
+    operands updated in place."""
     present = [op for op in operands if op[0] is not None]
     aliases = {position: op[2] for position, op in enumerate(present) if len(op) > 2}
     return pl.pallas_call(
@@ -158,13 +141,8 @@ def launch(
     )(*[op[0] for op in present])
 
 
-# --- in-kernel helpers (run inside a kernel body) -------------------------------------------------
-
-
 @dataclasses.dataclass(frozen=True)
 class OptionalOperands:
-    """Which optional operands a kernel gets (static)."""
-
     z: bool = False
     xproj: bool = False
     mask: bool = False
@@ -173,16 +151,11 @@ class OptionalOperands:
 
 
 def pop_optional(refs: list, present: bool):
-    """The next ref of ``refs`` (removed from it) if the operand is present, else None."""
     return refs.pop(0) if present else None
 
 
 def gates_in_kernel(pre_h, pre_t, z, bias_ref, xproj_ref):
-    """Unscaled u and gates h, t [block_b, block_n] from the matmul halves, inside a kernel.
-
-    u = pre + xproj; a = u * [z, z] + bias (absent operands are None).
-    Returns (u_h, u_t, h, t).
-    """
+    """(u_h, u_t, h, t) [block_b, block_n]: u = pre + xproj, a = u * [z, z] + bias."""
     u_h, u_t = pre_h, pre_t
     if xproj_ref is not None:
         u_h = u_h + xproj_ref[:, 0, :]
@@ -194,7 +167,7 @@ def gates_in_kernel(pre_h, pre_t, z, bias_ref, xproj_ref):
 
 
 def load_mask(mask_ref, mask_scale: float):
-    """f32 dropout multiplier [block_b, block_n] (0 or 1/keep), or None."""
+    """f32 dropout multiplier (0 or 1/keep) [block_b, block_n], or None."""
     if mask_ref is None:
         return None
     m = mask_ref[...].astype(F32)
@@ -202,7 +175,6 @@ def load_mask(mask_ref, mask_scale: float):
 
 
 def k_loop(n_k: int, block_k: int, step, init):
-    """fori_loop over K chunks; ``step(k_slice, acc)`` gets an aligned ``pl.ds``."""
 
     def body(kk, acc):
         return step(pl.ds(pl.multiple_of(kk * block_k, block_k), block_k), acc)
@@ -210,36 +182,28 @@ def k_loop(n_k: int, block_k: int, step, init):
     return lax.fori_loop(0, n_k, body, init)
 
 
-# --- reference helpers (pure jnp, padded layout) --------------------------------------------------
-
-
 def reference_dot(x, w, dims):
-    """``einsum(dims)`` of ``x`` cast to ``w.dtype`` and ``w``, exact f32 accumulation."""
     precision = dot_precision(w.dtype, allow_tf32=False)
     return jnp.einsum(dims, x.astype(w.dtype), w, precision=precision, preferred_element_type=F32)
 
 
 def reference_mask(keep_mask, keep):
-    """The f32 dropout multiplier (0 or 1/keep) of a keep mask, or None."""
     if keep_mask is None:
         return None
     return keep_mask.astype(F32) * dropout_scale(keep_mask, keep)
 
 
 def reference_combine(a, s, m):
-    """s_new from a [b, 2, n] and s [b, n]; m the f32 dropout multiplier or None."""
+    """s_new from a [b, 2, n] and s [b, n]."""
     h, t = jnp.tanh(a[:, 0]), jax.nn.sigmoid(a[:, 1])
     gate = t if m is None else t * m
     return h * gate + s * (1.0 - t)
 
 
 def reference_preactivation(u, z, bias2):
-    """a [b, 2, n] = u * [z, z] + bias2; z [b, n] or None, bias2 [2, n]."""
+    """a [b, 2, n] = u * [z, z] + bias2."""
     a = u if z is None else u * z[:, None, :]
     return a + bias2[None]
-
-
-# --- CUDA lowering without a GPU ------------------------------------------------------------------
 
 
 def cuda_lowering_device(
@@ -247,22 +211,15 @@ def cuda_lowering_device(
     num_cores: int = H100.sms,
     mesh: jax.sharding.Mesh | None = None,
 ):
-    """Context naming a GPU as the abstract device, to trace AND lower Triton kernels for
-    CUDA on a host without a GPU (``jit(f).trace(...).lower(lowering_platforms=("cuda",))``).
-
-    Since jax 0.11 the Triton lowering asks for the GPU's compute capability and, without a
-    GPU, takes it from the abstract mesh's device ("No supported GPU devices found"
-    otherwise); jax 0.10.2 accepts the context and does not need it. The mesh is recorded at
-    trace time, so wrap the trace too, not only the lowering. ``mesh``: the (compile-only)
-    mesh the arguments are sharded on, whose axes the abstract mesh then has (default: one
-    axis "x" of one device).
-    """
+    """Context naming a GPU as the abstract device, to trace and lower Triton kernels for
+    CUDA without a GPU (jax >= 0.11 asks the abstract mesh's device for the compute
+    capability). Wrap the trace as well as the lowering."""
     device = jax.sharding.AbstractDevice(
         device_kind=device_kind, num_cores=num_cores, platform="gpu"
     )
     if mesh is None:
         abstract = jax.sharding.AbstractMesh((1,), ("x",), abstract_device=device)
-    else:  # the mesh's axes and axis types (those of the arguments' shardings)
+    else:
         abstract = jax.sharding.AbstractMesh(
             mesh.axis_sizes, mesh.axis_names, axis_types=mesh.axis_types, abstract_device=device
         )

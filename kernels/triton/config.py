@@ -1,8 +1,4 @@
-"""Block sizes and launch parameters of the Triton kernels, and their validation.
-
-:class:`HighwayConfig` holds the tuning knobs (block sizes, Triton warps and stages); the
-padded layout they produce for one problem size is :class:`rhhjax.kernels.layout.Geometry`.
-"""
+"""Block sizes and launch parameters of the Triton kernels (`HighwayConfig`), validated."""
 
 from __future__ import annotations
 
@@ -20,25 +16,10 @@ class KernelConfigError(UserError):
 
 @dataclasses.dataclass(frozen=True)
 class HighwayConfig:
-    """Tuning knobs of the highway kernels.
-
-    Attributes:
-      block_b: rows (batch) per program. Power of two, >= 16 (the M dim of ``tl.dot``).
-      block_n: units per program; each program computes both the h and the t column block.
-        Power of two, >= 16.
-      block_k: K chunk of the matmul loops. Power of two, >= 16 (``tl.dot`` minimum).
-      num_warps: Triton warps per program.
-      num_stages: Triton software-pipelining stages of the K loops.
-      allow_tf32: when ``w`` is f32, let the matmuls use TF32 tensor cores (faster, ~1e-3
-        relative error). Default: exact f32 (``Precision.HIGHEST``). Ignored for bf16 weights.
-
-    The defaults target n = 1000..1024, B = 256 on an H100: a (4, 32) grid of 128 programs,
-    one wave on the H100's SMs (kernels/hardware.py), and compile for it without register
-    spills (bf16 dots as Hopper ``wgmma``; exact f32 dots as FMA loops, ``allow_tf32`` for
-    tensor cores); the compile facts and the spilling alternatives:
-    results/README.md#pallas-triton-block-sizes-the-defaults-compile-facts. The block sizes
-    are clamped down for small problems (never below 16).
-    """
+    """Tuning knobs of the highway kernels: block_b, block_n, block_k (powers of two,
+    >= 16), Triton warps and stages, ``allow_tf32`` for f32 weights. The defaults suit
+    n ~ 1000, B = 256 on an H100 (docs/design.md, module notes); blocks clamp to small
+    problems."""
 
     block_b: int = 64
     block_n: int = 32
@@ -48,27 +29,14 @@ class HighwayConfig:
     allow_tf32: bool = False
 
     def smem_bytes(self, dot_dtype) -> int:
-        """Predicted shared memory per program (bytes) of the largest kernel (the fused
-        backward), a conservative model fitted to ptxas through XLA (H100):
-
-            max(num_stages - 1, 1) * (2 * block_b * block_k * 4 + 2 * block_k * block_n * w)
-              + block_b * block_n * 4
-
-        Triton's pipeliner keeps ``num_stages - 1`` copies of one K step's operands (two f32
-        row tiles, loaded as f32 and cast in registers; two weight tiles in the dot dtype of
-        ``w`` bytes per element), plus one f32 output tile for layout conversions. It equals
-        or exceeds every kernel measured (forward, backward, fused, state-grad; the figures
-        are in the section named in the class docstring).
-        """
+        """Predicted shared memory per program of the largest kernel (a conservative fit)."""
         w_bytes = jnp.dtype(dot_dtype).itemsize
         per_stage = 2 * self.block_b * self.block_k * 4 + 2 * self.block_k * self.block_n * w_bytes
         return max(self.num_stages - 1, 1) * per_stage + self.block_b * self.block_n * 4
 
     def validate(self, dot_dtype=None) -> None:
-        """Raises :class:`KernelConfigError` (one line) for block sizes Triton cannot lower,
-        or (with ``dot_dtype``, the dtype of the weights) a config that needs more shared
-        memory than an H100 block has. Every kernel wrapper and ``Geometry.make`` call it.
-        """
+        """Raises `KernelConfigError` for blocks Triton cannot lower or, with ``dot_dtype``,
+        more shared memory than an H100 block has."""
         for name in ("block_b", "block_n", "block_k"):
             value = getattr(self, name)
             if not _is_pow2(value) or value < 16:
@@ -93,7 +61,7 @@ class HighwayConfig:
                 )
 
 
-DEFAULT_CONFIG = HighwayConfig()  # the kernels' default (an argument default: B008)
+DEFAULT_CONFIG = HighwayConfig()
 
 
 def _is_pow2(x: int) -> bool:
@@ -101,7 +69,5 @@ def _is_pow2(x: int) -> bool:
 
 
 def validate_config(config: HighwayConfig, dot_dtype=None) -> None:
-    """Raises :class:`KernelConfigError` (one line) for a config Triton cannot lower or that
-    needs more shared memory than an H100 block has with ``dot_dtype`` weights (checked when
-    given). The same as ``config.validate(dot_dtype)``."""
+    """``config.validate(dot_dtype)``."""
     config.validate(dot_dtype)

@@ -1,12 +1,6 @@
-"""Forward kernel of one highway micro-layer, padded layout: its wrapper and reference.
-
-``pre = s @ w`` (both halves of a column block, f32 accumulation), ``u = pre + xproj``,
-``a = u * [z, z] + bias``, ``h = tanh(a_h)``, ``t = sigmoid(a_t)``,
-``s_new = h * (t * mask) + s * (1 - t)``: ONE kernel launch per micro-layer.
-The stacked variant (on whole-sequence arrays) is
-:func:`rhhjax.kernels.triton.stacked.forward_stacked`; both launch :func:`forward_kernel` on
-the operands of :func:`forward_operands`.
-"""
+"""Forward kernel of one highway micro-layer, padded layout, with its wrapper and reference:
+pre = s @ w, a = (pre + xproj) * [z, z] + bias, s_new = tanh(a_h) * sigmoid(a_t) * mask
++ s * (1 - sigmoid(a_t)), one launch per micro-layer."""
 
 from __future__ import annotations
 
@@ -43,8 +37,7 @@ from rhhjax.kernels.triton.config import DEFAULT_CONFIG, HighwayConfig
 
 
 def forward_refs(refs: Sequence, has: OptionalOperands) -> tuple[tuple, list]:
-    """The input refs of :func:`forward_kernel` in its order (s, w_h, w_t, bias, then z, xproj,
-    mask or None where absent) and the refs after them."""
+    """The input refs of `forward_kernel` in order (None where absent), and the rest."""
     refs = list(refs)
     inputs = refs[:4]
     del refs[:4]
@@ -53,19 +46,9 @@ def forward_refs(refs: Sequence, has: OptionalOperands) -> tuple[tuple, list]:
 
 
 def forward_kernel(*refs, has: OptionalOperands, block_k: int, precision, mask_scale: float):
-    """One (batch block i, unit block j) program of the forward.
-
-    Refs (block shapes):
-      s_ref      [block_b, n_pad]       whole rows of the carry (K operand and carry term)
-      w_h_ref    [n_pad, block_n]       h-half columns of w3
-      w_t_ref    [n_pad, block_n]       t-half columns of w3
-      bias_ref   [2, block_n]
-      z_ref      [block_b, block_n]     if has.z
-      xproj_ref  [block_b, 2, block_n]  if has.xproj (inside the scale)
-      mask_ref   [block_b, block_n]     if has.mask (int8 keep decisions)
-      s_new_ref  [block_b, block_n]     output
-      pre_ref    [block_b, 2, block_n]  output: unscaled s @ w
-    """
+    """One (batch block i, unit block j) program of the forward: s_ref [block_b, n_pad]
+    whole rows, w_h_ref, w_t_ref [n_pad, block_n], bias, optional z, xproj, mask; outputs
+    s_new [block_b, block_n] and pre [block_b, 2, block_n]."""
     (s_ref, w_h_ref, w_t_ref, bias_ref, z_ref, xproj_ref, mask_ref), outputs = forward_refs(
         refs, has
     )
@@ -98,13 +81,8 @@ def forward_operands(
     geo: Geometry, *arrays: jax.Array | None, lead: tuple[int, ...] = (),
     xproj_lead: tuple[int, ...] = (), names: tuple[str, ...] = (),
 ) -> tuple[OptionalOperands, list[Operand]]:  # fmt: skip
-    """The operands of :func:`forward_kernel` for :func:`launch`, each checked in one line:
-    (which optional operands are present, the operands in the kernel's ref order: the state's
-    whole rows, w3 once per half, bias2, then z, xproj, keep_mask where present).
-
-    ``arrays``: s, w3, z, bias2, xproj, keep_mask as :func:`forward_padded` takes them, but z
-    and keep_mask with the leading dims ``lead`` ((T, L) when stacked) and xproj with
-    ``xproj_lead``; ``names``: theirs in the messages (default z, xproj, keep_mask)."""
+    """(present optional operands, `forward_kernel`'s operands for `launch`), each checked;
+    z and keep_mask with leading dims ``lead``, xproj with ``xproj_lead``."""
     s, w3, z, bias2, xproj, keep_mask = arrays
     z_name, xproj_name, mask_name = names or ("z", "xproj", "keep_mask")
     rows = (geo.b_pad, geo.n_pad)
@@ -140,21 +118,11 @@ def forward_padded(
     config: HighwayConfig = DEFAULT_CONFIG,
     interpret: bool = False,
 ) -> tuple[jax.Array, jax.Array]:
-    """Forward of one micro-layer in the padded layout: ONE kernel launch, no pad or cast.
+    """Forward of one micro-layer in the padded layout, one launch.
 
-    Args:
-      s: [b_pad, n_pad] f32 input state.
-      w3: [n_pad, 2, n_pad] weight in the dot dtype (``geo.pad_weight(w, dtype)``).
-      z: [b_pad, n_pad] f32 scale, or None.
-      bias2: [2, n_pad] f32 (at layer 0 the sum of both biases, b_0 + b_U).
-      xproj: [b_pad, 2, n_pad] f32 addend inside the scale (layer 0: x U), or None.
-      keep_mask: [b_pad, n_pad] int8 keep decisions (0/1; scaled by 1/``keep`` in the kernel),
-        or None.
-      keep: static keep probability (used with a mask only).
-      geo: the :class:`Geometry` the operands were padded with.
-    Returns:
-      s_new [b_pad, n_pad] f32 and pre [b_pad, 2, n_pad] f32 (the unscaled ``s @ w``, without
-      xproj).
+    s [b_pad, n_pad]; w3 [n_pad, 2, n_pad] dot dtype; z [b_pad, n_pad] or None; bias2
+    [2, n_pad] (b_0 + b_U at layer 0); xproj [b_pad, 2, n_pad] or None; keep_mask
+    [b_pad, n_pad] int8 or None. Returns (s_new [b_pad, n_pad], pre [b_pad, 2, n_pad]).
     """
     config.validate(w3.dtype)
     has, operands = forward_operands(geo, s, w3, z, bias2, xproj, keep_mask)

@@ -1,22 +1,10 @@
-"""Stacked highway kernels: one micro-layer (t, layer) on whole-sequence ``[T, L, ...]`` arrays.
+"""Stacked highway kernels: one micro-layer (t, layer) on whole-sequence [T, L, ...] arrays.
 
-Inside a `lax.scan` over time, slicing the step's operands out of the stacked scan inputs and
-storing the step's outputs into stacked scan outputs costs one XLA launch each (a custom call
-needs materialized operands). These variants take the WHOLE stacked arrays plus the time
-index `t` (a traced int32 scalar, passed to the kernel as a shape-(1,) array) and a static
-`layer`, and read/write the (t, layer) slice inside the kernel, through :class:`View`
-(:class:`Value` lets a computed value stand where a kernel body reads a ref). Stacked outputs
-are passed in and aliased to the outputs (`input_output_aliases`): the caller carries them
-through the scan, every call writes its slice in place, and nothing else of the buffer
-changes. The BlockSpecs keep the leading (T, L) dims whole (Triton's power-of-two rule applies
-to the loaded/stored tensors only, not to block shapes: jax/_src/pallas/triton/lowering.py,
-`_check_tensor_size` on the indexer shape).
-
-:func:`forward_stacked` is :func:`rhhjax.kernels.triton.forward.forward_padded` and
-:func:`backward_fused_stacked` the state-gradient GEMM of the layer above fused with this
-layer's gate backward (:func:`rhhjax.kernels.triton.backward.backward_kernel`) on the
-(t, layer) slices: the same kernel bodies; their references are the padded references on
-sliced operands.
+In a `lax.scan`, slicing each step's operands and storing its outputs costs one XLA launch
+each. These kernels take the whole stacked arrays, a traced time index ``t`` and a static
+``layer``, read and write the (t, layer) slice inside the kernel (`View`), and update
+stacked outputs in place (``input_output_aliases``). The BlockSpecs keep (T, L) whole:
+Triton's power-of-two rule applies to loaded tensors, not block shapes.
 """
 
 from __future__ import annotations
@@ -54,12 +42,8 @@ FREE = object()  # a free position of a `View` template
 
 
 class View:
-    """A kernel ref seen at fixed indices: ``template`` holds one entry per ref axis, a fixed
-    index (int or traced scalar) or ``FREE``; the view's axes are the free ones, in order.
-    ``shift`` adds an offset to integer indices of a view axis (e.g. the halves of ``pre``
-    stored after the input state in ``packed``). With ``acc_from`` (a ref of the same block),
-    a store adds the value read from ``acc_from`` at the same place (in-place accumulation).
-    """
+    """A kernel ref at fixed indices: ``template`` has an index or ``FREE`` per axis;
+    ``shift`` offsets a view axis; with ``acc_from`` a store adds the value read there."""
 
     def __init__(self, ref, template, shift=None, acc_from=None):
         self.ref, self.template, self.shift, self.acc_from = ref, template, shift or {}, acc_from
@@ -93,12 +77,12 @@ class View:
 
 
 def time_spec():
-    """BlockSpec of the time index ``t`` (a shape-(1,) int32 array), the same for every program."""
+    """BlockSpec of the time index ``t`` [1], the same for every program."""
     return pl.BlockSpec((1,), lambda i, j: (0,))
 
 
 def check_time(t: jax.Array) -> jax.Array:
-    """An integer scalar (or shape-(1,)) time index as the kernels' int32 [1] operand."""
+    """A scalar or [1] time index as the kernels' int32 [1] operand."""
     t = jnp.asarray(t)
     if t.shape not in ((), (1,)) or not jnp.issubdtype(t.dtype, jnp.integer):
         raise ValueError(f"t must be an integer scalar, got {t.dtype} {t.shape}.")
@@ -106,7 +90,7 @@ def check_time(t: jax.Array) -> jax.Array:
 
 
 class Value:
-    """A computed value posing as a ref for ``ref[...]`` (the state gradient of the GEMM)."""
+    """A computed value posing as a ref for ``ref[...]``."""
 
     def __init__(self, value):
         self.value = value
@@ -118,13 +102,7 @@ class Value:
 
 
 def _forward_stacked_kernel(t_ref, *refs, has: OptionalOperands, layer: int, **kernel_kw):
-    """`forward_kernel` on the (t, layer) slices of the stacked operands.
-
-    Refs: t_ref [1]; s_ref [block_b, n_pad]; w_h_ref, w_t_ref [n_pad, block_n]; bias_ref
-    [2, block_n]; z_ref [T, L, block_b, block_n] if has.z; xproj_ref [T, block_b, 2, block_n]
-    if has.xproj; mask_ref [T, L, block_b, block_n] if has.mask; packed_in (aliased, unused);
-    outputs s_new_ref [block_b, block_n], packed_ref [T, L, block_b, 3, block_n].
-    """
+    """`forward_kernel` on the (t, layer) slices of the stacked operands."""
     t = t_ref[0]
     (s_ref, w_h_ref, w_t_ref, bias_ref, z_ref, xproj_ref, mask_ref), outputs = forward_refs(
         refs, has
@@ -138,7 +116,7 @@ def _forward_stacked_kernel(t_ref, *refs, has: OptionalOperands, layer: int, **k
         views.append(View(xproj_ref, (t, FREE, FREE, FREE)))
     if has.mask:
         views.append(View(mask_ref, tl4))
-    # The input state's block first: stored before the K loop, it holds no registers there.
+    # The input state's block first: stored before the K loop, it holds no registers.
     block_n = s_new_ref.shape[1]
     col = pl.ds(pl.multiple_of(pl.program_id(1) * block_n, block_n), block_n)
     packed_ref[t, layer, :, 0, :] = s_ref[:, col]
@@ -162,22 +140,12 @@ def forward_stacked(
     config: HighwayConfig = DEFAULT_CONFIG,
     interpret: bool = False,
 ) -> tuple[jax.Array, jax.Array]:
-    """:func:`forward_padded` of micro-layer (t, layer) on stacked operands: ONE launch, no
-    slice or update-slice around it.
+    """`forward_padded` of micro-layer (t, layer) on stacked operands, in one launch.
 
-    Args:
-      t: int32 scalar (traced: the scan's time index), 0 <= t < T (not checked in the kernel).
-      s: [b_pad, n_pad] f32 input state (the carry).
-      w3, bias2: this layer's, as in :func:`forward_padded`.
-      z_all: [T, L, b_pad, n_pad] f32, or None; read at [t, layer].
-      xproj_all: [T, b_pad, 2, n_pad] f32, or None (pass it at layer 0 only); read at [t].
-      keep_all: [T, L, b_pad, n_pad] int8 keep decisions (0/1), or None; read at [t, layer].
-      packed_all: [T, L, b_pad, 3, n_pad] f32, ALIASED to the second output (donate it: carry
-        it through the scan and never use the input value again).
-      layer: static layer index into the L axis.
-    Returns:
-      s_new [b_pad, n_pad] f32, and packed_all with ``[t, layer] = (s, pre_h, pre_t)`` (the
-      input state and ``pre = s @ w`` of :func:`forward_padded`), every other entry unchanged.
+    s [b_pad, n_pad]; z_all, keep_all [T, L, b_pad, n_pad] or None; xproj_all
+    [T, b_pad, 2, n_pad] or None (layer 0 only); packed_all [T, L, b_pad, 3, n_pad],
+    aliased to the second output (donate it). Returns (s_new [b_pad, n_pad], packed_all
+    with [t, layer] = (s, pre_h, pre_t)).
     """
     config.validate(w3.dtype)
     if packed_all.ndim != 5:
@@ -212,18 +180,8 @@ def forward_stacked(
 def _backward_stacked_kernel(
     t_ref, *refs, has: OptionalOperands, layer: int, steps: int, depth: int, **kernel_kw
 ):
-    """`backward_kernel` (GEMM + elementwise) on the (t, layer) slices of stacked operands.
-
-    The GEMM reads ``d_scaled`` of the layer above from the (aliased) stacked buffer at
-    (t, layer + 1), or at (t + 1, 0) for the last layer (zero contribution when t + 1 == T).
-    Refs: t_ref [1]; d_all_in [T, L, block_b, 2, n_pad]; wt_h_ref, wt_t_ref [n_pad, block_n];
-    ds_carry_above_ref [block_b, block_n] if has.ds_carry_above; g_ref [T, L, block_b,
-    block_n] if has.g; packed_ref [T, L, block_b, 3, block_n]; bias_ref [2, block_n]; z_ref,
-    mask_ref [T, L, block_b, block_n], xproj_ref [T, block_b, 2, block_n] if present;
-    dz_in [T, L, block_b, block_n] if has.z (aliased); dbias_in [L, 2, block_n] (aliased);
-    outputs: d_all_out [T, L, block_b, 2, block_n], ds_carry_ref [block_b, block_n],
-    dz_out if has.z, dbias_out [L, 2, block_n].
-    """
+    """`backward_kernel` on the (t, layer) slices; d_scaled of the layer above is read from
+    the aliased stacked buffer at (t, layer + 1), or (t + 1, 0) for the last layer."""
     t = t_ref[0]
     refs = list(refs)
     d_all_in, wt_h_ref, wt_t_ref = refs[:3]
@@ -235,7 +193,7 @@ def _backward_stacked_kernel(
     z_ref = pop_optional(refs, has.z)
     xproj_ref = pop_optional(refs, has.xproj)
     mask_ref = pop_optional(refs, has.mask)
-    _ = pop_optional(refs, has.z)  # dz_in: aliased, never read
+    _ = pop_optional(refs, has.z)  # dz_in: aliased, unread
     dbias_in = refs.pop(0)
     d_all_out, ds_carry_ref = refs[:2]
     del refs[:2]
@@ -255,7 +213,7 @@ def _backward_stacked_kernel(
     if carry_ref is not None:
         ds = ds + carry_ref[...]
     tl4 = (t, layer, FREE, FREE)
-    views = [Value(ds)]  # `backward_kernel` without the GEMM takes the state gradient as a "ref"
+    views = [Value(ds)]  # the state gradient posing as a ref
     if has.g:
         views.append(View(g_ref, tl4))
     views += [
@@ -296,28 +254,13 @@ def backward_fused_stacked(
     config: HighwayConfig = DEFAULT_CONFIG,
     interpret: bool = False,
 ) -> tuple[jax.Array, jax.Array, jax.Array | None, jax.Array]:
-    """:func:`backward_fused_padded` of micro-layer (t, layer) on stacked operands: ONE launch.
+    """`backward_fused_padded` of micro-layer (t, layer) on stacked operands, in one launch.
 
-    The layer above is (t, layer + 1), or (t + 1, 0) for the last layer; its ``d_scaled`` is
-    read from ``d_scaled_all`` itself (so it is no separate operand), and for t + 1 == T the
-    GEMM term is zero (the first call of the reverse loop; no read of uninitialized data is
-    used).
-
-    Args:
-      t: int32 scalar (traced), 0 <= t < T (not checked in the kernel).
-      d_scaled_all: [T, L, b_pad, 2, n_pad] f32, ALIASED to output 0; [t, layer] is written.
-      w_t_above: [2, n_pad, n_pad] the layer above's ``w_t`` (``w_t[0]`` for the last layer).
-      ds_carry_above: [b_pad, n_pad] f32 ``ds_carry`` of the layer above (the carry), or None.
-      g_all: [T, L, b_pad, n_pad] f32 zero-padded cotangents, or None; read at [t, layer].
-      packed_all: [T, L, b_pad, 3, n_pad] f32 from :func:`forward_stacked` (read only).
-      z_all, bias2, xproj_all, keep_all, keep: as in :func:`forward_stacked`.
-      dz_all: [T, L, b_pad, n_pad] f32, ALIASED to output 2; required iff ``z_all`` is given.
-      dbias_acc: [L, b_pad // block_b, 2, n_pad] f32, ALIASED to output 3: this call ADDS its
-        per-batch-block column sums of ``da`` to ``[layer]``.
-      layer: static layer index.
-    Returns:
-      (d_scaled_all, ds_carry [b_pad, n_pad], dz_all | None, dbias_acc), the stacked ones
-      updated at (t, layer) only.
+    d_scaled_all [T, L, b_pad, 2, n_pad], dz_all [T, L, b_pad, n_pad] and dbias_acc
+    [L, b_pad // block_b, 2, n_pad] are aliased to outputs 0, 2 and 3 (dbias_acc is added
+    to); w_t_above [2, n_pad, n_pad]; g_all [T, L, b_pad, n_pad] or None. At t = T - 1 the
+    last layer's GEMM term is zero. Returns (d_scaled_all, ds_carry [b_pad, n_pad], dz_all
+    or None, dbias_acc).
     """
     depth = d_scaled_all.shape[1] if d_scaled_all.ndim == 5 else 0
     steps = d_scaled_all.shape[0]

@@ -1,46 +1,14 @@
-"""Gradient-flow and gate analysis of trained (or freshly initialised) models.
+"""Gradient-flow and gate analysis of trained (or freshly initialised) models, run by
+``python -m rhhjax.tools.analyze --workdir=DIR[@WHICH] --init=CONFIG --out=DIR``.
 
-    python -m rhhjax.tools.analyze --workdir=A [--workdir=B@init ...] [--init=CONFIG ...] --out=DIR
-        [--checkpoint=best|latest|init|STEP] [--analyses=weights,gradients,gates,lesion]
-        [--data_dir=PTB_DIR] [--prefix=NAME_] [--labels=a,b,...]
+    subjects.py   the models analysed: workdirs at a checkpoint, or configs at init.
+    weights.py    weight-matrix norms (Suarez 2017 Figs. 2-3).
+    gradients.py  ||d loss_{T-1} / d x_t|| over held-out windows (Figs. 4-6).
+    gates.py      transform-gate activity per step (RHN paper Fig. 5b).
+    lesion.py     the loss with one micro-layer's transform gate closed (RHN section 6).
+    figures.py    the PNGs; report.py the driver writing ``analysis.json``.
 
-Each model ("subject", `subjects.py`) is one of
-
-    --workdir=DIR[@WHICH]   a training workdir; WHICH (default ``--checkpoint``) is ``best``
-                            (falls back to latest), ``latest``, a step number, or ``init``: the
-                            parameters the run started from (``config.json``'s seed, through
-                            the trainer's own init). A workdir without a checkpoint yet is
-                            analysed at init.
-    --init=FILE[:VARIANT][,key=value...]
-                            a config (``rhhjax.configs.load``) at initialisation, e.g.
-                            ``configs/ptb.py:cpu,model.type=rhn,model.hidden=256``.
-
-What is computed (all numbers go to ``DIR/<prefix>analysis.json``, figures to PNGs beside it,
-drawn by `figures.py`; the driver is `report.py`):
-
-    weights    (Suarez 2017 Figs. 2-3, `weights.py`) ``weight_norms.png``: the L2 (Frobenius)
-               norm of every weight matrix, in forward order, one bar per layer of stacked
-               arrays (``kernel_s [L, n, 2n]`` -> W_0 .. W_{L-1}); biases are left out. The JSON
-               also holds the RMS entry (norm / sqrt(size), comparable across shapes) and the
-               spectral norm.
-    gradients  (Figs. 4-6, `gradients.py`) ``input_gradients.png``: for held-out windows of
-               ``--seq_len`` characters (evenly spaced over ``--split``, zero initial state, no
-               dropout), the mean over windows of ||d loss_{T-1} / d x_t||_2, where loss_{T-1}
-               is the cross-entropy of the window's final prediction and x_t the embedded input
-               at step t. One curve per model, log scale.
-    gates      (RHN paper Fig. 5b, `gates.py`) ``gates_<label>.png``: the transform gate t of
-               every micro-layer averaged over units, per time step, for the first
-               ``--gate_sequences`` windows (RHN and the HyperRHN's main cell, any hyper_rank;
-               the hyper cell's gates are in the JSON). Recorded by the model itself (Flax
-               ``sow``) run with impl="scan".
-    lesion     (RHN paper section 6, `lesion.py`) ``lesion.png``: for each micro-layer,
-               LESION_BIAS is added to the t-half of its bias, so t = sigmoid(...) = 0 (the
-               layer only carries), and the loss (``rhhjax.evaluation`` windows protocol on the
-               first ``--lesion_chars`` characters of ``--split``) is compared with the intact
-               model's. ``max_gate`` records the largest t of the lesioned layer over the gate
-               windows (0 when the lesion works).
-
-LSTMs have no highway gates: they get weight norms and gradients only.
+LSTMs get weights and gradients only. Details: docs/design.md (module notes).
 """
 
 from rhhjax.analysis.figures import plot_gates, plot_input_gradients, plot_lesion, plot_weight_norms

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from rhhjax import configs, models
+from rhhjax import config_files, models
 from rhhjax import data as data_lib
 from rhhjax.errors import UserError
 from rhhjax.train import saved_run
@@ -46,10 +46,10 @@ def slug(text: str) -> str:
 def load_config_spec(spec: str) -> ml_collections.ConfigDict:
     """``FILE[:VARIANT][,section.key=value ...]`` -> the config (overrides applied).
 
-    FILE is a config name or file (``ptb``, ``configs/ptb.py``); see `rhhjax.configs.load`.
+    FILE is a config name or file (``ptb``, ``configs/ptb.py``); see `rhhjax.config_files.load`.
     """
     head, *overrides = [part for part in spec.split(",") if part]
-    return configs.load(head, overrides)
+    return config_files.load(head, overrides)
 
 
 def init_params(model_config: models.ModelConfig, seed: int):

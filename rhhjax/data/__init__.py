@@ -1,21 +1,9 @@
-"""Character-level corpora, vocabularies, training samplers and evaluation batches.
-
-Pure numpy + standard library (no jax): everything here runs on the host. Where things live:
-
-    errors.py        ``DataError`` (every data problem, one line; a ``UserError``).
-    vocab.py         ``Vocab``: sorted symbol table of a training split, encode / decode, JSON.
-    corpus.py        ``Corpus``: three encoded splits and their vocabulary; ``SPLITS``.
-    cache.py         the download cache ($RHHJAX_CACHE), the one network call, atomic writes.
-    ptb.py           Penn Treebank: locate, download, verify SHA256, formats chars /
-                     mikolov_char (``load_ptb``, ``resolve_ptb_dir``).
-    text.py          your own text files (``load_text_corpus``) and the known corpora
-                     enwik8 / text8 (``CORPORA``, ``ensure_corpus``).
-    config.py        the config's ``data`` block: ``default_data_config``,
-                     ``validate_data_config``, ``resolve_data_config`` and THE ``load_corpus``.
-    samplers.py      training batches: ``WindowSampler`` (the paper's), ``StreamSampler`` (TBPTT).
-    eval_protocols.py  evaluation batches under the protocols windows / stream / paper.
-
-The names below are re-exported so that ``from rhhjax import data`` gives all of them.
+"""Character-level corpora, vocabularies, training samplers and evaluation batches (numpy,
+no jax): errors.py (``DataError``), vocab.py (``Vocab``), corpus.py (``Corpus``), cache.py
+(the download cache), ptb.py (Penn Treebank), text.py (text files, enwik8 / text8),
+config.py (the ``data`` block and ``load_corpus``), samplers.py (``WindowSampler``,
+``StreamSampler``), eval_protocols.py (windows / stream / paper batches). The names below are
+re-exported.
 """
 
 from __future__ import annotations

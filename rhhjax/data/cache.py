@@ -8,12 +8,16 @@ touches the network (tests replace it).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import pathlib
 import shutil
 import tempfile
 import urllib.request
+from collections.abc import Callable, Iterator
+
+from rhhjax.data.errors import DataError
 
 
 def cache_root() -> pathlib.Path:
@@ -26,6 +30,35 @@ def fetch(url: str, dest: pathlib.Path) -> None:
     """Download ``url`` to ``dest``: the only function that touches the network."""
     with urllib.request.urlopen(url, timeout=60) as response, open(dest, "wb") as f:
         shutil.copyfileobj(response, f, length=1 << 20)
+
+
+@contextlib.contextmanager
+def download(
+    url: str,
+    folder: pathlib.Path,
+    stem: str,
+    suffix: str,
+    offline: Callable[[Exception], None],
+    what: str,
+) -> Iterator[pathlib.Path]:
+    """``url`` fetched into a temporary ``.{stem}.*{suffix}`` in ``folder`` (created), deleted
+    afterwards. ``offline(error)`` raises when the fetch fails; ``what`` names the folder."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(prefix=f".{stem}.", suffix=suffix, dir=folder)
+        os.close(fd)
+    except OSError as e:
+        raise DataError(f"cannot write to the {what} {folder}: {e}") from e
+    tmp = pathlib.Path(name)
+    try:
+        try:
+            fetch(url, tmp)
+        except Exception as e:  # any failure to fetch means "offline"
+            offline(e)
+            raise
+        yield tmp
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def sha256_bytes(data: bytes) -> str:

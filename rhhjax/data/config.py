@@ -1,11 +1,6 @@
-"""The ``data`` block of a config: its defaults, its validation, and the one ``load_corpus``.
-
-``default_data_config()`` is the one place for the block's defaults, each field with its
-comment (config files start from it through ``rhhjax.train.config.default_config``; fields an
-older config lacks are filled from it). ``validate_data_config`` holds every check of the
-block that needs no file. ``load_corpus`` fills missing fields from the defaults, validates,
-resolves a known ``corpus`` (enwik8 / text8: ``resolve_data_config``, downloading when needed)
-and reads the corpus.
+"""The ``data`` block of a config: ``default_data_config()`` (the one place for its defaults,
+a comment on each field), ``validate_data_config`` (every check that needs no file) and
+``load_corpus`` (defaults, validation, a known ``corpus`` resolved, the corpus read).
 """
 
 from __future__ import annotations
@@ -39,8 +34,7 @@ def default_data_config() -> ml_collections.ConfigDict:
     data.text_files = ""  # format=text: one file (hutter split) or "train,valid,test".
     data.text_split = "hutter"  # format=text: hutter (last N test, previous N valid) | files.
     data.text_vocab = "char"  # format=text: char (Unicode characters) | byte.
-    # format=text, hutter split: symbols in each of valid and test; 0 = sized to the file (5%
-    # each, at least 1,000); configs/hutter.py sets 5,000,000 (90M / 5M / 5M of enwik8).
+    # format=text, hutter split: symbols of valid and of test; 0 = 5% of the file each.
     data.hutter_holdout = text.DEFAULT_HUTTER_HOLDOUT
     data.sampler = "windows"  # windows (paper: random 101-char windows) | stream (TBPTT).
     return data
@@ -64,23 +58,17 @@ def _with_defaults(cfg: Any) -> dict[str, Any]:
 
 
 def _check_choice(name: str, value: Any, choices: tuple) -> None:
-    """DataError ``name=value is not one of ...`` unless ``value`` is in ``choices``."""
     if value not in choices:
         raise DataError(f"{name}={value!r} is not one of {', '.join(map(str, choices))}")
 
 
 def _check_bool(key: str, value: Any) -> None:
-    """DataError unless the data field ``key`` holds a bool."""
     if not isinstance(value, (bool, np.bool_)):
         raise DataError(f"data config {key} must be a bool, got {value!r}")
 
 
 def validate_data_config(cfg_data: Any) -> None:
-    """Every check of the data block that needs no file; DataError (one line) on the first.
-
-    Missing fields take their defaults. File-level problems (a missing or too short text file,
-    a PTB checksum) are found by ``load_corpus``.
-    """
+    """Every check of the data block that needs no file (missing fields: defaults)."""
     d = _with_defaults(cfg_data)
     _check_choice("data.format", d["format"], FORMATS)
     _check_choice("data.sampler", d["sampler"], SAMPLERS)
@@ -99,11 +87,7 @@ def validate_data_config(cfg_data: Any) -> None:
 
 
 def resolve_data_config(cfg: Any) -> dict[str, Any]:
-    """The data config as a dict, with ``text_files`` filled in for a known ``corpus``.
-
-    Only ``format="text"`` with an empty ``text_files`` and ``corpus`` in ``text.CORPORA`` is
-    resolved (downloading when needed); everything else is returned unchanged.
-    """
+    """The data config as a dict, ``text_files`` filled in for a known ``corpus``."""
     items = _as_dict(cfg)
     corpus = items.get("corpus") or ""
     if items.get("format") == "text" and not items.get("text_files") and corpus:
@@ -118,12 +102,7 @@ def resolve_data_config(cfg: Any) -> dict[str, Any]:
 
 
 def load_corpus(cfg: Any) -> Corpus:
-    """The corpus a data block describes (ConfigDict, mapping or attribute object).
-
-    Missing fields take the defaults of ``default_data_config()``; the block is validated, a
-    known ``corpus`` is resolved to its cached file (downloaded when needed), then PTB
-    (``format`` chars | mikolov_char) or the text file(s) are read.
-    """
+    """The corpus a data block (ConfigDict, mapping or attribute object) describes."""
     d = _with_defaults(cfg)
     validate_data_config(d)
     d = resolve_data_config(d)

@@ -39,8 +39,7 @@ def corpus_from_codes(
     source: str = "",
     vocab_splits: tuple[str, ...] = ("train",),
 ) -> Corpus:
-    """Corpus of the symbol codes of each split; the vocabulary holds the symbols of the
-    ``vocab_splits`` (default: the training split's only)."""
+    """Corpus of the symbol codes of each split, the vocabulary from ``vocab_splits``."""
     parts = [Vocab.from_codes(codes[s], kind) for s in vocab_splits]
     symbols = tuple(sorted(set().union(*(v.symbols for v in parts))))
     vocab = Vocab(kind=kind, symbols=symbols, unk=unk)

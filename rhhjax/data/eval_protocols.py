@@ -1,14 +1,7 @@
-"""Evaluation batches of a split under three protocols, and how many symbols each scores.
-
-``eval_batches`` with ``windows`` and ``stream`` (honest: every symbol but the first scored
-exactly once) and ``paper`` (the paper's own protocol, which is not). ``scored_count`` gives the
-number of scored symbols of each, ``num_eval_batches`` the number of batches.
-
-Memory is bounded whatever ``seq_len``: a batch never spans more than ``MAX_CHUNK`` time steps.
-A longer window (or stream chunk) is cut into pieces of ``MAX_CHUNK`` steps with the state
-carried from one to the next (``reset`` only on a window's first piece), and the pieces past the
-end of the split are not made at all; with ``seq_len <= MAX_CHUNK`` the batches are exactly the
-windows / chunks themselves.
+"""Evaluation batches of a split under three protocols: ``eval_batches`` with ``windows`` and
+``stream`` (every symbol but the first scored once) and ``paper`` (the paper's, which is not);
+``scored_count`` and ``num_eval_batches`` count them. A batch spans at most ``MAX_CHUNK`` time
+steps: longer windows come in pieces with the state carried.
 """
 
 from __future__ import annotations
@@ -76,12 +69,8 @@ def scored_count(
     min_context: int = 50,
     paper_mask: int = 50,
 ) -> int:
-    """Number of symbols ``eval_batches`` scores (the sum of its masks).
-
-    ``windows`` / ``stream``: ``n_tokens - 1`` (all but the first symbol).
-    ``paper``: ``rows * (100 - paper_mask)`` with ``rows = (n_tokens - 101) // 51 + 1`` (0 when
-    ``n_tokens < 101``).
-    """
+    """Number of symbols ``eval_batches`` scores: ``n_tokens - 1``, or for ``paper``
+    ``rows * (100 - paper_mask)`` with ``rows = (n_tokens - 101) // 51 + 1``."""
     _check_protocol(n_tokens, protocol, seq_len, min_context, paper_mask)
     if protocol == "paper":
         return _paper_rows(n_tokens) * (PAPER_SEQ_LEN - paper_mask)
@@ -136,42 +125,11 @@ def eval_batches(
     paper_mask: int = 50,
     max_chunk: int = MAX_CHUNK,
 ) -> Iterator[EvalBatch]:
-    """Evaluation batches of a split; every batch has shape ``[batch_size, T]``,
-    ``T = min(seq_len, max_chunk)`` (100 for ``paper``).
-
-    Symbol ``j`` of the split is a *target* predicted from symbols ``0 .. j-1``; symbol 0 is
-    never a target (nothing predicts it).
-
-    ``windows`` (honest, stateless, ``reset`` True on every batch): windows of ``seq_len``
-    inputs starting at ``k * (seq_len - min_context)``. Window 0 scores all its targets
-    ``1 .. seq_len``; window ``k > 0`` scores only positions ``t >= min_context`` (targets with at
-    least ``min_context + 1`` symbols of context inside the window), i.e. exactly the targets the
-    previous window did not reach. Excluded: only symbol 0. Each of ``1 .. N-1`` is scored once.
-
-    ``stream`` (honest, stateful): the split is cut into ``batch_size`` contiguous rows; row ``r``
-    predicts targets ``r*L + 1 .. (r+1)*L`` (``L = ceil((N-1)/batch_size)``) from inputs
-    ``r*L .. (r+1)*L - 1`` (rows overlap by one symbol), in chunks of ``seq_len`` with the state
-    carried; ``reset`` only on the first batch. Excluded: only symbol 0; each of ``1 .. N-1`` is
-    scored once. Row ``r > 0`` starts from a zero state, so its first targets see only the row's
-    own history: ``batch_size=1`` gives every symbol its full history.
-
-    ``paper`` (the RHHN paper's protocol, NOT every symbol once; ``reset`` on every batch):
-    row ``i`` is ``text[51*i : 51*i + 101]`` (chunk ``i`` and the first 50 symbols of chunk
-    ``i+1``), inputs ``row[:100]``, targets ``row[1:]``; only target positions
-    ``>= paper_mask`` are scored. Rows exist only where all 101 symbols do. Excluded: with
-    ``paper_mask=50`` (the paper's validation) symbols ``0 .. 50``, the last symbol of every
-    51-symbol chunk and the tail after the last full row; with ``paper_mask=95`` (the paper's
-    test, run on the same batches) all but 5 of every 51 symbols. ``seq_len`` and
-    ``min_context`` are ignored (T is 100).
-
-    Padding (the last batch of ``windows`` / ``paper``, the ends of ``stream`` rows) is zeros
-    with mask 0. ``scored_count`` gives the sum of all masks.
-
-    ``seq_len > max_chunk``: a batch of windows is yielded as pieces of ``max_chunk`` time
-    steps (``reset`` on the first only, the state carried through the window), up to the last
-    step that holds a target; ``stream`` reads its rows in chunks of ``max_chunk``. What is
-    scored, and with which context, is unchanged; memory follows ``max_chunk``, not
-    ``seq_len``.
+    """Evaluation batches of a split, each ``[batch_size, T]`` with ``T = min(seq_len,
+    max_chunk)`` (100 for ``paper``). ``windows`` and ``stream`` score every symbol but the
+    first once; ``paper`` scores target positions ``>= paper_mask`` of rows ``text[51*i :
+    51*i + 101]``. Padding has mask 0; windows longer than ``max_chunk`` come in pieces with
+    the state carried. Exact definitions: docs/design.md (``rhhjax/data/eval_protocols.py``).
     """
     tokens = check_tokens(tokens)
     batch_size = check_int("batch_size", batch_size, 1)

@@ -23,7 +23,6 @@ from __future__ import annotations
 import os
 import pathlib
 import tarfile
-import tempfile
 from collections.abc import Sequence
 
 from rhhjax.data import cache as cache_lib
@@ -131,26 +130,18 @@ def _download_ptb(
 ) -> None:
     """Download simple-examples.tgz, verify all PTB files, write them atomically into ``cache``."""
     names = tuple(PTB_SHA256)
-    try:
-        cache.mkdir(parents=True, exist_ok=True)
-        fd, tmp_name = tempfile.mkstemp(prefix=".simple-examples.", suffix=".tgz.part", dir=cache)
-        os.close(fd)
-    except OSError as e:
-        raise DataError(f"cannot write to the PTB cache folder {cache}: {e}") from e
-    tmp = pathlib.Path(tmp_name)
-    try:
-        try:
-            cache_lib.fetch(PTB_URL, tmp)
-        except Exception as e:  # any failure to fetch means "offline"
-            raise _offline_error(needed, cache, f"{type(e).__name__}: {e}", explicit) from e
+
+    def offline(e: Exception):
+        raise _offline_error(needed, cache, f"{type(e).__name__}: {e}", explicit) from e
+
+    folder = "PTB cache folder"
+    with cache_lib.download(PTB_URL, cache, "simple-examples", ".tgz.part", offline, folder) as tmp:
         files = _extract_ptb(tmp, names)  # every file verified before anything is written
-        for name in names:
-            try:
-                cache_lib.atomic_write(cache / name, files[name])
-            except OSError as e:
-                raise DataError(f"cannot write {cache / name}: {e}") from e
-    finally:
-        tmp.unlink(missing_ok=True)
+    for name in names:
+        try:
+            cache_lib.atomic_write(cache / name, files[name])
+        except OSError as e:
+            raise DataError(f"cannot write {cache / name}: {e}") from e
 
 
 def _locate_ptb(

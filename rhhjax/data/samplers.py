@@ -93,13 +93,7 @@ class _Sampler:
 
 
 class WindowSampler(_Sampler):
-    """The paper's sampler: each batch holds ``batch_size`` windows of ``seq_len + 1`` symbols
-    at uniformly random positions; inputs = window[:-1], targets = window[1:].
-
-    Stateless (``reset`` is True on every batch). Batch ``step`` depends only on
-    ``(seed, step)`` (PCG64 seeded with SeedSequence((seed, step))), so resuming is exact.
-    ``batches_per_epoch = len(tokens) // (batch_size * seq_len)`` (at least 1).
-    """
+    """The paper's sampler: random windows of ``seq_len + 1``, batch ``step`` from its seed."""
 
     _kind = "window"
 
@@ -126,17 +120,10 @@ class WindowSampler(_Sampler):
 
 
 class StreamSampler(_Sampler):
-    """Contiguous truncated-BPTT stream (Zilly et al.): the tokens are cut into ``batch_size``
-    contiguous rows of ``row_len = batches_per_epoch * seq_len`` targets; batch ``c`` of an
-    epoch holds symbols ``c*seq_len .. (c+1)*seq_len`` of every row, so batch ``c+1`` continues
-    batch ``c`` row by row and the model carries its state across batches. ``reset`` is True on
-    the first batch of every epoch (pass over the data).
-
-    With ``random_offset`` (default) every epoch starts the rows at an offset in
-    ``[0, seq_len)`` drawn from ``(seed, epoch)``, so truncation points differ between epochs;
-    ``batches_per_epoch = (len(tokens) - 1 - (seq_len - 1)) // (batch_size * seq_len)``
-    (without the ``seq_len - 1`` when ``random_offset`` is False). The tail that does not fill
-    a whole batch is not used in that epoch.
+    """Contiguous truncated-BPTT stream (Zilly et al.): ``batch_size`` contiguous rows, batch
+    ``c + 1`` continuing batch ``c`` row by row (``reset`` on an epoch's first); with
+    ``random_offset`` each epoch starts the rows at an offset in ``[0, seq_len)`` from
+    ``(seed, epoch)``. The tail that does not fill a batch is not used in that epoch.
     """
 
     _kind = "stream"

@@ -98,6 +98,8 @@ def _read_codes(path: pathlib.Path, vocab: str) -> np.ndarray:
         data = path.read_bytes()
     except OSError as e:
         raise DataError(f"cannot read text file {path}: {e}") from e
+    if not data:
+        raise DataError(f"text file {path} is empty: data.text_files needs a file of text")
     if vocab == "byte":
         return np.frombuffer(data, dtype=np.uint8)
     return codepoints(decode_utf8(data, str(path)))
@@ -245,21 +247,15 @@ def ensure_corpus(
     )
     if not download:
         raise DataError(f"{name} not found at {path} and data.download=False: {hint}")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp_zip = tempfile.mkstemp(prefix=f".{name}.", suffix=".zip.part", dir=path.parent)
-        os.close(fd)
-    except OSError as e:
-        raise DataError(f"cannot write to the cache folder {path.parent}: {e}") from e
-    tmp_zip = pathlib.Path(tmp_zip)
-    try:
-        try:
-            cache_lib.fetch(url, tmp_zip)
-        except Exception as e:  # any failure to fetch means "offline"
-            reason = " ".join(f"{type(e).__name__}: {e}".split())
-            raise DataError(
-                f"{name} not found at {path} and the download failed ({reason}): {hint}"
-            ) from None
+
+    def offline(e: Exception):
+        reason = " ".join(f"{type(e).__name__}: {e}".split())
+        raise DataError(
+            f"{name} not found at {path} and the download failed ({reason}): {hint}"
+        ) from None
+
+    folder = path.parent
+    with cache_lib.download(url, folder, name, ".zip.part", offline, "cache folder") as tmp_zip:
         got = cache_lib.sha256_file(tmp_zip)
         if got != expected:
             raise DataError(
@@ -268,8 +264,6 @@ def ensure_corpus(
                 f"trust this file)"
             )
         _extract(tmp_zip, source, path, url)
-    finally:
-        tmp_zip.unlink(missing_ok=True)
     return path
 
 

@@ -55,13 +55,8 @@ def _symbol_repr(kind: str, code: int) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class Vocab:
-    """Sorted symbol table; ids are positions in ``symbols`` (+ one reserved unknown id).
-
-    ``kind="char"``: symbols are single characters (``str``), sorted by code point.
-    ``kind="byte"``: symbols are byte values (``int`` 0..255), sorted.
-    ``unk=True`` reserves id ``len(symbols)`` (the last) for symbols outside the table; it is
-    never produced by the training split (the table is built from it).
-    """
+    """Sorted symbol table of characters (``kind="char"``) or byte values (``"byte"``); ids
+    are positions in ``symbols``, ``unk=True`` reserves the last id for unseen symbols."""
 
     kind: str
     symbols: tuple
@@ -150,11 +145,7 @@ class Vocab:
     # -- encode / decode ---------------------------------------------------------------------
 
     def encode_codes(self, codes: np.ndarray, *, split: str = "data") -> np.ndarray:
-        """Map code points (char) or byte values (byte) to ids, as ``self.dtype``.
-
-        Unknown symbols raise ``DataError`` naming the symbol, ``split`` and the position
-        (index in the sequence), or map to ``unk_id`` when ``unk`` is set.
-        """
+        """Map code points or byte values to ids (unknown: ``unk_id`` or a DataError)."""
         codes = _check_codes(codes)
         out = np.empty(codes.shape, dtype=self.dtype)
         table = self._table
@@ -191,10 +182,7 @@ class Vocab:
         return self.encode_codes(np.frombuffer(bytes(data), dtype=np.uint8), split=split)
 
     def decode(self, ids: Sequence[int] | np.ndarray) -> str | bytes:
-        """Inverse of ``encode``: str for ``char``, bytes for ``byte``.
-
-        The unknown id renders as U+FFFD (its UTF-8 bytes for a byte vocabulary).
-        """
+        """Inverse of ``encode`` (str or bytes; the unknown id as U+FFFD)."""
         ids = np.asarray(ids, dtype=np.int64).reshape(-1)
         if ids.size and (ids.min() < 0 or ids.max() >= self.size):
             raise DataError(f"ids must be in [0, {self.size}), got {ids.min()}..{ids.max()}")

@@ -1,22 +1,14 @@
-"""Flax (linen) models: RHN cell, HyperRHN cell, stacked LSTM and the character LM.
+"""Flax (linen) models: Embedding(V, E) -> recurrent core -> Dense(V) (Suarez 2017).
 
-The language model is Embedding(V, E) -> recurrent core -> Dense(V) (Suarez 2017).
-All implementations (`ModelConfig.impl`: `scan`, `fused`, `pallas`, `mosaic`, `persistent`,
-or `auto`, the fastest measured one for the platform: `rhhjax.ops.spec`, whose registry is the
-only list) read the same parameter tree, so a checkpoint runs on any of them.
+Every implementation (`scan`, `fused`, `pallas`, `mosaic`, `persistent`, or `auto`; the
+registry is `rhhjax.ops.spec`) reads the same parameter tree.
 
-    config.py        `ModelConfig`, its allowed values (MODEL_TYPES, IMPLS, DTYPES, ...),
-                     `ConfigError`, validation and `sequence_spec` (the implementation,
-                     resolved once).
-    initializers.py  parameter initialisers (orthogonal / PyTorch-uniform, stacked per layer).
-    cells.py         `RHNCell`, `HyperRHNCell`, `LSTMCell`, `Linear`; the RHN cells record
-                     their transform gates (collection "intermediates", `GATES_NAME`).
-    cores.py         the cores over time (`RHNCore`, `HyperRHNCore`, `LSTMCore`), their one
-                     dispatch on the spec (scan or op) and the dropout keys (`DropoutKeys`).
-    lm.py            `CharLM`, `build_model`, `init_params`, `count_params`,
-                     `implementation_line` (the start-up line of the impl choice).
-
-Every public name is re-exported here: ``from rhhjax import models; models.ModelConfig``.
+    config.py        `ModelConfig`, its allowed values, `ConfigError`, `sequence_spec`.
+    initializers.py  parameter initialisers (orthogonal / PyTorch-uniform, per layer).
+    cells.py         `RHNCell`, `HyperRHNCell`, `LSTMCell`, `Linear`; gate recording.
+    cores.py         `RHNCore`, `HyperRHNCore`, `LSTMCore`: scan or op; `DropoutKeys`.
+    lm.py            `CharLM`, `build_model`, `init_params`, `count_params`.
+Every public name is re-exported here.
 """
 
 from rhhjax.models.cells import (

@@ -1,15 +1,9 @@
 """Flax cells: `RHNCell`, `HyperRHNCell`, `LSTMCell` and the output layer `Linear`.
 
-The math of one time step is in `rhhjax.ops.cells` (rank-d HyperRHN: `rhhjax.ops.lowrank`);
-the cells hold the parameters and call it. Parameter names are the checkpoint format: never
-rename them.
-
-Gate recording: every `RHNCell.step` (also the main cell of a rank-d HyperRHN) sows the
-transform gates t of its micro-layers, before dropout, into the collection
-``GATES_COLLECTION`` ("intermediates") under ``GATES_NAME``. Sowing is a no-op unless the
-collection is mutable (``model.apply(..., mutable=["intermediates"])``), so training pays
-nothing. Only the `scan` implementation runs these cells step by step; the whole-sequence
-`fused` and `pallas` ops record no gates.
+The step math is in `rhhjax.ops.cells` (rank-d: `rhhjax.ops.lowrank`); the cells hold the
+parameters, whose names are the checkpoint format. Every `RHNCell.step` sows its transform
+gates (before dropout) into ``GATES_COLLECTION`` under ``GATES_NAME``: free unless the
+collection is mutable, and only under `scan` (the whole-sequence ops record none).
 """
 
 from __future__ import annotations
@@ -32,10 +26,8 @@ class RHNCell(nn.RNNCellBase):
     """Recurrent Highway Network cell with coupled gates and recurrence depth L.
 
     Parameters: kernel_x [E, 2n], bias_x [2n], kernel_s [L, n, 2n], bias_s [L, 2n].
-    `__call__(carry [B, n], x [B, E]) -> (carry, y)` follows `nn.RNNCellBase`, so the cell
-    works with `nn.RNN` (pass `split_rngs={"params": False, "dropout": True}` for
-    gate dropout). Language models use `input_projection` + `step` instead, which hoist
-    `x U` out of the time loop.
+    `__call__(carry [B, n], x [B, E])` follows `nn.RNNCellBase`; language models use
+    `input_projection` + `step`, which hoist x U out of the time loop.
     """
 
     features: int
@@ -100,19 +92,10 @@ class RHNCell(nn.RNNCellBase):
 class HyperRHNCell(nn.Module):
     """Recurrent Highway Hypernetwork cell (Suarez 2017).
 
-    A small RHN (`hyper`, width h) reads the input (and, with `hyper_input="x_and_state"`,
-    the previous main state); after each hyper micro-layer l, `z_l = s_hyper,l P_l + p_l`
-    scales every output column of the main cell's matmuls at layer l ([z_l, z_l] over
-    both gate halves; at l = 0 the input matmul too). Biases are not scaled.
-
-    Parameters: hyper/* (an RHNCell), main/* (an RHNCell), proj_kernel [L, h, n],
-    proj_bias [L, n].
-
-    With `hyper_rank = d > 0` (Suarez section 4) the main matmuls are instead scaled by a
-    per-example rank-d matrix, W~_l = W_l o sum_i u_l,i [v_l,i, v_l,i]^T (and U~ at l = 0);
-    proj_* are replaced by u_kernel, u_bias, v_kernel, v_bias, u_x_kernel, u_x_bias and
-    the main input is not pre-projected. See `rhhjax.ops.lowrank`. The gates of both cells
-    are recorded under hyper/ and main/ (see the module docstring) for every rank.
+    A small RHN (`hyper`, width h) reads the input; after its layer l, z_l = s_hyper,l P_l
+    + p_l scales the output columns of the main cell's layer-l matmuls ([z_l, z_l]).
+    Parameters: hyper/*, main/*, proj_kernel [L, h, n], proj_bias [L, n]; with
+    `hyper_rank = d > 0` the rank-d projections of `rhhjax.ops.lowrank` instead.
     """
 
     features: int
@@ -145,18 +128,13 @@ class HyperRHNCell(nn.Module):
         self.proj_bias = self.param("proj_bias", uniform_init(h), (depth, n))
 
     def input_projections(self, x: Array) -> tuple[Array, Array]:
-        """x [..., E] -> (hyper xproj [..., 2h], main xproj [..., 2n]), no biases.
-
-        With `hyper_input="x_and_state"` only the x part of the hyper input is projected;
-        the state part is added inside the time loop.
-        """
+        """x [..., E] -> (hyper xproj [..., 2h], main xproj [..., 2n]), no biases (the state
+        part of an ``x_and_state`` hyper input is added in the loop)."""
         e = self.input_features
         hyper_xproj = cells.matmul(x, self.hyper.kernel_x[:e], DTYPES[self.dtype])
         if self.hyper_rank > 0:  # x U~ depends on the step's u^x: the main cell gets x.
             return hyper_xproj, x
-        # Two GEMMs, not one: XLA would merge them (they share x) into one [.., 2h + 2n]
-        # output whose main part every consumer then copies out (and, in the backward, a
-        # concatenation of both gradients); the barrier keeps the main one [.., 2n] itself.
+        # Two GEMMs: merged, XLA would copy the main part out of one [.., 2h + 2n] output.
         return hyper_xproj, self.main.input_projection(jax.lax.optimization_barrier(x))
 
     def scales(self, hyper_layer_states: Array) -> Array:
@@ -166,18 +144,8 @@ class HyperRHNCell(nn.Module):
         )
 
     def step(self, carry, xprojs, masks, bias0_scales=(None, None)):
-        """One time step: all hyper layers, then all main layers.
-
-        Args:
-          carry: (s_hyper [B, h], s_main [B, n]).
-          xprojs: (hyper xproj [B, 2h], main xproj [B, 2n]) for this step.
-          masks: dict with optional "hyper_gate", "main_gate" ([L, B, *]) and
-            "hyper_hidden", "main_hidden" ([L, B, *]) arrays (missing = no dropout).
-          bias0_scales: (hyper, main) [B, 1] factors on each cell's layer-0 recurrent bias,
-            or None (see `cells.highway_step`).
-        Returns:
-          (new carry, s_main [B, n]).
-        """
+        """One time step, hyper layers then main layers: carry (s_hyper [B, h], s_main
+        [B, n]), xprojs ([B, 2h], [B, 2n]), masks [L, B, *] by name -> (carry, s_main)."""
         s_hyper, s_main = carry
         hyper_xproj, main_xproj = xprojs
         if self.hyper_input == "x_and_state":
@@ -208,10 +176,7 @@ class HyperRHNCell(nn.Module):
 
 
 class LSTMCell(nn.Module):
-    """LSTM layer parameters (gate order i, f, g, o; one bias).
-
-    kernel_x [E, 4H], kernel_h [H, 4H], bias [4H].
-    """
+    """LSTM layer (gates i, f, g, o): kernel_x [E, 4H], kernel_h [H, 4H], bias [4H]."""
 
     features: int
     input_features: int

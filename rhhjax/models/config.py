@@ -8,8 +8,7 @@ from typing import Any
 import jax.numpy as jnp
 
 from rhhjax.errors import UserError
-from rhhjax.kernels import triton
-from rhhjax.ops import cells, lowrank, spec
+from rhhjax.ops import cells, lowrank, pallas, spec
 
 MODEL_TYPES = ("hyperrhn", "rhn", "lstm")
 DROPOUT_MODES = ("gate", "variational", "none")
@@ -86,7 +85,7 @@ class ModelConfig:
     hyper_input: str = "x"
     impl: str = "auto"
     pallas_mode: str = "auto"
-    kernel: triton.HighwayConfig = triton.HighwayConfig()
+    kernel: pallas.HighwayConfig = pallas.HighwayConfig()
     dtype: str = "float32"
     hyper_rank: int = 0
     lowrank_op: str = "custom_vjp"
@@ -97,14 +96,14 @@ class ModelConfig:
     def from_config(cls, cfg: Any, **overrides: Any) -> ModelConfig:
         """Builds from a ConfigDict / mapping, ignoring unknown keys, then validates.
 
-        The nested `kernel` block becomes a `triton.HighwayConfig`.
+        The nested `kernel` block becomes a `pallas.HighwayConfig`.
         """
         items = dict(cfg.items()) if hasattr(cfg, "items") else dict(cfg)
         names = {f.name for f in dataclasses.fields(cls)}
         kwargs = {k: v for k, v in items.items() if k in names}
         kwargs.update(overrides)
         kernel = kwargs.get("kernel")
-        if kernel is not None and not isinstance(kernel, triton.HighwayConfig):
+        if kernel is not None and not isinstance(kernel, pallas.HighwayConfig):
             kwargs["kernel"] = _kernel_config(kernel)
         config = cls(**kwargs)
         config.validate()
@@ -117,7 +116,7 @@ class ModelConfig:
         _check_rank(self)
         _check_combinations(self)
         try:
-            triton.validate_config(self.kernel, self.compute_dtype)
+            pallas.validate_config(self.kernel, self.compute_dtype)
         except ValueError as error:
             raise ConfigError(f"model.kernel: {error}") from None
         for name in ("lowrank_remat", "original_first_step"):
@@ -134,14 +133,14 @@ class ModelConfig:
         return cells.accumulation_dtype(self.compute_dtype)
 
 
-def _kernel_config(kernel: Any) -> triton.HighwayConfig:
-    """A mapping (or ConfigDict) of kernel fields -> `triton.HighwayConfig`."""
+def _kernel_config(kernel: Any) -> pallas.HighwayConfig:
+    """A mapping (or ConfigDict) of kernel fields -> `pallas.HighwayConfig`."""
     kernel = dict(kernel.items()) if hasattr(kernel, "items") else dict(kernel)
-    known = {f.name for f in dataclasses.fields(triton.HighwayConfig)}
+    known = {f.name for f in dataclasses.fields(pallas.HighwayConfig)}
     unknown = sorted(set(kernel) - known)
     if unknown:
         raise ConfigError(f"model.kernel has no field {unknown[0]!r}; one of {sorted(known)}")
-    return triton.HighwayConfig(**kernel)
+    return pallas.HighwayConfig(**kernel)
 
 
 def _check_choices(c: ModelConfig) -> None:

@@ -1,16 +1,10 @@
-"""Recurrent cores: a cell run over a sequence, x [B, T, E] -> (outputs [B, T, n], carry).
+"""Recurrent cores: a cell over a sequence, x [B, T, E] -> (outputs [B, T, n], carry).
 
-Every core receives the model's `SequenceSpec` (`rhhjax.ops.spec`, resolved once from
-`ModelConfig.impl` when the model is built: `models.build_model`) and dispatches once on it:
-`spec.is_scan`, the textbook Flax `nn.scan` over the cell with plain autodiff (the reference,
-and the only one that records gates: see `rhhjax.models.cells`), or else the whole
-recurrence as one op (`rhhjax.ops.recurrence`, rank-d: `rhhjax.ops.lowrank`) with the
-implementation the spec names. Dropout keys and masks are derived the same way
-(`DropoutKeys`) by every implementation.
-
-`ModelConfig.original_first_step` (the paper code's first step, without layer 0's recurrent
-bias where the state is zero): `scan` passes a per-step factor on b_0 through the scan;
-the whole-sequence ops run step 0 with the pure-JAX step here and the op on steps 1..T-1.
+Each core dispatches once on the model's `SequenceSpec`: `nn.scan` over the cell (the
+reference, the only one recording gates), or the whole recurrence as one op
+(`rhhjax.ops.recurrence`; rank-d: `rhhjax.ops.lowrank`). Every implementation derives the
+same dropout masks (`DropoutKeys`). With `ModelConfig.original_first_step` the ops run
+step 0 with the pure-JAX step here and the op on steps 1..T-1.
 """
 
 from __future__ import annotations
@@ -31,10 +25,7 @@ Array = jax.Array
 
 
 def _scan_over_time(body: Callable, module: nn.Module, carry, xs, *broadcast):
-    """`nn.scan` of `body(module, carry, xs_t, *broadcast)` over the leading (time) axis.
-
-    Values sown into the gates collection are stacked over time (leading axis T).
-    """
+    """`nn.scan` of ``body`` over the leading (time) axis; sown gates stacked over time."""
     scanned = nn.scan(
         body,
         variable_broadcast="params",
@@ -77,13 +68,8 @@ def _bias0_per_step(c: ModelConfig, s0: Array, length: int) -> Array | None:
 def _first_step_apart(
     c: ModelConfig, s0: Array, xs, run_step, run_sequence, last_layer_only: bool = False
 ) -> Array:
-    """States [T, L, B, n] of a whole-sequence op (``last_layer_only``: [T, B, n], the last
-    layer's, as `run_sequence` returns them then), with `original_first_step` honoured.
-
-    Off: `run_sequence(first_step=0, s0, xs)`. On: step 0 by the pure-JAX
-    `run_step(s0, xs[0], bias0_scale)` (b_0 dropped for zero-state rows), steps 1..T-1 by
-    `run_sequence(first_step=1, s1, xs[1:])`; `xs` is a tuple of time-major arrays or None.
-    """
+    """States [T, L, B, n] ([T, B, n] with ``last_layer_only``) of a whole-sequence op; with
+    `original_first_step`, step 0 by the pure-JAX ``run_step`` and steps 1..T-1 by the op."""
     if not c.original_first_step:
         return run_sequence(0, s0, xs)
     first = jax.tree_util.tree_map(lambda x: x[0], xs)
@@ -102,9 +88,7 @@ def _step_masks(key: Array | None, keep: float, depth: int, s0: Array) -> Array 
 
 
 def _highway_states(c, spec, weights, s0, xproj, z, gate_key, hidden_masks) -> Array:
-    """`recurrence.highway_sequence` states [T, L, B, n] (xproj [T, B, 2n], z [T, L, B, n] or
-    None), with `original_first_step` honoured; with ``spec.last_layer_only`` the last
-    layer's [T, B, n]."""
+    """`recurrence.highway_sequence` states [T, L, B, n] ([T, B, n] last layer only)."""
     masks0 = _step_masks(gate_key, spec.keep, weights.kernel_s.shape[0], s0)
 
     def run_step(s, xs, bias0):
@@ -148,6 +132,14 @@ def _hidden_masks(c: ModelConfig, key: Array | None, which: int, batch: int, wid
     return cells.sequence_masks(mkey, (c.depth, batch, width), c.keep_hidden)
 
 
+def _highway_cell_fields(c: ModelConfig) -> dict:
+    """The fields an RHN cell and a HyperRHN cell take alike from the config."""
+    return dict(
+        features=c.hidden, input_features=c.embed_dim, depth=c.depth, init=c.init,
+        t_bias_init=c.t_bias_init, dtype=c.dtype,
+    )  # fmt: skip
+
+
 class RHNCore(nn.Module):
     """Plain RHN over a sequence. x [B, T, E] -> (outputs [B, T, n], carry [B, n])."""
 
@@ -155,16 +147,7 @@ class RHNCore(nn.Module):
     spec: SequenceSpec  # The resolved implementation (`models.config.sequence_spec`).
 
     def setup(self):
-        c = self.config
-        self.cell = RHNCell(
-            features=c.hidden,
-            input_features=c.embed_dim,
-            depth=c.depth,
-            init=c.init,
-            t_bias_init=c.t_bias_init,
-            keep=c.keep,
-            dtype=c.dtype,
-        )
+        self.cell = RHNCell(**_highway_cell_fields(self.config), keep=self.config.keep)
 
     def initial_carry(self, batch: int) -> Array:
         return jnp.zeros((batch, self.config.hidden), self.config.carry_dtype)
@@ -200,14 +183,9 @@ class HyperRHNCore(nn.Module):
     def setup(self):
         c = self.config
         self.cell = HyperRHNCell(
-            features=c.hidden,
+            **_highway_cell_fields(c),
             hyper_features=c.hyper_hidden,
-            input_features=c.embed_dim,
-            depth=c.depth,
             hyper_input=c.hyper_input,
-            init=c.init,
-            t_bias_init=c.t_bias_init,
-            dtype=c.dtype,
             hyper_rank=c.hyper_rank,
             lowrank_op=c.lowrank_op,
             lowrank_remat=c.lowrank_remat,
@@ -242,12 +220,8 @@ class HyperRHNCore(nn.Module):
         return jnp.swapaxes(ys, 0, 1), carry
 
     def _whole_sequence(self, carry, xprojs, keys, hidden_masks):
-        """A whole-sequence op (hyper_input="x"): the hyper recurrence over the whole sequence,
-        every z at once (one batched matmul), then the main recurrence.
-
-        carry: (s_hyper [B, h], s_main [B, n]); xprojs: ([T, B, 2h], [T, B, 2n] or, with
-        hyper_rank > 0, the raw input [T, B, E]). Returns (carry, outputs [T, B, n]).
-        """
+        """The hyper recurrence over the sequence, every z at once, then the main one:
+        xprojs ([T, B, 2h], [T, B, 2n] or rank-d the raw [T, B, E]) -> (carry, [T, B, n])."""
         c, cell = self.config, self.cell
         s_hyper, s_main = carry
         hyper_xproj, main_xproj = xprojs
@@ -274,10 +248,8 @@ class HyperRHNCore(nn.Module):
         return (hyper_states[-1, -1], main_states[-1]), main_states
 
     def _hyper_inside(self, spec, carry, xprojs, keys) -> tuple[Array, Array]:
-        """(the hyper state after the last micro-layer [B, h], main last-layer states [T, B,
-        n]) of ONE op running both cells (`recurrence.hyper_highway_sequence`: the hyper
-        cell inside the persistent kernels); with `original_first_step` step 0 of both cells
-        apart, in pure JAX, as `_first_step_apart` runs each cell's."""
+        """(last hyper state [B, h], main last-layer states [T, B, n]) of one op running both
+        cells; with `original_first_step` step 0 apart, in pure JAX."""
         c, cell = self.config, self.cell
         weights = (cell.hyper.weights(), cell.main.weights())
         proj = (cell.proj_kernel, cell.proj_bias)
@@ -303,8 +275,7 @@ class HyperRHNCore(nn.Module):
         return hyper_last, jnp.concatenate([main0[-1][None], main_rest])
 
     def _lowrank_states(self, spec, s0, x, hyper_states, gate_key, hidden_masks) -> Array:
-        """`lowrank.lowrank_sequence` states [T, L, B, n] (x [T, B, E], hyper_states
-        [T, L, B, h]), with `original_first_step` honoured."""
+        """`lowrank.lowrank_sequence` states [T, L, B, n]."""
         c, weights, scales = self.config, self.cell.main.weights(), self.cell.lowrank_scales
         masks0 = _step_masks(gate_key, spec.keep, c.depth, s0)
 
@@ -323,11 +294,8 @@ class HyperRHNCore(nn.Module):
 
 
 class LSTMCore(nn.Module):
-    """Stacked LSTM (the paper's baseline: 2 x 1125). x [B, T, E] -> (outputs, carry).
-
-    Dropout (`dropout != "none"`, keep probability `keep`) is applied to the output of
-    every layer but the last (the LM applies its own output dropout), Zaremba-style.
-    """
+    """Stacked LSTM (the paper's baseline: 2 x 1125), Zaremba-style dropout between layers.
+    x [B, T, E] -> (outputs, carry)."""
 
     config: ModelConfig
     spec: SequenceSpec  # Always scan (the only implementation that runs an LSTM).

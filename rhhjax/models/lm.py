@@ -19,11 +19,9 @@ Array = jax.Array
 
 
 class CharLM(nn.Module):
-    """Embedding(V, E) -> core -> Dense(V).
+    """Embedding(V, E) -> core -> Dense(V): tokens [B, T] -> (logits [B, T, V] f32, carry).
 
-    `__call__(tokens [B, T] int, carry=None, train=False) -> (logits [B, T, V] f32, carry)`.
-    With `train=True` and dropout configured, a 'dropout' RNG is required. Build it with
-    `build_model`, which resolves `spec` (the recurrence's implementation) from the config.
+    Training with dropout needs a 'dropout' RNG. Build it with `build_model`.
     """
 
     config: ModelConfig
@@ -69,9 +67,8 @@ def uses_dropout(c: ModelConfig) -> bool:
 
 
 def build_model(config: ModelConfig, platform: str | None = None) -> CharLM:
-    """The language model for a `ModelConfig` (validated here), with its implementation
-    resolved once (`models.config.sequence_spec`; `platform` defaults to JAX's backend).
-    Logs one line per process and distinct choice saying which implementation runs and why."""
+    """The language model for a `ModelConfig` (validated), its implementation resolved
+    once; logs which implementation runs and why."""
     config.validate()
     spec = sequence_spec(config, platform)
     _log_choice(config.impl, spec.impl, spec.reason)
@@ -79,8 +76,7 @@ def build_model(config: ModelConfig, platform: str | None = None) -> CharLM:
 
 
 def implementation_line(requested: str, impl: str, reason: str) -> str:
-    """The start-up line of the implementation choice, e.g. ``model.impl=auto runs scan: ...``
-    (`requested` is `ModelConfig.impl`; `impl` and `reason` come from its `SequenceSpec`)."""
+    """The start-up line of the implementation choice (``model.impl=auto runs scan: ...``)."""
     return f"model.impl={requested} runs {impl}: {reason}"
 
 

@@ -1,66 +1,10 @@
-"""Low-rank hyper scaling of the main cell's weights (Suarez 2017, section 4, eq. 8).
+"""Rank-d hyper scaling of the main cell's weights (Suarez 2017, section 4, eq. 8).
 
-The paper's HyperRHN scales every output column of a weight matrix by the hypervector z,
-i.e. W~ = W o (1 z^T), a special rank-1 scaling. Section 4 proposes the general rank-d
-version, per example:
-
-    W~ = W o sum_{i=1..d} u_i v_i^T        u_i: input side (n_in), v_i: output side
-
-and notes that autodiff frameworks would store W~ (n_in x n_out) per example. This module
-never forms W~. It uses
-
-    y = x W~ = sum_i ((x o u_i) W) o v_i
-
-which is d ordinary matmuls of the whole batch: X_u = [x o u_i]_(b,i) is [B*d, n_in],
-X_u W is [B*d, n_out]. The backward of the same identity is
-
-    dW  = sum_(b,i) (x o u_i)^T (dy o v_i) = X_u^T DY_v     ONE matmul, K = B*d
-    dX_u = DY_v W^T;   dx = sum_i dX_u,i o u_i;   du_i = dX_u,i o x
-    dv_i = dy o ((x o u_i) W)                  (summed over the tiles, see below)
-
-Implementations of `y = scaled_matmul(x, w, u, v)` (selected by `op=`; in the model by
-`model.lowrank_op`):
-
-- `custom_vjp` (default): a `jax.custom_vjp` whose residuals are x, u, v and W (W is the
-  parameter itself, shared by the batch); the backward recomputes X_u and X_u W.
-- `factored`: the same forward with plain autodiff (which saves X_u and X_u W).
-- `materialized`: forms W~ [B, n_in, n_out] per example. The reference; small sizes only.
-
-Tiling of v ("[z, z]"): v may be shorter than the output by an integer factor k; output
-column j is then scaled by v[j mod m] (m = len(v)). For the HyperRHN main cell the output is
-the 2n gate pre-activations (h-half, t-half) and v has length n, so both halves get the same
-v_i, exactly as the paper's z is doubled to [z, z] (the paper reports that the doubled z
-"works much better than simply using larger projection matrices"; it also halves the
-parameters and memory of the output side). Rank 1 with u = 1 and v = z is therefore exactly
-the paper's cell (`paper_equivalent_scales`).
-
-The HyperRHN main cell with `hyper_rank = d` (see `models.HyperRHNCell`), micro-layer l:
-
-    u_l,i = s_h,l P^u_l,i + p^u_l,i   [n]    v_l,i = s_h,l P^v_l,i + p^v_l,i   [n]
-    a = s W~_l + b_l      with W~_l = W_l o sum_i u_l,i [v_l,i, v_l,i]^T
-    at l = 0 also + x U~ + b_U  with U~ = U o sum_i u^x_i [v_0,i, v_0,i]^T, u^x_i [E]
-        (from s_h,0; v_0 is shared by U and W_0, i.e. [U; W_0] is scaled as one matrix,
-        like the paper's z_0 scales both x U and s W_0).
-
-Parameters (`LowRankScales`, names as in the Flax tree): u_kernel [L, h, d, n],
-u_bias [L, d, n], v_kernel [L, h, d, n], v_bias [L, d, n], u_x_kernel [h, d, E],
-u_x_bias [d, E].
-
-Initialisation (so that every rank starts as the paper's column scaling): u kernels are
-zero and u biases 1/sqrt(d), so at init u_i = 1/sqrt(d) for every i and example and
-sum_i u_i v_i^T = 1 (sum_i v_i / sqrt(d))^T -- a pure column scaling. Each P^v_l,i and
-p^v_l,i gets the paper's init of P_l and p_l (matrix init per [h, n] slice; uniform
-+-1/sqrt(h) bias), independently per i, so sum_i v_i / sqrt(d) has the same distribution as
-the paper's z at every rank; at rank 1 the init is the paper's exactly (u = 1). The u
-kernels still get gradients at once (du_i = dX_u,i o x differs between i because the v_i
-differ), so the model can leave the column-scaling subspace as it learns.
-
-Memory: in the `scan` model each layer's "project u, v from s_h; scaled matmul" is wrapped
-in `jax.checkpoint` (`model.lowrank_remat=True`, the default), so per step and layer autodiff
-keeps only s and s_h (n + h numbers per example) whatever d is; u and v are recomputed in
-the backward. The `fused` model (`lowrank_sequence`) is one custom VJP over the whole main
-recurrence that saves the layer inputs and gates only, recomputes u, v and X_u W per step in
-the reverse loop, and accumulates dW per step with the K = B*d matmul above.
+`scaled_matmul` computes y = x W~ per example, W~ = W o sum_i u_i [v_i, v_i]^T, as
+sum_i ((x o u_i) W) o [v_i, v_i], without forming W~; its backward forms dW as one matmul
+with K = B * d. `highway_step` is the rank-d main cell for `scan`; `lowrank_sequence` the
+whole-sequence custom VJP for `fused`. Shapes: x [B, n_in], W [n_in, n_out], u [B, d, n_in],
+v [B, d, n_out / k]. Design and init: docs/design.md (rank-d hyper weight updates).
 """
 
 from __future__ import annotations
@@ -79,9 +23,6 @@ from rhhjax.ops.sequence_spec import SequenceSpec
 Array = jax.Array
 
 OPS = ("custom_vjp", "factored", "materialized")
-
-
-# ----------------------------------------------------------------------------- the op
 
 
 def _tiles(n_out: int, m: int) -> int:
@@ -111,7 +52,7 @@ def _forward(x: Array, w: Array, u: Array, v: Array, dtype) -> Array:
 
 
 def _backward(x: Array, w: Array, u: Array, v: Array, dy: Array, dtype):
-    """Gradients (dx, dw, du, dv) of `_forward` from x, u, v, W only (see module docstring)."""
+    """(dx, dw, du, dv) of `_forward`, recomputing X_u W from x, u, v, W."""
     batch, rank, n_in = u.shape
     n_out = w.shape[1]
     m = v.shape[-1]
@@ -120,7 +61,7 @@ def _backward(x: Array, w: Array, u: Array, v: Array, dy: Array, dtype):
     xu = (x[:, None, :] * u).reshape(batch * rank, n_in)
     dy4 = dy.reshape(batch, 1, k, m)
     dyv = (dy4 * v[:, :, None, :]).reshape(batch * rank, n_out)
-    # The whole batch's weight gradient as one matmul with K = B*d.
+    # dW for the whole batch: one matmul, K = B * d.
     dw = jnp.einsum("ki,ko->io", xu.astype(dtype), dyv.astype(dtype), preferred_element_type=acc)
     dxu = cells.matmul(dyv, w.T, dtype).reshape(batch, rank, n_in)
     dx = jnp.sum(dxu * u, axis=1)
@@ -162,26 +103,14 @@ def _materialized(x: Array, w: Array, u: Array, v: Array, dtype) -> Array:
 
 
 def materialized_size(batch: int, n_in: int, n_out: int, itemsize: int = 4) -> int:
-    """Bytes of the per-example W~ one materialised scaled matmul would keep."""
     return batch * n_in * n_out * itemsize
 
 
 def scaled_matmul(
     x: Array, w: Array, u: Array, v: Array, dtype: Any = jnp.float32, op: str = "custom_vjp"
 ) -> Array:
-    """y = x W~ per example, W~ = W o sum_i u_i tile(v_i)^T, without forming W~.
-
-    Args:
-      x: [..., n_in] inputs.
-      w: [n_in, n_out] the shared weight.
-      u: [..., d, n_in] input-side factors.
-      v: [..., d, m] output-side factors, n_out a multiple of m (output column j is scaled
-        by v[j mod m]; m = n_out / 2 is the paper's [z, z]).
-      dtype: matmul input dtype (accumulation in float32, float64 for float64).
-      op: "custom_vjp" | "factored" | "materialized".
-    Returns:
-      [..., n_out] in the accumulation dtype.
-    """
+    """y = x W~ per example without forming W~: x [..., n_in], w [n_in, n_out], u
+    [..., d, n_in], v [..., d, m] (column j scaled by v[j mod m]) -> [..., n_out]."""
     if op not in OPS:
         raise ValueError(f"op {op!r} is not one of {OPS}")
     dtype = jnp.dtype(dtype)
@@ -200,16 +129,9 @@ def scaled_matmul(
     return y.reshape(*lead, w.shape[1])
 
 
-# ----------------------------------------------------------------------------- parameters
-
-
 class LowRankScales(NamedTuple):
-    """Hyper projections of a rank-d HyperRHN main cell (names match the Flax tree).
-
-    u_kernel [L, h, d, n], u_bias [L, d, n]: input side of W_l.
-    v_kernel [L, h, d, n], v_bias [L, d, n]: output side (doubled over the gate halves).
-    u_x_kernel [h, d, E], u_x_bias [d, E]: input side of U (layer 0, reads s_h,0).
-    """
+    """Rank-d hyper projections (Flax names): u_kernel [L, h, d, n], u_bias [L, d, n],
+    v_kernel [L, h, d, n], v_bias [L, d, n], u_x_kernel [h, d, E], u_x_bias [d, E]."""
 
     u_kernel: Array
     u_bias: Array
@@ -220,7 +142,7 @@ class LowRankScales(NamedTuple):
 
 
 def rank_stacked(init: Callable[..., Array]) -> Callable[..., Array]:
-    """Init of a [L, h, d, m] kernel: `init` applied independently to every [h, m] slice."""
+    """Init of a [L, h, d, m] kernel: ``init`` on every [h, m] slice independently."""
 
     def stacked_init(key, shape, dtype=jnp.float32):
         depth, h, rank, m = shape
@@ -232,7 +154,7 @@ def rank_stacked(init: Callable[..., Array]) -> Callable[..., Array]:
 
 
 def u_bias_init(rank: int) -> Callable[..., Array]:
-    """Constant 1/sqrt(d): sum_i u_i v_i^T starts as 1 (sum_i v_i / sqrt(d))^T."""
+    """Constant 1/sqrt(d), so that sum_i u_i v_i^T starts as a column scaling."""
     return jax.nn.initializers.constant(1.0 / math.sqrt(rank))
 
 
@@ -246,11 +168,8 @@ def declare_params(
     v_kernel_init: Callable[..., Array],
     v_bias_init: Callable[..., Array],
 ) -> LowRankScales:
-    """Declares the rank-d parameters on a Flax module (call from `setup`).
-
-    `v_kernel_init` / `v_bias_init` are the paper's init of one [h, n] projection and of its
-    bias (the rank-0 model's proj_kernel / proj_bias init).
-    """
+    """Declares the rank-d parameters on a Flax module (from `setup`); the v inits are the
+    paper's of P and p."""
     zeros = jax.nn.initializers.zeros
     return LowRankScales(
         u_kernel=module.param("u_kernel", zeros, (depth, hyper, rank, width)),
@@ -287,9 +206,6 @@ def project(kernel: Array, bias: Array, s_h: Array, dtype: Any) -> Array:
     return out.reshape(s_h.shape[0], *bias.shape) + bias
 
 
-# ----------------------------------------------------------------------------- scan model
-
-
 def _layer_matmul(
     s_in, w_l, s_h, u_kernel, u_bias, v_kernel, v_bias, x, w_x, ux_kernel, ux_bias, *, dtype, op
 ):
@@ -315,21 +231,8 @@ def highway_step(
     remat: bool = True,
     bias0_scale: Array | None = None,
 ) -> tuple[Array, Array, Array]:
-    """One time step of the rank-d main cell (the `cells.highway_step` of hyper_rank > 0).
-
-    Args:
-      weights: main cell parameters (kernel_x is U, used here on the raw input).
-      scales: the rank-d projections.
-      s: [B, n] state; x: [B, E] the cell input (NOT projected).
-      hyper_layer_states: [L, B, h] hyper state after each hyper micro-layer.
-      gate_masks / hidden_masks: [L, B, n] or None, as in `cells.highway_step`.
-      op: the `scaled_matmul` op; remat: rematerialise each layer's projections and scaled
-        matmul in the backward (keeps only s and s_h per step and layer).
-      bias0_scale: [B, 1] factor on the layer-0 recurrent bias, as in `cells.highway_step`.
-    Returns:
-      (s_new [B, n], layer_states [L, B, n], gates [L, B, n]): as `cells.highway_step`
-      (gates[l] = the transform gate t of micro-layer l before dropout).
-    """
+    """One step of the rank-d main cell: s [B, n], x [B, E] (not projected),
+    hyper_layer_states [L, B, h] -> (s_new [B, n], layer_states, gates [L, B, n])."""
     dtype = jnp.dtype(dtype)
     layer_fn = functools.partial(_layer_matmul, dtype=dtype, op=op)
     if remat:
@@ -359,18 +262,13 @@ def highway_step(
     return s, jnp.stack(states), jnp.stack(gates)
 
 
-# ----------------------------------------------------------------------------- fused model
-
-
 def _matmul_weights(weights: cells.HighwayWeights, dtype) -> tuple[list[Array], Array]:
-    """(W_l in the matmul dtype per layer, U in the matmul dtype): cast and sliced ONCE,
-    outside the time loops."""
     kernel_s = weights.kernel_s.astype(dtype)
     return [kernel_s[layer] for layer in range(kernel_s.shape[0])], weights.kernel_x.astype(dtype)
 
 
 def _run_forward(spec, weights, scales, s0, x, hyper_states, key_data, hidden_masks):
-    """Forward over all steps: (states [T, L, B, n], gates {h, t: [T, L, B, n]}, keep)."""
+    """Forward over all steps: (states [T, L, B, n], gates {h, t}, keep)."""
     depth = weights.kernel_s.shape[0]
     batch, width = s0.shape
     dtype = spec.dtype
@@ -421,7 +319,7 @@ def _sequence_fwd(spec, weights, scales, s0, x, hyper_states, key_data, hidden_m
 
 
 def _project_backward(kernel, s_h, d_factor, dtype):
-    """Gradients of `project` for d_factor [B, d, m]: (dkernel [h, d, m], dbias, ds_h)."""
+    """`project`'s gradients for d_factor [B, d, m]: (dkernel [h, d, m], dbias, ds_h)."""
     acc = cells.accumulation_dtype(dtype)
     hyper = kernel.shape[0]
     flat = d_factor.reshape(d_factor.shape[0], -1)
@@ -433,7 +331,6 @@ def _project_backward(kernel, s_h, d_factor, dtype):
 
 
 def _layer_masks(spec, keep_t: Array | None, depth: int) -> list[Array | None]:
-    """bool [L, B, n] keep decisions of one step -> float masks (0 or 1/keep) per layer."""
     if keep_t is None:
         return [None] * depth
     return [keep_t[layer].astype(jnp.float32) / spec.keep for layer in range(depth)]
@@ -526,26 +423,8 @@ def lowrank_sequence(
     gate_key: Array | None,
     hidden_masks: Array | None,
 ) -> Array:
-    """The rank-d HyperRHN main recurrence over a whole sequence as one differentiable op.
-
-    Args:
-      spec: the `SequenceSpec` of the call (`rhhjax.ops.spec.resolve` admits hyper_rank > 0
-        only for implementations that run it, i.e. this XLA op; its keep, dtype,
-        gate_dropout and first_step are read).
-      weights: main cell parameters (kernel_x = U applies to `x`).
-      scales: the rank-d projections.
-      s0: [B, n] initial main state.
-      x: [T, B, E] cell inputs (embeddings, not projected).
-      hyper_states: [T, L, B, h] hyper state after every hyper micro-layer.
-      gate_key: gate-dropout key (required when spec.gate_dropout).
-      hidden_masks: [L, B, n] variational masks on the state fed to W_l, or None.
-    Returns:
-      states [T, L, B, n].
-
-    Residuals: the layer inputs (= `states`, shifted), the gates h, t [T, L, B, n] and the
-    dropout decisions; u, v and X_u W are recomputed per step in the backward, so the saved
-    memory does not grow with d.
-    """
+    """The rank-d main recurrence as one custom VJP: s0 [B, n], x [T, B, E], hyper_states
+    [T, L, B, h] -> states [T, L, B, n]; u, v are recomputed in the backward."""
     key_data = None if gate_key is None else jax.random.key_data(gate_key)
     if spec.gate_dropout and key_data is None:
         raise ValueError("gate dropout needs a key")

@@ -1,17 +1,9 @@
-"""`pallas`: the RHN recurrence's loops as Pallas Triton kernels (`rhhjax.kernels.triton`), one
-forward kernel and one backward kernel per micro-layer and step (the interface of
-`rhhjax.ops.fused`; run by `rhhjax.ops.recurrence.highway_sequence`).
+"""`pallas`: the RHN recurrence's loops as Pallas Triton kernels (`rhhjax.kernels.triton`),
+one forward and one backward kernel per micro-layer and step (an `Implementation`).
 
-Forward kernel: matmul, scale, bias, gates, dropout, combine. Backward kernel: the
-state-gradient matmul of the layer above fused with the gate backward of the layer below.
 When differentiated, the kernels read and write the whole-sequence arrays at the step index
-(`*_stacked`), so the time loops hold nothing but the kernels. Compiled on a GPU, interpret
-mode elsewhere (`spec.interpret`, from `model.pallas_mode`).
-
-Layout: the kernels' `Geometry` (batch padded to block_b, units to lcm(block_n, block_k));
-the weight L x [Np, 2, Np] (transposed for the backward: [2, Np, Np], w_t[h, k, j] =
-w[j, h * n + k]); keep decisions int8. The forward saves the unscaled matmul "pre"
-[Bp, 2, Np] per micro-layer.
+(`*_stacked`), so the time loops hold nothing but the kernels. Weights L x [Np, 2, Np]
+(backward: [2, Np, Np]); keep decisions int8; the forward saves "pre" [Bp, 2, Np].
 """
 
 from __future__ import annotations
@@ -24,45 +16,33 @@ import jax.numpy as jnp
 
 from rhhjax.kernels import triton
 from rhhjax.kernels.layout import Geometry
+from rhhjax.kernels.triton import HighwayConfig, validate_config  # noqa: F401  (ModelConfig.kernel)
 from rhhjax.ops import loops
 
 if TYPE_CHECKING:
-    from rhhjax.ops.sequence_spec import ModelFacts, SequenceSpec
+    from rhhjax.ops.sequence_spec import SequenceSpec
 
 Array = jax.Array
 
 NAME = "pallas"
-INTERPRETABLE = True  # interpret mode per model.pallas_mode (spec.interpret)
+INTERPRETABLE = True
 KEEP_DTYPE = jnp.int8
-
-
-def unsupported(model: ModelFacts) -> str | None:
-    """Why `pallas` cannot run `model`, or None (`loops.kernel_unsupported`)."""
-    return loops.kernel_unsupported(NAME, model)
-
-
-unavailable = loops.available_everywhere  # every platform, every model.pallas_mode
-
-
-substitute = loops.runs_itself  # no other implementation runs a model in its place
-scales_operand = loops.padded_scales  # z padded, [T, L, Bp, Np]
-LAST_LAYER_COTANGENT = False  # its backward reads every layer's cotangent
+scales_operand = loops.padded_scales  # [T, L, Bp, Np]
+LAST_LAYER_COTANGENT = False
 
 
 def geometry(spec: SequenceSpec, batch: int, width: int) -> Geometry:
-    """The kernels' layout for the spec's block sizes."""
     return Geometry.make(spec.kernel, batch, width)
 
 
 def prepare_weights(spec, geo, kernel_s: Array, transposed: bool = False) -> tuple[Array, ...]:
-    """W_l [L, n, 2n] -> L arrays [Np, 2, Np] (transposed: [2, Np, Np]) in the matmul dtype,
-    padded and cast ONCE per call (the layouts of `kernels/layout.py`)."""
-    w = geo.pad_weight(kernel_s, spec.dtype)  # [L, Np, 2, Np]
+    """W_l [L, n, 2n] -> L arrays [Np, 2, Np] (``transposed``: [2, Np, Np]), matmul dtype."""
+    w = geo.pad_weight(kernel_s, spec.dtype)
     return loops.per_layer(jnp.transpose(w, (0, 2, 3, 1)) if transposed else w)
 
 
 def saved_rows(has_z: bool) -> loops.Fields:
-    """The kernel's unscaled matmul "pre" [Bp, 2, Np], with or without z."""
+    """The unscaled matmul "pre" [Bp, 2, Np]."""
     del has_z
     return (("pre", 2),)
 
@@ -72,7 +52,7 @@ def _kernel_args(spec, geo) -> dict:
 
 
 def _layer_forward(spec, geo, s, w_l, z_l, bias_l, xproj_t, keep_l, hidden_l):
-    """One micro-layer as one Pallas kernel; saved = {"pre": [Bp, 2, Np]} (s W_l)."""
+    """One micro-layer as one kernel: (s_new [Bp, Np], {"pre": [Bp, 2, Np]})."""
     if hidden_l is not None:
         raise ValueError("impl 'pallas' has no variational dropout")
     s_new, pre = triton.forward_padded(
@@ -82,16 +62,9 @@ def _layer_forward(spec, geo, s, w_l, z_l, bias_l, xproj_t, keep_l, hidden_l):
 
 
 def forward_loop(spec, geo, w, bias, s0, xproj, z, keep, hidden, save: bool):
-    """Forward over all steps (shapes as in `rhhjax.ops.fused.forward_loop`).
-
-    Without `save` (no backward): the generic scan of one kernel per micro-layer. With it:
-    ONE kernel per micro-layer and step and nothing else: the kernels read z, keep and xproj
-    at the step index straight from the whole-sequence arrays and write each micro-layer's
-    (input state, pre) into `packed` [T, L, Bp, 3, Np] in place (`triton.forward_stacked`),
-    so no per-step slice or store surrounds them.
-    Returns (states [T, L, Bp, Np], packed or None).
-    """
-    bias = loops.per_layer(bias)  # Sliced here, not in every step (kernels take whole arrays).
+    """Forward over all steps: (states [T, L, Bp, Np], packed [T, L, Bp, 3, Np] or None).
+    With ``save``, one `triton.forward_stacked` kernel per micro-layer and step."""
+    bias = loops.per_layer(bias)
     if not save:
         layer_forward = functools.partial(_layer_forward, spec, geo)
         fields = saved_rows(z is not None)
@@ -115,19 +88,12 @@ def forward_loop(spec, geo, w, bias, s0, xproj, z, keep, hidden, save: bool):
 
 
 def backward_loop(spec, geo, w, bias, s0, xproj, z, keep, hidden, saved, g_states):
-    """The reverse loop: ONE kernel per micro-layer and step and nothing else.
-
-    `triton.backward_fused_stacked` reads the layer above's d_scaled, the saved (s, pre),
-    z, keep, xproj and g at the step index from the whole-sequence arrays and writes
-    d_scaled and dz at (t, l) and the partial bias sums in place. A while loop counting t
-    down is the only loop state besides the carried state gradient.
-    Returns (ds0 [Bp, Np], d_scaled [T, L, Bp, 2, Np], dz [T, L, Bp, Np] or None,
-    dbias [L, 2, Np], dW [L, Np, 2, Np]: `loops.deferred_weight_gradient`).
-    """
-    del hidden  # None: `forward_loop` refused it.
+    """Reverse loop, one `triton.backward_fused_stacked` kernel per micro-layer and step,
+    in a while loop over t; returns as `fused.backward_loop`."""
+    del hidden
     length, depth = xproj.shape[0], len(w)
     b_pad, n_pad = s0.shape
-    bias = loops.per_layer(bias)  # Sliced here, not in every step.
+    bias = loops.per_layer(bias)
     kernel_args = _kernel_args(spec, geo)
     init = (
         jnp.zeros_like(s0),
@@ -149,7 +115,7 @@ def backward_loop(spec, geo, w, bias, s0, xproj, z, keep, hidden, saved, g_state
     (ds_carry, d_scaled, dz, da_acc), _ = jax.lax.while_loop(
         lambda carry: carry[1] >= 0, body, (init, jnp.int32(length - 1))
     )
-    # The state gradient of s0 through W_0 (no gate backward below it).
+    # ds0 through W_0.
     ds0 = triton.state_grad_padded(d_scaled[0, 0], w[0], ds_carry, **kernel_args)
     dw = loops.deferred_weight_gradient(spec.dtype, saved, d_scaled, saved_rows(z is not None))
-    return ds0, d_scaled, dz, da_acc.sum(1), dw  # The kernel always accumulates the bias sums.
+    return ds0, d_scaled, dz, da_acc.sum(1), dw

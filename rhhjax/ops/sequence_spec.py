@@ -1,9 +1,5 @@
-"""The static description of one recurrence call: `SequenceSpec`, and `ModelFacts`, what an
-implementation needs to know of the model to say whether it runs it.
-
-Plain types with no implementation behind them: the implementation modules (`fused`,
-`pallas`, `mosaic`) and `lowrank` take a `SequenceSpec`; `rhhjax.ops.spec.resolve` builds one.
-"""
+"""The static description of one recurrence call (`SequenceSpec`) and the model facts an
+implementation needs to say whether it runs the model (`ModelFacts`)."""
 
 from __future__ import annotations
 
@@ -12,12 +8,12 @@ from typing import Any
 
 from rhhjax.kernels import triton
 
-SCAN = "scan"  # the textbook nn.scan (the reference); every other name is a registered op
+SCAN = "scan"  # the textbook nn.scan, the reference
 
 
 @dataclasses.dataclass(frozen=True)
 class ModelFacts:
-    """What an implementation needs to know of the model to say whether it can run it."""
+    """What an implementation needs to know of the model."""
 
     model_type: str  # "rhn" | "hyperrhn" | "lstm"
     hyper_input: str = "x"  # "x" | "x_and_state"
@@ -27,29 +23,18 @@ class ModelFacts:
 
 @dataclasses.dataclass(frozen=True)
 class SequenceSpec:
-    """Static description of the recurrence (hashable: a custom_vjp nondiff arg).
+    """Static description of the recurrence (hashable: a custom_vjp nondiff arg); built by
+    `spec.resolve`. `reason` (why `impl`) is not part of eq/hash."""
 
-    Built by `rhhjax.ops.spec.resolve`; `gate_dropout` and `first_step` are set per call by
-    the cores (`dataclasses.replace`). `reason` says why `impl` was chosen (not part of eq/hash).
-    """
-
-    impl: str  # A resolved name of `spec.IMPLS` (never "auto").
-    keep: float  # Gate-dropout keep probability (used when gate dropout is on).
-    dtype: Any  # Matmul input dtype.
-    gate_dropout: bool = False  # Whether gate masks are generated from the key.
-    # Interpret mode: Pallas interpret mode (`pallas`), GPU interpret mode, the real kernels
-    # executed on the host (`mosaic`, `persistent`: `rhhjax.kernels.mosaic.interpret`).
+    impl: str  # one of `spec.IMPLS`, never "auto"
+    keep: float  # gate-dropout keep probability
+    dtype: Any
+    gate_dropout: bool = False
     interpret: bool = False
-    # `mosaic`, `persistent`: the kernels' pure-JAX references run in their place (the tests'
-    # way of checking everything around the kernels under any jax); `resolve` never sets it.
-    references: bool = False
-    kernel: triton.HighwayConfig = triton.HighwayConfig()  # Pallas block sizes.
-    # Time index of the call's first step: gate masks of entry i are those of step
-    # first_step + i (1 when the caller ran step 0 itself, e.g. model.original_first_step).
-    first_step: int = 0
-    # The op returns the last layer's states [T, B, n] only (all a model's main cell reads),
-    # so its backward gets that layer's cotangent alone (`Implementation.LAST_LAYER_COTANGENT`).
-    last_layer_only: bool = False
+    references: bool = False  # run the kernels' pure-JAX references (tests only)
+    kernel: triton.HighwayConfig = triton.HighwayConfig()  # Pallas block sizes
+    first_step: int = 0  # time index of the call's first step, for the gate masks
+    last_layer_only: bool = False  # return the last layer's states [T, B, n] only
     reason: str = dataclasses.field(default="", compare=False)
 
     @property

@@ -2,35 +2,13 @@
 
     python -m rhhjax.tools.ablate --config=configs/ptb.py:cpu \\
         --sweep=model.hyper_rank=0,1,2,4,8 --max_minutes=12 --out=ablations/rank
+    python -m rhhjax.tools.ablate --config=configs/ptb.py:cpu \\
+        --variant=rhn:model.type=rhn,model.hidden=280 --seeds=0,1 --max_steps=500 --out=DIR
 
-    python -m rhhjax.tools.ablate --config=configs/ptb.py:cpu --config.data.dir=/path/to/ptb \\
-        --variant=hyperrhn --variant=rhn:model.type=rhn,model.hidden=280 \\
-        --variant=lstm:model.type=lstm,model.hidden=197 --seeds=0,1 --max_minutes=12 --out=DIR
-
-Every `--sweep=FIELD=V1,V2,...` names any config field (dotted, e.g. model.depth,
-model.type, model.dropout, train.learning_rate); values are converted to the field's type.
-Several sweeps give their cross product, in order (the base config's value of a field is not
-added: list it to include it). `--variant=NAME:FIELD=V,FIELD=V` (repeatable) is a named set
-of fields changed together (e.g. a model type and the width that matches a parameter
-count; `NAME` alone is the base config); named variants are crossed with the sweeps.
-`--config.FIELD=VALUE` changes the base of every variant. `--max_steps` / `--max_minutes`
-set the same budget for every variant (train.max_steps / train.max_minutes); `--seeds=0,1`
-repeats every variant per seed (default: config.seed), seed-major: every variant runs with
-the first seed before any runs with the second, so a cut ablation still compares them all.
-
-Each run trains with `rhhjax.train.trainer.train_and_evaluate` in its own workdir DIR/<name>
-(rerunning the command resumes unfinished runs and reuses finished ones, i.e. those with a
-results.json, unless --rerun). DIR/results.md and DIR/results.json hold one row per run:
-parameters, steps, epochs, characters/s (median of the trainer's progress records,
-compilation excluded), training minutes (the max_minutes clock), wall minutes (first
-record to results.json), peak memory (XLA's compile-time estimate for the training step:
-arguments + outputs + temporaries - donated), the best periodic validation BPC and the
-final BPC of the best checkpoint on the whole valid and test splits under the windows and
-stream protocols (those of eval.final_protocols); with several seeds, a second table gives
-the mean and range per variant; `--at_steps=800,1600` adds the periodic validation BPC of
-every run at those steps (an equal-steps view beside the equal-budget one). A run that fails
-(e.g. an invalid combination) is recorded with its error and the others still run; the exit
-status is then 1.
+--sweep=FIELD=V1,V2 (crossed, in order) and --variant=NAME:FIELD=V,... (NAME: alone is the
+base) pick the variants; each trains in DIR/<name> (a rerun resumes or reuses it) and
+DIR/results.md / results.json hold one row per run; a failed run is recorded and the exit
+status is then 1. Details: docs/operations.md ("Ablations").
 """
 
 from __future__ import annotations
@@ -51,9 +29,8 @@ from typing import Any
 
 import ml_collections
 
-from rhhjax import config_fields, outputs
+from rhhjax import cli, config_fields, outputs
 from rhhjax.errors import UserError
-from rhhjax.tools import common as cli
 
 RESULTS_FILE = "results.json"
 
@@ -77,8 +54,7 @@ class Variant:
 
 
 def _get(config: ml_collections.ConfigDict, field: str, flag: str = "sweep") -> Any:
-    """The value of ``field`` (e.g. "model.depth"); SweepError naming ``--flag`` and the
-    closest field for one that is not in the config."""
+    """The value of ``field`` (e.g. "model.depth"); SweepError naming the closest field."""
     try:
         return config_fields.lookup(config, field)
     except config_fields.UnknownField as e:
@@ -143,17 +119,26 @@ def variant_name(overrides: dict[str, Any], seed: int | None) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", name)
 
 
-def parse_variant(text: str, config: ml_collections.ConfigDict) -> tuple[str, dict[str, Any]]:
-    """'rhn:model.type=rhn,model.hidden=280' -> ('rhn', {'model.type': 'rhn', ...}).
-
-    A named variant changes several fields together (e.g. a model type and the width that
-    matches a parameter count); 'hyperrhn' alone (or 'hyperrhn:') is the base config."""
-    name, _, body = text.partition(":")
+def parse_variant(
+    text: str, config: ml_collections.ConfigDict, file_variants: Sequence[str] = ()
+) -> tuple[str, dict[str, Any]]:
+    """'rhn:model.type=rhn,model.hidden=280' -> ('rhn', {'model.type': 'rhn', ...}); another
+    bare NAME than 'base' or the base's model type is refused, naming ``file_variants``."""
+    name, colon, body = text.partition(":")
     name = name.strip()
     if not name or re.search(r"[^A-Za-z0-9._-]", name):
         raise SweepError(
             f"--variant={text!r}: expected NAME[:FIELD=V,FIELD=V] with NAME of letters, "
             "digits, '.', '_', '-', e.g. rhn:model.type=rhn,model.hidden=280"
+        )
+    base_names = ("base", str(config.model.get("type", "")))
+    if not colon and name not in base_names:
+        own = f"; the config file's own variants ({', '.join(file_variants)}) are picked with "
+        own = own + "--config=FILE:VARIANT" if file_variants else ""
+        raise SweepError(
+            f"--variant={text} changes no field: give NAME:FIELD=V,FIELD=V (e.g. "
+            f"rhn:model.type=rhn,model.hidden=280), or {' / '.join(base_names)} / {name}: for "
+            f"the base config{own}"
         )
     overrides: dict[str, Any] = {}
     for item in filter(str.strip, body.split(",")):
@@ -174,10 +159,7 @@ def plan(
     seeds: Sequence[int] | None,
     named: Sequence[tuple[str, dict[str, Any]]] = (),
 ) -> list[Variant]:
-    """The named variants x the cross product of the sweeps, repeated per seed.
-
-    Seed-major: every variant runs with the first seed before any runs with the second, so
-    a cut ablation still compares all variants."""
+    """The named variants x the cross product of the sweeps, repeated per seed (seed-major)."""
     fields = [s.field for s in sweeps]
     if len(set(fields)) != len(fields):
         raise SweepError(f"a field is swept twice: {', '.join(fields)}")
@@ -221,15 +203,44 @@ def variant_config(
     return config
 
 
+def check_budget(max_steps: int | None, max_minutes: float | None) -> None:
+    """SweepError unless ``--max_steps`` / ``--max_minutes`` (when given) are above 0."""
+    if max_steps is not None and max_steps < 1:
+        raise SweepError(
+            f"--max_steps={max_steps} must be >= 1 (leave it out to keep the config's "
+            f"train.max_steps; 0 there means no step bound)"
+        )
+    if max_minutes is not None and not (math.isfinite(max_minutes) and max_minutes > 0):
+        raise SweepError(
+            f"--max_minutes={max_minutes} must be a finite number > 0 (leave it out to keep "
+            f"the config's train.max_minutes)"
+        )
+
+
+def check_variants(
+    base: ml_collections.ConfigDict,
+    planned: Sequence[Variant],
+    max_steps: int | None,
+    max_minutes: float | None,
+) -> None:
+    """SweepError naming the first variant whose config the trainer would refuse."""
+    from rhhjax.train import config as train_config
+
+    for variant in planned:
+        try:
+            train_config.prepare_config(variant_config(base, variant, max_steps, max_minutes))
+        except UserError as e:
+            raise SweepError(
+                f"variant {variant.name}: {e}; nothing was trained (every variant is checked first)"
+            ) from None
+
+
 # ----------------------------------------------------------------------------- measurements
 
 
 def metrics_summary(workdir: Path, batch: int, seq_len: int) -> dict[str, Any]:
-    """From the trainer's ``metrics.jsonl``: the median seconds per step and characters per
-    second of its ``train`` records (compilation excluded), the training minutes (the
-    max_minutes clock), the wall seconds from the first start to the last record or to
-    ``results.json`` (written after the final evaluation), whichever is later, and the
-    periodic validation curve ``valid_curve`` [[step, training minutes, BPC], ...]."""
+    """From ``metrics.jsonl``: median seconds per step and characters per second, training
+    minutes, wall seconds (to ``results.json``) and ``valid_curve`` [[step, minutes, BPC]]."""
     from rhhjax.train import workdir as workdir_lib
 
     summary: dict[str, Any] = dict(
@@ -261,8 +272,7 @@ def metrics_summary(workdir: Path, batch: int, seq_len: int) -> dict[str, Any]:
 
 
 def peak_memory_gb(config: ml_collections.ConfigDict, vocab_size: int) -> float | None:
-    """XLA's compile-time peak estimate (GB) of the variant's training step (the very step
-    ``train.py`` runs, compiled but not run)."""
+    """XLA's compile-time peak estimate (GB) of the variant's training step."""
     from rhhjax import models
     from rhhjax.train import optim, step
 
@@ -278,8 +288,7 @@ FINAL_COLUMNS = (("valid", "windows"), ("valid", "stream"), ("test", "windows"),
 
 
 def final_bpcs(results: dict) -> dict[str, float | None]:
-    """{"valid_windows": bpc, ...} of the best checkpoint's final evaluation (`FINAL_COLUMNS`;
-    None where that protocol was not run)."""
+    """{"valid_windows": bpc, ...} of the final evaluation (None where not run)."""
     final = results.get("final") or {}
     return {
         f"{split}_{protocol}": ((final.get(split) or {}).get(protocol) or {}).get("bpc")
@@ -334,6 +343,7 @@ def run_variant(
         vocab_size = int(saved.get("model", {}).get("vocab_size", vocab_size))
     row.update(
         status=results.get("status"),
+        exit_code=results.get("exit_code", 0),
         stop_reason=results.get("stop_reason"),
         steps=results.get("step"),
         epochs=results.get("epoch"),
@@ -381,10 +391,7 @@ def _valid_at(row: dict, step: int) -> float | None:
 
 
 def format_markdown(rows: Sequence[dict], header: dict) -> str:
-    """The results table: one row per run, then (when a variant ran with several seeds) the
-    mean and range per variant, then (``header["at_steps"]``) the periodic validation BPC of
-    every run at equal steps. BPC: best periodic validation (its step), then the final
-    evaluation of the best checkpoint on the whole valid and test splits."""
+    """The results table: one row per run, per-variant means, BPC at ``at_steps``."""
     lines = [
         f"# Ablation: {header['config']}",
         "",
@@ -469,16 +476,19 @@ def run_ablation(
     command: str = "",
     config_label: str = "",
     log: Callable[[str], None] = print,
+    file_variants: Sequence[str] = (),
 ) -> list[dict]:
-    """Runs every variant, writes out/results.{md,json}, returns the rows."""
+    """Runs every variant (all checked first), writes out/results.{md,json}, returns rows."""
     out = outputs.check_folder(out, "--out")  # before any variant trains
+    check_budget(max_steps, max_minutes)
     import jax
 
     parsed = [parse_sweep(s, config) for s in sweeps]
-    named = [parse_variant(v, config) for v in variants]
+    named = [parse_variant(v, config, file_variants) for v in variants]
     if not parsed and not named:
         raise SweepError("give at least one --sweep=FIELD=V1,V2,... or --variant=NAME:...")
     planned = plan(config, parsed, seeds, named)
+    check_variants(config, planned, max_steps, max_minutes)
     outputs.make_folder(out, "--out")
     budget = ", ".join(
         f"{k}={v}" for k, v in (("max_steps", max_steps), ("max_minutes", max_minutes)) if v
@@ -510,6 +520,9 @@ def run_ablation(
         table = json.dumps({**header, "rows": rows}, indent=2) + "\n"
         outputs.write_text(out / "results.json", table, "--out")
         outputs.write_text(out / "results.md", format_markdown(rows, header), "--out")
+        if row.get("status") == "interrupted":  # SIGTERM / SIGINT: stop, not the next run
+            log(f"stopped during {variant.name}: run the same command again to resume it")
+            return rows
     log(format_markdown(rows, header))
     return rows
 
@@ -537,6 +550,11 @@ def main(argv: Sequence[str]) -> int:
         at_steps = [int(s) for s in FLAGS.at_steps]
     except ValueError:
         raise SweepError(f"--at_steps must be integers, got {FLAGS.at_steps}") from None
+    try:  # the config file's own variants, for the line refusing a --variant that changes nothing
+        module, _ = cli.load_config_file(config_flags.get_config_filename(FLAGS["config"]))
+        file_variants = [v for v in getattr(module, "VARIANTS", ()) if v]
+    except cli.ConfigArgumentError:
+        file_variants = []
     rows = run_ablation(
         config,
         FLAGS.sweep or [],
@@ -550,7 +568,11 @@ def main(argv: Sequence[str]) -> int:
         rerun=FLAGS.rerun,
         command="python -m rhhjax.tools.ablate " + " ".join(sys.argv[1:]),
         config_label=config_flags.get_config_filename(FLAGS["config"]),
+        file_variants=file_variants,
     )
+    stopped = [r["exit_code"] for r in rows if r.get("status") == "interrupted"]
+    if stopped:
+        return stopped[0]
     return 1 if any(r.get("status") == "error" for r in rows) else 0
 
 

@@ -120,7 +120,7 @@ def define_flags(flag_values=None) -> None:
 
 def console() -> None:
     """The program: ``rhhjax-analyze`` or ``python -m rhhjax.tools.analyze``."""
-    from rhhjax.tools import common as cli
+    from rhhjax import cli
 
     cli.run_program(main, define_flags, __doc__, flag=None)
 

@@ -4,9 +4,9 @@
         [--protocol=windows|stream|paper|all] [--checkpoint=best|latest|STEP] [--output=FILE.json]
         [--data_dir=FOLDER | --text_files=FILE[,FILE,FILE]]
 
-The data is found as the run's config says (its ``data`` section); ``--data_dir`` (PTB) or
-``--text_files`` (format=text) point it at data that has moved since training. The vocabulary
-must still match the checkpoint's. Protocols and metrics: ``rhhjax.evaluation``.
+The data is found as the run's config says; ``--data_dir`` / ``--text_files`` point it at
+data moved since training (the vocabulary must match). SIGTERM or SIGINT stops it at once,
+nothing written, exit status 128 + signum.
 """
 
 from __future__ import annotations
@@ -14,11 +14,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from rhhjax import data as data_lib
 from rhhjax import memory, outputs
 from rhhjax.errors import UserError
-from rhhjax.evaluation import evaluate_splits, format_table, parse_protocols
 
+# numpy and jax are imported where used: console() enters the signal catcher first
 if TYPE_CHECKING:  # saved_run imports orbax: not for --help
     from rhhjax.train.saved_run import SavedRun
 
@@ -34,10 +33,10 @@ def run(
     data_dir: str = "",
     text_files: str = "",
 ) -> dict:
-    """Evaluate a checkpoint of ``workdir``; returns {"step", "checkpoint", "results"}.
-
-    ``batch_size``: rows per evaluation batch (0: the run's ``eval.batch_size``);
-    ``data_dir`` / ``text_files``: override the run's ``data.dir`` / ``data.text_files``."""
+    """Evaluate a checkpoint of ``workdir``; returns {"step", "checkpoint", "results"}
+    (``batch_size`` 0: the run's ``eval.batch_size``)."""
+    from rhhjax import data as data_lib
+    from rhhjax.evaluation import evaluate_splits, format_table, parse_protocols
     from rhhjax.train.saved_run import load_run  # imports orbax: not for --help
 
     splits = ["valid", "test"] if split == "all" else [split]
@@ -76,8 +75,7 @@ BATCH_FIELDS = ("--batch_size (0: the run's eval.batch_size)",)
 
 
 def check_memory(saved: SavedRun, eval_config: Any, protocols: list[str]) -> None:
-    """MemoryCheckError (one line) when an evaluation batch of ``eval_config`` cannot fit in
-    the free memory (``rhhjax.memory``), before anything is compiled."""
+    """MemoryCheckError when an evaluation batch of ``eval_config`` cannot fit."""
     from rhhjax import models
 
     impl = models.sequence_spec(saved.model).impl
@@ -140,9 +138,12 @@ def define_flags() -> None:
 
 
 def console() -> None:
-    """The program: ``rhhjax-evaluate`` or ``python -m rhhjax.tools.evaluate``."""
-    from rhhjax.tools import common as cli
+    """The program; the signal catcher starts before jax is imported (threads inherit it)."""
+    from rhhjax import cli
+    from rhhjax.train.signals import SignalCatcher
 
+    stopped = "stopped by {name} during the evaluation; nothing was written"
+    SignalCatcher(thread=True, abort=stopped).__enter__()
     cli.run_program(main, define_flags, __doc__, flag=None)
 
 

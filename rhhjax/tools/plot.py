@@ -1,19 +1,18 @@
-"""Training and validation BPC against epochs (the paper's Fig. 1) from a workdir.
+"""Training and validation BPC of runs against epochs and training minutes, beside the paper
+authors' own validation curve (the paper's Fig. 1).
 
-    python -m rhhjax.tools.plot WORKDIR [--out=FILE.png] [WORKDIR ...]
-    python -m rhhjax.tools.plot --x=minutes --notrain --out=FILE.png WORKDIR [WORKDIR ...]
+    python -m rhhjax.tools.plot WORKDIR [WORKDIR ...] [--out=FILE.png]
+    python -m rhhjax.tools.plot --x=minutes --notrain --authors=none --out=F.png WORKDIR ...
 
-Reads ``WORKDIR/metrics.jsonl`` (``train`` and ``valid`` records written by the trainer) and
-writes ``WORKDIR/bpc.png`` (or ``--out``). Several workdirs are drawn in one figure (one
-colour per run; solid = validation, dotted = training), written to ``--out`` (default: the
-first workdir's ``bpc.png``). ``--x=minutes`` puts training time on the x axis (the
-``train.max_minutes`` clock: compilation counts, validation and saving do not; recorded by
-the trainer since 2026-11-23), to compare runs at equal wall-clock budget. Uses
-matplotlib's Agg backend (no display needed).
+Reads ``WORKDIR/metrics.jsonl``, writes ``WORKDIR/bpc.png`` (or ``--out``: .png, .pdf, .svg);
+one colour per run, solid = validation, dotted = training; minutes are the
+``train.max_minutes`` clock. ``--authors=auto`` adds the authors' curve of the first run's
+model type (``rhhjax/data/authors/``); on the minutes axis its time is an assumption.
 """
 
 from __future__ import annotations
 
+import csv
 import json
 from pathlib import Path
 
@@ -21,10 +20,13 @@ from rhhjax import outputs
 from rhhjax.errors import UserError
 
 METRICS_FILE = "metrics.jsonl"
+AUTHORS_DIR = Path(__file__).resolve().parents[1] / "data" / "authors"
+AUTHORS = ("auto", "hyperrhn", "rhn", "none")
+FORMATS = (".png", ".pdf", ".svg")
 
 
 class PlotError(UserError):
-    """Missing or empty metrics; the message is one line."""
+    """Missing or empty metrics, a bad flag; the message is one line."""
 
 
 X_AXES = {"epoch": "epoch", "minutes": "training minutes"}
@@ -38,13 +40,10 @@ def _x_value(record: dict, x: str) -> float | None:
 
 
 def load_curves(workdir: str | Path, x: str = "epoch") -> dict:
-    """{"train": [(x, bpc)], "valid": [(x, bpc)], "protocol": str | None}, x = epoch or
-    training minutes (`X_AXES`).
-
-    When a step was recorded twice (a resumed run re-logging it), the later record wins.
-    """
+    """{"train": [(x, bpc)], "valid": [(x, bpc)], "protocol": str | None} (a step recorded
+    twice: the later record)."""
     if x not in X_AXES:
-        raise PlotError(f"--x={x!r}: expected one of {', '.join(X_AXES)}")
+        raise PlotError(f"--x={x!r}: expected one of {', '.join(X_AXES)}, both")
     path = Path(workdir) / METRICS_FILE
     if not path.is_file():
         raise PlotError(f"{path} not found (is {workdir} a training workdir?)")
@@ -72,68 +71,127 @@ def load_curves(workdir: str | Path, x: str = "epoch") -> dict:
     return curves
 
 
+def authors_curve(model: str) -> dict:
+    """The authors' validation curve of ``model``: {"epoch", "bpc", "minutes_per_epoch", ...}."""
+    sources = json.loads((AUTHORS_DIR / "sources.json").read_text())
+    source = sources[model]
+    with open(AUTHORS_DIR / source["file"], newline="") as f:
+        rows = list(csv.DictReader(f))
+    return {
+        "epoch": [float(r["epoch"]) for r in rows],
+        "bpc": [float(r["valid_bpc"]) for r in rows],
+        "minutes_per_epoch": 60.0 * source["hours"] / source["epochs"],
+        "label": f"authors' {'HyperRHN' if model == 'hyperrhn' else 'RHN'} (Suarez 2017)",
+    }
+
+
+def authors_model(workdir: str | Path, choice: str) -> str | None:
+    """The authors' curve to draw: ``choice``, or with "auto" the run's model type (or None)."""
+    if choice not in AUTHORS:
+        raise PlotError(f"--authors={choice!r}: expected one of {', '.join(AUTHORS)}")
+    if choice != "auto":
+        return None if choice == "none" else choice
+    try:
+        config = json.loads((Path(workdir) / "config.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    model = (config.get("model") or {}).get("type")
+    return model if model in ("hyperrhn", "rhn") else None
+
+
+def check_out(out: Path) -> Path:
+    """``out`` when matplotlib can write its format here (PlotError, one line, otherwise)."""
+    if out.suffix.lower() not in FORMATS:
+        raise PlotError(
+            f"--out={out}: the figure is written as {', '.join(FORMATS)}; name the file so "
+            f"(e.g. {out.with_suffix('.png').name})"
+        )
+    return outputs.check_file(out, "--out")
+
+
+def _draw_runs(ax, workdirs, runs: list[dict], train: bool, colors) -> float:
+    """The runs' curves on ``ax``; returns the largest x drawn."""
+    x_max = 0.0
+    for i, (workdir, curves) in enumerate(zip(workdirs, runs, strict=True)):
+        color = colors[i % len(colors)]
+        prefix = f"{Path(workdir).resolve().name}: " if len(workdirs) > 1 else ""
+        if curves["train"] and train:
+            xs, y = zip(*curves["train"], strict=True)
+            style = ":" if len(workdirs) > 1 else "-"
+            ax.plot(xs, y, style, color=color, alpha=0.6, label=f"{prefix}train")
+            x_max = max(x_max, max(xs))
+        if curves["valid"]:
+            xs, y = zip(*curves["valid"], strict=True)
+            second = colors[(i + 1) % len(colors)] if len(workdirs) == 1 and train else color
+            label = f"{prefix}validation ({curves['protocol']})"
+            ax.plot(xs, y, "o-", color=second, markersize=3, label=label)
+            ax.axhline(min(y), color=second, linewidth=0.6, linestyle="--")
+            x_max = max(x_max, max(xs))
+    return x_max
+
+
+def _draw_authors(ax, authors: dict, x: str, x_max: float) -> None:
+    """The authors' curve over the runs' x range, and their best as a dashed grey line."""
+    scale = 1.0 if x == "epoch" else authors["minutes_per_epoch"]
+    xs = [e * scale for e in authors["epoch"]]
+    shown = [(a, b) for a, b in zip(xs, authors["bpc"], strict=True) if a <= 1.05 * x_max]
+    label = authors["label"] + ("" if x == "epoch" else ", time assumed")
+    if shown:
+        ax.plot(*zip(*shown, strict=True), "s-", color="0.35", markersize=3, label=label)
+    best = min(authors["bpc"])
+    at = authors["epoch"][authors["bpc"].index(best)]
+    their_best = f"their best {best:.4f} (epoch {at:.0f})"
+    ax.axhline(best, color="0.35", linewidth=0.8, linestyle="--", label=their_best)
+    ax.set_xlim(0, 1.05 * x_max)
+
+
 def plot(
     workdirs: list[str | Path],
     out: str | Path | None = None,
-    x: str = "epoch",
+    x: str = "both",
     train: bool = True,
     title: str = "",
+    authors: str = "auto",
 ) -> Path:
-    """Draw the BPC curves of ``workdirs`` into a PNG (x: `X_AXES`; train: also the training
-    curves); returns its path."""
+    """Draw the BPC curves of ``workdirs`` into a PNG (PDF, SVG); returns its path."""
+    if not workdirs:
+        raise PlotError("give at least one workdir: python -m rhhjax.tools.plot WORKDIR [...]")
+    out = check_out(Path(out) if out else Path(workdirs[0]) / "bpc.png")
+    if x not in (*X_AXES, "both"):
+        raise PlotError(f"--x={x!r}: expected one of {', '.join(X_AXES)}, both")
+    model = authors_model(workdirs[0], authors)
     try:
         import matplotlib
     except ImportError:
         raise PlotError(
             'matplotlib is not installed: pip install -e ".[plot]" (or pip install matplotlib)'
         ) from None
-
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    if not workdirs:
-        raise PlotError("no workdir given")
-    out = outputs.check_file(Path(out) if out else Path(workdirs[0]) / "bpc.png", "--out")
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    panels = {axis: [load_curves(w, axis) for w in workdirs] for axis in X_AXES if x == axis}
+    if x == "both":
+        panels["epoch"] = [load_curves(w, "epoch") for w in workdirs]
+        try:
+            panels["minutes"] = [load_curves(w, "minutes") for w in workdirs]
+        except PlotError:  # a run from before the trainer recorded its time: epochs only
+            pass
+    fig, axes = plt.subplots(1, len(panels), figsize=(7 * len(panels), 4.5), squeeze=False)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for i, workdir in enumerate(workdirs):
-        curves = load_curves(workdir, x)
-        color = colors[i % len(colors)]
-        name = Path(workdir).resolve().name
-        prefix = f"{name}: " if len(workdirs) > 1 else ""
-        if curves["train"] and train:
-            xs, y = zip(*curves["train"], strict=True)
-            ax.plot(
-                xs,
-                y,
-                ":" if len(workdirs) > 1 else "-",
-                color=color,
-                alpha=0.6,
-                label=f"{prefix}train",
-            )
-        if curves["valid"]:
-            xs, y = zip(*curves["valid"], strict=True)
-            second = colors[(i + 1) % len(colors)] if len(workdirs) == 1 and train else color
-            ax.plot(
-                xs,
-                y,
-                "o-",
-                color=second,
-                markersize=3,
-                label=f"{prefix}validation ({curves['protocol']})",
-            )
-            best = min(y)
-            ax.axhline(best, color=second, linewidth=0.6, linestyle="--")
-    ax.set_xlabel(X_AXES[x])
-    ax.set_ylabel("bits per character")
     default_title = Path(workdirs[0]).resolve().name if len(workdirs) == 1 else "BPC"
-    ax.set_title(title or default_title)
-    ax.grid(True, alpha=0.3)
-    ax.legend()
+    for ax, (axis, runs) in zip(axes[0], panels.items(), strict=True):
+        x_max = _draw_runs(ax, workdirs, runs, train, colors)
+        if model is not None:
+            _draw_authors(ax, authors_curve(model), axis, x_max)
+        ax.set_xlabel(X_AXES[axis])
+        ax.set_ylabel("bits per character")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(title or default_title)
     fig.tight_layout()
     try:
         with outputs.atomic_path(out, "--out") as tmp:
-            fig.savefig(tmp, dpi=120)
+            fig.savefig(tmp, dpi=120, format=out.suffix[1:].lower())
     finally:
         plt.close(fig)
     return out
@@ -143,26 +201,27 @@ def main(argv: list[str]) -> int:
     """``argv[1:]``: the workdirs (absl leaves positional arguments to the program)."""
     from absl import flags
 
-    workdirs = argv[1:]
-    if not workdirs:
+    if not argv[1:]:
         raise PlotError("give at least one workdir: python -m rhhjax.tools.plot WORKDIR [...]")
     f = flags.FLAGS
-    print(plot(workdirs, f.out or None, x=f.x, train=f.train, title=f.title))
+    out = plot(argv[1:], f.out or None, x=f.x, train=f.train, title=f.title, authors=f.authors)
+    print(out)
     return 0
 
 
 def define_flags() -> None:
     from absl import flags
 
-    flags.DEFINE_string("out", "", "PNG path (default WORKDIR/bpc.png).")
-    flags.DEFINE_enum("x", "epoch", list(X_AXES), "x axis: epoch or training minutes.")
+    flags.DEFINE_string("out", "", "Figure path, .png, .pdf or .svg (default WORKDIR/bpc.png).")
+    flags.DEFINE_enum("x", "both", [*X_AXES, "both"], "x axis: epoch, minutes or both panels.")
     flags.DEFINE_bool("train", True, "Also draw the training curves (--notrain: only valid).")
     flags.DEFINE_string("title", "", "Figure title (default: the workdir's name or 'BPC').")
+    flags.DEFINE_enum("authors", "auto", list(AUTHORS), "The authors' curve to draw beside.")
 
 
 def console() -> None:
     """The program: ``rhhjax-plot`` or ``python -m rhhjax.tools.plot``."""
-    from rhhjax.tools import common as cli
+    from rhhjax import cli
 
     cli.run_program(main, define_flags, __doc__, flag=None, positional=True)
 

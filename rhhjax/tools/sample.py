@@ -60,7 +60,7 @@ def define_flags() -> None:
 
 def console() -> None:
     """The program: ``rhhjax-sample`` or ``python -m rhhjax.tools.sample``."""
-    from rhhjax.tools import common as cli
+    from rhhjax import cli
 
     cli.run_program(main, define_flags, __doc__, flag=None)
 

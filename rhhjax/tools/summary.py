@@ -13,9 +13,8 @@ import jax
 from absl import flags
 from ml_collections import config_flags
 
-from rhhjax import models
+from rhhjax import cli, models
 from rhhjax.errors import UserError
-from rhhjax.tools import common as cli
 
 
 def parameter_rows(model_config: models.ModelConfig) -> list[tuple[str, tuple[int, ...], int]]:

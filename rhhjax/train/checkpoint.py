@@ -1,53 +1,10 @@
-"""Checkpoints of a training run (orbax ``CheckpointManager``).
+"""Checkpoints of a training run: ``Checkpoints(workdir)``, the orbax managers of
+``checkpoints/<step>/`` (params, opt_state, carry, meta) and ``best/<step>/`` (params, meta).
 
-Layout of a workdir::
-
-    checkpoints/<step>/params      model parameters
-                      /opt_state   optimizer state
-                      /carry       the training recurrent state (stream sampler; zeros otherwise)
-                      /meta        JSON: step, sampler state, RNG state, vocabulary, config, ...
-    best/<step>/params             the parameters with the best validation BPC so far
-               /meta               the same JSON as above, at that step
-
-``checkpoints/`` keeps the latest ``train.keep_checkpoints`` steps (written at every
-validation, every ``train.checkpoint_every_steps`` / ``checkpoint_every_minutes``, at the end
-and on SIGTERM/SIGINT). ``best/`` is a second manager holding the best model: it is written
-whenever a validation improves on the best BPC. Keeping it separate means the best model
-survives however many later checkpoints are written, and ``evaluate``/``sample`` read only
-what they need.
-
-Saves are synchronous and atomic (orbax writes to a temporary folder and renames it), so a
-``kill -9`` at any moment leaves the previous checkpoints intact. A new best is saved before
-the latest checkpoint that records it, and the previous best is deleted only after that
-(``keep_only_best``), so after any kill ``best/`` still holds the checkpoint the latest one
-names (a resume deletes the other). A save that fails (a full disk) raises
-``CheckpointError`` with one line naming the folder, the step and the space it needs.
-
-Damage: after each save the size and SHA-256 of every file of the checkpoint go to
-``<step>/checksums.json``; a restore first checks the files it reads against it and raises
-``DamagedCheckpointError`` (one line naming the damaged checkpoint and the other checkpoints)
-on a difference, before orbax reads a byte. A checkpoint without that file (older versions,
-or a kill between the save and the file) is read as it is and refused if it does not read or
-holds a non-finite parameter.
-
-The checksum table is ``rhhjax.train.checksums``; the one-line failures of orbax are
-``rhhjax.train.checkpoint_failures``; which checkpoint a program reads (best, latest, a step)
-is chosen in ``rhhjax.train.saved_run`` (``load_for_inference`` below for best / latest).
-
-The ``meta`` JSON (version 1):
-    step, epoch                 the number of finished training steps / epochs (float)
-    sampler                     ``WindowSampler.state()`` / ``StreamSampler.state()``
-    rng                         {"seed", "retry"}: dropout keys are
-                                ``fold_in(key(seed), step)`` (then ``fold_in(., retry)`` after a
-                                non-finite rollback); nothing else is random
-    vocab                       ``Vocab.to_dict()``
-    model                       the ``ModelConfig`` fields (vocab_size included)
-    config                      the full resolved config (``ConfigDict.to_dict()``)
-    best                        {"bpc", "step"} of the best validation so far (or nulls)
-    evals_since_best            early-stopping counter
-    pending                     {"loss": [...], "grad_norm": [...]}: per-step values since the
-                                last progress record (so a resumed run logs identical records)
-    train_seconds               training wall time so far (for ``train.max_minutes``)
+Saves are synchronous and atomic, checked by ``<step>/checksums.json``
+(``rhhjax.train.checksums``) on restore; failures are one line
+(``rhhjax.train.checkpoint_failures``). Layout, ordering of best and latest saves and the
+``meta`` JSON: docs/design.md (``rhhjax/train/checkpoint.py``).
 """
 
 from __future__ import annotations
@@ -76,9 +33,8 @@ class CheckpointError(UserError):
 
 
 class DamagedCheckpointError(CheckpointError):
-    """A checkpoint whose files changed since they were saved, or that does not read; the
-    message (one line) names it and the undamaged checkpoints of the workdir, which
-    ``alternatives`` holds as ``(which, step)`` pairs ("latest" | "best"), newest first."""
+    """A checkpoint whose files changed since the save, or that does not read;
+    ``alternatives``: the undamaged ``(which, step)``, newest first."""
 
     def __init__(
         self,
@@ -96,8 +52,7 @@ class DamagedCheckpointError(CheckpointError):
 
 
 def folder_name(which: str, step: int) -> str:
-    """``checkpoints/3`` / ``best/6``: a checkpoint as the messages and ``--checkpoint`` name
-    it."""
+    """``checkpoints/3`` / ``best/6``: a checkpoint as messages and ``--checkpoint`` name it."""
     return f"{LATEST_DIR if which == 'latest' else BEST_DIR}/{step}"
 
 
@@ -121,10 +76,7 @@ def _manager(directory: Path, items: tuple[str, ...], keep: int | None, read_onl
 
 
 class Checkpoints:
-    """The ``checkpoints/`` (latest) and ``best/`` managers of one workdir.
-
-    With ``read_only=True`` nothing is created or deleted (for evaluation and sampling).
-    """
+    """The ``checkpoints/`` and ``best/`` managers of one workdir."""
 
     def __init__(self, workdir: str | os.PathLike, keep: int = 3, read_only: bool = False):
         self.workdir = Path(workdir)
@@ -135,8 +87,7 @@ class Checkpoints:
         if not read_only or (self.workdir / LATEST_DIR).is_dir():
             self._latest = _manager(self.workdir / LATEST_DIR, LATEST_ITEMS, keep, read_only)
         if not read_only or (self.workdir / BEST_DIR).is_dir():
-            # no automatic deletion: the old best goes only once the latest checkpoint
-            # records the new one (keep_only_best)
+            # no automatic deletion: the old best goes in keep_only_best
             self._best = _manager(self.workdir / BEST_DIR, BEST_ITEMS, None, read_only)
 
     # -- queries --------------------------------------------------------------------------------
@@ -171,8 +122,7 @@ class Checkpoints:
         )
 
     def save_best(self, step: int, params, meta: dict) -> None:
-        """Save the parameters of a new best model. The previous best stays until
-        ``keep_only_best(step)`` (after the latest checkpoint recording this one is saved)."""
+        """Save the parameters of a new best model (the old one goes in ``keep_only_best``)."""
         self._save(
             self._best,
             step,
@@ -182,8 +132,7 @@ class Checkpoints:
         )
 
     def keep_only_best(self, step: int | None) -> list[int]:
-        """Delete every best checkpoint but ``step`` (all of them when None); returns the
-        steps deleted."""
+        """Delete every best checkpoint but ``step`` (all when None); returns the steps."""
         if self._best is None or self.read_only:
             return []
         deleted = [s for s in self._best.all_steps() if s != step]
@@ -192,8 +141,7 @@ class Checkpoints:
         return deleted
 
     def _save(self, manager, step: int, nbytes: int, **items) -> None:
-        """Save ``items`` as ``step`` of ``manager`` (about ``nbytes``), then its checksums;
-        CheckpointError (one line: ``checkpoint_failures.failed_save``) when it fails."""
+        """Save ``items`` as ``step`` of ``manager`` (about ``nbytes``), then its checksums."""
         if self.read_only:
             raise CheckpointError("checkpoints opened read-only")
         if step in manager.all_steps():
@@ -210,11 +158,7 @@ class Checkpoints:
             raise CheckpointError(line) from None
 
     def prune_after(self, step: int) -> list[int]:
-        """Delete every checkpoint (latest and best) after ``step``; returns the steps deleted.
-
-        Used when a run resumes from ``step`` (after ``kill -9`` or a non-finite rollback):
-        anything later belongs to an abandoned continuation.
-        """
+        """Delete every checkpoint after ``step`` (a resume's abandoned continuation)."""
         deleted = []
         for manager in (self._latest, self._best):
             if manager is None:
@@ -228,9 +172,7 @@ class Checkpoints:
     # -- restoring ------------------------------------------------------------------------------
 
     def restore_latest(self, step: int, params, opt_state, carry) -> tuple[Any, Any, Any, dict]:
-        """The full training state at ``step``; the arguments are templates (shapes, dtypes,
-        tree structure), e.g. a freshly initialised state. DamagedCheckpointError when its
-        files changed since the save or it does not read."""
+        """The full training state at ``step``; the arguments are templates."""
         restored = self._restore(
             "latest",
             step,
@@ -242,9 +184,8 @@ class Checkpoints:
         return restored.params, restored.opt_state, restored.carry["carry"], dict(restored.meta)
 
     def _restore(self, which: str, step: int, **items):
-        """Restore ``items`` of a checkpoint (an item may be a function giving its restore
-        argument once the files are checked): its files are checked against its checksums
-        first; one without checksums must read and hold finite parameters."""
+        """Restore ``items`` (or functions giving them) of a checkpoint after checking its
+        files; one without checksums must read and hold finite parameters."""
         manager = self._which(which)
         checked = self._check_files(which, step, self._folder(which, step), tuple(items))
         failures.silence_closed_loop_noise()
@@ -259,8 +200,7 @@ class Checkpoints:
         return restored
 
     def _check_files(self, which: str, step: int, folder: Path, items: tuple[str, ...]) -> bool:
-        """Whether ``folder`` has checksums (False: none to check); DamagedCheckpointError
-        when a file of ``items`` (or of the step itself) differs from them."""
+        """Whether ``folder`` has checksums; DamagedCheckpointError when a file differs."""
         try:
             expected = checksums.read_checksums(folder)
         except FileNotFoundError:
@@ -273,8 +213,7 @@ class Checkpoints:
         return True
 
     def undamaged(self, but: tuple[str, int] | None = None) -> list[tuple[str, int]]:
-        """(which, step) of every checkpoint whose files match its checksums (or that has
-        none to check), newest first, ``but`` left out. Reads every file: for error paths."""
+        """(which, step) of every undamaged checkpoint but ``but``, newest first (reads all)."""
         found = [
             (which, step)
             for which in ("latest", "best")
@@ -311,8 +250,7 @@ class Checkpoints:
         return dict(self._restore(which, step, meta=ocp.args.JsonRestore()).meta)
 
     def newest_readable_meta(self) -> dict | None:
-        """The meta of the newest latest checkpoint whose meta reads (then of the best), or
-        None: a damaged newer one is passed over (the resume falls back past it too)."""
+        """The meta of the newest checkpoint whose meta reads (latest, then best), or None."""
         for which in ("latest", "best"):
             for step in sorted(self.steps(which), reverse=True):
                 try:
@@ -322,12 +260,8 @@ class Checkpoints:
         return None
 
     def restore_params(self, which: str = "best", step: int | None = None, template=None):
-        """(params, meta) of a checkpoint (default: the newest of ``which``).
-
-        ``template``: optional params tree giving shapes/dtypes (and shardings); without it
-        the arrays are restored as saved, on this process's first device (so a checkpoint
-        written by a multi-device or multi-host run loads on one device).
-        """
+        """(params, meta) of a checkpoint (default: the newest of ``which``); without a
+        ``template`` the arrays go to this process's first device."""
         manager = self._which(which)
         step = manager.latest_step() if (manager is not None and step is None) else step
         if manager is None or step is None:
@@ -364,8 +298,8 @@ def _all_finite(tree) -> bool:
 
 
 def _single_device_target(item_dir: Path):
-    """Restore target for a saved array tree: its shapes / dtypes on the first local device
-    (orbax refuses the saved shardings when the device topology differs)."""
+    """Restore target of a saved array tree on the first local device (orbax refuses the
+    saved shardings on another topology)."""
     metadata = ocp.StandardCheckpointHandler().metadata(item_dir)
     tree = getattr(metadata, "tree", metadata)
     device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
@@ -382,11 +316,7 @@ def has_checkpoint(workdir: str | os.PathLike) -> bool:
 
 
 def load_for_inference(workdir: str | os.PathLike, which: str = "best") -> tuple[Any, dict, str]:
-    """(params, meta, which_used) of the ``which`` checkpoint of a workdir.
-
-    ``which="best"`` falls back to the latest checkpoint when no best exists yet.
-    Raises CheckpointError when the workdir holds no checkpoint.
-    """
+    """(params, meta, which_used) of the ``which`` checkpoint of a workdir."""
     workdir = Path(workdir)
     if not workdir.is_dir():
         raise CheckpointError(f"workdir {workdir} does not exist")

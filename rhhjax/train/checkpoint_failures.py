@@ -1,12 +1,8 @@
-"""A checkpoint save or restore that fails, said in one line.
-
-orbax and tensorstore report a failed write (a full disk) or a damaged file with pages of
-log records and late tracebacks; here they are dropped (``quiet_orbax_errors``,
-``silence_closed_loop_noise``) and the failure becomes one line: ``failed_save`` (where,
-which step, why, the space it needs, the checkpoint left intact; the unfinished folders
-removed) and ``read_error`` (orbax's message shortened). ``space_needed`` serves every write
-of a workdir. The lines are strings: ``rhhjax.train.checkpoint`` raises them as
-``CheckpointError``.
+"""A checkpoint save or restore that fails, said in one line: orbax's and tensorstore's log
+records and late tracebacks are dropped (``quiet_orbax_errors``,
+``silence_closed_loop_noise``); ``failed_save`` and ``read_error`` give the lines that
+``rhhjax.train.checkpoint`` raises as ``CheckpointError``; ``space_needed`` serves every write
+of a workdir.
 """
 
 from __future__ import annotations
@@ -34,9 +30,7 @@ class _OrbaxErrorFilter(logging.Filter):
 
 @contextlib.contextmanager
 def quiet_orbax_errors() -> Iterator[None]:
-    """During a save: orbax's threads log every failed write with a traceback (pages of them
-    for a full disk) before the save raises; the failure is reported once, as the
-    CheckpointError, so those records are dropped."""
+    """Drop orbax's logged tracebacks of failed writes during a save."""
     logger = logging.getLogger("absl")
     quiet = _OrbaxErrorFilter()
     logger.addFilter(quiet)
@@ -47,8 +41,7 @@ def quiet_orbax_errors() -> Iterator[None]:
 
 
 def _closed_loop_noise(unraisable) -> bool:
-    """tensorstore's late callbacks into the asyncio loop of a failed orbax call (already
-    closed): harmless, printed as tracebacks after the one-line error."""
+    """tensorstore's harmless late callbacks into the closed loop of a failed orbax call."""
     return isinstance(unraisable.exc_value, RuntimeError) and "Event loop is closed" in str(
         unraisable.exc_value
     )
@@ -58,10 +51,8 @@ _SILENCED = False
 
 
 def silence_closed_loop_noise() -> None:
-    """From the first save or restore on, drop what tensorstore's threads print when a write
-    or read fails (a full disk, a damaged file; reported as one line): "Event loop is closed"
-    tracebacks of late callbacks into orbax's finished event loop (0 to 160 lines, a race),
-    during the failing call and after it. Nothing else is dropped."""
+    """From the first save or restore on, drop the "Event loop is closed" tracebacks
+    tensorstore's threads print after a failed write or read; nothing else."""
     global _SILENCED
     if _SILENCED:
         return
@@ -79,8 +70,7 @@ def silence_closed_loop_noise() -> None:
 
 
 def read_error(error: BaseException) -> str:
-    """A readable line for orbax / tensorstore failing on a damaged file (their messages end
-    in a pointer to "full TensorStore details" printed as a Python method's repr)."""
+    """A readable line for orbax / tensorstore failing on a damaged file."""
     text = " ".join(str(error).split())
     text = re.split(r"\s*See full TensorStore details", text)[0]
     text = re.sub(r"<bound method [^>]*>?", "", text).strip(" .;:")
@@ -98,10 +88,8 @@ def tree_bytes(tree: Any) -> int:
 
 
 def failed_save(manager: Any, latest: Any, step: int, nbytes: int, error: BaseException) -> str:
-    """The line for ``manager``'s save of ``step`` (about ``nbytes``) that raised ``error``,
-    once orbax's unfinished folders are removed; ``latest``: the ``checkpoints/`` manager
-    (None when there is none), whose newest other step is the one left intact. The space
-    needed is at least the size of the newest finished checkpoint."""
+    """The line for ``manager``'s failed save of ``step``, once orbax's unfinished folders are
+    removed; ``latest``: the ``checkpoints/`` manager, whose newest other step is left."""
     folder = Path(manager.directory)
     _remove_unfinished(folder)
     for other in (manager, latest):  # a finished checkpoint: its size on disk
@@ -120,8 +108,7 @@ def _folder_bytes(folder: Path) -> int:
 
 
 def _remove_unfinished(folder: Path) -> None:
-    """Delete orbax's temporary folders of unfinished saves (they hold the space a retry
-    needs); finished checkpoints are untouched."""
+    """Delete orbax's temporary folders of unfinished saves (the space a retry needs)."""
     if not folder.is_dir():
         return
     for path in folder.iterdir():
@@ -132,8 +119,7 @@ def _remove_unfinished(folder: Path) -> None:
 def _save_failure(
     folder: Path, step: int, nbytes: int, error: BaseException, last: int | None
 ) -> str:
-    """One line for a failed save: where, which step, why, the space needed, and ``last``,
-    the step of the latest training checkpoint left (None: none)."""
+    """One line for a failed save; ``last``: the latest training checkpoint's step left."""
     text = " ".join(str(error).split()) or type(error).__name__
     left = (
         f"the last checkpoint (step {last}) is intact"
@@ -156,9 +142,8 @@ def _save_failure(
 
 
 def space_needed(folder: Path, nbytes: int) -> str:
-    """ "it needs about X, Y free" for a write of about ``nbytes`` into ``folder`` that failed;
-    "it needs more than the Y free" when the estimate is not above the free space (the write
-    failed, so it needed more: metadata, file-system blocks)."""
+    """ "it needs about X, Y free" for a failed write of about ``nbytes`` into ``folder`` (or
+    "more than the Y free" when the estimate is not above it)."""
     try:
         free = shutil.disk_usage(folder if folder.exists() else folder.parent).free
     except OSError:

@@ -1,13 +1,6 @@
-"""The checksum table of a checkpoint: ``<step>/checksums.json`` holds the size and SHA-256
-of every file of a finished checkpoint (written after each save), so a restore can tell a
-damaged file before orbax reads a byte.
-
-    write_checksums(folder)                 after a save: the table of every file of ``folder``
-    read_checksums(folder)                  the table; ChecksumFileError when it is damaged
-    files_problem(folder, table, items)     "" or the first file of ``items`` that differs
-    intact(folder, items)                   whether those files match (True without a table)
-
-Plain files only: nothing here knows orbax or jax.
+"""The checksum table of a checkpoint: ``<step>/checksums.json``, the size and SHA-256 of
+every file, written after each save so a restore can tell a damaged file before orbax reads
+it (``write_checksums``, ``read_checksums``, ``files_problem``, ``intact``). Plain files only.
 """
 
 from __future__ import annotations
@@ -34,8 +27,7 @@ def write_checksums(folder: Path) -> None:
 
 
 def read_checksums(folder: Path) -> dict[str, tuple[int, str]]:
-    """``folder/checksums.json`` as {relative path: (bytes, sha256)}; FileNotFoundError when
-    there is none, ChecksumFileError (a readable line) when it is damaged."""
+    """``folder/checksums.json`` as {relative path: (bytes, sha256)}."""
     path = folder / CHECKSUMS_FILE
     try:
         text = path.read_text()
@@ -59,8 +51,7 @@ def read_checksums(folder: Path) -> dict[str, tuple[int, str]]:
 
 
 def files_problem(folder: Path, expected: dict, items: tuple[str, ...]) -> str:
-    """ "" when every file of ``items`` (and of the step itself) in ``folder`` is listed in
-    ``expected`` with its size and SHA-256; else the first difference, in words."""
+    """ "" when the files of ``items`` match ``expected``, else the first difference."""
 
     def read_now(name: str) -> bool:  # another item's files are not read now
         return "/" not in name or name.split("/", 1)[0] in items
@@ -85,9 +76,7 @@ def files_problem(folder: Path, expected: dict, items: tuple[str, ...]) -> str:
 
 
 def intact(folder: Path, items: tuple[str, ...]) -> bool:
-    """Whether the files of ``items`` (and of the step itself) in ``folder`` match its
-    checksums: True when it has none (older checkpoints: nothing to check), False when its
-    table is damaged."""
+    """Whether the files of ``items`` in ``folder`` match its checksums (True without any)."""
     try:
         expected = read_checksums(folder)
     except FileNotFoundError:

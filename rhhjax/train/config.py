@@ -1,17 +1,8 @@
 """Every default of a run, the ``train`` and ``eval`` blocks, and the whole config as a run
-reads it.
-
-``default_config()`` is a config with every field of every block at its default: the paper's
-HyperRHN on Penn Treebank. Each default lives in one place: the ``data`` block in
-``rhhjax.data.default_data_config``, the ``model`` block in ``rhhjax.models.ModelConfig``
-(its ``kernel`` block in ``rhhjax.kernels.triton.HighwayConfig``), ``train`` and ``eval`` here.
-Config files (``configs/``) start from it and set what their experiment chooses; the library
-never reads them.
-
-``prepare_config(config)`` fills the fields an older config (a workdir's ``config.json``) lacks
-from ``default_config()`` and validates every block: ``data`` (``rhhjax.data``), ``model``
-(``rhhjax.models.ModelConfig``), ``train`` and ``eval`` (here). Errors are one line
-(``TrainError``, ``ConfigError``, ``DataError``: all ``rhhjax.errors.UserError``).
+reads it. ``default_config()``: every field of every block at its default (the paper's
+HyperRHN on PTB; ``data`` from ``rhhjax.data``, ``model`` from ``rhhjax.models.ModelConfig``,
+``train`` and ``eval`` here). ``prepare_config(config)`` fills the fields an older config
+lacks and validates every block; errors are one line (``rhhjax.errors.UserError``).
 """
 
 from __future__ import annotations
@@ -44,8 +35,7 @@ def default_config() -> ml_collections.ConfigDict:
 
 
 def default_train_config() -> ml_collections.ConfigDict:
-    """The ``train`` block at its defaults: the paper's optimizer and batch, and the run's
-    stop rules, checkpoints and devices."""
+    """The ``train`` block at its defaults (the paper's optimizer and batch)."""
     train = ml_collections.ConfigDict()
     train.batch_size = 256  # Sequences per step (paper: 256; the paper's code used 200).
     train.seq_len = 100  # Characters per training sequence (inputs and targets each).
@@ -53,6 +43,10 @@ def default_train_config() -> ml_collections.ConfigDict:
     train.learning_rate = 1e-3  # Step size (paper HyperRHN: Adam 1e-3; RHN: 5e-4).
     train.lr_decay = 1.0  # sgd: divide the learning rate by this once per epoch...
     train.lr_decay_start_epoch = 0  # ...from this 0-based epoch on.
+    # adam: constant (paper) | cosine | linear (warm-up, then decay to the run's last step)
+    train.schedule = "constant"
+    train.warmup_steps = 0  # Steps of the linear warm-up from 0 (schedule cosine / linear).
+    train.final_lr_fraction = 0.1  # The floor of the decay, as a fraction of learning_rate.
     train.b1 = 0.9  # Adam beta1.
     train.b2 = 0.999  # Adam beta2.
     train.weight_decay = 0.0  # Decoupled weight decay (AdamW) when > 0.
@@ -60,29 +54,28 @@ def default_train_config() -> ml_collections.ConfigDict:
     train.clip_type = "l1"  # l1 (the paper code's total L1 norm) | l2 (global L2 norm).
     train.max_epochs = 1000  # Upper bound on epochs (an epoch = len(train) / (batch*seq_len)).
     train.max_steps = 0  # Stop after this many steps when > 0 (takes precedence).
-    # Stop after this much training time when > 0 (summed across restarts; the first step's
-    # compilation counts, validation and saving do not).
+    # Stop after this much training time when > 0 (summed across restarts).
     train.max_minutes = 0.0
+    # A training budget in minutes when > 0, fixed as a number of steps after the probe.
+    train.budget_minutes = 0.0
+    train.budget_probe_steps = 20  # Steps timed to turn budget_minutes into steps.
+    # > 0: seconds per step instead of measured ones (the same steps on every machine).
+    train.budget_step_seconds = 0.0
     train.eval_every_steps = 0  # Validate every N steps; 0 = once per epoch (and at the stop).
     train.patience = 20  # Early stopping: evaluations without a new best valid BPC; 0 = off.
     train.log_every_steps = 50  # Progress line and metrics record every N steps.
     train.checkpoint_every_steps = 0  # Extra checkpoints every N steps; 0 = at evaluations.
     train.keep_checkpoints = 3  # Latest checkpoints kept (the best one is kept as well).
-    # Also checkpoint after this much wall time since the last save (0 = off): bounds what a
-    # SIGKILL (a scheduler's, after its grace period) can lose.
+    # Also checkpoint after this much wall time since the last save (0 = off).
     train.checkpoint_every_minutes = 10.0
     train.on_nonfinite = "stop"  # stop | rollback (restore the last checkpoint and go on).
-    # A training loss above this x ln(vocab) (the loss of a uniform guess) counts as diverged,
-    # like NaN (on_nonfinite applies); 0 = off.
+    # A loss above this x ln(vocab) counts as diverged (on_nonfinite applies); 0 = off.
     train.divergence_factor = 10.0
     train.tensorboard = False  # Also write TensorBoard events (pip install -e ".[tensorboard]").
-    # Data parallelism: the batch is split over all devices of all processes (batch sizes must
-    # divide by the device count). Several hosts: True (or $JAX_COORDINATOR_ADDRESS set) calls
-    # jax.distributed.initialize() (JAX_NUM_PROCESSES / JAX_PROCESS_ID, or SLURM / MPI).
+    # Several hosts: call jax.distributed.initialize() (also when $JAX_COORDINATOR_ADDRESS is set).
     train.distributed = False
     train.fsdp = False  # Also split parameters / optimizer state over devices (FSDP-style).
-    # Refuse, before compiling, a config whose estimated peak memory (rhhjax.memory: training
-    # and every evaluation protocol) exceeds what is free; False: run it anyway.
+    # Refuse a config whose estimated peak memory exceeds what is free (rhhjax.memory).
     train.check_memory = True
     return train
 
@@ -91,8 +84,7 @@ def default_eval_config() -> ml_collections.ConfigDict:
     """The ``eval`` block at its defaults: the periodic validation and the final evaluation."""
     evaluation = ml_collections.ConfigDict()
     evaluation.batch_size = 256  # Rows per evaluation batch.
-    # Window / chunk length for the honest protocols; a batch spans at most 1,000 steps
-    # (rhhjax.data.MAX_CHUNK): a longer window runs in pieces, the state carried.
+    # Window / chunk length of the honest protocols (run in pieces of MAX_CHUNK steps).
     evaluation.seq_len = 100
     evaluation.min_context = 50  # windows protocol: minimum context of every scored char.
     evaluation.valid_protocol = "windows"  # Protocol of the periodic validation.
@@ -107,8 +99,7 @@ def defaults() -> dict[str, Any]:
 
 
 def fill_defaults(items: dict[str, Any], default: Mapping[str, Any]) -> None:
-    """Add to ``items`` (in place, recursively) every field of ``default`` it lacks: a config
-    written before a field existed (a workdir's ``config.json``) gets its default."""
+    """Add to ``items`` (in place, recursively) every field of ``default`` it lacks."""
     for key, value in default.items():
         if key not in items:
             items[key] = value
@@ -116,8 +107,7 @@ def fill_defaults(items: dict[str, Any], default: Mapping[str, Any]) -> None:
             fill_defaults(items[key], value)
 
 
-# Fields that must match between a workdir's run and the config that resumes it (besides the
-# vocabulary): everything that shapes the parameters, optimizer state or sampler state.
+# must match between a workdir's run and the config that resumes it: they shape the state
 RESUME_FIELDS = (
     "seed",
     "data.format",
@@ -127,6 +117,7 @@ RESUME_FIELDS = (
     "train.batch_size",
     "train.seq_len",
     "train.optimizer",
+    "train.schedule",  # constant or not: the optimizer state's shape
 )
 # May change on resume: how the recurrence runs, not what it computes.
 MODEL_FIELDS_FREE = (
@@ -139,10 +130,7 @@ class TrainError(UserError):
 
 
 def prepare_config(config: Any) -> ml_collections.ConfigDict:
-    """An unlocked copy of ``config`` with the optional fields filled in, validated.
-
-    Raises TrainError / ConfigError (one line) on the first invalid value.
-    """
+    """An unlocked copy of ``config`` with the optional fields filled in, validated."""
     try:
         items = config.to_dict() if hasattr(config, "to_dict") else dict(config)
     except (OSError, AttributeError, TypeError) as e:
@@ -157,10 +145,16 @@ def prepare_config(config: Any) -> ml_collections.ConfigDict:
 
 
 def bound_reached(
-    train, steps_per_epoch: int, step: int, evals_since_best: int, train_seconds: float
+    train,
+    steps_per_epoch: int,
+    step: int,
+    evals_since_best: int,
+    train_seconds: float,
+    budget_steps: int = 0,
 ) -> str | None:
-    """Which bound of the ``train`` block stops a run at ``step`` (None: none): max_steps,
-    max_epochs, max_minutes or early_stopping, in that order."""
+    """Which bound of the ``train`` block stops a run at ``step``, or None."""
+    if budget_steps and step >= budget_steps:
+        return "budget"
     if train.max_steps and step >= train.max_steps:
         return "max_steps"
     if train.max_epochs and step >= train.max_epochs * steps_per_epoch:
@@ -170,6 +164,34 @@ def bound_reached(
     if train.patience and evals_since_best >= train.patience:
         return "early_stopping"
     return None
+
+
+def budget_steps_for(train, elapsed_seconds: float, step: int, step_seconds: float) -> int:
+    """The number of steps ``train.budget_minutes`` buys (at least ``step``): at
+    ``budget_step_seconds`` if set, else ``step`` plus what the rest buys at ``step_seconds``."""
+    budget = 60.0 * float(train.budget_minutes)
+    if train.budget_step_seconds:
+        return _whole(budget / float(train.budget_step_seconds))
+    return step + max(0, _whole((budget - elapsed_seconds) / step_seconds))
+
+
+def _whole(steps: float) -> int:
+    """``floor(steps)``, but a ratio that is whole up to rounding (0.6 / 0.05) counts whole."""
+    return int(math.floor(steps + 1e-6))
+
+
+def check_budget_steps(
+    train, budget_steps: int, step_seconds: float, elapsed_seconds: float = 0.0
+) -> None:
+    """TrainError (one line) when the budget's steps leave no decay after the warm-up."""
+    if train.schedule != "constant" and budget_steps <= train.warmup_steps + 1:
+        spent = f"{elapsed_seconds:.1f} s on the first steps (compilation included), then "
+        raise TrainError(
+            f"train.budget_minutes={train.budget_minutes:g} buys {budget_steps} steps "
+            f"({spent if elapsed_seconds else ''}{step_seconds:.3g} s a step), too few for "
+            f"train.warmup_steps={train.warmup_steps} and a decay: raise budget_minutes or "
+            "lower warmup_steps"
+        )
 
 
 def _check_int(name: str, value: Any, minimum: int) -> None:
@@ -183,8 +205,11 @@ def _check_float(name: str, value: Any, low: float, high: float = math.inf, **kw
     if ok:
         ok = (value > low if low_open else value >= low) and value <= high
     if not ok:
+        if high == math.inf:  # "in (0.0, inf]" would admit the inf it refuses
+            above = ">" if low_open else ">="
+            raise TrainError(f"{name}={value!r} must be a finite number {above} {low}")
         bracket = "(" if low_open else "["
-        raise TrainError(f"{name}={value!r} must be a number in {bracket}{low}, {high}]")
+        raise TrainError(f"{name}={value!r} must be a finite number in {bracket}{low}, {high}]")
 
 
 def _check_choice(name: str, value: Any, choices: tuple) -> None:
@@ -202,6 +227,9 @@ def validate_config(cfg: ml_collections.ConfigDict) -> None:
     _check_int("train.seq_len", t.seq_len, 1)
     _check_choice("train.optimizer", t.optimizer, ("adam", "sgd"))
     _check_float("train.learning_rate", t.learning_rate, 0.0, low_open=True)
+    _check_choice("train.schedule", t.schedule, ("constant", "cosine", "linear"))
+    _check_int("train.warmup_steps", t.warmup_steps, 0)
+    _check_float("train.final_lr_fraction", t.final_lr_fraction, 0.0, 1.0)
     _check_float("train.b1", t.b1, 0.0, 1.0)
     _check_float("train.b2", t.b2, 0.0, 1.0)
     _check_float("train.weight_decay", t.weight_decay, 0.0)
@@ -212,6 +240,10 @@ def validate_config(cfg: ml_collections.ConfigDict) -> None:
     _check_int("train.max_epochs", t.max_epochs, 0)
     _check_int("train.max_steps", t.max_steps, 0)
     _check_float("train.max_minutes", t.max_minutes, 0.0)
+    _check_float("train.budget_minutes", t.budget_minutes, 0.0)
+    _check_int("train.budget_probe_steps", t.budget_probe_steps, 1)
+    _check_float("train.budget_step_seconds", t.budget_step_seconds, 0.0)
+    _check_schedule(t)
     _check_int("train.eval_every_steps", t.eval_every_steps, 0)
     _check_int("train.patience", t.patience, 0)
     _check_int("train.log_every_steps", t.log_every_steps, 1)
@@ -229,9 +261,10 @@ def validate_config(cfg: ml_collections.ConfigDict) -> None:
     _check_choice("train.distributed", t.distributed, (False, True))
     _check_choice("train.fsdp", t.fsdp, (False, True))
     _check_choice("train.check_memory", t.check_memory, (False, True))
-    if not (t.max_epochs or t.max_steps or t.max_minutes or t.patience):
+    if not (t.max_epochs or t.max_steps or t.max_minutes or t.budget_minutes or t.patience):
         raise TrainError(
-            "nothing stops training: set train.max_steps, max_epochs, max_minutes or patience"
+            "nothing stops training: set train.max_steps, max_epochs, max_minutes, "
+            "budget_minutes or patience"
         )
     _check_int("eval.batch_size", e.batch_size, 1)
     _check_int("eval.seq_len", e.seq_len, 1)
@@ -248,6 +281,37 @@ def validate_config(cfg: ml_collections.ConfigDict) -> None:
         need = data_lib.PAPER_SEQ_LEN + 1 if e.valid_protocol == "paper" else 2
         if e.max_valid_chars < need:
             raise TrainError(f"eval.max_valid_chars={e.max_valid_chars} must be 0 or >= {need}")
+
+
+def _check_schedule(t) -> None:
+    """The schedule's fields agree with the optimizer and the run's length (one line)."""
+    if t.schedule == "constant":
+        return
+    if t.optimizer != "adam":
+        raise TrainError(
+            f"train.schedule={t.schedule!r} applies to adam; sgd decays with train.lr_decay"
+        )
+    if not (t.budget_minutes or t.max_steps or t.max_epochs):
+        raise TrainError(
+            f"train.schedule={t.schedule!r} decays over the run: set train.budget_minutes, "
+            "max_steps or max_epochs"
+        )
+    if t.budget_minutes and t.budget_step_seconds:
+        steps = budget_steps_for(t, 0.0, 0, t.budget_step_seconds)
+        check_budget_steps(t, steps, t.budget_step_seconds)
+    elif t.budget_minutes and t.warmup_steps <= t.budget_probe_steps + 1:
+        raise TrainError(
+            f"train.warmup_steps={t.warmup_steps} must exceed budget_probe_steps + 1 = "
+            f"{t.budget_probe_steps + 1}: the budget is fixed after the probe, before the "
+            "decay starts"
+        )
+    elif not t.budget_minutes:
+        total = t.max_steps or 0
+        if total and total <= t.warmup_steps + 1:
+            raise TrainError(
+                f"train.max_steps={total} leaves no decay after train.warmup_steps="
+                f"{t.warmup_steps}: raise max_steps or lower warmup_steps"
+            )
 
 
 def config_to_json(cfg: ml_collections.ConfigDict) -> str:

@@ -18,6 +18,7 @@ import numpy as np
 from rhhjax import evaluation as eval_lib
 from rhhjax import memory, parallel
 from rhhjax.train import config as train_config
+from rhhjax.train import optim
 from rhhjax.train import workdir as workdir_lib
 from rhhjax.train.config import TrainError
 from rhhjax.train.optim import OptimizerConfig
@@ -33,21 +34,18 @@ class NonFiniteLossError(TrainError):
 
 
 def loss_limit(factor: float, vocab_size: int) -> float:
-    """The training loss (nats) above which a run counts as diverged: ``factor`` x ln(V), the
-    loss of a uniform guess; inf when ``factor`` is 0 (the guard is off)."""
+    """The training loss above which a run counts as diverged: ``factor`` x ln(V) (inf: off)."""
     return factor * math.log(max(vocab_size, 2)) if factor else math.inf
 
 
-# On a CPU, steps slower than this (the CPU recipe's take ~0.45 s on 2 cores) and epochs
-# longer than this get the hint to use the CPU recipe.
+# on a CPU, slower steps and longer epochs get the hint to use the CPU recipe
 CPU_HINT_STEP_SECONDS = 1.0
 CPU_HINT_EPOCH_MINUTES = 10.0
 
 
 def epoch_estimate(sec_per_step: float, steps_per_epoch: int, step: int, platform: str) -> str:
-    """The start-up line on what one epoch takes here, from the measured time of ``step`` (the
-    first step after the compiled one); on a CPU, for a model too large for it (slow steps,
-    long epochs: the paper's), it names the recipe sized for a CPU."""
+    """The start-up line on what one epoch takes here, from the time of ``step``; on a CPU, for
+    a model too large for it, it names the CPU recipe."""
     minutes = sec_per_step * steps_per_epoch / 60.0
     line = (
         f"estimate: an epoch ({steps_per_epoch:,} steps) takes about "
@@ -100,8 +98,7 @@ class Loop:
     _HOST_STOPS = (None, "signal", "max_minutes")
 
     def _host_state(self, s: LoopState) -> tuple[str | None, bool]:
-        """(stop reason, wall-time checkpoint due) as this process sees them (signals, its
-        clock)."""
+        """(stop reason, wall-time checkpoint due) as this process sees them."""
         t = self.run.cfg.train
         reason = None
         if self.run.signals.signum is not None:
@@ -113,8 +110,8 @@ class Loop:
         return reason, due
 
     def _agreed_host_state(self, s: LoopState) -> tuple[str | None, bool]:
-        """``_host_state``; with several processes process 0's, taken only every
-        ``log_every_steps`` steps (a broadcast), so that all stop / save at the same step."""
+        """``_host_state``; with several processes process 0's, broadcast every
+        ``log_every_steps`` steps so that all stop and save at the same step."""
         if jax.process_count() == 1:
             return self._host_state(s)
         if self._agreed is not None and self._agreed[0] == s.step:
@@ -138,7 +135,47 @@ class Loop:
         # max_minutes as this process's clock says, agreed with the others
         seconds = s.train_seconds if host == "max_minutes" else 0.0
         return train_config.bound_reached(
-            self.run.cfg.train, self.bpe, s.step, s.evals_since_best, seconds
+            self.run.cfg.train, self.bpe, s.step, s.evals_since_best, seconds, s.budget_steps
+        )
+
+    # -- the time budget and the schedule ----------------------------------------------------
+
+    def _schedule_length(self, s: LoopState) -> int:
+        """The steps the schedule decays over: the budget's (0 until fixed), else the
+        nearest step bound."""
+        t = self.run.cfg.train
+        if t.budget_minutes:
+            return s.budget_steps
+        bounds = [b for b in (t.max_steps, t.max_epochs * self.bpe) if b]
+        return min(bounds) if bounds else 0
+
+    def _start_schedule(self, s: LoopState) -> None:
+        """Fix the budget and schedule length known before the first step (a resumed state
+        keeps its own)."""
+        t = self.run.cfg.train
+        if t.budget_minutes and t.budget_step_seconds and not s.budget_steps:
+            self._fix_budget(s, 0.0, float(t.budget_step_seconds))
+        length = self._schedule_length(s)
+        if self.oc.scheduled and length and not optim.total_steps_of(s.opt_state):
+            s.opt_state = optim.set_total_steps(s.opt_state, length)
+
+    def _fix_budget(self, s: LoopState, elapsed: float, step_seconds: float) -> None:
+        """Turn ``train.budget_minutes`` into ``s.budget_steps`` (process 0's figure on every
+        process) and give the schedule that length."""
+        t = self.run.cfg.train
+        steps = train_config.budget_steps_for(t, elapsed, s.step, step_seconds)
+        if jax.process_count() > 1:
+            from jax.experimental import multihost_utils
+
+            steps = int(multihost_utils.broadcast_one_to_all(np.int32(steps)))
+        train_config.check_budget_steps(t, steps, step_seconds, elapsed)
+        s.budget_steps = steps
+        if self.oc.scheduled:
+            s.opt_state = optim.set_total_steps(s.opt_state, steps)
+        self.run.log(
+            f"budget: {t.budget_minutes:g} minutes = {steps:,} steps "
+            f"({step_seconds:.4g} s a step{', given' if t.budget_step_seconds else ''}; "
+            f"epoch {steps / self.bpe:.2f} at the end)"
         )
 
     def _eta(self, s: LoopState, sec_per_step: float) -> float:
@@ -146,6 +183,8 @@ class Loop:
         t = self.run.cfg.train
         remaining = []
         if math.isfinite(sec_per_step):
+            if s.budget_steps:
+                remaining.append((s.budget_steps - s.step) * sec_per_step)
             if t.max_steps:
                 remaining.append((t.max_steps - s.step) * sec_per_step)
             if t.max_epochs:
@@ -157,14 +196,9 @@ class Loop:
     # -- the loop ---------------------------------------------------------------------------
 
     def train(self, s: LoopState) -> tuple[LoopState, str]:
-        """Train from ``s`` until a stop reason; returns (final state, reason).
-
-        The host keeps at most one step queued behind the step in flight: after dispatching
-        step k it waits for step k-1 to finish, so a stop (signal, time budget) takes effect
-        after the step in flight rather than after every step asynchronous dispatch queued.
-        The first step (it compiles) and the second (it is timed for ``epoch_estimate``) are
-        waited for. A stop other than a signal validates the stop step if it was not; the
-        final state is saved unless a signal came before any step ran.
+        """Train from ``s`` until a stop reason; returns (final state, reason). After
+        dispatching step k the host waits for step k-1, so a stop takes effect after the step
+        in flight; the final state is saved unless a signal came before any step ran.
         """
         if self.run.tensorboard is not None and self.run.primary and self.events is None:
             self.events = workdir_lib.EventWriter(self.run.tensorboard, self.run.workdir, s.step)
@@ -184,6 +218,9 @@ class Loop:
         interval_start, interval_steps = timer, 0
         sec_per_step = math.nan
         steps_run = 0
+        self._start_schedule(s)
+        probe_end = 1 + t.budget_probe_steps if t.budget_minutes and not s.budget_steps else 0
+        probe_start_seconds = 0.0
         previous_loss = None  # the loss of the step before the one just dispatched
         while (reason := self.stop_reason(s)) is None:
             loss = self._dispatch(s)
@@ -192,10 +229,15 @@ class Loop:
             if previous_loss is not None:
                 jax.block_until_ready(previous_loss)  # do not run ahead of the device
             previous_loss = loss
-            if steps_run <= 2:
+            if steps_run <= 2 or steps_run == probe_end:
                 jax.block_until_ready(loss)
             now = time.time()
             s.train_seconds += now - timer  # training time on every step, for max_minutes
+            if steps_run == 1:
+                probe_start_seconds = s.train_seconds
+            elif steps_run == probe_end:  # the budget's steps, from the steps since the first
+                step_seconds = (s.train_seconds - probe_start_seconds) / (probe_end - 1)
+                self._fix_budget(s, s.train_seconds, step_seconds)
             if steps_run == 1:  # exclude compilation from the throughput
                 self.run.log(
                     f"first step done in {now - timer:.1f}s (compilation included); a progress "
@@ -239,8 +281,7 @@ class Loop:
             return self._train(replacement)
         s.train_seconds += time.time() - timer
         if reason != "signal" and s.valid_step != s.step:
-            # a bound stops at a step that need not be a validation step: validate it, so
-            # that the last steps count and the best can be this one
+            # validate the stop step, so that the best can be this one
             self.run.log(f"{reason} reached at step {s.step}: validating it before stopping")
             self._validate(s)
             last_saved = None  # the checkpoint must record this validation
@@ -262,8 +303,7 @@ class Loop:
         return s, reason
 
     def _dispatch(self, s: LoopState):
-        """Queue one training step on the device (``s`` takes its outputs; its loss and
-        gradient norm wait in ``_pending``); returns the loss (a device scalar)."""
+        """Queue one training step (its loss and gradient norm wait in ``_pending``)."""
         batch = next(self.run.sampler)  # the global batch; each process places its rows
         inputs, targets = parallel.shard_batch((batch.inputs, batch.targets), self.run.mesh)
         scalars = (np.bool_(batch.reset), np.int32(s.step), np.int32(s.retry))
@@ -281,8 +321,7 @@ class Loop:
         return loss
 
     def _fetch(self, s: LoopState) -> LoopState | None:
-        """Move the waiting losses to the host (``s.pending_*``); a non-finite or diverged one
-        is handled (``_nonfinite``). Returns the state after a rollback, else None."""
+        """Move the waiting losses to the host; returns the state after a rollback, else None."""
         if not self._pending:
             return None
         values = jax.device_get([(loss, g) for _, loss, g in self._pending])
@@ -306,7 +345,7 @@ class Loop:
         s.pending_loss.clear()
         s.pending_gnorm.clear()
         chars_per_sec = t.batch_size * t.seq_len / sec_per_step if sec_per_step > 0 else math.nan
-        lr = float(self.oc.learning_rate_at(s.step - 1))
+        lr = float(self.oc.learning_rate_at(s.step - 1, optim.total_steps_of(s.opt_state)))
         record = {
             "kind": "train",
             "step": s.step,
@@ -330,20 +369,19 @@ class Loop:
             speed = f"{chars_per_sec:,.0f} char/s"
         else:  # only the compiled first step since the start: no speed yet
             speed = "speed and ETA from the next progress line on"
-        total = self._total_steps()
+        total = self._total_steps(s)
         self.run.log(
             f"step {s.step}{'/' + format(total, ',') if total else ''} "
             f"epoch {s.step / self.bpe:.2f}  loss {loss:.4f}  bpc {loss / LN2:.4f}  "
             f"|g| {gnorm:.3g}  {speed}"
         )
 
-    def _total_steps(self) -> int:
-        """The step training ends at, when a step bound decides it (0: unknown, e.g. when
-        ``max_minutes`` may stop it first)."""
+    def _total_steps(self, s: LoopState) -> int:
+        """The step training ends at when a step bound decides it (0: unknown)."""
         t = self.run.cfg.train
-        if t.max_minutes:
+        if t.max_minutes or (t.budget_minutes and not s.budget_steps):
             return 0
-        bounds = [b for b in (t.max_steps, t.max_epochs * self.bpe) if b]
+        bounds = [b for b in (s.budget_steps, t.max_steps, t.max_epochs * self.bpe) if b]
         return min(bounds) if bounds else 0
 
     def _validate(self, s: LoopState) -> None:
@@ -454,8 +492,7 @@ class Loop:
         return new
 
     def out_of_memory(self, error: BaseException) -> str:
-        """The one line for an out-of-memory in the current phase: what is kept, and the
-        field to lower."""
+        """The one line for an out-of-memory in the current phase."""
         last = self.store.ckpts.latest_step()
         kept = (
             f"the last checkpoint (step {last}) is intact in {self.run.workdir}"
@@ -472,8 +509,8 @@ class Loop:
     # -- the end ----------------------------------------------------------------------------
 
     def final_evaluation(self, s: LoopState) -> tuple[dict | None, str]:
-        """({split: {protocol: metrics}}, "best step N" | "final step N") of the best
-        checkpoint (the final parameters without one); (None, ...) when a signal stops it."""
+        """({split: {protocol: metrics}}, "best step N" | "final step N"); None metrics when
+        a signal stops it."""
         protocols = eval_lib.parse_protocols(self.run.cfg.eval.final_protocols)
         params, used = s.params, f"final step {s.step}"
         if s.best_step is not None and s.best_step in self.store.ckpts.steps("best"):

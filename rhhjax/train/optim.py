@@ -1,11 +1,12 @@
-"""The optimizer of every run: clipping (the paper code's L1 norm, or global L2) then Adam,
-AdamW or SGD with the RHN paper's per-epoch decay. ``OptimizerConfig`` is the hashable part of
-``config.train`` that defines it."""
+"""The optimizer of every run: clipping (the paper code's L1 norm, or global L2), then Adam,
+AdamW or SGD with the RHN paper's per-epoch decay; Adam's step size is constant or a warm-up
+and decay whose length lives in the optimizer state (a time budget fixes it after the first
+steps). ``OptimizerConfig``: the hashable part of ``config.train`` that defines it."""
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -13,11 +14,8 @@ import optax
 
 
 def clip_by_l1_norm(max_norm: float) -> optax.GradientTransformation:
-    """Scale updates so that their total L1 norm is at most ``max_norm``.
-
-    The paper code's ``torch.nn.utils.clip_grad_norm(params, max_norm, norm_type=1)``:
-    ``g *= max_norm / (||g||_1 + 1e-6)`` when that factor is < 1.
-    """
+    """Scale updates to total L1 norm at most ``max_norm`` (the paper code's
+    ``clip_grad_norm(..., norm_type=1)``: ``g *= max_norm / (||g||_1 + 1e-6)`` when < 1)."""
 
     def init_fn(params):
         del params
@@ -51,6 +49,9 @@ class OptimizerConfig:
     lr_decay: float
     lr_decay_start_epoch: int
     batches_per_epoch: int
+    schedule: str = "constant"  # constant | cosine | linear (warm-up, then decay)
+    warmup_steps: int = 0
+    final_lr_fraction: float = 0.1  # the floor, as a fraction of learning_rate
 
     @classmethod
     def from_config(cls, train: Any, batches_per_epoch: int) -> OptimizerConfig:
@@ -67,17 +68,91 @@ class OptimizerConfig:
             lr_decay_start_epoch=int(train.lr_decay_start_epoch),
             # only the SGD decay reads it: keep it out of the jit cache key otherwise
             batches_per_epoch=int(batches_per_epoch) if decays else 1,
+            schedule=str(train.get("schedule", "constant")),
+            warmup_steps=int(train.get("warmup_steps", 0)),
+            final_lr_fraction=float(train.get("final_lr_fraction", 0.1)),
         )
 
-    def learning_rate_at(self, step):
-        """SGD: ``lr / lr_decay ** max(epoch - start + 1, 0)`` with the 0-based epoch of the
-        step (Zilly et al.'s schedule: with start 5 the sixth epoch is the first decayed);
-        Adam: constant."""
+    @property
+    def scheduled(self) -> bool:
+        """Whether the step size follows a warm-up and decay over the run's length."""
+        return self.schedule != "constant"
+
+    def learning_rate_at(self, step, total_steps=0):
+        """SGD: ``lr / lr_decay ** max(epoch - start + 1, 0)`` (Zilly et al.'s); Adam: constant
+        or ``scheduled_learning_rate``."""
+        if self.scheduled:
+            return scheduled_learning_rate(self, step, total_steps)
         if self.optimizer != "sgd" or self.lr_decay == 1.0:
             return self.learning_rate
         epoch = step // self.batches_per_epoch
         exponent = jnp.maximum(epoch - self.lr_decay_start_epoch + 1, 0)
         return self.learning_rate / jnp.power(self.lr_decay, exponent)
+
+
+def scheduled_learning_rate(oc: OptimizerConfig, step, total_steps):
+    """The step size of 0-based ``step`` (traceable): linear warm-up over ``warmup_steps``,
+    then cosine or linear down to ``final_lr_fraction * learning_rate`` on step
+    ``total_steps - 1``; ``total_steps`` 0 (not known yet) holds the peak."""
+    step = jnp.asarray(step, jnp.float32)
+    total = jnp.asarray(total_steps, jnp.float32)
+    peak, floor = oc.learning_rate, oc.learning_rate * oc.final_lr_fraction
+    warmup = float(oc.warmup_steps)
+    rising = peak * step / max(warmup, 1.0)
+    span = jnp.maximum(total - 1.0 - warmup, 1.0)
+    done = jnp.clip((step - warmup) / span, 0.0, 1.0)
+    if oc.schedule == "cosine":
+        shape = 0.5 * (1.0 + jnp.cos(jnp.pi * done))
+    else:
+        shape = 1.0 - done
+    falling = jnp.where(total > 0, floor + (peak - floor) * shape, peak)
+    return jnp.where(step < warmup, rising, falling)
+
+
+class ScheduleState(NamedTuple):
+    """The scheduled step size's state: steps taken, and the run's length (0: not yet known)."""
+
+    count: jax.Array
+    total_steps: jax.Array
+
+
+def scale_by_schedule(oc: OptimizerConfig) -> optax.GradientTransformation:
+    """``scale_by_learning_rate`` with the run's length in the state (``set_total_steps``)."""
+
+    def init_fn(params):
+        del params
+        return ScheduleState(jnp.zeros([], jnp.int32), jnp.zeros([], jnp.int32))
+
+    def update_fn(updates, state, params=None):
+        del params
+        lr = scheduled_learning_rate(oc, state.count, state.total_steps)
+        updates = jax.tree.map(lambda u: (-lr * u).astype(u.dtype), updates)
+        return updates, ScheduleState(state.count + 1, state.total_steps)
+
+    return optax.GradientTransformation(init_fn, update_fn)
+
+
+def set_total_steps(opt_state, total_steps: int):
+    """``opt_state`` with the schedule's run length set to ``total_steps`` (if it has one)."""
+
+    def replace(node):
+        if not isinstance(node, ScheduleState):
+            return node
+        old = node.total_steps
+        new = jnp.asarray(total_steps, old.dtype)
+        return node._replace(total_steps=jax.device_put(new, old.sharding))
+
+    return jax.tree.map(replace, opt_state, is_leaf=lambda n: isinstance(n, ScheduleState))
+
+
+def total_steps_of(opt_state) -> int:
+    """The schedule's run length recorded in ``opt_state`` (0: none, or not yet known)."""
+    found = [
+        int(n.total_steps)
+        for n in jax.tree.leaves(opt_state, is_leaf=lambda n: isinstance(n, ScheduleState))
+        if isinstance(n, ScheduleState)
+    ]
+    return found[0] if found else 0
 
 
 def make_optimizer(oc: OptimizerConfig) -> optax.GradientTransformation:
@@ -93,6 +168,11 @@ def make_optimizer(oc: OptimizerConfig) -> optax.GradientTransformation:
             parts.append(optax.clip_by_global_norm(oc.clip_norm))
     if oc.optimizer == "sgd":
         parts.append(optax.sgd(oc.learning_rate_at))
+    elif oc.scheduled:
+        parts.append(optax.scale_by_adam(oc.b1, oc.b2))
+        if oc.weight_decay > 0:
+            parts.append(optax.add_decayed_weights(oc.weight_decay))
+        parts.append(scale_by_schedule(oc))
     elif oc.weight_decay > 0:
         parts.append(optax.adamw(oc.learning_rate, oc.b1, oc.b2, weight_decay=oc.weight_decay))
     else:

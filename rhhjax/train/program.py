@@ -1,68 +1,69 @@
 """Train a character-level language model (RHN / HyperRHN / LSTM) and evaluate it.
 
-    rhhjax-train --config=ptb                     # the paper's HyperRHN on PTB (installed)
-    rhhjax-train --config=ptb:cpu                 # a small model for a laptop CPU
-    python -m rhhjax.train --config=ptb:cpu       # the same, without the console command
-    python train.py --config=configs/ptb.py:cpu   # the same, in a checkout
+    rhhjax-train --config=ptb:cpu                 # or python -m rhhjax.train, python train.py
     python train.py --config=configs/ptb.py:rhn --workdir=workdirs/rhn --config.train.max_steps=1000
-    rhhjax-train --config=enwik8                  # the RHN paper's enwik8 recipe
 
---config is a config file with an optional variant (configs/ptb.py:cpu), or the name of an
-installed config (ptb, enwik8, text8, with a variant: ptb:cpu); --config.<field>=value
-overrides follow it. --workdir defaults to workdirs/<config name>[_<variant>] (e.g.
-workdirs/ptb_cpu). Rerunning the same command in the same workdir resumes from its latest
-checkpoint. The loop is rhhjax.train.trainer.train_and_evaluate; see its docstring for what is
-written where.
+--config: a config file or installed config with an optional variant, then --config.<field>
+overrides; --workdir defaults to workdirs/<config name>[_<variant>]; the same command resumes
+(SIGTERM / SIGINT stop after the step in flight, saving a checkpoint). docs/operations.md.
 
-Set JAX_COMPILATION_CACHE_DIR=/some/folder to reuse compiled steps across restarts.
-
-Devices: the batch is split over every local device (train.batch_size and eval.batch_size must
-divide by their number). Several hosts: run the same command on each with
-JAX_COORDINATOR_ADDRESS=host0:port JAX_NUM_PROCESSES=N JAX_PROCESS_ID=i (or
---config.train.distributed=True under SLURM / Open MPI) and a workdir on a shared filesystem;
-see rhhjax.parallel.
-
-Memory: before anything is compiled the peak memory of training and of every evaluation is
-estimated from the config's shapes (rhhjax.memory); a config that cannot fit is one error line
-naming the field to lower. An out-of-memory that still happens is one line too.
-
-Stopping: SIGTERM or SIGINT (Ctrl-C) stops after the step in flight and saves a checkpoint
-(a step, or compiling the first one, can take minutes on a CPU); a second signal aborts at
-once, losing the work since the last checkpoint. Checkpoints are also written every
-train.checkpoint_every_minutes of wall time, so a SIGKILL loses at most that much.
-
-Exit status:
-    0             training finished (results.json written), or it had finished before
-    1             bad input (one line "error: ..." on stderr, nothing written), a failed
-                  checkpoint write (e.g. a full disk; one "error:" line), an out-of-memory
-                  (one "error:" line), or a non-finite / diverged loss with
-                  train.on_nonfinite=stop
-    128 + signum  stopped by SIGTERM (143) or SIGINT (130): after the step in flight with a
-                  checkpoint saved (before training started: nothing written), or at once by a
-                  second signal; run the same command again to resume
-
---help lists the variants and every field of --config (default: the installed ptb config).
-JAX_PLATFORMS=cuda on a JAX without its CUDA backend is one line naming the install command.
+Exit status: 0 finished; 1 bad input, a failed write, out of memory or a non-finite loss (one
+"error:" line); 128 + signum: stopped by SIGTERM (143) / SIGINT (130), rerun to resume.
 """
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
-from rhhjax.errors import UserError
-from rhhjax.tools import common as cli
+from rhhjax import cli, outputs
+from rhhjax.errors import UserError, exit_with_error
 from rhhjax.train.signals import SignalCatcher
 
 
 def default_workdir(config_argument: str) -> str:
-    """workdirs/<stem>[_<variant>] for a --config value like "configs/ptb.py:cpu" or
-    "ptb:cpu"."""
+    """workdirs/<stem>[_<variant>] for a --config value like "configs/ptb.py:cpu"."""
     path, _, variant = config_argument.partition(":")
     stem = Path(path).stem
     return str(Path("workdirs") / (f"{stem}_{variant}" if variant else stem))
 
 
 _SIGNALS: SignalCatcher | None = None  # entered before jax starts any thread
+
+
+# the ranks of a multi-process launch (JAX, SLURM, Open MPI): only process 0 takes the lock
+RANK_VARIABLES = ("JAX_PROCESS_ID", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK")
+
+
+def check_workdir_free(argv: list[str]) -> None:
+    """WorkdirInUseError when the run's workdir, read from the command line before the config
+    file imports jax, is in use (checked on process 0 only)."""
+    import os
+
+    if any(os.environ.get(name, "0").strip() not in ("", "0") for name in RANK_VARIABLES):
+        return
+    config = cli.config_argument(argv)
+    workdir = cli.config_argument(argv, "workdir") or (config and default_workdir(config))
+    if workdir:
+        outputs.check_workdir_free(workdir)
+
+
+def check_install(find_spec=None) -> None:
+    """UserError when the ``rhhjax`` imported has no ``rhhjax.configs``: a checkout's
+    ``rhhjax/`` shadowing a non-editable install."""
+    import importlib.util
+
+    find_spec = find_spec or importlib.util.find_spec
+    if find_spec("rhhjax.configs") is not None:
+        return
+    import rhhjax
+
+    package = Path(rhhjax.__file__).resolve().parent
+    raise UserError(
+        f"{package} has no rhhjax.configs: this checkout is not installed editable (a "
+        f"non-editable install does not serve its train.py): run pip install -e . in "
+        f"{package.parent}"
+    )
 
 
 def main(argv: list[str]) -> int:
@@ -80,7 +81,6 @@ def main(argv: list[str]) -> int:
     workdir = flags.FLAGS.workdir or default_workdir(
         config_flags.get_config_filename(flags.FLAGS["config"])
     )
-
     from rhhjax.train import trainer  # after flag parsing: importing jax takes a moment
 
     results = trainer.train_and_evaluate(config, workdir, signals=_SIGNALS)
@@ -101,8 +101,13 @@ def define_flags() -> None:
 
 
 def console() -> None:
-    """The program: ``rhhjax-train``, ``python -m rhhjax.train`` and ``train.py``. The signal
-    catcher starts before jax is imported (its threads must inherit the blocked signals)."""
+    """The program; the signal catcher starts before jax is imported (threads inherit it)."""
     global _SIGNALS
+    try:
+        check_install()
+        if not any(a in ("-h", "--help", "-help", "--helpshort", "--helpfull") for a in sys.argv):
+            check_workdir_free(sys.argv)
+    except UserError as e:
+        exit_with_error(e)
     _SIGNALS = SignalCatcher(hard_abort=True, thread=True).__enter__()
     cli.run_program(main, define_flags, __doc__)

@@ -3,14 +3,10 @@
 
     run = load_run("workdirs/ptb", "best")        # "latest", a step, "checkpoints/3", "best/6"
     run.params, run.model, run.vocab               # enough to sample
-    corpus = run.corpus()                          # the data the run's config names, checked
-                                                   # against the checkpoint's vocabulary
+    corpus = run.corpus()                          # checked against the checkpoint's vocabulary
 
-A ``config.json`` that disagrees with the checkpoint (edited, garbled, deleted) is one
-``warning:`` line on stderr: the checkpoint is what runs. Every problem is a
-``rhhjax.errors.UserError`` with one line (``CheckpointError`` from here and
-from ``rhhjax.train.checkpoint``, e.g. a damaged checkpoint; ``DataError`` from the data), so the
-programs print ``error: ...`` and exit 1.
+A ``config.json`` that disagrees with the checkpoint is one ``warning:`` line (the checkpoint
+is what runs); every problem is a one-line ``rhhjax.errors.UserError``.
 """
 
 from __future__ import annotations
@@ -27,7 +23,7 @@ import ml_collections
 
 from rhhjax import data as data_lib
 from rhhjax import models
-from rhhjax.errors import warn
+from rhhjax.errors import one_line, warn
 from rhhjax.train import checkpoint as ckpt_lib
 from rhhjax.train import workdir as workdir_lib
 
@@ -39,13 +35,8 @@ CHECKPOINT_FLAG_HELP = (
 
 @dataclasses.dataclass(frozen=True)
 class SavedRun:
-    """One checkpoint of a training workdir.
-
-    ``checkpoint``: which one was read (``best``, ``latest`` or ``step N``); ``config``: the
-    run's full config as saved (with the data overrides of ``load_run`` applied); ``model``: the
-    ``ModelConfig`` the parameters belong to (``impl`` overridden if asked); ``meta``: the
-    checkpoint's meta JSON (see ``rhhjax.train.checkpoint``).
-    """
+    """One checkpoint of a training workdir: ``checkpoint`` (which was read), ``config`` (as
+    saved, with ``load_run``'s data overrides), ``model`` and the ``meta`` JSON."""
 
     workdir: Path
     checkpoint: str
@@ -58,9 +49,18 @@ class SavedRun:
     meta: dict
 
     def corpus(self) -> data_lib.Corpus:
-        """The data the run's config describes (cached per data section); raises
-        CheckpointError when its vocabulary is not the checkpoint's."""
-        corpus = cached_corpus(self.config.data.to_dict())
+        """The data the run's config describes; CheckpointError when its vocabulary is not the
+        checkpoint's."""
+        try:
+            corpus = cached_corpus(self.config.data.to_dict())
+        except data_lib.DataError as e:
+            if self.config.data.get("format") == "text":
+                flag = "--text_files=FILE (or FILE,FILE,FILE)"
+            else:
+                flag = "--data_dir=FOLDER"
+            raise data_lib.DataError(
+                f"{one_line(e)}; if the run's data has moved, give its new place with {flag}"
+            ) from None
         if corpus.vocab.to_dict() != self.meta["vocab"]:
             raise ckpt_lib.CheckpointError(
                 f"the data's vocabulary ({corpus.vocab.size} symbols) differs from the "
@@ -82,8 +82,7 @@ def check_workdir(workdir: str | os.PathLike) -> Path:
 
 
 def saved_steps(workdir: Path, *subs: str) -> list[int]:
-    """The steps of every finished checkpoint in ``subs`` (default: latest and best), from
-    the folder names."""
+    """The steps of every finished checkpoint in ``subs``, from the folder names."""
     steps = set()
     for sub in subs or (ckpt_lib.LATEST_DIR, ckpt_lib.BEST_DIR):
         folder = workdir / sub
@@ -103,8 +102,7 @@ def _saved(workdir: Path) -> list[str]:
 
 
 def parse_checkpoint(text: str | int) -> str | int | tuple[str, int]:
-    """A ``--checkpoint`` value: "best" | "latest" | a step (int) | ("latest", step) for
-    ``checkpoints/STEP`` | ("best", step) for ``best/STEP``; CheckpointError otherwise."""
+    """A ``--checkpoint`` value: "best" | "latest" | a step | ("latest" | "best", step)."""
     if isinstance(text, int) and not isinstance(text, bool) and text >= 0:
         return text
     value = str(text).strip().strip("/")
@@ -120,8 +118,7 @@ def parse_checkpoint(text: str | int) -> str | int | tuple[str, int]:
 
 
 def checkpoint_flag(alternative: tuple[str, int], all_steps: list[tuple[str, int]]) -> str:
-    """The shortest exact ``--checkpoint`` for ``(which, step)``: the step alone, unless both
-    folders hold that step."""
+    """The shortest exact ``--checkpoint`` for ``(which, step)``."""
     which, step = alternative
     if sum(s == step for _, s in all_steps) > 1:
         return f"--checkpoint={ckpt_lib.folder_name(which, step)}"
@@ -129,8 +126,7 @@ def checkpoint_flag(alternative: tuple[str, int], all_steps: list[tuple[str, int
 
 
 def _with_flags(error: ckpt_lib.DamagedCheckpointError, workdir: Path) -> ckpt_lib.CheckpointError:
-    """The damaged-checkpoint line of the inference programs: the exact flag of each
-    undamaged checkpoint."""
+    """The damaged-checkpoint line naming the flag of each undamaged checkpoint."""
     damaged = workdir / ckpt_lib.folder_name(error.which, error.step)
     everything = [*error.alternatives, (error.which, error.step)]
     flags = [checkpoint_flag(a, everything) for a in error.alternatives]
@@ -153,14 +149,9 @@ def load_run(
     data_dir: str = "",
     text_files: str = "",
 ) -> SavedRun:
-    """The ``which`` checkpoint of ``workdir``: ``best`` (the latest one when no best exists
-    yet), ``latest``, a step number, or any ``--checkpoint`` value (``parse_checkpoint``:
-    ``checkpoints/3``, ``best/6``). A damaged one is a CheckpointError naming the exact
-    ``--checkpoint`` of every undamaged one.
-
-    ``impl``: run the model with this ``model.impl`` instead of the trained one; ``data_dir``
-    (PTB) / ``text_files`` (format=text): the run's data has moved there (checked against the
-    kind of data the run read). Raises CheckpointError / DataError (one line).
+    """The ``which`` checkpoint of ``workdir`` (any ``--checkpoint`` value; ``best`` falls
+    back to the latest). ``impl`` overrides ``model.impl``; ``data_dir`` / ``text_files``: where
+    the run's data has moved.
     """
     path = check_workdir(workdir)
     which = which if isinstance(which, tuple) else parse_checkpoint(which)
@@ -212,8 +203,7 @@ def _move_data(config: ml_collections.ConfigDict, data_dir: str, text_files: str
 
 
 def _restore_step(workdir: Path, step: int, folder: str | None = None) -> tuple[Any, dict]:
-    """(params, meta) of the checkpoint of ``step``: in ``folder`` ("latest" | "best"), or
-    None: latest or best, whichever holds it."""
+    """(params, meta) of the checkpoint of ``step`` in ``folder`` (None: either)."""
     sub = {"latest": ckpt_lib.LATEST_DIR, "best": ckpt_lib.BEST_DIR}
     in_folder = saved_steps(workdir, sub[folder]) if folder else saved_steps(workdir)
     if step not in in_folder:  # said before orbax opens anything
@@ -232,8 +222,7 @@ def _restore_step(workdir: Path, step: int, folder: str | None = None) -> tuple[
 
 
 def cached_corpus(data: Mapping[str, Any]) -> data_lib.Corpus:
-    """``data_lib.load_corpus(data)``, read once per process for equal data sections (the
-    analysis loads several subjects of one corpus)."""
+    """``data_lib.load_corpus(data)``, read once per process for equal data sections."""
     return _load_corpus(json.dumps(dict(data), sort_keys=True))
 
 

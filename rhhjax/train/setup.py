@@ -1,12 +1,7 @@
-"""A run before anything is written: ``prepare_run(config, workdir, ...) -> Run``.
-
-It validates the whole config, joins the devices, loads the data, builds the model config and
-the batch sampler and checks the workdir (a run already in it has the same model, vocabulary
-and sampler shape; its ``config.json`` agrees with its checkpoint, else one ``warning:`` line;
-writable unless its run has finished) and the memory the run needs (``rhhjax.memory``: the
-training step and every evaluation protocol, estimated from the shapes, against what is
-free). Problems raise a ``rhhjax.errors.UserError`` with a one-line message, before anything is
-written or compiled. ``Run`` carries what every later part of the run reads.
+"""A run before anything is written: ``prepare_run(config, workdir, ...) -> Run``. Validates
+the config, joins the devices, loads the data, builds the model config and sampler, checks the
+workdir (a run in it must match) and the memory the run needs; problems are one-line
+``UserError`` s before anything is written or compiled.
 """
 
 from __future__ import annotations
@@ -98,14 +93,13 @@ def prepare_run(
     if finished is None:  # a finished run writes nothing: a read-only workdir is fine
         workdir_lib.check_workdir_writable(workdir)
         if cfg.train.check_memory:
-            check_memory(cfg, model, mesh)
+            check_memory(cfg, model, mesh, log)
     parallel.sync("rhhjax-validated")  # every process has read the workdir before it changes
     return Run(cfg, workdir, model, corpus, sampler, mesh, log, signals, tensorboard, finished)
 
 
 def memory_needs(cfg: ml_collections.ConfigDict, model: models.ModelConfig, n_devices: int):
-    """``rhhjax.memory`` estimates of the run: its training step and every evaluation protocol
-    it runs (the periodic validation's and the final ones)."""
+    """``rhhjax.memory`` estimates of the run's training step and every evaluation protocol."""
     import jax
 
     shapes = jax.eval_shape(
@@ -121,10 +115,17 @@ def memory_needs(cfg: ml_collections.ConfigDict, model: models.ModelConfig, n_de
     ]
 
 
-def check_memory(cfg: ml_collections.ConfigDict, model: models.ModelConfig, mesh) -> None:
-    """MemoryCheckError (one line) when the run's estimated peak exceeds the free memory."""
+def check_memory(
+    cfg: ml_collections.ConfigDict,
+    model: models.ModelConfig,
+    mesh,
+    log: Callable[[str], None] = _silent,
+) -> None:
+    """MemoryCheckError when the run's estimated peak does not fit; else log the estimate."""
     needs = memory_needs(cfg, model, mesh.size)
-    memory.check(needs, memory.free_memory(), "train.check_memory=False runs it anyway")
+    free = memory.free_memory()
+    memory.check(needs, free, "train.check_memory=False runs it anyway")
+    log(memory.estimate_line(needs, free))
 
 
 def _make_sampler(cfg: ml_collections.ConfigDict, tokens: np.ndarray):

@@ -1,31 +1,25 @@
-"""SIGTERM / SIGINT as a flag the training loop polls (``SignalCatcher``).
-
-With ``thread=True`` a watcher thread receives the signals, so the first one is acknowledged
-and a second one aborts at once even while the main thread is inside a minutes-long
-compilation. This module imports nothing that starts threads (numpy's BLAS, jax): a thread
-started before the catcher blocks the signals would receive them and die of them.
+"""SIGTERM / SIGINT as a flag the training loop polls (``SignalCatcher``). With
+``thread=True`` a watcher thread receives them, so they are acknowledged even during a long
+compilation; this module imports nothing that starts threads (a thread started before the
+catcher blocks the signals would die of them).
 """
 
 from __future__ import annotations
 
-import os
 import signal
-import sys
 import threading
 from collections.abc import Callable
+
+from rhhjax.errors import exit_with_error
 
 
 class SignalCatcher:
     """SIGTERM / SIGINT set ``signum``; the training loop stops after the step in flight.
 
-    ``phase`` ("startup" | "training" | "evaluation") picks the acknowledgement printed for the
-    first signal. A second signal: with ``hard_abort`` one ``error:`` line on stderr and exit
-    status 128 + signum at once (like ``kill -9``: the last checkpoint is intact); without it a
-    ``KeyboardInterrupt`` in the main thread (library use).
-
-    ``thread=True`` (command lines; must be entered before jax starts its threads) blocks the
-    signals in every thread and receives them in a watcher thread with ``sigwait``, so they
-    are acknowledged at once even while the main thread is inside a long XLA call.
+    ``phase`` picks the first signal's acknowledgement. A second signal: with ``hard_abort``
+    one ``error:`` line and exit 128 + signum, else a ``KeyboardInterrupt``. ``thread=True``
+    (entered before jax starts threads) receives them in a ``sigwait`` watcher thread.
+    ``abort``: the first signal ends the program at once with ``error: <abort>``.
     """
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -36,12 +30,14 @@ class SignalCatcher:
         *,
         hard_abort: bool = False,
         thread: bool = False,
+        abort: str | None = None,
     ):
         self.signum: int | None = None
         self.phase = "startup"
         self.log = log or _print
         self.hard_abort = hard_abort
         self.thread = thread
+        self.abort = abort
         self._previous: dict = {}
         self._watcher: threading.Thread | None = None
         self._active = False
@@ -65,15 +61,15 @@ class SignalCatcher:
     def handle(self, signum: int) -> None:
         """Record a signal (the first) or abort (the second)."""
         name = signal.Signals(signum).name
+        if self.abort is not None:
+            exit_with_error(self.abort.format(name=name), 128 + signum)
         if self.signum is not None:
             if self.hard_abort:
-                sys.stdout.flush()
-                sys.stderr.write(
-                    f"error: aborted by a second {name}; work since the last checkpoint is "
-                    f"lost; run the same command again to resume from it\n"
+                exit_with_error(
+                    f"aborted by a second {name}; work since the last checkpoint is lost; run "
+                    f"the same command again to resume from it",
+                    128 + signum,
                 )
-                sys.stderr.flush()
-                os._exit(128 + signum)
             raise KeyboardInterrupt(f"second signal {name}")
         self.signum = signum
         self.log(self._first_message(name))
@@ -92,8 +88,7 @@ class SignalCatcher:
         return bool(multihost_utils.broadcast_one_to_all(np.int32(flag)))
 
     def interrupted(self, step: int | None, message: str) -> dict:
-        """The results of a run the signal stopped, after logging ``message`` (``{name}`` in
-        it becomes the signal's name)."""
+        """The results of a run the signal stopped, after logging ``message``."""
         signum = self.signum or signal.SIGTERM
         self.log(message.format(name=signal.Signals(signum).name))
         return {"status": "interrupted", "exit_code": 128 + signum, "step": step}
@@ -129,8 +124,7 @@ class SignalCatcher:
             return
         self._active = False
         if self.thread:
-            # the watcher sleeps in sigwait: it exits with the process (daemon); signals stay
-            # blocked, so one arriving now is left to it, or to nobody once the process ends
+            # the daemon watcher exits with the process; the signals stay blocked
             return
         for s, handler in self._previous.items():
             signal.signal(s, handler)

@@ -1,6 +1,5 @@
 """The state a run carries between steps (``LoopState``) and how it meets the checkpoints
-(``StateStore``: a fresh state from ``config.seed``, the meta a save records, the state a
-checkpoint restores, and the resume from the newest checkpoint that is not damaged)."""
+(``StateStore``: fresh, saved, restored and resumed states)."""
 
 from __future__ import annotations
 
@@ -33,11 +32,11 @@ class LoopState:
     pending_gnorm: list = dataclasses.field(default_factory=list)
     train_seconds: float = 0.0
     valid_step: int | None = None  # the step of the last validation (None: none yet)
+    budget_steps: int = 0  # the steps train.budget_minutes bought (0: none, or not yet fixed)
 
 
 class StateStore:
-    """Fresh, saved and restored ``LoopState`` of one run in its checkpoints. ``fresh``
-    (``initialise``: the expensive part of a start) also gives the restore templates."""
+    """Fresh, saved and restored ``LoopState`` of one run; ``fresh`` gives restore templates."""
 
     def __init__(self, run: Run, tx, ckpts: ckpt_lib.Checkpoints, fresh: LoopState):
         self.run = run
@@ -49,8 +48,7 @@ class StateStore:
 
     @staticmethod
     def initialise(run: Run, tx) -> LoopState:
-        """Parameters from ``config.seed`` (eagerly, on every process), a fresh optimizer
-        state and a zero carry [train.batch_size, ...], placed on the mesh."""
+        """Parameters from ``config.seed``, optimizer state and a zero carry, on the mesh."""
         fsdp = bool(run.cfg.train.fsdp)
         params = make_init(run.model)(init_key(int(run.cfg.seed)))
         opt_state = tx.init(params)
@@ -79,17 +77,16 @@ class StateStore:
             "pending": {"loss": list(s.pending_loss), "grad_norm": list(s.pending_gnorm)},
             "train_seconds": s.train_seconds,
             "valid_step": s.valid_step,
+            "budget_steps": s.budget_steps,
         }
 
     def save(self, s: LoopState) -> None:
-        """Save the latest checkpoint of ``s``, then drop any best checkpoint it does not
-        point to (the best is written first, so a kill between the two keeps the old pair)."""
+        """Save the latest checkpoint of ``s``, then drop any best checkpoint it does not name."""
         self.ckpts.save_latest(s.step, s.params, s.opt_state, s.carry, self.meta(s))
         self.ckpts.keep_only_best(s.best_step)
 
     def restore(self, step: int) -> LoopState:
-        """The state of the latest checkpoint of ``step`` (the sampler too);
-        DamagedCheckpointError when it is damaged."""
+        """The state of the latest checkpoint of ``step``, the sampler's included."""
         params, opt_state, carry, m = self.ckpts.restore_latest(step, *self._templates)
         self.run.sampler.restore(m["sampler"])
         return LoopState(
@@ -105,12 +102,12 @@ class StateStore:
             pending_gnorm=list(m["pending"]["grad_norm"]),
             train_seconds=float(m["train_seconds"]),
             valid_step=m.get("valid_step"),
+            budget_steps=int(m.get("budget_steps", 0)),
         )
 
     def resume(self) -> LoopState | None:
-        """The state of the newest latest checkpoint that is not damaged (one line for each
-        damaged one passed over), None when there is none at all; DamagedCheckpointError when
-        every one is damaged."""
+        """The state of the newest undamaged checkpoint (a line per damaged one passed over),
+        None without any; DamagedCheckpointError when all are damaged."""
         steps = sorted(self.ckpts.steps("latest"), reverse=True)
         for i, step in enumerate(steps):
             try:
@@ -127,13 +124,8 @@ class StateStore:
         return None
 
     def check_best(self, s: LoopState) -> None:
-        """Make ``best/`` hold exactly the best checkpoint ``s`` records, undamaged.
-
-        A kill between saving a new best and the latest checkpoint that records it leaves two
-        best checkpoints: the one ``s`` points to is kept, the other deleted. When the one it
-        points to is missing (older versions) or damaged, ``s`` forgets it and the next
-        validation makes a new one.
-        """
+        """Make ``best/`` hold exactly the best checkpoint ``s`` records (a missing or damaged
+        one is forgotten: the next validation makes a new one)."""
         if s.best_step is not None:
             problem = None
             if s.best_step not in self.ckpts.steps("best"):

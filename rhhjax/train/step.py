@@ -36,9 +36,8 @@ def init_key(seed: int) -> jax.Array:
 
 @functools.lru_cache(maxsize=16)
 def make_init(mc: models.ModelConfig) -> Callable:
-    """``key -> params``, run eagerly, NOT under jit: on jax 0.10.x a jitted CPU computation
-    holding several LAPACK calls (the orthogonal inits' QRs) can deadlock on few cores
-    (github.com/qiskit-community/ffsim/pull/684 reports the same hang)."""
+    """``key -> params``, eagerly: a jitted CPU computation holding several LAPACK calls (the
+    orthogonal inits' QRs) can deadlock on few cores on jax 0.10.x."""
     model = models.build_model(mc)
     return lambda key: models.init_params(model, key)
 
@@ -51,16 +50,9 @@ def make_train_step(
     mesh: jax.sharding.Mesh | None = None,
     fsdp: bool = False,
 ) -> Callable:
-    """Jitted ``(params, opt_state, carry, inputs, targets, reset, step, retry)
-    -> (params, opt_state, carry, loss, grad_norm)``.
-
-    ``reset`` zeroes the carry (always for the window sampler); gradients do not flow into
-    the incoming carry (truncated BPTT). ``grad_norm`` is the norm clipping uses (L1 or L2),
-    before clipping. ``step`` is the index of this batch (0-based) and seeds its dropout.
-
-    With ``mesh`` the outputs are constrained to the data-parallel layout (``rhhjax.parallel``):
-    carry split along the batch over ``"data"``, parameters and optimizer state replicated
-    (``fsdp``: split), loss and norm replicated. The inputs must already be placed so.
+    """The jitted step (signature: the module docstring). ``reset`` zeroes the carry; no
+    gradient flows into the incoming carry; ``grad_norm`` is before clipping; ``step`` seeds
+    dropout. With ``mesh`` the outputs keep the data-parallel layout (``rhhjax.parallel``).
     """
     model = models.build_model(mc)
     tx = make_optimizer(oc)
@@ -102,10 +94,8 @@ def step_inputs(
     seed: int = 0,
     abstract: bool = False,
 ) -> tuple:
-    """Arguments of one ``make_train_step`` call: fresh parameters and optimizer state, a zero
-    carry, random tokens ``[batch, length]``, ``reset=True``, ``step=0``, ``retry=0``.
-
-    ``abstract=True`` gives ``jax.ShapeDtypeStruct`` s only (nothing is allocated or run)."""
+    """Arguments of one ``make_train_step`` call (random tokens ``[batch, length]``);
+    ``abstract=True``: ``jax.ShapeDtypeStruct`` s only."""
 
     def build():
         params = make_init(mc)(init_key(seed))
@@ -142,8 +132,7 @@ def compiled_memory(mc: models.ModelConfig, oc: OptimizerConfig, batch: int, len
 
 
 def peak_bytes(analysis) -> int:
-    """Peak device bytes of a compiled step: arguments + outputs + temporaries - aliased
-    (donated) bytes."""
+    """Peak device bytes of a compiled step: arguments + outputs + temporaries - donated."""
     return (
         analysis.argument_size_in_bytes
         + analysis.output_size_in_bytes

@@ -18,7 +18,7 @@ from typing import Any
 import ml_collections
 
 from rhhjax import data as data_lib
-from rhhjax import models
+from rhhjax import models, outputs
 from rhhjax.errors import one_line
 from rhhjax.train import checkpoint as ckpt_lib
 from rhhjax.train import checkpoint_failures
@@ -40,8 +40,7 @@ class WorkdirWriteError(TrainError):
 
 
 def _write_failure(path: Path, nbytes: int, error: OSError) -> WorkdirWriteError:
-    """The one line for a failed write of about ``nbytes`` to ``path`` (a file of the workdir
-    ``path.parent``): why, and what the workdir's checkpoints hold."""
+    """The one line for a failed write of about ``nbytes`` to ``path``."""
     if error.errno == errno.ENOSPC:
         why = f"no space left on device ({checkpoint_failures.space_needed(path.parent, nbytes)})"
         fix = "free some space and run the same command again"
@@ -52,8 +51,7 @@ def _write_failure(path: Path, nbytes: int, error: OSError) -> WorkdirWriteError
 
 
 def checkpoints_left(workdir: Path) -> str:
-    """What a failed write leaves: "the checkpoints are intact (the latest: step N)", or "no
-    checkpoint has been written yet" (read from the folder names: nothing is opened)."""
+    """What a failed write leaves, from the checkpoint folder names."""
     folder = workdir / ckpt_lib.LATEST_DIR
     steps = [int(p.name) for p in folder.iterdir() if p.name.isdigit()] if folder.is_dir() else []
     if steps:
@@ -122,8 +120,7 @@ def file_mode() -> int:
 
 
 def atomic_write(path: Path, text: str) -> None:
-    """Write ``path`` whole or not at all (a temporary file renamed over it); a failure
-    (a full disk) is one line, WorkdirWriteError, and leaves the old file."""
+    """Write ``path`` whole or not at all (a temporary file renamed over it)."""
     tmp = None
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -140,10 +137,9 @@ def atomic_write(path: Path, text: str) -> None:
 
 
 class WorkdirLock:
-    """An exclusive ``flock`` on ``<workdir>/.lock`` for the duration of a run, so a second
-    run on the same workdir fails at once instead of interleaving ``metrics.jsonl``."""
+    """An exclusive ``flock`` on ``<workdir>/.lock`` for the duration of a run."""
 
-    NAME = ".lock"
+    NAME = outputs.WORKDIR_LOCK
 
     def __init__(self, workdir: Path):
         self.path = workdir / self.NAME
@@ -156,12 +152,9 @@ class WorkdirLock:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
+            message = outputs.in_use_message(self.path.parent, fd)
             os.close(fd)
-            raise TrainError(
-                f"workdir {self.path.parent} is in use by another run (process {holder}); wait "
-                f"for it to finish or use another --workdir"
-            ) from None
+            raise TrainError(message) from None
         except OSError:  # a filesystem without flock (some network filesystems): no lock
             pass
         try:  # the holder's pid, for the message above; a full disk leaves it out
@@ -185,9 +178,8 @@ class WorkdirLock:
 
 
 def finished_results(workdir: Path, cfg, meta: dict | None, steps_per_epoch: int) -> dict | None:
-    """The stored results when the workdir's run finished at the step of ``meta`` (its
-    newest checkpoint's), a bound of ``cfg.train`` stops it there and ``results.json`` used
-    the same ``eval`` settings: nothing to do. Else None."""
+    """The stored results when the run finished at ``meta``'s step under ``cfg``'s bounds and
+    ``eval`` settings (nothing to do), else None."""
     path = workdir / RESULTS_FILE
     if meta is None or not path.is_file():
         return None
@@ -205,6 +197,7 @@ def finished_results(workdir: Path, cfg, meta: dict | None, steps_per_epoch: int
         int(meta["step"]),
         int(meta.get("evals_since_best", 0)),
         float(meta.get("train_seconds", 0.0)),
+        int(meta.get("budget_steps", 0)),
     )
     return results if stop is not None else None
 
@@ -222,10 +215,8 @@ def tensorboard_writer_class():
 
 
 class EventWriter:
-    """TensorBoard event files in ``<workdir>/tensorboard`` (``metrics.jsonl`` stays the
-    source of truth). A run that resumes from step N hides the events of steps after N that
-    earlier runs wrote (an abandoned continuation, e.g. after kill -9) and keeps those up to
-    N: TensorBoard drops every earlier event with step >= ``purge_step``."""
+    """TensorBoard event files in ``<workdir>/tensorboard``; a resume from step N hides the
+    earlier events after N (``purge_step``)."""
 
     DIR = "tensorboard"
 
@@ -235,9 +226,8 @@ class EventWriter:
         self._writer = self._open(start_step)
 
     def _open(self, step: int):
-        """A writer whose file sorts after every earlier one: tensorboardX names a file by
-        the second and the host only, so a second writer within the same second would
-        overwrite the first one's file; the nanosecond suffix keeps them apart, in order."""
+        """A writer whose file sorts after every earlier one (a nanosecond suffix: tensorboardX
+        names files by the second)."""
         suffix = f".{time.time_ns():020d}"
         return self._writer_class(logdir=self._logdir, purge_step=step + 1, filename_suffix=suffix)
 
@@ -279,9 +269,8 @@ class EventWriter:
 
 
 def config_json_warning(workdir: Path, meta: Mapping[str, Any]) -> str | None:
-    """One line when ``workdir/config.json`` is missing, does not read, or disagrees with the
-    checkpoint of ``meta`` on a field that shapes the model or the data (an edit); the run
-    follows the checkpoint. None when they agree."""
+    """One line when ``workdir/config.json`` is missing, unreadable or disagrees with the
+    checkpoint on the model or the data; None when they agree."""
     path = workdir / CONFIG_FILE
     step = meta.get("step")
     follow = f"following the checkpoint of step {step}"
@@ -304,8 +293,8 @@ def config_json_warning(workdir: Path, meta: Mapping[str, Any]) -> str | None:
 
 
 def _differing_fields(written: dict, meta: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
-    """(field, config.json's value, the checkpoint's) of every field that shapes the model or
-    the data (the model's fields but ``MODEL_FIELDS_FREE``, ``RESUME_FIELDS``)."""
+    """(field, config.json's value, the checkpoint's) of every differing field that shapes the
+    model or the data."""
     default = flat_fields(defaults())
     mine = {**default, **flat_fields(written)}
     saved = {**default, **flat_fields(meta.get("config") or {})}
@@ -352,11 +341,8 @@ def check_compatible(
     vocab: data_lib.Vocab,
     sampler_state: dict,
 ) -> dict | None:
-    """Compare the workdir's run (checkpoint meta, else config.json) with this config.
-
-    Returns the meta of the newest checkpoint that reads (None if there is none); raises
-    TrainError naming the first difference.
-    """
+    """The meta of the workdir's newest readable checkpoint (or None); TrainError naming the
+    first difference between that run and this config."""
     meta = None
     if ckpt_lib.has_checkpoint(workdir):
         try:

@@ -13,7 +13,9 @@ import dataclasses
 import json
 from collections.abc import Iterable
 
-from rhhjax.hlo.launches import (
+from rhhjax.kernels.hardware import H100
+
+from .launches import (
     Launch,
     category_counts,
     classify_loops,
@@ -27,7 +29,6 @@ from rhhjax.hlo.launches import (
     watched_op_counts,
     weight_op_counts,
 )
-from rhhjax.kernels.hardware import H100
 
 # SMs x f32 lanes per SM x 2 (an FMA) x clock: the H100's CUDA-core f32 rate, flop/s.
 _SIMT_FLOPS = H100.sms * H100.fpus_per_sm * 2 * H100.clock_ghz * 1e9

@@ -1,10 +1,12 @@
 # ruff: noqa: E501  (the dump fixtures below are real-length lines)
-"""XLA's compile dumps read back (rhhjax/hlo/dumps.py): ptxas reports, XLA's spill
+"""XLA's compile dumps read back (benchmarks/hlo/dumps.py): ptxas reports, XLA's spill
 warnings, the thunk sequence."""
 
 from __future__ import annotations
 
-from rhhjax.hlo import dumps as hlo_dumps
+from benchmark_scripts import load
+
+hlo_dumps = load("hlo.dumps")
 
 # ----------------------------------------------------------------------------- kernel logs
 

@@ -1,4 +1,4 @@
-"""The calibrated cost model (rhhjax/hlo/calibrate.py): the geometry of a launch, the
+"""The calibrated cost model (benchmarks/hlo/calibrate.py): the geometry of a launch, the
 non-negative fit, leave-one-out, and the committed H100 calibration refitted from its rows."""
 
 from __future__ import annotations
@@ -9,10 +9,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from benchmark_scripts import load
 from hlo_cases import HIDDEN, HLO, SEQ
 
-from rhhjax.hlo import calibrate as hc
-from rhhjax.hlo import cost as hlo_cost
+hc = load("hlo.calibrate")
+hlo_cost = load("hlo.cost")
+
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 

@@ -1,23 +1,9 @@
-"""Command-line plumbing shared by the programs that take ``--config`` (no jax import here).
-
-``parse_flags(argv)`` is an ``absl.app.run`` flags parser: before absl parses anything it loads
-the ``--config`` file itself and checks every ``--config.<field>=`` override against the
-config that file returns, so a typo, an unknown variant or a missing file is one line::
-
-    error: unknown config field model.dept (did you mean model.depth?)
-
-``--config`` takes a file (``configs/ptb.py:cpu``) or the name of an installed config
-(``ptb:cpu``: ``rhhjax.configs``, found wherever the package is installed;
-``resolve_config_argument``); a ``--config.<field>`` before ``--config`` is one line saying
-that ``--config`` comes first.
-
-and exit status 1, instead of a traceback. The known fields come from the config itself, so
-fields added to a config file later need no change here. ``--help`` prints the program's
-docstring, the config file's variants and every config field with its default, and exits 0.
-
-``run_program`` is the ``__main__`` of every program (``train.py`` included): flags, quiet
-logging, the ``JAX_PLATFORMS`` check (``check_platforms``: a GPU platform asked of a CPU-only
-install is one line naming the install command), and ``UserError`` -> one ``error:`` line.
+"""Command-line plumbing of every program (no jax import here): ``parse_flags`` loads the
+``--config`` file (or installed config, ``ptb:cpu``) before absl parses anything and checks
+every ``--config.<field>=`` override against it, so a typo, an unknown variant or a missing
+file is one ``error:`` line; ``--help`` prints the program's docstring, the variants and every
+field. ``run_program`` is every program's ``__main__``: flags, quiet logging, the
+``JAX_PLATFORMS`` check, and ``UserError`` -> one ``error:`` line, exit status 1.
 """
 
 from __future__ import annotations
@@ -29,82 +15,21 @@ import os
 import sys
 import traceback
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 from rhhjax import config_fields
+from rhhjax.config_files import ConfigArgumentError, load_config_file, resolve_config_argument
 from rhhjax.errors import UserError, exit_with_error, one_line
 
-# The config --help lists when no --config is given: the installed package's own copy
-# (``rhhjax.configs.ptb``, found wherever and however the package is installed), shown under
-# the name --config takes for it.
+# the config --help lists without --config: the installed package's ptb
 DEFAULT_CONFIG = "ptb"
-DEFAULT_CONFIG_MODULE = "rhhjax.configs.ptb"
-
-
-class ConfigArgumentError(UserError):
-    """A bad ``--config`` argument or override; the message is one line."""
 
 
 # ----------------------------------------------------------------------------- config files
 
 
-def installed_config_names() -> tuple[str, ...]:
-    """The names of the installed configs (``ptb``, ``enwik8``, ``text8``)."""
-    from rhhjax import configs
-
-    return configs.NAMES
-
-
-def resolve_config_argument(argument: str) -> str:
-    """A ``--config`` value with an installed config's name (``ptb:cpu``) replaced by that
-    config's file (``.../rhhjax/configs/ptb.py:cpu``); a path is returned as it is."""
-    name, sep, variant = argument.partition(":")
-    if "/" in name or name.endswith(".py") or Path(name).is_file():
-        return argument
-    if name not in installed_config_names():
-        return argument
-    origin = importlib.util.find_spec(f"rhhjax.configs.{name}").origin
-    return f"{origin}{sep}{variant}"
-
-
-def _not_found_hint() -> str:
-    names = installed_config_names()
-    return f"an installed config by name: --config={names[0]}:cpu, one of {', '.join(names)}"
-
-
-def load_config_file(argument: str) -> tuple[Any, Any]:
-    """(module, config) for a ``--config`` value ``path[:variant]``.
-
-    Raises ConfigArgumentError (one line) for a missing file, a file without ``get_config``
-    or a variant the file rejects.
-    """
-    path, _, variant = resolve_config_argument(argument).partition(":")
-    file = Path(path).expanduser()
-    if not file.is_file():
-        shown = argument.partition(":")[0]
-        raise ConfigArgumentError(f"config file {shown} not found (or {_not_found_hint()})")
-    spec = importlib.util.spec_from_file_location(f"rhhjax_config_{file.stem}", file)
-    module = importlib.util.module_from_spec(spec)
-    try:
-        spec.loader.exec_module(module)
-    except Exception as e:  # a broken config file: its own error, in one line
-        raise ConfigArgumentError(f"cannot load config file {path}: {one_line(e)}") from None
-    if not hasattr(module, "get_config"):
-        raise ConfigArgumentError(f"config file {path} defines no get_config()")
-    try:
-        config = module.get_config(variant) if variant else module.get_config()
-    except (ValueError, TypeError, KeyError) as e:
-        raise ConfigArgumentError(one_line(e)) from None
-    return module, config
-
-
 def check_override(config: Any, name: str) -> None:
-    """Raise ConfigArgumentError unless ``name`` (e.g. "model.depth") is a field of ``config``.
-
-    An unknown field names its closest known sibling: ``unknown config field model.dept
-    (did you mean model.depth?)``.
-    """
+    """ConfigArgumentError, naming the closest field, unless ``name`` is in ``config``."""
     try:
         config_fields.lookup(config, name)
     except config_fields.UnknownField as e:
@@ -142,8 +67,7 @@ def config_argument(argv: Sequence[str], flag: str = "config") -> str | None:
 
 
 def check_override_order(argv: Sequence[str], flag: str = "config") -> None:
-    """ConfigArgumentError when a ``--<flag>.<field>`` override comes before ``--<flag>``
-    (or without it): the config must come first."""
+    """ConfigArgumentError when a ``--<flag>.<field>`` override comes before ``--<flag>``."""
     args = list(argv[1:])
     args = args[: args.index("--")] if "--" in args else args
     overrides = [i for i, a in enumerate(args) if a.startswith((f"--{flag}.", f"--no{flag}."))]
@@ -189,13 +113,11 @@ def describe_config(config: Any, prefix: str = "") -> list[str]:
 
 def load_default_config() -> tuple[Any, Any]:
     """(module, config) of the default config, imported from the installed package."""
-    module = importlib.import_module(DEFAULT_CONFIG_MODULE)
-    return module, module.get_config()
+    return load_config_file(DEFAULT_CONFIG)
 
 
 def help_text(doc: str, argv: Sequence[str], flag: str = "config") -> str:
-    """The program's docstring, then the variants and fields of ``--config`` (default
-    configs/ptb.py, read from the installed package)."""
+    """The program's docstring, then the variants and fields of ``--config``."""
     argument = config_argument(argv, flag)
     parts = [doc.strip(), ""]
     try:
@@ -220,20 +142,35 @@ def help_text(doc: str, argv: Sequence[str], flag: str = "config") -> str:
     return "\n".join(parts) + "\n"
 
 
+def flags_help(names: Sequence[str]) -> str:
+    """absl's help of the flags ``names``, whichever module defined them."""
+    from absl import flags
+
+    wanted, lines = set(names), []
+    for module, defined in flags.FLAGS.flags_by_module_dict().items():
+        if any(f.name in wanted for f in defined):
+            lines += flags.FLAGS.module_help(module).strip("\n").splitlines()[1:]  # no header
+    return "\n".join(lines)
+
+
 def parse_flags(
-    argv: Sequence[str], doc: str = "", flag: str | None = "config", exit: Callable = sys.exit
+    argv: Sequence[str],
+    doc: str = "",
+    flag: str | None = "config",
+    exit: Callable = sys.exit,
+    own: Sequence[str] = (),
 ) -> list[str]:
-    """An ``absl.app.run`` flags parser: --help (exit 0), the config checks, then absl's own
-    parsing, every failure one ``error:`` line and exit status 1. ``flag=None``: a program
-    without a config file (its help lists its flags)."""
+    """An ``absl.app.run`` flags parser: --help, the config checks, then absl's parsing, every
+    failure one ``error:`` line. ``flag=None``: no config file; ``own``: the flags --help lists."""
     from absl import flags
 
     if any(a in ("-h", "--help", "-help", "--helpshort", "--helpfull") for a in argv[1:]):
+        listed = flags_help(own) if own else flags.FLAGS.main_module_help()
+        doc = (doc or "").strip() + "\n\nFlags:\n" + listed + "\n"
         if flag is None:
-            sys.stdout.write((doc or "").strip() + "\n\nFlags:\n")
-            sys.stdout.write(flags.FLAGS.main_module_help() + "\n")
+            sys.stdout.write(doc)
         else:
-            sys.stdout.write(help_text(doc or "", argv, flag))
+            sys.stdout.write(help_text(doc, argv, flag))
         if "--helpfull" in argv[1:]:
             sys.stdout.write("\nAll flags:\n" + flags.FLAGS.get_help() + "\n")
         exit(0)
@@ -257,8 +194,7 @@ def parse_flags(
 
 
 def with_config_files(argv: Sequence[str], flag: str = "config") -> list[str]:
-    """``argv`` with every ``--<flag>=NAME[:VARIANT]`` of an installed config given as its
-    file (what ml_collections' config flag loads)."""
+    """``argv`` with every installed config ``--<flag>=NAME[:VARIANT]`` given as its file."""
     out, args = [argv[0]], list(argv[1:])
     for i, arg in enumerate(args):
         if arg.startswith(f"--{flag}="):
@@ -284,9 +220,7 @@ _PLATFORM_PLUGINS = {"cuda": ("cuda",), "gpu": ("cuda", "rocm"), "rocm": ("rocm"
 
 
 def jax_plugins() -> set[str]:
-    """The module names of the installed JAX backend plugins (e.g. ``jax_plugins.xla_cuda12``),
-    found as JAX finds them (the ``jax_plugins`` namespace and entry points), without
-    importing jax."""
+    """The module names of the installed JAX backend plugins, without importing jax."""
     from importlib.metadata import entry_points
 
     names = {entry.value for entry in entry_points(group="jax_plugins")}
@@ -301,9 +235,8 @@ def jax_plugins() -> set[str]:
 
 
 def check_platforms(value: str | None = None, plugins: set[str] | None = None) -> None:
-    """Raise UserError (one line) when ``JAX_PLATFORMS`` (or ``value``) names only platforms
-    whose backend is not installed, e.g. ``cuda`` on a CPU-only jax. JAX itself would fail
-    later with a bare AssertionError. Unknown names are left to JAX."""
+    """UserError when ``JAX_PLATFORMS`` (or ``value``) names only platforms whose backend is
+    not installed (JAX would fail later with a bare AssertionError)."""
     value = os.environ.get("JAX_PLATFORMS", "") if value is None else value
     wanted = [p.strip().lower() for p in value.split(",") if p.strip()]
     if not wanted or "cpu" in wanted:
@@ -333,9 +266,7 @@ def check_platforms(value: str | None = None, plugins: set[str] | None = None) -
 
 
 class _PluginErrors(logging.Filter):
-    """Holds back JAX's logged tracebacks of a backend plugin that fails to start (when
-    ``JAX_PLATFORMS`` has no CPU fallback the run cannot go on: ``backend_failure`` reports
-    the cause in one line instead)."""
+    """Holds back JAX's logged tracebacks of a backend plugin that fails to start."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -359,8 +290,7 @@ def _hold_plugin_errors() -> None:
 
 
 def backend_failure(error: BaseException) -> str | None:
-    """One line for JAX failing to start the backend ``JAX_PLATFORMS`` asks for (installed,
-    but e.g. no GPU visible), or None when ``error`` is something else."""
+    """One line for JAX failing to start the backend ``JAX_PLATFORMS`` asks for, else None."""
     value = os.environ.get("JAX_PLATFORMS", "")
     if not value.strip() or value.strip().lower() == "cpu":
         return None
@@ -387,12 +317,8 @@ def run_program(
     flag: str | None = "config",
     positional: bool = False,
 ) -> None:
-    """The ``__main__`` of every program: define its flags, parse them with ``parse_flags``
-    (``flag``: its config-file flag, None for programs without one), refuse positional
-    arguments unless the program takes them, quiet absl logging to warnings (unless
-    ``--verbosity`` is given), check ``JAX_PLATFORMS``, run ``main``, and turn a ``UserError``
-    (or JAX failing to start the asked-for backend) into one ``error:`` line and exit status
-    1."""
+    """The ``__main__`` of every program: flags, quiet logging, the ``JAX_PLATFORMS`` check,
+    ``main``, and a ``UserError`` as one ``error:`` line and exit status 1."""
     from absl import app, flags, logging
 
     def run(argv: list[str]) -> None:
@@ -413,5 +339,7 @@ def run_program(
             exit_with_error(message)
         sys.exit(code or 0)
 
+    before = set(flags.FLAGS)
     define_flags()
-    app.run(run, flags_parser=lambda argv: parse_flags(argv, doc, flag=flag))
+    own = [name for name in flags.FLAGS if name not in before]
+    app.run(run, flags_parser=lambda argv: parse_flags(argv, doc, flag=flag, own=own))

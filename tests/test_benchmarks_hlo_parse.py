@@ -1,11 +1,12 @@
-"""XLA's HLO text parsed (rhhjax/hlo/parse.py): shapes and their bytes, one instruction, a
+"""XLA's HLO text parsed (benchmarks/hlo/parse.py): shapes and their bytes, one instruction, a
 whole module with its computations and entry; pure Python, runs everywhere."""
 
 from __future__ import annotations
 
+from benchmark_scripts import load
 from hlo_cases import HLO
 
-from rhhjax.hlo import parse
+parse = load("hlo.parse")
 
 
 def test_shape_bytes_sums_tuples_and_dtypes():

@@ -15,8 +15,9 @@ import sys
 import tempfile
 import time
 
-from rhhjax.errors import UserError
 from rhhjax.kernels.hardware import H100, Gpu
+
+from rhhjax.errors import UserError
 
 IMPLS = ("scan", "fused", "pallas")  # the default rows
 # Selectable with --impls but not in the default rows (not measured on a GPU yet).

@@ -1,4 +1,4 @@
-"""rhhjax.tools.common: the help's default config, field hints and the JAX_PLATFORMS check,
+"""rhhjax.cli: the help's default config, field hints and the JAX_PLATFORMS check,
 in-process; and the one-line outputs of the programs as a user runs them (subprocesses: a
 GPU platform asked of a CPU-only install, analyze's shared flag handling)."""
 
@@ -14,9 +14,8 @@ import pytest
 from helpers import PTB_CONFIG, ROOT
 from test_analysis_subjects import make_workdir
 
-from rhhjax import configs
+from rhhjax import cli, configs
 from rhhjax.errors import UserError
-from rhhjax.tools import common as cli
 
 HAS_CUDA_PLUGIN = any("cuda" in name for name in cli.jax_plugins())
 
@@ -52,6 +51,39 @@ def test_help_of_a_given_config_file_lists_its_variant():
     assert "(cannot list the config fields: config file nowhere/x.py not found (or " in missing
 
 
+# a few of each console command's own flags (its define_flags)
+OWN_FLAGS = {
+    "train": ["--config", "--workdir"],
+    "evaluate": ["--workdir", "--split", "--text_files", "--data_dir", "--output"],
+    "sample": ["--workdir", "--prompt", "--temperature", "--output"],
+    "plot": ["--out", "--x", "--title"],
+    "summary": ["--config"],
+    "ablate": ["--config", "--sweep", "--variant", "--max_steps", "--at_steps", "--out"],
+    "analyze": ["--workdir", "--lesion_chars", "--out"],
+}
+
+
+def test_every_console_command_help_lists_its_own_flags():
+    """``rhhjax-evaluate --help`` (and sample, plot, analyze, ablate,
+    summary) printed "Flags:" and nothing: absl's main-module help looks for flags defined in
+    the console script, which defines none (``python -m`` found them)."""
+    scripts = {name: Path(sys.executable).parent / f"rhhjax-{name}" for name in OWN_FLAGS}
+    missing = [str(path) for path in scripts.values() if not path.is_file()]
+    if missing:
+        pytest.skip(f"console commands not installed: {', '.join(missing)}")
+    procs = {
+        name: subprocess.Popen([str(path), "--help"], cwd=ROOT, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+        for name, path in scripts.items()
+    }  # fmt: skip
+    for name, proc in procs.items():
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, (name, err)
+        flags_part = out.split("\nFlags:\n", 1)[1]
+        for flag in OWN_FLAGS[name]:
+            assert f"  {flag}: " in flags_part or f"  {flag} " in flags_part, (name, flag, out)
+
+
 def _installed_copy(site: Path) -> None:
     """The package as a non-editable install lays it out (pyproject's packages and
     package-dir: configs/ becomes rhhjax/configs/), under ``site``."""
@@ -73,8 +105,8 @@ def _installed_copy(site: Path) -> None:
 
 def test_help_lists_the_default_config_of_a_non_editable_install(tmp_path):
     _installed_copy(tmp_path / "site")
-    code = "import rhhjax, sys; from rhhjax.tools import common; print(rhhjax.__file__); "
-    code += "sys.stdout.write(common.help_text('Doc.', ['prog']))"
+    code = "import rhhjax, sys; from rhhjax import cli; print(rhhjax.__file__); "
+    code += "sys.stdout.write(cli.help_text('Doc.', ['prog']))"
     out = subprocess.run(
         [sys.executable, "-c", code],
         env={**os.environ, "PYTHONPATH": str(tmp_path / "site")},

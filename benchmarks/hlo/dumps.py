@@ -13,8 +13,9 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from rhhjax.hlo import launches as hl
 from rhhjax.kernels.hardware import H100
+
+from . import launches as hl
 
 SMEM_PER_BLOCK_OPTIN = H100.smem_per_block_optin  # shared memory a block may opt in to
 REGISTERS_PER_THREAD_MAX = H100.registers_per_thread

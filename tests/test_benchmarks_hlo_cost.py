@@ -1,12 +1,13 @@
-"""The compile report's stated cost model and summary (rhhjax/hlo/cost.py)."""
+"""The compile report's stated cost model and summary (benchmarks/hlo/cost.py)."""
 
 from __future__ import annotations
 
 import pytest
+from benchmark_scripts import load
 from hlo_cases import HIDDEN, HLO, SEQ
 
-from rhhjax.hlo import cost as hlo_cost
-from rhhjax.hlo import launches as hl
+hlo_cost = load("hlo.cost")
+hl = load("hlo.launches")
 
 
 def _loops(comps):

@@ -54,7 +54,7 @@ import re
 from collections.abc import Iterable
 
 # The parser, re-exported: callers use launches alone.
-from rhhjax.hlo.parse import (  # noqa: F401
+from .parse import (  # noqa: F401
     DTYPE_BYTES,
     Computation,
     Instr,

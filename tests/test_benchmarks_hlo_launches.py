@@ -1,13 +1,15 @@
 # ruff: noqa: E501  (the HLO fixtures below are real-length HLO lines)
-"""The HLO launch accounting (rhhjax/hlo/launches.py), on HLO text written
+"""The HLO launch accounting (benchmarks/hlo/launches.py), on HLO text written
 here: pure Python, runs everywhere."""
 
 from __future__ import annotations
 
 import pytest
+from benchmark_scripts import load
 from hlo_cases import HIDDEN, HLO, SEQ
 
-from rhhjax.hlo import launches as hl
+hl = load("hlo.launches")
+
 
 F32 = 4
 

@@ -47,9 +47,9 @@ import math
 from pathlib import Path
 
 import numpy as np
-
-from rhhjax.hlo import launches as hl
 from rhhjax.kernels.hardware import H100
+
+from . import launches as hl
 
 TERMS = ("launch", "k_chain", "sm_k_bytes", "sm_out_bytes", "xla_k_iter")
 SMS = H100.sms

@@ -1,6 +1,6 @@
 """Parse XLA's HLO text into computations and instructions (shapes, operands, attributes).
 
-Pure Python (no JAX import). ``rhhjax.hlo.launches`` builds the launch and loop
+Pure Python (no JAX import). ``hlo.launches`` builds the launch and loop
 accounting of the compile report on it.
 """
 

@@ -1,4 +1,4 @@
-"""The deviceless H100 compile's setup (rhhjax/hlo/deviceless.py) that needs no CUDA plugin:
+"""The deviceless H100 compile's setup (benchmarks/hlo/deviceless.py) that needs no CUDA plugin:
 the compile-only device written from the hardware table, the environment, the rows. The
 compiles themselves are the ``gpu_compile`` tests of tests/test_gpu_report.py."""
 
@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import os
 
+from benchmark_scripts import load
 from rhhjax.kernels.hardware import H100
 
-from rhhjax.hlo import deviceless
+deviceless = load("hlo.deviceless")
 
 
 def test_the_target_config_is_the_hardware_table():

@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# The CPU study behind configs/ptb.py:fast (results/fast_recipe_cpu/README.md): optimisation
+# recipes for a short budget, ranked on a small HyperRHN, the finalists confirmed on the :cpu
+# model with two seeds. Two ablations run side by side, each on one core (XLA single-threaded).
+#   bash benchmarks/schedule_study.sh small
+#   bash benchmarks/schedule_study.sh small2  # the follow-up the first results chose
+#   CPU_FINALIST=NAME:FIELD=V,... bash benchmarks/schedule_study.sh cpu
+#   bash benchmarks/schedule_study.sh table   # the markdown table of every run
+# PTB: $RHHJAX_PTB (default ../shared/data/ptb). Workdirs and tables: $OUT (default
+# workdirs/fast_recipe).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PTB=${RHHJAX_PTB:-../shared/data/ptb}
+OUT=${OUT:-workdirs/fast_recipe}
+export XLA_FLAGS="--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+ablate() {  # ablate NAME ARGS...: one ablation of the :cpu config into $OUT/NAME
+  local name=$1
+  shift
+  python -m rhhjax.tools.ablate --config=configs/ptb.py:cpu --config.data.dir="$PTB" \
+    --config.train.max_minutes=0 --config.train.patience=0 --memory=false \
+    --out="$OUT/$name" "$@"
+}
+# The small model: main 128, hyper 32, depth 3 (the :cpu model is 256 / 64 / 3); 600 steps
+# of batch 64 (0.75 epochs); validation every 100 steps on the first 100,000 valid characters.
+SMALL=(--config.model.hidden=128 --config.model.hyper_hidden=32
+  --config.train.eval_every_steps=100 --config.eval.final_protocols=)
+COS="train.schedule=cosine,train.warmup_steps=30"
+case ${1:-} in
+  small)
+    ablate small_a "${SMALL[@]}" \
+      --variant=const_1e-3:train.learning_rate=1e-3,train.max_steps=600 \
+      --variant=const_2e-3:train.learning_rate=2e-3,train.max_steps=600 \
+      --variant=cos_2e-3:$COS,train.learning_rate=2e-3,train.max_steps=600 \
+      --variant=cos_4e-3:$COS,train.learning_rate=4e-3,train.max_steps=600 \
+      --variant=cos_8e-3:$COS,train.learning_rate=8e-3,train.max_steps=600 \
+      > "$OUT.small_a.log" 2>&1 &
+    ablate small_b "${SMALL[@]}" \
+      --variant=lin_4e-3:train.schedule=linear,train.warmup_steps=30,train.learning_rate=4e-3,train.max_steps=600 \
+      --variant=cos_4e-3_l2:$COS,train.learning_rate=4e-3,train.clip_type=l2,train.clip_norm=1.0,train.max_steps=600 \
+      --variant=cos_4e-3_b2-0.99:$COS,train.learning_rate=4e-3,train.b2=0.99,train.max_steps=600 \
+      --variant=b128_cos_5.7e-3_300:train.schedule=cosine,train.warmup_steps=15,train.learning_rate=5.7e-3,train.batch_size=128,train.max_steps=300 \
+      --variant=b256_cos_8e-3_150:train.schedule=cosine,train.warmup_steps=8,train.learning_rate=8e-3,train.batch_size=256,train.max_steps=150 \
+      > "$OUT.small_b.log" 2>&1 &
+    wait
+    ;;
+  small2)  # after `small`: the best peak (8e-3) doubled, and crossed with the L2 clip
+    ablate small_c "${SMALL[@]}" \
+      --variant=cos_16e-3:$COS,train.learning_rate=16e-3,train.max_steps=600 \
+      > "$OUT.small_c.log" 2>&1 &
+    ablate small_d "${SMALL[@]}" \
+      --variant=cos_8e-3_l2:$COS,train.learning_rate=8e-3,train.clip_type=l2,train.clip_norm=1.0,train.max_steps=600 \
+      > "$OUT.small_d.log" 2>&1 &
+    wait
+    ;;
+  cpu)
+    FINAL=(--config.train.max_steps=1600 --config.eval.final_protocols=windows)
+    ablate cpu_const "${FINAL[@]}" --seeds=0,1 --variant=const_2e-3 > "$OUT.cpu_const.log" 2>&1 &
+    ablate cpu_sched "${FINAL[@]}" --seeds=0,1 \
+      --variant="${CPU_FINALIST:?set CPU_FINALIST=NAME:FIELD=V,... from the small study}" \
+      > "$OUT.cpu_sched.log" 2>&1 &
+    wait
+    ;;
+  table)  # one markdown table of every run in $OUT/*/results.json
+    python - "$OUT" << 'PYEOF'
+import glob, json, sys
+print("| ablation | run | batch | steps | epochs | schedule | peak lr | clip | b2 | best valid BPC "
+      "(step) | s / step | training min |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+for path in sorted(glob.glob(f"{sys.argv[1]}/*/results.json")):
+    for r in json.load(open(path))["rows"]:
+        cfg = json.load(open(f"{r['workdir']}/config.json"))["train"]
+        schedule = cfg["schedule"] + (f", warm-up {cfg['warmup_steps']}" if cfg["schedule"] != "constant" else "")
+        print(f"| {path.split('/')[-2]} | {r['variant']} | {cfg['batch_size']} | {r['steps']} | "
+              f"{r['epochs']:.2f} | {schedule} | {cfg['learning_rate']:g} | "
+              f"{cfg['clip_type'].upper()} {cfg['clip_norm']:g} | {cfg['b2']:g} | "
+              f"{r['best_valid_bpc']:.4f} ({r['best_step']}) | {r['step_s']:.3f} | {r['train_minutes']:.1f} |")
+PYEOF
+    ;;
+  *)
+    echo "usage: bash benchmarks/schedule_study.sh small|small2|cpu|table" >&2
+    exit 2
+    ;;
+esac

@@ -1,0 +1,194 @@
+"""The docs' GPU figures are their results files' figures: one table below, each figure as
+the docs write it, the file it comes from and how to read it there. A figure edited in a doc
+without its source (or a source re-measured without its doc) fails here.
+
+- every row: the figure as written equals the file's value, rounded as written;
+- every row: it is written in each doc it names (its one account and its summaries);
+- README.md, docs/design.md and docs/limitations.md: every decimal pair ``A / B`` and every
+  decimal time (``41.7 ms``, ``1.03 us``) is a figure of the table, so a drifted digit there
+  matches no row. docs/persistent_design.md and the other docs are a design log full of
+  PREDICTIONS: there only the rows that name them are checked."""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+from collections.abc import Callable
+from pathlib import Path
+from typing import NamedTuple
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load(path: str) -> dict:
+    return json.loads((ROOT / path).read_text())
+
+
+def step_ms(path: str, impl: str, dtype: str, model: str = "hyperrhn", **match) -> float:
+    """The median step time of the one paper-size row of ``path`` that matches."""
+    rows = [
+        r
+        for r in load(path)["rows"]
+        if r["impl"] == impl and r["dtype"] == dtype and r["model"] == model
+        and r.get("size", "paper") == "paper"
+        and all(v in str(r.get(k, "")) for k, v in match.items())
+    ]  # fmt: skip
+    assert len(rows) == 1, f"{path}: {len(rows)} rows for {impl} {dtype} {model} {match}"
+    return rows[0]["step_ms_median"]
+
+
+def peak_gb(path: str, dtype: str, variant: str) -> float:
+    rows = [r for r in load(path)["rows"] if r["impl"] == "persistent" and r["dtype"] == dtype
+            and r["persistent_layout"] == "grid" and variant in r["variant"]]  # fmt: skip
+    assert len(rows) == 1, (dtype, variant)
+    return rows[0]["peak_bytes"] / 1e9
+
+
+def bpc(path: str, split: str) -> float:
+    return load(path)["final"][split]["windows"]["bpc"]
+
+
+def prediction_ms(dtype: str, layout: str) -> float:
+    rows = [r for r in load(PREDICTION)["rows"] if r["dtype"] == dtype and r["layout"] == layout]
+    assert len(rows) == 1, (dtype, layout)
+    return rows[0]["step_ms"]
+
+
+def steady_step_ms() -> float:
+    """The training run's steady step: batch x seq_len over the median progress line's rate."""
+    config = load("results/ptb_gpu/config.json")["train"]
+    lines = (ROOT / "results/ptb_gpu/metrics.jsonl").read_text().splitlines()
+    rates = [r["chars_per_sec"] for r in map(json.loads, lines) if r.get("kind") == "train"]
+    return config["batch_size"] * config["seq_len"] / statistics.median(rates) * 1e3
+
+
+PTB_GPU = "results/ptb_gpu/results.json"
+CPU_RUN = "results/claims_cpu/hyperrhn_seed-0/results.json"
+BENCH = "results/bench_gpu_h100.json"  # 2026-11-23: results/gpu_h100.md
+FIRST = "results/bench_gpu_h100_persistent.json"  # 2026-11-26: results/gpu_h100_2026-11-26.md
+KERNELS = "results/bench_gpu_h100_kernels_2026-11-26.json"  # later: gpu_h100_2026-11-26b.md
+TOKEN = "results/calibrate_persistent_h100.json"
+SIGNFLIP = "results/calibrate_persistent_h100_signflip.json"
+PREDICTION = "results/persistent_prediction_h100.json"
+APART, INSIDE = "HYPER_INSIDE=False", "defaults (HYPER_INSIDE=True"
+GRID_APART = "grid, hyper as own launches (built: the default)"
+GRID_INSIDE = "grid, hyper inside both kernels, z recomputed (built)"
+
+README, LIMITATIONS, DESIGN = "README.md", "docs/limitations.md", "docs/design.md"
+RESULTS = "results/README.md"  # the index of every measurement
+PERSISTENT_DESIGN = "docs/persistent_design.md"
+
+
+class Figure(NamedTuple):
+    written: str  # the numbers as the docs write them: "34.2 / 33.1"
+    source: str  # the results file
+    values: Callable[[], tuple[float, ...]]  # read from it
+    docs: tuple[str, ...]  # where the figure must be written
+
+
+FIGURES = [
+    Figure("1.3791 / 1.3424", PTB_GPU, lambda: (bpc(PTB_GPU, "valid"), bpc(PTB_GPU, "test")),
+           (README, LIMITATIONS, RESULTS)),
+    Figure("1.7188 / 1.6730", CPU_RUN, lambda: (bpc(CPU_RUN, "valid"), bpc(CPU_RUN, "test")),
+           (README,)),
+    Figure("41.0", "results/ptb_gpu/metrics.jsonl", lambda: (steady_step_ms(),), (README,)),
+    Figure("41.7", BENCH, lambda: (step_ms(BENCH, "fused", "bfloat16"),), (README, DESIGN)),
+    Figure("50.4", BENCH, lambda: (step_ms(BENCH, "fused", "float32"),), (README,)),
+    Figure("59.7", BENCH, lambda: (step_ms(BENCH, "pallas", "bfloat16"),), (DESIGN,)),
+    Figure("119.1", BENCH, lambda: (step_ms(BENCH, "scan", "bfloat16"),), (DESIGN,)),
+    Figure("33.5", BENCH, lambda: (step_ms(BENCH, "fused", "float32", "rhn"),), (README,)),
+    Figure("59.8", FIRST, lambda: (step_ms(FIRST, "persistent", "bfloat16"),), (LIMITATIONS,)),
+    Figure("42.0", FIRST, lambda: (step_ms(FIRST, "fused", "bfloat16"),), (LIMITATIONS,)),
+    Figure("20.8", TOKEN, lambda: (load(TOKEN)["measured"]["barrier_us"],), (LIMITATIONS,)),
+    Figure("1.03", SIGNFLIP, lambda: (load(SIGNFLIP)["measured"]["barrier_us"],),
+           (LIMITATIONS, PERSISTENT_DESIGN, RESULTS)),
+    Figure("34.2 / 33.1", KERNELS,
+           lambda: (step_ms(KERNELS, "persistent", "bfloat16", variant=APART),
+                    step_ms(KERNELS, "persistent", "float32", variant=APART)),
+           (README, LIMITATIONS, DESIGN, PERSISTENT_DESIGN, RESULTS)),
+    Figure("40.5 / 38.5", KERNELS,
+           lambda: (step_ms(KERNELS, "persistent", "bfloat16", variant=INSIDE),
+                    step_ms(KERNELS, "persistent", "float32", variant=INSIDE)),
+           (LIMITATIONS, PERSISTENT_DESIGN)),
+    Figure("41.7 / 50.4", KERNELS,  # the same figures, re-measured beside the kernels
+           lambda: (step_ms(KERNELS, "fused", "bfloat16"), step_ms(KERNELS, "fused", "float32")),
+           (LIMITATIONS,)),
+    Figure("0.56 / 0.51", KERNELS,
+           lambda: (peak_gb(KERNELS, "bfloat16", APART) - peak_gb(KERNELS, "bfloat16", INSIDE),
+                    peak_gb(KERNELS, "float32", APART) - peak_gb(KERNELS, "float32", INSIDE)),
+           (LIMITATIONS,)),
+    Figure("38.7", KERNELS,
+           lambda: (step_ms(KERNELS, "persistent", "bfloat16", persistent_layout="rowgroup"),),
+           (LIMITATIONS,)),
+    Figure("48.9", KERNELS, lambda: (step_ms(KERNELS, "mosaic", "bfloat16"),),
+           (LIMITATIONS, DESIGN, RESULTS)),
+    Figure("19.2 / 40.7", PREDICTION,
+           lambda: (prediction_ms("bfloat16", GRID_APART), prediction_ms("float32", GRID_APART)),
+           (LIMITATIONS,)),
+    Figure("16.9 / 38.5", PREDICTION,
+           lambda: (prediction_ms("bfloat16", GRID_INSIDE), prediction_ms("float32", GRID_INSIDE)),
+           (LIMITATIONS,)),
+]  # fmt: skip
+
+# Figures from outside this project's results files, with where they come from.
+NOT_OURS = {"1.21 / 1.19": "the paper's valid / test BPC after ~660 epochs (Suarez 2017)"}
+
+SCANNED = (README, DESIGN, LIMITATIONS)
+
+
+def normalized(doc: str) -> str:
+    """A doc's text with bold marks and line breaks gone, so figures read as one line."""
+    return " ".join((ROOT / doc).read_text().replace("**", "").split())
+
+
+def numbers(written: str) -> list[str]:
+    return written.split(" / ")
+
+
+def ids(figure: Figure) -> str:
+    return f"{figure.written}@{Path(figure.source).name}"
+
+
+@pytest.mark.parametrize("figure", FIGURES, ids=ids)
+def test_each_figure_is_its_sources(figure):
+    values = figure.values()
+    places = [len(n.split(".")[1]) for n in numbers(figure.written)]
+    assert len(values) == len(places), figure
+    read = " / ".join(f"{v:.{p}f}" for v, p in zip(values, places, strict=True))
+    assert read == figure.written, f"{figure.source} reads {read}, the docs write {figure.written}"
+
+
+# Between a pair's numbers: "34.2 / 33.1", "34.2 ms bf16 / 33.1 ms f32",
+# "valid 1.3791 / test 1.3424".
+BETWEEN = r"(?: ms| us| GB)?(?: bf16| f32)? / (?:test )?"
+
+
+@pytest.mark.parametrize("figure", FIGURES, ids=ids)
+def test_each_figure_is_written_where_it_is_named(figure):
+    pattern = r"(?<![\d.])" + BETWEEN.join(map(re.escape, numbers(figure.written))) + r"(?!\d)"
+    for doc in figure.docs:
+        assert re.search(pattern, normalized(doc)), f"{doc} does not write {figure.written}"
+
+
+PAIR = re.compile(r"(?<![\d.])(\d+\.\d+)" + BETWEEN + r"(\d+\.\d+)(?![\d.])")
+TIME = re.compile(r"(?<![\d./-])(\d+\.\d+) ?(?:ms|us)\b")
+
+
+@pytest.mark.parametrize("doc", SCANNED)
+def test_every_gpu_figure_of_the_summaries_is_in_the_table(doc):
+    """Every decimal pair and every decimal time in the README, the design and the
+    limitations is a row's figure (a pair a whole row, a time any row's number)."""
+    pairs = {f.written for f in FIGURES} | set(NOT_OURS)
+    singles = {n for f in FIGURES for n in numbers(f.written)}
+    text = normalized(doc)
+    unsourced = sorted(
+        {f"{a} / {b}" for a, b in PAIR.findall(text) if f"{a} / {b}" not in pairs}
+        | {t for t in TIME.findall(text) if t not in singles}
+    )
+    assert not unsourced, (
+        f"{doc} writes figures that tests/test_docs_figures.py's table does not source: "
+        f"{unsourced} (add a row naming the results file, or correct the figure)"
+    )
