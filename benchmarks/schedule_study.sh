@@ -54,7 +54,7 @@ case ${1:-} in
     ;;
   cpu)
     FINAL=(--config.train.max_steps=1600 --config.eval.final_protocols=windows)
-    ablate cpu_const "${FINAL[@]}" --seeds=0,1 --variant=const_2e-3 > "$OUT.cpu_const.log" 2>&1 &
+    ablate cpu_const "${FINAL[@]}" --seeds=0,1 --variant=const_2e-3: > "$OUT.cpu_const.log" 2>&1 &
     ablate cpu_sched "${FINAL[@]}" --seeds=0,1 \
       --variant="${CPU_FINALIST:?set CPU_FINALIST=NAME:FIELD=V,... from the small study}" \
       > "$OUT.cpu_sched.log" 2>&1 &

@@ -174,6 +174,8 @@ def test_the_fast_variant_changes_only_the_optimisation_recipe_of_the_paper_mode
         "train.schedule",
         "train.warmup_steps",
         "train.learning_rate",
+        "train.clip_type",
+        "train.clip_norm",
         "train.eval_every_steps",
     }
     assert fast["train.batch_size"] == 256 and fast["model.keep"] == paper["model.keep"] == 0.65
