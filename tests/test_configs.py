@@ -150,21 +150,11 @@ def test_every_field_a_config_sets_has_a_comment(source):
     assert _uncommented_field_lines(text) == []
 
 
-def _leaves(tree: dict, prefix: str = "") -> dict:
-    out = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            out.update(_leaves(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
-
-
 def test_the_fast_variant_changes_only_the_optimisation_recipe_of_the_paper_model():
-    paper, fast = (
-        _leaves(configs.load("ptb").to_dict()),
-        _leaves(configs.load("ptb:fast").to_dict()),
-    )
+    from rhhjax.train.workdir import flat_fields
+
+    paper = flat_fields(configs.load("ptb").to_dict())
+    fast = flat_fields(configs.load("ptb:fast").to_dict())
     changed = {field for field in paper if paper[field] != fast[field]}
     assert changed == {
         "variant",
