@@ -64,16 +64,19 @@ case ${1:-} in
     python - "$OUT" << 'PYEOF'
 import glob, json, sys
 print("| ablation | run | batch | steps | epochs | schedule | peak lr | clip | b2 | best valid BPC "
-      "(step) | s / step | training min |")
-print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+      "(step) | whole valid | s / step | training min |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 for path in sorted(glob.glob(f"{sys.argv[1]}/*/results.json")):
     for r in json.load(open(path))["rows"]:
         cfg = json.load(open(f"{r['workdir']}/config.json"))["train"]
+        whole = r["final"].get("valid_windows")
+        whole = "-" if whole is None else f"{whole:.4f}"
         schedule = cfg["schedule"] + (f", warm-up {cfg['warmup_steps']}" if cfg["schedule"] != "constant" else "")
         print(f"| {path.split('/')[-2]} | {r['variant']} | {cfg['batch_size']} | {r['steps']} | "
               f"{r['epochs']:.2f} | {schedule} | {cfg['learning_rate']:g} | "
               f"{cfg['clip_type'].upper()} {cfg['clip_norm']:g} | {cfg['b2']:g} | "
-              f"{r['best_valid_bpc']:.4f} ({r['best_step']}) | {r['step_s']:.3f} | {r['train_minutes']:.1f} |")
+              f"{r['best_valid_bpc']:.4f} ({r['best_step']}) | {whole} | {r['step_s']:.3f} | "
+              f"{r['train_minutes']:.1f} |")
 PYEOF
     ;;
   *)

@@ -1,21 +1,11 @@
 """Penn Treebank: locate the files, download them, verify their SHA256, parse both formats.
 
-Formats (``load_ptb``)
-    * ``chars``: the raw characters of Mikolov's word-level PTB files ``ptb.{train,valid,test}.txt``
-      (the Recurrent Highway Hypernetworks paper's choice): 50 symbols including ``'\\n'`` and
-      ``' '``; every line starts and ends with a space, as in the files.
-    * ``mikolov_char``: the tokens of ``ptb.char.{train,valid,test}.txt``: the same text as
-      whitespace-separated characters with ``'_'`` between words. Every token must be a single
-      character. The end of a line is the symbol ``'\\n'`` (``MIKOLOV_EOL``), so the vocabulary is
-      49 characters + ``'\\n'`` = 50 and ``Vocab.decode`` gives readable text with one sentence per
-      line. Unlike ``chars`` there is no leading/trailing word separator on a line.
-
-Files
-    ``resolve_ptb_dir`` looks in an explicit folder, then in the cache
-    (``$RHHJAX_CACHE/ptb``, default ``~/.cache/rhhjax/ptb``), then downloads Mikolov's
-    ``simple-examples.tgz`` into the cache. Every file is checked against the SHA256 hashes in
-    ``PTB_SHA256`` (wherever it was found) before any of it is used; downloads are written to
-    temporary files and renamed atomically.
+``load_ptb`` formats: ``chars``, the raw characters of Mikolov's word-level
+``ptb.{train,valid,test}.txt`` (the paper's choice: 50 symbols with ``'\\n'`` and ``' '``), and
+``mikolov_char``, the tokens of ``ptb.char.*.txt`` (``'_'`` between words, ``MIKOLOV_EOL`` at a
+line's end: also 50 symbols). ``resolve_ptb_dir`` looks in an explicit folder, then the cache
+(``$RHHJAX_CACHE/ptb``), then downloads ``simple-examples.tgz``; every file is checked against
+``PTB_SHA256`` before use. Details: docs/operations.md#data.
 """
 
 from __future__ import annotations

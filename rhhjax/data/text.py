@@ -1,25 +1,11 @@
 """Text-file corpora: the user's own UTF-8 / byte files, and the known corpora enwik8 / text8.
 
-``load_text_corpus`` reads one file split the Hutter way (last N symbols test, previous N valid,
-the rest train) or three files (train, valid, test), with a ``char`` (Unicode code points) or
-``byte`` vocabulary built from the training split. N = ``holdout``; 0 (the default) sizes it to
-the file (``auto_holdout``: 5% each, at least 1,000 symbols or a quarter of a smaller file), so
-a file of a few kB splits as well as enwik8 (whose configs set the Hutter Prize's 5,000,000).
-
-The RHN paper's character-level corpora are single 100,000,000-byte files inside a zip:
-
-    enwik8  http://mattmahoney.net/dc/enwik8.zip  (Hutter Prize; 205 byte values)
-    text8   http://mattmahoney.net/dc/text8.zip   (27 symbols: a-z and space)
-
-``ensure_corpus(name)`` returns the path of the unzipped file in the cache
-(``$RHHJAX_CACHE/<name>/<name>``, default ``~/.cache/rhhjax``). When it is missing, the zip is
-downloaded to a temporary file, its SHA256 is checked against ``CORPORA`` (or the
-``data.sha256`` override), the member is extracted to a temporary file and renamed into place,
-so the cache never holds a half-written file. Without network, or with ``data.download=False``,
-the error says what to download and where to put it.
-
-The embedded hashes are the widely published ones (the same values appear in many independent
-public download scripts); the zip sizes are 36,445,475 B (enwik8) and 31,344,016 B (text8).
+``load_text_corpus`` splits one file the Hutter way (the last N symbols test, the N before
+valid; N = ``holdout``, 0 = ``auto_holdout``: 5% each, at least 1,000 or a quarter of a small
+file) or reads three files, with a ``char`` or ``byte`` vocabulary from the training split.
+``ensure_corpus(name)`` returns enwik8's or text8's unzipped file in the cache
+(``$RHHJAX_CACHE/<name>/<name>``), downloading and checking the zip against ``CORPORA``'s
+SHA256 (the widely published hashes) when it is missing. Details: docs/operations.md#data.
 """
 
 from __future__ import annotations
