@@ -195,7 +195,7 @@ def test_a_measured_budget_is_fixed_after_the_probe_and_stops_the_run(tmp_path, 
     lines: list[str] = []
     config = _budget_config(
         text_file,
-        train__budget_minutes=0.25,
+        train__budget_minutes=0.02,  # spent by the first steps: the run ends after the probe
         train__budget_step_seconds=0.0,
         train__budget_probe_steps=2,
         train__schedule="constant",
@@ -203,7 +203,7 @@ def test_a_measured_budget_is_fixed_after_the_probe_and_stops_the_run(tmp_path, 
         train__log_every_steps=50,
     )
     results = trainer.train_and_evaluate(config, tmp_path / "run", log=lines.append)
-    budget = [line for line in lines if line.startswith("budget: 0.25 minutes = ")]
+    budget = [line for line in lines if line.startswith("budget: 0.02 minutes = ")]
     assert len(budget) == 1, lines
     _, meta = latest_params(tmp_path / "run")
     assert results["stop_reason"] == "budget" and results["step"] == meta["budget_steps"] >= 3
