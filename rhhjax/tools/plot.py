@@ -160,6 +160,7 @@ def plot(
     if x not in (*X_AXES, "both"):
         raise PlotError(f"--x={x!r}: expected one of {', '.join(X_AXES)}, both")
     model = authors_model(workdirs[0], authors)
+    curve = authors_curve(model) if model is not None else None
     try:
         import matplotlib
     except ImportError:
@@ -181,8 +182,8 @@ def plot(
     default_title = Path(workdirs[0]).resolve().name if len(workdirs) == 1 else "BPC"
     for ax, (axis, runs) in zip(axes[0], panels.items(), strict=True):
         x_max = _draw_runs(ax, workdirs, runs, train, colors)
-        if model is not None:
-            _draw_authors(ax, authors_curve(model), axis, x_max)
+        if curve is not None:
+            _draw_authors(ax, curve, axis, x_max)
         ax.set_xlabel(X_AXES[axis])
         ax.set_ylabel("bits per character")
         ax.grid(True, alpha=0.3)

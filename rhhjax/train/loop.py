@@ -143,10 +143,12 @@ class Loop:
     def _schedule_length(self, s: LoopState) -> int:
         """The steps the schedule decays over: the budget's (0 until fixed), else the
         nearest step bound."""
+        return s.budget_steps if self.run.cfg.train.budget_minutes else self._step_bound(s)
+
+    def _step_bound(self, s: LoopState) -> int:
+        """The nearest step bound: the budget's (once fixed), max_steps, max_epochs' (0: none)."""
         t = self.run.cfg.train
-        if t.budget_minutes:
-            return s.budget_steps
-        bounds = [b for b in (t.max_steps, t.max_epochs * self.bpe) if b]
+        bounds = [b for b in (s.budget_steps, t.max_steps, t.max_epochs * self.bpe) if b]
         return min(bounds) if bounds else 0
 
     def _start_schedule(self, s: LoopState) -> None:
@@ -381,8 +383,7 @@ class Loop:
         t = self.run.cfg.train
         if t.max_minutes or (t.budget_minutes and not s.budget_steps):
             return 0
-        bounds = [b for b in (s.budget_steps, t.max_steps, t.max_epochs * self.bpe) if b]
-        return min(bounds) if bounds else 0
+        return self._step_bound(s)
 
     def _validate(self, s: LoopState) -> None:
         e = self.run.cfg.eval
