@@ -27,6 +27,9 @@
 #   bash benchmarks/gpu_suite.sh fast      # a loan's training call: configs/ptb.py:fast for
 #                                          # FAST_MINUTES (7) with FAST_IMPL (fused), every
 #                                          # protocol, samples, the parameters as 4 files
+#   bash benchmarks/gpu_suite.sh check     # a loan's first call (timeout 220 s): the persistent
+#                                          # compiled tests, the bf16 paper step of persistent and
+#                                          # fused traced; prints the impl for `fast`
 #   bash benchmarks/gpu_suite.sh row ARGS  # one bench.py call with ARGS (a lease's follow-up
 #                                          # call; --profile_dir=$OUT/profile: one archive)
 #   bash benchmarks/gpu_suite.sh dry-run   # on a CPU: every step at the small size
@@ -202,6 +205,29 @@ if [ "$MODE" = kernels ]; then
   fi
   LEASE=1
 fi
+if [ "$MODE" = check ]; then
+  # A loan's first call (../shared/docs/gpu-lease.md, timeout 220 s): the persistent model's
+  # compiled tests against `scan` (about 50 s on 8 workers), the persistent kernels' with the
+  # next 50 s, then the paper-size HyperRHN bf16 step of `persistent` and `fused`, each traced
+  # for 2 more steps. Prints the implementation for `fast`: `persistent` if every model test
+  # passed.
+  gpu_tests 70 tests_model.log -n 8 tests/test_ops_persistent.py
+  fast_impl=fused
+  if grep -q "TestPersistentCompiled.*PASSED" "$OUT/tests_model.log" \
+    && ! grep -qE "FAILED|ERROR|Timeout" "$OUT/tests_model.log" \
+    && grep -qE "[0-9]+ passed" "$OUT/tests_model.log"; then
+    fast_impl=persistent
+  fi
+  gpu_tests 50 tests.log -n 8 tests/test_kernels_mosaic_grid_barrier.py \
+    tests/test_kernels_mosaic_persistent_forward_run.py \
+    tests/test_kernels_mosaic_persistent_backward_run.py \
+    tests/test_kernels_mosaic_rowgroup_layout.py
+  part step_bf16 85 --sizes="${BENCH_SIZES:-paper}" --models=hyperrhn --parts=step --repeats=10 \
+    --impls=persistent,fused --dtypes=bfloat16 --profile_dir="$OUT/profile" --profile_steps=2
+  traces
+  echo "fast_impl: $fast_impl" | tee "$OUT/fast_impl"
+  LEASE=1
+fi
 if [ "$MODE" = row ]; then
   # One bench.py call with the arguments after "row" (a lease's follow-up call, set up like
   # the others); with --profile_dir=$OUT/profile its traces come back as one archive.
@@ -306,7 +332,7 @@ fi
 if [ -n "${LEASE:-}" ]; then  # at most 8 files come back from a device call: one archive
   tar -C "$OUT" -czf /tmp/lease.tar.gz . && rm -rf "${OUT:?}"/* && mv /tmp/lease.tar.gz "$OUT/"
   echo "== lease summary"
-  for log in tests tests_barrier tests_ops tests_kernels; do
+  for log in tests tests_model tests_barrier tests_ops tests_kernels; do
     tar -xzOf "$OUT/lease.tar.gz" "./$log.log" 2> /dev/null | tail -1
   done
   tar -xzOf "$OUT/lease.tar.gz" ./failures.log 2> /dev/null | grep -E "^(====|E )" | head -30

@@ -66,10 +66,12 @@ def steady_step_ms() -> float:
 
 
 PTB_GPU = "results/ptb_gpu/results.json"
+PTB_GPU_FAST = "results/ptb_gpu_fast/results.json"  # configs/ptb.py:fast, H200, 2026-11-27
 CPU_RUN = "results/claims_cpu/hyperrhn_seed-0/results.json"
 BENCH = "results/bench_gpu_h100.json"  # 2026-11-23: results/gpu_h100.md
 FIRST = "results/bench_gpu_h100_persistent.json"  # 2026-11-26: results/gpu_h100_2026-11-26.md
 KERNELS = "results/bench_gpu_h100_kernels_2026-11-26.json"  # later: gpu_h100_2026-11-26b.md
+H200 = "results/bench_gpu_h200_2026-11-27.json"  # results/gpu_h200_2026-11-27.md
 TOKEN = "results/calibrate_persistent_h100.json"
 SIGNFLIP = "results/calibrate_persistent_h100_signflip.json"
 PREDICTION = "results/persistent_prediction_h100.json"
@@ -92,6 +94,12 @@ class Figure(NamedTuple):
 FIGURES = [
     Figure("1.3791 / 1.3424", PTB_GPU, lambda: (bpc(PTB_GPU, "valid"), bpc(PTB_GPU, "test")),
            (README, LIMITATIONS, RESULTS)),
+    Figure("1.3632 / 1.3271", PTB_GPU_FAST,
+           lambda: (bpc(PTB_GPU_FAST, "valid"), bpc(PTB_GPU_FAST, "test")),
+           (README, LIMITATIONS, RESULTS)),
+    Figure("31.9", H200, lambda: (step_ms(H200, "persistent", "bfloat16"),),
+           (README, LIMITATIONS, RESULTS)),
+    Figure("40.2", H200, lambda: (step_ms(H200, "fused", "bfloat16"),), (LIMITATIONS, RESULTS)),
     Figure("1.7188 / 1.6730", CPU_RUN, lambda: (bpc(CPU_RUN, "valid"), bpc(CPU_RUN, "test")),
            (README,)),
     Figure("41.0", "results/ptb_gpu/metrics.jsonl", lambda: (steady_step_ms(),), (README,)),
