@@ -3,11 +3,11 @@
     python train.py --config=configs/ptb.py                  # the paper's HyperRHN on PTB
     python train.py --config=configs/ptb.py:cpu              # a small model for a laptop CPU
 
-The program is rhhjax.train.program (installed: rhhjax-train, or python -m rhhjax.train, with
+The program is rhhjax.train.trainer (installed: rhhjax-train, or python -m rhhjax.train, with
 --config=ptb:cpu); --help lists its flags, exit codes and every config field.
 """
 
-from rhhjax.train.program import console
+from rhhjax.train.trainer import console
 
 if __name__ == "__main__":
     console()

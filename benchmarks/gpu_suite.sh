@@ -28,8 +28,11 @@
 #                                          # FAST_MINUTES (7) with FAST_IMPL (fused), every
 #                                          # protocol, samples, the parameters as 4 files
 #   bash benchmarks/gpu_suite.sh check     # a loan's first call (timeout 220 s): the persistent
-#                                          # compiled tests, the bf16 paper step of persistent and
-#                                          # fused traced; prints the impl for `fast`
+#                                          # model's compiled tests, the autotune table (bf16,
+#                                          # paper); prints the `fast` call with its impl, variant
+#   bash benchmarks/gpu_suite.sh autotune  # a loan's call (timeout 200 s): every persistent
+#                                          # variant's paper bf16 step in one process, timed;
+#                                          # $OUT/autotune.json and its table, the winner named
 #   bash benchmarks/gpu_suite.sh row ARGS  # one bench.py call with ARGS (a lease's follow-up
 #                                          # call; --profile_dir=$OUT/profile: one archive)
 #   bash benchmarks/gpu_suite.sh dry-run   # on a CPU: every step at the small size
@@ -207,25 +210,26 @@ if [ "$MODE" = kernels ]; then
 fi
 if [ "$MODE" = check ]; then
   # A loan's first call (../shared/docs/gpu-lease.md, timeout 220 s): the persistent model's
-  # compiled tests against `scan` (about 50 s on 8 workers), the persistent kernels' with the
-  # next 50 s, then the paper-size HyperRHN bf16 step of `persistent` and `fused`, each traced
-  # for 2 more steps. Prints the implementation for `fast`: `persistent` if every model test
-  # passed.
+  # compiled tests against `scan` (about 50 s on 8 workers; its variants included), then the
+  # autotune table of the paper-size bf16 HyperRHN step with the rest: today's variant and
+  # its levers first (`persistent.LEVERS`). Writes fast_impl and fast_variant for `fast`:
+  # persistent and the winner if every model test passed, else fused.
   gpu_tests 70 tests_model.log -n 8 tests/test_ops_persistent.py
-  fast_impl=fused
+  timeout 110 "$PY" benchmarks/autotune_persistent.py --sizes="${BENCH_SIZES:-paper}" \
+    --dtypes=bfloat16 --budget=95 --limit=40 --out="$OUT/autotune.json" 2>&1 \
+    | tee "$OUT/autotune.log"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  fast_impl=fused fast_variant=default
   if grep -q "TestPersistentCompiled.*PASSED" "$OUT/tests_model.log" \
     && ! grep -qE "FAILED|ERROR|Timeout" "$OUT/tests_model.log" \
     && grep -qE "[0-9]+ passed" "$OUT/tests_model.log"; then
     fast_impl=persistent
+    winner=$(sed -n "s/^winner .*model.persistent_variant='\(.*\)'$/\1/p" "$OUT/autotune.log")
+    fast_variant=${winner:-default}
   fi
-  gpu_tests 50 tests.log -n 8 tests/test_kernels_mosaic_grid_barrier.py \
-    tests/test_kernels_mosaic_persistent_forward_run.py \
-    tests/test_kernels_mosaic_persistent_backward_run.py \
-    tests/test_kernels_mosaic_rowgroup_layout.py
-  part step_bf16 85 --sizes="${BENCH_SIZES:-paper}" --models=hyperrhn --parts=step --repeats=10 \
-    --impls=persistent,fused --dtypes=bfloat16 --profile_dir="$OUT/profile" --profile_steps=2
-  traces
-  echo "fast_impl: $fast_impl" | tee "$OUT/fast_impl"
+  echo "$fast_impl" > "$OUT/fast_impl"
+  echo "$fast_variant" > "$OUT/fast_variant"
+  echo "next: FAST_IMPL=$fast_impl FAST_VARIANT='$fast_variant' bash benchmarks/gpu_suite.sh fast"
   LEASE=1
 fi
 if [ "$MODE" = row ]; then
@@ -241,6 +245,13 @@ if [ "$MODE" = calibrate ]; then  # the plan model's three assumed rates, measur
     "$PY" benchmarks/persistent_prediction.py --calibration "$OUT/calibrate.json" \
       --json "$OUT/prediction_calibrated.json" | tee "$OUT/prediction_calibrated.md" || status=1
   fi
+fi
+if [ "$MODE" = autotune ]; then  # every persistent variant timed (autotune_persistent.py)
+  timeout "${AUTOTUNE_SECONDS:-190}" "$PY" benchmarks/autotune_persistent.py \
+    --sizes="${BENCH_SIZES:-paper}" --dtypes="${AUTOTUNE_DTYPES:-bfloat16}" \
+    --budget="${AUTOTUNE_BUDGET:-165}" --limit=60 --out="$OUT/autotune.json" 2>&1 \
+    | tee "$OUT/autotune.log"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 if [ "$MODE" = train ]; then
   # A device command lasts at most 10 minutes, so the run is cut into calls: each trains
@@ -283,6 +294,7 @@ if [ "$MODE" = fast ]; then
     --config="${TRAIN_CONFIG:-configs/ptb.py:fast}" --workdir="$WORKDIR" \
     --config.data.dir="${RHHJAX_PTB_DIR:-.data/ptb}" --config.data.download=False \
     --config.model.dtype="${TRAIN_DTYPE:-bfloat16}" --config.model.impl="${FAST_IMPL:-fused}" \
+    --config.model.persistent_variant="${FAST_VARIANT:-default}" \
     --config.train.budget_minutes="${FAST_MINUTES:-7}" ${TRAIN_ARGS:-} 2>&1 | tee "$OUT/run/train.log"
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
   for temperature in 0.5 0.8 1.0; do
@@ -342,6 +354,7 @@ if [ -n "${LEASE:-}" ]; then  # at most 8 files come back from a device call: on
     [ -z "$line" ] || echo "$log:$line"
   done
   tar -xzOf "$OUT/lease.tar.gz" ./bench.log 2> /dev/null | grep -A8 "^impl "
+  tar -xzOf "$OUT/lease.tar.gz" ./autotune.log 2> /dev/null | grep -E "^\||^winner"
   tar -xzOf "$OUT/lease.tar.gz" ./train.log 2> /dev/null | tail -14
 fi
 if [ -f /tmp/rhhjax_profile.tar.gz ]; then  # `traces`; at most 16 MiB comes back per file

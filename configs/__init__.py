@@ -1,8 +1,6 @@
-"""Experiment configs, one file per dataset, a variant after a colon: configs/ptb.py (the
-paper's HyperRHN, RHN, LSTM, CPU and smoke variants), configs/enwik8.py and configs/text8.py
-(the RHN paper's recipes), configs/hutter.py (the recipe those two share).
+"""Experiment configs, one file per dataset, a variant after a colon: configs/ptb.py,
+configs/enwik8.py and configs/text8.py (configs/hutter.py: the recipe those two share).
 
-    from rhhjax import configs
     config = configs.load("ptb:cpu", ["model.depth=5", "train.max_steps=10"])
 """
 

@@ -1,10 +1,8 @@
-"""enwik8 byte-level language modelling (the RHN paper's recipe, Zilly et al. 2017).
-
-Command (reported test BPC 1.27; 46M parameters):
+"""enwik8 byte-level language modelling, the RHN paper's recipe (Zilly et al. 2017).
 
     python train.py --config=configs/enwik8.py --workdir=workdirs/enwik8
 
-The recipe is ``configs/hutter.py``; override any field: ``--config.model.depth=5``.
+The recipe: ``configs/hutter.py``.
 """
 
 from rhhjax.configs import hutter

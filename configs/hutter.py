@@ -1,8 +1,6 @@
 """The RHN paper's recipe for the Hutter-prize corpora (Zilly et al. 2017), shared by
-``configs/enwik8.py`` and ``configs/text8.py`` (``config_file``): ``recipe(corpus)``, the defaults
-plus the fields below. The first 10^8 symbols, split 90M / 5M / 5M, read from
-``data.text_files``, the cache or a verified download. A plain RHN, depth 10, width 1500, plain
-SGD. Zilly's 0.10 x-dropout is not reproduced: docs/design.md (``configs/hutter.py``).
+``configs/enwik8.py`` and ``configs/text8.py``: a plain RHN, depth 10, width 1500, SGD, on the
+first 10^8 symbols split 90M / 5M / 5M. Deviations: docs/design.md (``configs/hutter.py``).
 """
 
 from collections.abc import Callable
@@ -12,11 +10,8 @@ import ml_collections
 from rhhjax import configs
 from rhhjax.train.config import default_config
 
-# corpus: (text_vocab, vocabulary size, map unseen valid/test symbols to <unk>)
-CORPORA = {
-    "enwik8": ("byte", 205, True),  # one symbol per byte; vocab = train bytes + 1 reserved
-    "text8": ("char", 27, False),  # a-z and space: all 27 occur in train
-}
+# corpus: (text_vocab, vocabulary size with the reserved id, map unseen symbols to <unk>)
+CORPORA = {"enwik8": ("byte", 205, True), "text8": ("char", 27, False)}
 
 
 def recipe(corpus: str) -> ml_collections.ConfigDict:
@@ -67,7 +62,6 @@ def config_file(corpus: str) -> tuple[tuple[str, ...], Callable[..., ml_collecti
     variants = ("",)
 
     def get_config(variant: str = "") -> ml_collections.ConfigDict:
-        """The RHN paper's configuration of the file's corpus."""
         configs.check_variant(corpus, variant, variants)
         return recipe(corpus)
 

@@ -1,14 +1,9 @@
-"""Penn Treebank characters (Suarez 2017): the paper's HyperRHN, the defaults, and variants.
+"""Penn Treebank characters (Suarez 2017): the paper's HyperRHN (the library's defaults) and
+variants after a colon: `configs/ptb.py:rhn` (plain RHN), `configs/ptb.py:lstm` (2 x 1125 LSTM),
+`configs/ptb.py:fast` (a time budget, warm-up and decay), `configs/ptb.py:cpu` (a small HyperRHN
+for a 2-core CPU), `configs/ptb.py:tiny` (the tests' smoke run). Results: results/README.md.
 
     python train.py --config=configs/ptb.py --workdir=workdirs/ptb_hyperrhn
-
-Variants, after a colon: `configs/ptb.py:rhn` (the plain RHN baseline, Adam 5e-4),
-`configs/ptb.py:lstm` (the 2 x 1125 LSTM), `configs/ptb.py:fast` (the paper's model with a
-time budget, warm-up and decay), `configs/ptb.py:cpu` (a small HyperRHN for a 2-core CPU) and
-`configs/ptb.py:tiny` (the tests' smoke run). Run times and results, each with its machine and
-date: results/README.md; the `:fast` recipe's evidence: results/fast_recipe_cpu/README.md.
-The paper recipe is the library's defaults (``rhhjax.train.config.default_config``); this
-file sets what each variant changes.
 """
 
 import ml_collections
@@ -33,21 +28,21 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
         model.hidden = 1125  # ... of 1125 units.
         model.keep = 1.0  # No dropout.
     elif variant == "fast":
-        train.budget_minutes = 8.0  # Training time, compilation included (a GPU loan's).
+        train.budget_minutes = 8.0  # Training time, compilation included.
         train.max_epochs = 0  # The budget, not an epoch count, ends the run ...
         train.patience = 0  # ... and no early stop cuts the schedule short.
         train.schedule = "cosine"  # Warm-up, then a cosine decay to the floor.
-        train.warmup_steps = 200  # Linear warm-up (the budget is fixed after 21 steps).
-        train.learning_rate = 4e-3  # Peak: 4x the paper's constant (the CPU study's ratio).
+        train.warmup_steps = 200  # Linear warm-up.
+        train.learning_rate = 4e-3  # Peak: 4x the paper's constant (results/fast_recipe_cpu/).
         train.final_lr_fraction = 0.1  # Floor: a tenth of the peak, on the last step.
-        train.clip_type = "l2"  # Global L2 norm clipping (better than L1 in the CPU study) ...
+        train.clip_type = "l2"  # Global L2 norm clipping ...
         train.clip_norm = 1.0  # ... at 1.0.
-        train.eval_every_steps = 1000  # Validate every ~5 epochs (each costs loan time).
+        train.eval_every_steps = 1000  # Validate every ~5 epochs.
     elif variant == "cpu":
         model.hidden = 256  # Main width n, sized for a 2-core CPU.
         model.hyper_hidden = 64  # Hypernetwork width h.
         model.depth = 3  # Recurrence depth L.
-        model.keep = 1.0  # No dropout: 1.72 against 1.95 valid BPC with keep 0.65 (results/).
+        model.keep = 1.0  # No dropout (results/cpu_recipe_tuning.md).
         train.batch_size = 64  # Sequences per step (of the default 100 characters).
         train.learning_rate = 2e-3  # Adam step size (results/cpu_recipe_tuning.md).
         train.max_minutes = 12.0  # Training budget; the stop step is validated.

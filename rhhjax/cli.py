@@ -1,10 +1,6 @@
-"""Command-line plumbing of every program (no jax import here): ``parse_flags`` loads the
-``--config`` file (or installed config, ``ptb:cpu``) before absl parses anything and checks
-every ``--config.<field>=`` override against it, so a typo, an unknown variant or a missing
-file is one ``error:`` line; ``--help`` prints the program's docstring, the variants and every
-field. ``run_program`` is every program's ``__main__``: flags, quiet logging, the
-``JAX_PLATFORMS`` check, and ``UserError`` -> one ``error:`` line, exit status 1.
-"""
+"""Command-line plumbing of every program (no jax import): ``parse_flags`` checks ``--config``
+and its overrides before absl parses, so a typo is one ``error:`` line; ``run_program`` is every
+program's ``__main__`` (flags, logging, ``JAX_PLATFORMS``, ``UserError`` -> exit status 1)."""
 
 from __future__ import annotations
 
@@ -25,11 +21,7 @@ from rhhjax.errors import UserError, exit_with_error, one_line
 DEFAULT_CONFIG = "ptb"
 
 
-# ----------------------------------------------------------------------------- config files
-
-
 def check_override(config: Any, name: str) -> None:
-    """ConfigArgumentError, naming the closest field, unless ``name`` is in ``config``."""
     try:
         config_fields.lookup(config, name)
     except config_fields.UnknownField as e:
@@ -41,7 +33,6 @@ def check_override(config: Any, name: str) -> None:
 
 
 def config_overrides(argv: Sequence[str], flag: str = "config") -> list[str]:
-    """The field names of the ``--<flag>.<field>`` overrides in ``argv``."""
     names = []
     for arg in argv[1:]:
         if arg == "--":
@@ -53,7 +44,6 @@ def config_overrides(argv: Sequence[str], flag: str = "config") -> list[str]:
 
 
 def config_argument(argv: Sequence[str], flag: str = "config") -> str | None:
-    """The value of ``--<flag>=X`` / ``--<flag> X`` in ``argv`` (the last one), or None."""
     value = None
     args = list(argv[1:])
     for i, arg in enumerate(args):
@@ -67,7 +57,6 @@ def config_argument(argv: Sequence[str], flag: str = "config") -> str | None:
 
 
 def check_override_order(argv: Sequence[str], flag: str = "config") -> None:
-    """ConfigArgumentError when a ``--<flag>.<field>`` override comes before ``--<flag>``."""
     args = list(argv[1:])
     args = args[: args.index("--")] if "--" in args else args
     overrides = [i for i, a in enumerate(args) if a.startswith((f"--{flag}.", f"--no{flag}."))]
@@ -96,11 +85,7 @@ def check_config_arguments(argv: Sequence[str], flag: str = "config") -> Any:
     return config
 
 
-# ----------------------------------------------------------------------------- flags / help
-
-
 def describe_config(config: Any, prefix: str = "") -> list[str]:
-    """``name = value`` lines for every leaf field of a ConfigDict (sorted as defined)."""
     lines = []
     for key, value in config.items():
         name = f"{prefix}{key}"
@@ -112,7 +97,6 @@ def describe_config(config: Any, prefix: str = "") -> list[str]:
 
 
 def load_default_config() -> tuple[Any, Any]:
-    """(module, config) of the default config, imported from the installed package."""
     return load_config_file(DEFAULT_CONFIG)
 
 
@@ -143,13 +127,12 @@ def help_text(doc: str, argv: Sequence[str], flag: str = "config") -> str:
 
 
 def flags_help(names: Sequence[str]) -> str:
-    """absl's help of the flags ``names``, whichever module defined them."""
     from absl import flags
 
     wanted, lines = set(names), []
     for module, defined in flags.FLAGS.flags_by_module_dict().items():
         if any(f.name in wanted for f in defined):
-            lines += flags.FLAGS.module_help(module).strip("\n").splitlines()[1:]  # no header
+            lines += flags.FLAGS.module_help(module).strip("\n").splitlines()[1:]
     return "\n".join(lines)
 
 
@@ -160,8 +143,7 @@ def parse_flags(
     exit: Callable = sys.exit,
     own: Sequence[str] = (),
 ) -> list[str]:
-    """An ``absl.app.run`` flags parser: --help, the config checks, then absl's parsing, every
-    failure one ``error:`` line. ``flag=None``: no config file; ``own``: the flags --help lists."""
+    """An ``absl.app.run`` flags parser; ``flag=None``: no config; ``own``: flags --help lists."""
     from absl import flags
 
     if any(a in ("-h", "--help", "-help", "--helpshort", "--helpfull") for a in argv[1:]):
@@ -188,13 +170,12 @@ def parse_flags(
         exit(f"error: {e}")
     except flags.Error as e:
         exit(f"error: {_flag_error(e)}")
-    except (KeyError, AttributeError, ValueError, TypeError) as e:  # config_flags' own errors
+    except (KeyError, AttributeError, ValueError, TypeError) as e:
         exit(f"error: {_flag_error(e)}")
     return []
 
 
 def with_config_files(argv: Sequence[str], flag: str = "config") -> list[str]:
-    """``argv`` with every installed config ``--<flag>=NAME[:VARIANT]`` given as its file."""
     out, args = [argv[0]], list(argv[1:])
     for i, arg in enumerate(args):
         if arg.startswith(f"--{flag}="):
@@ -206,21 +187,17 @@ def with_config_files(argv: Sequence[str], flag: str = "config") -> list[str]:
 
 
 def _flag_error(e: BaseException) -> str:
-    """The informative line of an absl / config_flags error (drops embedded tracebacks)."""
     lines = [line.strip() for line in str(e).splitlines() if line.strip()]
     if any(line.startswith("Traceback") for line in lines):
-        lines = lines[-1:]  # "ValueError: ..." of the embedded traceback
+        lines = lines[-1:]
     return " ".join(" ".join(lines).split()) or type(e).__name__
 
-
-# ----------------------------------------------------------------------------- JAX platforms
 
 GPU_INSTALL = 'pip install -e ".[cuda12]"'
 _PLATFORM_PLUGINS = {"cuda": ("cuda",), "gpu": ("cuda", "rocm"), "rocm": ("rocm",)}
 
 
 def jax_plugins() -> set[str]:
-    """The module names of the installed JAX backend plugins, without importing jax."""
     from importlib.metadata import entry_points
 
     names = {entry.value for entry in entry_points(group="jax_plugins")}
@@ -235,8 +212,7 @@ def jax_plugins() -> set[str]:
 
 
 def check_platforms(value: str | None = None, plugins: set[str] | None = None) -> None:
-    """UserError when ``JAX_PLATFORMS`` (or ``value``) names only platforms whose backend is
-    not installed (JAX would fail later with a bare AssertionError)."""
+    """UserError when ``JAX_PLATFORMS`` names only platforms with no installed backend."""
     value = os.environ.get("JAX_PLATFORMS", "") if value is None else value
     wanted = [p.strip().lower() for p in value.split(",") if p.strip()]
     if not wanted or "cpu" in wanted:
@@ -249,7 +225,7 @@ def check_platforms(value: str | None = None, plugins: set[str] | None = None) -
             continue
         kinds = _PLATFORM_PLUGINS.get(platform)
         if kinds is None:
-            return  # a platform this check does not know: JAX decides
+            return
         plugins = jax_plugins() if plugins is None else plugins
         if not any(kind in name for name in plugins for kind in kinds):
             missing.append(platform)
@@ -266,8 +242,6 @@ def check_platforms(value: str | None = None, plugins: set[str] | None = None) -
 
 
 class _PluginErrors(logging.Filter):
-    """Holds back JAX's logged tracebacks of a backend plugin that fails to start."""
-
     def __init__(self) -> None:
         super().__init__()
         self.causes: list[str] = []
@@ -317,15 +291,14 @@ def run_program(
     flag: str | None = "config",
     positional: bool = False,
 ) -> None:
-    """The ``__main__`` of every program: flags, quiet logging, the ``JAX_PLATFORMS`` check,
-    ``main``, and a ``UserError`` as one ``error:`` line and exit status 1."""
+    """The ``__main__`` of every program; a ``UserError`` is one ``error:`` line, exit 1."""
     from absl import app, flags, logging
 
     def run(argv: list[str]) -> None:
         if len(argv) > 1 and not positional:
             exit_with_error(f"unexpected arguments: {' '.join(argv[1:])} (flags are --name=value)")
         if not flags.FLAGS["verbosity"].present:
-            logging.set_verbosity(logging.WARNING)  # orbax and jax are chatty at INFO
+            logging.set_verbosity(logging.WARNING)
         try:
             check_platforms()
             _hold_plugin_errors()

@@ -1,10 +1,5 @@
 """Dotted config fields ("model.depth"): the one lookup behind every "did you mean" hint.
-
-``lookup(config, "model.depth")`` is the field's value; a missing field raises
-``UnknownField``, naming where the walk left the config and the closest sibling, which
-callers (``configs.override``, ``--config.<field>=``, ``ablate --sweep``) word into one line:
-``unknown config field model.dept (did you mean model.depth?)``. Standard library only.
-"""
+Standard library only."""
 
 from __future__ import annotations
 
@@ -13,11 +8,8 @@ from typing import Any
 
 
 class UnknownField(LookupError):
-    """A dotted field that is not in the config. ``missing``: the field up to its first
-    missing part ("model.dept" of "model.dept.x"); ``parent``: the part before that ("model",
-    "" at the top); ``under_value``: ``parent`` holds a value, not a section; ``hint``:
-    ``" (did you mean model.depth?)"`` naming the closest sibling of the missing part, or ""
-    when none is close."""
+    """A dotted field not in the config: ``missing`` (up to its first missing part), ``parent``,
+    ``under_value`` (``parent`` is a value) and ``hint`` (" (did you mean model.depth?)" or "")."""
 
     def __init__(self, missing: str, under_value: bool, suggestion: str = "") -> None:
         super().__init__(f"no config field {missing}")
@@ -27,9 +19,8 @@ class UnknownField(LookupError):
 
 
 def lookup(config: Any, field: str) -> Any:
-    """The value of the dotted ``field`` of ``config`` (a ConfigDict or nested mappings), or
-    ``UnknownField`` at its first part that is not there."""
-    node, known = config, ""  # known: the parts walked so far, each with its dot
+    """The value of the dotted ``field`` of ``config``, or ``UnknownField``."""
+    node, known = config, ""
     for part in field.split("."):
         if not hasattr(node, "keys"):
             raise UnknownField(known + part, under_value=True)

@@ -1,9 +1,6 @@
-"""The one loader of configs: ``NAME[:VARIANT]`` of an installed config (``ptb:cpu``) or
-``FILE[:VARIANT]`` of any config file; ``--config`` (``rhhjax.cli``) and
-``rhhjax.configs.load`` both use it, every failure one line (``ConfigArgumentError``). The only
-library module that imports ``rhhjax.configs``, inside its functions (the configs import the
-library).
-"""
+"""The one loader of configs: ``NAME[:VARIANT]`` of an installed config or ``FILE[:VARIANT]``,
+for ``--config`` and ``rhhjax.configs.load``; failures are one line. The only library module
+importing ``rhhjax.configs`` (inside functions: the configs import the library)."""
 
 from __future__ import annotations
 
@@ -23,26 +20,22 @@ class ConfigArgumentError(UserError):
 
 
 def _configs():
-    """The config package (imported here only, when called: it imports the library)."""
     from rhhjax import configs
 
     return configs
 
 
 def installed_config_names() -> tuple[str, ...]:
-    """The names of the installed configs (``ptb``, ``enwik8``, ``text8``)."""
     return tuple(_configs().NAMES)
 
 
 def _installed(name: str) -> bool:
-    """Whether ``name`` is an installed config's name rather than a path to a file."""
     if "/" in name or name.endswith(".py") or Path(name).is_file():
         return False
     return name in installed_config_names()
 
 
 def resolve_config_argument(argument: str) -> str:
-    """A ``--config`` value with an installed config's name replaced by its file."""
     name, sep, variant = argument.partition(":")
     if not _installed(name):
         return argument
@@ -56,7 +49,6 @@ def _not_found_hint() -> str:
 
 
 def config_module(name: str):
-    """The module of an installed config (``ptb``) or of a config file (its path)."""
     if _installed(name):
         return importlib.import_module(f"{PACKAGE}.{name}")
     file = Path(name).expanduser()
@@ -69,7 +61,7 @@ def config_module(name: str):
     module = importlib.util.module_from_spec(spec)
     try:
         spec.loader.exec_module(module)
-    except Exception as e:  # a broken config file: its own error, in one line
+    except Exception as e:
         raise ConfigArgumentError(f"cannot load config file {name}: {one_line(e)}") from None
     if not hasattr(module, "get_config"):
         raise ConfigArgumentError(f"config file {name} defines no get_config()")
@@ -88,8 +80,7 @@ def load_config_file(argument: str) -> tuple[Any, Any]:
 
 
 def load(spec: str, overrides: Iterable[str] | Mapping[str, Any] = ()) -> Any:
-    """The config ``spec`` with ``overrides``: ``"block.field=value"`` strings or a mapping
-    of dotted fields to values."""
+    """The config ``spec`` with ``overrides`` ("block.field=value" strings or a mapping)."""
     _, config = load_config_file(str(spec))
     configs = _configs()
     items = overrides.items() if isinstance(overrides, Mapping) else map(_split, overrides)

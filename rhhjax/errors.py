@@ -1,11 +1,5 @@
-"""One base class for every error a user can fix, and the one way a program reports it.
-
-Every error raised for bad input (a config field, a data file, a workdir, a checkpoint, a sweep
-or analysis argument) derives from ``UserError`` and carries a one-line message. Programs catch
-``UserError`` and call ``exit_with_error``: ``error: <message>`` on stderr, exit status 1, no
-traceback. Anything else is a bug and keeps its traceback. ``warn`` is the one way to say
-something is off while the program goes on: ``warning: <message>`` on stderr.
-"""
+"""``UserError``, the base of every error a user can fix (a one-line message), and how a program
+reports it: ``exit_with_error`` (``error: <message>``, exit 1) and ``warn`` (``warning:``)."""
 
 from __future__ import annotations
 
@@ -25,11 +19,7 @@ def one_line(e: BaseException | str) -> str:
 
 
 def exit_with_error(e: BaseException | str, code: int = 1) -> None:
-    """Print ``error: <one line>`` on stderr and end the process with ``code`` at once.
-
-    ``os._exit`` skips interpreter shutdown, where the background threads of a failed
-    checkpoint write (orbax, asyncio) would otherwise print pages of tracebacks.
-    """
+    """Print ``error: <one line>``, exit with ``code`` at once (``os._exit``: no thread noise)."""
     sys.stdout.flush()
     sys.stderr.write(f"error: {one_line(e)}\n")
     sys.stderr.flush()
@@ -37,7 +27,6 @@ def exit_with_error(e: BaseException | str, code: int = 1) -> None:
 
 
 def warn(message: str) -> None:
-    """Print ``warning: <one line>`` on stderr (the program goes on)."""
     sys.stdout.flush()
     sys.stderr.write(f"warning: {one_line(message)}\n")
     sys.stderr.flush()

@@ -1,11 +1,5 @@
-"""Evaluation: cross-entropy, BPC, perplexity and accuracy of a model on a split.
-
-Protocols (``rhhjax.data.eval_batches``; docs/design.md): ``windows`` and ``stream`` score
-every character but the first once; ``paper`` is the paper's 51-character chunks with
-positions >= 50 scored (and ``paper_test_mask95``, its test-split mask). Metrics: ``nats``,
-``bpc`` = nats / ln 2, ``ppl`` = e^nats, ``acc``, ``chars`` (scored characters).
-Command line: ``python -m rhhjax.tools.evaluate --workdir=DIR`` (README).
-"""
+"""Evaluation: cross-entropy (``nats``), ``bpc``, ``ppl``, ``acc`` and ``chars`` of a model on
+a split under the protocols of ``rhhjax.data.eval_batches`` (docs/design.md)."""
 
 from __future__ import annotations
 
@@ -31,11 +25,8 @@ MASK95_LABEL = "paper_test_mask95"
 def make_eval_step(
     model_config: models.ModelConfig, mesh: jax.sharding.Mesh | None = None
 ) -> Callable:
-    """Jitted ``(params, carry, inputs, targets, mask, reset) -> (carry, [nll, hits, count])``.
-
-    ``reset`` zeroes the carry before the batch; sums are over masked positions. With
-    ``mesh`` the carry stays split along the batch over ``"data"`` and the sums replicated.
-    """
+    """Jitted ``(params, carry, inputs, targets, mask, reset) -> (carry, [nll, hits, count])``,
+    sums over masked positions; with ``mesh`` the carry is split over ``"data"``."""
     model = models.build_model(model_config)
 
     def step(params, carry, inputs, targets, mask, reset):
@@ -55,13 +46,11 @@ def make_eval_step(
 
 
 def zero_carry(model_config: models.ModelConfig, params, batch: int):
-    """The model's zero recurrent state for ``batch`` rows."""
     model = models.build_model(model_config)
     return model.apply({"params": params}, batch, method=models.CharLM.initial_carry)
 
 
 def metrics_from_sums(nll: float, hits: float, count: float) -> dict:
-    """{nats, bpc, ppl, acc, chars} from summed negative log-likelihood / hits / count."""
     nll, hits, count = float(nll), float(hits), float(count)
     chars = int(round(count))
     if chars <= 0:
@@ -90,12 +79,8 @@ def evaluate_tokens(
     mesh: jax.sharding.Mesh | None = None,
     max_chunk: int = data_lib.MAX_CHUNK,
 ) -> dict:
-    """Metrics of the model on ``tokens`` under ``protocol``.
-
-    ``max_chunk``: the most time steps per batch (longer windows run in pieces, the state
-    carried); ``should_stop``: polled between batches, raises ``KeyboardInterrupt``;
-    ``mesh``: batches split over ``"data"``, the same metrics up to summation order.
-    """
+    """Metrics of the model on ``tokens`` under ``protocol``; ``should_stop`` is polled
+    between batches (raises ``KeyboardInterrupt``)."""
     step = make_eval_step(model_config, mesh)
     carry = zero_carry(model_config, params, batch_size)
     if mesh is not None:
@@ -176,7 +161,6 @@ def evaluate_splits(
 
 
 def format_table(results: dict) -> str:
-    """The {split: {protocol: metrics}} results as a text table."""
     header = f"{'split':<6} {'protocol':<18} {'BPC':>8} {'ppl':>8} {'acc':>8} {'chars':>12}"
     lines = [header, "-" * len(header)]
     for split, by_protocol in results.items():
@@ -189,7 +173,6 @@ def format_table(results: dict) -> str:
 
 
 def parse_protocols(text: str) -> list[str]:
-    """ "windows,stream" -> ["windows", "stream"]; "all" -> every protocol."""
     if text.strip() == "all":
         return list(PROTOCOLS)
     items = [p.strip() for p in text.split(",") if p.strip()]

@@ -1,15 +1,6 @@
-"""Memory, known before it is spent: the peak of training and of every evaluation protocol,
-estimated from the config's shapes before anything is compiled, checked against what is free,
-and an out-of-memory that still happens turned into one line.
-
-    need = memory.training(model, n_params, batch=256, seq_len=100, optimizer="adam")
-    memory.check([need, *memory.evaluations(...)], memory.free_memory())   # MemoryCheckError
-
-``Need``: activations per ``[batch, time]`` element by model type (coefficients fitted to
-XLA's buffer assignment and measured peaks, rounded up), plus parameters, gradients and
-optimizer moments, a runtime allowance and ``COMPILE_BYTES`` for compiling. How it compares
-with measured peaks: docs/operations.md ("Memory"), results/memory_cpu.json.
-"""
+"""Peak memory of training and of each evaluation protocol, estimated from the config's
+shapes before compiling, checked against what is free (``check``), and out-of-memory errors
+as one line. The model and its fit: docs/operations.md ("Memory")."""
 
 from __future__ import annotations
 
@@ -20,24 +11,22 @@ from typing import TYPE_CHECKING
 
 from rhhjax.errors import UserError
 
-if TYPE_CHECKING:  # no jax import at run time: the programs check before importing it
+if TYPE_CHECKING:
     from rhhjax.models import ModelConfig
 
 FLOAT = 4  # bytes: float32 (an upper bound for bfloat16)
-RUNTIME_BYTES = 16 * 2**20  # the runtime's buffers beside a step
-# compiling a step takes memory of its own, freed before the step runs (results/memory_cpu.json)
+RUNTIME_BYTES = 16 * 2**20
+# compiling a step takes memory of its own (results/memory_cpu.json)
 COMPILE_BYTES = 384 * 2**20
-HOST_BYTES_PER_EVAL_ELEMENT = 48  # numpy arrays of one eval batch
-OPTIMIZER_SLOTS = {"adam": 2, "sgd": 0}  # moments per parameter
+HOST_BYTES_PER_EVAL_ELEMENT = 48
+OPTIMIZER_SLOTS = {"adam": 2, "sgd": 0}
 
-# floats per [batch, time] element of a training step: {width term: coefficient}; "Ln": depth
-# (LSTM: layers) x hidden, "n": hidden, "Lh" / "h": the hypernetwork's, "V", "E": vocab, embedding
+# floats per [batch, time] element of a training step: {width term ("Ln", "n", ...): coef}
 TRAIN_FLOATS = {
     "hyperrhn": {"Ln": 13.0, "n": 6.0, "Lh": 2.0, "h": 23.0, "V": 2.6, "E": 2.1},
     "rhn": {"Ln": 8.1, "n": 6.0, "V": 2.6, "E": 2.1},
     "lstm": {"Ln": 18.7, "n": 10.0, "V": 2.6, "E": 2.1},
 }
-# ... of an evaluation batch (forward only, two batches in flight; fitted to measured peaks)
 EVAL_FLOATS = {
     "hyperrhn": {"n": 3.5, "h": 2.0, "V": 1.0, "E": 0.5},
     "rhn": {"n": 3.5, "V": 1.0, "E": 0.5},
@@ -57,27 +46,23 @@ class OutOfMemoryError(UserError):
 
 @dataclasses.dataclass(frozen=True)
 class Need:
-    """The estimated peak of one computation in ``device`` and ``host`` bytes; ``fields``
-    size it (the first is the one to lower)."""
+    """The estimated peak of one computation in bytes; ``fields[0]`` is the one to lower."""
 
     what: str
     device: int
     host: int
     fields: tuple[str, ...]
-    shape: str  # e.g. "train.batch_size=256 x train.seq_len=100"
+    shape: str
 
 
 @dataclasses.dataclass(frozen=True)
 class Free:
-    """Free bytes: ``host``; ``device`` of one accelerator (None on the CPU backend)."""
-
     host: int
     device: int | None = None
     host_source: str = "MemAvailable"
 
 
 def _widths(model: ModelConfig) -> dict[str, float]:
-    """The width terms of ``TRAIN_FLOATS`` for a ``ModelConfig``."""
     layers = model.lstm_layers if model.type == "lstm" else model.depth
     return {
         "Ln": layers * model.hidden,
@@ -111,9 +96,9 @@ def training(
     """The peak of one training step on one device, optimizer state included."""
     per_device = max(batch // max(n_devices, 1), 1)
     activations = FLOAT * floats_per_element(model, "train", impl) * per_device * seq_len
-    copies = 3 + OPTIMIZER_SLOTS.get(optimizer, 2)  # params, gradients, updates, moments
+    copies = 3 + OPTIMIZER_SLOTS.get(optimizer, 2)
     device = int(activations + FLOAT * n_params * copies + RUNTIME_BYTES)
-    host = int(8 * batch * (seq_len + 1))  # the sampler's window indices and tokens
+    host = int(8 * batch * (seq_len + 1))
     return Need(
         "training",
         device,
@@ -166,14 +151,10 @@ def evaluations(
     n_devices: int = 1,
     batch_field: str = "eval.batch_size",
 ) -> list[Need]:
-    """``evaluation`` of every protocol in ``protocols`` (each once)."""
     return [
         evaluation(model, n_params, batch, eval_steps(p, seq_len), p, impl, n_devices, batch_field)
         for p in dict.fromkeys(protocols)
     ]
-
-
-# ----------------------------------------------------------------------------- what is free
 
 
 def _meminfo_available() -> int | None:
@@ -188,7 +169,6 @@ def _meminfo_available() -> int | None:
 
 
 def _cgroup_free() -> int | None:
-    """memory.max - memory.current of this process's cgroup (v2), when it is limited."""
     try:
         limit = open("/sys/fs/cgroup/memory.max").read().strip()
         if limit == "max":
@@ -199,7 +179,6 @@ def _cgroup_free() -> int | None:
 
 
 def _address_space_free() -> int | None:
-    """RLIMIT_AS (``ulimit -v``) less the process's address space now, when limited."""
     soft, _ = resource.getrlimit(resource.RLIMIT_AS)
     if soft == resource.RLIM_INFINITY:
         return None
@@ -241,16 +220,11 @@ def device_free(device: object | None = None) -> int | None:
 
 
 def free_memory() -> Free:
-    """What is free now, host and device."""
     host, source = host_free()
     return Free(host, device_free(), source)
 
 
-# ----------------------------------------------------------------------------- the check
-
-
 def size(n: float) -> str:
-    """Bytes for people: "512 kB", "61.2 MB", "3.1 GB", "3.2 TB"."""
     for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6)):
         if n >= scale:
             return f"{n / scale:,.1f} {unit}"
@@ -258,10 +232,9 @@ def size(n: float) -> str:
 
 
 def _budget(need: Need, free: Free) -> tuple[str, int, int, str]:
-    """(where, estimate, free, " (source)") of the budget that bounds ``need``: the device's
-    unless it fits there, else the host's."""
+    """(where, estimate, free, source) of the budget that bounds ``need``."""
     host_source = f" ({free.host_source})"
-    if free.device is None:  # CPU backend: the step's buffers are host memory
+    if free.device is None:
         return "host memory", need.device + need.host, free.host, host_source
     if need.device + COMPILE_BYTES > free.device:
         return "device memory", need.device, free.device, ""
@@ -269,7 +242,6 @@ def _budget(need: Need, free: Free) -> tuple[str, int, int, str]:
 
 
 def _problem(need: Need, free: Free) -> str | None:
-    """The refusal line of one estimate, or None when it and the compile allowance fit."""
     where, needed, available, source = _budget(need, free)
     if needed + COMPILE_BYTES <= available:
         return None
@@ -281,7 +253,6 @@ def _problem(need: Need, free: Free) -> str | None:
 
 
 def estimate_line(needs: Sequence[Need], free: Free) -> str:
-    """The start-up line: the largest estimate beside what is free."""
     budgets = [(_budget(need, free), need) for need in needs]
     (where, needed, available, source), need = max(
         budgets, key=lambda b: (b[0][1] + COMPILE_BYTES) / max(b[0][2], 1)
@@ -300,11 +271,7 @@ def check(needs: Sequence[Need], free: Free, hint: str = "") -> None:
             raise MemoryCheckError(f"{problem}{'; ' + hint if hint else ''}")
 
 
-# ----------------------------------------------------------------------------- at run time
-
-
 def is_out_of_memory(error: BaseException) -> bool:
-    """Whether ``error`` is numpy's or XLA's out-of-memory."""
     if isinstance(error, MemoryError):
         return True
     text = str(error)

@@ -1,7 +1,5 @@
-"""The files and folders the programs write: checked before any work (``check_file``,
-``check_folder``, ``check_workdir_free``), written whole or not at all (``write_text``,
-``atomic_path``); every problem a one-line ``OutputError``. No jax here.
-"""
+"""The files and folders the programs write: checked before any work, written whole or
+not at all; every problem a one-line ``OutputError``. No jax here."""
 
 from __future__ import annotations
 
@@ -20,12 +18,10 @@ class OutputError(UserError):
 
 
 def _reason(error: OSError) -> str:
-    """The OS's words for ``error`` ("Read-only file system", "Permission denied")."""
     return error.strerror or errno.errorcode.get(error.errno or 0, "") or str(error)
 
 
 def _existing_ancestor(path: Path) -> Path:
-    """The nearest of ``path`` and its parents that exists."""
     probe = path
     while not probe.exists() and probe.parent != probe:
         probe = probe.parent
@@ -33,7 +29,6 @@ def _existing_ancestor(path: Path) -> Path:
 
 
 def _check_writable_folder(folder: Path, label: str) -> None:
-    """OutputError unless a file can be created in ``folder`` (an existing folder)."""
     try:
         fd, name = tempfile.mkstemp(prefix=".rhhjax-write-test.", dir=folder)
     except OSError as e:
@@ -43,7 +38,6 @@ def _check_writable_folder(folder: Path, label: str) -> None:
 
 
 def _check_parents(path: Path, label: str) -> None:
-    """OutputError unless the folders up to ``path`` exist or can be created and written."""
     ancestor = _existing_ancestor(path)
     if not ancestor.is_dir():
         raise OutputError(f"{label}: {ancestor} is a file, not a folder")
@@ -71,7 +65,6 @@ def check_folder(path: str | os.PathLike, flag: str) -> Path:
 
 
 def make_folder(path: str | os.PathLike, flag: str) -> Path:
-    """``path`` created (with its parents) after ``check_folder``; OutputError if it fails."""
     path = check_folder(path, flag)
     try:
         path.mkdir(parents=True, exist_ok=True)
@@ -81,7 +74,6 @@ def make_folder(path: str | os.PathLike, flag: str) -> Path:
 
 
 def file_mode() -> int:
-    """0o666 less the process umask (what ``open()`` gives a new file)."""
     mask = os.umask(0)
     os.umask(mask)
     return 0o666 & ~mask
@@ -94,12 +86,12 @@ def atomic_path(path: str | os.PathLike, flag: str) -> Iterator[Path]:
     make_folder(path.parent, flag)
     tmp = None
     try:
-        suffix = f".tmp{path.suffix}"  # writers that infer the format from it (savefig)
+        suffix = f".tmp{path.suffix}"
         fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix, dir=path.parent)
         os.close(fd)
         tmp = Path(name)
         yield tmp
-        os.chmod(tmp, file_mode())  # mkstemp makes 0600
+        os.chmod(tmp, file_mode())
         os.replace(tmp, path)
         tmp = None
     except OSError as e:
@@ -116,8 +108,6 @@ def write_text(path: str | os.PathLike, text: str, flag: str) -> Path:
     return Path(path)
 
 
-# ----------------------------------------------------------------------------- workdirs
-
 WORKDIR_LOCK = ".lock"  # the file a running training holds an flock on (the trainer takes it)
 
 
@@ -126,7 +116,6 @@ class WorkdirInUseError(OutputError):
 
 
 def in_use_message(workdir: Path, fd: int) -> str:
-    """The one line for a workdir whose lock (open as ``fd``) another process holds."""
     holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
     return (
         f"workdir {workdir} is in use by another run (process {holder}); wait for it to finish "
@@ -135,7 +124,6 @@ def in_use_message(workdir: Path, fd: int) -> str:
 
 
 def check_workdir_free(workdir: str | os.PathLike) -> None:
-    """WorkdirInUseError when another process holds ``workdir/.lock`` (creates nothing)."""
     import fcntl
 
     path = Path(workdir)
@@ -150,4 +138,4 @@ def check_workdir_free(workdir: str | os.PathLike) -> None:
     except OSError:
         pass
     finally:
-        os.close(fd)  # releases the shared lock at once
+        os.close(fd)

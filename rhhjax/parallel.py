@@ -1,11 +1,6 @@
 """Data parallelism: a 1-D device mesh (axis ``"data"``), shardings, multi-host helpers.
-
-Batches are split along their first axis over every device of every process; parameters and
-optimizer state are replicated, or with ``train.fsdp`` split along their largest divisible
-axis. Multi-host (``jax.distributed``): every process runs the same command, generates the
-global batch from the seed and hands its rows to ``make_array_from_process_local_data``;
-arrays the same everywhere use ``make_array_from_callback``.
-"""
+Batches split along their first axis over every device; parameters and optimizer state are
+replicated, or split with ``train.fsdp``. Multi-host: docs/operations.md."""
 
 from __future__ import annotations
 
@@ -31,10 +26,8 @@ class ParallelError(UserError):
 
 
 def maybe_initialize_distributed(enabled: bool = False) -> bool:
-    """Call ``jax.distributed.initialize()`` once when ``enabled`` or ``$JAX_COORDINATOR_ADDRESS``
-    is set, with ``$JAX_NUM_PROCESSES`` / ``$JAX_PROCESS_ID`` when set (else jax detects the
-    cluster: SLURM, Open MPI, TPU pods...). Must run before anything touches a jax backend.
-    Returns whether jax runs distributed."""
+    """``jax.distributed.initialize()`` once when ``enabled`` or ``$JAX_COORDINATOR_ADDRESS`` is
+    set, before any backend starts; returns whether jax runs distributed."""
     if jax.distributed.is_initialized():
         return True
     if not (enabled or os.environ.get(ENV_COORDINATOR)):
@@ -47,7 +40,7 @@ def maybe_initialize_distributed(enabled: bool = False) -> bool:
                 raise ParallelError(f"{env}={value!r} must be a non-negative integer")
             kwargs[key] = int(value)
     try:
-        jax.distributed.initialize(**kwargs)  # the address: $JAX_COORDINATOR_ADDRESS
+        jax.distributed.initialize(**kwargs)
     except (RuntimeError, ValueError) as e:
         raise ParallelError(
             f"jax.distributed.initialize() failed: {' '.join(str(e).split())} (set "
@@ -58,7 +51,7 @@ def maybe_initialize_distributed(enabled: bool = False) -> bool:
 
 
 def is_primary() -> bool:
-    """Whether this process writes logs, metrics and results (process 0)."""
+    """Whether this process (0) writes logs, metrics and results."""
     return jax.process_index() == 0
 
 
@@ -79,7 +72,6 @@ def assert_same_across_processes(text: str, what: str = "config") -> None:
 
 
 def sync(name: str) -> None:
-    """A barrier across processes (nothing on one process)."""
     if jax.process_count() > 1:
         from jax.experimental import multihost_utils
 
@@ -87,14 +79,12 @@ def sync(name: str) -> None:
 
 
 def make_mesh(devices=None) -> Mesh:
-    """A 1-D mesh with axis ``"data"`` over ``devices`` (default: every device of every
-    process, in ``jax.devices()`` order, i.e. grouped by process)."""
+    """A 1-D mesh with axis ``"data"`` over ``devices`` (default: all, by process)."""
     devices = jax.devices() if devices is None else list(devices)
     return Mesh(np.asarray(devices), (DATA_AXIS,))
 
 
 def check_batch_divisible(name: str, batch_size: int, mesh: Mesh) -> None:
-    """One-line ParallelError unless the global batch splits evenly over the mesh."""
     n = mesh.size
     if batch_size % n:
         lower, upper = (batch_size // n) * n, -(-batch_size // n) * n
@@ -110,13 +100,11 @@ def replicated(mesh: Mesh) -> NamedSharding:
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:
-    """Split the first axis over ``"data"``."""
     return NamedSharding(mesh, P(DATA_AXIS))
 
 
 def state_spec(shape: tuple[int, ...], n_devices: int, fsdp: bool) -> P:
-    """Replicated, or (``fsdp``) split along the largest axis that divides by ``n_devices``
-    (replicated when none does, e.g. scalars and biases of odd sizes)."""
+    """Replicated, or (``fsdp``) split along the largest axis divisible by ``n_devices``."""
     if not fsdp or n_devices == 1:
         return P()
     axes = [i for i in range(len(shape)) if shape[i] % n_devices == 0 and shape[i] >= n_devices]
@@ -127,19 +115,16 @@ def state_spec(shape: tuple[int, ...], n_devices: int, fsdp: bool) -> P:
 
 
 def state_shardings(tree: Any, mesh: Mesh, fsdp: bool = False) -> Any:
-    """The NamedSharding of every leaf of a parameter / optimizer-state tree."""
     return jax.tree.map(
         lambda x: NamedSharding(mesh, state_spec(np.shape(x), mesh.size, fsdp)), tree
     )
 
 
 def constrain_state(tree: Any, mesh: Mesh, fsdp: bool = False) -> Any:
-    """``with_sharding_constraint`` of a state tree (inside jit) to ``state_shardings``."""
     return jax.lax.with_sharding_constraint(tree, state_shardings(tree, mesh, fsdp))
 
 
 def constrain_batch(tree: Any, mesh: Mesh) -> Any:
-    """``with_sharding_constraint`` of batch-major arrays (inside jit)."""
     return jax.lax.with_sharding_constraint(tree, batch_sharding(mesh))
 
 
@@ -148,7 +133,6 @@ def constrain_replicated(tree: Any, mesh: Mesh) -> Any:
 
 
 def _from_global(x, sharding: NamedSharding) -> jax.Array:
-    """A global array from a host value that is the same on every process."""
     x = np.asarray(x)
     if jax.process_count() == 1:
         return jax.device_put(x, sharding)
@@ -156,8 +140,6 @@ def _from_global(x, sharding: NamedSharding) -> jax.Array:
 
 
 def put_state(tree: Any, mesh: Mesh, fsdp: bool = False) -> Any:
-    """Place a tree that is identical on every process (e.g. freshly initialised parameters)
-    with ``state_shardings``."""
     shardings = state_shardings(tree, mesh, fsdp)
     if jax.process_count() == 1:
         return jax.device_put(tree, shardings)
@@ -165,13 +147,10 @@ def put_state(tree: Any, mesh: Mesh, fsdp: bool = False) -> Any:
 
 
 def put_replicated(x, mesh: Mesh) -> jax.Array:
-    """A value that is the same on every process (a step counter, a flag) on every device."""
     return _from_global(x, replicated(mesh))
 
 
 def host_rows(global_batch: int, mesh: Mesh) -> slice:
-    """The rows of a global batch that this process's devices hold (a contiguous block with
-    the default device order)."""
     index_map = batch_sharding(mesh).addressable_devices_indices_map((global_batch,))
     starts = [idx[0].indices(global_batch)[:2] for idx in index_map.values()]
     lo, hi = min(s for s, _ in starts), max(e for _, e in starts)
@@ -181,8 +160,7 @@ def host_rows(global_batch: int, mesh: Mesh) -> slice:
 
 
 def shard_batch(tree: Any, mesh: Mesh) -> Any:
-    """Global host batches (every process computed the same ones) -> arrays split along the
-    first axis over ``"data"``; each process contributes only its own rows."""
+    """Global host batches -> arrays split over ``"data"`` (each process its own rows)."""
     sharding = batch_sharding(mesh)
 
     def put(x):
@@ -196,15 +174,13 @@ def shard_batch(tree: Any, mesh: Mesh) -> Any:
 
 
 def put_scalars(values: tuple, mesh: Mesh) -> tuple:
-    """Host scalars for a jitted step: unchanged on one process, replicated global arrays on
-    several (jit wants global arrays there)."""
+    """Host scalars for a jitted step (replicated global arrays on several processes)."""
     if jax.process_count() == 1:
         return tuple(values)
     return tuple(put_replicated(v, mesh) for v in values)
 
 
 def on_mesh(tree: Any, mesh: Mesh) -> bool:
-    """Whether every leaf is a jax.Array laid out on ``mesh``."""
     leaves = jax.tree.leaves(tree)
     return all(
         isinstance(x, jax.Array)

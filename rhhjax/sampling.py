@@ -1,15 +1,6 @@
-r"""Generate text from a trained model.
-
-    python -m rhhjax.tools.sample --workdir=workdirs/ptb --prompt="the " --length=300 \
-        --temperature=0.8 [--seed=0] [--checkpoint=best|latest|STEP]
-
-Only the checkpoint is read (its vocabulary travels with it): no data folder is needed.
-
-The prompt is run through the model in one call (the state carried to its end), then
-``length`` characters are drawn one at a time, each fed back with the carried state; the whole
-generation is one jitted ``lax.scan`` over the single-step model. ``temperature=0`` picks the
-most likely character (greedy). The reserved unknown symbol (``data.unk=True``) is never drawn.
-"""
+"""Generate text from a trained model (``python -m rhhjax.tools.sample``): the prompt runs in
+one call, then ``length`` characters are drawn one at a time in one jitted ``lax.scan``;
+``temperature=0`` is greedy and the reserved unknown symbol is never drawn."""
 
 from __future__ import annotations
 
@@ -44,7 +35,7 @@ def make_generate(
 
         def body(state, step_key):
             carry, last_logits = state
-            token = pick(last_logits, step_key, temperature)  # [1]
+            token = pick(last_logits, step_key, temperature)
             logits, carry = model.apply({"params": params}, token[:, None], carry, train=False)
             return (carry, logits[:, -1]), token[0]
 

@@ -98,11 +98,12 @@ def test_hutter_recipe_differs_only_in_the_corpus(corpus, vocab, unit):
 
 
 def test_the_library_never_imports_the_config_files():
-    """Defaults flow from the library to configs/, never back: importing the trainer (which
-    validates and fills configs) loads no module of configs/."""
+    """Defaults flow from the library to configs/, never back: importing the trainer and what
+    it imports when it trains (it validates and fills configs) loads no module of configs/."""
     code = (
         "import sys\n"
         "import rhhjax.train.trainer, rhhjax.train.config, rhhjax.data, rhhjax.models\n"
+        "import rhhjax.train.setup, rhhjax.train.loop, rhhjax.train.step, rhhjax.train.state\n"
         "from rhhjax.train import config\n"
         "config.prepare_config(config.default_config())\n"
         "print(sorted(m for m in sys.modules if m.startswith('rhhjax.configs')))\n"

@@ -108,7 +108,7 @@ def test_the_parser_sees_imports_of_every_form():
 
 def test_every_module_is_parsed_and_the_rules_have_something_to_check(imported):
     assert "rhhjax.ops.pallas" in imported and "rhhjax.kernels.layout" in imported
-    assert "rhhjax.configs.ptb" in imported and "rhhjax.train.program" in imported
+    assert "rhhjax.configs.ptb" in imported and "rhhjax.train.trainer" in imported
     assert under(imported["rhhjax.ops.pallas"], "rhhjax.kernels")  # ops do reach the kernels
 
 

@@ -339,9 +339,10 @@ def counting_launch(*args, **kwargs):
 mcore._launch = counting_launch
 rows = []
 for plan_args, steps, depth, z_on, mask_on, hyper_args, inside_args in {cases!r}:
-    plan = PersistentPlan(*plan_args)
+    plan = PersistentPlan(*plan_args, wgmma_in_flight={in_flight})
     hp = None if hyper_args is None else PersistentPlan(*hyper_args)
-    ip = None if inside_args is None else PersistentPlan(*inside_args[:-1], units=inside_args[-1])
+    ip = None if inside_args is None else PersistentPlan(
+        *inside_args[:-1], units=inside_args[-1], wgmma_in_flight={in_flight})
     phases, b, n = steps * depth, plan.b_pad, plan.n_pad
     mm = jnp.dtype(plan.dtype)
     args = (sds((depth * n, 2 * n), mm), sds((phases, b, n)),
@@ -401,7 +402,25 @@ def test_kernel_lowers_and_compiles_for_an_h100_without_a_gpu(tmp_path):
         ((256, 1000, "bfloat16", 16, 4, 64, 2), 3, 7, True, True, hyper_bf16, inside_bf16),
         ((256, 1000, "float32", 32, 4, 64, 4), 3, 7, True, True, hyper_f32, inside_f32),
     ]
-    code = _COMPILE.format(cases=cases)
+    _compiles_at_the_predicted_shared_memory(cases, tmp_path)
+
+
+@pytest.mark.gpu_compile
+@needs_cuda
+def test_one_wgmma_in_flight_compiles_for_an_h100_without_a_gpu(tmp_path):
+    """`PersistentPlan.wgmma_in_flight` 1 (the main cell's, and the hyper cell's inside) at
+    `plan_for`'s paper plans: the same shared memory, no register spilled."""
+    hyper_bf16 = (256, 128, "bfloat16", 8, 4, 64, 2)
+    cases = [
+        ((256, 1000, "bfloat16", 16, 4, 64, 3), 3, 7, True, True, None, None),
+        ((256, 1000, "float32", 32, 4, 64, 4), 3, 2, True, True, None, None),
+        ((256, 1000, "bfloat16", 16, 4, 64, 2), 3, 7, True, True, hyper_bf16, hyper_bf16 + (16,)),
+    ]
+    _compiles_at_the_predicted_shared_memory(cases, tmp_path, in_flight=1)
+
+
+def _compiles_at_the_predicted_shared_memory(cases, tmp_path, in_flight: int = 0) -> None:
+    code = _COMPILE.format(cases=cases, in_flight=in_flight)
     rows, reports = compile_deviceless(code, tmp_path, log_ptxas=False)
     assert len(rows) == len(cases)
     for row in rows:

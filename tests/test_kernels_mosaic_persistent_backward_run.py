@@ -118,21 +118,26 @@ class TestCompiled(MosaicGpuMode):
             ((256, 1000, "bfloat16"), 4, 2, True, False),  # the paper plan: 132 blocks
             ((256, 1000, "float32", 33, 4), 2, 2, False, False),
         ],
+        # "case"s run with one wgmma in flight: K steps 33 of 4 stages; 3 of 4
+        "in_flight_case": [
+            ((256, 1000, "bfloat16"), 4, 2, True, False),
+            ((100, 37, "float32", 3, 2, 32), 2, 3, False, True),
+        ],
     }
     TOL = {"bfloat16": 3e-2, "float32": 3e-3}
     LAYOUT = "grid"  # the kernels' launch layout (`kernels/mosaic/rowgroup_layout.py`)
 
-    def runnable_plan(self, plan_args) -> PersistentPlan:
+    def runnable_plan(self, plan_args, in_flight: int = 0) -> PersistentPlan:
         """The case's plan; skipped where this mode cannot run its blocks at once."""
-        plan = PersistentPlan(*plan_args)
+        plan = PersistentPlan(*plan_args, wgmma_in_flight=in_flight)
         cluster = plan.grid if self.LAYOUT == "grid" else plan.col_blocks
         if self.INTERPRET and gpu_interpret.cluster_too_large(cluster):
             pytest.skip(gpu_interpret.cluster_too_large(cluster))
         return plan
 
-    def test_matches_reference(self, case):
+    def test_matches_reference(self, case, in_flight=0):
         plan_args, steps, depth, z_on, mask_on = case
-        plan = self.runnable_plan(plan_args)
+        plan = self.runnable_plan(plan_args, in_flight)
         case = backward_case(plan.batch + steps, plan, steps, depth, z_on, mask_on)
         wt, expected = backward_reference(plan, case, jnp.dtype(plan.dtype))
         kernel = functools.partial(
@@ -146,6 +151,11 @@ class TestCompiled(MosaicGpuMode):
         for a, e in zip(actual[:-1], expected[:-1], strict=True):
             a, e = np.asarray(a, np.float32), np.asarray(e, np.float32)
             np.testing.assert_allclose(a, e, rtol=tol, atol=tol * float(np.abs(e).max()))
+
+    def test_one_wgmma_in_flight_matches_reference(self, in_flight_case):
+        """`PersistentPlan.wgmma_in_flight` 1: the same outputs (interpret mode runs wgmma
+        synchronously: only a GPU overlaps them)."""
+        self.test_matches_reference(in_flight_case, in_flight=1)
 
     def test_z_recomputed_from_the_hyper_buffer_is_z_read(self, case):
         """With `ScalesInside` (z from the hyper cell's A buffer, the forward's GEMM, p_l
@@ -240,6 +250,11 @@ class TestInterpret(TestCompiled):
             ((64, 40, "float32", 3, 1, 16), 2, 2, True, True),
             ((64, 256, "bfloat16", 16, 1, 32), 2, 2, True, True),  # 16: an H100's largest cluster
         ],
+        # K steps 4 of 4 stages (bf16); 6 of 4 (f32)
+        "in_flight_case": [
+            ((64, 64, "bfloat16", 1, 1, 32), 3, 2, True, True),
+            ((64, 40, "float32", 3, 1, 16), 2, 2, True, True),
+        ],
     }  # fmt: skip
     TOL = {"bfloat16": 3e-2, "float32": 2e-5}
 
@@ -287,3 +302,5 @@ def test_every_kernel_case_is_a_plan_the_kernel_accepts(mode):
     reach the kernel (the forward's 66-block case was first found invalid on a GPU)."""
     for plan_args, _, depth, z_on, mask_on in mode.CASES["case"]:
         pb.check_plan(PersistentPlan(*plan_args), z_on, mask_on, depth)
+    for plan_args, _, depth, z_on, mask_on in mode.CASES["in_flight_case"]:
+        pb.check_plan(PersistentPlan(*plan_args, wgmma_in_flight=1), z_on, mask_on, depth)

@@ -270,7 +270,7 @@ _COMPILE = (
     _SMEM_COUNTER
     + """
 for fields, steps, depth, has_z, has_mask, save in {cases!r}:
-    plan = PersistentPlan(*fields)
+    plan = PersistentPlan(*fields, wgmma_in_flight={in_flight})
     phases, b, n, k = steps * depth, plan.b_pad, plan.n_pad, plan.k_pad
     opt = lambda on, dtype=jnp.float32: sds((phases, b, n), dtype) if on else None
     args = (sds((depth * 2 * n, k), jnp.dtype(plan.dtype)), sds((b, n), jnp.float32),
@@ -305,7 +305,23 @@ def test_kernel_lowers_and_compiles_for_an_h100_without_a_gpu(tmp_path):
         ((256, 1000, "bfloat16", 33, 4), 3, 2, True, False, True),
         ((100, 37, "float32", 3, 2, 16, 2), 3, 3, False, True, True),
     ]
-    code = _COMPILE.format(cases=cases)
+    _compiles_at_the_plans_shared_memory(cases, tmp_path)
+
+
+@pytest.mark.gpu_compile
+@needs_cuda
+def test_one_wgmma_in_flight_compiles_for_an_h100_without_a_gpu(tmp_path):
+    """`PersistentPlan.wgmma_in_flight` 1 at `plan_for`'s paper plan and the f32 132-block
+    plan: the same shared memory, no register spilled."""
+    cases = [
+        ((256, 1000, "bfloat16", 16, 4, 64, 3), 3, 7, True, True, True),
+        ((256, 1000, "float32", 132, 1, 64, 2), 3, 2, False, False, False),
+    ]
+    _compiles_at_the_plans_shared_memory(cases, tmp_path, in_flight=1)
+
+
+def _compiles_at_the_plans_shared_memory(cases, tmp_path, in_flight: int = 0) -> None:
+    code = _COMPILE.format(cases=cases, in_flight=in_flight)
     rows, reports = compile_deviceless(code, tmp_path, log_ptxas=False)
     assert len(rows) == len(cases)
     for row in rows:

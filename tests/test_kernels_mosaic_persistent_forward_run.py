@@ -68,12 +68,14 @@ def _hyper_inside(plan, hyper_plan, hyper_ops, seed):
     )  # fmt: skip
 
 
-def _case_plan(case) -> pp.PersistentPlan:
+def _case_plan(case, in_flight: int = 0) -> pp.PersistentPlan:
     """A `TestCompiled` "case"'s plan: f32 at 2 pipeline stages, bf16 at the most of 4, 3, 2
     whose shared memory fits (a block of 256 rows needs fewer than 4)."""
     dtype, batch, width, cols, row_blocks, k_chunk = case[:6]
     for stages in (2,) if dtype == "float32" else (4, 3, 2):
-        plan = pp.PersistentPlan(batch, width, dtype, cols, row_blocks, k_chunk, stages)
+        plan = pp.PersistentPlan(
+            batch, width, dtype, cols, row_blocks, k_chunk, stages, wgmma_in_flight=in_flight
+        )
         if plan.smem_bytes() <= plan.smem_limit:
             break
     return plan
@@ -103,6 +105,9 @@ class TestCompiled(MosaicGpuMode):
         #  k_chunk, steps, depth)
         "hyper_case": [("bfloat16", 256, 1000, 128, 4, 16, 8, 64, 3, 3),
                        ("float32", 100, 64, 32, 2, 2, 2, 32, 2, 3)],
+        # "case"s run with one wgmma in flight: K steps 16 of 2 stages; 3 of 2
+        "in_flight_case": [("bfloat16", 256, 1000, 66, 1, 64, 4, 3),
+                           ("float32", 100, 37, 3, 2, 16, 3, 2)],
     }  # fmt: skip
     # Compiled, wgmma sums in another order than XLA's reference (and f32 runs as TF32): on
     # an H100 (2026-11-26) the hyper-inside cases missed 1e-4 / 3e-3 by a few elements
@@ -125,9 +130,9 @@ class TestCompiled(MosaicGpuMode):
         return jax.block_until_ready(jax.jit(kernel)(*ops))
 
     @pytest.mark.parametrize(("has_z", "has_mask"), [(True, True), (False, False)])
-    def test_matches_reference(self, case, has_z, has_mask):
+    def test_matches_reference(self, case, has_z, has_mask, in_flight=0):
         dtype, batch, width, cols, row_blocks, k_chunk, steps, depth = case
-        plan = _case_plan(case)
+        plan = _case_plan(case, in_flight)
         ops = forward_operands(
             plan, forward_problem(5, batch, width, steps, depth), has_z, has_mask
         )
@@ -138,6 +143,11 @@ class TestCompiled(MosaicGpuMode):
         states, s_mm_unsaved, status = self.run(plan, ops, save=False)
         assert not np.asarray(status).any()
         self.check_unsaved(plan, ops, states, s_mm_unsaved, outputs, steps, depth)
+
+    def test_one_wgmma_in_flight_matches_reference(self, in_flight_case):
+        """`PersistentPlan.wgmma_in_flight` 1: the same outputs (interpret mode runs wgmma
+        synchronously: only a GPU overlaps them)."""
+        self.test_matches_reference(in_flight_case, True, True, in_flight=1)
 
     def check_saved_chain(self, plan, ops, s_last, packed, s_mm, steps, depth):
         """The saved outputs against the reference phase by phase (teacher-forced from the
@@ -227,6 +237,9 @@ class TestInterpret(TestCompiled):
         "hyper_case": [("float32", 100, 64, 32, 2, 2, 2, 32, 2, 3),
                        ("bfloat16", 64, 128, 32, 1, 4, 2, 32, 3, 2),
                        ("float32", 5, 96, 20, 1, 4, 4, 64, 4, 2, 32)],
+        # K steps 2 of 4 stages (bf16); 3 of 2 (f32)
+        "in_flight_case": [("bfloat16", 64, 64, 1, 1, 32, 3, 2),
+                           ("float32", 100, 37, 3, 2, 16, 3, 2)],
     }  # fmt: skip
     TOL = {"bfloat16": 1e-4, "float32": 2e-5}
 
@@ -259,6 +272,8 @@ def test_every_kernel_case_is_a_plan_the_kernel_accepts(mode):
     an invalid plan there (2026-11-26: 286,800 B of shared memory at 4 stages)."""
     for case in mode.CASES["case"]:
         _case_plan(case).check()
+    for case in mode.CASES["in_flight_case"]:
+        _case_plan(case, in_flight=1).check()
     for hyper_case in mode.CASES["hyper_case"]:
         for plan in _hyper_case_plans(hyper_case):
             plan.check()

@@ -22,6 +22,7 @@ class TestForwardCompiled(tf.TestCompiled):
         "case": [("bfloat16", 256, 1000, 16, 4, 64, 3, 3), ("float32", 100, 37, 3, 2, 16, 3, 2)],
         # the hyper cell inside: the paper's plans (hyper 4 x 8 of 16 units)
         "hyper_case": tf.TestCompiled.CASES["hyper_case"][:1],
+        "in_flight_case": [("float32", 100, 37, 3, 2, 16, 3, 2)],
     }  # fmt: skip
 
 
@@ -33,6 +34,7 @@ class TestForwardInterpret(tf.TestInterpret):
                  ("bfloat16", 150, 64, 2, 3, 32, 2, 2)],
         # the hyper cell inside: 2 row groups of 2 blocks (f32); one of 4, 2 with hyper units
         "hyper_case": tf.TestInterpret.CASES["hyper_case"][:2],
+        "in_flight_case": [("float32", 100, 37, 3, 2, 16, 3, 2)],
     }  # fmt: skip
 
 
@@ -43,6 +45,7 @@ class TestBackwardCompiled(tb.TestCompiled):
             ((256, 1000, "bfloat16", 16, 4, 64, 3), 3, 2, True, True),  # the paper bf16 plan
             ((100, 37, "float32", 3, 2, 32), 2, 3, False, True),
         ],
+        "in_flight_case": [((100, 37, "float32", 3, 2, 32), 2, 3, False, True)],
     }
 
 
@@ -53,6 +56,7 @@ class TestBackwardInterpret(tb.TestInterpret):
             ((100, 37, "float32", 3, 2, 32), 2, 3, False, True),  # 2 row groups of 3
             ((150, 64, "bfloat16", 2, 3, 32), 3, 2, True, True),  # 3 row groups of 2, dz too
         ],
+        "in_flight_case": [((100, 37, "float32", 3, 2, 32), 2, 3, False, True)],
     }  # fmt: skip
 
 

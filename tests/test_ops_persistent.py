@@ -272,6 +272,98 @@ def test_the_paper_backward_recomputes_z_at_the_stages_its_shared_memory_allows(
                 pb.check_plan(dataclasses.replace(own, stages=stages + 1), scales_plan=hyper)
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_the_paper_variant_candidates_are_runnable_distinct_and_today_first(dtype):
+    """`variant_candidates`: today's variant first, each accepted by the plans' own checks
+    (both kernels, the layout, the hyper cell inside where asked) and running other plans."""
+    found = persistent.variant_candidates(256, 1000, 128, dtype)
+    assert found[0] == persistent.PersistentVariant() == persistent.default_variant()
+    levers = [dataclasses.replace(found[0], **lever) for lever in persistent.LEVERS]
+    assert found[1 : 1 + len(levers)] == levers  # today's levers are timed first
+    plans = [persistent.variant_plans(v, 256, 1000, 128, dtype) for v in found]
+    runs = {(p, v.in_flight, v.status) for p, v in zip(plans, found, strict=True)}
+    assert len(set(found)) == len(found) == len(runs) > 4
+    assert [p[1].wgmma_in_flight for p in plans[:3]] == [0, 0, 1]
+    for variant, (layout, main, hyper, *joint) in zip(found, plans, strict=True):
+        assert layout == variant.layout and bool(joint) == variant.hyper_inside
+        for plan in (main, hyper):
+            persistent_cost.check_runnable(plan)
+    assert {v.layout for v in found} == {"grid", "rowgroup"}
+
+
+def test_a_variant_text_round_trips_through_the_config_into_the_spec():
+    for variant in persistent.variant_candidates(256, 1000, 128, "bfloat16"):
+        assert persistent.parse_variant(variant.text()) == variant
+        config = models.ModelConfig(impl="persistent", persistent_variant=variant.text())
+        config.validate()
+        assert models.sequence_spec(config, platform="gpu").variant == variant
+    partial = persistent.parse_variant(" stages=2 , hyper_inside=true")
+    assert partial == persistent.PersistentVariant(hyper_inside=True, stages=2)
+
+
+def test_by_default_the_variant_is_todays_the_module_switches():
+    """ "default": the spec carries none and the op reads the module's switches (hyper cell
+    apart, grid layout, the plan's pipeline); they still steer it, as bench.py sets them."""
+    resolved = models.sequence_spec(models.ModelConfig(impl="persistent"), platform="gpu")
+    assert resolved.variant is None and models.ModelConfig().persistent_variant == "default"
+    assert persistent.variant_of(resolved) == persistent.PersistentVariant(False, "grid")
+    assert persistent._plan_of(resolved, 256, 1000) == persistent.plan_for(256, 1000, "float32")
+    assert models.sequence_spec(models.ModelConfig(impl="fused")).variant is None
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ("layout=diagonal", "is not one of"),
+        ("stages=two", "is not an int"),
+        ("hyper_inside=2", "is not 0 or 1"),
+        ("k_chunk=12", "multiple of 8"),
+        ("in_flight=2", "must be 0 or 1"),
+        ("status=later", "is not one of"),
+        ("depth=3", "key one of"),
+        ("fast", "key one of"),
+        ("", "is empty"),
+    ],
+)
+def test_a_bad_variant_is_one_config_error_line_before_anything_is_built(text, words):
+    with pytest.raises(models.ConfigError, match=words) as error:
+        models.ModelConfig.from_config({"impl": "persistent", "persistent_variant": text})
+    line = str(error.value)
+    assert line.startswith(f"model.persistent_variant={text!r} ") and "\n" not in line
+
+
+def test_a_variant_whose_pipeline_does_not_fit_is_one_plan_error_line():
+    """bf16 at 4 stages of 64: over a block's shared memory (the plan's own check)."""
+    variant = persistent.parse_variant("stages=4,k_chunk=64")
+    with pytest.raises(PlanError, match="shared memory") as error:
+        persistent.variant_plans(variant, 256, 1000, 128, "bfloat16")
+    assert "\n" not in str(error.value) and "stages=4, k_chunk=64" in str(error.value)
+
+
+def test_a_poisoned_status_check_makes_its_output_nan_without_the_host(monkeypatch):
+    """``status=poison``: in a training step a block's non-zero status turns the chosen
+    output NaN (the loss or gradient the trainer checks) and the host is not called; the
+    evaluation forward (nothing poisoned) and ``status=host`` still check on the host."""
+    host = []
+    monkeypatch.setattr(persistent.grid_barrier, "check_status", lambda s, n: host.append(n))
+    poison = models.sequence_spec(
+        models.ModelConfig(impl="persistent", persistent_variant="status=poison"), platform="gpu"
+    )
+    value, other = jnp.arange(4.0), jnp.ones((2, 3), jnp.bfloat16)
+    gave_up, fine = jnp.array([0, 0, 3], jnp.int32), jnp.zeros(3, jnp.int32)
+    for status, expect_nan in ((gave_up, True), (fine, False)):
+        out, kept, _ = persistent._checked(poison, [value, other, status], 0, "forward")
+        assert bool(jnp.all(jnp.isnan(out))) == expect_nan and not host
+        assert out.dtype == value.dtype and kept is other
+        if not expect_nan:
+            np.testing.assert_array_equal(out, value)
+    out, _ = persistent._checked(poison, (value, gave_up), None, "evaluation")
+    assert out is value and host == ["evaluation"]
+    host_spec = models.sequence_spec(models.ModelConfig(impl="persistent"), platform="gpu")
+    out, _ = persistent._checked(host_spec, (value, gave_up), 0, "forward")
+    assert out is value and host == ["evaluation", "forward"]
+
+
 def _tiny_hyperrhn(dtype: str = "float32"):
     """(a persistent HyperRHN with its kernels' references, its parameters, tokens [3, 5])."""
     base = dict(type="hyperrhn", vocab_size=11, embed_dim=5, hidden=13, hyper_hidden=7, depth=2)
@@ -340,15 +432,29 @@ class HyperInsideMatchesScan(KernelModelMatchesScan):
     CASES = {"hyper_inside_case": HYPER_INSIDE_CASES}
 
     def test_hyper_cell_inside_matches_scan(self, hyper_inside_case, monkeypatch):
-        hidden, hyper_hidden, depth, batch, length, first = hyper_inside_case
         monkeypatch.setattr(persistent, "HYPER_INSIDE", True)
+        self._matches_scan(hyper_inside_case, monkeypatch, persistent.DEFAULT_TEXT)
+
+    def test_a_variant_of_the_config_matches_scan(self, hyper_inside_case, monkeypatch):
+        """``model.persistent_variant`` (not the module's switches): the hyper cell inside,
+        every plan at 2 pipeline stages, the main one below its own, one wgmma group in
+        flight, the barrier status folded into the step (no block gives up: equal values)."""
+        variant = "hyper_inside=1,layout=grid,stages=2,in_flight=1,status=poison"
+        self._matches_scan(hyper_inside_case, monkeypatch, variant)
+
+    def _matches_scan(self, hyper_inside_case, monkeypatch, variant: str):
+        hidden, hyper_hidden, depth, batch, length, first = hyper_inside_case
         base = dict(
             type="hyperrhn", vocab_size=11, embed_dim=5, hidden=hidden, hyper_hidden=hyper_hidden,
             depth=depth, dropout="gate", keep=0.7, dtype="float32", original_first_step=first,
         )  # fmt: skip
         scan = models.build_model(models.ModelConfig(**base, impl="scan"))
-        model = self.model(models.ModelConfig(**base, impl=self.IMPL))
+        config = models.ModelConfig(**base, impl=self.IMPL, persistent_variant=variant)
+        model = self.model(config)
         assert recurrence.hyper_inside(model.spec, batch, hidden, hyper_hidden)
+        if variant != persistent.DEFAULT_TEXT:
+            main, _ = persistent.hyper_inside_plans(model.spec, batch, hidden, hyper_hidden)
+            assert main.stages == 2 and persistent.variant_of(model.spec).stages == 2
         params = models.init_params(scan, jax.random.key(hidden))
         tokens = jnp.asarray(np.random.default_rng(hidden).integers(0, 11, (batch, length + 1)))
         key = jax.random.key(depth)

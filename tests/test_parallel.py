@@ -52,6 +52,7 @@ def _child(mode: str, text_file: str, out: str, four: str = "") -> None:
     import jax
 
     from rhhjax import parallel
+    from rhhjax.train import step as step_lib
     from rhhjax.train import trainer
 
     parallel.maybe_initialize_distributed()  # multi: from the env, before jax.device_count
@@ -59,7 +60,7 @@ def _child(mode: str, text_file: str, out: str, four: str = "") -> None:
     report: dict = {"devices": jax.device_count()}
     if mode == "train":
         seen = []
-        make = trainer.make_train_step
+        make = step_lib.make_train_step
 
         def spy(*args, **kwargs):  # record the layout of the first step's inputs / outputs
             step = make(*args, **kwargs)
@@ -85,11 +86,11 @@ def _child(mode: str, text_file: str, out: str, four: str = "") -> None:
 
             return run
 
-        trainer.make_train_step = spy
+        step_lib.make_train_step = spy
         report["results"] = trainer.train_and_evaluate(
             _config(text_file), out / "run", log=lambda m: None
         )
-        trainer.make_train_step = make
+        step_lib.make_train_step = make
         report["layout"] = seen[0]
         if four:
             report["resume_log"] = _resume(text_file, out, Path(four))

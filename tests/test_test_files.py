@@ -27,14 +27,12 @@ WITHOUT_A_TEST_FILE = {
     "kernels/mosaic/__init__.py": FACE + "; its modules have their files",
     "rhhjax/tools/__init__.py": FACE,
     "kernels/__init__.py": FACE,
-    "rhhjax/train/__main__.py": "python -m rhhjax.train, which calls program.console: run by "
+    "rhhjax/train/__main__.py": "python -m rhhjax.train, which calls trainer.console: run by "
     "tests/test_packaging.py",
     "configs/ptb.py": "a config file: tests/test_configs.py loads every config and variant",
     "configs/hutter.py": "the recipe of enwik8 and text8: tests/test_configs.py",
     "configs/enwik8.py": "a config file: tests/test_configs.py",
     "configs/text8.py": "a config file: tests/test_configs.py",
-    "kernels/mosaic/gemm.py": "the pipelined GEMM inside every Mosaic GPU kernel, run by their "
-    "tests (tests/test_kernels_mosaic_forward.py and the others)",
     "kernels/mosaic/persistent_cell.py": "the phase of the persistent forward kernel's cells, "
     "run by its tests (tests/test_kernels_mosaic_persistent_forward_run.py)",
     "kernels/mosaic/persistent_backward_cell.py": "the phase of the persistent backward "

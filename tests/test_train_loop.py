@@ -24,6 +24,7 @@ from train_cases import (
 from rhhjax.train import checkpoint as ckpt_lib
 from rhhjax.train import loop as train_loop
 from rhhjax.train import trainer
+from rhhjax.train.config import TrainError
 
 text_file = train_cases.text_file  # a shared fixture (tests/train_cases.py)
 trained = train_cases.trained  # a shared fixture (tests/train_cases.py)
@@ -85,12 +86,12 @@ def test_progress_total_only_when_a_step_bound_decides():
 
 
 def test_epoch_estimate_names_the_cpu_recipe_for_a_model_too_large_for_a_cpu():
-    paper = trainer.epoch_estimate(12.5, 199, 2, "cpu")
+    paper = train_loop.epoch_estimate(12.5, 199, 2, "cpu")
     assert paper.startswith("estimate: an epoch (199 steps) takes about 0:41:28 on this CPU")
     assert "--config=configs/ptb.py:cpu" in paper and "\n" not in paper
-    assert "configs/ptb.py:cpu" not in trainer.epoch_estimate(12.5, 199, 2, "gpu")
-    assert "configs/ptb.py:cpu" not in trainer.epoch_estimate(0.01, 63_770, 2, "cpu")  # :tiny
-    assert "configs/ptb.py:cpu" not in trainer.epoch_estimate(0.45, 797, 2, "cpu")  # :cpu
+    assert "configs/ptb.py:cpu" not in train_loop.epoch_estimate(12.5, 199, 2, "gpu")
+    assert "configs/ptb.py:cpu" not in train_loop.epoch_estimate(0.01, 63_770, 2, "cpu")  # :tiny
+    assert "configs/ptb.py:cpu" not in train_loop.epoch_estimate(0.45, 797, 2, "cpu")  # :cpu
 
 
 # ---------------------------------------------------------------------------- stops and checkpoints
@@ -174,7 +175,7 @@ def test_nonfinite_loss_stops_and_keeps_last_good_checkpoint(tmp_path, text_file
     _nan_at(monkeypatch, bad_step=4, only_first_try=False)  # the 5th step
     workdir = tmp_path / "nan"
     cfg = tiny_config(text_file)
-    with pytest.raises(trainer.NonFiniteLossError) as info:
+    with pytest.raises(train_loop.NonFiniteLossError) as info:
         trainer.train_and_evaluate(cfg, workdir, log=quiet)
     message = str(info.value)
     assert "\n" not in message and "step 5" in message and "step 3" in message
@@ -218,7 +219,7 @@ def _diverge_at(monkeypatch, bad_step: int):
 def test_divergence_that_stays_finite_is_caught(tmp_path, text_file, monkeypatch):
     _diverge_at(monkeypatch, bad_step=4)
     workdir = tmp_path / "run"
-    with pytest.raises(trainer.NonFiniteLossError) as info:
+    with pytest.raises(train_loop.NonFiniteLossError) as info:
         trainer.train_and_evaluate(tiny_config(text_file), workdir, log=quiet)
     message = str(info.value)
     assert "diverged training loss" in message and "step 5" in message
@@ -233,7 +234,7 @@ def test_divergence_before_any_checkpoint(tmp_path, text_file, monkeypatch):
     _diverge_at(monkeypatch, bad_step=0)
     for mode in ("stop", "rollback"):
         workdir = tmp_path / mode
-        with pytest.raises(trainer.NonFiniteLossError) as info:
+        with pytest.raises(train_loop.NonFiniteLossError) as info:
             trainer.train_and_evaluate(
                 tiny_config(text_file, train__on_nonfinite=mode), workdir, log=quiet
             )
@@ -245,7 +246,7 @@ def test_divergence_before_any_checkpoint(tmp_path, text_file, monkeypatch):
 
 
 def test_divergence_guard_config(tmp_path, text_file):
-    with pytest.raises(trainer.TrainError, match="divergence_factor"):
+    with pytest.raises(TrainError, match="divergence_factor"):
         trainer.train_and_evaluate(
             tiny_config(text_file, train__divergence_factor=0.5), tmp_path / "w", log=quiet
         )

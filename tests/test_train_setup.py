@@ -21,6 +21,7 @@ from rhhjax import configs, models
 from rhhjax import data as data_lib
 from rhhjax.errors import UserError
 from rhhjax.train import trainer
+from rhhjax.train.config import TrainError
 from rhhjax.train.setup import prepare_run
 from rhhjax.train.signals import SignalCatcher
 
@@ -126,11 +127,11 @@ BAD_CONFIGS = [
     (dict(model__impl="magic"), models.ConfigError, "model.impl"),
     (dict(data__format="nope"), data_lib.DataError, "data.format"),
     (dict(data__text_files="/nonexistent/file.txt"), data_lib.DataError, "/nonexistent"),
-    (dict(train__clip_type="l3"), trainer.TrainError, "train.clip_type"),
-    (dict(train__learning_rate=0.0), trainer.TrainError, "train.learning_rate"),
-    (dict(train__on_nonfinite="ignore"), trainer.TrainError, "train.on_nonfinite"),
-    (dict(eval__min_context=20), trainer.TrainError, "eval.min_context"),
-    (dict(eval__final_protocols="windows,bogus"), trainer.TrainError, "bogus"),
+    (dict(train__clip_type="l3"), TrainError, "train.clip_type"),
+    (dict(train__learning_rate=0.0), TrainError, "train.learning_rate"),
+    (dict(train__on_nonfinite="ignore"), TrainError, "train.on_nonfinite"),
+    (dict(eval__min_context=20), TrainError, "eval.min_context"),
+    (dict(eval__final_protocols="windows,bogus"), TrainError, "bogus"),
     (dict(data__hutter_holdout=20_000), data_lib.DataError, "hutter_holdout"),
 ]
 
@@ -158,7 +159,7 @@ def test_bad_config_fails_before_writing(tmp_path, text_file, overrides, error, 
 def test_tensorboard_without_the_package_is_one_line(tmp_path, text_file, monkeypatch):
     monkeypatch.setitem(sys.modules, "tensorboardX", None)
     workdir = tmp_path / "run"
-    with pytest.raises(trainer.TrainError, match="needs the tensorboardX package") as info:
+    with pytest.raises(TrainError, match="needs the tensorboardX package") as info:
         trainer.train_and_evaluate(
             tiny_config(text_file, train__tensorboard=True), workdir, log=quiet
         )

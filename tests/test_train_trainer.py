@@ -1,18 +1,25 @@
 """`rhhjax.train.trainer.train_and_evaluate` end to end on the tiny config: a run's outputs and
 start-up line, real PTB, a rerun of a finished run, a workdir of another config refused, and an
-out-of-memory error as one line. Shared data and run: tests/train_cases.py.
+out-of-memory error as one line. Shared data and run: tests/train_cases.py. Then the program
+(train.py, rhhjax-train, python -m rhhjax.train): its default workdir, a missing --config as one
+line, --help, the checks before jax is imported. Signals and resuming through the command line:
+tests/test_tools_command_lines.py.
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import math
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import jax
 import pytest
 import train_cases
-from helpers import PTB_DIR
+from helpers import PTB_CONFIG, PTB_DIR, ROOT
 from helpers import tiny_run_config as tiny_config
 from train_cases import (
     HAS_TENSORBOARDX,
@@ -27,6 +34,7 @@ from rhhjax.errors import UserError
 from rhhjax.train import checkpoint as ckpt_lib
 from rhhjax.train import loop as train_loop
 from rhhjax.train import trainer
+from rhhjax.train.config import TrainError
 
 text_file = train_cases.text_file  # a shared fixture (tests/train_cases.py)
 trained = train_cases.trained  # a shared fixture (tests/train_cases.py)
@@ -162,7 +170,7 @@ def test_a_finished_run_answers_already_finished_before_any_writability_check(
     from rhhjax.train import setup
 
     def read_only(workdir):
-        raise trainer.TrainError(f"workdir {workdir} is not writable (Read-only file system)")
+        raise TrainError(f"workdir {workdir} is not writable (Read-only file system)")
 
     monkeypatch.setattr(setup.workdir_lib, "check_workdir_writable", read_only)
     workdir, _, results, _ = trained
@@ -182,7 +190,7 @@ def test_incompatible_workdir_is_refused(trained, text_file):
         (dict(data__text_vocab="byte"), "data.text_vocab"),
         (dict(data__hutter_holdout=2500), "n_tokens"),
     ]:
-        with pytest.raises(trainer.TrainError, match=needle):
+        with pytest.raises(TrainError, match=needle):
             trainer.train_and_evaluate(tiny_config(text_file, **overrides), workdir, log=quiet)
     assert sorted(p.name for p in workdir.rglob("*")) == before
 
@@ -240,10 +248,6 @@ def test_a_finished_run_without_its_config_json_is_already_finished_from_the_com
     again: "already finished", read from the checkpoint (its meta holds the config); nothing
     re-evaluated, nothing written (config.json stays missing), one warning line."""
     import shutil
-    import subprocess
-    import sys
-
-    from helpers import ROOT
 
     workdir = tmp_path / "run"
     shutil.copytree(trained[0], workdir)
@@ -262,3 +266,112 @@ def test_a_finished_run_without_its_config_json_is_already_finished_from_the_com
         f"warning: {workdir / 'config.json'} is missing; following the checkpoint of step 6"
     ]
     assert snapshot(workdir) == before
+
+
+# ---------------------------------------------------- the program: train.py, rhhjax-train, -m
+
+
+@pytest.mark.parametrize(
+    "config, workdir",
+    [("configs/ptb.py:cpu", "workdirs/ptb_cpu"), ("ptb", "workdirs/ptb"),
+     ("/x/enwik8.py", "workdirs/enwik8")],
+)  # fmt: skip
+def test_the_default_workdir_is_named_after_the_config(config, workdir):
+    assert trainer.default_workdir(config) == workdir
+
+
+def run(args):
+    return subprocess.run(args, env=dict(os.environ), cwd=ROOT, capture_output=True, text=True,
+                          timeout=240)  # fmt: skip
+
+
+def test_a_missing_config_is_one_line():
+    proc = run([sys.executable, str(ROOT / "train.py")])
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines() == [
+        "error: --config is required, e.g. --config=ptb:cpu or --config=FILE.py"
+    ]
+
+
+def test_help_lists_variants_and_fields_and_exits_0():
+    proc = run([sys.executable, str(ROOT / "train.py"), f"--config={PTB_CONFIG}:cpu", "--help"])
+    assert proc.returncode == 0, proc.stderr
+    assert "Exit status:" in proc.stdout and f"{PTB_CONFIG}:tiny" in proc.stdout
+    assert "  model.depth = 3" in proc.stdout  # the cpu variant's value
+    assert "  train.checkpoint_every_minutes = " in proc.stdout
+
+
+def test_a_second_run_on_a_workdir_in_use_is_refused_before_jax_is_imported(tmp_path):
+    """A second train on a workdir in use was refused only after 17 s (the
+    trainer takes the lock after loading data and initialising)."""
+    import fcntl
+
+    from helpers import write_text
+
+    text = write_text(tmp_path / "t.txt", 10_000)
+    workdir = tmp_path / "w"
+    workdir.mkdir()
+    with open(workdir / ".lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        held.write("4242\n")
+        held.flush()
+        proc = run([sys.executable, "-X", "importtime", str(ROOT / "train.py"),
+                    "--config=ptb:tiny", "--config.data.format=text",
+                    f"--config.data.text_files={text}", f"--workdir={workdir}"])  # fmt: skip
+    lines = proc.stderr.splitlines()
+    errors = [line for line in lines if not line.startswith("import time:")]
+    assert proc.returncode == 1 and errors == [
+        f"error: workdir {workdir} is in use by another run (process 4242); wait for it to "
+        f"finish or use another --workdir"
+    ], proc.stderr[-2000:]
+    imported = {line.rsplit("|", 1)[-1].strip() for line in lines if line.startswith("import")}
+    assert "jax" not in imported and "numpy" not in imported
+    assert sorted(p.name for p in workdir.iterdir()) == [".lock"]  # nothing written
+
+
+def test_train_py_of_a_checkout_shadowing_a_non_editable_install_says_pip_install_e(tmp_path):
+    """``python train.py`` in a checkout whose rhhjax is installed
+    non-editable failed with "No module named 'rhhjax.configs'" (the checkout's rhhjax/ comes
+    first on the path and has no configs/). ``python -S`` leaves out the editable install's
+    finder, as a non-editable install has none."""
+    import shutil
+    import sysconfig
+
+    checkout = tmp_path / "checkout"
+    shutil.copytree(ROOT / "rhhjax", checkout / "rhhjax",
+                    ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
+    shutil.copytree(ROOT / "configs", checkout / "configs")
+    shutil.copy(ROOT / "train.py", checkout / "train.py")
+    proc = subprocess.run(
+        [sys.executable, "-S", "train.py", "--config=configs/ptb.py:tiny"],
+        env={**os.environ, "PYTHONPATH": sysconfig.get_paths()["purelib"]},
+        cwd=checkout, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 1
+    assert proc.stderr.splitlines() == [
+        f"error: {checkout / 'rhhjax'} has no rhhjax.configs: this checkout is not installed "
+        f"editable (a non-editable install does not serve its train.py): run pip install -e . "
+        f"in {checkout}"
+    ]
+
+
+def test_the_install_check_passes_an_install_with_its_configs():
+    trainer.check_install()  # this checkout: installed editable
+    with pytest.raises(UserError, match=r"run pip install -e \. in "):
+        trainer.check_install(find_spec=lambda name: None)
+
+
+def test_from_train_py_the_loss_is_three_files_away():
+    """train.py runs this module (the program and ``train_and_evaluate``), which takes the
+    Loop from loop.py and the step with the loss (``make_train_step``) from step.py: three
+    files. A program module of its own between train.py and this one would make it four."""
+    (runs,) = [n.module for n in ast.parse((ROOT / "train.py").read_text()).body
+               if isinstance(n, ast.ImportFrom)]  # fmt: skip
+    assert runs == "rhhjax.train.trainer"
+    tree = ast.parse(Path(trainer.__file__).read_text())
+    defined = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
+    assert {"console", "main", "train_and_evaluate"} <= defined
+    imported = {(n.module, a.name) for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
+                for a in n.names}  # fmt: skip
+    assert {("rhhjax.train.loop", "Loop"), ("rhhjax.train", "step")} <= imported
+    assert "step_lib.make_train_step(" in ast.unparse(tree)  # the loss's step, from step.py

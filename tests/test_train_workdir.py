@@ -24,6 +24,7 @@ from rhhjax.errors import UserError
 from rhhjax.train import checkpoint as ckpt_lib
 from rhhjax.train import trainer
 from rhhjax.train import workdir as workdir_lib
+from rhhjax.train.config import TrainError
 
 
 def test_json_outputs_stay_valid_with_infinite_values(tmp_path):
@@ -119,7 +120,7 @@ def test_workdir_lock_refuses_a_second_run(tmp_path, text_file):
     lock = workdir_lib.WorkdirLock(workdir)
     lock.acquire()  # another run holds the workdir
     try:
-        with pytest.raises(trainer.TrainError, match="in use by another run") as info:
+        with pytest.raises(TrainError, match="in use by another run") as info:
             trainer.train_and_evaluate(tiny_config(text_file), workdir, log=quiet)
         assert str(os.getpid()) in str(info.value)
         assert not (workdir / "metrics.jsonl").exists()
@@ -130,9 +131,9 @@ def test_workdir_lock_refuses_a_second_run(tmp_path, text_file):
 def test_unwritable_workdir(tmp_path, text_file):
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
-    with pytest.raises(trainer.TrainError, match="not a directory"):
+    with pytest.raises(TrainError, match="not a directory"):
         trainer.train_and_evaluate(tiny_config(text_file), blocker / "run", log=quiet)
-    with pytest.raises(trainer.TrainError, match="not a directory"):
+    with pytest.raises(TrainError, match="not a directory"):
         trainer.train_and_evaluate(tiny_config(text_file), blocker, log=quiet)
 
 
@@ -141,7 +142,7 @@ def test_incompatible_config_json_without_checkpoint(tmp_path, text_file):
     workdir.mkdir()
     other = tiny_config(text_file, model__depth=3)
     (workdir / "config.json").write_text(json.dumps(other.to_dict()))
-    with pytest.raises(trainer.TrainError, match="model.depth=3"):
+    with pytest.raises(TrainError, match="model.depth=3"):
         trainer.train_and_evaluate(tiny_config(text_file), workdir, log=quiet)
 
 

@@ -23,6 +23,7 @@ import pytest
 from helpers import tiny_run_config, write_text
 
 from rhhjax.train import checkpoint as ckpt_lib
+from rhhjax.train import step as step_lib
 from rhhjax.train import trainer
 
 TIMING_FIELDS = ("time", "chars_per_sec", "seconds", "train_seconds")
@@ -93,9 +94,9 @@ def strict_json(text: str):
 
 def wrap_train_step(monkeypatch, wrap) -> None:
     """Every run's training step becomes ``wrap(step_fn)`` (the trainer's ``make_train_step``
-    patched)."""
-    real = trainer.make_train_step
-    monkeypatch.setattr(trainer, "make_train_step", lambda mc, oc, seed: wrap(real(mc, oc, seed)))
+    patched in its module)."""
+    real = step_lib.make_train_step
+    monkeypatch.setattr(step_lib, "make_train_step", lambda mc, oc, seed: wrap(real(mc, oc, seed)))
 
 
 def slow_steps(monkeypatch, seconds: float, signal_at: int | None = None, executed=None):

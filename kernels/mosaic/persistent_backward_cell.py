@@ -167,6 +167,7 @@ class BackwardCell:
             gemm_nt_to_smem(
                 acc, self.refs["d_mm"], self.refs["wt"], a_block, w_block,
                 tile_k=plan.k_chunk, k_steps=2 * plan.n_pad // plan.k_chunk, stages=plan.stages,
+                in_flight=plan.wgmma_in_flight,
             )  # fmt: skip
 
         @pl.when(last)

@@ -138,6 +138,7 @@ class Cell:
         gemm_nt_to_smem(
             self.pre, refs["s_mm"], refs["w"], a_row, w_row,
             tile_k=plan.k_chunk, k_steps=plan.k_pad // plan.k_chunk, stages=plan.stages,
+            in_flight=plan.wgmma_in_flight,
         )  # fmt: skip
         each_input(lambda slot, name: plgpu.barrier_wait(bar.at[slot]))
         if has_mask:

@@ -74,6 +74,7 @@ class PersistentPlan:
     """Configuration of one persistent-kernel call (hashable: a static argument).
 
     ``units``: units per block, or None for the fewest covering ``width``.
+    ``wgmma_in_flight``: 1 leaves one K chunk's wgmma running (`gemm.gemm_nt_to_smem`).
     """
 
     batch: int
@@ -86,6 +87,7 @@ class PersistentPlan:
     sm_count: int = H100.sms
     smem_limit: int = H100.smem_per_block_optin
     units: int | None = None
+    wgmma_in_flight: int = 0
 
     def __post_init__(self):
         for name in ("batch", "width", "col_blocks", "row_blocks", "k_chunk", "stages"):
@@ -93,6 +95,11 @@ class PersistentPlan:
                 raise PlanError(f"PersistentPlan.{name} must be >= 1, got {getattr(self, name)}.")
         if self.dtype not in DTYPES:
             raise PlanError(f"PersistentPlan.dtype must be one of {DTYPES}, got {self.dtype!r}.")
+        if self.wgmma_in_flight not in (0, 1) or self.stages <= self.wgmma_in_flight:
+            raise PlanError(
+                "PersistentPlan.wgmma_in_flight must be 0, or 1 with stages >= 2, got "
+                f"{self.wgmma_in_flight} at stages {self.stages}."
+            )
         if self.k_chunk % 8:
             raise PlanError(f"PersistentPlan.k_chunk must be a multiple of 8, got {self.k_chunk}.")
         if self.units is not None and (self.units % UNIT_MULTIPLE or self.units < 1):

@@ -1,15 +1,7 @@
-"""Gradient-flow and gate analysis of trained (or freshly initialised) models, run by
-``python -m rhhjax.tools.analyze --workdir=DIR[@WHICH] --init=CONFIG --out=DIR``.
-
-    subjects.py   the models analysed: workdirs at a checkpoint, or configs at init.
-    weights.py    weight-matrix norms (Suarez 2017 Figs. 2-3).
-    gradients.py  ||d loss_{T-1} / d x_t|| over held-out windows (Figs. 4-6).
-    gates.py      transform-gate activity per step (RHN paper Fig. 5b).
-    lesion.py     the loss with one micro-layer's transform gate closed (RHN section 6).
-    figures.py    the PNGs; report.py the driver writing ``analysis.json``.
-
-LSTMs get weights and gradients only. Details: docs/design.md (module notes).
-"""
+"""Analysis of trained or initial models (``python -m rhhjax.tools.analyze``): subjects.py (the
+models), weights.py (norms, Figs. 2-3), gradients.py (gradient flow, Figs. 4-6), gates.py (gate
+activity, RHN Fig. 5b), lesion.py (a gate closed), figures.py, report.py (the driver).
+Details: docs/design.md."""
 
 from rhhjax.analysis.figures import plot_gates, plot_input_gradients, plot_lesion, plot_weight_norms
 from rhhjax.analysis.gates import GATED_TYPES, can_trace_gates, gate_activity, make_gate_trace

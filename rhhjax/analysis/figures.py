@@ -1,4 +1,4 @@
-"""Matplotlib figures of the analysis results (the JSON-ready dicts of `report.analyse`)."""
+"""Matplotlib figures of the analysis results (the dicts of `report.analyse`)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ DPI = 80
 
 
 def _pyplot():
-    """matplotlib.pyplot with the non-interactive Agg backend."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -22,7 +21,6 @@ def _pyplot():
 
 
 def _save(plt, fig, path: Path) -> Path:
-    """Write ``fig`` to ``path`` whole or not at all, and close it."""
     try:
         with outputs.atomic_path(path, "--out") as tmp:
             fig.savefig(tmp, dpi=DPI)
@@ -61,7 +59,7 @@ def plot_input_gradients(results: list[dict], path: Path) -> Path:
         if not g:
             continue
         y = np.asarray(g["mean_norm"], np.float64)
-        y = np.where(y > 0, y, np.nan)  # log scale: underflowed zeros are left out
+        y = np.where(y > 0, y, np.nan)
         ax.semilogy(g["t"], y, label=r["label"])
     g0 = next(r["input_gradients"] for r in results if r.get("input_gradients"))
     ax.set_xlabel(f"input time step t (loss at the final step t = {g0['seq_len'] - 1})")

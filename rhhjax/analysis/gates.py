@@ -1,12 +1,5 @@
-"""Transform-gate activity (RHN paper, Fig. 5b), read from the gates the model records.
-
-The RHN cells sow their transform gates t (before dropout) into the "intermediates"
-collection when it is mutable (see `rhhjax.models.cells`); the analysis runs the model with
-``mutable=["intermediates"]`` and reads them. Only ``impl="scan"`` runs the cells step by
-step (the whole-sequence ``fused`` / ``pallas`` ops record nothing), so the gate trace always
-runs the subject's parameters with ``impl="scan"``. Every HyperRHN (any ``hyper_rank``) and
-RHN has gates; LSTMs have none.
-"""
+"""Transform-gate activity (RHN paper, Fig. 5b), read from the gates the cells sow into
+"intermediates"; only ``impl="scan"`` records them, so the trace always runs with it."""
 
 from __future__ import annotations
 
@@ -32,23 +25,20 @@ def can_trace_gates(model_config: models.ModelConfig) -> bool:
 
 
 def _core_outputs(module: models.CharLM, tokens: Array) -> Array:
-    """Core outputs [B, T, n] of tokens [B, T]: zero initial state, no dropout."""
     x = module.embed(tokens)
     outputs, _ = module.core(x, module.initial_carry(tokens.shape[0]), None)
     return outputs
 
 
 def _recorded(cell_variables: dict) -> Array:
-    """The sown gates of one cell, [T, L, B, n] -> [B, L, T, n]."""
-    (gates,) = cell_variables[models.GATES_NAME]  # one sow per step, stacked over time
+    (gates,) = cell_variables[models.GATES_NAME]
     return jnp.transpose(gates, (2, 1, 0, 3))
 
 
 @functools.lru_cache(maxsize=16)
 def make_gate_trace(model_config: models.ModelConfig) -> Callable:
     """Jitted ``(params, inputs [B, T]) -> {"main": [B, L, T, n], "hyper": [B, L, T, h]}``:
-    the transform gate of every micro-layer, unit and step (``hyper`` for HyperRHNs only),
-    as recorded by the model run with ``impl="scan"``, zero initial state and no dropout."""
+    the transform gates, zero initial state, no dropout."""
     if not can_trace_gates(model_config):
         raise AnalysisError(f"model type {model_config.type!r} has no highway gates")
     model = models.build_model(dataclasses.replace(model_config, impl="scan"))
@@ -69,11 +59,8 @@ def make_gate_trace(model_config: models.ModelConfig) -> Callable:
 
 
 def gate_activity(subject: Subject, inputs: np.ndarray, sequences: int) -> dict:
-    """Mean transform-gate activity per micro-layer and time step.
-
-    ``sequences``: [{"activity": [L][T] (mean over units), "text"}] for the first
-    ``sequences`` rows; ``mean_per_layer``: the mean over all rows, steps and units.
-    """
+    """Mean gate activity: ``sequences`` [{"activity": [L][T], "text"}] of the first rows and
+    ``mean_per_layer``."""
     out = make_gate_trace(subject.config)(subject.params, inputs)
     result = {}
     for cell_name in ("main", "hyper"):
@@ -92,7 +79,6 @@ def gate_activity(subject: Subject, inputs: np.ndarray, sequences: int) -> dict:
 
 
 def _text(subject: Subject, row: np.ndarray) -> str | None:
-    """The decoded window (None without a vocabulary)."""
     if subject.vocab is None:
         return None
     decoded = subject.vocab.decode(row)

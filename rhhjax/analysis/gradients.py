@@ -1,5 +1,4 @@
-"""Gradient flow (Suarez 2017, Figs. 4-6): the norm of the gradient of the final step's loss
-with respect to the embedded input of every earlier step."""
+"""Gradient flow (Suarez 2017, Figs. 4-6): the norm of d loss_{T-1} / d x_t for every step t."""
 
 from __future__ import annotations
 
@@ -28,7 +27,6 @@ def _embed(module: models.CharLM, tokens: Array) -> Array:
 
 
 def final_step_loss(model_config: models.ModelConfig) -> Callable:
-    """``(params, x [B, T, E], targets [B, T]) -> [B]``: cross-entropy of the last step."""
     model = models.build_model(model_config)
 
     def loss(params, x, targets):
@@ -40,15 +38,12 @@ def final_step_loss(model_config: models.ModelConfig) -> Callable:
 
 
 def embed_fn(model_config: models.ModelConfig) -> Callable:
-    """``(params, tokens [B, T]) -> x [B, T, E]``: the model's embedding."""
     model = models.build_model(model_config)
     return lambda params, tokens: model.apply({"params": params}, tokens, method=_embed)
 
 
 def scaled_norm(g: Array) -> Array:
-    """L2 norm over the last axis, scaled by the largest entry first: the squares of entries
-    below ~1e-19 underflow in float32 (and XLA:CPU flushes subnormals to zero), which makes a
-    plain ``sqrt(sum(g**2))`` exactly 0 for small but representable gradients."""
+    """L2 norm over the last axis, scaled first: squares below ~1e-19 underflow in float32."""
     scale = jnp.max(jnp.abs(g), axis=-1, keepdims=True)
     safe = jnp.where(scale > 0, scale, 1.0)
     return scale[..., 0] * jnp.sqrt(jnp.sum(jnp.square(g / safe), axis=-1))
@@ -56,11 +51,8 @@ def scaled_norm(g: Array) -> Array:
 
 @functools.lru_cache(maxsize=16)
 def make_input_gradient_norms(model_config: models.ModelConfig) -> Callable:
-    """Jitted ``(params, inputs [B, T], targets [B, T]) -> (norms [B, T], loss [B])``.
-
-    ``norms[b, t] = || d loss_{b, T-1} / d x_{b, t} ||_2``. Rows do not interact (no
-    batch statistics), so one backward pass of the batch sum gives every row's gradient.
-    """
+    """Jitted ``(params, inputs [B, T], targets [B, T]) -> (norms [B, T], loss [B])``,
+    ``norms[b, t] = || d loss_{b, T-1} / d x_{b, t} ||_2`` (one backward of the batch sum)."""
     loss = final_step_loss(model_config)
     embed = embed_fn(model_config)
 

@@ -15,7 +15,6 @@ LESION_BIAS = -1e4  # added to the transform-gate bias: sigmoid(-1e4 + a) == 0 i
 
 
 def gated_cells(model_config: models.ModelConfig) -> list[tuple[str, tuple[str, ...]]]:
-    """(cell name, parameter path of its bias_s) of every highway cell of the model."""
     if model_config.type == "rhn":
         return [("main", ("core", "cell", "bias_s"))]
     if model_config.type == "hyperrhn":
@@ -27,13 +26,12 @@ def gated_cells(model_config: models.ModelConfig) -> list[tuple[str, tuple[str, 
 
 
 def lesion_params(model_config: models.ModelConfig, params, cell: str, layer: int):
-    """A copy of ``params`` with LESION_BIAS added to the transform-gate half of micro-layer
-    ``layer``'s bias in ``cell`` ("main" or "hyper"): that layer's t is 0 (carry only)."""
+    """``params`` with LESION_BIAS on the transform-gate bias of ``layer`` in ``cell``: t = 0."""
     paths = dict(gated_cells(model_config))
     if cell not in paths:
         raise AnalysisError(f"model type {model_config.type!r} has no highway cell {cell!r}")
     path = paths[cell]
-    new = jax.tree.map(lambda a: a, params)  # fresh containers, shared leaves
+    new = jax.tree.map(lambda a: a, params)
     node = new
     for key in path[:-1]:
         node[key] = dict(node[key])
@@ -47,7 +45,6 @@ def lesion_params(model_config: models.ModelConfig, params, cell: str, layer: in
 
 
 def heldout_loss(subject: Subject, params, chars: int, seq_len: int, batch_size: int) -> dict:
-    """``rhhjax.evaluation`` windows-protocol metrics on the first ``chars`` held-out symbols."""
     tokens = subject.tokens[:chars] if chars else subject.tokens
     return eval_lib.evaluate_tokens(
         subject.config,

@@ -47,7 +47,6 @@ class Settings:
 
 
 def analyse(subject: Subject, settings: Settings, log: Callable[[str], None] = print) -> dict:
-    """Every requested analysis of one subject, as a JSON-ready dict."""
     mc = subject.config
     result = {
         "label": subject.label,
@@ -74,7 +73,6 @@ def analyse(subject: Subject, settings: Settings, log: Callable[[str], None] = p
 
 
 def _gates_and_lesion(subject: Subject, settings: Settings, result: dict, log) -> None:
-    """The gate activity and lesion entries of ``result`` (highway models only)."""
     count = max(settings.gate_sequences, 1)
     gate_inputs, _, starts = heldout_windows(subject.tokens, count, settings.seq_len)
     if "gates" in settings.analyses:
@@ -98,8 +96,7 @@ def _gates_and_lesion(subject: Subject, settings: Settings, result: dict, log) -
 
 
 def write_outputs(results: list[dict], out: Path, prefix: str = "", meta: dict | None = None):
-    """Figures and ``<prefix>analysis.json`` into ``out``, each file written whole or not at
-    all; returns the paths written."""
+    """Figures and ``<prefix>analysis.json`` into ``out``, each written whole; returns the paths."""
     outputs.make_folder(out, "--out")
     written = []
     if any(r.get("weight_norms") for r in results):
@@ -119,7 +116,6 @@ def write_outputs(results: list[dict], out: Path, prefix: str = "", meta: dict |
 
 
 def _check_arguments(settings: Settings, specs: list, labels: Sequence[str], checkpoint: str):
-    """One-line errors for bad arguments, before anything is loaded."""
     for name in settings.analyses:
         if name not in ANALYSES:
             raise AnalysisError(f"unknown analysis {name!r}: expected {', '.join(ANALYSES)}")
@@ -145,13 +141,11 @@ def run(
     log: Callable[[str], None] = print,
     command: str | None = None,
 ) -> list[Path]:
-    """Load every subject, analyse it and write the figures and JSON into ``out``.
-
-    ``command``: recorded in the JSON (default: this process's command line)."""
+    """Load every subject, analyse it, write figures and JSON into ``out``."""
     settings = settings or Settings()
     specs = [("workdir", w) for w in workdirs] + [("init", c) for c in inits]
     _check_arguments(settings, specs, labels, checkpoint)
-    outputs.check_folder(out, "--out")  # before any model is loaded
+    outputs.check_folder(out, "--out")
     common = dict(split=settings.split, data_dir=data_dir, impl=impl)
     subjects = []
     for i, (kind, spec) in enumerate(specs):

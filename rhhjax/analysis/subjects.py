@@ -1,5 +1,5 @@
-"""The models to analyse ("subjects"): a training workdir's checkpoint or its init, or a
-config at initialisation; and the held-out windows every analysis reads."""
+"""The models to analyse ("subjects"): a workdir's checkpoint or init, or a config at init;
+and the held-out windows every analysis reads."""
 
 from __future__ import annotations
 
@@ -33,21 +33,17 @@ class Subject:
     label: str
     config: models.ModelConfig
     params: Any
-    tokens: np.ndarray  # the held-out split, encoded
+    tokens: np.ndarray
     vocab: data_lib.Vocab | None = None
     source: dict = dataclasses.field(default_factory=dict)
 
 
 def slug(text: str) -> str:
-    """``text`` as a file-name fragment: runs of other characters become ``_``."""
     return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("_") or "model"
 
 
 def load_config_spec(spec: str) -> ml_collections.ConfigDict:
-    """``FILE[:VARIANT][,section.key=value ...]`` -> the config (overrides applied).
-
-    FILE is a config name or file (``ptb``, ``configs/ptb.py``); see `rhhjax.config_files.load`.
-    """
+    """``FILE[:VARIANT][,section.key=value ...]`` -> the config (overrides applied)."""
     head, *overrides = [part for part in spec.split(",") if part]
     return config_files.load(head, overrides)
 
@@ -72,9 +68,8 @@ def _model_config(fields: dict, impl: str) -> models.ModelConfig:
 
 
 def to_float64(subject: Subject) -> Subject:
-    """The subject computed in float64 (needs ``jax_enable_x64``). Load (and initialise) the
-    parameters BEFORE enabling x64: under x64 the orthogonal initialiser draws float64
-    matrices from different random bits, i.e. not the parameters a run started from."""
+    """The subject in float64 (``jax_enable_x64``); load the parameters BEFORE enabling x64
+    (under x64 the orthogonal initialiser draws other parameters)."""
     return dataclasses.replace(
         subject,
         config=dataclasses.replace(subject.config, dtype="float64"),
@@ -83,7 +78,6 @@ def to_float64(subject: Subject) -> Subject:
 
 
 def parse_which(text: str) -> str | int:
-    """``best`` | ``latest`` | ``init`` | a step number (-> int)."""
     text = str(text).strip()
     if text in CHECKPOINT_NAMES:
         return text
@@ -101,7 +95,6 @@ def split_workdir_spec(spec: str, default: str) -> tuple[str, str | int]:
 
 
 def _at_init(workdir: Path, data_dir: str, impl: str):
-    """(model config, params, corpus, source) of the run in ``workdir`` at its start."""
     from rhhjax.train import config as train_config
     from rhhjax.train import workdir as workdir_lib
 
@@ -119,9 +112,8 @@ def _at_init(workdir: Path, data_dir: str, impl: str):
 
 
 def _saved(workdir: Path, which: str | int, data_dir: str, impl: str):
-    """(model config, params, corpus, source) of a saved checkpoint of ``workdir``."""
     saved = saved_run.load_run(workdir, which, impl=impl)
-    if data_dir:  # the PTB folder of every subject (format=text runs do not read it)
+    if data_dir:
         saved.config.data.dir = data_dir
     source = {
         "workdir": str(workdir),
@@ -141,13 +133,12 @@ def subject_from_workdir(
     impl: str = "scan",
     label: str = "",
 ) -> Subject:
-    """A workdir's checkpoint (``DIR[@WHICH]``) or its init as a Subject."""
     from rhhjax.train import checkpoint as ckpt_lib
 
     path, which = split_workdir_spec(spec, default_which)
     workdir = saved_run.check_workdir(path)
     if which != "init" and not ckpt_lib.has_checkpoint(workdir):
-        which = "init"  # nothing saved yet: analyse the run's starting point
+        which = "init"
     if which == "init":
         mc, params, corpus, source = _at_init(workdir, data_dir, impl)
         default_label = f"{workdir.name} init"
@@ -172,7 +163,6 @@ def subject_from_config(
     impl: str = "scan",
     label: str = "",
 ) -> Subject:
-    """A config (``FILE[:VARIANT][,key=value ...]``) at initialisation as a Subject."""
     from rhhjax.train import config as train_config
 
     cfg = train_config.prepare_config(load_config_spec(spec))
@@ -196,9 +186,8 @@ def subject_from_config(
 def heldout_windows(
     tokens: np.ndarray, count: int, length: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``count`` windows of ``length`` inputs (+ targets shifted by one), evenly spaced over
-    ``tokens`` (deterministic). Returns (inputs, targets) int32 [count, length] and the start
-    positions [count]."""
+    """``count`` evenly spaced windows of ``length``: (inputs, targets) int32 [count, length]
+    and their starts [count]."""
     tokens = np.asarray(tokens)
     if count < 1 or length < 1:
         raise AnalysisError(f"need count >= 1 and length >= 1, got {count}, {length}")

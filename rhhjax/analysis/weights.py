@@ -41,15 +41,8 @@ def _order_key(path: tuple[str, ...]) -> tuple:
 
 
 def weight_norms(params, depth: int | None = None) -> list[dict]:
-    """One record per weight matrix (per layer l of stacked [L, ., .] arrays), in forward order.
-
-    An array of 3+ dims counts as stacked when its leading axis is ``depth`` (or, without ``depth``,
-    always); other arrays are one matrix [shape[0], rest].
-
-    Record: name (parameter path), layer (index into a stacked array, or None), label (short,
-    for plots), block (cell / layer it belongs to), shape, fro (L2 / Frobenius norm), rms
-    (fro / sqrt(size)), spectral (largest singular value).
-    """
+    """One record per weight matrix (per layer of arrays stacked [depth, ., .]), in forward order:
+    name, layer, label, block, shape, fro, rms (fro / sqrt(size)), spectral."""
     from flax import traverse_util
 
     flat = traverse_util.flatten_dict(jax.device_get(params))

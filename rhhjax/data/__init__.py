@@ -1,10 +1,6 @@
-"""Character-level corpora, vocabularies, training samplers and evaluation batches (numpy,
-no jax): errors.py (``DataError``), vocab.py (``Vocab``), corpus.py (``Corpus``), cache.py
-(the download cache), ptb.py (Penn Treebank), text.py (text files, enwik8 / text8),
-config.py (the ``data`` block and ``load_corpus``), samplers.py (``WindowSampler``,
-``StreamSampler``), eval_protocols.py (windows / stream / paper batches). The names below are
-re-exported.
-"""
+"""Corpora, vocabularies, samplers and evaluation batches (numpy, no jax): errors.py, vocab.py,
+corpus.py, cache.py, ptb.py, text.py (text files, enwik8 / text8), config.py (the ``data``
+block), samplers.py, eval_protocols.py; the names below are re-exported."""
 
 from __future__ import annotations
 

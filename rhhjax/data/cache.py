@@ -1,10 +1,5 @@
-"""The download cache: where it lives, the one network call, hashing and atomic writes.
-
-The cache is ``$RHHJAX_CACHE`` (default ``~/.cache/rhhjax``): PTB in ``ptb/``, enwik8 / text8 in
-``<name>/``. Files are written to a temporary file beside their final name and renamed, so the
-cache never holds a half-written file. ``fetch`` is the only function of ``rhhjax.data`` that
-touches the network (tests replace it).
-"""
+"""The download cache ``$RHHJAX_CACHE`` (default ``~/.cache/rhhjax``): the one network call
+(``fetch``, replaced by the tests), hashing and atomic writes."""
 
 from __future__ import annotations
 
@@ -21,13 +16,11 @@ from rhhjax.data.errors import DataError
 
 
 def cache_root() -> pathlib.Path:
-    """``$RHHJAX_CACHE`` (default ``~/.cache/rhhjax``)."""
     root = os.environ.get("RHHJAX_CACHE") or os.path.join("~", ".cache", "rhhjax")
     return pathlib.Path(root).expanduser()
 
 
 def fetch(url: str, dest: pathlib.Path) -> None:
-    """Download ``url`` to ``dest``: the only function that touches the network."""
     with urllib.request.urlopen(url, timeout=60) as response, open(dest, "wb") as f:
         shutil.copyfileobj(response, f, length=1 << 20)
 
@@ -41,8 +34,7 @@ def download(
     offline: Callable[[Exception], None],
     what: str,
 ) -> Iterator[pathlib.Path]:
-    """``url`` fetched into a temporary ``.{stem}.*{suffix}`` in ``folder`` (created), deleted
-    afterwards. ``offline(error)`` raises when the fetch fails; ``what`` names the folder."""
+    """``url`` fetched into a temporary file in ``folder``, deleted afterwards."""
     try:
         folder.mkdir(parents=True, exist_ok=True)
         fd, name = tempfile.mkstemp(prefix=f".{stem}.", suffix=suffix, dir=folder)
@@ -53,7 +45,7 @@ def download(
     try:
         try:
             fetch(url, tmp)
-        except Exception as e:  # any failure to fetch means "offline"
+        except Exception as e:
             offline(e)
             raise
         yield tmp
@@ -62,12 +54,10 @@ def download(
 
 
 def sha256_bytes(data: bytes) -> str:
-    """Hex SHA256 of ``data``."""
     return hashlib.sha256(data).hexdigest()
 
 
 def sha256_file(path: pathlib.Path) -> str:
-    """Hex SHA256 of the file at ``path``, read in 1 MiB blocks."""
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):

@@ -1,7 +1,5 @@
-"""The ``data`` block of a config: ``default_data_config()`` (the one place for its defaults,
-a comment on each field), ``validate_data_config`` (every check that needs no file) and
-``load_corpus`` (defaults, validation, a known ``corpus`` resolved, the corpus read).
-"""
+"""The ``data`` block: ``default_data_config()`` (its defaults), ``validate_data_config``
+(checks that need no file) and ``load_corpus`` (the corpus it describes)."""
 
 from __future__ import annotations
 
@@ -41,7 +39,6 @@ def default_data_config() -> ml_collections.ConfigDict:
 
 
 def _as_dict(cfg: Any) -> dict[str, Any]:
-    """A data block (ConfigDict, mapping or attribute object) as a plain dict."""
     if hasattr(cfg, "to_dict"):
         return cfg.to_dict()
     if isinstance(cfg, Mapping):
@@ -53,7 +50,6 @@ def _as_dict(cfg: Any) -> dict[str, Any]:
 
 
 def _with_defaults(cfg: Any) -> dict[str, Any]:
-    """The data block as a dict, missing fields taken from ``default_data_config()``."""
     return {**default_data_config().to_dict(), **_as_dict(cfg)}
 
 
@@ -68,7 +64,7 @@ def _check_bool(key: str, value: Any) -> None:
 
 
 def validate_data_config(cfg_data: Any) -> None:
-    """Every check of the data block that needs no file (missing fields: defaults)."""
+    """Every check of the data block that needs no file."""
     d = _with_defaults(cfg_data)
     _check_choice("data.format", d["format"], FORMATS)
     _check_choice("data.sampler", d["sampler"], SAMPLERS)
@@ -87,7 +83,6 @@ def validate_data_config(cfg_data: Any) -> None:
 
 
 def resolve_data_config(cfg: Any) -> dict[str, Any]:
-    """The data config as a dict, ``text_files`` filled in for a known ``corpus``."""
     items = _as_dict(cfg)
     corpus = items.get("corpus") or ""
     if items.get("format") == "text" and not items.get("text_files") and corpus:
@@ -102,7 +97,6 @@ def resolve_data_config(cfg: Any) -> dict[str, Any]:
 
 
 def load_corpus(cfg: Any) -> Corpus:
-    """The corpus a data block (ConfigDict, mapping or attribute object) describes."""
     d = _with_defaults(cfg)
     validate_data_config(d)
     d = resolve_data_config(d)

@@ -22,10 +22,9 @@ class Corpus:
     train: np.ndarray
     valid: np.ndarray
     test: np.ndarray
-    source: str = ""  # where it was read: the PTB folder or the text file(s)
+    source: str = ""
 
     def split(self, name: str) -> np.ndarray:
-        """The tokens of split ``name`` (one of ``SPLITS``)."""
         if name not in SPLITS:
             raise DataError(f"unknown split {name!r}: expected one of {SPLITS}")
         return getattr(self, name)

@@ -24,7 +24,6 @@ def check_int(name: str, value: Any, minimum: int) -> int:
 
 
 def check_tokens(tokens: Any) -> np.ndarray:
-    """``tokens`` as a 1-D integer array ``[n_tokens]``, else DataError."""
     tokens = np.asarray(tokens)
     if tokens.ndim != 1 or not np.issubdtype(tokens.dtype, np.integer):
         raise DataError(

@@ -1,8 +1,6 @@
-"""Evaluation batches of a split under three protocols: ``eval_batches`` with ``windows`` and
-``stream`` (every symbol but the first scored once) and ``paper`` (the paper's, which is not);
-``scored_count`` and ``num_eval_batches`` count them. A batch spans at most ``MAX_CHUNK`` time
-steps: longer windows come in pieces with the state carried.
-"""
+"""Evaluation batches of a split: ``windows`` and ``stream`` score every symbol but the first
+once, ``paper`` (the paper's) does not. A batch spans at most ``MAX_CHUNK`` steps; longer
+windows come in pieces with the state carried. Definitions: docs/design.md."""
 
 from __future__ import annotations
 
@@ -14,16 +12,16 @@ import numpy as np
 from rhhjax.data.errors import DataError, check_int, check_tokens
 
 EVAL_PROTOCOLS = ("windows", "stream", "paper")
-PAPER_CHUNK = 51  # the paper's evaluation: rows start every 51 symbols ...
-PAPER_SEQ_LEN = 100  # ... and hold 100 inputs / 100 targets (101 symbols)
+PAPER_CHUNK = 51  # the paper's evaluation: rows of 101 symbols every 51
+PAPER_SEQ_LEN = 100  # inputs (and targets) per row
 MAX_CHUNK = 1000  # time steps of one evaluation batch at most (longer windows: in pieces)
 
 
 class EvalBatch(NamedTuple):
     """One evaluation batch: ``[batch, time]`` inputs, targets and the mask of scored ones."""
 
-    inputs: np.ndarray  # int32 [B, T]
-    targets: np.ndarray  # int32 [B, T]
+    inputs: np.ndarray  # int32 [B, T], as targets
+    targets: np.ndarray
     mask: np.ndarray  # float32 [B, T], 1 = scored
     reset: bool  # True -> zero the recurrent state before this batch
 
@@ -31,7 +29,6 @@ class EvalBatch(NamedTuple):
 def _check_protocol(
     n_tokens: int, protocol: str, seq_len: int, min_context: int, paper_mask: int
 ) -> None:
-    """DataError unless the protocol and its parameters are valid for ``n_tokens``."""
     if protocol not in EVAL_PROTOCOLS:
         raise DataError(f"eval protocol must be one of {EVAL_PROTOCOLS}, got {protocol!r}")
     check_int("number of tokens", n_tokens, 0)
@@ -48,14 +45,12 @@ def _check_protocol(
 
 
 def _paper_rows(n_tokens: int) -> int:
-    """Rows of the paper protocol: every 51 symbols, where all 101 symbols exist."""
     if n_tokens < PAPER_SEQ_LEN + 1:
         return 0
     return (n_tokens - PAPER_SEQ_LEN - 1) // PAPER_CHUNK + 1
 
 
 def _n_windows(n_tokens: int, seq_len: int, min_context: int) -> int:
-    """Windows of the windows protocol needed to score every target once."""
     if n_tokens - 1 <= seq_len:
         return 1
     return 1 + -(-(n_tokens - 1 - seq_len) // (seq_len - min_context))
@@ -69,8 +64,7 @@ def scored_count(
     min_context: int = 50,
     paper_mask: int = 50,
 ) -> int:
-    """Number of symbols ``eval_batches`` scores: ``n_tokens - 1``, or for ``paper``
-    ``rows * (100 - paper_mask)`` with ``rows = (n_tokens - 101) // 51 + 1``."""
+    """Number of symbols ``eval_batches`` scores (``n_tokens - 1`` but for ``paper``)."""
     _check_protocol(n_tokens, protocol, seq_len, min_context, paper_mask)
     if protocol == "paper":
         return _paper_rows(n_tokens) * (PAPER_SEQ_LEN - paper_mask)
@@ -85,7 +79,6 @@ def num_eval_batches(
     min_context: int = 50,
     max_chunk: int = MAX_CHUNK,
 ) -> int:
-    """Number of batches ``eval_batches`` yields (pieces of long windows counted)."""
     _check_protocol(n_tokens, protocol, seq_len, min_context, 50)
     batch_size = check_int("batch_size", batch_size, 1)
     width = min(seq_len, check_int("max_chunk", max_chunk, 1))
@@ -102,14 +95,12 @@ def num_eval_batches(
 
 
 def _window_steps(n_tokens: int, seq_len: int, start: int) -> int:
-    """Time steps of the window starting at ``start`` that hold a target (<= seq_len)."""
     return min(seq_len, n_tokens - 1 - start)
 
 
 def _batch(
     tokens: np.ndarray, pos: np.ndarray, valid: np.ndarray, scored: np.ndarray, reset: bool
 ) -> EvalBatch:
-    """Inputs at ``pos``, targets at ``pos + 1``; invalid entries are 0, mask = scored."""
     n = len(tokens)
     inputs = np.where(valid, tokens[np.clip(pos, 0, n - 1)], 0).astype(np.int32)
     targets = np.where(valid, tokens[np.clip(pos + 1, 0, n - 1)], 0).astype(np.int32)
@@ -125,12 +116,8 @@ def eval_batches(
     paper_mask: int = 50,
     max_chunk: int = MAX_CHUNK,
 ) -> Iterator[EvalBatch]:
-    """Evaluation batches of a split, each ``[batch_size, T]`` with ``T = min(seq_len,
-    max_chunk)`` (100 for ``paper``). ``windows`` and ``stream`` score every symbol but the
-    first once; ``paper`` scores target positions ``>= paper_mask`` of rows ``text[51*i :
-    51*i + 101]``. Padding has mask 0; windows longer than ``max_chunk`` come in pieces with
-    the state carried. Exact definitions: docs/design.md (``rhhjax/data/eval_protocols.py``).
-    """
+    """Evaluation batches ``[batch_size, min(seq_len, max_chunk)]`` of a split (100 for
+    ``paper``); padding has mask 0. Exact definitions: docs/design.md."""
     tokens = check_tokens(tokens)
     batch_size = check_int("batch_size", batch_size, 1)
     max_chunk = check_int("max_chunk", max_chunk, 1)
@@ -153,13 +140,12 @@ def eval_batches(
 def _window_batches(
     tokens: np.ndarray, batch_size: int, seq_len: int, min_context: int, width: int
 ) -> Iterator[EvalBatch]:
-    """Windows of ``seq_len`` steps, ``batch_size`` at a time, in pieces of ``width`` steps."""
     n = len(tokens)
     n_windows = _n_windows(n, seq_len, min_context)
     stride = seq_len - min_context
     for first in range(0, n_windows, batch_size):
         k = np.arange(first, first + batch_size)
-        steps = _window_steps(n, seq_len, first * stride)  # the batch's first window is longest
+        steps = _window_steps(n, seq_len, first * stride)
         for t0 in range(0, steps, width):
             t = t0 + np.arange(width)
             pos = (k * stride)[:, None] + t
@@ -169,7 +155,6 @@ def _window_batches(
 
 
 def _stream_batches(tokens: np.ndarray, batch_size: int, width: int) -> Iterator[EvalBatch]:
-    """``batch_size`` contiguous rows read ``width`` steps at a time, the state carried."""
     n = len(tokens)
     row_len = -(-(n - 1) // batch_size)
     rows = np.arange(batch_size)[:, None] * row_len

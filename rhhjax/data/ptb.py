@@ -1,12 +1,5 @@
-"""Penn Treebank: locate the files, download them, verify their SHA256, parse both formats.
-
-``load_ptb`` formats: ``chars``, the raw characters of Mikolov's word-level
-``ptb.{train,valid,test}.txt`` (the paper's choice: 50 symbols with ``'\\n'`` and ``' '``), and
-``mikolov_char``, the tokens of ``ptb.char.*.txt`` (``'_'`` between words, ``MIKOLOV_EOL`` at a
-line's end: also 50 symbols). ``resolve_ptb_dir`` looks in an explicit folder, then the cache
-(``$RHHJAX_CACHE/ptb``), then downloads ``simple-examples.tgz``; every file is checked against
-``PTB_SHA256`` before use. Details: docs/operations.md#data.
-"""
+"""Penn Treebank: locate, download and SHA256-verify the files, parse both formats (``chars``,
+``mikolov_char``). Details: docs/operations.md#data."""
 
 from __future__ import annotations
 
@@ -21,9 +14,9 @@ from rhhjax.data.errors import DataError
 from rhhjax.data.vocab import codepoints, decode_utf8
 
 PTB_URL = "http://www.fit.vutbr.cz/~imikolov/rnnlm/simple-examples.tgz"
-PTB_ARCHIVE_DIR = "simple-examples/data"  # members are ./simple-examples/data/<file>
+PTB_ARCHIVE_DIR = "simple-examples/data"
 
-# SHA256 of Mikolov's simple-examples/data files (identical in every public copy checked).
+# SHA256 of Mikolov's simple-examples/data files
 PTB_SHA256: dict[str, str] = {
     "ptb.train.txt": "fcea919f6cf83f35d4d00c6cbf08040d13d4155226340912e2fef9c9c4102cbf",
     "ptb.valid.txt": "c9fe6985fe0d4ccb578183407d7668fc6066c20700cb4cf87d8ff1cc34df1bf2",
@@ -46,12 +39,10 @@ MIKOLOV_EOL = "\n"  # end-of-line symbol of the mikolov_char format
 
 
 def ptb_cache_dir() -> pathlib.Path:
-    """``$RHHJAX_CACHE/ptb`` (default ``~/.cache/rhhjax/ptb``)."""
     return cache_lib.cache_root() / "ptb"
 
 
 def _verify(name: str, data: bytes, where: str) -> None:
-    """DataError unless ``data`` has the SHA256 of PTB file ``name``."""
     got = cache_lib.sha256_bytes(data)
     if got != PTB_SHA256[name]:
         raise DataError(
@@ -61,7 +52,7 @@ def _verify(name: str, data: bytes, where: str) -> None:
 
 
 def _read_verified(folder: pathlib.Path, names: Sequence[str]) -> dict[str, bytes]:
-    """Read each file once and check its SHA256 on the very bytes that will be used."""
+    """Read each file once and check the SHA256 of the very bytes used."""
     out = {}
     for name in names:
         path = folder / name
@@ -77,7 +68,6 @@ def _read_verified(folder: pathlib.Path, names: Sequence[str]) -> dict[str, byte
 def _offline_error(
     names: Sequence[str], cache: pathlib.Path, reason: str, explicit: pathlib.Path | None
 ) -> DataError:
-    """The error that says what to download and where to put it."""
     extra = f"; {explicit} does not hold them all" if explicit is not None else ""
     return DataError(
         f"PTB files not found and not downloaded ({reason}): download {PTB_URL}, take "
@@ -87,7 +77,6 @@ def _offline_error(
 
 
 def _extract_ptb(archive: pathlib.Path, names: Sequence[str]) -> dict[str, bytes]:
-    """Read (never extract to disk) the wanted members and verify every one of them."""
     wanted = set(names)
     found: dict[str, bytes] = {}
     try:
@@ -118,7 +107,6 @@ def _extract_ptb(archive: pathlib.Path, names: Sequence[str]) -> dict[str, bytes
 def _download_ptb(
     cache: pathlib.Path, explicit: pathlib.Path | None, needed: Sequence[str]
 ) -> None:
-    """Download simple-examples.tgz, verify all PTB files, write them atomically into ``cache``."""
     names = tuple(PTB_SHA256)
 
     def offline(e: Exception):
@@ -126,7 +114,7 @@ def _download_ptb(
 
     folder = "PTB cache folder"
     with cache_lib.download(PTB_URL, cache, "simple-examples", ".tgz.part", offline, folder) as tmp:
-        files = _extract_ptb(tmp, names)  # every file verified before anything is written
+        files = _extract_ptb(tmp, names)
     for name in names:
         try:
             cache_lib.atomic_write(cache / name, files[name])
@@ -143,7 +131,7 @@ def _locate_ptb(
         raise DataError(f"unknown PTB file(s) {unknown}: expected some of {list(PTB_SHA256)}")
     explicit = pathlib.Path(dir).expanduser() if dir not in (None, "") else None
     cache = ptb_cache_dir()
-    if explicit is not None:  # an explicit folder is used or refused, never silently replaced
+    if explicit is not None:
         if not explicit.is_dir():
             raise DataError(
                 f"data dir {explicit} is not a folder (set it to the folder holding "
@@ -167,12 +155,8 @@ def _locate_ptb(
 def resolve_ptb_dir(
     dir: str | os.PathLike | None, download: bool = True, files: Sequence[str] | None = None
 ) -> pathlib.Path:
-    """Folder holding verified PTB files (``files``: default all six of ``PTB_SHA256``).
-
-    Order: ``dir`` if it holds all the files (verified; a mismatch is an error), else the cache
-    ``ptb_cache_dir()`` (verified), else download ``PTB_URL`` into the cache when ``download``,
-    else ``DataError`` naming the URL, the files and the folder to put them in.
-    """
+    """Folder of verified PTB files: ``dir``, else the cache, else a download into the
+    cache when ``download``, else a DataError naming what to put where."""
     folder, _ = _locate_ptb(dir, download, files if files is not None else tuple(PTB_SHA256))
     return folder
 
@@ -199,7 +183,6 @@ def load_ptb(
     download: bool = True,
     unk: bool = False,
 ) -> Corpus:
-    """PTB as ``chars`` (raw characters of ptb.*.txt) or ``mikolov_char`` (ptb.char.*.txt)."""
     if format not in PTB_FILES:
         raise DataError(f"PTB format must be one of {tuple(PTB_FILES)}, got {format!r}")
     names = PTB_FILES[format]

@@ -1,10 +1,6 @@
-"""Training samplers: batches of ``[batch_size, seq_len]`` inputs and next-symbol targets.
-
-``WindowSampler`` (the paper's: random windows of ``seq_len + 1`` symbols) and
-``StreamSampler`` (contiguous truncated-BPTT streams with the state carried across batches).
-Both are deterministic functions of ``(seed, step)`` and resumable through ``state()`` /
-``restore()``. ``SAMPLERS`` are the names of the data config's ``sampler`` field.
-"""
+"""Training samplers of ``[batch_size, seq_len]`` inputs and targets: ``WindowSampler`` (the
+paper's random windows) and ``StreamSampler`` (truncated-BPTT streams, state carried); both are
+functions of ``(seed, step)``, resumable by ``state()`` / ``restore()``."""
 
 from __future__ import annotations
 
@@ -15,17 +11,15 @@ import numpy as np
 
 from rhhjax.data.errors import DataError, check_int, check_tokens
 
-SAMPLERS = ("windows", "stream")  # data.sampler: WindowSampler | StreamSampler
+SAMPLERS = ("windows", "stream")
 
 
 class TrainBatch(NamedTuple):
-    """One training batch: ``[batch, time]`` inputs and their next-symbol targets."""
-
     inputs: np.ndarray  # int32 [B, T]
-    targets: np.ndarray  # int32 [B, T]: inputs shifted by one
+    targets: np.ndarray
     reset: bool  # True -> zero the recurrent state before this batch
-    step: int  # index of this batch since the start of training
-    epoch: int  # step // batches_per_epoch
+    step: int
+    epoch: int
 
 
 def _rng(seed: int, index: int) -> np.random.Generator:
@@ -50,7 +44,6 @@ class _Sampler:
 
     @property
     def epoch(self) -> int:
-        """Epoch of the next batch."""
         return self.step // self.batches_per_epoch
 
     def __iter__(self) -> Iterator[TrainBatch]:
@@ -65,7 +58,7 @@ class _Sampler:
         return {}
 
     def state(self) -> dict:
-        """JSON-able state; ``restore`` of it continues exactly where this sampler is."""
+        """JSON-able state; ``restore`` of it continues exactly here."""
         return {
             "sampler": self._kind,
             "seed": self.seed,
@@ -77,7 +70,6 @@ class _Sampler:
         }
 
     def restore(self, state: Mapping[str, Any]) -> None:
-        """Continue from ``state()`` of a sampler over the same tokens and shapes."""
         mine = self.state()
         for key in mine:
             if key not in state:
@@ -120,11 +112,8 @@ class WindowSampler(_Sampler):
 
 
 class StreamSampler(_Sampler):
-    """Contiguous truncated-BPTT stream (Zilly et al.): ``batch_size`` contiguous rows, batch
-    ``c + 1`` continuing batch ``c`` row by row (``reset`` on an epoch's first); with
-    ``random_offset`` each epoch starts the rows at an offset in ``[0, seq_len)`` from
-    ``(seed, epoch)``. The tail that does not fill a batch is not used in that epoch.
-    """
+    """Contiguous truncated-BPTT streams (Zilly et al.): batch ``c + 1`` continues batch
+    ``c`` row by row; ``random_offset`` shifts each epoch's start by ``(seed, epoch)``."""
 
     _kind = "stream"
 
@@ -159,7 +148,6 @@ class StreamSampler(_Sampler):
         return {"random_offset": self.random_offset}
 
     def epoch_offset(self, epoch: int) -> int:
-        """Start of row 0 in ``epoch``."""
         if not self.random_offset:
             return 0
         return int(_rng(self.seed, check_int("epoch", epoch, 0)).integers(0, self.max_offset + 1))

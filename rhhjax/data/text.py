@@ -1,12 +1,5 @@
-"""Text-file corpora: the user's own UTF-8 / byte files, and the known corpora enwik8 / text8.
-
-``load_text_corpus`` splits one file the Hutter way (the last N symbols test, the N before
-valid; N = ``holdout``, 0 = ``auto_holdout``: 5% each, at least 1,000 or a quarter of a small
-file) or reads three files, with a ``char`` or ``byte`` vocabulary from the training split.
-``ensure_corpus(name)`` returns enwik8's or text8's unzipped file in the cache
-(``$RHHJAX_CACHE/<name>/<name>``), downloading and checking the zip against ``CORPORA``'s
-SHA256 (the widely published hashes) when it is missing. Details: docs/operations.md#data.
-"""
+"""Text-file corpora: the user's own UTF-8 / byte files (``load_text_corpus``) and enwik8 / text8
+(``ensure_corpus``: from the cache, or downloaded and SHA256-checked); docs/operations.md#data."""
 
 from __future__ import annotations
 
@@ -28,33 +21,27 @@ from rhhjax.data.vocab import TEXT_VOCABS, codepoints, decode_utf8
 
 TEXT_SPLITS = ("files", "hutter")
 HUTTER_HOLDOUT = 5_000_000  # the Hutter Prize convention: 90M / 5M / 5M of enwik8 and text8
-DEFAULT_HUTTER_HOLDOUT = 0  # data.hutter_holdout's default: sized to the file (auto_holdout)
-AUTO_HOLDOUT_FRACTION = 0.05  # auto: valid and test each hold 5% of the file ...
-AUTO_HOLDOUT_FLOOR = 1_000  # ... and at least this many symbols (a quarter of a smaller file)
-
-
-# --------------------------------------------------------------------------------------------
-# The user's own text files
-# --------------------------------------------------------------------------------------------
+DEFAULT_HUTTER_HOLDOUT = 0
+AUTO_HOLDOUT_FRACTION = (
+    0.05  # auto: valid and test each hold 5% of the file, at least AUTO_HOLDOUT_FLOOR symbols
+)
+AUTO_HOLDOUT_FLOOR = 1_000
 
 
 def check_text_split(split: Any) -> str:
-    """``split`` if it is one of ``TEXT_SPLITS``, else DataError."""
     if split not in TEXT_SPLITS:
         raise DataError(f"text_split must be one of {TEXT_SPLITS}, got {split!r}")
     return split
 
 
 def check_text_vocab(vocab: Any) -> str:
-    """``vocab`` if it is one of ``TEXT_VOCABS``, else DataError."""
     if vocab not in TEXT_VOCABS:
         raise DataError(f"text_vocab must be one of {TEXT_VOCABS}, got {vocab!r}")
     return vocab
 
 
 def check_holdout(holdout: Any) -> int:
-    """``holdout`` as an int if it is an integer >= 0 (not a bool; 0 = automatic), else
-    DataError."""
+    """``holdout`` as an int >= 0 (0 = automatic), else DataError."""
     if isinstance(holdout, bool) or not isinstance(holdout, (int, np.integer)) or holdout < 0:
         raise DataError(
             f"hutter_holdout must be an integer >= 0 (0: sized to the file), got {holdout!r}"
@@ -63,14 +50,12 @@ def check_holdout(holdout: Any) -> int:
 
 
 def auto_holdout(n_symbols: int) -> int:
-    """The symbols of valid and of test each when ``hutter_holdout`` is 0, for a file of
-    ``n_symbols``: 5% of it, at least 1,000 (at least a quarter of a file under 4,000)."""
+    """Symbols of valid and of test each for a file of ``n_symbols``: 5%, at least 1,000."""
     floor = min(AUTO_HOLDOUT_FLOOR, n_symbols // 4)
     return max(round(AUTO_HOLDOUT_FRACTION * n_symbols), floor)
 
 
 def split_paths(files: str | os.PathLike | Sequence[str | os.PathLike]) -> list[pathlib.Path]:
-    """The paths of ``files``: one comma-separated string or a sequence; empty items dropped."""
     if isinstance(files, (str, os.PathLike)):
         items = [p.strip() for p in os.fspath(files).split(",")]
     else:
@@ -79,7 +64,6 @@ def split_paths(files: str | os.PathLike | Sequence[str | os.PathLike]) -> list[
 
 
 def _read_codes(path: pathlib.Path, vocab: str) -> np.ndarray:
-    """Symbol codes ``[n_symbols]`` of a file: byte values, or code points of its UTF-8 text."""
     try:
         data = path.read_bytes()
     except OSError as e:
@@ -98,15 +82,8 @@ def load_text_corpus(
     unk: bool = False,
     holdout: int = DEFAULT_HUTTER_HOLDOUT,
 ) -> Corpus:
-    """The user's own text: one file (``split="hutter"``) or train,valid,test (``"files"``).
-
-    ``vocab="char"``: UTF-8 decoded, one symbol per code point; ``"byte"``: one per byte.
-    The vocabulary holds every symbol of the three splits; with ``unk`` only the training
-    split's, the others mapped to the reserved unknown id. Hutter split (RHN paper,
-    enwik8/text8): the last ``holdout`` symbols are test, the ``holdout`` before them valid,
-    everything before train; ``holdout=0``: ``auto_holdout`` of the file's length; a file of
-    at most ``2 * holdout`` symbols is an error.
-    """
+    """The user's own text: one file (``split="hutter"``: the last ``holdout`` symbols test,
+    the ``holdout`` before valid) or train,valid,test (``"files"``); ``unk``: train's symbols."""
     check_text_split(split)
     check_text_vocab(vocab)
     paths = split_paths(files)
@@ -143,26 +120,18 @@ def load_text_corpus(
         if len(parts[s]) < 2:
             raise DataError(f"text corpus: the {s} split has fewer than 2 {unit}s")
     source = ",".join(str(p) for p in paths)
-    # without unk every symbol of the text gets an id (a small file's valid / test often hold
-    # a character its train part lacks); with unk, train's symbols only, the others -> <unk>
+    # without unk every symbol gets an id; with unk, train's only, the others -> <unk>
     vocab_splits = ("train",) if unk else SPLITS
     name = f"text_{vocab}:{paths[0].name}"
     return corpus_from_codes(name, vocab, parts, unk, source=source, vocab_splits=vocab_splits)
 
 
-# --------------------------------------------------------------------------------------------
-# Known corpora: enwik8 / text8 in the cache, downloaded when missing
-# --------------------------------------------------------------------------------------------
-
-
 @dataclasses.dataclass(frozen=True)
 class CorpusSource:
-    """Where a corpus comes from and what it must look like."""
-
-    url: str  # the zip archive
-    sha256: str  # SHA256 of the zip archive
-    member: str  # the file inside the zip (and its name in the cache)
-    size: int  # bytes of the unzipped member
+    url: str
+    sha256: str
+    member: str
+    size: int
 
 
 CORPORA: dict[str, CorpusSource] = {
@@ -182,14 +151,12 @@ CORPORA: dict[str, CorpusSource] = {
 
 
 def corpus_path(name: str, cache: str | os.PathLike | None = None) -> pathlib.Path:
-    """Where the unzipped corpus ``name`` lives in the cache."""
     source = _source(name)
     folder = pathlib.Path(cache).expanduser() if cache else cache_lib.cache_root() / name
     return folder / source.member
 
 
 def _source(name: str) -> CorpusSource:
-    """The ``CORPORA`` entry ``name``, else DataError."""
     if name not in CORPORA:
         raise DataError(f"unknown corpus {name!r}: expected one of {', '.join(CORPORA)}")
     return CORPORA[name]
@@ -203,18 +170,8 @@ def ensure_corpus(
     sha256: str = "",
     cache: str | os.PathLike | None = None,
 ) -> pathlib.Path:
-    """Path of the unzipped corpus ``name`` ("enwik8" | "text8"), downloading it if needed.
-
-    Args:
-      name: a key of ``CORPORA``.
-      download: fetch the zip when the file is not in the cache (else: error).
-      url: another address for the zip (a mirror); "" = the official one.
-      sha256: expected SHA256 of the zip instead of the embedded one (for a mirror that
-        serves a different archive of the same file).
-      cache: folder for the file; None = ``$RHHJAX_CACHE/<name>``.
-    Raises:
-      DataError (one line): offline / download disabled, hash mismatch, bad archive.
-    """
+    """Path of the unzipped corpus ``name`` ("enwik8" | "text8"), downloaded when missing
+    and allowed (``url`` / ``sha256``: a mirror); DataError (one line) otherwise."""
     source = _source(name)
     path = corpus_path(name, cache)
     url = url or source.url
@@ -254,7 +211,6 @@ def ensure_corpus(
 
 
 def _extract(archive: pathlib.Path, source: CorpusSource, path: pathlib.Path, url: str) -> None:
-    """Unzip ``source.member`` of ``archive`` to ``path`` atomically, checking its size."""
     fd, tmp = tempfile.mkstemp(prefix=f".{source.member}.", suffix=".part", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as out:

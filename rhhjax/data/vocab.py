@@ -1,9 +1,5 @@
-"""Vocabularies: the sorted symbol table of a training split, encode / decode, JSON form.
-
-``Vocab`` maps characters (``kind="char"``, Unicode code points) or byte values
-(``kind="byte"``) to ids; ``unk=True`` reserves one extra id (the last) for symbols outside the
-table. ``codepoints`` and ``decode_utf8`` turn file contents into the codes a vocabulary reads.
-"""
+"""Vocabularies: the sorted symbol table of a training split (characters or byte values,
+``unk=True`` reserving the last id), encode / decode and JSON form."""
 
 from __future__ import annotations
 
@@ -15,9 +11,9 @@ import numpy as np
 
 from rhhjax.data.errors import DataError
 
-TEXT_VOCABS = ("char", "byte")  # the kinds of vocabulary
-UNK_TEXT = "\ufffd"  # how Vocab.decode renders the reserved unknown id
-_CHUNK = 1 << 24  # symbols per vectorised step when counting / encoding long texts
+TEXT_VOCABS = ("char", "byte")
+UNK_TEXT = "\ufffd"
+_CHUNK = 1 << 24
 
 
 def codepoints(text: str) -> np.ndarray:
@@ -37,7 +33,6 @@ def decode_utf8(data: bytes, where: str) -> str:
 
 
 def _check_codes(codes: Any) -> np.ndarray:
-    """1-D array of non-negative integer codes (code points or byte values)."""
     codes = np.asarray(codes).reshape(-1)
     if codes.size and not np.issubdtype(codes.dtype, np.integer):
         raise DataError(f"symbol codes must be integers, got {codes.dtype}")
@@ -47,7 +42,6 @@ def _check_codes(codes: Any) -> np.ndarray:
 
 
 def _symbol_repr(kind: str, code: int) -> str:
-    """How an error message names symbol ``code`` of a vocabulary of ``kind``."""
     if kind == "byte":
         return f"byte 0x{code:02x}"
     return f"{chr(code)!r} (U+{code:04X})"
@@ -88,16 +82,13 @@ class Vocab:
         object.__setattr__(self, "_codes", codes)
         object.__setattr__(self, "_table", table)
 
-    # -- construction ------------------------------------------------------------------------
-
     @classmethod
     def from_codes(cls, codes: np.ndarray, kind: str, unk: bool = False) -> Vocab:
-        """Vocabulary of the distinct code points / byte values in ``codes``."""
         codes = _check_codes(codes)
         if codes.size == 0:
             raise DataError("cannot build a vocabulary: the training split is empty")
         counts = np.zeros(1, dtype=np.int64)
-        for start in range(0, codes.size, _CHUNK):  # chunks bound the temporaries (enwik8)
+        for start in range(0, codes.size, _CHUNK):
             part = np.bincount(codes[start : start + _CHUNK])
             if len(part) > len(counts):
                 part[: len(counts)] += counts
@@ -113,16 +104,12 @@ class Vocab:
 
     @classmethod
     def from_data(cls, data: str | bytes, unk: bool = False) -> Vocab:
-        """``char`` vocabulary of a string, or ``byte`` vocabulary of bytes."""
         if isinstance(data, str):
             return cls.from_codes(codepoints(data), "char", unk)
         return cls.from_codes(np.frombuffer(bytes(data), dtype=np.uint8), "byte", unk)
 
-    # -- properties --------------------------------------------------------------------------
-
     @property
     def size(self) -> int:
-        """Number of ids (symbols + the reserved unknown id when ``unk``)."""
         return len(self.symbols) + int(self.unk)
 
     def __len__(self) -> int:
@@ -130,26 +117,23 @@ class Vocab:
 
     @property
     def unk_id(self) -> int | None:
-        """The reserved unknown id (the last), or None without ``unk``."""
         return len(self.symbols) if self.unk else None
 
     @property
     def dtype(self) -> np.dtype:
-        """Storage dtype of encoded tokens: uint8, or uint16 / uint32 for larger vocabularies."""
+        """Storage dtype of encoded tokens: uint8, uint16 or uint32."""
         if self.size <= 256:
             return np.dtype(np.uint8)
         if self.size <= 65536:
             return np.dtype(np.uint16)
         return np.dtype(np.uint32)
 
-    # -- encode / decode ---------------------------------------------------------------------
-
     def encode_codes(self, codes: np.ndarray, *, split: str = "data") -> np.ndarray:
         """Map code points or byte values to ids (unknown: ``unk_id`` or a DataError)."""
         codes = _check_codes(codes)
         out = np.empty(codes.shape, dtype=self.dtype)
         table = self._table
-        for start in range(0, codes.size, _CHUNK):  # chunks bound the temporaries (enwik8)
+        for start in range(0, codes.size, _CHUNK):
             part = codes[start : start + _CHUNK]
             inside = part < len(table)
             ids = np.where(inside, table[np.where(inside, part, 0)], -1)
@@ -172,7 +156,6 @@ class Vocab:
         )
 
     def encode(self, data: str | bytes, *, split: str = "data") -> np.ndarray:
-        """Encode a string (``char`` vocab) or bytes (``byte`` vocab)."""
         if self.kind == "char":
             if not isinstance(data, str):
                 raise DataError("a char vocabulary encodes str, not bytes")
@@ -197,15 +180,11 @@ class Vocab:
         parts = [bytes([int(c)]) if k else unk_bytes for c, k in zip(codes, known, strict=True)]
         return b"".join(parts)
 
-    # -- serialisation -----------------------------------------------------------------------
-
     def to_dict(self) -> dict:
-        """JSON-able description (store it with every checkpoint)."""
         return {"version": 1, "kind": self.kind, "symbols": list(self.symbols), "unk": self.unk}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Vocab:
-        """Inverse of ``to_dict``."""
         if not isinstance(d, Mapping) or "kind" not in d or "symbols" not in d:
             raise DataError("vocab dict must have 'kind' and 'symbols' (from Vocab.to_dict)")
         if d.get("version", 1) != 1:

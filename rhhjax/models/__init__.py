@@ -1,15 +1,7 @@
-"""Flax (linen) models: Embedding(V, E) -> recurrent core -> Dense(V) (Suarez 2017).
-
-Every implementation (`scan`, `fused`, `pallas`, `mosaic`, `persistent`, or `auto`; the
-registry is `rhhjax.ops.spec`) reads the same parameter tree.
-
-    config.py        `ModelConfig`, its allowed values, `ConfigError`, `sequence_spec`.
-    initializers.py  parameter initialisers (orthogonal / PyTorch-uniform, per layer).
-    cells.py         `RHNCell`, `HyperRHNCell`, `LSTMCell`, `Linear`; gate recording.
-    cores.py         `RHNCore`, `HyperRHNCore`, `LSTMCore`: scan or op; `DropoutKeys`.
-    lm.py            `CharLM`, `build_model`, `init_params`, `count_params`.
-Every public name is re-exported here.
-"""
+"""Flax models (Suarez 2017): Embedding -> core -> Dense; every implementation (`scan`, `fused`,
+`pallas`, `mosaic`, `persistent`, `auto`: `rhhjax.ops.spec`) reads the same parameters.
+config.py (`ModelConfig`), initializers.py, cells.py (the cells), cores.py (a cell over a
+sequence), lm.py (`CharLM`, `build_model`); every public name is re-exported here."""
 
 from rhhjax.models.cells import (
     GATES_COLLECTION,

@@ -1,10 +1,6 @@
-"""Flax cells: `RHNCell`, `HyperRHNCell`, `LSTMCell` and the output layer `Linear`.
-
-The step math is in `rhhjax.ops.cells` (rank-d: `rhhjax.ops.lowrank`); the cells hold the
-parameters, whose names are the checkpoint format. Every `RHNCell.step` sows its transform
-gates (before dropout) into ``GATES_COLLECTION`` under ``GATES_NAME``: free unless the
-collection is mutable, and only under `scan` (the whole-sequence ops record none).
-"""
+"""Flax cells `RHNCell`, `HyperRHNCell`, `LSTMCell` and the output `Linear`: the parameters
+(their names are the checkpoint format); the step math is in `rhhjax.ops.cells`. `RHNCell.step`
+sows its gates into ``GATES_COLLECTION`` (only under `scan`)."""
 
 from __future__ import annotations
 
@@ -23,12 +19,7 @@ GATES_NAME = "transform_gates"
 
 
 class RHNCell(nn.RNNCellBase):
-    """Recurrent Highway Network cell with coupled gates and recurrence depth L.
-
-    Parameters: kernel_x [E, 2n], bias_x [2n], kernel_s [L, n, 2n], bias_s [L, 2n].
-    `__call__(carry [B, n], x [B, E])` follows `nn.RNNCellBase`; language models use
-    `input_projection` + `step`, which hoist x U out of the time loop.
-    """
+    """RHN cell, coupled gates, depth L: kernel_x [E, 2n], bias_x, kernel_s [L, n, 2n], bias_s."""
 
     features: int
     input_features: int
@@ -49,7 +40,6 @@ class RHNCell(nn.RNNCellBase):
         self.bias_s = self.param("bias_s", rhn_bias_init(n, n, self.t_bias_init), (depth, 2 * n))
 
     def weights(self) -> cells.HighwayWeights:
-        """The parameter arrays as a `HighwayWeights` tuple."""
         return cells.HighwayWeights(self.kernel_x, self.bias_x, self.kernel_s, self.bias_s)
 
     def input_projection(self, x: Array) -> Array:
@@ -65,11 +55,9 @@ class RHNCell(nn.RNNCellBase):
         return s, layer_states
 
     def record_gates(self, gates: Array) -> None:
-        """Sows this step's transform gates [L, B, n] (a no-op unless collected)."""
         self.sow(GATES_COLLECTION, GATES_NAME, gates)
 
     def __call__(self, carry: Array, x: Array) -> tuple[Array, Array]:
-        """carry [B, n], x [B, E] -> (carry, output), both [B, n]."""
         masks = None
         if not self.deterministic and self.keep < 1.0:
             shape = (self.depth, *carry.shape)
@@ -79,7 +67,6 @@ class RHNCell(nn.RNNCellBase):
 
     @nn.nowrap
     def initialize_carry(self, rng, input_shape) -> Array:
-        """Zero state [*batch, n] for inputs of `input_shape` [*batch, E]."""
         del rng
         carry_dtype = cells.accumulation_dtype(DTYPES[self.dtype])
         return jnp.zeros((*input_shape[:-1], self.features), carry_dtype)
@@ -90,13 +77,8 @@ class RHNCell(nn.RNNCellBase):
 
 
 class HyperRHNCell(nn.Module):
-    """Recurrent Highway Hypernetwork cell (Suarez 2017).
-
-    A small RHN (`hyper`, width h) reads the input; after its layer l, z_l = s_hyper,l P_l
-    + p_l scales the output columns of the main cell's layer-l matmuls ([z_l, z_l]).
-    Parameters: hyper/*, main/*, proj_kernel [L, h, n], proj_bias [L, n]; with
-    `hyper_rank = d > 0` the rank-d projections of `rhhjax.ops.lowrank` instead.
-    """
+    """Recurrent Highway Hypernetwork cell (Suarez 2017): a small RHN (width h) reads the
+    input; z_l = s_hyper,l P_l + p_l scales the columns of the main cell's layer-l matmuls."""
 
     features: int
     hyper_features: int
@@ -128,13 +110,12 @@ class HyperRHNCell(nn.Module):
         self.proj_bias = self.param("proj_bias", uniform_init(h), (depth, n))
 
     def input_projections(self, x: Array) -> tuple[Array, Array]:
-        """x [..., E] -> (hyper xproj [..., 2h], main xproj [..., 2n]), no biases (the state
-        part of an ``x_and_state`` hyper input is added in the loop)."""
+        """x [..., E] -> (hyper xproj [..., 2h], main xproj [..., 2n]), no biases."""
         e = self.input_features
         hyper_xproj = cells.matmul(x, self.hyper.kernel_x[:e], DTYPES[self.dtype])
         if self.hyper_rank > 0:  # x U~ depends on the step's u^x: the main cell gets x.
             return hyper_xproj, x
-        # Two GEMMs: merged, XLA would copy the main part out of one [.., 2h + 2n] output.
+        # two GEMMs: merged, XLA would copy the main part out
         return hyper_xproj, self.main.input_projection(jax.lax.optimization_barrier(x))
 
     def scales(self, hyper_layer_states: Array) -> Array:
@@ -144,8 +125,8 @@ class HyperRHNCell(nn.Module):
         )
 
     def step(self, carry, xprojs, masks, bias0_scales=(None, None)):
-        """One time step, hyper layers then main layers: carry (s_hyper [B, h], s_main
-        [B, n]), xprojs ([B, 2h], [B, 2n]), masks [L, B, *] by name -> (carry, s_main)."""
+        """One step: carry (s_hyper [B, h], s_main [B, n]), xprojs ([B, 2h], [B, 2n]),
+        masks [L, B, *] -> (carry, s_main)."""
         s_hyper, s_main = carry
         hyper_xproj, main_xproj = xprojs
         if self.hyper_input == "x_and_state":
@@ -190,7 +171,6 @@ class LSTMCell(nn.Module):
         self.bias = self.param("bias", uniform_init(hdim), (4 * hdim,))
 
     def input_projection(self, x: Array) -> Array:
-        """[..., E] -> [..., 4H] including the bias."""
         return cells.matmul(x, self.kernel_x, DTYPES[self.dtype]) + self.bias
 
     def step(self, carry, xproj):
@@ -217,5 +197,4 @@ class Linear(nn.Module):
         self.bias = self.param("bias", uniform_init(self.in_features), (self.out_features,))
 
     def __call__(self, x: Array) -> Array:
-        """[..., in] -> [..., out] float32."""
         return cells.matmul(x, self.kernel, DTYPES[self.dtype]) + self.bias

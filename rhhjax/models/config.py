@@ -8,14 +8,13 @@ from typing import Any
 import jax.numpy as jnp
 
 from rhhjax.errors import UserError
-from rhhjax.ops import cells, lowrank, pallas, spec
+from rhhjax.ops import cells, lowrank, pallas, persistent, spec
 
 MODEL_TYPES = ("hyperrhn", "rhn", "lstm")
 DROPOUT_MODES = ("gate", "variational", "none")
 INITS = ("orthogonal", "uniform")
 HYPER_INPUTS = ("x", "x_and_state")
 IMPLS = spec.CHOICES  # "auto" and every implementation (decided by `sequence_spec`)
-# float64 exists for gradient checks (needs jax_enable_x64); carry and accumulation follow it.
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float64": jnp.float64}
 
 
@@ -25,79 +24,39 @@ class ConfigError(UserError):
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-    """Hashable model configuration (built from the `model` block of a config file).
+    """Hashable model configuration (the ``model`` block); the defaults are the paper's
+    HyperRHN (Suarez 2017) and the only copy of them. ``impl``, ``pallas_mode`` and
+    ``original_first_step``: docs/design.md."""
 
-    The defaults are the paper's HyperRHN (Suarez 2017) and the one place for the ``model``
-    block's defaults (``rhhjax.train.config.default_config`` copies them into every config).
-
-    Attributes:
-      type: hyperrhn | rhn | lstm.
-      vocab_size: output symbols; overwritten from the data's vocabulary at training time.
-      embed_dim: character embedding width (paper: 27).
-      hidden: main cell width n (LSTM: units per layer).
-      hyper_hidden: hypernetwork width h (hyperrhn only).
-      depth: recurrence depth L, micro-layers per time step (rhn, hyperrhn).
-      lstm_layers: stacked layers (lstm only).
-      dropout: gate (paper) | variational (Zilly / Gal) | none.
-      keep: keep probability of gate dropout (lstm: between layers).
-      keep_input: variational: keep probability on the cell input.
-      keep_hidden: variational: keep probability on the state fed to W_l.
-      keep_output: variational: keep probability on the output before the softmax.
-      t_bias_init: added to the transform-gate bias at init (Zilly: -2 / -4).
-      init: orthogonal (the paper code's) | uniform (PyTorch's default Linear).
-      hyper_input: x (paper) | x_and_state (Ha's HyperLSTM: also the main state).
-      impl: how the recurrence runs (``IMPLS``): auto (the fastest measured one for the
-        platform, `rhhjax.ops.spec`), scan (the reference ``nn.scan``), fused (custom VJP),
-        pallas (Pallas Triton kernels), mosaic (Mosaic GPU kernels, Hopper only) or
-        persistent (one persistent Mosaic GPU kernel per direction, Hopper only); it
-        changes speed, not what is computed.
-      pallas_mode: the kernels of pallas, mosaic and persistent: auto (compiled on a GPU;
-        pallas interpreted elsewhere) | compiled (lowered for a GPU, e.g. to compile a GPU
-        step on a CPU host; the trainer refuses it off a GPU) | interpret (pallas: Pallas
-        interpret mode; mosaic, persistent: GPU interpret mode, jax >= 0.11.2, slow).
-      kernel: block sizes of the Pallas kernels (``kernels/config.py`` ``HighwayConfig``,
-        whose defaults compile without spills for an H100).
-      dtype: matmul input dtype, float32 | bfloat16 (the carry stays float32).
-      hyper_rank: 0 = the paper's column scaling; d > 0: rank-d ``W o sum u_i v_i^T``
-        (paper section 4).
-      lowrank_op: hyper_rank > 0 with scan: custom_vjp | factored | materialized.
-      lowrank_remat: hyper_rank > 0 with scan: recompute u, v, X_u W in the backward.
-      original_first_step: rhn, hyperrhn: True reproduces the paper's code exactly (on a
-        sequence's first step a row whose state is exactly zero skips layer 0's recurrent
-        bias b_0); False: b_0 applies at every step (a documented deviation: at init the
-        paper model's logits differ by <= 3.1e-4 at t = 0).
-    """
-
-    type: str = "hyperrhn"
-    vocab_size: int = 50
-    embed_dim: int = 27
-    hidden: int = 1000
-    hyper_hidden: int = 128
-    depth: int = 7
-    lstm_layers: int = 2
-    dropout: str = "gate"
-    keep: float = 0.65
-    keep_input: float = 1.0
-    keep_hidden: float = 1.0
-    keep_output: float = 1.0
-    t_bias_init: float = 0.0
-    init: str = "orthogonal"
-    hyper_input: str = "x"
-    impl: str = "auto"
-    pallas_mode: str = "auto"
-    kernel: pallas.HighwayConfig = pallas.HighwayConfig()
-    dtype: str = "float32"
-    hyper_rank: int = 0
-    lowrank_op: str = "custom_vjp"
-    lowrank_remat: bool = True
-    original_first_step: bool = False
+    type: str = "hyperrhn"  # hyperrhn | rhn | lstm
+    vocab_size: int = 50  # output symbols; overwritten from the data at training time
+    embed_dim: int = 27  # character embedding width (paper: 27)
+    hidden: int = 1000  # main cell width n (LSTM: units per layer)
+    hyper_hidden: int = 128  # hypernetwork width h (hyperrhn)
+    depth: int = 7  # recurrence depth L: micro-layers per time step (rhn, hyperrhn)
+    lstm_layers: int = 2  # stacked layers (lstm)
+    dropout: str = "gate"  # gate (paper) | variational (Zilly / Gal) | none
+    keep: float = 0.65  # keep probability of gate dropout (lstm: between layers)
+    keep_input: float = 1.0  # variational: keep probability on the cell input
+    keep_hidden: float = 1.0  # variational: keep probability on the state fed to W_l
+    keep_output: float = 1.0  # variational: keep probability before the softmax
+    t_bias_init: float = 0.0  # added to the transform-gate bias at init (Zilly: -2 / -4)
+    init: str = "orthogonal"  # orthogonal (the paper code's) | uniform (PyTorch's Linear)
+    hyper_input: str = "x"  # x (paper) | x_and_state (HyperLSTM: also the main state)
+    impl: str = "auto"  # how the recurrence runs (IMPLS); changes speed, not results
+    pallas_mode: str = "auto"  # auto | compiled (lowered for a GPU) | interpret
+    persistent_variant: str = persistent.DEFAULT_TEXT  # impl=persistent: PersistentVariant text
+    kernel: pallas.HighwayConfig = pallas.HighwayConfig()  # block sizes of the Pallas kernels
+    dtype: str = "float32"  # matmul inputs: float32 | bfloat16 (the carry stays float32)
+    hyper_rank: int = 0  # 0: the paper's column scaling; d > 0: rank-d W o sum u_i v_i^T
+    lowrank_op: str = "custom_vjp"  # hyper_rank > 0 with scan: custom_vjp | factored | materialized
+    lowrank_remat: bool = True  # hyper_rank > 0 with scan: recompute u, v, X_u W in the backward
+    original_first_step: bool = False  # True: the paper code's skipped b_0 on the first step
 
     @classmethod
     def from_config(cls, cfg: Any, **overrides: Any) -> ModelConfig:
-        """Builds from a ConfigDict / mapping, ignoring unknown keys, then validates.
-
-        The nested `kernel` block becomes a `pallas.HighwayConfig`.
-        """
+        """Builds from a ConfigDict / mapping (unknown keys ignored, ``kernel`` ->
+        ``HighwayConfig``), then validates."""
         items = dict(cfg.items()) if hasattr(cfg, "items") else dict(cfg)
         names = {f.name for f in dataclasses.fields(cls)}
         kwargs = {k: v for k, v in items.items() if k in names}
@@ -115,6 +74,7 @@ class ModelConfig:
         _check_numbers(self)
         _check_rank(self)
         _check_combinations(self)
+        _check_variant(self)
         try:
             pallas.validate_config(self.kernel, self.compute_dtype)
         except ValueError as error:
@@ -129,12 +89,10 @@ class ModelConfig:
 
     @property
     def carry_dtype(self) -> jnp.dtype:
-        """float32 whatever the compute dtype (float64 in float64 mode)."""
         return cells.accumulation_dtype(self.compute_dtype)
 
 
 def _kernel_config(kernel: Any) -> pallas.HighwayConfig:
-    """A mapping (or ConfigDict) of kernel fields -> `pallas.HighwayConfig`."""
     kernel = dict(kernel.items()) if hasattr(kernel, "items") else dict(kernel)
     known = {f.name for f in dataclasses.fields(pallas.HighwayConfig)}
     unknown = sorted(set(kernel) - known)
@@ -172,7 +130,6 @@ def _check_numbers(c: ModelConfig) -> None:
 
 
 def _model_facts(c: ModelConfig) -> spec.ModelFacts:
-    """The plain values an implementation's support depends on."""
     return spec.ModelFacts(c.type, c.hyper_input, c.dropout, c.hyper_rank)
 
 
@@ -187,11 +144,8 @@ def _check_combinations(c: ModelConfig) -> None:
 def sequence_spec(
     c: ModelConfig, platform: str | None = None, execute: bool = False
 ) -> spec.SequenceSpec:
-    """The recurrence's implementation for a validated `ModelConfig`: the ONE resolution
-    (`rhhjax.ops.spec.resolve`), done once when the model is built. `platform` defaults to
-    `jax.default_backend()` (read only for impl "auto" or pallas_mode "auto", and with
-    `execute`). `execute`: the model is to run here, not only be lowered for a GPU
-    (`spec.check_executable`: the trainer's check before it writes anything)."""
+    """The recurrence's implementation for a validated ``ModelConfig``, resolved once
+    (``rhhjax.ops.spec.resolve``); ``execute``: it will run here, not only be lowered."""
     resolved = spec.resolve(
         c.impl,
         _model_facts(c),
@@ -203,7 +157,17 @@ def sequence_spec(
     )
     if execute:
         spec.check_executable(resolved, c.pallas_mode, platform)
+    if resolved.impl == persistent.NAME:
+        variant = persistent.parse_variant(c.persistent_variant)
+        resolved = dataclasses.replace(resolved, variant=variant)
     return resolved
+
+
+def _check_variant(c: ModelConfig) -> None:
+    try:
+        persistent.parse_variant(c.persistent_variant)
+    except persistent.VariantError as error:
+        raise ConfigError(f"model.persistent_variant={c.persistent_variant!r} {error}") from None
 
 
 def _check_rank(c: ModelConfig) -> None:

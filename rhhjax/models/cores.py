@@ -1,11 +1,6 @@
-"""Recurrent cores: a cell over a sequence, x [B, T, E] -> (outputs [B, T, n], carry).
-
-Each core dispatches once on the model's `SequenceSpec`: `nn.scan` over the cell (the
-reference, the only one recording gates), or the whole recurrence as one op
-(`rhhjax.ops.recurrence`; rank-d: `rhhjax.ops.lowrank`). Every implementation derives the
-same dropout masks (`DropoutKeys`). With `ModelConfig.original_first_step` the ops run
-step 0 with the pure-JAX step here and the op on steps 1..T-1.
-"""
+"""Recurrent cores: a cell over a sequence, x [B, T, E] -> (outputs [B, T, n], carry). Each
+dispatches once on the model's `SequenceSpec`: `nn.scan` over the cell (the reference, the only
+one recording gates) or one whole-sequence op (`rhhjax.ops.recurrence`, `rhhjax.ops.lowrank`)."""
 
 from __future__ import annotations
 
@@ -25,7 +20,7 @@ Array = jax.Array
 
 
 def _scan_over_time(body: Callable, module: nn.Module, carry, xs, *broadcast):
-    """`nn.scan` of ``body`` over the leading (time) axis; sown gates stacked over time."""
+    """`nn.scan` of ``body`` over the leading (time) axis."""
     scanned = nn.scan(
         body,
         variable_broadcast="params",
@@ -57,8 +52,7 @@ def _hyper_body(cell: HyperRHNCell, carry, xs, keep, keys, hidden_masks):
 
 
 def _bias0_per_step(c: ModelConfig, s0: Array, length: int) -> Array | None:
-    """[T, B, 1] factors on layer 0's recurrent bias for the `scan` bodies (1 after step 0;
-    see `cells.first_step_bias0_scale`), or None when `original_first_step` is off."""
+    """[T, B, 1] factors on layer 0's recurrent bias (`original_first_step`), or None."""
     if not c.original_first_step:
         return None
     ones = jnp.ones((length, s0.shape[0], 1), jnp.float32)
@@ -68,8 +62,7 @@ def _bias0_per_step(c: ModelConfig, s0: Array, length: int) -> Array | None:
 def _first_step_apart(
     c: ModelConfig, s0: Array, xs, run_step, run_sequence, last_layer_only: bool = False
 ) -> Array:
-    """States [T, L, B, n] ([T, B, n] with ``last_layer_only``) of a whole-sequence op; with
-    `original_first_step`, step 0 by the pure-JAX ``run_step`` and steps 1..T-1 by the op."""
+    """States [T, L, B, n] of a whole-sequence op, step 0 apart in pure JAX if asked."""
     if not c.original_first_step:
         return run_sequence(0, s0, xs)
     first = jax.tree_util.tree_map(lambda x: x[0], xs)
@@ -83,12 +76,10 @@ def _first_step_apart(
 
 
 def _step_masks(key: Array | None, keep: float, depth: int, s0: Array) -> Array | None:
-    """Gate masks [L, B, n] of step 0 (those of every implementation), or None."""
     return None if key is None else cells.gate_masks(key, 0, (depth, *s0.shape), keep)
 
 
 def _highway_states(c, spec, weights, s0, xproj, z, gate_key, hidden_masks) -> Array:
-    """`recurrence.highway_sequence` states [T, L, B, n] ([T, B, n] last layer only)."""
     masks0 = _step_masks(gate_key, spec.keep, weights.kernel_s.shape[0], s0)
 
     def run_step(s, xs, bias0):
@@ -118,7 +109,6 @@ class DropoutKeys:
 
 
 def _gate_key(c: ModelConfig, key: Array | None, which: int) -> Array | None:
-    """The gate-dropout key of one cell, or None when gate dropout is off."""
     if key is None or c.dropout != "gate" or c.keep >= 1.0:
         return None
     return DropoutKeys.get(key, which)
@@ -133,7 +123,6 @@ def _hidden_masks(c: ModelConfig, key: Array | None, which: int, batch: int, wid
 
 
 def _highway_cell_fields(c: ModelConfig) -> dict:
-    """The fields an RHN cell and a HyperRHN cell take alike from the config."""
     return dict(
         features=c.hidden, input_features=c.embed_dim, depth=c.depth, init=c.init,
         t_bias_init=c.t_bias_init, dtype=c.dtype,
@@ -144,7 +133,7 @@ class RHNCore(nn.Module):
     """Plain RHN over a sequence. x [B, T, E] -> (outputs [B, T, n], carry [B, n])."""
 
     config: ModelConfig
-    spec: SequenceSpec  # The resolved implementation (`models.config.sequence_spec`).
+    spec: SequenceSpec
 
     def setup(self):
         self.cell = RHNCell(**_highway_cell_fields(self.config), keep=self.config.keep)
@@ -156,7 +145,7 @@ class RHNCore(nn.Module):
         c = self.config
         gate_key = _gate_key(c, key, DropoutKeys.MAIN_GATE)
         hidden_masks = _hidden_masks(c, key, DropoutKeys.MAIN_HIDDEN, x.shape[0], c.hidden)
-        xproj = self.cell.input_projection(jnp.swapaxes(x, 0, 1))  # [T, B, 2n]
+        xproj = self.cell.input_projection(jnp.swapaxes(x, 0, 1))
         steps = jnp.arange(x.shape[1])
         if self.spec.is_scan:
             bias0 = _bias0_per_step(c, carry, x.shape[1])
@@ -166,7 +155,7 @@ class RHNCore(nn.Module):
         else:
             spec = dataclasses.replace(
                 self.spec, gate_dropout=gate_key is not None, last_layer_only=True
-            )  # the outputs and the carry are the last layer's
+            )
             ys = _highway_states(
                 c, spec, self.cell.weights(), carry, xproj, None, gate_key, hidden_masks
             )
@@ -178,7 +167,7 @@ class HyperRHNCore(nn.Module):
     """HyperRHN over a sequence. x [B, T, E] -> (outputs [B, T, n], (s_hyper, s_main))."""
 
     config: ModelConfig
-    spec: SequenceSpec  # The resolved implementation (`models.config.sequence_spec`).
+    spec: SequenceSpec
 
     def setup(self):
         c = self.config
@@ -211,7 +200,7 @@ class HyperRHNCore(nn.Module):
         xprojs = self.cell.input_projections(jnp.swapaxes(x, 0, 1))  # time-major [T, B, 2h / 2n]
         steps = jnp.arange(x.shape[1])
         if self.spec.is_scan:
-            bias0s = tuple(_bias0_per_step(c, s, x.shape[1]) for s in carry)  # (None, None): off
+            bias0s = tuple(_bias0_per_step(c, s, x.shape[1]) for s in carry)
             carry, ys = _scan_over_time(
                 _hyper_body, self.cell, carry, (steps, xprojs, bias0s), c.keep, keys, hidden_masks
             )
@@ -220,8 +209,7 @@ class HyperRHNCore(nn.Module):
         return jnp.swapaxes(ys, 0, 1), carry
 
     def _whole_sequence(self, carry, xprojs, keys, hidden_masks):
-        """The hyper recurrence over the sequence, every z at once, then the main one:
-        xprojs ([T, B, 2h], [T, B, 2n] or rank-d the raw [T, B, E]) -> (carry, [T, B, n])."""
+        """Hyper recurrence over the sequence, then the main one -> (carry, [T, B, n])."""
         c, cell = self.config, self.cell
         s_hyper, s_main = carry
         hyper_xproj, main_xproj = xprojs
@@ -240,7 +228,7 @@ class HyperRHNCore(nn.Module):
             main_states = self._lowrank_states(
                 spec, s_main, main_xproj, hyper_states, main_key, main_hidden
             )[:, -1]
-        else:  # only the main cell's last layer leaves it (the outputs and the carry)
+        else:
             main_states = _highway_states(
                 c, dataclasses.replace(spec, last_layer_only=True), cell.main.weights(),
                 s_main, main_xproj, cell.scales(hyper_states), main_key, main_hidden,
@@ -248,8 +236,7 @@ class HyperRHNCore(nn.Module):
         return (hyper_states[-1, -1], main_states[-1]), main_states
 
     def _hyper_inside(self, spec, carry, xprojs, keys) -> tuple[Array, Array]:
-        """(last hyper state [B, h], main last-layer states [T, B, n]) of one op running both
-        cells; with `original_first_step` step 0 apart, in pure JAX."""
+        """(last hyper state [B, h], main states [T, B, n]) of one op running both."""
         c, cell = self.config, self.cell
         weights = (cell.hyper.weights(), cell.main.weights())
         proj = (cell.proj_kernel, cell.proj_bias)
@@ -275,7 +262,6 @@ class HyperRHNCore(nn.Module):
         return hyper_last, jnp.concatenate([main0[-1][None], main_rest])
 
     def _lowrank_states(self, spec, s0, x, hyper_states, gate_key, hidden_masks) -> Array:
-        """`lowrank.lowrank_sequence` states [T, L, B, n]."""
         c, weights, scales = self.config, self.cell.main.weights(), self.cell.lowrank_scales
         masks0 = _step_masks(gate_key, spec.keep, c.depth, s0)
 
@@ -294,11 +280,10 @@ class HyperRHNCore(nn.Module):
 
 
 class LSTMCore(nn.Module):
-    """Stacked LSTM (the paper's baseline: 2 x 1125), Zaremba-style dropout between layers.
-    x [B, T, E] -> (outputs, carry)."""
+    """Stacked LSTM (the paper's 2 x 1125 baseline). x [B, T, E] -> (outputs, carry)."""
 
     config: ModelConfig
-    spec: SequenceSpec  # Always scan (the only implementation that runs an LSTM).
+    spec: SequenceSpec
 
     def setup(self):
         c = self.config

@@ -1,5 +1,4 @@
-"""Parameter initialisers of the models (Suarez's code: orthogonal matrices, PyTorch's
-uniform biases). Every initialiser has the Flax signature ``init(key, shape, dtype)``."""
+"""Parameter initialisers ``init(key, shape, dtype)``: orthogonal matrices, uniform biases."""
 
 from __future__ import annotations
 

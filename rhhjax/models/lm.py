@@ -1,4 +1,4 @@
-"""The character language model `CharLM` (Embedding -> core -> Linear) and its helpers."""
+"""The character language model `CharLM` and its helpers."""
 
 from __future__ import annotations
 
@@ -19,10 +19,7 @@ Array = jax.Array
 
 
 class CharLM(nn.Module):
-    """Embedding(V, E) -> core -> Dense(V): tokens [B, T] -> (logits [B, T, V] f32, carry).
-
-    Training with dropout needs a 'dropout' RNG. Build it with `build_model`.
-    """
+    """Embedding -> core -> Dense: tokens [B, T] -> (logits [B, T, V] f32, carry)."""
 
     config: ModelConfig
     spec: SequenceSpec
@@ -37,7 +34,6 @@ class CharLM(nn.Module):
         self.head = Linear(c.hidden, c.vocab_size, init=c.init, dtype=c.dtype)
 
     def initial_carry(self, batch: int):
-        """The zero recurrent state for `batch` sequences."""
         return self.core.initial_carry(batch)
 
     def __call__(self, tokens: Array, carry=None, train: bool = False):
@@ -67,8 +63,7 @@ def uses_dropout(c: ModelConfig) -> bool:
 
 
 def build_model(config: ModelConfig, platform: str | None = None) -> CharLM:
-    """The language model for a `ModelConfig` (validated), its implementation resolved
-    once; logs which implementation runs and why."""
+    """The language model for a validated `ModelConfig`, its implementation resolved and logged."""
     config.validate()
     spec = sequence_spec(config, platform)
     _log_choice(config.impl, spec.impl, spec.reason)
@@ -76,22 +71,18 @@ def build_model(config: ModelConfig, platform: str | None = None) -> CharLM:
 
 
 def implementation_line(requested: str, impl: str, reason: str) -> str:
-    """The start-up line of the implementation choice (``model.impl=auto runs scan: ...``)."""
     return f"model.impl={requested} runs {impl}: {reason}"
 
 
 @functools.cache
 def _log_choice(requested: str, impl: str, reason: str) -> None:
-    """Logs `implementation_line` once per process and distinct choice."""
     logging.info("%s", implementation_line(requested, impl, reason))
 
 
 def init_params(model: CharLM, rng: Array, batch: int = 1, length: int = 1):
-    """Initial parameters (a nested dict) from `rng`."""
     tokens = jnp.zeros((batch, length), jnp.int32)
     return model.init({"params": rng}, tokens)["params"]
 
 
 def count_params(params) -> int:
-    """Total number of scalar parameters."""
     return sum(int(x.size) for x in jax.tree_util.tree_leaves(params))

@@ -5,9 +5,10 @@ Each kernel runs a grid of at most one block per SM (`kernels.mosaic.plan.Persis
 block ``(r, g)`` owns some batch rows and a slice of the units, keeps its state in shared
 memory and meets the others at a grid barrier after each of the T * L micro-layer phases.
 Weight and input-projection gradients are XLA GEMMs after the backward kernel. The HyperRHN's
-hyper cell runs as its own kernels, or inside the main ones (`HYPER_INSIDE`). Shapes: states
-[T, L, Bp, Np] (batch and units padded to the plan). Design: docs/design.md and
-docs/persistent_design.md.
+hyper cell runs as its own kernels, or inside the main ones; `PersistentVariant` (the
+spec's ``variant``, else the module's switches) picks that, the layout and the pipeline.
+Shapes: states [T, L, Bp, Np] (batch and units padded to the plan). Design: docs/design.md
+and docs/persistent_design.md.
 """
 
 from __future__ import annotations
@@ -19,14 +20,21 @@ from typing import TYPE_CHECKING
 import jax
 import jax.numpy as jnp
 
+from rhhjax.errors import UserError
 from rhhjax.kernels.layout import Geometry
-from rhhjax.kernels.mosaic import grid_barrier, keep_mask
+from rhhjax.kernels.mosaic import grid_barrier, keep_mask, rowgroup_layout
 from rhhjax.kernels.mosaic import interpret as gpu_interpret
 from rhhjax.kernels.mosaic import persistent_backward as pb
 from rhhjax.kernels.mosaic import persistent_forward as pf
 from rhhjax.kernels.mosaic.plan import PersistentPlan, PlanError, scales_width
 from rhhjax.ops import cells, fused, loops
-from rhhjax.ops.persistent_cost import candidates, inside_plans, plan_for, predicted_phase_us
+from rhhjax.ops.persistent_cost import (
+    candidates,
+    check_runnable,
+    inside_plans,
+    plan_for,
+    predicted_phase_us,
+)
 
 if TYPE_CHECKING:
     from rhhjax.ops.sequence_spec import SequenceSpec
@@ -38,9 +46,8 @@ INTERPRETABLE = True
 KEEP_DTYPE = jnp.uint8
 # With `SequenceSpec.last_layer_only` the backward reads layer L - 1's cotangent alone.
 LAST_LAYER_COTANGENT = True
-# "grid" (grid barrier) or "rowgroup" (one cluster per row group; <= 16 column blocks).
+# The variant of a spec without one (`default_variant`; docs/persistent_design.md).
 LAYOUT = "grid"
-# The hyper cell inside the main kernels; False: its own kernels (docs/persistent_design.md).
 HYPER_INSIDE = False
 # With the hyper cell inside: the main backward recomputes z.
 RECOMPUTE_SCALES = True
@@ -67,6 +74,166 @@ class RecomputedScales:
         return pb.ScalesInside(self.plan, self.s_mm, self.tail, self.proj, self.proj_bias)
 
 
+DEFAULT_TEXT = "default"  # `parse_variant`: the module's switches (`default_variant`)
+# (stages, k_chunk) of every plan tried by `variant_candidates` (None: the plan's own).
+PIPELINES = ((None, None), (2, None), (3, None), (4, None), (4, 32), (6, 32), (2, 128))
+# Today's variant with each of these is timed right after it (`variant_candidates`).
+LEVERS = (dict(status="poison"), dict(in_flight=1), dict(in_flight=1, status="poison"))
+
+
+class VariantError(UserError):
+    """A `PersistentVariant` text that does not parse (one line)."""
+
+
+STATUS_CHECKS = ("host", "poison")
+
+
+@dataclasses.dataclass(frozen=True)
+class PersistentVariant:
+    """How `persistent` runs (speed, not values); docs/persistent_design.md section 5."""
+
+    hyper_inside: bool = False
+    layout: str = "grid"
+    stages: int | None = None
+    k_chunk: int | None = None
+    in_flight: int = 0
+    status: str = "host"
+
+    def __post_init__(self):
+        if self.layout not in rowgroup_layout.LAYOUTS:
+            raise VariantError(f"layout={self.layout!r} is not one of {rowgroup_layout.LAYOUTS}")
+        for name, low, multiple in (("stages", 1, 1), ("k_chunk", 8, 8)):
+            value = getattr(self, name)
+            if value is not None and (value < low or value % multiple):
+                raise VariantError(f"{name}={value} must be >= {low} and a multiple of {multiple}")
+        if self.in_flight not in (0, 1):
+            raise VariantError(f"in_flight={self.in_flight} must be 0 or 1")
+        if self.status not in STATUS_CHECKS:
+            raise VariantError(f"status={self.status!r} is not one of {STATUS_CHECKS}")
+
+    def text(self) -> str:
+        """``hyper_inside=0,layout=grid[,stages=S,k_chunk=K,in_flight=1,status=poison]``."""
+        parts = [f"hyper_inside={int(self.hyper_inside)}", f"layout={self.layout}"]
+        parts += [f"{k}={getattr(self, k)}" for k in ("stages", "k_chunk") if getattr(self, k)]
+        parts += ["in_flight=1"] * self.in_flight + [f"status={self.status}"] * self.poisons()
+        return ",".join(parts)
+
+    def poisons(self) -> bool:
+        return self.status == "poison"
+
+    def planned(self, plan: PersistentPlan) -> PersistentPlan:
+        """``plan`` at this variant's pipeline; PlanError (one line) unless both kernels run it."""
+        if self.stages is None and self.k_chunk is None and not self.in_flight:
+            return plan
+        stages, k_chunk = self.stages or plan.stages, self.k_chunk or plan.k_chunk
+        return _pipelined(plan, stages, k_chunk, self.in_flight)
+
+
+@functools.cache
+def _pipelined(plan: PersistentPlan, stages: int, k_chunk: int, in_flight: int) -> PersistentPlan:
+    what = f"persistent variant stages={stages}, k_chunk={k_chunk}, in_flight={in_flight}"
+    try:
+        replanned = dataclasses.replace(
+            plan, stages=stages, k_chunk=k_chunk, wgmma_in_flight=in_flight
+        )
+        check_runnable(replanned)
+    except PlanError as error:
+        raise PlanError(f"{what}: {error}") from None
+    return replanned
+
+
+def parse_variant(text: str) -> PersistentVariant | None:
+    """``key=value,...`` (`PersistentVariant`'s fields, others at their defaults) -> the
+    variant; DEFAULT_TEXT -> None (the module's switches); else VariantError."""
+    if not isinstance(text, str):
+        raise VariantError(f"must be a string, got {type(text).__name__}")
+    if text.strip() == DEFAULT_TEXT:
+        return None
+    fields = {f.name: f.type for f in dataclasses.fields(PersistentVariant)}
+    values = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, sep, value = (x.strip() for x in item.partition("="))
+        if key not in fields or not sep:
+            raise VariantError(f"{item!r} is not key=value with key one of {', '.join(fields)}")
+        values[key] = _variant_value(key, value)
+    if not values:
+        raise VariantError(f"is empty; give {DEFAULT_TEXT!r} or key=value pairs")
+    return PersistentVariant(**values)
+
+
+def _variant_value(key: str, value: str):
+    if key in ("layout", "status"):
+        return value
+    if key == "hyper_inside" and value.lower() in ("0", "1", "false", "true"):
+        return value.lower() in ("1", "true")
+    if key != "hyper_inside" and value.isdigit():
+        return int(value)
+    raise VariantError(f"{key}={value!r} is not {'0 or 1' if key == 'hyper_inside' else 'an int'}")
+
+
+def default_variant() -> PersistentVariant:
+    """The variant of a spec without one: the module's switches (today's: apart, grid)."""
+    return PersistentVariant(HYPER_INSIDE, LAYOUT)
+
+
+def variant_of(spec: SequenceSpec) -> PersistentVariant:
+    return getattr(spec, "variant", None) or default_variant()
+
+
+def variant_plans(
+    variant: PersistentVariant, batch: int, width: int, hyper_width: int, dtype_name: str,
+    interpret: bool = False, depth: int = 7,
+) -> tuple:  # fmt: skip
+    """(layout, plans run) of a HyperRHN of [batch, width] and [batch, hyper_width] cells at
+    ``variant``: each cell's, or the joint kernels'; PlanError (one line) unless their own
+    checks accept them and, where asked, the hyper cell fits inside."""
+    from rhhjax.ops.sequence_spec import SequenceSpec
+
+    spec = SequenceSpec(NAME, 1.0, jnp.dtype(dtype_name), interpret=interpret, variant=variant)
+    main, hyper = _plan_of(spec, batch, width), _plan_of(spec, batch, hyper_width)
+    for plan in (main, hyper):
+        rowgroup_layout.check(plan, variant.layout, True if interpret else None)
+    inside = hyper_inside_plans(spec, batch, width, hyper_width)
+    if inside is None:
+        if variant.hyper_inside:
+            raise PlanError(f"persistent variant {variant.text()}: no plan has the hyper inside")
+        return variant.layout, main, hyper
+    joint = hyper_backward_plan(main, inside[1], depth, True)
+    backward = joint or scales_backward_plan(main, inside[1], depth, True) or main
+    return variant.layout, *inside, backward, hyper if joint is None else None
+
+
+def variant_candidates(
+    batch: int, width: int, hyper_width: int, dtype_name: str, interpret: bool = False,
+    depth: int = 7,
+) -> list[PersistentVariant]:  # fmt: skip
+    """The variants `variant_plans` accepts: today's, its `LEVERS`, then one per set of plans."""
+    seen, found = set(), []
+    for stages, k_chunk in PIPELINES:
+        for hyper_inside in (False, True):
+            for layout in rowgroup_layout.LAYOUTS:
+                variant = PersistentVariant(hyper_inside, layout, stages, k_chunk)
+                try:
+                    args = (batch, width, hyper_width, dtype_name, interpret, depth)
+                    plans = variant_plans(variant, *args)
+                except PlanError:
+                    continue
+                if plans not in seen:
+                    seen.add(plans)
+                    found.append(variant)
+    levers = [dataclasses.replace(found[0], **lever) for lever in LEVERS] if found else []
+    args = (batch, width, hyper_width, dtype_name, interpret, depth)
+    return found[:1] + [v for v in levers if _runs(v, *args)] + found[1:]
+
+
+def _runs(variant: PersistentVariant, *args) -> bool:
+    try:
+        variant_plans(variant, *args)
+    except PlanError:
+        return False
+    return True
+
+
 @functools.cache
 def interpret_plan(batch: int, width: int, dtype_name: str, layout: str = "grid") -> PersistentPlan:
     """The plan of GPU interpret mode: the candidate of the fewest blocks."""
@@ -88,8 +255,9 @@ def interpret_plan(batch: int, width: int, dtype_name: str, layout: str = "grid"
 
 
 def _plan_of(spec: SequenceSpec, batch: int, width: int) -> PersistentPlan:
+    variant = variant_of(spec)
     choose = interpret_plan if spec.interpret and not spec.references else plan_for
-    return choose(batch, width, jnp.dtype(spec.dtype).name, LAYOUT)
+    return variant.planned(choose(batch, width, jnp.dtype(spec.dtype).name, variant.layout))
 
 
 def _plan(spec: SequenceSpec, geo: Geometry) -> PersistentPlan:
@@ -161,9 +329,19 @@ def _run_forward(
     if spec.references:
         return pf.persistent_forward_reference(*args, **options)
     interpret = loops.kernel_interpret(spec)
-    outs = pf.persistent_forward(*args, **options, interpret=interpret, layout=LAYOUT)
-    grid_barrier.check_status(outs[-1], "persistent forward")
-    return outs
+    layout = variant_of(spec).layout
+    outs = pf.persistent_forward(*args, **options, interpret=interpret, layout=layout)
+    return _checked(spec, outs, 0 if save else None, "persistent forward")
+
+
+def _checked(spec, outs, poisoned: int | None, name: str) -> tuple:
+    """``outs`` with their status checked on the host, or ``outs[poisoned]`` NaN if it is bad."""
+    outs = tuple(outs)
+    if poisoned is None or not variant_of(spec).poisons():
+        grid_barrier.check_status(outs[-1], name)
+        return outs
+    out = jnp.where(jnp.any(outs[-1] != 0), jnp.nan, outs[poisoned])
+    return (*outs[:poisoned], out, *outs[poisoned + 1 :])
 
 
 def _cell_results(plan: PersistentPlan, outs, save: bool, length: int, depth: int):
@@ -181,7 +359,7 @@ def hyper_inside_plans(
     spec: SequenceSpec, batch: int, width: int, hyper_width: int
 ) -> tuple[PersistentPlan, PersistentPlan] | None:
     """(main plan, hyper plan) with the hyper cell inside, or None."""
-    if not HYPER_INSIDE:
+    if not variant_of(spec).hyper_inside:
         return None
     return inside_plans(_plan_of(spec, batch, width), _plan_of(spec, batch, hyper_width))
 
@@ -301,10 +479,9 @@ def _run_backward(spec, *args, **cells) -> tuple:
         return pb.persistent_backward_reference(*args, keep=spec.keep, **cells)
     interpret = loops.kernel_interpret(spec)
     outs = pb.persistent_backward(
-        *args, keep=spec.keep, interpret=interpret, layout=LAYOUT, **cells
+        *args, keep=spec.keep, interpret=interpret, layout=variant_of(spec).layout, **cells
     )
-    grid_barrier.check_status(outs[-1], "persistent backward")
-    return outs
+    return _checked(spec, outs, 3, "persistent backward")  # 3: bias_parts, dbias's
 
 
 def _gradients(spec, geo, stacked, depth: int, outs, s_mm, has_z: bool) -> tuple:

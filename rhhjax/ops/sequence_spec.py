@@ -35,6 +35,7 @@ class SequenceSpec:
     kernel: triton.HighwayConfig = triton.HighwayConfig()  # Pallas block sizes
     first_step: int = 0  # time index of the call's first step, for the gate masks
     last_layer_only: bool = False  # return the last layer's states [T, B, n] only
+    variant: Any = None  # persistent: a `PersistentVariant` (None: the module's switches)
     reason: str = dataclasses.field(default="", compare=False)
 
     @property

@@ -5,11 +5,8 @@
     python -m rhhjax.tools.ablate --config=configs/ptb.py:cpu \\
         --variant=rhn:model.type=rhn,model.hidden=280 --seeds=0,1 --max_steps=500 --out=DIR
 
---sweep=FIELD=V1,V2 (crossed, in order) and --variant=NAME:FIELD=V,... (NAME: alone is the
-base) pick the variants; each trains in DIR/<name> (a rerun resumes or reuses it) and
-DIR/results.md / results.json hold one row per run; a failed run is recorded and the exit
-status is then 1. Details: docs/operations.md ("Ablations").
-"""
+Each variant trains in DIR/<name>; DIR/results.md and results.json hold one row per run.
+Details: docs/operations.md ("Ablations")."""
 
 from __future__ import annotations
 
@@ -50,11 +47,10 @@ class Variant:
     name: str
     overrides: dict[str, Any]
     seed: int
-    group: str = ""  # the name without the seed: runs of one group differ only in seed
+    group: str = ""
 
 
 def _get(config: ml_collections.ConfigDict, field: str, flag: str = "sweep") -> Any:
-    """The value of ``field`` (e.g. "model.depth"); SweepError naming the closest field."""
     try:
         return config_fields.lookup(config, field)
     except config_fields.UnknownField as e:
@@ -70,7 +66,6 @@ def _set(config: ml_collections.ConfigDict, field: str, value: Any) -> None:
 
 
 def convert(text: str, like: Any, field: str, flag: str = "sweep") -> Any:
-    """`text` as the type of the field's current value `like` (errors name ``--flag``)."""
     text = text.strip()
     try:
         if isinstance(like, bool):
@@ -90,7 +85,6 @@ def convert(text: str, like: Any, field: str, flag: str = "sweep") -> Any:
 
 
 def _leaf_value(config: ml_collections.ConfigDict, field: str, flag: str) -> Any:
-    """The current value of a config field that holds a value (not a section)."""
     like = _get(config, field, flag)
     if isinstance(like, ml_collections.ConfigDict):
         raise SweepError(f"--{flag} field {field!r} is a section, not a value")
@@ -111,7 +105,6 @@ def parse_sweep(text: str, config: ml_collections.ConfigDict) -> Sweep:
 
 
 def variant_name(overrides: dict[str, Any], seed: int | None) -> str:
-    """'model.hyper_rank=4' -> 'hyper_rank-4' (last component of each field)."""
     parts = [f"{field.split('.')[-1]}-{value}" for field, value in overrides.items()]
     if seed is not None:
         parts.append(f"seed-{seed}")
@@ -122,8 +115,7 @@ def variant_name(overrides: dict[str, Any], seed: int | None) -> str:
 def parse_variant(
     text: str, config: ml_collections.ConfigDict, file_variants: Sequence[str] = ()
 ) -> tuple[str, dict[str, Any]]:
-    """'rhn:model.type=rhn,model.hidden=280' -> ('rhn', {'model.type': 'rhn', ...}); another
-    bare NAME than 'base' or the base's model type is refused, naming ``file_variants``."""
+    """'rhn:model.type=rhn,model.hidden=280' -> ('rhn', {'model.type': 'rhn', ...})."""
     name, colon, body = text.partition(":")
     name = name.strip()
     if not name or re.search(r"[^A-Za-z0-9._-]", name):
@@ -204,7 +196,6 @@ def variant_config(
 
 
 def check_budget(max_steps: int | None, max_minutes: float | None) -> None:
-    """SweepError unless ``--max_steps`` / ``--max_minutes`` (when given) are above 0."""
     if max_steps is not None and max_steps < 1:
         raise SweepError(
             f"--max_steps={max_steps} must be >= 1 (leave it out to keep the config's "
@@ -223,7 +214,6 @@ def check_variants(
     max_steps: int | None,
     max_minutes: float | None,
 ) -> None:
-    """SweepError naming the first variant whose config the trainer would refuse."""
     from rhhjax.train import config as train_config
 
     for variant in planned:
@@ -235,12 +225,8 @@ def check_variants(
             ) from None
 
 
-# ----------------------------------------------------------------------------- measurements
-
-
 def metrics_summary(workdir: Path, batch: int, seq_len: int) -> dict[str, Any]:
-    """From ``metrics.jsonl``: median seconds per step and characters per second, training
-    minutes, wall seconds (to ``results.json``) and ``valid_curve`` [[step, minutes, BPC]]."""
+    """Per-step timing, minutes and ``valid_curve`` [[step, minutes, BPC]] of ``metrics.jsonl``."""
     from rhhjax.train import workdir as workdir_lib
 
     summary: dict[str, Any] = dict(
@@ -267,12 +253,11 @@ def metrics_summary(workdir: Path, batch: int, seq_len: int) -> dict[str, Any]:
         times.append((workdir / RESULTS_FILE).stat().st_mtime)
     if len(times) > 1:
         summary["wall_s"] = max(times) - min(times)
-    summary["valid_curve"] = [curve[step] for step in sorted(curve)]  # a re-logged step: last
+    summary["valid_curve"] = [curve[step] for step in sorted(curve)]
     return summary
 
 
 def peak_memory_gb(config: ml_collections.ConfigDict, vocab_size: int) -> float | None:
-    """XLA's compile-time peak estimate (GB) of the variant's training step."""
     from rhhjax import models
     from rhhjax.train import optim, step
 
@@ -288,7 +273,6 @@ FINAL_COLUMNS = (("valid", "windows"), ("valid", "stream"), ("test", "windows"),
 
 
 def final_bpcs(results: dict) -> dict[str, float | None]:
-    """{"valid_windows": bpc, ...} of the final evaluation (None where not run)."""
     final = results.get("final") or {}
     return {
         f"{split}_{protocol}": ((final.get(split) or {}).get(protocol) or {}).get("bpc")
@@ -307,7 +291,6 @@ def run_variant(
     rerun: bool,
     log: Callable[[str], None],
 ) -> dict:
-    """Trains one variant (or reuses its results) and returns its row."""
     from rhhjax.train import trainer
 
     config = variant_config(base, variant, max_steps, max_minutes)
@@ -328,7 +311,7 @@ def run_variant(
             results = trainer.train_and_evaluate(
                 config, workdir, log=lambda m: log(f"[{variant.name}] {m}")
             )
-    except Exception as e:  # one failing variant must not stop the ablation
+    except Exception as e:
         known = isinstance(e, UserError)
         row.update(status="error", error=" ".join(str(e).split()) or type(e).__name__)
         if not known:
@@ -338,7 +321,7 @@ def run_variant(
             log(f"[{variant.name}] error: {row['error']}")
         return row
     vocab_size = int(config.model.vocab_size)
-    if (workdir / "config.json").exists():  # the trainer's resolved config: the data's vocab
+    if (workdir / "config.json").exists():
         saved = json.loads((workdir / "config.json").read_text())
         vocab_size = int(saved.get("model", {}).get("vocab_size", vocab_size))
     row.update(
@@ -356,7 +339,7 @@ def run_variant(
     if memory:
         try:
             row["peak_memory_gb"] = peak_memory_gb(config, vocab_size)
-        except Exception as e:  # memory is a bonus: never fail the row for it
+        except Exception as e:
             row["peak_memory_gb"] = None
             log(f"[{variant.name}] no memory estimate: {type(e).__name__}: {e}")
     return row
@@ -369,7 +352,6 @@ def _fmt(value: Any, spec: str) -> str:
 
 
 def _mean_range(values: Sequence[float | None], spec: str) -> str:
-    """'mean' of one value, 'mean (min-max)' of several; '-' when none is known."""
     known = [v for v in values if v is not None and math.isfinite(v)]
     if not known:
         return "-"
@@ -383,7 +365,6 @@ FINAL_HEADER = " | ".join(f"{split} {protocol}" for split, protocol in FINAL_COL
 
 
 def _valid_at(row: dict, step: int) -> float | None:
-    """The periodic validation BPC of a run at `step`, or None when it did not validate there."""
     for curve_step, _, bpc in row.get("valid_curve") or []:
         if curve_step == step:
             return bpc
@@ -391,7 +372,7 @@ def _valid_at(row: dict, step: int) -> float | None:
 
 
 def format_markdown(rows: Sequence[dict], header: dict) -> str:
-    """The results table: one row per run, per-variant means, BPC at ``at_steps``."""
+    """The results table: one row per run, per-variant means."""
     lines = [
         f"# Ablation: {header['config']}",
         "",
@@ -479,7 +460,7 @@ def run_ablation(
     file_variants: Sequence[str] = (),
 ) -> list[dict]:
     """Runs every variant (all checked first), writes out/results.{md,json}, returns rows."""
-    out = outputs.check_folder(out, "--out")  # before any variant trains
+    out = outputs.check_folder(out, "--out")
     check_budget(max_steps, max_minutes)
     import jax
 
@@ -527,15 +508,12 @@ def run_ablation(
     return rows
 
 
-# ----------------------------------------------------------------------------- command line
-
-
 def main(argv: Sequence[str]) -> int:
     from absl import flags
     from ml_collections import config_flags
 
     FLAGS = flags.FLAGS  # noqa: N806
-    del argv  # run_program refuses positional arguments
+    del argv
     config = FLAGS.config
     if config is None:
         raise SweepError("--config is required, e.g. --config=configs/ptb.py:cpu")
@@ -550,7 +528,7 @@ def main(argv: Sequence[str]) -> int:
         at_steps = [int(s) for s in FLAGS.at_steps]
     except ValueError:
         raise SweepError(f"--at_steps must be integers, got {FLAGS.at_steps}") from None
-    try:  # the config file's own variants, for the line refusing a --variant that changes nothing
+    try:
         module, _ = cli.load_config_file(config_flags.get_config_filename(FLAGS["config"]))
         file_variants = [v for v in getattr(module, "VARIANTS", ()) if v]
     except cli.ConfigArgumentError:
@@ -597,7 +575,6 @@ def define_flags() -> None:
 
 
 def console() -> None:
-    """The program: ``rhhjax-ablate`` or ``python -m rhhjax.tools.ablate``."""
     cli.run_program(main, define_flags, __doc__)
 
 

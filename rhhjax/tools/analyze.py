@@ -41,7 +41,6 @@ def settings_from_flags(f) -> Settings:
 
 
 def run_from_flags(f, command: str | None = None) -> list[Path]:
-    """`analysis.run` with the parsed flags ``f``; returns the files written."""
     labels = [x.strip() for x in f.labels.split(",")] if f.labels else []
     return analysis.run(
         f.workdir or [],
@@ -59,7 +58,6 @@ def run_from_flags(f, command: str | None = None) -> list[Path]:
 
 
 def main(argv: list[str]) -> int:
-    """Analyse the flags' models (``run_program`` turns a `UserError` into one line, exit 1)."""
     from absl import flags
 
     run_from_flags(flags.FLAGS, _command_line())
@@ -67,7 +65,6 @@ def main(argv: list[str]) -> int:
 
 
 def define_flags(flag_values=None) -> None:
-    """Defines the program's flags on ``flag_values`` (default: absl's global FLAGS)."""
     from absl import flags
 
     fv = flags.FLAGS if flag_values is None else flag_values
@@ -119,7 +116,6 @@ def define_flags(flag_values=None) -> None:
 
 
 def console() -> None:
-    """The program: ``rhhjax-analyze`` or ``python -m rhhjax.tools.analyze``."""
     from rhhjax import cli
 
     cli.run_program(main, define_flags, __doc__, flag=None)

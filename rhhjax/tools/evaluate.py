@@ -4,10 +4,7 @@
         [--protocol=windows|stream|paper|all] [--checkpoint=best|latest|STEP] [--output=FILE.json]
         [--data_dir=FOLDER | --text_files=FILE[,FILE,FILE]]
 
-The data is found as the run's config says; ``--data_dir`` / ``--text_files`` point it at
-data moved since training (the vocabulary must match). SIGTERM or SIGINT stops it at once,
-nothing written, exit status 128 + signum.
-"""
+A signal stops it at once, nothing written, exit status 128 + signum."""
 
 from __future__ import annotations
 
@@ -17,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from rhhjax import memory, outputs
 from rhhjax.errors import UserError
 
-# numpy and jax are imported where used: console() enters the signal catcher first
+# numpy and jax are imported where used, after console() enters the signal catcher
 if TYPE_CHECKING:  # saved_run imports orbax: not for --help
     from rhhjax.train.saved_run import SavedRun
 
@@ -33,11 +30,10 @@ def run(
     data_dir: str = "",
     text_files: str = "",
 ) -> dict:
-    """Evaluate a checkpoint of ``workdir``; returns {"step", "checkpoint", "results"}
-    (``batch_size`` 0: the run's ``eval.batch_size``)."""
+    """Evaluate a checkpoint of ``workdir``: {"step", "checkpoint", "results"}."""
     from rhhjax import data as data_lib
     from rhhjax.evaluation import evaluate_splits, format_table, parse_protocols
-    from rhhjax.train.saved_run import load_run  # imports orbax: not for --help
+    from rhhjax.train.saved_run import load_run
 
     splits = ["valid", "test"] if split == "all" else [split]
     for s in splits:
@@ -96,7 +92,7 @@ def main(argv: list[str]) -> int:
     from absl import flags
 
     f = flags.FLAGS
-    if f.output:  # before any work: an evaluation is not lost to a bad path
+    if f.output:
         outputs.check_file(f.output, "--output")
     out = run(
         f.workdir,
@@ -109,7 +105,7 @@ def main(argv: list[str]) -> int:
         text_files=f.text_files,
     )
     if f.output:
-        from rhhjax.train.workdir import json_dumps  # NaN / inf as null: valid JSON
+        from rhhjax.train.workdir import json_dumps
 
         outputs.write_text(f.output, json_dumps(out, indent=2) + "\n", "--output")
     return 0
@@ -124,7 +120,7 @@ def define_flags() -> None:
     flags.DEFINE_string(
         "checkpoint", "best", "best | latest | STEP (a saved step) | checkpoints/STEP | best/STEP."
     )
-    from rhhjax.ops.spec import CHOICES  # the registry: every model.impl value
+    from rhhjax.ops.spec import CHOICES
 
     flags.DEFINE_string("impl", "", f"Override model.impl ({' | '.join(CHOICES)}).")
     flags.DEFINE_integer("batch_size", 0, "Override eval.batch_size (0 = from the config).")
@@ -138,7 +134,7 @@ def define_flags() -> None:
 
 
 def console() -> None:
-    """The program; the signal catcher starts before jax is imported (threads inherit it)."""
+    """The program; the signal catcher starts before jax is imported."""
     from rhhjax import cli
     from rhhjax.train.signals import SignalCatcher
 

@@ -1,14 +1,10 @@
-"""Training and validation BPC of runs against epochs and training minutes, beside the paper
-authors' own validation curve (the paper's Fig. 1).
+"""Training and validation BPC of runs against epochs or training minutes, beside the paper
+authors' validation curve (the paper's Fig. 1).
 
     python -m rhhjax.tools.plot WORKDIR [WORKDIR ...] [--out=FILE.png]
     python -m rhhjax.tools.plot --x=minutes --notrain --authors=none --out=F.png WORKDIR ...
 
-Reads ``WORKDIR/metrics.jsonl``, writes ``WORKDIR/bpc.png`` (or ``--out``: .png, .pdf, .svg);
-one colour per run, solid = validation, dotted = training; minutes are the
-``train.max_minutes`` clock. ``--authors=auto`` adds the authors' curve of the first run's
-model type (``rhhjax/data/authors/``); on the minutes axis its time is an assumption.
-"""
+Reads ``WORKDIR/metrics.jsonl`` and writes ``WORKDIR/bpc.png`` (or ``--out``)."""
 
 from __future__ import annotations
 
@@ -40,8 +36,7 @@ def _x_value(record: dict, x: str) -> float | None:
 
 
 def load_curves(workdir: str | Path, x: str = "epoch") -> dict:
-    """{"train": [(x, bpc)], "valid": [(x, bpc)], "protocol": str | None} (a step recorded
-    twice: the later record)."""
+    """{"train": [(x, bpc)], "valid": [(x, bpc)], "protocol": str | None} of a workdir."""
     if x not in X_AXES:
         raise PlotError(f"--x={x!r}: expected one of {', '.join(X_AXES)}, both")
     path = Path(workdir) / METRICS_FILE
@@ -72,7 +67,6 @@ def load_curves(workdir: str | Path, x: str = "epoch") -> dict:
 
 
 def authors_curve(model: str) -> dict:
-    """The authors' validation curve of ``model``: {"epoch", "bpc", "minutes_per_epoch", ...}."""
     sources = json.loads((AUTHORS_DIR / "sources.json").read_text())
     source = sources[model]
     with open(AUTHORS_DIR / source["file"], newline="") as f:
@@ -86,7 +80,6 @@ def authors_curve(model: str) -> dict:
 
 
 def authors_model(workdir: str | Path, choice: str) -> str | None:
-    """The authors' curve to draw: ``choice``, or with "auto" the run's model type (or None)."""
     if choice not in AUTHORS:
         raise PlotError(f"--authors={choice!r}: expected one of {', '.join(AUTHORS)}")
     if choice != "auto":
@@ -100,7 +93,6 @@ def authors_model(workdir: str | Path, choice: str) -> str | None:
 
 
 def check_out(out: Path) -> Path:
-    """``out`` when matplotlib can write its format here (PlotError, one line, otherwise)."""
     if out.suffix.lower() not in FORMATS:
         raise PlotError(
             f"--out={out}: the figure is written as {', '.join(FORMATS)}; name the file so "
@@ -110,7 +102,6 @@ def check_out(out: Path) -> Path:
 
 
 def _draw_runs(ax, workdirs, runs: list[dict], train: bool, colors) -> float:
-    """The runs' curves on ``ax``; returns the largest x drawn."""
     x_max = 0.0
     for i, (workdir, curves) in enumerate(zip(workdirs, runs, strict=True)):
         color = colors[i % len(colors)]
@@ -131,7 +122,6 @@ def _draw_runs(ax, workdirs, runs: list[dict], train: bool, colors) -> float:
 
 
 def _draw_authors(ax, authors: dict, x: str, x_max: float) -> None:
-    """The authors' curve over the runs' x range, and their best as a dashed grey line."""
     scale = 1.0 if x == "epoch" else authors["minutes_per_epoch"]
     xs = [e * scale for e in authors["epoch"]]
     shown = [(a, b) for a, b in zip(xs, authors["bpc"], strict=True) if a <= 1.05 * x_max]
@@ -175,7 +165,7 @@ def plot(
         panels["epoch"] = [load_curves(w, "epoch") for w in workdirs]
         try:
             panels["minutes"] = [load_curves(w, "minutes") for w in workdirs]
-        except PlotError:  # a run from before the trainer recorded its time: epochs only
+        except PlotError:
             pass
     fig, axes = plt.subplots(1, len(panels), figsize=(7 * len(panels), 4.5), squeeze=False)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
@@ -199,7 +189,6 @@ def plot(
 
 
 def main(argv: list[str]) -> int:
-    """``argv[1:]``: the workdirs (absl leaves positional arguments to the program)."""
     from absl import flags
 
     if not argv[1:]:
@@ -221,7 +210,6 @@ def define_flags() -> None:
 
 
 def console() -> None:
-    """The program: ``rhhjax-plot`` or ``python -m rhhjax.tools.plot``."""
     from rhhjax import cli
 
     cli.run_program(main, define_flags, __doc__, flag=None, positional=True)

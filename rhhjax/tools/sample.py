@@ -3,8 +3,7 @@ r"""Generate text from a trained model.
     python -m rhhjax.tools.sample --workdir=workdirs/ptb --prompt="the " --length=300 \
         --temperature=0.8 [--seed=0] [--checkpoint=best|latest|STEP] [--output=FILE.txt]
 
-Only the checkpoint is read (its vocabulary travels with it): no data folder is needed.
-How the text is drawn: ``rhhjax.sampling``.
+Only the checkpoint is read; how the text is drawn: ``rhhjax.sampling``.
 """
 
 from __future__ import annotations
@@ -22,7 +21,7 @@ def run(
     which: str = "best",
 ) -> str:
     """Prompt + generated text from a checkpoint of ``workdir`` (bytes decoded as UTF-8)."""
-    from rhhjax.train.saved_run import load_run  # imports orbax: not for --help
+    from rhhjax.train.saved_run import load_run
 
     saved = load_run(workdir, which)
     out = generate(saved.model, saved.params, saved.vocab, prompt, length, temperature, seed)
@@ -35,7 +34,7 @@ def main(argv: list[str]) -> int:
     from absl import flags
 
     f = flags.FLAGS
-    if f.output:  # before the model is loaded
+    if f.output:
         outputs.check_file(f.output, "--output")
     text = run(f.workdir, f.prompt, f.length, f.temperature, f.seed, f.checkpoint)
     print(text)
@@ -59,7 +58,6 @@ def define_flags() -> None:
 
 
 def console() -> None:
-    """The program: ``rhhjax-sample`` or ``python -m rhhjax.tools.sample``."""
     from rhhjax import cli
 
     cli.run_program(main, define_flags, __doc__, flag=None)

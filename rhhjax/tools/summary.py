@@ -1,10 +1,8 @@
 """Parameter table of any config, without allocating the parameters.
 
-    python -m rhhjax.tools.summary --config=configs/ptb.py
     python -m rhhjax.tools.summary --config=configs/ptb.py:rhn --config.model.depth=5
 
-Prints one row per parameter array (path, shape, count) and ends with `total_params N`.
-The vocabulary size is `model.vocab_size` from the config (50 for PTB characters).
+One row per parameter array (path, shape, count), then ``total_params N``.
 """
 
 from __future__ import annotations
@@ -29,7 +27,6 @@ def parameter_rows(model_config: models.ModelConfig) -> list[tuple[str, tuple[in
 
 
 def format_table(rows: list[tuple[str, tuple[int, ...], int]]) -> str:
-    """The table as text, ending with the `total_params N` line."""
     width = max(len(name) for name, _, _ in rows)
     lines = [f"{'parameter':<{width}}  {'shape':<18} {'count':>12}"]
     for name, shape, size in rows:
@@ -51,7 +48,6 @@ def define_flags() -> None:
 
 
 def console() -> None:
-    """The program: ``rhhjax-summary`` or ``python -m rhhjax.tools.summary``."""
     cli.run_program(main, define_flags, __doc__)
 
 

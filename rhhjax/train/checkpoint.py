@@ -1,11 +1,6 @@
-"""Checkpoints of a training run: ``Checkpoints(workdir)``, the orbax managers of
-``checkpoints/<step>/`` (params, opt_state, carry, meta) and ``best/<step>/`` (params, meta).
-
-Saves are synchronous and atomic, checked by ``<step>/checksums.json``
-(``rhhjax.train.checksums``) on restore; failures are one line
-(``rhhjax.train.checkpoint_failures``). Layout, ordering of best and latest saves and the
-``meta`` JSON: docs/design.md (``rhhjax/train/checkpoint.py``).
-"""
+"""Checkpoints of a run: ``Checkpoints(workdir)``, the orbax managers of ``checkpoints/<step>/``
+(params, opt_state, carry, meta) and ``best/<step>/`` (params, meta), each save checked by its
+``checksums.json``. Layout and ordering: docs/design.md (``rhhjax/train/checkpoint.py``)."""
 
 from __future__ import annotations
 
@@ -33,8 +28,7 @@ class CheckpointError(UserError):
 
 
 class DamagedCheckpointError(CheckpointError):
-    """A checkpoint whose files changed since the save, or that does not read;
-    ``alternatives``: the undamaged ``(which, step)``, newest first."""
+    """Changed or unreadable files; ``alternatives``: undamaged ``(which, step)``."""
 
     def __init__(
         self,
@@ -48,17 +42,14 @@ class DamagedCheckpointError(CheckpointError):
         self.which = which
         self.step = step
         self.alternatives = alternatives
-        self.reason = reason  # what is damaged, e.g. "params/... has 10 bytes, 20,037 when saved"
+        self.reason = reason
 
 
 def folder_name(which: str, step: int) -> str:
-    """``checkpoints/3`` / ``best/6``: a checkpoint as messages and ``--checkpoint`` name it."""
     return f"{LATEST_DIR if which == 'latest' else BEST_DIR}/{step}"
 
 
 def abstract(tree: Any) -> Any:
-    """Shapes / dtypes / shardings of a tree of arrays (restore templates)."""
-
     def leaf(x):
         return x if isinstance(x, jax.ShapeDtypeStruct) else ocp.utils.to_shape_dtype_struct(x)
 
@@ -76,8 +67,6 @@ def _manager(directory: Path, items: tuple[str, ...], keep: int | None, read_onl
 
 
 class Checkpoints:
-    """The ``checkpoints/`` and ``best/`` managers of one workdir."""
-
     def __init__(self, workdir: str | os.PathLike, keep: int = 3, read_only: bool = False):
         self.workdir = Path(workdir)
         self.read_only = read_only
@@ -89,8 +78,6 @@ class Checkpoints:
         if not read_only or (self.workdir / BEST_DIR).is_dir():
             # no automatic deletion: the old best goes in keep_only_best
             self._best = _manager(self.workdir / BEST_DIR, BEST_ITEMS, None, read_only)
-
-    # -- queries --------------------------------------------------------------------------------
 
     def latest_step(self) -> int | None:
         return self._latest.latest_step() if self._latest is not None else None
@@ -107,22 +94,18 @@ class Checkpoints:
             raise CheckpointError(f"checkpoint must be 'best' or 'latest', got {which!r}")
         return self._latest if which == "latest" else self._best
 
-    # -- saving ---------------------------------------------------------------------------------
-
     def save_latest(self, step: int, params, opt_state, carry, meta: dict) -> None:
-        """Save the full training state at ``step`` (replacing a checkpoint of that step)."""
         self._save(
             self._latest,
             step,
             failures.tree_bytes((params, opt_state, carry)),
             params=ocp.args.StandardSave(params),
             opt_state=ocp.args.StandardSave(opt_state),
-            carry=ocp.args.StandardSave({"carry": carry}),  # a bare array is not a tree
+            carry=ocp.args.StandardSave({"carry": carry}),
             meta=ocp.args.JsonSave(meta),
         )
 
     def save_best(self, step: int, params, meta: dict) -> None:
-        """Save the parameters of a new best model (the old one goes in ``keep_only_best``)."""
         self._save(
             self._best,
             step,
@@ -141,7 +124,6 @@ class Checkpoints:
         return deleted
 
     def _save(self, manager, step: int, nbytes: int, **items) -> None:
-        """Save ``items`` as ``step`` of ``manager`` (about ``nbytes``), then its checksums."""
         if self.read_only:
             raise CheckpointError("checkpoints opened read-only")
         if step in manager.all_steps():
@@ -153,12 +135,11 @@ class Checkpoints:
                 manager.wait_until_finished()
             if jax.process_index() == 0:
                 checksums.write_checksums(Path(manager.directory) / str(step))
-        except Exception as e:  # orbax / tensorstore / OSError: report it in one line
+        except Exception as e:
             line = failures.failed_save(manager, self._latest, step, nbytes, e)
             raise CheckpointError(line) from None
 
     def prune_after(self, step: int) -> list[int]:
-        """Delete every checkpoint after ``step`` (a resume's abandoned continuation)."""
         deleted = []
         for manager in (self._latest, self._best):
             if manager is None:
@@ -169,10 +150,7 @@ class Checkpoints:
                     deleted.append(s)
         return deleted
 
-    # -- restoring ------------------------------------------------------------------------------
-
     def restore_latest(self, step: int, params, opt_state, carry) -> tuple[Any, Any, Any, dict]:
-        """The full training state at ``step``; the arguments are templates."""
         restored = self._restore(
             "latest",
             step,
@@ -184,15 +162,14 @@ class Checkpoints:
         return restored.params, restored.opt_state, restored.carry["carry"], dict(restored.meta)
 
     def _restore(self, which: str, step: int, **items):
-        """Restore ``items`` (or functions giving them) of a checkpoint after checking its
-        files; one without checksums must read and hold finite parameters."""
+        """Restore ``items`` after checking the files (none: finite params)."""
         manager = self._which(which)
         checked = self._check_files(which, step, self._folder(which, step), tuple(items))
         failures.silence_closed_loop_noise()
         try:
             items = {k: v() if callable(v) else v for k, v in items.items()}
             restored = manager.restore(step, args=ocp.args.Composite(**items))
-        except Exception as e:  # tensorstore / orbax / JSON errors of damaged files
+        except Exception as e:
             reason = f"it does not read: {failures.read_error(e)}"
             raise self._damaged(which, step, reason) from None
         if not checked and "params" in items and not _all_finite(restored.params):
@@ -200,7 +177,6 @@ class Checkpoints:
         return restored
 
     def _check_files(self, which: str, step: int, folder: Path, items: tuple[str, ...]) -> bool:
-        """Whether ``folder`` has checksums; DamagedCheckpointError when a file differs."""
         try:
             expected = checksums.read_checksums(folder)
         except FileNotFoundError:
@@ -223,11 +199,9 @@ class Checkpoints:
         return sorted(found, key=lambda a: (-a[1], a[0] != "latest"))
 
     def _folder(self, which: str, step: int) -> Path:
-        """The folder of a checkpoint of ``which`` (whose manager exists)."""
         return Path(self._which(which).directory) / str(step)
 
     def _damaged(self, which: str, step: int, reason: str) -> DamagedCheckpointError:
-        """The error for a damaged checkpoint: its line names the undamaged others."""
         alternatives = tuple(self.undamaged(but=(which, step)))
         listed = ", ".join(folder_name(w, s) for w, s in alternatives) or "none"
         return DamagedCheckpointError(
@@ -240,7 +214,6 @@ class Checkpoints:
         )
 
     def read_meta(self, which: str = "latest", step: int | None = None) -> dict | None:
-        """The meta JSON of a checkpoint (default: the newest of ``which``), or None."""
         manager = self._which(which)
         if manager is None:
             return None
@@ -250,7 +223,6 @@ class Checkpoints:
         return dict(self._restore(which, step, meta=ocp.args.JsonRestore()).meta)
 
     def newest_readable_meta(self) -> dict | None:
-        """The meta of the newest checkpoint whose meta reads (latest, then best), or None."""
         for which in ("latest", "best"):
             for step in sorted(self.steps(which), reverse=True):
                 try:
@@ -260,15 +232,14 @@ class Checkpoints:
         return None
 
     def restore_params(self, which: str = "best", step: int | None = None, template=None):
-        """(params, meta) of a checkpoint (default: the newest of ``which``); without a
-        ``template`` the arrays go to this process's first device."""
+        """(params, meta) of a checkpoint; no ``template``: on the first device."""
         manager = self._which(which)
         step = manager.latest_step() if (manager is not None and step is None) else step
         if manager is None or step is None:
             raise CheckpointError(f"no {which} checkpoint in {self.workdir}")
         item_dir = Path(manager.directory) / str(step) / "params"
 
-        def params_arg():  # the saved shapes on one device: read once the files are checked
+        def params_arg():
             target = abstract(template) if template is not None else _single_device_target(item_dir)
             return ocp.args.StandardRestore(target)
 
@@ -292,14 +263,12 @@ class Checkpoints:
 
 
 def _all_finite(tree) -> bool:
-    """Whether every floating-point leaf of ``tree`` is finite."""
     leaves = [x for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.floating)]
     return all(bool(jnp.all(jnp.isfinite(x))) for x in leaves)
 
 
 def _single_device_target(item_dir: Path):
-    """Restore target of a saved array tree on the first local device (orbax refuses the
-    saved shardings on another topology)."""
+    """Restore target on the first local device (another topology)."""
     metadata = ocp.StandardCheckpointHandler().metadata(item_dir)
     tree = getattr(metadata, "tree", metadata)
     device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
@@ -307,7 +276,6 @@ def _single_device_target(item_dir: Path):
 
 
 def has_checkpoint(workdir: str | os.PathLike) -> bool:
-    """Whether ``workdir`` holds any finished checkpoint (without creating anything)."""
     for sub in (LATEST_DIR, BEST_DIR):
         folder = Path(workdir) / sub
         if folder.is_dir() and any(p.name.isdigit() for p in folder.iterdir()):
@@ -316,7 +284,6 @@ def has_checkpoint(workdir: str | os.PathLike) -> bool:
 
 
 def load_for_inference(workdir: str | os.PathLike, which: str = "best") -> tuple[Any, dict, str]:
-    """(params, meta, which_used) of the ``which`` checkpoint of a workdir."""
     workdir = Path(workdir)
     if not workdir.is_dir():
         raise CheckpointError(f"workdir {workdir} does not exist")

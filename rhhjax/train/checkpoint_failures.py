@@ -1,9 +1,5 @@
-"""A checkpoint save or restore that fails, said in one line: orbax's and tensorstore's log
-records and late tracebacks are dropped (``quiet_orbax_errors``,
-``silence_closed_loop_noise``); ``failed_save`` and ``read_error`` give the lines that
-``rhhjax.train.checkpoint`` raises as ``CheckpointError``; ``space_needed`` serves every write
-of a workdir.
-"""
+"""A checkpoint save or restore that fails, in one line: orbax's and tensorstore's logged
+tracebacks are dropped; ``failed_save`` and ``read_error`` give the ``CheckpointError`` lines."""
 
 from __future__ import annotations
 
@@ -18,19 +14,14 @@ from typing import Any
 
 import jax
 
-# -- orbax's and tensorstore's noise ---------------------------------------------------------
-
 
 class _OrbaxErrorFilter(logging.Filter):
-    """Drops the error records (with tracebacks) orbax's writer threads log."""
-
     def filter(self, record: logging.LogRecord) -> bool:
         return not (record.levelno >= logging.ERROR and "orbax" in record.pathname)
 
 
 @contextlib.contextmanager
 def quiet_orbax_errors() -> Iterator[None]:
-    """Drop orbax's logged tracebacks of failed writes during a save."""
     logger = logging.getLogger("absl")
     quiet = _OrbaxErrorFilter()
     logger.addFilter(quiet)
@@ -41,7 +32,6 @@ def quiet_orbax_errors() -> Iterator[None]:
 
 
 def _closed_loop_noise(unraisable) -> bool:
-    """tensorstore's harmless late callbacks into the closed loop of a failed orbax call."""
     return isinstance(unraisable.exc_value, RuntimeError) and "Event loop is closed" in str(
         unraisable.exc_value
     )
@@ -51,8 +41,7 @@ _SILENCED = False
 
 
 def silence_closed_loop_noise() -> None:
-    """From the first save or restore on, drop the "Event loop is closed" tracebacks
-    tensorstore's threads print after a failed write or read; nothing else."""
+    """Drop tensorstore's "Event loop is closed" tracebacks after a failed call."""
     global _SILENCED
     if _SILENCED:
         return
@@ -66,9 +55,6 @@ def silence_closed_loop_noise() -> None:
     sys.unraisablehook = hook
 
 
-# -- a failed restore ----------------------------------------------------------------------
-
-
 def read_error(error: BaseException) -> str:
     """A readable line for orbax / tensorstore failing on a damaged file."""
     text = " ".join(str(error).split())
@@ -79,20 +65,15 @@ def read_error(error: BaseException) -> str:
     return text or type(error).__name__
 
 
-# -- a failed save -------------------------------------------------------------------------
-
-
 def tree_bytes(tree: Any) -> int:
-    """Bytes of the arrays in ``tree`` (what a checkpoint of it needs, metadata aside)."""
     return int(sum(getattr(x, "nbytes", 0) for x in jax.tree.leaves(tree)))
 
 
 def failed_save(manager: Any, latest: Any, step: int, nbytes: int, error: BaseException) -> str:
-    """The line for ``manager``'s failed save of ``step``, once orbax's unfinished folders are
-    removed; ``latest``: the ``checkpoints/`` manager, whose newest other step is left."""
+    """The line for a failed save of ``step``, after removing orbax's unfinished folders."""
     folder = Path(manager.directory)
     _remove_unfinished(folder)
-    for other in (manager, latest):  # a finished checkpoint: its size on disk
+    for other in (manager, latest):
         previous = [s for s in other.all_steps() if s != step] if other else []
         if previous:
             where = Path(other.directory) / str(max(previous))
@@ -103,12 +84,10 @@ def failed_save(manager: Any, latest: Any, step: int, nbytes: int, error: BaseEx
 
 
 def _folder_bytes(folder: Path) -> int:
-    """Bytes of the files under ``folder``."""
     return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
 
 
 def _remove_unfinished(folder: Path) -> None:
-    """Delete orbax's temporary folders of unfinished saves (the space a retry needs)."""
     if not folder.is_dir():
         return
     for path in folder.iterdir():
@@ -119,7 +98,6 @@ def _remove_unfinished(folder: Path) -> None:
 def _save_failure(
     folder: Path, step: int, nbytes: int, error: BaseException, last: int | None
 ) -> str:
-    """One line for a failed save; ``last``: the latest training checkpoint's step left."""
     text = " ".join(str(error).split()) or type(error).__name__
     left = (
         f"the last checkpoint (step {last}) is intact"
@@ -142,8 +120,7 @@ def _save_failure(
 
 
 def space_needed(folder: Path, nbytes: int) -> str:
-    """ "it needs about X, Y free" for a failed write of about ``nbytes`` into ``folder`` (or
-    "more than the Y free" when the estimate is not above it)."""
+    """ "it needs about X, Y free" for a failed write of ``nbytes`` into ``folder``."""
     try:
         free = shutil.disk_usage(folder if folder.exists() else folder.parent).free
     except OSError:
@@ -154,7 +131,6 @@ def space_needed(folder: Path, nbytes: int) -> str:
 
 
 def _size(n: int) -> str:
-    """Bytes for people: "150 bytes", "23 kB", "61.2 MB", "3.1 GB"."""
     if n < 1e3:
         return f"{max(n, 0)} bytes"
     if n < 1e6:

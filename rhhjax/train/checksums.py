@@ -1,7 +1,5 @@
-"""The checksum table of a checkpoint: ``<step>/checksums.json``, the size and SHA-256 of
-every file, written after each save so a restore can tell a damaged file before orbax reads
-it (``write_checksums``, ``read_checksums``, ``files_problem``, ``intact``). Plain files only.
-"""
+"""The checksum table of a checkpoint, ``<step>/checksums.json``: the size and SHA-256 of every
+file, written after each save so a restore can tell a damaged file before orbax reads it."""
 
 from __future__ import annotations
 
@@ -18,7 +16,6 @@ class ChecksumFileError(ValueError):
 
 
 def write_checksums(folder: Path) -> None:
-    """``folder/checksums.json``: [bytes, SHA-256] of every file of a finished checkpoint."""
     files = sorted(p for p in folder.rglob("*") if p.is_file() and p.name != CHECKSUMS_FILE)
     table = {str(p.relative_to(folder)): [p.stat().st_size, _sha256(p)] for p in files}
     tmp = folder / f".{CHECKSUMS_FILE}.tmp"
@@ -27,7 +24,6 @@ def write_checksums(folder: Path) -> None:
 
 
 def read_checksums(folder: Path) -> dict[str, tuple[int, str]]:
-    """``folder/checksums.json`` as {relative path: (bytes, sha256)}."""
     path = folder / CHECKSUMS_FILE
     try:
         text = path.read_text()
@@ -53,7 +49,7 @@ def read_checksums(folder: Path) -> dict[str, tuple[int, str]]:
 def files_problem(folder: Path, expected: dict, items: tuple[str, ...]) -> str:
     """ "" when the files of ``items`` match ``expected``, else the first difference."""
 
-    def read_now(name: str) -> bool:  # another item's files are not read now
+    def read_now(name: str) -> bool:
         return "/" not in name or name.split("/", 1)[0] in items
 
     for name, (size, digest) in sorted(expected.items()):
@@ -87,7 +83,6 @@ def intact(folder: Path, items: tuple[str, ...]) -> bool:
 
 
 def _file_problem(path: Path, size: int, digest: str) -> str:
-    """ "" when ``path`` has the saved size and SHA-256, else what differs."""
     try:
         actual = path.stat().st_size
     except OSError:
@@ -100,7 +95,6 @@ def _file_problem(path: Path, size: int, digest: str) -> str:
 
 
 def _sha256(path: Path) -> str:
-    """The SHA-256 of a file's bytes, read in 1 MiB chunks."""
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):

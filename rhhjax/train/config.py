@@ -1,9 +1,6 @@
-"""Every default of a run, the ``train`` and ``eval`` blocks, and the whole config as a run
-reads it. ``default_config()``: every field of every block at its default (the paper's
-HyperRHN on PTB; ``data`` from ``rhhjax.data``, ``model`` from ``rhhjax.models.ModelConfig``,
-``train`` and ``eval`` here). ``prepare_config(config)`` fills the fields an older config
-lacks and validates every block; errors are one line (``rhhjax.errors.UserError``).
-"""
+"""Every default of a run (``default_config()``: the paper's HyperRHN on PTB), the ``train`` and
+``eval`` blocks, and ``prepare_config(config)``: fills the fields an older config lacks and
+validates every block, errors one line (``rhhjax.errors.UserError``)."""
 
 from __future__ import annotations
 
@@ -28,7 +25,7 @@ def default_config() -> ml_collections.ConfigDict:
     config.variant = ""  # Which variant of its config file produced the config.
     config.seed = 0  # Seeds parameters, dropout and the batch sampler.
     config.data = data_lib.default_data_config()
-    config.model = dataclasses.asdict(models.ModelConfig())  # kernel: a nested block
+    config.model = dataclasses.asdict(models.ModelConfig())
     config.train = default_train_config()
     config.eval = default_eval_config()
     return config
@@ -43,8 +40,7 @@ def default_train_config() -> ml_collections.ConfigDict:
     train.learning_rate = 1e-3  # Step size (paper HyperRHN: Adam 1e-3; RHN: 5e-4).
     train.lr_decay = 1.0  # sgd: divide the learning rate by this once per epoch...
     train.lr_decay_start_epoch = 0  # ...from this 0-based epoch on.
-    # adam: constant (paper) | cosine | linear (warm-up, then decay to the run's last step)
-    train.schedule = "constant"
+    train.schedule = "constant"  # adam: constant (paper) | cosine | linear (warm-up, decay).
     train.warmup_steps = 0  # Steps of the linear warm-up from 0 (schedule cosine / linear).
     train.final_lr_fraction = 0.1  # The floor of the decay, as a fraction of learning_rate.
     train.b1 = 0.9  # Adam beta1.
@@ -54,29 +50,22 @@ def default_train_config() -> ml_collections.ConfigDict:
     train.clip_type = "l1"  # l1 (the paper code's total L1 norm) | l2 (global L2 norm).
     train.max_epochs = 1000  # Upper bound on epochs (an epoch = len(train) / (batch*seq_len)).
     train.max_steps = 0  # Stop after this many steps when > 0 (takes precedence).
-    # Stop after this much training time when > 0 (summed across restarts).
-    train.max_minutes = 0.0
-    # A training budget in minutes when > 0, fixed as a number of steps after the probe.
-    train.budget_minutes = 0.0
+    train.max_minutes = 0.0  # Stop after this much training time when > 0 (over restarts).
+    train.budget_minutes = 0.0  # A budget in minutes when > 0, fixed in steps after the probe.
     train.budget_probe_steps = 20  # Steps timed to turn budget_minutes into steps.
-    # > 0: seconds per step instead of measured ones (the same steps on every machine).
-    train.budget_step_seconds = 0.0
+    train.budget_step_seconds = 0.0  # > 0: seconds per step instead of measured ones.
     train.eval_every_steps = 0  # Validate every N steps; 0 = once per epoch (and at the stop).
     train.patience = 20  # Early stopping: evaluations without a new best valid BPC; 0 = off.
     train.log_every_steps = 50  # Progress line and metrics record every N steps.
     train.checkpoint_every_steps = 0  # Extra checkpoints every N steps; 0 = at evaluations.
     train.keep_checkpoints = 3  # Latest checkpoints kept (the best one is kept as well).
-    # Also checkpoint after this much wall time since the last save (0 = off).
-    train.checkpoint_every_minutes = 10.0
+    train.checkpoint_every_minutes = 10.0  # Also checkpoint after this wall time; 0 = off.
     train.on_nonfinite = "stop"  # stop | rollback (restore the last checkpoint and go on).
-    # A loss above this x ln(vocab) counts as diverged (on_nonfinite applies); 0 = off.
-    train.divergence_factor = 10.0
+    train.divergence_factor = 10.0  # A loss above this x ln(vocab) diverged; 0 = off.
     train.tensorboard = False  # Also write TensorBoard events (pip install -e ".[tensorboard]").
-    # Several hosts: call jax.distributed.initialize() (also when $JAX_COORDINATOR_ADDRESS is set).
-    train.distributed = False
+    train.distributed = False  # Several hosts: call jax.distributed.initialize().
     train.fsdp = False  # Also split parameters / optimizer state over devices (FSDP-style).
-    # Refuse a config whose estimated peak memory exceeds what is free (rhhjax.memory).
-    train.check_memory = True
+    train.check_memory = True  # Refuse a config whose estimated peak memory is not free.
     return train
 
 
@@ -84,8 +73,7 @@ def default_eval_config() -> ml_collections.ConfigDict:
     """The ``eval`` block at its defaults: the periodic validation and the final evaluation."""
     evaluation = ml_collections.ConfigDict()
     evaluation.batch_size = 256  # Rows per evaluation batch.
-    # Window / chunk length of the honest protocols (run in pieces of MAX_CHUNK steps).
-    evaluation.seq_len = 100
+    evaluation.seq_len = 100  # Window / chunk length of the windows and stream protocols.
     evaluation.min_context = 50  # windows protocol: minimum context of every scored char.
     evaluation.valid_protocol = "windows"  # Protocol of the periodic validation.
     evaluation.final_protocols = "windows,stream,paper"  # Run on the best checkpoint at the end.
@@ -94,7 +82,6 @@ def default_eval_config() -> ml_collections.ConfigDict:
 
 
 def defaults() -> dict[str, Any]:
-    """``default_config()`` as a nested dict."""
     return default_config().to_dict()
 
 
@@ -107,7 +94,7 @@ def fill_defaults(items: dict[str, Any], default: Mapping[str, Any]) -> None:
             fill_defaults(items[key], value)
 
 
-# must match between a workdir's run and the config that resumes it: they shape the state
+# must match between a workdir's run and the config that resumes it
 RESUME_FIELDS = (
     "seed",
     "data.format",
@@ -121,7 +108,8 @@ RESUME_FIELDS = (
 )
 # May change on resume: how the recurrence runs, not what it computes.
 MODEL_FIELDS_FREE = (
-    "impl", "pallas_mode", "kernel", "dtype", "lowrank_op", "lowrank_remat", "vocab_size"
+    "impl", "pallas_mode", "kernel", "dtype", "lowrank_op", "lowrank_remat", "vocab_size",
+    "persistent_variant",
 )  # fmt: skip
 
 
@@ -167,8 +155,7 @@ def bound_reached(
 
 
 def budget_steps_for(train, elapsed_seconds: float, step: int, step_seconds: float) -> int:
-    """The number of steps ``train.budget_minutes`` buys (at least ``step``): at
-    ``budget_step_seconds`` if set, else ``step`` plus what the rest buys at ``step_seconds``."""
+    """Steps ``train.budget_minutes`` buys (at least ``step``)."""
     budget = 60.0 * float(train.budget_minutes)
     if train.budget_step_seconds:
         return _whole(budget / float(train.budget_step_seconds))
@@ -176,7 +163,7 @@ def budget_steps_for(train, elapsed_seconds: float, step: int, step_seconds: flo
 
 
 def _whole(steps: float) -> int:
-    """``floor(steps)``, but a ratio that is whole up to rounding (0.6 / 0.05) counts whole."""
+    """``floor(steps)``, a ratio whole up to rounding (0.6 / 0.05) counting whole."""
     return int(math.floor(steps + 1e-6))
 
 
@@ -220,8 +207,8 @@ def _check_choice(name: str, value: Any, choices: tuple) -> None:
 def validate_config(cfg: ml_collections.ConfigDict) -> None:
     """Checks every field the trainer reads; raises TrainError / ConfigError (one line)."""
     _check_int("seed", cfg.seed, 0)
-    models.ModelConfig.from_config(cfg.model)  # raises models.ConfigError
-    data_lib.validate_data_config(cfg.data)  # raises DataError
+    models.ModelConfig.from_config(cfg.model)
+    data_lib.validate_data_config(cfg.data)
     t, e = cfg.train, cfg.eval
     _check_int("train.batch_size", t.batch_size, 1)
     _check_int("train.seq_len", t.seq_len, 1)
@@ -284,7 +271,6 @@ def validate_config(cfg: ml_collections.ConfigDict) -> None:
 
 
 def _check_schedule(t) -> None:
-    """The schedule's fields agree with the optimizer and the run's length (one line)."""
     if t.schedule == "constant":
         return
     if t.optimizer != "adam":

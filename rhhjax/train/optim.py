@@ -1,7 +1,6 @@
-"""The optimizer of every run: clipping (the paper code's L1 norm, or global L2), then Adam,
-AdamW or SGD with the RHN paper's per-epoch decay; Adam's step size is constant or a warm-up
-and decay whose length lives in the optimizer state (a time budget fixes it after the first
-steps). ``OptimizerConfig``: the hashable part of ``config.train`` that defines it."""
+"""The optimizer of every run: clipping (L1 as the paper code, or L2), then Adam, AdamW or SGD
+with per-epoch decay; Adam's step size is constant or a warm-up and decay whose length lives in
+the optimizer state. ``OptimizerConfig``: the part of ``config.train`` that defines it."""
 
 from __future__ import annotations
 
@@ -14,8 +13,7 @@ import optax
 
 
 def clip_by_l1_norm(max_norm: float) -> optax.GradientTransformation:
-    """Scale updates to total L1 norm at most ``max_norm`` (the paper code's
-    ``clip_grad_norm(..., norm_type=1)``: ``g *= max_norm / (||g||_1 + 1e-6)`` when < 1)."""
+    """Scale updates to total L1 norm <= ``max_norm`` (the paper code's, eps 1e-6)."""
 
     def init_fn(params):
         del params
@@ -75,12 +73,10 @@ class OptimizerConfig:
 
     @property
     def scheduled(self) -> bool:
-        """Whether the step size follows a warm-up and decay over the run's length."""
         return self.schedule != "constant"
 
     def learning_rate_at(self, step, total_steps=0):
-        """SGD: ``lr / lr_decay ** max(epoch - start + 1, 0)`` (Zilly et al.'s); Adam: constant
-        or ``scheduled_learning_rate``."""
+        """SGD: ``lr / lr_decay ** max(epoch - start + 1, 0)``; Adam: constant or scheduled."""
         if self.scheduled:
             return scheduled_learning_rate(self, step, total_steps)
         if self.optimizer != "sgd" or self.lr_decay == 1.0:
@@ -91,9 +87,8 @@ class OptimizerConfig:
 
 
 def scheduled_learning_rate(oc: OptimizerConfig, step, total_steps):
-    """The step size of 0-based ``step`` (traceable): linear warm-up over ``warmup_steps``,
-    then cosine or linear down to ``final_lr_fraction * learning_rate`` on step
-    ``total_steps - 1``; ``total_steps`` 0 (not known yet) holds the peak."""
+    """Step size of 0-based ``step``: linear warm-up, then cosine / linear down to
+    ``final_lr_fraction * learning_rate`` at ``total_steps - 1``; 0 total steps: the peak."""
     step = jnp.asarray(step, jnp.float32)
     total = jnp.asarray(total_steps, jnp.float32)
     peak, floor = oc.learning_rate, oc.learning_rate * oc.final_lr_fraction
@@ -110,15 +105,11 @@ def scheduled_learning_rate(oc: OptimizerConfig, step, total_steps):
 
 
 class ScheduleState(NamedTuple):
-    """The scheduled step size's state: steps taken, and the run's length (0: not yet known)."""
-
     count: jax.Array
     total_steps: jax.Array
 
 
 def scale_by_schedule(oc: OptimizerConfig) -> optax.GradientTransformation:
-    """``scale_by_learning_rate`` with the run's length in the state (``set_total_steps``)."""
-
     def init_fn(params):
         del params
         return ScheduleState(jnp.zeros([], jnp.int32), jnp.zeros([], jnp.int32))
@@ -133,7 +124,7 @@ def scale_by_schedule(oc: OptimizerConfig) -> optax.GradientTransformation:
 
 
 def set_total_steps(opt_state, total_steps: int):
-    """``opt_state`` with the schedule's run length set to ``total_steps`` (if it has one)."""
+    """``opt_state`` with the schedule's run length set to ``total_steps``."""
 
     def replace(node):
         if not isinstance(node, ScheduleState):
@@ -146,7 +137,6 @@ def set_total_steps(opt_state, total_steps: int):
 
 
 def total_steps_of(opt_state) -> int:
-    """The schedule's run length recorded in ``opt_state`` (0: none, or not yet known)."""
     found = [
         int(n.total_steps)
         for n in jax.tree.leaves(opt_state, is_leaf=lambda n: isinstance(n, ScheduleState))
@@ -156,10 +146,9 @@ def total_steps_of(opt_state) -> int:
 
 
 def make_optimizer(oc: OptimizerConfig) -> optax.GradientTransformation:
-    """Clipping (L1 or L2, skipped when clip_norm is 0) followed by Adam / AdamW / SGD."""
     parts = []
     if oc.optimizer == "sgd" and oc.weight_decay > 0:
-        # Zilly et al. add the L2 penalty to the loss, so it is clipped with the gradient.
+        # Zilly et al. add the L2 penalty to the loss: it is clipped with the gradient
         parts.append(optax.add_decayed_weights(oc.weight_decay))
     if oc.clip_norm > 0:
         if oc.clip_type == "l1":

@@ -1,13 +1,9 @@
-"""A trained run, loaded for inference: the one loader of ``evaluate``, ``sample`` and
-``rhhjax.analysis``.
+"""A trained run loaded for inference (``evaluate``, ``sample``, ``rhhjax.analysis``):
 
-    run = load_run("workdirs/ptb", "best")        # "latest", a step, "checkpoints/3", "best/6"
-    run.params, run.model, run.vocab               # enough to sample
-    corpus = run.corpus()                          # checked against the checkpoint's vocabulary
+    run = load_run("workdirs/ptb", "best")  # "latest", a step, "checkpoints/3", "best/6"
+    run.params, run.model, run.vocab, run.corpus()
 
-A ``config.json`` that disagrees with the checkpoint is one ``warning:`` line (the checkpoint
-is what runs); every problem is a one-line ``rhhjax.errors.UserError``.
-"""
+The checkpoint is what runs; a disagreeing ``config.json`` is one ``warning:`` line."""
 
 from __future__ import annotations
 
@@ -35,8 +31,7 @@ CHECKPOINT_FLAG_HELP = (
 
 @dataclasses.dataclass(frozen=True)
 class SavedRun:
-    """One checkpoint of a training workdir: ``checkpoint`` (which was read), ``config`` (as
-    saved, with ``load_run``'s data overrides), ``model`` and the ``meta`` JSON."""
+    """One checkpoint of a workdir: ``checkpoint``, ``config`` (as saved), ``model``, ``meta``."""
 
     workdir: Path
     checkpoint: str
@@ -49,8 +44,7 @@ class SavedRun:
     meta: dict
 
     def corpus(self) -> data_lib.Corpus:
-        """The data the run's config describes; CheckpointError when its vocabulary is not the
-        checkpoint's."""
+        """The run's data; CheckpointError when its vocabulary is not the checkpoint's."""
         try:
             corpus = cached_corpus(self.config.data.to_dict())
         except data_lib.DataError as e:
@@ -72,7 +66,6 @@ class SavedRun:
 
 
 def check_workdir(workdir: str | os.PathLike) -> Path:
-    """``workdir`` as a Path; CheckpointError unless it is an existing folder."""
     path = Path(workdir)
     if path.is_file():
         raise ckpt_lib.CheckpointError(f"{path} is a file, not a training workdir")
@@ -82,7 +75,6 @@ def check_workdir(workdir: str | os.PathLike) -> Path:
 
 
 def saved_steps(workdir: Path, *subs: str) -> list[int]:
-    """The steps of every finished checkpoint in ``subs``, from the folder names."""
     steps = set()
     for sub in subs or (ckpt_lib.LATEST_DIR, ckpt_lib.BEST_DIR):
         folder = workdir / sub
@@ -92,7 +84,6 @@ def saved_steps(workdir: Path, *subs: str) -> list[int]:
 
 
 def _saved(workdir: Path) -> list[str]:
-    """``checkpoints/3``, ``best/6``, ...: every saved checkpoint ("none" when none)."""
     names = [
         f"{sub}/{step}"
         for sub in (ckpt_lib.LATEST_DIR, ckpt_lib.BEST_DIR)
@@ -118,7 +109,6 @@ def parse_checkpoint(text: str | int) -> str | int | tuple[str, int]:
 
 
 def checkpoint_flag(alternative: tuple[str, int], all_steps: list[tuple[str, int]]) -> str:
-    """The shortest exact ``--checkpoint`` for ``(which, step)``."""
     which, step = alternative
     if sum(s == step for _, s in all_steps) > 1:
         return f"--checkpoint={ckpt_lib.folder_name(which, step)}"
@@ -126,7 +116,6 @@ def checkpoint_flag(alternative: tuple[str, int], all_steps: list[tuple[str, int
 
 
 def _with_flags(error: ckpt_lib.DamagedCheckpointError, workdir: Path) -> ckpt_lib.CheckpointError:
-    """The damaged-checkpoint line naming the flag of each undamaged checkpoint."""
     damaged = workdir / ckpt_lib.folder_name(error.which, error.step)
     everything = [*error.alternatives, (error.which, error.step)]
     flags = [checkpoint_flag(a, everything) for a in error.alternatives]
@@ -149,10 +138,8 @@ def load_run(
     data_dir: str = "",
     text_files: str = "",
 ) -> SavedRun:
-    """The ``which`` checkpoint of ``workdir`` (any ``--checkpoint`` value; ``best`` falls
-    back to the latest). ``impl`` overrides ``model.impl``; ``data_dir`` / ``text_files``: where
-    the run's data has moved.
-    """
+    """The ``which`` checkpoint of ``workdir`` (``best`` falls back to the latest); ``impl``,
+    ``data_dir`` and ``text_files`` override the saved config."""
     path = check_workdir(workdir)
     which = which if isinstance(which, tuple) else parse_checkpoint(which)
     try:
@@ -186,7 +173,6 @@ def load_run(
 
 
 def _move_data(config: ml_collections.ConfigDict, data_dir: str, text_files: str) -> None:
-    """Point the config's data section at moved data (``--data_dir`` / ``--text_files``)."""
     is_text = config.data.get("format") == "text"
     if data_dir:
         if is_text:
@@ -203,10 +189,9 @@ def _move_data(config: ml_collections.ConfigDict, data_dir: str, text_files: str
 
 
 def _restore_step(workdir: Path, step: int, folder: str | None = None) -> tuple[Any, dict]:
-    """(params, meta) of the checkpoint of ``step`` in ``folder`` (None: either)."""
     sub = {"latest": ckpt_lib.LATEST_DIR, "best": ckpt_lib.BEST_DIR}
     in_folder = saved_steps(workdir, sub[folder]) if folder else saved_steps(workdir)
-    if step not in in_folder:  # said before orbax opens anything
+    if step not in in_folder:
         where = f"{workdir / sub[folder]}" if folder else f"{workdir}"
         raise ckpt_lib.CheckpointError(
             f"no checkpoint of step {step} in {where} (saved: {', '.join(_saved(workdir))})"
@@ -222,7 +207,7 @@ def _restore_step(workdir: Path, step: int, folder: str | None = None) -> tuple[
 
 
 def cached_corpus(data: Mapping[str, Any]) -> data_lib.Corpus:
-    """``data_lib.load_corpus(data)``, read once per process for equal data sections."""
+    """``data_lib.load_corpus(data)``, read once per process."""
     return _load_corpus(json.dumps(dict(data), sort_keys=True))
 
 

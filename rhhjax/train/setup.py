@@ -1,8 +1,6 @@
-"""A run before anything is written: ``prepare_run(config, workdir, ...) -> Run``. Validates
-the config, joins the devices, loads the data, builds the model config and sampler, checks the
-workdir (a run in it must match) and the memory the run needs; problems are one-line
-``UserError`` s before anything is written or compiled.
-"""
+"""A run before anything is written: ``prepare_run(config, workdir, ...) -> Run`` validates
+the config, joins the devices, loads the data, checks the workdir and the memory the run needs;
+problems are one-line ``UserError`` s."""
 
 from __future__ import annotations
 
@@ -29,20 +27,19 @@ from rhhjax.train.signals import SignalCatcher
 class Run:
     """What every part of a run reads, set up once by ``prepare_run``."""
 
-    cfg: ml_collections.ConfigDict  # the validated config (model.vocab_size from the data)
+    cfg: ml_collections.ConfigDict
     workdir: Path
     model: models.ModelConfig
     corpus: data_lib.Corpus
-    sampler: Any  # data_lib.WindowSampler | StreamSampler over corpus.train
-    mesh: Any  # the data-parallel mesh (rhhjax.parallel)
-    log: Callable[[str], None]  # progress lines (silent on processes other than 0)
+    sampler: Any
+    mesh: Any
+    log: Callable[[str], None]
     signals: SignalCatcher
-    tensorboard: Any = None  # tensorboardX's SummaryWriter class when train.tensorboard
-    finished: dict | None = None  # the stored results when the workdir has nothing to do
+    tensorboard: Any = None
+    finished: dict | None = None
 
     @property
     def primary(self) -> bool:
-        """Process 0: the one that logs and writes the workdir's JSON files."""
         return parallel.is_primary()
 
     @property
@@ -65,7 +62,7 @@ def prepare_run(
     """Everything checked before the workdir is written; raises a UserError (one line)."""
     cfg = train_config.prepare_config(config)
     parallel.maybe_initialize_distributed(bool(cfg.train.distributed))
-    if not parallel.is_primary():  # only process 0 logs and writes the JSON files
+    if not parallel.is_primary():
         log = signals.log = _silent
     # every process: the same config; the batch sizes divide over the devices
     parallel.assert_same_across_processes(train_config.config_to_json(cfg), "config")
@@ -90,16 +87,15 @@ def prepare_run(
         if warning:
             warn(warning)
     finished = workdir_lib.finished_results(workdir, cfg, meta, sampler.batches_per_epoch)
-    if finished is None:  # a finished run writes nothing: a read-only workdir is fine
+    if finished is None:
         workdir_lib.check_workdir_writable(workdir)
         if cfg.train.check_memory:
             check_memory(cfg, model, mesh, log)
-    parallel.sync("rhhjax-validated")  # every process has read the workdir before it changes
+    parallel.sync("rhhjax-validated")
     return Run(cfg, workdir, model, corpus, sampler, mesh, log, signals, tensorboard, finished)
 
 
 def memory_needs(cfg: ml_collections.ConfigDict, model: models.ModelConfig, n_devices: int):
-    """``rhhjax.memory`` estimates of the run's training step and every evaluation protocol."""
     import jax
 
     shapes = jax.eval_shape(
@@ -121,7 +117,6 @@ def check_memory(
     mesh,
     log: Callable[[str], None] = _silent,
 ) -> None:
-    """MemoryCheckError when the run's estimated peak does not fit; else log the estimate."""
     needs = memory_needs(cfg, model, mesh.size)
     free = memory.free_memory()
     memory.check(needs, free, "train.check_memory=False runs it anyway")
@@ -129,7 +124,6 @@ def check_memory(
 
 
 def _make_sampler(cfg: ml_collections.ConfigDict, tokens: np.ndarray):
-    """The training batches: [train.batch_size, train.seq_len] windows or streams."""
     t = cfg.train
     if cfg.data.sampler == "stream":
         return data_lib.StreamSampler(tokens, t.batch_size, t.seq_len, seed=cfg.seed)
@@ -137,7 +131,6 @@ def _make_sampler(cfg: ml_collections.ConfigDict, tokens: np.ndarray):
 
 
 def _check_eval_data(cfg, corpus: data_lib.Corpus, valid_tokens: np.ndarray) -> None:
-    """TrainError unless every split is long enough for the protocols that score it."""
     e = cfg.eval
     checks = [(valid_tokens, e.valid_protocol, "valid")]
     for protocol in eval_lib.parse_protocols(e.final_protocols):

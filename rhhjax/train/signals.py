@@ -1,8 +1,5 @@
-"""SIGTERM / SIGINT as a flag the training loop polls (``SignalCatcher``). With
-``thread=True`` a watcher thread receives them, so they are acknowledged even during a long
-compilation; this module imports nothing that starts threads (a thread started before the
-catcher blocks the signals would die of them).
-"""
+"""SIGTERM / SIGINT as a flag the training loop polls (``SignalCatcher``); it imports nothing
+that starts threads (a thread started before the signals are blocked would die of them)."""
 
 from __future__ import annotations
 
@@ -14,13 +11,9 @@ from rhhjax.errors import exit_with_error
 
 
 class SignalCatcher:
-    """SIGTERM / SIGINT set ``signum``; the training loop stops after the step in flight.
-
-    ``phase`` picks the first signal's acknowledgement. A second signal: with ``hard_abort``
-    one ``error:`` line and exit 128 + signum, else a ``KeyboardInterrupt``. ``thread=True``
-    (entered before jax starts threads) receives them in a ``sigwait`` watcher thread.
-    ``abort``: the first signal ends the program at once with ``error: <abort>``.
-    """
+    """SIGTERM / SIGINT set ``signum``; the loop stops after the step in flight. A second
+    signal: ``hard_abort`` exits 128 + signum, else ``KeyboardInterrupt``; ``thread=True``: a
+    ``sigwait`` watcher thread; ``abort``: the first signal ends the program."""
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -42,8 +35,6 @@ class SignalCatcher:
         self._watcher: threading.Thread | None = None
         self._active = False
 
-    # -- messages ---------------------------------------------------------------------------
-
     def _first_message(self, name: str) -> str:
         if self.phase == "startup":
             return f"received {name} while starting up: stopping before training starts"
@@ -59,7 +50,6 @@ class SignalCatcher:
         )
 
     def handle(self, signum: int) -> None:
-        """Record a signal (the first) or abort (the second)."""
         name = signal.Signals(signum).name
         if self.abort is not None:
             exit_with_error(self.abort.format(name=name), 128 + signum)
@@ -88,7 +78,6 @@ class SignalCatcher:
         return bool(multihost_utils.broadcast_one_to_all(np.int32(flag)))
 
     def interrupted(self, step: int | None, message: str) -> dict:
-        """The results of a run the signal stopped, after logging ``message``."""
         signum = self.signum or signal.SIGTERM
         self.log(message.format(name=signal.Signals(signum).name))
         return {"status": "interrupted", "exit_code": 128 + signum, "step": step}
@@ -104,11 +93,9 @@ class SignalCatcher:
                 break
             self.handle(signum)
 
-    # -- context ----------------------------------------------------------------------------
-
     def __enter__(self) -> SignalCatcher:
         if threading.current_thread() is not threading.main_thread():
-            return self  # signals can only be caught in the main thread
+            return self
         self._active = True
         if self.thread:
             signal.pthread_sigmask(signal.SIG_BLOCK, self.SIGNALS)
@@ -124,7 +111,6 @@ class SignalCatcher:
             return
         self._active = False
         if self.thread:
-            # the daemon watcher exits with the process; the signals stay blocked
             return
         for s, handler in self._previous.items():
             signal.signal(s, handler)

@@ -48,7 +48,6 @@ class StateStore:
 
     @staticmethod
     def initialise(run: Run, tx) -> LoopState:
-        """Parameters from ``config.seed``, optimizer state and a zero carry, on the mesh."""
         fsdp = bool(run.cfg.train.fsdp)
         params = make_init(run.model)(init_key(int(run.cfg.seed)))
         opt_state = tx.init(params)
@@ -60,7 +59,6 @@ class StateStore:
         return LoopState(params=params, opt_state=opt_state, carry=carry)
 
     def meta(self, s: LoopState) -> dict:
-        """The checkpoint meta of ``s`` (see ``rhhjax.train.checkpoint``)."""
         run = self.run
         return {
             "version": ckpt_lib.META_VERSION,
@@ -81,12 +79,10 @@ class StateStore:
         }
 
     def save(self, s: LoopState) -> None:
-        """Save the latest checkpoint of ``s``, then drop any best checkpoint it does not name."""
         self.ckpts.save_latest(s.step, s.params, s.opt_state, s.carry, self.meta(s))
         self.ckpts.keep_only_best(s.best_step)
 
     def restore(self, step: int) -> LoopState:
-        """The state of the latest checkpoint of ``step``, the sampler's included."""
         params, opt_state, carry, m = self.ckpts.restore_latest(step, *self._templates)
         self.run.sampler.restore(m["sampler"])
         return LoopState(
@@ -106,8 +102,7 @@ class StateStore:
         )
 
     def resume(self) -> LoopState | None:
-        """The state of the newest undamaged checkpoint (a line per damaged one passed over),
-        None without any; DamagedCheckpointError when all are damaged."""
+        """The newest undamaged checkpoint's state, or None; DamagedCheckpointError if all are."""
         steps = sorted(self.ckpts.steps("latest"), reverse=True)
         for i, step in enumerate(steps):
             try:
@@ -124,8 +119,7 @@ class StateStore:
         return None
 
     def check_best(self, s: LoopState) -> None:
-        """Make ``best/`` hold exactly the best checkpoint ``s`` records (a missing or damaged
-        one is forgotten: the next validation makes a new one)."""
+        """Make ``best/`` hold exactly the best checkpoint ``s`` records (else forget it)."""
         if s.best_step is not None:
             problem = None
             if s.best_step not in self.ckpts.steps("best"):

@@ -40,7 +40,6 @@ class WorkdirWriteError(TrainError):
 
 
 def _write_failure(path: Path, nbytes: int, error: OSError) -> WorkdirWriteError:
-    """The one line for a failed write of about ``nbytes`` to ``path``."""
     if error.errno == errno.ENOSPC:
         why = f"no space left on device ({checkpoint_failures.space_needed(path.parent, nbytes)})"
         fix = "free some space and run the same command again"
@@ -51,7 +50,6 @@ def _write_failure(path: Path, nbytes: int, error: OSError) -> WorkdirWriteError
 
 
 def checkpoints_left(workdir: Path) -> str:
-    """What a failed write leaves, from the checkpoint folder names."""
     folder = workdir / ckpt_lib.LATEST_DIR
     steps = [int(p.name) for p in folder.iterdir() if p.name.isdigit()] if folder.is_dir() else []
     if steps:
@@ -60,7 +58,7 @@ def checkpoints_left(workdir: Path) -> str:
 
 
 def json_safe(value: Any) -> Any:
-    """``value`` with every non-finite float replaced by None (JSON has no NaN / Infinity)."""
+    """``value`` with every non-finite float replaced by None."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, Mapping):
@@ -71,7 +69,6 @@ def json_safe(value: Any) -> Any:
 
 
 def json_dumps(value: Any, **kwargs) -> str:
-    """``json.dumps`` that always writes valid JSON: NaN / inf become null."""
     return json.dumps(json_safe(value), allow_nan=False, **kwargs)
 
 
@@ -80,7 +77,7 @@ class MetricsLog:
 
     def __init__(self, path: Path, enabled: bool = True):
         self.path = path
-        self.enabled = enabled  # False on processes other than 0: nothing is written
+        self.enabled = enabled
 
     def read(self) -> list[dict]:
         if not self.path.exists():
@@ -90,11 +87,10 @@ class MetricsLog:
             try:
                 records.append(json.loads(line))
             except json.JSONDecodeError:
-                continue  # a line cut by kill -9
+                continue
         return records
 
     def truncate_after(self, step: int) -> None:
-        """Drop every record of a step after ``step`` (an abandoned continuation)."""
         if not self.enabled or not self.path.exists():
             return
         kept = [r for r in self.read() if (r.get("step") or 0) <= step]
@@ -113,14 +109,12 @@ class MetricsLog:
 
 
 def file_mode() -> int:
-    """0o666 less the process umask (what ``open()`` gives a new file)."""
     mask = os.umask(0)
     os.umask(mask)
     return 0o666 & ~mask
 
 
 def atomic_write(path: Path, text: str) -> None:
-    """Write ``path`` whole or not at all (a temporary file renamed over it)."""
     tmp = None
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -157,7 +151,7 @@ class WorkdirLock:
             raise TrainError(message) from None
         except OSError:  # a filesystem without flock (some network filesystems): no lock
             pass
-        try:  # the holder's pid, for the message above; a full disk leaves it out
+        try:
             os.ftruncate(fd, 0)
             os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         except OSError:
@@ -166,7 +160,7 @@ class WorkdirLock:
 
     def release(self) -> None:
         if self._fd is not None:
-            os.close(self._fd)  # closing releases the lock; the file stays (harmless)
+            os.close(self._fd)
             self._fd = None
 
     def __enter__(self) -> WorkdirLock:
@@ -178,8 +172,7 @@ class WorkdirLock:
 
 
 def finished_results(workdir: Path, cfg, meta: dict | None, steps_per_epoch: int) -> dict | None:
-    """The stored results when the run finished at ``meta``'s step under ``cfg``'s bounds and
-    ``eval`` settings (nothing to do), else None."""
+    """The stored results if the run already finished under ``cfg``'s bounds, else None."""
     path = workdir / RESULTS_FILE
     if meta is None or not path.is_file():
         return None
@@ -203,7 +196,6 @@ def finished_results(workdir: Path, cfg, meta: dict | None, steps_per_epoch: int
 
 
 def tensorboard_writer_class():
-    """tensorboardX's ``SummaryWriter``; TrainError (one line) when it is not installed."""
     try:
         from tensorboardX import SummaryWriter
     except ImportError:
@@ -215,8 +207,7 @@ def tensorboard_writer_class():
 
 
 class EventWriter:
-    """TensorBoard event files in ``<workdir>/tensorboard``; a resume from step N hides the
-    earlier events after N (``purge_step``)."""
+    """TensorBoard events in ``<workdir>/tensorboard``; a resume hides later ones."""
 
     DIR = "tensorboard"
 
@@ -226,13 +217,11 @@ class EventWriter:
         self._writer = self._open(start_step)
 
     def _open(self, step: int):
-        """A writer whose file sorts after every earlier one (a nanosecond suffix: tensorboardX
-        names files by the second)."""
+        """A writer whose file sorts after every earlier one (a nanosecond suffix)."""
         suffix = f".{time.time_ns():020d}"
         return self._writer_class(logdir=self._logdir, purge_step=step + 1, filename_suffix=suffix)
 
     def rewind(self, step: int) -> None:
-        """Training went back to ``step`` (a rollback): hide the events written after it."""
         self._writer.close()
         self._writer = self._open(step)
 
@@ -269,8 +258,7 @@ class EventWriter:
 
 
 def config_json_warning(workdir: Path, meta: Mapping[str, Any]) -> str | None:
-    """One line when ``workdir/config.json`` is missing, unreadable or disagrees with the
-    checkpoint on the model or the data; None when they agree."""
+    """One line when ``config.json`` is missing or disagrees with the checkpoint."""
     path = workdir / CONFIG_FILE
     step = meta.get("step")
     follow = f"following the checkpoint of step {step}"
@@ -293,8 +281,7 @@ def config_json_warning(workdir: Path, meta: Mapping[str, Any]) -> str | None:
 
 
 def _differing_fields(written: dict, meta: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
-    """(field, config.json's value, the checkpoint's) of every differing field that shapes the
-    model or the data."""
+    """(field, config.json's value, the checkpoint's) of each model / data field."""
     default = flat_fields(defaults())
     mine = {**default, **flat_fields(written)}
     saved = {**default, **flat_fields(meta.get("config") or {})}
@@ -305,7 +292,6 @@ def _differing_fields(written: dict, meta: Mapping[str, Any]) -> list[tuple[str,
 
 
 def check_workdir_writable(workdir: Path) -> None:
-    """Raise TrainError unless ``workdir`` exists and is writable or can be created."""
     if workdir.exists() and not workdir.is_dir():
         raise TrainError(f"workdir {workdir} exists and is not a directory")
     probe = workdir
@@ -341,14 +327,13 @@ def check_compatible(
     vocab: data_lib.Vocab,
     sampler_state: dict,
 ) -> dict | None:
-    """The meta of the workdir's newest readable checkpoint (or None); TrainError naming the
-    first difference between that run and this config."""
+    """The newest readable checkpoint's meta (or None); TrainError on a difference."""
     meta = None
     if ckpt_lib.has_checkpoint(workdir):
         try:
             with ckpt_lib.Checkpoints(workdir, read_only=True) as ckpts:
                 meta = ckpts.newest_readable_meta()
-        except Exception as e:  # unreadable checkpoint
+        except Exception as e:
             raise TrainError(f"cannot read the checkpoint in {workdir}: {e}") from None
     saved_cfg = meta["config"] if meta else None
     where = "its checkpoint"
@@ -369,13 +354,13 @@ def check_compatible(
     for name, value in new_model.items():
         if name in MODEL_FIELDS_FREE:
             continue
-        if old_model.get(name, model_defaults[name]) != value:  # fields added later: their default
+        if old_model.get(name, model_defaults[name]) != value:
             raise TrainError(
                 f"workdir {workdir} holds a run with model.{name}={old_model.get(name)!r} "
                 f"({where}), this config has {value!r}; {hint}"
             )
     old_flat, new_flat = flat_fields(saved_cfg), flat_fields(cfg.to_dict())
-    default_flat = flat_fields(defaults())  # fields older runs lacked: their default
+    default_flat = flat_fields(defaults())
     for name in RESUME_FIELDS:
         old = old_flat.get(name, default_flat.get(name))
         if old != new_flat.get(name):

@@ -1,0 +1,253 @@
+"""Autotune of `persistent`: every `PersistentVariant` a HyperRHN shape can run, timed as
+bench.py's training step (forward, backward, clipping, Adam) in ONE process.
+
+    python benchmarks/autotune_persistent.py --out=autotune.json   # a GPU: paper size, bf16
+    python benchmarks/autotune_persistent.py --list --dtypes=bfloat16,float32  # no timing
+    NPROC=5 build/venv-jax-newest/bin/python benchmarks/autotune_persistent.py \\
+        --sizes=tiny --interpret --out=/tmp/autotune.json          # a CPU dry run
+
+Per size and dtype the candidates are `persistent.variant_candidates` (today's default first);
+each is compiled and timed by `bench.time_step` (compile seconds, the median of --repeats
+steps after a warm-up). A candidate that fails is a row with its error; one past --limit
+seconds is stopped when control returns to Python (a hung kernel is not: the caller's
+timeout is the hard limit); once --budget seconds are spent the rest are skipped rows. The
+JSON (--out) is written after every row; the markdown table marks the fastest row of each
+size and dtype, whose `model.persistent_variant` text is printed. ``--interpret``: GPU
+interpret mode on a CPU (jax >= 0.11.2; its times say nothing of a GPU's).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import signal
+import statistics
+import sys
+import time
+
+import bench
+import jax
+from rhhjax.kernels.mosaic import interpret as gpu_interpret
+
+from rhhjax import models
+from rhhjax.ops import persistent
+
+# name: (hidden, hyper_hidden, depth, batch, seq_len); tiny: GPU interpret mode's size
+SIZES = {**bench.SIZES, "tiny": (64, 32, 2, 4, 3)}
+DTYPES = ("bfloat16", "float32")
+
+
+class CandidateTimeout(Exception):
+    """A candidate past its time limit."""
+
+
+@dataclasses.dataclass
+class Row:
+    size: str
+    dtype: str
+    variant: str
+    plans: str
+    status: str = "ok"  # ok | failed | timeout | skipped
+    compile_s: float | None = None
+    step_ms_median: float | None = None
+    step_ms_min: float | None = None
+    steps: int = 0
+    error: str = ""
+    winner: bool = False
+
+
+def model_config(size: str, dtype: str, variant: str, interpret: bool) -> models.ModelConfig:
+    """The HyperRHN of ``size`` (paper hyper-parameters, gate dropout) at ``variant``."""
+    hidden, hyper, depth, _, _ = SIZES[size]
+    return models.ModelConfig(
+        type="hyperrhn", vocab_size=bench.VOCAB, embed_dim=bench.EMBED, hidden=hidden,
+        hyper_hidden=hyper, depth=depth, impl=persistent.NAME, dtype=dtype, keep=0.65,
+        pallas_mode="interpret" if interpret else "auto", persistent_variant=variant,
+    )  # fmt: skip
+
+
+def describe(plans: tuple) -> str:
+    """`persistent.variant_plans`'s plans in short: RxC u<units> s<stages> k<chunk> [w1]."""
+
+    def short(plan):
+        grid = f"{plan.row_blocks}x{plan.col_blocks}"
+        in_flight = " w1" if plan.wgmma_in_flight else ""
+        return f"{grid} u{plan.units_per_block} s{plan.stages} k{plan.k_chunk}{in_flight}"
+
+    layout, main, hyper, *joint = plans
+    if not joint:
+        return f"{layout}: main {short(main)}, hyper {short(hyper)}"
+    return f"{layout}: inside {short(main)} + {short(hyper)}, backward {short(joint[0])}"
+
+
+def candidates(size: str, dtype: str, interpret: bool) -> list[tuple[str, str]]:
+    """(variant text, its plans in short) of every candidate of ``size`` and ``dtype``."""
+    hidden, hyper, depth, batch, _ = SIZES[size]
+    found = persistent.variant_candidates(batch, hidden, hyper, dtype, interpret, depth)
+    plans = (
+        persistent.variant_plans(v, batch, hidden, hyper, dtype, interpret, depth) for v in found
+    )
+    return [(v.text(), describe(p)) for v, p in zip(found, plans, strict=True)]
+
+
+def _alarm(signum, frame):
+    raise CandidateTimeout
+
+
+def time_candidate(row: Row, interpret: bool, repeats: int, limit: float) -> None:
+    """Fills ``row`` from `bench.time_step`, or its failure, within ``limit`` seconds."""
+    _, _, _, batch, length = SIZES[row.size]
+    config = model_config(row.size, row.dtype, row.variant, interpret)
+    previous = signal.signal(signal.SIGALRM, _alarm)
+    signal.setitimer(signal.ITIMER_REAL, max(limit, 0.01))
+    try:
+        compile_s, times = bench.time_step(config, batch, length, repeats)
+    except CandidateTimeout:
+        row.status, row.error = "timeout", f"past its limit of {limit:.0f} s"
+    except Exception as e:  # noqa: BLE001 (a failing candidate is a row)
+        row.status, row.error = "failed", f"{type(e).__name__}: {' '.join(str(e).split())[:500]}"
+    else:
+        row.compile_s, row.steps = compile_s, len(times)
+        row.step_ms_median = 1e3 * statistics.median(times)
+        row.step_ms_min = 1e3 * min(times)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    if row.status != "ok":
+        settle(interpret)
+
+
+def settle(interpret: bool) -> None:
+    """Waits out what a stopped candidate left running (its error with it), and interpret
+    mode's shared state, so that the next candidate starts clean."""
+    try:
+        jax.effects_barrier()
+    except Exception:  # noqa: BLE001 (the stopped candidate's own error)
+        pass
+    if interpret:
+        gpu_interpret.reset_state()
+
+
+def mark_winners(rows: list[Row]) -> dict[str, str]:
+    """Marks the fastest ok row of each size and dtype; {"size dtype": its variant}."""
+    winners = {}
+    for key in dict.fromkeys((r.size, r.dtype) for r in rows):
+        timed = [r for r in rows if (r.size, r.dtype) == key and r.status == "ok"]
+        if timed:
+            best = min(timed, key=lambda r: r.step_ms_median)
+            best.winner = True
+            winners[" ".join(key)] = best.variant
+    return winners
+
+
+def table(rows: list[Row]) -> str:
+    """The markdown table: one line per row, the winner marked, times against the default's."""
+    lines = [
+        "| size | dtype | variant | plans | compile s | step ms | min ms | vs default | status |",
+        "|---|---|---|---|---:|---:|---:|---:|---|",
+    ]
+    today = persistent.PersistentVariant().text()
+    default = {(r.size, r.dtype): r.step_ms_median for r in rows if r.variant == today}
+    for r in rows:
+        ms = "" if r.step_ms_median is None else f"{r.step_ms_median:.2f}"
+        low = "" if r.step_ms_min is None else f"{r.step_ms_min:.2f}"
+        base = default.get((r.size, r.dtype))
+        ratio = f"{r.step_ms_median / base:.2f}x" if base and r.step_ms_median else ""
+        comp = "" if r.compile_s is None else f"{r.compile_s:.1f}"
+        status = (
+            ("**winner** " if r.winner else "")
+            + r.status
+            + (f": {r.error[:120]}" if r.error else "")
+        )
+        cells = [r.size, r.dtype, f"`{r.variant}`", r.plans, comp, ms, low, ratio, status]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def write(path: str, rows: list[Row], args, winners: dict) -> None:
+    if not path:
+        return
+    record = {
+        "command": "python benchmarks/autotune_persistent.py " + " ".join(sys.argv[1:]),
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "jax": jax.__version__,
+        "device": bench.device_name(),
+        "interpret": args.interpret,
+        "budget_s": args.budget,
+        "limit_s": args.limit,
+        "repeats": args.repeats,
+        "rows": [dataclasses.asdict(r) for r in rows],
+        "winners": winners,
+    }
+    with open(path, "w") as out:
+        json.dump(record, out, indent=1)
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--sizes", default="paper", help=f"comma-separated: {', '.join(SIZES)}")
+    p.add_argument("--dtypes", default="bfloat16", help="comma-separated: bfloat16, float32")
+    p.add_argument("--repeats", type=int, default=10, help="timed steps per candidate")
+    p.add_argument("--limit", type=float, default=60.0, help="seconds per candidate")
+    p.add_argument("--budget", type=float, default=240.0, help="seconds for all candidates")
+    p.add_argument("--interpret", action="store_true", help="GPU interpret mode (a CPU)")
+    p.add_argument("--list", action="store_true", help="print the candidates, time none")
+    p.add_argument("--out", default="", help="write the rows as JSON here")
+    args = p.parse_args(argv)
+    args.sizes, args.dtypes = args.sizes.split(","), args.dtypes.split(",")
+    unknown = [s for s in args.sizes if s not in SIZES] + [
+        d for d in args.dtypes if d not in DTYPES
+    ]
+    if unknown:
+        p.error(f"unknown size or dtype: {', '.join(unknown)}")
+    if args.repeats < 1 or args.limit <= 0 or args.budget <= 0:
+        p.error("--repeats, --limit and --budget must be positive")
+    return args
+
+
+def run(args: argparse.Namespace) -> list[Row]:
+    """Every candidate's row, in order, within the budget (the JSON written after each)."""
+    rows = [
+        Row(size, dtype, text, plans)
+        for size in args.sizes
+        for dtype in args.dtypes
+        for text, plans in candidates(size, dtype, args.interpret)
+    ]
+    jax.block_until_ready(jax.numpy.ones(8) + 1)  # the backend's start, before any row
+    start = time.perf_counter()
+    for row in rows:
+        left = args.budget - (time.perf_counter() - start)
+        if left <= 0:
+            row.status, row.error = "skipped", f"the budget of {args.budget:.0f} s was spent"
+        else:
+            time_candidate(row, args.interpret, args.repeats, min(args.limit, left))
+            label = f"{row.size} {row.dtype} {row.variant}"
+            print(f"{label}: {row.status} {row.step_ms_median or ''} {row.error[:200]}", flush=True)
+        write(args.out, rows, args, {})
+    return rows
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    if args.list:
+        for size in args.sizes:
+            for dtype in args.dtypes:
+                for text, plans in candidates(size, dtype, args.interpret):
+                    print(f"{size} {dtype} {text}  ({plans})")
+        return 0
+    if args.interpret and gpu_interpret.unavailable() is not None:
+        raise SystemExit(f"error: {gpu_interpret.unavailable('--interpret')}")
+    if not args.interpret and jax.default_backend() != "gpu":
+        raise SystemExit("error: no GPU here: give --interpret (jax >= 0.11.2) or --list")
+    rows = run(args)
+    winners = mark_winners(rows)
+    write(args.out, rows, args, winners)
+    print(table(rows))
+    for key, text in winners.items():
+        print(f"winner {key}: model.persistent_variant={text!r}")
+    return 0 if winners else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,127 @@
+"""`kernels/mosaic/gemm.py`: the K loop of every Mosaic GPU kernel, with no wgmma left in
+flight (``in_flight=0``) or one (``in_flight=1``). On a CPU: the traced K loop waits for
+wgmma down to ``in_flight`` before it refills a stage, and for all after the loop; bad
+``in_flight`` is refused. `TestCompiled`: a one-block kernel of `gemm_nt_to_smem` against
+``jnp.dot`` with fewer, as many and more K steps than stages, f32 and bf16: compiled on a
+GPU, executed in GPU interpret mode (`TestInterpret`, jax >= 0.11.2, race detector on).
+Interpret mode runs wgmma synchronously (its ``wgmma_wait`` is a no-op), so only a GPU
+checks the overlap itself."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from kernel_cases import MosaicGpuMode
+from rhhjax.kernels.mosaic.gemm import gemm_nt_to_smem
+
+ROWS, COLS, TILE_K = 64, 32, 32
+
+
+def _gemm_kernel(k_steps: int, stages: int, in_flight: int, interpret):
+    """One block: out [ROWS, COLS] f32 = A[block 1] @ B[block 1]^T of A [2 ROWS, K] and
+    B [2 COLS, K]."""
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    def kernel(a_g, b_g, out_g, out_s):
+        gemm_nt_to_smem(
+            out_s, a_g, b_g, 1, 1,
+            tile_k=TILE_K, k_steps=k_steps, stages=stages, in_flight=in_flight,
+        )  # fmt: skip
+        plgpu.copy_smem_to_gmem(out_s, out_g)
+        plgpu.wait_smem_to_gmem(0)
+
+    return plgpu.kernel(
+        kernel,
+        out_type=jax.ShapeDtypeStruct((ROWS, COLS), jnp.float32),
+        scratch_types=dict(out_s=plgpu.SMEM((ROWS, COLS), jnp.float32)),
+        interpret=interpret,
+    )
+
+
+def _operands(dtype, k_steps: int, seed: int):
+    ka, kb = jax.random.split(jax.random.key(seed))
+    k = k_steps * TILE_K
+    a = jax.random.normal(ka, (2 * ROWS, k), jnp.float32).astype(dtype)
+    b = jax.random.normal(kb, (2 * COLS, k), jnp.float32).astype(dtype)
+    return a, b
+
+
+def _primitives(jaxpr):
+    """(name, equation) of every equation, sub-jaxprs in place (depth first)."""
+    for eqn in jaxpr.eqns:
+        yield eqn.primitive.name, eqn
+        for value in eqn.params.values():
+            for sub in value if isinstance(value, tuple | list) else (value,):
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns"):
+                    yield from _primitives(inner)
+
+
+def _wait_n(eqn) -> int:
+    """A wgmma_wait's group count: a parameter (jax 0.12), or its operand (jax 0.10)."""
+    return eqn.params["n"] if "n" in eqn.params else eqn.invars[0].val
+
+
+@pytest.mark.parametrize("in_flight", [0, 1])
+def test_a_stage_is_refilled_only_after_its_wgmma_is_waited_for(in_flight, monkeypatch):
+    """Traced (no kernel runs): the K loop issues wgmma, waits down to ``in_flight``, and
+    only then copies into a stage, the stage ``in_flight`` steps back (``delay_release``);
+    after the loop (in_flight 1) it waits for all."""
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    specs, pipeline = [], plgpu.emit_pipeline
+
+    def recording(body, **kwargs):
+        specs.extend(kwargs["in_specs"])
+        return pipeline(body, **kwargs)
+
+    monkeypatch.setattr(plgpu, "emit_pipeline", recording)
+    kernel = _gemm_kernel(5, 2, in_flight, None)
+    a, b = _operands(jnp.bfloat16, 5, 0)
+    seq = list(_primitives(jax.make_jaxpr(kernel)(a, b).jaxpr))
+    assert [spec.delay_release for spec in specs] == [in_flight, in_flight]
+    names = [name for name, _ in seq]
+    issue = names.index("wgmma_ref")
+    wait = names.index("wgmma_wait", issue)
+    assert _wait_n(seq[wait][1]) == in_flight
+    assert "copy_gmem_to_smem" not in names[issue:wait]
+    refill = names.index("copy_gmem_to_smem", wait)  # the loop's refill, after the wait
+    waits = [_wait_n(eqn) for name, eqn in seq[refill:] if name == "wgmma_wait"]
+    assert waits == ([0] if in_flight else [])
+
+
+@pytest.mark.parametrize(("in_flight", "stages"), [(2, 4), (1, 1), (-1, 2)])
+def test_in_flight_other_than_0_or_1_below_stages_is_refused(in_flight, stages):
+    with pytest.raises(ValueError, match="in_flight must be 0 or 1"):
+        jax.make_jaxpr(_gemm_kernel(2, stages, in_flight, None))(*_operands(jnp.bfloat16, 2, 0))
+
+
+class TestCompiled(MosaicGpuMode):
+    """`gemm_nt_to_smem` in a one-block kernel against ``jnp.dot`` on fresh random
+    operands. f32 runs as TF32 in a compiled wgmma: its compiled tolerance is TF32's."""
+
+    CASES = {
+        # (k_steps, stages): fewer K steps than stages, as many, more, one step
+        "steps": [(2, 4), (3, 3), (5, 2), (1, 2)],
+        "dtype": ["bfloat16", "float32"],
+        "in_flight": [0, 1],
+    }
+    TOL = {"bfloat16": 1e-4, "float32": 2e-2}
+
+    def test_matches_jnp_dot(self, steps, dtype, in_flight):
+        k_steps, stages = steps
+        a, b = _operands(jnp.dtype(dtype), k_steps, seed=k_steps * 10 + stages)
+        kernel = _gemm_kernel(k_steps, stages, in_flight, self.interpret())
+        got = jax.block_until_ready(jax.jit(kernel)(a, b))
+        want = jnp.dot(
+            a[ROWS:].astype(jnp.float32),
+            b[COLS:].astype(jnp.float32).T,
+            precision=jax.lax.Precision.HIGHEST,
+        )
+        tol = self.TOL[dtype]
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=tol, atol=tol)
+
+
+class TestInterpret(TestCompiled):
+    INTERPRET = True
+    TOL = {"bfloat16": 1e-4, "float32": 1e-4}
