@@ -206,14 +206,19 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
-def run(args: argparse.Namespace) -> list[Row]:
-    """Every candidate's row, in order, within the budget (the JSON written after each)."""
-    rows = [
+def every_candidate(args: argparse.Namespace) -> list[Row]:
+    """An untimed row per candidate of every size and dtype asked for, in order."""
+    return [
         Row(size, dtype, text, plans)
         for size in args.sizes
         for dtype in args.dtypes
         for text, plans in candidates(size, dtype, args.interpret)
     ]
+
+
+def run(args: argparse.Namespace) -> list[Row]:
+    """Every candidate's row, in order, within the budget (the JSON written after each)."""
+    rows = every_candidate(args)
     jax.block_until_ready(jax.numpy.ones(8) + 1)  # the backend's start, before any row
     start = time.perf_counter()
     for row in rows:
@@ -231,10 +236,8 @@ def run(args: argparse.Namespace) -> list[Row]:
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     if args.list:
-        for size in args.sizes:
-            for dtype in args.dtypes:
-                for text, plans in candidates(size, dtype, args.interpret):
-                    print(f"{size} {dtype} {text}  ({plans})")
+        for row in every_candidate(args):
+            print(f"{row.size} {row.dtype} {row.variant}  ({row.plans})")
         return 0
     if args.interpret and gpu_interpret.unavailable() is not None:
         raise SystemExit(f"error: {gpu_interpret.unavailable('--interpret')}")

@@ -208,30 +208,25 @@ def variant_candidates(
     depth: int = 7,
 ) -> list[PersistentVariant]:  # fmt: skip
     """The variants `variant_plans` accepts: today's, its `LEVERS`, then one per set of plans."""
+    args = (batch, width, hyper_width, dtype_name, interpret, depth)
     seen, found = set(), []
     for stages, k_chunk in PIPELINES:
         for hyper_inside in (False, True):
             for layout in rowgroup_layout.LAYOUTS:
                 variant = PersistentVariant(hyper_inside, layout, stages, k_chunk)
-                try:
-                    args = (batch, width, hyper_width, dtype_name, interpret, depth)
-                    plans = variant_plans(variant, *args)
-                except PlanError:
-                    continue
-                if plans not in seen:
+                plans = _plans_or_none(variant, *args)
+                if plans is not None and plans not in seen:
                     seen.add(plans)
                     found.append(variant)
     levers = [dataclasses.replace(found[0], **lever) for lever in LEVERS] if found else []
-    args = (batch, width, hyper_width, dtype_name, interpret, depth)
-    return found[:1] + [v for v in levers if _runs(v, *args)] + found[1:]
+    return found[:1] + [v for v in levers if _plans_or_none(v, *args)] + found[1:]
 
 
-def _runs(variant: PersistentVariant, *args) -> bool:
+def _plans_or_none(variant: PersistentVariant, *args) -> tuple | None:
     try:
-        variant_plans(variant, *args)
+        return variant_plans(variant, *args)
     except PlanError:
-        return False
-    return True
+        return None
 
 
 @functools.cache
