@@ -41,6 +41,7 @@ def _case(seed, batch, n, dtype, z_on=True, mask_on=True):
     return args, (keep if mask_on else None)
 
 
+@pytest.mark.pure_jax
 @pytest.mark.parametrize(
     ("dtype", "z_on", "mask_on"),
     [("float32", True, True), ("bfloat16", True, True), ("float32", False, False),

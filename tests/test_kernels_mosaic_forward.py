@@ -32,6 +32,7 @@ def _case(seed, batch, width):
     return w, s, z, b
 
 
+@pytest.mark.pure_jax
 @pytest.mark.parametrize(
     ("dtype", "batch", "width", "units", "k_pad"),
     [("bfloat16", 64, 32, 8, 64), ("float32", 128, 48, 16, 48), ("bfloat16", 64, 24, 8, 32)],
@@ -164,6 +165,7 @@ def _full_case(seed, batch, width, k_pad, units, dtype, keep=0.7):
     return (*ops, xproj, mask), (w, s, z, b, xproj, mask)
 
 
+@pytest.mark.pure_jax
 @pytest.mark.parametrize(
     ("dtype", "z_on"), [("float32", True), ("bfloat16", True), ("float32", False)]
 )

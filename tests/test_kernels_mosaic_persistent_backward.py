@@ -82,6 +82,7 @@ def _plain_forward(plan, w_layers, s0, case, e_full, e_a, depth):
     return jnp.stack(states)
 
 
+@pytest.mark.pure_jax
 @pytest.mark.parametrize(
     ("batch", "width", "col_blocks", "steps", "depth", "z_on", "mask_on"),
     [(37, 21, 3, 2, 3, True, True), (64, 16, 2, 3, 1, False, False),
@@ -144,6 +145,7 @@ def _phase_order(d_mm, steps: int, depth: int):
     return slots.from_slots(blocks, steps, depth).reshape(d_mm.shape)
 
 
+@pytest.mark.pure_jax
 @pytest.mark.parametrize(
     ("dtype", "batch", "width", "col_blocks", "steps", "depth", "z_on", "mask_on"),
     [("float32", 37, 21, 3, 2, 3, True, True), ("bfloat16", 37, 21, 3, 2, 3, True, True),
@@ -197,6 +199,7 @@ def test_reference_matches_the_persistent_schedule(
     close(ds_carry0 + jnp.matmul(d_mm[:b_pad], w0.T, preferred_element_type=F32), ds0)
 
 
+@pytest.mark.pure_jax
 def test_reference_takes_the_last_layers_cotangent_alone_as_the_dense_one():
     """g [T, b_pad, n_pad]: layer L - 1's cotangent, the others zero, exactly."""
     plan = PersistentPlan(64, 40, "float32", col_blocks=3, k_chunk=16)

@@ -123,6 +123,7 @@ class TestCompiled(MosaicGpuMode):
             ((256, 1000, "bfloat16"), 4, 2, True, False),
             ((100, 37, "float32", 3, 2, 32), 2, 3, False, True),
         ],
+        "largest_case": [],  # the paper plan of "case" is the largest
     }
     TOL = {"bfloat16": 3e-2, "float32": 3e-3}
     LAYOUT = "grid"  # the kernels' launch layout (`kernels/mosaic/rowgroup_layout.py`)
@@ -151,6 +152,10 @@ class TestCompiled(MosaicGpuMode):
         for a, e in zip(actual[:-1], expected[:-1], strict=True):
             a, e = np.asarray(a, np.float32), np.asarray(e, np.float32)
             np.testing.assert_allclose(a, e, rtol=tol, atol=tol * float(np.abs(e).max()))
+
+    def test_the_largest_cluster_matches_reference(self, largest_case):
+        """The mode's largest grid, once (the other tests run smaller multi-block cases)."""
+        self.test_matches_reference(largest_case)
 
     def test_one_wgmma_in_flight_matches_reference(self, in_flight_case):
         """`PersistentPlan.wgmma_in_flight` 1: the same outputs (interpret mode runs wgmma
@@ -248,8 +253,9 @@ class TestInterpret(TestCompiled):
             ((100, 37, "float32", 3, 2, 32), 2, 3, False, True),  # 2 x 3, the compiled case
             # z_width 40 of n_pad 48: the last block's z loads and dz stores run past z
             ((64, 40, "float32", 3, 1, 16), 2, 2, True, True),
-            ((64, 256, "bfloat16", 16, 1, 32), 2, 2, True, True),  # 16: an H100's largest cluster
         ],
+        # 16 blocks: an H100's largest cluster
+        "largest_case": [((64, 256, "bfloat16", 16, 1, 32), 2, 2, True, True)],
         # K steps 4 of 4 stages (bf16); 6 of 4 (f32)
         "in_flight_case": [
             ((64, 64, "bfloat16", 1, 1, 32), 3, 2, True, True),
@@ -300,7 +306,7 @@ class TestInterpret(TestCompiled):
 def test_every_kernel_case_is_a_plan_the_kernel_accepts(mode):
     """Checked on a CPU, where the cases of more blocks than interpret mode runs never
     reach the kernel (the forward's 66-block case was first found invalid on a GPU)."""
-    for plan_args, _, depth, z_on, mask_on in mode.CASES["case"]:
+    for plan_args, _, depth, z_on, mask_on in mode.CASES["case"] + mode.CASES["largest_case"]:
         pb.check_plan(PersistentPlan(*plan_args), z_on, mask_on, depth)
     for plan_args, _, depth, z_on, mask_on in mode.CASES["in_flight_case"]:
         pb.check_plan(PersistentPlan(*plan_args, wgmma_in_flight=1), z_on, mask_on, depth)

@@ -66,6 +66,7 @@ CASES = [  # (dtype, batch, width, col_blocks, row_blocks, k_chunk, steps, depth
 ]
 
 
+@pytest.mark.pure_jax
 @pytest.mark.parametrize(("has_z", "has_mask"), [(True, True), (False, False), (True, False)])
 @pytest.mark.parametrize("case", CASES, ids=[f"{c[0]}-{c[2]}-L{c[7]}" for c in CASES])
 def test_reference_is_the_highway_recurrence_with_the_ops_saved_rows(case, has_z, has_mask):
@@ -109,6 +110,7 @@ def test_reference_is_the_highway_recurrence_with_the_ops_saved_rows(case, has_z
     np.testing.assert_array_equal(unsaved[1], s_mm)
 
 
+@pytest.mark.pure_jax
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_reference_phases_match_the_schedule_emulation(dtype):
     """Every phase gives the same state and saved full as `persistent_schedule`'s

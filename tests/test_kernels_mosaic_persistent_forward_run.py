@@ -108,6 +108,7 @@ class TestCompiled(MosaicGpuMode):
         # "case"s run with one wgmma in flight: K steps 16 of 2 stages; 3 of 2
         "in_flight_case": [("bfloat16", 256, 1000, 66, 1, 64, 4, 3),
                            ("float32", 100, 37, 3, 2, 16, 3, 2)],
+        "largest_case": [],  # the paper plans of "case" are the largest
     }  # fmt: skip
     # Compiled, wgmma sums in another order than XLA's reference (and f32 runs as TF32): on
     # an H100 (2026-11-26) the hyper-inside cases missed 1e-4 / 3e-3 by a few elements
@@ -143,6 +144,11 @@ class TestCompiled(MosaicGpuMode):
         states, s_mm_unsaved, status = self.run(plan, ops, save=False)
         assert not np.asarray(status).any()
         self.check_unsaved(plan, ops, states, s_mm_unsaved, outputs, steps, depth)
+
+    def test_the_largest_cluster_matches_reference(self, largest_case):
+        """The mode's largest grid, once, with z and the mask (the other tests run smaller
+        multi-block cases)."""
+        self.test_matches_reference(largest_case, True, True)
 
     def test_one_wgmma_in_flight_matches_reference(self, in_flight_case):
         """`PersistentPlan.wgmma_in_flight` 1: the same outputs (interpret mode runs wgmma
@@ -230,9 +236,10 @@ class TestCompiled(MosaicGpuMode):
 class TestInterpret(TestCompiled):
     INTERPRET = True
     CASES = {
-        # one block; 2 row blocks; 2 x 3 (the compiled odd case); 16 (an H100's largest cluster)
+        # one block; 2 row blocks; 2 x 3 (the compiled odd case)
         "case": [("bfloat16", 64, 64, 1, 1, 32, 3, 2), ("float32", 100, 32, 1, 2, 16, 2, 3),
-                 ("float32", 100, 37, 3, 2, 16, 3, 2), ("bfloat16", 64, 256, 16, 1, 32, 2, 2)],
+                 ("float32", 100, 37, 3, 2, 16, 3, 2)],
+        "largest_case": [("bfloat16", 64, 256, 16, 1, 32, 2, 2)],  # an H100's largest cluster
         # two row blocks of 2 blocks, both with hyper units; 4 blocks, 2 with hyper units
         "hyper_case": [("float32", 100, 64, 32, 2, 2, 2, 32, 2, 3),
                        ("bfloat16", 64, 128, 32, 1, 4, 2, 32, 3, 2),
@@ -270,7 +277,7 @@ class TestInterpret(TestCompiled):
 def test_every_kernel_case_is_a_plan_the_kernel_accepts(mode):
     """Checked on a CPU: a case that only a GPU can run (66 blocks) was first found to be
     an invalid plan there (2026-11-26: 286,800 B of shared memory at 4 stages)."""
-    for case in mode.CASES["case"]:
+    for case in mode.CASES["case"] + mode.CASES["largest_case"]:
         _case_plan(case).check()
     for case in mode.CASES["in_flight_case"]:
         _case_plan(case, in_flight=1).check()

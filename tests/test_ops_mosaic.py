@@ -106,6 +106,7 @@ def test_saved_rows_are_the_rows_the_fused_backward_reads():
 # ----------------------------------------------------------------------------- the model
 
 
+@pytest.mark.pure_jax
 class TestMosaicReference(KernelModelMatchesScan):
     IMPL = "mosaic"
     REFERENCES = True

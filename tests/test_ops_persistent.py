@@ -429,18 +429,18 @@ class HyperInsideMatchesScan(KernelModelMatchesScan):
     kernel, which recomputes z (`recurrence.hyper_highway_sequence`), against `scan`: loss
     and every gradient."""
 
-    CASES = {"hyper_inside_case": HYPER_INSIDE_CASES}
+    CASES = {"hyper_inside_case": HYPER_INSIDE_CASES, "variant_case": HYPER_INSIDE_CASES}
 
     def test_hyper_cell_inside_matches_scan(self, hyper_inside_case, monkeypatch):
         monkeypatch.setattr(persistent, "HYPER_INSIDE", True)
         self._matches_scan(hyper_inside_case, monkeypatch, persistent.DEFAULT_TEXT)
 
-    def test_a_variant_of_the_config_matches_scan(self, hyper_inside_case, monkeypatch):
+    def test_a_variant_of_the_config_matches_scan(self, variant_case, monkeypatch):
         """``model.persistent_variant`` (not the module's switches): the hyper cell inside,
         every plan at 2 pipeline stages, the main one below its own, one wgmma group in
         flight, the barrier status folded into the step (no block gives up: equal values)."""
         variant = "hyper_inside=1,layout=grid,stages=2,in_flight=1,status=poison"
-        self._matches_scan(hyper_inside_case, monkeypatch, variant)
+        self._matches_scan(variant_case, monkeypatch, variant)
 
     def _matches_scan(self, hyper_inside_case, monkeypatch, variant: str):
         hidden, hyper_hidden, depth, batch, length, first = hyper_inside_case
@@ -465,6 +465,7 @@ class HyperInsideMatchesScan(KernelModelMatchesScan):
         assert_trees_close(actual, expected, self.TOLERANCE["float32"])
 
 
+@pytest.mark.pure_jax
 class TestPersistentReference(HyperInsideMatchesScan):
     IMPL = "persistent"
     REFERENCES = True
@@ -479,6 +480,8 @@ class TestPersistentCompiled(HyperInsideMatchesScan):
 class TestPersistentInterpret(TestPersistentCompiled):
     INTERPRET = True
     TOLERANCE = KERNEL_TOL
+    # the variant at the smaller case only: the larger runs in the default's test
+    CASES = {"hyper_inside_case": HYPER_INSIDE_CASES, "variant_case": HYPER_INSIDE_CASES[:1]}
 
 
 class TestPersistentInterpretRowgroup(TestPersistentInterpret):
@@ -493,7 +496,7 @@ class TestPersistentInterpretRowgroup(TestPersistentInterpret):
     # leave no shared memory for the hyper cell beside the main one: it runs as its own
     # kernel here (`test_row_group_interpret_plans_keep_the_hyper_cell_apart`), and the
     # kernel with it inside is run in this layout at the kernel level.
-    CASES = {"hyper_inside_case": []}
+    CASES = {"hyper_inside_case": [], "variant_case": []}
 
 
 def test_row_group_interpret_plans_keep_the_hyper_cell_apart(monkeypatch, hyper_inside):

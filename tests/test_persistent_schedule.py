@@ -14,6 +14,8 @@ import pytest
 from rhhjax import models
 from rhhjax.ops import cells, recurrence
 
+pytestmark = pytest.mark.pure_jax  # pure JAX on every jax release: run once (newest_jax.sh)
+
 # Against the textbook scan, as tests/test_recurrence.py: f32 paths differ only in summation
 # order; bf16 backward passes of autodiff and of a custom VJP round different intermediates
 # to bf16. Against `fused` both dtypes get the f32 tolerance: the emulation rounds the same

@@ -184,16 +184,17 @@ def variant_plans(
     variant: PersistentVariant, batch: int, width: int, hyper_width: int, dtype_name: str,
     interpret: bool = False, depth: int = 7,
 ) -> tuple:  # fmt: skip
-    """(layout, plans run) of a HyperRHN of [batch, width] and [batch, hyper_width] cells at
-    ``variant``: each cell's, or the joint kernels'; PlanError (one line) unless their own
-    checks accept them and, where asked, the hyper cell fits inside."""
+    """(layout, plans run) of a HyperRHN of [batch, width] and [batch, hyper_width] cells (an
+    RHN: hyper_width 0) at ``variant``: each cell's, or the joint kernels'; PlanError (one
+    line) unless their own checks accept them and, where asked, the hyper cell fits inside."""
     from rhhjax.ops.sequence_spec import SequenceSpec
 
     spec = SequenceSpec(NAME, 1.0, jnp.dtype(dtype_name), interpret=interpret, variant=variant)
-    main, hyper = _plan_of(spec, batch, width), _plan_of(spec, batch, hyper_width)
-    for plan in (main, hyper):
+    main = _plan_of(spec, batch, width)
+    hyper = _plan_of(spec, batch, hyper_width) if hyper_width else None
+    for plan in filter(None, (main, hyper)):
         rowgroup_layout.check(plan, variant.layout, True if interpret else None)
-    inside = hyper_inside_plans(spec, batch, width, hyper_width)
+    inside = hyper_inside_plans(spec, batch, width, hyper_width) if hyper_width else None
     if inside is None:
         if variant.hyper_inside:
             raise PlanError(f"persistent variant {variant.text()}: no plan has the hyper inside")

@@ -66,6 +66,7 @@ def default_train_config() -> ml_collections.ConfigDict:
     train.distributed = False  # Several hosts: call jax.distributed.initialize().
     train.fsdp = False  # Also split parameters / optimizer state over devices (FSDP-style).
     train.check_memory = True  # Refuse a config whose estimated peak memory is not free.
+    train.autotune_seconds = 60.0  # model.impl=auto on one GPU: time fused / persistent; 0 = off.
     return train
 
 
@@ -248,6 +249,7 @@ def validate_config(cfg: ml_collections.ConfigDict) -> None:
     _check_choice("train.distributed", t.distributed, (False, True))
     _check_choice("train.fsdp", t.fsdp, (False, True))
     _check_choice("train.check_memory", t.check_memory, (False, True))
+    _check_float("train.autotune_seconds", t.autotune_seconds, 0.0)
     if not (t.max_epochs or t.max_steps or t.max_minutes or t.budget_minutes or t.patience):
         raise TrainError(
             "nothing stops training: set train.max_steps, max_epochs, max_minutes, "

@@ -104,12 +104,32 @@ def _train_and_evaluate(
         state = _start_or_resume(run, store, metrics)
         # one device: no layout (the plain 3-argument call that tests patch in step_lib)
         layout = (run.mesh, bool(run.cfg.train.fsdp)) if run.mesh.size > 1 else ()
-        train_step = step_lib.make_train_step(run.model, oc, int(run.cfg.seed), *layout)
+        train_model = _autotuned(run, oc)
+        train_step = step_lib.make_train_step(train_model, oc, int(run.cfg.seed), *layout)
         limit = loss_limit(run.cfg.train.divergence_factor, run.corpus.vocab.size)
         loop = Loop(run, store, oc, train_step, metrics, loss_limit=limit)
         with _out_of_memory_in_one_line(loop):
             state, reason = loop.train(state)
             return loop.finish(state, reason)
+
+
+def _autotuned(run: Run, oc) -> Any:
+    """The model config the training step runs: with ``model.impl=auto`` on one GPU, the
+    fastest of `fused` and the `persistent` variants (``rhhjax.train.autotune``); evaluation
+    keeps ``run.model``."""
+    import dataclasses
+
+    import jax
+
+    from rhhjax.train import autotune
+
+    seconds = run.cfg.train.autotune_seconds
+    if autotune.off_reason(run.model, seconds, run.mesh.size, jax.default_backend()):
+        return run.model
+    t = run.cfg.train
+    choice = autotune.choose(run.model, oc, t.batch_size, t.seq_len, seconds)
+    run.log(choice.line)
+    return dataclasses.replace(run.model, impl=choice.impl, persistent_variant=choice.variant)
 
 
 @contextlib.contextmanager
