@@ -21,7 +21,6 @@
 #                 releases that go with it). Delete the folder to rebuild from scratch.
 #   SKIP_WITHOUT_PYTHON=1   no Python 3.12 on this machine: print one SKIPPED line, exit 0
 #                 (without it: exit 2).
-#   BUILD_ONLY=1  build (or check) the venv, run no test (.ci/run builds it in the background).
 #   PYTEST_ARGS   extra pytest arguments (e.g. "-x -k lower"); WORKERS pytest-xdist workers
 #                 (default auto: one per core).
 #   COMMIT=<ref>  test that commit (a `git archive` export in /tmp/rhhjax-<sha>) instead of the
@@ -84,10 +83,6 @@ if ! have; then
     "$VENV/bin/python" -m pip install -q "jax==$JAX_VERSION" pytest pytest-xdist -e "$REPO"
   } 2>&1 | { grep -v "is ignored" || true; }
   have || { say "building $VENV failed"; exit 1; }
-fi
-if [[ ${BUILD_ONLY:-0} == 1 ]]; then
-  echo "== $VENV is ready (jax $JAX_VERSION; BUILD_ONLY=1: no tests), $((SECONDS - START)) s"
-  exit 0
 fi
 
 # -- the sources

@@ -429,7 +429,11 @@ class HyperInsideMatchesScan(KernelModelMatchesScan):
     kernel, which recomputes z (`recurrence.hyper_highway_sequence`), against `scan`: loss
     and every gradient."""
 
-    CASES = {"hyper_inside_case": HYPER_INSIDE_CASES, "variant_case": HYPER_INSIDE_CASES}
+    CASES = {
+        **KernelModelMatchesScan.CASES,
+        "hyper_inside_case": HYPER_INSIDE_CASES,
+        "variant_case": HYPER_INSIDE_CASES,
+    }
 
     def test_hyper_cell_inside_matches_scan(self, hyper_inside_case, monkeypatch):
         monkeypatch.setattr(persistent, "HYPER_INSIDE", True)
@@ -481,7 +485,7 @@ class TestPersistentInterpret(TestPersistentCompiled):
     INTERPRET = True
     TOLERANCE = KERNEL_TOL
     # the variant at the smaller case only: the larger runs in the default's test
-    CASES = {"hyper_inside_case": HYPER_INSIDE_CASES, "variant_case": HYPER_INSIDE_CASES[:1]}
+    CASES = {**HyperInsideMatchesScan.CASES, "variant_case": HYPER_INSIDE_CASES[:1]}
 
 
 class TestPersistentInterpretRowgroup(TestPersistentInterpret):
@@ -496,7 +500,12 @@ class TestPersistentInterpretRowgroup(TestPersistentInterpret):
     # leave no shared memory for the hyper cell beside the main one: it runs as its own
     # kernel here (`test_row_group_interpret_plans_keep_the_hyper_cell_apart`), and the
     # kernel with it inside is run in this layout at the kernel level.
-    CASES = {"hyper_inside_case": [], "variant_case": []}
+    # and the model cases of the two layouts' differences: several row groups (batch 4-5)
+    CASES = {
+        "model_case": ["hyperrhn-f32-dropout-odd", "hyperrhn-bf16-dropout-first-step"],
+        "hyper_inside_case": [],
+        "variant_case": [],
+    }
 
 
 def test_row_group_interpret_plans_keep_the_hyper_cell_apart(monkeypatch, hyper_inside):

@@ -138,3 +138,14 @@ def test_the_trainer_runs_the_winner_and_says_so(tmp_path, monkeypatch):
     assert len(tuned) == 1 and (tmp_path / "cache" / autotune.CACHE_FILE).is_file()
     winner = tuned[0].removeprefix("autotune: the training step runs ").split()[0]
     assert made[-1].impl == winner
+
+
+def test_a_cache_that_cannot_be_written_still_gives_the_choice(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")  # a file where the cache folder would be
+    labels = [c.label() for c in fused_and_persistent(2)]
+    timer = FakeTimer(dict(zip(labels, (40.0, 30.0), strict=True)), seconds=30.0)
+    path = blocker / "autotune.json"
+    choice = autotune.choose(TINY, OC, 4, 5, 70.0, path=path, measure_fn=timer, clock=timer.clock)
+    assert choice.impl == "persistent" and "(not cached: " in choice.line
+    assert list(tmp_path.iterdir()) == [blocker]

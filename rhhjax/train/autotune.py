@@ -4,6 +4,7 @@ once per device, model shape and dtype; the fastest that agrees with the first i
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -146,18 +147,23 @@ def _winner(rows: list[Row]) -> Row | None:
 def _read(path: Path) -> dict:
     try:
         entries = json.loads(path.read_text())
-    except FileNotFoundError:
+    except (OSError, ValueError):  # none yet, or damaged: timed again and rewritten
         return {}
-    except (OSError, ValueError):
-        return {}  # a damaged cache is timed again and rewritten
     return entries if isinstance(entries, dict) else {}
 
 
-def _write(path: Path, entries: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
+def _write(path: Path, entries: dict) -> str:
+    """``entries`` written atomically; where it ends up said in a few words."""
     partial = path.with_name(f".{path.name}.{time.time_ns()}")
-    partial.write_text(json.dumps(entries, indent=1))
-    partial.replace(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial.write_text(json.dumps(entries, indent=1))
+        partial.replace(path)
+    except OSError as error:
+        with contextlib.suppress(OSError):
+            partial.unlink()
+        return f"not cached: {error}"
+    return f"cached in {path}"
 
 
 def _cached_choice(entry) -> Choice | None:
@@ -193,8 +199,7 @@ def choose(
     line = f"the training step runs {best.label} at {best.step_ms:.2f} ms; {_summary(rows)}"
     rows_json = [dataclasses.asdict(r) for r in rows]
     entries[key] = dict(impl=best.impl, variant=best.variant, line=line, rows=rows_json)
-    _write(path, entries)
-    return Choice(best.impl, best.variant, f"autotune: {line} (cached in {path})")
+    return Choice(best.impl, best.variant, f"autotune: {line} ({_write(path, entries)})")
 
 
 def _summary(rows: list[Row]) -> str:
