@@ -115,6 +115,22 @@ def test_real_steps_of_scan_and_fused_agree_and_are_timed():
     assert rows[1].grad_norm == pytest.approx(rows[0].grad_norm, rel=1e-4)
 
 
+def test_persistent_variant_auto_times_the_variants_against_fused_as_reference_only(tmp_path):
+    asked = dataclasses.replace(TINY, impl="persistent", persistent_variant="auto")
+    found = autotune.candidates(asked, 4)
+    assert found[0] == autotune.Candidate("fused", may_win=False) and len(found) > 2
+    labels = [c.label() for c in found[:3]]
+    timer = FakeTimer(dict(zip(labels, (10.0, 40.0, 30.0), strict=True)))
+    path = tmp_path / "a.json"
+    choice = autotune.choose(asked, OC, 4, 5, 60.0, path=path, measure_fn=timer, clock=timer.clock)
+    # fused was fastest, but persistent was asked for: the fastest variant runs
+    assert (choice.impl, choice.variant) == ("persistent", found[2].variant)
+    assert "fused 10.00 ms (reference)" in choice.line
+    assert autotune.off_reason(asked, 60.0, 1, "gpu") is None
+    auto_key = autotune.cache_key(TINY, 4, 5, "cpu")
+    assert auto_key != autotune.cache_key(asked, 4, 5, "cpu")  # its own cache entry
+
+
 def test_autotune_is_off_unless_auto_on_one_gpu_with_seconds():
     gpu = ("gpu",)
     assert autotune.off_reason(TINY, 60.0, 1, *gpu) is None

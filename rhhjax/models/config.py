@@ -45,7 +45,7 @@ class ModelConfig:
     hyper_input: str = "x"  # x (paper) | x_and_state (HyperLSTM: also the main state)
     impl: str = "auto"  # how the recurrence runs (IMPLS); changes speed, not results
     pallas_mode: str = "auto"  # auto | compiled (lowered for a GPU) | interpret
-    persistent_variant: str = persistent.DEFAULT_TEXT  # impl=persistent: PersistentVariant text
+    persistent_variant: str = persistent.DEFAULT_TEXT  # impl=persistent: its text, or auto
     kernel: pallas.HighwayConfig = pallas.HighwayConfig()  # block sizes of the Pallas kernels
     dtype: str = "float32"  # matmul inputs: float32 | bfloat16 (the carry stays float32)
     hyper_rank: int = 0  # 0: the paper's column scaling; d > 0: rank-d W o sum u_i v_i^T

@@ -75,6 +75,7 @@ class RecomputedScales:
 
 
 DEFAULT_TEXT = "default"  # `parse_variant`: the module's switches (`default_variant`)
+AUTO_TEXT = "auto"  # the same here; the trainer times the variants (rhhjax.train.autotune)
 # (stages, k_chunk) of every plan tried by `variant_candidates` (None: the plan's own).
 PIPELINES = ((None, None), (2, None), (3, None), (4, None), (4, 32), (6, 32), (2, 128))
 # Today's variant with each of these is timed right after it (`variant_candidates`).
@@ -144,10 +145,10 @@ def _pipelined(plan: PersistentPlan, stages: int, k_chunk: int, in_flight: int) 
 
 def parse_variant(text: str) -> PersistentVariant | None:
     """``key=value,...`` (`PersistentVariant`'s fields, others at their defaults) -> the
-    variant; DEFAULT_TEXT -> None (the module's switches); else VariantError."""
+    variant; DEFAULT_TEXT or AUTO_TEXT -> None (the module's switches); else VariantError."""
     if not isinstance(text, str):
         raise VariantError(f"must be a string, got {type(text).__name__}")
-    if text.strip() == DEFAULT_TEXT:
+    if text.strip() in (DEFAULT_TEXT, AUTO_TEXT):
         return None
     fields = {f.name: f.type for f in dataclasses.fields(PersistentVariant)}
     values = {}

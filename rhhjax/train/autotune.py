@@ -33,6 +33,7 @@ TOLERANCE = {"float32": 1e-2, "bfloat16": 5e-2}
 class Candidate:
     impl: str
     variant: str = persistent.DEFAULT_TEXT
+    may_win: bool = True  # False: timed as the reference of the others only
 
     def label(self) -> str:
         return self.impl if self.impl != persistent.NAME else f"{self.impl}[{self.variant}]"
@@ -48,6 +49,7 @@ class Row:
     label: str
     impl: str
     variant: str
+    may_win: bool = True
     status: str = "ok"
     step_ms: float | None = None
     loss: float | None = None
@@ -68,16 +70,17 @@ def cache_path() -> Path:
 
 
 def cache_key(mc: models.ModelConfig, batch: int, length: int, device: str) -> str:
-    """Device, jax release, the model's shape and dtype, and the batch."""
+    """Device, jax release, what was asked for, the model's shape and dtype, and the batch."""
     shape = f"{mc.type} n{mc.hidden} h{mc.hyper_hidden} L{mc.depth} r{mc.hyper_rank}"
     model = f"{shape} {mc.dropout} keep{mc.keep} {jnp.dtype(mc.compute_dtype).name}"
-    return f"{device} | jax {jax.__version__} | {model} | {batch} x {length}"
+    return f"{device} | jax {jax.__version__} | impl {mc.impl} | {model} | {batch} x {length}"
 
 
 def candidates(mc: models.ModelConfig, batch: int, platform: str = "gpu") -> list[Candidate]:
-    """`auto`'s measured pick first, then every `persistent` variant that runs ``mc``."""
+    """`auto`'s measured pick first (with ``model.impl=persistent``, as the reference only),
+    then every `persistent` variant that runs ``mc``."""
     first = models.sequence_spec(dataclasses.replace(mc, impl=spec.AUTO), platform).impl
-    found = [Candidate(first)]
+    found = [Candidate(first, may_win=mc.impl == spec.AUTO)]
     facts = spec.ModelFacts(mc.type, mc.hyper_input, mc.dropout, mc.hyper_rank)
     if spec.unsupported(persistent.NAME, facts) or spec.substitute(persistent.NAME, facts):
         return found
@@ -117,9 +120,9 @@ def time_candidates(
     """A row per candidate in order; one is started only while the budget holds the
     slowest candidate so far. Rows that disagree with the first ok row are `mismatch`."""
     start = clock()
-    args = step_lib.step_inputs(mc, oc, batch, length)
+    args = step_lib.step_inputs(found[0].applied(mc), oc, batch, length)  # the same params
     dtype, slowest, first = jnp.dtype(mc.compute_dtype).name, 0.0, None
-    rows = [Row(c.label(), c.impl, c.variant) for c in found]
+    rows = [Row(c.label(), c.impl, c.variant, c.may_win) for c in found]
     for candidate, row in zip(found, rows, strict=True):
         began = clock()
         if began - start + slowest > budget_s:
@@ -140,7 +143,7 @@ def time_candidates(
 
 
 def _winner(rows: list[Row]) -> Row | None:
-    timed = [r for r in rows if r.status == "ok"]
+    timed = [r for r in rows if r.status == "ok" and r.may_win]
     return min(timed, key=lambda r: r.step_ms) if timed else None
 
 
@@ -192,10 +195,10 @@ def choose(
     found = candidates(mc, batch, platform)
     rows = time_candidates(mc, oc, batch, length, found, budget_s, **timing)
     best = _winner(rows)
-    if best is None:
-        return Choice(
-            found[0].impl, found[0].variant, "autotune: no candidate ran; " + _summary(rows)
-        )
+    if best is None:  # what was asked for, untimed
+        fallback = found[0] if found[0].may_win else Candidate(mc.impl)
+        line = "autotune: no candidate ran; " + _summary(rows)
+        return Choice(fallback.impl, fallback.variant, line)
     line = f"the training step runs {best.label} at {best.step_ms:.2f} ms; {_summary(rows)}"
     rows_json = [dataclasses.asdict(r) for r in rows]
     entries[key] = dict(impl=best.impl, variant=best.variant, line=line, rows=rows_json)
@@ -203,7 +206,11 @@ def choose(
 
 
 def _summary(rows: list[Row]) -> str:
-    timed = ", ".join(f"{r.label} {r.step_ms:.2f} ms" for r in rows if r.status == "ok")
+    timed = ", ".join(
+        f"{r.label} {r.step_ms:.2f} ms" + ("" if r.may_win else " (reference)")
+        for r in rows
+        if r.status == "ok"
+    )
     counts = {s: sum(r.status == s for r in rows) for s in ("mismatch", "failed", "skipped")}
     others = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
     return f"timed {timed or 'none'}" + (f" ({others})" if others else "")
@@ -211,8 +218,11 @@ def _summary(rows: list[Row]) -> str:
 
 def off_reason(mc: models.ModelConfig, budget_s: float, devices: int, platform: str) -> str | None:
     """Why the trainer does not autotune ``mc`` (None: it does)."""
-    if mc.impl != spec.AUTO:
-        return f"model.impl={mc.impl!r} was asked for"
+    tunes_variant = mc.impl == persistent.NAME and mc.persistent_variant == persistent.AUTO_TEXT
+    if mc.impl != spec.AUTO and not tunes_variant:
+        return (
+            f"model.impl={mc.impl!r} was asked for (persistent_variant={mc.persistent_variant!r})"
+        )
     if not budget_s:
         return "train.autotune_seconds=0"
     if platform != "gpu":
