@@ -57,7 +57,7 @@ from hlo import launches as hl
 from rhhjax import configs, models
 from rhhjax.ops import persistent
 from rhhjax.train.optim import OptimizerConfig
-from rhhjax.train.step import init_key, make_init, make_train_step, step_inputs
+from rhhjax.train.step import init_key, make_init, make_train_step, step_inputs, timed_call
 
 SIZES = {
     # name: (hidden, hyper_hidden, depth, batch, seq_len)
@@ -202,24 +202,15 @@ def time_step(
     if stats is not None:
         stats["peak_bytes"] = peak_bytes(compiled)
 
-    def run_step() -> float:
-        """Seconds of one call of the compiled step, its donated state threaded on."""
-        start = time.perf_counter()
-        out = compiled(*args)
-        out[3].block_until_ready()
-        seconds = time.perf_counter() - start
-        args[:3] = out[:3]  # params, opt_state, carry were donated
-        return seconds
-
     times = []
     for i in range(repeats + 1):
         args[6] = jnp.asarray(i, jnp.int32)  # the step index seeds the dropout masks
-        times.append(run_step())
+        times.append(timed_call(compiled, args)[0])
     if profile_dir:  # a tracing failure (no profiler here) costs the trace, not the row
         try:
             with jax.profiler.trace(profile_dir):
                 for _ in range(profile_steps):
-                    run_step()
+                    timed_call(compiled, args)
         except Exception as e:  # noqa: BLE001
             if stats is not None:
                 stats["profile_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"

@@ -129,14 +129,15 @@ def _check_numbers(c: ModelConfig) -> None:
             raise ConfigError(f"model.{name}={value!r} must be in (0, 1]")
 
 
-def _model_facts(c: ModelConfig) -> spec.ModelFacts:
+def model_facts(c: ModelConfig) -> spec.ModelFacts:
+    """What `rhhjax.ops.spec` reads of a model to decide which implementation runs it."""
     return spec.ModelFacts(c.type, c.hyper_input, c.dropout, c.hyper_rank)
 
 
 def _check_combinations(c: ModelConfig) -> None:
     """Whether `impl` can run the model (`rhhjax.ops.spec.check`; needs no device)."""
     try:
-        spec.check(c.impl, _model_facts(c))
+        spec.check(c.impl, model_facts(c))
     except spec.UnsupportedImpl as error:
         raise ConfigError(str(error)) from None
 
@@ -148,7 +149,7 @@ def sequence_spec(
     (``rhhjax.ops.spec.resolve``); ``execute``: it will run here, not only be lowered."""
     resolved = spec.resolve(
         c.impl,
-        _model_facts(c),
+        model_facts(c),
         dtype=c.compute_dtype,
         keep=c.keep,
         pallas_mode=c.pallas_mode,

@@ -4,7 +4,6 @@ once per device, model shape and dtype; the fastest that agrees with the first i
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import math
@@ -17,8 +16,9 @@ import jax
 import jax.numpy as jnp
 
 from rhhjax import models
-from rhhjax.data.cache import cache_root
+from rhhjax.data.cache import atomic_write, cache_root
 from rhhjax.errors import UserError
+from rhhjax.models.config import model_facts
 from rhhjax.ops import persistent, spec
 from rhhjax.train import step as step_lib
 from rhhjax.train.optim import OptimizerConfig
@@ -81,7 +81,7 @@ def candidates(mc: models.ModelConfig, batch: int, platform: str = "gpu") -> lis
     then every `persistent` variant that runs ``mc``."""
     first = models.sequence_spec(dataclasses.replace(mc, impl=spec.AUTO), platform).impl
     found = [Candidate(first, may_win=mc.impl == spec.AUTO)]
-    facts = spec.ModelFacts(mc.type, mc.hyper_input, mc.dropout, mc.hyper_rank)
+    facts = model_facts(mc)
     if spec.unsupported(persistent.NAME, facts) or spec.substitute(persistent.NAME, facts):
         return found
     hyper = mc.hyper_hidden if mc.type == "hyperrhn" else 0
@@ -93,16 +93,11 @@ def candidates(mc: models.ModelConfig, batch: int, platform: str = "gpu") -> lis
 def measure(mc: models.ModelConfig, oc: OptimizerConfig, args: tuple, repeats: int = REPEATS):
     """(step seconds [repeats], loss, grad norm) of the training step on copies of ``args``."""
     train_step = step_lib.make_train_step(mc, oc, 0)
-    args = jax.tree.map(lambda x: x.copy(), args)
+    args = list(jax.tree.map(lambda x: x.copy(), args))
     compiled = train_step.lower(*args).compile()
-    outs = jax.block_until_ready(compiled(*args))
-    loss, grad_norm = float(outs[3]), float(outs[4])
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        outs = jax.block_until_ready(compiled(*outs[:3], *args[3:]))
-        times.append(time.perf_counter() - start)
-    return times, loss, grad_norm
+    _, outs = step_lib.timed_call(compiled, args)
+    times = [step_lib.timed_call(compiled, args)[0] for _ in range(repeats)]
+    return times, float(outs[3]), float(outs[4])
 
 
 def _disagrees(row: Row, first: Row, dtype: str) -> str:
@@ -156,15 +151,11 @@ def _read(path: Path) -> dict:
 
 
 def _write(path: Path, entries: dict) -> str:
-    """``entries`` written atomically; where it ends up said in a few words."""
-    partial = path.with_name(f".{path.name}.{time.time_ns()}")
+    """``entries`` written atomically (`rhhjax.data.cache.atomic_write`); where, in a few words."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        partial.write_text(json.dumps(entries, indent=1))
-        partial.replace(path)
+        atomic_write(path, json.dumps(entries, indent=1).encode())
     except OSError as error:
-        with contextlib.suppress(OSError):
-            partial.unlink()
         return f"not cached: {error}"
     return f"cached in {path}"
 

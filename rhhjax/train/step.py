@@ -3,7 +3,8 @@
 ``make_train_step(model_config, optimizer_config, seed)`` is jitted
 ``(params, opt_state, carry, inputs [B, T], targets [B, T], reset, step, retry)
 -> (params, opt_state, carry, loss, grad_norm)``; ``step_inputs`` builds the arguments of one
-call (real arrays or shapes only), ``compiled_memory`` compiles it without running it.
+call (real arrays or shapes only), ``timed_call`` times one call, ``compiled_memory`` compiles
+it without running it.
 """
 
 from __future__ import annotations
@@ -121,6 +122,15 @@ def step_inputs(
         targets = jnp.asarray(chars[:, 1:], jnp.int32)
         flags = (jnp.asarray(True), jnp.asarray(0, jnp.int32), jnp.asarray(0, jnp.int32))
     return (*state, inputs, targets, *flags)
+
+
+def timed_call(compiled: Callable, args: list) -> tuple[float, tuple]:
+    """(seconds, outputs) of one call of a compiled step on ``args`` (a `step_inputs` list),
+    the donated params, opt_state and carry threaded on into ``args``."""
+    start = time.perf_counter()
+    outs = jax.block_until_ready(compiled(*args))
+    args[:3] = outs[:3]
+    return time.perf_counter() - start, outs
 
 
 def compiled_memory(mc: models.ModelConfig, oc: OptimizerConfig, batch: int, length: int):
