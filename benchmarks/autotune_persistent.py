@@ -73,7 +73,8 @@ def describe(plans: tuple) -> str:
     def short(plan):
         grid = f"{plan.row_blocks}x{plan.col_blocks}"
         in_flight = " w1" if plan.wgmma_in_flight else ""
-        return f"{grid} u{plan.units_per_block} s{plan.stages} k{plan.k_chunk}{in_flight}"
+        prefetch = " pf" if plan.prefetch_weights else ""
+        return f"{grid} u{plan.units_per_block} s{plan.stages} k{plan.k_chunk}{in_flight}{prefetch}"
 
     layout, main, hyper, *joint = plans
     if not joint:

@@ -5,13 +5,15 @@ wgmma down to ``in_flight`` before it refills a stage, and for all after the loo
 ``jnp.dot`` with fewer, as many and more K steps than stages, f32 and bf16: compiled on a
 GPU, executed in GPU interpret mode (`TestInterpret`, jax >= 0.11.2, race detector on).
 Interpret mode runs wgmma synchronously (its ``wgmma_wait`` is a no-op), so only a GPU
-checks the overlap itself."""
+checks the overlap itself. The staged form (B's first chunks loaded before A, from buffers
+that outlive one GEMM): two GEMMs in a row against ``jnp.dot``, and its traced copies."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from kernel_cases import MosaicGpuMode
+from rhhjax.kernels.mosaic import gemm
 from rhhjax.kernels.mosaic.gemm import gemm_nt_to_smem
 
 ROWS, COLS, TILE_K = 64, 32, 32
@@ -96,6 +98,58 @@ def test_in_flight_other_than_0_or_1_below_stages_is_refused(in_flight, stages):
         jax.make_jaxpr(_gemm_kernel(2, stages, in_flight, None))(*_operands(jnp.bfloat16, 2, 0))
 
 
+def _staged_kernel(k_steps: int, stages: int, in_flight: int, dtype, interpret):
+    """One block, two GEMMs on the same stages: out [2, ROWS, COLS] f32, out[i] = A[1 - i]
+    @ B[1 - i]^T, each B's first chunks loaded before its GEMM issues A's."""
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    def kernel(a_g, b_g, out_g, out_s, **buffers):
+        staged = gemm.StagedOperands(**buffers)
+        for i in range(2):
+            gemm.load_b_chunks(staged, b_g, 1 - i, k_steps)
+            gemm.gemm_nt_staged(
+                out_s.at[i], staged, a_g, b_g, 1 - i, 1 - i, k_steps=k_steps, in_flight=in_flight
+            )
+        plgpu.copy_smem_to_gmem(out_s, out_g)
+        plgpu.wait_smem_to_gmem(0)
+
+    return plgpu.kernel(
+        kernel,
+        out_type=jax.ShapeDtypeStruct((2, ROWS, COLS), jnp.float32),
+        scratch_types=dict(
+            out_s=plgpu.SMEM((2, ROWS, COLS), jnp.float32),
+            **gemm.staged_scratch(ROWS, COLS, TILE_K, stages, dtype),
+        ),
+        interpret=interpret,
+    )
+
+
+def test_the_staged_loop_leaves_b_s_first_chunks_to_the_caller():
+    """Traced: `gemm_nt_staged` issues A's first chunks before its loop, and in the loop
+    refills A and B alike; B's first chunks are `load_b_chunks`' only."""
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    def kernel(a_g, b_g, out_s, **buffers):
+        staged = gemm.StagedOperands(**buffers)
+        gemm.gemm_nt_staged(out_s, staged, a_g, b_g, 1, 1, k_steps=5, in_flight=1)
+
+    a, b = _operands(jnp.bfloat16, 5, 0)
+    traced = plgpu.kernel(
+        kernel,
+        out_type=(),
+        scratch_types=dict(
+            out_s=plgpu.SMEM((ROWS, COLS), jnp.float32),
+            **gemm.staged_scratch(ROWS, COLS, TILE_K, 2, jnp.bfloat16),
+        ),
+    )
+    seq = list(_primitives(jax.make_jaxpr(traced)(a, b).jaxpr))
+    copies = [eqn for name, eqn in seq if name == "copy_gmem_to_smem"]
+    loop = [i for i, (name, _) in enumerate(seq) if name in ("scan", "while")][0]
+    before = [eqn for name, eqn in seq[:loop] if name == "copy_gmem_to_smem"]
+    assert len(before) == 2  # A's two stages; no B
+    assert len(copies) == 4  # and in the loop one refill of A and one of B
+
+
 class TestCompiled(MosaicGpuMode):
     """`gemm_nt_to_smem` in a one-block kernel against ``jnp.dot`` on fresh random
     operands. f32 runs as TF32 in a compiled wgmma: its compiled tolerance is TF32's."""
@@ -120,6 +174,29 @@ class TestCompiled(MosaicGpuMode):
         )
         tol = self.TOL[dtype]
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=tol, atol=tol)
+
+    def test_two_staged_gemms_in_a_row_match_jnp_dot(self, steps, dtype, in_flight):
+        """`gemm_nt_staged` after `load_b_chunks`, twice on the same stages (the second
+        GEMM waits each stage's mbarriers a second time)."""
+        k_steps, stages = steps
+        if stages <= in_flight:
+            pytest.skip("one wgmma in flight needs 2 stages")
+        a, b = _operands(jnp.dtype(dtype), k_steps, seed=k_steps * 10 + stages + 1)
+        got = jax.block_until_ready(
+            jax.jit(_staged_kernel(k_steps, stages, in_flight, a.dtype, self.interpret()))(a, b)
+        )
+        tol = self.TOL[dtype]
+        for i in range(2):
+            rows, cols = (
+                slice((1 - i) * ROWS, (2 - i) * ROWS),
+                slice((1 - i) * COLS, (2 - i) * COLS),
+            )
+            want = jnp.dot(
+                a[rows].astype(jnp.float32),
+                b[cols].astype(jnp.float32).T,
+                precision=jax.lax.Precision.HIGHEST,
+            )
+            np.testing.assert_allclose(np.asarray(got[i]), np.asarray(want), rtol=tol, atol=tol)
 
 
 class TestInterpret(TestCompiled):

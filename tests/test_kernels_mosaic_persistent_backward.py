@@ -342,7 +342,7 @@ def counting_launch(*args, **kwargs):
 mcore._launch = counting_launch
 rows = []
 for plan_args, steps, depth, z_on, mask_on, hyper_args, inside_args in {cases!r}:
-    plan = PersistentPlan(*plan_args, wgmma_in_flight={in_flight})
+    plan = PersistentPlan(*plan_args, wgmma_in_flight={in_flight}, prefetch_weights={prefetch})
     hp = None if hyper_args is None else PersistentPlan(*hyper_args)
     ip = None if inside_args is None else PersistentPlan(
         *inside_args[:-1], units=inside_args[-1], wgmma_in_flight={in_flight})
@@ -422,8 +422,23 @@ def test_one_wgmma_in_flight_compiles_for_an_h100_without_a_gpu(tmp_path):
     _compiles_at_the_predicted_shared_memory(cases, tmp_path, in_flight=1)
 
 
-def _compiles_at_the_predicted_shared_memory(cases, tmp_path, in_flight: int = 0) -> None:
-    code = _COMPILE.format(cases=cases, in_flight=in_flight)
+@pytest.mark.gpu_compile
+@needs_cuda
+def test_weights_loaded_before_the_barrier_compile_for_an_h100_without_a_gpu(tmp_path):
+    """`PersistentPlan.prefetch_weights` at `plan_for`'s paper plans, one of them with one
+    wgmma in flight too: the predicted shared memory, no register spilled."""
+    cases = [
+        ((256, 1000, "bfloat16", 16, 4, 64, 3), 3, 7, True, True, None, None),
+        ((256, 1000, "float32", 32, 4, 64, 4), 3, 2, True, True, None, None),
+    ]
+    _compiles_at_the_predicted_shared_memory(cases[:1], tmp_path, prefetch=True)
+    _compiles_at_the_predicted_shared_memory(cases[1:], tmp_path, in_flight=1, prefetch=True)
+
+
+def _compiles_at_the_predicted_shared_memory(
+    cases, tmp_path, in_flight: int = 0, prefetch: bool = False
+) -> None:
+    code = _COMPILE.format(cases=cases, in_flight=in_flight, prefetch=prefetch)
     rows, reports = compile_deviceless(code, tmp_path, log_ptxas=False)
     assert len(rows) == len(cases)
     for row in rows:

@@ -128,17 +128,17 @@ class TestCompiled(MosaicGpuMode):
     TOL = {"bfloat16": 3e-2, "float32": 3e-3}
     LAYOUT = "grid"  # the kernels' launch layout (`kernels/mosaic/rowgroup_layout.py`)
 
-    def runnable_plan(self, plan_args, in_flight: int = 0) -> PersistentPlan:
+    def runnable_plan(self, plan_args, in_flight: int = 0, prefetch=False) -> PersistentPlan:
         """The case's plan; skipped where this mode cannot run its blocks at once."""
-        plan = PersistentPlan(*plan_args, wgmma_in_flight=in_flight)
+        plan = PersistentPlan(*plan_args, wgmma_in_flight=in_flight, prefetch_weights=prefetch)
         cluster = plan.grid if self.LAYOUT == "grid" else plan.col_blocks
         if self.INTERPRET and gpu_interpret.cluster_too_large(cluster):
             pytest.skip(gpu_interpret.cluster_too_large(cluster))
         return plan
 
-    def test_matches_reference(self, case, in_flight=0):
+    def test_matches_reference(self, case, in_flight=0, prefetch=False):
         plan_args, steps, depth, z_on, mask_on = case
-        plan = self.runnable_plan(plan_args, in_flight)
+        plan = self.runnable_plan(plan_args, in_flight, prefetch)
         case = backward_case(plan.batch + steps, plan, steps, depth, z_on, mask_on)
         wt, expected = backward_reference(plan, case, jnp.dtype(plan.dtype))
         kernel = functools.partial(
@@ -161,6 +161,12 @@ class TestCompiled(MosaicGpuMode):
         """`PersistentPlan.wgmma_in_flight` 1: the same outputs (interpret mode runs wgmma
         synchronously: only a GPU overlaps them)."""
         self.test_matches_reference(in_flight_case, in_flight=1)
+
+    @pytest.mark.parametrize("in_flight", [0, 1])
+    def test_weights_loaded_before_the_barrier_match_reference(self, in_flight_case, in_flight):
+        """`PersistentPlan.prefetch_weights` (a phase's first weight chunks load before the
+        barrier ending the phase before): the same outputs."""
+        self.test_matches_reference(in_flight_case, in_flight, prefetch=True)
 
     def test_z_recomputed_from_the_hyper_buffer_is_z_read(self, case):
         """With `ScalesInside` (z from the hyper cell's A buffer, the forward's GEMM, p_l
@@ -309,4 +315,6 @@ def test_every_kernel_case_is_a_plan_the_kernel_accepts(mode):
     for plan_args, _, depth, z_on, mask_on in mode.CASES["case"] + mode.CASES["largest_case"]:
         pb.check_plan(PersistentPlan(*plan_args), z_on, mask_on, depth)
     for plan_args, _, depth, z_on, mask_on in mode.CASES["in_flight_case"]:
-        pb.check_plan(PersistentPlan(*plan_args, wgmma_in_flight=1), z_on, mask_on, depth)
+        for prefetch in (False, True):
+            plan = PersistentPlan(*plan_args, wgmma_in_flight=1, prefetch_weights=prefetch)
+            pb.check_plan(plan, z_on, mask_on, depth)

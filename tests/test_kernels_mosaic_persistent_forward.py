@@ -272,7 +272,7 @@ _COMPILE = (
     _SMEM_COUNTER
     + """
 for fields, steps, depth, has_z, has_mask, save in {cases!r}:
-    plan = PersistentPlan(*fields, wgmma_in_flight={in_flight})
+    plan = PersistentPlan(*fields, wgmma_in_flight={in_flight}, prefetch_weights={prefetch})
     phases, b, n, k = steps * depth, plan.b_pad, plan.n_pad, plan.k_pad
     opt = lambda on, dtype=jnp.float32: sds((phases, b, n), dtype) if on else None
     args = (sds((depth * 2 * n, k), jnp.dtype(plan.dtype)), sds((b, n), jnp.float32),
@@ -322,8 +322,23 @@ def test_one_wgmma_in_flight_compiles_for_an_h100_without_a_gpu(tmp_path):
     _compiles_at_the_plans_shared_memory(cases, tmp_path, in_flight=1)
 
 
-def _compiles_at_the_plans_shared_memory(cases, tmp_path, in_flight: int = 0) -> None:
-    code = _COMPILE.format(cases=cases, in_flight=in_flight)
+@pytest.mark.gpu_compile
+@needs_cuda
+def test_weights_loaded_before_the_barrier_compile_for_an_h100_without_a_gpu(tmp_path):
+    """`PersistentPlan.prefetch_weights` at `plan_for`'s paper plan and, with one wgmma in
+    flight too, the f32 132-block plan: the plan's shared memory, no register spilled."""
+    cases = [
+        ((256, 1000, "bfloat16", 16, 4, 64, 3), 3, 7, True, True, True),
+        ((256, 1000, "float32", 132, 1, 64, 2), 3, 2, False, False, False),
+    ]
+    _compiles_at_the_plans_shared_memory(cases[:1], tmp_path, prefetch=True)
+    _compiles_at_the_plans_shared_memory(cases[1:], tmp_path, in_flight=1, prefetch=True)
+
+
+def _compiles_at_the_plans_shared_memory(
+    cases, tmp_path, in_flight: int = 0, prefetch: bool = False
+) -> None:
+    code = _COMPILE.format(cases=cases, in_flight=in_flight, prefetch=prefetch)
     rows, reports = compile_deviceless(code, tmp_path, log_ptxas=False)
     assert len(rows) == len(cases)
     for row in rows:

@@ -68,14 +68,15 @@ def _hyper_inside(plan, hyper_plan, hyper_ops, seed):
     )  # fmt: skip
 
 
-def _case_plan(case, in_flight: int = 0) -> pp.PersistentPlan:
+def _case_plan(case, in_flight: int = 0, prefetch: bool = False) -> pp.PersistentPlan:
     """A `TestCompiled` "case"'s plan: f32 at 2 pipeline stages, bf16 at the most of 4, 3, 2
     whose shared memory fits (a block of 256 rows needs fewer than 4)."""
     dtype, batch, width, cols, row_blocks, k_chunk = case[:6]
     for stages in (2,) if dtype == "float32" else (4, 3, 2):
         plan = pp.PersistentPlan(
-            batch, width, dtype, cols, row_blocks, k_chunk, stages, wgmma_in_flight=in_flight
-        )
+            batch, width, dtype, cols, row_blocks, k_chunk, stages,
+            wgmma_in_flight=in_flight, prefetch_weights=prefetch,
+        )  # fmt: skip
         if plan.smem_bytes() <= plan.smem_limit:
             break
     return plan
@@ -131,9 +132,9 @@ class TestCompiled(MosaicGpuMode):
         return jax.block_until_ready(jax.jit(kernel)(*ops))
 
     @pytest.mark.parametrize(("has_z", "has_mask"), [(True, True), (False, False)])
-    def test_matches_reference(self, case, has_z, has_mask, in_flight=0):
+    def test_matches_reference(self, case, has_z, has_mask, in_flight=0, prefetch=False):
         dtype, batch, width, cols, row_blocks, k_chunk, steps, depth = case
-        plan = _case_plan(case, in_flight)
+        plan = _case_plan(case, in_flight, prefetch)
         ops = forward_operands(
             plan, forward_problem(5, batch, width, steps, depth), has_z, has_mask
         )
@@ -154,6 +155,12 @@ class TestCompiled(MosaicGpuMode):
         """`PersistentPlan.wgmma_in_flight` 1: the same outputs (interpret mode runs wgmma
         synchronously: only a GPU overlaps them)."""
         self.test_matches_reference(in_flight_case, True, True, in_flight=1)
+
+    @pytest.mark.parametrize("in_flight", [0, 1])
+    def test_weights_loaded_before_the_barrier_match_reference(self, in_flight_case, in_flight):
+        """`PersistentPlan.prefetch_weights` (a phase's first weight chunks load before the
+        barrier ending the phase before): the same outputs."""
+        self.test_matches_reference(in_flight_case, True, True, in_flight, prefetch=True)
 
     def check_saved_chain(self, plan, ops, s_last, packed, s_mm, steps, depth):
         """The saved outputs against the reference phase by phase (teacher-forced from the

@@ -281,9 +281,10 @@ def test_the_paper_variant_candidates_are_runnable_distinct_and_today_first(dtyp
     levers = [dataclasses.replace(found[0], **lever) for lever in persistent.LEVERS]
     assert found[1 : 1 + len(levers)] == levers  # today's levers are timed first
     plans = [persistent.variant_plans(v, 256, 1000, 128, dtype) for v in found]
-    runs = {(p, v.in_flight, v.status) for p, v in zip(plans, found, strict=True)}
+    runs = {(p, v.status) for p, v in zip(plans, found, strict=True)}
     assert len(set(found)) == len(found) == len(runs) > 4
-    assert [p[1].wgmma_in_flight for p in plans[:3]] == [0, 0, 1]
+    assert [p[1].wgmma_in_flight for p in plans[:6]] == [0, 0, 1, 1, 0, 1]
+    assert [p[1].prefetch_weights for p in plans[:6]] == [False] * 4 + [True] * 2
     for variant, (layout, main, hyper, *joint) in zip(found, plans, strict=True):
         assert layout == variant.layout and bool(joint) == variant.hyper_inside
         for plan in (main, hyper):
@@ -319,6 +320,8 @@ def test_by_default_the_variant_is_todays_the_module_switches():
         ("hyper_inside=2", "is not 0 or 1"),
         ("k_chunk=12", "multiple of 8"),
         ("in_flight=2", "must be 0 or 1"),
+        ("prefetch=2", "must be 0 or 1"),
+        ("hyper_inside=1,prefetch=1", "runs the hyper cell apart"),
         ("status=later", "is not one of"),
         ("depth=3", "key one of"),
         ("fast", "key one of"),
@@ -446,7 +449,12 @@ class HyperInsideMatchesScan(KernelModelMatchesScan):
         variant = "hyper_inside=1,layout=grid,stages=2,in_flight=1,status=poison"
         self._matches_scan(variant_case, monkeypatch, variant)
 
-    def _matches_scan(self, hyper_inside_case, monkeypatch, variant: str):
+    def test_weights_loaded_before_the_barrier_match_scan(self, variant_case, monkeypatch):
+        """``prefetch=1`` (each cell's own kernels, the hyper cell apart) with one wgmma
+        group in flight: the same loss and gradients."""
+        self._matches_scan(variant_case, monkeypatch, "prefetch=1,in_flight=1", inside=False)
+
+    def _matches_scan(self, hyper_inside_case, monkeypatch, variant: str, inside: bool = True):
         hidden, hyper_hidden, depth, batch, length, first = hyper_inside_case
         base = dict(
             type="hyperrhn", vocab_size=11, embed_dim=5, hidden=hidden, hyper_hidden=hyper_hidden,
@@ -455,8 +463,11 @@ class HyperInsideMatchesScan(KernelModelMatchesScan):
         scan = models.build_model(models.ModelConfig(**base, impl="scan"))
         config = models.ModelConfig(**base, impl=self.IMPL, persistent_variant=variant)
         model = self.model(config)
-        assert recurrence.hyper_inside(model.spec, batch, hidden, hyper_hidden)
-        if variant != persistent.DEFAULT_TEXT:
+        assert recurrence.hyper_inside(model.spec, batch, hidden, hyper_hidden) == inside
+        if not inside:
+            plans = [persistent._plan_of(model.spec, batch, n) for n in (hidden, hyper_hidden)]
+            assert all(plan.prefetch_weights for plan in plans)
+        elif variant != persistent.DEFAULT_TEXT:
             main, _ = persistent.hyper_inside_plans(model.spec, batch, hidden, hyper_hidden)
             assert main.stages == 2 and persistent.variant_of(model.spec).stages == 2
         params = models.init_params(scan, jax.random.key(hidden))
@@ -464,7 +475,8 @@ class HyperInsideMatchesScan(KernelModelMatchesScan):
         key = jax.random.key(depth)
         recorded = _record_backward(monkeypatch)
         actual = loss_and_grads(model, params, tokens, key)
-        assert recorded[0] == (True, True)  # one backward for both cells, z recomputed
+        # inside: one backward for both cells, z recomputed; apart: each cell's own
+        assert recorded[0] == (True, True) if inside else set(recorded) == {(False, False)}
         expected = loss_and_grads(scan, params, tokens, key)
         assert_trees_close(actual, expected, self.TOLERANCE["float32"])
 

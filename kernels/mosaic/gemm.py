@@ -1,10 +1,13 @@
 """The K loop every Mosaic GPU kernel here shares: one block's f32 tile of ``A @ B^T``
 through a ``stages``-deep TMA pipeline into a wgmma accumulator, stored to shared memory.
-``in_flight`` 1 keeps one K chunk's wgmma running under the next one's issue."""
+``in_flight`` 1 keeps one K chunk's wgmma running under the next one's issue; the staged
+form loads B's first chunks early, from the caller's buffers."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -62,3 +65,95 @@ def gemm_nt_to_smem(
 
     pl.run_scoped(accumulate, plgpu.ACC((rows, cols), F32))
     plgpu.commit_smem()  # a warpgroup barrier: others read `out` in another layout
+
+
+@dataclasses.dataclass(frozen=True)
+class StagedOperands:
+    """A K loop's stage buffers, kept by the caller across GEMMs so that B's first chunks
+    can load before A exists (`load_b_chunks`, then `gemm_nt_staged`)."""
+
+    a: Any  # [stages, rows, tile_k]
+    b: Any  # [stages, cols, tile_k]
+    a_bar: Any  # [stages] mbarriers
+    b_bar: Any
+
+    @property
+    def stages(self) -> int:
+        return self.a.shape[0]
+
+
+def staged_scratch(rows: int, cols: int, tile_k: int, stages: int, dtype) -> dict:
+    """The scratch types of `StagedOperands`, by field name."""
+    smem = functools.partial(plgpu.SMEM, dtype=dtype, transforms=wgmma_transforms(tile_k, dtype))
+    return dict(
+        a=smem((stages, rows, tile_k)),
+        b=smem((stages, cols, tile_k)),
+        a_bar=plgpu.Barrier(num_barriers=stages),
+        b_bar=plgpu.Barrier(num_barriers=stages),
+    )
+
+
+def _chunk(gmem, block: jax.Array | int, k: jax.Array | int, tile):
+    rows, tile_k = tile.shape
+    return gmem.at[pl.ds(block * rows, rows), pl.ds(k * tile_k, tile_k)]
+
+
+def _load(staged: StagedOperands, operand: str, gmem, block, k) -> None:
+    tiles, bars = getattr(staged, operand), getattr(staged, f"{operand}_bar")
+    slot = jax.lax.rem(k, staged.stages)
+    plgpu.copy_gmem_to_smem(_chunk(gmem, block, k, tiles.at[0]), tiles.at[slot], bars.at[slot])
+
+
+def load_b_chunks(staged: StagedOperands, b_gmem, b_block: jax.Array | int, k_steps: int) -> None:
+    """Issues the copies of B[b_block]'s first ``min(stages, k_steps)`` K chunks."""
+    for k in range(min(staged.stages, k_steps)):
+        _load(staged, "b", b_gmem, b_block, k)
+
+
+def wait_b_chunks(staged: StagedOperands, k_steps: int) -> None:
+    """Waits for `load_b_chunks`' copies where no GEMM will (a kernel giving up)."""
+    for k in range(min(staged.stages, k_steps)):
+        plgpu.barrier_wait(staged.b_bar.at[k])
+
+
+def gemm_nt_staged(
+    out,
+    staged: StagedOperands,
+    a_gmem,
+    b_gmem,
+    a_block: jax.Array | int,
+    b_block: jax.Array | int,
+    *,
+    k_steps: int,
+    in_flight: int = 0,
+) -> None:
+    """`gemm_nt_to_smem` on ``staged``, whose B chunks `load_b_chunks` has issued."""
+    stages = staged.stages
+    if in_flight not in (0, 1) or stages <= in_flight:
+        raise ValueError(f"in_flight must be 0 or 1 and below stages {stages}, got {in_flight}.")
+    for k in range(min(stages, k_steps)):
+        _load(staged, "a", a_gmem, a_block, k)
+
+    def accumulate(acc):
+        def k_step(k, carry):
+            slot = jax.lax.rem(k, stages)
+            plgpu.barrier_wait(staged.a_bar.at[slot])
+            plgpu.barrier_wait(staged.b_bar.at[slot])
+            plgpu.wgmma(acc, staged.a.at[slot], staged.b.at[slot].transpose((1, 0)))
+            plgpu.wgmma_wait(in_flight)
+            refill = k - in_flight + stages  # the chunk for the stage no wgmma reads now
+
+            @pl.when(jnp.logical_and(k >= in_flight, refill < k_steps))
+            def _():
+                _load(staged, "a", a_gmem, a_block, refill)
+                _load(staged, "b", b_gmem, b_block, refill)
+
+            return carry
+
+        jax.lax.fori_loop(0, k_steps, k_step, None)
+        if in_flight:
+            plgpu.wgmma_wait(0)
+        out[...] = acc[...]
+
+    pl.run_scoped(accumulate, plgpu.ACC(out.shape, F32))
+    plgpu.commit_smem()

@@ -32,6 +32,7 @@ from rhhjax.kernels.mosaic.persistent_backward_cell import (
     bias_row_group,
     input_names,
 )
+from rhhjax.kernels.mosaic.persistent_cell import staged_scratch
 from rhhjax.kernels.mosaic.plan import PersistentPlan
 
 Array = jax.Array
@@ -168,6 +169,7 @@ def persistent_backward(
             return jnp.where(passed, fail_at, i + 2)
 
         fail_at = jax.lax.fori_loop(0, iterations, body, fail_at)
+        main.abandon(fail_at)
         main.finish(outs[2], outs[5] if has_z else None)
         if hyper_cell is not None:
             pl.when(is_hyper_block)(lambda: hyper_cell.finish(outs[n_main_out + 2], None))
@@ -238,6 +240,7 @@ def persistent_backward(
             bar=plgpu.Barrier(num_barriers=len(names) + has_mask),
             **({"mask_tile": plgpu.SMEM((rows, u), keep_mask.DTYPE)} if has_mask else {}),
             **({"dz_acc": plgpu.SMEM((depth, group, u), F32)} if has_z else {}),
+            **staged_scratch(plan, u, 2 * n_pad // plan.k_chunk, mm_dtype),
             **hyper_scratch,
             **phase_bar,
         ),

@@ -18,12 +18,11 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 from rhhjax.kernels.layout import F32
 from rhhjax.kernels.mosaic import forward as mf
-from rhhjax.kernels.mosaic import keep_mask
+from rhhjax.kernels.mosaic import gemm, keep_mask
 from rhhjax.kernels.mosaic import persistent_forward as pf
 from rhhjax.kernels.mosaic import persistent_slots as slots
 from rhhjax.kernels.mosaic.backward import _gate_backward
-from rhhjax.kernels.mosaic.gemm import gemm_nt_to_smem
-from rhhjax.kernels.mosaic.persistent_cell import wait_for_all_but
+from rhhjax.kernels.mosaic.persistent_cell import staged_operands, wait_for_all_but
 from rhhjax.kernels.mosaic.plan import PersistentPlan
 
 
@@ -70,6 +69,25 @@ class BackwardCell:
     @property
     def has_z(self) -> bool:
         return "z" in self.names
+
+    @property
+    def k_steps(self) -> int:
+        return 2 * self.plan.n_pad // self.plan.k_chunk
+
+    @property
+    def staged(self) -> gemm.StagedOperands | None:
+        return staged_operands(self.sc)
+
+    def _weight_block(self, p):
+        """The weight rows phase ``p``'s GEMM reads: the layer above's."""
+        return jax.lax.rem(p + 1, self.depth) * self.plan.col_blocks + self.c
+
+    def abandon(self, fail_at) -> None:
+        """With ``fail_at`` nonzero (grid barrier ``fail_at - 1`` failed): waits for the
+        weight loads of the first phase that did not run, if it has them."""
+        if self.staged is not None:
+            pending = jnp.logical_and(fail_at >= 2, fail_at <= self.phases)
+            pl.when(pending)(lambda: gemm.wait_b_chunks(self.staged, self.k_steps))
 
     def slices(self):
         rows, u = self.plan.rows_per_block, self.plan.units_per_block
@@ -160,20 +178,33 @@ class BackwardCell:
         plan, acc = self.plan, self.sc["acc"]
         last = p == self.phases - 1
 
+        staged, w_block = self.staged, self._weight_block(p)
+
         @pl.when(jnp.logical_not(last))
         def _():
             a_block = slots.slot(p + 1, self.steps, self.depth) * plan.row_blocks + self.r
-            w_block = jax.lax.rem(p + 1, self.depth) * plan.col_blocks + self.c
-            gemm_nt_to_smem(
-                acc, self.refs["d_mm"], self.refs["wt"], a_block, w_block,
-                tile_k=plan.k_chunk, k_steps=2 * plan.n_pad // plan.k_chunk, stages=plan.stages,
-                in_flight=plan.wgmma_in_flight,
-            )  # fmt: skip
+            a_mm, w = self.refs["d_mm"], self.refs["wt"]
+            if staged is None:
+                gemm.gemm_nt_to_smem(
+                    acc, a_mm, w, a_block, w_block, tile_k=plan.k_chunk, k_steps=self.k_steps,
+                    stages=plan.stages, in_flight=plan.wgmma_in_flight,
+                )  # fmt: skip
+            else:
+                gemm.gemm_nt_staged(
+                    acc, staged, a_mm, w, a_block, w_block, k_steps=self.k_steps,
+                    in_flight=plan.wgmma_in_flight,
+                )  # fmt: skip
 
         @pl.when(last)
         def _():
             acc[...] = jnp.zeros(acc.shape, F32)
             plgpu.commit_smem()
+
+        if staged is not None:  # phase p - 1's weights, under this epilogue and the barrier
+
+            @pl.when(p >= 1)
+            def _():
+                gemm.load_b_chunks(staged, self.refs["wt"], self._weight_block(p - 1), self.k_steps)
 
     def _add_in_place(self, into: str, addend: str) -> None:
         epi, names = self.sc["epi"], self.names

@@ -18,9 +18,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 from rhhjax.kernels.layout import F32
 from rhhjax.kernels.mosaic import forward as mf
-from rhhjax.kernels.mosaic import keep_mask
+from rhhjax.kernels.mosaic import gemm, keep_mask
 from rhhjax.kernels.mosaic import persistent_slots as slots
-from rhhjax.kernels.mosaic.gemm import gemm_nt_to_smem
 from rhhjax.kernels.mosaic.plan import (
     PersistentPlan,
     forward_inputs,
@@ -51,10 +50,28 @@ class Cell:
     r: Any
     g: Any
     fill_z: Callable | None = None
+    staged: gemm.StagedOperands | None = None  # with plan.prefetch_weights
 
     @property
     def phases(self) -> int:
         return self.steps * self.depth
+
+    @property
+    def k_steps(self) -> int:
+        return self.plan.k_pad // self.plan.k_chunk
+
+    def load_weights(self, p) -> None:
+        """Issues phase ``p``'s first weight chunks into the staged buffers."""
+        w_row = jax.lax.rem(p, self.depth) * self.plan.col_blocks + self.g
+        gemm.load_b_chunks(self.staged, self.refs["w"], w_row, self.k_steps)
+
+    def abandon(self, code, first_barrier: int) -> None:
+        """With status ``code`` nonzero (grid barrier ``code - 1`` failed): waits for the
+        weight loads of the first phase that did not run, if it has them."""
+        if self.staged is not None:
+            skipped = code - first_barrier
+            pending = jnp.logical_and(code != 0, skipped < self.phases)
+            pl.when(pending)(lambda: gemm.wait_b_chunks(self.staged, self.k_steps))
 
     @property
     def ins(self) -> tuple[str, ...]:
@@ -81,6 +98,8 @@ class Cell:
             plgpu.copy_smem_to_gmem(self.cast, self.refs["s_mm"].at[row_sl, unit_sl])
 
         plgpu.wait_smem_to_gmem(0)
+        if self.staged is not None:
+            self.load_weights(0)
 
     def _sources(self, t, layer) -> dict:
         row_sl, unit_sl = self.slices()
@@ -135,11 +154,18 @@ class Cell:
             self.fill_z(p, layer, epi.at[ins.index("z")])
 
         a_row, w_row = slots.slot(p, steps, depth) * n_r + self.r, layer * plan.col_blocks + self.g
-        gemm_nt_to_smem(
-            self.pre, refs["s_mm"], refs["w"], a_row, w_row,
-            tile_k=plan.k_chunk, k_steps=plan.k_pad // plan.k_chunk, stages=plan.stages,
-            in_flight=plan.wgmma_in_flight,
-        )  # fmt: skip
+        if self.staged is None:
+            gemm.gemm_nt_to_smem(
+                self.pre, refs["s_mm"], refs["w"], a_row, w_row,
+                tile_k=plan.k_chunk, k_steps=self.k_steps, stages=plan.stages,
+                in_flight=plan.wgmma_in_flight,
+            )  # fmt: skip
+        else:  # the next phase's weights load under this epilogue and the grid barrier
+            gemm.gemm_nt_staged(
+                self.pre, self.staged, refs["s_mm"], refs["w"], a_row, w_row,
+                k_steps=self.k_steps, in_flight=plan.wgmma_in_flight,
+            )  # fmt: skip
+            pl.when(p + 1 < phases)(lambda: self.load_weights(p + 1))
         each_input(lambda slot, name: plgpu.barrier_wait(bar.at[slot]))
         if has_mask:
             plgpu.barrier_wait(bar.at[mask_bar])
@@ -212,6 +238,22 @@ class Cell:
         return late
 
 
+def staged_scratch(plan: PersistentPlan, cols: int, k_steps: int, mm_dtype) -> dict:
+    """With ``plan.prefetch_weights`` the main GEMM's stage buffers (B rows ``cols``) as
+    scratch types named ``stage_*``; else none."""
+    if not plan.prefetch_weights:
+        return {}
+    stages = plan.staged_stages(k_steps)
+    buffers = gemm.staged_scratch(plan.rows_per_block, cols, plan.k_chunk, stages, mm_dtype)
+    return {f"stage_{name}": buffer for name, buffer in buffers.items()}
+
+
+def staged_operands(sc: dict) -> gemm.StagedOperands | None:
+    """The `scratch` buffers of ``prefetch_weights``, or None."""
+    buffers = {k.removeprefix("stage_"): v for k, v in sc.items() if k.startswith("stage_")}
+    return gemm.StagedOperands(**buffers) if buffers else None
+
+
 def wait_for_all_but(late: int) -> None:
     """Waits for every bulk store but the ``late`` last ones to write (the next phase reads
     those) and for every store to read its shared memory (the next phase reuses it)."""
@@ -229,6 +271,7 @@ def scratch(
 ) -> dict:
     """One cell's shared memory but its GEMM tile ``pre`` (shared by the cells)."""
     rows, u = plan.rows_per_block, plan.units_per_block
+
     n_slots, _ = forward_staging_slots(has_z, save, z_inside)
     scratch = dict(
         state=plgpu.SMEM((rows, u), F32),
@@ -237,6 +280,7 @@ def scratch(
             (plgpu.SMEM((rows, u), mm_dtype),), (plgpu.SMEM((rows, u), keep_mask.DTYPE),)
         ),
         bar=plgpu.Barrier(num_barriers=len(forward_inputs(has_z, z_inside)) + has_mask),
+        **staged_scratch(plan, plan.cols_per_block, plan.k_pad // plan.k_chunk, mm_dtype),
     )
     return scratch
 

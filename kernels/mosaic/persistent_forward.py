@@ -191,6 +191,8 @@ def persistent_forward(
         if z is not None:
             raise PlanError("persistent forward: pass z or the hyper cell, not both.")
         check_hyper(plan, hyper, steps, depth)
+        if plan.prefetch_weights or hyper.plan.prefetch_weights:
+            raise PlanError("persistent forward: prefetch_weights runs the hyper cell apart.")
     rowgroup_layout.check(plan, layout, interpret)
     launch, block_index, make_barrier = rowgroup_layout.functions(layout, interpret)
     phases = steps * depth
@@ -241,6 +243,7 @@ def persistent_forward(
             return persistent_cell.Cell(
                 cell_plan, steps, depth, keep, save, cell_has_z, cell_z_inside, named,
                 sc["state"], pre, sc["epi"], cast, mask_tile, sc["bar"], r, g, fill_z,
+                persistent_cell.staged_operands(sc),
             )  # fmt: skip
 
         main_sc = {k[2:]: v for k, v in scratch.items() if k.startswith("m_")}
@@ -294,6 +297,7 @@ def persistent_forward(
             return jax.lax.cond(code == 0, work, lambda c: c, code)
 
         code = jax.lax.fori_loop(0, phases, phase, code)
+        main.abandon(code, first_barrier)
         persistent_cell.wait_for_every_store()
         status_g[block] = code
 

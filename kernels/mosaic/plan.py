@@ -75,6 +75,8 @@ class PersistentPlan:
 
     ``units``: units per block, or None for the fewest covering ``width``.
     ``wgmma_in_flight``: 1 leaves one K chunk's wgmma running (`gemm.gemm_nt_to_smem`).
+    ``prefetch_weights``: the main GEMM's first weight chunks of a phase load before the
+    grid barrier that ends the phase before (`gemm.gemm_nt_staged`; the hyper cell apart).
     """
 
     batch: int
@@ -88,6 +90,7 @@ class PersistentPlan:
     smem_limit: int = H100.smem_per_block_optin
     units: int | None = None
     wgmma_in_flight: int = 0
+    prefetch_weights: bool = False
 
     def __post_init__(self):
         for name in ("batch", "width", "col_blocks", "row_blocks", "k_chunk", "stages"):
@@ -168,6 +171,10 @@ class PersistentPlan:
     def itemsize(self) -> int:
         return jnp.dtype(self.dtype).itemsize
 
+    def staged_stages(self, k_steps: int) -> int:
+        """Stages of `gemm.StagedOperands` for a K loop of ``k_steps`` chunks."""
+        return max(min(self.stages, k_steps), self.wgmma_in_flight + 1)
+
     def weight_slice_bytes(self) -> int:
         """One block's slice of one layer's weight, forward or backward, the larger."""
         forward = self.k_pad * self.cols_per_block
@@ -191,7 +198,8 @@ class PersistentPlan:
         ]
         pre = rows * self.cols_per_block * 4
         buffers = [rows * units * 4, slots * rows * units * 4, rows * units * item]
-        barriers = self.stages + len(forward_inputs(has_z or z_inside, z_inside)) + has_mask
+        barriers = self.stages * (1 + self.prefetch_weights)
+        barriers += len(forward_inputs(has_z or z_inside, z_inside)) + has_mask
         if z_inside:
             h_units, h_chunk = hyper.units_per_block, hyper.k_chunk
             h_stages = min(hyper.stages, hyper.k_pad // h_chunk)  # the pipeline's own cap

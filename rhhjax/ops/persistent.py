@@ -79,7 +79,10 @@ AUTO_TEXT = "auto"  # the same here; the trainer times the variants (rhhjax.trai
 # (stages, k_chunk) of every plan tried by `variant_candidates` (None: the plan's own).
 PIPELINES = ((None, None), (2, None), (3, None), (4, None), (4, 32), (6, 32), (2, 128))
 # Today's variant with each of these is timed right after it (`variant_candidates`).
-LEVERS = (dict(status="poison"), dict(in_flight=1), dict(in_flight=1, status="poison"))
+LEVERS = (
+    dict(status="poison"), dict(in_flight=1), dict(in_flight=1, status="poison"),
+    dict(prefetch=1), dict(prefetch=1, in_flight=1),
+)  # fmt: skip
 
 
 class VariantError(UserError):
@@ -99,6 +102,7 @@ class PersistentVariant:
     k_chunk: int | None = None
     in_flight: int = 0
     status: str = "host"
+    prefetch: int = 0
 
     def __post_init__(self):
         if self.layout not in rowgroup_layout.LAYOUTS:
@@ -107,16 +111,21 @@ class PersistentVariant:
             value = getattr(self, name)
             if value is not None and (value < low or value % multiple):
                 raise VariantError(f"{name}={value} must be >= {low} and a multiple of {multiple}")
-        if self.in_flight not in (0, 1):
-            raise VariantError(f"in_flight={self.in_flight} must be 0 or 1")
+        for name in ("in_flight", "prefetch"):
+            if getattr(self, name) not in (0, 1):
+                raise VariantError(f"{name}={getattr(self, name)} must be 0 or 1")
+        if self.prefetch and self.hyper_inside:
+            raise VariantError("prefetch=1 runs the hyper cell apart (hyper_inside=0)")
         if self.status not in STATUS_CHECKS:
             raise VariantError(f"status={self.status!r} is not one of {STATUS_CHECKS}")
 
     def text(self) -> str:
-        """``hyper_inside=0,layout=grid[,stages=S,k_chunk=K,in_flight=1,status=poison]``."""
+        """``hyper_inside=0,layout=grid[,stages=S,k_chunk=K,in_flight=1,status=poison,
+        prefetch=1]``."""
         parts = [f"hyper_inside={int(self.hyper_inside)}", f"layout={self.layout}"]
         parts += [f"{k}={getattr(self, k)}" for k in ("stages", "k_chunk") if getattr(self, k)]
         parts += ["in_flight=1"] * self.in_flight + [f"status={self.status}"] * self.poisons()
+        parts += ["prefetch=1"] * self.prefetch
         return ",".join(parts)
 
     def poisons(self) -> bool:
@@ -124,19 +133,25 @@ class PersistentVariant:
 
     def planned(self, plan: PersistentPlan) -> PersistentPlan:
         """``plan`` at this variant's pipeline; PlanError (one line) unless both kernels run it."""
-        if self.stages is None and self.k_chunk is None and not self.in_flight:
+        if (self.stages, self.k_chunk, self.in_flight, self.prefetch) == (None, None, 0, 0):
             return plan
         stages, k_chunk = self.stages or plan.stages, self.k_chunk or plan.k_chunk
-        return _pipelined(plan, stages, k_chunk, self.in_flight)
+        return _pipelined(plan, stages, k_chunk, self.in_flight, self.prefetch)
 
 
 @functools.cache
-def _pipelined(plan: PersistentPlan, stages: int, k_chunk: int, in_flight: int) -> PersistentPlan:
-    what = f"persistent variant stages={stages}, k_chunk={k_chunk}, in_flight={in_flight}"
+def _pipelined(
+    plan: PersistentPlan, stages: int, k_chunk: int, in_flight: int, prefetch: int
+) -> PersistentPlan:
+    what = (
+        f"persistent variant stages={stages}, k_chunk={k_chunk}, in_flight={in_flight}, "
+        f"prefetch={prefetch}"
+    )
     try:
         replanned = dataclasses.replace(
-            plan, stages=stages, k_chunk=k_chunk, wgmma_in_flight=in_flight
-        )
+            plan, stages=stages, k_chunk=k_chunk, wgmma_in_flight=in_flight,
+            prefetch_weights=bool(prefetch),
+        )  # fmt: skip
         check_runnable(replanned)
     except PlanError as error:
         raise PlanError(f"{what}: {error}") from None
@@ -220,8 +235,15 @@ def variant_candidates(
                 if plans is not None and plans not in seen:
                     seen.add(plans)
                     found.append(variant)
-    levers = [dataclasses.replace(found[0], **lever) for lever in LEVERS] if found else []
+    levers = [lever for lever in map(_with_lever, found[:1] * len(LEVERS), LEVERS) if lever]
     return found[:1] + [v for v in levers if _plans_or_none(v, *args)] + found[1:]
+
+
+def _with_lever(variant: PersistentVariant, lever: dict) -> PersistentVariant | None:
+    try:
+        return dataclasses.replace(variant, **lever)
+    except VariantError:  # prefetch with the hyper cell inside
+        return None
 
 
 def _plans_or_none(variant: PersistentVariant, *args) -> tuple | None:
