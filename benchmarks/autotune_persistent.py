@@ -68,7 +68,7 @@ def model_config(size: str, dtype: str, variant: str, interpret: bool) -> models
 
 
 def describe(plans: tuple) -> str:
-    """`persistent.variant_plans`'s plans in short: RxC u<units> s<stages> k<chunk> [w1]."""
+    """`persistent.variant_plans`'s plans in short: RxC u<units> s<stages> k<chunk> [w1] [pf]."""
 
     def short(plan):
         grid = f"{plan.row_blocks}x{plan.col_blocks}"

@@ -367,7 +367,7 @@ for fields, hyper_fields, steps, depth, save in {cases!r}:
     def f(w, s0, x, bias, mask, hw, hs0, hx, hbias, hmask, proj, pbias):
         hyper = pf.HyperInside(hp, hw, hs0, hx, hbias, hmask, proj, pbias)
         return pf.persistent_forward(plan, w, s0, x, bias, None, mask, save=save, keep=0.75,
-                                     hyper=hyper)
+                                     hyper=hyper, hyper_blocks={hyper_blocks!r})
     allocated.clear()
     text = lower_and_compile(f, w, s0, x, bias, mask, hw, hs0, hx, hbias, hmask, *extra)
     marks = ("mosaic_gpu", "persistent_hyper_highway_forward", "red.release.gpu")
@@ -393,8 +393,24 @@ def test_kernel_with_the_hyper_cell_inside_compiles_for_an_h100_without_a_gpu(tm
         ((256, 1000, "bfloat16", 16, 4, 64, 2, None), (256, 128, "bfloat16", 8, 4, 64, 2, 16),
          3, 7, False),
     ]  # fmt: skip
+    _hyper_inside_compiles(cases, tmp_path, "shared")
+
+
+@pytest.mark.gpu_compile
+@needs_cuda
+def test_the_hyper_cell_on_blocks_of_its_own_compiles_for_an_h100_without_a_gpu(tmp_path):
+    """``hyper_blocks="own"`` at the paper's bf16 sizes: a grid of 4 x (16 + 8) blocks, the
+    shared memory of the hyper cell on the main blocks, no spill."""
+    cases = [
+        ((256, 1000, "bfloat16", 16, 4, 64, 2, None), (256, 128, "bfloat16", 8, 4, 64, 2, 16),
+         3, 7, True),
+    ]  # fmt: skip
+    _hyper_inside_compiles(cases, tmp_path, "own")
+
+
+def _hyper_inside_compiles(cases, tmp_path, hyper_blocks: str) -> None:
     rows, reports = compile_deviceless(
-        _COMPILE_HYPER.format(cases=cases), tmp_path, log_ptxas=False
+        _COMPILE_HYPER.format(cases=cases, hyper_blocks=hyper_blocks), tmp_path, log_ptxas=False
     )
     assert len(rows) == len(cases)
     for row in rows:

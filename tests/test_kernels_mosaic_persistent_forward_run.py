@@ -106,6 +106,9 @@ class TestCompiled(MosaicGpuMode):
         #  k_chunk, steps, depth)
         "hyper_case": [("bfloat16", 256, 1000, 128, 4, 16, 8, 64, 3, 3),
                        ("float32", 100, 64, 32, 2, 2, 2, 32, 2, 3)],
+        # "hyper_case"s with the hyper cell on blocks of its own (4 x (16 + 8) at the paper's)
+        "hyper_own_case": [("bfloat16", 256, 1000, 128, 4, 16, 8, 64, 3, 3),
+                           ("float32", 100, 64, 32, 2, 2, 2, 32, 2, 3)],
         # "case"s run with one wgmma in flight: K steps 16 of 2 stages; 3 of 2
         "in_flight_case": [("bfloat16", 256, 1000, 66, 1, 64, 4, 3),
                            ("float32", 100, 37, 3, 2, 16, 3, 2)],
@@ -118,16 +121,18 @@ class TestCompiled(MosaicGpuMode):
     TOL = {"bfloat16": 3e-4, "float32": 1e-2}
     LAYOUT = "grid"  # the kernels' launch layout (`kernels/mosaic/rowgroup_layout.py`)
 
-    def run(self, plan, ops, save, hyper=None, save_scales=True):
+    def run(self, plan, ops, save, hyper=None, save_scales=True, hyper_blocks="shared"):
         """The jitted kernel in this class's mode; the plan must suit the mode."""
         if self.INTERPRET:
             cluster = plan.grid if self.LAYOUT == "grid" else plan.col_blocks
+            if hyper_blocks == "own":
+                cluster += plan.row_blocks * hyper.plan.col_blocks
             reason = gpu_interpret.cluster_too_large(cluster)
             if reason is not None:
                 pytest.skip(reason)
         kernel = functools.partial(
             pf.persistent_forward, plan, save=save, keep=KEEP, interpret=self.interpret(),
-            layout=self.LAYOUT, hyper=hyper, save_scales=save_scales,
+            layout=self.LAYOUT, hyper=hyper, save_scales=save_scales, hyper_blocks=hyper_blocks,
         )  # fmt: skip
         return jax.block_until_ready(jax.jit(kernel)(*ops))
 
@@ -239,6 +244,26 @@ class TestCompiled(MosaicGpuMode):
         want_tail = h_states_unsaved[-1, :, : hp.k_pad].astype(dtype)
         np.testing.assert_array_equal(tail_unsaved, want_tail)
 
+    def test_the_hyper_cell_on_blocks_of_its_own_gives_the_shared_blocks_outputs(
+        self, hyper_own_case
+    ):
+        """``hyper_blocks="own"``: the hyper phases on blocks after the main columns, at the
+        same time as the main phases; every output equal to the hyper cell's on the main
+        blocks (the same GEMMs on the same operands), every block's status zero."""
+        dtype, batch, width, hyper_width, *_, steps, depth = hyper_own_case[:10]
+        plan, hp = _hyper_case_plans(hyper_own_case)
+        ops_h = forward_operands(
+            hp, forward_problem(3, batch, hyper_width, steps, depth), False, True
+        )
+        ops = forward_operands(plan, forward_problem(4, batch, width, steps, depth), False, True)
+        hyper = _hyper_inside(plan, hp, ops_h, seed=5)
+        shared = self.run(plan, ops, save=True, hyper=hyper)
+        own = self.run(plan, ops, save=True, hyper=hyper, hyper_blocks="own")
+        assert own[-1].shape == (plan.row_blocks * (plan.col_blocks + hp.col_blocks),)
+        assert not np.asarray(own[-1]).any() and not np.asarray(shared[-1]).any()
+        for a, e in zip(own[:-1], shared[:-1], strict=True):
+            np.testing.assert_array_equal(a, e)
+
 
 class TestInterpret(TestCompiled):
     INTERPRET = True
@@ -251,6 +276,9 @@ class TestInterpret(TestCompiled):
         "hyper_case": [("float32", 100, 64, 32, 2, 2, 2, 32, 2, 3),
                        ("bfloat16", 64, 128, 32, 1, 4, 2, 32, 3, 2),
                        ("float32", 5, 96, 20, 1, 4, 4, 64, 4, 2, 32)],
+        # 2 x (2 + 2) blocks; 1 x (4 + 2) in bf16
+        "hyper_own_case": [("float32", 100, 64, 32, 2, 2, 2, 32, 2, 3),
+                           ("bfloat16", 64, 128, 32, 1, 4, 2, 32, 3, 2)],
         # K steps 2 of 4 stages (bf16); 3 of 2 (f32)
         "in_flight_case": [("bfloat16", 64, 64, 1, 1, 32, 3, 2),
                            ("float32", 100, 37, 3, 2, 16, 3, 2)],

@@ -22,6 +22,7 @@ class TestForwardCompiled(tf.TestCompiled):
         "case": [("bfloat16", 256, 1000, 16, 4, 64, 3, 3), ("float32", 100, 37, 3, 2, 16, 3, 2)],
         # the hyper cell inside: the paper's plans (hyper 4 x 8 of 16 units)
         "hyper_case": tf.TestCompiled.CASES["hyper_case"][:1],
+        "hyper_own_case": [],  # the grid layout only
         "in_flight_case": [("float32", 100, 37, 3, 2, 16, 3, 2)],
         "largest_case": [],
     }  # fmt: skip
@@ -35,6 +36,7 @@ class TestForwardInterpret(tf.TestInterpret):
                  ("bfloat16", 150, 64, 2, 3, 32, 2, 2)],
         # the hyper cell inside: 2 row groups of 2 blocks (f32)
         "hyper_case": tf.TestInterpret.CASES["hyper_case"][:1],
+        "hyper_own_case": [],  # the grid layout only
         "in_flight_case": [("float32", 100, 37, 3, 2, 16, 3, 2)],
         "largest_case": [],
     }  # fmt: skip

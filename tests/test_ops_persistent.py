@@ -31,6 +31,7 @@ from model_cases import (
 )
 from rhhjax.kernels.hardware import H100
 from rhhjax.kernels.mosaic import persistent_backward as pb
+from rhhjax.kernels.mosaic import persistent_forward as pf
 from rhhjax.kernels.mosaic import persistent_slots as slots
 from rhhjax.kernels.mosaic.plan import PersistentPlan, PlanError
 
@@ -281,7 +282,7 @@ def test_the_paper_variant_candidates_are_runnable_distinct_and_today_first(dtyp
     levers = [dataclasses.replace(found[0], **lever) for lever in persistent.LEVERS]
     assert found[1 : 1 + len(levers)] == levers  # today's levers are timed first
     plans = [persistent.variant_plans(v, 256, 1000, 128, dtype) for v in found]
-    runs = {(p, v.status) for p, v in zip(plans, found, strict=True)}
+    runs = {(p, v.status, v.hyper_blocks) for p, v in zip(plans, found, strict=True)}
     assert len(set(found)) == len(found) == len(runs) > 4
     assert [p[1].wgmma_in_flight for p in plans[:6]] == [0, 0, 1, 1, 0, 1]
     assert [p[1].prefetch_weights for p in plans[:6]] == [False] * 4 + [True] * 2
@@ -322,6 +323,8 @@ def test_by_default_the_variant_is_todays_the_module_switches():
         ("in_flight=2", "must be 0 or 1"),
         ("prefetch=2", "must be 0 or 1"),
         ("hyper_inside=1,prefetch=1", "runs the hyper cell apart"),
+        ("hyper_blocks=many", "is not one of"),
+        ("hyper_blocks=own", "needs hyper_inside=1 and layout=grid"),
         ("status=later", "is not one of"),
         ("depth=3", "key one of"),
         ("fast", "key one of"),
@@ -449,6 +452,18 @@ class HyperInsideMatchesScan(KernelModelMatchesScan):
         variant = "hyper_inside=1,layout=grid,stages=2,in_flight=1,status=poison"
         self._matches_scan(variant_case, monkeypatch, variant)
 
+    def test_the_hyper_cell_on_blocks_of_its_own_matches_scan(self, variant_case, monkeypatch):
+        """``hyper_blocks=own``: the forward's hyper phases on blocks of their own."""
+        calls, forward = [], pf.persistent_forward
+
+        def spy(*args, **kwargs):
+            calls.append(kwargs.get("hyper_blocks"))
+            return forward(*args, **kwargs)
+
+        monkeypatch.setattr(pf, "persistent_forward", spy)
+        self._matches_scan(variant_case, monkeypatch, "hyper_inside=1,hyper_blocks=own")
+        assert set(calls) == (set() if self.REFERENCES else {"own"})
+
     def test_weights_loaded_before_the_barrier_match_scan(self, variant_case, monkeypatch):
         """``prefetch=1`` (each cell's own kernels, the hyper cell apart) with one wgmma
         group in flight: the same loss and gradients."""
@@ -467,7 +482,7 @@ class HyperInsideMatchesScan(KernelModelMatchesScan):
         if not inside:
             plans = [persistent._plan_of(model.spec, batch, n) for n in (hidden, hyper_hidden)]
             assert all(plan.prefetch_weights for plan in plans)
-        elif variant != persistent.DEFAULT_TEXT:
+        elif "stages=2" in variant:
             main, _ = persistent.hyper_inside_plans(model.spec, batch, hidden, hyper_hidden)
             assert main.stages == 2 and persistent.variant_of(model.spec).stages == 2
         params = models.init_params(scan, jax.random.key(hidden))

@@ -12,6 +12,7 @@ None. With `HyperInside` the hyper cell runs in the same launch, one phase ahead
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any, NamedTuple
 
@@ -129,6 +130,26 @@ def check_hyper(plan: PersistentPlan, hyper: HyperInside, steps: int, depth: int
     check_arrays(expected, "persistent forward: hyper")
 
 
+def check_hyper_blocks(
+    plan: PersistentPlan, hyper_plan: PersistentPlan | None, hyper_blocks: str, layout: str,
+    interpret,
+) -> bool:  # fmt: skip
+    """Whether the hyper cell runs on blocks of its own; PlanError unless it can."""
+    if hyper_blocks not in ("shared", "own"):
+        raise PlanError(f"persistent forward: hyper_blocks {hyper_blocks!r} is not shared or own.")
+    if hyper_plan is None or hyper_blocks == "shared":
+        return False
+    blocks = plan.row_blocks * (plan.col_blocks + hyper_plan.col_blocks)
+    if layout != "grid" or blocks > plan.sm_count:
+        raise PlanError(
+            f"persistent forward: the hyper cell on blocks of its own needs the grid layout and "
+            f"{blocks} blocks <= {plan.sm_count} SMs (layout {layout!r})."
+        )
+    if interpret is not None:
+        dataclasses.replace(plan, col_blocks=blocks // plan.row_blocks).check_interpretable()
+    return True
+
+
 def scales_to_smem(
     hyper_plan: PersistentPlan,
     s_mm,
@@ -178,13 +199,17 @@ def persistent_forward(
     layout: str = "grid",
     hyper: HyperInside | None = None,
     save_scales: bool = True,
+    hyper_blocks: str = "shared",
 ):
     """All T * L forward phases in one Mosaic GPU launch.
 
     Returns (states [P, b_pad, n_pad], s_mm, status) or with ``save`` (s_last
     [1, b_pad, n_pad], packed [P, b_pad, K, n_pad], s_mm [P * b_pad, k_pad], status).
     With ``hyper`` the hyper cell's outputs follow the main cell's, then z (with
-    ``save_scales``) and ``tail`` [b_pad, kh_pad], then status.
+    ``save_scales``) and ``tail`` [b_pad, kh_pad], then status. ``hyper_blocks``
+    "shared": the hyper cell's phases run on main blocks (r, g < hyper col_blocks) after
+    theirs; "own": on blocks of their own, columns n_c .. n_c + hyper col_blocks of the grid,
+    at the same time as the main phases (status has a block more per column).
     """
     steps, depth = check_operands(plan, w_blk, s0, xproj, bias, z, mask)
     if hyper is not None:
@@ -193,10 +218,13 @@ def persistent_forward(
         check_hyper(plan, hyper, steps, depth)
         if plan.prefetch_weights or hyper.plan.prefetch_weights:
             raise PlanError("persistent forward: prefetch_weights runs the hyper cell apart.")
+    hyper_plan = None if hyper is None else hyper.plan
+    own = check_hyper_blocks(plan, hyper_plan, hyper_blocks, layout, interpret)
     rowgroup_layout.check(plan, layout, interpret)
     launch, block_index, make_barrier = rowgroup_layout.functions(layout, interpret)
     phases = steps * depth
-    n_r, n_c = plan.row_blocks, plan.col_blocks
+    n_r, n_main = plan.row_blocks, plan.col_blocks
+    n_c = n_main + (hyper.plan.col_blocks if own else 0)  # the grid's columns
     mm_dtype = w_blk.dtype
     z_inside = hyper is not None
     has_z = z is not None or z_inside
@@ -238,11 +266,11 @@ def persistent_forward(
             ins_g[:n_main_in], outs_g[:n_main_out], z is not None, mask is not None
         )
 
-        def make_cell(cell_plan, named, sc, pre, cell_has_z, cell_z_inside, fill_z=None):
+        def make_cell(cell_plan, named, sc, pre, cell_has_z, cell_z_inside, fill_z=None, col=g):
             (cast,), (mask_tile,) = sc["cast_or_mask"]
             return persistent_cell.Cell(
                 cell_plan, steps, depth, keep, save, cell_has_z, cell_z_inside, named,
-                sc["state"], pre, sc["epi"], cast, mask_tile, sc["bar"], r, g, fill_z,
+                sc["state"], pre, sc["epi"], cast, mask_tile, sc["bar"], r, col, fill_z,
                 persistent_cell.staged_operands(sc),
             )  # fmt: skip
 
@@ -262,16 +290,18 @@ def persistent_forward(
             if save and save_scales:
                 main_refs["z"] = outs_g[-3]
             hyper_sc = {k[2:]: v for k, v in scratch.items() if k.startswith("h_")}
-            hyper_cell = make_cell(hp, hyper_refs, hyper_sc, hyper_pre, False, False)
+            hyper_col = g - n_main if own else g
+            hyper_cell = make_cell(hp, hyper_refs, hyper_sc, hyper_pre, False, False, col=hyper_col)
             fill_z = functools.partial(
                 scales_to_smem, hp, hyper_refs["s_mm"], tail_g, proj_g, r, g, steps, depth
             )
             main = make_cell(plan, main_refs, main_sc, main_pre, True, True, fill_z)
         else:
             main = make_cell(plan, main_refs, main_sc, scratch["pre"], z is not None, False)
-        is_hyper_block = g < (hyper.plan.col_blocks if z_inside else 0)
+        is_hyper_block = g >= n_main if own else g < (hyper.plan.col_blocks if z_inside else 0)
+        on_main = (lambda f: pl.when(g < n_main)(f)) if own else (lambda f: f())
 
-        main.prologue()
+        on_main(main.prologue)
         if z_inside:
             pl.when(is_hyper_block)(hyper_cell.prologue)
         code = jnp.where(barrier(jnp.int32(0)), jnp.int32(0), jnp.int32(1))
@@ -287,7 +317,7 @@ def persistent_forward(
 
         def phase(p, code):
             def work(code):
-                main.phase(p)
+                on_main(lambda: main.phase(p))
                 if z_inside:
                     ahead = jnp.logical_and(is_hyper_block, p + 1 < phases)
                     pl.when(ahead)(lambda: hyper_cell.phase(p + 1))
@@ -345,10 +375,11 @@ def persistent_forward_reference(
     layout: str = "grid",
     hyper: HyperInside | None = None,
     save_scales: bool = True,
+    hyper_blocks: str = "shared",
 ):
-    """Pure-JAX `persistent_forward` (status all zeros): a scan of
+    """Pure-JAX `persistent_forward` (status all zeros, one per main block): a scan of
     `highway_forward_reference` over the phases."""
-    del spin_limit, interpret, layout
+    del spin_limit, interpret, layout, hyper_blocks
     steps, depth = check_operands(plan, w_blk, s0, xproj, bias, z, mask)
     if hyper is not None:
         if z is not None:

@@ -90,6 +90,7 @@ class VariantError(UserError):
 
 
 STATUS_CHECKS = ("host", "poison")
+HYPER_BLOCKS = ("shared", "own")  # `persistent_forward`'s hyper_blocks
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,6 +104,7 @@ class PersistentVariant:
     in_flight: int = 0
     status: str = "host"
     prefetch: int = 0
+    hyper_blocks: str = "shared"
 
     def __post_init__(self):
         if self.layout not in rowgroup_layout.LAYOUTS:
@@ -116,16 +118,21 @@ class PersistentVariant:
                 raise VariantError(f"{name}={getattr(self, name)} must be 0 or 1")
         if self.prefetch and self.hyper_inside:
             raise VariantError("prefetch=1 runs the hyper cell apart (hyper_inside=0)")
+        if self.hyper_blocks not in HYPER_BLOCKS:
+            raise VariantError(f"hyper_blocks={self.hyper_blocks!r} is not one of {HYPER_BLOCKS}")
+        if self.hyper_blocks == "own" and (not self.hyper_inside or self.layout != "grid"):
+            raise VariantError("hyper_blocks=own needs hyper_inside=1 and layout=grid")
         if self.status not in STATUS_CHECKS:
             raise VariantError(f"status={self.status!r} is not one of {STATUS_CHECKS}")
 
     def text(self) -> str:
         """``hyper_inside=0,layout=grid[,stages=S,k_chunk=K,in_flight=1,status=poison,
-        prefetch=1]``."""
+        prefetch=1,hyper_blocks=own]``."""
         parts = [f"hyper_inside={int(self.hyper_inside)}", f"layout={self.layout}"]
         parts += [f"{k}={getattr(self, k)}" for k in ("stages", "k_chunk") if getattr(self, k)]
         parts += ["in_flight=1"] * self.in_flight + [f"status={self.status}"] * self.poisons()
         parts += ["prefetch=1"] * self.prefetch
+        parts += [f"hyper_blocks={self.hyper_blocks}"] * (self.hyper_blocks != "shared")
         return ",".join(parts)
 
     def poisons(self) -> bool:
@@ -178,7 +185,7 @@ def parse_variant(text: str) -> PersistentVariant | None:
 
 
 def _variant_value(key: str, value: str):
-    if key in ("layout", "status"):
+    if key in ("layout", "status", "hyper_blocks"):
         return value
     if key == "hyper_inside" and value.lower() in ("0", "1", "false", "true"):
         return value.lower() in ("1", "true")
@@ -215,9 +222,19 @@ def variant_plans(
         if variant.hyper_inside:
             raise PlanError(f"persistent variant {variant.text()}: no plan has the hyper inside")
         return variant.layout, main, hyper
+    if variant.hyper_blocks == "own":
+        _check_own_blocks(*inside, interpret)
     joint = hyper_backward_plan(main, inside[1], depth, True)
     backward = joint or scales_backward_plan(main, inside[1], depth, True) or main
     return variant.layout, *inside, backward, hyper if joint is None else None
+
+
+def _check_own_blocks(main: PersistentPlan, hyper: PersistentPlan, interpret: bool) -> None:
+    """PlanError (one line) unless the forward runs the hyper cell on blocks of its own."""
+    try:
+        pf.check_hyper_blocks(main, hyper, "own", "grid", True if interpret else None)
+    except PlanError as error:
+        raise PlanError(f"persistent variant hyper_blocks=own: {error}") from None
 
 
 def variant_candidates(
@@ -228,15 +245,21 @@ def variant_candidates(
     args = (batch, width, hyper_width, dtype_name, interpret, depth)
     seen, found = set(), []
     for stages, k_chunk in PIPELINES:
-        for hyper_inside in (False, True):
-            for layout in rowgroup_layout.LAYOUTS:
-                variant = PersistentVariant(hyper_inside, layout, stages, k_chunk)
-                plans = _plans_or_none(variant, *args)
-                if plans is not None and plans not in seen:
-                    seen.add(plans)
-                    found.append(variant)
+        for hyper_inside, layout, blocks in _PLACEMENTS:
+            variant = PersistentVariant(hyper_inside, layout, stages, k_chunk, hyper_blocks=blocks)
+            plans = _plans_or_none(variant, *args)
+            if plans is not None and (plans, blocks) not in seen:
+                seen.add((plans, blocks))
+                found.append(variant)
     levers = [lever for lever in map(_with_lever, found[:1] * len(LEVERS), LEVERS) if lever]
     return found[:1] + [v for v in levers if _plans_or_none(v, *args)] + found[1:]
+
+
+# (hyper_inside, layout, hyper_blocks) of `variant_candidates`, in its order
+_PLACEMENTS = (
+    (False, "grid", "shared"), (False, "rowgroup", "shared"), (True, "grid", "shared"),
+    (True, "grid", "own"), (True, "rowgroup", "shared"),
+)  # fmt: skip
 
 
 def _with_lever(variant: PersistentVariant, lever: dict) -> PersistentVariant | None:
@@ -348,8 +371,10 @@ def _run_forward(
     if spec.references:
         return pf.persistent_forward_reference(*args, **options)
     interpret = loops.kernel_interpret(spec)
-    layout = variant_of(spec).layout
-    outs = pf.persistent_forward(*args, **options, interpret=interpret, layout=layout)
+    variant = variant_of(spec)
+    if hyper is not None:
+        options["hyper_blocks"] = variant.hyper_blocks
+    outs = pf.persistent_forward(*args, **options, interpret=interpret, layout=variant.layout)
     return _checked(spec, outs, 0 if save else None, "persistent forward")
 
 
