@@ -365,7 +365,8 @@ for plan_args, steps, depth, z_on, mask_on, hyper_args, inside_args in {cases!r}
     def f(*a):
         inside = None if hp is None else pb.ScalesInside(hp, *a[7:11])
         cell = None if ip is None else pb.HyperBackward(ip, *a[11:])
-        return pb.persistent_backward(plan, *a[:7], scales=inside, hyper=cell)
+        return pb.persistent_backward(plan, *a[:7], scales=inside, hyper=cell,
+                                      hyper_blocks="own" if {own} and cell else "shared")
     smem.clear()
     text = lower_and_compile(f, *args, *scales, *hyper)
     rows.append(dict(
@@ -435,10 +436,21 @@ def test_weights_loaded_before_the_barrier_compile_for_an_h100_without_a_gpu(tmp
     _compiles_at_the_predicted_shared_memory(cases[1:], tmp_path, in_flight=1, prefetch=True)
 
 
+@pytest.mark.gpu_compile
+@needs_cuda
+def test_the_hyper_cell_on_blocks_of_its_own_compiles_for_an_h100_without_a_gpu(tmp_path):
+    """``hyper_blocks="own"`` at the paper's bf16 sizes: 4 x (16 + 8) blocks, the
+    predicted shared memory (the hyper cell's on the main blocks), no register spilled."""
+    hyper_bf16 = (256, 128, "bfloat16", 8, 4, 64, 2)
+    cases = [((256, 1000, "bfloat16", 16, 4, 64, 2), 3, 7, True, True, hyper_bf16,
+              hyper_bf16 + (16,))]  # fmt: skip
+    _compiles_at_the_predicted_shared_memory(cases, tmp_path, own=True)
+
+
 def _compiles_at_the_predicted_shared_memory(
-    cases, tmp_path, in_flight: int = 0, prefetch: bool = False
+    cases, tmp_path, in_flight: int = 0, prefetch: bool = False, own: bool = False
 ) -> None:
-    code = _COMPILE.format(cases=cases, in_flight=in_flight, prefetch=prefetch)
+    code = _COMPILE.format(cases=cases, in_flight=in_flight, prefetch=prefetch, own=own)
     rows, reports = compile_deviceless(code, tmp_path, log_ptxas=False)
     assert len(rows) == len(cases)
     for row in rows:

@@ -118,6 +118,8 @@ class TestCompiled(MosaicGpuMode):
             ((256, 1000, "bfloat16"), 4, 2, True, False),  # the paper plan: 132 blocks
             ((256, 1000, "float32", 33, 4), 2, 2, False, False),
         ],
+        # "case"s with z, the hyper cell inside on blocks of its own: 4 x (16 + 3) blocks
+        "hyper_own_case": [((256, 1000, "bfloat16"), 4, 2, True, False)],
         # "case"s run with one wgmma in flight: K steps 33 of 4 stages; 3 of 4
         "in_flight_case": [
             ((256, 1000, "bfloat16"), 4, 2, True, False),
@@ -228,6 +230,36 @@ class TestCompiled(MosaicGpuMode):
         for a, e in zip(expected[:6], alone[:6], strict=True):
             np.testing.assert_array_equal(a, e)
 
+    def test_the_hyper_cell_on_blocks_of_its_own_gives_the_shared_blocks_outputs(
+        self, hyper_own_case
+    ):
+        """``hyper_blocks="own"``: the hyper phases on blocks after the main columns, at the
+        same time as the main phases; every output equal to the hyper cell's on the main
+        blocks (the same GEMMs on the same operands), every block's status zero."""
+        plan_args, steps, depth, _, mask_on = hyper_own_case
+        plan = self.runnable_plan(plan_args)
+        case = backward_case(plan.batch + 3, plan, steps, depth, True, mask_on)
+        scales = _scales(case, 40, seed=plan.batch + 4)
+        case = _recomputed_scales(case, scales)
+        hyper = _hyper_backward(case, scales, mask_on, seed=plan.batch + 6)
+        plan = _with_room_for_scales(plan, scales.plan, depth, mask_on, hyper.plan)
+        wt = pb.backward_weights(plan, case["kernel_s"], jnp.dtype(plan.dtype))
+        _, decisions, bias, s_mm = backward_rest(case)
+        args = (wt, case["g"], backward_packed(case), None, decisions, bias, s_mm)
+
+        def run(hyper_blocks):
+            kernel = functools.partial(
+                pb.persistent_backward, plan, keep=KEEP, interpret=self.interpret(),
+                layout=self.LAYOUT, scales=scales, hyper=hyper, hyper_blocks=hyper_blocks,
+            )  # fmt: skip
+            return jax.jit(kernel)(*args)
+
+        shared, own = run("shared"), run("own")
+        assert own[-1].shape == (plan.row_blocks * (plan.col_blocks + hyper.plan.col_blocks),)
+        assert not np.asarray(own[-1]).any() and not np.asarray(shared[-1]).any()
+        for a, e in zip(own[:-1], shared[:-1], strict=True):
+            np.testing.assert_array_equal(a, e)
+
     def test_the_last_layers_cotangent_alone_is_the_dense_one(self, case):
         """g [T, b_pad, n_pad] (layer L - 1's, the others zero: a model that reads the last
         layer) gives what the dense g with those zeros gives."""
@@ -262,6 +294,11 @@ class TestInterpret(TestCompiled):
         ],
         # 16 blocks: an H100's largest cluster
         "largest_case": [((64, 256, "bfloat16", 16, 1, 32), 2, 2, True, True)],
+        # 1 + 1 blocks (bf16); 3 + 3 (f32, z_width past the last block's units)
+        "hyper_own_case": [
+            ((64, 64, "bfloat16", 1, 1, 32), 3, 2, True, True),
+            ((64, 40, "float32", 3, 1, 16), 2, 2, True, True),
+        ],
         # K steps 4 of 4 stages (bf16); 6 of 4 (f32)
         "in_flight_case": [
             ((64, 64, "bfloat16", 1, 1, 32), 3, 2, True, True),

@@ -49,6 +49,7 @@ class TestBackwardCompiled(tb.TestCompiled):
             ((256, 1000, "bfloat16", 16, 4, 64, 3), 3, 2, True, True),  # the paper bf16 plan
             ((100, 37, "float32", 3, 2, 32), 2, 3, False, True),
         ],
+        "hyper_own_case": [],  # the grid layout only
         "in_flight_case": [((100, 37, "float32", 3, 2, 32), 2, 3, False, True)],
         "largest_case": [],
     }
@@ -61,6 +62,7 @@ class TestBackwardInterpret(tb.TestInterpret):
             ((100, 37, "float32", 3, 2, 32), 2, 3, False, True),  # 2 row groups of 3
             ((150, 64, "bfloat16", 2, 3, 32), 3, 2, True, True),  # 3 row groups of 2, dz too
         ],
+        "hyper_own_case": [],  # the grid layout only
         "in_flight_case": [((100, 37, "float32", 3, 2, 32), 2, 3, False, True)],
         "largest_case": [],
     }  # fmt: skip

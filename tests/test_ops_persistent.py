@@ -453,16 +453,19 @@ class HyperInsideMatchesScan(KernelModelMatchesScan):
         self._matches_scan(variant_case, monkeypatch, variant)
 
     def test_the_hyper_cell_on_blocks_of_its_own_matches_scan(self, variant_case, monkeypatch):
-        """``hyper_blocks=own``: the forward's hyper phases on blocks of their own."""
-        calls, forward = [], pf.persistent_forward
+        """``hyper_blocks=own``: both kernels run the hyper phases on blocks of their own."""
+        calls = []
+        for module, name in ((pf, "persistent_forward"), (pb, "persistent_backward")):
+            kernel = getattr(module, name)
 
-        def spy(*args, **kwargs):
-            calls.append(kwargs.get("hyper_blocks"))
-            return forward(*args, **kwargs)
+            def spy(*args, _kernel=kernel, _name=name, **kwargs):
+                calls.append((_name, kwargs.get("hyper_blocks")))
+                return _kernel(*args, **kwargs)
 
-        monkeypatch.setattr(pf, "persistent_forward", spy)
+            monkeypatch.setattr(module, name, spy)
         self._matches_scan(variant_case, monkeypatch, "hyper_inside=1,hyper_blocks=own")
-        assert set(calls) == (set() if self.REFERENCES else {"own"})
+        kernels = {("persistent_forward", "own"), ("persistent_backward", "own")}
+        assert set(calls) == (set() if self.REFERENCES else kernels)
 
     def test_weights_loaded_before_the_barrier_match_scan(self, variant_case, monkeypatch):
         """``prefetch=1`` (each cell's own kernels, the hyper cell apart) with one wgmma

@@ -79,6 +79,7 @@ def persistent_backward(
     layout: str = "grid",
     scales: ScalesInside | None = None,
     hyper: HyperBackward | None = None,
+    hyper_blocks: str = "shared",
 ):
     """All backward phases in one Mosaic GPU launch.
 
@@ -86,7 +87,9 @@ def persistent_backward(
     [b_pad, n_pad], bias_parts [P, R, 2, group, n_pad], with z: dz [L, T, b_pad, z_width]
     and dz_sums [L, R, group, n_pad], then with ``hyper`` the hyper cell's first four,
     status [R * C] int32). ``scales`` recomputes z in the kernel; ``hyper`` runs the hyper
-    cell one phase behind.
+    cell one phase behind, on the main blocks (r, c < hyper col_blocks) after their phase
+    or with ``hyper_blocks`` "own" on blocks of its own after the main columns, at the same
+    time (`persistent_forward`'s; status then has a block more per hyper column).
     """
     depth = operands.check_operands(plan, wt, g, packed, z, mask, bias, s_mm, scales is not None)
     scales_plan = None if scales is None else scales.plan
@@ -99,13 +102,15 @@ def persistent_backward(
         plan, z is not None or scales is not None, mask is not None, depth, scales_plan, hp,
         hyper is not None and hyper.mask is not None,
     )  # fmt: skip
+    own = pf.check_hyper_blocks(plan, hp, hyper_blocks, layout, interpret)
     rowgroup_layout.check(plan, layout, interpret)
     launch, block_index, make_barrier = rowgroup_layout.functions(layout, interpret)
     phases = packed.shape[0]
     steps = phases // depth
     g_last = g.shape[0] != phases  # layer L - 1's cotangent only: zero at the other layers
     rows, u = plan.rows_per_block, plan.units_per_block
-    n_r, n_c, n_pad, b_pad = plan.row_blocks, plan.col_blocks, plan.n_pad, plan.b_pad
+    n_r, n_main, n_pad, b_pad = plan.row_blocks, plan.col_blocks, plan.n_pad, plan.b_pad
+    n_c = n_main + (hp.col_blocks if own else 0)  # the grid's columns
     mm_dtype = wt.dtype
     z_inside = scales is not None
     has_z, has_mask = z is not None or z_inside, mask is not None
@@ -140,14 +145,16 @@ def persistent_backward(
             main_sc = sc | dict(epi=epi)
             named["dz_ring"] = outs[-2]
             hyper_outs = outs[n_main_out:-2]
-            hyper_cell = _hyper_cell(hyper_g, hyper_outs, outs[-2], hyper_epi, sc, r, c)
+            hyper_col = c - n_main if own else c
+            hyper_cell = _hyper_cell(hyper_g, hyper_outs, outs[-2], hyper_epi, sc, r, hyper_col)
         main = BackwardCell(
             plan, steps, depth, keep, names, g_last, named, main_sc, r, c,
             scales_plan=scales_plan,
         )  # fmt: skip
-        is_hyper_block = c < (0 if hp is None else hp.col_blocks)
+        is_hyper_block = c >= n_main if own else c < (0 if hp is None else hp.col_blocks)
+        on_main = (lambda f: pl.when(c < n_main)(f)) if own else (lambda f: f())
 
-        main.prologue()
+        on_main(main.prologue)
         if hyper_cell is not None:
             pl.when(is_hyper_block)(hyper_cell.prologue)
         fail_at = jnp.where(barrier(jnp.int32(0)), jnp.int32(0), jnp.int32(1))
@@ -157,7 +164,10 @@ def persistent_backward(
 
         def body(i, fail_at):
             fine = fail_at == 0
-            pl.when(jnp.logical_and(fine, i < phases))(lambda: main.phase(phases - 1 - i))
+            main_runs = jnp.logical_and(fine, i < phases)
+            if own:
+                main_runs = jnp.logical_and(main_runs, c < n_main)
+            pl.when(main_runs)(lambda: main.phase(phases - 1 - i))
             if hyper_cell is not None:
                 behind = jnp.logical_and(jnp.logical_and(fine, i >= 1), is_hyper_block)
                 pl.when(behind)(lambda: hyper_cell.phase(phases - i))
@@ -170,7 +180,7 @@ def persistent_backward(
 
         fail_at = jax.lax.fori_loop(0, iterations, body, fail_at)
         main.abandon(fail_at)
-        main.finish(outs[2], outs[5] if has_z else None)
+        on_main(lambda: main.finish(outs[2], outs[5] if has_z else None))
         if hyper_cell is not None:
             pl.when(is_hyper_block)(lambda: hyper_cell.finish(outs[n_main_out + 2], None))
         status_g[r * n_c + c] = fail_at
@@ -284,10 +294,11 @@ def persistent_backward_reference(
     layout: str = "grid",
     scales: ScalesInside | None = None,
     hyper: HyperBackward | None = None,
+    hyper_blocks: str = "shared",
 ):
     """Pure-JAX `persistent_backward` (status all zeros): a reverse scan of
     `highway_backward_reference` over the phases."""
-    del spin_limit, interpret, layout
+    del spin_limit, interpret, layout, hyper_blocks
     depth = operands.check_operands(plan, wt, g, packed, z, mask, bias, s_mm, scales is not None)
     if hyper is not None:
         operands.check_hyper(plan, hyper, packed.shape[0], depth)

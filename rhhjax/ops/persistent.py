@@ -222,15 +222,17 @@ def variant_plans(
         if variant.hyper_inside:
             raise PlanError(f"persistent variant {variant.text()}: no plan has the hyper inside")
         return variant.layout, main, hyper
-    if variant.hyper_blocks == "own":
-        _check_own_blocks(*inside, interpret)
     joint = hyper_backward_plan(main, inside[1], depth, True)
+    if variant.hyper_blocks == "own":
+        for plan in filter(None, (inside[0], joint)):
+            _check_own_blocks(plan, inside[1], interpret)
     backward = joint or scales_backward_plan(main, inside[1], depth, True) or main
     return variant.layout, *inside, backward, hyper if joint is None else None
 
 
 def _check_own_blocks(main: PersistentPlan, hyper: PersistentPlan, interpret: bool) -> None:
-    """PlanError (one line) unless the forward runs the hyper cell on blocks of its own."""
+    """PlanError (one line) unless a kernel of ``main`` runs the hyper cell on blocks of
+    its own."""
     try:
         pf.check_hyper_blocks(main, hyper, "own", "grid", True if interpret else None)
     except PlanError as error:
@@ -522,8 +524,11 @@ def _run_backward(spec, *args, **cells) -> tuple:
     if spec.references:
         return pb.persistent_backward_reference(*args, keep=spec.keep, **cells)
     interpret = loops.kernel_interpret(spec)
+    variant = variant_of(spec)
+    if cells.get("hyper") is not None:
+        cells["hyper_blocks"] = variant.hyper_blocks
     outs = pb.persistent_backward(
-        *args, keep=spec.keep, interpret=interpret, layout=variant_of(spec).layout, **cells
+        *args, keep=spec.keep, interpret=interpret, layout=variant.layout, **cells
     )
     return _checked(spec, outs, 3, "persistent backward")  # 3: bias_parts, dbias's
 
