@@ -439,6 +439,7 @@ class HyperInsideMatchesScan(KernelModelMatchesScan):
         **KernelModelMatchesScan.CASES,
         "hyper_inside_case": HYPER_INSIDE_CASES,
         "variant_case": HYPER_INSIDE_CASES,
+        "lever_case": HYPER_INSIDE_CASES[:1],  # prefetch=1, hyper_blocks=own
     }
 
     def test_hyper_cell_inside_matches_scan(self, hyper_inside_case, monkeypatch):
@@ -452,7 +453,7 @@ class HyperInsideMatchesScan(KernelModelMatchesScan):
         variant = "hyper_inside=1,layout=grid,stages=2,in_flight=1,status=poison"
         self._matches_scan(variant_case, monkeypatch, variant)
 
-    def test_the_hyper_cell_on_blocks_of_its_own_matches_scan(self, variant_case, monkeypatch):
+    def test_the_hyper_cell_on_blocks_of_its_own_matches_scan(self, lever_case, monkeypatch):
         """``hyper_blocks=own``: both kernels run the hyper phases on blocks of their own."""
         calls = []
         for module, name in ((pf, "persistent_forward"), (pb, "persistent_backward")):
@@ -463,14 +464,14 @@ class HyperInsideMatchesScan(KernelModelMatchesScan):
                 return _kernel(*args, **kwargs)
 
             monkeypatch.setattr(module, name, spy)
-        self._matches_scan(variant_case, monkeypatch, "hyper_inside=1,hyper_blocks=own")
+        self._matches_scan(lever_case, monkeypatch, "hyper_inside=1,hyper_blocks=own")
         kernels = {("persistent_forward", "own"), ("persistent_backward", "own")}
         assert set(calls) == (set() if self.REFERENCES else kernels)
 
-    def test_weights_loaded_before_the_barrier_match_scan(self, variant_case, monkeypatch):
+    def test_weights_loaded_before_the_barrier_match_scan(self, lever_case, monkeypatch):
         """``prefetch=1`` (each cell's own kernels, the hyper cell apart) with one wgmma
         group in flight: the same loss and gradients."""
-        self._matches_scan(variant_case, monkeypatch, "prefetch=1,in_flight=1", inside=False)
+        self._matches_scan(lever_case, monkeypatch, "prefetch=1,in_flight=1", inside=False)
 
     def _matches_scan(self, hyper_inside_case, monkeypatch, variant: str, inside: bool = True):
         hidden, hyper_hidden, depth, batch, length, first = hyper_inside_case
@@ -535,6 +536,7 @@ class TestPersistentInterpretRowgroup(TestPersistentInterpret):
         "model_case": ["hyperrhn-f32-dropout-odd", "hyperrhn-bf16-dropout-first-step"],
         "hyper_inside_case": [],
         "variant_case": [],
+        "lever_case": [],
     }
 
 
