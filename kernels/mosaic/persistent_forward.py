@@ -208,8 +208,8 @@ def persistent_forward(
     With ``hyper`` the hyper cell's outputs follow the main cell's, then z (with
     ``save_scales``) and ``tail`` [b_pad, kh_pad], then status. ``hyper_blocks``
     "shared": the hyper cell's phases run on main blocks (r, g < hyper col_blocks) after
-    theirs; "own": on blocks of their own, columns n_c .. n_c + hyper col_blocks of the grid,
-    at the same time as the main phases (status has a block more per column).
+    theirs; "own": on blocks of their own, the grid's columns after the main ones, at the
+    same time as the main phases (status has a block more per hyper column).
     """
     steps, depth = check_operands(plan, w_blk, s0, xproj, bias, z, mask)
     if hyper is not None:
