@@ -93,6 +93,21 @@ def _hyper_backward(case, scales: pb.ScalesInside, mask_on: bool, seed: int) -> 
     )  # fmt: skip
 
 
+def _hyper_inside_problem(plan: PersistentPlan, steps: int, depth: int, mask_on: bool, seeds):
+    """(plan with room for z's recomputation, the kernel's arguments, `ScalesInside`,
+    `HyperBackward`) of a fresh random problem with z recomputed and the hyper cell inside;
+    ``seeds``: the case's, the scales', the hyper cell's."""
+    case = backward_case(seeds[0], plan, steps, depth, True, mask_on)
+    scales = _scales(case, 40, seed=seeds[1])
+    case = _recomputed_scales(case, scales)
+    hyper = _hyper_backward(case, scales, mask_on, seed=seeds[2])
+    plan = _with_room_for_scales(plan, scales.plan, depth, mask_on, hyper.plan)
+    wt = pb.backward_weights(plan, case["kernel_s"], jnp.dtype(plan.dtype))
+    _, decisions, bias, s_mm = backward_rest(case)
+    args = (wt, case["g"], backward_packed(case), None, decisions, bias, s_mm)
+    return plan, args, scales, hyper
+
+
 def _recomputed_scales(case, scales: pb.ScalesInside) -> dict:
     """The case with z and the gates made from ``scales`` (z as the kernel recomputes it)."""
     plan = case["plan"]
@@ -205,14 +220,8 @@ class TestCompiled(MosaicGpuMode):
         plan = self.runnable_plan(plan_args)
         if not z_on:
             pytest.skip("the hyper cell inside needs z (its ds_h is dz P^T)")
-        case = backward_case(plan.batch + 5 * steps, plan, steps, depth, True, mask_on)
-        scales = _scales(case, 40, seed=plan.batch + 2 * steps)
-        case = _recomputed_scales(case, scales)
-        hyper = _hyper_backward(case, scales, mask_on, seed=plan.batch + 7)
-        plan = _with_room_for_scales(plan, scales.plan, depth, mask_on, hyper.plan)
-        wt = pb.backward_weights(plan, case["kernel_s"], jnp.dtype(plan.dtype))
-        _, decisions, bias, s_mm = backward_rest(case)
-        args = (wt, case["g"], backward_packed(case), None, decisions, bias, s_mm)
+        seeds = (plan.batch + 5 * steps, plan.batch + 2 * steps, plan.batch + 7)
+        plan, args, scales, hyper = _hyper_inside_problem(plan, steps, depth, mask_on, seeds)
         options = dict(keep=KEEP, scales=scales, hyper=hyper)
         expected = pb.persistent_backward_reference(plan, *args, **options)
         kernel = functools.partial(
@@ -238,14 +247,8 @@ class TestCompiled(MosaicGpuMode):
         blocks (the same GEMMs on the same operands), every block's status zero."""
         plan_args, steps, depth, _, mask_on = hyper_own_case
         plan = self.runnable_plan(plan_args)
-        case = backward_case(plan.batch + 3, plan, steps, depth, True, mask_on)
-        scales = _scales(case, 40, seed=plan.batch + 4)
-        case = _recomputed_scales(case, scales)
-        hyper = _hyper_backward(case, scales, mask_on, seed=plan.batch + 6)
-        plan = _with_room_for_scales(plan, scales.plan, depth, mask_on, hyper.plan)
-        wt = pb.backward_weights(plan, case["kernel_s"], jnp.dtype(plan.dtype))
-        _, decisions, bias, s_mm = backward_rest(case)
-        args = (wt, case["g"], backward_packed(case), None, decisions, bias, s_mm)
+        seeds = (plan.batch + 3, plan.batch + 4, plan.batch + 6)
+        plan, args, scales, hyper = _hyper_inside_problem(plan, steps, depth, mask_on, seeds)
 
         def run(hyper_blocks):
             kernel = functools.partial(

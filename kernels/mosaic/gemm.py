@@ -23,6 +23,11 @@ def wgmma_transforms(cols: int, dtype) -> tuple:
     return (plgpu.TilingTransform((8, elems)), plgpu.SwizzleTransform(swizzle))
 
 
+def _check_in_flight(in_flight: int, stages: int) -> None:
+    if in_flight not in (0, 1) or stages <= in_flight:
+        raise ValueError(f"in_flight must be 0 or 1 and below stages {stages}, got {in_flight}.")
+
+
 def gemm_nt_to_smem(
     out,
     a_gmem,
@@ -39,8 +44,7 @@ def gemm_nt_to_smem(
     ``k_steps * tile_k``; A and B are K minor. ``in_flight`` (0 or 1, below ``stages``):
     wgmma groups left running at each step; a slot is refilled only once its wgmma is done
     (``delay_release``)."""
-    if in_flight not in (0, 1) or stages <= in_flight:
-        raise ValueError(f"in_flight must be 0 or 1 and below stages {stages}, got {in_flight}.")
+    _check_in_flight(in_flight, stages)
     rows, cols = out.shape
     layout = wgmma_transforms(tile_k, a_gmem.dtype)
     spec = functools.partial(plgpu.BlockSpec, transforms=layout, delay_release=in_flight)
@@ -129,8 +133,7 @@ def gemm_nt_staged(
 ) -> None:
     """`gemm_nt_to_smem` on ``staged``, whose B chunks `load_b_chunks` has issued."""
     stages = staged.stages
-    if in_flight not in (0, 1) or stages <= in_flight:
-        raise ValueError(f"in_flight must be 0 or 1 and below stages {stages}, got {in_flight}.")
+    _check_in_flight(in_flight, stages)
     for k in range(min(stages, k_steps)):
         _load(staged, "a", a_gmem, a_block, k)
 

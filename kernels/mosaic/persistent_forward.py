@@ -28,6 +28,7 @@ from rhhjax.kernels.mosaic.gemm import gemm_nt_to_smem
 from rhhjax.kernels.mosaic.plan import PersistentPlan, PlanError, check_arrays
 
 Array = jax.Array
+HYPER_BLOCKS = ("shared", "own")  # where the hyper cell inside runs: `persistent_forward`
 
 
 def forward_weights(plan: PersistentPlan, kernel_s: Array, dtype) -> Array:
@@ -135,8 +136,8 @@ def check_hyper_blocks(
     interpret,
 ) -> bool:  # fmt: skip
     """Whether the hyper cell runs on blocks of its own; PlanError unless it can."""
-    if hyper_blocks not in ("shared", "own"):
-        raise PlanError(f"persistent forward: hyper_blocks {hyper_blocks!r} is not shared or own.")
+    if hyper_blocks not in HYPER_BLOCKS:
+        raise PlanError(f"persistent forward: hyper_blocks {hyper_blocks!r} not in {HYPER_BLOCKS}.")
     if hyper_plan is None or hyper_blocks == "shared":
         return False
     blocks = plan.row_blocks * (plan.col_blocks + hyper_plan.col_blocks)

@@ -90,7 +90,6 @@ class VariantError(UserError):
 
 
 STATUS_CHECKS = ("host", "poison")
-HYPER_BLOCKS = ("shared", "own")  # `persistent_forward`'s hyper_blocks
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,8 +117,10 @@ class PersistentVariant:
                 raise VariantError(f"{name}={getattr(self, name)} must be 0 or 1")
         if self.prefetch and self.hyper_inside:
             raise VariantError("prefetch=1 runs the hyper cell apart (hyper_inside=0)")
-        if self.hyper_blocks not in HYPER_BLOCKS:
-            raise VariantError(f"hyper_blocks={self.hyper_blocks!r} is not one of {HYPER_BLOCKS}")
+        if self.hyper_blocks not in pf.HYPER_BLOCKS:
+            raise VariantError(
+                f"hyper_blocks={self.hyper_blocks!r} is not one of {pf.HYPER_BLOCKS}"
+            )
         if self.hyper_blocks == "own" and (not self.hyper_inside or self.layout != "grid"):
             raise VariantError("hyper_blocks=own needs hyper_inside=1 and layout=grid")
         if self.status not in STATUS_CHECKS:
@@ -374,9 +375,8 @@ def _run_forward(
         return pf.persistent_forward_reference(*args, **options)
     interpret = loops.kernel_interpret(spec)
     variant = variant_of(spec)
-    if hyper is not None:
-        options["hyper_blocks"] = variant.hyper_blocks
-    outs = pf.persistent_forward(*args, **options, interpret=interpret, layout=variant.layout)
+    options |= dict(interpret=interpret, layout=variant.layout, hyper_blocks=variant.hyper_blocks)
+    outs = pf.persistent_forward(*args, **options)
     return _checked(spec, outs, 0 if save else None, "persistent forward")
 
 
@@ -525,11 +525,10 @@ def _run_backward(spec, *args, **cells) -> tuple:
         return pb.persistent_backward_reference(*args, keep=spec.keep, **cells)
     interpret = loops.kernel_interpret(spec)
     variant = variant_of(spec)
-    if cells.get("hyper") is not None:
-        cells["hyper_blocks"] = variant.hyper_blocks
     outs = pb.persistent_backward(
-        *args, keep=spec.keep, interpret=interpret, layout=variant.layout, **cells
-    )
+        *args, keep=spec.keep, interpret=interpret, layout=variant.layout,
+        hyper_blocks=variant.hyper_blocks, **cells,
+    )  # fmt: skip
     return _checked(spec, outs, 3, "persistent backward")  # 3: bias_parts, dbias's
 
 
