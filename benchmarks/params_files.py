@@ -58,7 +58,8 @@ def load(folder: Path) -> tuple[dict, dict]:
     expected = sum(int(np.prod(leaf["shape"], dtype=np.int64)) for leaf in index["leaves"])
     if flat.size != expected:
         raise ValueError(f"{folder}: {flat.size} values, the model has {expected}")
-    mc = models.ModelConfig.from_config(index["meta"]["model"])
+    # the tree is the same for every impl; `scan` builds it on any machine
+    mc = models.ModelConfig.from_config(index["meta"]["model"], impl="scan")
     template = jax.eval_shape(lambda: models.init_params(models.build_model(mc), jax.random.key(0)))
     paths, treedef = jax.tree_util.tree_flatten_with_path(template)[0], jax.tree.structure(template)
     by_path = {leaf["path"]: leaf for leaf in index["leaves"]}
