@@ -6,21 +6,26 @@ bench.py's training step (forward, backward, clipping, Adam) in ONE process.
     NPROC=5 build/venv-jax-newest/bin/python benchmarks/autotune_persistent.py \\
         --sizes=tiny --interpret --out=/tmp/autotune.json          # a CPU dry run
 
-Per size and dtype the candidates are `persistent.variant_candidates` (today's default first);
-each is compiled and timed by `bench.time_step` (compile seconds, the median of --repeats
-steps after a warm-up). A candidate that fails is a row with its error; one past --limit
-seconds is stopped when control returns to Python (a hung kernel is not: the caller's
-timeout is the hard limit); once --budget seconds are spent the rest are skipped rows. The
-JSON (--out) is written after every row; the markdown table marks the fastest row of each
-size and dtype, whose `model.persistent_variant` text is printed. ``--interpret``: GPU
-interpret mode on a CPU (jax >= 0.11.2; its times say nothing of a GPU's).
+Per size and dtype the candidates are `persistent.variant_candidates` (today's default first),
+compiled by `bench.compile_step` (the first alone, then --compile_workers at once in threads;
+one by one in interpret mode) and timed one by one by `bench.time_compiled` once their group
+compiled: no compile runs beside a timed step. A failure is a row with its error; one past
+--limit seconds a timeout row (a hung compile or kernel is not stopped: the caller's timeout is
+the hard limit); past --budget seconds the rest are skipped rows. The JSON (--out) is written
+after every group; the table marks the fastest row per size and dtype. ``--interpret``: GPU
+interpret mode on a CPU (jax >= 0.11.2). ``--skip=JSON``: leave out what an earlier JSON timed
+or saw fail, but the default and its winner (this machine's baselines).
+``--next_call=TESTS_LOG`` times nothing: it prints the loan's training impl and variant from
+the model's compiled-test log and the --out JSON's winner (`gpu_suite.sh check`).
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import dataclasses
 import json
+import re
 import signal
 import statistics
 import sys
@@ -96,20 +101,36 @@ def _alarm(signum, frame):
     raise CandidateTimeout
 
 
-def time_candidate(row: Row, interpret: bool, repeats: int, limit: float) -> None:
-    """Fills ``row`` from `bench.time_step`, or its failure, within ``limit`` seconds."""
+def compile_candidate(row: Row, interpret: bool):
+    """`bench.compile_step` of ``row``'s variant: (compiled step, compile seconds)."""
     _, _, _, batch, length = SIZES[row.size]
     config = model_config(row.size, row.dtype, row.variant, interpret)
+    return bench.compile_step(config, batch, length)
+
+
+def time_candidate(row: Row, compiling, interpret: bool, repeats: int, limit: float) -> None:
+    """Fills ``row`` from its compile (a future of `compile_candidate`; None: compiled here)
+    and `bench.time_compiled`, or its failure, within ``limit`` seconds."""
     previous = signal.signal(signal.SIGALRM, _alarm)
     signal.setitimer(signal.ITIMER_REAL, max(limit, 0.01))
     try:
-        compile_s, times = bench.time_step(config, batch, length, repeats)
-    except CandidateTimeout:
+        if compiling is None:
+            compiled, row.compile_s = compile_candidate(row, interpret)
+        else:
+            compiled, row.compile_s = compiling.result(timeout=max(limit, 0.01))
+        _, _, _, batch, length = SIZES[row.size]
+        args = bench.step_arrays(
+            model_config(row.size, row.dtype, row.variant, interpret), batch, length
+        )
+        times = bench.time_compiled(compiled, args, repeats)
+    except (CandidateTimeout, concurrent.futures.TimeoutError):
         row.status, row.error = "timeout", f"past its limit of {limit:.0f} s"
     except Exception as e:  # noqa: BLE001 (a failing candidate is a row)
         row.status, row.error = "failed", f"{type(e).__name__}: {' '.join(str(e).split())[:500]}"
+        if CandidateTimeout.__name__ in str(e):  # the alarm went off inside a callback
+            row.status, row.error = "timeout", f"past its limit of {limit:.0f} s"
     else:
-        row.compile_s, row.steps = compile_s, len(times)
+        row.steps = len(times)
         row.step_ms_median = 1e3 * statistics.median(times)
         row.step_ms_min = 1e3 * min(times)
     finally:
@@ -185,6 +206,24 @@ def write(path: str, rows: list[Row], args, winners: dict) -> None:
         json.dump(record, out, indent=1)
 
 
+def model_tests_passed(log: str) -> bool:
+    """Whether a `pytest -v` log (with xdist or without) ran to its summary with
+    TestPersistentCompiled passing and nothing failed, erroring or cut by a timeout."""
+    passed = re.search(r"PASSED.*TestPersistentCompiled|TestPersistentCompiled.*PASSED", log)
+    finished = re.search(r"=+ \d+ passed.* in [\d.]+s", log)
+    return bool(passed and finished and not re.search(r"FAILED|ERROR|Timeout", log))
+
+
+def next_call(tests_log: str, autotune: dict) -> tuple[str, str]:
+    """(impl, persistent_variant) for the loan's training call: `persistent` and the (one
+    size and dtype's) winner when every model test passed and a winner was timed, else
+    `fused`."""
+    winner = next(iter(autotune.get("winners", {}).values()), None)
+    if model_tests_passed(tests_log) and winner:
+        return "persistent", winner
+    return "fused", "default"
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sizes", default="paper", help=f"comma-separated: {', '.join(SIZES)}")
@@ -192,9 +231,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=10, help="timed steps per candidate")
     p.add_argument("--limit", type=float, default=60.0, help="seconds per candidate")
     p.add_argument("--budget", type=float, default=240.0, help="seconds for all candidates")
+    p.add_argument("--compile_workers", type=int, default=1, help="candidates compiled at once")
     p.add_argument("--interpret", action="store_true", help="GPU interpret mode (a CPU)")
     p.add_argument("--list", action="store_true", help="print the candidates, time none")
     p.add_argument("--out", default="", help="write the rows as JSON here")
+    p.add_argument("--skip", default="", help="an earlier --out JSON: its variants left out")
+    p.add_argument("--next_call", default="", help="a test log: print the training impl")
     args = p.parse_args(argv)
     args.sizes, args.dtypes = args.sizes.split(","), args.dtypes.split(",")
     unknown = [s for s in args.sizes if s not in SIZES] + [
@@ -202,8 +244,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ]
     if unknown:
         p.error(f"unknown size or dtype: {', '.join(unknown)}")
-    if args.repeats < 1 or args.limit <= 0 or args.budget <= 0:
-        p.error("--repeats, --limit and --budget must be positive")
+    if min(args.repeats, args.compile_workers) < 1 or args.limit <= 0 or args.budget <= 0:
+        p.error("--repeats, --compile_workers, --limit and --budget must be positive")
     return args
 
 
@@ -217,17 +259,44 @@ def every_candidate(args: argparse.Namespace) -> list[Row]:
     ]
 
 
+def skip_timed(rows: list[Row], earlier: dict, source: str) -> None:
+    """Marks skipped the rows ``earlier`` (an --out record) timed or saw fail, except the
+    default and its winners, which are timed again."""
+    today = persistent.PersistentVariant().text()
+    keep = {today, *earlier.get("winners", {}).values()}
+    done = {(r["size"], r["dtype"], r["variant"]): r for r in earlier.get("rows", [])}
+    for row in rows:
+        before = done.get((row.size, row.dtype, row.variant))
+        if row.variant not in keep and before and before["status"] in ("ok", "failed"):
+            ms = before["step_ms_median"]
+            figure = f"{ms:.2f} ms" if ms is not None else before["status"]
+            row.status, row.error = "skipped", f"{figure} in {source}"
+
+
 def run(args: argparse.Namespace) -> list[Row]:
     """Every candidate's row, in order, within the budget (the JSON written after each)."""
     rows = every_candidate(args)
+    if args.skip:
+        with open(args.skip) as earlier:
+            skip_timed(rows, json.load(earlier), args.skip)
     jax.block_until_ready(jax.numpy.ones(8) + 1)  # the backend's start, before any row
     start = time.perf_counter()
-    for row in rows:
-        left = args.budget - (time.perf_counter() - start)
-        if left <= 0:
-            row.status, row.error = "skipped", f"the budget of {args.budget:.0f} s was spent"
-        else:
-            time_candidate(row, args.interpret, args.repeats, min(args.limit, left))
+    todo = [row for row in rows if row.status != "skipped"]
+    # the first alone (XLA's GEMM autotuning, cached for the rest); interpret mode's shared
+    # state takes one kernel at a time: there every candidate compiles in this thread
+    workers = 1 if args.interpret else args.compile_workers
+    for group in [todo[:1]] + [todo[i : i + workers] for i in range(1, len(todo), workers)]:
+        compiling = [None] * len(group)
+        if len(group) > 1 and time.perf_counter() - start < args.budget:
+            pool = concurrent.futures.ThreadPoolExecutor(len(group))  # threads of its own:
+            compiling = [pool.submit(compile_candidate, row, args.interpret) for row in group]
+            pool.shutdown(wait=False)  # a hung compile holds up no later group
+        for row, future in zip(group, compiling, strict=True):
+            left = args.budget - (time.perf_counter() - start)
+            if left <= 0:
+                row.status, row.error = "skipped", f"the budget of {args.budget:.0f} s was spent"
+                continue
+            time_candidate(row, future, args.interpret, args.repeats, min(args.limit, left))
             label = f"{row.size} {row.dtype} {row.variant}"
             print(f"{label}: {row.status} {row.step_ms_median or ''} {row.error[:200]}", flush=True)
         write(args.out, rows, args, {})
@@ -236,6 +305,10 @@ def run(args: argparse.Namespace) -> list[Row]:
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
+    if args.next_call:
+        with open(args.next_call) as log, open(args.out) as record:
+            print(*next_call(log.read(), json.load(record)))
+        return 0
     if args.list:
         for row in every_candidate(args):
             print(f"{row.size} {row.dtype} {row.variant}  ({row.plans})")

@@ -184,24 +184,34 @@ def peak_bytes(compiled) -> int | None:
     )
 
 
-def time_step(
-    config: models.ModelConfig, batch: int, length: int, repeats: int, stats=None,
-    profile_dir: str = "", profile_steps: int = 2,
-):  # fmt: skip
-    """(compile seconds, [seconds of each timed step]) of the training step ``train.py`` runs
-    (``rhhjax.train.step``: forward, backward, clipping, Adam) on random tokens; the step is
-    compiled first (``stats["peak_bytes"]`` gets its memory if ``stats`` is a dict), then one
-    warm-up call and ``repeats`` timed calls; with ``profile_dir``, ``profile_steps`` more
-    calls traced there (`jax.profiler.trace`), after the timed ones."""
+def compile_step(config: models.ModelConfig, batch: int, length: int, stats=None):
+    """(the training step compiled for its inputs' shapes, compile seconds); with a dict
+    ``stats``, ``stats["peak_bytes"]`` gets its memory. Runs no kernel: the autotune compiles
+    several at once, in threads."""
     oc = paper_optimizer()
     step = make_train_step(config, oc, 0)
-    args = list(step_inputs(config, oc, batch, length))
+    shapes = step_inputs(config, oc, batch, length, abstract=True)
     start = time.perf_counter()
-    compiled = step.lower(*args).compile()
+    compiled = step.lower(*shapes).compile()
     compile_s = time.perf_counter() - start
     if stats is not None:
         stats["peak_bytes"] = peak_bytes(compiled)
+    return compiled, compile_s
 
+
+def step_arrays(config: models.ModelConfig, batch: int, length: int) -> list:
+    """The inputs of a `compile_step` step on random tokens, initialised with `scan` (the
+    same parameters for every impl, and no kernel run)."""
+    return list(
+        step_inputs(dataclasses.replace(config, impl="scan"), paper_optimizer(), batch, length)
+    )
+
+
+def time_compiled(
+    compiled, args: list, repeats: int, stats=None, profile_dir: str = "", profile_steps: int = 2
+) -> list[float]:
+    """Seconds of each of ``repeats`` timed calls of a `compile_step` step, after one warm-up
+    call; with ``profile_dir``, ``profile_steps`` more calls traced there."""
     times = []
     for i in range(repeats + 1):
         args[6] = jnp.asarray(i, jnp.int32)  # the step index seeds the dropout masks
@@ -214,7 +224,19 @@ def time_step(
         except Exception as e:  # noqa: BLE001
             if stats is not None:
                 stats["profile_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
-    return compile_s, times[1:]
+    return times[1:]
+
+
+def time_step(
+    config: models.ModelConfig, batch: int, length: int, repeats: int, stats=None,
+    profile_dir: str = "", profile_steps: int = 2,
+):  # fmt: skip
+    """(compile seconds, [seconds of each timed step]) of the training step ``train.py`` runs
+    (``rhhjax.train.step``: forward, backward, clipping, Adam) on random tokens: `compile_step`
+    then `time_compiled`."""
+    compiled, compile_s = compile_step(config, batch, length, stats)
+    args = step_arrays(config, batch, length)
+    return compile_s, time_compiled(compiled, args, repeats, stats, profile_dir, profile_steps)
 
 
 def time_row(

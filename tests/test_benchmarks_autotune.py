@@ -27,46 +27,107 @@ def test_the_paper_candidates_are_the_libraries_today_first_each_with_its_plans(
     assert any("inside" in plans for _, plans in rows)
 
 
-def _fake_steps(seconds_per_step: dict):
-    """bench.time_step stand-in: (compile s, step seconds) per variant text, or raises."""
+def _fake_steps(monkeypatch, tune, seconds_per_step: dict, compiled: list | None = None):
+    """bench.compile_step and time_compiled stand-ins, per variant text: the step's seconds,
+    an exception (its compile raises), "hang" (its timing sleeps) or "compile_hang" (its
+    compile sleeps); ``compiled`` gets each variant compiled, in order."""
 
-    def time_step(config, batch, length, repeats):
+    def compile_step(config, batch, length):
         value = seconds_per_step[config.persistent_variant]
+        if compiled is not None:
+            compiled.append(config.persistent_variant)
         if isinstance(value, Exception):
             raise value
+        if value == "compile_hang":
+            time.sleep(3)
+        return value, 0.5
+
+    def time_compiled(value, args, repeats):
         if value == "hang":
             time.sleep(5)
-        return 0.5, [value] * repeats
+        if value == "hang_in_a_callback":  # the alarm's exception, wrapped by jax
+            raise RuntimeError("CpuCallback error: ... raise CandidateTimeout")
+        return [value] * repeats
 
-    return time_step
+    monkeypatch.setattr(tune.bench, "compile_step", compile_step)
+    monkeypatch.setattr(tune.bench, "step_arrays", lambda config, batch, length: [None] * 7)
+    monkeypatch.setattr(tune.bench, "time_compiled", time_compiled)
 
 
 def test_every_candidate_is_a_row_a_failure_or_timeout_too_and_the_fastest_wins(
     tune, monkeypatch, tmp_path
 ):
-    texts = [text for text, _ in tune.candidates("small", "bfloat16", False)][:4]
-    steps = dict(zip(texts, [0.02, RuntimeError("no\nkernel"), "hang", 0.01], strict=True))
-    monkeypatch.setattr(tune.bench, "time_step", _fake_steps(steps))
+    texts = [text for text, _ in tune.candidates("small", "bfloat16", False)][:5]
+    steps = [0.02, RuntimeError("no\nkernel"), "hang", 0.01, "hang_in_a_callback"]
+    steps = dict(zip(texts, steps, strict=True))
+    _fake_steps(monkeypatch, tune, steps)
     out = tmp_path / "a.json"
     args = tune.parse_args(["--sizes=small", "--limit=0.5", "--repeats=3", f"--out={out}"])
     monkeypatch.setattr(tune, "candidates", lambda *a: [(t, "plans") for t in texts])
     rows = tune.run(args)
-    assert [r.status for r in rows] == ["ok", "failed", "timeout", "ok"]
+    assert [r.status for r in rows] == ["ok", "failed", "timeout", "ok", "timeout"]
     assert rows[1].error == "RuntimeError: no kernel" and rows[0].steps == 3
     winners = tune.mark_winners(rows)
     assert winners == {"small bfloat16": texts[3]} and rows[3].winner
     table = tune.table(rows)
-    assert "**winner** ok" in table and "| 0.50x |" in table and table.count("\n") == 5
+    assert "**winner** ok" in table and "| 0.50x |" in table and table.count("\n") == 6
     assert [r["status"] for r in json.loads(out.read_text())["rows"]] == [r.status for r in rows]
 
 
 def test_past_the_budget_the_rest_are_skipped_rows(tune, monkeypatch):
     texts = ["hyper_inside=0,layout=grid", "hyper_inside=1,layout=grid"]
-    monkeypatch.setattr(tune.bench, "time_step", _fake_steps(dict.fromkeys(texts, "hang")))
+    _fake_steps(monkeypatch, tune, dict.fromkeys(texts, "hang"))
     monkeypatch.setattr(tune, "candidates", lambda *a: [(t, "plans") for t in texts])
     rows = tune.run(tune.parse_args(["--budget=0.3", "--limit=60"]))
     assert [r.status for r in rows] == ["timeout", "skipped"]
     assert tune.mark_winners(rows) == {}
+
+
+def test_compile_workers_compile_a_group_at_once_and_time_it_in_order(tune, monkeypatch):
+    texts = [f"v{i}" for i in range(6)]  # v0 alone, then groups of 3
+    steps = [0.05, 0.03, "compile_hang", 0.01, RuntimeError("x"), 0.02]
+    steps = dict(zip(texts, steps, strict=True))
+    compiled, started = [], []
+    _fake_steps(monkeypatch, tune, steps, compiled)
+    real_compile = tune.bench.compile_step
+
+    def compile_step(config, *args):
+        started.append(time.perf_counter())
+        return real_compile(config, *args)
+
+    monkeypatch.setattr(tune.bench, "compile_step", compile_step)
+    monkeypatch.setattr(tune, "candidates", lambda *a: [(t, "plans") for t in texts])
+    begin = time.perf_counter()
+    rows = tune.run(tune.parse_args(["--compile_workers=3", "--limit=0.5", "--repeats=2"]))
+    assert [r.status for r in rows] == ["ok", "ok", "timeout", "ok", "failed", "ok"]
+    assert compiled[0] == "v0" and sorted(compiled[1:4]) == texts[1:4]
+    assert sorted(compiled[4:]) == texts[4:]
+    assert max(started[1:4]) - begin < 0.4  # a group's 3 compile at once
+    assert time.perf_counter() - begin < 2.5  # the hung compile held up no later group
+    assert tune.mark_winners(rows) == {"paper bfloat16": "v3"}
+
+
+def test_skip_leaves_out_what_an_earlier_run_timed_but_times_its_baselines_again(
+    tune, monkeypatch, tmp_path
+):
+    texts = ["hyper_inside=0,layout=grid", "a", "b", "c", "d"]  # today's, then four more
+    earlier = {
+        "rows": [
+            {"size": "paper", "dtype": "bfloat16", "variant": t, "status": st, "step_ms_median": ms}
+            for t, st, ms in [(texts[0], "ok", 3.0), ("a", "ok", 2.0), ("b", "failed", None),
+                              ("c", "ok", 4.0), ("d", "skipped", None)]
+        ],
+        "winners": {"paper bfloat16": "a"},
+    }  # fmt: skip
+    (tmp_path / "earlier.json").write_text(json.dumps(earlier))
+    timed = []
+    _fake_steps(monkeypatch, tune, dict.fromkeys(texts, 0.001), timed)
+    monkeypatch.setattr(tune, "candidates", lambda *a: [(t, "plans") for t in texts])
+    rows = tune.run(tune.parse_args([f"--skip={tmp_path / 'earlier.json'}"]))
+    assert timed == [texts[0], "a", "d"]  # the default, the earlier winner, the one not timed
+    assert [r.status for r in rows] == ["ok", "ok", "skipped", "skipped", "ok"]
+    assert rows[2].error == f"failed in {tmp_path / 'earlier.json'}"
+    assert rows[3].error.startswith("4.00 ms in ")
 
 
 def test_list_prints_the_candidates_without_a_gpu(tune, capsys):
@@ -87,3 +148,41 @@ def test_without_a_gpu_or_interpret_mode_it_refuses_in_one_line(tune):
     with pytest.raises(SystemExit, match="^error: no GPU here") as done:
         tune.main([])
     assert "\n" not in str(done.value.code)
+
+
+# `pytest -v -n 8` as a GPU loan's `gpu_suite.sh check` printed it (2026-11-28), shortened
+XDIST_LOG = """8 workers [3 items]
+[gw0] [ 33%] PASSED tests/test_ops_persistent.py::test_compiled_off_a_gpu_lowers
+[gw6] [ 66%] PASSED tests/test_ops_persistent.py::TestPersistentCompiled::test_logits
+[gw4] [100%] PASSED tests/test_ops_persistent.py::TestPersistentCompiled::test_loss[rhn]
+================= 3 passed, 604 warnings in 79.57s (0:01:19) ==================
+"""
+WINNER = {"winners": {"paper bfloat16": "hyper_inside=0,layout=grid,status=poison"}}
+
+
+def test_the_training_call_gets_persistent_and_the_winner_when_every_model_test_passed(tune):
+    assert tune.next_call(XDIST_LOG, WINNER) == ("persistent", WINNER["winners"]["paper bfloat16"])
+    without_xdist = "tests/t.py::TestPersistentCompiled::test_logits PASSED\n= 1 passed in 3.1s\n"
+    assert tune.next_call(without_xdist, WINNER)[0] == "persistent"
+
+
+@pytest.mark.parametrize(
+    "log",
+    [
+        XDIST_LOG.replace("[gw4] [100%] PASSED", "[gw4] [100%] FAILED"),
+        XDIST_LOG.rsplit("=", 1)[0].rsplit("\n", 2)[0],  # cut before its summary
+        XDIST_LOG.replace("TestPersistentCompiled", "TestOther"),  # none of the model's ran
+        XDIST_LOG + "+++++ Timeout +++++\n",
+    ],
+    ids=["a-failure", "cut", "no-model-test", "timeout"],
+)
+def test_the_training_call_falls_back_to_fused_unless_the_tests_all_passed(tune, log):
+    assert tune.next_call(log, WINNER) == ("fused", "default")
+
+
+def test_without_a_timed_winner_the_training_call_is_fused(tune, tmp_path, capsys):
+    (tmp_path / "tests.log").write_text(XDIST_LOG)
+    (tmp_path / "autotune.json").write_text(json.dumps({"winners": {}}))
+    args = [f"--next_call={tmp_path / 'tests.log'}", f"--out={tmp_path / 'autotune.json'}"]
+    assert tune.main(args) == 0
+    assert capsys.readouterr().out == "fused default\n"
