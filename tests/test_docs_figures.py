@@ -51,22 +51,30 @@ def bpc(path: str, split: str) -> float:
     return load(path)["final"][split]["windows"]["bpc"]
 
 
+def autotune_ms(variant: str) -> float:
+    """The median step of one variant's row in the autotune table."""
+    (row,) = [r for r in load(AUTOTUNE)["rows"] if r["variant"] == variant]
+    return row["step_ms_median"]
+
+
 def prediction_ms(dtype: str, layout: str) -> float:
     rows = [r for r in load(PREDICTION)["rows"] if r["dtype"] == dtype and r["layout"] == layout]
     assert len(rows) == 1, (dtype, layout)
     return rows[0]["step_ms"]
 
 
-def steady_step_ms() -> float:
-    """The training run's steady step: batch x seq_len over the median progress line's rate."""
-    config = load("results/ptb_gpu/config.json")["train"]
-    lines = (ROOT / "results/ptb_gpu/metrics.jsonl").read_text().splitlines()
+def steady_step_ms(run: str = "results/ptb_gpu") -> float:
+    """A training run's steady step: batch x seq_len over the median progress line's rate."""
+    config = load(f"{run}/config.json")["train"]
+    lines = (ROOT / f"{run}/metrics.jsonl").read_text().splitlines()
     rates = [r["chars_per_sec"] for r in map(json.loads, lines) if r.get("kind") == "train"]
     return config["batch_size"] * config["seq_len"] / statistics.median(rates) * 1e3
 
 
 PTB_GPU = "results/ptb_gpu/results.json"
 PTB_GPU_FAST = "results/ptb_gpu_fast/results.json"  # configs/ptb.py:fast, H200, 2026-11-27
+FAST_PERSISTENT = "results/ptb_gpu_fast_persistent"  # the same with persistent, 2026-11-28
+AUTOTUNE = "results/autotune_gpu_h200_2026-11-28.json"  # results/gpu_h200_2026-11-28.md
 CPU_RUN = "results/claims_cpu/hyperrhn_seed-0/results.json"
 BENCH = "results/bench_gpu_h100.json"  # 2026-11-23: results/gpu_h100.md
 FIRST = "results/bench_gpu_h100_persistent.json"  # 2026-11-26: results/gpu_h100_2026-11-26.md
@@ -75,6 +83,7 @@ H200 = "results/bench_gpu_h200_2026-11-27.json"  # results/gpu_h200_2026-11-27.m
 TOKEN = "results/calibrate_persistent_h100.json"
 SIGNFLIP = "results/calibrate_persistent_h100_signflip.json"
 PREDICTION = "results/persistent_prediction_h100.json"
+GRID = "hyper_inside=0,layout=grid"  # today's persistent variant
 APART, INSIDE = "HYPER_INSIDE=False", "defaults (HYPER_INSIDE=True"
 GRID_APART = "grid, hyper as own launches (built: the default)"
 GRID_INSIDE = "grid, hyper inside both kernels, z recomputed (built)"
@@ -97,6 +106,16 @@ FIGURES = [
     Figure("1.3632 / 1.3271", PTB_GPU_FAST,
            lambda: (bpc(PTB_GPU_FAST, "valid"), bpc(PTB_GPU_FAST, "test")),
            (README, LIMITATIONS, RESULTS)),
+    Figure("1.3384 / 1.3032", f"{FAST_PERSISTENT}/results.json",
+           lambda: (bpc(f"{FAST_PERSISTENT}/results.json", "valid"),
+                    bpc(f"{FAST_PERSISTENT}/results.json", "test")),
+           (README, LIMITATIONS, RESULTS)),
+    Figure("29.2", f"{FAST_PERSISTENT}/metrics.jsonl", lambda: (steady_step_ms(FAST_PERSISTENT),),
+           (README, LIMITATIONS, RESULTS)),
+    Figure("30.3", AUTOTUNE, lambda: (autotune_ms(f"{GRID},status=poison"),),
+           (README, LIMITATIONS)),
+    Figure("35.3", AUTOTUNE, lambda: (autotune_ms(f"{GRID},in_flight=1"),), (LIMITATIONS,)),
+    Figure("33.1", AUTOTUNE, lambda: (autotune_ms(f"{GRID},prefetch=1"),), (LIMITATIONS,)),
     Figure("31.9", H200, lambda: (step_ms(H200, "persistent", "bfloat16"),),
            (README, LIMITATIONS, RESULTS)),
     Figure("40.2", H200, lambda: (step_ms(H200, "fused", "bfloat16"),), (LIMITATIONS, RESULTS)),
