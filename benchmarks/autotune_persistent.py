@@ -14,7 +14,8 @@ compiled: no compile runs beside a timed step. A failure is a row with its error
 the hard limit); past --budget seconds the rest are skipped rows. The JSON (--out) is written
 after every group; the table marks the fastest row per size and dtype. ``--interpret``: GPU
 interpret mode on a CPU (jax >= 0.11.2). ``--skip=JSON``: leave out what an earlier JSON timed
-or saw fail, but the default and its winner (this machine's baselines).
+or saw fail, but the default and its winner (this machine's baselines). ``--with=TEXT``
+(e.g. status=poison): its fields set in every candidate but the default, where they run.
 ``--next_call=TESTS_LOG`` times nothing: it prints the loan's training impl and variant from
 the model's compiled-test log and the --out JSON's winner (`gpu_suite.sh check`).
 """
@@ -87,14 +88,31 @@ def describe(plans: tuple) -> str:
     return f"{layout}: inside {short(main)} + {short(hyper)}, backward {short(joint[0])}"
 
 
-def candidates(size: str, dtype: str, interpret: bool) -> list[tuple[str, str]]:
-    """(variant text, its plans in short) of every candidate of ``size`` and ``dtype``."""
+def candidates(
+    size: str, dtype: str, interpret: bool, with_text: str = ""
+) -> list[tuple[str, str]]:
+    """(variant text, its plans in short) of every candidate of ``size`` and ``dtype``; with
+    ``with_text`` (e.g. "status=poison") its fields set in each but today's, where they run."""
     hidden, hyper, depth, batch, _ = SIZES[size]
-    found = persistent.variant_candidates(batch, hidden, hyper, dtype, interpret, depth)
-    plans = (
-        persistent.variant_plans(v, batch, hidden, hyper, dtype, interpret, depth) for v in found
-    )
+    shape = (batch, hidden, hyper, dtype, interpret, depth)
+    found = persistent.variant_candidates(*shape)
+    if with_text:
+        default = persistent.PersistentVariant()
+        fields = dataclasses.asdict(persistent.parse_variant(with_text) or default)
+        fields = {k: v for k, v in fields.items() if v != getattr(default, k)}
+        found = found[:1] + list(dict.fromkeys(_with(v, fields, shape) for v in found[1:]))
+    plans = (persistent.variant_plans(v, *shape) for v in found)
     return [(v.text(), describe(p)) for v, p in zip(found, plans, strict=True)]
+
+
+def _with(variant, fields: dict, shape: tuple):
+    """``variant`` with ``fields``, or as it is where they do not run with it."""
+    try:
+        changed = dataclasses.replace(variant, **fields)
+        persistent.variant_plans(changed, *shape)
+    except (persistent.VariantError, persistent.PlanError):
+        return variant
+    return changed
 
 
 def _alarm(signum, frame):
@@ -236,6 +254,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--list", action="store_true", help="print the candidates, time none")
     p.add_argument("--out", default="", help="write the rows as JSON here")
     p.add_argument("--skip", default="", help="an earlier --out JSON: its variants left out")
+    p.add_argument("--with", dest="with_text", default="", help="fields set in every candidate")
     p.add_argument("--next_call", default="", help="a test log: print the training impl")
     args = p.parse_args(argv)
     args.sizes, args.dtypes = args.sizes.split(","), args.dtypes.split(",")
@@ -244,6 +263,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ]
     if unknown:
         p.error(f"unknown size or dtype: {', '.join(unknown)}")
+    try:
+        persistent.parse_variant(args.with_text or persistent.DEFAULT_TEXT)
+    except persistent.VariantError as error:
+        p.error(f"--with={args.with_text}: {error}")
     if min(args.repeats, args.compile_workers) < 1 or args.limit <= 0 or args.budget <= 0:
         p.error("--repeats, --compile_workers, --limit and --budget must be positive")
     return args
@@ -255,7 +278,7 @@ def every_candidate(args: argparse.Namespace) -> list[Row]:
         Row(size, dtype, text, plans)
         for size in args.sizes
         for dtype in args.dtypes
-        for text, plans in candidates(size, dtype, args.interpret)
+        for text, plans in candidates(size, dtype, args.interpret, args.with_text)
     ]
 
 

@@ -29,8 +29,8 @@
 #                                          # protocol, samples, the parameters as 4 files
 #   bash benchmarks/gpu_suite.sh check     # a loan's first call (timeout 220 s): the persistent
 #                                          # model's compiled tests, the autotune table (bf16,
-#                                          # paper; AUTOTUNE_SKIP=JSON: --skip); prints the
-#                                          # `fast` call with its impl and variant
+#                                          # paper; AUTOTUNE_SKIP / _WITH: --skip / --with);
+#                                          # prints the `fast` call with its impl and variant
 #   bash benchmarks/gpu_suite.sh autotune  # a loan's call (timeout 200 s): every persistent
 #                                          # variant's paper bf16 step in one process, timed;
 #                                          # $OUT/autotune.json and its table, the winner named
@@ -215,14 +215,15 @@ if [ "$MODE" = check ]; then
   # autotune table of the paper-size bf16 HyperRHN step with the rest: today's variant and
   # its levers first (`persistent.LEVERS`), after the first 4 compiling at once (threads);
   # AUTOTUNE_SKIP=an earlier autotune.json leaves out what it timed, but its winner and the
-  # default. Writes fast_impl and fast_variant for `fast`: persistent and the winner if every
-  # model test passed, else fused.
+  # default; AUTOTUNE_WITH=status=poison sets that in every candidate but the default. Writes
+  # fast_impl and fast_variant for `fast`: persistent and the winner if every model test
+  # passed, else fused.
   gpu_tests 100 tests_model.log -n 8 tests/test_ops_persistent.py
   left=$((${CHECK_SECONDS:-205} - SECONDS))  # the autotune gets what the tests left
   timeout "$left" "$PY" benchmarks/autotune_persistent.py --sizes="${BENCH_SIZES:-paper}" \
     --dtypes=bfloat16 --budget=$((left - 15)) --limit=60 --compile_workers=4 \
     --out="$OUT/autotune.json" \
-    ${AUTOTUNE_SKIP:+--skip="$AUTOTUNE_SKIP"} 2>&1 \
+    ${AUTOTUNE_SKIP:+--skip="$AUTOTUNE_SKIP"} ${AUTOTUNE_WITH:+--with="$AUTOTUNE_WITH"} 2>&1 \
     | tee "$OUT/autotune.log"
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
   read -r fast_impl fast_variant < <("$PY" benchmarks/autotune_persistent.py \
@@ -250,7 +251,7 @@ if [ "$MODE" = autotune ]; then  # every persistent variant timed (autotune_pers
   timeout "${AUTOTUNE_SECONDS:-190}" "$PY" benchmarks/autotune_persistent.py \
     --sizes="${BENCH_SIZES:-paper}" --dtypes="${AUTOTUNE_DTYPES:-bfloat16}" \
     --budget="${AUTOTUNE_BUDGET:-165}" --limit=60 --compile_workers=4 --out="$OUT/autotune.json" \
-    ${AUTOTUNE_SKIP:+--skip="$AUTOTUNE_SKIP"} 2>&1 \
+    ${AUTOTUNE_SKIP:+--skip="$AUTOTUNE_SKIP"} ${AUTOTUNE_WITH:+--with="$AUTOTUNE_WITH"} 2>&1 \
     | tee "$OUT/autotune.log"
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi

@@ -137,7 +137,20 @@ def test_list_prints_the_candidates_without_a_gpu(tune, capsys):
     assert len(lines) == len(persistent.variant_candidates(256, 1000, 128, "float32"))
 
 
-@pytest.mark.parametrize("flag", ["--sizes=huge", "--dtypes=float16", "--budget=0"])
+def test_with_sets_its_fields_in_every_candidate_but_todays_where_they_run(tune):
+    plain = [text for text, _ in tune.candidates("paper", "bfloat16", False)]
+    poisoned = [text for text, _ in tune.candidates("paper", "bfloat16", False, "status=poison")]
+    assert poisoned[0] == plain[0] == "hyper_inside=0,layout=grid"  # the baseline as it is
+    assert all("status=poison" in text for text in poisoned[1:])
+    assert len(poisoned) == len(set(poisoned)) == len(plain) - 1  # in_flight=1 met its twin
+    prefetched = [text for text, _ in tune.candidates("paper", "bfloat16", False, "prefetch=1")]
+    assert "hyper_inside=1,layout=grid" in prefetched  # prefetch does not run with it: as it is
+    assert "hyper_inside=0,layout=rowgroup,prefetch=1" in prefetched
+
+
+@pytest.mark.parametrize(
+    "flag", ["--sizes=huge", "--dtypes=float16", "--budget=0", "--with=status=maybe"]
+)
 def test_a_bad_flag_is_one_usage_error(tune, flag, capsys):
     with pytest.raises(SystemExit) as done:
         tune.parse_args([flag])
