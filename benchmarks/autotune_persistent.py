@@ -99,31 +99,25 @@ def candidates(
     if with_text:
         default = persistent.PersistentVariant()
         fields = dataclasses.asdict(persistent.parse_variant(with_text) or default)
-        fields = {k: v for k, v in fields.items() if v != getattr(default, k)}
-        found = found[:1] + list(dict.fromkeys(_with(v, fields, shape) for v in found[1:]))
+        lever = {k: v for k, v in fields.items() if v != getattr(default, k)}
+        found = persistent.with_lever(found, lever, *shape)
     plans = (persistent.variant_plans(v, *shape) for v in found)
     return [(v.text(), describe(p)) for v, p in zip(found, plans, strict=True)]
-
-
-def _with(variant, fields: dict, shape: tuple):
-    """``variant`` with ``fields``, or as it is where they do not run with it."""
-    try:
-        changed = dataclasses.replace(variant, **fields)
-        persistent.variant_plans(changed, *shape)
-    except (persistent.VariantError, persistent.PlanError):
-        return variant
-    return changed
 
 
 def _alarm(signum, frame):
     raise CandidateTimeout
 
 
+def step_shape(row: Row, interpret: bool) -> tuple[models.ModelConfig, int, int]:
+    """(model config, batch, length) of ``row``'s training step."""
+    _, _, _, batch, length = SIZES[row.size]
+    return model_config(row.size, row.dtype, row.variant, interpret), batch, length
+
+
 def compile_candidate(row: Row, interpret: bool):
     """`bench.compile_step` of ``row``'s variant: (compiled step, compile seconds)."""
-    _, _, _, batch, length = SIZES[row.size]
-    config = model_config(row.size, row.dtype, row.variant, interpret)
-    return bench.compile_step(config, batch, length)
+    return bench.compile_step(*step_shape(row, interpret))
 
 
 def time_candidate(row: Row, compiling, interpret: bool, repeats: int, limit: float) -> None:
@@ -136,10 +130,7 @@ def time_candidate(row: Row, compiling, interpret: bool, repeats: int, limit: fl
             compiled, row.compile_s = compile_candidate(row, interpret)
         else:
             compiled, row.compile_s = compiling.result(timeout=max(limit, 0.01))
-        _, _, _, batch, length = SIZES[row.size]
-        args = bench.step_arrays(
-            model_config(row.size, row.dtype, row.variant, interpret), batch, length
-        )
+        args = bench.step_arrays(*step_shape(row, interpret))
         times = bench.time_compiled(compiled, args, repeats)
     except (CandidateTimeout, concurrent.futures.TimeoutError):
         row.status, row.error = "timeout", f"past its limit of {limit:.0f} s"

@@ -117,6 +117,13 @@ calibrate() {  # calibrate NAME SECONDS [ARGS]: calibrate_persistent.py -> $OUT/
     2>&1 | tee "$OUT/$name.log"
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 }
+autotune_table() {  # autotune_table SECONDS BUDGET DTYPES: autotune_persistent.py's table of
+  timeout "$1" "$PY" benchmarks/autotune_persistent.py --sizes="${BENCH_SIZES:-paper}" \
+    --dtypes="$3" --budget="$2" --limit=60 --compile_workers=4 --out="$OUT/autotune.json" \
+    ${AUTOTUNE_SKIP:+--skip="$AUTOTUNE_SKIP"} ${AUTOTUNE_WITH:+--with="$AUTOTUNE_WITH"} 2>&1 \
+    | tee "$OUT/autotune.log"  # every persistent variant -> $OUT/autotune.{json,log}
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+}
 traces() {  # $OUT/profile (bench.py --profile_dir) -> its summary; the traces travel apart,
   [ -d "$OUT/profile" ] || return 0  # as $OUT/profile.tar.gz at the end
   "$PY" benchmarks/profile_summary.py "$OUT/profile" --steps 2 \
@@ -220,12 +227,7 @@ if [ "$MODE" = check ]; then
   # passed, else fused.
   gpu_tests 100 tests_model.log -n 8 tests/test_ops_persistent.py
   left=$((${CHECK_SECONDS:-205} - SECONDS))  # the autotune gets what the tests left
-  timeout "$left" "$PY" benchmarks/autotune_persistent.py --sizes="${BENCH_SIZES:-paper}" \
-    --dtypes=bfloat16 --budget=$((left - 15)) --limit=60 --compile_workers=4 \
-    --out="$OUT/autotune.json" \
-    ${AUTOTUNE_SKIP:+--skip="$AUTOTUNE_SKIP"} ${AUTOTUNE_WITH:+--with="$AUTOTUNE_WITH"} 2>&1 \
-    | tee "$OUT/autotune.log"
-  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  autotune_table "$left" $((left - 15)) bfloat16
   read -r fast_impl fast_variant < <("$PY" benchmarks/autotune_persistent.py \
     --next_call="$OUT/tests_model.log" --out="$OUT/autotune.json" || echo fused default)
   echo "$fast_impl" > "$OUT/fast_impl"
@@ -248,12 +250,8 @@ if [ "$MODE" = calibrate ]; then  # the plan model's three assumed rates, measur
   fi
 fi
 if [ "$MODE" = autotune ]; then  # every persistent variant timed (autotune_persistent.py)
-  timeout "${AUTOTUNE_SECONDS:-190}" "$PY" benchmarks/autotune_persistent.py \
-    --sizes="${BENCH_SIZES:-paper}" --dtypes="${AUTOTUNE_DTYPES:-bfloat16}" \
-    --budget="${AUTOTUNE_BUDGET:-165}" --limit=60 --compile_workers=4 --out="$OUT/autotune.json" \
-    ${AUTOTUNE_SKIP:+--skip="$AUTOTUNE_SKIP"} ${AUTOTUNE_WITH:+--with="$AUTOTUNE_WITH"} 2>&1 \
-    | tee "$OUT/autotune.log"
-  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  autotune_table "${AUTOTUNE_SECONDS:-190}" "${AUTOTUNE_BUDGET:-165}" \
+    "${AUTOTUNE_DTYPES:-bfloat16}"
 fi
 if [ "$MODE" = train ]; then
   # A device command lasts at most 10 minutes, so the run is cut into calls: each trains

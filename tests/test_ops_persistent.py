@@ -293,6 +293,20 @@ def test_the_paper_variant_candidates_are_runnable_distinct_and_today_first(dtyp
     assert {v.layout for v in found} == {"grid", "rowgroup"}
 
 
+def test_a_lever_set_in_the_candidates_keeps_todays_first_and_drops_twins():
+    """`with_lever`: the lever in every candidate but today's where its plans run (prefetch=1
+    not with the hyper cell inside), and the candidates it makes twins of others once."""
+    shape = (256, 1000, 128, "bfloat16")
+    found = persistent.variant_candidates(*shape)
+    prefetched = persistent.with_lever(found, dict(prefetch=1), *shape)
+    assert prefetched[0] == found[0] and len(set(prefetched)) == len(prefetched)
+    for variant in prefetched[1:]:
+        assert variant.prefetch == (not variant.hyper_inside)
+    in_flight = persistent.with_lever(found, dict(in_flight=1), *shape)
+    assert len(in_flight) == len(found) - 2  # status=poison and prefetch=1 met their twins
+    assert in_flight[0] == found[0] and all(v.in_flight for v in in_flight[1:])
+
+
 def test_a_variant_text_round_trips_through_the_config_into_the_spec():
     for variant in persistent.variant_candidates(256, 1000, 128, "bfloat16"):
         assert persistent.parse_variant(variant.text()) == variant

@@ -258,6 +258,16 @@ def variant_candidates(
     return found[:1] + [v for v in levers if _plans_or_none(v, *args)] + found[1:]
 
 
+def with_lever(variants: list[PersistentVariant], lever: dict, *args) -> list[PersistentVariant]:
+    """``variants`` (`variant_candidates`'s, for the shape ``args``) with ``lever`` set in each
+    but the first, where `variant_plans` accepts it; twins dropped."""
+    kept = []
+    for variant in variants[1:]:
+        changed = _with_lever(variant, lever)
+        kept.append(changed if changed and _plans_or_none(changed, *args) else variant)
+    return list(dict.fromkeys(variants[:1] + kept))
+
+
 # (hyper_inside, layout, hyper_blocks) of `variant_candidates`, in its order
 _PLACEMENTS = (
     (False, "grid", "shared"), (False, "rowgroup", "shared"), (True, "grid", "shared"),
