@@ -218,7 +218,7 @@ if [ "$MODE" = kernels ]; then
 fi
 if [ "$MODE" = check ]; then
   # A loan's first call (../shared/docs/gpu-lease.md, timeout 220 s): the persistent model's
-  # compiled tests against `scan` (80 s for its 12 on an H200, 2026-11-28; at most 100 s), then the
+  # compiled tests against `scan` (at most 100 s; results/gpu_h200_2026-11-28.md), then the
   # autotune table of the paper-size bf16 HyperRHN step with the rest: today's variant and
   # its levers first (`persistent.LEVERS`), after the first 4 compiling at once (threads);
   # AUTOTUNE_SKIP=an earlier autotune.json leaves out what it timed, but its winner and the
