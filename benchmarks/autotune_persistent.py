@@ -16,6 +16,7 @@ after every group; the table marks the fastest row per size and dtype. ``--inter
 interpret mode on a CPU (jax >= 0.11.2). ``--skip=JSON``: leave out what an earlier JSON timed
 or saw fail, but the default and its winner (this machine's baselines). ``--with=TEXT``
 (e.g. status=poison): its fields set in every candidate but the default, where they run.
+``--only=TEXT`` (e.g. hyper_inside=0): the default and the candidates with its fields.
 ``--next_call=TESTS_LOG`` times nothing: it prints the loan's training impl and variant from
 the model's compiled-test log and the --out JSON's winner (`gpu_suite.sh check`).
 """
@@ -26,10 +27,12 @@ import argparse
 import concurrent.futures
 import dataclasses
 import json
+import os
 import re
 import signal
 import statistics
 import sys
+import threading
 import time
 
 import bench
@@ -42,6 +45,7 @@ from rhhjax.ops import persistent
 # name: (hidden, hyper_hidden, depth, batch, seq_len); tiny: GPU interpret mode's size
 SIZES = {**bench.SIZES, "tiny": (64, 32, 2, 4, 3)}
 DTYPES = ("bfloat16", "float32")
+COMPILE_THREADS = "autotune-compile"  # the name prefix of the compile pools' threads
 
 
 class CandidateTimeout(Exception):
@@ -246,6 +250,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--out", default="", help="write the rows as JSON here")
     p.add_argument("--skip", default="", help="an earlier --out JSON: its variants left out")
     p.add_argument("--with", dest="with_text", default="", help="fields set in every candidate")
+    p.add_argument("--only", default="", help="fields a candidate must have (today's kept)")
     p.add_argument("--next_call", default="", help="a test log: print the training impl")
     args = p.parse_args(argv)
     args.sizes, args.dtypes = args.sizes.split(","), args.dtypes.split(",")
@@ -254,23 +259,50 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ]
     if unknown:
         p.error(f"unknown size or dtype: {', '.join(unknown)}")
-    try:
-        persistent.parse_variant(args.with_text or persistent.DEFAULT_TEXT)
-    except persistent.VariantError as error:
-        p.error(f"--with={args.with_text}: {error}")
+    for flag, text in (("--with", args.with_text), ("--only", args.only)):
+        try:
+            persistent.parse_variant(text or persistent.DEFAULT_TEXT)
+        except persistent.VariantError as error:
+            p.error(f"{flag}={text}: {error}")
     if min(args.repeats, args.compile_workers) < 1 or args.limit <= 0 or args.budget <= 0:
         p.error("--repeats, --compile_workers, --limit and --budget must be positive")
     return args
 
 
 def every_candidate(args: argparse.Namespace) -> list[Row]:
-    """An untimed row per candidate of every size and dtype asked for, in order."""
+    """An untimed row per candidate of every size and dtype asked for, in order; with
+    --only, today's and those with its fields."""
     return [
         Row(size, dtype, text, plans)
         for size in args.sizes
         for dtype in args.dtypes
         for text, plans in candidates(size, dtype, args.interpret, args.with_text)
+        if not args.only or has_fields(text, args.only)
     ]
+
+
+def has_fields(text: str, only: str) -> bool:
+    """Whether variant ``text`` is today's or has every field that ``only`` gives."""
+    variant, wanted = persistent.parse_variant(text), persistent.parse_variant(only)
+    if wanted is None or text == persistent.PersistentVariant().text():
+        return True
+    keys = [item.partition("=")[0].strip() for item in only.split(",") if item.strip()]
+    return all(getattr(variant, k) == getattr(wanted, k) for k in keys)
+
+
+def compile_pool(workers: int) -> concurrent.futures.ThreadPoolExecutor:
+    """A pool for one group's compiles, its threads named COMPILE_THREADS (see `finish`)."""
+    return concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix=COMPILE_THREADS)
+
+
+def finish(code: int) -> int:
+    """``code``; at once (os._exit) while a stopped candidate's compile still runs, which the
+    interpreter's exit would wait for past the caller's timeout."""
+    if any(t.name.startswith(COMPILE_THREADS) for t in threading.enumerate()):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
 
 
 def skip_timed(rows: list[Row], earlier: dict, source: str) -> None:
@@ -302,7 +334,7 @@ def run(args: argparse.Namespace) -> list[Row]:
     for group in [todo[:1]] + [todo[i : i + workers] for i in range(1, len(todo), workers)]:
         compiling = [None] * len(group)
         if len(group) > 1 and time.perf_counter() - start < args.budget:
-            pool = concurrent.futures.ThreadPoolExecutor(len(group))  # threads of its own:
+            pool = compile_pool(len(group))  # threads of its own:
             compiling = [pool.submit(compile_candidate, row, args.interpret) for row in group]
             pool.shutdown(wait=False)  # a hung compile holds up no later group
         for row, future in zip(group, compiling, strict=True):
@@ -337,7 +369,7 @@ def main(argv: list[str]) -> int:
     print(table(rows))
     for key, text in winners.items():
         print(f"winner {key}: model.persistent_variant={text!r}")
-    return 0 if winners else 1
+    return finish(0 if winners else 1)
 
 
 if __name__ == "__main__":

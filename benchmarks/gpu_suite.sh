@@ -29,8 +29,9 @@
 #                                          # protocol, samples, the parameters as 4 files
 #   bash benchmarks/gpu_suite.sh check     # a loan's first call (timeout 220 s): the persistent
 #                                          # model's compiled tests, the autotune table (bf16,
-#                                          # paper; AUTOTUNE_SKIP / _WITH: --skip / --with);
-#                                          # prints the `fast` call with its impl and variant
+#                                          # paper; AUTOTUNE_SKIP / _WITH / _ONLY: --skip /
+#                                          # --with / --only); prints the `fast` call with
+#                                          # its impl and variant
 #   bash benchmarks/gpu_suite.sh autotune  # a loan's call (timeout 200 s): every persistent
 #                                          # variant's paper bf16 step in one process, timed;
 #                                          # $OUT/autotune.json and its table, the winner named
@@ -120,7 +121,8 @@ calibrate() {  # calibrate NAME SECONDS [ARGS]: calibrate_persistent.py -> $OUT/
 autotune_table() {  # autotune_table SECONDS BUDGET DTYPES: autotune_persistent.py's table of
   timeout "$1" "$PY" benchmarks/autotune_persistent.py --sizes="${BENCH_SIZES:-paper}" \
     --dtypes="$3" --budget="$2" --limit=60 --compile_workers=4 --out="$OUT/autotune.json" \
-    ${AUTOTUNE_SKIP:+--skip="$AUTOTUNE_SKIP"} ${AUTOTUNE_WITH:+--with="$AUTOTUNE_WITH"} 2>&1 \
+    ${AUTOTUNE_SKIP:+--skip="$AUTOTUNE_SKIP"} ${AUTOTUNE_WITH:+--with="$AUTOTUNE_WITH"} \
+    ${AUTOTUNE_ONLY:+--only="$AUTOTUNE_ONLY"} 2>&1 \
     | tee "$OUT/autotune.log"  # every persistent variant -> $OUT/autotune.{json,log}
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 }
@@ -218,14 +220,16 @@ if [ "$MODE" = kernels ]; then
 fi
 if [ "$MODE" = check ]; then
   # A loan's first call (../shared/docs/gpu-lease.md, timeout 220 s): the persistent model's
-  # compiled tests against `scan` (at most 100 s; results/gpu_h200_2026-11-28.md), then the
-  # autotune table of the paper-size bf16 HyperRHN step with the rest: today's variant and
-  # its levers first (`persistent.LEVERS`), after the first 4 compiling at once (threads);
+  # compiled tests against `scan`, the row-group layout's too (at most 110 s;
+  # results/gpu_h200_2026-11-28b.md), then the autotune table of the paper-size bf16
+  # HyperRHN step with the rest: today's variant and its levers first (`persistent.LEVERS`),
+  # after the first 4 compiling at once (threads);
   # AUTOTUNE_SKIP=an earlier autotune.json leaves out what it timed, but its winner and the
-  # default; AUTOTUNE_WITH=status=poison sets that in every candidate but the default. Writes
+  # default; AUTOTUNE_WITH=status=poison sets that in every candidate but the default;
+  # AUTOTUNE_ONLY=hyper_inside=0 keeps the default and the candidates with it. Writes
   # fast_impl and fast_variant for `fast`: persistent and the winner if every model test
   # passed, else fused.
-  gpu_tests 100 tests_model.log -n 8 tests/test_ops_persistent.py
+  gpu_tests 110 tests_model.log -n 8 tests/test_ops_persistent.py
   left=$((${CHECK_SECONDS:-205} - SECONDS))  # the autotune gets what the tests left
   autotune_table "$left" $((left - 15)) bfloat16
   read -r fast_impl fast_variant < <("$PY" benchmarks/autotune_persistent.py \

@@ -2,10 +2,12 @@
 (a failure, a timeout, the budget), the winner and the one-line refusals."""
 
 import json
+import subprocess
+import sys
 import time
 
 import pytest
-from benchmark_scripts import load
+from benchmark_scripts import BENCH, load
 
 from rhhjax.ops import persistent
 
@@ -149,12 +151,41 @@ def test_with_sets_its_fields_in_every_candidate_but_todays_where_they_run(tune)
 
 
 @pytest.mark.parametrize(
-    "flag", ["--sizes=huge", "--dtypes=float16", "--budget=0", "--with=status=maybe"]
+    "flag",
+    ["--sizes=huge", "--dtypes=float16", "--budget=0", "--with=status=maybe", "--only=bogus=1"],
 )
 def test_a_bad_flag_is_one_usage_error(tune, flag, capsys):
     with pytest.raises(SystemExit) as done:
         tune.parse_args([flag])
     assert done.value.code == 2 and "error: " in capsys.readouterr().err.splitlines()[-1]
+
+
+def test_only_keeps_today_and_the_candidates_with_its_fields(tune):
+    args = tune.parse_args(["--with=layout=rowgroup", "--only=hyper_inside=0,in_flight=0"])
+    texts = [row.variant for row in tune.every_candidate(args)]
+    assert texts[0] == "hyper_inside=0,layout=grid"  # today's, though not rowgroup
+    assert len(texts) > 2 and all("layout=rowgroup" in text for text in texts[1:])
+    assert not any("in_flight=1" in t or "hyper_inside=1" in t for t in texts)
+    every = tune.every_candidate(tune.parse_args(["--with=layout=rowgroup"]))
+    assert any("in_flight=1" in row.variant for row in every)  # what --only left out
+
+
+def test_a_compile_still_running_in_its_thread_does_not_hold_up_the_exit(tmp_path):
+    script = tmp_path / "hung.py"
+    script.write_text(
+        "import sys, time\n"
+        f"sys.path.insert(0, {str(BENCH)!r})\n"
+        "import autotune_persistent as tune\n"
+        "pool = tune.compile_pool(1)\n"
+        "pool.submit(time.sleep, 120)\n"
+        "pool.shutdown(wait=False)\n"
+        "print('table')\n"
+        "sys.exit(tune.finish(3))\n"
+    )
+    begin = time.perf_counter()
+    done = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=90)
+    assert (done.returncode, done.stdout) == (3, "table\n"), done.stderr[-2000:]
+    assert time.perf_counter() - begin < 80  # the sleeping compile's 120 s not waited for
 
 
 def test_without_a_gpu_or_interpret_mode_it_refuses_in_one_line(tune):

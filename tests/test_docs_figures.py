@@ -51,9 +51,9 @@ def bpc(path: str, split: str) -> float:
     return load(path)["final"][split]["windows"]["bpc"]
 
 
-def autotune_ms(variant: str) -> float:
-    """The median step of one variant's row in the autotune table."""
-    (row,) = [r for r in load(AUTOTUNE)["rows"] if r["variant"] == variant]
+def autotune_ms(variant: str, table: str = "") -> float:
+    """The median step of one variant's row in an autotune table (AUTOTUNE by default)."""
+    (row,) = [r for r in load(table or AUTOTUNE)["rows"] if r["variant"] == variant]
     return row["step_ms_median"]
 
 
@@ -75,6 +75,8 @@ PTB_GPU = "results/ptb_gpu/results.json"
 PTB_GPU_FAST = "results/ptb_gpu_fast/results.json"  # configs/ptb.py:fast, H200, 2026-11-27
 FAST_PERSISTENT = "results/ptb_gpu_fast_persistent"  # the same with persistent, 2026-11-28
 AUTOTUNE = "results/autotune_gpu_h200_2026-11-28.json"  # results/gpu_h200_2026-11-28.md
+FAST_ROWGROUP = "results/ptb_gpu_fast_rowgroup"  # persistent in row groups, 2026-11-28b
+AUTOTUNE_B = "results/autotune_gpu_h200_2026-11-28b.json"  # results/gpu_h200_2026-11-28b.md
 CPU_RUN = "results/claims_cpu/hyperrhn_seed-0/results.json"
 BENCH = "results/bench_gpu_h100.json"  # 2026-11-23: results/gpu_h100.md
 FIRST = "results/bench_gpu_h100_persistent.json"  # 2026-11-26: results/gpu_h100_2026-11-26.md
@@ -112,8 +114,19 @@ FIGURES = [
            (README, LIMITATIONS, RESULTS)),
     Figure("29.2", f"{FAST_PERSISTENT}/metrics.jsonl", lambda: (steady_step_ms(FAST_PERSISTENT),),
            (README, LIMITATIONS, RESULTS)),
-    Figure("30.3", AUTOTUNE, lambda: (autotune_ms(f"{GRID},status=poison"),),
+    Figure("1.3324 / 1.2964", f"{FAST_ROWGROUP}/results.json",
+           lambda: (bpc(f"{FAST_ROWGROUP}/results.json", "valid"),
+                    bpc(f"{FAST_ROWGROUP}/results.json", "test")),
+           (README, LIMITATIONS, RESULTS)),
+    Figure("27.0", f"{FAST_ROWGROUP}/metrics.jsonl", lambda: (steady_step_ms(FAST_ROWGROUP),),
+           (README, LIMITATIONS, RESULTS)),
+    Figure("28.2", AUTOTUNE_B,
+           lambda: (autotune_ms("hyper_inside=0,layout=rowgroup,status=poison", AUTOTUNE_B),),
            (README, LIMITATIONS)),
+    Figure("30.5", AUTOTUNE_B, lambda: (autotune_ms(f"{GRID},status=poison", AUTOTUNE_B),),
+           (LIMITATIONS,)),
+    Figure("31.3", AUTOTUNE_B, lambda: (autotune_ms(GRID, AUTOTUNE_B),), (LIMITATIONS,)),
+    Figure("30.3", AUTOTUNE, lambda: (autotune_ms(f"{GRID},status=poison"),), (LIMITATIONS,)),
     Figure("35.3", AUTOTUNE, lambda: (autotune_ms(f"{GRID},in_flight=1"),), (LIMITATIONS,)),
     Figure("33.1", AUTOTUNE, lambda: (autotune_ms(f"{GRID},prefetch=1"),), (LIMITATIONS,)),
     Figure("31.9", H200, lambda: (step_ms(H200, "persistent", "bfloat16"),),

@@ -535,25 +535,33 @@ class TestPersistentInterpret(TestPersistentCompiled):
     CASES = {**HyperInsideMatchesScan.CASES, "variant_case": HYPER_INSIDE_CASES[:1]}
 
 
-class TestPersistentInterpretRowgroup(TestPersistentInterpret):
-    """The same with the kernels launched as one cluster per row group
-    (`persistent.LAYOUT = "rowgroup"`, `kernels/mosaic/rowgroup_layout.py`)."""
-
-    @pytest.fixture(autouse=True)
-    def _rowgroup(self, monkeypatch):
-        monkeypatch.setattr(persistent, "LAYOUT", "rowgroup")
+class RowgroupLayout:
+    """The kernels launched as one cluster per row group (`persistent.LAYOUT = "rowgroup"`,
+    `kernels/mosaic/rowgroup_layout.py`), at the model cases of the two layouts' differences:
+    several row groups (batch 4-5)."""
 
     # GPU interpret mode's row-group plans (the fewest blocks: one of 64 units at these sizes)
     # leave no shared memory for the hyper cell beside the main one: it runs as its own
     # kernel here (`test_row_group_interpret_plans_keep_the_hyper_cell_apart`), and the
     # kernel with it inside is run in this layout at the kernel level.
-    # and the model cases of the two layouts' differences: several row groups (batch 4-5)
     CASES = {
         "model_case": ["hyperrhn-f32-dropout-odd", "hyperrhn-bf16-dropout-first-step"],
         "hyper_inside_case": [],
         "variant_case": [],
         "lever_case": [],
     }
+
+    @pytest.fixture(autouse=True)
+    def _rowgroup(self, monkeypatch):
+        monkeypatch.setattr(persistent, "LAYOUT", "rowgroup")
+
+
+class TestPersistentCompiledRowgroup(RowgroupLayout, TestPersistentCompiled):
+    """The row-group layout compiled (a GPU loan's `gpu_suite.sh check` runs it)."""
+
+
+class TestPersistentInterpretRowgroup(RowgroupLayout, TestPersistentInterpret):
+    """The row-group layout in GPU interpret mode."""
 
 
 def test_row_group_interpret_plans_keep_the_hyper_cell_apart(monkeypatch, hyper_inside):
