@@ -65,6 +65,7 @@ SIZES = {
     "small": (256, 64, 3, 64, 50),
 }
 VOCAB, EMBED = 50, 27
+PERSISTENT_VARIANT = persistent.DEFAULT_TEXT  # the persistent rows' variant (--persistent_variant)
 PARTS = ("step", "gemm", "phase")
 # XLA's command-buffer types (CommandBufferCmdType of jax 0.10.2's XLA): its default set
 # plus WHILE and CONDITIONAL, so that a whole time loop is one CUDA graph.
@@ -106,6 +107,12 @@ def _define_flags() -> None:
         ["grid", "rowgroup"],
         "Launch layout of the persistent rows (rhhjax.ops.persistent.LAYOUT).",
     )
+    flags.DEFINE_string(
+        "persistent_variant",
+        persistent.DEFAULT_TEXT,
+        "The persistent rows' model.persistent_variant, e.g. "
+        "hyper_inside=0,layout=rowgroup,status=poison (default: the two switches above).",
+    )
     flags.DEFINE_bool(
         "persistent_hyper_inside",
         persistent.HYPER_INSIDE,
@@ -134,6 +141,7 @@ class Row:
     command_buffer: str = "default"
     persistent_layout: str = ""  # the persistent rows' launch layout ("" for other impls)
     persistent_hyper_inside: bool | None = None  # their hyper cell inside (None: other impls)
+    persistent_variant: str = ""  # their variant's text ("" for other impls)
     seq_len: int = 0  # the step's sequence length
     profile: str = ""  # the folder of its jax.profiler trace, if traced (or why it failed)
 
@@ -143,6 +151,7 @@ def model_config(
 ) -> models.ModelConfig:
     """The benchmarked model: paper hyper-parameters at `size` (``depth`` overrides)."""
     hidden, hyper, paper_depth, _, _ = SIZES[size]
+    variant = PERSISTENT_VARIANT if impl == persistent.NAME else persistent.DEFAULT_TEXT
     return models.ModelConfig(
         type=model,
         vocab_size=VOCAB,
@@ -154,6 +163,20 @@ def model_config(
         dtype=dtype,
         keep=0.65,
         hyper_rank=rank if model == "hyperrhn" else 0,
+        persistent_variant=variant,
+    )
+
+
+def persistent_row_facts(impl: str) -> dict:
+    """A row's persistent fields: the variant's layout, hyper placement and text (empty for
+    other impls)."""
+    if impl != persistent.NAME:
+        return {}
+    variant = persistent.parse_variant(PERSISTENT_VARIANT) or persistent.default_variant()
+    return dict(
+        persistent_layout=variant.layout,
+        persistent_hyper_inside=variant.hyper_inside,
+        persistent_variant=variant.text(),
     )
 
 
@@ -269,10 +292,9 @@ def time_row(
         hyper_rank=config.hyper_rank,
         peak_bytes=stats.get("peak_bytes"),
         command_buffer=os.environ.get("RHHJAX_COMMAND_BUFFER", "default"),
-        persistent_layout=persistent.LAYOUT if impl == persistent.NAME else "",
-        persistent_hyper_inside=persistent.HYPER_INSIDE if impl == persistent.NAME else None,
         seq_len=length,
         profile=stats.get("profile_error", trace),
+        **persistent_row_facts(impl),
     )
 
 
@@ -485,6 +507,10 @@ def validate_flags(f) -> None:
         raise SystemExit("error: --phase_depths must be two depths d1 < d2")
     if f.seq_len < 0 or f.profile_steps < 1:
         raise SystemExit("error: --seq_len must be >= 0 and --profile_steps >= 1")
+    try:
+        persistent.parse_variant(f.persistent_variant)
+    except persistent.VariantError as error:
+        raise SystemExit(f"error: --persistent_variant={f.persistent_variant}: {error}") from None
 
 
 def set_command_buffer(mode: str) -> None:
@@ -503,6 +529,8 @@ def main(argv: Sequence[str]) -> None:
     set_command_buffer(f.command_buffer)
     persistent.LAYOUT = f.persistent_layout
     persistent.HYPER_INSIDE = f.persistent_hyper_inside
+    global PERSISTENT_VARIANT
+    PERSISTENT_VARIANT = f.persistent_variant
     ranks = sorted({int(r) for r in f.ranks})
     record = Record(f.out)
     square = f.square or (8192 if on_gpu() else 1024)

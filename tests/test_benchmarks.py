@@ -4,6 +4,7 @@ the GEMM loop keeps every GEMM in the loop, the phase arithmetic, the command-bu
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -141,6 +142,30 @@ def test_phase_latency_is_the_time_per_extra_micro_layer(monkeypatch):
     row = bench.phase_row("fused", "hyperrhn", "small", "float32", 1, (2, 6), 1)
     assert row["phase_us"] == pytest.approx(20.0)
     assert row["hyper_rank"] == 1 and row["seq_len"] == 50 and row["depths"] == [2, 6]
+
+
+def test_the_persistent_rows_run_and_record_the_variant_asked_for(monkeypatch):
+    winner = "hyper_inside=0,layout=rowgroup,status=poison"
+    monkeypatch.setattr(bench, "PERSISTENT_VARIANT", winner)
+    config = bench.model_config("hyperrhn", "paper", "persistent", "bfloat16")
+    assert config.persistent_variant == winner
+    assert bench.model_config("hyperrhn", "paper", "fused", "bfloat16").persistent_variant == (
+        "default"
+    )
+    facts = bench.persistent_row_facts("persistent")
+    assert facts == dict(
+        persistent_layout="rowgroup", persistent_hyper_inside=False, persistent_variant=winner
+    )
+    assert set(facts) <= {field.name for field in dataclasses.fields(bench.Row)}
+    assert bench.persistent_row_facts("fused") == {}
+
+
+def test_a_bad_persistent_variant_is_one_line_before_any_compile():
+    command = [sys.executable, str(bench.__file__), "--persistent_variant=layout=diagonal"]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    lines = run.stderr.strip().splitlines()
+    assert run.returncode == 1 and len(lines) == 1, run.stderr[-1000:]
+    assert lines[0].startswith("error: --persistent_variant=layout=diagonal: layout=")
 
 
 @pytest.mark.parametrize("mode", ["while", "off", "bogus"])
