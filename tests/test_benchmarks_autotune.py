@@ -144,7 +144,8 @@ def test_with_sets_its_fields_in_every_candidate_but_todays_where_they_run(tune)
     poisoned = [text for text, _ in tune.candidates("paper", "bfloat16", False, "status=poison")]
     assert poisoned[0] == plain[0] == "hyper_inside=0,layout=grid"  # the baseline as it is
     assert all("status=poison" in text for text in poisoned[1:])
-    assert len(poisoned) == len(set(poisoned)) == len(plain) - 1  # in_flight=1 met its twin
+    # in_flight=1 and the row-group layout met their twins among today's levers
+    assert len(poisoned) == len(set(poisoned)) == len(plain) - 2
     prefetched = [text for text, _ in tune.candidates("paper", "bfloat16", False, "prefetch=1")]
     assert "hyper_inside=1,layout=grid" in prefetched  # prefetch does not run with it: as it is
     assert "hyper_inside=0,layout=rowgroup,prefetch=1" in prefetched

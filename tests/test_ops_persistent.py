@@ -284,8 +284,9 @@ def test_the_paper_variant_candidates_are_runnable_distinct_and_today_first(dtyp
     plans = [persistent.variant_plans(v, 256, 1000, 128, dtype) for v in found]
     runs = {(p, v.status, v.hyper_blocks) for p, v in zip(plans, found, strict=True)}
     assert len(set(found)) == len(found) == len(runs) > 4
-    assert [p[1].wgmma_in_flight for p in plans[:6]] == [0, 0, 1, 1, 0, 1]
-    assert [p[1].prefetch_weights for p in plans[:6]] == [False] * 4 + [True] * 2
+    assert [p[0] for p in plans[:7]] == ["grid", "rowgroup"] + ["grid"] * 5
+    assert [p[1].wgmma_in_flight for p in plans[:7]] == [0, 0, 0, 1, 1, 0, 1]
+    assert [p[1].prefetch_weights for p in plans[:7]] == [False] * 5 + [True] * 2
     for variant, (layout, main, hyper, *joint) in zip(found, plans, strict=True):
         assert layout == variant.layout and bool(joint) == variant.hyper_inside
         for plan in (main, hyper):

@@ -47,7 +47,9 @@ def test_candidates_start_with_autos_pick_then_every_persistent_variant():
     found = autotune.candidates(PAPER_BF16, 256)
     assert found[0] == autotune.Candidate("fused")
     assert found[1] == autotune.Candidate("persistent", "hyper_inside=0,layout=grid")
-    assert len(found) == 22 and len(set(found)) == 22
+    fastest = "hyper_inside=0,layout=rowgroup,status=poison"  # the fastest timed, next
+    assert found[2] == autotune.Candidate("persistent", fastest)
+    assert len(found) == 23 and len(set(found)) == 23
 
 
 def test_models_persistent_cannot_run_have_autos_pick_alone():
