@@ -305,11 +305,13 @@ def assert_one_triton_kernel(text: str, name: str):
 _PAPER_STEP = """
 rows = []
 for dtype in {dtypes!r}:
-    mc, oc, seed, batch, seq_len = g.build_configs(g.Case("hyperrhn", {impl!r}, dtype), {{}})
+    case = g.Case("hyperrhn", {impl!r}, dtype)
+    mc, oc, seed, batch, seq_len = g.build_configs(case, {overrides!r})
     compiled, _ = g.compile_step(mc, oc, seed, batch, seq_len, g.h100_mesh())
     text = compiled.as_text()
     rows.append(dict(dtype=dtype, impl=mc.impl, mode=mc.pallas_mode, batch=batch,
                      seq_len=seq_len, hidden=mc.hidden, depth=mc.depth,
+                     variant=mc.persistent_variant,
                      kernels={{name: text.count(name) for name in {kernels!r}}}))
 print(json.dumps(rows))
 """
@@ -372,14 +374,17 @@ def run_deviceless(code: str, cwd, dump_dir=None) -> tuple[object, list[str]]:
 
 
 def compile_paper_step(
-    impl: str, dtypes, kernels, tmp_path, setup: str = ""
+    impl: str, dtypes, kernels, tmp_path, setup: str = "", overrides: dict | None = None
 ) -> tuple[list[dict], list[str]]:
     """configs/ptb.py's HyperRHN training step (the trainer's jitted step, batch 256 x 100)
     with ``impl``, compiled for an H100 without a GPU in a fresh process (the CUDA plugin's
-    venv), once per dtype, after the Python lines ``setup`` (e.g. a module switch). Returns
+    venv), once per dtype, after the Python lines ``setup`` (e.g. a module switch), with the
+    config ``overrides`` ({"model.persistent_variant": ...}). Returns
     (one row per dtype: its sizes and how often each name of ``kernels`` occurs in the
     compiled HLO, the ptxas report of every Mosaic GPU kernel)."""
-    body = _PAPER_STEP.format(impl=impl, dtypes=list(dtypes), kernels=list(kernels))
+    body = _PAPER_STEP.format(
+        impl=impl, dtypes=list(dtypes), kernels=list(kernels), overrides=overrides or {}
+    )
     code = setup + "\n" + body
     return compile_deviceless(code, tmp_path)
 

@@ -615,3 +615,24 @@ def test_paper_hyperrhn_training_step_lowers_and_compiles_for_an_h100_without_a_
             assert min(apart) >= 1 and max(joint) == 0, row  # no joint kernel
     assert len(reports) >= (2 if inside else 4) * len(dtypes)  # each cell's fwd, bwd apart
     assert_no_spills(reports)
+
+
+@pytest.mark.gpu_compile
+@needs_cuda
+def test_the_fastest_timed_variant_compiles_the_paper_step_for_an_h100_without_a_gpu(tmp_path):
+    """The first of today's levers (`persistent.LEVERS`: the row-group layout with the status
+    poisoned, the fastest timed) at the paper's HyperRHN step, bf16 and f32, deviceless:
+    each cell's forward and backward kernels apart, no register spill."""
+    dtypes = ["bfloat16", "float32"]
+    variant = persistent.variant_candidates(256, 1000, 128, "bfloat16")[1]
+    assert (variant.layout, variant.status) == ("rowgroup", "poison")
+    # "rowgroup": kernels/mosaic/rowgroup_layout.py in the kernels' source locations (the
+    # grid layout's HLO names it nowhere)
+    kernels = ["persistent_highway_forward", "persistent_highway_backward", "rowgroup"]
+    overrides = {"model.persistent_variant": variant.text()}
+    rows, reports = compile_paper_step("persistent", dtypes, kernels, tmp_path, "", overrides)
+    for row, dtype in zip(rows, dtypes, strict=True):
+        assert (row["dtype"], row["variant"]) == (dtype, variant.text())
+        assert min(row["kernels"].values()) >= 1, row
+    assert len(reports) >= 4 * len(dtypes)  # each cell's forward and backward
+    assert_no_spills(reports)
