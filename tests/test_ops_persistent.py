@@ -537,9 +537,11 @@ class TestPersistentInterpret(TestPersistentCompiled):
 
 
 class RowgroupLayout:
-    """The kernels launched as one cluster per row group (`persistent.LAYOUT = "rowgroup"`,
-    `kernels/mosaic/rowgroup_layout.py`), at the model cases of the two layouts' differences:
-    several row groups (batch 4-5)."""
+    """The kernels launched as one cluster per row group (`kernels/mosaic/rowgroup_layout.py`)
+    as the first of today's levers runs them (`persistent.LEVERS`, the fastest timed), at the
+    model cases of the two layouts' differences: several row groups (batch 4-5)."""
+
+    VARIANT = "hyper_inside=0,layout=rowgroup,status=poison"
 
     # GPU interpret mode's row-group plans (the fewest blocks: one of 64 units at these sizes)
     # leave no shared memory for the hyper cell beside the main one: it runs as its own
@@ -552,9 +554,15 @@ class RowgroupLayout:
         "lever_case": [],
     }
 
-    @pytest.fixture(autouse=True)
-    def _rowgroup(self, monkeypatch):
-        monkeypatch.setattr(persistent, "LAYOUT", "rowgroup")
+    def model(self, config):
+        model = super().model(dataclasses.replace(config, persistent_variant=self.VARIANT))
+        assert model.spec.variant == persistent.parse_variant(self.VARIANT)
+        return model
+
+
+def test_the_row_group_classes_run_the_first_lever():
+    first = dataclasses.replace(persistent.PersistentVariant(), **persistent.LEVERS[0])
+    assert RowgroupLayout.VARIANT == first.text()
 
 
 class TestPersistentCompiledRowgroup(RowgroupLayout, TestPersistentCompiled):
