@@ -21,6 +21,7 @@ from train_cases import (
     wrap_train_step,
 )
 
+from rhhjax import models
 from rhhjax.train import checkpoint as ckpt_lib
 from rhhjax.train import loop as train_loop
 from rhhjax.train import trainer
@@ -184,6 +185,36 @@ def test_nonfinite_loss_stops_and_keeps_last_good_checkpoint(tmp_path, text_file
     params, _ = latest_params(workdir)
     assert all(np.isfinite(np.asarray(p)).all() for p in jax.tree.leaves(params))
     assert any(r.get("event") == "nonfinite" for r in records(workdir, kinds=("event",)))
+
+
+def test_a_nonfinite_loss_under_poisoned_barrier_status_says_it_may_be_the_barrier(
+    tmp_path, text_file, monkeypatch
+):
+    _nan_at(monkeypatch, bad_step=1, only_first_try=False)
+    hint = " (HINT: the step's implementation)"
+    monkeypatch.setattr(trainer, "nonfinite_hint", lambda mc: hint)
+    with pytest.raises(train_loop.NonFiniteLossError) as info:
+        trainer.train_and_evaluate(tiny_config(text_file), tmp_path / "run", log=quiet)
+    assert f"non-finite training loss (nan){hint} at step 2" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "impl, variant, named",
+    [
+        ("persistent", "status=poison", True),
+        ("persistent", "hyper_inside=1,stages=2,status=poison", True),
+        ("persistent", "hyper_inside=0,layout=rowgroup,status=poison", False),  # no grid barrier
+        ("persistent", "layout=rowgroup", False),
+        ("persistent", "default", False),
+        ("fused", "status=poison", False),  # the variant of an impl that does not run
+    ],
+)
+def test_the_nonfinite_hint_names_the_barrier_only_under_poisoned_status(impl, variant, named):
+    mc = models.ModelConfig(impl=impl, persistent_variant=variant)
+    hint = trainer.nonfinite_hint(mc)
+    assert bool(hint) == named
+    if named:
+        assert "status=poison" in hint and "grid barrier" in hint
 
 
 def test_nonfinite_loss_rollback_continues(tmp_path, text_file, monkeypatch):

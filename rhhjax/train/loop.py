@@ -84,6 +84,7 @@ class Loop:
     metrics: workdir_lib.MetricsLog
     events: Any = None  # the TensorBoard writer (workdir_lib.EventWriter) or None
     loss_limit: float = math.inf  # a training loss above it counts as diverged
+    nonfinite_hint: str = ""  # what a non-finite loss may also mean (trainer.nonfinite_hint)
     phase: str = "training"  # training | validation | the final evaluation (for errors)
     _agreed: tuple | None = None  # (step, host stop reason, checkpoint due) agreed by all
     _last_save_time: float = dataclasses.field(default_factory=time.time)
@@ -448,7 +449,7 @@ class Loop:
                 f"ln(vocab) = {self.loss_limit:.4g})"
             )
         else:
-            what = f"non-finite training loss ({loss})"
+            what = f"non-finite training loss ({loss}){self.nonfinite_hint}"
         kept = (
             f"the last good checkpoint (step {last}) is left intact in {self.run.workdir}"
             if last is not None

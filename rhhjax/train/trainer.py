@@ -107,7 +107,8 @@ def _train_and_evaluate(
         train_model = _autotuned(run, oc)
         train_step = step_lib.make_train_step(train_model, oc, int(run.cfg.seed), *layout)
         limit = loss_limit(run.cfg.train.divergence_factor, run.corpus.vocab.size)
-        loop = Loop(run, store, oc, train_step, metrics, loss_limit=limit)
+        hint = nonfinite_hint(train_model)
+        loop = Loop(run, store, oc, train_step, metrics, loss_limit=limit, nonfinite_hint=hint)
         with _out_of_memory_in_one_line(loop):
             state, reason = loop.train(state)
             return loop.finish(state, reason)
@@ -130,6 +131,23 @@ def _autotuned(run: Run, oc) -> Any:
     choice = autotune.choose(run.model, oc, t.batch_size, t.seq_len, seconds)
     run.log(choice.line)
     return dataclasses.replace(run.model, impl=choice.impl, persistent_variant=choice.variant)
+
+
+def nonfinite_hint(mc) -> str:
+    """What a non-finite loss may also mean under the step's implementation ``mc``: with
+    `persistent`'s ``status=poison`` in the grid layout, a grid barrier that gave up ("" else:
+    the row-group layout's cluster barriers never give up)."""
+    from rhhjax.ops import persistent
+
+    if mc.impl != persistent.NAME:
+        return ""
+    variant = persistent.parse_variant(mc.persistent_variant) or persistent.default_variant()
+    if variant.status != "poison" or variant.layout != "grid":
+        return ""
+    return (
+        f" (model.persistent_variant={variant.text()}: a grid barrier that gave up shows as "
+        "this too; without status=poison it is named)"
+    )
 
 
 @contextlib.contextmanager
