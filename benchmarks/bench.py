@@ -167,12 +167,12 @@ def model_config(
     )
 
 
-def persistent_row_facts(impl: str) -> dict:
-    """A row's persistent fields: the variant's layout, hyper placement and text (empty for
-    other impls)."""
-    if impl != persistent.NAME:
+def persistent_row_facts(config: models.ModelConfig) -> dict:
+    """The persistent fields of a row that ran ``config``: its variant's layout, hyper
+    placement and text (empty for other impls)."""
+    if config.impl != persistent.NAME:
         return {}
-    variant = persistent.parse_variant(PERSISTENT_VARIANT) or persistent.default_variant()
+    variant = persistent.variant_of(models.sequence_spec(config, platform="gpu"))
     return dict(
         persistent_layout=variant.layout,
         persistent_hyper_inside=variant.hyper_inside,
@@ -294,7 +294,7 @@ def time_row(
         command_buffer=os.environ.get("RHHJAX_COMMAND_BUFFER", "default"),
         seq_len=length,
         profile=stats.get("profile_error", trace),
-        **persistent_row_facts(impl),
+        **persistent_row_facts(config),
     )
 
 

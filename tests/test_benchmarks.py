@@ -148,16 +148,14 @@ def test_the_persistent_rows_run_and_record_the_variant_asked_for(monkeypatch):
     winner = "hyper_inside=0,layout=rowgroup,status=poison"
     monkeypatch.setattr(bench, "PERSISTENT_VARIANT", winner)
     config = bench.model_config("hyperrhn", "paper", "persistent", "bfloat16")
-    assert config.persistent_variant == winner
-    assert bench.model_config("hyperrhn", "paper", "fused", "bfloat16").persistent_variant == (
-        "default"
-    )
-    facts = bench.persistent_row_facts("persistent")
+    fused = bench.model_config("hyperrhn", "paper", "fused", "bfloat16")
+    assert (config.persistent_variant, fused.persistent_variant) == (winner, "default")
+    facts = bench.persistent_row_facts(config)
     assert facts == dict(
         persistent_layout="rowgroup", persistent_hyper_inside=False, persistent_variant=winner
     )
     assert set(facts) <= {field.name for field in dataclasses.fields(bench.Row)}
-    assert bench.persistent_row_facts("fused") == {}
+    assert bench.persistent_row_facts(fused) == {}
 
 
 def test_a_bad_persistent_variant_is_one_line_before_any_compile():

@@ -51,6 +51,11 @@ def bpc(path: str, split: str) -> float:
     return load(path)["final"][split]["windows"]["bpc"]
 
 
+def valid_and_test(path: str) -> tuple[float, float]:
+    """A run's results.json: its valid and test BPC (windows)."""
+    return bpc(path, "valid"), bpc(path, "test")
+
+
 def autotune_ms(variant: str, table: str = "") -> float:
     """The median step of one variant's row in an autotune table (AUTOTUNE by default)."""
     (row,) = [r for r in load(table or AUTOTUNE)["rows"] if r["variant"] == variant]
@@ -103,20 +108,17 @@ class Figure(NamedTuple):
 
 
 FIGURES = [
-    Figure("1.3791 / 1.3424", PTB_GPU, lambda: (bpc(PTB_GPU, "valid"), bpc(PTB_GPU, "test")),
+    Figure("1.3791 / 1.3424", PTB_GPU, lambda: valid_and_test(PTB_GPU),
            (README, LIMITATIONS, RESULTS)),
-    Figure("1.3632 / 1.3271", PTB_GPU_FAST,
-           lambda: (bpc(PTB_GPU_FAST, "valid"), bpc(PTB_GPU_FAST, "test")),
+    Figure("1.3632 / 1.3271", PTB_GPU_FAST, lambda: valid_and_test(PTB_GPU_FAST),
            (README, LIMITATIONS, RESULTS)),
     Figure("1.3384 / 1.3032", f"{FAST_PERSISTENT}/results.json",
-           lambda: (bpc(f"{FAST_PERSISTENT}/results.json", "valid"),
-                    bpc(f"{FAST_PERSISTENT}/results.json", "test")),
+           lambda: valid_and_test(f"{FAST_PERSISTENT}/results.json"),
            (README, LIMITATIONS, RESULTS)),
     Figure("29.2", f"{FAST_PERSISTENT}/metrics.jsonl", lambda: (steady_step_ms(FAST_PERSISTENT),),
            (README, LIMITATIONS, RESULTS)),
     Figure("1.3324 / 1.2964", f"{FAST_ROWGROUP}/results.json",
-           lambda: (bpc(f"{FAST_ROWGROUP}/results.json", "valid"),
-                    bpc(f"{FAST_ROWGROUP}/results.json", "test")),
+           lambda: valid_and_test(f"{FAST_ROWGROUP}/results.json"),
            (README, LIMITATIONS, RESULTS)),
     Figure("27.0", f"{FAST_ROWGROUP}/metrics.jsonl", lambda: (steady_step_ms(FAST_ROWGROUP),),
            (README, LIMITATIONS, RESULTS)),
@@ -132,7 +134,7 @@ FIGURES = [
     Figure("31.9", H200, lambda: (step_ms(H200, "persistent", "bfloat16"),),
            (README, LIMITATIONS, RESULTS)),
     Figure("40.2", H200, lambda: (step_ms(H200, "fused", "bfloat16"),), (LIMITATIONS, RESULTS)),
-    Figure("1.7188 / 1.6730", CPU_RUN, lambda: (bpc(CPU_RUN, "valid"), bpc(CPU_RUN, "test")),
+    Figure("1.7188 / 1.6730", CPU_RUN, lambda: valid_and_test(CPU_RUN),
            (README,)),
     Figure("41.0", "results/ptb_gpu/metrics.jsonl", lambda: (steady_step_ms(),), (README,)),
     Figure("41.7", BENCH, lambda: (step_ms(BENCH, "fused", "bfloat16"),), (README, DESIGN)),
