@@ -111,7 +111,7 @@ def _define_flags() -> None:
         "persistent_variant",
         persistent.DEFAULT_TEXT,
         "The persistent rows' model.persistent_variant, e.g. "
-        "hyper_inside=0,layout=rowgroup,status=poison (default: the two switches above).",
+        "hyper_inside=0,layout=rowgroup (default: the two switches above).",
     )
     flags.DEFINE_bool(
         "persistent_hyper_inside",

@@ -220,7 +220,8 @@ if [ "$MODE" = kernels ]; then
 fi
 if [ "$MODE" = check ]; then
   # A loan's first call (../shared/docs/gpu-lease.md, timeout 220 s): the persistent model's
-  # compiled tests against `scan`, the row-group layout's too (at most 110 s;
+  # compiled tests against `scan`, in the row-group layout too, with and without A multicast
+  # (at most 120 s, 12 at once; 12 tests took 75 s 8 at once in
   # results/gpu_h200_2026-11-28b.md), then the autotune table of the paper-size bf16
   # HyperRHN step with the rest: today's variant and its levers first (`persistent.LEVERS`),
   # after the first 4 compiling at once (threads);
@@ -229,7 +230,7 @@ if [ "$MODE" = check ]; then
   # AUTOTUNE_ONLY=hyper_inside=0 keeps the default and the candidates with it. Writes
   # fast_impl and fast_variant for `fast`: persistent and the winner if every model test
   # passed, else fused.
-  gpu_tests 110 tests_model.log -n 8 tests/test_ops_persistent.py
+  gpu_tests 120 tests_model.log -n 12 tests/test_ops_persistent.py
   left=$((${CHECK_SECONDS:-205} - SECONDS))  # the autotune gets what the tests left
   autotune_table "$left" $((left - 15)) bfloat16
   read -r fast_impl fast_variant < <("$PY" benchmarks/autotune_persistent.py \

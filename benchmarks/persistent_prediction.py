@@ -124,7 +124,8 @@ def layouts(dtype: str, rates: Rates, batch: int, width: int, hyper: int) -> lis
     clusters (`kernels/mosaic/rowgroup_layout.py`, ``persistent.LAYOUT = "rowgroup"``), each with
     the hyper cell inside both kernels (built, where `inside_plans` has plans), inside the
     forward only (built) and as its own launches (built; the default on the grid), and the row-group
-    clusters with TMA multicast of the A rows and the hyper cell inside both (not built)."""
+    clusters with TMA multicast of the A rows and the hyper cell inside both (not built) or,
+    where the plan leaves no room for it, as own launches (built: ``multicast=1``)."""
     out = []
     rowgroup = rowgroup_plan(dtype, batch, width)
     grids = [("grid", plan_for(batch, width, dtype), rates.barrier_us, "grid")]
@@ -150,7 +151,8 @@ def layouts(dtype: str, rates: Rates, batch: int, width: int, hyper: int) -> lis
         hyper_at = "both" if multicast is not None else "launches"
         main, hyper_plan = multicast if multicast is not None else (rowgroup, None)
         where = "inside both kernels" if multicast is not None else "as own launches"
-        name = f"{grids[1][0]}, multicast A, hyper {where} (not built)"
+        built = "not built" if multicast is not None else "built: multicast=1"
+        name = f"{grids[1][0]}, multicast A, hyper {where} ({built})"
         cols, barrier_us = rowgroup.col_blocks, CLUSTER_BARRIER_US
         out.append(Layout(name, main, cols, barrier_us, hyper_at, hyper_plan))
     return out

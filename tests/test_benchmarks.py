@@ -145,7 +145,7 @@ def test_phase_latency_is_the_time_per_extra_micro_layer(monkeypatch):
 
 
 def test_the_persistent_rows_run_and_record_the_variant_asked_for(monkeypatch):
-    winner = "hyper_inside=0,layout=rowgroup,status=poison"
+    winner = "hyper_inside=0,layout=rowgroup,multicast=1"
     monkeypatch.setattr(bench, "PERSISTENT_VARIANT", winner)
     config = bench.model_config("hyperrhn", "paper", "persistent", "bfloat16")
     fused = bench.model_config("hyperrhn", "paper", "fused", "bfloat16")

@@ -143,9 +143,10 @@ def test_with_sets_its_fields_in_every_candidate_but_todays_where_they_run(tune)
     plain = [text for text, _ in tune.candidates("paper", "bfloat16", False)]
     poisoned = [text for text, _ in tune.candidates("paper", "bfloat16", False, "status=poison")]
     assert poisoned[0] == plain[0] == "hyper_inside=0,layout=grid"  # the baseline as it is
-    assert all("status=poison" in text for text in poisoned[1:])
-    # in_flight=1 and the row-group layout met their twins among today's levers
-    assert len(poisoned) == len(set(poisoned)) == len(plain) - 2
+    # the row-group layout has no status to check (its variants keep status=host)
+    assert all(("status=poison" in text) != ("rowgroup" in text) for text in poisoned[1:])
+    # in_flight=1 met its twin among today's levers
+    assert len(poisoned) == len(set(poisoned)) == len(plain) - 1
     prefetched = [text for text, _ in tune.candidates("paper", "bfloat16", False, "prefetch=1")]
     assert "hyper_inside=1,layout=grid" in prefetched  # prefetch does not run with it: as it is
     assert "hyper_inside=0,layout=rowgroup,prefetch=1" in prefetched
@@ -165,7 +166,8 @@ def test_only_keeps_today_and_the_candidates_with_its_fields(tune):
     args = tune.parse_args(["--with=layout=rowgroup", "--only=hyper_inside=0,in_flight=0"])
     texts = [row.variant for row in tune.every_candidate(args)]
     assert texts[0] == "hyper_inside=0,layout=grid"  # today's, though not rowgroup
-    assert len(texts) > 2 and all("layout=rowgroup" in text for text in texts[1:])
+    # all in row groups but units=32, whose 32 column blocks no cluster holds: as it is
+    assert len(texts) > 2 and all(("layout=rowgroup" in t) != ("units=32" in t) for t in texts[1:])
     assert not any("in_flight=1" in t or "hyper_inside=1" in t for t in texts)
     every = tune.every_candidate(tune.parse_args(["--with=layout=rowgroup"]))
     assert any("in_flight=1" in row.variant for row in every)  # what --only left out

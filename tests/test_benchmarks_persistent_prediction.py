@@ -220,14 +220,17 @@ def test_a_calibration_file_sets_the_rates_and_one_without_them_is_one_line(tmp_
 def test_the_layouts_weighed_name_whether_they_are_built():
     """The grid and the row-group clusters, with the hyper cell inside both kernels, inside
     the forward or as own launches, are built (one of them the default, `persistent`'s
-    switches: the grid with the hyper cell as its own launches); the multicast is not; the
-    row-group plan has at most 16 column blocks in both dtypes. The f32 row-group plan (64
-    units a block) leaves no shared memory for the hyper cell inside its kernels."""
+    switches: the grid with the hyper cell as its own launches); the multicast is, with the
+    hyper cell as own launches only; the row-group plan has at most 16 column blocks in both
+    dtypes. The f32 row-group plan (64 units a block) leaves no shared memory for the hyper
+    cell inside its kernels, so its multicast layout is the built one."""
     assert (persistent.LAYOUT, persistent.HYPER_INSIDE) == ("grid", False)
-    for dtype, built in (("bfloat16", 6), ("float32", 4)):
+    for dtype, built in (("bfloat16", 6), ("float32", 5)):
         names = [layout.name for layout in pc.layouts(dtype, Rates(), 256, 1000, 128)]
         assert sum("(built" in n for n in names) == built
-        assert sum("(not built)" in n for n in names) == 1 == len(names) - built
+        assert sum("(not built)" in n for n in names) == len(names) - built == (dtype != "float32")
+        multicast = [n for n in names if "multicast A" in n]
+        assert len(multicast) == 1 and ("multicast=1" in multicast[0]) == (dtype == "float32")
         assert [n for n in names if "the default" in n] == [
             "grid, hyper as own launches (built: the default)"
         ]

@@ -234,3 +234,21 @@ def test_every_gpu_figure_of_the_summaries_is_in_the_table(doc):
         f"{doc} writes figures that tests/test_docs_figures.py's table does not source: "
         f"{unsourced} (add a row naming the results file, or correct the figure)"
     )
+
+
+def test_the_readme_counts_the_untimed_variants_of_the_autotune_tables():
+    """ "N of its M bf16 variants are untimed": M the paper bf16 step's candidates today, N
+    those that no autotune table timed (a text timed before names today's variant of it)."""
+    from rhhjax.ops import persistent
+
+    match = re.search(r"(\d+) of its (\d+) bf16 variants are untimed", normalized(README))
+    assert match, "README.md no longer counts the untimed variants"
+    candidates = persistent.variant_candidates(256, 1000, 128, "bfloat16")
+    timed = {
+        persistent.parse_variant(row["variant"])
+        for table in (AUTOTUNE, AUTOTUNE_B)
+        for row in load(table)["rows"]
+        if (row["size"], row["dtype"], row["status"]) == ("paper", "bfloat16", "ok")
+    }
+    untimed = [v for v in candidates if v not in timed]
+    assert (int(match[1]), int(match[2])) == (len(untimed), len(candidates))

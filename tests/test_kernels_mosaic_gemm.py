@@ -6,7 +6,9 @@ wgmma down to ``in_flight`` before it refills a stage, and for all after the loo
 GPU, executed in GPU interpret mode (`TestInterpret`, jax >= 0.11.2, race detector on).
 Interpret mode runs wgmma synchronously (its ``wgmma_wait`` is a no-op), so only a GPU
 checks the overlap itself. The staged form (B's first chunks loaded before A, from buffers
-that outlive one GEMM): two GEMMs in a row against ``jnp.dot``, and its traced copies."""
+that outlive one GEMM): two GEMMs in a row against ``jnp.dot``, and its traced copies; with
+A multicast in a cluster of blocks, two GEMMs a block against ``jnp.dot`` (interpret mode
+copies A to each block: only a GPU multicasts) and the traced order of a refill."""
 
 import jax
 import jax.numpy as jnp
@@ -14,6 +16,7 @@ import numpy as np
 import pytest
 from kernel_cases import MosaicGpuMode
 from rhhjax.kernels.mosaic import gemm
+from rhhjax.kernels.mosaic import interpret as gpu_interpret
 from rhhjax.kernels.mosaic.gemm import gemm_nt_to_smem
 
 ROWS, COLS, TILE_K = 64, 32, 32
@@ -150,6 +153,59 @@ def test_the_staged_loop_leaves_b_s_first_chunks_to_the_caller():
     assert len(copies) == 4  # and in the loop one refill of A and one of B
 
 
+CLUSTER = 2  # blocks sharing A in `_multicast_kernel`
+
+
+def _multicast_kernel(k_steps: int, stages: int, in_flight: int, dtype, interpret):
+    """A cluster of CLUSTER blocks along "c", two GEMMs each on the same stages with A's
+    chunks multicast: out [CLUSTER, 2, ROWS, COLS] f32, out[c, i] = A[1 - i] @ B[i * CLUSTER
+    + c]^T; a cluster barrier between the two GEMMs (`gemm_nt_staged`'s contract)."""
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    def kernel(a_g, b_g, out_g, out_s, between, **buffers):
+        staged, c = gemm.StagedOperands(**buffers), jax.lax.axis_index("c")
+        for i in range(2):
+            if i:
+                plgpu.barrier_arrive(between)
+                plgpu.barrier_wait(between)
+            gemm.gemm_nt_staged(
+                out_s.at[i], staged, a_g, b_g, 1 - i, i * CLUSTER + c, k_steps=k_steps,
+                in_flight=in_flight, b_loaded=False, multicast_axis="c",
+            )  # fmt: skip
+        plgpu.copy_smem_to_gmem(out_s, out_g.at[c])
+        plgpu.wait_smem_to_gmem(0)
+
+    return plgpu.kernel(
+        kernel,
+        out_type=jax.ShapeDtypeStruct((CLUSTER, 2, ROWS, COLS), jnp.float32),
+        scratch_types=dict(
+            out_s=plgpu.SMEM((2, ROWS, COLS), jnp.float32),
+            between=plgpu.ClusterBarrier(collective_axes=("c",)),
+            **gemm.staged_scratch(ROWS, COLS, TILE_K, stages, dtype, multicast_axis="c"),
+        ),
+        grid=(1,), grid_names=("x",), cluster=(CLUSTER,), cluster_names=("c",),
+        interpret=interpret,
+    )  # fmt: skip
+
+
+def test_a_multicast_refill_waits_for_every_block_to_free_the_stage():
+    """Traced: A's copies are collective along the cluster axis, B's are not; in the loop a
+    refill comes after the wgmma wait and after arriving at and waiting on the stage's
+    cluster barrier; without ``b_loaded`` the GEMM issues B's first chunks itself."""
+    a, b = _operands(jnp.bfloat16, 5, 0)
+    b = jnp.concatenate([b, b])  # 2 * CLUSTER column blocks
+    seq = list(_primitives(jax.make_jaxpr(_multicast_kernel(5, 2, 1, a.dtype, None))(a, b).jaxpr))
+    names = [name for name, _ in seq]
+    copies = [eqn.params["collective_axes"] for name, eqn in seq if name == "copy_gmem_to_smem"]
+    # per GEMM: B's 2 first chunks, A's 2, then the loop's refill of A and of B
+    assert copies == [None, None, ("c",), ("c",), ("c",), None] * 2, copies
+    loop = [i for i, name in enumerate(names) if name in ("scan", "while")][0]
+    in_loop = names[loop + 1 :]
+    wait, refill = in_loop.index("wgmma_wait"), in_loop.index("copy_gmem_to_smem")
+    assert in_loop[wait:refill].count("barrier_arrive") == 1
+    assert in_loop[wait:refill].count("barrier_wait") == 1
+
+
 class TestCompiled(MosaicGpuMode):
     """`gemm_nt_to_smem` in a one-block kernel against ``jnp.dot`` on fresh random
     operands. f32 runs as TF32 in a compiled wgmma: its compiled tolerance is TF32's."""
@@ -197,6 +253,29 @@ class TestCompiled(MosaicGpuMode):
                 precision=jax.lax.Precision.HIGHEST,
             )
             np.testing.assert_allclose(np.asarray(got[i]), np.asarray(want), rtol=tol, atol=tol)
+
+    def test_a_multicast_in_a_cluster_matches_jnp_dot(self, steps, dtype, in_flight):
+        """`gemm_nt_staged` with ``multicast_axis``: each block of the cluster gets the same
+        A chunks and its own B, twice on the same stages."""
+        k_steps, stages = steps
+        if stages <= in_flight:
+            pytest.skip("one wgmma in flight needs 2 stages")
+        if self.INTERPRET and (reason := gpu_interpret.cluster_too_large(CLUSTER)):
+            pytest.skip(reason)
+        a, _ = _operands(jnp.dtype(dtype), k_steps, seed=k_steps * 10 + stages + 2)
+        key = jax.random.key(k_steps * 10 + stages + 3)
+        b = jax.random.normal(key, (2 * CLUSTER * COLS, k_steps * TILE_K)).astype(dtype)
+        kernel = _multicast_kernel(k_steps, stages, in_flight, a.dtype, self.interpret())
+        got = jax.block_until_ready(jax.jit(kernel)(a, b))
+        a32, b32 = a.astype(jnp.float32), b.astype(jnp.float32)
+        tol = self.TOL[dtype]
+        for c in range(CLUSTER):
+            for i in range(2):
+                a_i = a32[(1 - i) * ROWS : (2 - i) * ROWS]
+                block = i * CLUSTER + c
+                b_i = b32[block * COLS : (block + 1) * COLS]
+                want = jnp.dot(a_i, b_i.T, precision=jax.lax.Precision.HIGHEST)
+                np.testing.assert_allclose(got[c, i], want, rtol=tol, atol=tol)
 
 
 class TestInterpret(TestCompiled):

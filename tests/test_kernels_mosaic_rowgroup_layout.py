@@ -9,7 +9,7 @@ cluster's blocks at once. The test bodies are the grid layout's
 import pytest
 import test_kernels_mosaic_persistent_backward_run as tb
 import test_kernels_mosaic_persistent_forward_run as tf
-from kernel_cases import needs_cuda, run_deviceless
+from kernel_cases import assert_no_spills, needs_cuda, run_deviceless
 from rhhjax.kernels.mosaic import rowgroup_layout
 from rhhjax.kernels.mosaic.plan import PersistentPlan, PlanError
 
@@ -25,6 +25,9 @@ class TestForwardCompiled(tf.TestCompiled):
         "hyper_own_case": [],  # the grid layout only
         "in_flight_case": [("float32", 100, 37, 3, 2, 16, 3, 2)],
         "largest_case": [],
+        # the paper bf16 plan's shape; 2 row groups of 3 (f32)
+        "multicast_case": [("bfloat16", 256, 1000, 16, 4, 64, 3, 3),
+                           ("float32", 100, 37, 3, 2, 16, 3, 2)],
     }  # fmt: skip
 
 
@@ -39,6 +42,9 @@ class TestForwardInterpret(tf.TestInterpret):
         "hyper_own_case": [],  # the grid layout only
         "in_flight_case": [("float32", 100, 37, 3, 2, 16, 3, 2)],
         "largest_case": [],
+        # 2 row groups of 3 (f32); 3 row groups of 2 (bf16)
+        "multicast_case": [("float32", 100, 37, 3, 2, 16, 3, 2),
+                           ("bfloat16", 150, 64, 2, 3, 32, 2, 2)],
     }  # fmt: skip
 
 
@@ -52,6 +58,10 @@ class TestBackwardCompiled(tb.TestCompiled):
         "hyper_own_case": [],  # the grid layout only
         "in_flight_case": [((100, 37, "float32", 3, 2, 32), 2, 3, False, True)],
         "largest_case": [],
+        "multicast_case": [
+            ((256, 1000, "bfloat16", 16, 4, 64, 3), 3, 2, True, True),  # the paper bf16 plan
+            ((100, 37, "float32", 3, 2, 32), 2, 3, False, True),
+        ],
     }
 
 
@@ -65,6 +75,10 @@ class TestBackwardInterpret(tb.TestInterpret):
         "hyper_own_case": [],  # the grid layout only
         "in_flight_case": [((100, 37, "float32", 3, 2, 32), 2, 3, False, True)],
         "largest_case": [],
+        "multicast_case": [
+            ((100, 37, "float32", 3, 2, 32), 2, 3, False, True),  # 2 row groups of 3
+            ((150, 64, "bfloat16", 2, 3, 32), 3, 2, True, True),  # 3 row groups of 2, dz too
+        ],
     }  # fmt: skip
 
 
@@ -91,7 +105,8 @@ def test_the_grid_layout_is_grid_barriers_functions():
 
 
 _COMPILE = """
-import json
+import json, os
+os.environ["MOSAIC_GPU_DUMP_PTX"] = "1"
 from hlo import deviceless as g
 g.set_deviceless_env(log_ptxas=False)
 import jax, jax.numpy as jnp
@@ -102,8 +117,8 @@ rep = jax.sharding.NamedSharding(g.h100_mesh(), jax.sharding.PartitionSpec())
 def sds(shape, dtype=jnp.float32):
     return jax.ShapeDtypeStruct(shape, dtype, sharding=rep)
 rows = []
-for fields, steps, depth in {cases!r}:
-    plan = PersistentPlan(*fields)
+for fields, levers, steps, depth in {cases!r}:
+    plan = PersistentPlan(*fields, **levers)
     phases, b, n, k = steps * depth, plan.b_pad, plan.n_pad, plan.k_pad
     mm = jnp.dtype(plan.dtype)
     fwd = (sds((depth * 2 * n, k), mm), sds((b, n)), sds((steps, b, 2, plan.z_width)),
@@ -130,13 +145,23 @@ print(json.dumps(rows))
 @needs_cuda
 def test_the_paper_rowgroup_plans_lower_and_compile_for_an_h100_without_a_gpu(tmp_path):
     """Both kernels at the paper's row-group plans (bf16 4 x 16; f32 4 x 16 at k_chunk 32,
-    2 stages), as clusters of 16 with their fenced cluster barrier and no grid semaphore."""
+    2 stages), as clusters of 16 with their fenced cluster barrier and no grid semaphore,
+    and with A multicast in the cluster (one wgmma in flight too), without spills."""
+    bf16, f32 = (256, 1000, "bfloat16", 16, 4, 64, 3), (256, 1000, "float32", 16, 4, 32, 2)
     cases = [
-        ((256, 1000, "bfloat16", 16, 4, 64, 3), 3, 7),
-        ((256, 1000, "float32", 16, 4, 32, 2), 2, 7),
+        (bf16, {}, 3, 7),
+        (f32, {}, 2, 7),
+        (bf16, dict(multicast_a=True), 3, 7),
+        (bf16, dict(multicast_a=True, wgmma_in_flight=1), 3, 7),
+        (f32, dict(multicast_a=True), 2, 7),
     ]
-    rows, _ = run_deviceless(_COMPILE.format(cases=cases), tmp_path)
-    assert rows == [[[True, True, True]] * 2] * 2, rows
+    rows, reports = run_deviceless(_COMPILE.format(cases=cases), tmp_path)
+    assert rows == [[[True, True, True]] * 2] * len(cases), rows
+    assert len(reports) == 2 * len(cases), len(reports)
+    assert_no_spills(reports)
+    ptx = [path.read_text() for path in (tmp_path / "ptxas").glob("*.ptx")]
+    multicasts = sum("multicast::cluster" in text for text in ptx)
+    assert (len(ptx), multicasts) == (2 * len(cases), 2 * 3), (len(ptx), multicasts)
 
 
 @pytest.mark.parametrize(

@@ -275,18 +275,24 @@ def test_the_paper_backward_recomputes_z_at_the_stages_its_shared_memory_allows(
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_the_paper_variant_candidates_are_runnable_distinct_and_today_first(dtype):
-    """`variant_candidates`: today's variant first, each accepted by the plans' own checks
+    """`variant_candidates`: today's variant first, then today's with each lever that makes
+    another run (f32's plan already has 32 units), each accepted by the plans' own checks
     (both kernels, the layout, the hyper cell inside where asked) and running other plans."""
     found = persistent.variant_candidates(256, 1000, 128, dtype)
     assert found[0] == persistent.PersistentVariant() == persistent.default_variant()
-    levers = [dataclasses.replace(found[0], **lever) for lever in persistent.LEVERS]
-    assert found[1 : 1 + len(levers)] == levers  # today's levers are timed first
     plans = [persistent.variant_plans(v, 256, 1000, 128, dtype) for v in found]
-    runs = {(p, v.status, v.hyper_blocks) for p, v in zip(plans, found, strict=True)}
-    assert len(set(found)) == len(found) == len(runs) > 4
-    assert [p[0] for p in plans[:7]] == ["grid", "rowgroup"] + ["grid"] * 5
-    assert [p[1].wgmma_in_flight for p in plans[:7]] == [0, 0, 0, 1, 1, 0, 1]
-    assert [p[1].prefetch_weights for p in plans[:7]] == [False] * 5 + [True] * 2
+    runs = [(p, v.status, v.hyper_blocks) for p, v in zip(plans, found, strict=True)]
+    assert len(set(found)) == len(found) == len(set(runs)) > 4
+    levers = [dataclasses.replace(found[0], **lever) for lever in persistent.LEVERS]
+    today = runs[0][0][1]
+    kept = [v for v in levers if v.units != today.units]  # a lever of today's units: a twin
+    assert found[1 : 1 + len(kept)] == kept  # today's levers are timed first
+    assert len(kept) == len(levers) - (dtype == "float32")
+    for variant, (layout, main, *_) in zip(kept, plans[1:], strict=False):
+        assert layout == variant.layout and main.wgmma_in_flight == variant.in_flight
+        assert (main.prefetch_weights, main.multicast_a) == (variant.prefetch, variant.multicast)
+        if variant.units:  # 32 units: 4 x 32 blocks, 128 of an H100's 132 SMs
+            assert (main.units_per_block, main.grid) == (variant.units, 128)
     for variant, (layout, main, hyper, *joint) in zip(found, plans, strict=True):
         assert layout == variant.layout and bool(joint) == variant.hyper_inside
         for plan in (main, hyper):
@@ -338,6 +344,9 @@ def test_by_default_the_variant_is_todays_the_module_switches():
         ("in_flight=2", "must be 0 or 1"),
         ("prefetch=2", "must be 0 or 1"),
         ("hyper_inside=1,prefetch=1", "runs the hyper cell apart"),
+        ("multicast=1", "needs layout=rowgroup"),
+        ("units=6", "must be >= 4 and a multiple of 4"),
+        ("hyper_inside=1,layout=rowgroup,multicast=1", "runs the hyper cell apart"),
         ("hyper_blocks=many", "is not one of"),
         ("hyper_blocks=own", "needs hyper_inside=1 and layout=grid"),
         ("status=later", "is not one of"),
@@ -351,6 +360,14 @@ def test_a_bad_variant_is_one_config_error_line_before_anything_is_built(text, w
         models.ModelConfig.from_config({"impl": "persistent", "persistent_variant": text})
     line = str(error.value)
     assert line.startswith(f"model.persistent_variant={text!r} ") and "\n" not in line
+
+
+def test_a_variant_of_too_many_blocks_is_one_plan_error_line():
+    """8 units a block: 4 x 125 blocks, over an H100's SMs (the plans' own check)."""
+    variant = persistent.parse_variant("units=8")
+    with pytest.raises(PlanError, match="units=8") as error:
+        persistent.variant_plans(variant, 256, 1000, 128, "bfloat16")
+    assert "\n" not in str(error.value)
 
 
 def test_a_variant_whose_pipeline_does_not_fit_is_one_plan_error_line():
@@ -383,6 +400,23 @@ def test_a_poisoned_status_check_makes_its_output_nan_without_the_host(monkeypat
     host_spec = models.sequence_spec(models.ModelConfig(impl="persistent"), platform="gpu")
     out, _ = persistent._checked(host_spec, (value, gave_up), 0, "forward")
     assert out is value and host == ["evaluation", "forward"]
+
+
+@pytest.mark.parametrize("text", ["layout=rowgroup", "layout=rowgroup,status=poison"])
+def test_the_row_group_layout_has_no_status_to_check(text, monkeypatch):
+    """Its cluster barriers cannot give up (the kernels' status stays 0): no host check, no
+    poison, and ``status=poison`` names the same variant as without it."""
+    host = []
+    monkeypatch.setattr(persistent.grid_barrier, "check_status", lambda s, n: host.append(n))
+    variant = persistent.parse_variant(text)
+    assert variant == persistent.parse_variant("layout=rowgroup") and not variant.poisons()
+    assert variant.text() == "hyper_inside=0,layout=rowgroup"
+    config = models.ModelConfig(impl="persistent", persistent_variant=text)
+    rowgroup = models.sequence_spec(config, platform="gpu")
+    value, status = jnp.arange(4.0), jnp.zeros(3, jnp.int32)
+    for poisoned in (0, None):
+        out, _ = persistent._checked(rowgroup, (value, status), poisoned, "forward")
+        assert out is value and not host
 
 
 def _tiny_hyperrhn(dtype: str = "float32"):
@@ -483,6 +517,17 @@ class HyperInsideMatchesScan(KernelModelMatchesScan):
         kernels = {("persistent_forward", "own"), ("persistent_backward", "own")}
         assert set(calls) == kernels
 
+    def test_a_plan_of_more_blocks_matches_scan(self, lever_case, monkeypatch):
+        """``units=16``: every cell's plan at 16 units a block (GPU interpret mode's own plan
+        here is 2 blocks of 32)."""
+        hidden, hyper_hidden, _, batch, *_ = lever_case
+        variant = "units=16"
+        spec = self.model(models.ModelConfig(impl=self.IMPL, persistent_variant=variant)).spec
+        plans = [persistent._plan_of(spec, batch, n) for n in (hidden, hyper_hidden)]
+        assert [plan.units_per_block for plan in plans] == [16, 16]
+        assert plans[0].col_blocks == hidden // 16
+        self._matches_scan(lever_case, monkeypatch, variant, inside=False)
+
     def test_weights_loaded_before_the_barrier_match_scan(self, lever_case, monkeypatch):
         """``prefetch=1`` (each cell's own kernels, the hyper cell apart) with one wgmma
         group in flight: the same loss and gradients."""
@@ -498,7 +543,7 @@ class HyperInsideMatchesScan(KernelModelMatchesScan):
         config = models.ModelConfig(**base, impl=self.IMPL, persistent_variant=variant)
         model = self.model(config)
         assert recurrence.hyper_inside(model.spec, batch, hidden, hyper_hidden) == inside
-        if not inside:
+        if "prefetch=1" in variant:
             plans = [persistent._plan_of(model.spec, batch, n) for n in (hidden, hyper_hidden)]
             assert all(plan.prefetch_weights for plan in plans)
         elif "stages=2" in variant:
@@ -541,7 +586,7 @@ class RowgroupLayout:
     as the first of today's levers runs them (`persistent.LEVERS`, the fastest timed), at the
     model cases of the two layouts' differences: several row groups (batch 4-5)."""
 
-    VARIANT = "hyper_inside=0,layout=rowgroup,status=poison"
+    VARIANT = "hyper_inside=0,layout=rowgroup"
 
     # GPU interpret mode's row-group plans (the fewest blocks: one of 64 units at these sizes)
     # leave no shared memory for the hyper cell beside the main one: it runs as its own
@@ -560,9 +605,19 @@ class RowgroupLayout:
         return model
 
 
-def test_the_row_group_classes_run_the_first_lever():
-    first = dataclasses.replace(persistent.PersistentVariant(), **persistent.LEVERS[0])
-    assert RowgroupLayout.VARIANT == first.text()
+class MulticastRowgroup(RowgroupLayout):
+    """The same with each main-GEMM A chunk multicast to its row group's cluster (the
+    second lever): interpret mode copies it to each block, so only a GPU multicasts."""
+
+    VARIANT = "hyper_inside=0,layout=rowgroup,multicast=1"
+
+
+def test_the_row_group_classes_run_the_first_two_levers():
+    first, second = (
+        dataclasses.replace(persistent.PersistentVariant(), **lever)
+        for lever in persistent.LEVERS[:2]
+    )
+    assert (RowgroupLayout.VARIANT, MulticastRowgroup.VARIANT) == (first.text(), second.text())
 
 
 class TestPersistentCompiledRowgroup(RowgroupLayout, TestPersistentCompiled):
@@ -571,6 +626,14 @@ class TestPersistentCompiledRowgroup(RowgroupLayout, TestPersistentCompiled):
 
 class TestPersistentInterpretRowgroup(RowgroupLayout, TestPersistentInterpret):
     """The row-group layout in GPU interpret mode."""
+
+
+class TestPersistentCompiledMulticast(MulticastRowgroup, TestPersistentCompiled):
+    """A multicast in the row-group layout, compiled."""
+
+
+class TestPersistentInterpretMulticast(MulticastRowgroup, TestPersistentInterpret):
+    """A multicast in the row-group layout, in GPU interpret mode."""
 
 
 def test_row_group_interpret_plans_keep_the_hyper_cell_apart(monkeypatch, hyper_inside):
@@ -627,16 +690,19 @@ def test_paper_hyperrhn_training_step_lowers_and_compiles_for_an_h100_without_a_
 
 @pytest.mark.gpu_compile
 @needs_cuda
-def test_the_fastest_timed_variant_compiles_the_paper_step_for_an_h100_without_a_gpu(tmp_path):
-    """The first of today's levers (`persistent.LEVERS`: the row-group layout with the status
-    poisoned, the fastest timed) at the paper's HyperRHN step, bf16 and f32, deviceless:
-    each cell's forward and backward kernels apart, no register spill."""
+@pytest.mark.parametrize("lever", [0, 1, 2])
+def test_the_first_levers_compile_the_paper_step_for_an_h100_without_a_gpu(tmp_path, lever):
+    """The first three of today's levers (`persistent.LEVERS`: the row-group layout, the
+    fastest timed; with A multicast; 32 units a block, 128 blocks) at the paper's HyperRHN
+    step, bf16 and f32, deviceless: each cell's forward and backward kernels apart, no
+    register spill."""
     dtypes = ["bfloat16", "float32"]
-    variant = persistent.variant_candidates(256, 1000, 128, "bfloat16")[1]
-    assert (variant.layout, variant.status) == ("rowgroup", "poison")
+    variant = dataclasses.replace(persistent.PersistentVariant(), **persistent.LEVERS[lever])
+    assert variant in persistent.variant_candidates(256, 1000, 128, "bfloat16")
     # "rowgroup": kernels/mosaic/rowgroup_layout.py in the kernels' source locations (the
     # grid layout's HLO names it nowhere)
-    kernels = ["persistent_highway_forward", "persistent_highway_backward", "rowgroup"]
+    kernels = ["persistent_highway_forward", "persistent_highway_backward"]
+    kernels += ["rowgroup"] * (variant.layout == "rowgroup")
     overrides = {"model.persistent_variant": variant.text()}
     rows, reports = compile_paper_step("persistent", dtypes, kernels, tmp_path, "", overrides)
     for row, dtype in zip(rows, dtypes, strict=True):

@@ -10,6 +10,7 @@ import pytest
 from helpers import tiny_run_config, write_text
 
 from rhhjax import models
+from rhhjax.ops import persistent
 from rhhjax.train import autotune, trainer
 from rhhjax.train import step as step_lib
 from rhhjax.train.config import default_train_config
@@ -47,9 +48,18 @@ def test_candidates_start_with_autos_pick_then_every_persistent_variant():
     found = autotune.candidates(PAPER_BF16, 256)
     assert found[0] == autotune.Candidate("fused")
     assert found[1] == autotune.Candidate("persistent", "hyper_inside=0,layout=grid")
-    fastest = "hyper_inside=0,layout=rowgroup,status=poison"  # the fastest timed, next
+    fastest = "hyper_inside=0,layout=rowgroup"  # the fastest timed, next
     assert found[2] == autotune.Candidate("persistent", fastest)
     assert len(found) == 23 and len(set(found)) == 23
+
+
+def test_candidates_leave_out_the_variants_no_gpu_has_tested():
+    """`persistent.UNTESTED_ON_A_GPU` (multicast=1): timed in a loan, not in a user's run."""
+    variants = persistent.variant_candidates(256, 1000, 128, "bfloat16")
+    untested = [v.text() for v in variants if v.multicast]
+    found = [c.variant for c in autotune.candidates(PAPER_BF16, 256)]
+    assert untested and not set(untested) & set(found)
+    assert len(found) == 1 + len(variants) - len(untested)
 
 
 def test_models_persistent_cannot_run_have_autos_pick_alone():

@@ -1,7 +1,8 @@
 """The K loop every Mosaic GPU kernel here shares: one block's f32 tile of ``A @ B^T``
 through a ``stages``-deep TMA pipeline into a wgmma accumulator, stored to shared memory.
 ``in_flight`` 1 keeps one K chunk's wgmma running under the next one's issue; the staged
-form loads B's first chunks early, from the caller's buffers."""
+form loads B's first chunks early, from the caller's buffers, and can multicast A's chunks
+to the blocks of a cluster."""
 
 from __future__ import annotations
 
@@ -80,21 +81,29 @@ class StagedOperands:
     b: Any  # [stages, cols, tile_k]
     a_bar: Any  # [stages] mbarriers
     b_bar: Any
+    a_free: Any = None  # [stages] cluster barriers: every block read the A slot (multicast)
 
     @property
     def stages(self) -> int:
         return self.a.shape[0]
 
 
-def staged_scratch(rows: int, cols: int, tile_k: int, stages: int, dtype) -> dict:
-    """The scratch types of `StagedOperands`, by field name."""
+def staged_scratch(
+    rows: int, cols: int, tile_k: int, stages: int, dtype, multicast_axis: str | None = None
+) -> dict:
+    """The scratch types of `StagedOperands`, by field name; with ``multicast_axis`` (a
+    cluster axis) A's chunks are multicast to the blocks along it."""
     smem = functools.partial(plgpu.SMEM, dtype=dtype, transforms=wgmma_transforms(tile_k, dtype))
-    return dict(
+    types = dict(
         a=smem((stages, rows, tile_k)),
         b=smem((stages, cols, tile_k)),
         a_bar=plgpu.Barrier(num_barriers=stages),
         b_bar=plgpu.Barrier(num_barriers=stages),
     )
+    if multicast_axis is not None:
+        bar = plgpu.ClusterBarrier(collective_axes=(multicast_axis,), num_barriers=stages)
+        types["a_free"] = bar
+    return types
 
 
 def _chunk(gmem, block: jax.Array | int, k: jax.Array | int, tile):
@@ -102,10 +111,11 @@ def _chunk(gmem, block: jax.Array | int, k: jax.Array | int, tile):
     return gmem.at[pl.ds(block * rows, rows), pl.ds(k * tile_k, tile_k)]
 
 
-def _load(staged: StagedOperands, operand: str, gmem, block, k) -> None:
+def _load(staged: StagedOperands, operand: str, gmem, block, k, multicast_axis=None) -> None:
     tiles, bars = getattr(staged, operand), getattr(staged, f"{operand}_bar")
     slot = jax.lax.rem(k, staged.stages)
-    plgpu.copy_gmem_to_smem(_chunk(gmem, block, k, tiles.at[0]), tiles.at[slot], bars.at[slot])
+    src = _chunk(gmem, block, k, tiles.at[0])
+    plgpu.copy_gmem_to_smem(src, tiles.at[slot], bars.at[slot], collective_axes=multicast_axis)
 
 
 def load_b_chunks(staged: StagedOperands, b_gmem, b_block: jax.Array | int, k_steps: int) -> None:
@@ -130,12 +140,21 @@ def gemm_nt_staged(
     *,
     k_steps: int,
     in_flight: int = 0,
+    b_loaded: bool = True,
+    multicast_axis: str | None = None,
 ) -> None:
-    """`gemm_nt_to_smem` on ``staged``, whose B chunks `load_b_chunks` has issued."""
+    """`gemm_nt_to_smem` on ``staged``, whose B chunks `load_b_chunks` has issued if
+    ``b_loaded``. With ``multicast_axis`` every block along that cluster axis runs this
+    GEMM with the same A rows, and each A chunk is loaded once for all of them: a slot is
+    refilled once every block has read it (``staged.a_free``). The cluster must not read
+    the A slots between two such GEMMs without a cluster barrier."""
     stages = staged.stages
     _check_in_flight(in_flight, stages)
+    if not b_loaded:
+        load_b_chunks(staged, b_gmem, b_block, k_steps)
+    load_a = functools.partial(_load, staged, "a", a_gmem, a_block, multicast_axis=multicast_axis)
     for k in range(min(stages, k_steps)):
-        _load(staged, "a", a_gmem, a_block, k)
+        load_a(k)
 
     def accumulate(acc):
         def k_step(k, carry):
@@ -148,7 +167,11 @@ def gemm_nt_staged(
 
             @pl.when(jnp.logical_and(k >= in_flight, refill < k_steps))
             def _():
-                _load(staged, "a", a_gmem, a_block, refill)
+                if multicast_axis is not None:  # the blocks along it read the slot too
+                    free = staged.a_free.at[jax.lax.rem(refill, stages)]
+                    plgpu.barrier_arrive(free)
+                    plgpu.barrier_wait(free)
+                load_a(refill)
                 _load(staged, "b", b_gmem, b_block, refill)
 
             return carry

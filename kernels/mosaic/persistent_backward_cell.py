@@ -22,7 +22,11 @@ from rhhjax.kernels.mosaic import gemm, keep_mask
 from rhhjax.kernels.mosaic import persistent_forward as pf
 from rhhjax.kernels.mosaic import persistent_slots as slots
 from rhhjax.kernels.mosaic.backward import _gate_backward
-from rhhjax.kernels.mosaic.persistent_cell import staged_operands, wait_for_all_but
+from rhhjax.kernels.mosaic.persistent_cell import (
+    multicast_axis,
+    staged_operands,
+    wait_for_all_but,
+)
 from rhhjax.kernels.mosaic.plan import PersistentPlan
 
 
@@ -85,7 +89,7 @@ class BackwardCell:
     def abandon(self, fail_at) -> None:
         """With ``fail_at`` nonzero (grid barrier ``fail_at - 1`` failed): waits for the
         weight loads of the first phase that did not run, if it has them."""
-        if self.staged is not None:
+        if self.plan.prefetch_weights:
             pending = jnp.logical_and(fail_at >= 2, fail_at <= self.phases)
             pl.when(pending)(lambda: gemm.wait_b_chunks(self.staged, self.k_steps))
 
@@ -192,7 +196,8 @@ class BackwardCell:
             else:
                 gemm.gemm_nt_staged(
                     acc, staged, a_mm, w, a_block, w_block, k_steps=self.k_steps,
-                    in_flight=plan.wgmma_in_flight,
+                    in_flight=plan.wgmma_in_flight, b_loaded=plan.prefetch_weights,
+                    multicast_axis=multicast_axis(plan),
                 )  # fmt: skip
 
         @pl.when(last)
@@ -200,7 +205,7 @@ class BackwardCell:
             acc[...] = jnp.zeros(acc.shape, F32)
             plgpu.commit_smem()
 
-        if staged is not None:  # phase p - 1's weights, under this epilogue and the barrier
+        if plan.prefetch_weights:  # phase p - 1's weights, under this epilogue and the barrier
 
             @pl.when(p >= 1)
             def _():

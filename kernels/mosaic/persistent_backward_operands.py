@@ -94,7 +94,7 @@ def backward_smem_bytes(
     recomputed) or ``hyper_plan`` (the hyper cell inside)."""
     rows, u, item = plan.rows_per_block, plan.units_per_block, plan.itemsize
     stages = min(plan.stages, max(2 * plan.n_pad // plan.k_chunk, 1))
-    if plan.prefetch_weights:
+    if plan.staged:
         stages = plan.staged_stages(2 * plan.n_pad // plan.k_chunk)
     n_in = len(input_names(has_z, scales_plan is not None))
     tile = rows * u * 4
@@ -115,7 +115,7 @@ def backward_smem_bytes(
     pipelines = [[s * rows * k * item, s * b * k * item] for k, s, b in gemms]
     pipeline = max(pipelines, key=lambda b: sum(map(_align, b)))
     # One set of mbarriers per distinct stage count.
-    barriers += sum({s for _, s, _ in gemms}) + stages * plan.prefetch_weights
+    barriers += sum({s for _, s, _ in gemms}) + stages * (plan.staged + plan.multicast_a)
     allocations = (
         *pipeline,
         *hyper_alloc,
@@ -161,8 +161,8 @@ def check_plan(
             f"persistent backward recomputes z with the hyper plan's rows: {scales_plan} has "
             f"other rows than {plan}."
         )
-    if plan.prefetch_weights and (scales_plan or hyper_plan) is not None:
-        raise PlanError("persistent backward: prefetch_weights runs the hyper cell apart.")
+    if plan.staged and (scales_plan or hyper_plan) is not None:
+        raise PlanError(f"persistent backward: {plan.staged_levers()} runs the hyper cell apart.")
     if hyper_plan is not None:
         same = (hyper_plan.rows_per_block, hyper_plan.b_pad) == (plan.rows_per_block, plan.b_pad)
         if not same or hyper_plan.col_blocks > plan.col_blocks or not has_z:

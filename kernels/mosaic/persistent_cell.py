@@ -18,7 +18,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 from rhhjax.kernels.layout import F32
 from rhhjax.kernels.mosaic import forward as mf
-from rhhjax.kernels.mosaic import gemm, keep_mask
+from rhhjax.kernels.mosaic import gemm, keep_mask, rowgroup_layout
 from rhhjax.kernels.mosaic import persistent_slots as slots
 from rhhjax.kernels.mosaic.plan import (
     PersistentPlan,
@@ -50,7 +50,7 @@ class Cell:
     r: Any
     g: Any
     fill_z: Callable | None = None
-    staged: gemm.StagedOperands | None = None  # with plan.prefetch_weights
+    staged: gemm.StagedOperands | None = None  # with plan.staged
 
     @property
     def phases(self) -> int:
@@ -68,7 +68,7 @@ class Cell:
     def abandon(self, code, first_barrier: int) -> None:
         """With status ``code`` nonzero (grid barrier ``code - 1`` failed): waits for the
         weight loads of the first phase that did not run, if it has them."""
-        if self.staged is not None:
+        if self.plan.prefetch_weights:
             skipped = code - first_barrier
             pending = jnp.logical_and(code != 0, skipped < self.phases)
             pl.when(pending)(lambda: gemm.wait_b_chunks(self.staged, self.k_steps))
@@ -98,7 +98,7 @@ class Cell:
             plgpu.copy_smem_to_gmem(self.cast, self.refs["s_mm"].at[row_sl, unit_sl])
 
         plgpu.wait_smem_to_gmem(0)
-        if self.staged is not None:
+        if self.plan.prefetch_weights:
             self.load_weights(0)
 
     def _sources(self, t, layer) -> dict:
@@ -160,11 +160,13 @@ class Cell:
                 tile_k=plan.k_chunk, k_steps=self.k_steps, stages=plan.stages,
                 in_flight=plan.wgmma_in_flight,
             )  # fmt: skip
-        else:  # the next phase's weights load under this epilogue and the grid barrier
+        else:
             gemm.gemm_nt_staged(
                 self.pre, self.staged, refs["s_mm"], refs["w"], a_row, w_row,
                 k_steps=self.k_steps, in_flight=plan.wgmma_in_flight,
+                b_loaded=plan.prefetch_weights, multicast_axis=multicast_axis(plan),
             )  # fmt: skip
+        if plan.prefetch_weights:  # the next phase's weights, under this epilogue and barrier
             pl.when(p + 1 < phases)(lambda: self.load_weights(p + 1))
         each_input(lambda slot, name: plgpu.barrier_wait(bar.at[slot]))
         if has_mask:
@@ -238,18 +240,25 @@ class Cell:
         return late
 
 
+def multicast_axis(plan: PersistentPlan) -> str | None:
+    """The cluster axis the main GEMM's A chunks are multicast along, or None."""
+    return rowgroup_layout.COL if plan.multicast_a else None
+
+
 def staged_scratch(plan: PersistentPlan, cols: int, k_steps: int, mm_dtype) -> dict:
-    """With ``plan.prefetch_weights`` the main GEMM's stage buffers (B rows ``cols``) as
-    scratch types named ``stage_*``; else none."""
-    if not plan.prefetch_weights:
+    """With ``plan.staged`` the main GEMM's stage buffers (B rows ``cols``) as scratch
+    types named ``stage_*``; else none."""
+    if not plan.staged:
         return {}
     stages = plan.staged_stages(k_steps)
-    buffers = gemm.staged_scratch(plan.rows_per_block, cols, plan.k_chunk, stages, mm_dtype)
+    buffers = gemm.staged_scratch(
+        plan.rows_per_block, cols, plan.k_chunk, stages, mm_dtype, multicast_axis(plan)
+    )
     return {f"stage_{name}": buffer for name, buffer in buffers.items()}
 
 
 def staged_operands(sc: dict) -> gemm.StagedOperands | None:
-    """The `scratch` buffers of ``prefetch_weights``, or None."""
+    """The `scratch` buffers of ``plan.staged``, or None."""
     buffers = {k.removeprefix("stage_"): v for k, v in sc.items() if k.startswith("stage_")}
     return gemm.StagedOperands(**buffers) if buffers else None
 

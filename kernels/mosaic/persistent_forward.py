@@ -217,8 +217,9 @@ def persistent_forward(
         if z is not None:
             raise PlanError("persistent forward: pass z or the hyper cell, not both.")
         check_hyper(plan, hyper, steps, depth)
-        if plan.prefetch_weights or hyper.plan.prefetch_weights:
-            raise PlanError("persistent forward: prefetch_weights runs the hyper cell apart.")
+        if plan.staged or hyper.plan.staged:
+            levers = (plan if plan.staged else hyper.plan).staged_levers()
+            raise PlanError(f"persistent forward: {levers} runs the hyper cell apart.")
     hyper_plan = None if hyper is None else hyper.plan
     own = check_hyper_blocks(plan, hyper_plan, hyper_blocks, layout, interpret)
     rowgroup_layout.check(plan, layout, interpret)

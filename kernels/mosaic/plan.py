@@ -77,6 +77,8 @@ class PersistentPlan:
     ``wgmma_in_flight``: 1 leaves one K chunk's wgmma running (`gemm.gemm_nt_to_smem`).
     ``prefetch_weights``: the main GEMM's first weight chunks of a phase load before the
     grid barrier that ends the phase before (`gemm.gemm_nt_staged`; the hyper cell apart).
+    ``multicast_a``: each A chunk of the main GEMM is loaded once per row-group cluster and
+    multicast to its blocks (the row-group layout only; the hyper cell apart).
     """
 
     batch: int
@@ -91,6 +93,7 @@ class PersistentPlan:
     units: int | None = None
     wgmma_in_flight: int = 0
     prefetch_weights: bool = False
+    multicast_a: bool = False
 
     def __post_init__(self):
         for name in ("batch", "width", "col_blocks", "row_blocks", "k_chunk", "stages"):
@@ -171,6 +174,15 @@ class PersistentPlan:
     def itemsize(self) -> int:
         return jnp.dtype(self.dtype).itemsize
 
+    @property
+    def staged(self) -> bool:
+        """Whether the main GEMM runs `gemm.gemm_nt_staged` (not `gemm.gemm_nt_to_smem`)."""
+        return self.prefetch_weights or self.multicast_a
+
+    def staged_levers(self) -> str:
+        """The fields that make it `staged`, for an error line."""
+        return " and ".join(f for f in ("prefetch_weights", "multicast_a") if getattr(self, f))
+
     def staged_stages(self, k_steps: int) -> int:
         """Stages of `gemm.StagedOperands` for a K loop of ``k_steps`` chunks."""
         return max(min(self.stages, k_steps), self.wgmma_in_flight + 1)
@@ -198,7 +210,7 @@ class PersistentPlan:
         ]
         pre = rows * self.cols_per_block * 4
         buffers = [rows * units * 4, slots * rows * units * 4, rows * units * item]
-        barriers = self.stages * (1 + self.prefetch_weights)
+        barriers = self.stages * (1 + self.staged + self.multicast_a)
         barriers += len(forward_inputs(has_z or z_inside, z_inside)) + has_mask
         if z_inside:
             h_units, h_chunk = hyper.units_per_block, hyper.k_chunk

@@ -23,6 +23,8 @@ def check(plan: PersistentPlan, layout: str, interpret: Any) -> None:
     """PlanError unless ``layout`` is known and can run ``plan``."""
     if layout not in LAYOUTS:
         raise PlanError(f"persistent layout {layout!r} is not one of {LAYOUTS}")
+    if plan.multicast_a and layout != "rowgroup":
+        raise PlanError(f"persistent multicast_a needs layout 'rowgroup', got {layout!r}")
     if layout == "grid":
         if interpret is not None:
             plan.check_interpretable()

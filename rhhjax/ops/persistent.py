@@ -33,6 +33,7 @@ from rhhjax.ops.persistent_cost import (
     check_runnable,
     inside_plans,
     plan_for,
+    plan_with_units,
     predicted_phase_us,
 )
 
@@ -81,9 +82,14 @@ PIPELINES = ((None, None), (2, None), (3, None), (4, None), (4, 32), (6, 32), (2
 # Today's variant with each of these is timed right after it (`variant_candidates`), the
 # fastest timed so far first (docs/persistent_design.md, "Autotuning the variant").
 LEVERS = (
-    dict(layout="rowgroup", status="poison"), dict(status="poison"), dict(in_flight=1),
-    dict(in_flight=1, status="poison"), dict(prefetch=1), dict(prefetch=1, in_flight=1),
+    dict(layout="rowgroup"), dict(layout="rowgroup", multicast=1), dict(units=32),
+    dict(status="poison"), dict(in_flight=1), dict(in_flight=1, status="poison"),
+    dict(prefetch=1), dict(prefetch=1, in_flight=1),
 )  # fmt: skip
+
+# Variant fields whose kernels have not passed a compiled test on a GPU: the trainer's
+# autotune leaves out variants that set them (a loan's `gpu_suite.sh check` times them).
+UNTESTED_ON_A_GPU = ("multicast",)
 
 
 class VariantError(UserError):
@@ -102,22 +108,27 @@ class PersistentVariant:
     stages: int | None = None
     k_chunk: int | None = None
     in_flight: int = 0
-    status: str = "host"
+    status: str = "host"  # the row-group layout's is always this (it has none to check)
     prefetch: int = 0
     hyper_blocks: str = "shared"
+    multicast: int = 0
+    units: int | None = None  # per block of every plan (None: the plan's own)
 
     def __post_init__(self):
         if self.layout not in rowgroup_layout.LAYOUTS:
             raise VariantError(f"layout={self.layout!r} is not one of {rowgroup_layout.LAYOUTS}")
-        for name, low, multiple in (("stages", 1, 1), ("k_chunk", 8, 8)):
+        for name, low, multiple in (("stages", 1, 1), ("k_chunk", 8, 8), ("units", 4, 4)):
             value = getattr(self, name)
             if value is not None and (value < low or value % multiple):
                 raise VariantError(f"{name}={value} must be >= {low} and a multiple of {multiple}")
-        for name in ("in_flight", "prefetch"):
+        for name in ("in_flight", "prefetch", "multicast"):
             if getattr(self, name) not in (0, 1):
                 raise VariantError(f"{name}={getattr(self, name)} must be 0 or 1")
-        if self.prefetch and self.hyper_inside:
-            raise VariantError("prefetch=1 runs the hyper cell apart (hyper_inside=0)")
+        if (self.prefetch or self.multicast) and self.hyper_inside:
+            lever = "prefetch" if self.prefetch else "multicast"
+            raise VariantError(f"{lever}=1 runs the hyper cell apart (hyper_inside=0)")
+        if self.multicast and self.layout != "rowgroup":
+            raise VariantError("multicast=1 needs layout=rowgroup (a cluster per row group)")
         if self.hyper_blocks not in pf.HYPER_BLOCKS:
             raise VariantError(
                 f"hyper_blocks={self.hyper_blocks!r} is not one of {pf.HYPER_BLOCKS}"
@@ -126,40 +137,61 @@ class PersistentVariant:
             raise VariantError("hyper_blocks=own needs hyper_inside=1 and layout=grid")
         if self.status not in STATUS_CHECKS:
             raise VariantError(f"status={self.status!r} is not one of {STATUS_CHECKS}")
+        if self.layout == "rowgroup":  # its status is always 0: nothing to check (`_checked`)
+            object.__setattr__(self, "status", STATUS_CHECKS[0])
 
     def text(self) -> str:
         """``hyper_inside=0,layout=grid[,stages=S,k_chunk=K,in_flight=1,status=poison,
-        prefetch=1,hyper_blocks=own]``."""
+        prefetch=1,hyper_blocks=own,multicast=1,units=U]``."""
         parts = [f"hyper_inside={int(self.hyper_inside)}", f"layout={self.layout}"]
         parts += [f"{k}={getattr(self, k)}" for k in ("stages", "k_chunk") if getattr(self, k)]
         parts += ["in_flight=1"] * self.in_flight + [f"status={self.status}"] * self.poisons()
         parts += ["prefetch=1"] * self.prefetch
         parts += [f"hyper_blocks={self.hyper_blocks}"] * (self.hyper_blocks != "shared")
+        parts += ["multicast=1"] * self.multicast + [f"units={self.units}"] * bool(self.units)
         return ",".join(parts)
 
     def poisons(self) -> bool:
         return self.status == "poison"
 
+    def tested_on_a_gpu(self) -> bool:
+        return not any(getattr(self, name) for name in UNTESTED_ON_A_GPU)
+
     def planned(self, plan: PersistentPlan) -> PersistentPlan:
-        """``plan`` at this variant's pipeline; PlanError (one line) unless both kernels run it."""
-        if (self.stages, self.k_chunk, self.in_flight, self.prefetch) == (None, None, 0, 0):
+        """``plan`` at this variant's units and pipeline; PlanError (one line) unless both
+        kernels run it."""
+        if self.units and self.units != plan.units_per_block:
+            plan = _with_units(plan, self.units)
+        levers = (self.in_flight, self.prefetch, self.multicast)
+        if (self.stages, self.k_chunk, *levers) == (None, None, 0, 0, 0):
             return plan
         stages, k_chunk = self.stages or plan.stages, self.k_chunk or plan.k_chunk
-        return _pipelined(plan, stages, k_chunk, self.in_flight, self.prefetch)
+        return _pipelined(plan, stages, k_chunk, *levers)
+
+
+@functools.cache
+def _with_units(plan: PersistentPlan, units: int) -> PersistentPlan:
+    replanned = plan_with_units(plan, units)
+    if replanned is None:
+        raise PlanError(
+            f"persistent variant units={units}: neither kernel runs {plan.row_blocks} row blocks "
+            f"of {units} units for width {plan.width} ({plan.dtype})"
+        )
+    return replanned
 
 
 @functools.cache
 def _pipelined(
-    plan: PersistentPlan, stages: int, k_chunk: int, in_flight: int, prefetch: int
+    plan: PersistentPlan, stages: int, k_chunk: int, in_flight: int, prefetch: int, multicast: int
 ) -> PersistentPlan:
     what = (
         f"persistent variant stages={stages}, k_chunk={k_chunk}, in_flight={in_flight}, "
-        f"prefetch={prefetch}"
+        f"prefetch={prefetch}, multicast={multicast}"
     )
     try:
         replanned = dataclasses.replace(
             plan, stages=stages, k_chunk=k_chunk, wgmma_in_flight=in_flight,
-            prefetch_weights=bool(prefetch),
+            prefetch_weights=bool(prefetch), multicast_a=bool(multicast),
         )  # fmt: skip
         check_runnable(replanned)
     except PlanError as error:
@@ -256,7 +288,12 @@ def variant_candidates(
                 seen.add((plans, blocks))
                 found.append(variant)
     levers = [lever for lever in map(_with_lever, found[:1] * len(LEVERS), LEVERS) if lever]
-    return found[:1] + [v for v in levers if _plans_or_none(v, *args)] + found[1:]
+    runs = {}  # one variant per distinct run: plans, status check, hyper blocks
+    for variant in found[:1] + levers + found[1:]:
+        plans = _plans_or_none(variant, *args)
+        if plans is not None:
+            runs.setdefault((plans, variant.status, variant.hyper_blocks), variant)
+    return list(runs.values())
 
 
 def with_lever(variants: list[PersistentVariant], lever: dict, *args) -> list[PersistentVariant]:
@@ -392,8 +429,11 @@ def _run_forward(
 
 
 def _checked(spec, outs, poisoned: int | None, name: str) -> tuple:
-    """``outs`` with their status checked on the host, or ``outs[poisoned]`` NaN if it is bad."""
+    """``outs`` with their status checked on the host, or ``outs[poisoned]`` NaN if it is
+    bad; unchecked in the row-group layout, whose cluster barriers cannot give up."""
     outs = tuple(outs)
+    if variant_of(spec).layout == "rowgroup":
+        return outs
     if poisoned is None or not variant_of(spec).poisons():
         grid_barrier.check_status(outs[-1], name)
         return outs

@@ -102,6 +102,11 @@ def check_runnable(plan: PersistentPlan) -> None:
     pb.check_plan(plan)
 
 
+def plan_with_units(plan: PersistentPlan, units: int) -> PersistentPlan | None:
+    """``plan``'s rows and K chunk at ``units`` units per block (`_deepest`), or None."""
+    return _deepest(plan.batch, plan.width, plan.dtype, plan.row_blocks, units, plan.k_chunk)
+
+
 def _deepest(batch, width, dtype_name, row_blocks, units, k_chunk) -> PersistentPlan | None:
     """The plan of the fewest column blocks for ``units`` and the deepest STAGES that both
     kernels accept, or None."""

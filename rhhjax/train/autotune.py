@@ -78,7 +78,7 @@ def cache_key(mc: models.ModelConfig, batch: int, length: int, device: str) -> s
 
 def candidates(mc: models.ModelConfig, batch: int, platform: str = "gpu") -> list[Candidate]:
     """`auto`'s measured pick first (with ``model.impl=persistent``, as the reference only),
-    then every `persistent` variant that runs ``mc``."""
+    then every `persistent` variant that runs ``mc`` and has passed its tests on a GPU."""
     first = models.sequence_spec(dataclasses.replace(mc, impl=spec.AUTO), platform).impl
     found = [Candidate(first, may_win=mc.impl == spec.AUTO)]
     facts = model_facts(mc)
@@ -87,7 +87,8 @@ def candidates(mc: models.ModelConfig, batch: int, platform: str = "gpu") -> lis
     hyper = mc.hyper_hidden if mc.type == "hyperrhn" else 0
     dtype = jnp.dtype(mc.compute_dtype).name
     variants = persistent.variant_candidates(batch, mc.hidden, hyper, dtype, depth=mc.depth)
-    return found + [Candidate(persistent.NAME, v.text()) for v in variants]
+    tested = [v for v in variants if v.tested_on_a_gpu()]
+    return found + [Candidate(persistent.NAME, v.text()) for v in tested]
 
 
 def measure(mc: models.ModelConfig, oc: OptimizerConfig, args: tuple, repeats: int = REPEATS):
