@@ -1,0 +1,65 @@
+"""`rhhjax.ops.persistent_variant`: a variant's text parses to one variant or one error line
+before anything is built, and `PersistentVariant.planned` puts each lever on the plan."""
+
+import dataclasses
+
+import pytest
+
+from rhhjax import models
+from rhhjax.ops import persistent_cost
+from rhhjax.ops.persistent_variant import PersistentVariant, parse_variant
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ("layout=diagonal", "is not one of"),
+        ("stages=two", "is not an int"),
+        ("hyper_inside=2", "is not 0 or 1"),
+        ("k_chunk=12", "multiple of 8"),
+        ("in_flight=2", "must be 0 or 1"),
+        ("prefetch=2", "must be 0 or 1"),
+        ("hyper_inside=1,prefetch=1", "runs the hyper cell apart"),
+        ("multicast=1", "needs layout=rowgroup"),
+        ("units=6", "must be >= 4 and a multiple of 4"),
+        ("hyper_inside=1,layout=rowgroup,multicast=1", "runs the hyper cell apart"),
+        ("hyper_blocks=many", "is not one of"),
+        ("hyper_blocks=own", "needs hyper_inside=1 and layout=grid"),
+        ("status=later", "is not one of"),
+        ("depth=3", "key one of"),
+        ("fast", "key one of"),
+        ("", "is empty"),
+    ],
+)
+def test_a_bad_variant_is_one_config_error_line_before_anything_is_built(text, words):
+    with pytest.raises(models.ConfigError, match=words) as error:
+        models.ModelConfig.from_config({"impl": "persistent", "persistent_variant": text})
+    line = str(error.value)
+    assert line.startswith(f"model.persistent_variant={text!r} ") and "\n" not in line
+
+
+def test_a_text_round_trips_and_keys_left_out_are_defaults():
+    variant = parse_variant(" stages=2 , hyper_inside=true,units=32")
+    assert variant == PersistentVariant(hyper_inside=True, stages=2, units=32)
+    assert parse_variant(variant.text()) == variant
+    assert parse_variant("default") is None and parse_variant("auto") is None
+
+
+def test_the_row_group_layout_keeps_no_status_to_check():
+    """Its cluster barriers cannot give up: ``status=poison`` names the plain variant."""
+    poisoned = parse_variant("layout=rowgroup,status=poison")
+    assert poisoned == parse_variant("layout=rowgroup") and not poisoned.poisons()
+    assert poisoned.text() == "hyper_inside=0,layout=rowgroup"
+    assert parse_variant("status=poison").poisons()  # the grid's can give up
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_planned_puts_each_lever_on_the_paper_plan(dtype):
+    grid = persistent_cost.plan_for(256, 1000, dtype)
+    rowgroup = persistent_cost.plan_for(256, 1000, dtype, "rowgroup")
+    assert PersistentVariant().planned(grid) is grid
+    multicast = parse_variant("layout=rowgroup,multicast=1,in_flight=1").planned(rowgroup)
+    assert multicast == dataclasses.replace(rowgroup, multicast_a=True, wgmma_in_flight=1)
+    wide = parse_variant("units=32,stages=2").planned(grid)
+    assert (wide.units_per_block, wide.col_blocks, wide.row_blocks) == (32, 32, 4)
+    assert (wide.stages, wide.k_chunk) == (2, grid.k_chunk)
