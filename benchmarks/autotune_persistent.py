@@ -18,7 +18,10 @@ or saw fail, but the default and its winner (this machine's baselines). ``--with
 (e.g. status=poison): its fields set in every candidate but the default, where they run.
 ``--only=TEXT`` (e.g. hyper_inside=0): the default and the candidates with its fields.
 ``--next_call=TESTS_LOG`` times nothing: it prints the loan's training impl and variant from
-the model's compiled-test log and the --out JSON's winner (`gpu_suite.sh check`).
+the model's compiled-test log and the --out JSON's winner (`gpu_suite.sh check`); nor do
+``--untested_k`` (the -k expression of the compiled test classes of the variant fields no
+GPU has tested, `persistent.UNTESTED_ON_A_GPU`) and ``--untested_guard=LOG`` (``field=0``
+for --only, for each of those whose class did not all pass in LOG).
 """
 
 from __future__ import annotations
@@ -219,12 +222,27 @@ def write(path: str, rows: list[Row], args, winners: dict) -> None:
         json.dump(record, out, indent=1)
 
 
-def model_tests_passed(log: str) -> bool:
+def model_tests_passed(log: str, test_class: str = "TestPersistentCompiled") -> bool:
     """Whether a `pytest -v` log (with xdist or without) ran to its summary with
-    TestPersistentCompiled passing and nothing failed, erroring or cut by a timeout."""
-    passed = re.search(r"PASSED.*TestPersistentCompiled|TestPersistentCompiled.*PASSED", log)
+    ``test_class`` passing and nothing failed, erroring or cut by a timeout."""
+    named = re.escape(test_class) + "::"
+    passed = re.search(f"PASSED.*{named}|{named}.*PASSED", log)
     finished = re.search(r"=+ \d+ passed.* in [\d.]+s", log)
     return bool(passed and finished and not re.search(r"FAILED|ERROR|Timeout", log))
+
+
+def untested_class(field: str) -> str:
+    """The compiled model test class of an untested variant field (tests/test_ops_persistent.py)."""
+    return "TestPersistentCompiled" + field.capitalize()
+
+
+def untested_guard(log: str) -> str:
+    """``field=0,...`` for each `persistent.UNTESTED_ON_A_GPU` field whose class did not all
+    pass in ``log`` (the untested classes' own run): --only then leaves its variants out."""
+    failed = [
+        f for f in persistent.UNTESTED_ON_A_GPU if not model_tests_passed(log, untested_class(f))
+    ]
+    return ",".join(f"{field}=0" for field in failed)
 
 
 def next_call(tests_log: str, autotune: dict) -> tuple[str, str]:
@@ -252,6 +270,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--with", dest="with_text", default="", help="fields set in every candidate")
     p.add_argument("--only", default="", help="fields a candidate must have (today's kept)")
     p.add_argument("--next_call", default="", help="a test log: print the training impl")
+    p.add_argument("--untested_k", action="store_true", help="print the untested classes' -k")
+    p.add_argument("--untested_guard", default="", help="their test log: print --only fields")
     args = p.parse_args(argv)
     args.sizes, args.dtypes = args.sizes.split(","), args.dtypes.split(",")
     unknown = [s for s in args.sizes if s not in SIZES] + [
@@ -354,6 +374,13 @@ def main(argv: list[str]) -> int:
     if args.next_call:
         with open(args.next_call) as log, open(args.out) as record:
             print(*next_call(log.read(), json.load(record)))
+        return 0
+    if args.untested_k:
+        print(" or ".join(map(untested_class, persistent.UNTESTED_ON_A_GPU)))
+        return 0
+    if args.untested_guard:  # a log never written: nothing passed
+        log = args.untested_guard
+        print(untested_guard(open(log).read() if os.path.exists(log) else ""))
         return 0
     if args.list:
         for row in every_candidate(args):

@@ -233,3 +233,36 @@ def test_without_a_timed_winner_the_training_call_is_fused(tune, tmp_path, capsy
     args = [f"--next_call={tmp_path / 'tests.log'}", f"--out={tmp_path / 'autotune.json'}"]
     assert tune.main(args) == 0
     assert capsys.readouterr().out == "fused default\n"
+
+
+def test_the_untested_fields_tests_are_their_own_compiled_classes(tune):
+    """``--untested_k`` names a class per `persistent.UNTESTED_ON_A_GPU` field, and each
+    exists in tests/test_ops_persistent.py (`gpu_suite.sh check` runs them apart)."""
+    import test_ops_persistent
+
+    names = [tune.untested_class(field) for field in persistent.UNTESTED_ON_A_GPU]
+    assert names and all(hasattr(test_ops_persistent, name) for name in names)
+
+
+MULTICAST_LOG = """4 workers [2 items]
+[gw1] [ 50%] PASSED tests/test_ops_persistent.py::TestPersistentCompiledMulticast::test_logits
+[gw0] [100%] PASSED tests/test_ops_persistent.py::TestPersistentCompiledMulticast::test_loss
+================= 2 passed in 61.02s (0:01:01) ==================
+"""
+
+
+@pytest.mark.parametrize(
+    ("log", "guard"),
+    [
+        (MULTICAST_LOG, ""),
+        (MULTICAST_LOG.replace("[100%] PASSED", "[100%] FAILED"), "multicast=0"),
+        (MULTICAST_LOG.rsplit("=", 1)[0].rsplit("\n", 2)[0], "multicast=0"),  # cut: a hang
+        ("", "multicast=0"),  # never written
+    ],
+    ids=["passed", "a-failure", "cut", "empty"],
+)
+def test_an_untested_field_whose_tests_did_not_all_pass_is_left_out(tune, log, guard):
+    assert tune.untested_guard(log) == guard
+    if guard:  # as gpu_suite.sh passes it on: --only leaves out the field's variants
+        only = tune.parse_args([f"--only=hyper_inside=0,{guard}"])
+        assert not any("multicast=1" in row.variant for row in tune.every_candidate(only))
