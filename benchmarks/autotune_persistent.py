@@ -81,13 +81,14 @@ def model_config(size: str, dtype: str, variant: str, interpret: bool) -> models
 
 
 def describe(plans: tuple) -> str:
-    """`persistent.variant_plans`'s plans in short: RxC u<units> s<stages> k<chunk> [w1] [pf]."""
+    """`persistent.variant_plans`'s plans in short: RxC u<units> s<stages> k<chunk> [w1] [pf]
+    [mc] (one wgmma in flight, weights prefetched, A multicast)."""
 
     def short(plan):
         grid = f"{plan.row_blocks}x{plan.col_blocks}"
-        in_flight = " w1" if plan.wgmma_in_flight else ""
-        prefetch = " pf" if plan.prefetch_weights else ""
-        return f"{grid} u{plan.units_per_block} s{plan.stages} k{plan.k_chunk}{in_flight}{prefetch}"
+        flags = [" w1"] * plan.wgmma_in_flight + [" pf"] * plan.prefetch_weights
+        flags += [" mc"] * plan.multicast_a
+        return f"{grid} u{plan.units_per_block} s{plan.stages} k{plan.k_chunk}{''.join(flags)}"
 
     layout, main, hyper, *joint = plans
     if not joint:
