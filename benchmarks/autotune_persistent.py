@@ -82,12 +82,12 @@ def model_config(size: str, dtype: str, variant: str, interpret: bool) -> models
 
 def describe(plans: tuple) -> str:
     """`persistent.variant_plans`'s plans in short: RxC u<units> s<stages> k<chunk> [w1] [pf]
-    [mc] (one wgmma in flight, weights prefetched, A multicast)."""
+    [mcA] [mcB] (one wgmma in flight, weights prefetched, A or B multicast)."""
 
     def short(plan):
         grid = f"{plan.row_blocks}x{plan.col_blocks}"
         flags = [" w1"] * plan.wgmma_in_flight + [" pf"] * plan.prefetch_weights
-        flags += [" mc"] * plan.multicast_a
+        flags += [" mcA"] * plan.multicast_a + [" mcB"] * plan.multicast_b
         return f"{grid} u{plan.units_per_block} s{plan.stages} k{plan.k_chunk}{''.join(flags)}"
 
     layout, main, hyper, *joint = plans

@@ -96,7 +96,10 @@ KERNEL_CASES = {
     "rhn-f32-nodropout-odd": ("rhn", "float32", 70, 4, 2, "none", 3, 4, False),
     "hyperrhn-bf16-dropout-first-step": ("hyperrhn", "bfloat16", 12, 6, 2, "gate", 4, 5, True),
     "rhn-f32-depth1": ("rhn", "float32", 9, 4, 1, "gate", 2, 3, False),
+    # 2 row blocks of 64 (a cluster of them): run by the classes that need one only
+    "hyperrhn-f32-two-row-blocks": ("hyperrhn", "float32", 13, 7, 2, "gate", 70, 3, False),
 }
+TWO_ROW_BLOCKS = ("hyperrhn-f32-two-row-blocks",)
 
 
 def kernel_and_scan_configs(case: str, impl: str, **overrides):
@@ -142,7 +145,7 @@ class KernelModelMatchesScan(MosaicGpuMode):
 
     IMPL: str
     TOLERANCE: dict
-    CASES = {"model_case": list(KERNEL_CASES)}  # a subclass may run fewer
+    CASES = {"model_case": [c for c in KERNEL_CASES if c not in TWO_ROW_BLOCKS]}
 
     def model(self, config):
         if self.INTERPRET:

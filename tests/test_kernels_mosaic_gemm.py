@@ -153,24 +153,29 @@ def test_the_staged_loop_leaves_b_s_first_chunks_to_the_caller():
     assert len(copies) == 4  # and in the loop one refill of A and one of B
 
 
-CLUSTER = 2  # blocks sharing A in `_multicast_kernel`
+CLUSTER = 2  # blocks sharing an operand in `_multicast_kernel`
 
 
-def _multicast_kernel(k_steps: int, stages: int, in_flight: int, dtype, interpret):
-    """A cluster of CLUSTER blocks along "c", two GEMMs each on the same stages with A's
-    chunks multicast: out [CLUSTER, 2, ROWS, COLS] f32, out[c, i] = A[1 - i] @ B[i * CLUSTER
-    + c]^T; a cluster barrier between the two GEMMs (`gemm_nt_staged`'s contract)."""
+def _multicast_kernel(k_steps: int, stages: int, in_flight: int, dtype, interpret, shared="a"):
+    """A cluster of CLUSTER blocks along "c", two GEMMs each on the same stages with the
+    ``shared`` operand's chunks multicast: out [CLUSTER, 2, ROWS, COLS] f32, out[c, i] = the
+    shared operand's block 1 - i against the other's block i * CLUSTER + c; a cluster
+    barrier between the two GEMMs (`gemm_nt_staged`'s contract)."""
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
+    axes = dict(a_axis="c") if shared == "a" else dict(b_axis="c")
+
     def kernel(a_g, b_g, out_g, out_s, between, **buffers):
-        staged, c = gemm.StagedOperands(**buffers), jax.lax.axis_index("c")
+        staged, c = gemm.StagedOperands(**buffers, **axes), jax.lax.axis_index("c")
         for i in range(2):
             if i:
                 plgpu.barrier_arrive(between)
                 plgpu.barrier_wait(between)
+            own, other = 1 - i, i * CLUSTER + c
+            a_block, b_block = (own, other) if shared == "a" else (other, own)
             gemm.gemm_nt_staged(
-                out_s.at[i], staged, a_g, b_g, 1 - i, i * CLUSTER + c, k_steps=k_steps,
-                in_flight=in_flight, b_loaded=False, multicast_axis="c",
+                out_s.at[i], staged, a_g, b_g, a_block, b_block, k_steps=k_steps,
+                in_flight=in_flight, b_loaded=False,
             )  # fmt: skip
         plgpu.copy_smem_to_gmem(out_s, out_g.at[c])
         plgpu.wait_smem_to_gmem(0)
@@ -181,24 +186,37 @@ def _multicast_kernel(k_steps: int, stages: int, in_flight: int, dtype, interpre
         scratch_types=dict(
             out_s=plgpu.SMEM((2, ROWS, COLS), jnp.float32),
             between=plgpu.ClusterBarrier(collective_axes=("c",)),
-            **gemm.staged_scratch(ROWS, COLS, TILE_K, stages, dtype, multicast_axis="c"),
+            **gemm.staged_scratch(ROWS, COLS, TILE_K, stages, dtype, **axes),
         ),
         grid=(1,), grid_names=("x",), cluster=(CLUSTER,), cluster_names=("c",),
         interpret=interpret,
     )  # fmt: skip
 
 
-def test_a_multicast_refill_waits_for_every_block_to_free_the_stage():
-    """Traced: A's copies are collective along the cluster axis, B's are not; in the loop a
-    refill comes after the wgmma wait and after arriving at and waiting on the stage's
-    cluster barrier; without ``b_loaded`` the GEMM issues B's first chunks itself."""
-    a, b = _operands(jnp.bfloat16, 5, 0)
-    b = jnp.concatenate([b, b])  # 2 * CLUSTER column blocks
-    seq = list(_primitives(jax.make_jaxpr(_multicast_kernel(5, 2, 1, a.dtype, None))(a, b).jaxpr))
+def _multicast_operands(dtype, k_steps: int, seed: int, shared: str):
+    """A [.., K] and B [.., K]: the shared operand 2 blocks, the other 2 * CLUSTER."""
+    ka, kb = jax.random.split(jax.random.key(seed))
+    k = k_steps * TILE_K
+    a_rows = 2 * ROWS * (1 if shared == "a" else CLUSTER)
+    b_rows = 2 * COLS * (1 if shared == "b" else CLUSTER)
+    a = jax.random.normal(ka, (a_rows, k), jnp.float32).astype(dtype)
+    return a, jax.random.normal(kb, (b_rows, k), jnp.float32).astype(dtype)
+
+
+@pytest.mark.parametrize("shared", ["a", "b"])
+def test_a_multicast_refill_waits_for_every_block_to_free_the_stage(shared):
+    """Traced: the shared operand's copies are collective along the cluster axis, the
+    other's are not; in the loop a refill comes after the wgmma wait and after arriving at
+    and waiting on the stage's cluster barrier; without ``b_loaded`` the GEMM issues B's
+    first chunks itself."""
+    a, b = _multicast_operands(jnp.bfloat16, 5, 0, shared)
+    kernel = _multicast_kernel(5, 2, 1, a.dtype, None, shared)
+    seq = list(_primitives(jax.make_jaxpr(kernel)(a, b).jaxpr))
     names = [name for name, _ in seq]
     copies = [eqn.params["collective_axes"] for name, eqn in seq if name == "copy_gmem_to_smem"]
+    on_a, on_b = (("c",), None) if shared == "a" else (None, ("c",))
     # per GEMM: B's 2 first chunks, A's 2, then the loop's refill of A and of B
-    assert copies == [None, None, ("c",), ("c",), ("c",), None] * 2, copies
+    assert copies == [on_b, on_b, on_a, on_a, on_a, on_b] * 2, copies
     loop = [i for i, name in enumerate(names) if name in ("scan", "while")][0]
     in_loop = names[loop + 1 :]
     wait, refill = in_loop.index("wgmma_wait"), in_loop.index("copy_gmem_to_smem")
@@ -254,26 +272,27 @@ class TestCompiled(MosaicGpuMode):
             )
             np.testing.assert_allclose(np.asarray(got[i]), np.asarray(want), rtol=tol, atol=tol)
 
-    def test_a_multicast_in_a_cluster_matches_jnp_dot(self, steps, dtype, in_flight):
-        """`gemm_nt_staged` with ``multicast_axis``: each block of the cluster gets the same
-        A chunks and its own B, twice on the same stages."""
+    @pytest.mark.parametrize("shared", ["a", "b"])
+    def test_a_multicast_in_a_cluster_matches_jnp_dot(self, steps, dtype, in_flight, shared):
+        """`gemm_nt_staged` with an operand's multicast axis: each block of the cluster gets
+        the same chunks of that operand and its own of the other, twice on the same stages."""
         k_steps, stages = steps
         if stages <= in_flight:
             pytest.skip("one wgmma in flight needs 2 stages")
         if self.INTERPRET and (reason := gpu_interpret.cluster_too_large(CLUSTER)):
             pytest.skip(reason)
-        a, _ = _operands(jnp.dtype(dtype), k_steps, seed=k_steps * 10 + stages + 2)
-        key = jax.random.key(k_steps * 10 + stages + 3)
-        b = jax.random.normal(key, (2 * CLUSTER * COLS, k_steps * TILE_K)).astype(dtype)
-        kernel = _multicast_kernel(k_steps, stages, in_flight, a.dtype, self.interpret())
+        seed = k_steps * 10 + stages + 2
+        a, b = _multicast_operands(jnp.dtype(dtype), k_steps, seed, shared)
+        kernel = _multicast_kernel(k_steps, stages, in_flight, a.dtype, self.interpret(), shared)
         got = jax.block_until_ready(jax.jit(kernel)(a, b))
         a32, b32 = a.astype(jnp.float32), b.astype(jnp.float32)
         tol = self.TOL[dtype]
         for c in range(CLUSTER):
             for i in range(2):
-                a_i = a32[(1 - i) * ROWS : (2 - i) * ROWS]
-                block = i * CLUSTER + c
-                b_i = b32[block * COLS : (block + 1) * COLS]
+                own, other = 1 - i, i * CLUSTER + c
+                a_block, b_block = (own, other) if shared == "a" else (other, own)
+                a_i = a32[a_block * ROWS : (a_block + 1) * ROWS]
+                b_i = b32[b_block * COLS : (b_block + 1) * COLS]
                 want = jnp.dot(a_i, b_i.T, precision=jax.lax.Precision.HIGHEST)
                 np.testing.assert_allclose(got[c, i], want, rtol=tol, atol=tol)
 

@@ -141,24 +141,30 @@ class TestCompiled(MosaicGpuMode):
             ((100, 37, "float32", 3, 2, 32), 2, 3, False, True),
         ],
         "largest_case": [],  # the paper plan of "case" is the largest
-        "multicast_case": [],  # the row-group layout only
+        # the weights multicast to a column's row blocks: the paper bf16 plan; 2 x 3 (f32)
+        "multicast_case": [
+            ((256, 1000, "bfloat16", 16, 4, 64, 3), 3, 2, True, True),
+            ((100, 37, "float32", 3, 2, 32), 2, 3, False, True),
+        ],
     }
     TOL = {"bfloat16": 3e-2, "float32": 3e-3}
     LAYOUT = "grid"  # the kernels' launch layout (`kernels/mosaic/rowgroup_layout.py`)
 
     def runnable_plan(
-        self, plan_args, in_flight: int = 0, prefetch=False, multicast=False
+        self, plan_args, in_flight: int = 0, prefetch=False, multicast=""
     ) -> PersistentPlan:
-        """The case's plan; skipped where this mode cannot run its blocks at once."""
+        """The case's plan; skipped where this mode cannot run its blocks at once.
+        ``multicast``: the layout whose shared operand is multicast (rowgroup: A, grid: B)."""
         plan = PersistentPlan(
-            *plan_args, wgmma_in_flight=in_flight, prefetch_weights=prefetch, multicast_a=multicast
-        )
+            *plan_args, wgmma_in_flight=in_flight, prefetch_weights=prefetch,
+            multicast_a=multicast == "rowgroup", multicast_b=multicast == "grid",
+        )  # fmt: skip
         cluster = plan.grid if self.LAYOUT == "grid" else plan.col_blocks
         if self.INTERPRET and gpu_interpret.cluster_too_large(cluster):
             pytest.skip(gpu_interpret.cluster_too_large(cluster))
         return plan
 
-    def test_matches_reference(self, case, in_flight=0, prefetch=False, multicast=False):
+    def test_matches_reference(self, case, in_flight=0, prefetch=False, multicast=""):
         plan_args, steps, depth, z_on, mask_on = case
         plan = self.runnable_plan(plan_args, in_flight, prefetch, multicast)
         case = backward_case(plan.batch + steps, plan, steps, depth, z_on, mask_on)
@@ -191,10 +197,13 @@ class TestCompiled(MosaicGpuMode):
         self.test_matches_reference(in_flight_case, in_flight, prefetch=True)
 
     @pytest.mark.parametrize("in_flight", [0, 1])
-    def test_a_chunks_multicast_in_the_row_group_match_reference(self, multicast_case, in_flight):
-        """`PersistentPlan.multicast_a` (each A chunk loaded once per row-group cluster):
-        the same outputs. Interpret mode copies it to each block: only a GPU multicasts."""
-        self.test_matches_reference(multicast_case, in_flight, multicast=True)
+    def test_the_shared_operand_multicast_in_a_cluster_matches_reference(
+        self, multicast_case, in_flight
+    ):
+        """`PersistentPlan.multicast_a` in the row-group layout, `multicast_b` in the grid
+        (the shared operand's chunks loaded once per cluster): the same outputs. Interpret
+        mode copies the chunk to each block: only a GPU multicasts."""
+        self.test_matches_reference(multicast_case, in_flight, multicast=self.LAYOUT)
 
     def test_z_recomputed_from_the_hyper_buffer_is_z_read(self, case):
         """With `ScalesInside` (z from the hyper cell's A buffer, the forward's GEMM, p_l
@@ -318,7 +327,10 @@ class TestInterpret(TestCompiled):
             ((64, 64, "bfloat16", 1, 1, 32), 3, 2, True, True),
             ((64, 40, "float32", 3, 1, 16), 2, 2, True, True),
         ],
-        "multicast_case": [],  # the row-group layout only
+        "multicast_case": [
+            ((100, 37, "float32", 3, 2, 32), 2, 3, False, True),  # 2 x 3
+            ((150, 64, "bfloat16", 2, 3, 32), 3, 2, True, True),  # 3 x 2, dz too
+        ],
     }  # fmt: skip
     TOL = {"bfloat16": 3e-2, "float32": 2e-5}
 
@@ -371,5 +383,5 @@ def test_every_kernel_case_is_a_plan_the_kernel_accepts(mode):
             plan = PersistentPlan(*plan_args, wgmma_in_flight=1, prefetch_weights=prefetch)
             pb.check_plan(plan, z_on, mask_on, depth)
     for plan_args, _, depth, z_on, mask_on in mode.CASES["multicast_case"]:
-        plan = PersistentPlan(*plan_args, wgmma_in_flight=1, multicast_a=True)
+        plan = PersistentPlan(*plan_args, wgmma_in_flight=1, multicast_b=True)
         pb.check_plan(plan, z_on, mask_on, depth)

@@ -69,15 +69,17 @@ def _hyper_inside(plan, hyper_plan, hyper_ops, seed):
 
 
 def _case_plan(
-    case, in_flight: int = 0, prefetch: bool = False, multicast: bool = False
+    case, in_flight: int = 0, prefetch: bool = False, multicast: str = ""
 ) -> pp.PersistentPlan:
     """A `TestCompiled` "case"'s plan: f32 at 2 pipeline stages, bf16 at the most of 4, 3, 2
-    whose shared memory fits (a block of 256 rows needs fewer than 4)."""
+    whose shared memory fits (a block of 256 rows needs fewer than 4); ``multicast`` the
+    layout whose shared operand is multicast (rowgroup: A, grid: the weights)."""
     dtype, batch, width, cols, row_blocks, k_chunk = case[:6]
     for stages in (2,) if dtype == "float32" else (4, 3, 2):
         plan = pp.PersistentPlan(
             batch, width, dtype, cols, row_blocks, k_chunk, stages,
-            wgmma_in_flight=in_flight, prefetch_weights=prefetch, multicast_a=multicast,
+            wgmma_in_flight=in_flight, prefetch_weights=prefetch,
+            multicast_a=multicast == "rowgroup", multicast_b=multicast == "grid",
         )  # fmt: skip
         if plan.smem_bytes() <= plan.smem_limit:
             break
@@ -115,7 +117,9 @@ class TestCompiled(MosaicGpuMode):
         "in_flight_case": [("bfloat16", 256, 1000, 66, 1, 64, 4, 3),
                            ("float32", 100, 37, 3, 2, 16, 3, 2)],
         "largest_case": [],  # the paper plans of "case" are the largest
-        "multicast_case": [],  # the row-group layout only
+        # the weights multicast to a column's row blocks: the paper bf16 plan; 2 x 3 (f32)
+        "multicast_case": [("bfloat16", 256, 1000, 16, 4, 64, 3, 3),
+                           ("float32", 100, 37, 3, 2, 16, 3, 2)],
     }  # fmt: skip
     # Compiled, wgmma sums in another order than XLA's reference (and f32 runs as TF32): on
     # an H100 (2026-11-26) the hyper-inside cases missed 1e-4 / 3e-3 by a few elements
@@ -141,7 +145,7 @@ class TestCompiled(MosaicGpuMode):
 
     @pytest.mark.parametrize(("has_z", "has_mask"), [(True, True), (False, False)])
     def test_matches_reference(
-        self, case, has_z, has_mask, in_flight=0, prefetch=False, multicast=False
+        self, case, has_z, has_mask, in_flight=0, prefetch=False, multicast=""
     ):
         dtype, batch, width, cols, row_blocks, k_chunk, steps, depth = case
         plan = _case_plan(case, in_flight, prefetch, multicast)
@@ -173,10 +177,14 @@ class TestCompiled(MosaicGpuMode):
         self.test_matches_reference(in_flight_case, True, True, in_flight, prefetch=True)
 
     @pytest.mark.parametrize("in_flight", [0, 1])
-    def test_a_chunks_multicast_in_the_row_group_match_reference(self, multicast_case, in_flight):
-        """`PersistentPlan.multicast_a` (each A chunk loaded once per row-group cluster):
-        the same outputs. Interpret mode copies it to each block: only a GPU multicasts."""
-        self.test_matches_reference(multicast_case, True, True, in_flight, multicast=True)
+    def test_the_shared_operand_multicast_in_a_cluster_matches_reference(
+        self, multicast_case, in_flight
+    ):
+        """`PersistentPlan.multicast_a` in the row-group layout (each A chunk loaded once per
+        row-group cluster), `multicast_b` in the grid (each weight chunk once per cluster of
+        a column's row blocks): the same outputs. Interpret mode copies the chunk to each
+        block: only a GPU multicasts."""
+        self.test_matches_reference(multicast_case, True, True, in_flight, multicast=self.LAYOUT)
 
     def check_saved_chain(self, plan, ops, s_last, packed, s_mm, steps, depth):
         """The saved outputs against the reference phase by phase (teacher-forced from the
@@ -293,7 +301,9 @@ class TestInterpret(TestCompiled):
         # K steps 2 of 4 stages (bf16); 3 of 2 (f32)
         "in_flight_case": [("bfloat16", 64, 64, 1, 1, 32, 3, 2),
                            ("float32", 100, 37, 3, 2, 16, 3, 2)],
-        "multicast_case": [],  # the row-group layout only
+        # 2 x 3 (f32); 3 x 2 (bf16)
+        "multicast_case": [("float32", 100, 37, 3, 2, 16, 3, 2),
+                           ("bfloat16", 150, 64, 2, 3, 32, 2, 2)],
     }  # fmt: skip
     TOL = {"bfloat16": 1e-4, "float32": 2e-5}
 
@@ -329,7 +339,7 @@ def test_every_kernel_case_is_a_plan_the_kernel_accepts(mode):
     for case in mode.CASES["in_flight_case"]:
         _case_plan(case, in_flight=1).check()
     for case in mode.CASES["multicast_case"]:
-        _case_plan(case, in_flight=1, multicast=True).check()
+        _case_plan(case, in_flight=1, multicast=mode.LAYOUT).check()
     for hyper_case in mode.CASES["hyper_case"]:
         for plan in _hyper_case_plans(hyper_case):
             plan.check()

@@ -104,6 +104,16 @@ def test_the_grid_layout_is_grid_barriers_functions():
     )
 
 
+def test_the_grid_of_a_weight_multicast_launches_a_cluster_of_each_columns_row_blocks():
+    """Compiled; interpreted, the grid stays one cluster of all blocks."""
+    plan = PersistentPlan(256, 1000, "bfloat16", 16, 4, 64, 3, multicast_b=True)
+    launch = rowgroup_layout.functions("grid", None, plan)[0]
+    clusters = dict(grid=(16,), grid_names=("g",), cluster=(4,), cluster_names=("r",))
+    assert launch((4, 16), ("r", "g"), None) == (clusters, {})
+    interpreted, scratch = launch((4, 16), ("r", "g"), True)
+    assert interpreted["cluster"] == (64,) and "phase_bar" in scratch
+
+
 _COMPILE = """
 import json, os
 os.environ["MOSAIC_GPU_DUMP_PTX"] = "1"
@@ -117,7 +127,7 @@ rep = jax.sharding.NamedSharding(g.h100_mesh(), jax.sharding.PartitionSpec())
 def sds(shape, dtype=jnp.float32):
     return jax.ShapeDtypeStruct(shape, dtype, sharding=rep)
 rows = []
-for fields, levers, steps, depth in {cases!r}:
+for fields, levers, layout, steps, depth in {cases!r}:
     plan = PersistentPlan(*fields, **levers)
     phases, b, n, k = steps * depth, plan.b_pad, plan.n_pad, plan.k_pad
     mm = jnp.dtype(plan.dtype)
@@ -128,14 +138,15 @@ for fields, levers, steps, depth in {cases!r}:
            sds((depth, steps, b, plan.z_width)), sds((phases, b, n), jnp.uint8),
            sds((depth, b, 2, n)), None if plan.state_in_packed else sds((phases * b, k)))
     row = []
-    forward = lambda *a: pf.persistent_forward(plan, *a, save=True, layout="rowgroup")
-    backward = lambda *a: pb.persistent_backward(plan, *a, layout="rowgroup")
+    forward = lambda *a: pf.persistent_forward(plan, *a, save=True, layout=layout)
+    backward = lambda *a: pb.persistent_backward(plan, *a, layout=layout)
     for run, args in ((forward, fwd), (backward, bwd)):
         lowered = jax.jit(run).trace(*args).lower(lowering_platforms=("cuda",))
         text = lowered.as_text()
         lowered.compile()
+        grid_barrier = "red.release.gpu" in text
         row.append(["mosaic_gpu" in text, "fence.proxy.async.global" in text,
-                    "red.release.gpu" not in text])
+                    grid_barrier == (layout == "grid")])
     rows.append(row)
 print(json.dumps(rows))
 """
@@ -143,17 +154,23 @@ print(json.dumps(rows))
 
 @pytest.mark.gpu_compile
 @needs_cuda
-def test_the_paper_rowgroup_plans_lower_and_compile_for_an_h100_without_a_gpu(tmp_path):
+def test_the_paper_cluster_plans_lower_and_compile_for_an_h100_without_a_gpu(tmp_path):
     """Both kernels at the paper's row-group plans (bf16 4 x 16; f32 4 x 16 at k_chunk 32,
     2 stages), as clusters of 16 with their fenced cluster barrier and no grid semaphore,
-    and with A multicast in the cluster (one wgmma in flight too), without spills."""
+    and with A multicast in the cluster (one wgmma in flight too); at the paper's grid plans
+    with the weights multicast to clusters of a column's 4 row blocks (with the grid
+    semaphore); without spills."""
     bf16, f32 = (256, 1000, "bfloat16", 16, 4, 64, 3), (256, 1000, "float32", 16, 4, 32, 2)
+    f32_grid = (256, 1000, "float32", 32, 4, 64, 4)
+    a, b = dict(multicast_a=True), dict(multicast_b=True)
     cases = [
-        (bf16, {}, 3, 7),
-        (f32, {}, 2, 7),
-        (bf16, dict(multicast_a=True), 3, 7),
-        (bf16, dict(multicast_a=True, wgmma_in_flight=1), 3, 7),
-        (f32, dict(multicast_a=True), 2, 7),
+        (bf16, {}, "rowgroup", 3, 7),
+        (f32, {}, "rowgroup", 2, 7),
+        (bf16, a, "rowgroup", 3, 7),
+        (bf16, a | dict(wgmma_in_flight=1), "rowgroup", 3, 7),
+        (f32, a, "rowgroup", 2, 7),
+        (bf16, b, "grid", 3, 7),
+        (f32_grid, b, "grid", 2, 7),
     ]
     rows, reports = run_deviceless(_COMPILE.format(cases=cases), tmp_path)
     assert rows == [[[True, True, True]] * 2] * len(cases), rows
@@ -161,7 +178,7 @@ def test_the_paper_rowgroup_plans_lower_and_compile_for_an_h100_without_a_gpu(tm
     assert_no_spills(reports)
     ptx = [path.read_text() for path in (tmp_path / "ptxas").glob("*.ptx")]
     multicasts = sum("multicast::cluster" in text for text in ptx)
-    assert (len(ptx), multicasts) == (2 * len(cases), 2 * 3), (len(ptx), multicasts)
+    assert (len(ptx), multicasts) == (2 * len(cases), 2 * 5), (len(ptx), multicasts)
 
 
 @pytest.mark.parametrize(

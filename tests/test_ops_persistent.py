@@ -22,6 +22,7 @@ from kernel_cases import assert_no_spills, compile_paper_step, needs_cuda
 from model_cases import (
     KERNEL_TOL,
     KERNEL_TOL_COMPILED,
+    TWO_ROW_BLOCKS,
     KernelModelMatchesScan,
     assert_compiled_off_a_gpu_lowers_but_does_not_execute,
     assert_interpret_mode_runs_or_names_the_jax,
@@ -290,7 +291,8 @@ def test_the_paper_variant_candidates_are_runnable_distinct_and_today_first(dtyp
     assert len(kept) == len(levers) - (dtype == "float32")
     for variant, (layout, main, *_) in zip(kept, plans[1:], strict=False):
         assert layout == variant.layout and main.wgmma_in_flight == variant.in_flight
-        assert (main.prefetch_weights, main.multicast_a) == (variant.prefetch, variant.multicast)
+        assert (main.prefetch_weights, main.multicast) == (variant.prefetch, variant.multicast)
+        assert main.multicast_b == (variant.multicast and layout == "grid")
         if variant.units:  # 32 units: 4 x 32 blocks, 128 of an H100's 132 SMs
             assert (main.units_per_block, main.grid) == (variant.units, 128)
     for variant, (layout, main, hyper, *joint) in zip(found, plans, strict=True):
@@ -307,8 +309,9 @@ def test_a_lever_set_in_the_candidates_keeps_todays_first_and_drops_twins():
     found = persistent.variant_candidates(*shape)
     prefetched = persistent.with_lever(found, dict(prefetch=1), *shape)
     assert prefetched[0] == found[0] and len(set(prefetched)) == len(prefetched)
-    for variant in prefetched[1:]:
-        assert variant.prefetch == (not variant.hyper_inside)
+    for variant in prefetched[1:]:  # not inside, nor with the weights multicast in the grid
+        grid_multicast = variant.multicast and variant.layout == "grid"
+        assert variant.prefetch == (not variant.hyper_inside and not grid_multicast)
     in_flight = persistent.with_lever(found, dict(in_flight=1), *shape)
     assert len(in_flight) == len(found) - 2  # status=poison and prefetch=1 met their twins
     assert in_flight[0] == found[0] and all(v.in_flight for v in in_flight[1:])
@@ -581,12 +584,24 @@ class MulticastRowgroup(RowgroupLayout):
     VARIANT = "hyper_inside=0,layout=rowgroup,multicast=1"
 
 
-def test_the_row_group_classes_run_the_first_two_levers():
-    first, second = (
-        dataclasses.replace(persistent.PersistentVariant(), **lever)
-        for lever in persistent.LEVERS[:2]
-    )
-    assert (RowgroupLayout.VARIANT, MulticastRowgroup.VARIANT) == (first.text(), second.text())
+def test_the_cluster_classes_run_the_first_three_levers():
+    levers = [
+        dataclasses.replace(persistent.PersistentVariant(), **lever).text()
+        for lever in persistent.LEVERS[:3]
+    ]
+    assert [RowgroupLayout.VARIANT, MulticastRowgroup.VARIANT, MulticastGrid.VARIANT] == levers
+
+
+class MulticastGrid(RowgroupLayout):
+    """The grid layout launched as clusters of a column's row blocks, the weights multicast
+    to them (the third lever), at a model of 2 row blocks: GPU interpret mode's plans have
+    one (the fewest blocks), so the kernels' own tests interpret it."""
+
+    VARIANT = "hyper_inside=0,layout=grid,multicast=1"
+    CASES = {**RowgroupLayout.CASES, "model_case": list(TWO_ROW_BLOCKS)}
+
+    def test_evaluation_logits_match_scan(self):
+        pytest.skip("its case has one row block: test_loss_and_gradients_match_scan runs it")
 
 
 class TestPersistentCompiledRowgroup(RowgroupLayout, TestPersistentCompiled):
@@ -603,6 +618,14 @@ class TestPersistentCompiledMulticast(MulticastRowgroup, TestPersistentCompiled)
 
 class TestPersistentInterpretMulticast(MulticastRowgroup, TestPersistentInterpret):
     """A multicast in the row-group layout, in GPU interpret mode."""
+
+
+class TestPersistentCompiledMulticastGrid(MulticastGrid, TestPersistentCompiled):
+    """The weights multicast in the grid layout, compiled."""
+
+
+class TestPersistentReferenceMulticastGrid(MulticastGrid, TestPersistentReference):
+    """The same with the kernels' references in place (its plans, padding and variant)."""
 
 
 def test_row_group_interpret_plans_keep_the_hyper_cell_apart(monkeypatch, hyper_inside):
@@ -659,12 +682,12 @@ def test_paper_hyperrhn_training_step_lowers_and_compiles_for_an_h100_without_a_
 
 @pytest.mark.gpu_compile
 @needs_cuda
-@pytest.mark.parametrize("lever", [0, 1, 2])
+@pytest.mark.parametrize("lever", [0, 1, 2, 3])
 def test_the_first_levers_compile_the_paper_step_for_an_h100_without_a_gpu(tmp_path, lever):
-    """The first three of today's levers (`persistent.LEVERS`: the row-group layout, the
-    fastest timed; with A multicast; 32 units a block, 128 blocks) at the paper's HyperRHN
-    step, bf16 and f32, deviceless: each cell's forward and backward kernels apart, no
-    register spill."""
+    """The first four of today's levers (`persistent.LEVERS`: the row-group layout, the
+    fastest timed; with A multicast; the grid with the weights multicast; 32 units a block,
+    128 blocks) at the paper's HyperRHN step, bf16 and f32, deviceless: each cell's forward
+    and backward kernels apart, no register spill."""
     dtypes = ["bfloat16", "float32"]
     variant = dataclasses.replace(persistent.PersistentVariant(), **persistent.LEVERS[lever])
     assert variant in persistent.variant_candidates(256, 1000, 128, "bfloat16")

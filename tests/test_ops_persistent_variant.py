@@ -20,7 +20,7 @@ from rhhjax.ops.persistent_variant import PersistentVariant, parse_variant
         ("in_flight=2", "must be 0 or 1"),
         ("prefetch=2", "must be 0 or 1"),
         ("hyper_inside=1,prefetch=1", "runs the hyper cell apart"),
-        ("multicast=1", "needs layout=rowgroup"),
+        ("multicast=1,prefetch=1", "no prefetch=1"),
         ("units=6", "must be >= 4 and a multiple of 4"),
         ("hyper_inside=1,layout=rowgroup,multicast=1", "runs the hyper cell apart"),
         ("hyper_blocks=many", "is not one of"),
@@ -60,6 +60,11 @@ def test_planned_puts_each_lever_on_the_paper_plan(dtype):
     assert PersistentVariant().planned(grid) is grid
     multicast = parse_variant("layout=rowgroup,multicast=1,in_flight=1").planned(rowgroup)
     assert multicast == dataclasses.replace(rowgroup, multicast_a=True, wgmma_in_flight=1)
+    shared_weights = parse_variant("multicast=1").planned(grid)
+    assert shared_weights == dataclasses.replace(grid, multicast_b=True)
+    one_row_block = persistent_cost.plan_for(64, 1000, dtype)  # nothing to share: as it is
+    assert one_row_block.row_blocks == 1
+    assert parse_variant("multicast=1").planned(one_row_block) == one_row_block
     wide = parse_variant("units=32,stages=2").planned(grid)
     assert (wide.units_per_block, wide.col_blocks, wide.row_blocks) == (32, 32, 4)
     assert (wide.stages, wide.k_chunk) == (2, grid.k_chunk)

@@ -1,8 +1,8 @@
 """The K loop every Mosaic GPU kernel here shares: one block's f32 tile of ``A @ B^T``
 through a ``stages``-deep TMA pipeline into a wgmma accumulator, stored to shared memory.
 ``in_flight`` 1 keeps one K chunk's wgmma running under the next one's issue; the staged
-form loads B's first chunks early, from the caller's buffers, and can multicast A's chunks
-to the blocks of a cluster."""
+form loads B's first chunks early, from the caller's buffers, and can multicast A's or B's
+chunks to the blocks along a cluster axis."""
 
 from __future__ import annotations
 
@@ -82,6 +82,9 @@ class StagedOperands:
     a_bar: Any  # [stages] mbarriers
     b_bar: Any
     a_free: Any = None  # [stages] cluster barriers: every block read the A slot (multicast)
+    b_free: Any = None
+    a_axis: str | None = None  # the cluster axis A's chunks are multicast along, or None
+    b_axis: str | None = None
 
     @property
     def stages(self) -> int:
@@ -89,10 +92,10 @@ class StagedOperands:
 
 
 def staged_scratch(
-    rows: int, cols: int, tile_k: int, stages: int, dtype, multicast_axis: str | None = None
+    rows: int, cols: int, tile_k: int, stages: int, dtype, a_axis=None, b_axis=None
 ) -> dict:
-    """The scratch types of `StagedOperands`, by field name; with ``multicast_axis`` (a
-    cluster axis) A's chunks are multicast to the blocks along it."""
+    """The scratch types of `StagedOperands`' buffers, by field name; with ``a_axis`` or
+    ``b_axis`` (a cluster axis) that operand's chunks are multicast to the blocks along it."""
     smem = functools.partial(plgpu.SMEM, dtype=dtype, transforms=wgmma_transforms(tile_k, dtype))
     types = dict(
         a=smem((stages, rows, tile_k)),
@@ -100,9 +103,10 @@ def staged_scratch(
         a_bar=plgpu.Barrier(num_barriers=stages),
         b_bar=plgpu.Barrier(num_barriers=stages),
     )
-    if multicast_axis is not None:
-        bar = plgpu.ClusterBarrier(collective_axes=(multicast_axis,), num_barriers=stages)
-        types["a_free"] = bar
+    for operand, axis in (("a", a_axis), ("b", b_axis)):
+        if axis is not None:
+            bar = plgpu.ClusterBarrier(collective_axes=(axis,), num_barriers=stages)
+            types[f"{operand}_free"] = bar
     return types
 
 
@@ -111,11 +115,20 @@ def _chunk(gmem, block: jax.Array | int, k: jax.Array | int, tile):
     return gmem.at[pl.ds(block * rows, rows), pl.ds(k * tile_k, tile_k)]
 
 
-def _load(staged: StagedOperands, operand: str, gmem, block, k, multicast_axis=None) -> None:
+def _load(staged: StagedOperands, operand: str, gmem, block, k) -> None:
     tiles, bars = getattr(staged, operand), getattr(staged, f"{operand}_bar")
-    slot = jax.lax.rem(k, staged.stages)
+    slot, axis = jax.lax.rem(k, staged.stages), getattr(staged, f"{operand}_axis")
     src = _chunk(gmem, block, k, tiles.at[0])
-    plgpu.copy_gmem_to_smem(src, tiles.at[slot], bars.at[slot], collective_axes=multicast_axis)
+    plgpu.copy_gmem_to_smem(src, tiles.at[slot], bars.at[slot], collective_axes=axis)
+
+
+def _free(staged: StagedOperands, operand: str, k) -> None:
+    """Waits until every block along the operand's multicast axis has read chunk ``k``'s
+    stage (arriving for this block): a multicast writes into theirs too."""
+    if getattr(staged, f"{operand}_axis") is not None:
+        free = getattr(staged, f"{operand}_free").at[jax.lax.rem(k, staged.stages)]
+        plgpu.barrier_arrive(free)
+        plgpu.barrier_wait(free)
 
 
 def load_b_chunks(staged: StagedOperands, b_gmem, b_block: jax.Array | int, k_steps: int) -> None:
@@ -141,20 +154,18 @@ def gemm_nt_staged(
     k_steps: int,
     in_flight: int = 0,
     b_loaded: bool = True,
-    multicast_axis: str | None = None,
 ) -> None:
     """`gemm_nt_to_smem` on ``staged``, whose B chunks `load_b_chunks` has issued if
-    ``b_loaded``. With ``multicast_axis`` every block along that cluster axis runs this
-    GEMM with the same A rows, and each A chunk is loaded once for all of them: a slot is
-    refilled once every block has read it (``staged.a_free``). The cluster must not read
-    the A slots between two such GEMMs without a cluster barrier."""
+    ``b_loaded``. With ``staged.a_axis`` (``b_axis``) every block along that cluster axis
+    runs this GEMM with the same A (B) block, and each of its chunks is loaded once for all
+    of them: a stage is refilled once every block has read it (`_free`). The cluster must
+    not reuse the stages between two such GEMMs without a barrier of its blocks."""
     stages = staged.stages
     _check_in_flight(in_flight, stages)
     if not b_loaded:
         load_b_chunks(staged, b_gmem, b_block, k_steps)
-    load_a = functools.partial(_load, staged, "a", a_gmem, a_block, multicast_axis=multicast_axis)
     for k in range(min(stages, k_steps)):
-        load_a(k)
+        _load(staged, "a", a_gmem, a_block, k)
 
     def accumulate(acc):
         def k_step(k, carry):
@@ -167,11 +178,9 @@ def gemm_nt_staged(
 
             @pl.when(jnp.logical_and(k >= in_flight, refill < k_steps))
             def _():
-                if multicast_axis is not None:  # the blocks along it read the slot too
-                    free = staged.a_free.at[jax.lax.rem(refill, stages)]
-                    plgpu.barrier_arrive(free)
-                    plgpu.barrier_wait(free)
-                load_a(refill)
+                _free(staged, "a", refill)
+                _free(staged, "b", refill)
+                _load(staged, "a", a_gmem, a_block, refill)
                 _load(staged, "b", b_gmem, b_block, refill)
 
             return carry

@@ -124,9 +124,15 @@ def cluster_barrier(bar) -> jax.Array:
     return jnp.bool_(True)
 
 
-def launch(grid: tuple[int, ...], names: tuple[str, ...], interpret: Any) -> tuple[dict, dict]:
-    """(``plgpu.kernel`` launch arguments, extra scratch): a grid compiled, or interpreted
+def launch(
+    grid: tuple[int, ...], names: tuple[str, ...], interpret: Any, cluster_rows: bool = False
+) -> tuple[dict, dict]:
+    """(``plgpu.kernel`` launch arguments, extra scratch): a grid compiled (with
+    ``cluster_rows``, of (rows, cols): one cluster of the rows per column), or interpreted
     one cluster of all blocks on `CLUSTER_AXIS` with two cluster barriers ``phase_bar``."""
+    if interpret is None and cluster_rows:
+        (n_r, n_c), (row, col) = grid, names
+        return dict(grid=(n_c,), grid_names=(col,), cluster=(n_r,), cluster_names=(row,)), {}
     if interpret is None:
         return dict(grid=grid, grid_names=names), {}
     bar = plgpu.ClusterBarrier(collective_axes=(CLUSTER_AXIS,), num_barriers=2)

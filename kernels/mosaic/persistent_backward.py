@@ -104,7 +104,7 @@ def persistent_backward(
     )  # fmt: skip
     own = pf.check_hyper_blocks(plan, hp, hyper_blocks, layout, interpret)
     rowgroup_layout.check(plan, layout, interpret)
-    launch, block_index, make_barrier = rowgroup_layout.functions(layout, interpret)
+    launch, block_index, make_barrier = rowgroup_layout.functions(layout, interpret, plan)
     phases = packed.shape[0]
     steps = phases // depth
     g_last = g.shape[0] != phases  # layer L - 1's cotangent only: zero at the other layers
@@ -149,7 +149,7 @@ def persistent_backward(
             hyper_cell = _hyper_cell(hyper_g, hyper_outs, outs[-2], hyper_epi, sc, r, hyper_col)
         main = BackwardCell(
             plan, steps, depth, keep, names, g_last, named, main_sc, r, c,
-            scales_plan=scales_plan,
+            scales_plan=scales_plan, interpret=interpret,
         )  # fmt: skip
         is_hyper_block = c >= n_main if own else c < (0 if hp is None else hp.col_blocks)
         on_main = (lambda f: pl.when(c < n_main)(f)) if own else (lambda f: f())
@@ -250,7 +250,7 @@ def persistent_backward(
             bar=plgpu.Barrier(num_barriers=len(names) + has_mask),
             **({"mask_tile": plgpu.SMEM((rows, u), keep_mask.DTYPE)} if has_mask else {}),
             **({"dz_acc": plgpu.SMEM((depth, group, u), F32)} if has_z else {}),
-            **staged_scratch(plan, u, 2 * n_pad // plan.k_chunk, mm_dtype),
+            **staged_scratch(plan, u, 2 * n_pad // plan.k_chunk, mm_dtype, interpret),
             **hyper_scratch,
             **phase_bar,
         ),

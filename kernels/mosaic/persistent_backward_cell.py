@@ -22,11 +22,7 @@ from rhhjax.kernels.mosaic import gemm, keep_mask
 from rhhjax.kernels.mosaic import persistent_forward as pf
 from rhhjax.kernels.mosaic import persistent_slots as slots
 from rhhjax.kernels.mosaic.backward import _gate_backward
-from rhhjax.kernels.mosaic.persistent_cell import (
-    multicast_axis,
-    staged_operands,
-    wait_for_all_but,
-)
+from rhhjax.kernels.mosaic.persistent_cell import staged_operands, wait_for_all_but
 from rhhjax.kernels.mosaic.plan import PersistentPlan
 
 
@@ -65,6 +61,7 @@ class BackwardCell:
     c: Any
     scales_plan: PersistentPlan | None = None
     fill_ds_h: Callable | None = None
+    interpret: Any = None  # the kernel's: the cluster axes of a multicast
 
     @property
     def phases(self) -> int:
@@ -80,7 +77,7 @@ class BackwardCell:
 
     @property
     def staged(self) -> gemm.StagedOperands | None:
-        return staged_operands(self.sc)
+        return staged_operands(self.sc, self.plan, self.interpret)
 
     def _weight_block(self, p):
         """The weight rows phase ``p``'s GEMM reads: the layer above's."""
@@ -197,7 +194,6 @@ class BackwardCell:
                 gemm.gemm_nt_staged(
                     acc, staged, a_mm, w, a_block, w_block, k_steps=self.k_steps,
                     in_flight=plan.wgmma_in_flight, b_loaded=plan.prefetch_weights,
-                    multicast_axis=multicast_axis(plan),
                 )  # fmt: skip
 
         @pl.when(last)

@@ -115,7 +115,7 @@ def backward_smem_bytes(
     pipelines = [[s * rows * k * item, s * b * k * item] for k, s, b in gemms]
     pipeline = max(pipelines, key=lambda b: sum(map(_align, b)))
     # One set of mbarriers per distinct stage count.
-    barriers += sum({s for _, s, _ in gemms}) + stages * (plan.staged + plan.multicast_a)
+    barriers += sum({s for _, s, _ in gemms}) + stages * (plan.staged + plan.multicast)
     allocations = (
         *pipeline,
         *hyper_alloc,

@@ -18,7 +18,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 from rhhjax.kernels.layout import F32
 from rhhjax.kernels.mosaic import forward as mf
-from rhhjax.kernels.mosaic import gemm, keep_mask, rowgroup_layout
+from rhhjax.kernels.mosaic import gemm, grid_barrier, keep_mask, rowgroup_layout
 from rhhjax.kernels.mosaic import persistent_slots as slots
 from rhhjax.kernels.mosaic.plan import (
     PersistentPlan,
@@ -164,7 +164,7 @@ class Cell:
             gemm.gemm_nt_staged(
                 self.pre, self.staged, refs["s_mm"], refs["w"], a_row, w_row,
                 k_steps=self.k_steps, in_flight=plan.wgmma_in_flight,
-                b_loaded=plan.prefetch_weights, multicast_axis=multicast_axis(plan),
+                b_loaded=plan.prefetch_weights,
             )  # fmt: skip
         if plan.prefetch_weights:  # the next phase's weights, under this epilogue and barrier
             pl.when(p + 1 < phases)(lambda: self.load_weights(p + 1))
@@ -240,27 +240,34 @@ class Cell:
         return late
 
 
-def multicast_axis(plan: PersistentPlan) -> str | None:
-    """The cluster axis the main GEMM's A chunks are multicast along, or None."""
-    return rowgroup_layout.COL if plan.multicast_a else None
+def multicast_axes(plan: PersistentPlan, interpret: Any) -> tuple[str | None, str | None]:
+    """The cluster axes the main GEMM's A and B chunks are multicast along, or None: A along
+    a row group's cluster, B along a column's row blocks (interpreted: the grid's cluster)."""
+    a_axis = rowgroup_layout.COL if plan.multicast_a else None
+    b_axis = rowgroup_layout.ROW if interpret is None else grid_barrier.CLUSTER_AXIS
+    return a_axis, b_axis if plan.multicast_b else None
 
 
-def staged_scratch(plan: PersistentPlan, cols: int, k_steps: int, mm_dtype) -> dict:
+def staged_scratch(plan: PersistentPlan, cols: int, k_steps: int, mm_dtype, interpret) -> dict:
     """With ``plan.staged`` the main GEMM's stage buffers (B rows ``cols``) as scratch
     types named ``stage_*``; else none."""
     if not plan.staged:
         return {}
     stages = plan.staged_stages(k_steps)
     buffers = gemm.staged_scratch(
-        plan.rows_per_block, cols, plan.k_chunk, stages, mm_dtype, multicast_axis(plan)
-    )
+        plan.rows_per_block, cols, plan.k_chunk, stages, mm_dtype,
+        *multicast_axes(plan, interpret),
+    )  # fmt: skip
     return {f"stage_{name}": buffer for name, buffer in buffers.items()}
 
 
-def staged_operands(sc: dict) -> gemm.StagedOperands | None:
+def staged_operands(sc: dict, plan: PersistentPlan, interpret) -> gemm.StagedOperands | None:
     """The `scratch` buffers of ``plan.staged``, or None."""
     buffers = {k.removeprefix("stage_"): v for k, v in sc.items() if k.startswith("stage_")}
-    return gemm.StagedOperands(**buffers) if buffers else None
+    if not buffers:
+        return None
+    a_axis, b_axis = multicast_axes(plan, interpret)
+    return gemm.StagedOperands(**buffers, a_axis=a_axis, b_axis=b_axis)
 
 
 def wait_for_all_but(late: int) -> None:
@@ -276,8 +283,9 @@ def wait_for_every_store() -> None:
 
 
 def scratch(
-    plan: PersistentPlan, mm_dtype, has_z: bool, has_mask: bool, save: bool, z_inside: bool
-) -> dict:
+    plan: PersistentPlan, mm_dtype, has_z: bool, has_mask: bool, save: bool, z_inside: bool,
+    interpret: Any = None,
+) -> dict:  # fmt: skip
     """One cell's shared memory but its GEMM tile ``pre`` (shared by the cells)."""
     rows, u = plan.rows_per_block, plan.units_per_block
 
@@ -289,7 +297,9 @@ def scratch(
             (plgpu.SMEM((rows, u), mm_dtype),), (plgpu.SMEM((rows, u), keep_mask.DTYPE),)
         ),
         bar=plgpu.Barrier(num_barriers=len(forward_inputs(has_z, z_inside)) + has_mask),
-        **staged_scratch(plan, plan.cols_per_block, plan.k_pad // plan.k_chunk, mm_dtype),
+        **staged_scratch(
+            plan, plan.cols_per_block, plan.k_pad // plan.k_chunk, mm_dtype, interpret
+        ),
     )
     return scratch
 

@@ -223,7 +223,7 @@ def persistent_forward(
     hyper_plan = None if hyper is None else hyper.plan
     own = check_hyper_blocks(plan, hyper_plan, hyper_blocks, layout, interpret)
     rowgroup_layout.check(plan, layout, interpret)
-    launch, block_index, make_barrier = rowgroup_layout.functions(layout, interpret)
+    launch, block_index, make_barrier = rowgroup_layout.functions(layout, interpret, plan)
     phases = steps * depth
     n_r, n_main = plan.row_blocks, plan.col_blocks
     n_c = n_main + (hyper.plan.col_blocks if own else 0)  # the grid's columns
@@ -273,7 +273,7 @@ def persistent_forward(
             return persistent_cell.Cell(
                 cell_plan, steps, depth, keep, save, cell_has_z, cell_z_inside, named,
                 sc["state"], pre, sc["epi"], cast, mask_tile, sc["bar"], r, col, fill_z,
-                persistent_cell.staged_operands(sc),
+                persistent_cell.staged_operands(sc, cell_plan, interpret),
             )  # fmt: skip
 
         main_sc = {k[2:]: v for k, v in scratch.items() if k.startswith("m_")}
@@ -333,12 +333,14 @@ def persistent_forward(
         persistent_cell.wait_for_every_store()
         status_g[block] = code
 
-    main_scratch = persistent_cell.scratch(plan, mm_dtype, has_z, mask is not None, save, z_inside)
+    main_scratch = persistent_cell.scratch(
+        plan, mm_dtype, has_z, mask is not None, save, z_inside, interpret
+    )
     scratch_types = {f"m_{k}": v for k, v in main_scratch.items()}
     if z_inside:
         rows = plan.rows_per_block
         hyper_scratch = persistent_cell.scratch(
-            hp, mm_dtype, False, hyper.mask is not None, save, False
+            hp, mm_dtype, False, hyper.mask is not None, save, False, interpret
         )
         scratch_types |= {f"h_{k}": v for k, v in hyper_scratch.items()}
         # The hyper cell's GEMM runs after the main epilogue has read `pre`: one buffer.

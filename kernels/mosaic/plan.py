@@ -79,6 +79,9 @@ class PersistentPlan:
     grid barrier that ends the phase before (`gemm.gemm_nt_staged`; the hyper cell apart).
     ``multicast_a``: each A chunk of the main GEMM is loaded once per row-group cluster and
     multicast to its blocks (the row-group layout only; the hyper cell apart).
+    ``multicast_b``: each weight chunk is loaded once per cluster of a column's row blocks
+    and multicast to them (the grid layout only, launched as such clusters; not with
+    ``prefetch_weights``; the hyper cell apart).
     """
 
     batch: int
@@ -94,6 +97,7 @@ class PersistentPlan:
     wgmma_in_flight: int = 0
     prefetch_weights: bool = False
     multicast_a: bool = False
+    multicast_b: bool = False
 
     def __post_init__(self):
         for name in ("batch", "width", "col_blocks", "row_blocks", "k_chunk", "stages"):
@@ -177,11 +181,16 @@ class PersistentPlan:
     @property
     def staged(self) -> bool:
         """Whether the main GEMM runs `gemm.gemm_nt_staged` (not `gemm.gemm_nt_to_smem`)."""
-        return self.prefetch_weights or self.multicast_a
+        return self.prefetch_weights or self.multicast
+
+    @property
+    def multicast(self) -> bool:
+        return self.multicast_a or self.multicast_b
 
     def staged_levers(self) -> str:
         """The fields that make it `staged`, for an error line."""
-        return " and ".join(f for f in ("prefetch_weights", "multicast_a") if getattr(self, f))
+        fields = ("prefetch_weights", "multicast_a", "multicast_b")
+        return " and ".join(f for f in fields if getattr(self, f))
 
     def staged_stages(self, k_steps: int) -> int:
         """Stages of `gemm.StagedOperands` for a K loop of ``k_steps`` chunks."""
@@ -210,7 +219,7 @@ class PersistentPlan:
         ]
         pre = rows * self.cols_per_block * 4
         buffers = [rows * units * 4, slots * rows * units * 4, rows * units * item]
-        barriers = self.stages * (1 + self.staged + self.multicast_a)
+        barriers = self.stages * (1 + self.staged + self.multicast)
         barriers += len(forward_inputs(has_z or z_inside, z_inside)) + has_mask
         if z_inside:
             h_units, h_chunk = hyper.units_per_block, hyper.k_chunk

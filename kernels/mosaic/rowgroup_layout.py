@@ -8,6 +8,7 @@ kernels' ``layout`` (`functions`). Design: docs/design.md (module notes).
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
@@ -25,6 +26,13 @@ def check(plan: PersistentPlan, layout: str, interpret: Any) -> None:
         raise PlanError(f"persistent layout {layout!r} is not one of {LAYOUTS}")
     if plan.multicast_a and layout != "rowgroup":
         raise PlanError(f"persistent multicast_a needs layout 'rowgroup', got {layout!r}")
+    if plan.multicast_b and layout != "grid":
+        raise PlanError(f"persistent multicast_b needs layout 'grid', got {layout!r}")
+    if plan.multicast_b and (plan.prefetch_weights or not 2 <= plan.row_blocks <= MAX_CLUSTER):
+        raise PlanError(
+            f"persistent multicast_b needs 2 to {MAX_CLUSTER} row blocks (a cluster of them) "
+            f"and no prefetch_weights, got {plan.row_blocks} and {plan.prefetch_weights}"
+        )
     if layout == "grid":
         if interpret is not None:
             plan.check_interpretable()
@@ -75,10 +83,14 @@ def make_barrier(blocks: int, is_leader, spin_limit: int, phase_bar=None, interp
     return barrier
 
 
-def functions(layout: str, interpret: Any):
-    """(launch, block_index, make_barrier) of ``layout``."""
+def functions(layout: str, interpret: Any, plan: PersistentPlan | None = None):
+    """(launch, block_index, make_barrier) of ``layout`` (the grid's in clusters of a column's
+    row blocks where ``plan.multicast_b``)."""
     if layout == "grid":
-        return grid_barrier.launch, grid_barrier.block_index, grid_barrier.make_barrier
+        grid_launch = grid_barrier.launch
+        if plan is not None and plan.multicast_b:
+            grid_launch = functools.partial(grid_launch, cluster_rows=True)
+        return grid_launch, grid_barrier.block_index, grid_barrier.make_barrier
 
     def barrier(blocks, is_leader, spin_limit, phase_bar=None):
         return make_barrier(blocks, is_leader, spin_limit, phase_bar, interpret)

@@ -20,7 +20,8 @@ PIPELINES = ((None, None), (2, None), (3, None), (4, None), (4, 32), (6, 32), (2
 # Today's variant with each of these is timed right after it (`variant_candidates`), the
 # fastest timed so far first (docs/persistent_design.md, "Autotuning the variant").
 LEVERS = (
-    dict(layout="rowgroup"), dict(layout="rowgroup", multicast=1), dict(units=32),
+    dict(layout="rowgroup"), dict(layout="rowgroup", multicast=1), dict(multicast=1),
+    dict(units=32),
     dict(status="poison"), dict(in_flight=1), dict(in_flight=1, status="poison"),
     dict(prefetch=1), dict(prefetch=1, in_flight=1),
 )  # fmt: skip
@@ -65,8 +66,8 @@ class PersistentVariant:
         if (self.prefetch or self.multicast) and self.hyper_inside:
             lever = "prefetch" if self.prefetch else "multicast"
             raise VariantError(f"{lever}=1 runs the hyper cell apart (hyper_inside=0)")
-        if self.multicast and self.layout != "rowgroup":
-            raise VariantError("multicast=1 needs layout=rowgroup (a cluster per row group)")
+        if self.multicast and self.prefetch and self.layout == "grid":
+            raise VariantError("multicast=1 multicasts the weights in the grid: no prefetch=1")
         if self.hyper_blocks not in pf.HYPER_BLOCKS:
             raise VariantError(
                 f"hyper_blocks={self.hyper_blocks!r} is not one of {pf.HYPER_BLOCKS}"
@@ -100,8 +101,9 @@ class PersistentVariant:
         kernels run it."""
         if self.units and self.units != plan.units_per_block:
             plan = _with_units(plan, self.units)
-        levers = (self.in_flight, self.prefetch, self.multicast)
-        if (self.stages, self.k_chunk, *levers) == (None, None, 0, 0, 0):
+        shared = ("a" if self.layout == "rowgroup" else "b") if self.multicast else ""
+        levers = (self.in_flight, self.prefetch, shared)
+        if (self.stages, self.k_chunk, *levers) == (None, None, 0, 0, ""):
             return plan
         stages, k_chunk = self.stages or plan.stages, self.k_chunk or plan.k_chunk
         return _pipelined(plan, stages, k_chunk, *levers)
@@ -120,16 +122,19 @@ def _with_units(plan: PersistentPlan, units: int) -> PersistentPlan:
 
 @functools.cache
 def _pipelined(
-    plan: PersistentPlan, stages: int, k_chunk: int, in_flight: int, prefetch: int, multicast: int
+    plan: PersistentPlan, stages: int, k_chunk: int, in_flight: int, prefetch: int, shared: str
 ) -> PersistentPlan:
+    """``shared``: the multicast operand, "a" (the state rows), "b" (the weights: not to a
+    plan of one row block, which has no one to share them with) or ""."""
     what = (
         f"persistent variant stages={stages}, k_chunk={k_chunk}, in_flight={in_flight}, "
-        f"prefetch={prefetch}, multicast={multicast}"
+        f"prefetch={prefetch}, multicast={int(bool(shared))}"
     )
     try:
         replanned = dataclasses.replace(
             plan, stages=stages, k_chunk=k_chunk, wgmma_in_flight=in_flight,
-            prefetch_weights=bool(prefetch), multicast_a=bool(multicast),
+            prefetch_weights=bool(prefetch), multicast_a=shared == "a",
+            multicast_b=shared == "b" and plan.row_blocks > 1,
         )  # fmt: skip
         check_runnable(replanned)
     except PlanError as error:
