@@ -252,3 +252,15 @@ def test_the_readme_counts_the_untimed_variants_of_the_autotune_tables():
     }
     untimed = [v for v in candidates if v not in timed]
     assert (int(match[1]), int(match[2])) == (len(untimed), len(candidates))
+
+
+def test_the_design_counts_the_paper_candidates():
+    from rhhjax.ops import persistent
+
+    match = re.search(
+        r"At the paper size, (\d+) in bf16 and (\d+) in f32", normalized(PERSISTENT_DESIGN)
+    )
+    assert match, "docs/persistent_design.md no longer counts the candidates"
+    dtypes = ("bfloat16", "float32")
+    counts = [len(persistent.variant_candidates(256, 1000, 128, d)) for d in dtypes]
+    assert [int(match[1]), int(match[2])] == counts
