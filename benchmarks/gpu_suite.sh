@@ -220,11 +220,12 @@ if [ "$MODE" = kernels ]; then
 fi
 if [ "$MODE" = check ]; then
   # A loan's first call (../shared/docs/gpu-lease.md, timeout 220 s): the persistent model's
-  # compiled tests against `scan`, in the row-group layout too (at most 120 s, 8 at once; 12
-  # tests took 75 s in results/gpu_h200_2026-11-28b.md), and at the same time, apart, those
-  # of the variant fields no GPU has tested (`persistent.UNTESTED_ON_A_GPU`: a hang there cuts
-  # only them, and the autotune leaves out the fields whose tests did not all pass), then the
-  # autotune table of the paper-size bf16 HyperRHN step with the rest: today's variant and its levers first (`persistent.LEVERS`),
+  # compiled tests against `scan`, in the row-group layout too (21 tests in at most 130 s, 10
+  # at once; 12 took 75 s 8 at once in results/gpu_h200_2026-11-28b.md), and at the same
+  # time, apart (4 at once), those of the variant fields no GPU has tested
+  # (`persistent.UNTESTED_ON_A_GPU`: a hang there cuts only them, and the autotune leaves out
+  # a field whose tests did not all pass); then the autotune table of the paper-size bf16
+  # HyperRHN step with the rest: today's variant and its levers first (`persistent.LEVERS`),
   # after the first 4 compiling at once (threads);
   # AUTOTUNE_SKIP=an earlier autotune.json leaves out what it timed, but its winner and the
   # default; AUTOTUNE_WITH=status=poison sets that in every candidate but the default;
@@ -233,14 +234,14 @@ if [ "$MODE" = check ]; then
   # passed, else fused.
   untested=$("$PY" benchmarks/autotune_persistent.py --untested_k)
   if [ -n "$untested" ]; then
-    gpu_tests 120 tests_untested.log -n 4 -k "$untested" tests/test_ops_persistent.py &
-    gpu_tests 120 tests_model.log -n 8 -k "(Compiled or OnAGpu) and not ($untested)" \
+    gpu_tests 130 tests_untested.log -n 4 -k "$untested" tests/test_ops_persistent.py &
+    gpu_tests 130 tests_model.log -n 10 -k "(Compiled or OnAGpu) and not ($untested)" \
       tests/test_ops_persistent.py
     wait
     guard=$("$PY" benchmarks/autotune_persistent.py --untested_guard="$OUT/tests_untested.log")
     AUTOTUNE_ONLY="${AUTOTUNE_ONLY:-}${guard:+${AUTOTUNE_ONLY:+,}$guard}"
   else
-    gpu_tests 120 tests_model.log -n 8 tests/test_ops_persistent.py
+    gpu_tests 130 tests_model.log -n 10 tests/test_ops_persistent.py
   fi
   left=$((${CHECK_SECONDS:-205} - SECONDS))  # the autotune gets what the tests left
   autotune_table "$left" $((left - 15)) bfloat16
