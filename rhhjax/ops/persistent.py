@@ -286,10 +286,10 @@ def _run_forward(
 def _checked(spec, outs, poisoned: int | None, name: str) -> tuple:
     """``outs`` with their status checked on the host, or ``outs[poisoned]`` NaN if it is
     bad; unchecked in the row-group layout, whose cluster barriers cannot give up."""
-    outs = tuple(outs)
-    if variant_of(spec).layout == "rowgroup":
+    outs, variant = tuple(outs), variant_of(spec)
+    if variant.layout == "rowgroup":
         return outs
-    if poisoned is None or not variant_of(spec).poisons():
+    if poisoned is None or not variant.poisons():
         grid_barrier.check_status(outs[-1], name)
         return outs
     out = jnp.where(jnp.any(outs[-1] != 0), jnp.nan, outs[poisoned])

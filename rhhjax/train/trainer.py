@@ -135,14 +135,14 @@ def _autotuned(run: Run, oc) -> Any:
 
 def nonfinite_hint(mc) -> str:
     """What a non-finite loss may also mean under the step's implementation ``mc``: with
-    `persistent`'s ``status=poison`` in the grid layout, a grid barrier that gave up ("" else:
-    the row-group layout's cluster barriers never give up)."""
+    `persistent`'s ``status=poison``, a grid barrier that gave up ("" else; the row-group
+    layout, whose cluster barriers never give up, keeps no status to poison)."""
     from rhhjax.ops import persistent
 
     if mc.impl != persistent.NAME:
         return ""
     variant = persistent.parse_variant(mc.persistent_variant) or persistent.default_variant()
-    if variant.status != "poison" or variant.layout != "grid":
+    if not variant.poisons():
         return ""
     return (
         f" (model.persistent_variant={variant.text()}: a grid barrier that gave up shows as "
