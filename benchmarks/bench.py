@@ -48,11 +48,10 @@ import sys
 import time
 from collections.abc import Sequence
 
+import gemm_rate
 import jax
 import jax.numpy as jnp
-import numpy as np
 from absl import app, flags
-from hlo import launches as hl
 
 from rhhjax import configs, models
 from rhhjax.ops import persistent
@@ -298,90 +297,8 @@ def time_row(
     )
 
 
-# ----------------------------------------------------------------------------- GEMM loop
-
-
 def on_gpu() -> bool:
     return jax.default_backend() == "gpu"
-
-
-def gemm_shapes(size: str, square: int) -> list[tuple[str, int, int, int]]:
-    """(name, M, K, N) of the measured GEMMs: the large square, then the recurrence's own at
-    ``size``: main cell [B, n] x [n, 2n], hyper cell [B, h] x [h, 2h], hyper projection
-    [B, h] x [h, n] (models/config: n = hidden, h = hyper_hidden; B = the batch)."""
-    n, h, _, batch, _ = SIZES[size]
-    return [
-        ("square", square, square, square),
-        ("main", batch, n, 2 * n),
-        ("hyper", batch, h, 2 * h),
-        ("hyper_proj", batch, h, n),
-    ]
-
-
-def orthonormal_rows(k: int, n: int, seed: int) -> np.ndarray:
-    """[k, n] (k <= n) with orthonormal rows: ``w @ w.T = I``, so ``(a @ w) @ w.T = a``
-    (computed on the host: no LAPACK call under jit)."""
-    g = np.random.default_rng(seed).standard_normal((n, k))
-    q, _ = np.linalg.qr(g)  # [n, k], orthonormal columns
-    return q.T.astype(np.float32)
-
-
-def gemm_loop(square: bool, iters: int):
-    """Jitted ``(a [m, k], w [k, n], wt [n, k]) -> a`` after ``iters`` dependent iterations
-    of ``a <- a @ w`` (``square``) or ``a <- (a @ w) @ wt`` (float32 accumulation, the result
-    in a's dtype). An optimization barrier between the two GEMMs keeps XLA from
-    re-associating them into one loop-invariant product."""
-
-    def run(a, w, wt):
-        def body(_, a):
-            c = jnp.matmul(a, w, preferred_element_type=jnp.float32).astype(a.dtype)
-            if square:
-                return c
-            c = jax.lax.optimization_barrier(c)
-            return jnp.matmul(c, wt, preferred_element_type=jnp.float32).astype(a.dtype)
-
-        return jax.lax.fori_loop(0, iters, body, a)
-
-    return jax.jit(run)
-
-
-def gemm_row(name: str, m: int, k: int, n: int, dtype: str, iters: int, repeats: int) -> dict:
-    """Times the GEMM loop: microseconds per GEMM and TFLOP/s (median of ``repeats`` calls
-    after a compile-and-warm-up call)."""
-    dt = models.DTYPES[dtype]
-    w = orthonormal_rows(k, n, 1) if k <= n else orthonormal_rows(n, k, 1).T
-    a = np.random.default_rng(0).standard_normal((m, k)).astype(np.float32)
-    a, w, wt = (jnp.asarray(x, dt) for x in (a, w, np.ascontiguousarray(w.T)))
-    f = gemm_loop(m == k == n, iters).lower(a, w, wt).compile()
-    loop = [lp for lp in hl.find_loops(hl.parse_module(f.as_text())) if lp.trips == iters]
-    body = loop[0].launches if loop else []
-    out = f(a, w, wt).block_until_ready()
-    if not bool(jnp.isfinite(out.astype(jnp.float32)).all()):
-        raise RuntimeError(f"GEMM loop {name} {dtype}: non-finite result")
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        f(a, w, wt).block_until_ready()
-        times.append(time.perf_counter() - start)
-    gemms = iters * (1 if m == k == n else 2)
-    seconds = statistics.median(times) / gemms
-    return {
-        "gemm": name,
-        "shape": f"[{m},{k}]x[{k},{n}]",
-        "m": m,
-        "k": k,
-        "n": n,
-        "dtype": dtype,
-        "device": device_name(),
-        "iters": iters,
-        "gemms": gemms,
-        "us_per_gemm": 1e6 * seconds,
-        "tflops": 2.0 * m * k * n / seconds / 1e12,
-        # what XLA compiled: launches per loop iteration (GEMMs + pads / converts / the loop
-        # counter) and the FLOPs of each GEMM in the loop (padded shapes count more)
-        "launches_per_iter": hl.per_step(body),
-        "loop_gemm_flops": [lc.flops for lc in body if lc.flops],
-    }
 
 
 # ----------------------------------------------------------------------------- phase latency
@@ -475,14 +392,6 @@ def format_table(rows: Sequence[Row]) -> str:
     return "\n".join(lines)
 
 
-def format_gemm(row: dict) -> str:
-    return (
-        f"gemm {row['gemm']:<11}{row['shape']:<26}{row['dtype']:<10}"
-        f"{row['us_per_gemm']:>10.1f} us{row['tflops']:>10.3f} TFLOP/s"
-        f"  ({row['launches_per_iter']} launches per iteration)"
-    )
-
-
 def format_phase(row: dict) -> str:
     label = row["model"] + (f" r{row['hyper_rank']}" if row["model"] == "hyperrhn" else "")
     ms = "/".join(f"{t:.1f}" for t in row["forward_ms"])
@@ -538,15 +447,16 @@ def main(argv: Sequence[str]) -> None:
     rates: dict[str, float] = {}
     if "gemm" in f.parts or "step" in f.parts:
         for dtype in f.dtypes:
-            for name, m, k, n in gemm_shapes(f.sizes[0], square):
+            hidden, hyper, _, batch, _ = SIZES[f.sizes[0]]
+            for name, m, k, n in gemm_rate.gemm_shapes(hidden, hyper, batch, square):
                 if name != "square" and "gemm" not in f.parts:
                     continue
-                args = (name, m, k, n, dtype, iters, max(f.repeats, 3))
-                row = record.run("gemm", f"{name} {dtype}", gemm_row, *args)
+                args = (name, m, k, n, dtype, iters, max(f.repeats, 3), device_name())
+                row = record.run("gemm", f"{name} {dtype}", gemm_rate.gemm_row, *args)
                 if row and name == "square":
                     rates[dtype] = row["tflops"] * 1e12
                 if row:
-                    print(format_gemm(row), flush=True)
+                    print(gemm_rate.format_gemm(row), flush=True)
     if "phase" in f.parts:
         depths = tuple(int(d) for d in f.phase_depths)
         for impl, model, size, dtype, rank in plan(f.impls, f.models, f.sizes, f.dtypes, ranks):

@@ -113,28 +113,6 @@ def test_plan_runs_hyperrhn_once_per_rank_and_leaves_out_pallas_with_a_rank():
     ]
 
 
-@pytest.mark.parametrize("m, k, n", [(8, 16, 32), (16, 16, 16)])
-def test_gemm_loop_keeps_every_dependent_gemm_inside_one_loop(m, k, n):
-    """The instrument measures what it claims: the compiled loop runs 2 GEMMs per iteration
-    (1 for a square), none hoisted or re-associated, and (a @ w) @ w.T returns a."""
-    iters = 3
-    w = bench.orthonormal_rows(k, n, 1) if k < n else bench.orthonormal_rows(n, n, 1)
-    a = np.random.default_rng(0).standard_normal((m, k)).astype(np.float32)
-    f = bench.gemm_loop(m == k == n, iters)
-    args = (jnp.asarray(a), jnp.asarray(w), jnp.asarray(np.ascontiguousarray(w.T)))
-    text = f.lower(*args).compile().as_text()
-    comps = hl.parse_module(text)
-    (loop,) = [lp for lp in hl.find_loops(comps) if lp.trips == iters]
-    gemm_flops = [lc.flops for lc in loop.launches if lc.flops]
-    assert gemm_flops == [2 * m * k * n] * (1 if m == k == n else 2)
-    out = np.asarray(f(*args))
-    expected = a @ np.linalg.matrix_power(w, iters) if m == k == n else a
-    np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4)
-    row = bench.gemm_row("x", m, k, n, "float32", iters, 1)  # reports what XLA compiled
-    assert row["loop_gemm_flops"] == gemm_flops and row["launches_per_iter"] >= len(gemm_flops)
-    assert row["gemms"] == iters * len(gemm_flops)
-
-
 def test_phase_latency_is_the_time_per_extra_micro_layer(monkeypatch):
     seconds = {2: 0.5, 6: 0.5 + 4 * 50 * 20e-6}  # 20 us per micro-layer of 50 steps
 
