@@ -82,12 +82,14 @@ def model_config(size: str, dtype: str, variant: str, interpret: bool) -> models
 
 def describe(plans: tuple) -> str:
     """`persistent.variant_plans`'s plans in short: RxC u<units> s<stages> k<chunk> [w1] [pf]
-    [mcA] [mcB] (one wgmma in flight, weights prefetched, A or B multicast)."""
+    [mcA] [mcB] [sk] (one wgmma in flight, weights prefetched, A or B multicast, the
+    backward's GEMM split between two warpgroups)."""
 
     def short(plan):
         grid = f"{plan.row_blocks}x{plan.col_blocks}"
         flags = [" w1"] * plan.wgmma_in_flight + [" pf"] * plan.prefetch_weights
         flags += [" mcA"] * plan.multicast_a + [" mcB"] * plan.multicast_b
+        flags += [" sk"] * plan.split_k
         return f"{grid} u{plan.units_per_block} s{plan.stages} k{plan.k_chunk}{''.join(flags)}"
 
     layout, main, hyper, *joint = plans
@@ -234,15 +236,25 @@ def model_tests_passed(log: str, test_class: str = "TestPersistentCompiled") -> 
 
 def untested_class(field: str) -> str:
     """The compiled model test class of an untested variant field (tests/test_ops_persistent.py)."""
-    return "TestPersistentCompiled" + field.capitalize()
+    return "TestPersistentCompiled" + "".join(map(str.capitalize, field.split("_")))
+
+
+def class_passed(log: str, test_class: str) -> bool:
+    """Whether a `pytest -v` log ran to its summary, uncut by a timeout, with every result
+    line of ``test_class`` a pass (and one at least)."""
+    named = re.escape(test_class) + "::"
+    results = [
+        line for line in log.splitlines() if re.search(f"(PASSED|FAILED|ERROR).*{named}", line)
+    ]
+    finished = re.search(r"=+ .*\d+ (passed|failed).* in [\d.]+s", log)
+    passes = [line for line in results if "PASSED" in line]
+    return bool(passes and len(passes) == len(results) and finished and "Timeout" not in log)
 
 
 def untested_guard(log: str) -> str:
     """``field=0,...`` for each `persistent.UNTESTED_ON_A_GPU` field whose class did not all
     pass in ``log`` (the untested classes' own run): --only then leaves its variants out."""
-    failed = [
-        f for f in persistent.UNTESTED_ON_A_GPU if not model_tests_passed(log, untested_class(f))
-    ]
+    failed = [f for f in persistent.UNTESTED_ON_A_GPU if not class_passed(log, untested_class(f))]
     return ",".join(f"{field}=0" for field in failed)
 
 

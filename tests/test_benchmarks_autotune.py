@@ -244,25 +244,36 @@ def test_the_untested_fields_tests_are_their_own_compiled_classes(tune):
     assert names and all(hasattr(test_ops_persistent, name) for name in names)
 
 
-MULTICAST_LOG = """4 workers [2 items]
-[gw1] [ 50%] PASSED tests/test_ops_persistent.py::TestPersistentCompiledMulticast::test_logits
+UNTESTED_LOG = """4 workers [3 items]
+[gw1] [ 33%] PASSED tests/test_ops_persistent.py::TestPersistentCompiledSplitK::test_loss
+[gw1] [ 67%] PASSED tests/test_ops_persistent.py::TestPersistentCompiledMulticast::test_logits
 [gw0] [100%] PASSED tests/test_ops_persistent.py::TestPersistentCompiledMulticast::test_loss
-================= 2 passed in 61.02s (0:01:01) ==================
+================= 3 passed in 61.02s (0:01:01) ==================
 """
+
+
+def _failed(log: str, line: str, test_class: str) -> str:
+    """``log`` with the test at ``line`` failed, as pytest writes it (its summary too)."""
+    failed = log.replace(f"{line} PASSED", f"{line} FAILED")
+    summary = f"FAILED tests/test_ops_persistent.py::{test_class}::test_loss - AssertionError\n"
+    return failed.replace("=" * 17 + " 3 passed", summary + "=" * 17 + " 1 failed, 2 passed")
 
 
 @pytest.mark.parametrize(
     ("log", "guard"),
     [
-        (MULTICAST_LOG, ""),
-        (MULTICAST_LOG.replace("[100%] PASSED", "[100%] FAILED"), "multicast=0"),
-        (MULTICAST_LOG.rsplit("=", 1)[0].rsplit("\n", 2)[0], "multicast=0"),  # cut: a hang
-        ("", "multicast=0"),  # never written
+        (UNTESTED_LOG, ""),
+        (_failed(UNTESTED_LOG, "[100%]", "TestPersistentCompiledMulticast"), "multicast=0"),
+        (_failed(UNTESTED_LOG, "[ 33%]", "TestPersistentCompiledSplitK"), "split_k=0"),
+        (UNTESTED_LOG.rsplit("=", 1)[0].rsplit("\n", 2)[0], "multicast=0,split_k=0"),  # cut
+        ("", "multicast=0,split_k=0"),  # never written
     ],
-    ids=["passed", "a-failure", "cut", "empty"],
+    ids=["passed", "a-failure", "a-split-failure", "cut", "empty"],
 )
 def test_an_untested_field_whose_tests_did_not_all_pass_is_left_out(tune, log, guard):
     assert tune.untested_guard(log) == guard
     if guard:  # as gpu_suite.sh passes it on: --only leaves out the field's variants
         only = tune.parse_args([f"--only=hyper_inside=0,{guard}"])
-        assert not any("multicast=1" in row.variant for row in tune.every_candidate(only))
+        left_out = [f"{item.split('=')[0]}=1" for item in guard.split(",")]
+        rows = tune.every_candidate(only)
+        assert rows and not any(field in row.variant for row in rows for field in left_out)

@@ -153,6 +153,53 @@ def test_the_staged_loop_leaves_b_s_first_chunks_to_the_caller():
     assert len(copies) == 4  # and in the loop one refill of A and one of B
 
 
+def _split_kernel(k_steps: int, stages: int, in_flight: int, dtype, interpret):
+    """One block of two warpgroups, two GEMMs in a row split between them (`gemm.SplitK`):
+    out [2, ROWS, COLS] f32, out[i] = A[1 - i] @ B[1 - i]^T."""
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    def kernel(a_g, b_g, out_g, out_s, **scratch):
+        lead = gemm.StagedOperands(**{k[5:]: v for k, v in scratch.items() if k[:5] == "lead_"})
+        helper = gemm.StagedOperands(**{k[5:]: v for k, v in scratch.items() if k[:5] == "help_"})
+        split = gemm.SplitK(helper, scratch["partial"], scratch["go"], scratch["done"])
+        warpgroup = jax.lax.axis_index("wg")
+
+        @pl.when(warpgroup == 0)
+        def _():
+            for i in range(2):
+                gemm.lead_gemm(
+                    out_s.at[i], lead, split, a_g, b_g, 1 - i, 1 - i, k_steps=k_steps,
+                    in_flight=in_flight,
+                )  # fmt: skip
+            plgpu.copy_smem_to_gmem(out_s, out_g)
+            plgpu.wait_smem_to_gmem(0)
+
+        @pl.when(warpgroup == 1)
+        def _():
+            for i in range(2):
+                gemm.helper_gemm(
+                    split, a_g, b_g, 1 - i, 1 - i, k_steps=k_steps, in_flight=in_flight
+                )
+
+    def stage_types(prefix, steps):
+        steps = max(min(stages, steps), in_flight + 1)
+        types = gemm.staged_scratch(ROWS, COLS, TILE_K, steps, dtype)
+        return {prefix + name: t for name, t in types.items()}
+
+    lead_steps, helper_steps = gemm.SplitK.halves(k_steps)
+    return plgpu.kernel(
+        kernel,
+        out_type=jax.ShapeDtypeStruct((2, ROWS, COLS), jnp.float32),
+        scratch_types=dict(
+            out_s=plgpu.SMEM((2, ROWS, COLS), jnp.float32),
+            **stage_types("lead_", lead_steps), **stage_types("help_", helper_steps),
+            **gemm.split_scratch(ROWS, COLS),
+        ),
+        num_threads=2, thread_name="wg", interpret=interpret,
+    )  # fmt: skip
+
+
 CLUSTER = 2  # blocks sharing an operand in `_multicast_kernel`
 
 
@@ -270,6 +317,21 @@ class TestCompiled(MosaicGpuMode):
                 b[cols].astype(jnp.float32).T,
                 precision=jax.lax.Precision.HIGHEST,
             )
+            np.testing.assert_allclose(np.asarray(got[i]), np.asarray(want), rtol=tol, atol=tol)
+
+    def test_two_gemms_split_between_two_warpgroups_match_jnp_dot(self, steps, dtype, in_flight):
+        """`lead_gemm` and `helper_gemm` (warpgroup 0 the first half of the K chunks, 1 the
+        rest into the partial tile it adds), twice in a row on the same stages."""
+        k_steps, stages = steps
+        if k_steps < 2 or stages <= in_flight:
+            pytest.skip("a split needs 2 K steps; one wgmma in flight needs 2 stages")
+        a, b = _operands(jnp.dtype(dtype), k_steps, seed=k_steps * 10 + stages + 3)
+        kernel = _split_kernel(k_steps, stages, in_flight, a.dtype, self.interpret())
+        got = jax.block_until_ready(jax.jit(kernel)(a, b))
+        a32, b32, tol = a.astype(jnp.float32), b.astype(jnp.float32), self.TOL[dtype]
+        for i in range(2):
+            a_i, b_i = a32[(1 - i) * ROWS : (2 - i) * ROWS], b32[(1 - i) * COLS : (2 - i) * COLS]
+            want = jnp.dot(a_i, b_i.T, precision=jax.lax.Precision.HIGHEST)
             np.testing.assert_allclose(np.asarray(got[i]), np.asarray(want), rtol=tol, atol=tol)
 
     @pytest.mark.parametrize("shared", ["a", "b"])

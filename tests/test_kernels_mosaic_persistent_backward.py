@@ -9,6 +9,7 @@ without a GPU, and allocates exactly `backward_smem_bytes`. The kernel run again
 reference (compiled on a GPU, interpreted on a CPU):
 tests/test_kernels_mosaic_persistent_backward_run.py."""
 
+import dataclasses
 import types
 
 import jax
@@ -307,6 +308,15 @@ def test_smem_bytes_count_each_allocation_rounded_to_a_kib():
     small = PersistentPlan(64, 16, "float32", col_blocks=2, k_chunk=16, stages=2)
     want = (8 + 1 + 4 * 2 + 2 + 2 + 4 + 2) * 1024 + 48
     assert pb.backward_smem_bytes(small, False, False) == want
+    # Split between two warpgroups (4 K chunks, 2 each): the second's 2 stages (A [64, 16]
+    # f32 8 KiB, B [16, 16] 2 KiB), its partial tile [64, 16] (4 KiB) and 8 mbarriers more
+    # (2 a stage in each warpgroup's staged loop against 1 in the pipeline, go and done).
+    four_chunks = PersistentPlan(64, 32, "float32", col_blocks=2, k_chunk=16, stages=2)
+    split = dataclasses.replace(four_chunks, split_k=True)
+    grown = pb.backward_smem_bytes(split, False, False) - pb.backward_smem_bytes(
+        four_chunks, False, False
+    )
+    assert grown == (8 + 2 + 4) * 1024 + 8 * 8
 
 
 @pytest.mark.parametrize(
@@ -318,6 +328,10 @@ def test_smem_bytes_count_each_allocation_rounded_to_a_kib():
         (PersistentPlan(512, 64, col_blocks=8, k_chunk=16, stages=2), "rows_per_block <= 256"),
         (PersistentPlan(64, 40, col_blocks=5, k_chunk=64), "multiple of k_chunk 64"),
         (PersistentPlan(256, 1000, "float32", col_blocks=66, stages=4), "over the 232448 B"),
+        (PersistentPlan(64, 64, col_blocks=1, split_k=True, prefetch_weights=True), "split_k"),
+        (PersistentPlan(64, 32, "float32", 1, k_chunk=64, split_k=True), "2 K chunks or more"),
+        # the paper's bf16 plan split: a second warpgroup's 3 stages of 64-wide chunks
+        (PersistentPlan(256, 1000, "bfloat16", 16, 4, 64, 3, split_k=True), "over the 232448"),
     ],
 )
 def test_unrunnable_plans_are_one_line_errors(plan, message):
@@ -342,7 +356,8 @@ def counting_launch(*args, **kwargs):
 mcore._launch = counting_launch
 rows = []
 for plan_args, steps, depth, z_on, mask_on, hyper_args, inside_args in {cases!r}:
-    plan = PersistentPlan(*plan_args, wgmma_in_flight={in_flight}, prefetch_weights={prefetch})
+    plan = PersistentPlan(*plan_args, wgmma_in_flight={in_flight}, prefetch_weights={prefetch},
+                          split_k={split_k})
     hp = None if hyper_args is None else PersistentPlan(*hyper_args)
     ip = None if inside_args is None else PersistentPlan(
         *inside_args[:-1], units=inside_args[-1], wgmma_in_flight={in_flight})
@@ -438,6 +453,23 @@ def test_weights_loaded_before_the_barrier_compile_for_an_h100_without_a_gpu(tmp
 
 @pytest.mark.gpu_compile
 @needs_cuda
+@pytest.mark.parametrize("in_flight", [0, 1])
+def test_the_gemm_split_between_two_warpgroups_compiles_for_an_h100_without_a_gpu(
+    tmp_path, in_flight
+):
+    """`PersistentPlan.split_k` at the paper's blocks, at the pipelines that fit two
+    warpgroups' stages (bf16: K chunks of 32, 2 stages each; f32: 64 and 2, or 32 and 4):
+    the predicted shared memory, no register spilled with the block's 256 threads."""
+    cases = [
+        ((256, 1000, "bfloat16", 16, 4, 32, 2), 3, 7, True, True, None, None),
+        ((256, 1000, "float32", 32, 4, 64, 2), 3, 7, True, True, None, None),
+        ((256, 1000, "float32", 32, 4, 32, 4), 3, 2, True, True, None, None),
+    ]
+    _compiles_at_the_predicted_shared_memory(cases, tmp_path, in_flight, split_k=True)
+
+
+@pytest.mark.gpu_compile
+@needs_cuda
 def test_the_hyper_cell_on_blocks_of_its_own_compiles_for_an_h100_without_a_gpu(tmp_path):
     """``hyper_blocks="own"`` at the paper's bf16 sizes: 4 x (16 + 8) blocks, the
     predicted shared memory (the hyper cell's on the main blocks), no register spilled."""
@@ -448,9 +480,12 @@ def test_the_hyper_cell_on_blocks_of_its_own_compiles_for_an_h100_without_a_gpu(
 
 
 def _compiles_at_the_predicted_shared_memory(
-    cases, tmp_path, in_flight: int = 0, prefetch: bool = False, own: bool = False
-) -> None:
-    code = _COMPILE.format(cases=cases, in_flight=in_flight, prefetch=prefetch, own=own)
+    cases, tmp_path, in_flight: int = 0, prefetch: bool = False, own: bool = False,
+    split_k: bool = False,
+) -> None:  # fmt: skip
+    code = _COMPILE.format(
+        cases=cases, in_flight=in_flight, prefetch=prefetch, own=own, split_k=split_k
+    )
     rows, reports = compile_deviceless(code, tmp_path, log_ptxas=False)
     assert len(rows) == len(cases)
     for row in rows:

@@ -25,6 +25,7 @@ from kernel_cases import (
     backward_rest,
 )
 from rhhjax.kernels.layout import F32
+from rhhjax.kernels.mosaic import gemm
 from rhhjax.kernels.mosaic import grid_barrier as gb
 from rhhjax.kernels.mosaic import interpret as gpu_interpret
 from rhhjax.kernels.mosaic import persistent_backward as pb
@@ -151,22 +152,25 @@ class TestCompiled(MosaicGpuMode):
     LAYOUT = "grid"  # the kernels' launch layout (`kernels/mosaic/rowgroup_layout.py`)
 
     def runnable_plan(
-        self, plan_args, in_flight: int = 0, prefetch=False, multicast=""
+        self, plan_args, in_flight: int = 0, prefetch=False, multicast="", split_k=False
     ) -> PersistentPlan:
         """The case's plan; skipped where this mode cannot run its blocks at once.
         ``multicast``: the layout whose shared operand is multicast (rowgroup: A, grid: B)."""
         plan = PersistentPlan(
             *plan_args, wgmma_in_flight=in_flight, prefetch_weights=prefetch,
             multicast_a=multicast == "rowgroup", multicast_b=multicast == "grid",
+            split_k=split_k,
         )  # fmt: skip
         cluster = plan.grid if self.LAYOUT == "grid" else plan.col_blocks
         if self.INTERPRET and gpu_interpret.cluster_too_large(cluster):
             pytest.skip(gpu_interpret.cluster_too_large(cluster))
         return plan
 
-    def test_matches_reference(self, case, in_flight=0, prefetch=False, multicast=""):
+    def test_matches_reference(
+        self, case, in_flight=0, prefetch=False, multicast="", split_k=False
+    ):
         plan_args, steps, depth, z_on, mask_on = case
-        plan = self.runnable_plan(plan_args, in_flight, prefetch, multicast)
+        plan = self.runnable_plan(plan_args, in_flight, prefetch, multicast, split_k)
         case = backward_case(plan.batch + steps, plan, steps, depth, z_on, mask_on)
         wt, expected = backward_reference(plan, case, jnp.dtype(plan.dtype))
         kernel = functools.partial(
@@ -204,6 +208,14 @@ class TestCompiled(MosaicGpuMode):
         (the shared operand's chunks loaded once per cluster): the same outputs. Interpret
         mode copies the chunk to each block: only a GPU multicasts."""
         self.test_matches_reference(multicast_case, in_flight, multicast=self.LAYOUT)
+
+    @pytest.mark.parametrize("in_flight", [0, 1])
+    def test_the_gemm_split_between_two_warpgroups_matches_reference(
+        self, in_flight_case, in_flight
+    ):
+        """`PersistentPlan.split_k` (warpgroup 1 runs the second half of each phase's K
+        chunks on its own stages, warpgroup 0 adds it): the same outputs."""
+        self.test_matches_reference(in_flight_case, in_flight, split_k=True)
 
     def test_z_recomputed_from_the_hyper_buffer_is_z_read(self, case):
         """With `ScalesInside` (z from the hyper cell's A buffer, the forward's GEMM, p_l
@@ -334,10 +346,10 @@ class TestInterpret(TestCompiled):
     }  # fmt: skip
     TOL = {"bfloat16": 3e-2, "float32": 2e-5}
 
-    def _two_block_run(self):
+    def _two_block_run(self, split_k=False):
         """A function that runs the kernel interpreted on two blocks (f32, no z, no mask),
         traced again at each call (after a patch too)."""
-        plan = PersistentPlan(64, 32, "float32", col_blocks=2, k_chunk=32)
+        plan = PersistentPlan(64, 32, "float32", col_blocks=2, k_chunk=32, split_k=split_k)
         case = backward_case(2, plan, 2, 2, False, False)
         wt = pb.backward_weights(plan, case["kernel_s"], F32)
 
@@ -369,6 +381,26 @@ class TestInterpret(TestCompiled):
         run()  # as it is: no race
         wait = pbc.wait_for_all_but
         monkeypatch.setattr(pbc, "wait_for_all_but", lambda late: wait(late + 1))
+        assert_race_reported(run, capsys, monkeypatch)
+
+    def test_the_race_detector_reports_a_lead_that_does_not_wait_for_the_helper(
+        self, monkeypatch, capsys
+    ):
+        """The check can fail: with ``split_k``, warpgroup 0 reading the helper's partial
+        tile without waiting for its ``done`` races with warpgroup 1's write of it."""
+        run = self._two_block_run(split_k=True)
+        run()  # as it is: no race
+        from jax.experimental.pallas import mosaic_gpu as plgpu
+
+        def lead_without_waiting(out, staged, split, a, b, a_block, b_block, *, k_steps, in_flight):
+            plgpu.barrier_arrive(split.go)
+            gemm.gemm_nt_staged(
+                out, staged, a, b, a_block, b_block, k_steps=gemm.SplitK.halves(k_steps)[0],
+                in_flight=in_flight, b_loaded=False,
+            )  # fmt: skip
+            out[...] = out[...] + split.partial[...]
+
+        monkeypatch.setattr(gemm, "lead_gemm", lead_without_waiting)
         assert_race_reported(run, capsys, monkeypatch)
 
 

@@ -286,13 +286,17 @@ def test_the_paper_variant_candidates_are_runnable_distinct_and_today_first(dtyp
     assert len(set(found)) == len(found) == len(set(runs)) > 4
     levers = [dataclasses.replace(found[0], **lever) for lever in persistent.LEVERS]
     today = runs[0][0][1]
-    kept = [v for v in levers if v.units != today.units]  # a lever of today's units: a twin
+    # f32: a lever of today's units is a twin; its row-group blocks (64 f32 units) leave no
+    # shared memory for a second warpgroup's stages
+    f32_drops = lambda v: v.units == today.units or (v.split_k and v.layout == "rowgroup")  # noqa: E731
+    kept = [v for v in levers if dtype != "float32" or not f32_drops(v)]
     assert found[1 : 1 + len(kept)] == kept  # today's levers are timed first
-    assert len(kept) == len(levers) - (dtype == "float32")
+    assert len(kept) == len(levers) - 2 * (dtype == "float32")
     for variant, (layout, main, *_) in zip(kept, plans[1:], strict=False):
         assert layout == variant.layout and main.wgmma_in_flight == variant.in_flight
         assert (main.prefetch_weights, main.multicast) == (variant.prefetch, variant.multicast)
         assert main.multicast_b == (variant.multicast and layout == "grid")
+        assert main.split_k == bool(variant.split_k)
         if variant.units:  # 32 units: 4 x 32 blocks, 128 of an H100's 132 SMs
             assert (main.units_per_block, main.grid) == (variant.units, 128)
     for variant, (layout, main, hyper, *joint) in zip(found, plans, strict=True):
@@ -304,14 +308,16 @@ def test_the_paper_variant_candidates_are_runnable_distinct_and_today_first(dtyp
 
 def test_a_lever_set_in_the_candidates_keeps_todays_first_and_drops_twins():
     """`with_lever`: the lever in every candidate but today's where its plans run (prefetch=1
-    not with the hyper cell inside), and the candidates it makes twins of others once."""
+    not with the hyper cell inside, nor with split_k), and the candidates it makes twins of
+    others once."""
     shape = (256, 1000, 128, "bfloat16")
     found = persistent.variant_candidates(*shape)
     prefetched = persistent.with_lever(found, dict(prefetch=1), *shape)
     assert prefetched[0] == found[0] and len(set(prefetched)) == len(prefetched)
     for variant in prefetched[1:]:  # not inside, nor with the weights multicast in the grid
         grid_multicast = variant.multicast and variant.layout == "grid"
-        assert variant.prefetch == (not variant.hyper_inside and not grid_multicast)
+        unchanged = variant.hyper_inside or grid_multicast or variant.split_k
+        assert variant.prefetch == (not unchanged)
     in_flight = persistent.with_lever(found, dict(in_flight=1), *shape)
     assert len(in_flight) == len(found) - 2  # status=poison and prefetch=1 met their twins
     assert in_flight[0] == found[0] and all(v.in_flight for v in in_flight[1:])
@@ -604,6 +610,13 @@ class MulticastGrid(RowgroupLayout):
         pytest.skip("its case has one row block: test_loss_and_gradients_match_scan runs it")
 
 
+class SplitK(RowgroupLayout):
+    """The backward's main GEMM split between two warpgroups of each block, at K chunks of
+    32 and 2 stages a warpgroup (where the paper's bf16 plan fits them), in the grid."""
+
+    VARIANT = "hyper_inside=0,layout=grid,stages=2,k_chunk=32,split_k=1"
+
+
 class TestPersistentCompiledRowgroup(RowgroupLayout, TestPersistentCompiled):
     """The row-group layout compiled (a GPU loan's `gpu_suite.sh check` runs it)."""
 
@@ -626,6 +639,14 @@ class TestPersistentCompiledMulticastGrid(MulticastGrid, TestPersistentCompiled)
 
 class TestPersistentReferenceMulticastGrid(MulticastGrid, TestPersistentReference):
     """The same with the kernels' references in place (its plans, padding and variant)."""
+
+
+class TestPersistentCompiledSplitK(SplitK, TestPersistentCompiled):
+    """The backward's GEMM split between two warpgroups, compiled."""
+
+
+class TestPersistentInterpretSplitK(SplitK, TestPersistentInterpret):
+    """The same in GPU interpret mode."""
 
 
 def test_row_group_interpret_plans_keep_the_hyper_cell_apart(monkeypatch, hyper_inside):
@@ -682,12 +703,13 @@ def test_paper_hyperrhn_training_step_lowers_and_compiles_for_an_h100_without_a_
 
 @pytest.mark.gpu_compile
 @needs_cuda
-@pytest.mark.parametrize("lever", [0, 1, 2, 3])
+@pytest.mark.parametrize("lever", [0, 1, 2, 3, 4])
 def test_the_first_levers_compile_the_paper_step_for_an_h100_without_a_gpu(tmp_path, lever):
-    """The first four of today's levers (`persistent.LEVERS`: the row-group layout, the
+    """The first five of today's levers (`persistent.LEVERS`: the row-group layout, the
     fastest timed; with A multicast; the grid with the weights multicast; 32 units a block,
-    128 blocks) at the paper's HyperRHN step, bf16 and f32, deviceless: each cell's forward
-    and backward kernels apart, no register spill."""
+    128 blocks; the backward's GEMM split between two warpgroups) at the paper's HyperRHN
+    step, bf16 and f32, deviceless: each cell's forward and backward kernels apart, no
+    register spill."""
     dtypes = ["bfloat16", "float32"]
     variant = dataclasses.replace(persistent.PersistentVariant(), **persistent.LEVERS[lever])
     assert variant in persistent.variant_candidates(256, 1000, 128, "bfloat16")

@@ -4,6 +4,7 @@ before anything is built, and `PersistentVariant.planned` puts each lever on the
 import dataclasses
 
 import pytest
+from rhhjax.kernels.mosaic.plan import PlanError
 
 from rhhjax import models
 from rhhjax.ops import persistent_cost
@@ -26,6 +27,10 @@ from rhhjax.ops.persistent_variant import PersistentVariant, parse_variant
         ("hyper_blocks=many", "is not one of"),
         ("hyper_blocks=own", "needs hyper_inside=1 and layout=grid"),
         ("status=later", "is not one of"),
+        ("split_k=2", "must be 0 or 1"),
+        ("split_k=1,prefetch=1", "runs without prefetch, multicast and hyper_inside"),
+        ("split_k=1,layout=rowgroup,multicast=1", "runs without prefetch"),
+        ("split_k=1,hyper_inside=1", "runs without prefetch"),
         ("depth=3", "key one of"),
         ("fast", "key one of"),
         ("", "is empty"),
@@ -42,6 +47,10 @@ def test_a_text_round_trips_and_keys_left_out_are_defaults():
     variant = parse_variant(" stages=2 , hyper_inside=true,units=32")
     assert variant == PersistentVariant(hyper_inside=True, stages=2, units=32)
     assert parse_variant(variant.text()) == variant
+    split = parse_variant("split_k=1,k_chunk=32")
+    assert split == PersistentVariant(k_chunk=32, split_k=1)
+    assert split.text() == "hyper_inside=0,layout=grid,k_chunk=32,split_k=1"
+    assert parse_variant(split.text()) == split
     assert parse_variant("default") is None and parse_variant("auto") is None
 
 
@@ -68,3 +77,7 @@ def test_planned_puts_each_lever_on_the_paper_plan(dtype):
     wide = parse_variant("units=32,stages=2").planned(grid)
     assert (wide.units_per_block, wide.col_blocks, wide.row_blocks) == (32, 32, 4)
     assert (wide.stages, wide.k_chunk) == (2, grid.k_chunk)
+    split = parse_variant("split_k=1,k_chunk=32,stages=2").planned(grid)
+    assert split == dataclasses.replace(grid, split_k=True, k_chunk=32, stages=2)
+    with pytest.raises(PlanError, match="shared memory"):  # two warpgroups' stages at its own
+        parse_variant("split_k=1").planned(grid)

@@ -2,12 +2,13 @@
 through a ``stages``-deep TMA pipeline into a wgmma accumulator, stored to shared memory.
 ``in_flight`` 1 keeps one K chunk's wgmma running under the next one's issue; the staged
 form loads B's first chunks early, from the caller's buffers, and can multicast A's or B's
-chunks to the blocks along a cluster axis."""
+chunks to the blocks along a cluster axis, or split them between two warpgroups."""
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -15,6 +16,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 from rhhjax.kernels.layout import F32
+from rhhjax.kernels.mosaic import keep_mask
 
 
 def wgmma_transforms(cols: int, dtype) -> tuple:
@@ -115,10 +117,10 @@ def _chunk(gmem, block: jax.Array | int, k: jax.Array | int, tile):
     return gmem.at[pl.ds(block * rows, rows), pl.ds(k * tile_k, tile_k)]
 
 
-def _load(staged: StagedOperands, operand: str, gmem, block, k) -> None:
+def _load(staged: StagedOperands, operand: str, gmem, block, k, k_first=0) -> None:
     tiles, bars = getattr(staged, operand), getattr(staged, f"{operand}_bar")
     slot, axis = jax.lax.rem(k, staged.stages), getattr(staged, f"{operand}_axis")
-    src = _chunk(gmem, block, k, tiles.at[0])
+    src = _chunk(gmem, block, k_first + k, tiles.at[0])
     plgpu.copy_gmem_to_smem(src, tiles.at[slot], bars.at[slot], collective_axes=axis)
 
 
@@ -131,10 +133,12 @@ def _free(staged: StagedOperands, operand: str, k) -> None:
         plgpu.barrier_wait(free)
 
 
-def load_b_chunks(staged: StagedOperands, b_gmem, b_block: jax.Array | int, k_steps: int) -> None:
+def load_b_chunks(
+    staged: StagedOperands, b_gmem, b_block: jax.Array | int, k_steps: int, k_first: int = 0
+) -> None:
     """Issues the copies of B[b_block]'s first ``min(stages, k_steps)`` K chunks."""
     for k in range(min(staged.stages, k_steps)):
-        _load(staged, "b", b_gmem, b_block, k)
+        _load(staged, "b", b_gmem, b_block, k, k_first)
 
 
 def wait_b_chunks(staged: StagedOperands, k_steps: int) -> None:
@@ -154,18 +158,21 @@ def gemm_nt_staged(
     k_steps: int,
     in_flight: int = 0,
     b_loaded: bool = True,
+    k_first: int = 0,
+    addend: Callable[[], jax.Array] | None = None,
 ) -> None:
-    """`gemm_nt_to_smem` on ``staged``, whose B chunks `load_b_chunks` has issued if
-    ``b_loaded``. With ``staged.a_axis`` (``b_axis``) every block along that cluster axis
-    runs this GEMM with the same A (B) block, and each of its chunks is loaded once for all
-    of them: a stage is refilled once every block has read it (`_free`). The cluster must
-    not reuse the stages between two such GEMMs without a barrier of its blocks."""
+    """`gemm_nt_to_smem` of K chunks ``k_first .. k_first + k_steps - 1`` on ``staged``,
+    whose B chunks `load_b_chunks` has issued if ``b_loaded``. With ``staged.a_axis``
+    (``b_axis``) every block along that cluster axis runs this GEMM with the same A (B)
+    block, and each of its chunks is loaded once for all of them: a stage is refilled once
+    every block has read it (`_free`). The cluster must not reuse the stages between two
+    such GEMMs without a barrier of its blocks. ``addend()`` is added before the store."""
     stages = staged.stages
     _check_in_flight(in_flight, stages)
     if not b_loaded:
-        load_b_chunks(staged, b_gmem, b_block, k_steps)
+        load_b_chunks(staged, b_gmem, b_block, k_steps, k_first)
     for k in range(min(stages, k_steps)):
-        _load(staged, "a", a_gmem, a_block, k)
+        _load(staged, "a", a_gmem, a_block, k, k_first)
 
     def accumulate(acc):
         def k_step(k, carry):
@@ -180,15 +187,75 @@ def gemm_nt_staged(
             def _():
                 _free(staged, "a", refill)
                 _free(staged, "b", refill)
-                _load(staged, "a", a_gmem, a_block, refill)
-                _load(staged, "b", b_gmem, b_block, refill)
+                _load(staged, "a", a_gmem, a_block, refill, k_first)
+                _load(staged, "b", b_gmem, b_block, refill, k_first)
 
             return carry
 
         jax.lax.fori_loop(0, k_steps, k_step, None)
         if in_flight:
             plgpu.wgmma_wait(0)
-        out[...] = acc[...]
+        out[...] = acc[...] if addend is None else acc[...] + addend()
 
     pl.run_scoped(accumulate, plgpu.ACC(out.shape, F32))
     plgpu.commit_smem()
+
+
+@dataclasses.dataclass(frozen=True)
+class SplitK:
+    """A GEMM's K chunks split between a block's warpgroups: 0 (`lead_gemm`) the first half,
+    1 (`helper_gemm`) the rest into ``partial``; mbarriers ``go`` (start) and ``done``."""
+
+    stages: StagedOperands  # the helper's
+    partial: Any  # [rows, cols] f32
+    go: Any  # mbarrier
+    done: Any
+
+    @staticmethod
+    def halves(k_steps: int) -> tuple[int, int]:
+        return k_steps // 2, k_steps - k_steps // 2
+
+
+def split_scratch(rows: int, cols: int) -> dict:
+    """The scratch types of `SplitK`'s fields but ``stages``'s (`staged_scratch`'s)."""
+    return dict(  # partial: stored and loaded in the accumulator's layout
+        partial=plgpu.SMEM((rows, cols), F32, transforms=wgmma_transforms(cols, F32)),
+        go=plgpu.Barrier(num_barriers=1),
+        done=plgpu.Barrier(num_barriers=1),
+    )
+
+
+def lead_gemm(out, staged: StagedOperands, split: SplitK, a_gmem, b_gmem, a_block, b_block,
+              *, k_steps: int, in_flight: int = 0) -> None:  # fmt: skip
+    """Warpgroup 0: the first half of the K chunks, plus the helper's ``partial``."""
+    lead, _ = SplitK.halves(k_steps)
+
+    def partial():
+        plgpu.barrier_wait(split.done)
+        return keep_mask.load(split.partial, plgpu.Layout.WGMMA)  # the accumulator's
+
+    plgpu.barrier_arrive(split.go)
+    gemm_nt_staged(
+        out, staged, a_gmem, b_gmem, a_block, b_block, k_steps=lead, in_flight=in_flight,
+        b_loaded=False, addend=partial,
+    )  # fmt: skip
+
+
+def helper_gemm(split: SplitK, a_gmem, b_gmem, a_block, b_block, *, k_steps: int,
+                in_flight: int = 0, after_go=None) -> None:  # fmt: skip
+    """Warpgroup 1: after ``go`` (and ``after_go()``), the second half into ``partial``."""
+    lead, rest = SplitK.halves(k_steps)
+    plgpu.barrier_wait(split.go)
+    if after_go is not None:
+        after_go()
+    gemm_nt_staged(
+        split.partial, split.stages, a_gmem, b_gmem, a_block, b_block, k_steps=rest,
+        in_flight=in_flight, b_loaded=False, k_first=lead,
+    )  # fmt: skip
+    plgpu.barrier_arrive(split.done)
+
+
+def skip_split(split: SplitK) -> None:
+    """Warpgroup 0's `lead_gemm` of no GEMM: the helper runs its half on stale operands."""
+    plgpu.barrier_arrive(split.go)
+    plgpu.barrier_wait(split.done)

@@ -50,7 +50,7 @@ def has_flipped(value, sign_before):
     return (value < 0) != sign_before
 
 
-def _fence_proxy_async_global() -> None:
+def fence_proxy_async_global() -> None:
     """``fence.proxy.async.global``: orders generic- and async-proxy (TMA) global accesses."""
 
     @plgpu.inline_mgpu()
@@ -68,7 +68,7 @@ def _fence_proxy_async_global() -> None:
 
 
 def _arrive(counter, increment: int) -> None:
-    _fence_proxy_async_global()
+    fence_proxy_async_global()
     plgpu.semaphore_signal(counter, increment, memory_scope=MEMORY_SCOPE)
 
 
@@ -110,7 +110,7 @@ def grid_barrier(
 
     limit = jnp.where(active, jnp.int32(spin_limit), jnp.int32(0))
     passed = jnp.logical_and(active, _spin_until_flipped(counter, sign_before, limit))
-    pl.when(passed)(_fence_proxy_async_global)
+    pl.when(passed)(fence_proxy_async_global)
     return passed
 
 

@@ -37,13 +37,17 @@ def mask_values(mask: Array | None, keep: float) -> Array | None:
     return None if mask is None else mask.astype(jnp.float32) * mask_scale(keep)
 
 
-def load_strided(smem_ref) -> Array:
-    """A [rows, u] shared-memory tile in the f32 tiles' strided layout (which also keeps
-    jax 0.11's layout inference from tiling an unpadded TMA source)."""
-    layout = plgpu.Layout.WG_STRIDED(tuple(smem_ref.shape), vec_size=_F32_VEC)
+def load(smem_ref, layout) -> Array:
+    """A whole shared-memory ref in register ``layout`` (`plgpu.load` of jax 0.10 to 0.12)."""
     if _LOAD_TAKES_INDEX:
         return plgpu.load(smem_ref, (), layout=layout)
     return plgpu.load(smem_ref, layout=layout)
+
+
+def load_strided(smem_ref) -> Array:
+    """A [rows, u] shared-memory tile in the f32 tiles' strided layout (which also keeps
+    jax 0.11's layout inference from tiling an unpadded TMA source)."""
+    return load(smem_ref, plgpu.Layout.WG_STRIDED(tuple(smem_ref.shape), vec_size=_F32_VEC))
 
 
 def load_values(mask_smem, keep: float) -> Array:

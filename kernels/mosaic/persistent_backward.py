@@ -12,6 +12,7 @@ Design: docs/design.md (module notes).
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
@@ -20,8 +21,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 from rhhjax.kernels.layout import F32
 from rhhjax.kernels.mosaic import forward as mf
+from rhhjax.kernels.mosaic import gemm, keep_mask, rowgroup_layout
 from rhhjax.kernels.mosaic import grid_barrier as gb
-from rhhjax.kernels.mosaic import keep_mask, rowgroup_layout
 from rhhjax.kernels.mosaic import persistent_backward_operands as operands
 from rhhjax.kernels.mosaic import persistent_forward as pf
 from rhhjax.kernels.mosaic import persistent_slots as slots
@@ -36,6 +37,7 @@ from rhhjax.kernels.mosaic.persistent_cell import staged_scratch
 from rhhjax.kernels.mosaic.plan import PersistentPlan
 
 Array = jax.Array
+WARPGROUPS = "warpgroup"
 # Re-exported from `persistent_backward_operands`.
 ScalesInside, HyperBackward = operands.ScalesInside, operands.HyperBackward
 backward_weights, projection_rows = operands.backward_weights, operands.projection_rows
@@ -133,9 +135,7 @@ def persistent_backward(
         extra_g = dict(zip(extra_names, refs[: len(extras)], strict=True))
         hyper_g = refs[len(extras) : len(extras) + len(hyper_ops)]
         outs = refs[len(extras) + len(hyper_ops) :]
-        status_g = outs[-1]
         r, c = block_index((n_r, n_c), ("r", "g"), phase_bar)
-        barrier = make_barrier(n_r * n_c, jnp.logical_and(r == 0, c == 0), spin_limit, phase_bar)
         named = dict(z=None, mask=None, bias=None, s_mm=None) | extra_g
         named |= dict(wt=wt_g, g=g_g, packed=packed_g, d_x=outs[0], d_mm=outs[1])
         named |= dict(bias_parts=outs[3], dz=outs[4] if has_z else None)
@@ -147,10 +147,23 @@ def persistent_backward(
             hyper_outs = outs[n_main_out:-2]
             hyper_col = c - n_main if own else c
             hyper_cell = _hyper_cell(hyper_g, hyper_outs, outs[-2], hyper_epi, sc, r, hyper_col)
+        split = _split_operands(sc)
         main = BackwardCell(
             plan, steps, depth, keep, names, g_last, named, main_sc, r, c,
-            scales_plan=scales_plan, interpret=interpret,
+            scales_plan=scales_plan, interpret=interpret, split=split,
         )  # fmt: skip
+        run = functools.partial(_phases, main, hyper_cell, r, c, phase_bar, outs)
+        if split is None:
+            return run()
+        warpgroup = jax.lax.axis_index(WARPGROUPS)
+        pl.when(warpgroup == 0)(run)
+        after_go = gb.fence_proxy_async_global if interpret is None else None
+        pl.when(warpgroup == 1)(lambda: main.help(after_go))
+
+    def _phases(main, hyper_cell, r, c, phase_bar, outs) -> None:
+        """The block's phases (warpgroup 0's: ``plan.split_k`` splits the block), its status."""
+        status_g, split = outs[-1], main.split
+        barrier = make_barrier(n_r * n_c, jnp.logical_and(r == 0, c == 0), spin_limit, phase_bar)
         is_hyper_block = c >= n_main if own else c < (0 if hp is None else hp.col_blocks)
         on_main = (lambda f: pl.when(c < n_main)(f)) if own else (lambda f: f())
 
@@ -168,6 +181,9 @@ def persistent_backward(
             if own:
                 main_runs = jnp.logical_and(main_runs, c < n_main)
             pl.when(main_runs)(lambda: main.phase(phases - 1 - i))
+            if split is not None:  # the helper runs every phase's half but the last's
+                skipped = jnp.logical_and(jnp.logical_not(main_runs), i >= 1)
+                pl.when(jnp.logical_and(skipped, i < phases))(lambda: gemm.skip_split(split))
             if hyper_cell is not None:
                 behind = jnp.logical_and(jnp.logical_and(fine, i >= 1), is_hyper_block)
                 pl.when(behind)(lambda: hyper_cell.phase(phases - i))
@@ -251,10 +267,12 @@ def persistent_backward(
             **({"mask_tile": plgpu.SMEM((rows, u), keep_mask.DTYPE)} if has_mask else {}),
             **({"dz_acc": plgpu.SMEM((depth, group, u), F32)} if has_z else {}),
             **staged_scratch(plan, u, 2 * n_pad // plan.k_chunk, mm_dtype, interpret),
+            **_split_scratch(plan, u, 2 * n_pad // plan.k_chunk, mm_dtype),
             **hyper_scratch,
             **phase_bar,
         ),
         **launch_args,
+        **(dict(num_threads=2, thread_name=WARPGROUPS) if plan.split_k else {}),
         kernel_name="persistent_hyper_highway_backward"
         if hyper is not None
         else "persistent_highway_backward",
@@ -263,6 +281,35 @@ def persistent_backward(
     if hyper is not None:  # the dz ring is the kernel's scratch in global memory
         return (*outs[:-2], outs[-1])
     return outs
+
+
+def _split_scratch(plan: PersistentPlan, u: int, k_steps: int, mm_dtype) -> dict:
+    """``plan.split_k``'s scratch: the lead's stages, the helper's, `gemm.split_scratch`."""
+    if not plan.split_k:
+        return {}
+    rows, k_chunk = plan.rows_per_block, plan.k_chunk
+    lead, rest = (plan.staged_stages(k) for k in gemm.SplitK.halves(k_steps))
+
+    def named(prefix: str, types: dict) -> dict:
+        return {prefix + name: t for name, t in types.items()}
+
+    return (
+        named("stage_", gemm.staged_scratch(rows, u, k_chunk, lead, mm_dtype))
+        | named("split_stage_", gemm.staged_scratch(rows, u, k_chunk, rest, mm_dtype))
+        | named("split_", gemm.split_scratch(rows, u))
+    )
+
+
+def _split_operands(sc: dict) -> gemm.SplitK | None:
+    """`_split_scratch`'s buffers as a `gemm.SplitK`, or None."""
+    if "split_go" not in sc:
+        return None
+    helper = {
+        k.removeprefix("split_stage_"): v for k, v in sc.items() if k.startswith("split_stage_")
+    }
+    return gemm.SplitK(
+        gemm.StagedOperands(**helper), sc["split_partial"], sc["split_go"], sc["split_done"]
+    )
 
 
 def _hyper_out_types(plan: PersistentPlan, hp: PersistentPlan, steps: int, depth: int, mm) -> list:

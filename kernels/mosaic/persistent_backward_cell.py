@@ -62,6 +62,7 @@ class BackwardCell:
     scales_plan: PersistentPlan | None = None
     fill_ds_h: Callable | None = None
     interpret: Any = None  # the kernel's: the cluster axes of a multicast
+    split: gemm.SplitK | None = None  # plan.split_k: warpgroup 1's half of the main GEMM
 
     @property
     def phases(self) -> int:
@@ -82,6 +83,24 @@ class BackwardCell:
     def _weight_block(self, p):
         """The weight rows phase ``p``'s GEMM reads: the layer above's."""
         return jax.lax.rem(p + 1, self.depth) * self.plan.col_blocks + self.c
+
+    def _a_block(self, p):
+        """The d_mm rows phase ``p``'s GEMM reads: phase p + 1's d_scaled, the block's rows."""
+        return slots.slot(p + 1, self.steps, self.depth) * self.plan.row_blocks + self.r
+
+    def help(self, after_go: Callable | None = None) -> None:
+        """Warpgroup 1 (``plan.split_k``): `gemm.helper_gemm` of phases P - 2 .. 0."""
+
+        def one_phase(i, carry):
+            p = self.phases - 1 - i
+            gemm.helper_gemm(
+                self.split, self.refs["d_mm"], self.refs["wt"], self._a_block(p),
+                self._weight_block(p), k_steps=self.k_steps,
+                in_flight=self.plan.wgmma_in_flight, after_go=after_go,
+            )  # fmt: skip
+            return carry
+
+        jax.lax.fori_loop(1, self.phases, one_phase, None)
 
     def abandon(self, fail_at) -> None:
         """With ``fail_at`` nonzero (grid barrier ``fail_at - 1`` failed): waits for the
@@ -183,9 +202,13 @@ class BackwardCell:
 
         @pl.when(jnp.logical_not(last))
         def _():
-            a_block = slots.slot(p + 1, self.steps, self.depth) * plan.row_blocks + self.r
-            a_mm, w = self.refs["d_mm"], self.refs["wt"]
-            if staged is None:
+            a_block, a_mm, w = self._a_block(p), self.refs["d_mm"], self.refs["wt"]
+            if self.split is not None:
+                gemm.lead_gemm(
+                    acc, staged, self.split, a_mm, w, a_block, w_block, k_steps=self.k_steps,
+                    in_flight=plan.wgmma_in_flight,
+                )  # fmt: skip
+            elif staged is None:
                 gemm.gemm_nt_to_smem(
                     acc, a_mm, w, a_block, w_block, tile_k=plan.k_chunk, k_steps=self.k_steps,
                     stages=plan.stages, in_flight=plan.wgmma_in_flight,

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 from rhhjax.kernels.hardware import H100
 from rhhjax.kernels.layout import F32
-from rhhjax.kernels.mosaic import keep_mask
+from rhhjax.kernels.mosaic import gemm, keep_mask
 from rhhjax.kernels.mosaic.persistent_backward_cell import bias_row_group, input_names
 from rhhjax.kernels.mosaic.plan import PersistentPlan, PlanError, check_arrays
 
@@ -93,9 +93,16 @@ def backward_smem_bytes(
     column sums and mbarriers, each rounded to 1 KiB; more with ``scales_plan`` (z
     recomputed) or ``hyper_plan`` (the hyper cell inside)."""
     rows, u, item = plan.rows_per_block, plan.units_per_block, plan.itemsize
-    stages = min(plan.stages, max(2 * plan.n_pad // plan.k_chunk, 1))
+    k_steps = 2 * plan.n_pad // plan.k_chunk
+    stages = min(plan.stages, max(k_steps, 1))
     if plan.staged:
-        stages = plan.staged_stages(2 * plan.n_pad // plan.k_chunk)
+        stages = plan.staged_stages(k_steps)
+    split_alloc, split_barriers = [], 0
+    if plan.split_k:
+        lead, rest = (plan.staged_stages(k) for k in gemm.SplitK.halves(k_steps))
+        split_alloc = [rest * rows * plan.k_chunk * item, rest * u * plan.k_chunk * item]
+        split_alloc.append(rows * u * 4)
+        stages, split_barriers = lead, lead + 2 * rest + 2
     n_in = len(input_names(has_z, scales_plan is not None))
     tile = rows * u * 4
     gemms = [(plan.k_chunk, stages, u)]  # (K chunk, stages, B rows)
@@ -116,8 +123,10 @@ def backward_smem_bytes(
     pipeline = max(pipelines, key=lambda b: sum(map(_align, b)))
     # One set of mbarriers per distinct stage count.
     barriers += sum({s for _, s, _ in gemms}) + stages * (plan.staged + plan.multicast)
+    barriers += split_barriers
     allocations = (
         *pipeline,
+        *split_alloc,
         *hyper_alloc,
         tile,
         tile,
@@ -163,6 +172,8 @@ def check_plan(
         )
     if plan.staged and (scales_plan or hyper_plan) is not None:
         raise PlanError(f"persistent backward: {plan.staged_levers()} runs the hyper cell apart.")
+    if plan.split_k:
+        _check_split(plan, scales_plan is not None or hyper_plan is not None)
     if hyper_plan is not None:
         same = (hyper_plan.rows_per_block, hyper_plan.b_pad) == (plan.rows_per_block, plan.b_pad)
         if not same or hyper_plan.col_blocks > plan.col_blocks or not has_z:
@@ -180,6 +191,17 @@ def check_plan(
             f"{plan.smem_limit} B limit ({plan.dtype}, rows {plan.rows_per_block}, k_chunk "
             f"{plan.k_chunk}, stages {plan.stages}): lower stages or k_chunk, or raise "
             "row_blocks."
+        )
+
+
+def _check_split(plan: PersistentPlan, hyper_inside: bool) -> None:
+    if plan.staged or hyper_inside:
+        other = plan.staged_levers() if plan.staged else "the hyper cell inside"
+        raise PlanError(f"persistent backward: split_k runs without {other}.")
+    if 2 * plan.n_pad // plan.k_chunk < 2:
+        raise PlanError(
+            f"persistent backward: split_k needs 2 K chunks or more, got "
+            f"{2 * plan.n_pad // plan.k_chunk} (k_chunk {plan.k_chunk})."
         )
 
 

@@ -82,6 +82,8 @@ class PersistentPlan:
     ``multicast_b``: each weight chunk is loaded once per cluster of a column's row blocks
     and multicast to them (the grid layout only, launched as such clusters; not with
     ``prefetch_weights``; the hyper cell apart).
+    ``split_k``: the backward's main GEMM split between a block's two warpgroups
+    (`gemm.SplitK`; the hyper cell apart, no prefetch or multicast).
     """
 
     batch: int
@@ -98,6 +100,7 @@ class PersistentPlan:
     prefetch_weights: bool = False
     multicast_a: bool = False
     multicast_b: bool = False
+    split_k: bool = False
 
     def __post_init__(self):
         for name in ("batch", "width", "col_blocks", "row_blocks", "k_chunk", "stages"):

@@ -74,10 +74,10 @@ def make_barrier(blocks: int, is_leader, spin_limit: int, phase_bar=None, interp
 
     def barrier(index):
         if interpret is None:
-            grid_barrier._fence_proxy_async_global()
+            grid_barrier.fence_proxy_async_global()
         passed = grid_barrier.cluster_barrier(phase_bar.at[jax.lax.rem(index, 2)])
         if interpret is None:
-            grid_barrier._fence_proxy_async_global()
+            grid_barrier.fence_proxy_async_global()
         return passed
 
     return barrier

@@ -21,14 +21,15 @@ PIPELINES = ((None, None), (2, None), (3, None), (4, None), (4, 32), (6, 32), (2
 # fastest timed so far first (docs/persistent_design.md, "Autotuning the variant").
 LEVERS = (
     dict(layout="rowgroup"), dict(layout="rowgroup", multicast=1), dict(multicast=1),
-    dict(units=32),
+    dict(units=32), dict(split_k=1, k_chunk=32, stages=2),
+    dict(layout="rowgroup", split_k=1, k_chunk=32, stages=2),
     dict(status="poison"), dict(in_flight=1), dict(in_flight=1, status="poison"),
     dict(prefetch=1), dict(prefetch=1, in_flight=1),
 )  # fmt: skip
 
 # Variant fields whose kernels have not passed a compiled test on a GPU: the trainer's
 # autotune leaves out variants that set them (a loan's `gpu_suite.sh check` times them).
-UNTESTED_ON_A_GPU = ("multicast",)
+UNTESTED_ON_A_GPU = ("multicast", "split_k")
 
 
 class VariantError(UserError):
@@ -52,6 +53,7 @@ class PersistentVariant:
     hyper_blocks: str = "shared"
     multicast: int = 0
     units: int | None = None  # per block of every plan (None: the plan's own)
+    split_k: int = 0  # the backward's main GEMM split between two warpgroups of a block
 
     def __post_init__(self):
         if self.layout not in rowgroup_layout.LAYOUTS:
@@ -60,7 +62,7 @@ class PersistentVariant:
             value = getattr(self, name)
             if value is not None and (value < low or value % multiple):
                 raise VariantError(f"{name}={value} must be >= {low} and a multiple of {multiple}")
-        for name in ("in_flight", "prefetch", "multicast"):
+        for name in ("in_flight", "prefetch", "multicast", "split_k"):
             if getattr(self, name) not in (0, 1):
                 raise VariantError(f"{name}={getattr(self, name)} must be 0 or 1")
         if (self.prefetch or self.multicast) and self.hyper_inside:
@@ -68,6 +70,8 @@ class PersistentVariant:
             raise VariantError(f"{lever}=1 runs the hyper cell apart (hyper_inside=0)")
         if self.multicast and self.prefetch and self.layout == "grid":
             raise VariantError("multicast=1 multicasts the weights in the grid: no prefetch=1")
+        if self.split_k and (self.prefetch or self.multicast or self.hyper_inside):
+            raise VariantError("split_k=1 runs without prefetch, multicast and hyper_inside")
         if self.hyper_blocks not in pf.HYPER_BLOCKS:
             raise VariantError(
                 f"hyper_blocks={self.hyper_blocks!r} is not one of {pf.HYPER_BLOCKS}"
@@ -81,13 +85,14 @@ class PersistentVariant:
 
     def text(self) -> str:
         """``hyper_inside=0,layout=grid[,stages=S,k_chunk=K,in_flight=1,status=poison,
-        prefetch=1,hyper_blocks=own,multicast=1,units=U]``."""
+        prefetch=1,hyper_blocks=own,multicast=1,units=U,split_k=1]``."""
         parts = [f"hyper_inside={int(self.hyper_inside)}", f"layout={self.layout}"]
         parts += [f"{k}={getattr(self, k)}" for k in ("stages", "k_chunk") if getattr(self, k)]
         parts += ["in_flight=1"] * self.in_flight + [f"status={self.status}"] * self.poisons()
         parts += ["prefetch=1"] * self.prefetch
         parts += [f"hyper_blocks={self.hyper_blocks}"] * (self.hyper_blocks != "shared")
         parts += ["multicast=1"] * self.multicast + [f"units={self.units}"] * bool(self.units)
+        parts += ["split_k=1"] * self.split_k
         return ",".join(parts)
 
     def poisons(self) -> bool:
@@ -102,8 +107,8 @@ class PersistentVariant:
         if self.units and self.units != plan.units_per_block:
             plan = _with_units(plan, self.units)
         shared = ("a" if self.layout == "rowgroup" else "b") if self.multicast else ""
-        levers = (self.in_flight, self.prefetch, shared)
-        if (self.stages, self.k_chunk, *levers) == (None, None, 0, 0, ""):
+        levers = (self.in_flight, self.prefetch, shared, self.split_k)
+        if (self.stages, self.k_chunk, *levers) == (None, None, 0, 0, "", 0):
             return plan
         stages, k_chunk = self.stages or plan.stages, self.k_chunk or plan.k_chunk
         return _pipelined(plan, stages, k_chunk, *levers)
@@ -122,19 +127,20 @@ def _with_units(plan: PersistentPlan, units: int) -> PersistentPlan:
 
 @functools.cache
 def _pipelined(
-    plan: PersistentPlan, stages: int, k_chunk: int, in_flight: int, prefetch: int, shared: str
-) -> PersistentPlan:
+    plan: PersistentPlan, stages: int, k_chunk: int, in_flight: int, prefetch: int, shared: str,
+    split_k: int,
+) -> PersistentPlan:  # fmt: skip
     """``shared``: the multicast operand, "a" (the state rows), "b" (the weights: not to a
     plan of one row block, which has no one to share them with) or ""."""
     what = (
         f"persistent variant stages={stages}, k_chunk={k_chunk}, in_flight={in_flight}, "
-        f"prefetch={prefetch}, multicast={int(bool(shared))}"
+        f"prefetch={prefetch}, multicast={int(bool(shared))}, split_k={split_k}"
     )
     try:
         replanned = dataclasses.replace(
             plan, stages=stages, k_chunk=k_chunk, wgmma_in_flight=in_flight,
             prefetch_weights=bool(prefetch), multicast_a=shared == "a",
-            multicast_b=shared == "b" and plan.row_blocks > 1,
+            multicast_b=shared == "b" and plan.row_blocks > 1, split_k=bool(split_k),
         )  # fmt: skip
         check_runnable(replanned)
     except PlanError as error:
