@@ -1,12 +1,13 @@
 """Loads a ``benchmarks/`` script as a module by its path (benchmarks/ is a folder of
-scripts, not a package; no ``sys.path`` change). A script that imports a sibling
-(``kernel_blocks`` imports ``bench``) finds it in ``sys.modules`` once it is loaded. The
+scripts, not a package; no ``sys.path`` change). The siblings a script imports at its top
+level (``bench`` imports ``gemm_rate``) load first, so it finds them in ``sys.modules``. The
 packages beside the scripts (``benchmarks/hlo/``, the compile report's library, not
 installed) load the same way under their own name: ``load("hlo.deviceless")``, and every
 script loaded here finds them; a fresh process finds them on `PYTHONPATH` (`BENCH`)."""
 
 from __future__ import annotations
 
+import ast
 import importlib
 import importlib.util
 import sys
@@ -30,6 +31,17 @@ def _package(name: str):
     return module
 
 
+def _siblings(path: Path) -> list[str]:
+    """The ``benchmarks/`` scripts that ``path`` imports at its top level."""
+    names = []
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.append(node.module)
+    return [name for name in names if (BENCH / f"{name}.py").exists()]
+
+
 def load(name: str):
     """``benchmarks/<name>.py`` as module ``name`` (loaded once per session); a dotted
     ``name`` (``hlo.launches``) or a package's (``hlo``): that module of ``benchmarks/hlo/``."""
@@ -42,7 +54,10 @@ def load(name: str):
         BENCH / f"{name}.py"
     ):
         return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+    path = BENCH / f"{name}.py"
+    for sibling in _siblings(path):
+        load(sibling)
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     spec.loader.exec_module(module)
