@@ -232,7 +232,7 @@ def lead_gemm(out, staged: StagedOperands, split: SplitK, a_gmem, b_gmem, a_bloc
 
     def partial():
         plgpu.barrier_wait(split.done)
-        return keep_mask.load(split.partial, plgpu.Layout.WGMMA)  # the accumulator's
+        return keep_mask.load(split.partial, plgpu.Layout.WGMMA)
 
     plgpu.barrier_arrive(split.go)
     gemm_nt_staged(

@@ -33,7 +33,7 @@ from rhhjax.kernels.mosaic.persistent_backward_cell import (
     bias_row_group,
     input_names,
 )
-from rhhjax.kernels.mosaic.persistent_cell import staged_scratch
+from rhhjax.kernels.mosaic.persistent_cell import stage_buffers, staged_operands, staged_scratch
 from rhhjax.kernels.mosaic.plan import PersistentPlan
 
 Array = jax.Array
@@ -147,7 +147,7 @@ def persistent_backward(
             hyper_outs = outs[n_main_out:-2]
             hyper_col = c - n_main if own else c
             hyper_cell = _hyper_cell(hyper_g, hyper_outs, outs[-2], hyper_epi, sc, r, hyper_col)
-        split = _split_operands(sc)
+        split = _split_operands(sc, plan, interpret)
         main = BackwardCell(
             plan, steps, depth, keep, names, g_last, named, main_sc, r, c,
             scales_plan=scales_plan, interpret=interpret, split=split,
@@ -267,7 +267,7 @@ def persistent_backward(
             **({"mask_tile": plgpu.SMEM((rows, u), keep_mask.DTYPE)} if has_mask else {}),
             **({"dz_acc": plgpu.SMEM((depth, group, u), F32)} if has_z else {}),
             **staged_scratch(plan, u, 2 * n_pad // plan.k_chunk, mm_dtype, interpret),
-            **_split_scratch(plan, u, 2 * n_pad // plan.k_chunk, mm_dtype),
+            **_split_scratch(plan, u, 2 * n_pad // plan.k_chunk, mm_dtype, interpret),
             **hyper_scratch,
             **phase_bar,
         ),
@@ -283,33 +283,22 @@ def persistent_backward(
     return outs
 
 
-def _split_scratch(plan: PersistentPlan, u: int, k_steps: int, mm_dtype) -> dict:
+def _split_scratch(plan: PersistentPlan, u: int, k_steps: int, mm_dtype, interpret) -> dict:
     """``plan.split_k``'s scratch: the lead's stages, the helper's, `gemm.split_scratch`."""
     if not plan.split_k:
         return {}
-    rows, k_chunk = plan.rows_per_block, plan.k_chunk
-    lead, rest = (plan.staged_stages(k) for k in gemm.SplitK.halves(k_steps))
-
-    def named(prefix: str, types: dict) -> dict:
-        return {prefix + name: t for name, t in types.items()}
-
-    return (
-        named("stage_", gemm.staged_scratch(rows, u, k_chunk, lead, mm_dtype))
-        | named("split_stage_", gemm.staged_scratch(rows, u, k_chunk, rest, mm_dtype))
-        | named("split_", gemm.split_scratch(rows, u))
-    )
+    lead, rest = gemm.SplitK.halves(k_steps)
+    split = {f"split_{name}": t for name, t in gemm.split_scratch(plan.rows_per_block, u).items()}
+    helper = stage_buffers(plan, u, rest, mm_dtype, interpret, "split_stage_")
+    return stage_buffers(plan, u, lead, mm_dtype, interpret) | helper | split
 
 
-def _split_operands(sc: dict) -> gemm.SplitK | None:
+def _split_operands(sc: dict, plan: PersistentPlan, interpret) -> gemm.SplitK | None:
     """`_split_scratch`'s buffers as a `gemm.SplitK`, or None."""
     if "split_go" not in sc:
         return None
-    helper = {
-        k.removeprefix("split_stage_"): v for k, v in sc.items() if k.startswith("split_stage_")
-    }
-    return gemm.SplitK(
-        gemm.StagedOperands(**helper), sc["split_partial"], sc["split_go"], sc["split_done"]
-    )
+    helper = staged_operands(sc, plan, interpret, "split_stage_")
+    return gemm.SplitK(helper, sc["split_partial"], sc["split_go"], sc["split_done"])
 
 
 def _hyper_out_types(plan: PersistentPlan, hp: PersistentPlan, steps: int, depth: int, mm) -> list:

@@ -198,10 +198,11 @@ def _check_split(plan: PersistentPlan, hyper_inside: bool) -> None:
     if plan.staged or hyper_inside:
         other = plan.staged_levers() if plan.staged else "the hyper cell inside"
         raise PlanError(f"persistent backward: split_k runs without {other}.")
-    if 2 * plan.n_pad // plan.k_chunk < 2:
+    k_steps = 2 * plan.n_pad // plan.k_chunk
+    if k_steps < 2:
         raise PlanError(
-            f"persistent backward: split_k needs 2 K chunks or more, got "
-            f"{2 * plan.n_pad // plan.k_chunk} (k_chunk {plan.k_chunk})."
+            f"persistent backward: split_k needs 2 K chunks or more, got {k_steps} "
+            f"(k_chunk {plan.k_chunk})."
         )
 
 

@@ -248,22 +248,27 @@ def multicast_axes(plan: PersistentPlan, interpret: Any) -> tuple[str | None, st
     return a_axis, b_axis if plan.multicast_b else None
 
 
-def staged_scratch(plan: PersistentPlan, cols: int, k_steps: int, mm_dtype, interpret) -> dict:
-    """With ``plan.staged`` the main GEMM's stage buffers (B rows ``cols``) as scratch
-    types named ``stage_*``; else none."""
-    if not plan.staged:
-        return {}
-    stages = plan.staged_stages(k_steps)
+def stage_buffers(
+    plan: PersistentPlan, cols: int, k_steps: int, mm_dtype, interpret, prefix: str = "stage_"
+) -> dict:
+    """A K loop's stage buffers (B rows ``cols``) as scratch types named ``prefix*``."""
     buffers = gemm.staged_scratch(
-        plan.rows_per_block, cols, plan.k_chunk, stages, mm_dtype,
+        plan.rows_per_block, cols, plan.k_chunk, plan.staged_stages(k_steps), mm_dtype,
         *multicast_axes(plan, interpret),
     )  # fmt: skip
-    return {f"stage_{name}": buffer for name, buffer in buffers.items()}
+    return {prefix + name: buffer for name, buffer in buffers.items()}
 
 
-def staged_operands(sc: dict, plan: PersistentPlan, interpret) -> gemm.StagedOperands | None:
-    """The `scratch` buffers of ``plan.staged``, or None."""
-    buffers = {k.removeprefix("stage_"): v for k, v in sc.items() if k.startswith("stage_")}
+def staged_scratch(plan: PersistentPlan, cols: int, k_steps: int, mm_dtype, interpret) -> dict:
+    """With ``plan.staged`` the main GEMM's `stage_buffers`; else none."""
+    return stage_buffers(plan, cols, k_steps, mm_dtype, interpret) if plan.staged else {}
+
+
+def staged_operands(
+    sc: dict, plan: PersistentPlan, interpret, prefix: str = "stage_"
+) -> gemm.StagedOperands | None:
+    """The `stage_buffers` named ``prefix*`` in ``sc``, or None."""
+    buffers = {k.removeprefix(prefix): v for k, v in sc.items() if k.startswith(prefix)}
     if not buffers:
         return None
     a_axis, b_axis = multicast_axes(plan, interpret)
