@@ -5,15 +5,15 @@
     /opt/venv-cuda/bin/pip install "jax[cuda12]==0.10.2" -e .
     # the report (minutes per config on 2 cores)
     /opt/venv-cuda/bin/python benchmarks/gpu_report.py --out=results/gpu_report_h100.json
-    # fast iteration: paper HyperRHN, rank 0, fused and pallas, float32 and bfloat16
+    # fast iteration: paper HyperRHN, rank 0, fused and persistent, float32 and bfloat16
     /opt/venv-cuda/bin/python benchmarks/gpu_report.py --quick
     # smaller and faster still (not comparable with the paper size), any config override
     /opt/venv-cuda/bin/python benchmarks/gpu_report.py --quick --set=model.depth=2
     # keep the optimised HLO, then re-read it (new parser / cost model) without compiling
     /opt/venv-cuda/bin/python benchmarks/gpu_report.py --save-hlo=DIR --out=r.json
     python benchmarks/gpu_report.py --reanalyze=r.json --save-hlo=DIR --launch-us=2 --out=r2.json
-    # the kernel check: compile error / spill / shared-memory overflow of a Pallas kernel
-    /opt/venv-cuda/bin/python -m pytest -q -m gpu_compile tests/test_gpu_report.py
+    # the Mosaic GPU kernels compiled for an H100 (ptxas: no spills)
+    /opt/venv-cuda/bin/python -m pytest -q -m gpu_compile tests/
 
 For every impl x dtype x model (``hyperrhn`` once per ``--ranks`` value) it builds the
 model and optimizer from ``configs/ptb.py`` (the paper size unless overridden), compiles
@@ -24,8 +24,6 @@ model and optimizer from ``configs/ptb.py`` (the paper size unless overridden), 
 * launches per time step in the 100-trip time loops, split hyper/main x forward/backward;
 * in-loop data-movement launches (pad / convert / copy / transpose ...), by name;
 * bytes moved per time step by the in-loop launches;
-* each Pallas (Triton) kernel's registers, spill bytes and shared memory (ptxas via XLA's
-  dumped PTX, and XLA's own log lines);
 * compiled peak memory (``compiled.memory_analysis()``);
 * a predicted step time from a stated cost model (``--launch-us``, ``--hbm-gbs``,
   ``--bf16-tflops``, ``--f32-mm-tflops``, ``--f32-simt-tflops``; every one an assumption);
@@ -37,7 +35,7 @@ The work is split: ``benchmarks/hlo/deviceless.py`` builds and compiles the step
 ``dumps.py`` reads ptxas and the thunk sequence, ``launches.py`` / ``cost.py``
 count and predict, this file is the command line and the table.
 
-Configs that the model config rejects (``pallas`` with ``hyper_rank > 0``) are rows with
+Configs that the model config rejects (``mosaic`` with ``hyper_rank > 0``) are rows with
 ``status: "unsupported"``; a compile error is a row with ``status: "compile_error"``.
 """
 
@@ -73,8 +71,7 @@ from hlo.deviceless import (
     h100_mesh,
     set_deviceless_env,
 )
-from hlo.dumps import kernel_stats, thunk_check
-from rhhjax.kernels.hardware import H100
+from hlo.dumps import thunk_check
 
 from rhhjax.errors import UserError
 
@@ -94,11 +91,9 @@ class Options:
 CALIBRATION = Path(__file__).resolve().parents[1] / "results" / "cost_model_h100.json"
 
 
-def calibrated(text: str, seq_len: int, hidden: int, kernel, coef: dict) -> dict:
-    """The calibrated cost model's step time and its largest term for one compiled step
-    (``kernel``: the model's HighwayConfig, the blocks of its Pallas kernels)."""
-    blocks = (kernel.block_b, kernel.block_n, kernel.block_k, kernel.num_warps, kernel.num_stages)
-    feats = hlo_calibrate.features(hlo_calibrate.launch_inventory(text, seq_len, hidden), blocks)
+def calibrated(text: str, seq_len: int, hidden: int, coef: dict) -> dict:
+    """The calibrated cost model's step time and its largest term for one compiled step."""
+    feats = hlo_calibrate.features(hlo_calibrate.launch_inventory(text, seq_len, hidden))
     return {
         "calibrated_step_ms": hlo_calibrate.predict_ms(coef, feats),
         "dominant_term": hlo_calibrate.dominant_term(coef, feats),
@@ -146,9 +141,8 @@ def run_case(case: Case, mesh, opts: Options) -> dict:
         hlo_file(opts.save_hlo, case).write_text(text)
     summary = hlo_cost.summarize(text, seq_len, mc.hidden, opts.cost)
     if opts.calibration:
-        summary.update(calibrated(text, seq_len, mc.hidden, mc.kernel, opts.calibration))
+        summary.update(calibrated(text, seq_len, mc.hidden, opts.calibration))
     mem = compiled.memory_analysis()
-    kernels = kernel_stats(dump_dir, text, log[0]) if case.impl == "pallas" else []
     thunks = thunk_check(dump_dir, summary, text)
     if not opts.keep_dumps:
         shutil.rmtree(dump_root, ignore_errors=True)
@@ -173,9 +167,6 @@ def run_case(case: Case, mesh, opts: Options) -> dict:
             "temp_bytes": getattr(mem, "temp_size_in_bytes", None),
         },
         "thunks": thunks,
-        "pallas_kernels": kernels,
-        "pallas_spills": any(k["spills"] for k in kernels),
-        "pallas_smem_overflow": any(k["smem_overflow"] for k in kernels),
     }
 
 
@@ -210,7 +201,7 @@ def format_table(rows: list[dict]) -> str:
         moves = f"{mv.get('pad', 0)}/{mv.get('convert', 0)}/{mv.get('copy', 0)}"
         wo = r.get("weight_sized_ops_per_step", {})
         wmoves = f"{wo.get('pad', 0)}/{wo.get('convert', 0)}"
-        ks = r.get("pallas_kernels") or []
+        ks = r.get("pallas_kernels") or []  # rows of the retired Triton backend (dated reports)
         kern = ""
         if ks:
             regs = max(k.get("registers", 0) for k in ks)
@@ -237,18 +228,16 @@ ASSUMPTIONS = {
     "cost_model": "per launch max(flops / rate, bytes / hbm_bandwidth) + launch_s; "
     "in-loop launches x seq_len + out-of-loop launches; no overlap between launches, "
     "every byte from HBM (none from L2), peak datasheet rates",
-    "flops": "dots / cuBLAS gemms: 2*M*N*K from HLO shapes; Pallas kernels: 2*M*K*N with "
-    "the weight [K, ...] and state [M, K] operands found by shape (launches.triton_flops); "
-    "elementwise work: 0 FLOPs (bandwidth bound)",
+    "flops": "dots / cuBLAS gemms: 2*M*N*K from HLO shapes; other custom calls (Mosaic GPU "
+    "kernels): 0; elementwise work: 0 FLOPs (bandwidth bound)",
     "rates": "launches with bf16/f16 matmul inputs at bf16_matmul_flops; f32 XLA gemms at "
-    "f32_matmul_flops (TF32, XLA's default f32 dot precision); f32 Pallas kernels at "
-    "f32_pallas_flops (exact f32 dots by default: CUDA cores); other launches at "
+    "f32_matmul_flops (TF32, XLA's default f32 dot precision); other launches at "
     "f32_simt_flops",
 }
 
 DEFINITIONS = {
     "launches_per_step": "GPU-work instructions (fusions, custom calls incl. cuBLAS and "
-    "Triton, copies, ...; not parameter/tuple/get-tuple-element/bitcast/constant) in the "
+    "Mosaic GPU, copies, ...; not parameter/tuple/get-tuple-element/bitcast/constant) in the "
     "bodies of the while loops whose trip count is seq_len, summed over those loops",
     "launches_split": "per loop part_role: part = main if the loop carries an array with two "
     "dims >= hidden (the main W), else hyper (the scan HyperRHN runs both cells in one main "
@@ -272,7 +261,7 @@ DEFINITIONS = {
     "unchanged) to "
     "slices and dynamic-slices, strided or not (each keeps its share, elements out / "
     "elements in); any other use reads it whole; an unfused slice counts its result read "
-    "and written; custom calls (Mosaic GPU, Triton kernels) still count whole operands",
+    "and written; custom calls (Mosaic GPU kernels) still count whole operands",
     "bytes_outside_loops": "operand + result bytes (old rule) of the launches outside the "
     "time loops, once per training step (for impl=persistent: everything, kernels included)",
     "bytes_outside_loops_read": "the same under the corrected rule",
@@ -282,10 +271,6 @@ DEFINITIONS = {
     "largest_launches": "the 16 launches of a training step with the most bytes (old rule, in-"
     "loop ones x multiplicity x seq_len), each with bytes (old rule) and bytes_read "
     "(corrected), largest first",
-    "pallas_kernels": "thunk sequence (grid, threads, dynamic shared memory) + ptxas -v on "
-    "XLA's dumped PTX (registers, spill bytes); smem_overflow: shared_memory > "
-    f"{H100.smem_per_block_optin} B "
-    "(H100 opt-in per block)",
     "thunks": "cross-check from XLA's dumped thunk sequence (after thunk passes): thunks "
     "per iteration in each time loop's body (what the GPU runs; matched = equal to the HLO "
     "count) and whether the body is a command buffer (CUDA graph)",
@@ -311,7 +296,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--quick",
         action="store_true",
-        help="fast iteration: hyperrhn rank 0, fused and pallas, both dtypes (unless "
+        help="fast iteration: hyperrhn rank 0, fused and persistent, both dtypes (unless "
         "--impls/--dtypes/--models/--ranks are given)",
     )
     p.add_argument(
@@ -326,12 +311,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--bf16-tflops", type=float, default=989.0, help="assumed bf16 rate")
     p.add_argument("--f32-mm-tflops", type=float, default=494.7, help="assumed f32 gemm rate")
     p.add_argument("--f32-simt-tflops", type=float, default=66.9, help="assumed f32 SIMT rate")
-    p.add_argument(
-        "--f32-pallas-tflops",
-        type=float,
-        default=66.9,
-        help="assumed rate of f32 Pallas kernels (exact f32 dots: CUDA cores)",
-    )
     p.add_argument(
         "--calibration",
         default=str(CALIBRATION),
@@ -359,7 +338,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         if "--models" not in explicit:
             args.models = "hyperrhn"
         if "--impls" not in explicit:
-            args.impls = "fused,pallas"
+            args.impls = "fused,persistent"
         if "--ranks" not in explicit:
             args.ranks = "0"
     return args
@@ -391,7 +370,7 @@ def resolve(args: argparse.Namespace) -> tuple[list[Case], Options]:
         if not sep or key.count(".") != 1 or key.split(".")[0] not in ("model", "train"):
             raise ReportError(f"--set={item!r} must be model.KEY=VALUE or train.KEY=VALUE")
         overrides[key] = _override_value(value)
-    rates = ("bf16_tflops", "f32_mm_tflops", "f32_simt_tflops", "f32_pallas_tflops")
+    rates = ("bf16_tflops", "f32_mm_tflops", "f32_simt_tflops")
     for name in ("launch_us", "hbm_gbs", *rates):
         if not getattr(args, name) > 0:
             raise ReportError(f"--{name.replace('_', '-')} must be > 0")
@@ -401,7 +380,6 @@ def resolve(args: argparse.Namespace) -> tuple[list[Case], Options]:
         bf16_matmul_flops=args.bf16_tflops * 1e12,
         f32_matmul_flops=args.f32_mm_tflops * 1e12,
         f32_simt_flops=args.f32_simt_tflops * 1e12,
-        f32_pallas_flops=args.f32_pallas_tflops * 1e12,
         hbm_bytes_per_s=args.hbm_gbs * 1e9,
         launch_s=args.launch_us * 1e-6,
     )
@@ -473,11 +451,8 @@ def reanalyze(report_json: str, opts: Options, out: str) -> int:
             return 2
         text = path.read_text()
         row.update(hlo_cost.summarize(text, row["seq_len"], row["hidden"], opts.cost))
-        if opts.calibration:  # the kernel blocks are not in the report: the defaults
-            from rhhjax.kernels import triton
-
-            kernel = triton.HighwayConfig()
-            row.update(calibrated(text, row["seq_len"], row["hidden"], kernel, opts.calibration))
+        if opts.calibration:
+            row.update(calibrated(text, row["seq_len"], row["hidden"], opts.calibration))
     meta = report["meta"]
     meta["cost_model_parameters"] = dataclasses.asdict(opts.cost)
     meta["assumptions"], meta["definitions"] = ASSUMPTIONS, DEFINITIONS

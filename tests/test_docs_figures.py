@@ -139,7 +139,6 @@ FIGURES = [
     Figure("41.0", "results/ptb_gpu/metrics.jsonl", lambda: (steady_step_ms(),), (README,)),
     Figure("41.7", BENCH, lambda: (step_ms(BENCH, "fused", "bfloat16"),), (README, DESIGN)),
     Figure("50.4", BENCH, lambda: (step_ms(BENCH, "fused", "float32"),), (README,)),
-    Figure("59.7", BENCH, lambda: (step_ms(BENCH, "pallas", "bfloat16"),), (DESIGN,)),
     Figure("119.1", BENCH, lambda: (step_ms(BENCH, "scan", "bfloat16"),), (DESIGN,)),
     Figure("33.5", BENCH, lambda: (step_ms(BENCH, "fused", "float32", "rhn"),), (README,)),
     Figure("59.8", FIRST, lambda: (step_ms(FIRST, "persistent", "bfloat16"),), (LIMITATIONS,)),

@@ -2,7 +2,7 @@
 
 A step's time is a sum of latency terms, each a fitted coefficient (seconds) times a count
 read from the deviceless compile (``launch_inventory`` of ``launches``' accounting) and,
-for Pallas kernels, the row's block settings (``model.kernel``):
+for the Pallas Triton kernels the fitted rows ran (a retired backend), their block settings:
 
 * ``launch``: launches per step (in-loop launches x seq_len, plus those outside the loops);
 * ``k_chain``: per dependent K-iteration of a Pallas kernel: a program walks K in
@@ -66,7 +66,7 @@ CHOICES = (
     "no two-term set does: best 27%), so the leave-one-out errors do not account for that "
     "choice; TF32 is not a feature (f32 /tf32 rows share the exact-f32 rows' counts)"
 )
-DEFAULT_BLOCKS = (64, 32, 32, 4, 3)  # kernels.triton.HighwayConfig defaults (b/n/k/warps/stages)
+DEFAULT_BLOCKS = (64, 32, 32, 4, 3)  # the retired Triton kernels' default b/n/k/warps/stages
 
 
 # ----------------------------------------------------------------------------- features
@@ -219,7 +219,8 @@ def config_key(model: str, impl: str, dtype: str, rank: int = 0) -> str:
 
 def measured_rows(bench: dict, blocks: dict, inventories: dict) -> list[dict]:
     """The calibration rows: every rank-0 paper-size row of ``benchmarks/bench.py``'s JSON and
-    every timed setting of ``benchmarks/kernel_blocks.py``'s (``{"runs": [...]}``), each with
+    every timed block setting of the retired Triton kernels (``results/kernel_blocks_h100.json``,
+    ``{"runs": [...]}``), each with
     its measured median ms and the features of its compiled configuration."""
     rows = []
     for r in bench["rows"]:
