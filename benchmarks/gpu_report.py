@@ -27,9 +27,6 @@ model and optimizer from ``configs/ptb.py`` (the paper size unless overridden), 
 * compiled peak memory (``compiled.memory_analysis()``);
 * a predicted step time from a stated cost model (``--launch-us``, ``--hbm-gbs``,
   ``--bf16-tflops``, ``--f32-mm-tflops``, ``--f32-simt-tflops``; every one an assumption);
-* ``calibrated_step_ms`` and its ``dominant_term``: the cost model fitted to the measured
-  H100 rows (``--calibration``, default ``results/cost_model_h100.json`` from
-  ``benchmarks/cost_model.py``; terms in ``benchmarks/hlo/calibrate.py``).
 
 The work is split: ``benchmarks/hlo/deviceless.py`` builds and compiles the step,
 ``dumps.py`` reads ptxas and the thunk sequence, ``launches.py`` / ``cost.py``
@@ -54,7 +51,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-from hlo import calibrate as hlo_calibrate
 from hlo import cost as hlo_cost
 from hlo.deviceless import (
     DTYPES,
@@ -84,20 +80,7 @@ class Options:
     cost: hlo_cost.CostModel
     keep_dumps: str = ""  # directory to keep XLA's dumps in ("" = temporary)
     save_hlo: str = ""  # directory to write each config's optimised HLO text to
-    calibration: dict | None = None  # fitted coefficients (hlo_calibrate) or None
     persistent_hyper_inside: str = ""  # "on" / "off": persistent.HYPER_INSIDE ("": as is)
-
-
-CALIBRATION = Path(__file__).resolve().parents[1] / "results" / "cost_model_h100.json"
-
-
-def calibrated(text: str, seq_len: int, hidden: int, coef: dict) -> dict:
-    """The calibrated cost model's step time and its largest term for one compiled step."""
-    feats = hlo_calibrate.features(hlo_calibrate.launch_inventory(text, seq_len, hidden))
-    return {
-        "calibrated_step_ms": hlo_calibrate.predict_ms(coef, feats),
-        "dominant_term": hlo_calibrate.dominant_term(coef, feats),
-    }
 
 
 def run_case(case: Case, mesh, opts: Options) -> dict:
@@ -140,8 +123,6 @@ def run_case(case: Case, mesh, opts: Options) -> dict:
         Path(opts.save_hlo).mkdir(parents=True, exist_ok=True)
         hlo_file(opts.save_hlo, case).write_text(text)
     summary = hlo_cost.summarize(text, seq_len, mc.hidden, opts.cost)
-    if opts.calibration:
-        summary.update(calibrated(text, seq_len, mc.hidden, opts.calibration))
     mem = compiled.memory_analysis()
     thunks = thunk_check(dump_dir, summary, text)
     if not opts.keep_dumps:
@@ -184,7 +165,7 @@ def format_table(rows: list[dict]) -> str:
         f"{'pad/cvt/copy':>12} {'w/pad':>5} {'W pad/cvt':>9} {'MB/step':>8} "
         f"{'GB/train step':>15} "
         f"{'kernels regs/spill/smem':<26} "
-        f"{'peak GB':>7} {'pred ms':>8} {'cal ms':>7}"
+        f"{'peak GB':>7} {'pred ms':>8}"
     )
     lines = [head, "-" * len(head)]
     for r in rows:
@@ -219,7 +200,7 @@ def format_table(rows: list[dict]) -> str:
             f"{label:<28} {r['status']:<13} {r['launches_per_step']:>11} {split:>15} "
             f"{moves:>12} {r['launches_with_op_per_step'].get('pad', 0):>5} {wmoves:>9} "
             f"{r['bytes_per_step'] / 1e6:>8.1f} {step_gb:>15} {kern:<26} {peak_gb:>7} "
-            f"{r['predicted_step_ms']:>8.2f} {r.get('calibrated_step_ms', float('nan')):>7.1f}"
+            f"{r['predicted_step_ms']:>8.2f}"
         )
     return "\n".join(lines)
 
@@ -312,11 +293,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--f32-mm-tflops", type=float, default=494.7, help="assumed f32 gemm rate")
     p.add_argument("--f32-simt-tflops", type=float, default=66.9, help="assumed f32 SIMT rate")
     p.add_argument(
-        "--calibration",
-        default=str(CALIBRATION),
-        help="fitted cost-model coefficients (benchmarks/cost_model.py); '' for none",
-    )
-    p.add_argument(
         "--persistent-hyper-inside",
         choices=("on", "off"),
         default="",
@@ -383,11 +359,8 @@ def resolve(args: argparse.Namespace) -> tuple[list[Case], Options]:
         hbm_bytes_per_s=args.hbm_gbs * 1e9,
         launch_s=args.launch_us * 1e-6,
     )
-    coef = None
-    if args.calibration and Path(args.calibration).is_file():
-        coef = hlo_calibrate.load_coefficients(args.calibration)
     hyper_inside = args.persistent_hyper_inside
-    opts = Options(overrides, cost, args.keep_dumps, args.save_hlo, coef, hyper_inside)
+    opts = Options(overrides, cost, args.keep_dumps, args.save_hlo, hyper_inside)
     return cases(models, impls, dtypes, ranks), opts
 
 
@@ -451,8 +424,6 @@ def reanalyze(report_json: str, opts: Options, out: str) -> int:
             return 2
         text = path.read_text()
         row.update(hlo_cost.summarize(text, row["seq_len"], row["hidden"], opts.cost))
-        if opts.calibration:
-            row.update(calibrated(text, row["seq_len"], row["hidden"], opts.calibration))
     meta = report["meta"]
     meta["cost_model_parameters"] = dataclasses.asdict(opts.cost)
     meta["assumptions"], meta["definitions"] = ASSUMPTIONS, DEFINITIONS

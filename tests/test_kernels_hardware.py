@@ -13,7 +13,6 @@ from helpers import ROOT
 from rhhjax.kernels.hardware import H100
 from rhhjax.kernels.mosaic.plan import PersistentPlan
 
-calibrate = load("hlo.calibrate")
 deviceless = load("hlo.deviceless")
 
 
@@ -29,8 +28,6 @@ def test_h100_figures():
 def test_one_table_for_the_kernels_and_the_compile_report():
     assert inspect.signature(deviceless.lowering_device).parameters["gpu"].default is H100
     assert f"core_count: {H100.sms}" in deviceless.H100_TARGET_CONFIG
-    assert calibrate.SMEM_PER_SM == H100.smem_per_block_optin
-    assert calibrate.SMS == H100.sms
 
 
 def test_the_persistent_plan_reads_the_table():

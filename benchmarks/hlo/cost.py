@@ -3,7 +3,7 @@
 ``summarize`` turns one optimised HLO module (``compiled.as_text()`` of the training step
 compiled for an H100) into the report's figures: launches per time step split by loop part
 and role, data-movement launches, bytes per step and a predicted step time from
-``CostModel`` (every rate an assumption; ``calibrate`` fits the measured terms).
+``CostModel`` (every rate an assumption).
 Pure Python (no JAX import).
 """
 
