@@ -132,10 +132,10 @@ def test_compare_table_pairs_configs_and_shows_before_and_after():
         }  # fmt: skip
 
     table = compare_reports.compare(
-        [row("pallas", 154, 8), row("fused", 129, 0)],
-        [row("pallas", 56, 0), {"model": "rhn", "impl": "scan", "dtype": "f", "status": "ok"}],
+        [row("mosaic", 154, 8), row("fused", 129, 0)],
+        [row("mosaic", 56, 0), {"model": "rhn", "impl": "scan", "dtype": "f", "status": "ok"}],
     )
     lines = table.splitlines()
     assert len(lines) == 3  # header, separator, the one config in both reports
-    assert "| hyperrhn r0 pallas bfloat16 | 154 -> 56 | 1 / 2 / 3 / 4 | 9 -> 0 |" in lines[2]
+    assert "| hyperrhn r0 mosaic bfloat16 | 154 -> 56 | 1 / 2 / 3 / 4 | 9 -> 0 |" in lines[2]
     assert "90 / 8 B -> 90 / 0 B" in lines[2]
