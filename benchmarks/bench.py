@@ -13,7 +13,7 @@ Parts (``--parts``):
   (``compiled.memory_analysis()``). efficiency = flops_per_step / (step time x the GEMM
   rate of the ``square`` row), flops_per_step = the matmul FLOPs of forward + backward (3x
   the forward matmuls). ``hyperrhn`` rows run once per ``--ranks`` value (every impl the
-  model config accepts: ``pallas`` has no rank > 0).
+  model config accepts: ``mosaic`` has no rank > 0).
 * ``gemm``: the GEMM rate inside ONE jitted ``lax.fori_loop`` of ``--gemm_iters`` dependent
   iterations (each GEMM reads the previous result, so XLA can neither hoist nor batch
   them): a large square ``[S, S] x [S, S]`` and the recurrence's own shapes at the size:
@@ -34,8 +34,7 @@ Parts (``--parts``):
 become graphs), ``off`` disables command buffers. It is validated by XLA on any platform
 but only changes anything on a GPU.
 
-On CPU, `pallas` runs in Pallas interpret mode, so it is only measured at the small size,
-and only to show it runs: interpret-mode timings say nothing about GPU speed.
+`mosaic` and `persistent` compile Mosaic GPU kernels for a Hopper GPU: their rows need one.
 """
 
 from __future__ import annotations
@@ -54,7 +53,7 @@ import jax.numpy as jnp
 from absl import app, flags
 
 from rhhjax import configs, models
-from rhhjax.ops import persistent
+from rhhjax.ops import persistent, spec
 from rhhjax.train.optim import OptimizerConfig
 from rhhjax.train.step import init_key, make_init, make_train_step, step_inputs, timed_call
 
@@ -79,7 +78,7 @@ COMMAND_BUFFER_FLAGS = {
 def _define_flags() -> None:
     """Command-line flags (defined only when run as a program, so others can import us)."""
     flags.DEFINE_string("out", "", "Write the rows as JSON to this file.")
-    flags.DEFINE_list("impls", ["scan", "fused", "pallas"], "Implementations.")
+    flags.DEFINE_list("impls", ["scan", "fused"], "Implementations.")
     flags.DEFINE_list("models", ["rhn", "hyperrhn"], "Model types.")
     flags.DEFINE_list("sizes", ["paper", "small"], f"Sizes: {', '.join(SIZES)}.")
     flags.DEFINE_list("dtypes", ["float32", "bfloat16"], "Matmul input dtypes.")
@@ -353,7 +352,7 @@ def device_name() -> str:
 
 
 def supported(impl: str, model: str, rank: int) -> bool:
-    """Whether the model config accepts the combination (pallas has no hyper rank > 0)."""
+    """Whether the model config accepts the combination (mosaic has no hyper rank > 0)."""
     try:
         model_config(model, "small", impl, "float32", rank).validate()
     except models.ConfigError:
@@ -363,15 +362,13 @@ def supported(impl: str, model: str, rank: int) -> bool:
 
 def plan(impls, model_types, sizes, dtypes, ranks=(0,)) -> list[tuple]:
     """(impl, model, size, dtype, rank) rows to run: hyperrhn once per rank, combinations the
-    config rejects left out, pallas on CPU only at the small size (interpret mode)."""
+    config rejects left out."""
     rows = []
     for size in sizes:
         for dtype in dtypes:
             for model in model_types:
                 for rank in ranks if model == "hyperrhn" else (0,):
                     for impl in impls:
-                        if impl == "pallas" and not on_gpu() and size != "small":
-                            continue
                         if supported(impl, model, rank):
                             rows.append((impl, model, size, dtype, rank))
     return rows
@@ -403,6 +400,9 @@ def format_phase(row: dict) -> str:
 
 def validate_flags(f) -> None:
     """Exits with one line naming every unknown choice, before anything is compiled."""
+    retired = [spec.retired(i) for i in f.impls if spec.retired(i)]
+    if retired:
+        raise SystemExit(f"error: {retired[0]}")
     unknown = [s for s in f.sizes if s not in SIZES]
     unknown += [i for i in f.impls if i not in models.IMPLS]
     unknown += [d for d in f.dtypes if d not in ("float32", "bfloat16")]

@@ -6,7 +6,8 @@
 The bench JSON comes from ``benchmarks/bench.py`` run on a GPU (paper size); the report from
 ``benchmarks/gpu_report.py`` (compiled for an H100 on a CPU host, with a stated cost model).
 Prints a markdown table: measured median step, predicted step, measured / predicted, and the
-speed-up of each impl over ``scan`` and of ``pallas`` over ``fused`` in the same run.
+speed-up of each impl over ``scan`` and of each kernel impl (``mosaic``, ``persistent``) over
+``fused`` in the same run.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Sequence
+
+KERNEL_IMPLS = ("mosaic", "persistent")  # each compared with `fused` in the same run
 
 
 def predicted_ms(report: dict) -> dict[tuple[str, str, str], float]:
@@ -87,9 +90,10 @@ def table(bench: dict, report: dict) -> str:
     lines.append("")
     for model, dtype in sorted({(m, d) for m, _, d in measured}):
         fused = measured.get((model, "fused", dtype))
-        pallas = measured.get((model, "pallas", dtype))
-        if fused and pallas:
-            lines.append(f"- pallas over fused, {model} {dtype}: {fused / pallas:.2f}x")
+        for impl in KERNEL_IMPLS:
+            ms = measured.get((model, impl, dtype))
+            if fused and ms:
+                lines.append(f"- {impl} over fused, {model} {dtype}: {fused / ms:.2f}x")
     extra = instrument_tables(bench)
     return "\n".join(lines) + ("\n\n" + extra if extra else "")
 

@@ -5,15 +5,15 @@
     /opt/venv-cuda/bin/pip install "jax[cuda12]==0.10.2" -e .
     # the report (minutes per config on 2 cores)
     /opt/venv-cuda/bin/python benchmarks/gpu_report.py --out=results/gpu_report_h100.json
-    # fast iteration: paper HyperRHN, rank 0, fused and pallas, float32 and bfloat16
+    # fast iteration: paper HyperRHN, rank 0, fused and persistent, float32 and bfloat16
     /opt/venv-cuda/bin/python benchmarks/gpu_report.py --quick
     # smaller and faster still (not comparable with the paper size), any config override
     /opt/venv-cuda/bin/python benchmarks/gpu_report.py --quick --set=model.depth=2
     # keep the optimised HLO, then re-read it (new parser / cost model) without compiling
     /opt/venv-cuda/bin/python benchmarks/gpu_report.py --save-hlo=DIR --out=r.json
     python benchmarks/gpu_report.py --reanalyze=r.json --save-hlo=DIR --launch-us=2 --out=r2.json
-    # the kernel check: compile error / spill / shared-memory overflow of a Pallas kernel
-    /opt/venv-cuda/bin/python -m pytest -q -m gpu_compile tests/test_gpu_report.py
+    # the Mosaic GPU kernels compiled for an H100 (ptxas: no spills)
+    /opt/venv-cuda/bin/python -m pytest -q -m gpu_compile tests/
 
 For every impl x dtype x model (``hyperrhn`` once per ``--ranks`` value) it builds the
 model and optimizer from ``configs/ptb.py`` (the paper size unless overridden), compiles
@@ -24,20 +24,15 @@ model and optimizer from ``configs/ptb.py`` (the paper size unless overridden), 
 * launches per time step in the 100-trip time loops, split hyper/main x forward/backward;
 * in-loop data-movement launches (pad / convert / copy / transpose ...), by name;
 * bytes moved per time step by the in-loop launches;
-* each Pallas (Triton) kernel's registers, spill bytes and shared memory (ptxas via XLA's
-  dumped PTX, and XLA's own log lines);
 * compiled peak memory (``compiled.memory_analysis()``);
 * a predicted step time from a stated cost model (``--launch-us``, ``--hbm-gbs``,
   ``--bf16-tflops``, ``--f32-mm-tflops``, ``--f32-simt-tflops``; every one an assumption);
-* ``calibrated_step_ms`` and its ``dominant_term``: the cost model fitted to the measured
-  H100 rows (``--calibration``, default ``results/cost_model_h100.json`` from
-  ``benchmarks/cost_model.py``; terms in ``benchmarks/hlo/calibrate.py``).
 
 The work is split: ``benchmarks/hlo/deviceless.py`` builds and compiles the step,
 ``dumps.py`` reads ptxas and the thunk sequence, ``launches.py`` / ``cost.py``
 count and predict, this file is the command line and the table.
 
-Configs that the model config rejects (``pallas`` with ``hyper_rank > 0``) are rows with
+Configs that the model config rejects (``mosaic`` with ``hyper_rank > 0``) are rows with
 ``status: "unsupported"``; a compile error is a row with ``status: "compile_error"``.
 """
 
@@ -56,7 +51,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-from hlo import calibrate as hlo_calibrate
 from hlo import cost as hlo_cost
 from hlo.deviceless import (
     DTYPES,
@@ -73,8 +67,7 @@ from hlo.deviceless import (
     h100_mesh,
     set_deviceless_env,
 )
-from hlo.dumps import kernel_stats, thunk_check
-from rhhjax.kernels.hardware import H100
+from hlo.dumps import thunk_check
 
 from rhhjax.errors import UserError
 
@@ -87,22 +80,7 @@ class Options:
     cost: hlo_cost.CostModel
     keep_dumps: str = ""  # directory to keep XLA's dumps in ("" = temporary)
     save_hlo: str = ""  # directory to write each config's optimised HLO text to
-    calibration: dict | None = None  # fitted coefficients (hlo_calibrate) or None
     persistent_hyper_inside: str = ""  # "on" / "off": persistent.HYPER_INSIDE ("": as is)
-
-
-CALIBRATION = Path(__file__).resolve().parents[1] / "results" / "cost_model_h100.json"
-
-
-def calibrated(text: str, seq_len: int, hidden: int, kernel, coef: dict) -> dict:
-    """The calibrated cost model's step time and its largest term for one compiled step
-    (``kernel``: the model's HighwayConfig, the blocks of its Pallas kernels)."""
-    blocks = (kernel.block_b, kernel.block_n, kernel.block_k, kernel.num_warps, kernel.num_stages)
-    feats = hlo_calibrate.features(hlo_calibrate.launch_inventory(text, seq_len, hidden), blocks)
-    return {
-        "calibrated_step_ms": hlo_calibrate.predict_ms(coef, feats),
-        "dominant_term": hlo_calibrate.dominant_term(coef, feats),
-    }
 
 
 def run_case(case: Case, mesh, opts: Options) -> dict:
@@ -145,10 +123,7 @@ def run_case(case: Case, mesh, opts: Options) -> dict:
         Path(opts.save_hlo).mkdir(parents=True, exist_ok=True)
         hlo_file(opts.save_hlo, case).write_text(text)
     summary = hlo_cost.summarize(text, seq_len, mc.hidden, opts.cost)
-    if opts.calibration:
-        summary.update(calibrated(text, seq_len, mc.hidden, mc.kernel, opts.calibration))
     mem = compiled.memory_analysis()
-    kernels = kernel_stats(dump_dir, text, log[0]) if case.impl == "pallas" else []
     thunks = thunk_check(dump_dir, summary, text)
     if not opts.keep_dumps:
         shutil.rmtree(dump_root, ignore_errors=True)
@@ -173,9 +148,6 @@ def run_case(case: Case, mesh, opts: Options) -> dict:
             "temp_bytes": getattr(mem, "temp_size_in_bytes", None),
         },
         "thunks": thunks,
-        "pallas_kernels": kernels,
-        "pallas_spills": any(k["spills"] for k in kernels),
-        "pallas_smem_overflow": any(k["smem_overflow"] for k in kernels),
     }
 
 
@@ -193,7 +165,7 @@ def format_table(rows: list[dict]) -> str:
         f"{'pad/cvt/copy':>12} {'w/pad':>5} {'W pad/cvt':>9} {'MB/step':>8} "
         f"{'GB/train step':>15} "
         f"{'kernels regs/spill/smem':<26} "
-        f"{'peak GB':>7} {'pred ms':>8} {'cal ms':>7}"
+        f"{'peak GB':>7} {'pred ms':>8}"
     )
     lines = [head, "-" * len(head)]
     for r in rows:
@@ -210,7 +182,7 @@ def format_table(rows: list[dict]) -> str:
         moves = f"{mv.get('pad', 0)}/{mv.get('convert', 0)}/{mv.get('copy', 0)}"
         wo = r.get("weight_sized_ops_per_step", {})
         wmoves = f"{wo.get('pad', 0)}/{wo.get('convert', 0)}"
-        ks = r.get("pallas_kernels") or []
+        ks = r.get("pallas_kernels") or []  # rows of the retired Triton backend (dated reports)
         kern = ""
         if ks:
             regs = max(k.get("registers", 0) for k in ks)
@@ -228,7 +200,7 @@ def format_table(rows: list[dict]) -> str:
             f"{label:<28} {r['status']:<13} {r['launches_per_step']:>11} {split:>15} "
             f"{moves:>12} {r['launches_with_op_per_step'].get('pad', 0):>5} {wmoves:>9} "
             f"{r['bytes_per_step'] / 1e6:>8.1f} {step_gb:>15} {kern:<26} {peak_gb:>7} "
-            f"{r['predicted_step_ms']:>8.2f} {r.get('calibrated_step_ms', float('nan')):>7.1f}"
+            f"{r['predicted_step_ms']:>8.2f}"
         )
     return "\n".join(lines)
 
@@ -237,18 +209,16 @@ ASSUMPTIONS = {
     "cost_model": "per launch max(flops / rate, bytes / hbm_bandwidth) + launch_s; "
     "in-loop launches x seq_len + out-of-loop launches; no overlap between launches, "
     "every byte from HBM (none from L2), peak datasheet rates",
-    "flops": "dots / cuBLAS gemms: 2*M*N*K from HLO shapes; Pallas kernels: 2*M*K*N with "
-    "the weight [K, ...] and state [M, K] operands found by shape (launches.triton_flops); "
-    "elementwise work: 0 FLOPs (bandwidth bound)",
+    "flops": "dots / cuBLAS gemms: 2*M*N*K from HLO shapes; other custom calls (Mosaic GPU "
+    "kernels): 0; elementwise work: 0 FLOPs (bandwidth bound)",
     "rates": "launches with bf16/f16 matmul inputs at bf16_matmul_flops; f32 XLA gemms at "
-    "f32_matmul_flops (TF32, XLA's default f32 dot precision); f32 Pallas kernels at "
-    "f32_pallas_flops (exact f32 dots by default: CUDA cores); other launches at "
+    "f32_matmul_flops (TF32, XLA's default f32 dot precision); other launches at "
     "f32_simt_flops",
 }
 
 DEFINITIONS = {
     "launches_per_step": "GPU-work instructions (fusions, custom calls incl. cuBLAS and "
-    "Triton, copies, ...; not parameter/tuple/get-tuple-element/bitcast/constant) in the "
+    "Mosaic GPU, copies, ...; not parameter/tuple/get-tuple-element/bitcast/constant) in the "
     "bodies of the while loops whose trip count is seq_len, summed over those loops",
     "launches_split": "per loop part_role: part = main if the loop carries an array with two "
     "dims >= hidden (the main W), else hyper (the scan HyperRHN runs both cells in one main "
@@ -272,7 +242,7 @@ DEFINITIONS = {
     "unchanged) to "
     "slices and dynamic-slices, strided or not (each keeps its share, elements out / "
     "elements in); any other use reads it whole; an unfused slice counts its result read "
-    "and written; custom calls (Mosaic GPU, Triton kernels) still count whole operands",
+    "and written; custom calls (Mosaic GPU kernels) still count whole operands",
     "bytes_outside_loops": "operand + result bytes (old rule) of the launches outside the "
     "time loops, once per training step (for impl=persistent: everything, kernels included)",
     "bytes_outside_loops_read": "the same under the corrected rule",
@@ -282,10 +252,6 @@ DEFINITIONS = {
     "largest_launches": "the 16 launches of a training step with the most bytes (old rule, in-"
     "loop ones x multiplicity x seq_len), each with bytes (old rule) and bytes_read "
     "(corrected), largest first",
-    "pallas_kernels": "thunk sequence (grid, threads, dynamic shared memory) + ptxas -v on "
-    "XLA's dumped PTX (registers, spill bytes); smem_overflow: shared_memory > "
-    f"{H100.smem_per_block_optin} B "
-    "(H100 opt-in per block)",
     "thunks": "cross-check from XLA's dumped thunk sequence (after thunk passes): thunks "
     "per iteration in each time loop's body (what the GPU runs; matched = equal to the HLO "
     "count) and whether the body is a command buffer (CUDA graph)",
@@ -311,7 +277,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--quick",
         action="store_true",
-        help="fast iteration: hyperrhn rank 0, fused and pallas, both dtypes (unless "
+        help="fast iteration: hyperrhn rank 0, fused and persistent, both dtypes (unless "
         "--impls/--dtypes/--models/--ranks are given)",
     )
     p.add_argument(
@@ -326,17 +292,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--bf16-tflops", type=float, default=989.0, help="assumed bf16 rate")
     p.add_argument("--f32-mm-tflops", type=float, default=494.7, help="assumed f32 gemm rate")
     p.add_argument("--f32-simt-tflops", type=float, default=66.9, help="assumed f32 SIMT rate")
-    p.add_argument(
-        "--f32-pallas-tflops",
-        type=float,
-        default=66.9,
-        help="assumed rate of f32 Pallas kernels (exact f32 dots: CUDA cores)",
-    )
-    p.add_argument(
-        "--calibration",
-        default=str(CALIBRATION),
-        help="fitted cost-model coefficients (benchmarks/cost_model.py); '' for none",
-    )
     p.add_argument(
         "--persistent-hyper-inside",
         choices=("on", "off"),
@@ -359,7 +314,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         if "--models" not in explicit:
             args.models = "hyperrhn"
         if "--impls" not in explicit:
-            args.impls = "fused,pallas"
+            args.impls = "fused,persistent"
         if "--ranks" not in explicit:
             args.ranks = "0"
     return args
@@ -391,7 +346,7 @@ def resolve(args: argparse.Namespace) -> tuple[list[Case], Options]:
         if not sep or key.count(".") != 1 or key.split(".")[0] not in ("model", "train"):
             raise ReportError(f"--set={item!r} must be model.KEY=VALUE or train.KEY=VALUE")
         overrides[key] = _override_value(value)
-    rates = ("bf16_tflops", "f32_mm_tflops", "f32_simt_tflops", "f32_pallas_tflops")
+    rates = ("bf16_tflops", "f32_mm_tflops", "f32_simt_tflops")
     for name in ("launch_us", "hbm_gbs", *rates):
         if not getattr(args, name) > 0:
             raise ReportError(f"--{name.replace('_', '-')} must be > 0")
@@ -401,15 +356,11 @@ def resolve(args: argparse.Namespace) -> tuple[list[Case], Options]:
         bf16_matmul_flops=args.bf16_tflops * 1e12,
         f32_matmul_flops=args.f32_mm_tflops * 1e12,
         f32_simt_flops=args.f32_simt_tflops * 1e12,
-        f32_pallas_flops=args.f32_pallas_tflops * 1e12,
         hbm_bytes_per_s=args.hbm_gbs * 1e9,
         launch_s=args.launch_us * 1e-6,
     )
-    coef = None
-    if args.calibration and Path(args.calibration).is_file():
-        coef = hlo_calibrate.load_coefficients(args.calibration)
     hyper_inside = args.persistent_hyper_inside
-    opts = Options(overrides, cost, args.keep_dumps, args.save_hlo, coef, hyper_inside)
+    opts = Options(overrides, cost, args.keep_dumps, args.save_hlo, hyper_inside)
     return cases(models, impls, dtypes, ranks), opts
 
 
@@ -473,11 +424,6 @@ def reanalyze(report_json: str, opts: Options, out: str) -> int:
             return 2
         text = path.read_text()
         row.update(hlo_cost.summarize(text, row["seq_len"], row["hidden"], opts.cost))
-        if opts.calibration:  # the kernel blocks are not in the report: the defaults
-            from rhhjax.kernels import triton
-
-            kernel = triton.HighwayConfig()
-            row.update(calibrated(text, row["seq_len"], row["hidden"], kernel, opts.calibration))
     meta = report["meta"]
     meta["cost_model_parameters"] = dataclasses.asdict(opts.cost)
     meta["assumptions"], meta["definitions"] = ASSUMPTIONS, DEFINITIONS

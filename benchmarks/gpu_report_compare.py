@@ -5,7 +5,8 @@
 
 One line per config present in both: launches per time step (total, and hyper fwd / hyper
 bwd / main fwd / main bwd after), in-loop pads or casts of weight-sized arrays, MB moved per
-time step, the worst Pallas kernel (registers / spill-store bytes), compiled peak memory and
+time step, the worst Pallas Triton kernel (registers / spill-store bytes: reports from before
+that backend's retirement), compiled peak memory and
 the predicted step time (a cost model, see `benchmarks/gpu_report.py`).
 """
 

@@ -78,9 +78,7 @@ print('backend', jax.default_backend(), jax.devices())" || status=1
     --format=csv 2> /dev/null || true
 } 2>&1 | tee "$OUT/versions.txt"
 
-TESTS="tests/test_kernels_triton_config.py tests/test_kernels_triton_forward.py
-  tests/test_kernels_triton_backward.py tests/test_kernels_triton_stacked.py
-  tests/test_ops_recurrence.py tests/test_ops_lowrank.py
+TESTS="tests/test_ops_recurrence.py tests/test_ops_lowrank.py
   tests/test_models_cores.py tests/test_train_step.py
   tests/test_ops_mosaic.py tests/test_kernels_mosaic_forward.py
   tests/test_kernels_mosaic_backward.py tests/test_kernels_mosaic_grid_barrier.py
@@ -89,7 +87,8 @@ TESTS="tests/test_kernels_triton_config.py tests/test_kernels_triton_forward.py
   tests/test_kernels_mosaic_persistent_backward.py
   tests/test_kernels_mosaic_persistent_backward_run.py tests/test_kernels_mosaic_rowgroup_layout.py"
 if [ "$MODE" = tests ] || [ "$MODE" = all ]; then
-  # On a GPU, `pallas` resolves to compiled Triton kernels and the GPU-only tests run.
+  # On a GPU, `mosaic` and `persistent` compile their Mosaic GPU kernels and the GPU-only
+  # tests run.
   # shellcheck disable=SC2086
   timeout 300 "$PY" -m pytest -q -p no:cacheprovider -n 6 --dist loadfile $TESTS 2>&1 \
     | tee "$OUT/tests.log"
@@ -328,8 +327,8 @@ if [ "$MODE" = fast ]; then
 fi
 if [ "$MODE" = dry-run ]; then  # the CPU rehearsal: same steps, small and fast
   # shellcheck disable=SC2086
-  timeout 600 "$PY" -m pytest -q -p no:cacheprovider -x -k "not Stacked and not Padded" \
-    tests/test_kernels_triton_config.py tests/test_train_step.py 2>&1 | tee "$OUT/tests.log"
+  timeout 600 "$PY" -m pytest -q -p no:cacheprovider -x \
+    tests/test_kernels_layout.py tests/test_train_step.py 2>&1 | tee "$OUT/tests.log"
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
   small=(--sizes=small --models=rhn --repeats=1 --square=128 --gemm_iters=2)
   part float32 280 "${small[@]}" --dtypes=float32 --impls=scan --parts=gemm,step

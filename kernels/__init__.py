@@ -1,9 +1,8 @@
-"""Pallas kernels for rhhjax, installed as `rhhjax.kernels`; models reach them through
-`rhhjax.ops`.
+"""Pallas kernels for rhhjax. This folder, kernels/, is installed as the package
+`rhhjax.kernels` (pyproject's ``package-dir``); models reach it through `rhhjax.ops`.
 
     layout.py     `Geometry`: the padded layout of the whole-sequence recurrence.
     hardware.py   the GPU the kernels are built for (`H100`).
-    triton/       the Pallas Triton op (`rhhjax.kernels.triton`).
     mosaic/       the Mosaic GPU kernels (Hopper; `rhhjax.kernels.mosaic`).
 
 Each subpackage's `__init__` names its own modules; every module of every package, in one

@@ -1,16 +1,15 @@
 """The padded layout of the whole-sequence recurrence, shared by every implementation.
 
 `Geometry`: B padded to ``b_pad`` (a multiple of ``block_b``), n to ``n_pad`` (of
-``block_n`` and ``block_k``). Halves are ``[..., 2, n_pad]``; weights ``w3 [n_pad, 2,
-n_pad]`` (``w3[k, h, j] = w[k, h * n + j]``) and ``w_t [2, n_pad, n_pad]`` (``w_t[h, k, j]
-= w[j, h * n + k]``). States, gates and accumulations are float32.
+``block_n`` and ``block_k``); each implementation's ``geometry`` picks the blocks. Halves
+are ``[..., 2, n_pad]``; weights ``w3 [n_pad, 2, n_pad]`` (``w3[k, h, j] = w[k, h * n +
+j]``) and ``w_t [2, n_pad, n_pad]`` (``w_t[h, k, j] = w[j, h * n + k]``). States, gates
+and accumulations are float32.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
-from typing import Protocol
 
 import jax
 import jax.numpy as jnp
@@ -18,27 +17,8 @@ import jax.numpy as jnp
 F32 = jnp.float32
 
 
-class BlockSizes(Protocol):
-    """What `Geometry.make` reads of a kernel config."""
-
-    block_b: int
-    block_n: int
-    block_k: int
-
-    def validate(self) -> None: ...
-
-
 def round_up(x: int, multiple: int) -> int:
     return -(-x // multiple) * multiple
-
-
-def _next_power_of_2(x: int) -> int:
-    return 1 if x <= 1 else 1 << (x - 1).bit_length()
-
-
-def _clamp_block(block: int, size: int) -> int:
-    """Rounds a block down to the next power of two >= size, at least 16."""
-    return min(block, max(16, _next_power_of_2(size)))
 
 
 def _pad_trailing(x: jax.Array, trailing: tuple[int, ...]) -> jax.Array:
@@ -55,8 +35,7 @@ def _pad_trailing(x: jax.Array, trailing: tuple[int, ...]) -> jax.Array:
 
 @dataclasses.dataclass(frozen=True)
 class Geometry:
-    """The padded layout of one problem size (static), with the padding helpers; grid =
-    (b_pad // block_b, n_pad // block_n)."""
+    """The padded layout of one problem size (static), with the padding helpers."""
 
     batch: int
     n: int
@@ -67,35 +46,12 @@ class Geometry:
     n_pad: int
 
     @classmethod
-    def make(cls, config: BlockSizes, batch: int, n: int) -> Geometry:
-        """The config's blocks clamped to the problem, ``batch`` and ``n`` rounded up."""
-        config.validate()
-        if batch < 1 or n < 1:
-            raise ValueError(f"Geometry needs batch >= 1 and n >= 1, got {batch} and {n}.")
-        block_b = _clamp_block(config.block_b, batch)
-        block_n = _clamp_block(config.block_n, n)
-        block_k = _clamp_block(config.block_k, n)
-        return cls(
-            batch=batch,
-            n=n,
-            block_b=block_b,
-            block_n=block_n,
-            block_k=block_k,
-            b_pad=round_up(batch, block_b),
-            n_pad=round_up(n, math.lcm(block_n, block_k)),
-        )
-
-    @classmethod
     def for_units(cls, batch: int, n: int, unit_multiple: int) -> Geometry:
         """``n`` rounded up to ``unit_multiple``, batch unpadded: the XLA path's layout."""
         if batch < 1 or n < 1:
             raise ValueError(f"Geometry needs batch >= 1 and n >= 1, got {batch} and {n}.")
         n_pad = round_up(n, unit_multiple)
         return cls(batch, n, batch, unit_multiple, unit_multiple, batch, n_pad)
-
-    @property
-    def grid(self) -> tuple[int, int]:
-        return (self.b_pad // self.block_b, self.n_pad // self.block_n)
 
     def pad_rows(self, x: jax.Array | None) -> jax.Array | None:
         """[..., B, n] -> [..., b_pad, n_pad]; None stays None."""

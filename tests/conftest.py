@@ -28,7 +28,7 @@ os.environ.setdefault("XLA_FLAGS", "--xla_backend_optimization_level=0")
 # On a GPU, XLA computes float32 dots in TF32 by default (about 1e-3 relative error, measured
 # on an H100 on 2026-11-23: 14 float32 comparisons failed); the tests' float32 tolerances
 # assume float32 arithmetic, which a CPU always does. bfloat16 tests keep their own looser
-# tolerances. The Pallas kernels choose their own precision (HighwayConfig.allow_tf32).
+# tolerances. The Mosaic GPU kernels choose their own precision.
 os.environ.setdefault("JAX_DEFAULT_MATMUL_PRECISION", "highest")
 # GPU interpret mode (jax >= 0.11.2: the interpreted Mosaic GPU tests) runs each block of a
 # cluster as a thread that holds a thread of XLA's CPU pool while it waits at a barrier;

@@ -1,166 +1,21 @@
-"""Shared cases and helpers of the kernel tests (tests/test_kernels_*.py): random operands,
-tolerances, the per-mode run cache, the GPU skip mark, the CUDA lowering helpers and the
-persistent kernels' operands."""
+"""Shared helpers of the kernel tests (tests/test_kernels_*.py): the Mosaic GPU modes, the
+deviceless compiles and the persistent kernels' operands."""
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 import importlib.util
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from rhhjax.kernels import triton as hw
 from rhhjax.kernels.layout import F32
 from rhhjax.kernels.mosaic import interpret as gpu_interpret
 from rhhjax.kernels.mosaic import persistent_backward as pb
 from rhhjax.kernels.mosaic import persistent_forward as pf
 from rhhjax.kernels.mosaic import persistent_slots as slots
-from rhhjax.kernels.triton.common import dot_precision
 
-# Custom-call target of a Triton pallas_call: "__gpu$xla.gpu.triton" (jaxlib <= 0.10.2, Triton
-# IR serialized in the backend config) or "triton_kernel_call" (compiled-at-lowering path).
-TRITON_TARGETS = ("__gpu$xla.gpu.triton", "triton_kernel_call")
-
-TEST_CONFIG = hw.HighwayConfig(block_b=16, block_n=16, block_k=16, num_warps=4, num_stages=2)
-KEEP = 0.7
-
-# Tolerances (rtol, atol) of a kernel against its reference on the same inputs. f32: exact-f32
-# dots on both sides, only the summation order differs. bf16 weights: both sides round the dot
-# inputs to bf16 identically, so only the f32 summation order differs too. "chain": results
-# that go through a bf16 dot on the kernel side and an autodiff dot on the reference side;
-# atol relative to the largest entry.
-TOL = {
-    "float32": dict(kernel=(1e-5, 1e-5), chain=(1e-5, 1e-5)),
-    "bfloat16": dict(kernel=(1e-4, 1e-4), chain=(3e-2, 3e-2)),
-}
-
-
-@dataclasses.dataclass(frozen=True)
-class Case:
-    batch: int
-    n: int
-    dtype: str
-    has_z: bool
-    has_xproj: bool
-    has_mask: bool
-
-    def __str__(self):
-        flags = zip("zxm", (self.has_z, self.has_xproj, self.has_mask), strict=True)
-        flags = "".join(c for c, on in flags if on)
-        return f"B{self.batch}-n{self.n}-{self.dtype}-{flags or 'plain'}"
-
-
-# Odd sizes: B and n not multiples of the 16-blocks (except where noted), both dtypes.
-CASES = [
-    Case(3, 20, "float32", True, True, True),
-    Case(17, 24, "float32", False, False, False),  # grid (2, 2)
-    Case(5, 40, "bfloat16", True, True, True),
-    Case(16, 8, "bfloat16", True, False, True),  # B a multiple of block_b, n < block
-]
-
-
-def case_key(case: Case, salt: int = 0):
-    """A different key per case: every case sees fresh random inputs."""
-    return jax.random.fold_in(jax.random.key(CASES.index(case) if case in CASES else 99), salt)
-
-
-def make_unpadded(key, batch, n, dtype, has_z, has_xproj, has_mask):
-    """Unpadded random operands of one layer: dict of s, w, z, bias, xproj, keep8, g, ds."""
-    ks = jax.random.split(key, 9)
-    normal = jax.random.normal
-    return dict(
-        s=normal(ks[0], (batch, n), jnp.float32),
-        w=(normal(ks[1], (n, 2 * n), jnp.float32) / np.sqrt(n)).astype(dtype),
-        z=1.0 + 0.3 * normal(ks[2], (batch, n), jnp.float32) if has_z else None,
-        bias=0.5 * normal(ks[3], (2 * n,), jnp.float32),
-        xproj=0.5 * normal(ks[4], (batch, 2 * n), jnp.float32) if has_xproj else None,
-        keep8=(jax.random.uniform(ks[5], (batch, n)) < KEEP).astype(jnp.int8) if has_mask else None,
-        g=normal(ks[6], (batch, n), jnp.float32),
-        ds=normal(ks[7], (batch, n), jnp.float32),
-        d_above=normal(ks[8], (batch, 2 * n), jnp.float32),
-    )
-
-
-def pad_layer(u, geo, dtype):
-    """The padded operands of one layer (what the caller builds outside its time loop)."""
-
-    def opt(x, f):
-        return None if x is None else f(x)
-
-    return dict(
-        s=geo.pad_rows(u["s"]),
-        w3=geo.pad_weight(u["w"], dtype),
-        w_t=geo.pad_weight_t(u["w"], dtype),
-        z=opt(u["z"], geo.pad_rows),
-        bias2=geo.pad_bias(u["bias"]),
-        xproj=opt(u["xproj"], geo.pad_halves),
-        keep8=opt(u["keep8"], geo.pad_rows),
-        g=geo.pad_rows(u["g"]),
-        ds=geo.pad_rows(u["ds"]),
-        d_above=geo.pad_halves(u["d_above"]),
-    )
-
-
-def assert_close(actual, expected, rtol, atol, scale_atol=False, err_msg=""):
-    assert actual.shape == expected.shape, (err_msg, actual.shape, expected.shape)
-    actual = np.asarray(jnp.asarray(actual, jnp.float32))
-    expected = np.asarray(jnp.asarray(expected, jnp.float32))
-    if scale_atol:
-        atol = atol * max(1.0, float(np.max(np.abs(expected))))
-    np.testing.assert_allclose(actual, expected, rtol=rtol, atol=atol, err_msg=err_msg)
-
-
-def unpadded_layer(s, w, z, bias, xproj, m):
-    """The recurrence's layer on unpadded arrays (independent of the kernels' layout).
-
-    a = (s @ w + xproj) * [z, z] + bias; s_new = h * (t * m) + s * (1 - t).
-    """
-    n = s.shape[-1]
-    u = jnp.dot(
-        s.astype(w.dtype),
-        w,
-        precision=dot_precision(w.dtype, False),
-        preferred_element_type=jnp.float32,
-    )
-    if xproj is not None:
-        u = u + xproj
-    a = u if z is None else u * jnp.concatenate([z, z], axis=-1)
-    a = a + bias
-    h, t = jnp.tanh(a[:, :n]), jax.nn.sigmoid(a[:, n:])
-    gate = t if m is None else t * m
-    return h * gate + s * (1.0 - t)
-
-
-def per_mode_cache(method):
-    """Caches a runner per (mode, arguments): pytest makes a new instance for every test, and
-    the tests of one case share one compiled run."""
-    cache = {}
-
-    @functools.wraps(method)
-    def wrapper(self, *args):
-        key = (self.INTERPRET, *args)
-        if key not in cache:
-            cache[key] = method(self, *args)
-        return cache[key]
-
-    return wrapper
-
-
-NEEDS_GPU = pytest.mark.skipif(
-    jax.default_backend() != "gpu",
-    reason="compiled Triton kernels need a GPU backend (jax.default_backend() != 'gpu')",
-)
-
-
-def needs_gpu(what: str):
-    """Skips unless jax's default backend is a GPU, saying that ``what`` runs on one only."""
-    return pytest.mark.skipif(
-        jax.default_backend() != "gpu",
-        reason=f"{what} runs on a Hopper GPU only (jax.default_backend() != 'gpu')",
-    )
+KEEP = 0.7  # gate dropout's keep probability in the persistent kernels' operands
 
 
 def mosaic_mode_skip(interpret: bool, references: bool = False) -> str | None:
@@ -260,44 +115,6 @@ def _has_cuda_plugin() -> bool:
 needs_cuda = pytest.mark.skipif(
     not _has_cuda_plugin(), reason="no JAX CUDA plugin here (jax[cuda12])"
 )
-
-
-# --- CUDA lowering (no GPU needed) ----------------------------------------------------------------
-
-
-def lower_for_cuda(fn, *args) -> str:
-    with hw.cuda_lowering_device():
-        return jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
-
-
-def count_triton_calls(text: str) -> int:
-    return sum(text.count(target) for target in TRITON_TARGETS)
-
-
-B_REAL, N_REAL = 256, 1000
-GEO_REAL = hw.Geometry.make(hw.HighwayConfig(), B_REAL, N_REAL)
-
-
-def padded_shapes(dtype):
-    sds, f32 = jax.ShapeDtypeStruct, jnp.float32
-    g = GEO_REAL
-    return dict(
-        rows=sds((g.b_pad, g.n_pad), f32),
-        rows2=sds((g.b_pad, 2, g.n_pad), f32),
-        mask=sds((g.b_pad, g.n_pad), jnp.int8),
-        bias2=sds((2, g.n_pad), f32),
-        w3=sds((g.n_pad, 2, g.n_pad), dtype),
-        w_t=sds((2, g.n_pad, g.n_pad), dtype),
-    )
-
-
-DTYPES = pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32], ids=["bf16", "f32"])
-OPTIONALS = pytest.mark.parametrize("full", [True, False], ids=["zxm", "plain"])
-
-
-def assert_one_triton_kernel(text: str, name: str):
-    assert count_triton_calls(text) == 1, text[:2000]
-    assert f'name = "{name}"' in text
 
 
 # --- the paper training step, compiled for an H100 in a fresh deviceless process -------------

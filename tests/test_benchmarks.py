@@ -94,23 +94,24 @@ def test_step_inputs_abstract_matches_concrete_shapes():
     assert shapes == jax.tree.map(lambda x: (x.shape, x.dtype), abstract)
 
 
-@pytest.mark.skipif(jax.default_backend() == "gpu", reason="CPU plan only")
-def test_plan_runs_pallas_only_at_small_size_on_cpu():
-    rows = bench.plan(["scan", "pallas"], ["rhn"], ["paper", "small"], ["float32"])
-    assert ("pallas", "rhn", "paper", "float32", 0) not in rows
-    assert ("pallas", "rhn", "small", "float32", 0) in rows
-    assert ("scan", "rhn", "paper", "float32", 0) in rows
-
-
-def test_plan_runs_hyperrhn_once_per_rank_and_leaves_out_pallas_with_a_rank():
-    rows = bench.plan(["scan", "pallas"], ["rhn", "hyperrhn"], ["small"], ["float32"], [0, 4])
-    assert ("pallas", "hyperrhn", "small", "float32", 0) in rows
+def test_plan_runs_hyperrhn_once_per_rank_and_leaves_out_mosaic_with_a_rank():
+    rows = bench.plan(["scan", "mosaic"], ["rhn", "hyperrhn"], ["small"], ["float32"], [0, 4])
+    assert ("mosaic", "hyperrhn", "small", "float32", 0) in rows
     assert ("scan", "hyperrhn", "small", "float32", 4) in rows
-    assert ("pallas", "hyperrhn", "small", "float32", 4) not in rows  # the config rejects it
+    assert ("mosaic", "hyperrhn", "small", "float32", 4) not in rows  # the config rejects it
     assert [r for r in rows if r[1] == "rhn"] == [  # rhn has no rank: one row per impl
         ("scan", "rhn", "small", "float32", 0),
-        ("pallas", "rhn", "small", "float32", 0),
+        ("mosaic", "rhn", "small", "float32", 0),
     ]
+
+
+def test_the_retired_pallas_impl_is_one_line_before_any_compile():
+    command = [sys.executable, str(bench.__file__), "--impls=fused,pallas"]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    lines = run.stderr.strip().splitlines()
+    assert run.returncode == 1 and len(lines) == 1, run.stderr[-1000:]
+    assert lines[0].startswith("error: model.impl='pallas' (Pallas Triton) was retired")
+    assert all(f"'{name}'" in lines[0] for name in ("mosaic", "persistent", "fused"))
 
 
 def test_phase_latency_is_the_time_per_extra_micro_layer(monkeypatch):
@@ -165,34 +166,22 @@ def test_bench_vs_report_puts_each_measurement_beside_its_prediction():
         return dict(model=model, impl=impl, dtype="bfloat16", size="paper", step_ms_median=ms)
 
     measured = dict(device="gpu:H100", jax="0.11.2", date="d", commands=["a", "b"])
-    measured["rows"] = [row("scan", 120.0), row("fused", 40.0), row("pallas", 60.0)]
+    measured["rows"] = [row("scan", 120.0), row("fused", 40.0), row("persistent", 60.0)]
     measured["rows"].append(dict(row("fused", 1.0), size="small"))  # not the paper size
     measured["rows"].append(dict(row("fused", 2.0), hyper_rank=4))  # a rank-d row
     measured["rows"].append(dict(row("fused", 3.0), command_buffer="while"))
     predicted = dict(meta=dict(target="H100", git_commit="0123456789"), rows=[])
-    for impl, ms, rank in (("fused", 50.0, 0), ("pallas", 30.0, 0), ("fused", 9.0, 4)):
+    for impl, ms, rank in (("fused", 50.0, 0), ("persistent", 30.0, 0), ("fused", 9.0, 4)):
         predicted["rows"].append(
             dict(model="hyperrhn", impl=impl, dtype="bfloat16", hyper_rank=rank, status="ok",
                  predicted_step_ms=ms)
         )  # fmt: skip
     table = bench_vs_report.table(measured, predicted)
     assert "| hyperrhn | bfloat16 | fused | 40.0 | 50.0 | 0.80 | 3.00x |" in table
-    assert "| hyperrhn | bfloat16 | pallas | 60.0 | 30.0 | 2.00 | 2.00x |" in table
+    assert "| hyperrhn | bfloat16 | persistent | 60.0 | 30.0 | 2.00 | 2.00x |" in table
     assert "| hyperrhn | bfloat16 | scan | 120.0 | - | - | 1.00x |" in table
-    assert "pallas over fused, hyperrhn bfloat16: 0.67x" in table and "`a`; `b`" in table
+    assert "persistent over fused, hyperrhn bfloat16: 0.67x" in table and "`a`; `b`" in table
+    assert "mosaic over fused" not in table  # no mosaic row measured
     # rank-d and command-buffer rows are listed apart, not compared with rank-0 predictions
     assert "- step hyperrhn r4 fused bfloat16 (paper, command buffers default): 2.0 ms" in table
     assert "- step hyperrhn r0 fused bfloat16 (paper, command buffers while): 3.0 ms" in table
-
-
-def test_kernel_blocks_parses_block_settings():
-    from absl import app
-
-    kernel_blocks = load("kernel_blocks")
-    from rhhjax.kernels import triton
-
-    assert kernel_blocks.parse_blocks("64/32/128/4/3") == triton.HighwayConfig(64, 32, 128, 4, 3)
-    assert kernel_blocks.parse_blocks("32/16/64/2/3/tf32").allow_tf32
-    for bad in ("64/32/128/4", "64/32/128/4/3/fp8", "a/32/128/4/3"):
-        with pytest.raises(app.UsageError, match="B/N/K"):
-            kernel_blocks.parse_blocks(bad)

@@ -91,8 +91,8 @@ def _installed_copy(site: Path) -> None:
     setup = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
     folders = setup.get("package-dir", {})
     for package in setup["packages"]:
-        # setuptools maps a package by the longest prefix in package-dir (rhhjax.kernels.triton
-        # lies in kernels/triton/), else by its name
+        # setuptools maps a package by the longest prefix in package-dir (rhhjax.kernels.mosaic
+        # lies in kernels/mosaic/), else by its name
         prefix = max((p for p in folders if package == p or package.startswith(p + ".")),
                      key=len, default="")  # fmt: skip
         rest = package[len(prefix) :].lstrip(".").replace(".", "/")

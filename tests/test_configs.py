@@ -53,7 +53,7 @@ def test_string_overrides_are_typed_like_the_default():
     assert config.model.depth == 5 and isinstance(config.model.depth, int)
     assert config.train.learning_rate == 3e-4 and isinstance(config.train.learning_rate, float)
     assert config.data.unk is True and config.model.type == "rhn"
-    assert configs.load("ptb", {"model.kernel.block_b": 32}).model.kernel.block_b == 32
+    assert configs.load("ptb", {"model.hidden": 32}).model.hidden == 32
 
 
 @pytest.mark.parametrize(

@@ -147,7 +147,6 @@ FIGURES = [
            lambda: (step_ms(BENCH, "fused", "bfloat16"), step_ms(BENCH, "fused", "float32")),
            (RESULTS,)),
     Figure("41.7", BENCH, lambda: (step_ms(BENCH, "fused", "bfloat16"),), (DESIGN,)),
-    Figure("59.7", BENCH, lambda: (step_ms(BENCH, "pallas", "bfloat16"),), (DESIGN,)),
     Figure("119.1", BENCH, lambda: (step_ms(BENCH, "scan", "bfloat16"),), (DESIGN,)),
     Figure("59.8", FIRST, lambda: (step_ms(FIRST, "persistent", "bfloat16"),), (LIMITATIONS,)),
     Figure("42.0", FIRST, lambda: (step_ms(FIRST, "fused", "bfloat16"),), (LIMITATIONS,)),

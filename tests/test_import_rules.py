@@ -95,21 +95,21 @@ def imported() -> dict[str, set[str]]:
 
 def test_the_parser_sees_imports_of_every_form():
     source = (
-        "import rhhjax.kernels.triton\nfrom rhhjax import configs\n"
+        "import rhhjax.kernels.mosaic\nfrom rhhjax import configs\n"
         "from . import sibling\nfrom ..ops import spec\n"
         "def f(x):\n    import benchmarks\n    importlib.import_module(f'hlo.{x}')\n"
         "    return importlib.import_module('rhhjax.configs.ptb'), find_spec('rhhjax.tools')\n"
     )
     found = imports(source, "rhhjax.models.config")
-    assert {"rhhjax.kernels.triton", "rhhjax.configs", "rhhjax.models.sibling"} <= found
+    assert {"rhhjax.kernels.mosaic", "rhhjax.configs", "rhhjax.models.sibling"} <= found
     assert {"rhhjax.ops.spec", "benchmarks", "rhhjax.configs.ptb", "hlo"} <= found
     assert "rhhjax.tools" not in found  # a look-up, not an import
 
 
 def test_every_module_is_parsed_and_the_rules_have_something_to_check(imported):
-    assert "rhhjax.ops.pallas" in imported and "rhhjax.kernels.layout" in imported
+    assert "rhhjax.ops.mosaic" in imported and "rhhjax.kernels.layout" in imported
     assert "rhhjax.configs.ptb" in imported and "rhhjax.train.trainer" in imported
-    assert under(imported["rhhjax.ops.pallas"], "rhhjax.kernels")  # ops do reach the kernels
+    assert under(imported["rhhjax.ops.mosaic"], "rhhjax.kernels")  # ops do reach the kernels
 
 
 def test_models_reach_the_kernels_only_through_ops(imported):

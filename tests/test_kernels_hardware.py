@@ -1,6 +1,5 @@
-"""The hardware table (kernels/hardware.py): the H100's figures, read by the Triton config's
-shared-memory check, the CUDA lowering's abstract device, the persistent plan and the compile
-report."""
+"""The hardware table (kernels/hardware.py): the H100's figures, read by the CUDA lowering's
+abstract device, the persistent plan and the compile report."""
 
 from __future__ import annotations
 
@@ -13,10 +12,8 @@ from benchmark_scripts import load
 from helpers import ROOT
 from rhhjax.kernels.hardware import H100
 from rhhjax.kernels.mosaic.plan import PersistentPlan
-from rhhjax.kernels.triton import HighwayConfig, KernelConfigError, common
 
-calibrate = load("hlo.calibrate")
-dumps = load("hlo.dumps")
+deviceless = load("hlo.deviceless")
 
 
 def test_h100_figures():
@@ -29,16 +26,8 @@ def test_h100_figures():
 
 
 def test_one_table_for_the_kernels_and_the_compile_report():
-    defaults = inspect.signature(common.cuda_lowering_device).parameters
-    assert defaults["num_cores"].default == H100.sms
-    assert defaults["device_kind"].default == H100.device_kind
-    assert dumps.SMEM_PER_BLOCK_OPTIN == calibrate.SMEM_PER_SM == H100.smem_per_block_optin
-    assert calibrate.SMS == H100.sms
-    # a config one block's shared memory cannot hold is refused by the table's limit
-    over = HighwayConfig(block_b=128, block_n=128, block_k=64, num_stages=4)
-    assert over.smem_bytes("float32") > H100.smem_per_block_optin
-    with pytest.raises(KernelConfigError, match=f"{H100.smem_per_block_optin} B per block"):
-        over.validate("float32")
+    assert inspect.signature(deviceless.lowering_device).parameters["gpu"].default is H100
+    assert f"core_count: {H100.sms}" in deviceless.H100_TARGET_CONFIG
 
 
 def test_the_persistent_plan_reads_the_table():

@@ -1,5 +1,5 @@
-"""The padded layout (`kernels/layout.py`): block clamping, padded extents and the padding
-helpers with leading axes, for the kernels' layout and the XLA path's."""
+"""The padded layout (`kernels/layout.py`): padded extents and the padding helpers with
+leading axes, for the kernels' layout and the XLA path's."""
 
 from __future__ import annotations
 
@@ -7,22 +7,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from kernel_cases import TEST_CONFIG
 from rhhjax.kernels.layout import Geometry, round_up
-from rhhjax.kernels.triton import HighwayConfig
-
-
-def test_geometry_clamps_and_pads():
-    geo = Geometry.make(HighwayConfig(), batch=3, n=8)
-    assert (geo.block_b, geo.block_n, geo.block_k, geo.b_pad, geo.n_pad) == (16, 16, 16, 16, 16)
-    geo = Geometry.make(HighwayConfig(), batch=256, n=1000)
-    assert (geo.b_pad, geo.n_pad) == (256, 1024)
-    cfg = HighwayConfig()
-    assert geo.grid == (256 // cfg.block_b, 1024 // cfg.block_n)
 
 
 def test_padding_helpers_with_leading_axes():
-    geo = Geometry.make(TEST_CONFIG, batch=3, n=5)
+    geo = Geometry(batch=3, n=5, block_b=16, block_n=16, block_k=16, b_pad=16, n_pad=16)
     key = jax.random.key(5)
     rows = jax.random.normal(key, (4, 2, 3, 5))  # [T, L, B, n]
     halves = jax.random.normal(key, (4, 3, 10))  # [T, B, 2n]

@@ -278,7 +278,7 @@ def test_parameter_counts():
         ({"hyper_rank": -1}, "non-negative"),
         ({"hyper_rank": 1.5}, "non-negative"),
         ({"hyper_rank": 2, "type": "rhn"}, "hyperrhn"),
-        ({"hyper_rank": 2, "impl": "pallas"}, "pallas"),
+        ({"hyper_rank": 2, "impl": "mosaic"}, "mosaic"),
     ],
 )
 def test_invalid_rank_configs_are_one_line_config_errors(overrides, message):

@@ -23,7 +23,7 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("impl", ["fused", "pallas"])
+@pytest.mark.parametrize("impl", ["fused"])
 @pytest.mark.parametrize(("model_type", "depth", "hidden", "dropout"), CASES)
 def test_impl_matches_scan_values_and_gradients(impl, model_type, depth, hidden, dropout):
     config = _config(type=model_type, depth=depth, hidden=hidden, dropout=dropout)
@@ -41,8 +41,6 @@ def test_impl_matches_scan_values_and_gradients(impl, model_type, depth, hidden,
     [
         ("fused", "rhn", "float32"),
         ("fused", "hyperrhn", "float32"),
-        ("pallas", "rhn", "float32"),
-        ("pallas", "hyperrhn", "float32"),
         ("fused", "hyperrhn", "bfloat16"),
     ],
 )
@@ -60,7 +58,7 @@ def test_original_first_step_matches_scan_values_and_gradients(impl, model_type,
     assert abs(float(default[0]) - float(expected[0])) > 1e-6, "the option changed nothing"
 
 
-@pytest.mark.parametrize("impl", ["fused", "pallas"])
+@pytest.mark.parametrize("impl", ["fused"])
 def test_bfloat16_matches_scan_within_documented_tolerance(impl):
     config = _config(dtype="bfloat16")
     params, tokens, key = fresh_case(config, 5)
@@ -74,7 +72,7 @@ def test_bfloat16_matches_scan_within_documented_tolerance(impl):
     np.testing.assert_allclose(actual[0], f32[0], rtol=2e-2)
 
 
-@pytest.mark.parametrize("impl", ["fused", "pallas"])
+@pytest.mark.parametrize("impl", ["fused"])
 def test_whole_train_step_matches_scan(impl):
     config = _config()
     params, tokens, key = fresh_case(config, 9)
@@ -97,21 +95,20 @@ def test_one_checkpoint_runs_on_every_impl():
     config = _config()
     params, tokens, _ = fresh_case(config, 3)
     logits = {}
-    for impl in ("scan", "fused", "pallas"):
+    for impl in ("scan", "fused"):
         model = models.build_model(models.ModelConfig(**{**config.__dict__, "impl": impl}))
         assert jax.tree_util.tree_structure(
             models.init_params(model, jax.random.key(0))
         ) == jax.tree_util.tree_structure(params)
         logits[impl], _ = model.apply({"params": params}, tokens)
     np.testing.assert_allclose(logits["fused"], logits["scan"], rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(logits["pallas"], logits["scan"], rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
         ({"impl": "fused", "hyper_input": "x_and_state"}, "hyper_input"),
-        ({"impl": "pallas", "dropout": "variational"}, "variational"),
+        ({"impl": "mosaic", "dropout": "variational"}, "variational"),
         ({"impl": "fused", "type": "lstm"}, "lstm"),
     ],
 )
@@ -122,7 +119,7 @@ def test_unsupported_impl_combinations_are_config_errors(overrides, message):
 
 def _time_loops(jaxpr, length):
     """The bodies of the time loops inside `jaxpr`, not inside kernels: scans of `length`
-    steps and while loops (the pallas backward counts its step index down)."""
+    steps and while loops (a backward may count its step index down)."""
     bodies = []
     for eqn in jaxpr.eqns:
         if eqn.primitive.name == "pallas_call":
@@ -151,12 +148,11 @@ def _equations(jaxpr):
                 yield from _equations(inner)
 
 
-@pytest.mark.parametrize("impl", ["fused", "pallas"])
+@pytest.mark.parametrize("impl", ["fused"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_time_loops_hold_no_weight_preparation_and_one_kernel_per_micro_layer(impl, dtype):
+def test_time_loops_hold_no_weight_preparation(impl, dtype):
     """Inside every time loop of a training gradient: no pad, no transpose, no dtype cast of a
-    weight-sized array (two dims >= n); with pallas exactly one kernel per micro-layer and
-    step, forward and backward, hyper and main."""
+    weight-sized array (two dims >= n), and the step's matmuls."""
     depth, hidden = 3, 24
     config = _config(impl=impl, dtype=dtype, depth=depth, hidden=hidden, hyper_hidden=hidden)
     params, tokens, key = fresh_case(config, 2)
@@ -176,16 +172,13 @@ def test_time_loops_hold_no_weight_preparation_and_one_kernel_per_micro_layer(im
                 shape = eqn.invars[0].aval.shape
                 assert sum(d >= hidden for d in shape) < 2, eqn
         names = [e.primitive.name for e in equations]
-        if impl == "pallas":
-            assert names.count("pallas_call") == depth
-        else:
-            # The walk reached the step's matmuls (a walk that finds nothing checks nothing).
-            assert "dot_general" in names, names
+        # The walk reached the step's matmuls (a walk that finds nothing checks nothing).
+        assert "dot_general" in names, names
 
 
 @pytest.mark.parametrize(
     ("impl", "references"),
-    [("fused", False), ("pallas", False), ("mosaic", True), ("persistent", True)],
+    [("fused", False), ("mosaic", True), ("persistent", True)],
 )
 @pytest.mark.parametrize("with_z", [False, True])
 def test_last_layer_only_is_the_last_layer_in_values_and_gradients(impl, references, with_z):
@@ -212,7 +205,7 @@ def test_last_layer_only_is_the_last_layer_in_values_and_gradients(impl, referen
     z = 1.0 + 0.2 * jax.random.normal(keys[5], (steps, depth, batch, width)) if with_z else None
     probe = jax.random.normal(keys[6], (steps, batch, width))
     spec = SequenceSpec(impl, keep=0.75, dtype=jnp.float32, gate_dropout=True,
-                        interpret=impl == "pallas", references=references)  # fmt: skip
+                        references=references)  # fmt: skip
     last = dataclasses.replace(spec, last_layer_only=True)
 
     def loss(run_spec, pick):

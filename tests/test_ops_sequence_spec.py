@@ -15,7 +15,7 @@ def test_spec_is_hashable_frozen_and_ignores_its_reason():
     assert a == b and hash(a) == hash(b) and not a.is_scan
     assert SequenceSpec(SCAN, 1.0, jnp.float32).is_scan
     with pytest.raises(dataclasses.FrozenInstanceError):
-        a.impl = "pallas"
+        a.impl = "mosaic"
     assert dataclasses.replace(a, first_step=1) != a
 
 

@@ -43,8 +43,8 @@ def test_every_registered_implementation_is_an_implementation():
             if signature is not None:
                 found = inspect.signature(getattr(module, member))
                 assert _parameters(found) == _parameters(signature), (name, member, found)
-    assert spec.IMPLS == ("scan", "fused", "pallas", "mosaic", "persistent")
-    assert models.IMPLS == ("auto", "scan", "fused", "pallas", "mosaic", "persistent")
+    assert spec.IMPLS == ("scan", "fused", "mosaic", "persistent")
+    assert models.IMPLS == ("auto", "scan", "fused", "mosaic", "persistent")
 
 
 def test_a_module_that_differs_from_the_protocol_is_found():
@@ -63,8 +63,8 @@ def test_refusals_are_one_line_and_name_the_alternative():
     stateful = spec.ModelFacts("hyperrhn", hyper_input="x_and_state")
     assert "hyper_input='x'" in spec.unsupported("fused", stateful)
     variational = spec.ModelFacts("rhn", dropout="variational")
-    assert "use impl='fused'" in spec.unsupported("pallas", variational)
-    assert "hyper_rank=2" in spec.unsupported("pallas", spec.ModelFacts("hyperrhn", hyper_rank=2))
+    assert "use impl='fused'" in spec.unsupported("mosaic", variational)
+    assert "hyper_rank=2" in spec.unsupported("mosaic", spec.ModelFacts("hyperrhn", hyper_rank=2))
     assert spec.unavailable("mosaic", "compiled", "cpu") is None
     assert spec.unavailable("mosaic", "auto", "gpu") is None
     off_gpu = spec.unavailable("mosaic", "auto", "cpu")
@@ -125,12 +125,28 @@ def test_explicit_impl_is_kept_or_refused_in_one_line():
     facts = spec.ModelFacts("hyperrhn", dropout="variational")
     assert spec.resolve("fused", facts, dtype="float32", platform="cpu").impl == "fused"
     with pytest.raises(spec.UnsupportedImpl, match="variational") as error:
-        spec.resolve("pallas", facts, dtype="float32", platform="gpu")
+        spec.resolve("mosaic", facts, dtype="float32", platform="gpu")
     assert "\n" not in str(error.value)
-    with pytest.raises(spec.UnsupportedImpl, match="not one of auto, scan, fused, pallas, mosaic"):
+    with pytest.raises(spec.UnsupportedImpl, match="not one of auto, scan, fused, mosaic"):
         spec.check("cuda", facts)
     with pytest.raises(spec.UnsupportedImpl, match="pallas_mode"):
-        spec.resolve("pallas", spec.ModelFacts("rhn"), dtype="float32", pallas_mode="fast")
+        spec.resolve("mosaic", spec.ModelFacts("rhn"), dtype="float32", pallas_mode="fast")
+
+
+def test_the_retired_pallas_impl_is_refused_in_one_line_naming_what_replaces_it():
+    """`impl="pallas"` (Pallas Triton, removed) is refused before anything is built, in one
+    line naming the implementations that remain for a GPU; the model config says the same."""
+    facts = spec.ModelFacts("rhn")
+    with pytest.raises(spec.UnsupportedImpl) as error:
+        spec.resolve("pallas", facts, dtype="float32", platform="gpu")
+    line = str(error.value)
+    assert "\n" not in line and line.startswith("model.impl='pallas' (Pallas Triton) was retired")
+    for name in ("mosaic", "persistent", "fused"):
+        assert f"'{name}'" in line and name in spec.IMPLEMENTATIONS
+    assert "pallas" not in spec.CHOICES and spec.retired("fused") is None
+    with pytest.raises(models.ConfigError) as config_error:
+        models.ModelConfig.from_config({"impl": "pallas"})
+    assert str(config_error.value) == line
 
 
 def test_build_logs_the_choice_once_per_distinct_choice(caplog):

@@ -9,11 +9,11 @@ import sys
 
 PROBE = """
 import importlib.util, json
-import rhhjax.kernels.triton, rhhjax.configs.ptb
+import rhhjax.kernels.mosaic, rhhjax.configs.ptb
 print(json.dumps({
     "kernels_top_level": importlib.util.find_spec("kernels") is not None,
     "configs_top_level": importlib.util.find_spec("configs") is not None,
-    "triton": rhhjax.kernels.triton.__name__,
+    "mosaic": rhhjax.kernels.mosaic.__name__,
     "hlo": [importlib.util.find_spec(name) is not None for name in ("hlo", "rhhjax.hlo")],
     "ptb_variants": list(rhhjax.configs.ptb.VARIANTS),
 }))
@@ -36,7 +36,7 @@ def test_installed_namespace_has_kernels_and_configs_and_no_top_level_kernels(tm
     assert found == {
         "kernels_top_level": False,
         "configs_top_level": False,
-        "triton": "rhhjax.kernels.triton",
+        "mosaic": "rhhjax.kernels.mosaic",
         "hlo": [False, False],
         "ptb_variants": ["", "rhn", "lstm", "fast", "cpu", "tiny"],
     }

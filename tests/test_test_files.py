@@ -1,7 +1,7 @@
 """The tests mirror the package: every module has its own test file, named by its path
 (``rhhjax/<package>/<module>.py`` -> ``tests/test_<package>_<module>.py``,
-``rhhjax/<module>.py`` -> ``test_<module>.py``, ``kernels/triton/<module>.py`` ->
-``test_kernels_triton_<module>.py``, a package's ``__init__.py`` -> ``test_<package>.py``),
+``rhhjax/<module>.py`` -> ``test_<module>.py``, ``kernels/mosaic/<module>.py`` ->
+``test_kernels_mosaic_<module>.py``, a package's ``__init__.py`` -> ``test_<package>.py``),
 or is listed in ``WITHOUT_A_TEST_FILE`` below with the reason. A new module without either
 fails here; so does an entry whose module is gone or has a test file by now."""
 
@@ -23,7 +23,6 @@ WITHOUT_A_TEST_FILE = {
     "rhhjax/models/__init__.py": FACE,
     "rhhjax/ops/__init__.py": FACE,
     "rhhjax/train/__init__.py": FACE,
-    "kernels/triton/__init__.py": FACE + "; its modules have their files",
     "kernels/mosaic/__init__.py": FACE + "; its modules have their files",
     "rhhjax/tools/__init__.py": FACE,
     "kernels/__init__.py": FACE,
@@ -82,7 +81,7 @@ def test_the_list_holds_only_modules_without_a_test_file():
 def test_the_names_follow_the_paths():
     assert expected_test_file("rhhjax/ops/fused.py") == "test_ops_fused.py"
     assert expected_test_file("rhhjax/errors.py") == "test_errors.py"
-    assert expected_test_file("kernels/triton/stacked.py") == "test_kernels_triton_stacked.py"
+    assert expected_test_file("kernels/mosaic/gemm.py") == "test_kernels_mosaic_gemm.py"
     assert expected_test_file("configs/__init__.py") == "test_configs.py"
     assert expected_test_file("rhhjax/train/__main__.py") == "test_train_main.py"
 

@@ -14,13 +14,13 @@ def test_prepare_config_fills_fields_an_old_config_lacks():
     del config["train"]["divergence_factor"], config["seed"]
     for field in ("corpus", "url", "sha256"):  # data fields older configs predate
         del config["data"][field]
-    del config["model"]["original_first_step"], config["model"]["kernel"]["block_b"]
+    del config["model"]["original_first_step"], config["model"]["lowrank_op"]
     prepared = train_config.prepare_config(config)
     defaults = train_config.default_config()
     assert prepared.train.divergence_factor == defaults.train.divergence_factor == 10.0
     assert (prepared.data.corpus, prepared.data.url, prepared.data.sha256) == ("", "", "")
     assert prepared.seed == 0 and prepared.model.original_first_step is False
-    assert prepared.model.kernel.block_b == defaults.model.kernel.block_b
+    assert prepared.model.lowrank_op == defaults.model.lowrank_op
     assert prepared.model.hidden == 16  # what the old config has is kept
 
 

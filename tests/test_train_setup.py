@@ -133,6 +133,8 @@ BAD_CONFIGS = [
     (dict(eval__min_context=20), TrainError, "eval.min_context"),
     (dict(eval__final_protocols="windows,bogus"), TrainError, "bogus"),
     (dict(data__hutter_holdout=20_000), data_lib.DataError, "hutter_holdout"),
+    # the retired Pallas Triton implementation: one line naming what replaces it
+    (dict(model__impl="pallas"), UserError, "'mosaic' or 'persistent' (Hopper GPUs"),
 ]
 
 
@@ -142,7 +144,7 @@ if jax.default_backend() != "gpu":  # impl="mosaic" and "persistent" compile for
         (dict(model__impl="persistent"), UserError, "for a Hopper GPU, and the platform is"),
         # lowering only (the compile report's mode): not executed off a GPU
         (dict(model__impl="mosaic", model__pallas_mode="compiled"), UserError, "only lowers"),
-        (dict(model__impl="pallas", model__pallas_mode="compiled"), UserError, "only lowers"),
+        (dict(model__impl="persistent", model__pallas_mode="compiled"), UserError, "only lowers"),
     ]
 
 

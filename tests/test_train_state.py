@@ -117,17 +117,16 @@ def test_other_models_and_optimizers_resume(tmp_path, text_file, overrides):
     assert math.isfinite(results["final"]["test"]["stream"]["bpc"])
 
 
-def test_a_run_from_before_the_kernel_fields_resumes_with_another_impl_and_blocks(
-    tmp_path, text_file
-):
-    """Checkpoints written before model.pallas_mode / kernel / lowrank_* existed resume, and
-    those fields (how the recurrence runs, like impl) may change on resume."""
+def test_a_run_from_before_the_kernel_fields_resumes_with_another_impl(tmp_path, text_file):
+    """Checkpoints written before model.pallas_mode / lowrank_* existed, or with the retired
+    model.kernel block, resume, and those fields (how the recurrence runs, like impl) may
+    change on resume."""
     common = dict(train__eval_every_steps=2, eval__final_protocols="")
     workdir = tmp_path / "run"
     trainer.train_and_evaluate(
         tiny_config(text_file, train__max_steps=2, **common), workdir, log=quiet
     )
-    new_fields = ("pallas_mode", "kernel", "lowrank_op", "lowrank_remat")
+    new_fields = ("pallas_mode", "lowrank_op", "lowrank_remat")
     rewritten = 0
     for path in [workdir / workdir_lib.CONFIG_FILE, *workdir.glob("checkpoints/**/meta/*")]:
         try:
@@ -138,12 +137,13 @@ def test_a_run_from_before_the_kernel_fields_resumes_with_another_impl_and_block
         for section in (block, (data.get("config") or {}).get("model") or {}):
             for name in new_fields:
                 rewritten += section.pop(name, None) is not None
+            if section:
+                section["kernel"] = {"block_b": 64, "block_n": 32}  # the retired Triton blocks
         path.write_text(json.dumps(data))
     assert rewritten > 0  # the old format really lacks them now
     for path in workdir.glob(f"*/*/{checksums.CHECKSUMS_FILE}"):
         path.unlink()  # nor had checkpoints checksums then
     cfg = tiny_config(text_file, train__max_steps=4, model__impl="fused", **common)
-    cfg.model.kernel.block_b = 16
     results = trainer.train_and_evaluate(cfg, workdir, log=quiet)
     assert results["step"] == 4
 

@@ -6,7 +6,6 @@ PREDICTION is benchmarks/persistent_prediction.py).
     parse.py       HLO text -> computations and instructions.
     launches.py    time loops, launches per step, bytes and FLOPs per launch.
     cost.py        the stated cost model and the per-module summary it predicts from.
-    dumps.py       ptxas register / spill reports and the thunk sequence.
+    dumps.py       the thunk sequence beside the HLO's launch count.
     deviceless.py  the real training step compiled for an H100 without a GPU.
-    calibrate.py   the cost model calibrated on measured GPU step times.
 """

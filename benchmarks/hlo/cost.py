@@ -3,7 +3,7 @@
 ``summarize`` turns one optimised HLO module (``compiled.as_text()`` of the training step
 compiled for an H100) into the report's figures: launches per time step split by loop part
 and role, data-movement launches, bytes per step and a predicted step time from
-``CostModel`` (every rate an assumption; ``calibrate`` fits the measured terms).
+``CostModel`` (every rate an assumption).
 Pure Python (no JAX import).
 """
 
@@ -40,9 +40,9 @@ class CostModel:
 
     Rates: launches with bf16 / f16 matmul inputs at ``bf16_matmul_flops``; f32 XLA gemms
     (cuBLAS / Triton gemm fusions) at ``f32_matmul_flops`` (TF32: XLA's default f32 dot
-    precision); f32 Pallas (Triton custom call) kernels at ``f32_pallas_flops`` (the highway
-    kernels' default is exact f32 dots, FMA loops on the CUDA cores; set it to the TF32 rate
-    for ``HighwayConfig(allow_tf32=True)``); everything else at ``f32_simt_flops``."""
+    precision); f32 kernels of the retired Pallas Triton backend (custom calls of dated HLO)
+    at ``f32_pallas_flops`` (their exact f32 dots: FMA loops on the CUDA cores); everything
+    else at ``f32_simt_flops``."""
 
     bf16_matmul_flops: float = 989e12  # H100 SXM dense bf16 tensor core (datasheet)
     f32_matmul_flops: float = 494.7e12  # TF32 tensor core: XLA's default f32 dot precision

@@ -19,7 +19,7 @@ from rhhjax.kernels.hardware import H100, Gpu
 
 from rhhjax.errors import UserError
 
-IMPLS = ("scan", "fused", "pallas")  # the default rows
+IMPLS = ("scan", "fused")  # the default rows
 # Selectable with --impls but not in the default rows (not measured on a GPU yet).
 IMPL_CHOICES = (*IMPLS, "mosaic", "persistent")
 DTYPES = ("float32", "bfloat16")
@@ -97,13 +97,20 @@ def h100_mesh():
     return jax.sharding.Mesh(topo.devices, ("data",))
 
 
-def lowering_device(mesh):
-    """Context naming the H100 as the abstract device of ``mesh``'s axes, around a trace
-    and lowering for CUDA on ``mesh`` (`h100_mesh`): the Triton kernels of jax >= 0.11 read
-    the GPU's compute capability from it (`kernels.triton.common.cuda_lowering_device`)."""
-    from rhhjax.kernels.triton.common import cuda_lowering_device
+def lowering_device(mesh, gpu: Gpu = H100):
+    """Context naming ``gpu`` as the abstract device of ``mesh``'s axes, around a trace and
+    lowering for CUDA on ``mesh`` (`h100_mesh`): Pallas kernels of jax >= 0.11 read the GPU's
+    compute capability from the abstract mesh's device. Wrap the trace as well as the
+    lowering."""
+    import jax
 
-    return cuda_lowering_device(mesh=mesh)
+    device = jax.sharding.AbstractDevice(
+        device_kind=gpu.device_kind, num_cores=gpu.sms, platform="gpu"
+    )
+    abstract = jax.sharding.AbstractMesh(
+        mesh.axis_sizes, mesh.axis_names, axis_types=mesh.axis_types, abstract_device=device
+    )
+    return jax.sharding.use_abstract_mesh(abstract)
 
 
 @contextlib.contextmanager
@@ -184,8 +191,8 @@ def load_ptb_config(variant: str):
 
 
 def pallas_context(mc):
-    """Traces Pallas kernels as compiled Triton: the config field if the model has it,
-    else ``recurrence.pallas_target("gpu")``."""
+    """Traces Pallas kernels compiled, not interpreted: the config field if the model has it,
+    else ``recurrence.pallas_target("gpu")`` (an older checkout's switch)."""
     if hasattr(mc, "pallas_mode"):
         return contextlib.nullcontext()
     from rhhjax.ops import recurrence

@@ -4,7 +4,7 @@ and FLOPs per launch.
 Pure Python (no JAX import), so the parser is tested everywhere on small HLO text
 (``tests/test_hlo_launches.py``). ``benchmarks/gpu_report.py`` feeds it
 ``compiled.as_text()`` of the training step compiled for an H100; ``cost`` summarises
-and predicts from it, ``calibrate`` fits its measured terms.
+and predicts from it.
 
 Definitions (documented in the report's JSON under ``"definitions"``):
 
@@ -41,8 +41,8 @@ Definitions (documented in the report's JSON under ``"definitions"``):
   and written. A custom call (a Mosaic GPU or Triton kernel) still counts whole operands:
   which parts a kernel reads is not in the HLO.
 * *FLOPs* of a launch: ``2 * M * N * K`` (times batch dims) of every ``dot`` / ``convolution``
-  in it (fused computations included) and of cuBLAS gemm custom calls; Triton (Pallas)
-  custom calls are given FLOPs by ``triton_flops`` (a stated model of the highway kernels);
+  in it (fused computations included) and of cuBLAS gemm custom calls; the retired Pallas
+  Triton kernels' custom calls (dated HLO) are given FLOPs by ``triton_flops``;
   everything else counts as 0 FLOPs (bandwidth bound).
 """
 
@@ -104,6 +104,8 @@ WATCHED_OPS = ("pad", "convert", "copy", "transpose")
 
 SLICES = ("dynamic-slice", "slice")
 GEMM_TARGETS = ("__cublas$gemm", "__cublas$lt$matmul", "__cudnn$matmul")
+# The custom calls of the retired Pallas Triton kernels: still read in dated HLO
+# (`gpu_report.py --reanalyze` of old reports); no current implementation emits them.
 TRITON_TARGETS = ("__gpu$xla.gpu.triton", "triton_kernel_call")
 
 _TRIP_RE = re.compile(r'"known_trip_count"\s*:\s*\{\s*"n"\s*:\s*"?(\d+)"?')

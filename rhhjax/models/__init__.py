@@ -1,5 +1,5 @@
 """Flax models (Suarez 2017): Embedding -> core -> Dense; every implementation (`scan`, `fused`,
-`pallas`, `mosaic`, `persistent`, `auto`: `rhhjax.ops.spec`) reads the same parameters.
+`mosaic`, `persistent`, `auto`: `rhhjax.ops.spec`) reads the same parameters.
 config.py (`ModelConfig`), initializers.py, cells.py (the cells), cores.py (a cell over a
 sequence), lm.py (`CharLM`, `build_model`); every public name is re-exported here."""
 

@@ -8,7 +8,7 @@ from typing import Any
 import jax.numpy as jnp
 
 from rhhjax.errors import UserError
-from rhhjax.ops import cells, lowrank, pallas, persistent, spec
+from rhhjax.ops import cells, lowrank, persistent, spec
 
 MODEL_TYPES = ("hyperrhn", "rhn", "lstm")
 DROPOUT_MODES = ("gate", "variational", "none")
@@ -46,7 +46,6 @@ class ModelConfig:
     impl: str = "auto"  # how the recurrence runs (IMPLS); changes speed, not results
     pallas_mode: str = "auto"  # auto | compiled (lowered for a GPU) | interpret
     persistent_variant: str = persistent.DEFAULT_TEXT  # impl=persistent: its text, or auto
-    kernel: pallas.HighwayConfig = pallas.HighwayConfig()  # block sizes of the Pallas kernels
     dtype: str = "float32"  # matmul inputs: float32 | bfloat16 (the carry stays float32)
     hyper_rank: int = 0  # 0: the paper's column scaling; d > 0: rank-d W o sum u_i v_i^T
     lowrank_op: str = "custom_vjp"  # hyper_rank > 0 with scan: custom_vjp | factored | materialized
@@ -55,15 +54,11 @@ class ModelConfig:
 
     @classmethod
     def from_config(cls, cfg: Any, **overrides: Any) -> ModelConfig:
-        """Builds from a ConfigDict / mapping (unknown keys ignored, ``kernel`` ->
-        ``HighwayConfig``), then validates."""
+        """Builds from a ConfigDict / mapping (unknown keys ignored), then validates."""
         items = dict(cfg.items()) if hasattr(cfg, "items") else dict(cfg)
         names = {f.name for f in dataclasses.fields(cls)}
         kwargs = {k: v for k, v in items.items() if k in names}
         kwargs.update(overrides)
-        kernel = kwargs.get("kernel")
-        if kernel is not None and not isinstance(kernel, pallas.HighwayConfig):
-            kwargs["kernel"] = _kernel_config(kernel)
         config = cls(**kwargs)
         config.validate()
         return config
@@ -75,10 +70,6 @@ class ModelConfig:
         _check_rank(self)
         _check_combinations(self)
         _check_variant(self)
-        try:
-            pallas.validate_config(self.kernel, self.compute_dtype)
-        except ValueError as error:
-            raise ConfigError(f"model.kernel: {error}") from None
         for name in ("lowrank_remat", "original_first_step"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"model.{name}={getattr(self, name)!r} must be True or False")
@@ -92,16 +83,10 @@ class ModelConfig:
         return cells.accumulation_dtype(self.compute_dtype)
 
 
-def _kernel_config(kernel: Any) -> pallas.HighwayConfig:
-    kernel = dict(kernel.items()) if hasattr(kernel, "items") else dict(kernel)
-    known = {f.name for f in dataclasses.fields(pallas.HighwayConfig)}
-    unknown = sorted(set(kernel) - known)
-    if unknown:
-        raise ConfigError(f"model.kernel has no field {unknown[0]!r}; one of {sorted(known)}")
-    return pallas.HighwayConfig(**kernel)
-
-
 def _check_choices(c: ModelConfig) -> None:
+    why_retired = spec.retired(c.impl)
+    if why_retired is not None:
+        raise ConfigError(why_retired)
     choices = {
         "type": MODEL_TYPES,
         "dropout": DROPOUT_MODES,
@@ -153,7 +138,6 @@ def sequence_spec(
         dtype=c.compute_dtype,
         keep=c.keep,
         pallas_mode=c.pallas_mode,
-        kernel=c.kernel,
         platform=platform,
     )
     if execute:

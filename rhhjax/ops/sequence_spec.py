@@ -6,8 +6,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from rhhjax.kernels import triton
-
 SCAN = "scan"  # the textbook nn.scan, the reference
 
 
@@ -32,7 +30,6 @@ class SequenceSpec:
     gate_dropout: bool = False
     interpret: bool = False
     references: bool = False  # run the kernels' pure-JAX references (tests only)
-    kernel: triton.HighwayConfig = triton.HighwayConfig()  # Pallas block sizes
     first_step: int = 0  # time index of the call's first step, for the gate masks
     last_layer_only: bool = False  # return the last layer's states [T, B, n] only
     variant: Any = None  # persistent: a `PersistentVariant` (None: the module's switches)

@@ -2,11 +2,11 @@
 
 The model builds the spec once; the cores run `nn.scan` when `spec.is_scan`, else
 `rhhjax.ops.recurrence.highway_sequence`, which runs the module registered under `spec.impl`
-in `IMPLEMENTATIONS` (`fused`, `pallas`, `mosaic`, `persistent`). `auto` picks the fastest
+in `IMPLEMENTATIONS` (`fused`, `mosaic`, `persistent`). `auto` picks the fastest
 measured one that runs the model (`_MEASURED`). Rank-d HyperRHNs call
 `rhhjax.ops.lowrank.lowrank_sequence` under `fused`. Adding an implementation: a module that
 is an `Implementation`, an entry in `IMPLEMENTATIONS` and what it refuses (`unsupported`,
-`substitute`, `unavailable`). See docs/design.md.
+`substitute`, `unavailable`); removing one: an entry in `RETIRED`. See docs/design.md.
 """
 
 from __future__ import annotations
@@ -17,10 +17,9 @@ import jax
 import jax.numpy as jnp
 
 from rhhjax.errors import UserError
-from rhhjax.kernels import triton
 from rhhjax.kernels.layout import Geometry
 from rhhjax.kernels.mosaic import interpret as gpu_interpret
-from rhhjax.ops import fused, loops, mosaic, pallas, persistent
+from rhhjax.ops import fused, loops, mosaic, persistent
 from rhhjax.ops.sequence_spec import SCAN, ModelFacts, SequenceSpec
 
 __all__ = ["SCAN", "ModelFacts", "SequenceSpec"]
@@ -62,14 +61,22 @@ class Implementation(Protocol):
 AUTO = "auto"
 # The whole-sequence ops by name: the only table of implementations.
 IMPLEMENTATIONS: dict[str, Implementation] = {
-    module.NAME: module for module in (fused, pallas, mosaic, persistent)
+    module.NAME: module for module in (fused, mosaic, persistent)
 }
 IMPLS = (SCAN, *IMPLEMENTATIONS)
 CHOICES = (AUTO, *IMPLS)
 PALLAS_MODES = ("auto", "compiled", "interpret")
-_NO_VARIATIONAL = (pallas.NAME, mosaic.NAME, persistent.NAME)
-_NO_RANK_D = (pallas.NAME, mosaic.NAME)  # `persistent` runs `fused` in its place
+_NO_VARIATIONAL = (mosaic.NAME, persistent.NAME)
+_NO_RANK_D = (mosaic.NAME,)  # `persistent` runs `fused` in its place
 _HOPPER_ONLY = (mosaic.NAME, persistent.NAME)
+# Implementations that were removed, and the one line a request for one gets instead.
+RETIRED = {
+    "pallas": (
+        "model.impl='pallas' (Pallas Triton) was retired: it was slower than 'fused' on every "
+        "GPU measured; use 'mosaic' or 'persistent' (Hopper GPUs: H100, H200) or 'fused' "
+        "(any platform)"
+    ),
+}
 
 
 class UnsupportedImpl(UserError):
@@ -133,15 +140,14 @@ def lowering_only(impl: str, pallas_mode: str, platform: str | None) -> str | No
     return (
         f"model.pallas_mode='compiled' only lowers the kernels of model.impl={impl!r} for a GPU "
         f"(the deviceless compile report); they cannot execute on {platform}: "
-        f"{_off_gpu_advice(impl == pallas.NAME)}"
+        f"{_off_gpu_advice()}"
     )
 
 
-def _off_gpu_advice(in_pallas: bool = False) -> str:
-    if in_pallas or gpu_interpret.available():
-        how = "Pallas" if in_pallas else "GPU"
+def _off_gpu_advice() -> str:
+    if gpu_interpret.available():
         return (
-            f"use model.pallas_mode='interpret' (the kernels executed in {how} interpret "
+            "use model.pallas_mode='interpret' (the kernels executed in GPU interpret "
             "mode: slow, for checking), or model.impl='fused' or 'scan'"
         )
     return (
@@ -150,8 +156,15 @@ def _off_gpu_advice(in_pallas: bool = False) -> str:
     )
 
 
+def retired(impl: str) -> str | None:
+    """None, or the one line saying `impl` was removed and what to use instead."""
+    return RETIRED.get(impl)
+
+
 def check(impl: str, model: ModelFacts) -> None:
     """Raises UnsupportedImpl when `impl` is unknown or cannot run `model` (no device)."""
+    if impl in RETIRED:
+        raise UnsupportedImpl(RETIRED[impl])
     if impl not in CHOICES:
         raise UnsupportedImpl(f"model.impl={impl!r} is not one of {', '.join(CHOICES)}")
     reason = unsupported(impl, model)
@@ -166,7 +179,6 @@ def resolve(
     dtype: Any,
     keep: float = 1.0,
     pallas_mode: str = "auto",
-    kernel: triton.HighwayConfig = triton.HighwayConfig(),  # noqa: B008 (frozen)
     platform: str | None = None,
 ) -> SequenceSpec:
     """The requested `impl` ("auto" or one of IMPLS) -> SequenceSpec; refuses in one line
@@ -192,7 +204,7 @@ def resolve(
         pallas_mode == "interpret"
         or (pallas_mode == "auto" and (platform or jax.default_backend()) != "gpu")
     )
-    return SequenceSpec(impl, float(keep), dtype, interpret=interpret, kernel=kernel, reason=reason)
+    return SequenceSpec(impl, float(keep), dtype, interpret=interpret, reason=reason)
 
 
 def check_executable(resolved: SequenceSpec, pallas_mode: str, platform: str | None = None):
@@ -208,11 +220,11 @@ def check_executable(resolved: SequenceSpec, pallas_mode: str, platform: str | N
 # "auto"'s ranking per platform, fastest first (results/gpu_h100.md, results/README.md).
 _MEASURED = {
     "gpu": (
-        (fused.NAME, pallas.NAME, SCAN),
+        (fused.NAME, SCAN),
         "the H100 measurements, RHN and HyperRHN, f32 and bf16 (results/bench_gpu_h100.json)",
     ),
     "cpu": (
-        (SCAN, fused.NAME, pallas.NAME),
+        (SCAN, fused.NAME),
         "the CPU measurements, RHN and HyperRHN, f32 and bf16 (results/bench_cpu_paper.json, "
         "results/bench_cpu_small.json)",
     ),

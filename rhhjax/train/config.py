@@ -109,7 +109,7 @@ RESUME_FIELDS = (
 )
 # May change on resume: how the recurrence runs, not what it computes.
 MODEL_FIELDS_FREE = (
-    "impl", "pallas_mode", "kernel", "dtype", "lowrank_op", "lowrank_remat", "vocab_size",
+    "impl", "pallas_mode", "dtype", "lowrank_op", "lowrank_remat", "vocab_size",
     "persistent_variant",
 )  # fmt: skip
 
