@@ -88,7 +88,6 @@ class Options:
     keep_dumps: str = ""  # directory to keep XLA's dumps in ("" = temporary)
     save_hlo: str = ""  # directory to write each config's optimised HLO text to
     calibration: dict | None = None  # fitted coefficients (hlo_calibrate) or None
-    persistent_hyper_inside: str = ""  # "on" / "off": persistent.HYPER_INSIDE ("": as is)
 
 
 CALIBRATION = Path(__file__).resolve().parents[1] / "results" / "cost_model_h100.json"
@@ -337,13 +336,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=str(CALIBRATION),
         help="fitted cost-model coefficients (benchmarks/cost_model.py); '' for none",
     )
-    p.add_argument(
-        "--persistent-hyper-inside",
-        choices=("on", "off"),
-        default="",
-        help="the persistent HyperRHN's hyper cell inside the main kernels "
-        "(rhhjax.ops.persistent.HYPER_INSIDE; default: the module's)",
-    )
     p.add_argument("--keep-dumps", default="", help="keep XLA's dumps in this directory")
     p.add_argument("--save-hlo", default="", help="write each optimised HLO text here")
     p.add_argument(
@@ -408,8 +400,7 @@ def resolve(args: argparse.Namespace) -> tuple[list[Case], Options]:
     coef = None
     if args.calibration and Path(args.calibration).is_file():
         coef = hlo_calibrate.load_coefficients(args.calibration)
-    hyper_inside = args.persistent_hyper_inside
-    opts = Options(overrides, cost, args.keep_dumps, args.save_hlo, coef, hyper_inside)
+    opts = Options(overrides, cost, args.keep_dumps, args.save_hlo, coef)
     return cases(models, impls, dtypes, ranks), opts
 
 
@@ -429,10 +420,6 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     import jax
 
-    from rhhjax.ops import persistent
-
-    if opts.persistent_hyper_inside:
-        persistent.HYPER_INSIDE = opts.persistent_hyper_inside == "on"
     mesh = h100_mesh()
     rows = []
     for case in todo:
@@ -502,7 +489,7 @@ def write_json(path: str, rows: list[dict], opts: Options, jax) -> None:
         "source_tree": str(Path(rhhjax.__file__).resolve().parents[1]),
         "git_commit": _git_commit(Path(rhhjax.__file__).resolve().parents[1]),
         "overrides": opts.overrides,
-        "persistent_hyper_inside": persistent.HYPER_INSIDE,
+        "persistent_variant": persistent.default_variant().text(),
         "cost_model_parameters": dataclasses.asdict(opts.cost),
         "assumptions": ASSUMPTIONS,
         "definitions": DEFINITIONS,
