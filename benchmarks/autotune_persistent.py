@@ -16,7 +16,7 @@ after every group; the table marks the fastest row per size and dtype. ``--inter
 interpret mode on a CPU (jax >= 0.11.2). ``--skip=JSON``: leave out what an earlier JSON timed
 or saw fail, but the default and its winner (this machine's baselines). ``--with=TEXT``
 (e.g. status=poison): its fields set in every candidate but the default, where they run.
-``--only=TEXT`` (e.g. hyper_inside=0): the default and the candidates with its fields.
+``--only=TEXT`` (e.g. layout=rowgroup): the default and the candidates with its fields.
 ``--next_call=TESTS_LOG`` times nothing: it prints the loan's training impl and variant from
 the model's compiled-test log and the --out JSON's winner (`gpu_suite.sh check`); nor do
 ``--untested_k`` (the -k expression of the compiled test classes of the variant fields no
@@ -81,21 +81,17 @@ def model_config(size: str, dtype: str, variant: str, interpret: bool) -> models
 
 
 def describe(plans: tuple) -> str:
-    """`persistent.variant_plans`'s plans in short: RxC u<units> s<stages> k<chunk> [w1] [pf]
-    [mcA] [mcB] [sk] (one wgmma in flight, weights prefetched, A or B multicast, the
-    backward's GEMM split between two warpgroups)."""
+    """`persistent.variant_plans`'s plans in short: RxC u<units> s<stages> k<chunk> [mcA]
+    [mcB] [sk] (A or B multicast, the backward's GEMM split between two warpgroups)."""
 
     def short(plan):
         grid = f"{plan.row_blocks}x{plan.col_blocks}"
-        flags = [" w1"] * plan.wgmma_in_flight + [" pf"] * plan.prefetch_weights
-        flags += [" mcA"] * plan.multicast_a + [" mcB"] * plan.multicast_b
+        flags = [" mcA"] * plan.multicast_a + [" mcB"] * plan.multicast_b
         flags += [" sk"] * plan.split_k
         return f"{grid} u{plan.units_per_block} s{plan.stages} k{plan.k_chunk}{''.join(flags)}"
 
-    layout, main, hyper, *joint = plans
-    if not joint:
-        return f"{layout}: main {short(main)}, hyper {short(hyper)}"
-    return f"{layout}: inside {short(main)} + {short(hyper)}, backward {short(joint[0])}"
+    layout, main, hyper = plans
+    return f"{layout}: main {short(main)}, hyper {short(hyper)}"
 
 
 def candidates(
@@ -103,8 +99,8 @@ def candidates(
 ) -> list[tuple[str, str]]:
     """(variant text, its plans in short) of every candidate of ``size`` and ``dtype``; with
     ``with_text`` (e.g. "status=poison") its fields set in each but today's, where they run."""
-    hidden, hyper, depth, batch, _ = SIZES[size]
-    shape = (batch, hidden, hyper, dtype, interpret, depth)
+    hidden, hyper, _, batch, _ = SIZES[size]
+    shape = (batch, hidden, hyper, dtype, interpret)
     found = persistent.variant_candidates(*shape)
     if with_text:
         default = persistent.PersistentVariant()

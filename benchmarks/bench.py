@@ -109,13 +109,7 @@ def _define_flags() -> None:
         "persistent_variant",
         persistent.DEFAULT_TEXT,
         "The persistent rows' model.persistent_variant, e.g. "
-        "hyper_inside=0,layout=rowgroup (default: the two switches above).",
-    )
-    flags.DEFINE_bool(
-        "persistent_hyper_inside",
-        persistent.HYPER_INSIDE,
-        "The persistent rows' hyper cell inside the main kernels "
-        "(rhhjax.ops.persistent.HYPER_INSIDE; off: its own launches).",
+        "layout=rowgroup,status=poison (default: the layout above).",
     )
 
 
@@ -138,7 +132,6 @@ class Row:
     peak_bytes: int | None = None  # compiled.memory_analysis(): arguments + outputs + temps
     command_buffer: str = "default"
     persistent_layout: str = ""  # the persistent rows' launch layout ("" for other impls)
-    persistent_hyper_inside: bool | None = None  # their hyper cell inside (None: other impls)
     persistent_variant: str = ""  # their variant's text ("" for other impls)
     seq_len: int = 0  # the step's sequence length
     profile: str = ""  # the folder of its jax.profiler trace, if traced (or why it failed)
@@ -166,16 +159,12 @@ def model_config(
 
 
 def persistent_row_facts(config: models.ModelConfig) -> dict:
-    """The persistent fields of a row that ran ``config``: its variant's layout, hyper
-    placement and text (empty for other impls)."""
+    """The persistent fields of a row that ran ``config``: its variant's layout and text
+    (empty for other impls)."""
     if config.impl != persistent.NAME:
         return {}
     variant = persistent.variant_of(models.sequence_spec(config, platform="gpu"))
-    return dict(
-        persistent_layout=variant.layout,
-        persistent_hyper_inside=variant.hyper_inside,
-        persistent_variant=variant.text(),
-    )
+    return dict(persistent_layout=variant.layout, persistent_variant=variant.text())
 
 
 def flops_per_step(config: models.ModelConfig, batch: int, length: int) -> float:
@@ -437,7 +426,6 @@ def main(argv: Sequence[str]) -> None:
     validate_flags(f)
     set_command_buffer(f.command_buffer)
     persistent.LAYOUT = f.persistent_layout
-    persistent.HYPER_INSIDE = f.persistent_hyper_inside
     global PERSISTENT_VARIANT
     PERSISTENT_VARIANT = f.persistent_variant
     ranks = sorted({int(r) for r in f.ranks})

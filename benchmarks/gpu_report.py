@@ -80,7 +80,6 @@ class Options:
     cost: hlo_cost.CostModel
     keep_dumps: str = ""  # directory to keep XLA's dumps in ("" = temporary)
     save_hlo: str = ""  # directory to write each config's optimised HLO text to
-    persistent_hyper_inside: str = ""  # "on" / "off": persistent.HYPER_INSIDE ("": as is)
 
 
 def run_case(case: Case, mesh, opts: Options) -> dict:
@@ -292,13 +291,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--bf16-tflops", type=float, default=989.0, help="assumed bf16 rate")
     p.add_argument("--f32-mm-tflops", type=float, default=494.7, help="assumed f32 gemm rate")
     p.add_argument("--f32-simt-tflops", type=float, default=66.9, help="assumed f32 SIMT rate")
-    p.add_argument(
-        "--persistent-hyper-inside",
-        choices=("on", "off"),
-        default="",
-        help="the persistent HyperRHN's hyper cell inside the main kernels "
-        "(rhhjax.ops.persistent.HYPER_INSIDE; default: the module's)",
-    )
     p.add_argument("--keep-dumps", default="", help="keep XLA's dumps in this directory")
     p.add_argument("--save-hlo", default="", help="write each optimised HLO text here")
     p.add_argument(
@@ -359,8 +351,7 @@ def resolve(args: argparse.Namespace) -> tuple[list[Case], Options]:
         hbm_bytes_per_s=args.hbm_gbs * 1e9,
         launch_s=args.launch_us * 1e-6,
     )
-    hyper_inside = args.persistent_hyper_inside
-    opts = Options(overrides, cost, args.keep_dumps, args.save_hlo, hyper_inside)
+    opts = Options(overrides, cost, args.keep_dumps, args.save_hlo)
     return cases(models, impls, dtypes, ranks), opts
 
 
@@ -380,10 +371,6 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     import jax
 
-    from rhhjax.ops import persistent
-
-    if opts.persistent_hyper_inside:
-        persistent.HYPER_INSIDE = opts.persistent_hyper_inside == "on"
     mesh = h100_mesh()
     rows = []
     for case in todo:
@@ -448,7 +435,7 @@ def write_json(path: str, rows: list[dict], opts: Options, jax) -> None:
         "source_tree": str(Path(rhhjax.__file__).resolve().parents[1]),
         "git_commit": _git_commit(Path(rhhjax.__file__).resolve().parents[1]),
         "overrides": opts.overrides,
-        "persistent_hyper_inside": persistent.HYPER_INSIDE,
+        "persistent_variant": persistent.default_variant().text(),
         "cost_model_parameters": dataclasses.asdict(opts.cost),
         "assumptions": ASSUMPTIONS,
         "definitions": DEFINITIONS,

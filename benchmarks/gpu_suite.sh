@@ -201,7 +201,7 @@ if [ "$MODE" = kernels ]; then
     --profile_dir="$OUT/profile" --profile_steps=2
   part step_bf16_half 50 "${sizes[@]}" --impls=persistent --dtypes=bfloat16 --seq_len=50
   traces  # apart from the lease's archive, which stays small
-  # the chosen plan (3 stages of 64 in bf16), 2 stages (the hyper cell inside's), 6 of 32
+  # the chosen plan (3 stages of 64 in bf16), 2 stages, 6 of 32
   # (the same shared memory, more loads in flight): is a phase bound by its pipeline's depth?
   for pipeline in 0x0 2x0 6x32; do
     calibrate "calibrate_$pipeline" 60 --stages "${pipeline%x*}" --k-chunk "${pipeline#*x}"
@@ -228,7 +228,7 @@ if [ "$MODE" = check ]; then
   # after the first 4 compiling at once (threads);
   # AUTOTUNE_SKIP=an earlier autotune.json leaves out what it timed, but its winner and the
   # default; AUTOTUNE_WITH=status=poison sets that in every candidate but the default;
-  # AUTOTUNE_ONLY=hyper_inside=0 keeps the default and the candidates with it. Writes
+  # AUTOTUNE_ONLY=layout=rowgroup keeps the default and the candidates with it. Writes
   # fast_impl and fast_variant for `fast`: persistent and the winner if every model test
   # passed, else fused.
   untested=$("$PY" benchmarks/autotune_persistent.py --untested_k)

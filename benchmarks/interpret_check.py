@@ -2,9 +2,8 @@
 
     NPROC=17 python benchmarks/interpret_check.py [--paper] [--only=persistent] [--out=F.json]
 
-For each kernel (`mosaic_forward`, `mosaic_backward`, `persistent_forward`, the persistent
-forward with the hyper cell inside, `persistent_backward`, also with z recomputed and with
-the hyper cell inside) and a few layouts, from one block to a cluster of 16: runs the real
+For each kernel (`mosaic_forward`, `mosaic_backward`, `persistent_forward`,
+`persistent_backward`) and a few layouts, from one block to a cluster of 16: runs the real
 kernel interpreted with the race detector on (`rhhjax.kernels.mosaic.interpret.params`) and
 its pure-JAX reference on the same fresh random inputs, and prints one markdown row per run:
 the blocks (a grid run one block after another, or one cluster run at once), the largest
@@ -142,45 +141,9 @@ def persistent_forward_case(plan: PersistentPlan, steps: int, depth: int):
     return f"cluster {plan.row_blocks} x {plan.col_blocks}", kernel, reference
 
 
-def persistent_hyper_forward_case(plans: tuple, steps: int, depth: int):
-    """(cluster, kernel thunk, reference thunk) of the whole-sequence forward with the hyper
-    cell inside (`persistent_forward.HyperInside`: z from the kernel's own GEMM) and gate
-    dropout in both cells, saving the backward's rows: both cells' outputs and z."""
-    plan, hyper_plan = plans
-    rng = np.random.default_rng(plan.grid * 3 + steps)
-    args = (plan, *_forward_operands(plan, steps, depth, rng, with_z=False))
-    hyper_args = _forward_operands(hyper_plan, steps, depth, rng, with_z=False)
-    proj = _normal(rng, depth, hyper_plan.width, plan.width, scale=0.2)
-    proj_bias = 1.0 + _normal(rng, depth, 1, plan.n_pad, scale=0.1)
-    hyper = pf.HyperInside(
-        hyper_plan, *hyper_args[:4], hyper_args[5],
-        pf.projection_weights(plan, hyper_plan, proj, plan.dtype),
-        jnp.broadcast_to(proj_bias, (depth, plan.b_pad, plan.n_pad)),
-    )  # fmt: skip
-
-    def kernel():
-        run = lambda *a: pf.persistent_forward(  # noqa: E731
-            plan, *a, save=True, keep=KEEP, interpret=gpu_interpret.params(), hyper=hyper
-        )
-        return jax.jit(run)(*args[1:])[:-1]
-
-    def reference():
-        return pf.persistent_forward_reference(*args, save=True, keep=KEEP, hyper=hyper)[:-1]
-
-    return f"cluster {plan.row_blocks} x {plan.col_blocks}", kernel, reference
-
-
-def persistent_backward_case(
-    plan: PersistentPlan,
-    steps: int,
-    depth: int,
-    hyper_plan: PersistentPlan | None = None,
-    inside: bool = False,
-):
+def persistent_backward_case(plan: PersistentPlan, steps: int, depth: int):
     """(cluster, kernel thunk, reference thunk) of the whole-sequence backward with z and
-    gate dropout; with ``hyper_plan`` z recomputed from a random hyper A buffer and tail
-    (`persistent_backward.ScalesInside`) instead of read, with ``inside`` also the hyper
-    cell's backward inside (`persistent_backward.HyperBackward`, random operands)."""
+    gate dropout."""
     rng = np.random.default_rng(plan.grid * 7 + steps)
     n = plan.width
     wt = pb.backward_weights(plan, _normal(rng, depth, n, 2 * n, scale=0.3), plan.dtype)
@@ -197,54 +160,17 @@ def persistent_backward_case(
     b_pad, n_pad = g.shape[1:]
     bias = jnp.broadcast_to(_normal(rng, depth, 1, 2, n_pad, scale=0.3), (depth, b_pad, 2, n_pad))
     args = (wt, g, packed, z, mask, bias, s_mm)
-    cells = {}
-    if hyper_plan is not None:
-        cells["scales"] = _scales_inside(plan, hyper_plan, steps, depth, rng)
-        args = (wt, g, packed, None, mask, bias, s_mm)
-    if inside:
-        cells["hyper"] = _hyper_backward(plan, hyper_plan, steps, depth, rng)
 
     def kernel():
         run = lambda *a: pb.persistent_backward(  # noqa: E731
-            plan, *a, keep=KEEP, interpret=gpu_interpret.params(), **cells
+            plan, *a, keep=KEEP, interpret=gpu_interpret.params()
         )
         return jax.jit(run)(*args)[:-1]  # all but the status: d_x, d_mm, carry, bias, dz...
 
     def reference():
-        return pb.persistent_backward_reference(plan, *args, keep=KEEP, **cells)[:-1]
+        return pb.persistent_backward_reference(plan, *args, keep=KEEP)[:-1]
 
     return f"cluster {plan.row_blocks} x {plan.col_blocks}", kernel, reference
-
-
-def _scales_inside(plan, hyper_plan, steps: int, depth: int, rng) -> pb.ScalesInside:
-    """Random `ScalesInside` operands: the hyper cell's A buffer and tail in the matmul
-    dtype, a projection P [L, h, n] and a bias p near 1."""
-    h_in = _phase_inputs(hyper_plan, steps, depth, rng)
-    s_mm = slots.inputs_to_a_buffer(h_in, steps, depth, hyper_plan.k_pad).astype(plan.dtype)
-    tail = _phase_inputs(hyper_plan, 1, 1, rng)[0, :, : hyper_plan.k_pad].astype(plan.dtype)
-    proj = _normal(rng, depth, hyper_plan.width, plan.width, scale=0.2)
-    proj_bias = 1.0 + _normal(rng, depth, 1, plan.n_pad, scale=0.1)
-    return pb.ScalesInside(
-        hyper_plan, s_mm, tail, pf.projection_weights(plan, hyper_plan, proj, plan.dtype),
-        jnp.broadcast_to(proj_bias, (depth, plan.b_pad, plan.n_pad)),
-    )  # fmt: skip
-
-
-def _hyper_backward(plan, hyper_plan, steps: int, depth: int, rng) -> pb.HyperBackward:
-    """Random `HyperBackward` operands at ``hyper_plan``: weights, cotangent, saved rows
-    (s_prev in bf16, h, tg), keep decisions, in f32 the A buffer, and P's rows."""
-    h = hyper_plan.width
-    wt = pb.backward_weights(hyper_plan, _normal(rng, depth, h, 2 * h, scale=0.3), plan.dtype)
-    g, s_prev = (_phase_inputs(hyper_plan, steps, depth, rng) for _ in range(2))
-    gates = [jnp.tanh(_phase_inputs(hyper_plan, steps, depth, rng)) for _ in range(2)]
-    packed = jnp.stack([s_prev] * hyper_plan.state_in_packed + gates, axis=2)
-    s_mm = None
-    if not hyper_plan.state_in_packed:
-        s_mm = slots.inputs_to_a_buffer(s_prev, steps, depth, hyper_plan.k_pad)
-    mask = jnp.asarray(rng.random(g.shape) < KEEP, jnp.uint8)
-    proj = _normal(rng, depth, h, plan.width, scale=0.2)
-    rows = pb.projection_rows(plan, hyper_plan, proj, plan.dtype)
-    return pb.HyperBackward(hyper_plan, wt, g, packed, mask, s_mm, rows)
 
 
 def cases(paper: bool) -> list[tuple]:
@@ -282,21 +208,6 @@ def cases(paper: bool) -> list[tuple]:
         for plan, steps, depth in plans:
             note = f"B {plan.batch}, n {plan.width}, T {steps}, L {depth}"
             out.append((name, plan.dtype, note, lambda m=make, c=(plan, steps, depth): m(*c)))
-    hyper_plans = [  # ((main plan, hyper plan), steps, depth)
-        ((PersistentPlan(100, 64, "float32", 2, 2, 32, 2),
-          PersistentPlan(100, 32, "float32", 2, 2, 32, 2, units=16)), 2, 3),
-        ((PersistentPlan(64, 256, "bfloat16", 16, 1, 32, 2),
-          PersistentPlan(64, 64, "bfloat16", 4, 1, 32, 2, units=16)), 2, 2),
-    ]  # fmt: skip
-    for (plan, hyper_plan), steps, depth in hyper_plans:
-        note = f"B {plan.batch}, n {plan.width}, h {hyper_plan.width}, T {steps}, L {depth}"
-        case = ((plan, hyper_plan), steps, depth)
-        make = lambda c=case: persistent_hyper_forward_case(*c)  # noqa: E731
-        out.append(("persistent_forward, hyper inside", plan.dtype, note, make))
-        make = lambda c=case: persistent_backward_case(c[0][0], *c[1:], c[0][1])  # noqa: E731
-        out.append(("persistent_backward, z recomputed", plan.dtype, note, make))
-        make = lambda c=case: persistent_backward_case(c[0][0], *c[1:], c[0][1], True)  # noqa: E731
-        out.append(("persistent_backward, hyper inside", plan.dtype, note, make))
     # The check can fail: without its barrier between phases the kernel must be reported.
     mutant = (PersistentPlan(64, 64, "bfloat16", 2, 1, 32), 2, 1)
     note = "B 64, n 64, T 2, L 1; " + MUTANT

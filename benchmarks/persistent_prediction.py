@@ -12,25 +12,15 @@ explains the measured f32 step, not the bf16 one: results/gpu_h100_2026-11-26b.m
 * barrier time: ``Rates.barrier_us`` per grid-barrier phase (the sign-flip barrier measured
   1.03 us; the token barrier before it 20.8 us),
   ``CLUSTER_BARRIER_US`` per hardware cluster barrier (measured on an H100);
-* the hyper cell: "own launches", 2 * T * L more barrier-bound phases at the hyper plan's
-  predicted phase time; "inside the forward" (built, `inside_plans`): the forward kernel
-  runs it one phase ahead of the main cell on the blocks of its own plan (T * L + 1
-  dependent barriers), adding to every forward phase the GEMMs of its busiest block (z's
-  slice and the hyper cell's, `hyper_forward_share_us`), the main backward recomputes z
-  (`persistent.RECOMPUTE_SCALES`: z's slice GEMM added to every backward phase,
-  `scales_backward_share_us`), and the hyper backward is its own launches; "inside both
-  kernels" (built, `persistent.HYPER_BACKWARD_INSIDE`): the backward kernel also
-  runs it, one phase behind, on the same blocks (T * L + 1 more barriers), adding to every
-  backward phase the GEMMs of its busiest block (z's slice, ds_h's and the hyper cell's,
-  `hyper_backward_share_us`) (the epilogues of either are not modelled);
-* glue: the step's HLO bytes under the corrected rule (``bytes_per_train_step_read`` of a
+* the hyper cell: its own launches, 2 * T * L more barrier-bound phases at the hyper plan's
+  predicted phase time (inside the main kernels was removed: the GPU measured it +6.3 ms
+  a bf16 step on an H100);
+* glue:* glue: the step's HLO bytes under the corrected rule (``bytes_per_train_step_read`` of a
   compile report, `benchmarks/gpu_report.py`, measured without a GPU) at ``HBM_TBYTES``,
   counted serially (every launch's operands and results, the kernels' own inputs and
-  outputs and the weight-gradient GEMMs included): the report compiled with the hyper cell
-  inside (``--report``) for the layouts with it inside, the one compiled with it as its own
-  launches (``--report-apart``, where given) for those.
+  outputs and the weight-gradient GEMMs included).
 
-    python benchmarks/persistent_prediction.py [--report R] [--report-apart R] [--json OUT]
+    python benchmarks/persistent_prediction.py [--report R] [--json OUT]
         [--calibration calibrate.json]   # Rates refitted on a GPU (gpu_suite.sh calibrate)
     python benchmarks/persistent_prediction.py --plan [--dtype float32 --row-blocks 2 ...]
 """
@@ -43,15 +33,14 @@ import json
 from rhhjax.kernels.hardware import H100
 from rhhjax.kernels.mosaic.plan import PersistentPlan, PlanError
 
-from rhhjax.ops.persistent_cost import Rates, inside_plans, plan_for, predicted_phase_us
+from rhhjax.ops.persistent_cost import Rates, plan_for, predicted_phase_us
 
 HBM_TBYTES = H100.hbm_bytes_per_s / 1e12  # the datasheet's HBM bandwidth, TB/s
 # The hardware cluster barrier alone, measured on an H100 (2026-11-26,
 # results/calibrate_persistent_h100_rowgroup.json).
 CLUSTER_BARRIER_US = 0.137
 TF32_SLOWDOWN = 2.0  # bf16 / TF32 dense wgmma rate on an H100 (datasheet)
-DEFAULT_REPORT = "results/gpu_report_persistent_bytes_h100.json"  # the hyper cell inside
-DEFAULT_REPORT_APART = "results/gpu_report_persistent_apart_h100.json"  # as its own launches
+DEFAULT_REPORT = "results/gpu_report_persistent_apart_h100.json"  # the hyper cell's launches
 PAPER = dict(batch=256, width=1000, hyper=128, depth=7, length=100)
 
 
@@ -67,47 +56,15 @@ def kernel_phase_us(plan: PersistentPlan, rates: Rates, multicast: int, backward
     return predicted_phase_us(plan, rates, multicast, backward) - rates.barrier_us
 
 
-HYPER_PLACES = ("launches", "forward", "both")  # own launches; inside the forward; both
-
-
 @dataclasses.dataclass(frozen=True)
 class Layout:
-    """One way to run the step: the main plan, TMA multicast of A within a cluster, the
-    barrier between phases, where the hyper cell runs (`HYPER_PLACES`) and, inside the
-    forward, its plan there (`inside_plans`)."""
+    """One way to run the step: the main plan, TMA multicast of A within a cluster and the
+    barrier between phases (the hyper cell in its own launches)."""
 
     name: str
     plan: PersistentPlan
     multicast: int
     barrier_us: float
-    hyper: str
-    hyper_plan: PersistentPlan | None = None
-
-
-def hyper_forward_share_us(main: PersistentPlan, hyper: PersistentPlan, rates: Rates) -> float:
-    """What the hyper cell inside the forward adds to a phase (us) on its busiest block (one
-    with hyper units): z's GEMM for the block's units [rows, kh] x [kh, u] and the hyper
-    cell's [rows, kh] x [kh, 2 uh], run after one another at ``tflops_per_sm``."""
-    cols = main.units_per_block + hyper.cols_per_block
-    flops = 2 * main.rows_per_block * hyper.k_pad * cols
-    return 1e6 * flops / (rates.tflops_per_sm * 1e12)
-
-
-def scales_backward_share_us(main: PersistentPlan, hyper: PersistentPlan, rates: Rates) -> float:
-    """What recomputing z adds to a main backward phase (us, every block): z's GEMM for the
-    block's units [rows, kh] x [kh, u] at ``tflops_per_sm``."""
-    flops = 2 * main.rows_per_block * hyper.k_pad * main.units_per_block
-    return 1e6 * flops / (rates.tflops_per_sm * 1e12)
-
-
-def hyper_backward_share_us(main: PersistentPlan, hyper: PersistentPlan, rates: Rates) -> float:
-    """What the hyper cell inside the backward adds to a main backward phase (us) on its
-    busiest block (one with hyper units): z's GEMM [rows, kh] x [kh, u] (recomputed), ds_h's
-    [rows, n_pad] x [n_pad, uh] and the hyper cell's [rows, 2 h_pad] x [2 h_pad, uh], run
-    after one another at ``tflops_per_sm``."""
-    rows, hu = main.rows_per_block, hyper.units_per_block
-    macs = hyper.k_pad * main.units_per_block + main.n_pad * hu + 2 * hyper.n_pad * hu
-    return 1e6 * 2 * rows * macs / (rates.tflops_per_sm * 1e12)
 
 
 def rowgroup_plan(dtype: str, batch: int, width: int) -> PersistentPlan | None:
@@ -120,48 +77,26 @@ def rowgroup_plan(dtype: str, batch: int, width: int) -> PersistentPlan | None:
 
 
 def layouts(dtype: str, rates: Rates, batch: int, width: int, hyper: int) -> list[Layout]:
-    """The layouts weighed, each named with whether it is built: the grid and the row-group
-    clusters (`kernels/mosaic/rowgroup_layout.py`, ``persistent.LAYOUT = "rowgroup"``), each with
-    the hyper cell inside both kernels (built, where `inside_plans` has plans), inside the
-    forward only (built) and as its own launches (built; the default on the grid), and the row-group
-    clusters with TMA multicast of the A rows and the hyper cell inside both (not built) or,
-    where the plan leaves no room for it, as own launches (built: ``multicast=1``)."""
-    out = []
+    """The layouts weighed, all built: the grid, the row-group clusters
+    (`kernels/mosaic/rowgroup_layout.py`) and those with TMA multicast of the A rows
+    (``multicast=1``); ``hyper`` is the hyper cell's width (its own launches)."""
+    del hyper
+    grid = plan_for(batch, width, dtype)
+    out = [Layout("grid, hyper as own launches (built: the default)", grid, 1, rates.barrier_us)]
     rowgroup = rowgroup_plan(dtype, batch, width)
-    grids = [("grid", plan_for(batch, width, dtype), rates.barrier_us, "grid")]
     if rowgroup is not None:
         name = f"row-group clusters of {rowgroup.col_blocks}"
-        grids.append((name, rowgroup, CLUSTER_BARRIER_US, "rowgroup"))
-    multicast = None
-    for name, plan, barrier_us, launch in grids:
-        alone = plan_for(batch, hyper, dtype, launch)
-        inside = inside_plans(plan, alone)
-        if inside is not None:
-            label = f"{name}, hyper inside both kernels, z recomputed (built)"
-            out.append(Layout(label, inside[0], 1, barrier_us, "both", inside[1]))
-            label = f"{name}, hyper inside the forward, z recomputed, own launches backward (built)"
-            out.append(Layout(label, inside[0], 1, barrier_us, "forward", inside[1]))
-            if launch == "rowgroup":
-                multicast = inside
-        built = "built: the default" if launch == "grid" else "built"
-        out.append(
-            Layout(f"{name}, hyper as own launches ({built})", plan, 1, barrier_us, "launches")
-        )
-    if rowgroup is not None:  # with the hyper cell inside both where the plan has room
-        hyper_at = "both" if multicast is not None else "launches"
-        main, hyper_plan = multicast if multicast is not None else (rowgroup, None)
-        where = "inside both kernels" if multicast is not None else "as own launches"
-        built = "not built" if multicast is not None else "built: multicast=1"
-        name = f"{grids[1][0]}, multicast A, hyper {where} ({built})"
-        cols, barrier_us = rowgroup.col_blocks, CLUSTER_BARRIER_US
-        out.append(Layout(name, main, cols, barrier_us, hyper_at, hyper_plan))
+        out.append(Layout(f"{name}, hyper as own launches (built)", rowgroup, 1,
+                          CLUSTER_BARRIER_US))  # fmt: skip
+        out.append(Layout(f"{name}, multicast A, hyper as own launches (built: multicast=1)",
+                          rowgroup, rowgroup.col_blocks, CLUSTER_BARRIER_US))  # fmt: skip
     return out
 
 
 @dataclasses.dataclass(frozen=True)
 class Step:
     """PREDICTION of one training step on a layout, unrounded: the main cell's kernel time
-    per phase (us, barrier excluded, the hyper share included when inside), the step's
+    per phase (us, barrier excluded), the step's
     dependent barrier phases, and its kernel, barrier and glue time (ms)."""
 
     fwd_phase_us: float
@@ -190,20 +125,8 @@ def predicted_step(
     bwd = kernel_phase_us(plan, rates, layout.multicast, True)
     hyper_plan = plan_for(shape["batch"], shape["hyper"], dtype)
     hyper = [kernel_phase_us(hyper_plan, rates, 1, b) for b in (False, True)]
-    barriers = 2 * phases
-    if layout.hyper == "both":
-        fwd += hyper_forward_share_us(plan, layout.hyper_plan, rates)
-        bwd += hyper_backward_share_us(plan, layout.hyper_plan, rates)
-        barriers += 2  # the skew: one more phase per direction
-        hyper_ms = 0.0
-    elif layout.hyper == "forward":
-        fwd += hyper_forward_share_us(plan, layout.hyper_plan, rates)
-        bwd += scales_backward_share_us(plan, layout.hyper_plan, rates)
-        barriers += 1 + phases  # the forward's prologue phase; the hyper backward's own
-        hyper_ms = phases * hyper[1] / 1e3
-    else:
-        hyper_ms = phases * sum(hyper) / 1e3
-        barriers += 2 * phases
+    barriers = 4 * phases  # each cell's, each direction
+    hyper_ms = phases * sum(hyper) / 1e3
     kernel_ms = phases * (fwd + bwd) / 1e3 + hyper_ms
     barrier_ms = barriers * layout.barrier_us / 1e3
     glue_ms = glue_bytes / (HBM_TBYTES * 1e12) * 1e3
@@ -241,18 +164,14 @@ def glue_bytes_of(report: dict, dtype: str) -> float:
     raise ValueError(f"the report has no compiled persistent HyperRHN {dtype} row")
 
 
-def table(
-    report: dict, rates: Rates | None = None, shape: dict | None = None, apart: dict | None = None
-) -> list[dict]:
+def table(report: dict, rates: Rates | None = None, shape: dict | None = None) -> list[dict]:
     """Every layout's row for bf16 and f32 (see the module docstring for the model); glue
-    from ``report``, or for the layouts with the hyper cell as its own launches from the
-    report ``apart`` where given."""
+    from ``report``."""
     rates, shape = rates or Rates(), shape or PAPER
     rows = []
     for dtype in ("bfloat16", "float32"):
         for layout in layouts(dtype, rates, shape["batch"], shape["width"], shape["hyper"]):
-            source = apart if apart is not None and layout.hyper == "launches" else report
-            rows.append(step_row(layout, dtype, glue_bytes_of(source, dtype), rates, shape))
+            rows.append(step_row(layout, dtype, glue_bytes_of(report, dtype), rates, shape))
     return rows
 
 
@@ -295,9 +214,7 @@ def plan_report(args) -> dict:
     rates = calibrated_rates(args.calibration) if args.calibration else Rates()
     at_dtype = dtype_rates(rates, args.dtype)
     shape = dict(batch=args.batch, width=args.width, hyper=args.hyper, depth=7, length=100)
-    today = Layout(
-        "grid, hyper as own launches", plan, args.multicast, rates.barrier_us, "launches"
-    )
+    today = Layout("grid, hyper as own launches", plan, args.multicast, rates.barrier_us)
     return {
         "plan": dataclasses.asdict(plan),
         **plan.summary(),
@@ -328,14 +245,11 @@ def _report_meta(report: dict | None) -> dict | None:
 def table_report(args) -> dict:
     """The table with its assumptions, as the JSON ``--json`` writes."""
     report = _read_report(args.report)
-    apart = _read_report(args.report_apart) if args.report_apart else None
     rates = calibrated_rates(args.calibration) if args.calibration else Rates()
     return {
         "label": "PREDICTION (a model, not a measurement)",
         "report": args.report,
         "report_meta": _report_meta(report),
-        "report_apart": args.report_apart or None,
-        "report_apart_meta": _report_meta(apart),
         "calibration": args.calibration,
         "assumptions": {
             "rates": dataclasses.asdict(rates),
@@ -344,7 +258,7 @@ def table_report(args) -> dict:
             "f32_gemm_rate": f"bf16 rate / {TF32_SLOWDOWN} (TF32)",
             "model": __doc__.split("\n\n")[1],
         },
-        "rows": table(report, rates, apart=apart),
+        "rows": table(report, rates),
     }
 
 
@@ -353,14 +267,7 @@ def _parser():
     import argparse
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--report", default=DEFAULT_REPORT, help="compile report JSON, the hyper cell inside"
-    )
-    parser.add_argument(
-        "--report-apart",
-        default=DEFAULT_REPORT_APART,
-        help="compile report JSON, the hyper cell as its own launches ('' for none)",
-    )
+    parser.add_argument("--report", default=DEFAULT_REPORT, help="compile report JSON")
     parser.add_argument("--json", default=None, help="write the table here as JSON")
     parser.add_argument("--calibration", default=None, help="calibrate_persistent.py JSON")
     one = parser.add_argument_group("--plan: one plan's figures as JSON instead of the table")

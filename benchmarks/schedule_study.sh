@@ -6,6 +6,7 @@
 #   bash benchmarks/schedule_study.sh small2  # the follow-up the first results chose
 #   CPU_FINALIST=NAME:FIELD=V,... bash benchmarks/schedule_study.sh cpu
 #   bash benchmarks/schedule_study.sh table   # the markdown table of every run
+#   bash benchmarks/schedule_study.sh batch   # equal steps at batch 64, 128, 256, peak scaled
 # PTB: $RHHJAX_PTB (default ../shared/data/ptb). Workdirs and tables: $OUT (default
 # workdirs/fast_recipe).
 set -euo pipefail
@@ -60,6 +61,22 @@ case ${1:-} in
       > "$OUT.cpu_sched.log" 2>&1 &
     wait
     ;;
+  batch)  # the small model at equal steps: batch 64 (peak 8e-3), 128 and 256 with the peak
+    # scaled by the square root of the batch ratio and linearly; the :fast recipe, seeds 0, 1
+    BATCH=(--config.train.max_steps=400 --config.train.schedule=cosine
+      --config.train.warmup_steps=20 --config.train.clip_type=l2 --config.train.clip_norm=1.0
+      --seeds=0,1 --at_steps=100,200,300,400)
+    ablate batch_sqrt "${SMALL[@]}" "${BATCH[@]}" \
+      --variant=b64:train.batch_size=64,train.learning_rate=8e-3 \
+      --variant=b128_sqrt:train.batch_size=128,train.learning_rate=1.13e-2 \
+      --variant=b256_sqrt:train.batch_size=256,train.learning_rate=1.6e-2 \
+      > "$OUT.batch_sqrt.log" 2>&1 &
+    ablate batch_linear "${SMALL[@]}" "${BATCH[@]}" \
+      --variant=b128_linear:train.batch_size=128,train.learning_rate=1.6e-2 \
+      --variant=b256_linear:train.batch_size=256,train.learning_rate=3.2e-2 \
+      > "$OUT.batch_linear.log" 2>&1 &
+    wait
+    ;;
   table)  # one markdown table of every run in $OUT/*/results.json
     python - "$OUT" << 'PYEOF'
 import glob, json, sys
@@ -80,7 +97,7 @@ for path in sorted(glob.glob(f"{sys.argv[1]}/*/results.json")):
 PYEOF
     ;;
   *)
-    echo "usage: bash benchmarks/schedule_study.sh small|small2|cpu|table" >&2
+    echo "usage: bash benchmarks/schedule_study.sh small|small2|cpu|batch|table" >&2
     exit 2
     ;;
 esac

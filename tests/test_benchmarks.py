@@ -124,15 +124,13 @@ def test_phase_latency_is_the_time_per_extra_micro_layer(monkeypatch):
 
 
 def test_the_persistent_rows_run_and_record_the_variant_asked_for(monkeypatch):
-    winner = "hyper_inside=0,layout=rowgroup,multicast=1"
+    winner = "layout=rowgroup,multicast=1"
     monkeypatch.setattr(bench, "PERSISTENT_VARIANT", winner)
     config = bench.model_config("hyperrhn", "paper", "persistent", "bfloat16")
     fused = bench.model_config("hyperrhn", "paper", "fused", "bfloat16")
     assert (config.persistent_variant, fused.persistent_variant) == (winner, "default")
     facts = bench.persistent_row_facts(config)
-    assert facts == dict(
-        persistent_layout="rowgroup", persistent_hyper_inside=False, persistent_variant=winner
-    )
+    assert facts == dict(persistent_layout="rowgroup", persistent_variant=winner)
     assert set(facts) <= {field.name for field in dataclasses.fields(bench.Row)}
     assert bench.persistent_row_facts(fused) == {}
 

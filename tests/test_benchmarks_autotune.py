@@ -24,9 +24,8 @@ def test_the_paper_candidates_are_the_libraries_today_first_each_with_its_plans(
     texts = [text for text, _ in rows]
     expected = persistent.variant_candidates(256, 1000, 128, dtype)
     assert texts == [v.text() for v in expected] and len(set(texts)) == len(texts)
-    assert texts[0] == "hyper_inside=0,layout=grid"
+    assert texts[0] == "layout=grid"
     assert rows[0][1].startswith("grid: main 4x")
-    assert any("inside" in plans for _, plans in rows)
 
 
 def _fake_steps(monkeypatch, tune, seconds_per_step: dict, compiled: list | None = None):
@@ -77,7 +76,7 @@ def test_every_candidate_is_a_row_a_failure_or_timeout_too_and_the_fastest_wins(
 
 
 def test_past_the_budget_the_rest_are_skipped_rows(tune, monkeypatch):
-    texts = ["hyper_inside=0,layout=grid", "hyper_inside=1,layout=grid"]
+    texts = ["layout=grid", "layout=rowgroup"]
     _fake_steps(monkeypatch, tune, dict.fromkeys(texts, "hang"))
     monkeypatch.setattr(tune, "candidates", lambda *a: [(t, "plans") for t in texts])
     rows = tune.run(tune.parse_args(["--budget=0.3", "--limit=60"]))
@@ -112,7 +111,7 @@ def test_compile_workers_compile_a_group_at_once_and_time_it_in_order(tune, monk
 def test_skip_leaves_out_what_an_earlier_run_timed_but_times_its_baselines_again(
     tune, monkeypatch, tmp_path
 ):
-    texts = ["hyper_inside=0,layout=grid", "a", "b", "c", "d"]  # today's, then four more
+    texts = ["layout=grid", "a", "b", "c", "d"]  # today's, then four more
     earlier = {
         "rows": [
             {"size": "paper", "dtype": "bfloat16", "variant": t, "status": st, "step_ms_median": ms}
@@ -135,21 +134,20 @@ def test_skip_leaves_out_what_an_earlier_run_timed_but_times_its_baselines_again
 def test_list_prints_the_candidates_without_a_gpu(tune, capsys):
     assert tune.main(["--list", "--dtypes=float32"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].startswith("paper float32 hyper_inside=0,layout=grid  (grid: main 4x32")
+    assert lines[0].startswith("paper float32 layout=grid  (grid: main 4x32")
     assert len(lines) == len(persistent.variant_candidates(256, 1000, 128, "float32"))
 
 
 def test_with_sets_its_fields_in_every_candidate_but_todays_where_they_run(tune):
     plain = [text for text, _ in tune.candidates("paper", "bfloat16", False)]
     poisoned = [text for text, _ in tune.candidates("paper", "bfloat16", False, "status=poison")]
-    assert poisoned[0] == plain[0] == "hyper_inside=0,layout=grid"  # the baseline as it is
+    assert poisoned[0] == plain[0] == "layout=grid"  # the baseline as it is
     # the row-group layout has no status to check (its variants keep status=host)
     assert all(("status=poison" in text) != ("rowgroup" in text) for text in poisoned[1:])
-    # in_flight=1 met its twin among today's levers
-    assert len(poisoned) == len(set(poisoned)) == len(plain) - 1
-    prefetched = [text for text, _ in tune.candidates("paper", "bfloat16", False, "prefetch=1")]
-    assert "hyper_inside=1,layout=grid" in prefetched  # prefetch does not run with it: as it is
-    assert "hyper_inside=0,layout=rowgroup,prefetch=1" in prefetched
+    assert len(poisoned) == len(set(poisoned)) == len(plain)
+    shared = [text for text, _ in tune.candidates("paper", "bfloat16", False, "multicast=1")]
+    assert "layout=grid,stages=2,k_chunk=32,split_k=1" in shared  # no multicast with it
+    assert "layout=rowgroup,multicast=1" in shared
 
 
 @pytest.mark.parametrize(
@@ -163,14 +161,14 @@ def test_a_bad_flag_is_one_usage_error(tune, flag, capsys):
 
 
 def test_only_keeps_today_and_the_candidates_with_its_fields(tune):
-    args = tune.parse_args(["--with=layout=rowgroup", "--only=hyper_inside=0,in_flight=0"])
+    args = tune.parse_args(["--with=layout=rowgroup", "--only=split_k=0"])
     texts = [row.variant for row in tune.every_candidate(args)]
-    assert texts[0] == "hyper_inside=0,layout=grid"  # today's, though not rowgroup
+    assert texts[0] == "layout=grid"  # today's, though not rowgroup
     # all in row groups but units=32, whose 32 column blocks no cluster holds: as it is
     assert len(texts) > 2 and all(("layout=rowgroup" in t) != ("units=32" in t) for t in texts[1:])
-    assert not any("in_flight=1" in t or "hyper_inside=1" in t for t in texts)
+    assert not any("split_k=1" in t for t in texts)
     every = tune.every_candidate(tune.parse_args(["--with=layout=rowgroup"]))
-    assert any("in_flight=1" in row.variant for row in every)  # what --only left out
+    assert any("split_k=1" in row.variant for row in every)  # what --only left out
 
 
 def test_a_compile_still_running_in_its_thread_does_not_hold_up_the_exit(tmp_path):
@@ -204,7 +202,7 @@ XDIST_LOG = """8 workers [3 items]
 [gw4] [100%] PASSED tests/test_ops_persistent.py::TestPersistentCompiled::test_loss[rhn]
 ================= 3 passed, 604 warnings in 79.57s (0:01:19) ==================
 """
-WINNER = {"winners": {"paper bfloat16": "hyper_inside=0,layout=grid,status=poison"}}
+WINNER = {"winners": {"paper bfloat16": "layout=grid,status=poison"}}
 
 
 def test_the_training_call_gets_persistent_and_the_winner_when_every_model_test_passed(tune):
@@ -273,7 +271,7 @@ def _failed(log: str, line: str, test_class: str) -> str:
 def test_an_untested_field_whose_tests_did_not_all_pass_is_left_out(tune, log, guard):
     assert tune.untested_guard(log) == guard
     if guard:  # as gpu_suite.sh passes it on: --only leaves out the field's variants
-        only = tune.parse_args([f"--only=hyper_inside=0,{guard}"])
+        only = tune.parse_args([f"--only={guard}"])
         left_out = [f"{item.split('=')[0]}=1" for item in guard.split(",")]
         rows = tune.every_candidate(only)
         assert rows and not any(field in row.variant for row in rows for field in left_out)

@@ -62,7 +62,7 @@ def test_the_step_with_the_hyper_cell_as_own_launches_counts_both_cells_phases()
     rates, shape = Rates(), pc.PAPER
     grid = pc.plan_for(256, 1000, "bfloat16")
     hyper = pc.plan_for(256, 128, "bfloat16")
-    apart = pc.Layout("apart", grid, 1, rates.barrier_us, "launches")
+    apart = pc.Layout("apart", grid, 1, rates.barrier_us)
     step = pc.predicted_step(apart, "bfloat16", 0.0, rates, shape)
     phases = shape["depth"] * shape["length"]
     main_us = sum(
@@ -74,33 +74,6 @@ def test_the_step_with_the_hyper_cell_as_own_launches_counts_both_cells_phases()
     assert step.kernel_ms == pytest.approx(phases * (main_us + hyper_us) / 1e3)
     assert step.barrier_phases == 4 * phases and step.glue_ms == 0.0
     assert step.step_ms == pytest.approx(step.kernel_ms + 4 * phases * rates.barrier_us / 1e3)
-
-
-def test_the_hyper_cell_inside_the_forward_adds_its_busiest_blocks_gemms_to_a_phase():
-    """Today's grid (`inside_plans`: the main plan at 2 stages, the hyper cell's 4 x 8
-    blocks of 16 units): each forward phase gains z's GEMM slice [64, 128] x [128, 64] and
-    the hyper GEMM [64, 128] x [128, 32] of one block, each backward phase z's slice again
-    (recomputed); the forward's barriers are 700 + 1, the hyper backward keeps its own 700
-    launches' phases and barriers."""
-    rates, shape = Rates(), pc.PAPER
-    main, hyper = pc.inside_plans(
-        pc.plan_for(256, 1000, "bfloat16"), pc.plan_for(256, 128, "bfloat16")
-    )
-    assert (main.stages, hyper.col_blocks, hyper.units_per_block) == (2, 8, 16)
-    today = pc.Layout("today", main, 1, rates.barrier_us, "forward", hyper)
-    step = pc.predicted_step(today, "bfloat16", 0.0, rates, shape)
-    share = 2 * 64 * 128 * (64 + 32) / (rates.tflops_per_sm * 1e12) * 1e6
-    assert pc.hyper_forward_share_us(main, hyper, rates) == pytest.approx(share)
-    assert step.fwd_phase_us == pytest.approx(pc.kernel_phase_us(main, rates, 1, False) + share)
-    recompute = 2 * 64 * 128 * 64 / (rates.tflops_per_sm * 1e12) * 1e6
-    assert pc.scales_backward_share_us(main, hyper, rates) == pytest.approx(recompute)
-    assert step.bwd_phase_us == pytest.approx(pc.kernel_phase_us(main, rates, 1, True) + recompute)
-    phases = shape["depth"] * shape["length"]
-    assert step.barrier_phases == 3 * phases + 1
-    alone = pc.plan_for(256, 128, "bfloat16")
-    hyper_bwd_ms = phases * pc.kernel_phase_us(alone, rates, 1, True) / 1e3
-    main_ms = phases * (step.fwd_phase_us + step.bwd_phase_us) / 1e3
-    assert step.kernel_ms == pytest.approx(main_ms + hyper_bwd_ms)
 
 
 def test_the_step_is_kernel_plus_barrier_plus_glue_and_glue_is_bytes_at_hbm_rate():
@@ -115,38 +88,6 @@ def test_the_step_is_kernel_plus_barrier_plus_glue_and_glue_is_bytes_at_hbm_rate
         assert row["barrier_ms"] == pytest.approx(
             row["barrier_phases"] * row["barrier_us"] / 1e3, abs=0.01
         )
-
-
-def test_the_hyper_cell_in_the_kernels_halves_the_barrier_phases():
-    rows = [r for r in pc.table(_report(1e9, 1e9)) if r["dtype"] == "bfloat16"]
-    apart = next(r for r in rows if r["layout"].startswith("grid, hyper as own"))
-    forward = next(r for r in rows if r["layout"].startswith("grid, hyper inside the forward"))
-    both = next(r for r in rows if r["layout"].startswith("grid, hyper inside both"))
-    assert apart["barrier_phases"] == 4 * 700
-    assert forward["barrier_phases"] == 3 * 700 + 1
-    assert both["barrier_phases"] == 2 * 700 + 2
-    for row in (forward, both):
-        assert row["fwd_phase_us"] > apart["fwd_phase_us"]  # its share of the hyper GEMMs
-    assert both["bwd_phase_us"] > forward["bwd_phase_us"] > apart["bwd_phase_us"]
-
-
-def test_the_hyper_cell_inside_the_backward_adds_its_busiest_blocks_gemms_to_a_phase():
-    """Today's grid (the hyper cell inside both kernels): each backward phase gains z's
-    slice [64, 128] x [128, 64] (recomputed), ds_h's [64, 1024] x [1024, 16] and the hyper
-    cell's [64, 256] x [256, 16] on a block with hyper units; no hyper launches of its own,
-    700 + 1 barriers a direction."""
-    rates, shape = Rates(), pc.PAPER
-    main, hyper = pc.inside_plans(
-        pc.plan_for(256, 1000, "bfloat16"), pc.plan_for(256, 128, "bfloat16")
-    )
-    today = pc.Layout("today", main, 1, rates.barrier_us, "both", hyper)
-    step = pc.predicted_step(today, "bfloat16", 0.0, rates, shape)
-    share = 2 * 64 * (128 * 64 + 1024 * 16 + 256 * 16) / (rates.tflops_per_sm * 1e12) * 1e6
-    assert pc.hyper_backward_share_us(main, hyper, rates) == pytest.approx(share)
-    assert step.bwd_phase_us == pytest.approx(pc.kernel_phase_us(main, rates, 1, True) + share)
-    phases = shape["depth"] * shape["length"]
-    assert step.barrier_phases == 2 * phases + 2
-    assert step.kernel_ms == pytest.approx(phases * (step.fwd_phase_us + step.bwd_phase_us) / 1e3)
 
 
 def test_a_slower_barrier_or_gemm_raises_the_prediction():
@@ -174,31 +115,15 @@ def test_a_report_without_the_row_is_one_value_error_line():
 
 
 def test_the_command_prints_a_prediction_table_and_writes_its_json(tmp_path, capsys):
-    path, apart = tmp_path / "report.json", tmp_path / "apart.json"
+    path = tmp_path / "report.json"
     path.write_text(json.dumps(_report(5e9, 9e9)))
-    apart.write_text(json.dumps(_report(7e9, 11e9)))
-    out = pc.main(
-        ["--report", str(path), "--report-apart", str(apart), "--json", str(tmp_path / "t.json")]
-    )
+    out = pc.main(["--report", str(path), "--json", str(tmp_path / "t.json")])
     printed = capsys.readouterr().out
     assert printed.startswith("PREDICTION") and "| step ms |" in printed
     saved = json.loads((tmp_path / "t.json").read_text())
     assert saved["label"].startswith("PREDICTION") and saved["rows"] == out["rows"]
     assert saved["assumptions"]["cluster_barrier_us"] == pc.CLUSTER_BARRIER_US
-    assert saved["report_apart"] == str(apart)
-
-
-def test_the_hyper_cell_as_its_own_launches_takes_its_glue_from_the_report_compiled_so():
-    """Its own kernels write z and read it: another step's bytes than the hyper cell inside."""
-    rows = pc.table(_report(5e9, 9e9), apart=_report(7e9, 11e9))
-    for row in rows:
-        bf16 = row["dtype"] == "bfloat16"
-        if "hyper as own launches" in row["layout"]:
-            assert row["glue_GB"] == (7.0 if bf16 else 11.0), row
-        else:
-            assert row["glue_GB"] == (5.0 if bf16 else 9.0), row
-    assert any("hyper as own launches" in r["layout"] for r in rows)
-    assert any("hyper inside" in r["layout"] for r in rows)
+    assert saved["report"] == str(path)
 
 
 def test_a_calibration_file_sets_the_rates_and_one_without_them_is_one_line(tmp_path):
@@ -207,9 +132,7 @@ def test_a_calibration_file_sets_the_rates_and_one_without_them_is_one_line(tmp_
     fitted = dataclasses.replace(Rates(), barrier_us=0.25, l2_tbytes=9.0)
     calibration = tmp_path / "calibrate.json"
     calibration.write_text(json.dumps({"rates_refitted": dataclasses.asdict(fitted)}))
-    out = pc.main(
-        ["--report", str(report), "--report-apart", "", "--calibration", str(calibration)]
-    )
+    out = pc.main(["--report", str(report), "--calibration", str(calibration)])
     assert out["assumptions"]["rates"]["barrier_us"] == 0.25
     assert out["rows"] == pc.table(_report(5e9, 9e9), fitted)
     calibration.write_text(json.dumps({"measured": {}}))
@@ -218,22 +141,17 @@ def test_a_calibration_file_sets_the_rates_and_one_without_them_is_one_line(tmp_
 
 
 def test_the_layouts_weighed_name_whether_they_are_built():
-    """The grid and the row-group clusters, with the hyper cell inside both kernels, inside
-    the forward or as own launches, are built (one of them the default, `persistent`'s
-    switches: the grid with the hyper cell as its own launches); the multicast is, with the
-    hyper cell as own launches only; the row-group plan has at most 16 column blocks in both
-    dtypes. The f32 row-group plan (64 units a block) leaves no shared memory for the hyper
-    cell inside its kernels, so its multicast layout is the built one."""
-    assert (persistent.LAYOUT, persistent.HYPER_INSIDE) == ("grid", False)
-    for dtype, built in (("bfloat16", 6), ("float32", 5)):
+    """The grid, the row-group clusters and those with A multicast, each with the hyper cell
+    as its own launches, are built, one of them the default (`persistent.LAYOUT`); the
+    row-group plan has at most 16 column blocks in both dtypes."""
+    for dtype in ("bfloat16", "float32"):
         names = [layout.name for layout in pc.layouts(dtype, Rates(), 256, 1000, 128)]
-        assert sum("(built" in n for n in names) == built
-        assert sum("(not built)" in n for n in names) == len(names) - built == (dtype != "float32")
-        multicast = [n for n in names if "multicast A" in n]
-        assert len(multicast) == 1 and ("multicast=1" in multicast[0]) == (dtype == "float32")
-        assert [n for n in names if "the default" in n] == [
-            "grid, hyper as own launches (built: the default)"
+        assert len(names) == 3 and all("(built" in n for n in names)
+        assert [n for n in names if "multicast A" in n] == [
+            "row-group clusters of 16, multicast A, hyper as own launches (built: multicast=1)"
         ]
+        default = [n for n in names if "the default" in n]
+        assert len(default) == 1 and ("row-group" in default[0]) == (persistent.LAYOUT != "grid")
         assert pc.rowgroup_plan(dtype, 256, 1000).col_blocks == 16
 
 

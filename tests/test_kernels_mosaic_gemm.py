@@ -1,14 +1,12 @@
 """`kernels/mosaic/gemm.py`: the K loop of every Mosaic GPU kernel, with no wgmma left in
-flight (``in_flight=0``) or one (``in_flight=1``). On a CPU: the traced K loop waits for
-wgmma down to ``in_flight`` before it refills a stage, and for all after the loop; bad
-``in_flight`` is refused. `TestCompiled`: a one-block kernel of `gemm_nt_to_smem` against
-``jnp.dot`` with fewer, as many and more K steps than stages, f32 and bf16: compiled on a
-GPU, executed in GPU interpret mode (`TestInterpret`, jax >= 0.11.2, race detector on).
-Interpret mode runs wgmma synchronously (its ``wgmma_wait`` is a no-op), so only a GPU
-checks the overlap itself. The staged form (B's first chunks loaded before A, from buffers
-that outlive one GEMM): two GEMMs in a row against ``jnp.dot``, and its traced copies; with
-A multicast in a cluster of blocks, two GEMMs a block against ``jnp.dot`` (interpret mode
-copies A to each block: only a GPU multicasts) and the traced order of a refill."""
+flight. On a CPU: the traced K loop waits for each wgmma before it refills a stage.
+`TestCompiled`: a one-block kernel of `gemm_nt_to_smem` against ``jnp.dot`` with fewer, as
+many and more K steps than stages, f32 and bf16: compiled on a GPU, executed in GPU
+interpret mode (`TestInterpret`, jax >= 0.11.2, race detector on). The staged form (on
+buffers that outlive one GEMM): two GEMMs in a row against ``jnp.dot``, and its traced
+copies; with A multicast in a cluster of blocks, two GEMMs a block against ``jnp.dot``
+(interpret mode copies A to each block: only a GPU multicasts) and the traced order of a
+refill."""
 
 import jax
 import jax.numpy as jnp
@@ -22,7 +20,7 @@ from rhhjax.kernels.mosaic.gemm import gemm_nt_to_smem
 ROWS, COLS, TILE_K = 64, 32, 32
 
 
-def _gemm_kernel(k_steps: int, stages: int, in_flight: int, interpret):
+def _gemm_kernel(k_steps: int, stages: int, interpret):
     """One block: out [ROWS, COLS] f32 = A[block 1] @ B[block 1]^T of A [2 ROWS, K] and
     B [2 COLS, K]."""
     from jax.experimental.pallas import mosaic_gpu as plgpu
@@ -30,7 +28,7 @@ def _gemm_kernel(k_steps: int, stages: int, in_flight: int, interpret):
     def kernel(a_g, b_g, out_g, out_s):
         gemm_nt_to_smem(
             out_s, a_g, b_g, 1, 1,
-            tile_k=TILE_K, k_steps=k_steps, stages=stages, in_flight=in_flight,
+            tile_k=TILE_K, k_steps=k_steps, stages=stages,
         )  # fmt: skip
         plgpu.copy_smem_to_gmem(out_s, out_g)
         plgpu.wait_smem_to_gmem(0)
@@ -67,11 +65,9 @@ def _wait_n(eqn) -> int:
     return eqn.params["n"] if "n" in eqn.params else eqn.invars[0].val
 
 
-@pytest.mark.parametrize("in_flight", [0, 1])
-def test_a_stage_is_refilled_only_after_its_wgmma_is_waited_for(in_flight, monkeypatch):
-    """Traced (no kernel runs): the K loop issues wgmma, waits down to ``in_flight``, and
-    only then copies into a stage, the stage ``in_flight`` steps back (``delay_release``);
-    after the loop (in_flight 1) it waits for all."""
+def test_a_stage_is_refilled_only_after_its_wgmma_is_waited_for(monkeypatch):
+    """Traced (no kernel runs): the K loop issues wgmma, waits for it, and only then copies
+    into a stage (no ``delay_release``); nothing is left to wait for after the loop."""
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
     specs, pipeline = [], plgpu.emit_pipeline
@@ -81,38 +77,29 @@ def test_a_stage_is_refilled_only_after_its_wgmma_is_waited_for(in_flight, monke
         return pipeline(body, **kwargs)
 
     monkeypatch.setattr(plgpu, "emit_pipeline", recording)
-    kernel = _gemm_kernel(5, 2, in_flight, None)
+    kernel = _gemm_kernel(5, 2, None)
     a, b = _operands(jnp.bfloat16, 5, 0)
     seq = list(_primitives(jax.make_jaxpr(kernel)(a, b).jaxpr))
-    assert [spec.delay_release for spec in specs] == [in_flight, in_flight]
+    assert [spec.delay_release for spec in specs] == [0, 0]
     names = [name for name, _ in seq]
     issue = names.index("wgmma_ref")
     wait = names.index("wgmma_wait", issue)
-    assert _wait_n(seq[wait][1]) == in_flight
+    assert _wait_n(seq[wait][1]) == 0
     assert "copy_gmem_to_smem" not in names[issue:wait]
     refill = names.index("copy_gmem_to_smem", wait)  # the loop's refill, after the wait
     waits = [_wait_n(eqn) for name, eqn in seq[refill:] if name == "wgmma_wait"]
-    assert waits == ([0] if in_flight else [])
+    assert waits == []
 
 
-@pytest.mark.parametrize(("in_flight", "stages"), [(2, 4), (1, 1), (-1, 2)])
-def test_in_flight_other_than_0_or_1_below_stages_is_refused(in_flight, stages):
-    with pytest.raises(ValueError, match="in_flight must be 0 or 1"):
-        jax.make_jaxpr(_gemm_kernel(2, stages, in_flight, None))(*_operands(jnp.bfloat16, 2, 0))
-
-
-def _staged_kernel(k_steps: int, stages: int, in_flight: int, dtype, interpret):
+def _staged_kernel(k_steps: int, stages: int, dtype, interpret):
     """One block, two GEMMs on the same stages: out [2, ROWS, COLS] f32, out[i] = A[1 - i]
-    @ B[1 - i]^T, each B's first chunks loaded before its GEMM issues A's."""
+    @ B[1 - i]^T."""
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
     def kernel(a_g, b_g, out_g, out_s, **buffers):
         staged = gemm.StagedOperands(**buffers)
         for i in range(2):
-            gemm.load_b_chunks(staged, b_g, 1 - i, k_steps)
-            gemm.gemm_nt_staged(
-                out_s.at[i], staged, a_g, b_g, 1 - i, 1 - i, k_steps=k_steps, in_flight=in_flight
-            )
+            gemm.gemm_nt_staged(out_s.at[i], staged, a_g, b_g, 1 - i, 1 - i, k_steps=k_steps)
         plgpu.copy_smem_to_gmem(out_s, out_g)
         plgpu.wait_smem_to_gmem(0)
 
@@ -127,14 +114,14 @@ def _staged_kernel(k_steps: int, stages: int, in_flight: int, dtype, interpret):
     )
 
 
-def test_the_staged_loop_leaves_b_s_first_chunks_to_the_caller():
-    """Traced: `gemm_nt_staged` issues A's first chunks before its loop, and in the loop
-    refills A and B alike; B's first chunks are `load_b_chunks`' only."""
+def test_the_staged_loop_issues_the_first_chunks_then_refills():
+    """Traced: `gemm_nt_staged` issues B's and A's first chunks before its loop, and in the
+    loop refills A and B alike."""
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
     def kernel(a_g, b_g, out_s, **buffers):
         staged = gemm.StagedOperands(**buffers)
-        gemm.gemm_nt_staged(out_s, staged, a_g, b_g, 1, 1, k_steps=5, in_flight=1)
+        gemm.gemm_nt_staged(out_s, staged, a_g, b_g, 1, 1, k_steps=5)
 
     a, b = _operands(jnp.bfloat16, 5, 0)
     traced = plgpu.kernel(
@@ -149,11 +136,11 @@ def test_the_staged_loop_leaves_b_s_first_chunks_to_the_caller():
     copies = [eqn for name, eqn in seq if name == "copy_gmem_to_smem"]
     loop = [i for i, (name, _) in enumerate(seq) if name in ("scan", "while")][0]
     before = [eqn for name, eqn in seq[:loop] if name == "copy_gmem_to_smem"]
-    assert len(before) == 2  # A's two stages; no B
-    assert len(copies) == 4  # and in the loop one refill of A and one of B
+    assert len(before) == 4  # B's two stages and A's
+    assert len(copies) == 6  # and in the loop one refill of A and one of B
 
 
-def _split_kernel(k_steps: int, stages: int, in_flight: int, dtype, interpret):
+def _split_kernel(k_steps: int, stages: int, dtype, interpret):
     """One block of two warpgroups, two GEMMs in a row split between them (`gemm.SplitK`):
     out [2, ROWS, COLS] f32, out[i] = A[1 - i] @ B[1 - i]^T."""
     from jax.experimental import pallas as pl
@@ -170,7 +157,6 @@ def _split_kernel(k_steps: int, stages: int, in_flight: int, dtype, interpret):
             for i in range(2):
                 gemm.lead_gemm(
                     out_s.at[i], lead, split, a_g, b_g, 1 - i, 1 - i, k_steps=k_steps,
-                    in_flight=in_flight,
                 )  # fmt: skip
             plgpu.copy_smem_to_gmem(out_s, out_g)
             plgpu.wait_smem_to_gmem(0)
@@ -178,12 +164,10 @@ def _split_kernel(k_steps: int, stages: int, in_flight: int, dtype, interpret):
         @pl.when(warpgroup == 1)
         def _():
             for i in range(2):
-                gemm.helper_gemm(
-                    split, a_g, b_g, 1 - i, 1 - i, k_steps=k_steps, in_flight=in_flight
-                )
+                gemm.helper_gemm(split, a_g, b_g, 1 - i, 1 - i, k_steps=k_steps)
 
     def stage_types(prefix, steps):
-        steps = max(min(stages, steps), in_flight + 1)
+        steps = max(min(stages, steps), 1)
         types = gemm.staged_scratch(ROWS, COLS, TILE_K, steps, dtype)
         return {prefix + name: t for name, t in types.items()}
 
@@ -203,7 +187,7 @@ def _split_kernel(k_steps: int, stages: int, in_flight: int, dtype, interpret):
 CLUSTER = 2  # blocks sharing an operand in `_multicast_kernel`
 
 
-def _multicast_kernel(k_steps: int, stages: int, in_flight: int, dtype, interpret, shared="a"):
+def _multicast_kernel(k_steps: int, stages: int, dtype, interpret, shared="a"):
     """A cluster of CLUSTER blocks along "c", two GEMMs each on the same stages with the
     ``shared`` operand's chunks multicast: out [CLUSTER, 2, ROWS, COLS] f32, out[c, i] = the
     shared operand's block 1 - i against the other's block i * CLUSTER + c; a cluster
@@ -222,7 +206,6 @@ def _multicast_kernel(k_steps: int, stages: int, in_flight: int, dtype, interpre
             a_block, b_block = (own, other) if shared == "a" else (other, own)
             gemm.gemm_nt_staged(
                 out_s.at[i], staged, a_g, b_g, a_block, b_block, k_steps=k_steps,
-                in_flight=in_flight, b_loaded=False,
             )  # fmt: skip
         plgpu.copy_smem_to_gmem(out_s, out_g.at[c])
         plgpu.wait_smem_to_gmem(0)
@@ -254,10 +237,9 @@ def _multicast_operands(dtype, k_steps: int, seed: int, shared: str):
 def test_a_multicast_refill_waits_for_every_block_to_free_the_stage(shared):
     """Traced: the shared operand's copies are collective along the cluster axis, the
     other's are not; in the loop a refill comes after the wgmma wait and after arriving at
-    and waiting on the stage's cluster barrier; without ``b_loaded`` the GEMM issues B's
-    first chunks itself."""
+    and waiting on the stage's cluster barrier; the GEMM issues B's first chunks itself."""
     a, b = _multicast_operands(jnp.bfloat16, 5, 0, shared)
-    kernel = _multicast_kernel(5, 2, 1, a.dtype, None, shared)
+    kernel = _multicast_kernel(5, 2, a.dtype, None, shared)
     seq = list(_primitives(jax.make_jaxpr(kernel)(a, b).jaxpr))
     names = [name for name, _ in seq]
     copies = [eqn.params["collective_axes"] for name, eqn in seq if name == "copy_gmem_to_smem"]
@@ -279,14 +261,13 @@ class TestCompiled(MosaicGpuMode):
         # (k_steps, stages): fewer K steps than stages, as many, more, one step
         "steps": [(2, 4), (3, 3), (5, 2), (1, 2)],
         "dtype": ["bfloat16", "float32"],
-        "in_flight": [0, 1],
     }
     TOL = {"bfloat16": 1e-4, "float32": 2e-2}
 
-    def test_matches_jnp_dot(self, steps, dtype, in_flight):
+    def test_matches_jnp_dot(self, steps, dtype):
         k_steps, stages = steps
         a, b = _operands(jnp.dtype(dtype), k_steps, seed=k_steps * 10 + stages)
-        kernel = _gemm_kernel(k_steps, stages, in_flight, self.interpret())
+        kernel = _gemm_kernel(k_steps, stages, self.interpret())
         got = jax.block_until_ready(jax.jit(kernel)(a, b))
         want = jnp.dot(
             a[ROWS:].astype(jnp.float32),
@@ -296,15 +277,13 @@ class TestCompiled(MosaicGpuMode):
         tol = self.TOL[dtype]
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=tol, atol=tol)
 
-    def test_two_staged_gemms_in_a_row_match_jnp_dot(self, steps, dtype, in_flight):
-        """`gemm_nt_staged` after `load_b_chunks`, twice on the same stages (the second
-        GEMM waits each stage's mbarriers a second time)."""
+    def test_two_staged_gemms_in_a_row_match_jnp_dot(self, steps, dtype):
+        """`gemm_nt_staged` twice on the same stages (the second GEMM waits each stage's
+        mbarriers a second time)."""
         k_steps, stages = steps
-        if stages <= in_flight:
-            pytest.skip("one wgmma in flight needs 2 stages")
         a, b = _operands(jnp.dtype(dtype), k_steps, seed=k_steps * 10 + stages + 1)
         got = jax.block_until_ready(
-            jax.jit(_staged_kernel(k_steps, stages, in_flight, a.dtype, self.interpret()))(a, b)
+            jax.jit(_staged_kernel(k_steps, stages, a.dtype, self.interpret()))(a, b)
         )
         tol = self.TOL[dtype]
         for i in range(2):
@@ -319,14 +298,14 @@ class TestCompiled(MosaicGpuMode):
             )
             np.testing.assert_allclose(np.asarray(got[i]), np.asarray(want), rtol=tol, atol=tol)
 
-    def test_two_gemms_split_between_two_warpgroups_match_jnp_dot(self, steps, dtype, in_flight):
+    def test_two_gemms_split_between_two_warpgroups_match_jnp_dot(self, steps, dtype):
         """`lead_gemm` and `helper_gemm` (warpgroup 0 the first half of the K chunks, 1 the
         rest into the partial tile it adds), twice in a row on the same stages."""
         k_steps, stages = steps
-        if k_steps < 2 or stages <= in_flight:
-            pytest.skip("a split needs 2 K steps; one wgmma in flight needs 2 stages")
+        if k_steps < 2:
+            pytest.skip("a split needs 2 K steps")
         a, b = _operands(jnp.dtype(dtype), k_steps, seed=k_steps * 10 + stages + 3)
-        kernel = _split_kernel(k_steps, stages, in_flight, a.dtype, self.interpret())
+        kernel = _split_kernel(k_steps, stages, a.dtype, self.interpret())
         got = jax.block_until_ready(jax.jit(kernel)(a, b))
         a32, b32, tol = a.astype(jnp.float32), b.astype(jnp.float32), self.TOL[dtype]
         for i in range(2):
@@ -335,17 +314,15 @@ class TestCompiled(MosaicGpuMode):
             np.testing.assert_allclose(np.asarray(got[i]), np.asarray(want), rtol=tol, atol=tol)
 
     @pytest.mark.parametrize("shared", ["a", "b"])
-    def test_a_multicast_in_a_cluster_matches_jnp_dot(self, steps, dtype, in_flight, shared):
+    def test_a_multicast_in_a_cluster_matches_jnp_dot(self, steps, dtype, shared):
         """`gemm_nt_staged` with an operand's multicast axis: each block of the cluster gets
         the same chunks of that operand and its own of the other, twice on the same stages."""
         k_steps, stages = steps
-        if stages <= in_flight:
-            pytest.skip("one wgmma in flight needs 2 stages")
         if self.INTERPRET and (reason := gpu_interpret.cluster_too_large(CLUSTER)):
             pytest.skip(reason)
         seed = k_steps * 10 + stages + 2
         a, b = _multicast_operands(jnp.dtype(dtype), k_steps, seed, shared)
-        kernel = _multicast_kernel(k_steps, stages, in_flight, a.dtype, self.interpret(), shared)
+        kernel = _multicast_kernel(k_steps, stages, a.dtype, self.interpret(), shared)
         got = jax.block_until_ready(jax.jit(kernel)(a, b))
         a32, b32 = a.astype(jnp.float32), b.astype(jnp.float32)
         tol = self.TOL[dtype]
@@ -361,6 +338,6 @@ class TestCompiled(MosaicGpuMode):
 
 class TestInterpret(TestCompiled):
     INTERPRET = True
-    # in_flight 0 runs in every other kernel's tests; here fewer and more steps than stages
-    CASES = {"steps": [(2, 4), (5, 2)], "dtype": ["bfloat16", "float32"], "in_flight": [1]}
+    # fewer and more steps than stages
+    CASES = {"steps": [(2, 4), (5, 2)], "dtype": ["bfloat16", "float32"]}
     TOL = {"bfloat16": 1e-4, "float32": 1e-4}

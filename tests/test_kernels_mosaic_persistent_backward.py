@@ -328,7 +328,7 @@ def test_smem_bytes_count_each_allocation_rounded_to_a_kib():
         (PersistentPlan(512, 64, col_blocks=8, k_chunk=16, stages=2), "rows_per_block <= 256"),
         (PersistentPlan(64, 40, col_blocks=5, k_chunk=64), "multiple of k_chunk 64"),
         (PersistentPlan(256, 1000, "float32", col_blocks=66, stages=4), "over the 232448 B"),
-        (PersistentPlan(64, 64, col_blocks=1, split_k=True, prefetch_weights=True), "split_k"),
+        (PersistentPlan(64, 64, col_blocks=1, split_k=True, multicast_b=True), "split_k"),
         (PersistentPlan(64, 32, "float32", 1, k_chunk=64, split_k=True), "2 K chunks or more"),
         # the paper's bf16 plan split: a second warpgroup's 3 stages of 64-wide chunks
         (PersistentPlan(256, 1000, "bfloat16", 16, 4, 64, 3, split_k=True), "over the 232448"),
@@ -355,40 +355,25 @@ def counting_launch(*args, **kwargs):
     return launch(*args, **kwargs)
 mcore._launch = counting_launch
 rows = []
-for plan_args, steps, depth, z_on, mask_on, hyper_args, inside_args in {cases!r}:
-    plan = PersistentPlan(*plan_args, wgmma_in_flight={in_flight}, prefetch_weights={prefetch},
-                          split_k={split_k})
-    hp = None if hyper_args is None else PersistentPlan(*hyper_args)
-    ip = None if inside_args is None else PersistentPlan(
-        *inside_args[:-1], units=inside_args[-1], wgmma_in_flight={in_flight})
+for plan_args, steps, depth, z_on, mask_on in {cases!r}:
+    plan = PersistentPlan(*plan_args, split_k={split_k})
     phases, b, n = steps * depth, plan.b_pad, plan.n_pad
     mm = jnp.dtype(plan.dtype)
     args = (sds((depth * n, 2 * n), mm), sds((phases, b, n)),
             sds((phases, b, plan.packed_rows, n)),
-            sds((depth, steps, b, plan.z_width)) if z_on and hp is None else None,
+            sds((depth, steps, b, plan.z_width)) if z_on else None,
             sds((phases, b, n), jnp.uint8) if mask_on else None,
             sds((depth, b, 2, n)) if z_on else None,
             None if plan.state_in_packed else sds((phases * b, plan.k_pad)))
-    scales = () if hp is None else (
-        sds((phases * b, hp.k_pad), mm), sds((b, hp.k_pad), mm),
-        sds((depth * n, hp.k_pad), mm), sds((depth, b, n)))
-    hyper = () if ip is None else (
-        sds((depth * ip.n_pad, 2 * ip.n_pad), mm), sds((phases, b, ip.n_pad)),
-        sds((phases, b, ip.packed_rows, ip.n_pad)), sds((phases, b, ip.n_pad), jnp.uint8),
-        None if ip.state_in_packed else sds((phases * b, ip.k_pad)),
-        sds((depth * ip.n_pad, n), mm))
     def f(*a):
-        inside = None if hp is None else pb.ScalesInside(hp, *a[7:11])
-        cell = None if ip is None else pb.HyperBackward(ip, *a[11:])
-        return pb.persistent_backward(plan, *a[:7], scales=inside, hyper=cell,
-                                      hyper_blocks="own" if {own} and cell else "shared")
+        return pb.persistent_backward(plan, *a)
     smem.clear()
-    text = lower_and_compile(f, *args, *scales, *hyper)
+    text = lower_and_compile(f, *args)
     rows.append(dict(
         mosaic="mosaic_gpu" in text,
         barrier=all(k in text for k in ("red.release.gpu", "fence.proxy.async.global")),
         smem=list(smem),
-        predicted=[pb.backward_smem_bytes(plan, z_on, mask_on, depth, hp, ip, ip is not None)]))
+        predicted=[pb.backward_smem_bytes(plan, z_on, mask_on, depth)]))
 print(json.dumps(rows))
 """
 
@@ -402,90 +387,33 @@ def test_kernel_lowers_and_compiles_for_an_h100_without_a_gpu(tmp_path):
     odd case without z (2 x 3 blocks, k_chunk 32), 3 steps deep 2-3, deviceless, in a fresh
     process: Mosaic GPU, the grid barrier in the lowered text, the shared memory Mosaic
     GPU launches with equal to `backward_smem_bytes`, no register spilled by ptxas (the
-    epilogue in row halves: on whole tiles the bf16 one took 231 registers alone and spilled
-    with z recomputed); with z recomputed (`ScalesInside`) and with the hyper cell inside
-    (`HyperBackward`, 4 x 8 blocks of 16 units) at the paper's sizes too (bf16 at 2 stages:
-    3 do not fit)."""
-    hyper_bf16, hyper_f32 = ((256, 128, dtype, 8, 4, 64, 2) for dtype in ("bfloat16", "float32"))
-    inside_bf16, inside_f32 = (hyper + (16,) for hyper in (hyper_bf16, hyper_f32))
+    epilogue in row halves: on whole tiles the bf16 one took 231 registers alone)."""
     cases = [
-        ((256, 1000, "bfloat16", 16, 4, 64, 3), 3, 7, True, True, None, None),  # paper depth
-        ((256, 1000, "float32", 32, 4, 64, 4), 3, 2, True, True, None, None),
-        ((256, 1000, "bfloat16", 16, 4, 64, 3), 3, 2, True, False, None, None),  # no mask
-        ((256, 1000, "bfloat16", 33, 4), 3, 3, False, False, None, None),
-        ((100, 37, "float32", 3, 2, 32, 3), 3, 2, False, True, None, None),
-        # z recomputed from the hyper cell's buffer at the paper's sizes (bf16 at 2 stages)
-        ((256, 1000, "bfloat16", 16, 4, 64, 2), 3, 7, True, True, hyper_bf16, None),
-        ((256, 1000, "float32", 32, 4, 64, 4), 3, 7, True, True, hyper_f32, None),
-        # and the hyper cell inside (4 x 8 blocks of 16 units)
-        ((256, 1000, "bfloat16", 16, 4, 64, 2), 3, 7, True, True, hyper_bf16, inside_bf16),
-        ((256, 1000, "float32", 32, 4, 64, 4), 3, 7, True, True, hyper_f32, inside_f32),
+        ((256, 1000, "bfloat16", 16, 4, 64, 3), 3, 7, True, True),  # paper depth
+        ((256, 1000, "float32", 32, 4, 64, 4), 3, 2, True, True),
+        ((256, 1000, "bfloat16", 16, 4, 64, 3), 3, 2, True, False),  # no mask
+        ((256, 1000, "bfloat16", 33, 4), 3, 3, False, False),
+        ((100, 37, "float32", 3, 2, 32, 3), 3, 2, False, True),
     ]
     _compiles_at_the_predicted_shared_memory(cases, tmp_path)
 
 
 @pytest.mark.gpu_compile
 @needs_cuda
-def test_one_wgmma_in_flight_compiles_for_an_h100_without_a_gpu(tmp_path):
-    """`PersistentPlan.wgmma_in_flight` 1 (the main cell's, and the hyper cell's inside) at
-    `plan_for`'s paper plans: the same shared memory, no register spilled."""
-    hyper_bf16 = (256, 128, "bfloat16", 8, 4, 64, 2)
-    cases = [
-        ((256, 1000, "bfloat16", 16, 4, 64, 3), 3, 7, True, True, None, None),
-        ((256, 1000, "float32", 32, 4, 64, 4), 3, 2, True, True, None, None),
-        ((256, 1000, "bfloat16", 16, 4, 64, 2), 3, 7, True, True, hyper_bf16, hyper_bf16 + (16,)),
-    ]
-    _compiles_at_the_predicted_shared_memory(cases, tmp_path, in_flight=1)
-
-
-@pytest.mark.gpu_compile
-@needs_cuda
-def test_weights_loaded_before_the_barrier_compile_for_an_h100_without_a_gpu(tmp_path):
-    """`PersistentPlan.prefetch_weights` at `plan_for`'s paper plans, one of them with one
-    wgmma in flight too: the predicted shared memory, no register spilled."""
-    cases = [
-        ((256, 1000, "bfloat16", 16, 4, 64, 3), 3, 7, True, True, None, None),
-        ((256, 1000, "float32", 32, 4, 64, 4), 3, 2, True, True, None, None),
-    ]
-    _compiles_at_the_predicted_shared_memory(cases[:1], tmp_path, prefetch=True)
-    _compiles_at_the_predicted_shared_memory(cases[1:], tmp_path, in_flight=1, prefetch=True)
-
-
-@pytest.mark.gpu_compile
-@needs_cuda
-@pytest.mark.parametrize("in_flight", [0, 1])
-def test_the_gemm_split_between_two_warpgroups_compiles_for_an_h100_without_a_gpu(
-    tmp_path, in_flight
-):
+def test_the_gemm_split_between_two_warpgroups_compiles_for_an_h100_without_a_gpu(tmp_path):
     """`PersistentPlan.split_k` at the paper's blocks, at the pipelines that fit two
     warpgroups' stages (bf16: K chunks of 32, 2 stages each; f32: 64 and 2, or 32 and 4):
     the predicted shared memory, no register spilled with the block's 256 threads."""
     cases = [
-        ((256, 1000, "bfloat16", 16, 4, 32, 2), 3, 7, True, True, None, None),
-        ((256, 1000, "float32", 32, 4, 64, 2), 3, 7, True, True, None, None),
-        ((256, 1000, "float32", 32, 4, 32, 4), 3, 2, True, True, None, None),
+        ((256, 1000, "bfloat16", 16, 4, 32, 2), 3, 7, True, True),
+        ((256, 1000, "float32", 32, 4, 64, 2), 3, 7, True, True),
+        ((256, 1000, "float32", 32, 4, 32, 4), 3, 2, True, True),
     ]
-    _compiles_at_the_predicted_shared_memory(cases, tmp_path, in_flight, split_k=True)
+    _compiles_at_the_predicted_shared_memory(cases, tmp_path, split_k=True)
 
 
-@pytest.mark.gpu_compile
-@needs_cuda
-def test_the_hyper_cell_on_blocks_of_its_own_compiles_for_an_h100_without_a_gpu(tmp_path):
-    """``hyper_blocks="own"`` at the paper's bf16 sizes: 4 x (16 + 8) blocks, the
-    predicted shared memory (the hyper cell's on the main blocks), no register spilled."""
-    hyper_bf16 = (256, 128, "bfloat16", 8, 4, 64, 2)
-    cases = [((256, 1000, "bfloat16", 16, 4, 64, 2), 3, 7, True, True, hyper_bf16,
-              hyper_bf16 + (16,))]  # fmt: skip
-    _compiles_at_the_predicted_shared_memory(cases, tmp_path, own=True)
-
-
-def _compiles_at_the_predicted_shared_memory(
-    cases, tmp_path, in_flight: int = 0, prefetch: bool = False, own: bool = False,
-    split_k: bool = False,
-) -> None:  # fmt: skip
-    code = _COMPILE.format(
-        cases=cases, in_flight=in_flight, prefetch=prefetch, own=own, split_k=split_k
-    )
+def _compiles_at_the_predicted_shared_memory(cases, tmp_path, split_k: bool = False) -> None:
+    code = _COMPILE.format(cases=cases, split_k=split_k)
     rows, reports = compile_deviceless(code, tmp_path, log_ptxas=False)
     assert len(rows) == len(cases)
     for row in rows:

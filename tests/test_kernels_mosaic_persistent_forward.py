@@ -272,7 +272,7 @@ _COMPILE = (
     _SMEM_COUNTER
     + """
 for fields, steps, depth, has_z, has_mask, save in {cases!r}:
-    plan = PersistentPlan(*fields, wgmma_in_flight={in_flight}, prefetch_weights={prefetch})
+    plan = PersistentPlan(*fields)
     phases, b, n, k = steps * depth, plan.b_pad, plan.n_pad, plan.k_pad
     opt = lambda on, dtype=jnp.float32: sds((phases, b, n), dtype) if on else None
     args = (sds((depth * 2 * n, k), jnp.dtype(plan.dtype)), sds((b, n), jnp.float32),
@@ -310,112 +310,13 @@ def test_kernel_lowers_and_compiles_for_an_h100_without_a_gpu(tmp_path):
     _compiles_at_the_plans_shared_memory(cases, tmp_path)
 
 
-@pytest.mark.gpu_compile
-@needs_cuda
-def test_one_wgmma_in_flight_compiles_for_an_h100_without_a_gpu(tmp_path):
-    """`PersistentPlan.wgmma_in_flight` 1 at `plan_for`'s paper plan and the f32 132-block
-    plan: the same shared memory, no register spilled."""
-    cases = [
-        ((256, 1000, "bfloat16", 16, 4, 64, 3), 3, 7, True, True, True),
-        ((256, 1000, "float32", 132, 1, 64, 2), 3, 2, False, False, False),
-    ]
-    _compiles_at_the_plans_shared_memory(cases, tmp_path, in_flight=1)
-
-
-@pytest.mark.gpu_compile
-@needs_cuda
-def test_weights_loaded_before_the_barrier_compile_for_an_h100_without_a_gpu(tmp_path):
-    """`PersistentPlan.prefetch_weights` at `plan_for`'s paper plan and, with one wgmma in
-    flight too, the f32 132-block plan: the plan's shared memory, no register spilled."""
-    cases = [
-        ((256, 1000, "bfloat16", 16, 4, 64, 3), 3, 7, True, True, True),
-        ((256, 1000, "float32", 132, 1, 64, 2), 3, 2, False, False, False),
-    ]
-    _compiles_at_the_plans_shared_memory(cases[:1], tmp_path, prefetch=True)
-    _compiles_at_the_plans_shared_memory(cases[1:], tmp_path, in_flight=1, prefetch=True)
-
-
-def _compiles_at_the_plans_shared_memory(
-    cases, tmp_path, in_flight: int = 0, prefetch: bool = False
-) -> None:
-    code = _COMPILE.format(cases=cases, in_flight=in_flight, prefetch=prefetch)
+def _compiles_at_the_plans_shared_memory(cases, tmp_path) -> None:
+    code = _COMPILE.format(cases=cases)
     rows, reports = compile_deviceless(code, tmp_path, log_ptxas=False)
     assert len(rows) == len(cases)
     for row in rows:
         assert all(row["marks"]), row
         assert row["smem"] == [row["plan_smem"]], row
     # ptxas compiled every kernel for sm_90a, without register spills.
-    assert len(reports) == len(cases), len(reports)
-    assert_no_spills(reports)
-
-
-_COMPILE_HYPER = (
-    _SMEM_COUNTER
-    + """
-for fields, hyper_fields, steps, depth, save in {cases!r}:
-    plan, hp = (PersistentPlan(*f[:-1], units=f[-1]) for f in (fields, hyper_fields))
-    phases, b, n, k = steps * depth, plan.b_pad, plan.n_pad, plan.k_pad
-    mm = jnp.dtype(plan.dtype)
-    def cell(p):
-        return (sds((depth * 2 * p.n_pad, p.k_pad), mm), sds((b, p.n_pad), jnp.float32),
-                sds((steps, b, 2, p.z_width), jnp.float32),
-                sds((depth, b, 2, p.n_pad), jnp.float32),
-                sds((phases, b, p.n_pad), jnp.uint8))
-    w, s0, x, bias, mask = cell(plan)
-    hw, hs0, hx, hbias, hmask = cell(hp)
-    extra = (sds((depth * n, hp.k_pad), mm), sds((depth, b, n), jnp.float32))
-    def f(w, s0, x, bias, mask, hw, hs0, hx, hbias, hmask, proj, pbias):
-        hyper = pf.HyperInside(hp, hw, hs0, hx, hbias, hmask, proj, pbias)
-        return pf.persistent_forward(plan, w, s0, x, bias, None, mask, save=save, keep=0.75,
-                                     hyper=hyper, hyper_blocks={hyper_blocks!r})
-    allocated.clear()
-    text = lower_and_compile(f, w, s0, x, bias, mask, hw, hs0, hx, hbias, hmask, *extra)
-    marks = ("mosaic_gpu", "persistent_hyper_highway_forward", "red.release.gpu")
-    rows.append({{"marks": [m in text for m in marks], "smem": list(allocated),
-                  "plan_smem": plan.smem_bytes(True, True, save, hyper=hp)}})
-print(json.dumps(rows))
-"""
-)
-
-
-@pytest.mark.gpu_compile
-@needs_cuda
-def test_kernel_with_the_hyper_cell_inside_compiles_for_an_h100_without_a_gpu(tmp_path):
-    """The hyper cell inside at the paper's sizes (n 1000, h 128, batch 256; hyper 4 x 8
-    blocks of 16 units inside the main 4 x 16 bf16 plan at 2 stages, the 4 x 32 f32 plan at
-    3), deviceless in a fresh process: the shared memory Mosaic GPU allocates is
-    ``plan.smem_bytes(hyper=...)``, within the H100's, and ptxas does not spill."""
-    cases = [
-        ((256, 1000, "bfloat16", 16, 4, 64, 2, None), (256, 128, "bfloat16", 8, 4, 64, 2, 16),
-         3, 7, True),
-        ((256, 1000, "float32", 32, 4, 64, 3, None), (256, 128, "float32", 8, 4, 64, 2, 16),
-         3, 7, True),
-        ((256, 1000, "bfloat16", 16, 4, 64, 2, None), (256, 128, "bfloat16", 8, 4, 64, 2, 16),
-         3, 7, False),
-    ]  # fmt: skip
-    _hyper_inside_compiles(cases, tmp_path, "shared")
-
-
-@pytest.mark.gpu_compile
-@needs_cuda
-def test_the_hyper_cell_on_blocks_of_its_own_compiles_for_an_h100_without_a_gpu(tmp_path):
-    """``hyper_blocks="own"`` at the paper's bf16 sizes: a grid of 4 x (16 + 8) blocks, the
-    shared memory of the hyper cell on the main blocks, no spill."""
-    cases = [
-        ((256, 1000, "bfloat16", 16, 4, 64, 2, None), (256, 128, "bfloat16", 8, 4, 64, 2, 16),
-         3, 7, True),
-    ]  # fmt: skip
-    _hyper_inside_compiles(cases, tmp_path, "own")
-
-
-def _hyper_inside_compiles(cases, tmp_path, hyper_blocks: str) -> None:
-    rows, reports = compile_deviceless(
-        _COMPILE_HYPER.format(cases=cases, hyper_blocks=hyper_blocks), tmp_path, log_ptxas=False
-    )
-    assert len(rows) == len(cases)
-    for row in rows:
-        assert all(row["marks"]), row
-        assert row["smem"] == [row["plan_smem"]], row
-        assert row["plan_smem"] <= H100.smem_per_block_optin, row
     assert len(reports) == len(cases), len(reports)
     assert_no_spills(reports)

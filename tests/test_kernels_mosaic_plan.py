@@ -76,23 +76,11 @@ def test_odd_sizes_pad_units_to_wgmma_widths_and_rows_to_warpgroups():
         ("dtype", "float16", "dtype"),
         ("k_chunk", 12, "multiple of 8"),
         ("stages", 0, ">= 1"),
-        ("wgmma_in_flight", 2, "wgmma_in_flight must be 0, or 1 with stages >= 2"),
     ],
 )
 def test_bad_fields_are_one_line_errors(field, value, message):
     with pytest.raises(pp.PlanError, match=message):
         pp.PersistentPlan(batch=256, width=1000, **{field: value})
-
-
-def test_one_wgmma_in_flight_needs_two_stages_and_the_same_shared_memory():
-    """The K loop keeps its stages (a stage waits one step longer for its refill)."""
-    with pytest.raises(pp.PlanError, match="got 1 at stages 1"):
-        pp.paper_plan(stages=1, wgmma_in_flight=1)
-    plan = pp.paper_plan()
-    in_flight = dataclasses.replace(plan, wgmma_in_flight=1)
-    in_flight.check()
-    assert len({plan, in_flight}) == 2  # a static argument: another compiled kernel
-    assert in_flight.smem_bytes() == plan.smem_bytes()
 
 
 def test_column_ownership_reads_the_whole_state_in_every_block():

@@ -20,10 +20,6 @@ class TestForwardCompiled(tf.TestCompiled):
         # (dtype, batch, width, col_blocks, row_blocks, k_chunk, steps, depth): 4 x 16, the
         # paper bf16 plan's shape; 2 row groups of 4
         "case": [("bfloat16", 256, 1000, 16, 4, 64, 3, 3), ("float32", 100, 37, 3, 2, 16, 3, 2)],
-        # the hyper cell inside: the paper's plans (hyper 4 x 8 of 16 units)
-        "hyper_case": tf.TestCompiled.CASES["hyper_case"][:1],
-        "hyper_own_case": [],  # the grid layout only
-        "in_flight_case": [("float32", 100, 37, 3, 2, 16, 3, 2)],
         "largest_case": [],
         # the paper bf16 plan's shape; 2 row groups of 3 (f32)
         "multicast_case": [("bfloat16", 256, 1000, 16, 4, 64, 3, 3),
@@ -37,10 +33,6 @@ class TestForwardInterpret(tf.TestInterpret):
         # 2 row groups of one block; 2 row groups of 4 blocks; 3 row groups of 2 (bf16)
         "case": [("float32", 100, 32, 1, 2, 16, 2, 3), ("float32", 100, 37, 3, 2, 16, 3, 2),
                  ("bfloat16", 150, 64, 2, 3, 32, 2, 2)],
-        # the hyper cell inside: 2 row groups of 2 blocks (f32)
-        "hyper_case": tf.TestInterpret.CASES["hyper_case"][:1],
-        "hyper_own_case": [],  # the grid layout only
-        "in_flight_case": [("float32", 100, 37, 3, 2, 16, 3, 2)],
         "largest_case": [],
         # 2 row groups of 3 (f32); 3 row groups of 2 (bf16)
         "multicast_case": [("float32", 100, 37, 3, 2, 16, 3, 2),
@@ -55,8 +47,7 @@ class TestBackwardCompiled(tb.TestCompiled):
             ((256, 1000, "bfloat16", 16, 4, 64, 3), 3, 2, True, True),  # the paper bf16 plan
             ((100, 37, "float32", 3, 2, 32), 2, 3, False, True),
         ],
-        "hyper_own_case": [],  # the grid layout only
-        "in_flight_case": [((100, 37, "float32", 3, 2, 32), 2, 3, False, True)],
+        "split_case": [((100, 37, "float32", 3, 2, 32), 2, 3, False, True)],
         "largest_case": [],
         "multicast_case": [
             ((256, 1000, "bfloat16", 16, 4, 64, 3), 3, 2, True, True),  # the paper bf16 plan
@@ -72,8 +63,7 @@ class TestBackwardInterpret(tb.TestInterpret):
             ((100, 37, "float32", 3, 2, 32), 2, 3, False, True),  # 2 row groups of 3
             ((150, 64, "bfloat16", 2, 3, 32), 3, 2, True, True),  # 3 row groups of 2, dz too
         ],
-        "hyper_own_case": [],  # the grid layout only
-        "in_flight_case": [((100, 37, "float32", 3, 2, 32), 2, 3, False, True)],
+        "split_case": [((100, 37, "float32", 3, 2, 32), 2, 3, False, True)],
         "largest_case": [],
         "multicast_case": [
             ((100, 37, "float32", 3, 2, 32), 2, 3, False, True),  # 2 row groups of 3
@@ -157,7 +147,7 @@ print(json.dumps(rows))
 def test_the_paper_cluster_plans_lower_and_compile_for_an_h100_without_a_gpu(tmp_path):
     """Both kernels at the paper's row-group plans (bf16 4 x 16; f32 4 x 16 at k_chunk 32,
     2 stages), as clusters of 16 with their fenced cluster barrier and no grid semaphore,
-    and with A multicast in the cluster (one wgmma in flight too); at the paper's grid plans
+    and with A multicast in the cluster; at the paper's grid plans
     with the weights multicast to clusters of a column's 4 row blocks (with the grid
     semaphore); without spills."""
     bf16, f32 = (256, 1000, "bfloat16", 16, 4, 64, 3), (256, 1000, "float32", 16, 4, 32, 2)
@@ -167,7 +157,6 @@ def test_the_paper_cluster_plans_lower_and_compile_for_an_h100_without_a_gpu(tmp
         (bf16, {}, "rowgroup", 3, 7),
         (f32, {}, "rowgroup", 2, 7),
         (bf16, a, "rowgroup", 3, 7),
-        (bf16, a | dict(wgmma_in_flight=1), "rowgroup", 3, 7),
         (f32, a, "rowgroup", 2, 7),
         (bf16, b, "grid", 3, 7),
         (f32_grid, b, "grid", 2, 7),
@@ -178,7 +167,7 @@ def test_the_paper_cluster_plans_lower_and_compile_for_an_h100_without_a_gpu(tmp
     assert_no_spills(reports)
     ptx = [path.read_text() for path in (tmp_path / "ptxas").glob("*.ptx")]
     multicasts = sum("multicast::cluster" in text for text in ptx)
-    assert (len(ptx), multicasts) == (2 * len(cases), 2 * 5), (len(ptx), multicasts)
+    assert (len(ptx), multicasts) == (2 * len(cases), 2 * 4), (len(ptx), multicasts)
 
 
 @pytest.mark.parametrize(

@@ -31,13 +31,11 @@ from model_cases import (
     loss_and_grads,
 )
 from rhhjax.kernels.hardware import H100
-from rhhjax.kernels.mosaic import persistent_backward as pb
-from rhhjax.kernels.mosaic import persistent_forward as pf
 from rhhjax.kernels.mosaic import persistent_slots as slots
 from rhhjax.kernels.mosaic.plan import PersistentPlan, PlanError
 
 from rhhjax import models
-from rhhjax.ops import fused, persistent, persistent_cost, recurrence, spec
+from rhhjax.ops import fused, persistent, persistent_cost, spec
 from rhhjax.ops.persistent_cost import predicted_phase_us
 
 
@@ -200,89 +198,20 @@ def test_f32_states_are_the_a_buffers_slots_then_the_last_state(steps, depth):
 
 # ----------------------------------------------------------------------------- the model
 
-# HyperRHNs whose plans put the hyper cell inside the forward kernel also in GPU interpret
-# mode (`persistent.hyper_inside_plans`): (hidden, hyper_hidden, depth, batch, length,
-# original_first_step), f32, gate dropout.
-HYPER_INSIDE_CASES = [(64, 32, 3, 4, 3, True), (96, 20, 2, 5, 4, False)]
-
-
-@pytest.fixture
-def hyper_inside(monkeypatch):
-    """The hyper cell inside the main kernels (`persistent.HYPER_INSIDE`, off by default)."""
-    monkeypatch.setattr(persistent, "HYPER_INSIDE", True)
-
-
-def test_by_default_the_paper_hyperrhn_runs_the_hyper_cell_as_its_own_kernels():
-    for dtype in ("bfloat16", "float32"):
-        sequence = spec.SequenceSpec("persistent", 0.75, jnp.dtype(dtype))
-        assert persistent.hyper_inside_plans(sequence, 256, 1000, 128) is None
-        assert not recurrence.hyper_inside(sequence, 256, 1000, 128)
-
-
-def test_with_the_switch_on_the_paper_hyperrhn_runs_the_hyper_cell_inside(hyper_inside):
-    """At the paper's sizes both dtypes have plans for it: the main cell's at fewer
-    pipeline stages (its shared memory beside the hyper cell's), the hyper cell's 4 x 8
-    blocks of 16 units, padded like its own plan (4 x 4 of 32), which its backward runs."""
-    for dtype, stages in [("bfloat16", 2), ("float32", 3)]:
-        sequence = spec.SequenceSpec("persistent", 0.75, jnp.dtype(dtype))
-        main, hyper = persistent.hyper_inside_plans(sequence, 256, 1000, 128)
-        assert main == dataclasses.replace(persistent.plan_for(256, 1000, dtype), stages=stages)
-        alone = persistent.plan_for(256, 128, dtype)
-        assert (hyper.row_blocks, hyper.col_blocks, hyper.units_per_block) == (4, 8, 16)
-        assert (hyper.b_pad, hyper.n_pad, hyper.k_pad) == (alone.b_pad, alone.n_pad, alone.k_pad)
-        assert main.smem_bytes(hyper=hyper) <= main.smem_limit
-        assert recurrence.hyper_inside(sequence, 256, 1000, 128)
-    # Where the hyper cell's own plan cannot be split in 16-unit blocks under the main one's
-    # (one block of 64 units beside one main block of 64): the two kernels of before.
-    one_block = spec.SequenceSpec("persistent", 0.75, jnp.bfloat16, interpret=True)
-    assert persistent.hyper_inside_plans(one_block, 4, 12, 6) is None
-
-
-def test_the_hyper_cell_inside_and_as_its_own_kernels_give_the_same_gradients(monkeypatch):
-    """`persistent.HYPER_INSIDE` on: the model runs both cells in one forward kernel
-    (`hyper_forward_loop`); off (the default): the hyper cell's own kernels and the main
-    one's. Loss and every gradient agree."""
-    sequence = spec.SequenceSpec("persistent", 0.75, jnp.float32)
-    model, params, tokens = _tiny_hyperrhn()
-    calls, loop = [], persistent.hyper_forward_loop
-    monkeypatch.setattr(
-        persistent, "hyper_forward_loop", lambda *a, **k: calls.append(1) or loop(*a, **k)
-    )
-    apart = loss_and_grads(model, params, tokens, jax.random.key(1))
-    assert not calls
-    monkeypatch.setattr(persistent, "HYPER_INSIDE", True)
-    assert recurrence.hyper_inside(sequence, 256, 1000, 128)
-    inside = loss_and_grads(model, params, tokens, jax.random.key(1))
-    assert calls
-    for a, e in zip(jax.tree.leaves(apart), jax.tree.leaves(inside), strict=True):
-        np.testing.assert_allclose(a, e, rtol=1e-5, atol=1e-6)
-
-
-def test_the_paper_backward_recomputes_z_at_the_stages_its_shared_memory_allows(hyper_inside):
-    """At the paper's sizes the main backward recomputes z (`RecomputedScales`): bf16 at 2
-    pipeline stages (3 leave no room for z's GEMM and p_l's tile), f32 at its own 4; off with
-    the switch."""
-    for dtype, stages in [("bfloat16", 2), ("float32", 4)]:
-        sequence = spec.SequenceSpec("persistent", 0.75, jnp.dtype(dtype))
-        _, hyper = persistent.hyper_inside_plans(sequence, 256, 1000, 128)
-        own = persistent.plan_for(256, 1000, dtype)
-        backward = persistent.scales_backward_plan(own, hyper, 7, has_mask=True)
-        assert backward == dataclasses.replace(own, stages=stages)
-        assert pb.backward_smem_bytes(backward, scales_plan=hyper) <= own.smem_limit
-        if stages < own.stages:
-            with pytest.raises(PlanError, match="shared memory"):
-                pb.check_plan(dataclasses.replace(own, stages=stages + 1), scales_plan=hyper)
+# HyperRHNs of a few blocks also in GPU interpret mode: (hidden, hyper_hidden, depth, batch,
+# length, original_first_step), f32, gate dropout.
+VARIANT_CASES = [(64, 32, 3, 4, 3, True), (96, 20, 2, 5, 4, False)]
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_the_paper_variant_candidates_are_runnable_distinct_and_today_first(dtype):
     """`variant_candidates`: today's variant first, then today's with each lever that makes
     another run (f32's plan already has 32 units), each accepted by the plans' own checks
-    (both kernels, the layout, the hyper cell inside where asked) and running other plans."""
+    (both kernels, the layout) and running other plans."""
     found = persistent.variant_candidates(256, 1000, 128, dtype)
     assert found[0] == persistent.PersistentVariant() == persistent.default_variant()
     plans = [persistent.variant_plans(v, 256, 1000, 128, dtype) for v in found]
-    runs = [(p, v.status, v.hyper_blocks) for p, v in zip(plans, found, strict=True)]
+    runs = [(p, v.status) for p, v in zip(plans, found, strict=True)]
     assert len(set(found)) == len(found) == len(set(runs)) > 4
     levers = [dataclasses.replace(found[0], **lever) for lever in persistent.LEVERS]
     today = runs[0][0][1]
@@ -293,34 +222,30 @@ def test_the_paper_variant_candidates_are_runnable_distinct_and_today_first(dtyp
     assert found[1 : 1 + len(kept)] == kept  # today's levers are timed first
     assert len(kept) == len(levers) - 2 * (dtype == "float32")
     for variant, (layout, main, *_) in zip(kept, plans[1:], strict=False):
-        assert layout == variant.layout and main.wgmma_in_flight == variant.in_flight
-        assert (main.prefetch_weights, main.multicast) == (variant.prefetch, variant.multicast)
+        assert layout == variant.layout and main.multicast == bool(variant.multicast)
         assert main.multicast_b == (variant.multicast and layout == "grid")
         assert main.split_k == bool(variant.split_k)
         if variant.units:  # 32 units: 4 x 32 blocks, 128 of an H100's 132 SMs
             assert (main.units_per_block, main.grid) == (variant.units, 128)
-    for variant, (layout, main, hyper, *joint) in zip(found, plans, strict=True):
-        assert layout == variant.layout and bool(joint) == variant.hyper_inside
+    for variant, (layout, main, hyper) in zip(found, plans, strict=True):
+        assert layout == variant.layout
         for plan in (main, hyper):
             persistent_cost.check_runnable(plan)
     assert {v.layout for v in found} == {"grid", "rowgroup"}
 
 
 def test_a_lever_set_in_the_candidates_keeps_todays_first_and_drops_twins():
-    """`with_lever`: the lever in every candidate but today's where its plans run (prefetch=1
-    not with the hyper cell inside, nor with split_k), and the candidates it makes twins of
-    others once."""
+    """`with_lever`: the lever in every candidate but today's where its plans run (multicast=1
+    not with split_k), and the candidates it makes twins of others once."""
     shape = (256, 1000, 128, "bfloat16")
     found = persistent.variant_candidates(*shape)
-    prefetched = persistent.with_lever(found, dict(prefetch=1), *shape)
-    assert prefetched[0] == found[0] and len(set(prefetched)) == len(prefetched)
-    for variant in prefetched[1:]:  # not inside, nor with the weights multicast in the grid
-        grid_multicast = variant.multicast and variant.layout == "grid"
-        unchanged = variant.hyper_inside or grid_multicast or variant.split_k
-        assert variant.prefetch == (not unchanged)
-    in_flight = persistent.with_lever(found, dict(in_flight=1), *shape)
-    assert len(in_flight) == len(found) - 2  # status=poison and prefetch=1 met their twins
-    assert in_flight[0] == found[0] and all(v.in_flight for v in in_flight[1:])
+    shared = persistent.with_lever(found, dict(multicast=1), *shape)
+    assert shared[0] == found[0] and len(set(shared)) == len(shared) < len(found)
+    for variant in shared[1:]:
+        assert variant.multicast == (not variant.split_k)
+    poisoned = persistent.with_lever(found, dict(status="poison"), *shape)
+    assert poisoned[0] == found[0] and len(set(poisoned)) == len(poisoned)
+    assert all(v.poisons() == (v.layout == "grid") for v in poisoned[1:])
 
 
 def test_a_variant_text_round_trips_through_the_config_into_the_spec():
@@ -329,16 +254,19 @@ def test_a_variant_text_round_trips_through_the_config_into_the_spec():
         config = models.ModelConfig(impl="persistent", persistent_variant=variant.text())
         config.validate()
         assert models.sequence_spec(config, platform="gpu").variant == variant
-    partial = persistent.parse_variant(" stages=2 , hyper_inside=true")
-    assert partial == persistent.PersistentVariant(hyper_inside=True, stages=2)
+    partial = persistent.parse_variant(" stages=2 , hyper_inside=0")  # an older text
+    assert partial == persistent.PersistentVariant(stages=2)
+    for removed in ("hyper_inside=1", "hyper_blocks=own", "in_flight=1", "prefetch=1"):
+        with pytest.raises(persistent.VariantError, match="was removed: .* ms"):
+            persistent.parse_variant(removed)
 
 
-def test_by_default_the_variant_is_todays_the_module_switches():
-    """ "default": the spec carries none and the op reads the module's switches (hyper cell
-    apart, grid layout, the plan's pipeline); they still steer it, as bench.py sets them."""
+def test_by_default_the_variant_is_todays_the_module_layout():
+    """ "default": the spec carries none and the op reads the module's LAYOUT (and the plan's
+    pipeline); it still steers it, as bench.py sets it."""
     resolved = models.sequence_spec(models.ModelConfig(impl="persistent"), platform="gpu")
     assert resolved.variant is None and models.ModelConfig().persistent_variant == "default"
-    assert persistent.variant_of(resolved) == persistent.PersistentVariant(False, "grid")
+    assert persistent.variant_of(resolved) == persistent.PersistentVariant("grid")
     assert persistent._plan_of(resolved, 256, 1000) == persistent.plan_for(256, 1000, "float32")
     assert models.sequence_spec(models.ModelConfig(impl="fused")).variant is None
 
@@ -397,103 +325,25 @@ def test_the_row_group_layout_has_no_status_to_check(text, monkeypatch):
         assert out is value and not host
 
 
-def _tiny_hyperrhn(dtype: str = "float32"):
-    """(a persistent HyperRHN with its kernels' references, its parameters, tokens [3, 5])."""
-    base = dict(type="hyperrhn", vocab_size=11, embed_dim=5, hidden=13, hyper_hidden=7, depth=2)
-    config = models.ModelConfig(**base, impl="persistent", dropout="gate", keep=0.7, dtype=dtype)
-    model = models.build_model(config, platform="gpu")
-    model = model.clone(spec=dataclasses.replace(model.spec, references=True))
-    params = models.init_params(model, jax.random.key(0))
-    return model, params, jnp.asarray(np.random.default_rng(0).integers(0, 11, (3, 5)))
-
-
-@pytest.mark.parametrize(
-    ("switch", "calls", "dtype"),
-    [
-        # the forward writes z, the main backward reads it, the hyper cell's own follows
-        ("RECOMPUTE_SCALES", {(False, False)}, "float32"),
-        # z recomputed, the hyper cell's backward its own kernel after the main one's
-        ("HYPER_BACKWARD_INSIDE", {(True, False), (False, False)}, "float32"),
-        ("HYPER_BACKWARD_INSIDE", {(True, False), (False, False)}, "bfloat16"),
-    ],
-)
-def test_each_switch_off_gives_the_gradients_of_both_cells_in_one_backward(
-    monkeypatch, hyper_inside, switch, calls, dtype
-):
-    """With the hyper cell inside, `persistent.RECOMPUTE_SCALES` or `HYPER_BACKWARD_INSIDE`
-    off: the backward calls the kernels as the switch says, and the gradients are those of
-    both switches on, one backward kernel for both cells that recomputes z (the same GEMMs
-    on the same operands; ds_h from dz in f32, as XLA's VJP computes it; in bf16 the kernel
-    rounds dz before ds_h's GEMM, XLA's VJP the product after: the bf16 tolerance, relative
-    to each gradient's largest entry)."""
-    model, params, tokens = _tiny_hyperrhn(dtype)
-    recorded = _record_backward(monkeypatch)
-    inside = loss_and_grads(model, params, tokens, jax.random.key(1))
-    assert recorded[0] == (True, True)  # one backward for both cells, z recomputed
-    recorded.clear()
-    monkeypatch.setattr(persistent, switch, False)
-    apart = loss_and_grads(model, params, tokens, jax.random.key(1))
-    assert set(recorded) == calls
-    if dtype == "float32":
-        for a, e in zip(jax.tree.leaves(apart), jax.tree.leaves(inside), strict=True):
-            np.testing.assert_allclose(a, e, rtol=1e-5, atol=1e-6)
-    else:
-        assert_trees_close(apart, inside, KERNEL_TOL["bfloat16"])
-
-
-def _record_backward(monkeypatch) -> list:
-    """Records, for every backward kernel (or reference) call, (whether it recomputes z,
-    whether it runs the hyper cell inside), in call order."""
-    recorded = []
-    for name in ("persistent_backward", "persistent_backward_reference"):
-        original = getattr(pb, name)
-
-        def spy(*args, _original=original, **kwargs):
-            given = (kwargs.get("scales") is not None, kwargs.get("hyper") is not None)
-            recorded.append(given)
-            return _original(*args, **kwargs)
-
-        monkeypatch.setattr(pb, name, spy)
-    return recorded
-
-
-class HyperInsideMatchesScan(KernelModelMatchesScan):
-    """The HyperRHN whose hyper cell runs inside the forward kernel and inside the backward
-    kernel, which recomputes z (`recurrence.hyper_highway_sequence`), against `scan`: loss
-    and every gradient."""
+class VariantMatchesScan(KernelModelMatchesScan):
+    """The HyperRHN at a ``model.persistent_variant`` against `scan`: loss and every
+    gradient."""
 
     CASES = {
         **KernelModelMatchesScan.CASES,
-        "hyper_inside_case": HYPER_INSIDE_CASES,
-        "variant_case": HYPER_INSIDE_CASES,
-        "lever_case": HYPER_INSIDE_CASES[:1],  # prefetch=1, hyper_blocks=own
+        "variant_case": VARIANT_CASES,
+        "lever_case": VARIANT_CASES[:1],  # units=16
     }
 
-    def test_hyper_cell_inside_matches_scan(self, hyper_inside_case, monkeypatch):
-        monkeypatch.setattr(persistent, "HYPER_INSIDE", True)
-        self._matches_scan(hyper_inside_case, monkeypatch, persistent.DEFAULT_TEXT)
-
     def test_a_variant_of_the_config_matches_scan(self, variant_case, monkeypatch):
-        """``model.persistent_variant`` (not the module's switches): the hyper cell inside,
-        every plan at 2 pipeline stages, the main one below its own, one wgmma group in
-        flight, the barrier status folded into the step (no block gives up: equal values)."""
-        variant = "hyper_inside=1,layout=grid,stages=2,in_flight=1,status=poison"
-        self._matches_scan(variant_case, monkeypatch, variant)
-
-    def test_the_hyper_cell_on_blocks_of_its_own_matches_scan(self, lever_case, monkeypatch):
-        """``hyper_blocks=own``: both kernels run the hyper phases on blocks of their own."""
-        calls = []
-        for module, name in ((pf, "persistent_forward"), (pb, "persistent_backward")):
-            kernel = getattr(module, name)
-
-            def spy(*args, _kernel=kernel, _name=name, **kwargs):
-                calls.append((_name, kwargs.get("hyper_blocks")))
-                return _kernel(*args, **kwargs)
-
-            monkeypatch.setattr(module, name, spy)
-        self._matches_scan(lever_case, monkeypatch, "hyper_inside=1,hyper_blocks=own")
-        kernels = {("persistent_forward", "own"), ("persistent_backward", "own")}
-        assert set(calls) == kernels
+        """``model.persistent_variant`` (not the module's default): every plan at 2 pipeline
+        stages, the barrier status folded into the step (no block gives up: equal values)."""
+        variant = "layout=grid,stages=2,status=poison"
+        hidden, hyper_hidden, _, batch, *_ = variant_case
+        spec = self.model(models.ModelConfig(impl=self.IMPL, persistent_variant=variant)).spec
+        plans = [persistent._plan_of(spec, batch, n) for n in (hidden, hyper_hidden)]
+        assert [plan.stages for plan in plans] == [2, 2]
+        self._matches_scan(variant_case, variant)
 
     def test_a_plan_of_more_blocks_matches_scan(self, lever_case, monkeypatch):
         """``units=16``: every cell's plan at 16 units a block (GPU interpret mode's own plan
@@ -504,15 +354,10 @@ class HyperInsideMatchesScan(KernelModelMatchesScan):
         plans = [persistent._plan_of(spec, batch, n) for n in (hidden, hyper_hidden)]
         assert [plan.units_per_block for plan in plans] == [16, 16]
         assert plans[0].col_blocks == hidden // 16
-        self._matches_scan(lever_case, monkeypatch, variant, inside=False)
+        self._matches_scan(lever_case, variant)
 
-    def test_weights_loaded_before_the_barrier_match_scan(self, lever_case, monkeypatch):
-        """``prefetch=1`` (each cell's own kernels, the hyper cell apart) with one wgmma
-        group in flight: the same loss and gradients."""
-        self._matches_scan(lever_case, monkeypatch, "prefetch=1,in_flight=1", inside=False)
-
-    def _matches_scan(self, hyper_inside_case, monkeypatch, variant: str, inside: bool = True):
-        hidden, hyper_hidden, depth, batch, length, first = hyper_inside_case
+    def _matches_scan(self, case, variant: str):
+        hidden, hyper_hidden, depth, batch, length, first = case
         base = dict(
             type="hyperrhn", vocab_size=11, embed_dim=5, hidden=hidden, hyper_hidden=hyper_hidden,
             depth=depth, dropout="gate", keep=0.7, dtype="float32", original_first_step=first,
@@ -520,34 +365,24 @@ class HyperInsideMatchesScan(KernelModelMatchesScan):
         scan = models.build_model(models.ModelConfig(**base, impl="scan"))
         config = models.ModelConfig(**base, impl=self.IMPL, persistent_variant=variant)
         model = self.model(config)
-        assert recurrence.hyper_inside(model.spec, batch, hidden, hyper_hidden) == inside
-        if "prefetch=1" in variant:
-            plans = [persistent._plan_of(model.spec, batch, n) for n in (hidden, hyper_hidden)]
-            assert all(plan.prefetch_weights for plan in plans)
-        elif "stages=2" in variant:
-            main, _ = persistent.hyper_inside_plans(model.spec, batch, hidden, hyper_hidden)
-            assert main.stages == 2 and persistent.variant_of(model.spec).stages == 2
         params = models.init_params(scan, jax.random.key(hidden))
         tokens = jnp.asarray(np.random.default_rng(hidden).integers(0, 11, (batch, length + 1)))
         key = jax.random.key(depth)
-        recorded = _record_backward(monkeypatch)
         actual = loss_and_grads(model, params, tokens, key)
-        # inside: one backward for both cells, z recomputed; apart: each cell's own
-        assert recorded[0] == (True, True) if inside else set(recorded) == {(False, False)}
         expected = loss_and_grads(scan, params, tokens, key)
         assert_trees_close(actual, expected, self.TOLERANCE["float32"])
 
 
 @pytest.mark.pure_jax
-class TestPersistentReference(HyperInsideMatchesScan):
+class TestPersistentReference(VariantMatchesScan):
     IMPL = "persistent"
     REFERENCES = True
     TOLERANCE = KERNEL_TOL
-    # prefetch=1 and hyper_blocks=own change no reference: their tests are the kernels'
-    CASES = {**HyperInsideMatchesScan.CASES, "lever_case": []}
+    # units=16 changes no reference: its tests are the kernels'
+    CASES = {**VariantMatchesScan.CASES, "lever_case": []}
 
 
-class TestPersistentCompiled(HyperInsideMatchesScan):
+class TestPersistentCompiled(VariantMatchesScan):
     IMPL = "persistent"
     TOLERANCE = KERNEL_TOL_COMPILED
 
@@ -556,7 +391,7 @@ class TestPersistentInterpret(TestPersistentCompiled):
     INTERPRET = True
     TOLERANCE = KERNEL_TOL
     # the variant at the smaller case only: the larger runs in the default's test
-    CASES = {**HyperInsideMatchesScan.CASES, "variant_case": HYPER_INSIDE_CASES[:1]}
+    CASES = {**VariantMatchesScan.CASES, "variant_case": VARIANT_CASES[:1]}
 
 
 class RowgroupLayout:
@@ -564,15 +399,9 @@ class RowgroupLayout:
     as the first of today's levers runs them (`persistent.LEVERS`, the fastest timed), at the
     model cases of the two layouts' differences: several row groups (batch 4-5)."""
 
-    VARIANT = "hyper_inside=0,layout=rowgroup"
-
-    # GPU interpret mode's row-group plans (the fewest blocks: one of 64 units at these sizes)
-    # leave no shared memory for the hyper cell beside the main one: it runs as its own
-    # kernel here (`test_row_group_interpret_plans_keep_the_hyper_cell_apart`), and the
-    # kernel with it inside is run in this layout at the kernel level.
+    VARIANT = "layout=rowgroup"
     CASES = {
         "model_case": ["hyperrhn-f32-dropout-odd", "hyperrhn-bf16-dropout-first-step"],
-        "hyper_inside_case": [],
         "variant_case": [],
         "lever_case": [],
     }
@@ -587,7 +416,7 @@ class MulticastRowgroup(RowgroupLayout):
     """The same with each main-GEMM A chunk multicast to its row group's cluster (the
     second lever): interpret mode copies it to each block, so only a GPU multicasts."""
 
-    VARIANT = "hyper_inside=0,layout=rowgroup,multicast=1"
+    VARIANT = "layout=rowgroup,multicast=1"
 
 
 def test_the_cluster_classes_run_the_first_three_levers():
@@ -603,7 +432,7 @@ class MulticastGrid(RowgroupLayout):
     to them (the third lever), at a model of 2 row blocks: GPU interpret mode's plans have
     one (the fewest blocks), so the kernels' own tests interpret it."""
 
-    VARIANT = "hyper_inside=0,layout=grid,multicast=1"
+    VARIANT = "layout=grid,multicast=1"
     CASES = {**RowgroupLayout.CASES, "model_case": list(TWO_ROW_BLOCKS)}
 
     def test_evaluation_logits_match_scan(self):
@@ -614,7 +443,7 @@ class SplitK(RowgroupLayout):
     """The backward's main GEMM split between two warpgroups of each block, at K chunks of
     32 and 2 stages a warpgroup (where the paper's bf16 plan fits them), in the grid."""
 
-    VARIANT = "hyper_inside=0,layout=grid,stages=2,k_chunk=32,split_k=1"
+    VARIANT = "layout=grid,stages=2,k_chunk=32,split_k=1"
 
 
 class TestPersistentCompiledRowgroup(RowgroupLayout, TestPersistentCompiled):
@@ -649,55 +478,24 @@ class TestPersistentInterpretSplitK(SplitK, TestPersistentInterpret):
     """The same in GPU interpret mode."""
 
 
-def test_row_group_interpret_plans_keep_the_hyper_cell_apart(monkeypatch, hyper_inside):
-    """Even with the switch on. (Whatever the interpreter's thread pool: its size is not the
-    question here.)"""
-    monkeypatch.setattr(persistent, "LAYOUT", "rowgroup")
-    monkeypatch.setattr(persistent.gpu_interpret, "cluster_too_large", lambda blocks: None)
-    persistent.interpret_plan.cache_clear()
-    sequence = spec.SequenceSpec("persistent", 0.7, jnp.float32, interpret=True)
-    for hidden, hyper_hidden, _, batch, *_ in HYPER_INSIDE_CASES:
-        assert persistent.hyper_inside_plans(sequence, batch, hidden, hyper_hidden) is None
-    persistent.interpret_plan.cache_clear()
-
-
 # ----------------------------------------------------------------------------- deviceless
 
 
 @pytest.mark.gpu_compile
 @needs_cuda
-@pytest.mark.parametrize("inside", [False, True], ids=["hyper_apart", "hyper_inside"])
-def test_paper_hyperrhn_training_step_lowers_and_compiles_for_an_h100_without_a_gpu(
-    tmp_path, inside
-):
+def test_paper_hyperrhn_training_step_lowers_and_compiles_for_an_h100_without_a_gpu(tmp_path):
     """configs/ptb.py's HyperRHN (batch 256 x 100, width 1000, depth 7) with
-    impl="persistent", the trainer's jitted step, bf16 and f32, deviceless; by default
-    (``hyper_apart``) the forward and the backward are each the hyper cell's kernel and the
-    main cell's; with `persistent.HYPER_INSIDE` on (``hyper_inside``) the forward is ONE
-    kernel with the hyper cell inside (`hyper_inside_plans`), the backward ONE kernel with
-    the hyper cell inside, recomputing z (`hyper_backward_loop`). ptxas builds every one for
-    sm_90a without a register spill."""
+    impl="persistent", the trainer's jitted step, bf16 and f32, deviceless: the forward and
+    the backward are each the hyper cell's kernel and the main cell's. ptxas builds every one
+    for sm_90a without a register spill."""
     dtypes = ["bfloat16", "float32"]
-    kernels = [
-        "persistent_hyper_highway_forward", "persistent_highway_forward",
-        "persistent_hyper_highway_backward", "persistent_highway_backward",
-    ]  # fmt: skip
-    setup = f"from rhhjax.ops import persistent\npersistent.HYPER_INSIDE = {inside}"
-    rows, reports = compile_paper_step("persistent", dtypes, kernels, tmp_path, setup)
+    kernels = ["persistent_highway_forward", "persistent_highway_backward"]
+    rows, reports = compile_paper_step("persistent", dtypes, kernels, tmp_path, "")
     for row, dtype in zip(rows, dtypes, strict=True):
         assert row["dtype"] == dtype and row["impl"] == "persistent"
         assert (row["batch"], row["seq_len"]) == (256, 100)
-        counts = row["kernels"]
-        joint = [
-            counts["persistent_hyper_highway_forward"],
-            counts["persistent_hyper_highway_backward"],
-        ]
-        apart = [counts["persistent_highway_forward"], counts["persistent_highway_backward"]]
-        if inside:
-            assert min(joint) >= 1 and max(apart) == 0, row  # no kernel apart
-        else:
-            assert min(apart) >= 1 and max(joint) == 0, row  # no joint kernel
-    assert len(reports) >= (2 if inside else 4) * len(dtypes)  # each cell's fwd, bwd apart
+        assert min(row["kernels"].values()) >= 1, row
+    assert len(reports) >= 4 * len(dtypes)  # each cell's forward and backward
     assert_no_spills(reports)
 
 

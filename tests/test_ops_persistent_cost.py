@@ -1,8 +1,7 @@
 """`rhhjax.ops.persistent_cost`: the plan model the persistent implementation runs. A phase
 is PREDICTED as the barrier plus the slowest of GEMM, L2 and shared-memory fill; the plan is
-the runnable candidate of the lowest predicted phase time; with the hyper cell inside the
-forward, both cells' plans share the main plan's blocks. (The step's PREDICTION table built
-on it: tests/test_benchmarks_persistent_prediction.py.)"""
+the runnable candidate of the lowest predicted phase time. (The step's PREDICTION table
+built on it: tests/test_benchmarks_persistent_prediction.py.)"""
 
 import pytest
 from rhhjax.kernels.mosaic import plan as kplan
@@ -41,12 +40,3 @@ def test_a_plan_no_kernel_can_run_is_one_plan_error_line():
     assert "\n" not in str(error.value)
     with pytest.raises(PlanError, match="no persistent plan fits an H100"):
         pc.plan_for(256, 10**6, "bfloat16")
-
-
-def test_the_hyper_cell_inside_the_forward_shares_the_main_plans_rows_and_padding():
-    main, alone = pc.plan_for(256, 1000, "bfloat16"), pc.plan_for(256, 128, "bfloat16")
-    fitted, hyper = pc.inside_plans(main, alone)
-    assert (fitted.stages, hyper.col_blocks, hyper.units_per_block) == (2, 8, 16)
-    assert (hyper.b_pad, hyper.n_pad, hyper.k_pad) == (alone.b_pad, alone.n_pad, alone.k_pad)
-    assert hyper.row_blocks == fitted.row_blocks and hyper.col_blocks <= fitted.col_blocks
-    assert fitted.smem_bytes(hyper=hyper) <= fitted.smem_limit

@@ -202,8 +202,8 @@ def test_a_nonfinite_loss_under_poisoned_barrier_status_says_it_may_be_the_barri
     "impl, variant, named",
     [
         ("persistent", "status=poison", True),
-        ("persistent", "hyper_inside=1,stages=2,status=poison", True),
-        ("persistent", "hyper_inside=0,layout=rowgroup,status=poison", False),  # no grid barrier
+        ("persistent", "layout=grid,stages=2,status=poison", True),
+        ("persistent", "layout=rowgroup,status=poison", False),  # no grid barrier
         ("persistent", "layout=rowgroup", False),
         ("persistent", "default", False),
         ("fused", "status=poison", False),  # the variant of an impl that does not run

@@ -24,10 +24,8 @@ from rhhjax.kernels.mosaic import forward as mf
 from rhhjax.kernels.mosaic import gemm, keep_mask, rowgroup_layout
 from rhhjax.kernels.mosaic import grid_barrier as gb
 from rhhjax.kernels.mosaic import persistent_backward_operands as operands
-from rhhjax.kernels.mosaic import persistent_forward as pf
 from rhhjax.kernels.mosaic import persistent_slots as slots
 from rhhjax.kernels.mosaic.backward import highway_backward_reference
-from rhhjax.kernels.mosaic.gemm import gemm_nt_to_smem
 from rhhjax.kernels.mosaic.persistent_backward_cell import (
     BackwardCell,
     bias_row_group,
@@ -39,8 +37,7 @@ from rhhjax.kernels.mosaic.plan import PersistentPlan
 Array = jax.Array
 WARPGROUPS = "warpgroup"
 # Re-exported from `persistent_backward_operands`.
-ScalesInside, HyperBackward = operands.ScalesInside, operands.HyperBackward
-backward_weights, projection_rows = operands.backward_weights, operands.projection_rows
+backward_weights = operands.backward_weights
 backward_smem_bytes, check_plan = operands.backward_smem_bytes, operands.check_plan
 
 
@@ -79,80 +76,43 @@ def persistent_backward(
     spin_limit: int = gb.DEFAULT_SPIN_LIMIT,
     interpret: Any = None,
     layout: str = "grid",
-    scales: ScalesInside | None = None,
-    hyper: HyperBackward | None = None,
-    hyper_blocks: str = "shared",
 ):
     """All backward phases in one Mosaic GPU launch.
 
     Returns (d_x [T, b_pad, 2, z_width] f32, d_mm [P * b_pad, 2 * n_pad], ds_carry0
     [b_pad, n_pad], bias_parts [P, R, 2, group, n_pad], with z: dz [L, T, b_pad, z_width]
-    and dz_sums [L, R, group, n_pad], then with ``hyper`` the hyper cell's first four,
-    status [R * C] int32). ``scales`` recomputes z in the kernel; ``hyper`` runs the hyper
-    cell one phase behind, on the main blocks (r, c < hyper col_blocks) after their phase
-    or with ``hyper_blocks`` "own" on blocks of its own after the main columns, at the same
-    time (`persistent_forward`'s; status then has a block more per hyper column).
+    and dz_sums [L, R, group, n_pad], then status [R * C] int32).
     """
-    depth = operands.check_operands(plan, wt, g, packed, z, mask, bias, s_mm, scales is not None)
-    scales_plan = None if scales is None else scales.plan
-    if scales is not None:
-        operands.check_scales(plan, scales, z, bias, packed.shape[0], depth)
-    hp = None if hyper is None else hyper.plan
-    if hyper is not None:
-        operands.check_hyper(plan, hyper, packed.shape[0], depth)
-    check_plan(
-        plan, z is not None or scales is not None, mask is not None, depth, scales_plan, hp,
-        hyper is not None and hyper.mask is not None,
-    )  # fmt: skip
-    own = pf.check_hyper_blocks(plan, hp, hyper_blocks, layout, interpret)
+    depth = operands.check_operands(plan, wt, g, packed, z, mask, bias, s_mm)
+    check_plan(plan, z is not None, mask is not None, depth)
     rowgroup_layout.check(plan, layout, interpret)
     launch, block_index, make_barrier = rowgroup_layout.functions(layout, interpret, plan)
     phases = packed.shape[0]
     steps = phases // depth
     g_last = g.shape[0] != phases  # layer L - 1's cotangent only: zero at the other layers
     rows, u = plan.rows_per_block, plan.units_per_block
-    n_r, n_main, n_pad, b_pad = plan.row_blocks, plan.col_blocks, plan.n_pad, plan.b_pad
-    n_c = n_main + (hp.col_blocks if own else 0)  # the grid's columns
+    n_r, n_c, n_pad, b_pad = plan.row_blocks, plan.col_blocks, plan.n_pad, plan.b_pad
     mm_dtype = wt.dtype
-    z_inside = scales is not None
-    has_z, has_mask = z is not None or z_inside, mask is not None
-    names = input_names(has_z, z_inside)
+    has_z, has_mask = z is not None, mask is not None
+    names = input_names(has_z)
     optional = (("z", z), ("mask", mask), ("bias", bias), ("s_mm", s_mm))
-    if z_inside:
-        optional += (("h_s_mm", scales.s_mm), ("tail", scales.tail), ("proj", scales.proj))
-        optional += (("proj_bias", scales.proj_bias),)
     extra_names = [name for name, x in optional if x is not None]
     extras = [x for _, x in optional if x is not None]
     group = bias_row_group(plan)
 
-    hyper_ops = []
-    if hyper is not None:
-        hyper_ops = [hyper.wt, hyper.g, hyper.packed]
-        hyper_ops += [x for x in (hyper.mask, hyper.s_mm) if x is not None] + [hyper.proj_rows]
-    n_main_out = 4 + 2 * has_z
-
     def kernel(wt_g, g_g, packed_g, *refs, phase_bar=None, **sc):
         extra_g = dict(zip(extra_names, refs[: len(extras)], strict=True))
-        hyper_g = refs[len(extras) : len(extras) + len(hyper_ops)]
-        outs = refs[len(extras) + len(hyper_ops) :]
+        outs = refs[len(extras) :]
         r, c = block_index((n_r, n_c), ("r", "g"), phase_bar)
         named = dict(z=None, mask=None, bias=None, s_mm=None) | extra_g
         named |= dict(wt=wt_g, g=g_g, packed=packed_g, d_x=outs[0], d_mm=outs[1])
         named |= dict(bias_parts=outs[3], dz=outs[4] if has_z else None)
-        main_sc, hyper_cell = sc, None
-        if hyper is not None:
-            (epi,), hyper_epi = sc["epi"]
-            main_sc = sc | dict(epi=epi)
-            named["dz_ring"] = outs[-2]
-            hyper_outs = outs[n_main_out:-2]
-            hyper_col = c - n_main if own else c
-            hyper_cell = _hyper_cell(hyper_g, hyper_outs, outs[-2], hyper_epi, sc, r, hyper_col)
         split = _split_operands(sc, plan, interpret)
         main = BackwardCell(
-            plan, steps, depth, keep, names, g_last, named, main_sc, r, c,
-            scales_plan=scales_plan, interpret=interpret, split=split,
+            plan, steps, depth, keep, names, g_last, named, sc, r, c, interpret=interpret,
+            split=split,
         )  # fmt: skip
-        run = functools.partial(_phases, main, hyper_cell, r, c, phase_bar, outs)
+        run = functools.partial(_phases, main, r, c, phase_bar, outs)
         if split is None:
             return run()
         warpgroup = jax.lax.axis_index(WARPGROUPS)
@@ -160,73 +120,29 @@ def persistent_backward(
         after_go = gb.fence_proxy_async_global if interpret is None else None
         pl.when(warpgroup == 1)(lambda: main.help(after_go))
 
-    def _phases(main, hyper_cell, r, c, phase_bar, outs) -> None:
+    def _phases(main, r, c, phase_bar, outs) -> None:
         """The block's phases (warpgroup 0's: ``plan.split_k`` splits the block), its status."""
         status_g, split = outs[-1], main.split
         barrier = make_barrier(n_r * n_c, jnp.logical_and(r == 0, c == 0), spin_limit, phase_bar)
-        is_hyper_block = c >= n_main if own else c < (0 if hp is None else hp.col_blocks)
-        on_main = (lambda f: pl.when(c < n_main)(f)) if own else (lambda f: f())
-
-        on_main(main.prologue)
-        if hyper_cell is not None:
-            pl.when(is_hyper_block)(hyper_cell.prologue)
+        main.prologue()
         fail_at = jnp.where(barrier(jnp.int32(0)), jnp.int32(0), jnp.int32(1))
-        # With the hyper cell one phase behind: one more iteration, and a barrier after
-        # main phase 0 (hyper phase 0 reads its dz).
-        iterations = phases + (hyper is not None)
 
         def body(i, fail_at):
-            fine = fail_at == 0
-            main_runs = jnp.logical_and(fine, i < phases)
-            if own:
-                main_runs = jnp.logical_and(main_runs, c < n_main)
+            main_runs = fail_at == 0
             pl.when(main_runs)(lambda: main.phase(phases - 1 - i))
             if split is not None:  # the helper runs every phase's half but the last's
                 skipped = jnp.logical_and(jnp.logical_not(main_runs), i >= 1)
-                pl.when(jnp.logical_and(skipped, i < phases))(lambda: gemm.skip_split(split))
-            if hyper_cell is not None:
-                behind = jnp.logical_and(jnp.logical_and(fine, i >= 1), is_hyper_block)
-                pl.when(behind)(lambda: hyper_cell.phase(phases - i))
+                pl.when(skipped)(lambda: gemm.skip_split(split))
             passed = jax.lax.cond(
-                jnp.logical_and(fine, i < iterations - 1),
+                jnp.logical_and(main_runs, i < phases - 1),
                 lambda: barrier(i + 1),
                 lambda: jnp.bool_(True),
             )
             return jnp.where(passed, fail_at, i + 2)
 
-        fail_at = jax.lax.fori_loop(0, iterations, body, fail_at)
-        main.abandon(fail_at)
-        on_main(lambda: main.finish(outs[2], outs[5] if has_z else None))
-        if hyper_cell is not None:
-            pl.when(is_hyper_block)(lambda: hyper_cell.finish(outs[n_main_out + 2], None))
+        fail_at = jax.lax.fori_loop(0, phases, body, fail_at)
+        main.finish(outs[2], outs[5] if has_z else None)
         status_g[r * n_c + c] = fail_at
-
-    def _hyper_cell(hyper_g, hyper_outs, ring, hyper_epi, sc, r, c) -> BackwardCell:
-        """The hyper cell's `BackwardCell` (its shared memory unioned with the main input tiles)."""
-        h_wt, h_g, h_packed, *rest = hyper_g
-        proj_rows_g = rest.pop()
-        h_mask = rest.pop(0) if hyper.mask is not None else None
-        h_s_mm = rest.pop(0) if hyper.s_mm is not None else None
-        h_epi, h_acc, h_dsc, h_bias_part, *h_mask_tile = hyper_epi
-        named = dict(wt=h_wt, g=h_g, packed=h_packed, mask=h_mask, s_mm=h_s_mm, z=None)
-        named |= dict(d_x=hyper_outs[0], d_mm=hyper_outs[1], bias_parts=hyper_outs[3], dz=None)
-        h_sc = dict(epi=h_epi, acc=h_acc, dsc=h_dsc, bias_part=h_bias_part)
-        h_sc |= dict(carry=sc["h_carry"], bar=sc["h_bar"], mask_tile=(h_mask_tile or [None])[0])
-        k_chunk, stages = operands.ds_h_chunk(plan)
-
-        def fill_ds_h(q, layer, slot):
-            """slot [rows, hu] = dz_mm(q)[block rows] @ P_l[units, :]^T (f32 accumulation)."""
-            gemm_nt_to_smem(
-                slot, ring, proj_rows_g, jax.lax.rem(q, 2) * n_r + r,
-                layer * hp.col_blocks + c, tile_k=k_chunk, k_steps=n_pad // k_chunk,
-                stages=stages,
-            )  # fmt: skip
-
-        g_last_h = hyper.g.shape[0] != phases
-        return BackwardCell(
-            hp, steps, depth, keep, input_names(False, hyper=True), g_last_h, named, h_sc, r, c,
-            fill_ds_h=fill_ds_h,
-        )  # fmt: skip
 
     out_type = (
         jax.ShapeDtypeStruct((steps, b_pad, 2, plan.z_width), F32),
@@ -235,30 +151,14 @@ def persistent_backward(
         jax.ShapeDtypeStruct((phases, n_r, 2, group, n_pad), F32),
         *[jax.ShapeDtypeStruct((depth, steps, b_pad, plan.z_width), F32)] * has_z,
         *[jax.ShapeDtypeStruct((depth, n_r, group, n_pad), F32)] * has_z,
-        *(_hyper_out_types(plan, hp, steps, depth, mm_dtype) if hyper is not None else []),
         jax.ShapeDtypeStruct((n_r * n_c,), jnp.int32),
     )
-    epi_type = plgpu.SMEM((len(names), rows, u), F32)
-    hyper_scratch = {}
-    if hyper is not None:  # its per-phase tiles share the main input tiles' memory
-        hu, h_names = hp.units_per_block, input_names(False, hyper=True)
-        group_h = [
-            plgpu.SMEM((len(h_names), rows, hu), F32), plgpu.SMEM((rows, hu), F32),
-            plgpu.SMEM((2, rows, hu), mm_dtype), plgpu.SMEM((2, bias_row_group(hp), hu), F32),
-        ]  # fmt: skip
-        if hyper.mask is not None:
-            group_h.append(plgpu.SMEM((rows, hu), keep_mask.DTYPE))
-        epi_type = plgpu.RefUnion((epi_type,), tuple(group_h))
-        hyper_scratch = dict(
-            h_carry=plgpu.SMEM((rows, hu), F32),
-            h_bar=plgpu.Barrier(num_barriers=len(h_names) + (hyper.mask is not None)),
-        )
     launch_args, phase_bar = launch((n_r, n_c), ("r", "g"), interpret)
-    outs = plgpu.kernel(
+    return plgpu.kernel(
         kernel,
         out_type=out_type,
         scratch_types=dict(
-            epi=epi_type,
+            epi=plgpu.SMEM((len(names), rows, u), F32),
             carry=plgpu.SMEM((rows, u), F32),
             acc=plgpu.SMEM((rows, u), F32),
             dsc=plgpu.SMEM((2, rows, u), mm_dtype),
@@ -268,19 +168,13 @@ def persistent_backward(
             **({"dz_acc": plgpu.SMEM((depth, group, u), F32)} if has_z else {}),
             **staged_scratch(plan, u, 2 * n_pad // plan.k_chunk, mm_dtype, interpret),
             **_split_scratch(plan, u, 2 * n_pad // plan.k_chunk, mm_dtype, interpret),
-            **hyper_scratch,
             **phase_bar,
         ),
         **launch_args,
         **(dict(num_threads=2, thread_name=WARPGROUPS) if plan.split_k else {}),
-        kernel_name="persistent_hyper_highway_backward"
-        if hyper is not None
-        else "persistent_highway_backward",
+        kernel_name="persistent_highway_backward",
         interpret=interpret,
-    )(wt, g, packed, *extras, *hyper_ops)
-    if hyper is not None:  # the dz ring is the kernel's scratch in global memory
-        return (*outs[:-2], outs[-1])
-    return outs
+    )(wt, g, packed, *extras)
 
 
 def _split_scratch(plan: PersistentPlan, u: int, k_steps: int, mm_dtype, interpret) -> dict:
@@ -301,19 +195,6 @@ def _split_operands(sc: dict, plan: PersistentPlan, interpret) -> gemm.SplitK | 
     return gemm.SplitK(helper, sc["split_partial"], sc["split_go"], sc["split_done"])
 
 
-def _hyper_out_types(plan: PersistentPlan, hp: PersistentPlan, steps: int, depth: int, mm) -> list:
-    """The hyper cell's outputs (as the main cell's, for plan ``hp``), then the dz ring
-    [2 * b_pad, n_pad] (global scratch, not returned)."""
-    b_pad, h_pad, phases = hp.b_pad, hp.n_pad, steps * depth
-    return [
-        jax.ShapeDtypeStruct((steps, b_pad, 2, hp.z_width), F32),
-        jax.ShapeDtypeStruct((phases * b_pad, 2 * h_pad), mm),
-        jax.ShapeDtypeStruct((b_pad, h_pad), F32),
-        jax.ShapeDtypeStruct((phases, hp.row_blocks, 2, bias_row_group(hp), h_pad), F32),
-        jax.ShapeDtypeStruct((2 * plan.b_pad, plan.n_pad), mm),
-    ]
-
-
 def persistent_backward_reference(
     plan: PersistentPlan,
     wt: Array,
@@ -328,38 +209,11 @@ def persistent_backward_reference(
     spin_limit: int = gb.DEFAULT_SPIN_LIMIT,
     interpret: Any = None,
     layout: str = "grid",
-    scales: ScalesInside | None = None,
-    hyper: HyperBackward | None = None,
-    hyper_blocks: str = "shared",
 ):
     """Pure-JAX `persistent_backward` (status all zeros): a reverse scan of
     `highway_backward_reference` over the phases."""
-    del spin_limit, interpret, layout, hyper_blocks
-    depth = operands.check_operands(plan, wt, g, packed, z, mask, bias, s_mm, scales is not None)
-    if hyper is not None:
-        operands.check_hyper(plan, hyper, packed.shape[0], depth)
-        main = persistent_backward_reference(
-            plan, wt, g, packed, z, mask, bias, s_mm, keep=keep, scales=scales
-        )
-        dz_pm = slots.scales_to_phase_major(main[4], plan.n_pad)  # [P, b_pad, n_pad]
-        hp, phases = hyper.plan, packed.shape[0]
-        dz_mm = dz_pm.astype(wt.dtype).reshape(phases // depth, depth, plan.b_pad, plan.n_pad)
-        p_rows = hyper.proj_rows.reshape(depth, hp.n_pad, plan.n_pad)
-        ds_h = jnp.einsum("tlbn,lhn->tlbh", dz_mm, p_rows, preferred_element_type=F32)
-        g_h = hyper.g
-        if g_h.shape[0] != phases:  # its last layer's cotangent only
-            dense = jnp.zeros((phases, *g_h.shape[1:]), g_h.dtype)
-            g_h = dense.at[depth - 1 :: depth].set(g_h)
-        g_h = g_h + ds_h.reshape(phases, plan.b_pad, hp.n_pad)
-        h_args = (hp, hyper.wt, g_h, hyper.packed, None, hyper.mask, None, hyper.s_mm)
-        h_outs = persistent_backward_reference(*h_args, keep=keep)
-        return (*main[:-1], *h_outs[:-1], main[-1])
-    if scales is not None:  # z from the hyper cell's saved A buffer, as the kernel's GEMM
-        operands.check_scales(plan, scales, z, bias, packed.shape[0], depth)
-        z = pf.scales_from_a_buffer_reference(
-            plan, scales.plan, scales.s_mm, scales.tail, scales.proj, scales.proj_bias,
-            packed.shape[0] // depth,
-        )  # fmt: skip
+    del spin_limit, interpret, layout
+    depth = operands.check_operands(plan, wt, g, packed, z, mask, bias, s_mm)
     phases, b_pad, n_pad = packed.shape[0], g.shape[1], g.shape[2]
     if g.shape[0] != phases:  # layer L - 1's cotangent only
         g = jnp.zeros((phases, b_pad, n_pad), g.dtype).at[depth - 1 :: depth].set(g)

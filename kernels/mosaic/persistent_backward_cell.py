@@ -1,9 +1,8 @@
-"""One cell's micro-layer phase inside the persistent backward kernel
+"""The micro-layer phase of the persistent backward kernel
 (`kernels/mosaic/persistent_backward.py`): its refs, shared memory and the block's slices
-(`BackwardCell`), and the names of its staged input tiles (`input_names`). The main cell and,
-with the hyper cell inside, the hyper cell are each one `BackwardCell` of the same kernel.
-The phase is the module docstring's of `persistent_backward`: exactly
-`kernels/mosaic/backward.py`'s micro-layer backward, its epilogue, and the stores."""
+(`BackwardCell`), and the names of its staged input tiles (`input_names`). The phase is the
+module docstring's of `persistent_backward`: exactly `kernels/mosaic/backward.py`'s
+micro-layer backward, its epilogue, and the stores."""
 
 from __future__ import annotations
 
@@ -19,7 +18,6 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from rhhjax.kernels.layout import F32
 from rhhjax.kernels.mosaic import forward as mf
 from rhhjax.kernels.mosaic import gemm, keep_mask
-from rhhjax.kernels.mosaic import persistent_forward as pf
 from rhhjax.kernels.mosaic import persistent_slots as slots
 from rhhjax.kernels.mosaic.backward import _gate_backward
 from rhhjax.kernels.mosaic.persistent_cell import staged_operands, wait_for_all_but
@@ -32,11 +30,11 @@ def bias_row_group(plan: PersistentPlan) -> int:
     return 256 // math.gcd(plan.units_per_block, 256)
 
 
-def input_names(has_z: bool, scales_inside: bool = False, hyper: bool = False) -> tuple[str, ...]:
+def input_names(has_z: bool) -> tuple[str, ...]:
     """The per-phase f32 epilogue input tiles, in slot order."""
     if has_z:
-        return ("g_out", "s_prev", "full_h", "full_t", "z", "b_h", "b_t") + ("pz",) * scales_inside
-    return ("g_out", "s_prev", "h", "t") + ("ds_h",) * hyper
+        return ("g_out", "s_prev", "full_h", "full_t", "z", "b_h", "b_t")
+    return ("g_out", "s_prev", "h", "t")
 
 
 def saved_row(name: str, has_z: bool, state_in_packed: bool) -> int | None:
@@ -46,7 +44,7 @@ def saved_row(name: str, has_z: bool, state_in_packed: bool) -> int | None:
 
 @dataclasses.dataclass
 class BackwardCell:
-    """One cell inside the backward kernel: its plan, global refs, shared memory and block
+    """The cell of the backward kernel: its plan, global refs, shared memory and block
     (r, c); `phase` runs one micro-layer phase."""
 
     plan: PersistentPlan
@@ -59,8 +57,6 @@ class BackwardCell:
     sc: dict
     r: Any
     c: Any
-    scales_plan: PersistentPlan | None = None
-    fill_ds_h: Callable | None = None
     interpret: Any = None  # the kernel's: the cluster axes of a multicast
     split: gemm.SplitK | None = None  # plan.split_k: warpgroup 1's half of the main GEMM
 
@@ -95,19 +91,11 @@ class BackwardCell:
             p = self.phases - 1 - i
             gemm.helper_gemm(
                 self.split, self.refs["d_mm"], self.refs["wt"], self._a_block(p),
-                self._weight_block(p), k_steps=self.k_steps,
-                in_flight=self.plan.wgmma_in_flight, after_go=after_go,
+                self._weight_block(p), k_steps=self.k_steps, after_go=after_go,
             )  # fmt: skip
             return carry
 
         jax.lax.fori_loop(1, self.phases, one_phase, None)
-
-    def abandon(self, fail_at) -> None:
-        """With ``fail_at`` nonzero (grid barrier ``fail_at - 1`` failed): waits for the
-        weight loads of the first phase that did not run, if it has them."""
-        if self.plan.prefetch_weights:
-            pending = jnp.logical_and(fail_at >= 2, fail_at <= self.phases)
-            pl.when(pending)(lambda: gemm.wait_b_chunks(self.staged, self.k_steps))
 
     def slices(self):
         rows, u = self.plan.rows_per_block, self.plan.units_per_block
@@ -161,8 +149,6 @@ class BackwardCell:
                     epi[slot] = jnp.zeros((rows, u), F32)
 
                 continue
-            if (name == "z" and self.scales_plan is not None) or name == "ds_h":
-                continue  # filled by a GEMM
             row = saved_row(name, self.has_z, plan.state_in_packed)
             if row is not None:
                 src = refs["packed"].at[p, row_sl, row, unit_sl]
@@ -170,8 +156,6 @@ class BackwardCell:
                 src = refs["z"].at[layer, t, row_sl, unit_sl]
             elif name in ("b_h", "b_t"):
                 src = refs["bias"].at[layer, row_sl, int(name == "b_t"), unit_sl]
-            elif name == "pz":
-                src = refs["proj_bias"].at[layer, row_sl, unit_sl]
             else:
                 src = refs["g"].at[p, row_sl, unit_sl]
             plgpu.copy_gmem_to_smem(src, epi.at[slot], bar.at[slot])
@@ -183,8 +167,6 @@ class BackwardCell:
         plan, bar, names = self.plan, self.sc["bar"], self.names
         for slot in range(len(names) + (self.refs["mask"] is not None)):
             name = names[slot] if slot < len(names) else "mask"
-            if (name == "z" and self.scales_plan is not None) or name == "ds_h":
-                continue
             if name == "g_out" and self.g_last:
                 pl.when(layer == self.depth - 1)(lambda slot=slot: plgpu.barrier_wait(bar.at[slot]))
             elif name == "s_prev" and not plan.state_in_packed:
@@ -206,17 +188,15 @@ class BackwardCell:
             if self.split is not None:
                 gemm.lead_gemm(
                     acc, staged, self.split, a_mm, w, a_block, w_block, k_steps=self.k_steps,
-                    in_flight=plan.wgmma_in_flight,
                 )  # fmt: skip
             elif staged is None:
                 gemm.gemm_nt_to_smem(
                     acc, a_mm, w, a_block, w_block, tile_k=plan.k_chunk, k_steps=self.k_steps,
-                    stages=plan.stages, in_flight=plan.wgmma_in_flight,
+                    stages=plan.stages,
                 )  # fmt: skip
             else:
                 gemm.gemm_nt_staged(
                     acc, staged, a_mm, w, a_block, w_block, k_steps=self.k_steps,
-                    in_flight=plan.wgmma_in_flight, b_loaded=plan.prefetch_weights,
                 )  # fmt: skip
 
         @pl.when(last)
@@ -224,41 +204,18 @@ class BackwardCell:
             acc[...] = jnp.zeros(acc.shape, F32)
             plgpu.commit_smem()
 
-        if plan.prefetch_weights:  # phase p - 1's weights, under this epilogue and the barrier
-
-            @pl.when(p >= 1)
-            def _():
-                gemm.load_b_chunks(staged, self.refs["wt"], self._weight_block(p - 1), self.k_steps)
-
-    def _add_in_place(self, into: str, addend: str) -> None:
-        epi, names = self.sc["epi"], self.names
-        a, b = names.index(into), names.index(addend)
-        epi[a] = keep_mask.load_strided(epi.at[a]) + keep_mask.load_strided(epi.at[b])
-        plgpu.commit_smem()
-
     def phase(self, p) -> None:
-        """Phase ``p``: loads, GEMMs, epilogue, stores."""
-        plan, refs, sc, names = self.plan, self.refs, self.sc, self.names
+        """Phase ``p``: loads, GEMM, epilogue, stores."""
+        plan, refs, sc = self.plan, self.refs, self.sc
         epi, dsc, mm_dtype = sc["epi"], sc["dsc"], refs["wt"].dtype
         rows, u = plan.rows_per_block, plan.units_per_block
         row_sl, unit_sl = self.slices()
         t, layer = jax.lax.div(p, self.depth), jax.lax.rem(p, self.depth)
-        has_z, z_inside = self.has_z, self.scales_plan is not None
+        has_z = self.has_z
         self._load_inputs(p, t, layer)
-        if z_inside:  # z = s_hyper[p] P_l, the forward's GEMM (p_l added below)
-            pf.scales_to_smem(
-                self.scales_plan, refs["h_s_mm"], refs["tail"], refs["proj"], self.r, self.c,
-                self.steps, self.depth, p, layer, epi.at[names.index("z")],
-            )  # fmt: skip
-        if self.fill_ds_h is not None:
-            self.fill_ds_h(p, layer, epi.at[names.index("ds_h")])
         self._gemm(p)
         self._wait_inputs(layer)
         plgpu.commit_smem()  # every thread's acc (and zero g, s) write before a read
-        if z_inside:  # z + p_l in place, as the forward adds it (`cells.hyper_scales`)
-            self._add_in_place("z", "pz")
-        if self.fill_ds_h is not None:  # the state gradient through z, added to g
-            self._add_in_place("g_out", "ds_h")
         for chunk in self._row_chunks():
             self._epilogue(chunk, mm_dtype)
         plgpu.commit_smem()
@@ -267,8 +224,6 @@ class BackwardCell:
         for half in range(2):
             dst = refs["d_mm"].at[pl.ds(first, rows), pl.ds(half * plan.n_pad + self.c * u, u)]
             plgpu.copy_smem_to_gmem(dsc.at[half], dst)
-        if refs.get("dz_ring") is not None:
-            self._store_dz_ring(p)
         d_x_slots = (3, 4) if has_z else (0, 1)
 
         @pl.when(layer == 0)
@@ -293,11 +248,7 @@ class BackwardCell:
         """The gate backward on rows ``chunk``: da, dz, d_scaled and the new carry, written
         over the inputs once every thread has read them."""
         sc, names, epi, has_z = self.sc, self.names, self.sc["epi"], self.has_z
-        ins = {
-            name: keep_mask.load_strided(epi.at[slot, chunk])
-            for slot, name in enumerate(names)
-            if name not in ("pz", "ds_h")
-        }
+        ins = {name: keep_mask.load_strided(epi.at[slot, chunk]) for slot, name in enumerate(names)}
         if self.refs["mask"] is not None:
             ins["mask"] = keep_mask.load_values(sc["mask_tile"].at[chunk], self.keep)
         ins["ds_carry"] = keep_mask.load_strided(sc["carry"].at[chunk])
@@ -336,14 +287,3 @@ class BackwardCell:
         plgpu.commit_smem()
         dst = self.refs["bias_parts"].at[p, self.r, :, :, unit_sl]
         plgpu.copy_smem_to_gmem(sc["bias_part"], dst)
-
-    def _store_dz_ring(self, p) -> None:
-        """dz in the matmul dtype to ring slot p % 2, for the hyper cell's ds_h next."""
-        plan, epi, dsc = self.plan, self.sc["epi"], self.sc["dsc"]
-        rows, u = plan.rows_per_block, plan.units_per_block
-        plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-        dsc[0] = keep_mask.load_strided(epi.at[2]).astype(self.refs["wt"].dtype)
-        plgpu.commit_smem()
-        first = jax.lax.rem(p, 2) * plan.b_pad + self.r * rows
-        dst = self.refs["dz_ring"].at[pl.ds(first, rows), pl.ds(self.c * u, u)]
-        plgpu.copy_smem_to_gmem(dsc.at[0], dst)

@@ -1,15 +1,13 @@
-"""One cell's micro-layer phase inside a persistent forward kernel
+"""The micro-layer phase of the persistent forward kernel
 (`kernels/mosaic/persistent_forward.py`): its refs, shared memory and the block's slices
-(`Cell`), the shared memory it allocates (`scratch`) and its outputs (`out_types`). The main
-cell and, with the hyper cell inside, the hyper cell are each one `Cell` of the same kernel.
-The phase is the module docstring's of `persistent_forward`: exactly
+(`Cell`), the shared memory it allocates (`scratch`) and its outputs (`out_types`). The
+phase is the module docstring's of `persistent_forward`: exactly
 `kernels/mosaic/forward.py`'s micro-layer over K chunks, its epilogue, and the stores."""
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -39,7 +37,6 @@ class Cell:
     keep: float
     save: bool
     has_z: bool
-    z_inside: bool
     refs: dict
     state: Any
     pre: Any
@@ -49,7 +46,6 @@ class Cell:
     bar: Any
     r: Any
     g: Any
-    fill_z: Callable | None = None
     staged: gemm.StagedOperands | None = None  # with plan.staged
 
     @property
@@ -60,22 +56,9 @@ class Cell:
     def k_steps(self) -> int:
         return self.plan.k_pad // self.plan.k_chunk
 
-    def load_weights(self, p) -> None:
-        """Issues phase ``p``'s first weight chunks into the staged buffers."""
-        w_row = jax.lax.rem(p, self.depth) * self.plan.col_blocks + self.g
-        gemm.load_b_chunks(self.staged, self.refs["w"], w_row, self.k_steps)
-
-    def abandon(self, code, first_barrier: int) -> None:
-        """With status ``code`` nonzero (grid barrier ``code - 1`` failed): waits for the
-        weight loads of the first phase that did not run, if it has them."""
-        if self.plan.prefetch_weights:
-            skipped = code - first_barrier
-            pending = jnp.logical_and(code != 0, skipped < self.phases)
-            pl.when(pending)(lambda: gemm.wait_b_chunks(self.staged, self.k_steps))
-
     @property
     def ins(self) -> tuple[str, ...]:
-        return forward_inputs(self.has_z, self.z_inside)
+        return forward_inputs(self.has_z)
 
     def slices(self):
         rows, u = self.plan.rows_per_block, self.plan.units_per_block
@@ -98,8 +81,6 @@ class Cell:
             plgpu.copy_smem_to_gmem(self.cast, self.refs["s_mm"].at[row_sl, unit_sl])
 
         plgpu.wait_smem_to_gmem(0)
-        if self.plan.prefetch_weights:
-            self.load_weights(0)
 
     def _sources(self, t, layer) -> dict:
         row_sl, unit_sl = self.slices()
@@ -110,9 +91,7 @@ class Cell:
             "x_h": x_g.at[t, row_sl, 0, unit_sl],
             "x_t": x_g.at[t, row_sl, 1, unit_sl],
         }
-        if self.z_inside:
-            src["pz"] = self.refs["proj_bias"].at[layer, row_sl, unit_sl]
-        elif self.has_z:
+        if self.has_z:
             src["z"] = self.refs["z"].at[layer, t, row_sl, unit_sl]
         return src
 
@@ -124,11 +103,8 @@ class Cell:
         u, n_r = plan.units_per_block, plan.row_blocks
         has_mask = refs["mask"] is not None
         ins = self.ins
-        loaded = [
-            (slot, name) for slot, name in enumerate(ins) if not (name == "z" and self.z_inside)
-        ]
         outs = forward_saved_rows(self.save, self.has_z)
-        _, out_slot = forward_staging_slots(self.has_z, self.save, self.z_inside)
+        _, out_slot = forward_staging_slots(self.has_z, self.save)
         save_state = self.save and plan.state_in_packed  # f32: s_mm holds the input states
         mask_bar = len(ins)
         t, layer = jax.lax.div(p, depth), jax.lax.rem(p, depth)
@@ -136,7 +112,7 @@ class Cell:
         src = self._sources(t, layer)
 
         def each_input(action):
-            for slot, name in loaded:
+            for slot, name in enumerate(ins):
                 if name in ("x_h", "x_t"):  # loaded at layer 0, kept for the step's layers
                     pl.when(first)(functools.partial(action, slot, name))
                 else:
@@ -150,38 +126,23 @@ class Cell:
             plgpu.copy_gmem_to_smem(mask_src, self.mask_tile, bar.at[mask_bar])
         if save_state:  # packed row 0: the phase's input state, before it is overwritten
             plgpu.copy_smem_to_gmem(self.state, refs["packed"].at[p, row_sl, 0, unit_sl])
-        if self.fill_z is not None:
-            self.fill_z(p, layer, epi.at[ins.index("z")])
 
         a_row, w_row = slots.slot(p, steps, depth) * n_r + self.r, layer * plan.col_blocks + self.g
         if self.staged is None:
             gemm.gemm_nt_to_smem(
                 self.pre, refs["s_mm"], refs["w"], a_row, w_row,
                 tile_k=plan.k_chunk, k_steps=self.k_steps, stages=plan.stages,
-                in_flight=plan.wgmma_in_flight,
             )  # fmt: skip
         else:
             gemm.gemm_nt_staged(
                 self.pre, self.staged, refs["s_mm"], refs["w"], a_row, w_row,
-                k_steps=self.k_steps, in_flight=plan.wgmma_in_flight,
-                b_loaded=plan.prefetch_weights,
+                k_steps=self.k_steps,
             )  # fmt: skip
-        if plan.prefetch_weights:  # the next phase's weights, under this epilogue and barrier
-            pl.when(p + 1 < phases)(lambda: self.load_weights(p + 1))
         each_input(lambda slot, name: plgpu.barrier_wait(bar.at[slot]))
         if has_mask:
             plgpu.barrier_wait(bar.at[mask_bar])
-        if self.z_inside:  # z = s_hyper P_l + p_l, in place before the epilogue
-            z_slot, p_slot = ins.index("z"), ins.index("pz")
-            z_tile = keep_mask.load_strided(epi.at[z_slot])
-            epi[z_slot] = z_tile + keep_mask.load_strided(epi.at[p_slot])
-            plgpu.commit_smem()
         x_scale = jnp.where(first, jnp.float32(1.0), jnp.float32(0.0))
-        tiles_in = {
-            name: keep_mask.load_strided(epi.at[slot])
-            for slot, name in enumerate(ins)
-            if name != "pz"
-        }
+        tiles_in = {name: keep_mask.load_strided(epi.at[slot]) for slot, name in enumerate(ins)}
         tiles_in["x_h"] = tiles_in["x_h"] * x_scale
         tiles_in["x_t"] = tiles_in["x_t"] * x_scale
         tiles_in["s"] = self.state[...]
@@ -196,8 +157,6 @@ class Cell:
         self.cast[...] = tiles["s_new"].astype(jnp.dtype(self.plan.dtype))
         for name, slot in zip(outs, out_slot, strict=True):
             epi[slot] = tiles[name]
-        # z for the backward (its slot holds it), unless the backward recomputes it
-        store_z = self.z_inside and self.refs["z"] is not None
         plgpu.commit_smem()
 
         @pl.when(jnp.logical_and(self.in_a(), p < phases - 1))  # the next phase's A rows
@@ -212,18 +171,12 @@ class Cell:
             def _():
                 plgpu.copy_smem_to_gmem(self.state, refs["states"].at[0, row_sl, unit_sl])
 
-        if refs.get("tail") is not None:  # the last state's cast: the last z reads it
-
-            @pl.when(jnp.logical_and(self.in_a(), p == phases - 1))
-            def _():
-                plgpu.copy_smem_to_gmem(self.cast, refs["tail"].at[row_sl, unit_sl])
-
-        late = self._late_stores(p, t, layer, out_slot, save_state, store_z)
+        late = self._late_stores(p, out_slot, save_state)
         wait_for_all_but(late)
 
-    def _late_stores(self, p, t, layer, out_slot, save_state: bool, store_z: bool) -> int:
+    def _late_stores(self, p, out_slot, save_state: bool) -> int:
         """Issues the stores no later phase reads, after those one does; returns how many."""
-        refs, epi, ins = self.refs, self.epi, self.ins
+        refs, epi = self.refs, self.epi
         row_sl, unit_sl = self.slices()
         late = 0
         if not self.save:
@@ -232,10 +185,6 @@ class Cell:
         for i, slot in enumerate(out_slot):
             dst = refs["packed"].at[p, row_sl, save_state + i, unit_sl]
             plgpu.copy_smem_to_gmem(epi.at[slot], dst)
-            late += 1
-        if store_z:
-            dst = refs["z"].at[layer, t, row_sl, unit_sl]
-            plgpu.copy_smem_to_gmem(epi.at[ins.index("z")], dst)
             late += 1
         return late
 
@@ -288,20 +237,18 @@ def wait_for_every_store() -> None:
 
 
 def scratch(
-    plan: PersistentPlan, mm_dtype, has_z: bool, has_mask: bool, save: bool, z_inside: bool,
-    interpret: Any = None,
-) -> dict:  # fmt: skip
-    """One cell's shared memory but its GEMM tile ``pre`` (shared by the cells)."""
+    plan: PersistentPlan, mm_dtype, has_z: bool, has_mask: bool, save: bool, interpret: Any = None
+) -> dict:
+    """The cell's shared memory but its GEMM tile ``pre``."""
     rows, u = plan.rows_per_block, plan.units_per_block
-
-    n_slots, _ = forward_staging_slots(has_z, save, z_inside)
+    n_slots, _ = forward_staging_slots(has_z, save)
     scratch = dict(
         state=plgpu.SMEM((rows, u), F32),
         epi=plgpu.SMEM((n_slots, rows, u), F32),
         cast_or_mask=plgpu.RefUnion(
             (plgpu.SMEM((rows, u), mm_dtype),), (plgpu.SMEM((rows, u), keep_mask.DTYPE),)
         ),
-        bar=plgpu.Barrier(num_barriers=len(forward_inputs(has_z, z_inside)) + has_mask),
+        bar=plgpu.Barrier(num_barriers=len(forward_inputs(has_z)) + has_mask),
         **staged_scratch(
             plan, plan.cols_per_block, plan.k_pad // plan.k_chunk, mm_dtype, interpret
         ),

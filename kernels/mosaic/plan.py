@@ -29,10 +29,9 @@ def _round_up(x: int, m: int) -> int:
     return -(-x // m) * m
 
 
-def forward_inputs(has_z: bool, z_inside: bool = False) -> tuple[str, ...]:
+def forward_inputs(has_z: bool) -> tuple[str, ...]:
     """The forward's staged f32 [rows, u] epilogue inputs, in slot order."""
-    scales = ("z", "pz") if z_inside else ("z",) if has_z else ()
-    return ("b_h", "b_t", *scales, "x_h", "x_t")
+    return ("b_h", "b_t", *("z",) * has_z, "x_h", "x_t")
 
 
 def forward_saved_rows(save: bool, has_z: bool) -> tuple[str, ...]:
@@ -43,9 +42,9 @@ def forward_saved_rows(save: bool, has_z: bool) -> tuple[str, ...]:
     return ("full_h", "full_t") if has_z else ("h", "t")
 
 
-def forward_staging_slots(has_z: bool, save: bool, z_inside: bool = False) -> tuple[int, tuple]:
+def forward_staging_slots(has_z: bool, save: bool) -> tuple[int, tuple]:
     """(number of f32 [rows, u] staging slots, the slot of each saved row)."""
-    ins = forward_inputs(has_z, z_inside)
+    ins = forward_inputs(has_z)
     reused = len(ins) - 2
     outs = forward_saved_rows(save, has_z)
     where = tuple(i if i < reused else len(ins) + i - reused for i in range(len(outs)))
@@ -74,16 +73,12 @@ class PersistentPlan:
     """Configuration of one persistent-kernel call (hashable: a static argument).
 
     ``units``: units per block, or None for the fewest covering ``width``.
-    ``wgmma_in_flight``: 1 leaves one K chunk's wgmma running (`gemm.gemm_nt_to_smem`).
-    ``prefetch_weights``: the main GEMM's first weight chunks of a phase load before the
-    grid barrier that ends the phase before (`gemm.gemm_nt_staged`; the hyper cell apart).
     ``multicast_a``: each A chunk of the main GEMM is loaded once per row-group cluster and
-    multicast to its blocks (the row-group layout only; the hyper cell apart).
+    multicast to its blocks (the row-group layout only).
     ``multicast_b``: each weight chunk is loaded once per cluster of a column's row blocks
-    and multicast to them (the grid layout only, launched as such clusters; not with
-    ``prefetch_weights``; the hyper cell apart).
+    and multicast to them (the grid layout only, launched as such clusters).
     ``split_k``: the backward's main GEMM split between a block's two warpgroups
-    (`gemm.SplitK`; the hyper cell apart, no prefetch or multicast).
+    (`gemm.SplitK`; no multicast).
     """
 
     batch: int
@@ -96,8 +91,6 @@ class PersistentPlan:
     sm_count: int = H100.sms
     smem_limit: int = H100.smem_per_block_optin
     units: int | None = None
-    wgmma_in_flight: int = 0
-    prefetch_weights: bool = False
     multicast_a: bool = False
     multicast_b: bool = False
     split_k: bool = False
@@ -108,11 +101,6 @@ class PersistentPlan:
                 raise PlanError(f"PersistentPlan.{name} must be >= 1, got {getattr(self, name)}.")
         if self.dtype not in DTYPES:
             raise PlanError(f"PersistentPlan.dtype must be one of {DTYPES}, got {self.dtype!r}.")
-        if self.wgmma_in_flight not in (0, 1) or self.stages <= self.wgmma_in_flight:
-            raise PlanError(
-                "PersistentPlan.wgmma_in_flight must be 0, or 1 with stages >= 2, got "
-                f"{self.wgmma_in_flight} at stages {self.stages}."
-            )
         if self.k_chunk % 8:
             raise PlanError(f"PersistentPlan.k_chunk must be a multiple of 8, got {self.k_chunk}.")
         if self.units is not None and (self.units % UNIT_MULTIPLE or self.units < 1):
@@ -184,7 +172,7 @@ class PersistentPlan:
     @property
     def staged(self) -> bool:
         """Whether the main GEMM runs `gemm.gemm_nt_staged` (not `gemm.gemm_nt_to_smem`)."""
-        return self.prefetch_weights or self.multicast
+        return self.multicast
 
     @property
     def multicast(self) -> bool:
@@ -192,12 +180,12 @@ class PersistentPlan:
 
     def staged_levers(self) -> str:
         """The fields that make it `staged`, for an error line."""
-        fields = ("prefetch_weights", "multicast_a", "multicast_b")
+        fields = ("multicast_a", "multicast_b")
         return " and ".join(f for f in fields if getattr(self, f))
 
     def staged_stages(self, k_steps: int) -> int:
         """Stages of `gemm.StagedOperands` for a K loop of ``k_steps`` chunks."""
-        return max(min(self.stages, k_steps), self.wgmma_in_flight + 1)
+        return max(min(self.stages, k_steps), 1)
 
     def weight_slice_bytes(self) -> int:
         """One block's slice of one layer's weight, forward or backward, the larger."""
@@ -205,17 +193,10 @@ class PersistentPlan:
         backward = self.k2_pad * self.units_per_block
         return max(forward, backward) * self.itemsize
 
-    def smem_bytes(
-        self,
-        has_z: bool = True,
-        has_mask: bool = True,
-        save: bool = True,
-        hyper: PersistentPlan | None = None,
-    ) -> int:
+    def smem_bytes(self, has_z: bool = True, has_mask: bool = True, save: bool = True) -> int:
         """Shared memory per block of the forward kernel, by default with every option."""
         rows, units, item = self.rows_per_block, self.units_per_block, self.itemsize
-        z_inside = hyper is not None
-        slots, _ = forward_staging_slots(has_z or z_inside, save, z_inside)
+        slots, _ = forward_staging_slots(has_z, save)
         pipeline = [
             self.stages * rows * self.k_chunk,
             self.stages * self.cols_per_block * self.k_chunk,
@@ -223,18 +204,7 @@ class PersistentPlan:
         pre = rows * self.cols_per_block * 4
         buffers = [rows * units * 4, slots * rows * units * 4, rows * units * item]
         barriers = self.stages * (1 + self.staged + self.multicast)
-        barriers += len(forward_inputs(has_z or z_inside, z_inside)) + has_mask
-        if z_inside:
-            h_units, h_chunk = hyper.units_per_block, hyper.k_chunk
-            h_stages = min(hyper.stages, hyper.k_pad // h_chunk)  # the pipeline's own cap
-            h_slots, _ = forward_staging_slots(False, save)
-            buffers += [rows * h_units * 4, h_slots * rows * h_units * 4, rows * h_units * item]
-            pre = max(pre, rows * hyper.cols_per_block * 4)
-            z_gemm = [h_stages * rows * h_chunk, h_stages * units * h_chunk]
-            h_gemm = [h_stages * rows * h_chunk, h_stages * hyper.cols_per_block * h_chunk]
-            pipeline = max(pipeline, z_gemm, h_gemm, key=lambda b: sum(map(self._aligned, b)))
-            # The z and hyper GEMMs' mbarriers share one kind; the main GEMM's another.
-            barriers += len(forward_inputs(False)) + has_mask + h_stages * (h_stages != self.stages)
+        barriers += len(forward_inputs(has_z)) + has_mask
         sizes = [b * item for b in pipeline] + [pre, *buffers]
         return sum(map(self._aligned, sizes)) + 8 * barriers
 

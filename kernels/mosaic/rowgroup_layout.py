@@ -28,10 +28,10 @@ def check(plan: PersistentPlan, layout: str, interpret: Any) -> None:
         raise PlanError(f"persistent multicast_a needs layout 'rowgroup', got {layout!r}")
     if plan.multicast_b and layout != "grid":
         raise PlanError(f"persistent multicast_b needs layout 'grid', got {layout!r}")
-    if plan.multicast_b and (plan.prefetch_weights or not 2 <= plan.row_blocks <= MAX_CLUSTER):
+    if plan.multicast_b and not 2 <= plan.row_blocks <= MAX_CLUSTER:
         raise PlanError(
-            f"persistent multicast_b needs 2 to {MAX_CLUSTER} row blocks (a cluster of them) "
-            f"and no prefetch_weights, got {plan.row_blocks} and {plan.prefetch_weights}"
+            f"persistent multicast_b needs 2 to {MAX_CLUSTER} row blocks (a cluster of them), "
+            f"got {plan.row_blocks}"
         )
     if layout == "grid":
         if interpret is not None:

@@ -5,8 +5,8 @@ Each kernel runs a grid of at most one block per SM (`kernels.mosaic.plan.Persis
 block ``(r, g)`` owns some batch rows and a slice of the units, keeps its state in shared
 memory and meets the others at a grid barrier after each of the T * L micro-layer phases.
 Weight and input-projection gradients are XLA GEMMs after the backward kernel. The HyperRHN's
-hyper cell runs as its own kernels, or inside the main ones; `PersistentVariant` (the
-spec's ``variant``, else the module's switches) picks that, the layout and the pipeline.
+hyper cell runs as its own kernels; `PersistentVariant` (the spec's ``variant``, else
+`default_variant`) picks the layout and the pipeline.
 Shapes: states [T, L, Bp, Np] (batch and units padded to the plan). Design: docs/design.md
 and docs/persistent_design.md.
 """
@@ -27,17 +27,13 @@ from rhhjax.kernels.mosaic import persistent_backward as pb
 from rhhjax.kernels.mosaic import persistent_forward as pf
 from rhhjax.kernels.mosaic.plan import PersistentPlan, PlanError, scales_width
 from rhhjax.ops import cells, fused, loops
-from rhhjax.ops.persistent_cost import (
-    candidates,
-    inside_plans,
-    plan_for,
-    predicted_phase_us,
-)
+from rhhjax.ops.persistent_cost import candidates, plan_for, predicted_phase_us
 from rhhjax.ops.persistent_variant import (  # noqa: F401 (the op's variant API, re-exported)
     AUTO_TEXT,
     DEFAULT_TEXT,
     LEVERS,
     PIPELINES,
+    REMOVED,
     STATUS_CHECKS,
     UNTESTED_ON_A_GPU,
     PersistentVariant,
@@ -57,35 +53,11 @@ KEEP_DTYPE = jnp.uint8
 LAST_LAYER_COTANGENT = True
 # The variant of a spec without one (`default_variant`; docs/persistent_design.md).
 LAYOUT = "grid"
-HYPER_INSIDE = False
-# With the hyper cell inside: the main backward recomputes z.
-RECOMPUTE_SCALES = True
-# With z recomputed: the hyper cell's backward inside the main backward.
-HYPER_BACKWARD_INSIDE = True
-
-
-@functools.partial(
-    jax.tree_util.register_dataclass,
-    data_fields=["s_mm", "tail", "proj", "proj_bias"],
-    meta_fields=["plan"],
-)
-@dataclasses.dataclass(frozen=True)
-class RecomputedScales:
-    """The main cell's z operand when its backward recomputes z (a pytree residual)."""
-
-    s_mm: jax.Array
-    tail: jax.Array
-    proj: jax.Array
-    proj_bias: jax.Array
-    plan: PersistentPlan
-
-    def kernel_operand(self) -> pb.ScalesInside:
-        return pb.ScalesInside(self.plan, self.s_mm, self.tail, self.proj, self.proj_bias)
 
 
 def default_variant() -> PersistentVariant:
-    """The variant of a spec without one: the module's switches (today's: apart, grid)."""
-    return PersistentVariant(HYPER_INSIDE, LAYOUT)
+    """The variant of a spec without one: the module's LAYOUT."""
+    return PersistentVariant(LAYOUT)
 
 
 def variant_of(spec: SequenceSpec) -> PersistentVariant:
@@ -94,11 +66,11 @@ def variant_of(spec: SequenceSpec) -> PersistentVariant:
 
 def variant_plans(
     variant: PersistentVariant, batch: int, width: int, hyper_width: int, dtype_name: str,
-    interpret: bool = False, depth: int = 7,
+    interpret: bool = False,
 ) -> tuple:  # fmt: skip
-    """(layout, plans run) of a HyperRHN of [batch, width] and [batch, hyper_width] cells (an
-    RHN: hyper_width 0) at ``variant``: each cell's, or the joint kernels'; PlanError (one
-    line) unless their own checks accept them and, where asked, the hyper cell fits inside."""
+    """(layout, main plan, hyper plan or None) of a HyperRHN of [batch, width] and [batch,
+    hyper_width] cells (an RHN: hyper_width 0) at ``variant``; PlanError (one line) unless
+    their own checks accept them."""
     from rhhjax.ops.sequence_spec import SequenceSpec
 
     spec = SequenceSpec(NAME, 1.0, jnp.dtype(dtype_name), interpret=interpret, variant=variant)
@@ -106,48 +78,28 @@ def variant_plans(
     hyper = _plan_of(spec, batch, hyper_width) if hyper_width else None
     for plan in filter(None, (main, hyper)):
         rowgroup_layout.check(plan, variant.layout, True if interpret else None)
-    inside = hyper_inside_plans(spec, batch, width, hyper_width) if hyper_width else None
-    if inside is None:
-        if variant.hyper_inside:
-            raise PlanError(f"persistent variant {variant.text()}: no plan has the hyper inside")
-        return variant.layout, main, hyper
-    joint = hyper_backward_plan(main, inside[1], depth, True)
-    if variant.hyper_blocks == "own":
-        for plan in filter(None, (inside[0], joint)):
-            _check_own_blocks(plan, inside[1], interpret)
-    backward = joint or scales_backward_plan(main, inside[1], depth, True) or main
-    return variant.layout, *inside, backward, hyper if joint is None else None
-
-
-def _check_own_blocks(main: PersistentPlan, hyper: PersistentPlan, interpret: bool) -> None:
-    """PlanError (one line) unless a kernel of ``main`` runs the hyper cell on blocks of
-    its own."""
-    try:
-        pf.check_hyper_blocks(main, hyper, "own", "grid", True if interpret else None)
-    except PlanError as error:
-        raise PlanError(f"persistent variant hyper_blocks=own: {error}") from None
+    return variant.layout, main, hyper
 
 
 def variant_candidates(
-    batch: int, width: int, hyper_width: int, dtype_name: str, interpret: bool = False,
-    depth: int = 7,
-) -> list[PersistentVariant]:  # fmt: skip
+    batch: int, width: int, hyper_width: int, dtype_name: str, interpret: bool = False
+) -> list[PersistentVariant]:
     """The variants `variant_plans` accepts: today's, its `LEVERS`, then one per set of plans."""
-    args = (batch, width, hyper_width, dtype_name, interpret, depth)
-    seen, found = set(), []
+    args = (batch, width, hyper_width, dtype_name, interpret)
+    seen, found = set(), [default_variant()]
     for stages, k_chunk in PIPELINES:
-        for hyper_inside, layout, blocks in _PLACEMENTS:
-            variant = PersistentVariant(hyper_inside, layout, stages, k_chunk, hyper_blocks=blocks)
+        for layout in rowgroup_layout.LAYOUTS:
+            variant = PersistentVariant(layout, stages, k_chunk)
             plans = _plans_or_none(variant, *args)
-            if plans is not None and (plans, blocks) not in seen:
-                seen.add((plans, blocks))
+            if plans is not None and plans not in seen:
+                seen.add(plans)
                 found.append(variant)
     levers = [lever for lever in map(_with_lever, found[:1] * len(LEVERS), LEVERS) if lever]
-    runs = {}  # one variant per distinct run: plans, status check, hyper blocks
+    runs = {}  # one variant per distinct run: plans and status check
     for variant in found[:1] + levers + found[1:]:
         plans = _plans_or_none(variant, *args)
         if plans is not None:
-            runs.setdefault((plans, variant.status, variant.hyper_blocks), variant)
+            runs.setdefault((plans, variant.status), variant)
     return list(runs.values())
 
 
@@ -161,17 +113,10 @@ def with_lever(variants: list[PersistentVariant], lever: dict, *args) -> list[Pe
     return list(dict.fromkeys(variants[:1] + kept))
 
 
-# (hyper_inside, layout, hyper_blocks) of `variant_candidates`, in its order
-_PLACEMENTS = (
-    (False, "grid", "shared"), (False, "rowgroup", "shared"), (True, "grid", "shared"),
-    (True, "grid", "own"), (True, "rowgroup", "shared"),
-)  # fmt: skip
-
-
 def _with_lever(variant: PersistentVariant, lever: dict) -> PersistentVariant | None:
     try:
         return dataclasses.replace(variant, **lever)
-    except VariantError:  # prefetch with the hyper cell inside
+    except VariantError:  # split_k with multicast
         return None
 
 
@@ -270,15 +215,12 @@ def _kernel_operands(plan, geo, stacked, s0, xproj, bias, z, keep) -> tuple:
     return plan, stacked, s0, xproj[..., : plan.z_width], rows, z, mask
 
 
-def _run_forward(
-    spec, save: bool, *args, hyper: pf.HyperInside | None = None, save_scales: bool = True
-) -> tuple:
-    options = dict(save=save, keep=spec.keep, hyper=hyper, save_scales=save_scales)
+def _run_forward(spec, save: bool, *args) -> tuple:
+    options = dict(save=save, keep=spec.keep)
     if spec.references:
         return pf.persistent_forward_reference(*args, **options)
     interpret = loops.kernel_interpret(spec)
-    variant = variant_of(spec)
-    options |= dict(interpret=interpret, layout=variant.layout, hyper_blocks=variant.hyper_blocks)
+    options |= dict(interpret=interpret, layout=variant_of(spec).layout)
     outs = pf.persistent_forward(*args, **options)
     return _checked(spec, outs, 0 if save else None, "persistent forward")
 
@@ -307,72 +249,6 @@ def _cell_results(plan: PersistentPlan, outs, save: bool, length: int, depth: in
     return states, (packed, s_mm)
 
 
-def hyper_inside_plans(
-    spec: SequenceSpec, batch: int, width: int, hyper_width: int
-) -> tuple[PersistentPlan, PersistentPlan] | None:
-    """(main plan, hyper plan) with the hyper cell inside, or None."""
-    if not variant_of(spec).hyper_inside:
-        return None
-    return inside_plans(_plan_of(spec, batch, width), _plan_of(spec, batch, hyper_width))
-
-
-def scales_backward_plan(
-    plan: PersistentPlan, hyper_plan: PersistentPlan, depth: int, has_mask: bool
-) -> PersistentPlan | None:
-    """The backward plan when it recomputes z, or None."""
-    if not RECOMPUTE_SCALES:
-        return None
-    return _deepest_backward_plan(plan, True, has_mask, depth, hyper_plan)
-
-
-def _deepest_backward_plan(plan: PersistentPlan, *check_args) -> PersistentPlan | None:
-    for stages in range(plan.stages, 1, -1):
-        candidate = dataclasses.replace(plan, stages=stages)
-        try:
-            pb.check_plan(candidate, *check_args)
-        except PlanError:
-            continue
-        return candidate
-    return None
-
-
-def hyper_forward_loop(spec, geos, kernels, operands, proj_kernel, proj_bias, save: bool):
-    """Both cells' forward as one kernel, the hyper cell inside: geos, operands and kernels
-    are (hyper, main) pairs. Returns (hyper (states, saved), main (states, saved), z for
-    the backward or None)."""
-    geo_h, geo_m = geos
-    plan, hyper_plan = hyper_inside_plans(spec, geo_m.batch, geo_m.n, geo_h.n)
-    ops_h, ops_m = operands
-    if ops_h[-1] is not None or ops_m[-1] is not None:
-        raise ValueError(f"impl {NAME!r} has no variational dropout")
-    length, depth = ops_m[2].shape[0], ops_m[0].shape[0]
-
-    def kernel_operands(cell_plan, geo, kernel_s, ops):
-        bias, s0, xproj, _, keep, _ = ops
-        stacked = pf.forward_weights(cell_plan, kernel_s, spec.dtype)
-        return _kernel_operands(cell_plan, geo, stacked, s0, xproj, bias, None, keep)
-
-    args_h = kernel_operands(hyper_plan, geo_h, kernels[0], ops_h)
-    args_m = kernel_operands(plan, geo_m, kernels[1], ops_m)
-    hyper = pf.HyperInside(
-        hyper_plan, *args_h[1:5], args_h[6],
-        pf.projection_weights(plan, hyper_plan, proj_kernel, spec.dtype),
-        _bias_rows(geo_m, _padded_units(geo_m, proj_bias)),
-    )  # fmt: skip
-    recompute = scales_backward_plan(plan, hyper_plan, depth, args_m[6] is not None) is not None
-    outs = _run_forward(spec, save, *args_m, hyper=hyper, save_scales=not recompute)
-    n_cell = 2 + save
-    main = _cell_results(plan, outs[:n_cell], save, length, depth)
-    hyper_out = _cell_results(hyper_plan, outs[n_cell : 2 * n_cell], save, length, depth)
-    if not save:
-        return hyper_out, main, None
-    if not recompute:
-        return hyper_out, main, outs[2 * n_cell]
-    tail = outs[-2]
-    z = RecomputedScales(hyper_out[1][1], tail, hyper.proj, hyper.proj_bias, hyper_plan)
-    return hyper_out, main, z
-
-
 def _bias_rows(geo: Geometry, bias: Array) -> Array:
     return jnp.broadcast_to(bias[:, None], (bias.shape[0], geo.b_pad, *bias.shape[1:]))
 
@@ -396,14 +272,8 @@ def _states_from_s_mm(s_mm: Array, s_last: Array, length: int, depth: int) -> Ar
 
 
 def backward_loop(spec, geo, w, bias, s0, xproj, z, keep, hidden, saved, g_states):
-    args = (spec, geo, w, bias, s0, xproj, z, keep, hidden, saved, g_states)
-    return backward_loop_and_scale_bias(*args)[:5]
-
-
-def backward_loop_and_scale_bias(spec, geo, w, bias, s0, xproj, z, keep, hidden, saved, g_states):
     """The whole backward as one kernel: g_states [T, L, Bp, Np] or [T, Bp, Np] -> (ds0,
-    d_xproj [T, 1, Bp, 2, Np], dz or None, dbias [L, 2, Np], dW [L, k_pad, 2, Np], dp
-    [L, Np] or None)."""
+    d_xproj [T, 1, Bp, 2, Np], dz or None, dbias [L, 2, Np], dW [L, k_pad, 2, Np])."""
     del s0, hidden
     packed, s_mm = saved
     (stacked,) = w
@@ -411,80 +281,30 @@ def backward_loop_and_scale_bias(spec, geo, w, bias, s0, xproj, z, keep, hidden,
     depth = bias.shape[0]
     mask = keep_mask.decisions(_phase_major(keep))
     g = _cotangent_rows(g_states)
-    rows = None
-    if z is not None:
-        rows = _bias_rows(geo, bias)
-    scales = None
-    if isinstance(z, RecomputedScales):
-        scales = z.kernel_operand()
-        plan = scales_backward_plan(plan, z.plan, depth, mask is not None)
-        z = None
+    rows = None if z is None else _bias_rows(geo, bias)
     s_prev = None if plan.state_in_packed else s_mm
-    args = (plan, stacked, g, packed, z, mask, rows, s_prev)
-    outs = _run_backward(spec, *args, scales=scales)
-    has_z = rows is not None
-    return _gradients(spec, geo, stacked, depth, outs, s_mm, has_z)
+    outs = _run_backward(spec, plan, stacked, g, packed, z, mask, rows, s_prev)
+    return _gradients(spec, geo, stacked, depth, outs, s_mm, z is not None)
 
 
-def _run_backward(spec, *args, **cells) -> tuple:
+def _run_backward(spec, *args) -> tuple:
     if spec.references:
-        return pb.persistent_backward_reference(*args, keep=spec.keep, **cells)
+        return pb.persistent_backward_reference(*args, keep=spec.keep)
     interpret = loops.kernel_interpret(spec)
-    variant = variant_of(spec)
-    outs = pb.persistent_backward(
-        *args, keep=spec.keep, interpret=interpret, layout=variant.layout,
-        hyper_blocks=variant.hyper_blocks, **cells,
-    )  # fmt: skip
+    layout = variant_of(spec).layout
+    outs = pb.persistent_backward(*args, keep=spec.keep, interpret=interpret, layout=layout)
     return _checked(spec, outs, 3, "persistent backward")  # 3: bias_parts, dbias's
 
 
 def _gradients(spec, geo, stacked, depth: int, outs, s_mm, has_z: bool) -> tuple:
+    """The kernel's outputs -> (ds0, d_xproj, dz or None, dbias, dW)."""
     d_x, d_mm, ds_carry0, bias_parts = outs[:4]
     w0 = stacked[: geo.n_pad]
     ds0 = ds_carry0 + jnp.matmul(d_mm[: geo.b_pad], w0.T, preferred_element_type=jnp.float32)
     dbias = pb.bias_gradient(bias_parts, depth)
     d_xproj = _padded_units(geo, d_x)[:, None]
     dz = _padded_units(geo, jnp.swapaxes(outs[4], 0, 1)) if has_z else None
-    dp = pb.scale_bias_gradient(outs[5]) if has_z else None
-    return ds0, d_xproj, dz, dbias, _weight_gradient(spec, depth, d_mm, s_mm), dp
-
-
-def hyper_backward_plan(
-    plan: PersistentPlan, hyper_plan: PersistentPlan, depth: int, has_mask: bool
-) -> PersistentPlan | None:
-    """The backward plan with the hyper cell inside, or None."""
-    if not HYPER_BACKWARD_INSIDE:
-        return None
-    return _deepest_backward_plan(plan, True, has_mask, depth, hyper_plan, hyper_plan, has_mask)
-
-
-def hyper_backward_loop(spec, args_h, args_m, proj_kernel):
-    """Both cells' backward as one kernel, the hyper cell one phase behind: (hyper
-    gradients, main gradients), or None where it does not run."""
-    _, geo_m, (stacked_m,), bias_m, _, _, z, keep_m, _, saved_m, g_m = args_m
-    _, geo_h, (stacked_h,), _, _, _, _, keep_h, _, saved_h, g_h = args_h
-    if not isinstance(z, RecomputedScales):
-        return None
-    depth, has_mask, hp = bias_m.shape[0], keep_m is not None, z.plan
-    plan = hyper_backward_plan(_plan(spec, geo_m), hp, depth, has_mask)
-    if plan is None:
-        return None
-    (packed_m, s_mm_m), (packed_h, s_mm_h) = saved_m, saved_h
-    g_h = _cotangent_rows(g_h)
-    hyper = pb.HyperBackward(
-        hp, stacked_h, g_h, packed_h, keep_mask.decisions(_phase_major(keep_h)),
-        None if hp.state_in_packed else s_mm_h,
-        pb.projection_rows(plan, hp, proj_kernel, spec.dtype),
-    )  # fmt: skip
-    scales = z.kernel_operand()
-    g = _cotangent_rows(g_m)
-    mask = keep_mask.decisions(_phase_major(keep_m))
-    s_prev = None if plan.state_in_packed else s_mm_m
-    args = (plan, stacked_m, g, packed_m, None, mask, _bias_rows(geo_m, bias_m), s_prev)
-    outs = _run_backward(spec, *args, scales=scales, hyper=hyper)
-    main = _gradients(spec, geo_m, stacked_m, depth, outs[:6], s_mm_m, True)
-    hyper_grads = _gradients(spec, geo_h, stacked_h, depth, outs[6:10], s_mm_h, False)
-    return hyper_grads[:5], main
+    return ds0, d_xproj, dz, dbias, _weight_gradient(spec, depth, d_mm, s_mm)
 
 
 def _padded_units(geo: Geometry, x: Array) -> Array:

@@ -1,7 +1,6 @@
 """The persistent kernels' plan: the plan `persistent` runs, the runnable plan of the lowest
 PREDICTED phase time (`predicted_phase_us` at `Rates`, a model, not a measurement; its rates
-are measured on an H100), and the plans of the forward with the hyper cell inside
-(`inside_plans`). The step's PREDICTION table per layout that builds on it is a benchmark
+are measured on an H100). The step's PREDICTION table per layout that builds on it is a benchmark
 program, not part of the library: benchmarks/persistent_prediction.py.
 """
 
@@ -125,34 +124,4 @@ def _deepest(batch, width, dtype_name, row_blocks, units, k_chunk) -> Persistent
         except PlanError:
             continue
         return plan
-    return None
-
-
-def inside_plans(
-    main: PersistentPlan, alone: PersistentPlan
-) -> tuple[PersistentPlan, PersistentPlan] | None:
-    """(main plan, hyper plan) of the forward kernel with the hyper cell inside, from each
-    cell's own plan, or None: ``main`` at the most pipeline stages (>= 2) that fit beside the
-    hyper cell's shared memory; the hyper plan of the same rows and the most column blocks
-    (at most the main's) that split ``alone``'s padded units in blocks of a multiple of 16
-    (uint8 mask rows), padded like ``alone`` (same b_pad, n_pad, k_pad), so that each
-    cell's backward at its own plan reads what that forward saved."""
-    for cols in range(min(main.col_blocks, alone.n_pad // 16), 0, -1):
-        units = alone.n_pad // cols
-        if alone.n_pad % cols or units % 16:
-            continue
-        try:
-            hyper = PersistentPlan(
-                alone.batch, alone.width, main.dtype, cols, main.row_blocks, alone.k_chunk, 2,
-                main.sm_count, main.smem_limit, units,
-            )  # fmt: skip
-            hyper.check()
-        except PlanError:
-            continue
-        if (hyper.b_pad, hyper.n_pad, hyper.k_pad) != (alone.b_pad, alone.n_pad, alone.k_pad):
-            continue
-        for stages in range(main.stages, 1, -1):
-            fitted = dataclasses.replace(main, stages=stages)
-            if fitted.smem_bytes(hyper=hyper) <= fitted.smem_limit:
-                return fitted, hyper
     return None

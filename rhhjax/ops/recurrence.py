@@ -5,12 +5,10 @@ implementation `spec.impl` names (`rhhjax.ops.spec.IMPLEMENTATIONS`). This modul
 per call (B -> Bp rows, n -> Np units), draws every step's gate-dropout decisions and unpads
 the gradients. Padded units and rows stay zero and add nothing to any gradient. Inside:
 s [Bp, Np], xproj [T, Bp, 2, Np], bias [L, 2, Np], z and keep [T, L, Bp, Np].
-`hyper_highway_sequence` runs a HyperRHN's two cells in one kernel (`persistent`).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 import jax
@@ -78,17 +76,13 @@ def _cotangent(spec: SequenceSpec, impl, g: Array, depth: int) -> Array:
 
 
 def _sequence_bwd(spec, residuals, g_states):
-    return _cell_backward(spec, residuals, g_states)[0]
+    return _cell_backward(spec, residuals, g_states)
 
 
-def _cell_backward(spec, residuals, g_states, scale_bias: bool = False):
+def _cell_backward(spec, residuals, g_states):
     impl = IMPLEMENTATIONS[spec.impl]
     args = _backward_args(spec, residuals, g_states)
-    if scale_bias:
-        loop_out = impl.backward_loop_and_scale_bias(*args)
-    else:
-        loop_out = impl.backward_loop(*args)
-    return _cell_cotangents(residuals, args[1], g_states, loop_out)
+    return _cell_cotangents(residuals, args[1], g_states, impl.backward_loop(*args))
 
 
 def _backward_args(spec, residuals, g_states) -> tuple:
@@ -105,9 +99,7 @@ def _cell_cotangents(residuals, geo, g_states, loop_out):
     operands, _, key_zero, weights = residuals
     hidden = operands[5]
     batch, width = g_states.shape[-2:]
-    ds0, d_scaled, dz, dbias, dw = loop_out[:5]
-    dp = loop_out[5] if len(loop_out) > 5 else None
-    dp = None if dp is None else dp[..., : geo.n]
+    ds0, d_scaled, dz, dbias, dw = loop_out
     dbias = geo.unpad_bias(dbias)
     d_weights = cells.HighwayWeights(
         kernel_x=jnp.zeros_like(weights.kernel_x),
@@ -119,7 +111,7 @@ def _cell_cotangents(residuals, geo, g_states, loop_out):
     dxproj = geo.unpad_halves(d_scaled[:, 0])
     dz = None if dz is None else geo.unpad_rows(dz)
     dhidden = None if hidden is None else jnp.zeros((hidden.shape[0], batch, width), hidden.dtype)
-    return (d_weights, geo.unpad_rows(ds0), dxproj, dz, key_zero, dhidden), dp
+    return d_weights, geo.unpad_rows(ds0), dxproj, dz, key_zero, dhidden
 
 
 _sequence.defvjp(_sequence_fwd, _sequence_bwd)
@@ -141,108 +133,3 @@ def highway_sequence(
     if spec.gate_dropout and key_data is None:
         raise ValueError("gate dropout needs a key")
     return _sequence(spec, weights, s0, xproj, z, key_data, hidden_masks)
-
-
-def hyper_inside(spec: SequenceSpec, batch: int, width: int, hyper_width: int) -> bool:
-    """Whether `hyper_highway_sequence` runs this HyperRHN (`persistent` with plans)."""
-    impl = IMPLEMENTATIONS[spec.impl]
-    plans = getattr(impl, "hyper_inside_plans", None)
-    return plans is not None and plans(spec, batch, width, hyper_width) is not None
-
-
-def _hyper_specs(spec: SequenceSpec) -> tuple[SequenceSpec, SequenceSpec]:
-    hyper = dataclasses.replace(spec, last_layer_only=False)
-    return hyper, dataclasses.replace(spec, last_layer_only=True)
-
-
-def _hyper_run_forward(spec, weights, proj, s0s, xprojs, keys, save: bool):
-    """Pads both cells and runs their forward as one kernel."""
-    impl = IMPLEMENTATIONS[spec.impl]
-    cells_in = zip(_hyper_specs(spec), weights, s0s, xprojs, keys, strict=True)
-    geos, operands = [], []
-    for cell_spec, w, s0, xproj, key_data in cells_in:
-        geo = impl.geometry(cell_spec, *s0.shape)
-        geos.append(geo)
-        operands.append(_padded_operands(cell_spec, impl, geo, w, s0, xproj, None, key_data, None))
-    kernels = tuple(w.kernel_s for w in weights)
-    hyper, main, z = impl.hyper_forward_loop(spec, geos, kernels, operands, *proj, save=save)
-    operands[1] = (*operands[1][:3], z, *operands[1][4:])
-    return [(geo, ops, *out) for geo, ops, out in zip(geos, operands, (hyper, main), strict=True)]
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _hyper_sequence(spec, weights, proj, s0s, xprojs, keys):
-    runs = _hyper_run_forward(spec, weights, proj, s0s, xprojs, keys, save=False)
-    return _hyper_returned(spec, runs)
-
-
-def _hyper_returned(spec, runs) -> tuple[Array, Array]:
-    """(last hyper state [B, h], main last layer [T, B, n]), unpadded."""
-    (geo_h, _, states_h, _), (geo_m, _, states_m, _) = runs
-    _, spec_m = _hyper_specs(spec)
-    return geo_h.unpad_rows(states_h[-1, -1]), geo_m.unpad_rows(_returned(spec_m, states_m))
-
-
-def _hyper_sequence_fwd(spec, weights, proj, s0s, xprojs, keys):
-    runs = _hyper_run_forward(spec, weights, proj, s0s, xprojs, keys, save=True)
-    out = _hyper_returned(spec, runs)
-    residuals = []
-    for (_, operands, _, saved), w, key_data in zip(runs, weights, keys, strict=True):
-        key_zero = None if key_data is None else jnp.zeros(key_data.shape, jax.dtypes.float0)
-        residuals.append((operands, saved, key_zero, w))
-    geo_h, _, states_h, _ = runs[0]
-    return out, (tuple(residuals), proj, geo_h.unpad_rows(states_h))
-
-
-def _hyper_sequence_bwd(spec, residuals, g):
-    """Both cells' backward in one kernel, or main, z's VJP, then hyper."""
-    (res_h, res_m), (proj_kernel, proj_bias), hyper_states = residuals
-    g_last, g_main = g
-    spec_h, spec_m = _hyper_specs(spec)
-    steps, depth = hyper_states.shape[:2]
-
-    def scales(kernel, states):
-        return cells.hyper_scales(kernel, proj_bias, states, spec.dtype)
-
-    impl = IMPLEMENTATIONS[spec.impl]
-    args_m = _backward_args(spec_m, res_m, g_main)
-    joint = None
-    if hasattr(impl, "hyper_backward_loop"):
-        # Hyper cotangent [T, B, h]: zero but at T - 1.
-        spec_h_last = dataclasses.replace(spec_h, last_layer_only=True)
-        g_hyper = jnp.zeros((steps, *g_last.shape), g_last.dtype).at[-1].set(g_last)
-        args_h = _backward_args(spec_h_last, res_h, g_hyper)
-        joint = impl.hyper_backward_loop(spec, args_h, args_m, proj_kernel)
-    if joint is not None:
-        d_hyper, _ = _cell_cotangents(res_h, args_h[1], g_last, joint[0])
-        d_main, d_bias = _cell_cotangents(res_m, args_m[1], g_main, joint[1])
-        _, kernel_vjp = jax.vjp(lambda kernel: scales(kernel, hyper_states), proj_kernel)
-        (d_kernel,) = kernel_vjp(d_main[3])
-    else:
-        loop_out = impl.backward_loop_and_scale_bias(*args_m)
-        d_main, d_bias = _cell_cotangents(res_m, args_m[1], g_main, loop_out)
-        _, scales_vjp = jax.vjp(scales, proj_kernel, hyper_states)
-        d_kernel, d_states = scales_vjp(d_main[3])
-        g_every = jnp.zeros((steps, depth, *g_last.shape), g_last.dtype).at[-1, -1].set(g_last)
-        d_hyper = _sequence_bwd(spec_h, res_h, g_every + d_states)
-    pair = lambda i: (d_hyper[i], d_main[i])  # noqa: E731
-    return pair(0), (d_kernel, d_bias), pair(1), pair(2), pair(4)
-
-
-_hyper_sequence.defvjp(_hyper_sequence_fwd, _hyper_sequence_bwd)
-
-
-def hyper_highway_sequence(
-    spec: SequenceSpec,
-    weights: tuple[cells.HighwayWeights, cells.HighwayWeights],
-    proj: tuple[Array, Array],
-    s0s: tuple[Array, Array],
-    xprojs: tuple[Array, Array],
-    gate_keys: tuple[Array | None, Array | None],
-) -> tuple[Array, Array]:
-    """A HyperRHN's two recurrences as one op whose forward runs both cells in one kernel:
-    (hyper, main) pairs -> (last hyper state [B, h], main states [T, B, n])."""
-    if spec.gate_dropout and None in gate_keys:
-        raise ValueError("gate dropout needs a key")
-    keys = tuple(None if k is None else jax.random.key_data(k) for k in gate_keys)
-    return _hyper_sequence(spec, tuple(weights), tuple(proj), tuple(s0s), tuple(xprojs), keys)

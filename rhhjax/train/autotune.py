@@ -86,7 +86,7 @@ def candidates(mc: models.ModelConfig, batch: int, platform: str = "gpu") -> lis
         return found
     hyper = mc.hyper_hidden if mc.type == "hyperrhn" else 0
     dtype = jnp.dtype(mc.compute_dtype).name
-    variants = persistent.variant_candidates(batch, mc.hidden, hyper, dtype, depth=mc.depth)
+    variants = persistent.variant_candidates(batch, mc.hidden, hyper, dtype)
     tested = [v for v in variants if v.tested_on_a_gpu()]
     return found + [Candidate(persistent.NAME, v.text()) for v in tested]
 
