@@ -155,31 +155,3 @@ def test_command_buffer_flags_are_accepted_by_xla(mode):
         assert run.returncode != 0 and "Illegal value" in run.stderr
     else:
         assert run.returncode == 0 and run.stdout.strip() == "3.0", run.stderr[-500:]
-
-
-def test_bench_vs_report_puts_each_measurement_beside_its_prediction():
-    bench_vs_report = load("bench_vs_report")
-
-    def row(impl, ms, model="hyperrhn"):
-        return dict(model=model, impl=impl, dtype="bfloat16", size="paper", step_ms_median=ms)
-
-    measured = dict(device="gpu:H100", jax="0.11.2", date="d", commands=["a", "b"])
-    measured["rows"] = [row("scan", 120.0), row("fused", 40.0), row("persistent", 60.0)]
-    measured["rows"].append(dict(row("fused", 1.0), size="small"))  # not the paper size
-    measured["rows"].append(dict(row("fused", 2.0), hyper_rank=4))  # a rank-d row
-    measured["rows"].append(dict(row("fused", 3.0), command_buffer="while"))
-    predicted = dict(meta=dict(target="H100", git_commit="0123456789"), rows=[])
-    for impl, ms, rank in (("fused", 50.0, 0), ("persistent", 30.0, 0), ("fused", 9.0, 4)):
-        predicted["rows"].append(
-            dict(model="hyperrhn", impl=impl, dtype="bfloat16", hyper_rank=rank, status="ok",
-                 predicted_step_ms=ms)
-        )  # fmt: skip
-    table = bench_vs_report.table(measured, predicted)
-    assert "| hyperrhn | bfloat16 | fused | 40.0 | 50.0 | 0.80 | 3.00x |" in table
-    assert "| hyperrhn | bfloat16 | persistent | 60.0 | 30.0 | 2.00 | 2.00x |" in table
-    assert "| hyperrhn | bfloat16 | scan | 120.0 | - | - | 1.00x |" in table
-    assert "persistent over fused, hyperrhn bfloat16: 0.67x" in table and "`a`; `b`" in table
-    assert "mosaic over fused" not in table  # no mosaic row measured
-    # rank-d and command-buffer rows are listed apart, not compared with rank-0 predictions
-    assert "- step hyperrhn r4 fused bfloat16 (paper, command buffers default): 2.0 ms" in table
-    assert "- step hyperrhn r0 fused bfloat16 (paper, command buffers while): 3.0 ms" in table
