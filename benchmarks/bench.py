@@ -2,6 +2,7 @@
 
     python benchmarks/bench.py --out=bench.json
     python benchmarks/bench.py --sizes=small --impls=scan,fused --repeats=5
+    python benchmarks/bench.py --sizes=paper --models=hyperrhn --batch=512   # another batch
     python benchmarks/bench.py --parts=gemm,phase --sizes=small --out=instruments.json
     python benchmarks/bench.py --impls=fused --command_buffer=while   # XLA's CUDA graphs
 
@@ -92,6 +93,7 @@ def _define_flags() -> None:
         "command_buffer", "default", list(COMMAND_BUFFER_FLAGS), "XLA command buffers."
     )
     flags.DEFINE_integer("seq_len", 0, "Sequence length of the step rows (0: the size's).")
+    flags.DEFINE_integer("batch", 0, "Batch of the step and GEMM rows (0: the size's).")
     flags.DEFINE_string(
         "profile_dir",
         "",
@@ -134,6 +136,7 @@ class Row:
     persistent_layout: str = ""  # the persistent rows' launch layout ("" for other impls)
     persistent_variant: str = ""  # their variant's text ("" for other impls)
     seq_len: int = 0  # the step's sequence length
+    batch: int = 0  # the step's batch
     profile: str = ""  # the folder of its jax.profiler trace, if traced (or why it failed)
 
 
@@ -251,15 +254,17 @@ def time_step(
 
 def time_row(
     impl: str, model: str, size: str, dtype: str, repeats: int, rate: float, rank: int = 0,
-    seq_len: int = 0, profile_dir: str = "", profile_steps: int = 2,
+    seq_len: int = 0, profile_dir: str = "", profile_steps: int = 2, batch: int = 0,
 ) -> Row:  # fmt: skip
     """Compiles, warms up and times one configuration (``rate``: the square GEMM FLOP/s;
-    ``seq_len``: the step's length, 0 for the size's; ``profile_dir``: trace
-    ``profile_steps`` more steps into a folder of it named after the row)."""
+    ``seq_len`` and ``batch``: the step's length and batch, 0 for the size's;
+    ``profile_dir``: trace ``profile_steps`` more steps into a folder of it named after the
+    row)."""
     config = model_config(model, size, impl, dtype, rank)
-    _, _, _, batch, length = SIZES[size]
-    length = seq_len or length
-    trace = f"{profile_dir}/{impl}_{model}_r{rank}_{size}_{dtype}_T{length}" if profile_dir else ""
+    _, _, _, size_batch, length = SIZES[size]
+    length, batch = seq_len or length, batch or size_batch
+    name = f"{impl}_{model}_r{rank}_{size}_{dtype}_B{batch}_T{length}"
+    trace = f"{profile_dir}/{name}" if profile_dir else ""
     stats: dict = {}
     compile_s, times = time_step(config, batch, length, repeats, stats, trace, profile_steps)
     median = statistics.median(times)
@@ -280,6 +285,7 @@ def time_row(
         peak_bytes=stats.get("peak_bytes"),
         command_buffer=os.environ.get("RHHJAX_COMMAND_BUFFER", "default"),
         seq_len=length,
+        batch=batch,
         profile=stats.get("profile_error", trace),
         **persistent_row_facts(config),
     )
@@ -364,14 +370,15 @@ def plan(impls, model_types, sizes, dtypes, ranks=(0,)) -> list[tuple]:
 
 
 def format_table(rows: Sequence[Row]) -> str:
-    header = f"{'impl':<7}{'model':<12}{'size':<7}{'dtype':<10}{'step ms':>10}{'GFLOP':>9}"
+    header = f"{'impl':<7}{'model':<12}{'size':<7}{'batch':>6} {'dtype':<10}{'step ms':>10}"
+    header += f"{'GFLOP':>9}"
     header += f"{'mm TFLOP/s':>12}{'eff':>7}{'peak GB':>9}"
     lines = [header]
     for r in rows:
         label = r.model + (f" r{r.hyper_rank}" if r.model == "hyperrhn" else "")
         peak = f"{r.peak_bytes / 1e9:.2f}" if r.peak_bytes else "?"
         lines.append(
-            f"{r.impl:<7}{label:<12}{r.size:<7}{r.dtype:<10}{r.step_ms_median:>10.1f}"
+            f"{r.impl:<7}{label:<12}{r.size:<7}{r.batch:>6} {r.dtype:<10}{r.step_ms_median:>10.1f}"
             f"{r.flops_per_step / 1e9:>9.1f}{r.matmul_tflops:>12.3f}{r.efficiency:>7.2f}"
             f"{peak:>9}"
         )
@@ -403,8 +410,8 @@ def validate_flags(f) -> None:
         raise SystemExit(f"error: unknown benchmark choice(s): {', '.join(unknown)}")
     if len(f.phase_depths) != 2 or int(f.phase_depths[0]) >= int(f.phase_depths[1]):
         raise SystemExit("error: --phase_depths must be two depths d1 < d2")
-    if f.seq_len < 0 or f.profile_steps < 1:
-        raise SystemExit("error: --seq_len must be >= 0 and --profile_steps >= 1")
+    if min(f.seq_len, f.batch) < 0 or f.profile_steps < 1:
+        raise SystemExit("error: --seq_len and --batch must be >= 0, --profile_steps >= 1")
     try:
         persistent.parse_variant(f.persistent_variant)
     except persistent.VariantError as error:
@@ -436,7 +443,7 @@ def main(argv: Sequence[str]) -> None:
     if "gemm" in f.parts or "step" in f.parts:
         for dtype in f.dtypes:
             hidden, hyper, _, batch, _ = SIZES[f.sizes[0]]
-            for name, m, k, n in gemm_rate.gemm_shapes(hidden, hyper, batch, square):
+            for name, m, k, n in gemm_rate.gemm_shapes(hidden, hyper, f.batch or batch, square):
                 if name != "square" and "gemm" not in f.parts:
                     continue
                 args = (name, m, k, n, dtype, iters, max(f.repeats, 3), device_name())
@@ -457,7 +464,7 @@ def main(argv: Sequence[str]) -> None:
         for impl, model, size, dtype, rank in plan(f.impls, f.models, f.sizes, f.dtypes, ranks):
             label = f"{impl} {model} r{rank} {size} {dtype}"
             args = (impl, model, size, dtype, f.repeats, rates.get(dtype, 0.0), rank)
-            args += (f.seq_len, f.profile_dir, f.profile_steps)
+            args += (f.seq_len, f.profile_dir, f.profile_steps, f.batch)
             row = record.run("rows", label, time_row, *args)
             if row:
                 print(format_table([row]).splitlines()[1], flush=True)

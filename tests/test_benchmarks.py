@@ -61,19 +61,21 @@ def test_time_step_runs_the_trained_step(monkeypatch):
     assert len(times) == 2 and compile_s > 0 and all(t > 0 for t in times)
 
 
-def test_a_row_at_its_own_length_traces_its_extra_steps_into_a_folder_named_after_it(
+def test_a_row_at_its_own_batch_and_length_traces_its_extra_steps_into_a_folder_named_after_it(
     monkeypatch, tmp_path
 ):
-    """``--seq_len`` sets the step's length (and its FLOPs), ``--profile_dir`` traces
-    ``--profile_steps`` more steps after the timed ones, into a folder named after the row,
-    which `benchmarks/profile_summary.py` reads: the jitted step in every traced step."""
+    """``--batch`` and ``--seq_len`` set the step's shape (and its FLOPs), ``--profile_dir``
+    traces ``--profile_steps`` more steps after the timed ones, into a folder named after the
+    row, which `benchmarks/profile_summary.py` reads: the jitted step in every traced step."""
     monkeypatch.setitem(bench.SIZES, "small", (16, 8, 2, 4, 50))
-    row = bench.time_row("fused", "rhn", "small", "float32", 1, 0.0, 0, 7, str(tmp_path), 3)
-    assert row.seq_len == 7 and row.profile == f"{tmp_path}/fused_rhn_r0_small_float32_T7"
+    row = bench.time_row("fused", "rhn", "small", "float32", 1, 0.0, 0, 7, str(tmp_path), 3, 6)
+    name = "fused_rhn_r0_small_float32_B6_T7"
+    assert row.seq_len == 7 and row.batch == 6 and row.profile == f"{tmp_path}/{name}"
     config = bench.model_config("rhn", "small", "fused", "float32")
-    assert row.flops_per_step == bench.flops_per_step(config, 4, 7)
+    assert row.flops_per_step == bench.flops_per_step(config, 6, 7)
+    assert " 6 float32" in bench.format_table([row])  # the batch column
     summary = load("profile_summary").main([str(tmp_path), "--steps", "3"])
-    assert [s["name"] for s in summary] == ["fused_rhn_r0_small_float32_T7"]
+    assert [s["name"] for s in summary] == [name]
     events = {e["name"]: e["count"] for line in summary[0]["lines"] for e in line["top"]}
     assert events["PjitFunction(jit(step_fn))"] >= 1  # a step's count: per traced step
 
