@@ -13,9 +13,7 @@ compiled: no compile runs beside a timed step. A failure is a row with its error
 --limit seconds a timeout row (a hung compile or kernel is not stopped: the caller's timeout is
 the hard limit); past --budget seconds the rest are skipped rows. The JSON (--out) is written
 after every group; the table marks the fastest row per size and dtype. ``--interpret``: GPU
-interpret mode on a CPU (jax >= 0.11.2). ``--with=TEXT`` (e.g. status=poison): its fields
-set in every candidate but the default, where they run. ``--only=TEXT`` (e.g.
-layout=rowgroup): the default and the candidates with its fields.
+interpret mode on a CPU (jax >= 0.11.2).
 """
 
 from __future__ import annotations
@@ -87,19 +85,11 @@ def describe(plans: tuple) -> str:
     return f"{layout}: main {short(main)}, hyper {short(hyper)}"
 
 
-def candidates(
-    size: str, dtype: str, interpret: bool, with_text: str = ""
-) -> list[tuple[str, str]]:
-    """(variant text, its plans in short) of every candidate of ``size`` and ``dtype``; with
-    ``with_text`` (e.g. "status=poison") its fields set in each but today's, where they run."""
+def candidates(size: str, dtype: str, interpret: bool) -> list[tuple[str, str]]:
+    """(variant text, its plans in short) of every candidate of ``size`` and ``dtype``."""
     hidden, hyper, _, batch, _ = SIZES[size]
     shape = (batch, hidden, hyper, dtype, interpret)
     found = persistent.variant_candidates(*shape)
-    if with_text:
-        default = persistent.PersistentVariant()
-        fields = dataclasses.asdict(persistent.parse_variant(with_text) or default)
-        lever = {k: v for k, v in fields.items() if v != getattr(default, k)}
-        found = persistent.with_lever(found, lever, *shape)
     plans = (persistent.variant_plans(v, *shape) for v in found)
     return [(v.text(), describe(p)) for v, p in zip(found, plans, strict=True)]
 
@@ -225,8 +215,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--interpret", action="store_true", help="GPU interpret mode (a CPU)")
     p.add_argument("--list", action="store_true", help="print the candidates, time none")
     p.add_argument("--out", default="", help="write the rows as JSON here")
-    p.add_argument("--with", dest="with_text", default="", help="fields set in every candidate")
-    p.add_argument("--only", default="", help="fields a candidate must have (today's kept)")
     args = p.parse_args(argv)
     args.sizes, args.dtypes = args.sizes.split(","), args.dtypes.split(",")
     unknown = [s for s in args.sizes if s not in SIZES] + [
@@ -234,35 +222,19 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ]
     if unknown:
         p.error(f"unknown size or dtype: {', '.join(unknown)}")
-    for flag, text in (("--with", args.with_text), ("--only", args.only)):
-        try:
-            persistent.parse_variant(text or persistent.DEFAULT_TEXT)
-        except persistent.VariantError as error:
-            p.error(f"{flag}={text}: {error}")
     if min(args.repeats, args.compile_workers) < 1 or args.limit <= 0 or args.budget <= 0:
         p.error("--repeats, --compile_workers, --limit and --budget must be positive")
     return args
 
 
 def every_candidate(args: argparse.Namespace) -> list[Row]:
-    """An untimed row per candidate of every size and dtype asked for, in order; with
-    --only, today's and those with its fields."""
+    """An untimed row per candidate of every size and dtype asked for, in order."""
     return [
         Row(size, dtype, text, plans)
         for size in args.sizes
         for dtype in args.dtypes
-        for text, plans in candidates(size, dtype, args.interpret, args.with_text)
-        if not args.only or has_fields(text, args.only)
+        for text, plans in candidates(size, dtype, args.interpret)
     ]
-
-
-def has_fields(text: str, only: str) -> bool:
-    """Whether variant ``text`` is today's or has every field that ``only`` gives."""
-    variant, wanted = persistent.parse_variant(text), persistent.parse_variant(only)
-    if wanted is None or text == persistent.PersistentVariant().text():
-        return True
-    keys = [item.partition("=")[0].strip() for item in only.split(",") if item.strip()]
-    return all(getattr(variant, k) == getattr(wanted, k) for k in keys)
 
 
 def compile_pool(workers: int) -> concurrent.futures.ThreadPoolExecutor:

@@ -1,10 +1,9 @@
-"""Training-step benchmark and GPU instruments: impl x model x rank x size x dtype, in one run.
+"""Training-step benchmark: impl x model x rank x size x dtype, in one run.
 
     python benchmarks/bench.py --out=bench.json
     python benchmarks/bench.py --sizes=small --impls=scan,fused --repeats=5
     python benchmarks/bench.py --sizes=paper --models=hyperrhn --batch=512   # another batch
-    python benchmarks/bench.py --parts=gemm,phase --sizes=small --out=instruments.json
-    python benchmarks/bench.py --impls=fused --command_buffer=while   # XLA's CUDA graphs
+    python benchmarks/bench.py --parts=gemm --sizes=small --out=gemm.json
 
 Parts (``--parts``):
 
@@ -24,16 +23,6 @@ Parts (``--parts``):
   bounded. Reports microseconds per GEMM and TFLOP/s (of the nominal 2 M K N), and from the
   compiled loop the launches per iteration (GEMMs plus any pad / convert XLA adds: on an
   H100 it pads 1000 to 1024) and each in-loop GEMM's FLOPs.
-* ``phase``: the latency of one micro-layer (GEMM + gates) per impl: the forward of the
-  model (``train=False``) at two depths, ``(t(d2) - t(d1)) / (seq_len x (d2 - d1))``: the
-  extra micro-layers are a chain of dependent phases, and the embedding, output layer and
-  dispatch cancel out (each time the fastest of ``--repeats`` calls). A HyperRHN phase is
-  one hyper and one main micro-layer.
-
-``--command_buffer`` sets XLA's command-buffer (CUDA graph) flag before JAX starts:
-``default`` leaves XLA's default, ``while`` adds WHILE and CONDITIONAL (the time loops
-become graphs), ``off`` disables command buffers. It is validated by XLA on any platform
-but only changes anything on a GPU.
 
 `mosaic` and `persistent` compile Mosaic GPU kernels for a Hopper GPU: their rows need one.
 """
@@ -56,7 +45,7 @@ from absl import app, flags
 from rhhjax import configs, models
 from rhhjax.ops import persistent, spec
 from rhhjax.train.optim import OptimizerConfig
-from rhhjax.train.step import init_key, make_init, make_train_step, step_inputs, timed_call
+from rhhjax.train.step import make_train_step, step_inputs, timed_call
 
 SIZES = {
     # name: (hidden, hyper_hidden, depth, batch, seq_len)
@@ -65,15 +54,7 @@ SIZES = {
 }
 VOCAB, EMBED = 50, 27
 PERSISTENT_VARIANT = persistent.DEFAULT_TEXT  # the persistent rows' variant (--persistent_variant)
-PARTS = ("step", "gemm", "phase")
-# XLA's command-buffer types (CommandBufferCmdType of jax 0.10.2's XLA): its default set
-# plus WHILE and CONDITIONAL, so that a whole time loop is one CUDA graph.
-COMMAND_BUFFER_FLAGS = {
-    "default": "",
-    "while": "--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,"
-    "DYNAMIC_SLICE_FUSION,WHILE,CONDITIONAL",
-    "off": "--xla_gpu_enable_command_buffer=",
-}
+PARTS = ("step", "gemm")
 
 
 def _define_flags() -> None:
@@ -88,10 +69,6 @@ def _define_flags() -> None:
     flags.DEFINE_list("ranks", ["0"], "hyper_rank values of the hyperrhn rows.")
     flags.DEFINE_integer("gemm_iters", 0, "GEMM loop iterations (0: 200 on GPU, 10 on CPU).")
     flags.DEFINE_integer("square", 0, "Square GEMM size (0: 8192 on GPU, 1024 on CPU).")
-    flags.DEFINE_list("phase_depths", ["2", "6"], "The two depths of the phase rows.")
-    flags.DEFINE_enum(
-        "command_buffer", "default", list(COMMAND_BUFFER_FLAGS), "XLA command buffers."
-    )
     flags.DEFINE_integer("seq_len", 0, "Sequence length of the step rows (0: the size's).")
     flags.DEFINE_integer("batch", 0, "Batch of the step and GEMM rows (0: the size's).")
     flags.DEFINE_string(
@@ -101,17 +78,10 @@ def _define_flags() -> None:
         "(jax.profiler; summarize with benchmarks/profile_summary.py).",
     )
     flags.DEFINE_integer("profile_steps", 2, "Steps traced per row with --profile_dir.")
-    flags.DEFINE_enum(
-        "persistent_layout",
-        persistent.LAYOUT,
-        ["grid", "rowgroup"],
-        "Launch layout of the persistent rows (rhhjax.ops.persistent.LAYOUT).",
-    )
     flags.DEFINE_string(
         "persistent_variant",
         persistent.DEFAULT_TEXT,
-        "The persistent rows' model.persistent_variant, e.g. "
-        "layout=rowgroup,status=poison (default: the layout above).",
+        "The persistent rows' model.persistent_variant, e.g. layout=rowgroup,status=poison.",
     )
 
 
@@ -132,7 +102,6 @@ class Row:
     compile_s: float
     hyper_rank: int = 0
     peak_bytes: int | None = None  # compiled.memory_analysis(): arguments + outputs + temps
-    command_buffer: str = "default"
     persistent_layout: str = ""  # the persistent rows' launch layout ("" for other impls)
     persistent_variant: str = ""  # their variant's text ("" for other impls)
     seq_len: int = 0  # the step's sequence length
@@ -140,11 +109,9 @@ class Row:
     profile: str = ""  # the folder of its jax.profiler trace, if traced (or why it failed)
 
 
-def model_config(
-    model: str, size: str, impl: str, dtype: str, rank: int = 0, depth: int | None = None
-) -> models.ModelConfig:
-    """The benchmarked model: paper hyper-parameters at `size` (``depth`` overrides)."""
-    hidden, hyper, paper_depth, _, _ = SIZES[size]
+def model_config(model: str, size: str, impl: str, dtype: str, rank: int = 0) -> models.ModelConfig:
+    """The benchmarked model: paper hyper-parameters at `size`."""
+    hidden, hyper, depth, _, _ = SIZES[size]
     variant = PERSISTENT_VARIANT if impl == persistent.NAME else persistent.DEFAULT_TEXT
     return models.ModelConfig(
         type=model,
@@ -152,7 +119,7 @@ def model_config(
         embed_dim=EMBED,
         hidden=hidden,
         hyper_hidden=hyper,
-        depth=depth or paper_depth,
+        depth=depth,
         impl=impl,
         dtype=dtype,
         keep=0.65,
@@ -283,7 +250,6 @@ def time_row(
         compile_s=compile_s,
         hyper_rank=config.hyper_rank,
         peak_bytes=stats.get("peak_bytes"),
-        command_buffer=os.environ.get("RHHJAX_COMMAND_BUFFER", "default"),
         seq_len=length,
         batch=batch,
         profile=stats.get("profile_error", trace),
@@ -293,52 +259,6 @@ def time_row(
 
 def on_gpu() -> bool:
     return jax.default_backend() == "gpu"
-
-
-# ----------------------------------------------------------------------------- phase latency
-
-
-def forward_seconds(config: models.ModelConfig, batch: int, length: int, repeats: int) -> float:
-    """Fastest of ``repeats`` calls of the jitted forward (``train=False``, zero carry) on
-    random tokens, after a compile-and-warm-up call: the minimum, since on a shared machine
-    other work only adds time (a difference of medians can even come out negative)."""
-    model = models.build_model(config)
-    params = make_init(config)(init_key(0))
-    tokens = jax.random.randint(jax.random.key(1), (batch, length), 0, config.vocab_size)
-    f = jax.jit(lambda p, t: model.apply({"params": p}, t, None, train=False)[0])
-    f(params, tokens).block_until_ready()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        f(params, tokens).block_until_ready()
-        times.append(time.perf_counter() - start)
-    return min(times)
-
-
-def phase_row(impl, model, size, dtype, rank, depths, repeats) -> dict:
-    """Latency of one micro-layer: the forward at two depths, differenced."""
-    _, _, _, batch, length = SIZES[size]
-    d1, d2 = depths
-    t1, t2 = (
-        forward_seconds(model_config(model, size, impl, dtype, rank, d), batch, length, repeats)
-        for d in (d1, d2)
-    )
-    return {
-        "impl": impl,
-        "model": model,
-        "hyper_rank": rank if model == "hyperrhn" else 0,
-        "size": size,
-        "dtype": dtype,
-        "device": device_name(),
-        "batch": batch,
-        "seq_len": length,
-        "depths": [d1, d2],
-        "forward_ms": [1e3 * t1, 1e3 * t2],
-        "phase_us": 1e6 * (t2 - t1) / (length * (d2 - d1)),
-    }
-
-
-# ----------------------------------------------------------------------------- the run
 
 
 def device_name() -> str:
@@ -385,15 +305,6 @@ def format_table(rows: Sequence[Row]) -> str:
     return "\n".join(lines)
 
 
-def format_phase(row: dict) -> str:
-    label = row["model"] + (f" r{row['hyper_rank']}" if row["model"] == "hyperrhn" else "")
-    ms = "/".join(f"{t:.1f}" for t in row["forward_ms"])
-    return (
-        f"phase {row['impl']:<7}{label:<12}{row['size']:<7}{row['dtype']:<10}"
-        f"{row['phase_us']:>10.1f} us  (forward ms at depths {row['depths']}: {ms})"
-    )
-
-
 def validate_flags(f) -> None:
     """Exits with one line naming every unknown choice, before anything is compiled."""
     retired = [spec.retired(i) for i in f.impls if spec.retired(i)]
@@ -405,11 +316,8 @@ def validate_flags(f) -> None:
     unknown += [m for m in f.models if m not in ("rhn", "hyperrhn")]
     unknown += [p for p in f.parts if p not in PARTS]
     unknown += [r for r in f.ranks if not r.isdigit()]
-    unknown += [d for d in f.phase_depths if not d.isdigit() or int(d) < 1]
     if unknown:
         raise SystemExit(f"error: unknown benchmark choice(s): {', '.join(unknown)}")
-    if len(f.phase_depths) != 2 or int(f.phase_depths[0]) >= int(f.phase_depths[1]):
-        raise SystemExit("error: --phase_depths must be two depths d1 < d2")
     if min(f.seq_len, f.batch) < 0 or f.profile_steps < 1:
         raise SystemExit("error: --seq_len and --batch must be >= 0, --profile_steps >= 1")
     try:
@@ -418,21 +326,11 @@ def validate_flags(f) -> None:
         raise SystemExit(f"error: --persistent_variant={f.persistent_variant}: {error}") from None
 
 
-def set_command_buffer(mode: str) -> None:
-    """Adds XLA's command-buffer flag to XLA_FLAGS; must run before JAX starts a backend."""
-    flag = COMMAND_BUFFER_FLAGS[mode]
-    if flag:
-        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {flag}".strip()
-    os.environ["RHHJAX_COMMAND_BUFFER"] = mode
-
-
 def main(argv: Sequence[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     f = flags.FLAGS
     validate_flags(f)
-    set_command_buffer(f.command_buffer)
-    persistent.LAYOUT = f.persistent_layout
     global PERSISTENT_VARIANT
     PERSISTENT_VARIANT = f.persistent_variant
     ranks = sorted({int(r) for r in f.ranks})
@@ -452,14 +350,6 @@ def main(argv: Sequence[str]) -> None:
                     rates[dtype] = row["tflops"] * 1e12
                 if row:
                     print(gemm_rate.format_gemm(row), flush=True)
-    if "phase" in f.parts:
-        depths = tuple(int(d) for d in f.phase_depths)
-        for impl, model, size, dtype, rank in plan(f.impls, f.models, f.sizes, f.dtypes, ranks):
-            label = f"{impl} {model} r{rank} {size} {dtype}"
-            args = (impl, model, size, dtype, rank, depths, f.repeats)
-            row = record.run("phase", label, phase_row, *args)
-            if row:
-                print(format_phase(row), flush=True)
     if "step" in f.parts:
         for impl, model, size, dtype, rank in plan(f.impls, f.models, f.sizes, f.dtypes, ranks):
             label = f"{impl} {model} r{rank} {size} {dtype}"
@@ -481,7 +371,6 @@ class Record:
         self.path = path
         self.rows: list[Row] = []
         self.gemm: list[dict] = []
-        self.phase: list[dict] = []
         self.failed: list[dict] = []
 
     def run(self, part: str, label: str, fn, *args):
@@ -494,7 +383,7 @@ class Record:
             print(f"{part} {label} FAILED: {error[:300]}", flush=True)
             row = None
         else:
-            {"rows": self.rows, "gemm": self.gemm, "phase": self.phase}[part].append(row)
+            {"rows": self.rows, "gemm": self.gemm}[part].append(row)
         self.write()
         return row
 
@@ -510,7 +399,6 @@ class Record:
             "load_avg": os.getloadavg(),
             "rows": [dataclasses.asdict(r) for r in self.rows],
             "gemm_rows": self.gemm,
-            "phase_rows": self.phase,
             "failed": self.failed,
         }
         with open(self.path, "w") as out:
