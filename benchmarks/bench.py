@@ -14,15 +14,9 @@ Parts (``--parts``):
   rate of the ``square`` row), flops_per_step = the matmul FLOPs of forward + backward (3x
   the forward matmuls). ``hyperrhn`` rows run once per ``--ranks`` value (every impl the
   model config accepts: ``mosaic`` has no rank > 0).
-* ``gemm``: the GEMM rate inside ONE jitted ``lax.fori_loop`` of ``--gemm_iters`` dependent
-  iterations (each GEMM reads the previous result, so XLA can neither hoist nor batch
-  them): a large square ``[S, S] x [S, S]`` and the recurrence's own shapes at the size:
-  the main cell ``[B, n] x [n, 2n]``, the hyper cell ``[B, h] x [h, 2h]`` and the hyper
-  projection ``[B, h] x [h, n]``, each followed by its transposed GEMM (the backward's
-  ``dx`` shape) so the loop carries ``[B, n]``; weights with orthonormal rows keep the values
-  bounded. Reports microseconds per GEMM and TFLOP/s (of the nominal 2 M K N), and from the
-  compiled loop the launches per iteration (GEMMs plus any pad / convert XLA adds: on an
-  H100 it pads 1000 to 1024) and each in-loop GEMM's FLOPs.
+* ``gemm``: the GEMM rate inside ONE jitted loop of ``--gemm_iters`` dependent GEMMs, at a
+  large square and at the recurrence's own shapes (``benchmarks/gemm_rate.py``): microseconds
+  per GEMM, TFLOP/s, and the launches per iteration XLA compiled.
 
 `mosaic` and `persistent` compile Mosaic GPU kernels for a Hopper GPU: their rows need one.
 """
