@@ -13,15 +13,7 @@ compiled: no compile runs beside a timed step. A failure is a row with its error
 --limit seconds a timeout row (a hung compile or kernel is not stopped: the caller's timeout is
 the hard limit); past --budget seconds the rest are skipped rows. The JSON (--out) is written
 after every group; the table marks the fastest row per size and dtype. ``--interpret``: GPU
-interpret mode on a CPU (jax >= 0.11.2). ``--skip=JSON``: leave out what an earlier JSON timed
-or saw fail, but the default and its winner (this machine's baselines). ``--with=TEXT``
-(e.g. status=poison): its fields set in every candidate but the default, where they run.
-``--only=TEXT`` (e.g. layout=rowgroup): the default and the candidates with its fields.
-``--next_call=TESTS_LOG`` times nothing: it prints the loan's training impl and variant from
-the model's compiled-test log and the --out JSON's winner (`gpu_suite.sh check`); nor do
-``--untested_k`` (the -k expression of the compiled test classes of the variant fields no
-GPU has tested, `persistent.UNTESTED_ON_A_GPU`) and ``--untested_guard=LOG`` (``field=0``
-for --only, for each of those whose class did not all pass in LOG).
+interpret mode on a CPU (jax >= 0.11.2).
 """
 
 from __future__ import annotations
@@ -31,7 +23,6 @@ import concurrent.futures
 import dataclasses
 import json
 import os
-import re
 import signal
 import statistics
 import sys
@@ -94,19 +85,11 @@ def describe(plans: tuple) -> str:
     return f"{layout}: main {short(main)}, hyper {short(hyper)}"
 
 
-def candidates(
-    size: str, dtype: str, interpret: bool, with_text: str = ""
-) -> list[tuple[str, str]]:
-    """(variant text, its plans in short) of every candidate of ``size`` and ``dtype``; with
-    ``with_text`` (e.g. "status=poison") its fields set in each but today's, where they run."""
+def candidates(size: str, dtype: str, interpret: bool) -> list[tuple[str, str]]:
+    """(variant text, its plans in short) of every candidate of ``size`` and ``dtype``."""
     hidden, hyper, _, batch, _ = SIZES[size]
     shape = (batch, hidden, hyper, dtype, interpret)
     found = persistent.variant_candidates(*shape)
-    if with_text:
-        default = persistent.PersistentVariant()
-        fields = dataclasses.asdict(persistent.parse_variant(with_text) or default)
-        lever = {k: v for k, v in fields.items() if v != getattr(default, k)}
-        found = persistent.with_lever(found, lever, *shape)
     plans = (persistent.variant_plans(v, *shape) for v in found)
     return [(v.text(), describe(p)) for v, p in zip(found, plans, strict=True)]
 
@@ -221,49 +204,6 @@ def write(path: str, rows: list[Row], args, winners: dict) -> None:
         json.dump(record, out, indent=1)
 
 
-def model_tests_passed(log: str, test_class: str = "TestPersistentCompiled") -> bool:
-    """Whether a `pytest -v` log (with xdist or without) ran to its summary with
-    ``test_class`` passing and nothing failed, erroring or cut by a timeout."""
-    named = re.escape(test_class) + "::"
-    passed = re.search(f"PASSED.*{named}|{named}.*PASSED", log)
-    finished = re.search(r"=+ \d+ passed.* in [\d.]+s", log)
-    return bool(passed and finished and not re.search(r"FAILED|ERROR|Timeout", log))
-
-
-def untested_class(field: str) -> str:
-    """The compiled model test class of an untested variant field (tests/test_ops_persistent.py)."""
-    return "TestPersistentCompiled" + "".join(map(str.capitalize, field.split("_")))
-
-
-def class_passed(log: str, test_class: str) -> bool:
-    """Whether a `pytest -v` log ran to its summary, uncut by a timeout, with every result
-    line of ``test_class`` a pass (and one at least)."""
-    named = re.escape(test_class) + "::"
-    results = [
-        line for line in log.splitlines() if re.search(f"(PASSED|FAILED|ERROR).*{named}", line)
-    ]
-    finished = re.search(r"=+ .*\d+ (passed|failed).* in [\d.]+s", log)
-    passes = [line for line in results if "PASSED" in line]
-    return bool(passes and len(passes) == len(results) and finished and "Timeout" not in log)
-
-
-def untested_guard(log: str) -> str:
-    """``field=0,...`` for each `persistent.UNTESTED_ON_A_GPU` field whose class did not all
-    pass in ``log`` (the untested classes' own run): --only then leaves its variants out."""
-    failed = [f for f in persistent.UNTESTED_ON_A_GPU if not class_passed(log, untested_class(f))]
-    return ",".join(f"{field}=0" for field in failed)
-
-
-def next_call(tests_log: str, autotune: dict) -> tuple[str, str]:
-    """(impl, persistent_variant) for the loan's training call: `persistent` and the (one
-    size and dtype's) winner when every model test passed and a winner was timed, else
-    `fused`."""
-    winner = next(iter(autotune.get("winners", {}).values()), None)
-    if model_tests_passed(tests_log) and winner:
-        return "persistent", winner
-    return "fused", "default"
-
-
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sizes", default="paper", help=f"comma-separated: {', '.join(SIZES)}")
@@ -275,12 +215,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--interpret", action="store_true", help="GPU interpret mode (a CPU)")
     p.add_argument("--list", action="store_true", help="print the candidates, time none")
     p.add_argument("--out", default="", help="write the rows as JSON here")
-    p.add_argument("--skip", default="", help="an earlier --out JSON: its variants left out")
-    p.add_argument("--with", dest="with_text", default="", help="fields set in every candidate")
-    p.add_argument("--only", default="", help="fields a candidate must have (today's kept)")
-    p.add_argument("--next_call", default="", help="a test log: print the training impl")
-    p.add_argument("--untested_k", action="store_true", help="print the untested classes' -k")
-    p.add_argument("--untested_guard", default="", help="their test log: print --only fields")
     args = p.parse_args(argv)
     args.sizes, args.dtypes = args.sizes.split(","), args.dtypes.split(",")
     unknown = [s for s in args.sizes if s not in SIZES] + [
@@ -288,35 +222,19 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ]
     if unknown:
         p.error(f"unknown size or dtype: {', '.join(unknown)}")
-    for flag, text in (("--with", args.with_text), ("--only", args.only)):
-        try:
-            persistent.parse_variant(text or persistent.DEFAULT_TEXT)
-        except persistent.VariantError as error:
-            p.error(f"{flag}={text}: {error}")
     if min(args.repeats, args.compile_workers) < 1 or args.limit <= 0 or args.budget <= 0:
         p.error("--repeats, --compile_workers, --limit and --budget must be positive")
     return args
 
 
 def every_candidate(args: argparse.Namespace) -> list[Row]:
-    """An untimed row per candidate of every size and dtype asked for, in order; with
-    --only, today's and those with its fields."""
+    """An untimed row per candidate of every size and dtype asked for, in order."""
     return [
         Row(size, dtype, text, plans)
         for size in args.sizes
         for dtype in args.dtypes
-        for text, plans in candidates(size, dtype, args.interpret, args.with_text)
-        if not args.only or has_fields(text, args.only)
+        for text, plans in candidates(size, dtype, args.interpret)
     ]
-
-
-def has_fields(text: str, only: str) -> bool:
-    """Whether variant ``text`` is today's or has every field that ``only`` gives."""
-    variant, wanted = persistent.parse_variant(text), persistent.parse_variant(only)
-    if wanted is None or text == persistent.PersistentVariant().text():
-        return True
-    keys = [item.partition("=")[0].strip() for item in only.split(",") if item.strip()]
-    return all(getattr(variant, k) == getattr(wanted, k) for k in keys)
 
 
 def compile_pool(workers: int) -> concurrent.futures.ThreadPoolExecutor:
@@ -334,29 +252,12 @@ def finish(code: int) -> int:
     return code
 
 
-def skip_timed(rows: list[Row], earlier: dict, source: str) -> None:
-    """Marks skipped the rows ``earlier`` (an --out record) timed or saw fail, except the
-    default and its winners, which are timed again."""
-    today = persistent.PersistentVariant().text()
-    keep = {today, *earlier.get("winners", {}).values()}
-    done = {(r["size"], r["dtype"], r["variant"]): r for r in earlier.get("rows", [])}
-    for row in rows:
-        before = done.get((row.size, row.dtype, row.variant))
-        if row.variant not in keep and before and before["status"] in ("ok", "failed"):
-            ms = before["step_ms_median"]
-            figure = f"{ms:.2f} ms" if ms is not None else before["status"]
-            row.status, row.error = "skipped", f"{figure} in {source}"
-
-
 def run(args: argparse.Namespace) -> list[Row]:
     """Every candidate's row, in order, within the budget (the JSON written after each)."""
     rows = every_candidate(args)
-    if args.skip:
-        with open(args.skip) as earlier:
-            skip_timed(rows, json.load(earlier), args.skip)
     jax.block_until_ready(jax.numpy.ones(8) + 1)  # the backend's start, before any row
     start = time.perf_counter()
-    todo = [row for row in rows if row.status != "skipped"]
+    todo = rows
     # the first alone (XLA's GEMM autotuning, cached for the rest); interpret mode's shared
     # state takes one kernel at a time: there every candidate compiles in this thread
     workers = 1 if args.interpret else args.compile_workers
@@ -380,17 +281,6 @@ def run(args: argparse.Namespace) -> list[Row]:
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
-    if args.next_call:
-        with open(args.next_call) as log, open(args.out) as record:
-            print(*next_call(log.read(), json.load(record)))
-        return 0
-    if args.untested_k:
-        print(" or ".join(map(untested_class, persistent.UNTESTED_ON_A_GPU)))
-        return 0
-    if args.untested_guard:  # a log never written: nothing passed
-        log = args.untested_guard
-        print(untested_guard(open(log).read() if os.path.exists(log) else ""))
-        return 0
     if args.list:
         for row in every_candidate(args):
             print(f"{row.size} {row.dtype} {row.variant}  ({row.plans})")

@@ -1,9 +1,9 @@
-"""Training-step benchmark and GPU instruments: impl x model x rank x size x dtype, in one run.
+"""Training-step benchmark: impl x model x rank x size x dtype, in one run.
 
     python benchmarks/bench.py --out=bench.json
     python benchmarks/bench.py --sizes=small --impls=scan,fused --repeats=5
-    python benchmarks/bench.py --parts=gemm,phase --sizes=small --out=instruments.json
-    python benchmarks/bench.py --impls=fused --command_buffer=while   # XLA's CUDA graphs
+    python benchmarks/bench.py --sizes=paper --models=hyperrhn --batch=512   # another batch
+    python benchmarks/bench.py --parts=gemm --sizes=small --out=gemm.json
 
 Parts (``--parts``):
 
@@ -14,25 +14,9 @@ Parts (``--parts``):
   rate of the ``square`` row), flops_per_step = the matmul FLOPs of forward + backward (3x
   the forward matmuls). ``hyperrhn`` rows run once per ``--ranks`` value (every impl the
   model config accepts: ``mosaic`` has no rank > 0).
-* ``gemm``: the GEMM rate inside ONE jitted ``lax.fori_loop`` of ``--gemm_iters`` dependent
-  iterations (each GEMM reads the previous result, so XLA can neither hoist nor batch
-  them): a large square ``[S, S] x [S, S]`` and the recurrence's own shapes at the size:
-  the main cell ``[B, n] x [n, 2n]``, the hyper cell ``[B, h] x [h, 2h]`` and the hyper
-  projection ``[B, h] x [h, n]``, each followed by its transposed GEMM (the backward's
-  ``dx`` shape) so the loop carries ``[B, n]``; weights with orthonormal rows keep the values
-  bounded. Reports microseconds per GEMM and TFLOP/s (of the nominal 2 M K N), and from the
-  compiled loop the launches per iteration (GEMMs plus any pad / convert XLA adds: on an
-  H100 it pads 1000 to 1024) and each in-loop GEMM's FLOPs.
-* ``phase``: the latency of one micro-layer (GEMM + gates) per impl: the forward of the
-  model (``train=False``) at two depths, ``(t(d2) - t(d1)) / (seq_len x (d2 - d1))``: the
-  extra micro-layers are a chain of dependent phases, and the embedding, output layer and
-  dispatch cancel out (each time the fastest of ``--repeats`` calls). A HyperRHN phase is
-  one hyper and one main micro-layer.
-
-``--command_buffer`` sets XLA's command-buffer (CUDA graph) flag before JAX starts:
-``default`` leaves XLA's default, ``while`` adds WHILE and CONDITIONAL (the time loops
-become graphs), ``off`` disables command buffers. It is validated by XLA on any platform
-but only changes anything on a GPU.
+* ``gemm``: the GEMM rate inside ONE jitted loop of ``--gemm_iters`` dependent GEMMs, at a
+  large square and at the recurrence's own shapes (``benchmarks/gemm_rate.py``): microseconds
+  per GEMM, TFLOP/s, and the launches per iteration XLA compiled.
 
 `mosaic` and `persistent` compile Mosaic GPU kernels for a Hopper GPU: their rows need one.
 """
@@ -55,7 +39,7 @@ from absl import app, flags
 from rhhjax import configs, models
 from rhhjax.ops import persistent, spec
 from rhhjax.train.optim import OptimizerConfig
-from rhhjax.train.step import init_key, make_init, make_train_step, step_inputs, timed_call
+from rhhjax.train.step import make_train_step, step_inputs, timed_call
 
 SIZES = {
     # name: (hidden, hyper_hidden, depth, batch, seq_len)
@@ -64,15 +48,7 @@ SIZES = {
 }
 VOCAB, EMBED = 50, 27
 PERSISTENT_VARIANT = persistent.DEFAULT_TEXT  # the persistent rows' variant (--persistent_variant)
-PARTS = ("step", "gemm", "phase")
-# XLA's command-buffer types (CommandBufferCmdType of jax 0.10.2's XLA): its default set
-# plus WHILE and CONDITIONAL, so that a whole time loop is one CUDA graph.
-COMMAND_BUFFER_FLAGS = {
-    "default": "",
-    "while": "--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,"
-    "DYNAMIC_SLICE_FUSION,WHILE,CONDITIONAL",
-    "off": "--xla_gpu_enable_command_buffer=",
-}
+PARTS = ("step", "gemm")
 
 
 def _define_flags() -> None:
@@ -87,11 +63,8 @@ def _define_flags() -> None:
     flags.DEFINE_list("ranks", ["0"], "hyper_rank values of the hyperrhn rows.")
     flags.DEFINE_integer("gemm_iters", 0, "GEMM loop iterations (0: 200 on GPU, 10 on CPU).")
     flags.DEFINE_integer("square", 0, "Square GEMM size (0: 8192 on GPU, 1024 on CPU).")
-    flags.DEFINE_list("phase_depths", ["2", "6"], "The two depths of the phase rows.")
-    flags.DEFINE_enum(
-        "command_buffer", "default", list(COMMAND_BUFFER_FLAGS), "XLA command buffers."
-    )
     flags.DEFINE_integer("seq_len", 0, "Sequence length of the step rows (0: the size's).")
+    flags.DEFINE_integer("batch", 0, "Batch of the step and GEMM rows (0: the size's).")
     flags.DEFINE_string(
         "profile_dir",
         "",
@@ -99,17 +72,10 @@ def _define_flags() -> None:
         "(jax.profiler; summarize with benchmarks/profile_summary.py).",
     )
     flags.DEFINE_integer("profile_steps", 2, "Steps traced per row with --profile_dir.")
-    flags.DEFINE_enum(
-        "persistent_layout",
-        persistent.LAYOUT,
-        ["grid", "rowgroup"],
-        "Launch layout of the persistent rows (rhhjax.ops.persistent.LAYOUT).",
-    )
     flags.DEFINE_string(
         "persistent_variant",
         persistent.DEFAULT_TEXT,
-        "The persistent rows' model.persistent_variant, e.g. "
-        "layout=rowgroup,status=poison (default: the layout above).",
+        "The persistent rows' model.persistent_variant, e.g. layout=rowgroup,status=poison.",
     )
 
 
@@ -130,18 +96,16 @@ class Row:
     compile_s: float
     hyper_rank: int = 0
     peak_bytes: int | None = None  # compiled.memory_analysis(): arguments + outputs + temps
-    command_buffer: str = "default"
     persistent_layout: str = ""  # the persistent rows' launch layout ("" for other impls)
     persistent_variant: str = ""  # their variant's text ("" for other impls)
     seq_len: int = 0  # the step's sequence length
+    batch: int = 0  # the step's batch
     profile: str = ""  # the folder of its jax.profiler trace, if traced (or why it failed)
 
 
-def model_config(
-    model: str, size: str, impl: str, dtype: str, rank: int = 0, depth: int | None = None
-) -> models.ModelConfig:
-    """The benchmarked model: paper hyper-parameters at `size` (``depth`` overrides)."""
-    hidden, hyper, paper_depth, _, _ = SIZES[size]
+def model_config(model: str, size: str, impl: str, dtype: str, rank: int = 0) -> models.ModelConfig:
+    """The benchmarked model: paper hyper-parameters at `size`."""
+    hidden, hyper, depth, _, _ = SIZES[size]
     variant = PERSISTENT_VARIANT if impl == persistent.NAME else persistent.DEFAULT_TEXT
     return models.ModelConfig(
         type=model,
@@ -149,7 +113,7 @@ def model_config(
         embed_dim=EMBED,
         hidden=hidden,
         hyper_hidden=hyper,
-        depth=depth or paper_depth,
+        depth=depth,
         impl=impl,
         dtype=dtype,
         keep=0.65,
@@ -251,15 +215,17 @@ def time_step(
 
 def time_row(
     impl: str, model: str, size: str, dtype: str, repeats: int, rate: float, rank: int = 0,
-    seq_len: int = 0, profile_dir: str = "", profile_steps: int = 2,
+    seq_len: int = 0, profile_dir: str = "", profile_steps: int = 2, batch: int = 0,
 ) -> Row:  # fmt: skip
     """Compiles, warms up and times one configuration (``rate``: the square GEMM FLOP/s;
-    ``seq_len``: the step's length, 0 for the size's; ``profile_dir``: trace
-    ``profile_steps`` more steps into a folder of it named after the row)."""
+    ``seq_len`` and ``batch``: the step's length and batch, 0 for the size's;
+    ``profile_dir``: trace ``profile_steps`` more steps into a folder of it named after the
+    row)."""
     config = model_config(model, size, impl, dtype, rank)
-    _, _, _, batch, length = SIZES[size]
-    length = seq_len or length
-    trace = f"{profile_dir}/{impl}_{model}_r{rank}_{size}_{dtype}_T{length}" if profile_dir else ""
+    _, _, _, size_batch, length = SIZES[size]
+    length, batch = seq_len or length, batch or size_batch
+    name = f"{impl}_{model}_r{rank}_{size}_{dtype}_B{batch}_T{length}"
+    trace = f"{profile_dir}/{name}" if profile_dir else ""
     stats: dict = {}
     compile_s, times = time_step(config, batch, length, repeats, stats, trace, profile_steps)
     median = statistics.median(times)
@@ -278,8 +244,8 @@ def time_row(
         compile_s=compile_s,
         hyper_rank=config.hyper_rank,
         peak_bytes=stats.get("peak_bytes"),
-        command_buffer=os.environ.get("RHHJAX_COMMAND_BUFFER", "default"),
         seq_len=length,
+        batch=batch,
         profile=stats.get("profile_error", trace),
         **persistent_row_facts(config),
     )
@@ -287,52 +253,6 @@ def time_row(
 
 def on_gpu() -> bool:
     return jax.default_backend() == "gpu"
-
-
-# ----------------------------------------------------------------------------- phase latency
-
-
-def forward_seconds(config: models.ModelConfig, batch: int, length: int, repeats: int) -> float:
-    """Fastest of ``repeats`` calls of the jitted forward (``train=False``, zero carry) on
-    random tokens, after a compile-and-warm-up call: the minimum, since on a shared machine
-    other work only adds time (a difference of medians can even come out negative)."""
-    model = models.build_model(config)
-    params = make_init(config)(init_key(0))
-    tokens = jax.random.randint(jax.random.key(1), (batch, length), 0, config.vocab_size)
-    f = jax.jit(lambda p, t: model.apply({"params": p}, t, None, train=False)[0])
-    f(params, tokens).block_until_ready()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        f(params, tokens).block_until_ready()
-        times.append(time.perf_counter() - start)
-    return min(times)
-
-
-def phase_row(impl, model, size, dtype, rank, depths, repeats) -> dict:
-    """Latency of one micro-layer: the forward at two depths, differenced."""
-    _, _, _, batch, length = SIZES[size]
-    d1, d2 = depths
-    t1, t2 = (
-        forward_seconds(model_config(model, size, impl, dtype, rank, d), batch, length, repeats)
-        for d in (d1, d2)
-    )
-    return {
-        "impl": impl,
-        "model": model,
-        "hyper_rank": rank if model == "hyperrhn" else 0,
-        "size": size,
-        "dtype": dtype,
-        "device": device_name(),
-        "batch": batch,
-        "seq_len": length,
-        "depths": [d1, d2],
-        "forward_ms": [1e3 * t1, 1e3 * t2],
-        "phase_us": 1e6 * (t2 - t1) / (length * (d2 - d1)),
-    }
-
-
-# ----------------------------------------------------------------------------- the run
 
 
 def device_name() -> str:
@@ -364,27 +284,19 @@ def plan(impls, model_types, sizes, dtypes, ranks=(0,)) -> list[tuple]:
 
 
 def format_table(rows: Sequence[Row]) -> str:
-    header = f"{'impl':<7}{'model':<12}{'size':<7}{'dtype':<10}{'step ms':>10}{'GFLOP':>9}"
+    header = f"{'impl':<7}{'model':<12}{'size':<7}{'batch':>6} {'dtype':<10}{'step ms':>10}"
+    header += f"{'GFLOP':>9}"
     header += f"{'mm TFLOP/s':>12}{'eff':>7}{'peak GB':>9}"
     lines = [header]
     for r in rows:
         label = r.model + (f" r{r.hyper_rank}" if r.model == "hyperrhn" else "")
         peak = f"{r.peak_bytes / 1e9:.2f}" if r.peak_bytes else "?"
         lines.append(
-            f"{r.impl:<7}{label:<12}{r.size:<7}{r.dtype:<10}{r.step_ms_median:>10.1f}"
+            f"{r.impl:<7}{label:<12}{r.size:<7}{r.batch:>6} {r.dtype:<10}{r.step_ms_median:>10.1f}"
             f"{r.flops_per_step / 1e9:>9.1f}{r.matmul_tflops:>12.3f}{r.efficiency:>7.2f}"
             f"{peak:>9}"
         )
     return "\n".join(lines)
-
-
-def format_phase(row: dict) -> str:
-    label = row["model"] + (f" r{row['hyper_rank']}" if row["model"] == "hyperrhn" else "")
-    ms = "/".join(f"{t:.1f}" for t in row["forward_ms"])
-    return (
-        f"phase {row['impl']:<7}{label:<12}{row['size']:<7}{row['dtype']:<10}"
-        f"{row['phase_us']:>10.1f} us  (forward ms at depths {row['depths']}: {ms})"
-    )
 
 
 def validate_flags(f) -> None:
@@ -398,25 +310,14 @@ def validate_flags(f) -> None:
     unknown += [m for m in f.models if m not in ("rhn", "hyperrhn")]
     unknown += [p for p in f.parts if p not in PARTS]
     unknown += [r for r in f.ranks if not r.isdigit()]
-    unknown += [d for d in f.phase_depths if not d.isdigit() or int(d) < 1]
     if unknown:
         raise SystemExit(f"error: unknown benchmark choice(s): {', '.join(unknown)}")
-    if len(f.phase_depths) != 2 or int(f.phase_depths[0]) >= int(f.phase_depths[1]):
-        raise SystemExit("error: --phase_depths must be two depths d1 < d2")
-    if f.seq_len < 0 or f.profile_steps < 1:
-        raise SystemExit("error: --seq_len must be >= 0 and --profile_steps >= 1")
+    if min(f.seq_len, f.batch) < 0 or f.profile_steps < 1:
+        raise SystemExit("error: --seq_len and --batch must be >= 0, --profile_steps >= 1")
     try:
         persistent.parse_variant(f.persistent_variant)
     except persistent.VariantError as error:
         raise SystemExit(f"error: --persistent_variant={f.persistent_variant}: {error}") from None
-
-
-def set_command_buffer(mode: str) -> None:
-    """Adds XLA's command-buffer flag to XLA_FLAGS; must run before JAX starts a backend."""
-    flag = COMMAND_BUFFER_FLAGS[mode]
-    if flag:
-        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {flag}".strip()
-    os.environ["RHHJAX_COMMAND_BUFFER"] = mode
 
 
 def main(argv: Sequence[str]) -> None:
@@ -424,8 +325,6 @@ def main(argv: Sequence[str]) -> None:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     f = flags.FLAGS
     validate_flags(f)
-    set_command_buffer(f.command_buffer)
-    persistent.LAYOUT = f.persistent_layout
     global PERSISTENT_VARIANT
     PERSISTENT_VARIANT = f.persistent_variant
     ranks = sorted({int(r) for r in f.ranks})
@@ -436,7 +335,7 @@ def main(argv: Sequence[str]) -> None:
     if "gemm" in f.parts or "step" in f.parts:
         for dtype in f.dtypes:
             hidden, hyper, _, batch, _ = SIZES[f.sizes[0]]
-            for name, m, k, n in gemm_rate.gemm_shapes(hidden, hyper, batch, square):
+            for name, m, k, n in gemm_rate.gemm_shapes(hidden, hyper, f.batch or batch, square):
                 if name != "square" and "gemm" not in f.parts:
                     continue
                 args = (name, m, k, n, dtype, iters, max(f.repeats, 3), device_name())
@@ -445,19 +344,11 @@ def main(argv: Sequence[str]) -> None:
                     rates[dtype] = row["tflops"] * 1e12
                 if row:
                     print(gemm_rate.format_gemm(row), flush=True)
-    if "phase" in f.parts:
-        depths = tuple(int(d) for d in f.phase_depths)
-        for impl, model, size, dtype, rank in plan(f.impls, f.models, f.sizes, f.dtypes, ranks):
-            label = f"{impl} {model} r{rank} {size} {dtype}"
-            args = (impl, model, size, dtype, rank, depths, f.repeats)
-            row = record.run("phase", label, phase_row, *args)
-            if row:
-                print(format_phase(row), flush=True)
     if "step" in f.parts:
         for impl, model, size, dtype, rank in plan(f.impls, f.models, f.sizes, f.dtypes, ranks):
             label = f"{impl} {model} r{rank} {size} {dtype}"
             args = (impl, model, size, dtype, f.repeats, rates.get(dtype, 0.0), rank)
-            args += (f.seq_len, f.profile_dir, f.profile_steps)
+            args += (f.seq_len, f.profile_dir, f.profile_steps, f.batch)
             row = record.run("rows", label, time_row, *args)
             if row:
                 print(format_table([row]).splitlines()[1], flush=True)
@@ -474,7 +365,6 @@ class Record:
         self.path = path
         self.rows: list[Row] = []
         self.gemm: list[dict] = []
-        self.phase: list[dict] = []
         self.failed: list[dict] = []
 
     def run(self, part: str, label: str, fn, *args):
@@ -487,7 +377,7 @@ class Record:
             print(f"{part} {label} FAILED: {error[:300]}", flush=True)
             row = None
         else:
-            {"rows": self.rows, "gemm": self.gemm, "phase": self.phase}[part].append(row)
+            {"rows": self.rows, "gemm": self.gemm}[part].append(row)
         self.write()
         return row
 
@@ -503,7 +393,6 @@ class Record:
             "load_avg": os.getloadavg(),
             "rows": [dataclasses.asdict(r) for r in self.rows],
             "gemm_rows": self.gemm,
-            "phase_rows": self.phase,
             "failed": self.failed,
         }
         with open(self.path, "w") as out:

@@ -1,5 +1,7 @@
-"""bench.py's ``gemm`` part: the GEMM rate inside one jitted loop of dependent GEMMs, at a
-large square and at the recurrence's own shapes (bench.py's docstring says how)."""
+"""bench.py's ``gemm`` part: the GEMM rate inside one jitted ``lax.fori_loop`` of dependent
+GEMMs (each reads the previous result: XLA can neither hoist nor batch them), at a large
+square and at the recurrence's own shapes, each of those followed by its transposed GEMM so
+the loop carries ``[B, n]`` (orthonormal rows keep the values bounded)."""
 
 from __future__ import annotations
 

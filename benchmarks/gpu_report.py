@@ -1,39 +1,19 @@
 """H100 compile report without a GPU: the real training step, compiled by XLA for an H100.
 
-    # once: a second venv with the CUDA plugin (the CPU venv stays as it is)
-    python3.11 -m venv /opt/venv-cuda
-    /opt/venv-cuda/bin/pip install "jax[cuda12]==0.10.2" -e .
-    # the report (minutes per config on 2 cores)
     /opt/venv-cuda/bin/python benchmarks/gpu_report.py --out=results/gpu_report_h100.json
-    # fast iteration: paper HyperRHN, rank 0, fused and persistent, float32 and bfloat16
-    /opt/venv-cuda/bin/python benchmarks/gpu_report.py --quick
-    # smaller and faster still (not comparable with the paper size), any config override
     /opt/venv-cuda/bin/python benchmarks/gpu_report.py --quick --set=model.depth=2
     # keep the optimised HLO, then re-read it (new parser / cost model) without compiling
     /opt/venv-cuda/bin/python benchmarks/gpu_report.py --save-hlo=DIR --out=r.json
     python benchmarks/gpu_report.py --reanalyze=r.json --save-hlo=DIR --launch-us=2 --out=r2.json
-    # the Mosaic GPU kernels compiled for an H100 (ptxas: no spills)
-    /opt/venv-cuda/bin/python -m pytest -q -m gpu_compile tests/
 
-For every impl x dtype x model (``hyperrhn`` once per ``--ranks`` value) it builds the
-model and optimizer from ``configs/ptb.py`` (the paper size unless overridden), compiles
-``rhhjax.train.step.make_train_step`` for a compile-only H100 device
-(``jax.experimental.topologies``, no GPU needed) and reports, from the optimised HLO
-(``benchmarks/hlo/launches.py`` and ``cost.py`` define every figure):
-
-* launches per time step in the 100-trip time loops, split hyper/main x forward/backward;
-* in-loop data-movement launches (pad / convert / copy / transpose ...), by name;
-* bytes moved per time step by the in-loop launches;
-* compiled peak memory (``compiled.memory_analysis()``);
-* a predicted step time from a stated cost model (``--launch-us``, ``--hbm-gbs``,
-  ``--bf16-tflops``, ``--f32-mm-tflops``, ``--f32-simt-tflops``; every one an assumption);
-
-The work is split: ``benchmarks/hlo/deviceless.py`` builds and compiles the step,
-``dumps.py`` reads ptxas and the thunk sequence, ``launches.py`` / ``cost.py``
-count and predict, this file is the command line and the table.
-
-Configs that the model config rejects (``mosaic`` with ``hyper_rank > 0``) are rows with
-``status: "unsupported"``; a compile error is a row with ``status: "compile_error"``.
+For every impl x dtype x model (``hyperrhn`` once per ``--ranks`` value) it compiles
+``rhhjax.train.step.make_train_step`` (model and optimizer from ``configs/ptb.py``) for a
+compile-only H100 and reports launches per time step, in-loop data movement, bytes per
+step, compiled peak memory and a predicted step time from a stated cost model (setup and
+definitions: benchmarks/README.md). ``hlo/deviceless.py`` compiles, ``hlo/dumps.py`` reads
+ptxas and the thunk sequence, ``hlo/launches.py`` / ``hlo/cost.py`` count and predict, this
+file is the command line and the table. A config the model config rejects is a row with
+``status: "unsupported"``, a compile error one with ``status: "compile_error"``.
 """
 
 from __future__ import annotations

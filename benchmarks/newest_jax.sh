@@ -118,8 +118,7 @@ EOF
 # references run inside the kernel tests that compare against them.
 shopt -s nullglob
 FILES=(tests/test_kernels_*.py tests/test_ops_*.py tests/test_models_*.py
-  tests/test_train_step.py tests/test_train_checkpoint.py tests/test_old_checkpoints.py
-  tests/test_benchmarks_calibrate_persistent.py)
+  tests/test_train_step.py tests/test_train_checkpoint.py tests/test_old_checkpoints.py)
 shopt -u nullglob
 echo "== tests (jax $JAX_VERSION): ${FILES[*]}"
 # -W default::DeprecationWarning shows each deprecation once in the summary instead of hiding

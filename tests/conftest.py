@@ -70,8 +70,8 @@ def _case_id(value) -> str:
 
 def pytest_runtest_logreport(report):
     """With ``RHHJAX_FAILURE_LOG`` set, each failure's report is appended to that file as
-    soon as it happens (under xdist too): a GPU lease's test command is cut by its time limit
-    before pytest prints the failures at the end (`benchmarks/gpu_suite.sh lease`)."""
+    soon as it happens (under xdist too): a GPU test command cut short, or watched while it
+    runs, shows its failures before pytest's summary (`benchmarks/gpu_suite.sh test`)."""
     path = os.environ.get("RHHJAX_FAILURE_LOG")
     if path and report.failed:
         with open(path, "a", encoding="utf-8") as log:

@@ -1,7 +1,6 @@
 """The compile report's library (benchmarks/hlo/, not installed: the scripts beside it import
 it as ``hlo``): XLA's optimised GPU HLO and compile dumps read back, the deviceless H100
-compile and the cost models (the programs are in benchmarks/; the persistent kernels' step
-PREDICTION is benchmarks/persistent_prediction.py).
+compile and the cost models (the programs are in benchmarks/).
 
     parse.py       HLO text -> computations and instructions.
     launches.py    time loops, launches per step, bytes and FLOPs per launch.
