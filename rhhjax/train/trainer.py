@@ -80,12 +80,7 @@ def _train_and_evaluate(
     signals.phase = "startup"
     run = prepare_run(config, workdir, log, signals)
     if run.finished is not None:
-        run.log(
-            f"{workdir} already finished at step {run.finished['step']}: nothing to do "
-            f"(results in {workdir / workdir_lib.RESULTS_FILE}); raise train.max_steps / "
-            "max_epochs / max_minutes to train further, or run python -m rhhjax.tools.evaluate "
-            "for other protocols"
-        )
+        run.log(finished_line(workdir, run.finished, run.cfg.train))
         return run.finished
     nothing = "stopped by {name} before training started; nothing was written"
     if signals.stop_agreed():
@@ -112,6 +107,25 @@ def _train_and_evaluate(
         with _out_of_memory_in_one_line(loop):
             state, reason = loop.train(state)
             return loop.finish(state, reason)
+
+
+def finished_line(workdir: Path, results: dict, train: Any) -> str:
+    """The line of a rerun of a finished run: what to do to train further (a budget's steps
+    are fixed: another workdir)."""
+    from rhhjax.train import workdir as workdir_lib
+
+    head = (
+        f"{workdir} already finished at step {results['step']}: nothing to do (results in "
+        f"{workdir / workdir_lib.RESULTS_FILE}); "
+    )
+    evaluate = "run python -m rhhjax.tools.evaluate for other protocols"
+    if results.get("stop_reason") == "budget":
+        return (
+            f"{head}its budget (train.budget_minutes={train.budget_minutes:g}) fixed its "
+            f"length at {results['step']:,} steps, which no bound raised on resume changes: to "
+            f"train longer, start another --workdir with a larger budget_minutes, or {evaluate}"
+        )
+    return f"{head}raise train.max_steps / max_epochs / max_minutes to train further, or {evaluate}"
 
 
 def _autotuned(run: Run, oc) -> Any:
