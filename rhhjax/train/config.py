@@ -171,8 +171,7 @@ def _whole(steps: float) -> int:
 def check_budget_steps(
     train, budget_steps: int, step_seconds: float, elapsed_seconds: float = 0.0, fix: str = ""
 ) -> None:
-    """TrainError (one line) when the budget's steps leave no decay after the warm-up;
-    ``fix``: what to do instead (default: raise budget_minutes or lower warmup_steps)."""
+    """TrainError (one line) when the budget's steps leave no decay after the warm-up."""
     if train.schedule != "constant" and budget_steps <= train.warmup_steps + 1:
         spent = f"{elapsed_seconds:.1f} s on the first steps (compilation included), then "
         raise TrainError(
@@ -191,8 +190,7 @@ def step_bounds(train, steps_per_epoch: int) -> list[tuple[str, int]]:
 
 
 def check_schedule_horizon(train, steps_per_epoch: int) -> None:
-    """TrainError (one line) when the nearest step bound leaves no decay after the warm-up
-    (known once the data gives the steps per epoch)."""
+    """TrainError (one line) when a step bound leaves no decay after the warm-up."""
     if train.schedule == "constant":
         return
     for name, step in step_bounds(train, steps_per_epoch):

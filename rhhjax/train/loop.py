@@ -142,8 +142,7 @@ class Loop:
     # -- the time budget and the schedule ----------------------------------------------------
 
     def _schedule_length(self, s: LoopState) -> int:
-        """The steps the schedule decays over: the step the run stops at, the nearest of the
-        budget's (0 until fixed), max_steps and max_epochs'."""
+        """The steps the schedule decays over: the nearest step bound (0: budget not fixed)."""
         if self.run.cfg.train.budget_minutes and not s.budget_steps:
             return 0
         return self._step_bound(s)
@@ -191,8 +190,7 @@ class Loop:
         return fix
 
     def _check_budget_early(self, s: LoopState, step_seconds: float) -> None:
-        """Refuse, from the first step timed after compilation, a measured budget that buys
-        under half its warm-up (the probe would only confirm it)."""
+        """Refuse at step 2 a measured budget that buys under half its warm-up."""
         t = self.run.cfg.train
         if not (self.oc.scheduled and t.budget_minutes) or s.budget_steps:
             return
@@ -274,7 +272,6 @@ class Loop:
                 self._check_budget_early(s, now - timer)
             timer = now
             log_due = s.step % t.log_every_steps == 0
-            # no validation or checkpoint before the budget is fixed: a refused probe leaves none
             probing = bool(t.budget_minutes) and not s.budget_steps
             eval_due = s.step % eval_every == 0 and not probing
             host_reason, time_due = self._agreed_host_state(s)

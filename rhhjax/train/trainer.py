@@ -110,8 +110,7 @@ def _train_and_evaluate(
 
 
 def finished_line(workdir: Path, results: dict, train: Any) -> str:
-    """The line of a rerun of a finished run: what to do to train further (a budget's steps
-    are fixed: another workdir)."""
+    """The line of a rerun of a finished run: how to train further."""
     from rhhjax.train import workdir as workdir_lib
 
     head = (

@@ -206,8 +206,7 @@ BUDGET_FIELDS = ("train.budget_minutes", "train.budget_step_seconds")
 
 
 def resume_changes(workdir: Path, cfg, meta: Mapping[str, Any] | None) -> list[str]:
-    """One line per field that changed since ``meta``'s checkpoint and takes effect on resume;
-    TrainError (one line) for a change the run cannot take (its schedule or fixed budget)."""
+    """A line per field changed since ``meta`` that applies; TrainError for a refused one."""
     if meta is None:
         return []
     default = flat_fields(defaults())
