@@ -15,7 +15,7 @@ from rhhjax.ops.persistent_variant import PersistentVariant, parse_variant
     ("text", "words"),
     [
         ("layout=diagonal", "is not one of"),
-        ("stages=two", "is not an int"),
+        ("stages=two", "is not a whole number >= 0"),
         ("hyper_inside=2", "is not 0 or 1"),
         ("k_chunk=12", "multiple of 8"),
         ("in_flight=2", "must be 0 or 1"),
@@ -34,6 +34,8 @@ from rhhjax.ops.persistent_variant import PersistentVariant, parse_variant
         ("depth=3", "key one of"),
         ("fast", "key one of"),
         ("", "is empty"),
+        ("stages=-3", "stages='-3' is not a whole number >= 0"),
+        ("stages=2,stages=3", "gives stages twice: keep one stages=..."),
     ],
 )
 def test_a_bad_variant_is_one_config_error_line_before_anything_is_built(text, words):

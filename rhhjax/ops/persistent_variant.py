@@ -161,6 +161,8 @@ def parse_variant(text: str) -> PersistentVariant | None:
         key, sep, value = (x.strip() for x in item.partition("="))
         if key not in fields or not sep:
             raise VariantError(f"{item!r} is not key=value with key one of {', '.join(fields)}")
+        if key in values:
+            raise VariantError(f"gives {key} twice: keep one {key}=...")
         values[key] = _variant_value(key, value)
     if not values:
         raise VariantError(f"is empty; give {DEFAULT_TEXT!r} or key=value pairs")
@@ -174,4 +176,5 @@ def _variant_value(key: str, value: str):
         return value.lower() in ("1", "true")
     if key != "hyper_inside" and value.isdigit():
         return int(value)
-    raise VariantError(f"{key}={value!r} is not {'0 or 1' if key == 'hyper_inside' else 'an int'}")
+    wanted = "0 or 1" if key == "hyper_inside" else "a whole number >= 0 (digits only)"
+    raise VariantError(f"{key}={value!r} is not {wanted}")
