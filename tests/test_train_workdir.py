@@ -20,6 +20,7 @@ from train_cases import (
     strict_json,
 )
 
+from rhhjax import outputs
 from rhhjax.errors import UserError
 from rhhjax.train import checkpoint as ckpt_lib
 from rhhjax.train import trainer
@@ -332,3 +333,17 @@ def test_a_changed_step_size_on_resume_is_one_line_and_a_changed_warm_up_is_refu
     longer = tiny_config(**{f"train__{k}": v for k, v in {**cosine, "max_steps": 900}.items()})
     (line,) = workdir_lib.resume_changes(tmp_path, longer, _meta(**cosine))
     assert line.startswith("resume: train.max_steps 500 -> 900") and "keeps the length" in line
+
+
+def test_an_existing_workdir_is_locked_at_start_up_and_the_run_keeps_that_lock(tmp_path):
+    """The first run took its lock 9.8 s after it started: a second one started meanwhile was
+    refused only after 32-49 s. The command line's workdir is locked before jax is imported."""
+    workdir = tmp_path / "w"
+    workdir.mkdir()
+    trainer.check_workdir_free(["train.py", "--config=ptb:tiny", f"--workdir={workdir}"])
+    with pytest.raises(outputs.WorkdirInUseError, match=f"process {os.getpid()}"):
+        outputs.check_workdir_free(workdir)  # what a second run checks
+    lock = workdir_lib.WorkdirLock(workdir)
+    lock.acquire()  # the trainer takes over the lock held since start-up
+    lock.release()
+    outputs.check_workdir_free(workdir)  # released with the run

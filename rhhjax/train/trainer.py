@@ -226,13 +226,13 @@ RANK_VARIABLES = ("JAX_PROCESS_ID", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK")
 
 def check_workdir_free(argv: list[str]) -> None:
     """WorkdirInUseError when the run's workdir, read from the command line before the config
-    file imports jax, is in use (checked on process 0 only)."""
+    file imports jax, is in use; an existing one is locked at once (process 0 only)."""
     if any(os.environ.get(name, "0").strip() not in ("", "0") for name in RANK_VARIABLES):
         return
     config = cli.config_argument(argv)
     workdir = cli.config_argument(argv, "workdir") or (config and default_workdir(config))
     if workdir:
-        outputs.check_workdir_free(workdir)
+        outputs.hold_workdir(workdir)
 
 
 def check_install(find_spec=None) -> None:

@@ -142,6 +142,10 @@ class WorkdirLock:
     def acquire(self) -> None:
         import fcntl
 
+        held = outputs.take_held(self.path)  # taken at start-up (trainer.console)
+        if held is not None:
+            self._fd = held
+            return
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, file_mode())
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
