@@ -121,8 +121,9 @@ def finished_line(workdir: Path, results: dict, train: Any) -> str:
     if results.get("stop_reason") == "budget":
         return (
             f"{head}its budget (train.budget_minutes={train.budget_minutes:g}) fixed its "
-            f"length at {results['step']:,} steps, which no bound raised on resume changes: to "
-            f"train longer, start another --workdir with a larger budget_minutes, or {evaluate}"
+            f"length at {results['step']:,} steps, which a higher max_steps / max_epochs / "
+            f"max_minutes does not extend: to train longer, start another --workdir with a "
+            f"larger budget_minutes, or {evaluate}"
         )
     return f"{head}raise train.max_steps / max_epochs / max_minutes to train further, or {evaluate}"
 
