@@ -395,7 +395,7 @@ def new_user_cases(ctx: Context) -> dict[str, Callable[[], dict]]:
 
 
 def turn6_cases(ctx: Context) -> dict[str, Callable[[], dict]]:
-    """Issue 58, one case per row (row 8, a figure, is checked by tests/test_tools_plot.py)."""
+    """The sixth round of faults, a case per row (row 8: tests/test_tools_plot.py)."""
     t = "--config.train."
     budget = [f"{t}max_steps=0", f"{t}max_epochs=0", f"{t}patience=0", f"{t}schedule=cosine"]
 
