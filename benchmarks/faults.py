@@ -394,6 +394,121 @@ def new_user_cases(ctx: Context) -> dict[str, Callable[[], dict]]:
     }
 
 
+def turn6_cases(ctx: Context) -> dict[str, Callable[[], dict]]:
+    """The sixth round of faults, a case per row (row 8: tests/test_tools_plot.py)."""
+    t = "--config.train."
+    budget = [f"{t}max_steps=0", f"{t}max_epochs=0", f"{t}patience=0", f"{t}schedule=cosine"]
+
+    def train(name: str, *extra: str, pick: str | None = None, twice: bool = False):
+        def case() -> dict:
+            workdir = ctx.tmp / name
+            shutil.rmtree(workdir, ignore_errors=True)
+            if twice:
+                run(ctx.train(*extra, workdir=workdir), ctx)
+            row = run(ctx.train(*extra, workdir=workdir), ctx, pick=pick)
+            latest = workdir / "checkpoints"
+            row["checkpoints"] = sorted(p.name for p in latest.iterdir()) if latest.is_dir() else []
+            return row
+
+        return case
+
+    def resumed(name: str, first: list[str], then: list[str], pick: str) -> Callable[[], dict]:
+        def case() -> dict:
+            workdir = ctx.tmp / name
+            shutil.rmtree(workdir, ignore_errors=True)
+            run(ctx.train(*first, workdir=workdir), ctx)
+            return run(ctx.train(*then, workdir=workdir), ctx, pick=pick)
+
+        return case
+
+    def params(name: str, swap: bool) -> Callable[[], dict]:
+        def case() -> dict:
+            script = [ctx.python, str(ctx.checkout / "benchmarks" / "params_files.py")]
+            out = ctx.tmp / f"{name}_out"
+            shutil.rmtree(out, ignore_errors=True)
+            if not swap:
+                return run([*script, "import", str(ctx.tmp / "no_such_folder"), str(out)], ctx)
+            run([*script, "export", str(ctx.workdir(name)), str(out), "--parts=2"], ctx)
+            a, b = out / "params_0.npy", out / "params_1.npy"
+            first = a.read_bytes()
+            a.write_bytes(b.read_bytes())
+            b.write_bytes(first)
+            return run([*script, "import", str(out), str(ctx.tmp / f"{name}_back")], ctx)
+
+        return case
+
+    def two_runs() -> dict:
+        """Row 10: a second train on an existing workdir, a second after the first started."""
+        workdir = ctx.tmp / "t6_two"
+        shutil.rmtree(workdir, ignore_errors=True)
+        workdir.mkdir()
+        first = subprocess.Popen(ctx.train(workdir=workdir), cwd=ctx.tmp, env=ctx.env,
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        time.sleep(1.0)
+        row = run(ctx.train(workdir=workdir), ctx)
+        first.wait(timeout=600)
+        return row
+
+    def evaluate_persistent() -> dict:
+        return run(ctx.tool("evaluate", f"--workdir={ctx.workdir('t6_eval')}", "--impl=persistent"),
+                   ctx)  # fmt: skip
+
+    variant = "--config.model.impl=persistent"
+    return {
+        "turn 6, row 1: a budget too short for its warm-up (0.01 min, warmup_steps=200)": train(
+            "t6_r1", *budget, f"{t}budget_minutes=0.01", f"{t}warmup_steps=200"
+        ),
+        "turn 6, row 2: schedule=cosine with max_minutes=0.2": train(
+            "t6_r2a", f"{t}max_steps=0", f"{t}max_minutes=0.2", f"{t}schedule=cosine"
+        ),
+        "turn 6, row 2: max_epochs=1 (300 steps), warmup_steps=1000": train(
+            "t6_r2b",
+            f"{t}max_steps=0",
+            f"{t}max_epochs=1",
+            f"{t}schedule=cosine",
+            f"{t}warmup_steps=1000",
+            pick=r"^error:|^training stopped",
+        ),  # fmt: skip
+        "turn 6, row 3: a budget of 60 steps stopped at 3, resumed with budget_minutes=0.02": (
+            resumed(
+                "t6_r3",
+                [f"{t}max_steps=3", f"{t}budget_minutes=0.01", f"{t}budget_step_seconds=0.01"],
+                [f"{t}max_steps=0", f"{t}budget_minutes=0.02", f"{t}budget_step_seconds=0.01"],
+                pick=r"^error:|^training stopped",
+            )
+        ),
+        "turn 6, row 4: a finished budget run rerun with max_steps=4000": resumed(
+            "t6_r4",
+            [f"{t}max_steps=0", f"{t}budget_minutes=0.001", f"{t}budget_step_seconds=0.01"],
+            [f"{t}max_steps=4000", f"{t}budget_minutes=0.001", f"{t}budget_step_seconds=0.01"],
+            pick=r"already finished",
+        ),
+        "turn 6, row 5: budget_minutes=0.05, warmup_steps=100, the second run": train(
+            "t6_r5",
+            *budget,
+            f"{t}budget_minutes=0.05",
+            f"{t}warmup_steps=100",
+            f"{t}eval_every_steps=5",
+            twice=True,
+        ),  # fmt: skip
+        "turn 6, row 6: params_files import of swapped parts": params("t6_r6", swap=True),
+        "turn 6, row 7: params_files import no_such_folder": params("t6_r7", swap=False),
+        "turn 6, row 9: resume with learning_rate 1e-3 -> 1e-2": lambda: run(
+            ctx.train(f"{t}max_steps=8", f"{t}learning_rate=0.01", workdir=ctx.workdir("t6_r9")),
+            ctx,
+            pick=r"^resum",
+        ),
+        "turn 6, row 10: a second train on an existing workdir, 1 s after the first": two_runs,
+        "turn 6, row 11: persistent_variant=stages=-3": train(
+            "t6_r11a", variant, "--config.model.persistent_variant=stages=-3"
+        ),
+        "turn 6, row 11: persistent_variant=stages=2,stages=3": train(
+            "t6_r11b", variant, "--config.model.persistent_variant=stages=2,stages=3"
+        ),
+        "turn 6, row 11: evaluate --impl=persistent on a CPU": evaluate_persistent,
+    }
+
+
 GROUPS = {
     "memory": memory_cases,
     "output": output_cases,
@@ -403,6 +518,7 @@ GROUPS = {
     "finished": finished_case,
     "install": install_cases,
     "new_user": new_user_cases,
+    "turn6": turn6_cases,
 }
 NEEDS_ROOT = re.compile(r"READ_ONLY|read-only|full disk")
 

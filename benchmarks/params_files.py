@@ -1,17 +1,20 @@
-"""A run's best parameters as float32 files small enough to leave a GPU loan, and back.
+"""A run's best parameters as float32 files small enough to copy off a GPU machine, and back.
 
     python benchmarks/params_files.py export WORKDIR OUT_DIR [--parts=4]
     python benchmarks/params_files.py import OUT_DIR WORKDIR
 
 ``export`` writes ``params_<i>.npy`` (the leaves, flattened in tree order, as float32, cut
-into ``--parts`` files) and ``params_index.json`` (each leaf's path, shape and dtype, and the
-checkpoint's meta). ``import`` writes them as the best checkpoint of a new WORKDIR (with its
-``config.json``), which ``rhhjax.tools.analyze``, ``evaluate`` and ``sample`` read.
+into ``--parts`` files) and ``params_index.json`` (each leaf's path, shape and dtype, each
+part's size and SHA-256, and the checkpoint's meta). ``import`` checks every part against the
+index (a missing, truncated, changed or swapped part is one ``error:`` line, exit 1, nothing
+written), then writes them as the best checkpoint of a new WORKDIR (with its ``config.json``),
+which ``rhhjax.tools.analyze``, ``evaluate`` and ``sample`` read.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import sys
 from pathlib import Path
@@ -19,6 +22,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
+from rhhjax.errors import UserError, exit_with_error
 from rhhjax.train import checkpoint as ckpt_lib
 from rhhjax.train import workdir as workdir_lib
 
@@ -39,6 +43,8 @@ def export(workdir: Path, out: Path, parts: int) -> list[Path]:
         np.save(files[-1], chunk)
     index = {
         "parts": parts,
+        "part_sizes": [int(np.load(f, mmap_mode="r").size) for f in files],
+        "sha256": [sha256(f) for f in files],
         "leaves": [
             {"path": jax.tree_util.keystr(path), "shape": list(np.shape(v)), "dtype": str(v.dtype)}
             for path, v in leaves
@@ -49,15 +55,64 @@ def export(workdir: Path, out: Path, parts: int) -> list[Path]:
     return files
 
 
+def sha256(path: Path) -> str:
+    """The SHA-256 of a file's bytes, in hex."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def read_index(folder: Path) -> dict:
+    """The ``export`` index of ``folder``; UserError (one line) when it is not one."""
+    if not folder.is_dir():
+        raise UserError(f"{folder} is not a folder: give the OUT_DIR of params_files.py export")
+    try:
+        index = json.loads((folder / INDEX).read_text())
+        parts, leaves, meta = int(index["parts"]), index["leaves"], index["meta"]
+        if parts < 1 or not isinstance(leaves, list) or not isinstance(meta, dict):
+            raise ValueError("no parts, leaves or meta")
+    except FileNotFoundError:
+        raise UserError(f"{folder} has no {INDEX}: not a params_files.py export") from None
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise UserError(f"{folder / INDEX} does not read ({' '.join(str(e).split())})") from None
+    return index
+
+
+def read_part(folder: Path, index: dict, i: int) -> np.ndarray:
+    """Part ``i``, checked against the index's SHA-256, size and dtype (float32, flat)."""
+    path = folder / f"params_{i}.npy"
+    if not path.is_file():
+        raise UserError(f"{path} is missing: the export has {index['parts']} parts")
+    sums = index.get("sha256")
+    if sums is not None and sha256(path) != sums[i]:
+        raise UserError(
+            f"{path} does not match its SHA-256 in {INDEX} (a changed, truncated or swapped "
+            "part): copy the export folder again"
+        )
+    try:
+        part = np.load(path)
+    except (OSError, ValueError, EOFError) as e:
+        raise UserError(f"{path} does not read as .npy ({' '.join(str(e).split())})") from None
+    sizes = index.get("part_sizes")
+    if part.dtype != np.float32 or part.ndim != 1 or (sizes and part.size != sizes[i]):
+        raise UserError(
+            f"{path} holds {part.dtype} {list(part.shape)}, the index a flat float32 part"
+            f"{f' of {sizes[i]:,} values' if sizes else ''}"
+        )
+    return part
+
+
 def load(folder: Path) -> tuple[dict, dict]:
     """(params, meta) from an ``export`` folder; the tree is the model's (from the meta)."""
     from rhhjax import models
 
-    index = json.loads((folder / INDEX).read_text())
-    flat = np.concatenate([np.load(folder / f"params_{i}.npy") for i in range(index["parts"])])
+    index = read_index(folder)
+    flat = np.concatenate([read_part(folder, index, i) for i in range(index["parts"])])
     expected = sum(int(np.prod(leaf["shape"], dtype=np.int64)) for leaf in index["leaves"])
     if flat.size != expected:
-        raise ValueError(f"{folder}: {flat.size} values, the model has {expected}")
+        raise UserError(f"{folder}: {flat.size} values, the model has {expected}")
     # the tree is the same for every impl; `scan` builds it on any machine
     mc = models.ModelConfig.from_config(index["meta"]["model"], impl="scan")
     template = jax.eval_shape(lambda: models.init_params(models.build_model(mc), jax.random.key(0)))
@@ -65,10 +120,15 @@ def load(folder: Path) -> tuple[dict, dict]:
     by_path = {leaf["path"]: leaf for leaf in index["leaves"]}
     values, start = [], 0
     for path, shape in paths:
-        leaf = by_path[jax.tree_util.keystr(path)]
+        leaf = by_path.get(jax.tree_util.keystr(path))
+        if leaf is None:
+            raise UserError(f"{INDEX} has no leaf {jax.tree_util.keystr(path)} of the model")
         size = int(np.prod(leaf["shape"], dtype=np.int64))
-        if list(shape.shape) != leaf["shape"]:
-            raise ValueError(f"{leaf['path']}: shape {leaf['shape']}, the model's {shape.shape}")
+        if list(shape.shape) != leaf["shape"] or str(shape.dtype) != leaf["dtype"]:
+            raise UserError(
+                f"{leaf['path']}: {leaf['dtype']} {leaf['shape']} in {INDEX}, the model's "
+                f"{shape.dtype} {list(shape.shape)}"
+            )
         values.append(flat[start : start + size].reshape(leaf["shape"]).astype(leaf["dtype"]))
         start += size
     return jax.tree_util.tree_unflatten(treedef, values), index["meta"]
@@ -76,6 +136,8 @@ def load(folder: Path) -> tuple[dict, dict]:
 
 def import_(folder: Path, workdir: Path) -> Path:
     """Write an ``export`` folder as the best checkpoint of a new ``workdir``."""
+    if workdir.exists():
+        raise UserError(f"{workdir} exists: import writes a new workdir, give another path")
     params, meta = load(folder)
     workdir.mkdir(parents=True, exist_ok=False)
     config = json.dumps(meta["config"], indent=2, sort_keys=True) + "\n"
@@ -92,11 +154,14 @@ def main(argv: list[str]) -> int:
     parser.add_argument("target", type=Path)
     parser.add_argument("--parts", type=int, default=4)
     args = parser.parse_args(argv)
-    if args.action == "export":
-        for path in export(args.source, args.target, args.parts):
-            print(f"{path} {path.stat().st_size:,} bytes")
-    else:
-        print(import_(args.source, args.target))
+    try:
+        if args.action == "export":
+            for path in export(args.source, args.target, args.parts):
+                print(f"{path} {path.stat().st_size:,} bytes")
+        else:
+            print(import_(args.source, args.target))
+    except UserError as e:
+        exit_with_error(e)
     return 0
 
 

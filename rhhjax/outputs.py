@@ -123,6 +123,41 @@ def in_use_message(workdir: Path, fd: int) -> str:
     )
 
 
+_HELD: dict[str, int] = {}  # resolved lock path -> the fd of a lock taken at start-up
+
+
+def hold_workdir(workdir: str | os.PathLike) -> None:
+    """Lock an existing workdir before the heavy imports; WorkdirInUseError if in use."""
+    import fcntl
+
+    lock = Path(workdir) / WORKDIR_LOCK
+    if not lock.parent.is_dir():
+        return
+    mask = os.umask(0)
+    os.umask(mask)
+    try:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666 & ~mask)
+    except OSError:
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    except BlockingIOError:
+        message = in_use_message(lock.parent, fd)
+        os.close(fd)
+        raise WorkdirInUseError(message) from None
+    except OSError:
+        os.close(fd)
+        return
+    _HELD[str(lock.resolve())] = fd
+
+
+def take_held(lock: Path) -> int | None:
+    """The fd of the lock ``hold_workdir`` took on ``lock`` (None: none)."""
+    return _HELD.pop(str(Path(lock).resolve()), None)
+
+
 def check_workdir_free(workdir: str | os.PathLike) -> None:
     import fcntl
 

@@ -5,6 +5,7 @@ the flags on top: tests/test_cli.py.)"""
 from __future__ import annotations
 
 import pytest
+from helpers import ROOT
 
 from rhhjax import config_files, configs
 from rhhjax.config_files import ConfigArgumentError
@@ -44,3 +45,10 @@ def test_overrides_are_applied_and_a_malformed_one_is_one_line():
     assert config_files.load("ptb", {"seed": 7}).seed == 7
     with pytest.raises(ConfigArgumentError, match="'model.depth' is not block.field=value"):
         config_files.load("ptb", ["model.depth"])
+
+
+def test_the_docs_unknown_variant_example_is_the_message_a_run_gives():
+    """docs/operations.md showed the variants without `fast`."""
+    docs = (ROOT / "docs" / "operations.md").read_text()
+    (shown,) = [line for line in docs.splitlines() if line.startswith("error: unknown variant")]
+    assert shown == f"error: {_refusal('ptb:gpu')}"

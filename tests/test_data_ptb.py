@@ -172,6 +172,7 @@ def test_offline_error_names_url_files_and_folder(tmp_path, monkeypatch):
         msg = str(err.value)
         assert ptb.PTB_URL in msg and str(cache) in msg and "\n" not in msg
         assert all(name in msg for name in PTB_WORD_FILES)
+        assert "--config.data.dir=FOLDER" in msg and "data config's dir" not in msg
         assert not cache.exists() or list(cache.iterdir()) == []  # no temp file left behind
 
 

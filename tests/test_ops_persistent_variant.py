@@ -15,7 +15,7 @@ from rhhjax.ops.persistent_variant import PersistentVariant, parse_variant
     ("text", "words"),
     [
         ("layout=diagonal", "is not one of"),
-        ("stages=two", "is not an int"),
+        ("stages=two", "is not a whole number >= 0"),
         ("hyper_inside=1", "was removed: .* \\+6.3 ms"),  # the GPU measured it slower
         ("k_chunk=12", "multiple of 8"),
         ("in_flight=1", "was removed: .* \\+1.9 to \\+3.4 ms"),
@@ -28,6 +28,8 @@ from rhhjax.ops.persistent_variant import PersistentVariant, parse_variant
         ("depth=3", "key one of"),
         ("fast", "key one of"),
         ("", "is empty"),
+        ("stages=-3", "stages='-3' is not a whole number >= 0"),
+        ("stages=2,stages=3", "gives stages twice: keep one stages=..."),
     ],
 )
 def test_a_bad_variant_is_one_config_error_line_before_anything_is_built(text, words):

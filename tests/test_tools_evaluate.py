@@ -11,6 +11,7 @@ from train_cases import (
 )
 
 from rhhjax import data as data_lib
+from rhhjax.errors import UserError
 from rhhjax.tools import evaluate as evaluate_tool
 
 text_file = train_cases.text_file  # a shared fixture (tests/train_cases.py)
@@ -90,3 +91,21 @@ def test_a_moved_text_file_names_the_flag_that_points_at_it(trained, tmp_path):
         "; if the run's data has moved, give its new place with --text_files=FILE (or "
         "FILE,FILE,FILE)"
     )
+
+
+def test_a_place_given_by_flag_that_fails_is_not_advised_again(trained):
+    """--text_files / --data_dir naming a bad place advised giving that flag."""
+    with pytest.raises(data_lib.DataError) as info:
+        evaluate_tool.run(str(trained[0]), "test", "stream", log=quiet, text_files="/nowhere.txt")
+    assert "give its new place" not in str(info.value)
+
+
+def test_an_impl_that_cannot_run_here_names_the_impl_flag(trained, monkeypatch):
+    """evaluate --impl=persistent on a CPU advised model.impl, a field evaluate has no flag for."""
+    from rhhjax.ops import spec
+
+    monkeypatch.setattr(spec.jax, "default_backend", lambda: "cpu")
+    with pytest.raises(UserError) as info:
+        evaluate_tool.run(str(trained[0]), "test", "stream", impl="persistent", log=quiet)
+    assert str(info.value).startswith("--impl='persistent' compiles")
+    assert "use --impl=fused or scan" in str(info.value) and "model.impl" not in str(info.value)

@@ -148,6 +148,17 @@ def test_the_authors_curve_follows_the_runs_model_type(tmp_path, model_type, cho
     assert plot.authors_model(tmp_path, choice) == expected
 
 
+@pytest.mark.parametrize("data_format, shown", [("text", False), ("mikolov_char", True)])
+def test_the_authors_curve_is_drawn_by_default_only_beside_ptb_characters(
+    tmp_path, data_format, shown
+):
+    """A HyperRHN on Tiny Shakespeare was drawn beside the authors' PTB curve."""
+    config = {"model": {"type": "hyperrhn"}, "data": {"format": data_format}}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert plot.authors_model(tmp_path, "auto") == ("hyperrhn" if shown else None)
+    assert plot.authors_model(tmp_path, "hyperrhn") == "hyperrhn"  # asked for: drawn
+
+
 def test_the_figure_draws_the_authors_curve_in_both_panels(tmp_path, monkeypatch):
     import matplotlib.figure
 

@@ -108,6 +108,7 @@ def test_the_first_bound_reached_counts_the_budget_first():
         (dict(max_steps=5, warmup_steps=4), "train.max_steps=5 leaves no decay"),
         (dict(max_steps=0, max_epochs=0), "decays over the run: set train.budget_minutes"),
         (dict(final_lr_fraction=1.5), "train.final_lr_fraction=1.5 must be"),
+        (dict(max_minutes=0.2), "train.max_minutes=0.2 does not fix: set train.budget_minutes"),
     ],
 )
 def test_a_schedule_that_cannot_decay_is_refused_in_one_line_before_training(fields, needle):
@@ -118,3 +119,14 @@ def test_a_schedule_that_cannot_decay_is_refused_in_one_line_before_training(fie
     with pytest.raises(train_config.TrainError) as info:
         train_config.prepare_config(config)
     assert needle in str(info.value) and "\n" not in str(info.value)
+
+
+def test_every_step_bound_must_leave_a_decay_after_the_warm_up():
+    """max_epochs=1 of 337 steps with a 1,000-step warm-up never finished warming up."""
+    train = _budget(budget_minutes=0.0, max_steps=0, max_epochs=1, warmup_steps=1000)
+    with pytest.raises(train_config.TrainError) as info:
+        train_config.check_schedule_horizon(train, 337)
+    assert "train.max_epochs=1 (337 steps) leaves no decay after train.warmup_steps=1000" in str(
+        info.value
+    )
+    train_config.check_schedule_horizon(_budget(max_steps=0, max_epochs=4, warmup_steps=1000), 337)

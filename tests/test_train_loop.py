@@ -86,6 +86,20 @@ def test_progress_total_only_when_a_step_bound_decides():
     assert loop._total_steps(state) == 300
 
 
+def test_the_eta_of_a_budget_probe_is_the_budget_not_max_epochs():
+    """The probe of a 3-second budget showed an ETA of 81 hours (from max_epochs)."""
+    import types
+
+    import ml_collections
+
+    train = {"max_steps": 0, "max_epochs": 1000, "max_minutes": 0.0, "budget_minutes": 0.05}
+    loop = train_loop.Loop.__new__(train_loop.Loop)
+    loop.run = types.SimpleNamespace(cfg=ml_collections.ConfigDict({"train": train}))
+    loop.run.steps_per_epoch = 797
+    state = types.SimpleNamespace(budget_steps=0, step=5, train_seconds=1.0)
+    assert loop._eta(state, 0.5) == pytest.approx(2.0)
+
+
 def test_epoch_estimate_names_the_cpu_recipe_for_a_model_too_large_for_a_cpu():
     paper = train_loop.epoch_estimate(12.5, 199, 2, "cpu")
     assert paper.startswith("estimate: an epoch (199 steps) takes about 0:41:28 on this CPU")
@@ -283,3 +297,46 @@ def test_divergence_guard_config(tmp_path, text_file):
         )
     assert train_loop.loss_limit(10.0, 50) == pytest.approx(10 * math.log(50))
     assert train_loop.loss_limit(0.0, 50) == math.inf
+
+
+def test_the_schedule_decays_to_the_nearest_bound_not_the_budget(tmp_path, text_file):
+    """A budget of 1,200 steps with max_steps=6: the floor is reached at step 6, where the
+    run stops (it stayed at the peak before)."""
+    config = tiny_config(
+        text_file,
+        train__max_steps=6,
+        train__budget_minutes=1.0,
+        train__budget_step_seconds=0.05,
+        train__schedule="cosine",
+        train__warmup_steps=2,
+        train__log_every_steps=1,
+        train__eval_every_steps=6,
+    )
+    results = trainer.train_and_evaluate(config, tmp_path / "w", log=quiet)
+    assert results["step"] == 6
+    lrs = {r["step"]: r["lr"] for r in records(tmp_path / "w", ("train",))}
+    assert lrs[6] == pytest.approx(config.train.learning_rate * 0.1, rel=1e-6)
+
+
+def test_a_budget_too_short_for_its_warm_up_stops_at_the_first_timed_step_leaving_no_checkpoint(
+    tmp_path, text_file
+):
+    """On a CPU the refusal comes after step 2 (not the probe's end), names the CPU recipe,
+    and leaves no checkpoint for a rerun to train on from."""
+    config = tiny_config(
+        text_file,
+        train__max_steps=0,
+        train__max_epochs=0,
+        train__budget_minutes=0.001,
+        train__budget_probe_steps=10,
+        train__schedule="cosine",
+        train__warmup_steps=40,
+        train__eval_every_steps=1,
+        train__checkpoint_every_steps=1,
+        train__log_every_steps=1,
+    )
+    lines: list[str] = []
+    with pytest.raises(TrainError) as info:
+        trainer.train_and_evaluate(config, tmp_path / "w", log=lines.append)
+    assert "buys 2 steps" in str(info.value) and "configs/ptb.py:cpu" in str(info.value)
+    assert not ckpt_lib.has_checkpoint(tmp_path / "w")

@@ -19,7 +19,7 @@ from pathlib import Path
 import jax
 import pytest
 import train_cases
-from helpers import PTB_CONFIG, PTB_DIR, ROOT
+from helpers import PTB_CONFIG, PTB_DIR, ROOT, tiny_run_config
 from helpers import tiny_run_config as tiny_config
 from train_cases import (
     HAS_TENSORBOARDX,
@@ -136,8 +136,11 @@ def test_real_ptb_tiny(tmp_path):
 
 
 def snapshot(workdir: Path) -> dict[str, bytes]:
-    """Every file of ``workdir`` (relative path -> bytes)."""
-    return {str(p.relative_to(workdir)): p.read_bytes() for p in workdir.rglob("*") if p.is_file()}
+    """Every file of ``workdir`` (relative path -> bytes) but ``.lock``, which holds the pid of
+    the last program that held it (train.py locks an existing workdir at start-up)."""
+    files = {str(p.relative_to(workdir)): p.read_bytes() for p in workdir.rglob("*") if p.is_file()}
+    files.pop(".lock", None)
+    return files
 
 
 def test_rerun_of_a_finished_run_does_nothing(trained, text_file):
@@ -375,3 +378,12 @@ def test_from_train_py_the_loss_is_three_files_away():
                 for a in n.names}  # fmt: skip
     assert {("rhhjax.train.loop", "Loop"), ("rhhjax.train", "step")} <= imported
     assert "step_lib.make_train_step(" in ast.unparse(tree)  # the loss's step, from step.py
+
+
+def test_a_finished_budget_run_is_not_told_to_raise_max_steps(tmp_path):
+    """Raising max_steps does nothing to a run its budget stopped: the line says so."""
+    train = tiny_run_config(train__budget_minutes=8.0).train
+    budget = trainer.finished_line(tmp_path, {"step": 700, "stop_reason": "budget"}, train)
+    assert "raise train.max_steps" not in budget and "another --workdir" in budget
+    steps = trainer.finished_line(tmp_path, {"step": 6, "stop_reason": "max_steps"}, train)
+    assert "raise train.max_steps / max_epochs / max_minutes" in steps

@@ -20,6 +20,7 @@ from train_cases import (
     strict_json,
 )
 
+from rhhjax import outputs
 from rhhjax.errors import UserError
 from rhhjax.train import checkpoint as ckpt_lib
 from rhhjax.train import trainer
@@ -297,3 +298,52 @@ def test_tensorboard_keeps_the_resume_steps_points(tmp_path, text_file):
     expected = {r["step"]: r["bpc"] for r in records(workdir, ("train",))}
     assert sorted(newest) == sorted(expected)
     np.testing.assert_allclose([newest[k] for k in expected], list(expected.values()), 1e-6)
+
+
+def _meta(**train) -> dict:
+    """A checkpoint's meta whose config is the tiny config with ``train`` fields."""
+    saved = tiny_config(**{f"train__{k}": v for k, v in train.items()})
+    return {"config": saved.to_dict(), "step": 40, "budget_steps": 0}
+
+
+def test_a_budget_fixed_in_steps_cannot_change_on_resume(tmp_path):
+    meta = {**_meta(budget_minutes=1.0), "budget_steps": 900}
+    with pytest.raises(TrainError) as info:
+        workdir_lib.resume_changes(tmp_path, tiny_config(train__budget_minutes=2.0), meta)
+    assert "train.budget_minutes=1.0, this config has 2.0: its budget is fixed at 900" in str(
+        info.value
+    )
+    not_fixed = {**meta, "budget_steps": 0}  # refused in the probe: the new budget applies
+    assert workdir_lib.resume_changes(tmp_path, tiny_config(train__budget_minutes=2.0), not_fixed)
+    assert workdir_lib.resume_changes(tmp_path, tiny_config(train__budget_minutes=1.0), meta) == []
+
+
+def test_a_changed_step_size_on_resume_is_one_line_and_a_changed_warm_up_is_refused(tmp_path):
+    lines = workdir_lib.resume_changes(
+        tmp_path, tiny_config(train__learning_rate=1e-2), _meta(learning_rate=1e-3)
+    )
+    assert lines == ["resume: train.learning_rate 0.001 -> 0.01 from step 40 on"]
+    cosine = dict(schedule="cosine", max_steps=500, warmup_steps=10)
+    with pytest.raises(TrainError, match="train.warmup_steps=10, this config has 20: its sched"):
+        workdir_lib.resume_changes(
+            tmp_path,
+            tiny_config(**{f"train__{k}": v for k, v in {**cosine, "warmup_steps": 20}.items()}),
+            _meta(**cosine),
+        )
+    longer = tiny_config(**{f"train__{k}": v for k, v in {**cosine, "max_steps": 900}.items()})
+    (line,) = workdir_lib.resume_changes(tmp_path, longer, _meta(**cosine))
+    assert line.startswith("resume: train.max_steps 500 -> 900") and "keeps the length" in line
+
+
+def test_an_existing_workdir_is_locked_at_start_up_and_the_run_keeps_that_lock(tmp_path):
+    """The first run took its lock 9.8 s after it started: a second one started meanwhile was
+    refused only after 32-49 s. The command line's workdir is locked before jax is imported."""
+    workdir = tmp_path / "w"
+    workdir.mkdir()
+    trainer.check_workdir_free(["train.py", "--config=ptb:tiny", f"--workdir={workdir}"])
+    with pytest.raises(outputs.WorkdirInUseError, match=f"process {os.getpid()}"):
+        outputs.check_workdir_free(workdir)  # what a second run checks
+    lock = workdir_lib.WorkdirLock(workdir)
+    lock.acquire()  # the trainer takes over the lock held since start-up
+    lock.release()
+    outputs.check_workdir_free(workdir)  # released with the run

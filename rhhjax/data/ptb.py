@@ -72,7 +72,7 @@ def _offline_error(
     return DataError(
         f"PTB files not found and not downloaded ({reason}): download {PTB_URL}, take "
         f"{', '.join(names)} from {PTB_ARCHIVE_DIR}/ in the archive and put them in {cache} "
-        f"(or set the data config's dir to a folder that holds them){extra}"
+        f"(or give a folder that holds them: --config.data.dir=FOLDER){extra}"
     )
 
 

@@ -157,6 +157,8 @@ def parse_variant(text: str) -> PersistentVariant | None:
             raise VariantError(f"{key} was removed: {REMOVED[key]}")
         if key not in fields or not sep:
             raise VariantError(f"{item!r} is not key=value with key one of {', '.join(fields)}")
+        if key in values:
+            raise VariantError(f"gives {key} twice: keep one {key}=...")
         values[key] = _variant_value(key, value)
     return PersistentVariant(**values)
 
@@ -166,4 +168,4 @@ def _variant_value(key: str, value: str):
         return value
     if value.isdigit():
         return int(value)
-    raise VariantError(f"{key}={value!r} is not an int")
+    raise VariantError(f"{key}={value!r} is not a whole number >= 0 (digits only)")

@@ -45,6 +45,8 @@ def run(
             f"--batch_size must be >= 1 (0: the run's eval.batch_size), got {batch_size}"
         )
     saved = load_run(workdir, which, impl=impl, data_dir=data_dir, text_files=text_files)
+    if impl:
+        check_impl(saved.model)
     corpus = saved.corpus()
     eval_config = saved.config.eval
     if batch_size:
@@ -68,6 +70,17 @@ def run(
 
 
 BATCH_FIELDS = ("--batch_size (0: the run's eval.batch_size)",)
+
+
+def check_impl(model) -> None:
+    """UserError when ``--impl`` cannot run here, in the words of evaluate's flags."""
+    from rhhjax import models
+
+    try:
+        models.sequence_spec(model, execute=True)
+    except UserError as e:
+        line = str(e).replace("use model.impl='fused' or 'scan'", "use --impl=fused or scan")
+        raise UserError(line.replace("model.impl=", "--impl=")) from None
 
 
 def check_memory(saved: SavedRun, eval_config: Any, protocols: list[str]) -> None:

@@ -19,6 +19,7 @@ METRICS_FILE = "metrics.jsonl"
 AUTHORS_DIR = Path(__file__).resolve().parents[1] / "data" / "authors"
 AUTHORS = ("auto", "hyperrhn", "rhn", "none")
 FORMATS = (".png", ".pdf", ".svg")
+PTB_FORMATS = ("chars", "mikolov_char")  # data.format of the authors' data, PTB characters
 
 
 class PlotError(UserError):
@@ -89,7 +90,8 @@ def authors_model(workdir: str | Path, choice: str) -> str | None:
     except (OSError, json.JSONDecodeError):
         return None
     model = (config.get("model") or {}).get("type")
-    return model if model in ("hyperrhn", "rhn") else None
+    ptb = (config.get("data") or {}).get("format", "chars") in PTB_FORMATS
+    return model if ptb and model in ("hyperrhn", "rhn") else None
 
 
 def check_out(out: Path) -> Path:

@@ -169,7 +169,7 @@ def _whole(steps: float) -> int:
 
 
 def check_budget_steps(
-    train, budget_steps: int, step_seconds: float, elapsed_seconds: float = 0.0
+    train, budget_steps: int, step_seconds: float, elapsed_seconds: float = 0.0, fix: str = ""
 ) -> None:
     """TrainError (one line) when the budget's steps leave no decay after the warm-up."""
     if train.schedule != "constant" and budget_steps <= train.warmup_steps + 1:
@@ -177,9 +177,30 @@ def check_budget_steps(
         raise TrainError(
             f"train.budget_minutes={train.budget_minutes:g} buys {budget_steps} steps "
             f"({spent if elapsed_seconds else ''}{step_seconds:.3g} s a step), too few for "
-            f"train.warmup_steps={train.warmup_steps} and a decay: raise budget_minutes or "
-            "lower warmup_steps"
+            f"train.warmup_steps={train.warmup_steps} and a decay: "
+            f"{fix or 'raise budget_minutes or lower warmup_steps'}"
         )
+
+
+def step_bounds(train, steps_per_epoch: int) -> list[tuple[str, int]]:
+    """(field, step) of each step bound set before the run starts: max_steps, max_epochs'."""
+    bounds = [("max_steps", int(train.max_steps))]
+    bounds.append(("max_epochs", int(train.max_epochs) * int(steps_per_epoch)))
+    return [(name, step) for name, step in bounds if step]
+
+
+def check_schedule_horizon(train, steps_per_epoch: int) -> None:
+    """TrainError (one line) when a step bound leaves no decay after the warm-up."""
+    if train.schedule == "constant":
+        return
+    for name, step in step_bounds(train, steps_per_epoch):
+        if step <= train.warmup_steps + 1:
+            shown = f"{name}={getattr(train, name)}"
+            shown += "" if name == "max_steps" else f" ({step} steps)"
+            raise TrainError(
+                f"train.{shown} leaves no decay after train.warmup_steps={train.warmup_steps}: "
+                f"raise {name} or lower warmup_steps"
+            )
 
 
 def _check_int(name: str, value: Any, minimum: int) -> None:
@@ -284,6 +305,12 @@ def _check_schedule(t) -> None:
             f"train.schedule={t.schedule!r} decays over the run: set train.budget_minutes, "
             "max_steps or max_epochs"
         )
+    if t.max_minutes and not t.budget_minutes:
+        raise TrainError(
+            f"train.schedule={t.schedule!r} decays to the run's last step, which "
+            f"train.max_minutes={t.max_minutes:g} does not fix: set train.budget_minutes="
+            f"{t.max_minutes:g} instead (the time turned into steps), and max_minutes=0"
+        )
     if t.budget_minutes and t.budget_step_seconds:
         steps = budget_steps_for(t, 0.0, 0, t.budget_step_seconds)
         check_budget_steps(t, steps, t.budget_step_seconds)
@@ -293,13 +320,8 @@ def _check_schedule(t) -> None:
             f"{t.budget_probe_steps + 1}: the budget is fixed after the probe, before the "
             "decay starts"
         )
-    elif not t.budget_minutes:
-        total = t.max_steps or 0
-        if total and total <= t.warmup_steps + 1:
-            raise TrainError(
-                f"train.max_steps={total} leaves no decay after train.warmup_steps="
-                f"{t.warmup_steps}: raise max_steps or lower warmup_steps"
-            )
+    if t.max_steps and t.max_steps <= t.warmup_steps + 1:
+        check_schedule_horizon(t, 0)  # max_epochs needs the data: prepare_run checks it
 
 
 def config_to_json(cfg: ml_collections.ConfigDict) -> str:

@@ -142,9 +142,10 @@ class Loop:
     # -- the time budget and the schedule ----------------------------------------------------
 
     def _schedule_length(self, s: LoopState) -> int:
-        """The steps the schedule decays over: the budget's (0 until fixed), else the
-        nearest step bound."""
-        return s.budget_steps if self.run.cfg.train.budget_minutes else self._step_bound(s)
+        """The steps the schedule decays over: the nearest step bound (0: budget not fixed)."""
+        if self.run.cfg.train.budget_minutes and not s.budget_steps:
+            return 0
+        return self._step_bound(s)
 
     def _step_bound(self, s: LoopState) -> int:
         """The nearest step bound: the budget's (once fixed), max_steps, max_epochs' (0: none)."""
@@ -171,15 +172,32 @@ class Loop:
             from jax.experimental import multihost_utils
 
             steps = int(multihost_utils.broadcast_one_to_all(np.int32(steps)))
-        train_config.check_budget_steps(t, steps, step_seconds, elapsed)
+        train_config.check_budget_steps(t, steps, step_seconds, elapsed, self._budget_fix())
         s.budget_steps = steps
         if self.oc.scheduled:
-            s.opt_state = optim.set_total_steps(s.opt_state, steps)
+            s.opt_state = optim.set_total_steps(s.opt_state, self._schedule_length(s))
         self.run.log(
             f"budget: {t.budget_minutes:g} minutes = {steps:,} steps "
             f"({step_seconds:.4g} s a step{', given' if t.budget_step_seconds else ''}; "
             f"epoch {steps / self.bpe:.2f} at the end)"
         )
+
+    def _budget_fix(self) -> str:
+        """What to do about a budget too short for the warm-up (on a CPU: the CPU recipe)."""
+        fix = "raise budget_minutes or lower warmup_steps"
+        if jax.default_backend() == "cpu":
+            fix += ", or train a model sized for a CPU: --config=configs/ptb.py:cpu"
+        return fix
+
+    def _check_budget_early(self, s: LoopState, step_seconds: float) -> None:
+        """Refuse at step 2 a measured budget that buys under half its warm-up."""
+        t = self.run.cfg.train
+        if not (self.oc.scheduled and t.budget_minutes) or s.budget_steps:
+            return
+        steps = train_config.budget_steps_for(t, s.train_seconds, s.step, step_seconds)
+        if 2 * steps <= t.warmup_steps + 1:
+            fix = self._budget_fix()
+            train_config.check_budget_steps(t, steps, step_seconds, s.train_seconds, fix)
 
     def _eta(self, s: LoopState, sec_per_step: float) -> float:
         """Seconds of training left (inf: unknown), by the nearest bound."""
@@ -194,6 +212,8 @@ class Loop:
                 remaining.append((t.max_epochs * self.bpe - s.step) * sec_per_step)
         if t.max_minutes:
             remaining.append(60.0 * t.max_minutes - s.train_seconds)
+        if t.budget_minutes and not s.budget_steps:  # the probe: the budget's own clock
+            remaining.append(60.0 * t.budget_minutes - s.train_seconds)
         return max(0.0, min(remaining)) if remaining else math.inf
 
     # -- the loop ---------------------------------------------------------------------------
@@ -249,12 +269,14 @@ class Loop:
                 interval_start, interval_steps = now, 0
             elif steps_run == 2:
                 self.run.log(epoch_estimate(now - timer, self.bpe, s.step, jax.default_backend()))
+                self._check_budget_early(s, now - timer)
             timer = now
             log_due = s.step % t.log_every_steps == 0
-            eval_due = s.step % eval_every == 0
+            probing = bool(t.budget_minutes) and not s.budget_steps
+            eval_due = s.step % eval_every == 0 and not probing
             host_reason, time_due = self._agreed_host_state(s)
             every = t.checkpoint_every_steps
-            ckpt_due = eval_due or time_due or bool(every and s.step % every == 0)
+            ckpt_due = not probing and (eval_due or time_due or bool(every and s.step % every == 0))
             stopping = host_reason == "signal"
             if not (log_due or eval_due or ckpt_due or stopping):
                 continue

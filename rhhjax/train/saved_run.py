@@ -42,12 +42,15 @@ class SavedRun:
     vocab: data_lib.Vocab
     config: ml_collections.ConfigDict
     meta: dict
+    moved: bool = False  # the data's place came from --data_dir / --text_files
 
     def corpus(self) -> data_lib.Corpus:
         """The run's data; CheckpointError when its vocabulary is not the checkpoint's."""
         try:
             corpus = cached_corpus(self.config.data.to_dict())
         except data_lib.DataError as e:
+            if self.moved:  # the place given is the one that fails: no advice to give it
+                raise
             if self.config.data.get("format") == "text":
                 flag = "--text_files=FILE (or FILE,FILE,FILE)"
             else:
@@ -169,6 +172,7 @@ def load_run(
         vocab=data_lib.Vocab.from_dict(meta["vocab"]),
         config=config,
         meta=meta,
+        moved=bool(data_dir or text_files),
     )
 
 

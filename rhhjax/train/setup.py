@@ -78,6 +78,7 @@ def prepare_run(
     models.sequence_spec(model, execute=True)
     cfg.model.vocab_size = corpus.vocab.size
     sampler = _make_sampler(cfg, corpus.train)
+    train_config.check_schedule_horizon(cfg.train, sampler.batches_per_epoch)
     _check_eval_data(cfg, corpus, corpus.valid[: cfg.eval.max_valid_chars or None])
     if workdir.exists() and not workdir.is_dir():
         raise TrainError(f"workdir {workdir} exists and is not a directory")
@@ -86,8 +87,11 @@ def prepare_run(
         warning = workdir_lib.config_json_warning(workdir, meta)
         if warning:
             warn(warning)
+    changes = workdir_lib.resume_changes(workdir, cfg, meta)
     finished = workdir_lib.finished_results(workdir, cfg, meta, sampler.batches_per_epoch)
     if finished is None:
+        for line in changes:
+            log(line)
         workdir_lib.check_workdir_writable(workdir)
         if cfg.train.check_memory:
             check_memory(cfg, model, mesh, log)

@@ -80,12 +80,7 @@ def _train_and_evaluate(
     signals.phase = "startup"
     run = prepare_run(config, workdir, log, signals)
     if run.finished is not None:
-        run.log(
-            f"{workdir} already finished at step {run.finished['step']}: nothing to do "
-            f"(results in {workdir / workdir_lib.RESULTS_FILE}); raise train.max_steps / "
-            "max_epochs / max_minutes to train further, or run python -m rhhjax.tools.evaluate "
-            "for other protocols"
-        )
+        run.log(finished_line(workdir, run.finished, run.cfg.train))
         return run.finished
     nothing = "stopped by {name} before training started; nothing was written"
     if signals.stop_agreed():
@@ -112,6 +107,25 @@ def _train_and_evaluate(
         with _out_of_memory_in_one_line(loop):
             state, reason = loop.train(state)
             return loop.finish(state, reason)
+
+
+def finished_line(workdir: Path, results: dict, train: Any) -> str:
+    """The line of a rerun of a finished run: how to train further."""
+    from rhhjax.train import workdir as workdir_lib
+
+    head = (
+        f"{workdir} already finished at step {results['step']}: nothing to do (results in "
+        f"{workdir / workdir_lib.RESULTS_FILE}); "
+    )
+    evaluate = "run python -m rhhjax.tools.evaluate for other protocols"
+    if results.get("stop_reason") == "budget":
+        return (
+            f"{head}its budget (train.budget_minutes={train.budget_minutes:g}) fixed its "
+            f"length at {results['step']:,} steps, which a higher max_steps / max_epochs / "
+            f"max_minutes does not extend: to train longer, start another --workdir with a "
+            f"larger budget_minutes, or {evaluate}"
+        )
+    return f"{head}raise train.max_steps / max_epochs / max_minutes to train further, or {evaluate}"
 
 
 def _autotuned(run: Run, oc) -> Any:
@@ -213,13 +227,13 @@ RANK_VARIABLES = ("JAX_PROCESS_ID", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK")
 
 def check_workdir_free(argv: list[str]) -> None:
     """WorkdirInUseError when the run's workdir, read from the command line before the config
-    file imports jax, is in use (checked on process 0 only)."""
+    file imports jax, is in use; an existing one is locked at once (process 0 only)."""
     if any(os.environ.get(name, "0").strip() not in ("", "0") for name in RANK_VARIABLES):
         return
     config = cli.config_argument(argv)
     workdir = cli.config_argument(argv, "workdir") or (config and default_workdir(config))
     if workdir:
-        outputs.check_workdir_free(workdir)
+        outputs.hold_workdir(workdir)
 
 
 def check_install(find_spec=None) -> None:

@@ -142,6 +142,10 @@ class WorkdirLock:
     def acquire(self) -> None:
         import fcntl
 
+        held = outputs.take_held(self.path)  # taken at start-up (trainer.console)
+        if held is not None:
+            self._fd = held
+            return
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, file_mode())
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -193,6 +197,60 @@ def finished_results(workdir: Path, cfg, meta: dict | None, steps_per_epoch: int
         int(meta.get("budget_steps", 0)),
     )
     return results if stop is not None else None
+
+
+# May change on resume: they take effect from the resumed step, each with one line.
+RESUME_FIELDS_APPLIED = (
+    "train.learning_rate", "train.b1", "train.b2", "train.weight_decay", "train.clip_norm",
+    "train.clip_type", "train.lr_decay", "train.lr_decay_start_epoch",
+)  # fmt: skip
+# Fixed when the schedule starts: a change on resume is refused (docs/operations.md).
+SCHEDULE_FIELDS = ("train.warmup_steps", "train.final_lr_fraction")
+BUDGET_FIELDS = ("train.budget_minutes", "train.budget_step_seconds")
+
+
+def resume_changes(workdir: Path, cfg, meta: Mapping[str, Any] | None) -> list[str]:
+    """A line per field changed since ``meta`` that applies; TrainError for a refused one."""
+    if meta is None:
+        return []
+    default = flat_fields(defaults())
+    old = {**default, **flat_fields(meta.get("config") or {})}
+    new = flat_fields(cfg.to_dict())
+    step, budget_steps = meta.get("step"), int(meta.get("budget_steps") or 0)
+    back = "use another --workdir to start over with it"
+    refused = list(BUDGET_FIELDS) if budget_steps else []
+    refused += list(SCHEDULE_FIELDS) if new["train.schedule"] != "constant" else []
+    for name in refused:
+        if old.get(name) != new.get(name):
+            why = (
+                f"its budget is fixed at {budget_steps:,} steps"
+                if name in BUDGET_FIELDS
+                else "its schedule is fixed at the start"
+            )
+            raise TrainError(
+                f"workdir {workdir} holds a run with {name}={old.get(name)!r}, this config has "
+                f"{new.get(name)!r}: {why}; set {name}={old.get(name)!r} to resume it, or {back}"
+            )
+    applied = RESUME_FIELDS_APPLIED + (() if budget_steps else BUDGET_FIELDS)
+    lines = [
+        f"resume: {name} {old.get(name)!r} -> {new.get(name)!r} from step {step} on"
+        for name in applied
+        if old.get(name) != new.get(name)
+    ]
+    return lines + _bound_changes(old, new, step)
+
+
+def _bound_changes(old: dict, new: dict, step: Any) -> list[str]:
+    """The line for a step bound changed under a schedule: its horizon stays."""
+    if new["train.schedule"] == "constant":
+        return []
+    changed = [n for n in ("train.max_steps", "train.max_epochs") if old.get(n) != new.get(n)]
+    return [
+        f"resume: {name} {old.get(name)!r} -> {new.get(name)!r} from step {step} on; the "
+        "schedule keeps the length fixed at its start (after it: the floor, final_lr_fraction "
+        "x learning_rate)"
+        for name in changed
+    ]
 
 
 def tensorboard_writer_class():
