@@ -11,6 +11,9 @@ from pathlib import Path
 
 AUTHORS_DIR = Path(__file__).resolve().parent / "data" / "authors"
 MODELS = ("hyperrhn", "rhn")
+PTB_FORMATS = ("chars", "mikolov_char")  # data.format of the authors' data, PTB characters
+METRICS_FILE = "metrics.jsonl"
+CONFIG_FILE = "config.json"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,3 +139,39 @@ def project(
         epochs_authors_pace=run_epoch + (target_epoch - authors_epoch),
         seconds_per_epoch=seconds_per_epoch,
     )
+
+
+def model_of_run(config: dict) -> str | None:
+    """The authors' model a run's saved config (config.json) trains, or None: only a
+    HyperRHN or RHN on PTB characters is theirs."""
+    model = (config.get("model") or {}).get("type")
+    ptb = (config.get("data") or {}).get("format", "chars") in PTB_FORMATS
+    return model if ptb and model in MODELS else None
+
+
+def project_workdir(workdir: str | Path) -> Projection | None:
+    """The projection of a training workdir to the authors' best, from its config.json and
+    metrics.jsonl (whole-validation BPC, windows protocol; the seconds an epoch of its last
+    progress line); None for a run that is not of the authors' model and data, or that
+    ``project`` cannot project."""
+    workdir = Path(workdir)
+    try:
+        config = json.loads((workdir / CONFIG_FILE).read_text())
+        lines = (workdir / METRICS_FILE).read_text().splitlines()
+    except (OSError, ValueError):
+        return None
+    model = model_of_run(config)
+    if model is None:
+        return None
+    valid, seconds_per_epoch = [], 0.0
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        kind, epoch = record.get("kind"), record.get("epoch")
+        if kind == "valid" and record.get("protocol", "windows") == "windows" and epoch:
+            valid.append((float(epoch), float(record["bpc"])))
+        elif kind == "train" and epoch and record.get("train_seconds"):
+            seconds_per_epoch = float(record["train_seconds"]) / float(epoch)
+    return project(valid, seconds_per_epoch, curve(model))

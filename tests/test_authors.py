@@ -78,3 +78,20 @@ def test_the_projection_line_and_record_say_prediction_and_carry_its_figures():
 )
 def test_no_projection_without_a_pace_or_a_target_left(valid, seconds):
     assert authors.project(valid, seconds, SMALL) is None
+
+
+def test_the_shipped_curves_are_the_shared_ones_and_reach_their_best():
+    shared = authors.AUTHORS_DIR.parents[2].parent / "shared" / "data" / "authors"
+    for model, best, epoch in (("hyperrhn", 1.2275, 651), ("rhn", 1.2401, 1021)):
+        curve = authors.curve(model)
+        assert curve.best() == (pytest.approx(best, abs=5e-5), epoch)
+        assert curve.minutes_per_epoch > 0
+        name = f"{model}_curve.csv"
+        if (shared / name).is_file():  # the shipped copy is the authors' file unchanged
+            assert (authors.AUTHORS_DIR / name).read_bytes() == (shared / name).read_bytes()
+
+
+def test_the_design_docs_projection_line_is_the_rowgroup_runs():
+    run = authors.AUTHORS_DIR.parents[2] / "results" / "ptb_gpu_fast_rowgroup"
+    design = " ".join((run.parents[1] / "docs" / "design.md").read_text().split())
+    assert f"`{authors.project_workdir(run).line()}`" in design

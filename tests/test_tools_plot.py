@@ -8,6 +8,7 @@ import sys
 import pytest
 import train_cases
 
+from rhhjax import authors
 from rhhjax.tools import plot
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -126,18 +127,6 @@ def test_plot_of_run(trained, tmp_path):
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_the_shipped_authors_curves_are_the_shared_ones_and_reach_their_best():
-    shared = plot.AUTHORS_DIR.parents[2].parent / "shared" / "data" / "authors"
-    for model, best, epoch in (("hyperrhn", 1.2275, 651), ("rhn", 1.2401, 1021)):
-        curve = plot.authors_curve(model)
-        assert min(curve["bpc"]) == pytest.approx(best, abs=5e-5)
-        assert curve["epoch"][curve["bpc"].index(min(curve["bpc"]))] == epoch
-        assert curve["minutes_per_epoch"] > 0
-        name = f"{model}_curve.csv"
-        if (shared / name).is_file():  # the shipped copy is the authors' file unchanged
-            assert (plot.AUTHORS_DIR / name).read_bytes() == (shared / name).read_bytes()
-
-
 @pytest.mark.parametrize(
     "model_type, choice, expected",
     [("hyperrhn", "auto", "hyperrhn"), ("rhn", "auto", "rhn"), ("lstm", "auto", None),
@@ -188,13 +177,13 @@ def test_the_figure_draws_the_authors_curve_in_both_panels(tmp_path, monkeypatch
     assert (epoch_ax.get_xlabel(), minutes_ax.get_xlabel()) == ("epoch", "training minutes")
     for ax, scale in (
         (epoch_ax, 1.0),
-        (minutes_ax, plot.authors_curve("hyperrhn")["minutes_per_epoch"]),
+        (minutes_ax, authors.curve("hyperrhn").minutes_per_epoch),
     ):
         labels = [line.get_label() for line in ax.get_lines()]
         assert any(label.startswith("authors' HyperRHN") for label in labels), labels
         assert "their best 1.2275 (epoch 651)" in labels
-        authors = next(a for a in ax.get_lines() if a.get_label().startswith("authors'"))
-        xs = authors.get_xdata()
+        drawn = next(a for a in ax.get_lines() if a.get_label().startswith("authors'"))
+        xs = drawn.get_xdata()
         assert xs[0] == pytest.approx(scale) and max(xs) <= 1.05 * ax.get_xlim()[1]
 
 
@@ -211,3 +200,34 @@ def test_other_figure_formats_are_written(tmp_path):
     fake_run(tmp_path / "run")
     out = plot.plot([tmp_path / "run"], tmp_path / "f.svg", authors="none")
     assert b"<svg" in out.read_bytes()[:500]
+
+
+def test_the_figure_writes_the_runs_projection_to_the_authors_best_in_each_panel(
+    tmp_path, monkeypatch
+):
+    import matplotlib.figure
+
+    curve = authors.curve("hyperrhn")
+    records = [  # a run on the authors' curve at twice their pace, 6 s an epoch
+        {"kind": kind, "step": int(e), "epoch": e / 2, "bpc": b, "train_seconds": 3.0 * e}
+        for e, b in zip(curve.epochs[:40], curve.bpc[:40], strict=True)
+        for kind in ("train", "valid")
+    ]
+    write_metrics(tmp_path / "run", records)
+    (tmp_path / "run" / "config.json").write_text(json.dumps({"model": {"type": "hyperrhn"}}))
+    saved = []
+    real = matplotlib.figure.Figure.savefig
+    monkeypatch.setattr(
+        matplotlib.figure.Figure,
+        "savefig",
+        lambda fig, *a, **k: (saved.append(fig), real(fig, *a, **k)),
+    )
+    plot.plot([tmp_path / "run"])
+    projection = authors.project_workdir(tmp_path / "run")
+    assert projection.pace == pytest.approx(2.0)
+    (fig,) = saved
+    for ax, (low, high), unit in zip(
+        fig.axes, (projection.epochs, projection.minutes), ("epoch", "minutes"), strict=True
+    ):
+        texts = [t.get_text() for t in ax.texts]
+        assert f"PREDICTION: 1.2275 after {low:.0f}-{high:.0f} {unit}" in texts, texts

@@ -21,7 +21,7 @@ from train_cases import (
     wrap_train_step,
 )
 
-from rhhjax import models
+from rhhjax import authors, models
 from rhhjax.train import checkpoint as ckpt_lib
 from rhhjax.train import loop as train_loop
 from rhhjax.train import trainer
@@ -340,3 +340,31 @@ def test_a_budget_too_short_for_its_warm_up_stops_at_the_first_timed_step_leavin
         trainer.train_and_evaluate(config, tmp_path / "w", log=lines.append)
     assert "buys 2 steps" in str(info.value) and "configs/ptb.py:cpu" in str(info.value)
     assert not ckpt_lib.has_checkpoint(tmp_path / "w")
+
+
+# ----------------------------------------------------------------------------- projection
+
+
+def test_a_run_off_the_authors_data_has_no_projection(trained):
+    _, _, results, lines = trained
+    assert "projection" not in results and not any("PREDICTION" in line for line in lines)
+
+
+def test_the_projection_of_the_workdir_is_in_the_results_and_the_last_lines(
+    tmp_path, text_file, monkeypatch
+):
+    curve = authors.curve("hyperrhn")
+    valid = [(e / 2, b) for e, b in zip(curve.epochs[:30], curve.bpc[:30], strict=True)]
+    projection = authors.project(valid, 6.0, curve)
+    asked = []
+    monkeypatch.setattr(
+        train_loop.authors_lib, "project_workdir", lambda w: asked.append(w) or projection
+    )
+    workdir = tmp_path / "projected"
+    lines: list[str] = []
+    results = trainer.train_and_evaluate(tiny_config(text_file), workdir, log=lines.append)
+    assert asked == [workdir]
+    assert results["projection"] == projection.as_dict()
+    saved = strict_json((workdir / "results.json").read_text())
+    assert saved["projection"]["kind"] == "PREDICTION"
+    assert projection.line() in lines

@@ -8,18 +8,16 @@ Reads ``WORKDIR/metrics.jsonl`` and writes ``WORKDIR/bpc.png`` (or ``--out``).""
 
 from __future__ import annotations
 
-import csv
 import json
 from pathlib import Path
 
+from rhhjax import authors as authors_lib
 from rhhjax import outputs
 from rhhjax.errors import UserError
 
 METRICS_FILE = "metrics.jsonl"
-AUTHORS_DIR = Path(__file__).resolve().parents[1] / "data" / "authors"
 AUTHORS = ("auto", "hyperrhn", "rhn", "none")
 FORMATS = (".png", ".pdf", ".svg")
-PTB_FORMATS = ("chars", "mikolov_char")  # data.format of the authors' data, PTB characters
 
 
 class PlotError(UserError):
@@ -67,19 +65,6 @@ def load_curves(workdir: str | Path, x: str = "epoch") -> dict:
     return curves
 
 
-def authors_curve(model: str) -> dict:
-    sources = json.loads((AUTHORS_DIR / "sources.json").read_text())
-    source = sources[model]
-    with open(AUTHORS_DIR / source["file"], newline="") as f:
-        rows = list(csv.DictReader(f))
-    return {
-        "epoch": [float(r["epoch"]) for r in rows],
-        "bpc": [float(r["valid_bpc"]) for r in rows],
-        "minutes_per_epoch": 60.0 * source["hours"] / source["epochs"],
-        "label": f"authors' {'HyperRHN' if model == 'hyperrhn' else 'RHN'} (Suarez 2017)",
-    }
-
-
 def authors_model(workdir: str | Path, choice: str) -> str | None:
     if choice not in AUTHORS:
         raise PlotError(f"--authors={choice!r}: expected one of {', '.join(AUTHORS)}")
@@ -89,9 +74,7 @@ def authors_model(workdir: str | Path, choice: str) -> str | None:
         config = json.loads((Path(workdir) / "config.json").read_text())
     except (OSError, json.JSONDecodeError):
         return None
-    model = (config.get("model") or {}).get("type")
-    ptb = (config.get("data") or {}).get("format", "chars") in PTB_FORMATS
-    return model if ptb and model in ("hyperrhn", "rhn") else None
+    return authors_lib.model_of_run(config)
 
 
 def check_out(out: Path) -> Path:
@@ -123,18 +106,21 @@ def _draw_runs(ax, workdirs, runs: list[dict], train: bool, colors) -> float:
     return x_max
 
 
-def _draw_authors(ax, authors: dict, x: str, x_max: float) -> None:
-    scale = 1.0 if x == "epoch" else authors["minutes_per_epoch"]
-    xs = [e * scale for e in authors["epoch"]]
-    shown = [(a, b) for a, b in zip(xs, authors["bpc"], strict=True) if a <= 1.05 * x_max]
-    label = authors["label"] + ("" if x == "epoch" else ", time assumed")
+def _draw_authors(ax, authors: authors_lib.Curve, x: str, x_max: float, projection) -> None:
+    scale = 1.0 if x == "epoch" else authors.minutes_per_epoch
+    xs = [e * scale for e in authors.epochs]
+    shown = [(a, b) for a, b in zip(xs, authors.bpc, strict=True) if a <= 1.05 * x_max]
+    label = authors.label + ("" if x == "epoch" else ", time assumed")
     if shown:
         ax.plot(*zip(*shown, strict=True), "s-", color="0.35", markersize=3, label=label)
-    best = min(authors["bpc"])
-    at = authors["epoch"][authors["bpc"].index(best)]
+    best, at = authors.best()
     their_best = f"their best {best:.4f} (epoch {at:.0f})"
     ax.axhline(best, color="0.35", linewidth=0.8, linestyle="--", label=their_best)
     ax.set_xlim(0, 1.05 * x_max)
+    if projection is not None:  # the run's projection to their best, in the panel's units
+        low, high = projection.epochs if x == "epoch" else projection.minutes
+        text = f"PREDICTION: {best:.4f} after {low:.0f}-{high:.0f} {X_AXES[x].split()[-1]}"
+        ax.text(0.98, 0.02, text, transform=ax.transAxes, ha="right", va="bottom", fontsize=8)
 
 
 def plot(
@@ -152,7 +138,8 @@ def plot(
     if x not in (*X_AXES, "both"):
         raise PlotError(f"--x={x!r}: expected one of {', '.join(X_AXES)}, both")
     model = authors_model(workdirs[0], authors)
-    curve = authors_curve(model) if model is not None else None
+    curve = authors_lib.curve(model) if model is not None else None
+    projection = authors_lib.project_workdir(workdirs[0]) if len(workdirs) == 1 else None
     try:
         import matplotlib
     except ImportError:
@@ -175,7 +162,7 @@ def plot(
     for ax, (axis, runs) in zip(axes[0], panels.items(), strict=True):
         x_max = _draw_runs(ax, workdirs, runs, train, colors)
         if curve is not None:
-            _draw_authors(ax, curve, axis, x_max)
+            _draw_authors(ax, curve, axis, x_max, projection)
         ax.set_xlabel(X_AXES[axis])
         ax.set_ylabel("bits per character")
         ax.grid(True, alpha=0.3)

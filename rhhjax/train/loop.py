@@ -15,6 +15,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from rhhjax import authors as authors_lib
 from rhhjax import evaluation as eval_lib
 from rhhjax import memory, parallel
 from rhhjax.train import config as train_config
@@ -596,11 +597,16 @@ class Loop:
             "valid_protocol": run.cfg.eval.valid_protocol,
             "final": final,
         }
+        projection = authors_lib.project_workdir(run.workdir) if run.primary else None
+        if projection is not None:  # a PTB run of the authors' model: its pace to their best
+            results["projection"] = projection.as_dict()
         path = run.workdir / workdir_lib.RESULTS_FILE
         if run.primary and (final or not path.exists()):
             workdir_lib.atomic_write(path, workdir_lib.json_dumps(results, indent=2) + "\n")
             run.log(f"results ({used}) written to {path}:")
             run.log(eval_lib.format_table(final))
+            if projection is not None:
+                run.log(projection.line())
         elif run.primary:
             run.log(f"eval.final_protocols is empty: {path} is left as it was")
         return results
