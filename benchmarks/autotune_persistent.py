@@ -184,8 +184,8 @@ def table(rows: list[Row]) -> str:
         "| size | dtype | variant | plans | compile s | step ms | min ms | vs default | status |",
         "|---|---|---|---|---:|---:|---:|---:|---|",
     ]
-    today = persistent.PersistentVariant().text()
-    default = {(r.size, r.dtype): r.step_ms_median for r in rows if r.variant == today}
+    today = todays(rows)
+    default = {(r.size, r.dtype): r.step_ms_median for r in rows if r.variant in today}
     for r in rows:
         ms = "" if r.step_ms_median is None else f"{r.step_ms_median:.2f}"
         low = "" if r.step_ms_min is None else f"{r.step_ms_min:.2f}"
@@ -301,19 +301,31 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def every_candidate(args: argparse.Namespace) -> list[Row]:
     """An untimed row per candidate of every size and dtype asked for, in order; with
     --only, today's and those with its fields."""
-    return [
-        Row(size, dtype, text, plans)
-        for size in args.sizes
-        for dtype in args.dtypes
-        for text, plans in candidates(size, dtype, args.interpret, args.with_text)
-        if not args.only or has_fields(text, args.only)
-    ]
+    rows = []
+    for size in args.sizes:
+        for dtype in args.dtypes:
+            found = candidates(size, dtype, args.interpret, args.with_text)
+            today = found[0][0]
+            rows += [
+                Row(size, dtype, text, plans)
+                for text, plans in found
+                if not args.only or text == today or has_fields(text, args.only)
+            ]
+    return rows
+
+
+def todays(rows: list[Row]) -> set[str]:
+    """Today's variant of each size and dtype: the first of its rows (`candidates`' order)."""
+    first = {}
+    for row in rows:
+        first.setdefault((row.size, row.dtype), row.variant)
+    return set(first.values())
 
 
 def has_fields(text: str, only: str) -> bool:
-    """Whether variant ``text`` is today's or has every field that ``only`` gives."""
+    """Whether variant ``text`` has every field that ``only`` gives."""
     variant, wanted = persistent.parse_variant(text), persistent.parse_variant(only)
-    if wanted is None or text == persistent.PersistentVariant().text():
+    if wanted is None:
         return True
     keys = [item.partition("=")[0].strip() for item in only.split(",") if item.strip()]
     return all(getattr(variant, k) == getattr(wanted, k) for k in keys)
@@ -337,8 +349,7 @@ def finish(code: int) -> int:
 def skip_timed(rows: list[Row], earlier: dict, source: str) -> None:
     """Marks skipped the rows ``earlier`` (an --out record) timed or saw fail, except the
     default and its winners, which are timed again."""
-    today = persistent.PersistentVariant().text()
-    keep = {today, *earlier.get("winners", {}).values()}
+    keep = {*todays(rows), *earlier.get("winners", {}).values()}
     done = {(r["size"], r["dtype"], r["variant"]): r for r in earlier.get("rows", [])}
     for row in rows:
         before = done.get((row.size, row.dtype, row.variant))

@@ -82,11 +82,11 @@ def layouts(dtype: str, rates: Rates, batch: int, width: int, hyper: int) -> lis
     (``multicast=1``); ``hyper`` is the hyper cell's width (its own launches)."""
     del hyper
     grid = plan_for(batch, width, dtype)
-    out = [Layout("grid, hyper as own launches (built: the default)", grid, 1, rates.barrier_us)]
+    out = [Layout("grid, hyper as own launches (built)", grid, 1, rates.barrier_us)]
     rowgroup = rowgroup_plan(dtype, batch, width)
     if rowgroup is not None:
         name = f"row-group clusters of {rowgroup.col_blocks}"
-        out.append(Layout(f"{name}, hyper as own launches (built)", rowgroup, 1,
+        out.append(Layout(f"{name}, hyper as own launches (built: the default)", rowgroup, 1,
                           CLUSTER_BARRIER_US))  # fmt: skip
         out.append(Layout(f"{name}, multicast A, hyper as own launches (built: multicast=1)",
                           rowgroup, rowgroup.col_blocks, CLUSTER_BARRIER_US))  # fmt: skip

@@ -24,8 +24,8 @@ def test_the_paper_candidates_are_the_libraries_today_first_each_with_its_plans(
     texts = [text for text, _ in rows]
     expected = persistent.variant_candidates(256, 1000, 128, dtype)
     assert texts == [v.text() for v in expected] and len(set(texts)) == len(texts)
-    assert texts[0] == "layout=grid"
-    assert rows[0][1].startswith("grid: main 4x")
+    assert texts[0] == "layout=rowgroup" and texts[1] == "layout=grid"
+    assert rows[0][1].startswith("rowgroup: main 4x")
 
 
 def _fake_steps(monkeypatch, tune, seconds_per_step: dict, compiled: list | None = None):
@@ -134,17 +134,17 @@ def test_skip_leaves_out_what_an_earlier_run_timed_but_times_its_baselines_again
 def test_list_prints_the_candidates_without_a_gpu(tune, capsys):
     assert tune.main(["--list", "--dtypes=float32"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].startswith("paper float32 layout=grid  (grid: main 4x32")
+    assert lines[0].startswith("paper float32 layout=rowgroup  (rowgroup: main 4x16")
     assert len(lines) == len(persistent.variant_candidates(256, 1000, 128, "float32"))
 
 
 def test_with_sets_its_fields_in_every_candidate_but_todays_where_they_run(tune):
     plain = [text for text, _ in tune.candidates("paper", "bfloat16", False)]
     poisoned = [text for text, _ in tune.candidates("paper", "bfloat16", False, "status=poison")]
-    assert poisoned[0] == plain[0] == "layout=grid"  # the baseline as it is
+    assert poisoned[0] == plain[0] == "layout=rowgroup"  # the baseline as it is
     # the row-group layout has no status to check (its variants keep status=host)
     assert all(("status=poison" in text) != ("rowgroup" in text) for text in poisoned[1:])
-    assert len(poisoned) == len(set(poisoned)) == len(plain)
+    assert len(poisoned) == len(set(poisoned)) == len(plain) - 1  # the grid's met its twin
     shared = [text for text, _ in tune.candidates("paper", "bfloat16", False, "multicast=1")]
     assert "layout=grid,stages=2,k_chunk=32,split_k=1" in shared  # no multicast with it
     assert "layout=rowgroup,multicast=1" in shared
@@ -163,7 +163,7 @@ def test_a_bad_flag_is_one_usage_error(tune, flag, capsys):
 def test_only_keeps_today_and_the_candidates_with_its_fields(tune):
     args = tune.parse_args(["--with=layout=rowgroup", "--only=split_k=0"])
     texts = [row.variant for row in tune.every_candidate(args)]
-    assert texts[0] == "layout=grid"  # today's, though not rowgroup
+    assert texts[0] == "layout=rowgroup"  # today's
     # all in row groups but units=32, whose 32 column blocks no cluster holds: as it is
     assert len(texts) > 2 and all(("layout=rowgroup" in t) != ("units=32" in t) for t in texts[1:])
     assert not any("split_k=1" in t for t in texts)
