@@ -1,14 +1,9 @@
 """The persistent highway backward as one Mosaic GPU kernel: all P = T * L micro-layer
-phases in reverse in one launch, a grid barrier between phases.
-
-Block (r, g) of the grid (plan.row_blocks, plan.col_blocks) owns plan.rows_per_block rows
-and plan.units_per_block units, and per phase runs `backward.py`'s math: the GEMM of the
-layer above's d_scaled with W^T, the gate backward, d_scaled into d_mm, dz and column sums
-for the bias gradients. Operands: wt [L * n_pad, 2 * n_pad], g [P, b_pad, n_pad] (or
-[T, ...]: layer L - 1 only), packed [P, b_pad, K, n_pad], z [L, T, b_pad, z_width] or None,
-mask [P, b_pad, n_pad] uint8 or None. `persistent_backward_reference` is the same in JAX.
-Design: docs/design.md (module notes).
-"""
+phases in reverse in one launch, a grid barrier between them; block (r, g) runs
+`backward.py`'s math on its rows and units (the GEMM of the layer above's d_scaled with W^T,
+the gate backward, dz, the bias gradients' column sums). Operands: wt [L * n_pad, 2 *
+n_pad], g [P, b_pad, n_pad] (or [T, ...]: layer L - 1 only), packed [P, b_pad, K, n_pad], z
+[L, T, b_pad, z_width] or None, mask [P, b_pad, n_pad] uint8 or None. Design: docs/design.md."""
 
 from __future__ import annotations
 
@@ -215,7 +210,7 @@ def persistent_backward_reference(
     del spin_limit, interpret, layout
     depth = operands.check_operands(plan, wt, g, packed, z, mask, bias, s_mm)
     phases, b_pad, n_pad = packed.shape[0], g.shape[1], g.shape[2]
-    if g.shape[0] != phases:  # layer L - 1's cotangent only
+    if g.shape[0] != phases:
         g = jnp.zeros((phases, b_pad, n_pad), g.dtype).at[depth - 1 :: depth].set(g)
     w_layers = wt.reshape(depth, n_pad, 2 * n_pad)
     if s_mm is not None:  # f32: each phase's input state from the A buffer, as packed row 0

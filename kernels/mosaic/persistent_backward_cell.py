@@ -1,8 +1,5 @@
-"""The micro-layer phase of the persistent backward kernel
-(`kernels/mosaic/persistent_backward.py`): its refs, shared memory and the block's slices
-(`BackwardCell`), and the names of its staged input tiles (`input_names`). The phase is the
-module docstring's of `persistent_backward`: exactly `kernels/mosaic/backward.py`'s
-micro-layer backward, its epilogue, and the stores."""
+"""The micro-layer phase of the persistent backward kernel: its refs, shared memory and
+slices (`BackwardCell`) and staged input tiles (`input_names`); `backward.py`'s math."""
 
 from __future__ import annotations
 

@@ -1,13 +1,8 @@
 """The persistent highway forward as one Mosaic GPU kernel: all P = T * L micro-layer phases
-in one launch, a grid barrier between phases.
-
-Block (r, g) of the grid (plan.row_blocks, plan.col_blocks) owns rows and units and keeps
-its f32 state slice in shared memory; per phase it runs `forward.py`'s micro-layer and
-writes the next phase's GEMM input to the A buffer ``s_mm``. Operands: w_blk
-[L * 2 * n_pad, k_pad], s0 [b_pad, n_pad], xproj [T, b_pad, 2, z_width], bias
-[L, b_pad, 2, n_pad], z [L, T, b_pad, z_width] or None, mask [P, b_pad, n_pad] uint8 or
-None. `persistent_forward_reference` is the same in JAX. Design: docs/design.md (module notes).
-"""
+in one launch, a grid barrier between them; block (r, g) keeps its rows' and units' f32 state
+in shared memory and runs `forward.py`'s micro-layer. Operands: w_blk [L * 2 * n_pad, k_pad],
+s0 [b_pad, n_pad], xproj [T, b_pad, 2, z_width], bias [L, b_pad, 2, n_pad], z [L, T, b_pad,
+z_width] or None, mask [P, b_pad, n_pad] uint8 or None. Design: docs/design.md."""
 
 from __future__ import annotations
 
@@ -202,7 +197,7 @@ def persistent_forward_reference(
     mask_f32 = keep_mask.mask_values(mask, keep)
     z_pm = None if z is None else slots.scales_to_phase_major(z, plan.n_pad)
     _, (states, packed) = jax.lax.scan(body, s0, (phases, z_pm, mask_f32))
-    inputs = jnp.concatenate([s0[None], states[:-1]], axis=0)  # every phase's input state
+    inputs = jnp.concatenate([s0[None], states[:-1]], axis=0)
     s_mm = slots.inputs_to_a_buffer(inputs, steps, depth, k_pad).astype(mm_dtype)
     status = jnp.zeros((plan.grid,), jnp.int32)
     if save:
