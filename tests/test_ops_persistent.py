@@ -31,6 +31,7 @@ from model_cases import (
     loss_and_grads,
 )
 from rhhjax.kernels.hardware import H100
+from rhhjax.kernels.mosaic import persistent_forward as pf
 from rhhjax.kernels.mosaic import persistent_slots as slots
 from rhhjax.kernels.mosaic.plan import PersistentPlan, PlanError
 
@@ -313,16 +314,17 @@ def test_a_poisoned_status_check_makes_its_output_nan_without_the_host(monkeypat
     value, other = jnp.arange(4.0), jnp.ones((2, 3), jnp.bfloat16)
     gave_up, fine = jnp.array([0, 0, 3], jnp.int32), jnp.zeros(3, jnp.int32)
     for status, expect_nan in ((gave_up, True), (fine, False)):
-        out, kept, _ = persistent._checked(poison.variant, [value, other, status], 0, "forward")
-        assert bool(jnp.all(jnp.isnan(out))) == expect_nan and not host
-        assert out.dtype == value.dtype and kept is other
+        outs = pf.Saved(value, other, other, status)
+        out = persistent._checked(poison.variant, outs, "s_last", "forward")
+        assert bool(jnp.all(jnp.isnan(out.s_last))) == expect_nan and not host
+        assert out.s_last.dtype == value.dtype and out.packed is other
         if not expect_nan:
-            np.testing.assert_array_equal(out, value)
-    out, _ = persistent._checked(poison.variant, (value, gave_up), None, "evaluation")
-    assert out is value and host == ["evaluation"]
+            np.testing.assert_array_equal(out.s_last, value)
+    out = persistent._checked(poison.variant, pf.States(value, other, gave_up), None, "eval")
+    assert out.states is value and host == ["eval"]
     grid = persistent.PersistentVariant("grid")  # status=host
-    out, _ = persistent._checked(grid, (value, gave_up), 0, "forward")
-    assert out is value and host == ["evaluation", "forward"]
+    out = persistent._checked(grid, pf.Saved(value, other, other, gave_up), "s_last", "forward")
+    assert out.s_last is value and host == ["eval", "forward"]
 
 
 @pytest.mark.parametrize("text", ["layout=rowgroup", "layout=rowgroup,status=poison"])
@@ -334,9 +336,10 @@ def test_the_row_group_layout_has_no_status_to_check(text, monkeypatch):
     config = models.ModelConfig(impl="persistent", persistent_variant=text)
     rowgroup = models.sequence_spec(config, platform="gpu")
     value, status = jnp.arange(4.0), jnp.zeros(3, jnp.int32)
-    for poisoned in (0, None):
-        out, _ = persistent._checked(rowgroup.variant, (value, status), poisoned, "forward")
-        assert out is value and not host
+    for poisoned in ("s_last", None):
+        outs = pf.Saved(value, value, value, status)
+        assert persistent._checked(rowgroup.variant, outs, poisoned, "forward") is outs
+        assert not host
 
 
 class VariantMatchesScan(KernelModelMatchesScan):

@@ -8,7 +8,7 @@ n_pad], g [P, b_pad, n_pad] (or [T, ...]: layer L - 1 only), packed [P, b_pad, K
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -34,6 +34,30 @@ WARPGROUPS = "warpgroup"
 # Re-exported from `persistent_backward_operands`.
 backward_weights = operands.backward_weights
 backward_smem_bytes, check_plan = operands.backward_smem_bytes, operands.check_plan
+
+
+class Gradients(NamedTuple):
+    """`persistent_backward`'s outputs: d_x [T, b_pad, 2, z_width] f32, d_mm [P * b_pad, 2 *
+    n_pad], ds_carry0 [b_pad, n_pad], bias_parts [P, R, 2, group, n_pad], status [R * C]
+    int32."""
+
+    d_x: Array
+    d_mm: Array
+    ds_carry0: Array
+    bias_parts: Array
+    status: Array
+
+
+class GradientsZ(NamedTuple):
+    """`Gradients` with z: also dz [L, T, b_pad, z_width] and dz_sums [L, R, group, n_pad]."""
+
+    d_x: Array
+    d_mm: Array
+    ds_carry0: Array
+    bias_parts: Array
+    dz: Array
+    dz_sums: Array
+    status: Array
 
 
 def bias_gradient(bias_parts: Array, depth: int) -> Array:
@@ -72,12 +96,7 @@ def persistent_backward(
     interpret: Any = None,
     layout: str = "grid",
 ):
-    """All backward phases in one Mosaic GPU launch.
-
-    Returns (d_x [T, b_pad, 2, z_width] f32, d_mm [P * b_pad, 2 * n_pad], ds_carry0
-    [b_pad, n_pad], bias_parts [P, R, 2, group, n_pad], with z: dz [L, T, b_pad, z_width]
-    and dz_sums [L, R, group, n_pad], then status [R * C] int32).
-    """
+    """All backward phases in one Mosaic GPU launch: `GradientsZ` with z, else `Gradients`."""
     depth = operands.check_operands(plan, wt, g, packed, z, mask, bias, s_mm)
     check_plan(plan, z is not None, mask is not None, depth)
     rowgroup_layout.check(plan, layout, interpret)
@@ -104,8 +123,8 @@ def persistent_backward(
         named |= dict(bias_parts=outs[3], dz=outs[4] if has_z else None)
         split = _split_operands(sc, plan, interpret)
         main = BackwardCell(
-            plan, steps, depth, keep, names, g_last, named, sc, r, c, interpret=interpret,
-            split=split,
+            plan=plan, steps=steps, depth=depth, keep=keep, names=names, g_last=g_last,
+            refs=named, sc=sc, r=r, c=c, interpret=interpret, split=split,
         )  # fmt: skip
         run = functools.partial(_phases, main, r, c, phase_bar, outs)
         if split is None:
@@ -149,7 +168,7 @@ def persistent_backward(
         jax.ShapeDtypeStruct((n_r * n_c,), jnp.int32),
     )
     launch_args, phase_bar = launch((n_r, n_c), ("r", "g"), interpret)
-    return plgpu.kernel(
+    outs = plgpu.kernel(
         kernel,
         out_type=out_type,
         scratch_types=dict(
@@ -170,6 +189,7 @@ def persistent_backward(
         kernel_name="persistent_highway_backward",
         interpret=interpret,
     )(wt, g, packed, *extras)
+    return GradientsZ(*outs) if has_z else Gradients(*outs)
 
 
 def _split_scratch(plan: PersistentPlan, u: int, k_steps: int, mm_dtype, interpret) -> dict:
@@ -243,10 +263,10 @@ def persistent_backward_reference(
     d_mm = slots.to_slots(d_scaled, phases // depth, depth).reshape(-1, 2 * n_pad)
     status = jnp.zeros((plan.grid,), jnp.int32)
     if z is None:
-        return d_x, d_mm, ds_carry0, bias_parts, status
+        return Gradients(d_x, d_mm, ds_carry0, bias_parts, status)
     dz_pm = jnp.sum(da * packed[:, :, 1:3], axis=2)  # [P, b_pad, n_pad]
     dz = dz_pm.reshape(phases // depth, depth, b_pad, n_pad)
     dz = jnp.swapaxes(dz, 0, 1)[..., : plan.z_width]
     dz_parts = _bias_parts_reference(plan, dz_pm)  # [P, R, group, n_pad]
     dz_sums = dz_parts.reshape(phases // depth, depth, *dz_parts.shape[1:]).sum(axis=0)
-    return d_x, d_mm, ds_carry0, bias_parts, dz, dz_sums, status
+    return GradientsZ(d_x, d_mm, ds_carry0, bias_parts, dz, dz_sums, status)

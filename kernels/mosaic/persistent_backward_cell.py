@@ -39,7 +39,7 @@ def saved_row(name: str, has_z: bool, state_in_packed: bool) -> int | None:
     return saved.index(name) if name in saved else None
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(kw_only=True)
 class BackwardCell:
     """The cell of the backward kernel: its plan, global refs, shared memory and block
     (r, c); `phase` runs one micro-layer phase."""

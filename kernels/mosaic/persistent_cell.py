@@ -23,7 +23,7 @@ from rhhjax.kernels.mosaic.plan import (
 )
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(kw_only=True)
 class Cell:
     """One cell inside the persistent forward: plan, global refs, shared memory, block
     slices; `phase` runs one micro-layer phase."""

@@ -230,30 +230,28 @@ def _run_forward(spec, variant: PersistentVariant, save: bool, *args) -> tuple:
     interpret = loops.kernel_interpret(spec)
     options |= dict(interpret=interpret, layout=variant.layout)
     outs = pf.persistent_forward(*args, **options)
-    return _checked(variant, outs, 0 if save else None, "persistent forward")
+    return _checked(variant, outs, "s_last" if save else None, "persistent forward")
 
 
-def _checked(variant: PersistentVariant, outs, poisoned: int | None, name: str) -> tuple:
-    """``outs``, status checked on the host or ``outs[poisoned]`` NaN if bad (grid only)."""
-    outs = tuple(outs)
+def _checked(variant: PersistentVariant, outs, poisoned: str | None, name: str):
+    """Named ``outs``, status checked on the host or field ``poisoned`` NaN if bad (grid)."""
     if variant.layout == "rowgroup":
         return outs
     if poisoned is None or not variant.poisons():
-        grid_barrier.check_status(outs[-1], name)
+        grid_barrier.check_status(outs.status, name)
         return outs
-    out = jnp.where(jnp.any(outs[-1] != 0), jnp.nan, outs[poisoned])
-    return (*outs[:poisoned], out, *outs[poisoned + 1 :])
+    out = jnp.where(jnp.any(outs.status != 0), jnp.nan, getattr(outs, poisoned))
+    return outs._replace(**{poisoned: out})
 
 
 def _cell_results(plan: PersistentPlan, outs, save: bool, length: int, depth: int):
     if not save:
-        return outs[0].reshape(length, depth, *outs[0].shape[1:]), None
-    s_last, packed, s_mm = outs[:3]
+        return outs.states.reshape(length, depth, *outs.states.shape[1:]), None
     if plan.state_in_packed:
-        states = _states_from_packed(packed, s_last, depth)
+        states = _states_from_packed(outs.packed, outs.s_last, depth)
     else:
-        states = _states_from_s_mm(s_mm, s_last, length, depth)
-    return states, (packed, s_mm)
+        states = _states_from_s_mm(outs.s_mm, outs.s_last, length, depth)
+    return states, (outs.packed, outs.s_mm)
 
 
 def _bias_rows(geo: Geometry, bias: Array) -> Array:
@@ -300,16 +298,15 @@ def _run_backward(spec, variant: PersistentVariant, *args) -> tuple:
         return pb.persistent_backward_reference(*args, keep=spec.keep)
     interpret = loops.kernel_interpret(spec)
     outs = pb.persistent_backward(*args, keep=spec.keep, interpret=interpret, layout=variant.layout)
-    return _checked(variant, outs, 3, "persistent backward")  # 3: bias_parts, dbias's
+    return _checked(variant, outs, "bias_parts", "persistent backward")
 
 
 def _gradients(spec, geo, stacked, depth: int, outs, s_mm, has_z: bool) -> tuple:
-    d_x, d_mm, ds_carry0, bias_parts = outs[:4]
-    w0 = stacked[: geo.n_pad]
-    ds0 = ds_carry0 + jnp.matmul(d_mm[: geo.b_pad], w0.T, preferred_element_type=jnp.float32)
-    dbias = pb.bias_gradient(bias_parts, depth)
-    d_xproj = _padded_units(geo, d_x)[:, None]
-    dz = _padded_units(geo, jnp.swapaxes(outs[4], 0, 1)) if has_z else None
+    w0, d_mm = stacked[: geo.n_pad], outs.d_mm
+    ds0 = outs.ds_carry0 + jnp.matmul(d_mm[: geo.b_pad], w0.T, preferred_element_type=jnp.float32)
+    dbias = pb.bias_gradient(outs.bias_parts, depth)
+    d_xproj = _padded_units(geo, outs.d_x)[:, None]
+    dz = _padded_units(geo, jnp.swapaxes(outs.dz, 0, 1)) if has_z else None
     return ds0, d_xproj, dz, dbias, _weight_gradient(spec, depth, d_mm, s_mm)
 
 
