@@ -5,6 +5,5 @@
     hardware.py   the GPU the kernels are built for (`H100`).
     mosaic/       the Mosaic GPU kernels (Hopper; `rhhjax.kernels.mosaic`).
 
-Each subpackage's `__init__` names its own modules; every module of every package, in one
-list: docs/design.md's module map.
+Every module: docs/design.md's module map.
 """

@@ -24,8 +24,8 @@ def test_the_paper_candidates_are_the_libraries_today_first_each_with_its_plans(
     texts = [text for text, _ in rows]
     expected = persistent.variant_candidates(256, 1000, 128, dtype)
     assert texts == [v.text() for v in expected] and len(set(texts)) == len(texts)
-    assert texts[0] == "layout=grid"
-    assert rows[0][1].startswith("grid: main 4x")
+    assert texts[0] == "layout=rowgroup" and texts[1] == "layout=grid"
+    assert rows[0][1].startswith("rowgroup: main 4x")
 
 
 def _fake_steps(monkeypatch, tune, seconds_per_step: dict, compiled: list | None = None):
@@ -111,7 +111,7 @@ def test_compile_workers_compile_a_group_at_once_and_time_it_in_order(tune, monk
 def test_list_prints_the_candidates_without_a_gpu(tune, capsys):
     assert tune.main(["--list", "--dtypes=float32"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].startswith("paper float32 layout=grid  (grid: main 4x32")
+    assert lines[0].startswith("paper float32 layout=rowgroup  (rowgroup: main 4x16")
     assert len(lines) == len(persistent.variant_candidates(256, 1000, 128, "float32"))
 
 

@@ -45,9 +45,10 @@ class TestCompiled(MosaicGpuMode):
             ((256, 1000, "bfloat16"), 4, 2, True, False),  # the paper plan: 132 blocks
             ((256, 1000, "float32", 33, 4), 2, 2, False, False),
         ],
-        # "case"s run with the main GEMM split: K steps 33 of 4 stages; 3 of 4
+        # the main GEMM split: the paper bf16 blocks at K chunks of 32, 2 stages (where two
+        # warpgroups' stages fit); 2 x 3 (f32)
         "split_case": [
-            ((256, 1000, "bfloat16"), 4, 2, True, False),
+            ((256, 1000, "bfloat16", 16, 4, 32, 2), 4, 2, True, False),
             ((100, 37, "float32", 3, 2, 32), 2, 3, False, True),
         ],
         "largest_case": [],  # the paper plan of "case" is the largest

@@ -31,6 +31,7 @@ from model_cases import (
     loss_and_grads,
 )
 from rhhjax.kernels.hardware import H100
+from rhhjax.kernels.mosaic import persistent_forward as pf
 from rhhjax.kernels.mosaic import persistent_slots as slots
 from rhhjax.kernels.mosaic.plan import PersistentPlan, PlanError
 
@@ -205,23 +206,25 @@ VARIANT_CASES = [(64, 32, 3, 4, 3, True), (96, 20, 2, 5, 4, False)]
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_the_paper_variant_candidates_are_runnable_distinct_and_today_first(dtype):
-    """`variant_candidates`: today's variant first, then today's with each lever that makes
-    another run (f32's plan already has 32 units), each accepted by the plans' own checks
-    (both kernels, the layout) and running other plans."""
+    """`variant_candidates`: today's variant first (the row-group layout), the grid, then the
+    grid with each lever that makes another run (the row-group layout is today's; f32's plan
+    already has 32 units), each accepted by the plans' own checks (both kernels, the layout)
+    and running other plans."""
     found = persistent.variant_candidates(256, 1000, 128, dtype)
-    assert found[0] == persistent.PersistentVariant() == persistent.default_variant()
+    assert found[0] == persistent.default_variant() == persistent.PersistentVariant("rowgroup")
+    assert found[1] == persistent.PersistentVariant()  # the grid
     plans = [persistent.variant_plans(v, 256, 1000, 128, dtype) for v in found]
     runs = [(p, v.status) for p, v in zip(plans, found, strict=True)]
     assert len(set(found)) == len(found) == len(set(runs)) > 4
-    levers = [dataclasses.replace(found[0], **lever) for lever in persistent.LEVERS]
-    today = runs[0][0][1]
-    # f32: a lever of today's units is a twin; its row-group blocks (64 f32 units) leave no
-    # shared memory for a second warpgroup's stages
-    f32_drops = lambda v: v.units == today.units or (v.split_k and v.layout == "rowgroup")  # noqa: E731
-    kept = [v for v in levers if dtype != "float32" or not f32_drops(v)]
-    assert found[1 : 1 + len(kept)] == kept  # today's levers are timed first
-    assert len(kept) == len(levers) - 2 * (dtype == "float32")
-    for variant, (layout, main, *_) in zip(kept, plans[1:], strict=False):
+    levers = [dataclasses.replace(found[1], **lever) for lever in persistent.LEVERS]
+    grid = runs[1][0][1]
+    # f32: a lever of the grid's units is a twin; its row-group blocks (64 f32 units) leave
+    # no shared memory for a second warpgroup's stages
+    f32_drops = lambda v: v.units == grid.units or (v.split_k and v.layout == "rowgroup")  # noqa: E731
+    kept = [v for v in levers if v != found[0] and (dtype != "float32" or not f32_drops(v))]
+    assert found[2 : 2 + len(kept)] == kept  # the grid's levers are timed next
+    assert len(kept) == len(levers) - 1 - 2 * (dtype == "float32")
+    for variant, (layout, main, *_) in zip(kept, plans[2:], strict=False):
         assert layout == variant.layout and main.multicast == bool(variant.multicast)
         assert main.multicast_b == (variant.multicast and layout == "grid")
         assert main.split_k == bool(variant.split_k)
@@ -261,13 +264,25 @@ def test_a_variant_text_round_trips_through_the_config_into_the_spec():
             persistent.parse_variant(removed)
 
 
-def test_by_default_the_variant_is_todays_the_module_layout():
-    """ "default": the spec carries none and the op reads the module's LAYOUT (and the plan's
-    pipeline); it still steers it, as bench.py sets it."""
+def test_by_default_the_variant_is_todays_the_module_layout_where_its_plan_runs():
+    """ "default": the spec carries none and the op reads the module's LAYOUT (the row-group
+    layout, and the plan's pipeline) where its plan runs, else the grid; LAYOUT still steers
+    it, as bench.py sets it."""
     resolved = models.sequence_spec(models.ModelConfig(impl="persistent"), platform="gpu")
     assert resolved.variant is None and models.ModelConfig().persistent_variant == "default"
-    assert persistent.variant_of(resolved) == persistent.PersistentVariant("grid")
-    assert persistent._plan_of(resolved, 256, 1000) == persistent.plan_for(256, 1000, "float32")
+    rowgroup, grid = persistent.PersistentVariant("rowgroup"), persistent.PersistentVariant()
+    assert persistent.variant_of(resolved) == rowgroup == persistent.default_variant()
+    assert persistent.variant_at(resolved, 256, 1000) == rowgroup
+    want = persistent.plan_for(256, 1000, "float32", "rowgroup")
+    assert persistent._plan_of(resolved, 256, 1000) == want
+    # 1,200 bf16 units need more column blocks than a cluster holds: the grid
+    bf16 = dataclasses.replace(resolved, dtype=jnp.bfloat16)
+    with pytest.raises(PlanError):
+        persistent.variant_plans(rowgroup, 256, 1200, 0, "bfloat16")
+    assert persistent.variant_at(bf16, 256, 1200) == grid
+    assert persistent._plan_of(bf16, 256, 1200) == persistent.plan_for(256, 1200, "bfloat16")
+    explicit = dataclasses.replace(bf16, variant=rowgroup)  # asked for: kept, to fail
+    assert persistent.variant_at(explicit, 256, 1200) == rowgroup
     assert models.sequence_spec(models.ModelConfig(impl="fused")).variant is None
 
 
@@ -299,16 +314,17 @@ def test_a_poisoned_status_check_makes_its_output_nan_without_the_host(monkeypat
     value, other = jnp.arange(4.0), jnp.ones((2, 3), jnp.bfloat16)
     gave_up, fine = jnp.array([0, 0, 3], jnp.int32), jnp.zeros(3, jnp.int32)
     for status, expect_nan in ((gave_up, True), (fine, False)):
-        out, kept, _ = persistent._checked(poison, [value, other, status], 0, "forward")
-        assert bool(jnp.all(jnp.isnan(out))) == expect_nan and not host
-        assert out.dtype == value.dtype and kept is other
+        outs = pf.Saved(value, other, other, status)
+        out = persistent._checked(poison.variant, outs, "s_last", "forward")
+        assert bool(jnp.all(jnp.isnan(out.s_last))) == expect_nan and not host
+        assert out.s_last.dtype == value.dtype and out.packed is other
         if not expect_nan:
-            np.testing.assert_array_equal(out, value)
-    out, _ = persistent._checked(poison, (value, gave_up), None, "evaluation")
-    assert out is value and host == ["evaluation"]
-    host_spec = models.sequence_spec(models.ModelConfig(impl="persistent"), platform="gpu")
-    out, _ = persistent._checked(host_spec, (value, gave_up), 0, "forward")
-    assert out is value and host == ["evaluation", "forward"]
+            np.testing.assert_array_equal(out.s_last, value)
+    out = persistent._checked(poison.variant, pf.States(value, other, gave_up), None, "eval")
+    assert out.states is value and host == ["eval"]
+    grid = persistent.PersistentVariant("grid")  # status=host
+    out = persistent._checked(grid, pf.Saved(value, other, other, gave_up), "s_last", "forward")
+    assert out.s_last is value and host == ["eval", "forward"]
 
 
 @pytest.mark.parametrize("text", ["layout=rowgroup", "layout=rowgroup,status=poison"])
@@ -320,9 +336,10 @@ def test_the_row_group_layout_has_no_status_to_check(text, monkeypatch):
     config = models.ModelConfig(impl="persistent", persistent_variant=text)
     rowgroup = models.sequence_spec(config, platform="gpu")
     value, status = jnp.arange(4.0), jnp.zeros(3, jnp.int32)
-    for poisoned in (0, None):
-        out, _ = persistent._checked(rowgroup, (value, status), poisoned, "forward")
-        assert out is value and not host
+    for poisoned in ("s_last", None):
+        outs = pf.Saved(value, value, value, status)
+        assert persistent._checked(rowgroup.variant, outs, poisoned, "forward") is outs
+        assert not host
 
 
 class VariantMatchesScan(KernelModelMatchesScan):

@@ -1,15 +1,6 @@
-"""One highway micro-layer backward as a Mosaic GPU kernel (Hopper: wgmma, TMA): the
-state-gradient GEMM of the layer above fused with this layer's gate backward.
-
-Program (m, g) owns rows ``m * tile_m ..`` and units ``g * u ..``:
-
-    ds = d_above @ w_above[units]^T + ds_carry + g_out
-    da = `ops.cells.gate_backward`;  ds_carry = ds * (1 - t);  d_scaled = da (* z)
-
-d_above [b_pad, 2 * n_pad], w_above [n_pad, 2 * n_pad] matmul dtype; ds_carry, g_out,
-s_prev, h, t, z, mask [b_pad, n_pad] f32. Returns (d_scaled [b_pad, 2, n_pad], ds_carry
-[b_pad, n_pad], da [b_pad, 2, n_pad]). `highway_backward_reference` is the same in JAX.
-"""
+"""One highway micro-layer backward as a Mosaic GPU kernel: the layer above's state-gradient
+GEMM fused with this layer's gate backward. The math and shapes: `highway_backward_reference`,
+the same in JAX."""
 
 from __future__ import annotations
 
@@ -76,8 +67,10 @@ def highway_backward(
     config: MosaicBackwardConfig | None = None,
     interpret: Any = None,
 ):
-    """The micro-layer backward as one Mosaic GPU kernel (``interpret``: GPU interpret
-    mode)."""
+    """``ds = d_above @ w_above^T + ds_carry + g_out``, then the gate backward. d_above
+    [b_pad, 2 * n_pad], w_above [n_pad, 2 * n_pad]; the rest [b_pad, n_pad] f32. Returns
+    (d_scaled [b_pad, 2, n_pad], ds_carry [b_pad, n_pad], da [b_pad, 2, n_pad]); ``interpret``:
+    GPU interpret mode."""
     config = config or MosaicBackwardConfig()
     b_pad, k_pad = d_above.shape
     n_pad = w_above.shape[0]

@@ -1,15 +1,6 @@
-"""One highway micro-layer forward as a Mosaic GPU kernel (Hopper: wgmma, TMA).
-
-Program (m, g) owns rows ``m * tile_m ..`` and the h- and t-columns of units ``g * u ..``:
-
-    full = s_mm @ w_blk[g]^T (+ xproj);  a = full (* z) + bias
-    s_new = tanh(a_h) * sigmoid(a_t) (* mask) + s * (1 - sigmoid(a_t))
-
-s_mm [b_pad, k_pad] matmul dtype; w_blk [2 * n_pad, k_pad] (W^T block-major, K minor);
-s [b_pad, n_pad]; bias, xproj [b_pad, 2, n_pad]; z, mask [b_pad, n_pad] or None. Returns
-s_new [b_pad, n_pad], or with ``save`` (s_new, h, t[, full]). `highway_forward_reference`
-is the same math in JAX.
-"""
+"""One highway micro-layer forward as a Mosaic GPU kernel; program (m, g) owns rows
+``m * tile_m ..`` and the h- and t-columns of units ``g * u ..``. The math and shapes:
+`highway_forward_reference`, the same in JAX."""
 
 from __future__ import annotations
 
@@ -95,8 +86,10 @@ def highway_forward(
     config: MosaicForwardConfig | None = None,
     interpret: Any = None,
 ):
-    """The micro-layer forward as one Mosaic GPU kernel (``interpret``: GPU interpret
-    mode)."""
+    """``s_new = tanh(a_h) * sigmoid(a_t) (* mask) + s * (1 - sigmoid(a_t))`` with ``a = (s_mm @
+    w_blk^T (+ xproj)) (* z) + bias``. s_mm [b_pad, k_pad]; w_blk [2 * n_pad, k_pad] (W^T
+    block-major); s, z, mask [b_pad, n_pad]; bias, xproj [b_pad, 2, n_pad]. Returns s_new, or
+    with ``save`` (s_new, h, t[, full]); ``interpret``: GPU interpret mode."""
     config = config or MosaicForwardConfig()
     b_pad, k_pad = s_mm.shape
     n_pad = w_blk.shape[0] // 2

@@ -1,13 +1,6 @@
-"""A self-resetting grid barrier for persistent Mosaic GPU kernels, with a bounded spin.
-
-The sign-flip barrier of CUDA's cooperative groups on one int32 semaphore from
-``pl.get_global`` (which persists across calls): the leader adds 2**31 - (grid - 1), every
-other block 1, so the sign bit flips when the last block arrives and the low bits return
-to zero. A block that spins ``spin_limit`` reads gives up and reports it in ``status``
-(`check_status`: one error line, no hang). In GPU interpret mode the grid runs as one
-cluster with two cluster barriers instead (`launch`, `make_barrier`). Design: docs/design.md
-(module notes).
-"""
+"""A self-resetting sign-flip grid barrier (CUDA cooperative groups' scheme) on one int32
+semaphore, with a bounded spin that reports a give-up in ``status``; in GPU interpret mode a
+cluster barrier. Design: docs/design.md (module notes)."""
 
 from __future__ import annotations
 

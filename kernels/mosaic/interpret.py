@@ -1,10 +1,5 @@
-"""GPU interpret mode: the Mosaic GPU kernels executed on a CPU (jax >= 0.11.2).
-
-Every kernel takes ``interpret=`` (`params`: the race detector on, `TMA_CLOCKS` clocks for
-TMA copies). The interpreter runs one cluster's blocks at once, each on a thread of XLA's
-CPU pool (``NPROC``), so a cluster holds at most `max_blocks` blocks. Design and limits:
-docs/design.md (module notes).
-"""
+"""GPU interpret mode (jax >= 0.11.2): `params` for every kernel's ``interpret=`` (race
+detector on), and `max_blocks`, the most blocks one cluster holds at ``NPROC`` threads."""
 
 from __future__ import annotations
 

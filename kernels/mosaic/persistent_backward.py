@@ -1,19 +1,14 @@
 """The persistent highway backward as one Mosaic GPU kernel: all P = T * L micro-layer
-phases in reverse in one launch, a grid barrier between phases.
-
-Block (r, g) of the grid (plan.row_blocks, plan.col_blocks) owns plan.rows_per_block rows
-and plan.units_per_block units, and per phase runs `backward.py`'s math: the GEMM of the
-layer above's d_scaled with W^T, the gate backward, d_scaled into d_mm, dz and column sums
-for the bias gradients. Operands: wt [L * n_pad, 2 * n_pad], g [P, b_pad, n_pad] (or
-[T, ...]: layer L - 1 only), packed [P, b_pad, K, n_pad], z [L, T, b_pad, z_width] or None,
-mask [P, b_pad, n_pad] uint8 or None. `persistent_backward_reference` is the same in JAX.
-Design: docs/design.md (module notes).
-"""
+phases in reverse in one launch, a grid barrier between them; block (r, g) runs
+`backward.py`'s math on its rows and units (the GEMM of the layer above's d_scaled with W^T,
+the gate backward, dz, the bias gradients' column sums). Operands: wt [L * n_pad, 2 *
+n_pad], g [P, b_pad, n_pad] (or [T, ...]: layer L - 1 only), packed [P, b_pad, K, n_pad], z
+[L, T, b_pad, z_width] or None, mask [P, b_pad, n_pad] uint8 or None. Design: docs/design.md."""
 
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -39,6 +34,30 @@ WARPGROUPS = "warpgroup"
 # Re-exported from `persistent_backward_operands`.
 backward_weights = operands.backward_weights
 backward_smem_bytes, check_plan = operands.backward_smem_bytes, operands.check_plan
+
+
+class Gradients(NamedTuple):
+    """`persistent_backward`'s outputs: d_x [T, b_pad, 2, z_width] f32, d_mm [P * b_pad, 2 *
+    n_pad], ds_carry0 [b_pad, n_pad], bias_parts [P, R, 2, group, n_pad], status [R * C]
+    int32."""
+
+    d_x: Array
+    d_mm: Array
+    ds_carry0: Array
+    bias_parts: Array
+    status: Array
+
+
+class GradientsZ(NamedTuple):
+    """`Gradients` with z: also dz [L, T, b_pad, z_width] and dz_sums [L, R, group, n_pad]."""
+
+    d_x: Array
+    d_mm: Array
+    ds_carry0: Array
+    bias_parts: Array
+    dz: Array
+    dz_sums: Array
+    status: Array
 
 
 def bias_gradient(bias_parts: Array, depth: int) -> Array:
@@ -77,12 +96,7 @@ def persistent_backward(
     interpret: Any = None,
     layout: str = "grid",
 ):
-    """All backward phases in one Mosaic GPU launch.
-
-    Returns (d_x [T, b_pad, 2, z_width] f32, d_mm [P * b_pad, 2 * n_pad], ds_carry0
-    [b_pad, n_pad], bias_parts [P, R, 2, group, n_pad], with z: dz [L, T, b_pad, z_width]
-    and dz_sums [L, R, group, n_pad], then status [R * C] int32).
-    """
+    """All backward phases in one Mosaic GPU launch: `GradientsZ` with z, else `Gradients`."""
     depth = operands.check_operands(plan, wt, g, packed, z, mask, bias, s_mm)
     check_plan(plan, z is not None, mask is not None, depth)
     rowgroup_layout.check(plan, layout, interpret)
@@ -109,8 +123,8 @@ def persistent_backward(
         named |= dict(bias_parts=outs[3], dz=outs[4] if has_z else None)
         split = _split_operands(sc, plan, interpret)
         main = BackwardCell(
-            plan, steps, depth, keep, names, g_last, named, sc, r, c, interpret=interpret,
-            split=split,
+            plan=plan, steps=steps, depth=depth, keep=keep, names=names, g_last=g_last,
+            refs=named, sc=sc, r=r, c=c, interpret=interpret, split=split,
         )  # fmt: skip
         run = functools.partial(_phases, main, r, c, phase_bar, outs)
         if split is None:
@@ -154,7 +168,7 @@ def persistent_backward(
         jax.ShapeDtypeStruct((n_r * n_c,), jnp.int32),
     )
     launch_args, phase_bar = launch((n_r, n_c), ("r", "g"), interpret)
-    return plgpu.kernel(
+    outs = plgpu.kernel(
         kernel,
         out_type=out_type,
         scratch_types=dict(
@@ -175,6 +189,7 @@ def persistent_backward(
         kernel_name="persistent_highway_backward",
         interpret=interpret,
     )(wt, g, packed, *extras)
+    return GradientsZ(*outs) if has_z else Gradients(*outs)
 
 
 def _split_scratch(plan: PersistentPlan, u: int, k_steps: int, mm_dtype, interpret) -> dict:
@@ -215,7 +230,7 @@ def persistent_backward_reference(
     del spin_limit, interpret, layout
     depth = operands.check_operands(plan, wt, g, packed, z, mask, bias, s_mm)
     phases, b_pad, n_pad = packed.shape[0], g.shape[1], g.shape[2]
-    if g.shape[0] != phases:  # layer L - 1's cotangent only
+    if g.shape[0] != phases:
         g = jnp.zeros((phases, b_pad, n_pad), g.dtype).at[depth - 1 :: depth].set(g)
     w_layers = wt.reshape(depth, n_pad, 2 * n_pad)
     if s_mm is not None:  # f32: each phase's input state from the A buffer, as packed row 0
@@ -248,10 +263,10 @@ def persistent_backward_reference(
     d_mm = slots.to_slots(d_scaled, phases // depth, depth).reshape(-1, 2 * n_pad)
     status = jnp.zeros((plan.grid,), jnp.int32)
     if z is None:
-        return d_x, d_mm, ds_carry0, bias_parts, status
+        return Gradients(d_x, d_mm, ds_carry0, bias_parts, status)
     dz_pm = jnp.sum(da * packed[:, :, 1:3], axis=2)  # [P, b_pad, n_pad]
     dz = dz_pm.reshape(phases // depth, depth, b_pad, n_pad)
     dz = jnp.swapaxes(dz, 0, 1)[..., : plan.z_width]
     dz_parts = _bias_parts_reference(plan, dz_pm)  # [P, R, group, n_pad]
     dz_sums = dz_parts.reshape(phases // depth, depth, *dz_parts.shape[1:]).sum(axis=0)
-    return d_x, d_mm, ds_carry0, bias_parts, dz, dz_sums, status
+    return GradientsZ(d_x, d_mm, ds_carry0, bias_parts, dz, dz_sums, status)

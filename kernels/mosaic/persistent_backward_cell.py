@@ -1,8 +1,5 @@
-"""The micro-layer phase of the persistent backward kernel
-(`kernels/mosaic/persistent_backward.py`): its refs, shared memory and the block's slices
-(`BackwardCell`), and the names of its staged input tiles (`input_names`). The phase is the
-module docstring's of `persistent_backward`: exactly `kernels/mosaic/backward.py`'s
-micro-layer backward, its epilogue, and the stores."""
+"""The micro-layer phase of the persistent backward kernel: its refs, shared memory and
+slices (`BackwardCell`) and staged input tiles (`input_names`); `backward.py`'s math."""
 
 from __future__ import annotations
 
@@ -42,7 +39,7 @@ def saved_row(name: str, has_z: bool, state_in_packed: bool) -> int | None:
     return saved.index(name) if name in saved else None
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(kw_only=True)
 class BackwardCell:
     """The cell of the backward kernel: its plan, global refs, shared memory and block
     (r, c); `phase` runs one micro-layer phase."""

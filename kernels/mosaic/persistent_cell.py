@@ -1,8 +1,5 @@
-"""The micro-layer phase of the persistent forward kernel
-(`kernels/mosaic/persistent_forward.py`): its refs, shared memory and the block's slices
-(`Cell`), the shared memory it allocates (`scratch`) and its outputs (`out_types`). The
-phase is the module docstring's of `persistent_forward`: exactly
-`kernels/mosaic/forward.py`'s micro-layer over K chunks, its epilogue, and the stores."""
+"""The micro-layer phase of the persistent forward kernel: its refs, shared memory and slices
+(`Cell`), its shared memory (`scratch`) and outputs (`out_types`); `forward.py`'s math."""
 
 from __future__ import annotations
 
@@ -26,7 +23,7 @@ from rhhjax.kernels.mosaic.plan import (
 )
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(kw_only=True)
 class Cell:
     """One cell inside the persistent forward: plan, global refs, shared memory, block
     slices; `phase` runs one micro-layer phase."""
@@ -46,7 +43,7 @@ class Cell:
     bar: Any
     r: Any
     g: Any
-    staged: gemm.StagedOperands | None = None  # with plan.staged
+    staged: gemm.StagedOperands | None = None
 
     @property
     def phases(self) -> int:

@@ -1,17 +1,12 @@
 """The persistent highway forward as one Mosaic GPU kernel: all P = T * L micro-layer phases
-in one launch, a grid barrier between phases.
-
-Block (r, g) of the grid (plan.row_blocks, plan.col_blocks) owns rows and units and keeps
-its f32 state slice in shared memory; per phase it runs `forward.py`'s micro-layer and
-writes the next phase's GEMM input to the A buffer ``s_mm``. Operands: w_blk
-[L * 2 * n_pad, k_pad], s0 [b_pad, n_pad], xproj [T, b_pad, 2, z_width], bias
-[L, b_pad, 2, n_pad], z [L, T, b_pad, z_width] or None, mask [P, b_pad, n_pad] uint8 or
-None. `persistent_forward_reference` is the same in JAX. Design: docs/design.md (module notes).
-"""
+in one launch, a grid barrier between them; block (r, g) keeps its rows' and units' f32 state
+in shared memory and runs `forward.py`'s micro-layer. Operands: w_blk [L * 2 * n_pad, k_pad],
+s0 [b_pad, n_pad], xproj [T, b_pad, 2, z_width], bias [L, b_pad, 2, n_pad], z [L, T, b_pad,
+z_width] or None, mask [P, b_pad, n_pad] uint8 or None. Design: docs/design.md."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -23,6 +18,25 @@ from rhhjax.kernels.mosaic import persistent_slots as slots
 from rhhjax.kernels.mosaic.plan import PersistentPlan, PlanError
 
 Array = jax.Array
+
+
+class Saved(NamedTuple):
+    """`persistent_forward`'s outputs with ``save``: s_last [1, b_pad, n_pad], packed [P,
+    b_pad, K, n_pad], s_mm [P * b_pad, k_pad], status [R * C] int32."""
+
+    s_last: Array
+    packed: Array
+    s_mm: Array
+    status: Array
+
+
+class States(NamedTuple):
+    """`persistent_forward`'s outputs without ``save``: states [P, b_pad, n_pad], s_mm,
+    status."""
+
+    states: Array
+    s_mm: Array
+    status: Array
 
 
 def forward_weights(plan: PersistentPlan, kernel_s: Array, dtype) -> Array:
@@ -87,11 +101,8 @@ def persistent_forward(
     interpret: Any = None,
     layout: str = "grid",
 ):
-    """All T * L forward phases in one Mosaic GPU launch.
-
-    Returns (states [P, b_pad, n_pad], s_mm, status) or with ``save`` (s_last
-    [1, b_pad, n_pad], packed [P, b_pad, K, n_pad], s_mm [P * b_pad, k_pad], status).
-    """
+    """All T * L forward phases in one Mosaic GPU launch: `Saved` with ``save``, else
+    `States`."""
     steps, depth = check_operands(plan, w_blk, s0, xproj, bias, z, mask)
     rowgroup_layout.check(plan, layout, interpret)
     launch, block_index, make_barrier = rowgroup_layout.functions(layout, interpret, plan)
@@ -124,9 +135,10 @@ def persistent_forward(
         barrier = make_barrier(n_r * n_c, block == 0, spin_limit, phase_bar)
         (cast,), (mask_tile,) = sc["cast_or_mask"]
         main = persistent_cell.Cell(
-            plan, steps, depth, keep, save, has_z, cell_refs(ins_g, outs_g[:-1]), sc["state"],
-            sc["pre"], sc["epi"], cast, mask_tile, sc["bar"], r, g,
-            persistent_cell.staged_operands(sc, plan, interpret),
+            plan=plan, steps=steps, depth=depth, keep=keep, save=save, has_z=has_z,
+            refs=cell_refs(ins_g, outs_g[:-1]), state=sc["state"], pre=sc["pre"], epi=sc["epi"],
+            cast=cast, mask_tile=mask_tile, bar=sc["bar"], r=r, g=g,
+            staged=persistent_cell.staged_operands(sc, plan, interpret),
         )  # fmt: skip
 
         main.prologue()
@@ -147,7 +159,7 @@ def persistent_forward(
     scratch_types = persistent_cell.scratch(plan, mm_dtype, has_z, has_mask, save, interpret)
     scratch_types["pre"] = plgpu.SMEM((plan.rows_per_block, plan.cols_per_block), F32)
     launch_args, phase_bar = launch((n_r, n_c), ("r", "g"), interpret)
-    return plgpu.kernel(
+    outs = plgpu.kernel(
         kernel,
         out_type=tuple(out_type),
         scratch_types=dict(**scratch_types, **phase_bar),
@@ -155,6 +167,7 @@ def persistent_forward(
         kernel_name="persistent_highway_forward",
         interpret=interpret,
     )(*operands)
+    return Saved(*outs) if save else States(*outs)
 
 
 def persistent_forward_reference(
@@ -202,9 +215,9 @@ def persistent_forward_reference(
     mask_f32 = keep_mask.mask_values(mask, keep)
     z_pm = None if z is None else slots.scales_to_phase_major(z, plan.n_pad)
     _, (states, packed) = jax.lax.scan(body, s0, (phases, z_pm, mask_f32))
-    inputs = jnp.concatenate([s0[None], states[:-1]], axis=0)  # every phase's input state
+    inputs = jnp.concatenate([s0[None], states[:-1]], axis=0)
     s_mm = slots.inputs_to_a_buffer(inputs, steps, depth, k_pad).astype(mm_dtype)
     status = jnp.zeros((plan.grid,), jnp.int32)
     if save:
-        return states[-1:], packed, s_mm, status
-    return states, s_mm, status
+        return Saved(states[-1:], packed, s_mm, status)
+    return States(states, s_mm, status)

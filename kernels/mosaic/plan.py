@@ -71,14 +71,10 @@ def scales_width(width: int, units: int, n_pad: int) -> int:
 @dataclasses.dataclass(frozen=True)
 class PersistentPlan:
     """Configuration of one persistent-kernel call (hashable: a static argument).
-
-    ``units``: units per block, or None for the fewest covering ``width``.
-    ``multicast_a``: each A chunk of the main GEMM is loaded once per row-group cluster and
-    multicast to its blocks (the row-group layout only).
-    ``multicast_b``: each weight chunk is loaded once per cluster of a column's row blocks
-    and multicast to them (the grid layout only, launched as such clusters).
-    ``split_k``: the backward's main GEMM split between a block's two warpgroups
-    (`gemm.SplitK`; no multicast).
+    ``units``: units per block, or None for the fewest covering ``width``. ``multicast_a``:
+    each main-GEMM A chunk loaded once per row-group cluster (row groups only);
+    ``multicast_b``: each weight chunk once per cluster of a column's row blocks (the grid
+    only); ``split_k``: the backward's main GEMM split between two warpgroups (`gemm.SplitK`).
     """
 
     batch: int

@@ -1,10 +1,5 @@
-"""The persistent kernels launched as one cluster per row group: no grid-wide barrier.
-
-Every read of block (r, g) is row-group-local, so R clusters of C blocks (axes "r", "g")
-meet at hardware cluster barriers (two, by phase parity), fenced when compiled. The same
-functions as `grid_barrier` (`launch`, `block_index`, `make_barrier`), picked by the
-kernels' ``layout`` (`functions`). Design: docs/design.md (module notes).
-"""
+"""The persistent kernels launched as one cluster per row group (axes "r", "g"), meeting at
+hardware cluster barriers: `grid_barrier`'s functions for ``layout="rowgroup"``."""
 
 from __future__ import annotations
 

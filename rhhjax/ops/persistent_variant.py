@@ -1,5 +1,5 @@
-"""`PersistentVariant`: how `persistent` runs (speed, not values), its text form
-(``model.persistent_variant``) and the levers the autotunes time first. Design:
+"""`PersistentVariant`: how `persistent` runs (speed, not values), its text form, the levers
+the autotunes time on the grid first and the options REMOVED as slower on a GPU. Design:
 docs/persistent_design.md section 5."""
 
 from __future__ import annotations
@@ -16,8 +16,6 @@ DEFAULT_TEXT = "default"  # `parse_variant`: the module's default (`default_vari
 AUTO_TEXT = "auto"  # the same here; the trainer times the variants (rhhjax.train.autotune)
 # (stages, k_chunk) of every plan tried by `variant_candidates` (None: the plan's own).
 PIPELINES = ((None, None), (2, None), (3, None), (4, None), (4, 32), (6, 32), (2, 128))
-# Today's variant with each of these is timed right after it (`variant_candidates`), the
-# fastest timed so far first (docs/persistent_design.md, "Autotuning the variant").
 LEVERS = (
     dict(layout="rowgroup"), dict(layout="rowgroup", multicast=1), dict(multicast=1),
     dict(units=32), dict(split_k=1, k_chunk=32, stages=2),
@@ -25,7 +23,6 @@ LEVERS = (
     dict(status="poison"),
 )  # fmt: skip
 
-# Options the GPU measured slower, deleted (`parse_variant` names the figure).
 REMOVED = {
     "hyper_inside": "the hyper cell inside the main kernels measured +6.3 ms (bf16) and "
     "+5.4 ms (f32) a step on an H100; it runs as its own kernels",
@@ -34,8 +31,7 @@ REMOVED = {
     "prefetch": "the weights loaded before the barrier measured +1.2 ms a step (H200)",
 }
 
-# Variant fields whose kernels have not passed a compiled test on a GPU: the trainer's
-# autotune leaves out variants that set them (a loan's `gpu_suite.sh check` times them).
+# Fields whose kernels no GPU has tested: the trainer's autotune leaves their variants out.
 UNTESTED_ON_A_GPU = ("multicast", "split_k")
 
 
@@ -53,10 +49,10 @@ class PersistentVariant:
     layout: str = "grid"
     stages: int | None = None
     k_chunk: int | None = None
-    status: str = "host"  # the row-group layout's is always this (it has none to check)
+    status: str = "host"  # always in row groups: nothing to check
     multicast: int = 0
     units: int | None = None  # per block of every plan (None: the plan's own)
-    split_k: int = 0  # the backward's main GEMM split between two warpgroups of a block
+    split_k: int = 0  # the backward's main GEMM split between a block's two warpgroups
 
     def __post_init__(self):
         if self.layout not in rowgroup_layout.LAYOUTS:
@@ -72,7 +68,7 @@ class PersistentVariant:
             raise VariantError("split_k=1 runs without multicast")
         if self.status not in STATUS_CHECKS:
             raise VariantError(f"status={self.status!r} is not one of {STATUS_CHECKS}")
-        if self.layout == "rowgroup":  # its status is always 0: nothing to check (`_checked`)
+        if self.layout == "rowgroup":
             object.__setattr__(self, "status", STATUS_CHECKS[0])
 
     def text(self) -> str:
@@ -136,10 +132,8 @@ def _pipelined(
 
 
 def parse_variant(text: str) -> PersistentVariant | None:
-    """``key=value,...`` (`PersistentVariant`'s fields, others at their defaults) -> the
-    variant; DEFAULT_TEXT or AUTO_TEXT -> None (`default_variant`); else VariantError.
-    ``hyper_inside=0`` (older texts) names the only placement left; REMOVED's keys are
-    refused with the GPU's figure."""
+    """``key=value,...`` -> the variant (others at their defaults), DEFAULT_TEXT or AUTO_TEXT
+    -> None, else VariantError (REMOVED's keys with their figure; hyper_inside=0 is ok)."""
     if not isinstance(text, str):
         raise VariantError(f"must be a string, got {type(text).__name__}")
     if text.strip() in (DEFAULT_TEXT, AUTO_TEXT):
@@ -152,7 +146,7 @@ def parse_variant(text: str) -> PersistentVariant | None:
     for item in items:
         key, sep, value = (x.strip() for x in item.partition("="))
         if key == "hyper_inside" and value.lower() in ("0", "false"):
-            continue  # today's only placement
+            continue
         if key in REMOVED:
             raise VariantError(f"{key} was removed: {REMOVED[key]}")
         if key not in fields or not sep:
