@@ -75,7 +75,7 @@ def _define_flags() -> None:
     flags.DEFINE_string(
         "persistent_variant",
         persistent.DEFAULT_TEXT,
-        "The persistent rows' model.persistent_variant, e.g. layout=rowgroup,status=poison.",
+        "The persistent rows' model.persistent_variant, e.g. layout=grid,stages=2.",
     )
 
 

@@ -207,23 +207,22 @@ VARIANT_CASES = [(64, 32, 3, 4, 3, True), (96, 20, 2, 5, 4, False)]
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_the_paper_variant_candidates_are_runnable_distinct_and_today_first(dtype):
     """`variant_candidates`: today's variant first (the row-group layout), the grid, then the
-    grid with each lever that makes another run (the row-group layout is today's; f32's plan
+    grid with each option that makes another run (the row-group layout is today's; f32's plan
     already has 32 units), each accepted by the plans' own checks (both kernels, the layout)
     and running other plans."""
     found = persistent.variant_candidates(256, 1000, 128, dtype)
     assert found[0] == persistent.default_variant() == persistent.PersistentVariant("rowgroup")
     assert found[1] == persistent.PersistentVariant()  # the grid
     plans = [persistent.variant_plans(v, 256, 1000, 128, dtype) for v in found]
-    runs = [(p, v.status) for p, v in zip(plans, found, strict=True)]
-    assert len(set(found)) == len(found) == len(set(runs)) > 4
-    levers = [dataclasses.replace(found[1], **lever) for lever in persistent.LEVERS]
-    grid = runs[1][0][1]
-    # f32: a lever of the grid's units is a twin; its row-group blocks (64 f32 units) leave
+    assert len(set(found)) == len(found) == len(set(plans)) > 4
+    options = [dataclasses.replace(found[1], **option) for option in persistent.OPTIONS]
+    grid = plans[1][1]
+    # f32: an option of the grid's units is a twin; its row-group blocks (64 f32 units) leave
     # no shared memory for a second warpgroup's stages
     f32_drops = lambda v: v.units == grid.units or (v.split_k and v.layout == "rowgroup")  # noqa: E731
-    kept = [v for v in levers if v != found[0] and (dtype != "float32" or not f32_drops(v))]
-    assert found[2 : 2 + len(kept)] == kept  # the grid's levers are timed next
-    assert len(kept) == len(levers) - 1 - 2 * (dtype == "float32")
+    kept = [v for v in options if v != found[0] and (dtype != "float32" or not f32_drops(v))]
+    assert found[2 : 2 + len(kept)] == kept  # the grid's options are timed next
+    assert len(kept) == len(options) - 1 - 2 * (dtype == "float32")
     for variant, (layout, main, *_) in zip(kept, plans[2:], strict=False):
         assert layout == variant.layout and main.multicast == bool(variant.multicast)
         assert main.multicast_b == (variant.multicast and layout == "grid")
@@ -235,20 +234,6 @@ def test_the_paper_variant_candidates_are_runnable_distinct_and_today_first(dtyp
         for plan in (main, hyper):
             persistent_cost.check_runnable(plan)
     assert {v.layout for v in found} == {"grid", "rowgroup"}
-
-
-def test_a_lever_set_in_the_candidates_keeps_todays_first_and_drops_twins():
-    """`with_lever`: the lever in every candidate but today's where its plans run (multicast=1
-    not with split_k), and the candidates it makes twins of others once."""
-    shape = (256, 1000, 128, "bfloat16")
-    found = persistent.variant_candidates(*shape)
-    shared = persistent.with_lever(found, dict(multicast=1), *shape)
-    assert shared[0] == found[0] and len(set(shared)) == len(shared) < len(found)
-    for variant in shared[1:]:
-        assert variant.multicast == (not variant.split_k)
-    poisoned = persistent.with_lever(found, dict(status="poison"), *shape)
-    assert poisoned[0] == found[0] and len(set(poisoned)) == len(poisoned)
-    assert all(v.poisons() == (v.layout == "grid") for v in poisoned[1:])
 
 
 def test_a_variant_text_round_trips_through_the_config_into_the_spec():
@@ -302,44 +287,49 @@ def test_a_variant_whose_pipeline_does_not_fit_is_one_plan_error_line():
     assert "\n" not in str(error.value) and "stages=4, k_chunk=64" in str(error.value)
 
 
-def test_a_poisoned_status_check_makes_its_output_nan_without_the_host(monkeypatch):
-    """``status=poison``: in a training step a block's non-zero status turns the chosen
-    output NaN (the loss or gradient the trainer checks) and the host is not called; the
-    evaluation forward (nothing poisoned) and ``status=host`` still check on the host."""
+def test_a_grid_barrier_that_gave_up_is_nan_in_training_and_one_host_line_elsewhere(
+    monkeypatch,
+):
+    """In a training step (an output named) a block's non-zero status turns that output NaN
+    (the loss or gradient the trainer checks) and the host is not called; the evaluation
+    forward (none named) checks the status on the host."""
     host = []
     monkeypatch.setattr(persistent.grid_barrier, "check_status", lambda s, n: host.append(n))
-    poison = models.sequence_spec(
-        models.ModelConfig(impl="persistent", persistent_variant="status=poison"), platform="gpu"
-    )
+    grid = persistent.PersistentVariant("grid")
     value, other = jnp.arange(4.0), jnp.ones((2, 3), jnp.bfloat16)
     gave_up, fine = jnp.array([0, 0, 3], jnp.int32), jnp.zeros(3, jnp.int32)
     for status, expect_nan in ((gave_up, True), (fine, False)):
         outs = pf.Saved(value, other, other, status)
-        out = persistent._checked(poison.variant, outs, "s_last", "forward")
+        out = persistent._checked(grid, outs, "s_last", "forward")
         assert bool(jnp.all(jnp.isnan(out.s_last))) == expect_nan and not host
         assert out.s_last.dtype == value.dtype and out.packed is other
         if not expect_nan:
             np.testing.assert_array_equal(out.s_last, value)
-    out = persistent._checked(poison.variant, pf.States(value, other, gave_up), None, "eval")
+    out = persistent._checked(grid, pf.States(value, other, gave_up), None, "eval")
     assert out.states is value and host == ["eval"]
-    grid = persistent.PersistentVariant("grid")  # status=host
-    out = persistent._checked(grid, pf.Saved(value, other, other, gave_up), "s_last", "forward")
-    assert out.s_last is value and host == ["eval", "forward"]
 
 
-@pytest.mark.parametrize("text", ["layout=rowgroup", "layout=rowgroup,status=poison"])
-def test_the_row_group_layout_has_no_status_to_check(text, monkeypatch):
+def test_the_row_group_layout_has_no_status_to_check(monkeypatch):
     """Its cluster barriers cannot give up (the kernels' status stays 0): no host check and
-    no poison, with ``status=poison`` or without."""
+    no NaN, in training or evaluation."""
     host = []
     monkeypatch.setattr(persistent.grid_barrier, "check_status", lambda s, n: host.append(n))
-    config = models.ModelConfig(impl="persistent", persistent_variant=text)
+    config = models.ModelConfig(impl="persistent", persistent_variant="layout=rowgroup")
     rowgroup = models.sequence_spec(config, platform="gpu")
-    value, status = jnp.arange(4.0), jnp.zeros(3, jnp.int32)
-    for poisoned in ("s_last", None):
+    value, status = jnp.arange(4.0), jnp.array([0, 5, 0], jnp.int32)
+    for named in ("s_last", None):
         outs = pf.Saved(value, value, value, status)
-        assert persistent._checked(rowgroup.variant, outs, poisoned, "forward") is outs
+        assert persistent._checked(rowgroup.variant, outs, named, "forward") is outs
         assert not host
+
+
+@pytest.mark.parametrize(
+    "text, hidden, expected",
+    [("layout=grid", 1000, True), ("layout=rowgroup", 1000, False), ("default", 1000, False),
+     ("auto", 1000, False), ("default", 1200, True)],  # 1200: no row-group plan, the grid
+)  # fmt: skip
+def test_a_grid_barrier_runs_where_the_variant_or_its_fallback_is_the_grid(text, hidden, expected):
+    assert persistent.grid_barrier_runs(text, 256, hidden, 128, "bfloat16") == expected
 
 
 class VariantMatchesScan(KernelModelMatchesScan):
@@ -349,29 +339,29 @@ class VariantMatchesScan(KernelModelMatchesScan):
     CASES = {
         **KernelModelMatchesScan.CASES,
         "variant_case": VARIANT_CASES,
-        "lever_case": VARIANT_CASES[:1],  # units=16
+        "option_case": VARIANT_CASES[:1],  # units=16
     }
 
     def test_a_variant_of_the_config_matches_scan(self, variant_case, monkeypatch):
         """``model.persistent_variant`` (not the module's default): every plan at 2 pipeline
         stages, the barrier status folded into the step (no block gives up: equal values)."""
-        variant = "layout=grid,stages=2,status=poison"
+        variant = "layout=grid,stages=2"
         hidden, hyper_hidden, _, batch, *_ = variant_case
         spec = self.model(models.ModelConfig(impl=self.IMPL, persistent_variant=variant)).spec
         plans = [persistent._plan_of(spec, batch, n) for n in (hidden, hyper_hidden)]
         assert [plan.stages for plan in plans] == [2, 2]
         self._matches_scan(variant_case, variant)
 
-    def test_a_plan_of_more_blocks_matches_scan(self, lever_case, monkeypatch):
+    def test_a_plan_of_more_blocks_matches_scan(self, option_case, monkeypatch):
         """``units=16``: every cell's plan at 16 units a block (GPU interpret mode's own plan
         here is 2 blocks of 32)."""
-        hidden, hyper_hidden, _, batch, *_ = lever_case
+        hidden, hyper_hidden, _, batch, *_ = option_case
         variant = "units=16"
         spec = self.model(models.ModelConfig(impl=self.IMPL, persistent_variant=variant)).spec
         plans = [persistent._plan_of(spec, batch, n) for n in (hidden, hyper_hidden)]
         assert [plan.units_per_block for plan in plans] == [16, 16]
         assert plans[0].col_blocks == hidden // 16
-        self._matches_scan(lever_case, variant)
+        self._matches_scan(option_case, variant)
 
     def _matches_scan(self, case, variant: str):
         hidden, hyper_hidden, depth, batch, length, first = case
@@ -396,7 +386,7 @@ class TestPersistentReference(VariantMatchesScan):
     REFERENCES = True
     TOLERANCE = KERNEL_TOL
     # units=16 changes no reference: its tests are the kernels'
-    CASES = {**VariantMatchesScan.CASES, "lever_case": []}
+    CASES = {**VariantMatchesScan.CASES, "option_case": []}
 
 
 class TestPersistentCompiled(VariantMatchesScan):
@@ -413,14 +403,14 @@ class TestPersistentInterpret(TestPersistentCompiled):
 
 class RowgroupLayout:
     """The kernels launched as one cluster per row group (`kernels/mosaic/rowgroup_layout.py`)
-    as the first of today's levers runs them (`persistent.LEVERS`, the fastest timed), at the
+    as the first of today's options runs them (`persistent.OPTIONS`, the fastest timed), at the
     model cases of the two layouts' differences: several row groups (batch 4-5)."""
 
     VARIANT = "layout=rowgroup"
     CASES = {
         "model_case": ["hyperrhn-f32-dropout-odd", "hyperrhn-bf16-dropout-first-step"],
         "variant_case": [],
-        "lever_case": [],
+        "option_case": [],
     }
 
     def model(self, config):
@@ -431,22 +421,22 @@ class RowgroupLayout:
 
 class MulticastRowgroup(RowgroupLayout):
     """The same with each main-GEMM A chunk multicast to its row group's cluster (the
-    second lever): interpret mode copies it to each block, so only a GPU multicasts."""
+    second option): interpret mode copies it to each block, so only a GPU multicasts."""
 
     VARIANT = "layout=rowgroup,multicast=1"
 
 
-def test_the_cluster_classes_run_the_first_three_levers():
-    levers = [
-        dataclasses.replace(persistent.PersistentVariant(), **lever).text()
-        for lever in persistent.LEVERS[:3]
+def test_the_cluster_classes_run_the_first_three_options():
+    options = [
+        dataclasses.replace(persistent.PersistentVariant(), **option).text()
+        for option in persistent.OPTIONS[:3]
     ]
-    assert [RowgroupLayout.VARIANT, MulticastRowgroup.VARIANT, MulticastGrid.VARIANT] == levers
+    assert [RowgroupLayout.VARIANT, MulticastRowgroup.VARIANT, MulticastGrid.VARIANT] == options
 
 
 class MulticastGrid(RowgroupLayout):
     """The grid layout launched as clusters of a column's row blocks, the weights multicast
-    to them (the third lever), at a model of 2 row blocks: GPU interpret mode's plans have
+    to them (the third option), at a model of 2 row blocks: GPU interpret mode's plans have
     one (the fewest blocks), so the kernels' own tests interpret it."""
 
     VARIANT = "layout=grid,multicast=1"
@@ -518,15 +508,15 @@ def test_paper_hyperrhn_training_step_lowers_and_compiles_for_an_h100_without_a_
 
 @pytest.mark.gpu_compile
 @needs_cuda
-@pytest.mark.parametrize("lever", [0, 1, 2, 3, 4])
-def test_the_first_levers_compile_the_paper_step_for_an_h100_without_a_gpu(tmp_path, lever):
-    """The first five of today's levers (`persistent.LEVERS`: the row-group layout, the
+@pytest.mark.parametrize("option", [0, 1, 2, 3, 4])
+def test_the_first_options_compile_the_paper_step_for_an_h100_without_a_gpu(tmp_path, option):
+    """The first five of today's options (`persistent.OPTIONS`: the row-group layout, the
     fastest timed; with A multicast; the grid with the weights multicast; 32 units a block,
     128 blocks; the backward's GEMM split between two warpgroups) at the paper's HyperRHN
     step, bf16 and f32, deviceless: each cell's forward and backward kernels apart, no
     register spill."""
     dtypes = ["bfloat16", "float32"]
-    variant = dataclasses.replace(persistent.PersistentVariant(), **persistent.LEVERS[lever])
+    variant = dataclasses.replace(persistent.PersistentVariant(), **persistent.OPTIONS[option])
     assert variant in persistent.variant_candidates(256, 1000, 128, "bfloat16")
     # "rowgroup": kernels/mosaic/rowgroup_layout.py in the kernels' source locations (the
     # grid layout's HLO names it nowhere)

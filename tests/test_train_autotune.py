@@ -49,12 +49,12 @@ def test_candidates_start_with_autos_pick_then_every_persistent_variant():
     assert found[0] == autotune.Candidate("fused")
     assert found[1] == autotune.Candidate("persistent", "layout=rowgroup")  # today's
     assert found[2] == autotune.Candidate("persistent", "layout=grid")
-    assert len(found) == 13 and len(set(found)) == 13
+    assert len(found) == len(set(found)) > 3  # no twins; the count: the test below
 
 
 def test_candidates_leave_out_the_variants_no_gpu_has_tested():
-    """`persistent.UNTESTED_ON_A_GPU` (multicast=1, split_k=1): timed in a loan, not in a
-    user's run."""
+    """`persistent.UNTESTED_ON_A_GPU` (multicast=1, split_k=1): timed by `gpu_suite.sh tune`,
+    not in a user's run."""
     variants = persistent.variant_candidates(256, 1000, 128, "bfloat16")
     untested = [v.text() for v in variants if v.multicast or v.split_k]
     found = [c.variant for c in autotune.candidates(PAPER_BF16, 256)]

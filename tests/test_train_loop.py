@@ -201,34 +201,36 @@ def test_nonfinite_loss_stops_and_keeps_last_good_checkpoint(tmp_path, text_file
     assert any(r.get("event") == "nonfinite" for r in records(workdir, kinds=("event",)))
 
 
-def test_a_nonfinite_loss_under_poisoned_barrier_status_says_it_may_be_the_barrier(
+def test_a_nonfinite_loss_says_what_else_the_implementation_may_mean_by_it(
     tmp_path, text_file, monkeypatch
 ):
     _nan_at(monkeypatch, bad_step=1, only_first_try=False)
     hint = " (HINT: the step's implementation)"
-    monkeypatch.setattr(trainer, "nonfinite_hint", lambda mc: hint)
+    monkeypatch.setattr(trainer, "nonfinite_hint", lambda mc, batch: hint)
     with pytest.raises(train_loop.NonFiniteLossError) as info:
         trainer.train_and_evaluate(tiny_config(text_file), tmp_path / "run", log=quiet)
     assert f"non-finite training loss (nan){hint} at step 2" in str(info.value)
 
 
 @pytest.mark.parametrize(
-    "impl, variant, named",
+    "impl, variant, hidden, named",
     [
-        ("persistent", "status=poison", True),
-        ("persistent", "layout=grid,stages=2,status=poison", True),
-        ("persistent", "layout=rowgroup,status=poison", False),  # no grid barrier
-        ("persistent", "layout=rowgroup", False),
-        ("persistent", "default", False),
-        ("fused", "status=poison", False),  # the variant of an impl that does not run
+        ("persistent", "layout=grid", 1000, True),
+        ("persistent", "layout=grid,stages=2", 1000, True),
+        ("persistent", "layout=rowgroup", 1000, False),  # cluster barriers never give up
+        ("persistent", "default", 1000, False),  # the row-group layout
+        ("persistent", "default", 1200, True),  # no row-group plan: the grid
+        ("fused", "layout=grid", 1000, False),  # the variant of an impl that does not run
     ],
 )
-def test_the_nonfinite_hint_names_the_barrier_only_under_poisoned_status(impl, variant, named):
-    mc = models.ModelConfig(impl=impl, persistent_variant=variant)
-    hint = trainer.nonfinite_hint(mc)
+def test_the_nonfinite_hint_names_the_barrier_only_where_a_grid_barrier_runs(
+    impl, variant, hidden, named
+):
+    mc = models.ModelConfig(impl=impl, persistent_variant=variant, hidden=hidden, dtype="bfloat16")
+    hint = trainer.nonfinite_hint(mc, 256)
     assert bool(hint) == named
     if named:
-        assert "status=poison" in hint and "grid barrier" in hint
+        assert "grid barrier" in hint
 
 
 def test_nonfinite_loss_rollback_continues(tmp_path, text_file, monkeypatch):

@@ -24,10 +24,9 @@ from rhhjax.ops.persistent_cost import candidates, plan_for, predicted_phase_us
 from rhhjax.ops.persistent_variant import (  # noqa: F401 (the op's variant API, re-exported)
     AUTO_TEXT,
     DEFAULT_TEXT,
-    LEVERS,
+    OPTIONS,
     PIPELINES,
     REMOVED,
-    STATUS_CHECKS,
     UNTESTED_ON_A_GPU,
     PersistentVariant,
     VariantError,
@@ -90,7 +89,7 @@ def variant_plans(
 def variant_candidates(
     batch: int, width: int, hyper_width: int, dtype_name: str, interpret: bool = False
 ) -> list[PersistentVariant]:
-    """The variants `variant_plans` accepts: today's, the grid, it with `LEVERS`, the rest."""
+    """The variants `variant_plans` accepts: today's, the grid, it with `OPTIONS`, the rest."""
     args = (batch, width, hyper_width, dtype_name, interpret)
     grid = PersistentVariant("grid")
     today = default_variant() if _plans_or_none(default_variant(), *args) else grid
@@ -102,27 +101,18 @@ def variant_candidates(
             if plans is not None and plans not in seen:
                 seen.add(plans)
                 found.append(variant)
-    levers = [lever for lever in map(_with_lever, [grid] * len(LEVERS), LEVERS) if lever]
+    optioned = [v for v in map(_with_option, [grid] * len(OPTIONS), OPTIONS) if v]
     runs = {}
-    for variant in found[:2] + levers + found[2:]:
+    for variant in found[:2] + optioned + found[2:]:
         plans = _plans_or_none(variant, *args)
         if plans is not None:
-            runs.setdefault((plans, variant.status), variant)
+            runs.setdefault(plans, variant)
     return list(runs.values())
 
 
-def with_lever(variants: list[PersistentVariant], lever: dict, *args) -> list[PersistentVariant]:
-    """``variants`` with ``lever`` set in each but the first where it runs; twins dropped."""
-    kept = []
-    for variant in variants[1:]:
-        changed = _with_lever(variant, lever)
-        kept.append(changed if changed and _plans_or_none(changed, *args) else variant)
-    return list(dict.fromkeys(variants[:1] + kept))
-
-
-def _with_lever(variant: PersistentVariant, lever: dict) -> PersistentVariant | None:
+def _with_option(variant: PersistentVariant, option: dict) -> PersistentVariant | None:
     try:
-        return dataclasses.replace(variant, **lever)
+        return dataclasses.replace(variant, **option)
     except VariantError:  # split_k with multicast
         return None
 
@@ -233,15 +223,27 @@ def _run_forward(spec, variant: PersistentVariant, save: bool, *args) -> tuple:
     return _checked(variant, outs, "s_last" if save else None, "persistent forward")
 
 
-def _checked(variant: PersistentVariant, outs, poisoned: str | None, name: str):
-    """Named ``outs``, status checked on the host or field ``poisoned`` NaN if bad (grid)."""
+def _checked(variant: PersistentVariant, outs, gave_up_nan: str | None, name: str):
+    """Named ``outs`` of a grid launch whose barrier may give up: field ``gave_up_nan`` made
+    NaN on the device if any block did (a training step), else its status checked on the
+    host. A row-group launch's cluster barriers cannot give up: nothing to check."""
     if variant.layout == "rowgroup":
         return outs
-    if poisoned is None or not variant.poisons():
+    if gave_up_nan is None:
         grid_barrier.check_status(outs.status, name)
         return outs
-    out = jnp.where(jnp.any(outs.status != 0), jnp.nan, getattr(outs, poisoned))
-    return outs._replace(**{poisoned: out})
+    out = jnp.where(jnp.any(outs.status != 0), jnp.nan, getattr(outs, gave_up_nan))
+    return outs._replace(**{gave_up_nan: out})
+
+
+def grid_barrier_runs(text: str, batch: int, width: int, hyper_width: int, dtype: str) -> bool:
+    """Whether a training step of `persistent` at ``model.persistent_variant`` ``text`` runs a
+    grid barrier (one that may give up) at these cells' shapes."""
+    from rhhjax.ops.sequence_spec import SequenceSpec
+
+    spec = SequenceSpec(NAME, 1.0, jnp.dtype(dtype), variant=parse_variant(text))
+    widths = (width, hyper_width) if hyper_width else (width,)
+    return any(variant_at(spec, batch, w).layout == "grid" for w in widths)
 
 
 def _cell_results(plan: PersistentPlan, outs, save: bool, length: int, depth: int):

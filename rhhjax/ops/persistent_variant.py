@@ -1,6 +1,6 @@
-"""`PersistentVariant`: how `persistent` runs (speed, not values), its text form, the levers
-the autotunes time on the grid first and the options REMOVED as slower on a GPU. Design:
-docs/persistent_design.md section 5."""
+"""`PersistentVariant`: how `persistent` runs (speed, not values), its text form, the options
+the autotunes time on the grid first and those REMOVED as slower on a GPU. Design:
+docs/persistent_design.md, "Tuning"."""
 
 from __future__ import annotations
 
@@ -16,11 +16,10 @@ DEFAULT_TEXT = "default"  # `parse_variant`: the module's default (`default_vari
 AUTO_TEXT = "auto"  # the same here; the trainer times the variants (rhhjax.train.autotune)
 # (stages, k_chunk) of every plan tried by `variant_candidates` (None: the plan's own).
 PIPELINES = ((None, None), (2, None), (3, None), (4, None), (4, 32), (6, 32), (2, 128))
-LEVERS = (
+OPTIONS = (
     dict(layout="rowgroup"), dict(layout="rowgroup", multicast=1), dict(multicast=1),
     dict(units=32), dict(split_k=1, k_chunk=32, stages=2),
     dict(layout="rowgroup", split_k=1, k_chunk=32, stages=2),
-    dict(status="poison"),
 )  # fmt: skip
 
 REMOVED = {
@@ -29,17 +28,21 @@ REMOVED = {
     "hyper_blocks": "it placed the hyper cell inside the main kernels, +6.3 ms (H100)",
     "in_flight": "one wgmma group in flight measured +1.9 to +3.4 ms a step (H200)",
     "prefetch": "the weights loaded before the barrier measured +1.2 ms a step (H200)",
+    "status": "a grid barrier's give-up is checked on the device in training since the host "
+    "check measured 0.8-1.6 ms slower a step (H200)",
 }
 
 # Fields whose kernels no GPU has tested: the trainer's autotune leaves their variants out.
 UNTESTED_ON_A_GPU = ("multicast", "split_k")
 
 
+# Texts of removed options that name what runs today, as recorded runs and tables write them.
+RECORDED = {("hyper_inside", "0"), ("hyper_inside", "false"), ("status", "host"),
+            ("status", "poison")}  # fmt: skip
+
+
 class VariantError(UserError):
     """A `PersistentVariant` text that does not parse (one line)."""
-
-
-STATUS_CHECKS = ("host", "poison")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,7 +52,6 @@ class PersistentVariant:
     layout: str = "grid"
     stages: int | None = None
     k_chunk: int | None = None
-    status: str = "host"  # always in row groups: nothing to check
     multicast: int = 0
     units: int | None = None  # per block of every plan (None: the plan's own)
     split_k: int = 0  # the backward's main GEMM split between a block's two warpgroups
@@ -66,22 +68,14 @@ class PersistentVariant:
                 raise VariantError(f"{name}={getattr(self, name)} must be 0 or 1")
         if self.split_k and self.multicast:
             raise VariantError("split_k=1 runs without multicast")
-        if self.status not in STATUS_CHECKS:
-            raise VariantError(f"status={self.status!r} is not one of {STATUS_CHECKS}")
-        if self.layout == "rowgroup":
-            object.__setattr__(self, "status", STATUS_CHECKS[0])
 
     def text(self) -> str:
-        """``layout=grid[,stages=S,k_chunk=K,status=poison,multicast=1,units=U,split_k=1]``."""
+        """``layout=grid[,stages=S,k_chunk=K,multicast=1,units=U,split_k=1]``."""
         parts = [f"layout={self.layout}"]
         parts += [f"{k}={getattr(self, k)}" for k in ("stages", "k_chunk") if getattr(self, k)]
-        parts += [f"status={self.status}"] * self.poisons()
         parts += ["multicast=1"] * self.multicast + [f"units={self.units}"] * bool(self.units)
         parts += ["split_k=1"] * self.split_k
         return ",".join(parts)
-
-    def poisons(self) -> bool:
-        return self.status == "poison"
 
     def tested_on_a_gpu(self) -> bool:
         return not any(getattr(self, name) for name in UNTESTED_ON_A_GPU)
@@ -92,11 +86,10 @@ class PersistentVariant:
         if self.units and self.units != plan.units_per_block:
             plan = _with_units(plan, self.units)
         shared = ("a" if self.layout == "rowgroup" else "b") if self.multicast else ""
-        levers = (shared, self.split_k)
-        if (self.stages, self.k_chunk, *levers) == (None, None, "", 0):
+        if (self.stages, self.k_chunk, shared, self.split_k) == (None, None, "", 0):
             return plan
         stages, k_chunk = self.stages or plan.stages, self.k_chunk or plan.k_chunk
-        return _pipelined(plan, stages, k_chunk, *levers)
+        return _pipelined(plan, stages, k_chunk, shared, self.split_k)
 
 
 @functools.cache
@@ -133,7 +126,8 @@ def _pipelined(
 
 def parse_variant(text: str) -> PersistentVariant | None:
     """``key=value,...`` -> the variant (others at their defaults), DEFAULT_TEXT or AUTO_TEXT
-    -> None, else VariantError (REMOVED's keys with their figure; hyper_inside=0 is ok)."""
+    -> None, else VariantError (REMOVED's keys with their figure; hyper_inside=0 and the
+    status texts the recorded runs name are read as today's)."""
     if not isinstance(text, str):
         raise VariantError(f"must be a string, got {type(text).__name__}")
     if text.strip() in (DEFAULT_TEXT, AUTO_TEXT):
@@ -145,7 +139,7 @@ def parse_variant(text: str) -> PersistentVariant | None:
     values = {}
     for item in items:
         key, sep, value = (x.strip() for x in item.partition("="))
-        if key == "hyper_inside" and value.lower() in ("0", "false"):
+        if (key, value.lower()) in RECORDED:
             continue
         if key in REMOVED:
             raise VariantError(f"{key} was removed: {REMOVED[key]}")
@@ -158,7 +152,7 @@ def parse_variant(text: str) -> PersistentVariant | None:
 
 
 def _variant_value(key: str, value: str):
-    if key in ("layout", "status"):
+    if key == "layout":
         return value
     if value.isdigit():
         return int(value)

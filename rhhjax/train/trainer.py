@@ -102,7 +102,7 @@ def _train_and_evaluate(
         train_model = _autotuned(run, oc)
         train_step = step_lib.make_train_step(train_model, oc, int(run.cfg.seed), *layout)
         limit = loss_limit(run.cfg.train.divergence_factor, run.corpus.vocab.size)
-        hint = nonfinite_hint(train_model)
+        hint = nonfinite_hint(train_model, run.cfg.train.batch_size)
         loop = Loop(run, store, oc, train_step, metrics, loss_limit=limit, nonfinite_hint=hint)
         with _out_of_memory_in_one_line(loop):
             state, reason = loop.train(state)
@@ -147,21 +147,18 @@ def _autotuned(run: Run, oc) -> Any:
     return dataclasses.replace(run.model, impl=choice.impl, persistent_variant=choice.variant)
 
 
-def nonfinite_hint(mc) -> str:
-    """What a non-finite loss may also mean under the step's implementation ``mc``: with
-    `persistent`'s ``status=poison``, a grid barrier that gave up ("" else; the row-group
-    layout, whose cluster barriers never give up, keeps no status to poison)."""
+def nonfinite_hint(mc, batch: int) -> str:
+    """What a non-finite loss may also mean under the step's implementation ``mc`` at
+    ``batch``: a `persistent` grid barrier that gave up, which a training step reports as NaN
+    ("" where no grid barrier runs: the row-group layout's cluster barriers never give up)."""
     from rhhjax.ops import persistent
 
     if mc.impl != persistent.NAME:
         return ""
-    variant = persistent.parse_variant(mc.persistent_variant) or persistent.default_variant()
-    if not variant.poisons():
+    hyper = mc.hyper_hidden if mc.type == "hyperrhn" else 0
+    if not persistent.grid_barrier_runs(mc.persistent_variant, batch, mc.hidden, hyper, mc.dtype):
         return ""
-    return (
-        f" (model.persistent_variant={variant.text()}: a grid barrier that gave up shows as "
-        "this too; without status=poison it is named)"
-    )
+    return " (or a grid barrier of persistent's grid layout that gave up: it shows as this)"
 
 
 @contextlib.contextmanager
