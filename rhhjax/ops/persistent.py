@@ -224,9 +224,8 @@ def _run_forward(spec, variant: PersistentVariant, save: bool, *args) -> tuple:
 
 
 def _checked(variant: PersistentVariant, outs, gave_up_nan: str | None, name: str):
-    """Named ``outs`` of a grid launch whose barrier may give up: field ``gave_up_nan`` made
-    NaN on the device if any block did (a training step), else its status checked on the
-    host. A row-group launch's cluster barriers cannot give up: nothing to check."""
+    """``outs`` with ``gave_up_nan`` NaN if a grid block gave up (training), else the status
+    checked on the host; row-group launches cannot give up."""
     if variant.layout == "rowgroup":
         return outs
     if gave_up_nan is None:
@@ -237,8 +236,7 @@ def _checked(variant: PersistentVariant, outs, gave_up_nan: str | None, name: st
 
 
 def grid_barrier_runs(text: str, batch: int, width: int, hyper_width: int, dtype: str) -> bool:
-    """Whether a training step of `persistent` at ``model.persistent_variant`` ``text`` runs a
-    grid barrier (one that may give up) at these cells' shapes."""
+    """Whether a step at ``model.persistent_variant`` ``text`` runs a grid barrier."""
     from rhhjax.ops.sequence_spec import SequenceSpec
 
     spec = SequenceSpec(NAME, 1.0, jnp.dtype(dtype), variant=parse_variant(text))

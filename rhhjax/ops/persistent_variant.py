@@ -126,8 +126,7 @@ def _pipelined(
 
 def parse_variant(text: str) -> PersistentVariant | None:
     """``key=value,...`` -> the variant (others at their defaults), DEFAULT_TEXT or AUTO_TEXT
-    -> None, else VariantError (REMOVED's keys with their figure; hyper_inside=0 and the
-    status texts the recorded runs name are read as today's)."""
+    -> None, else VariantError (REMOVED's keys with their figure; RECORDED texts skipped)."""
     if not isinstance(text, str):
         raise VariantError(f"must be a string, got {type(text).__name__}")
     if text.strip() in (DEFAULT_TEXT, AUTO_TEXT):
