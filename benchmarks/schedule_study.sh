@@ -7,6 +7,7 @@
 #   CPU_FINALIST=NAME:FIELD=V,... bash benchmarks/schedule_study.sh cpu
 #   bash benchmarks/schedule_study.sh table   # the markdown table of every run
 #   bash benchmarks/schedule_study.sh batch   # equal steps at batch 64, 128, 256, peak scaled
+#   bash benchmarks/schedule_study.sh batch_table PNG  # its table (mean of the seeds) and plot
 # PTB: $RHHJAX_PTB (default ../shared/data/ptb). Workdirs and tables: $OUT (default
 # workdirs/fast_recipe).
 set -euo pipefail
@@ -77,6 +78,31 @@ case ${1:-} in
       > "$OUT.batch_linear.log" 2>&1 &
     wait
     ;;
+  batch_table)  # the batch study's valid BPC at each step, mean of its seeds, and its plot
+    python - "$OUT" "${2:?give the plot file}" << 'PYEOF'
+import glob, json, statistics, sys
+import matplotlib
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+rows = [r for p in sorted(glob.glob(f"{sys.argv[1]}/batch_*/results.json"))
+        for r in json.load(open(p))["rows"]]
+groups = {}
+for r in rows:
+    groups.setdefault(r["group"], []).append(r)
+steps = sorted({s for r in rows for s, _, _ in r["valid_curve"]})
+print("| run | batch | peak lr | seeds | " + " | ".join(f"step {s}" for s in steps) + " |")
+print("|---|---|---|---|" + "---|" * len(steps))
+fig, ax = plt.subplots(figsize=(6, 4))
+for name, runs in sorted(groups.items(), key=lambda g: (g[1][0]["overrides"]["train.batch_size"], g[0])):
+    mean = [statistics.mean(dict((s, b) for s, _, b in r["valid_curve"])[s] for r in runs) for s in steps]
+    over = runs[0]["overrides"]
+    print(f"| {name} | {over['train.batch_size']} | {over['train.learning_rate']:g} | "
+          f"{len(runs)} | " + " | ".join(f"{m:.4f}" for m in mean) + " |")
+    ax.plot(steps, mean, "o-", label=f"{name} (peak {over['train.learning_rate']:g})")
+ax.set_xlabel("step"); ax.set_ylabel("valid BPC (first 100,000 characters)")
+ax.grid(True, alpha=0.3); ax.legend(fontsize=8); fig.tight_layout(); fig.savefig(sys.argv[2], dpi=120)
+PYEOF
+    ;;
   table)  # one markdown table of every run in $OUT/*/results.json
     python - "$OUT" << 'PYEOF'
 import glob, json, sys
@@ -97,7 +123,7 @@ for path in sorted(glob.glob(f"{sys.argv[1]}/*/results.json")):
 PYEOF
     ;;
   *)
-    echo "usage: bash benchmarks/schedule_study.sh small|small2|cpu|batch|table" >&2
+    echo "usage: bash benchmarks/schedule_study.sh small|small2|cpu|batch|batch_table PNG|table" >&2
     exit 2
     ;;
 esac
