@@ -28,7 +28,7 @@ def test_every_mode_is_in_the_header_and_the_readme():
 
 def test_a_wrong_mode_is_one_usage_line_and_exit_2_before_anything_runs(tmp_path):
     out = tmp_path / "out"
-    for argv in ([], ["lease"], ["all"]):
+    for argv in ([], ["check"], ["all"]):
         run = subprocess.run(
             ["bash", str(SUITE), *argv], env={"OUT": str(out), "PATH": "/usr/bin:/bin"},
             capture_output=True, text=True, timeout=60,

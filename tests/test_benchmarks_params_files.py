@@ -108,7 +108,7 @@ def test_a_gpu_run_with_a_kernel_impl_imports_on_a_cpu(trained, tmp_path):
     params_files.export(workdir, tmp_path / "out", parts=2)
     index_file = tmp_path / "out" / params_files.INDEX
     index = json.loads(index_file.read_text())
-    index["meta"]["model"]["impl"] = "persistent"  # as a GPU loan's run saves it
+    index["meta"]["model"]["impl"] = "persistent"  # as a GPU run saves it
     index_file.write_text(json.dumps(index))
     params, meta = params_files.load(tmp_path / "out")
     assert meta["model"]["impl"] == "persistent"

@@ -242,3 +242,26 @@ def test_no_issue_numbers_in_code_or_tests():
         if ISSUE_NUMBER.search(line)
     ]
     assert not found, f"issue numbers in code: {found}"
+
+
+# How GPU time was obtained is no user's business: these words said it, in code and docs.
+WORKSHOP = re.compile(r"\b(loans?|loaned|leases?|LEASE_\w+|levers?|LEVERS)\b", re.I)
+RECORDS = (".json", ".log", ".jsonl")  # machine output as it ran (commands, paths)
+
+
+def test_the_project_speaks_a_users_words():
+    """No workshop word anywhere in the tree but machine records, and no link to the
+    ``../shared/docs`` folder outside the repository (tests may still read ../shared/data)."""
+    tracked = subprocess.run(
+        ["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split()
+    found = []
+    for name in tracked:
+        path = ROOT / name
+        if path.suffix in RECORDS or path.suffix in (".png", ".npy") or not path.is_file():
+            continue
+        for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+            if WORKSHOP.search(line) or "shared/docs" in line:
+                found.append(f"{name}:{number}")
+    found = [f for f in found if not f.startswith("tests/test_docs.py:")]
+    assert not found, f"workshop words or links outside the repository: {found}"

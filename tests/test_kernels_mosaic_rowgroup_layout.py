@@ -117,8 +117,8 @@ rep = jax.sharding.NamedSharding(g.h100_mesh(), jax.sharding.PartitionSpec())
 def sds(shape, dtype=jnp.float32):
     return jax.ShapeDtypeStruct(shape, dtype, sharding=rep)
 rows = []
-for fields, levers, layout, steps, depth in {cases!r}:
-    plan = PersistentPlan(*fields, **levers)
+for fields, options, layout, steps, depth in {cases!r}:
+    plan = PersistentPlan(*fields, **options)
     phases, b, n, k = steps * depth, plan.b_pad, plan.n_pad, plan.k_pad
     mm = jnp.dtype(plan.dtype)
     fwd = (sds((depth * 2 * n, k), mm), sds((b, n)), sds((steps, b, 2, plan.z_width)),

@@ -454,7 +454,7 @@ class SplitK(RowgroupLayout):
 
 
 class TestPersistentCompiledRowgroup(RowgroupLayout, TestPersistentCompiled):
-    """The row-group layout compiled (a GPU loan's `gpu_suite.sh check` runs it)."""
+    """The row-group layout compiled (`gpu_suite.sh test` runs it on a GPU)."""
 
 
 class TestPersistentInterpretRowgroup(RowgroupLayout, TestPersistentInterpret):

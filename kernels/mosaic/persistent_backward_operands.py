@@ -87,7 +87,7 @@ def check_plan(
 
 def _check_split(plan: PersistentPlan) -> None:
     if plan.staged:
-        raise PlanError(f"persistent backward: split_k runs without {plan.staged_levers()}.")
+        raise PlanError(f"persistent backward: split_k runs without {plan.staged_options()}.")
     k_steps = 2 * plan.n_pad // plan.k_chunk
     if k_steps < 2:
         raise PlanError(

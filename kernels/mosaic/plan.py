@@ -174,7 +174,7 @@ class PersistentPlan:
     def multicast(self) -> bool:
         return self.multicast_a or self.multicast_b
 
-    def staged_levers(self) -> str:
+    def staged_options(self) -> str:
         """The fields that make it `staged`, for an error line."""
         fields = ("multicast_a", "multicast_b")
         return " and ".join(f for f in fields if getattr(self, f))
