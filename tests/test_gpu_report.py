@@ -19,7 +19,6 @@ deviceless = load("hlo.deviceless")
 
 
 report = load("gpu_report")
-compare_reports = load("gpu_report_compare")
 
 
 # ----------------------------------------------------------------------------- command line
@@ -119,23 +118,3 @@ def test_without_the_cuda_plugin_the_command_says_so_and_exits_2():
     assert run.stderr.strip().splitlines()[-1].startswith("error: the JAX CUDA plugin")
 
 
-def test_compare_table_pairs_configs_and_shows_before_and_after():
-    def row(impl, launches, spill):
-        return {
-            "model": "hyperrhn", "hyper_rank": 0, "impl": impl, "dtype": "bfloat16",
-            "status": "ok", "launches_per_step": launches,
-            "launches_split": {"hyper_forward": 1, "hyper_backward": 2, "main_forward": 3,
-                               "main_backward": 4},
-            "weight_sized_ops_per_step": {"pad": 7, "convert": 2} if launches > 100 else {},
-            "bytes_per_step": 5e6, "memory": {"peak_bytes": 7.5e9}, "predicted_step_ms": 40.0,
-            "pallas_kernels": [{"registers": 90, "spill_stores": spill}],
-        }  # fmt: skip
-
-    table = compare_reports.compare(
-        [row("mosaic", 154, 8), row("fused", 129, 0)],
-        [row("mosaic", 56, 0), {"model": "rhn", "impl": "scan", "dtype": "f", "status": "ok"}],
-    )
-    lines = table.splitlines()
-    assert len(lines) == 3  # header, separator, the one config in both reports
-    assert "| hyperrhn r0 mosaic bfloat16 | 154 -> 56 | 1 / 2 / 3 / 4 | 9 -> 0 |" in lines[2]
-    assert "90 / 8 B -> 90 / 0 B" in lines[2]

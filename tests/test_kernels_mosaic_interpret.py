@@ -54,22 +54,3 @@ def test_without_nproc_the_pool_has_one_thread_per_usable_core(monkeypatch):
 
     monkeypatch.delenv("NPROC", raising=False)
     assert gpu_interpret.pool_threads() == len(os.sched_getaffinity(0))
-
-
-def test_the_interpret_check_runs_the_kernels_or_names_the_jax_it_needs(capsys):
-    """benchmarks/interpret_check.py: the micro-layer backward rows, interpreted against the
-    reference with no race (exit 0); without GPU interpret mode one error line, exit 2."""
-    from benchmark_scripts import load
-
-    check = load("interpret_check")
-    status = check.main(["--only=mosaic_backward"])
-    out, err = capsys.readouterr()
-    if not gpu_interpret.available():
-        assert status == 2 and err.startswith("error: ") and "needs jax >= 0.11.2" in err
-        return
-    rows = [line for line in out.splitlines() if line.startswith("| mosaic_backward")]
-    assert status == 0 and len(rows) == 2, out
-    for row in rows:
-        cells = [c.strip() for c in row.strip("|").split("|")]
-        assert cells[3] == "grid 2 x 4" and cells[6] == "none", row
-        assert float(cells[5]) < 2e-2, row  # relative to the largest entry; bf16 d_scaled
