@@ -344,6 +344,30 @@ def test_a_budget_too_short_for_its_warm_up_stops_at_the_first_timed_step_leavin
     assert not ckpt_lib.has_checkpoint(tmp_path / "w")
 
 
+def test_a_rerun_of_a_refused_budget_is_refused_before_it_trains_until_a_field_changes(
+    tmp_path, text_file
+):
+    fields = dict(
+        train__max_steps=0,
+        train__max_epochs=0,
+        train__budget_minutes=0.001,
+        train__budget_probe_steps=10,
+        train__schedule="cosine",
+        train__warmup_steps=40,
+    )
+    workdir = tmp_path / "w"
+    with pytest.raises(TrainError) as first:
+        trainer.train_and_evaluate(tiny_config(text_file, **fields), workdir, log=quiet)
+    trained = (workdir / "metrics.jsonl").read_text()
+    with pytest.raises(TrainError) as again:
+        trainer.train_and_evaluate(tiny_config(text_file, **fields), workdir, log=quiet)
+    assert str(again.value).startswith(str(first.value) + " (measured by an earlier run")
+    assert (workdir / "metrics.jsonl").read_text() == trained  # no step ran again
+    fields.update(train__budget_step_seconds=1.0, train__budget_minutes=0.5, train__warmup_steps=12)
+    results = trainer.train_and_evaluate(tiny_config(text_file, **fields), workdir, log=quiet)
+    assert results["status"] == "finished" and not (workdir / "budget_refused.json").exists()
+
+
 # ----------------------------------------------------------------------------- projection
 
 

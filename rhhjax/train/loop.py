@@ -173,8 +173,9 @@ class Loop:
             from jax.experimental import multihost_utils
 
             steps = int(multihost_utils.broadcast_one_to_all(np.int32(steps)))
-        train_config.check_budget_steps(t, steps, step_seconds, elapsed, self._budget_fix())
+        self._checked_budget(steps, step_seconds, elapsed)
         s.budget_steps = steps
+        (self.run.workdir / workdir_lib.BUDGET_REFUSED_FILE).unlink(missing_ok=True)
         if self.oc.scheduled:
             s.opt_state = optim.set_total_steps(s.opt_state, self._schedule_length(s))
         self.run.log(
@@ -197,8 +198,18 @@ class Loop:
             return
         steps = train_config.budget_steps_for(t, s.train_seconds, s.step, step_seconds)
         if 2 * steps <= t.warmup_steps + 1:
-            fix = self._budget_fix()
-            train_config.check_budget_steps(t, steps, step_seconds, s.train_seconds, fix)
+            self._checked_budget(steps, step_seconds, s.train_seconds)
+
+    def _checked_budget(self, steps: int, step_seconds: float, elapsed: float) -> None:
+        """`check_budget_steps`, its refusal kept in the workdir for a rerun."""
+        t = self.run.cfg.train
+        try:
+            train_config.check_budget_steps(t, steps, step_seconds, elapsed, self._budget_fix())
+        except TrainError as refused:
+            if self.run.primary:
+                device = jax.devices()[0].device_kind
+                workdir_lib.record_budget_refusal(self.run.workdir, t, device, str(refused))
+            raise
 
     def _eta(self, s: LoopState, sec_per_step: float) -> float:
         """Seconds of training left (inf: unknown), by the nearest bound."""

@@ -79,6 +79,7 @@ def prepare_run(
     cfg.model.vocab_size = corpus.vocab.size
     sampler = _make_sampler(cfg, corpus.train)
     train_config.check_schedule_horizon(cfg.train, sampler.batches_per_epoch)
+    workdir_lib.check_budget_refusal(workdir, cfg.train, device_kind())
     _check_eval_data(cfg, corpus, corpus.valid[: cfg.eval.max_valid_chars or None])
     if workdir.exists() and not workdir.is_dir():
         raise TrainError(f"workdir {workdir} exists and is not a directory")
@@ -152,3 +153,10 @@ def _check_eval_data(cfg, corpus: data_lib.Corpus, valid_tokens: np.ndarray) -> 
                 f"the {split} split ({len(tokens)} symbols) is too short for the {protocol} "
                 f"protocol (needs {need})"
             )
+
+
+def device_kind() -> str:
+    """The kind of the first device, as a budget's measurement names it."""
+    import jax
+
+    return jax.devices()[0].device_kind

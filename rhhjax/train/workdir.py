@@ -33,6 +33,10 @@ from rhhjax.train.config import (
 METRICS_FILE = "metrics.jsonl"
 CONFIG_FILE = "config.json"
 RESULTS_FILE = "results.json"
+BUDGET_REFUSED_FILE = "budget_refused.json"  # a measured budget refused: not measured again
+# The fields a budget's refusal depends on, beside the device that measured it.
+REFUSAL_FIELDS = ("budget_minutes", "budget_step_seconds", "budget_probe_steps", "schedule",
+                 "warmup_steps", "batch_size", "seq_len")  # fmt: skip
 
 
 class WorkdirWriteError(TrainError):
@@ -442,3 +446,28 @@ def check_compatible(
                     f"(different training data?); {hint}"
                 )
     return meta
+
+
+def _budget_key(train, device: str) -> dict:
+    return {**{name: train[name] for name in REFUSAL_FIELDS}, "device": device}
+
+
+def record_budget_refusal(workdir: Path, train, device: str, line: str) -> None:
+    """Keep a refused budget's line, so that a rerun of the same budget on the same device
+    is refused before it compiles (`check_budget_refusal`)."""
+    record = {"key": _budget_key(train, device), "line": line}
+    atomic_write(workdir / BUDGET_REFUSED_FILE, json.dumps(record, indent=1) + "\n")
+
+
+def check_budget_refusal(workdir: Path, train, device: str) -> None:
+    """TrainError (the recorded line) when this budget was refused here on this device."""
+    path = workdir / BUDGET_REFUSED_FILE
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return
+    if record.get("key") == json_safe(_budget_key(train, device)):
+        raise TrainError(
+            f"{record['line']} (measured by an earlier run in this workdir on {device}; change "
+            f"a budget field, or delete {path} to measure again)"
+        )
