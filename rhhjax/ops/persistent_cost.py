@@ -63,9 +63,17 @@ def plan_for(batch: int, width: int, dtype_name: str, layout: str = "grid") -> P
     16). Raises PlanError (one line) when none fits."""
     plans = list(candidates(batch, width, dtype_name, layout))
     if not plans:
+        other = "rowgroup" if layout == "grid" else "grid"
+        fix = "a smaller batch or width"
+        if any(candidates(batch, width, dtype_name, other)):
+            fix = f"layout {other!r}"
+        blocks = f"at most {H100.sms} co-resident blocks"
+        if layout != "grid":
+            blocks = f"clusters of at most {rowgroup_layout.MAX_CLUSTER} blocks"
         raise PlanError(
-            f"no persistent plan fits an H100 for batch {batch}, width {width} ({dtype_name}): "
-            f"at most {H100.sms} blocks of up to {max(UNITS)} units and 256 rows"
+            f"no persistent plan fits an H100 for batch {batch}, width {width} ({dtype_name}) "
+            f"in layout {layout!r}: {blocks} of up to {max(UNITS)} units and 256 rows; "
+            f"use {fix}"
         )
 
     def cost(plan):
@@ -87,16 +95,23 @@ def candidates(batch: int, width: int, dtype_name: str, layout: str = "grid"):
         for units in UNITS:
             for k_chunk in k_chunks:
                 plan = _deepest(batch, width, dtype_name, row_blocks, units, k_chunk)
-                if plan is not None and (
-                    layout == "grid" or plan.col_blocks <= rowgroup_layout.MAX_CLUSTER
-                ):
+                if plan is not None and _runs_in(plan, layout):
                     yield plan
                     break
 
 
+def _runs_in(plan: PersistentPlan, layout: str) -> bool:
+    try:
+        rowgroup_layout.check(plan, layout, None)
+    except PlanError:
+        return False
+    return True
+
+
 def check_runnable(plan: PersistentPlan) -> None:
-    """Raises PlanError (one line) unless both persistent kernels accept ``plan`` (the
-    forward's check, then the backward's: shared memory, K extents, co-residency)."""
+    """Raises PlanError (one line) unless both persistent kernels accept ``plan``'s blocks
+    (the forward's check, then the backward's: shared memory, K extents); co-residency is the
+    layout's (`rowgroup_layout.check`)."""
     plan.check()
     pb.check_plan(plan)
 
