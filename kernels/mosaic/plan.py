@@ -1,11 +1,10 @@
 """Static plan of the persistent highway kernels: ownership, padding, shared memory,
 co-residency and L2 traffic (the time prediction is `rhhjax.ops.persistent_cost`).
 
-Grid row_blocks x col_blocks, one block per SM while resident (the grid layout: all at once,
-`check_grid`; the row-group layout: a cluster's). Block (r, g) owns batch rows
-``r * rows_per_block ..`` (a multiple of 64, the wgmma M) and units ``g * units_per_block ..``
-(both their h- and t-columns). n_pad = col_blocks * units_per_block; k_pad = n in k_chunk
-chunks; b_pad = row_blocks * rows_per_block. Design: docs/design.md (module notes).
+Grid row_blocks x col_blocks, one block per SM while resident (all, or a cluster's: the
+layout's). Block (r, g) owns rows ``r * rows_per_block ..`` (a multiple of 64, the wgmma M),
+units ``g * units_per_block ..`` (h- and t-columns). n_pad = col_blocks * units_per_block;
+k_pad = n in k_chunk chunks; b_pad = row_blocks * rows_per_block. Design: docs/design.md.
 """
 
 from __future__ import annotations
@@ -232,8 +231,7 @@ class PersistentPlan:
         return 2 * a * b // (self.k2_pad if backward else self.k_pad)
 
     def check(self) -> None:
-        """PlanError unless one block fits an SM's shared memory and K suits the kernels
-        (co-residency is the layout's: `rowgroup_layout.check`)."""
+        """PlanError unless a block fits shared memory and K suits the kernels (no co-residency)."""
         if self.k_pad > self.n_pad:
             raise PlanError(
                 f"persistent plan has k_pad {self.k_pad} > n_pad {self.n_pad} (width "

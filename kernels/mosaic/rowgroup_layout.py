@@ -16,8 +16,7 @@ ROW, COL = "r", "g"
 
 
 def check(plan: PersistentPlan, layout: str, interpret: Any) -> None:
-    """PlanError unless ``layout`` is known and can run ``plan``: the grid's blocks all
-    co-resident, a row group's cluster at most `MAX_CLUSTER` blocks."""
+    """PlanError unless ``layout`` is known and can run ``plan`` (its co-residency included)."""
     if layout not in LAYOUTS:
         raise PlanError(f"persistent layout {layout!r} is not one of {LAYOUTS}")
     if plan.multicast_a and layout != "rowgroup":
