@@ -28,7 +28,7 @@ from rhhjax.kernels.mosaic import rowgroup_layout
 from rhhjax.kernels.mosaic.plan import PersistentPlan, PlanError
 
 from rhhjax import models
-from rhhjax.ops import persistent
+from rhhjax.ops import persistent, persistent_cost
 
 ROWGROUP = persistent.PersistentVariant("rowgroup")
 
@@ -37,11 +37,12 @@ ROWGROUP = persistent.PersistentVariant("rowgroup")
 @pytest.mark.parametrize("batch", [256, 512, 1024])
 def test_a_paper_width_batch_plans_a_cluster_of_16_per_64_rows(batch, dtype):
     """Same work per block at every batch: 64 rows x 64 units, batch / 64 clusters of 16 (64,
-    128, 256 blocks), each block within an SM's shared memory in both kernels; today's
-    variant there is the row-group layout, first of the candidates."""
+    128, 256 blocks: 1024's in two waves), each block within an SM's shared memory in both
+    kernels; today's variant there is the row-group layout, first of the candidates."""
     plan = persistent.plan_for(batch, 1000, dtype, "rowgroup")
     fields = (plan.row_blocks, plan.col_blocks, plan.rows_per_block, plan.units_per_block)
     assert fields == (batch // 64, 16, 64, 64)
+    assert persistent_cost.waves(plan) == (2 if batch == 1024 else 1)  # 8 clusters at a time
     assert max(plan.smem_bytes(), pb.backward_smem_bytes(plan)) <= H100.smem_per_block_optin
     rowgroup_layout.check(plan, "rowgroup", None)
     assert persistent.variant_candidates(batch, 1000, 128, dtype)[0] == ROWGROUP

@@ -44,13 +44,23 @@ def predicted_phase_us(
         barrier + max(GEMM slice at tflops_per_sm, all blocks' L2 bytes at l2_tbytes,
                       one block's ingest at smem_fill_bytes_per_clk * clock)
 
-    at ``rates`` as given (the step's table passes `dtype_rates` for f32)."""
+    at ``rates`` as given (the step's table passes `dtype_rates` for f32); a grid past the
+    SMs (row groups) runs in `waves`, each with its barrier, GEMM slice and ingest."""
     rates = rates or Rates()
-    gemm = plan.flops_per_block(backward) / (rates.tflops_per_sm * 1e12)
+    turns = waves(plan)
+    gemm = turns * plan.flops_per_block(backward) / (rates.tflops_per_sm * 1e12)
     l2 = plan.l2_bytes_per_phase(multicast, backward) / (rates.l2_tbytes * 1e12)
     fill_rate = rates.smem_fill_bytes_per_clk * rates.clock_ghz * 1e9
-    fill = plan.ingest_bytes_per_block(backward) / fill_rate
-    return rates.barrier_us + 1e6 * max(gemm, l2, fill)
+    fill = turns * plan.ingest_bytes_per_block(backward) / fill_rate
+    return turns * rates.barrier_us + 1e6 * max(gemm, l2, fill)
+
+
+def waves(plan: PersistentPlan) -> int:
+    """How many turns the row groups take when not all are resident: clusters of
+    ``col_blocks`` at ``sm_count // col_blocks`` at a time (1 where the grid fits the SMs)."""
+    if plan.grid <= plan.sm_count:
+        return 1
+    return -(-plan.row_blocks // max(1, plan.sm_count // plan.col_blocks))
 
 
 @functools.cache
