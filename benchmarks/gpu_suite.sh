@@ -57,7 +57,8 @@ print('backend', jax.default_backend(), jax.devices())" || status=1
 } 2>&1 | tee "$OUT/versions.txt"
 
 # The Mosaic GPU files: their Compiled / OnAGpu classes run only on a GPU.
-TESTS=(tests/test_ops_mosaic.py tests/test_ops_persistent.py tests/test_kernels_mosaic_*.py)
+TESTS=(tests/test_ops_mosaic.py tests/test_ops_persistent.py tests/test_ops_persistent_batch.py
+  tests/test_kernels_mosaic_*.py)
 
 run_test() {  # the GPU-only classes, each failure appended to failures.log as it happens
   rm -f "$OUT/failures.log"

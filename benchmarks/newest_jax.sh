@@ -65,6 +65,7 @@ if [[ ! $JAX_VERSION =~ ^[0-9]+(\.[0-9]+)+$ ]]; then
   exit 2
 fi
 [[ -n $VENV ]] || VENV=$REPO/build/venv-jax-newest
+[[ $VENV == /* ]] || VENV=$REPO/$VENV # `have` runs from /
 
 # -- the venv: reused when it has this jax and imports the project from this checkout
 have() {

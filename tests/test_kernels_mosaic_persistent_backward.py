@@ -322,7 +322,6 @@ def test_smem_bytes_count_each_allocation_rounded_to_a_kib():
 @pytest.mark.parametrize(
     ("plan", "message"),
     [
-        (PersistentPlan(64, 1000, col_blocks=140), "exceeds the 132 SMs"),
         (PersistentPlan(64, 40, col_blocks=10), "units_per_block % 8"),
         (PersistentPlan(64, 64, col_blocks=8, k_chunk=16), "multiple of 16 \\(uint8 TMA rows"),
         (PersistentPlan(512, 64, col_blocks=8, k_chunk=16, stages=2), "rows_per_block <= 256"),

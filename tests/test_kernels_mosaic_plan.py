@@ -10,6 +10,7 @@ import pytest
 from benchmark_scripts import BENCH
 from kernel_cases import needs_cuda
 from rhhjax.kernels.mosaic import plan as pp
+from rhhjax.kernels.mosaic import rowgroup_layout
 
 from rhhjax.errors import UserError
 
@@ -55,10 +56,10 @@ def test_k_extents_the_kernels_cannot_use_are_refused_in_one_line():
     pp.paper_plan(row_blocks=4, col_blocks=33).check()
 
 
-def test_more_blocks_than_sms_are_refused_before_anything_runs():
-    with pytest.raises(pp.PlanError, match="co-resident"):
-        pp.paper_plan(row_blocks=2).check()  # 264 blocks on 132 SMs
-    pp.paper_plan(row_blocks=2, col_blocks=66).check()  # 132 blocks, 16 units each
+def test_more_blocks_than_sms_are_refused_in_the_grid_layout_before_anything_runs():
+    with pytest.raises(pp.PlanError, match="co-resident.*layout 'rowgroup'"):
+        rowgroup_layout.check(pp.paper_plan(row_blocks=2), "grid", None)  # 264 blocks, 132 SMs
+    rowgroup_layout.check(pp.paper_plan(row_blocks=2, col_blocks=66), "grid", None)  # 132
 
 
 def test_odd_sizes_pad_units_to_wgmma_widths_and_rows_to_warpgroups():

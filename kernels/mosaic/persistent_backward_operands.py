@@ -57,9 +57,8 @@ def backward_smem_bytes(
 def check_plan(
     plan: PersistentPlan, has_z: bool = True, has_mask: bool = True, depth: int = 7
 ) -> None:
-    """PlanError unless the backward kernel can run ``plan`` co-resident: grid <= SMs,
-    rows <= 256, ``u % 8 == 0``, K in whole chunks, shared memory within the limit."""
-    plan.check_grid()
+    """PlanError unless the backward kernel can run ``plan``'s blocks (co-residency is the
+    layout's): rows <= 256, ``u % 8 == 0``, K in whole chunks, shared memory within the limit."""
     if plan.rows_per_block > MAX_TMA_ROWS:
         raise PlanError(
             f"persistent backward needs rows_per_block <= {MAX_TMA_ROWS} (a TMA box), got "

@@ -1,10 +1,10 @@
 """Static plan of the persistent highway kernels: ownership, padding, shared memory,
 co-residency and L2 traffic (the time prediction is `rhhjax.ops.persistent_cost`).
 
-Grid row_blocks x col_blocks, at most one block per SM. Block (r, g) owns batch rows
-``r * rows_per_block ..`` (a multiple of 64, the wgmma M) and units ``g * units_per_block ..``
-(both their h- and t-columns). n_pad = col_blocks * units_per_block; k_pad = n in k_chunk
-chunks; b_pad = row_blocks * rows_per_block. Design: docs/design.md (module notes).
+Grid row_blocks x col_blocks, one block per SM while resident (all, or a cluster's: the
+layout's). Block (r, g) owns rows ``r * rows_per_block ..`` (a multiple of 64, the wgmma M),
+units ``g * units_per_block ..`` (h- and t-columns). n_pad = col_blocks * units_per_block;
+k_pad = n in k_chunk chunks; b_pad = row_blocks * rows_per_block. Design: docs/design.md.
 """
 
 from __future__ import annotations
@@ -231,7 +231,7 @@ class PersistentPlan:
         return 2 * a * b // (self.k2_pad if backward else self.k_pad)
 
     def check(self) -> None:
-        """PlanError unless every block can be resident at once and K suits the kernels."""
+        """PlanError unless a block fits shared memory and K suits the kernels (no co-residency)."""
         if self.k_pad > self.n_pad:
             raise PlanError(
                 f"persistent plan has k_pad {self.k_pad} > n_pad {self.n_pad} (width "
@@ -239,7 +239,6 @@ class PersistentPlan:
                 "the forward would read unwritten state columns; lower k_chunk."
             )
         self.check_backward_k()
-        self.check_grid()
         need = self.smem_bytes()
         if need > self.smem_limit:
             raise PlanError(
@@ -269,11 +268,12 @@ class PersistentPlan:
             )
 
     def check_grid(self) -> None:
-        """PlanError unless grid <= SMs (else the grid barrier deadlocks)."""
+        """PlanError unless grid <= SMs (else the grid layout's grid barrier deadlocks)."""
         if self.grid > self.sm_count:
             raise PlanError(
                 f"persistent grid of {self.grid} blocks exceeds the {self.sm_count} SMs: "
-                "blocks would not be co-resident and the grid barrier would deadlock."
+                "blocks would not be co-resident and the grid barrier would deadlock; use "
+                "layout 'rowgroup' (clusters of at most 16 blocks) or fewer row blocks."
             )
 
     def summary(self) -> dict:

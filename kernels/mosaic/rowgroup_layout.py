@@ -16,7 +16,7 @@ ROW, COL = "r", "g"
 
 
 def check(plan: PersistentPlan, layout: str, interpret: Any) -> None:
-    """PlanError unless ``layout`` is known and can run ``plan``."""
+    """PlanError unless ``layout`` is known and can run ``plan`` (its co-residency included)."""
     if layout not in LAYOUTS:
         raise PlanError(f"persistent layout {layout!r} is not one of {LAYOUTS}")
     if plan.multicast_a and layout != "rowgroup":
@@ -29,9 +29,11 @@ def check(plan: PersistentPlan, layout: str, interpret: Any) -> None:
             f"got {plan.row_blocks}"
         )
     if layout == "grid":
+        plan.check_grid()
         if interpret is not None:
             plan.check_interpretable()
         return
+    # No grid <= SMs: clusters never wait for each other, so only a cluster's are co-resident.
     if plan.col_blocks > MAX_CLUSTER:
         raise PlanError(
             f"persistent layout 'rowgroup' needs at most {MAX_CLUSTER} column blocks (one "

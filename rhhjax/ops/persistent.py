@@ -136,11 +136,12 @@ def interpret_plan(batch: int, width: int, dtype_name: str, layout: str = "grid"
         return plan.grid, forward + backward, plan.n_pad
 
     plan = min(plans, key=cost)
-    reason = gpu_interpret.cluster_too_large(plan.grid)
+    at_once = plan.grid if layout == "grid" else plan.col_blocks  # row groups: one at a time
+    reason = gpu_interpret.cluster_too_large(at_once)
     if reason is not None and "NPROC" not in reason:
         reason += f"; use impl='mosaic' (also interpreted) or a model narrower than {width}"
     if reason is not None:
-        raise PlanError(f"model.impl={NAME!r} needs {plan.grid} blocks for width {width}: {reason}")
+        raise PlanError(f"model.impl={NAME!r} needs {at_once} blocks for width {width}: {reason}")
     return plan
 
 

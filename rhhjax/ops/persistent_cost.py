@@ -44,13 +44,23 @@ def predicted_phase_us(
         barrier + max(GEMM slice at tflops_per_sm, all blocks' L2 bytes at l2_tbytes,
                       one block's ingest at smem_fill_bytes_per_clk * clock)
 
-    at ``rates`` as given (the step's table passes `dtype_rates` for f32)."""
+    at ``rates`` as given (the step's table passes `dtype_rates` for f32); a grid past the
+    SMs (row groups) runs in `waves`, each with its barrier, GEMM slice and ingest."""
     rates = rates or Rates()
-    gemm = plan.flops_per_block(backward) / (rates.tflops_per_sm * 1e12)
+    turns = waves(plan)
+    gemm = turns * plan.flops_per_block(backward) / (rates.tflops_per_sm * 1e12)
     l2 = plan.l2_bytes_per_phase(multicast, backward) / (rates.l2_tbytes * 1e12)
     fill_rate = rates.smem_fill_bytes_per_clk * rates.clock_ghz * 1e9
-    fill = plan.ingest_bytes_per_block(backward) / fill_rate
-    return rates.barrier_us + 1e6 * max(gemm, l2, fill)
+    fill = turns * plan.ingest_bytes_per_block(backward) / fill_rate
+    return turns * rates.barrier_us + 1e6 * max(gemm, l2, fill)
+
+
+def waves(plan: PersistentPlan) -> int:
+    """How many turns the row groups take when not all are resident: clusters of
+    ``col_blocks`` at ``sm_count // col_blocks`` at a time (1 where the grid fits the SMs)."""
+    if plan.grid <= plan.sm_count:
+        return 1
+    return -(-plan.row_blocks // max(1, plan.sm_count // plan.col_blocks))
 
 
 @functools.cache
@@ -63,9 +73,17 @@ def plan_for(batch: int, width: int, dtype_name: str, layout: str = "grid") -> P
     16). Raises PlanError (one line) when none fits."""
     plans = list(candidates(batch, width, dtype_name, layout))
     if not plans:
+        other = "rowgroup" if layout == "grid" else "grid"
+        fix = "a smaller batch or width"
+        if any(candidates(batch, width, dtype_name, other)):
+            fix = f"layout {other!r}"
+        blocks = f"at most {H100.sms} co-resident blocks"
+        if layout != "grid":
+            blocks = f"clusters of at most {rowgroup_layout.MAX_CLUSTER} blocks"
         raise PlanError(
-            f"no persistent plan fits an H100 for batch {batch}, width {width} ({dtype_name}): "
-            f"at most {H100.sms} blocks of up to {max(UNITS)} units and 256 rows"
+            f"no persistent plan fits an H100 for batch {batch}, width {width} ({dtype_name}) "
+            f"in layout {layout!r}: {blocks} of up to {max(UNITS)} units and 256 rows; "
+            f"use {fix}"
         )
 
     def cost(plan):
@@ -87,16 +105,23 @@ def candidates(batch: int, width: int, dtype_name: str, layout: str = "grid"):
         for units in UNITS:
             for k_chunk in k_chunks:
                 plan = _deepest(batch, width, dtype_name, row_blocks, units, k_chunk)
-                if plan is not None and (
-                    layout == "grid" or plan.col_blocks <= rowgroup_layout.MAX_CLUSTER
-                ):
+                if plan is not None and _runs_in(plan, layout):
                     yield plan
                     break
 
 
+def _runs_in(plan: PersistentPlan, layout: str) -> bool:
+    try:
+        rowgroup_layout.check(plan, layout, None)
+    except PlanError:
+        return False
+    return True
+
+
 def check_runnable(plan: PersistentPlan) -> None:
-    """Raises PlanError (one line) unless both persistent kernels accept ``plan`` (the
-    forward's check, then the backward's: shared memory, K extents, co-residency)."""
+    """Raises PlanError (one line) unless both persistent kernels accept ``plan``'s blocks
+    (the forward's check, then the backward's: shared memory, K extents); co-residency is the
+    layout's (`rowgroup_layout.check`)."""
     plan.check()
     pb.check_plan(plan)
 
