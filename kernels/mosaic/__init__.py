@@ -9,4 +9,5 @@
     plan.py, persistent_slots.py  a persistent plan's resources; its buffers' order.
     rowgroup_layout.py, grid_barrier.py  launch layouts and the grid barrier.
     keep_mask.py, interpret.py  uint8 dropout decisions; GPU interpret mode.
+    phase_timeline.py       the persistent kernels' optional per-phase timestamps.
 """
