@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from kernel_cases import assert_no_spills, compile_paper_step, needs_cuda
+from kernel_cases import assert_no_spills, compile_paper_step, mosaic_mode_skip, needs_cuda
 from model_cases import (
     KERNEL_TOL,
     KERNEL_TOL_COMPILED,
@@ -539,3 +539,21 @@ def test_the_first_levers_compile_the_paper_step_for_an_h100_without_a_gpu(tmp_p
         assert min(row["kernels"].values()) >= 1, row
     assert len(reports) >= 4 * len(dtypes)  # each cell's forward and backward
     assert_no_spills(reports)
+
+
+def test_record_timeline_saves_both_directions_stamps_of_every_phase_and_block(tmp_path):
+    """Interpreted (a GPU runs the paper plan: benchmarks/phase_timeline.py's input)."""
+    if (reason := mosaic_mode_skip(interpret=True)) is not None:
+        pytest.skip(reason)
+    from rhhjax.kernels.mosaic import interpret as gpu_interpret
+    from rhhjax.kernels.mosaic import phase_timeline
+
+    plan = PersistentPlan(64, 64, "bfloat16", col_blocks=2, k_chunk=32)
+    path = tmp_path / "stamps.npz"
+    persistent.record_timeline(path, plan, 2, 2, interpret=gpu_interpret.params())
+    saved = np.load(path)
+    for direction in ("forward", "backward"):
+        assert saved[f"{direction}_stamps"].shape == (4, 2, phase_timeline.WORDS)
+        assert list(saved[f"{direction}_sm"]) == [0, 1]
+        assert (np.diff(phase_timeline.deltas(saved[f"{direction}_stamps"]), axis=-1) >= 0).all()
+    assert list(saved["events"]) == list(phase_timeline.EVENTS)
