@@ -145,6 +145,7 @@ def persistent_backward(
         """The block's phases (warpgroup 0's: ``plan.split_k`` splits the block), its status."""
         status_g, split = outs[-1], main.split
         barrier = make_barrier(n_r * n_c, jnp.logical_and(r == 0, c == 0), spin_limit, phase_bar)
+        main.timeline.start()
         main.prologue()
         fail_at = jnp.where(barrier(jnp.int32(0)), jnp.int32(0), jnp.int32(1))
 

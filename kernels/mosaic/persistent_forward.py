@@ -139,6 +139,7 @@ def persistent_forward(
         clocks = timeline_.OFF
         if timeline:
             clocks = timeline_.Timeline(sc["timeline_row"], *refs[-2:], block, interpret)
+        clocks.start()
         barrier = make_barrier(n_r * n_c, block == 0, spin_limit, phase_bar)
         (cast,), (mask_tile,) = sc["cast_or_mask"]
         main = persistent_cell.Cell(

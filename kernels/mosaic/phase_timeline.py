@@ -71,17 +71,21 @@ def _read_clocks(row, word: int, with_timer: bool, with_sm: bool = False) -> Non
 
 
 class Timeline:
-    """A block's stamps: `stamp` each event of a phase, then `flush` the phase."""
+    """A block's stamps: `start` once, `stamp` each event of a phase, then `flush` it; from
+    the one warpgroup that runs the phases."""
 
     def __init__(self, row, stamps_g, sm_g, block, interpret: Any):
-        self.row, self.stamps_g, self.block = row, stamps_g, block
+        self.row, self.stamps_g, self.sm_g, self.block = row, stamps_g, sm_g, block
         self.interpret = interpret is not None
+
+    def start(self) -> None:
+        """The block's SM into ``sm``."""
         if self.interpret:
-            row[_COUNT] = jnp.int32(0)
-            sm_g[block] = block
+            self.row[_COUNT] = jnp.int32(0)
+            self.sm_g[self.block] = self.block
         else:
-            _read_clocks(row, 0, False, with_sm=True)
-            sm_g[block] = row[WORDS]
+            _read_clocks(self.row, 0, False, with_sm=True)
+            self.sm_g[self.block] = self.row[WORDS]
 
     def stamp(self, event: str) -> None:
         e = EVENTS.index(event)
@@ -102,6 +106,9 @@ class Timeline:
 
 class Off:
     """No timeline: every call adds nothing to the kernel."""
+
+    def start(self) -> None:
+        pass
 
     def stamp(self, event: str) -> None:
         del event
