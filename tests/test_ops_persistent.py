@@ -548,12 +548,13 @@ def test_record_timeline_saves_both_directions_stamps_of_every_phase_and_block(t
     from rhhjax.kernels.mosaic import interpret as gpu_interpret
     from rhhjax.kernels.mosaic import phase_timeline
 
-    plan = PersistentPlan(64, 64, "bfloat16", col_blocks=2, k_chunk=32)
     path = tmp_path / "stamps.npz"
-    persistent.record_timeline(path, plan, 2, 2, interpret=gpu_interpret.params())
+    persistent.record_timeline(path, None, 64, 64, 2, 2, interpret=gpu_interpret.params())
     saved = np.load(path)
+    plan = persistent.interpret_plan(64, 64, "bfloat16", persistent.LAYOUT)
+    assert str(saved["variant"]) == "layout=rowgroup" and str(saved["plan"]) == str(plan)
     for direction in ("forward", "backward"):
-        assert saved[f"{direction}_stamps"].shape == (4, 2, phase_timeline.WORDS)
-        assert list(saved[f"{direction}_sm"]) == [0, 1]
+        assert saved[f"{direction}_stamps"].shape == (4, plan.grid, phase_timeline.WORDS)
+        assert list(saved[f"{direction}_sm"]) == list(range(plan.grid))
         assert (np.diff(phase_timeline.deltas(saved[f"{direction}_stamps"]), axis=-1) >= 0).all()
     assert list(saved["events"]) == list(phase_timeline.EVENTS)
