@@ -116,5 +116,3 @@ def test_without_the_cuda_plugin_the_command_says_so_and_exits_2():
     )
     assert run.returncode == 2
     assert run.stderr.strip().splitlines()[-1].startswith("error: the JAX CUDA plugin")
-
-

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from kernel_cases import assert_no_spills, compile_paper_step, needs_cuda
+from kernel_cases import assert_no_spills, compile_paper_step, mosaic_mode_skip, needs_cuda
 from model_cases import (
     KERNEL_TOL,
     KERNEL_TOL_COMPILED,
@@ -529,3 +529,22 @@ def test_the_first_options_compile_the_paper_step_for_an_h100_without_a_gpu(tmp_
         assert min(row["kernels"].values()) >= 1, row
     assert len(reports) >= 4 * len(dtypes)  # each cell's forward and backward
     assert_no_spills(reports)
+
+
+def test_record_timeline_saves_both_directions_stamps_of_every_phase_and_block(tmp_path):
+    """Interpreted (a GPU runs the paper plan: benchmarks/phase_timeline.py's input)."""
+    if (reason := mosaic_mode_skip(interpret=True)) is not None:
+        pytest.skip(reason)
+    from rhhjax.kernels.mosaic import interpret as gpu_interpret
+    from rhhjax.kernels.mosaic import phase_timeline
+
+    path = tmp_path / "stamps.npz"
+    persistent.record_timeline(path, None, 64, 64, 2, 2, interpret=gpu_interpret.params())
+    saved = np.load(path)
+    plan = persistent.interpret_plan(64, 64, "bfloat16", persistent.LAYOUT)
+    assert str(saved["variant"]) == "layout=rowgroup" and str(saved["plan"]) == str(plan)
+    for direction in ("forward", "backward"):
+        assert saved[f"{direction}_stamps"].shape == (4, plan.grid, phase_timeline.WORDS)
+        assert list(saved[f"{direction}_sm"]) == list(range(plan.grid))
+        assert (np.diff(phase_timeline.deltas(saved[f"{direction}_stamps"]), axis=-1) >= 0).all()
+    assert list(saved["events"]) == list(phase_timeline.EVENTS)

@@ -8,5 +8,5 @@
     persistent_backward_operands.py  the backward's operands, checks, shared memory.
     plan.py, persistent_slots.py  a persistent plan's resources; its buffers' order.
     rowgroup_layout.py, grid_barrier.py  launch layouts and the grid barrier.
-    keep_mask.py, interpret.py  uint8 dropout decisions; GPU interpret mode.
+    keep_mask.py, interpret.py, phase_timeline.py  dropout; interpret mode; phase stamps.
 """

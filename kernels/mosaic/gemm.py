@@ -35,15 +35,19 @@ def gemm_nt_to_smem(
     tile_k: int,
     k_steps: int,
     stages: int,
+    first_ready: Callable[[], None] | None = None,
 ) -> None:
     """``out [rows, cols] f32 (shared memory) = A[a_block] @ B[b_block]^T``, K =
-    ``k_steps * tile_k``; A and B are K minor."""
+    ``k_steps * tile_k``; A and B are K minor. ``first_ready()`` runs once the first K
+    chunk has landed."""
     rows, cols = out.shape
     layout = wgmma_transforms(tile_k, a_gmem.dtype)
     spec = functools.partial(plgpu.BlockSpec, transforms=layout)
 
     def accumulate(acc):
-        def k_step(_, a_smem, b_smem):
+        def k_step(indices, a_smem, b_smem):
+            if first_ready is not None:
+                pl.when(indices[0] == 0)(first_ready)
             plgpu.wgmma(acc, a_smem, b_smem.transpose((1, 0)))
             plgpu.wgmma_wait(0)
 
@@ -139,6 +143,7 @@ def gemm_nt_staged(
     k_steps: int,
     k_first: int = 0,
     addend: Callable[[], jax.Array] | None = None,
+    first_ready: Callable[[], None] | None = None,
 ) -> None:
     """`gemm_nt_to_smem` of K chunks ``k_first .. k_first + k_steps - 1`` on ``staged``.
     With ``staged.a_axis`` (``b_axis``) every block along that cluster axis runs this GEMM
@@ -156,6 +161,8 @@ def gemm_nt_staged(
             slot = jax.lax.rem(k, stages)
             plgpu.barrier_wait(staged.a_bar.at[slot])
             plgpu.barrier_wait(staged.b_bar.at[slot])
+            if first_ready is not None:
+                pl.when(k == 0)(first_ready)
             plgpu.wgmma(acc, staged.a.at[slot], staged.b.at[slot].transpose((1, 0)))
             plgpu.wgmma_wait(0)
             refill = k + stages  # the chunk for the stage just read
@@ -201,7 +208,7 @@ def split_scratch(rows: int, cols: int) -> dict:
 
 
 def lead_gemm(out, staged: StagedOperands, split: SplitK, a_gmem, b_gmem, a_block, b_block,
-              *, k_steps: int) -> None:  # fmt: skip
+              *, k_steps: int, first_ready=None) -> None:  # fmt: skip
     """Warpgroup 0: the first half of the K chunks, plus the helper's ``partial``."""
     lead, _ = SplitK.halves(k_steps)
 
@@ -212,7 +219,7 @@ def lead_gemm(out, staged: StagedOperands, split: SplitK, a_gmem, b_gmem, a_bloc
     plgpu.barrier_arrive(split.go)
     gemm_nt_staged(
         out, staged, a_gmem, b_gmem, a_block, b_block, k_steps=lead,
-        addend=partial,
+        addend=partial, first_ready=first_ready,
     )  # fmt: skip
 
 

@@ -20,6 +20,7 @@ from rhhjax.kernels.mosaic import gemm, keep_mask, rowgroup_layout
 from rhhjax.kernels.mosaic import grid_barrier as gb
 from rhhjax.kernels.mosaic import persistent_backward_operands as operands
 from rhhjax.kernels.mosaic import persistent_slots as slots
+from rhhjax.kernels.mosaic import phase_timeline as timeline_
 from rhhjax.kernels.mosaic.backward import highway_backward_reference
 from rhhjax.kernels.mosaic.persistent_backward_cell import (
     BackwardCell,
@@ -95,8 +96,10 @@ def persistent_backward(
     spin_limit: int = gb.DEFAULT_SPIN_LIMIT,
     interpret: Any = None,
     layout: str = "grid",
+    timeline: bool = False,
 ):
-    """All backward phases in one Mosaic GPU launch: `GradientsZ` with z, else `Gradients`."""
+    """All backward phases in one Mosaic GPU launch: `GradientsZ` with z, else `Gradients`;
+    with ``timeline`` (gradients, `phase_timeline.Stamps`)."""
     depth = operands.check_operands(plan, wt, g, packed, z, mask, bias, s_mm)
     check_plan(plan, z is not None, mask is not None, depth)
     rowgroup_layout.check(plan, layout, interpret)
@@ -113,18 +116,22 @@ def persistent_backward(
     extra_names = [name for name, x in optional if x is not None]
     extras = [x for _, x in optional if x is not None]
     group = bias_row_group(plan)
+    n_time = 2 * timeline
 
     def kernel(wt_g, g_g, packed_g, *refs, phase_bar=None, **sc):
         extra_g = dict(zip(extra_names, refs[: len(extras)], strict=True))
-        outs = refs[len(extras) :]
+        outs = refs[len(extras) : len(refs) - n_time]
         r, c = block_index((n_r, n_c), ("r", "g"), phase_bar)
+        clocks = timeline_.OFF
+        if timeline:
+            clocks = timeline_.Timeline(sc["timeline_row"], *refs[-2:], r * n_c + c, interpret)
         named = dict(z=None, mask=None, bias=None, s_mm=None) | extra_g
         named |= dict(wt=wt_g, g=g_g, packed=packed_g, d_x=outs[0], d_mm=outs[1])
         named |= dict(bias_parts=outs[3], dz=outs[4] if has_z else None)
         split = _split_operands(sc, plan, interpret)
         main = BackwardCell(
             plan=plan, steps=steps, depth=depth, keep=keep, names=names, g_last=g_last,
-            refs=named, sc=sc, r=r, c=c, interpret=interpret, split=split,
+            refs=named, sc=sc, r=r, c=c, interpret=interpret, split=split, timeline=clocks,
         )  # fmt: skip
         run = functools.partial(_phases, main, r, c, phase_bar, outs)
         if split is None:
@@ -138,12 +145,20 @@ def persistent_backward(
         """The block's phases (warpgroup 0's: ``plan.split_k`` splits the block), its status."""
         status_g, split = outs[-1], main.split
         barrier = make_barrier(n_r * n_c, jnp.logical_and(r == 0, c == 0), spin_limit, phase_bar)
+        main.timeline.start()
         main.prologue()
         fail_at = jnp.where(barrier(jnp.int32(0)), jnp.int32(0), jnp.int32(1))
 
         def body(i, fail_at):
             main_runs = fail_at == 0
-            pl.when(main_runs)(lambda: main.phase(phases - 1 - i))
+
+            @pl.when(main_runs)
+            def _():
+                main.timeline.stamp("barrier_passed")
+                main.phase(phases - 1 - i)
+                main.timeline.stamp("barrier_arrived")
+                main.timeline.flush(phases - 1 - i)
+
             if split is not None:  # the helper runs every phase's half but the last's
                 skipped = jnp.logical_and(jnp.logical_not(main_runs), i >= 1)
                 pl.when(skipped)(lambda: gemm.skip_split(split))
@@ -166,6 +181,7 @@ def persistent_backward(
         *[jax.ShapeDtypeStruct((depth, steps, b_pad, plan.z_width), F32)] * has_z,
         *[jax.ShapeDtypeStruct((depth, n_r, group, n_pad), F32)] * has_z,
         jax.ShapeDtypeStruct((n_r * n_c,), jnp.int32),
+        *(timeline_.out_types(phases, n_r * n_c) if timeline else []),
     )
     launch_args, phase_bar = launch((n_r, n_c), ("r", "g"), interpret)
     outs = plgpu.kernel(
@@ -183,13 +199,17 @@ def persistent_backward(
             **staged_scratch(plan, u, 2 * n_pad // plan.k_chunk, mm_dtype, interpret),
             **_split_scratch(plan, u, 2 * n_pad // plan.k_chunk, mm_dtype, interpret),
             **phase_bar,
+            **(timeline_.scratch() if timeline else {}),
         ),
         **launch_args,
         **(dict(num_threads=2, thread_name=WARPGROUPS) if plan.split_k else {}),
         kernel_name="persistent_highway_backward",
         interpret=interpret,
     )(wt, g, packed, *extras)
-    return GradientsZ(*outs) if has_z else Gradients(*outs)
+    stamps = timeline_.Stamps(*outs[len(outs) - n_time :]) if timeline else None
+    outs = outs[: len(outs) - n_time]
+    outs = GradientsZ(*outs) if has_z else Gradients(*outs)
+    return (outs, stamps) if timeline else outs
 
 
 def _split_scratch(plan: PersistentPlan, u: int, k_steps: int, mm_dtype, interpret) -> dict:

@@ -14,7 +14,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 from rhhjax.kernels.layout import F32
 from rhhjax.kernels.mosaic import forward as mf
-from rhhjax.kernels.mosaic import gemm, keep_mask
+from rhhjax.kernels.mosaic import gemm, keep_mask, phase_timeline
 from rhhjax.kernels.mosaic import persistent_slots as slots
 from rhhjax.kernels.mosaic.backward import _gate_backward
 from rhhjax.kernels.mosaic.persistent_cell import staged_operands, wait_for_all_but
@@ -56,6 +56,7 @@ class BackwardCell:
     c: Any
     interpret: Any = None  # the kernel's: the cluster axes of a multicast
     split: gemm.SplitK | None = None  # plan.split_k: warpgroup 1's half of the main GEMM
+    timeline: Any = phase_timeline.OFF
 
     @property
     def phases(self) -> int:
@@ -178,6 +179,7 @@ class BackwardCell:
         last = p == self.phases - 1
 
         staged, w_block = self.staged, self._weight_block(p)
+        first_ready = phase_timeline.first_ready(self.timeline)
 
         @pl.when(jnp.logical_not(last))
         def _():
@@ -185,21 +187,26 @@ class BackwardCell:
             if self.split is not None:
                 gemm.lead_gemm(
                     acc, staged, self.split, a_mm, w, a_block, w_block, k_steps=self.k_steps,
+                    first_ready=first_ready,
                 )  # fmt: skip
             elif staged is None:
                 gemm.gemm_nt_to_smem(
                     acc, a_mm, w, a_block, w_block, tile_k=plan.k_chunk, k_steps=self.k_steps,
-                    stages=plan.stages,
+                    stages=plan.stages, first_ready=first_ready,
                 )  # fmt: skip
             else:
                 gemm.gemm_nt_staged(
                     acc, staged, a_mm, w, a_block, w_block, k_steps=self.k_steps,
+                    first_ready=first_ready,
                 )  # fmt: skip
 
         @pl.when(last)
         def _():
+            self.timeline.stamp("operands_ready")  # no GEMM: acc = 0
             acc[...] = jnp.zeros(acc.shape, F32)
             plgpu.commit_smem()
+
+        self.timeline.stamp("gemm_done")
 
     def phase(self, p) -> None:
         """Phase ``p``: loads, GEMM, epilogue, stores."""
@@ -216,6 +223,7 @@ class BackwardCell:
         for chunk in self._row_chunks():
             self._epilogue(chunk, mm_dtype)
         plgpu.commit_smem()
+        self.timeline.stamp("epilogue_done")
         # First the stores the next phase reads; the phase waits for those alone.
         first = slots.slot(p, self.steps, self.depth) * plan.b_pad + self.r * rows
         for half in range(2):
@@ -232,6 +240,7 @@ class BackwardCell:
             plgpu.copy_smem_to_gmem(epi.at[2], refs["dz"].at[layer, t, row_sl, unit_sl])
         self._column_sums(p, layer)  # its store last
         wait_for_all_but(has_z + 1)
+        self.timeline.stamp("stores_done")
 
     def _row_chunks(self) -> list:
         """Row slices of the epilogue: two halves where the strided layout allows (register

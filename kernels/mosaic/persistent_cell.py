@@ -13,7 +13,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 from rhhjax.kernels.layout import F32
 from rhhjax.kernels.mosaic import forward as mf
-from rhhjax.kernels.mosaic import gemm, grid_barrier, keep_mask, rowgroup_layout
+from rhhjax.kernels.mosaic import gemm, grid_barrier, keep_mask, phase_timeline, rowgroup_layout
 from rhhjax.kernels.mosaic import persistent_slots as slots
 from rhhjax.kernels.mosaic.plan import (
     PersistentPlan,
@@ -44,6 +44,7 @@ class Cell:
     r: Any
     g: Any
     staged: gemm.StagedOperands | None = None
+    timeline: Any = phase_timeline.OFF
 
     @property
     def phases(self) -> int:
@@ -125,16 +126,19 @@ class Cell:
             plgpu.copy_smem_to_gmem(self.state, refs["packed"].at[p, row_sl, 0, unit_sl])
 
         a_row, w_row = slots.slot(p, steps, depth) * n_r + self.r, layer * plan.col_blocks + self.g
+        first_ready = phase_timeline.first_ready(self.timeline)
         if self.staged is None:
             gemm.gemm_nt_to_smem(
                 self.pre, refs["s_mm"], refs["w"], a_row, w_row,
                 tile_k=plan.k_chunk, k_steps=self.k_steps, stages=plan.stages,
+                first_ready=first_ready,
             )  # fmt: skip
         else:
             gemm.gemm_nt_staged(
                 self.pre, self.staged, refs["s_mm"], refs["w"], a_row, w_row,
-                k_steps=self.k_steps,
+                k_steps=self.k_steps, first_ready=first_ready,
             )  # fmt: skip
+        self.timeline.stamp("gemm_done")
         each_input(lambda slot, name: plgpu.barrier_wait(bar.at[slot]))
         if has_mask:
             plgpu.barrier_wait(bar.at[mask_bar])
@@ -155,6 +159,7 @@ class Cell:
         for name, slot in zip(outs, out_slot, strict=True):
             epi[slot] = tiles[name]
         plgpu.commit_smem()
+        self.timeline.stamp("epilogue_done")
 
         @pl.when(jnp.logical_and(self.in_a(), p < phases - 1))  # the next phase's A rows
         def _():
@@ -170,6 +175,7 @@ class Cell:
 
         late = self._late_stores(p, out_slot, save_state)
         wait_for_all_but(late)
+        self.timeline.stamp("stores_done")
 
     def _late_stores(self, p, out_slot, save_state: bool) -> int:
         """Issues the stores no later phase reads, after those one does; returns how many."""

@@ -15,6 +15,7 @@ from rhhjax.kernels.layout import F32
 from rhhjax.kernels.mosaic import forward as mf
 from rhhjax.kernels.mosaic import grid_barrier, keep_mask, persistent_cell, rowgroup_layout
 from rhhjax.kernels.mosaic import persistent_slots as slots
+from rhhjax.kernels.mosaic import phase_timeline as timeline_
 from rhhjax.kernels.mosaic.plan import PersistentPlan, PlanError
 
 Array = jax.Array
@@ -100,9 +101,10 @@ def persistent_forward(
     spin_limit: int = grid_barrier.DEFAULT_SPIN_LIMIT,
     interpret: Any = None,
     layout: str = "grid",
+    timeline: bool = False,
 ):
     """All T * L forward phases in one Mosaic GPU launch: `Saved` with ``save``, else
-    `States`."""
+    `States`; with ``timeline`` (outputs, `phase_timeline.Stamps`)."""
     steps, depth = check_operands(plan, w_blk, s0, xproj, bias, z, mask)
     rowgroup_layout.check(plan, layout, interpret)
     launch, block_index, make_barrier = rowgroup_layout.functions(layout, interpret, plan)
@@ -113,6 +115,8 @@ def persistent_forward(
     operands = [w_blk, s0, xproj, bias, *(a for a in (z, mask) if a is not None)]
     out_type = persistent_cell.out_types(plan, phases, save, mm_dtype)
     out_type.append(jax.ShapeDtypeStruct((n_r * n_c,), jnp.int32))
+    n_time = 2 * timeline
+    out_type += timeline_.out_types(phases, n_r * n_c) if timeline else []
 
     def cell_refs(refs, outs):
         """The cell's refs by name from its operand and output refs."""
@@ -128,17 +132,21 @@ def persistent_forward(
 
     def kernel(*refs, phase_bar=None, **sc):
         n_in = len(operands)
-        ins_g, outs_g = refs[:n_in], refs[n_in:]
+        ins_g, outs_g = refs[:n_in], refs[n_in : len(refs) - n_time]
         status_g = outs_g[-1]
         r, g = block_index((n_r, n_c), ("r", "g"), phase_bar)
         block = r * n_c + g
+        clocks = timeline_.OFF
+        if timeline:
+            clocks = timeline_.Timeline(sc["timeline_row"], *refs[-2:], block, interpret)
+        clocks.start()
         barrier = make_barrier(n_r * n_c, block == 0, spin_limit, phase_bar)
         (cast,), (mask_tile,) = sc["cast_or_mask"]
         main = persistent_cell.Cell(
             plan=plan, steps=steps, depth=depth, keep=keep, save=save, has_z=has_z,
             refs=cell_refs(ins_g, outs_g[:-1]), state=sc["state"], pre=sc["pre"], epi=sc["epi"],
             cast=cast, mask_tile=mask_tile, bar=sc["bar"], r=r, g=g,
-            staged=persistent_cell.staged_operands(sc, plan, interpret),
+            staged=persistent_cell.staged_operands(sc, plan, interpret), timeline=clocks,
         )  # fmt: skip
 
         main.prologue()
@@ -146,7 +154,10 @@ def persistent_forward(
 
         def phase(p, code):
             def work(code):
+                clocks.stamp("barrier_passed")
                 main.phase(p)
+                clocks.stamp("barrier_arrived")
+                clocks.flush(p)
                 return jnp.where(barrier(p + 1), code, p + 2)
 
             return jax.lax.cond(code == 0, work, lambda c: c, code)
@@ -158,6 +169,7 @@ def persistent_forward(
     has_mask = mask is not None
     scratch_types = persistent_cell.scratch(plan, mm_dtype, has_z, has_mask, save, interpret)
     scratch_types["pre"] = plgpu.SMEM((plan.rows_per_block, plan.cols_per_block), F32)
+    scratch_types |= timeline_.scratch() if timeline else {}
     launch_args, phase_bar = launch((n_r, n_c), ("r", "g"), interpret)
     outs = plgpu.kernel(
         kernel,
@@ -167,7 +179,9 @@ def persistent_forward(
         kernel_name="persistent_highway_forward",
         interpret=interpret,
     )(*operands)
-    return Saved(*outs) if save else States(*outs)
+    stamps = timeline_.Stamps(*outs[len(outs) - n_time :]) if timeline else None
+    outs = Saved(*outs[: len(outs) - n_time]) if save else States(*outs[: len(outs) - n_time])
+    return (outs, stamps) if timeline else outs
 
 
 def persistent_forward_reference(

@@ -322,3 +322,43 @@ def _weight_gradient(spec, depth: int, d_mm: Array, s_mm: Array) -> Array:
     acc = cells.accumulation_dtype(spec.dtype)
     dw = jnp.einsum("lri,lrc->lic", s_in, d_in, preferred_element_type=acc)
     return dw.reshape(depth, s_mm.shape[-1], 2, -1)
+
+
+def record_timeline(path, variant: PersistentVariant | None = None, batch: int = 256,
+                    width: int = 1000, steps: int = 100, depth: int = 7,
+                    dtype: str = "bfloat16", *, interpret=None, keep: float = 0.75,
+                    seed: int = 0) -> dict:  # fmt: skip
+    """Runs the paper HyperRHN's main cell's persistent forward and backward once (random
+    operands at its sizes, hyper scales z and gate dropout on; ``variant`` as training runs
+    it by default) with the phase timeline on; saves the raw stamps to ``path`` (npz) and
+    returns them. Not on the training path."""
+    import numpy as np
+
+    from rhhjax.kernels.mosaic import phase_timeline
+
+    variant = variant or default_variant()
+    args = (batch, width, 0, dtype, interpret is not None)
+    if variant == default_variant() and _plans_or_none(variant, *args) is None:
+        variant = PersistentVariant("grid")
+    _, plan, _ = variant_plans(variant, *args)
+    keys = iter(jax.random.split(jax.random.key(seed), 8))
+    normal = lambda *shape: 0.3 * jax.random.normal(next(keys), shape)  # noqa: E731
+    b, n, zw, phases = plan.b_pad, plan.n_pad, plan.z_width, steps * depth
+    kernel_s = normal(depth, width, 2 * width)
+    bias, z = normal(depth, b, 2, n), 1.0 + normal(depth, steps, b, zw)
+    mask = keep_mask.decisions(jax.random.bernoulli(next(keys), keep, (phases, b, n)))
+    options = dict(keep=keep, interpret=interpret, layout=variant.layout, timeline=True)
+    forward = jax.jit(functools.partial(pf.persistent_forward, plan, save=True, **options))
+    w_blk = pf.forward_weights(plan, kernel_s, plan.dtype)
+    saved, fwd = forward(w_blk, normal(b, n), normal(steps, b, 2, zw), bias, z, mask)
+    backward = jax.jit(functools.partial(pb.persistent_backward, plan, **options))
+    s_mm = None if plan.state_in_packed else saved.s_mm
+    wt = pb.backward_weights(plan, kernel_s, plan.dtype)
+    _, bwd = backward(wt, normal(phases, b, n), saved.packed, z, mask, bias, s_mm)
+    out = dict(forward_stamps=fwd.stamps, forward_sm=fwd.sm, backward_stamps=bwd.stamps,
+               backward_sm=bwd.sm)  # fmt: skip
+    out = {k: np.asarray(v) for k, v in out.items()}
+    out |= dict(events=np.array(phase_timeline.EVENTS), plan=np.array(str(plan)),
+                variant=np.array(variant.text()))  # fmt: skip
+    np.savez(path, **out)
+    return out
