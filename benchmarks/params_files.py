@@ -14,7 +14,6 @@ which ``rhhjax.tools.analyze``, ``evaluate`` and ``sample`` read.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import sys
 from pathlib import Path
@@ -25,6 +24,7 @@ import numpy as np
 from rhhjax.errors import UserError, exit_with_error
 from rhhjax.train import checkpoint as ckpt_lib
 from rhhjax.train import workdir as workdir_lib
+from rhhjax.train.checksums import sha256
 
 INDEX = "params_index.json"
 
@@ -53,15 +53,6 @@ def export(workdir: Path, out: Path, parts: int) -> list[Path]:
     }
     (out / INDEX).write_text(workdir_lib.json_dumps(index, indent=1) + "\n")
     return files
-
-
-def sha256(path: Path) -> str:
-    """The SHA-256 of a file's bytes, in hex."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def read_index(folder: Path) -> dict:

@@ -14,6 +14,20 @@ from rhhjax.tools import plot
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
+def saved_figures(monkeypatch) -> list:
+    """The figures ``savefig`` writes from now on (they are still written)."""
+    import matplotlib.figure
+
+    saved = []
+    real = matplotlib.figure.Figure.savefig
+    monkeypatch.setattr(
+        matplotlib.figure.Figure,
+        "savefig",
+        lambda fig, *a, **k: (saved.append(fig), real(fig, *a, **k)),
+    )
+    return saved
+
+
 def write_metrics(workdir, records):
     workdir.mkdir(parents=True, exist_ok=True)
     lines = [json.dumps(r) for r in records]
@@ -149,8 +163,6 @@ def test_the_authors_curve_is_drawn_by_default_only_beside_ptb_characters(
 
 
 def test_the_figure_draws_the_authors_curve_in_both_panels(tmp_path, monkeypatch):
-    import matplotlib.figure
-
     records = [
         {
             "kind": "valid",
@@ -163,13 +175,7 @@ def test_the_figure_draws_the_authors_curve_in_both_panels(tmp_path, monkeypatch
     ]
     write_metrics(tmp_path / "run", records)
     (tmp_path / "run" / "config.json").write_text(json.dumps({"model": {"type": "hyperrhn"}}))
-    saved = []
-    real = matplotlib.figure.Figure.savefig
-    monkeypatch.setattr(
-        matplotlib.figure.Figure,
-        "savefig",
-        lambda fig, *a, **k: (saved.append(fig), real(fig, *a, **k)),
-    )
+    saved = saved_figures(monkeypatch)
     out = plot.plot([tmp_path / "run"])
     assert out.read_bytes()[:8] == PNG
     (fig,) = saved
@@ -205,8 +211,6 @@ def test_other_figure_formats_are_written(tmp_path):
 def test_the_figure_writes_the_runs_projection_to_the_authors_best_in_each_panel(
     tmp_path, monkeypatch
 ):
-    import matplotlib.figure
-
     curve = authors.curve("hyperrhn")
     records = [  # a run on the authors' curve at twice their pace, 6 s an epoch
         {"kind": kind, "step": int(e), "epoch": e / 2, "bpc": b, "train_seconds": 3.0 * e}
@@ -215,13 +219,7 @@ def test_the_figure_writes_the_runs_projection_to_the_authors_best_in_each_panel
     ]
     write_metrics(tmp_path / "run", records)
     (tmp_path / "run" / "config.json").write_text(json.dumps({"model": {"type": "hyperrhn"}}))
-    saved = []
-    real = matplotlib.figure.Figure.savefig
-    monkeypatch.setattr(
-        matplotlib.figure.Figure,
-        "savefig",
-        lambda fig, *a, **k: (saved.append(fig), real(fig, *a, **k)),
-    )
+    saved = saved_figures(monkeypatch)
     plot.plot([tmp_path / "run"])
     projection = authors.project_workdir(tmp_path / "run")
     assert projection.pace == pytest.approx(2.0)

@@ -17,7 +17,7 @@ class ChecksumFileError(ValueError):
 
 def write_checksums(folder: Path) -> None:
     files = sorted(p for p in folder.rglob("*") if p.is_file() and p.name != CHECKSUMS_FILE)
-    table = {str(p.relative_to(folder)): [p.stat().st_size, _sha256(p)] for p in files}
+    table = {str(p.relative_to(folder)): [p.stat().st_size, sha256(p)] for p in files}
     tmp = folder / f".{CHECKSUMS_FILE}.tmp"
     tmp.write_text(json.dumps(table, indent=0, sort_keys=True) + "\n")
     os.replace(tmp, folder / CHECKSUMS_FILE)
@@ -89,12 +89,13 @@ def _file_problem(path: Path, size: int, digest: str) -> str:
         return "is missing"
     if actual != size:
         return f"has {actual:,} bytes, {size:,} when saved"
-    if _sha256(path) != digest:
+    if sha256(path) != digest:
         return "changed since it was saved (SHA-256 differs)"
     return ""
 
 
-def _sha256(path: Path) -> str:
+def sha256(path: Path) -> str:
+    """The SHA-256 of a file's bytes, in hex."""
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
