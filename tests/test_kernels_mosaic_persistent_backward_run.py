@@ -197,7 +197,9 @@ class TestInterpret(TestCompiled):
         run()  # as it is: no race
         from jax.experimental.pallas import mosaic_gpu as plgpu
 
-        def lead_without_waiting(out, staged, split, a, b, a_block, b_block, *, k_steps):
+        def lead_without_waiting(
+            out, staged, split, a, b, a_block, b_block, *, k_steps, first_ready=None
+        ):
             plgpu.barrier_arrive(split.go)
             gemm.gemm_nt_staged(
                 out, staged, a, b, a_block, b_block, k_steps=gemm.SplitK.halves(k_steps)[0],
