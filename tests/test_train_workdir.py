@@ -347,3 +347,24 @@ def test_an_existing_workdir_is_locked_at_start_up_and_the_run_keeps_that_lock(t
     lock.acquire()  # the trainer takes over the lock held since start-up
     lock.release()
     outputs.check_workdir_free(workdir)  # released with the run
+
+
+@pytest.mark.parametrize("step_seconds, refused", [(10.0, True), (0.001, False)])
+def test_a_recorded_budget_refusal_stands_only_where_the_step_time_alone_refuses(
+    tmp_path, step_seconds, refused
+):
+    """A budget its first steps' compilation made too short is measured again (a cached
+    compile may fit it); one its step time alone cannot hold is refused at once."""
+    from rhhjax.train import config as train_config
+
+    train = train_config.default_config().train
+    train.update(budget_minutes=1.0, schedule="cosine", warmup_steps=20)
+    workdir_lib.record_budget_refusal(tmp_path, train, "cpu", "error line", step_seconds)
+    if refused:
+        with pytest.raises(TrainError, match="^error line \\(measured by an earlier run"):
+            workdir_lib.check_budget_refusal(tmp_path, train, "cpu")
+    else:
+        workdir_lib.check_budget_refusal(tmp_path, train, "cpu")
+    workdir_lib.check_budget_refusal(tmp_path, train, "NVIDIA H200")  # another device
+    train.warmup_steps = 2
+    workdir_lib.check_budget_refusal(tmp_path, train, "cpu")  # a changed budget field

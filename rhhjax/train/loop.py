@@ -208,7 +208,8 @@ class Loop:
         except TrainError as refused:
             if self.run.primary:
                 device = jax.devices()[0].device_kind
-                workdir_lib.record_budget_refusal(self.run.workdir, t, device, str(refused))
+                line = str(refused)
+                workdir_lib.record_budget_refusal(self.run.workdir, t, device, line, step_seconds)
             raise
 
     def _eta(self, s: LoopState, sec_per_step: float) -> float:

@@ -452,21 +452,28 @@ def _budget_key(train, device: str) -> dict:
     return {**{name: train[name] for name in REFUSAL_FIELDS}, "device": device}
 
 
-def record_budget_refusal(workdir: Path, train, device: str, line: str) -> None:
-    """Keep a refused budget's line, so that a rerun of the same budget on the same device
-    is refused before it compiles (`check_budget_refusal`)."""
-    record = {"key": _budget_key(train, device), "line": line}
+def record_budget_refusal(
+    workdir: Path, train, device: str, line: str, step_seconds: float
+) -> None:
+    """Keep a refused budget's line and step time, so that a rerun of the same budget on the
+    same device that its step time alone refuses is refused before it compiles."""
+    record = {"key": _budget_key(train, device), "line": line, "step_seconds": step_seconds}
     atomic_write(workdir / BUDGET_REFUSED_FILE, json.dumps(record, indent=1) + "\n")
 
 
 def check_budget_refusal(workdir: Path, train, device: str) -> None:
-    """TrainError (the recorded line) when this budget was refused here on this device."""
+    """TrainError (the recorded line) when this budget was refused here on this device and
+    its measured step time alone leaves no decay after the warm-up."""
     path = workdir / BUDGET_REFUSED_FILE
     try:
         record = json.loads(path.read_text())
     except (OSError, ValueError):
         return
-    if record.get("key") == json_safe(_budget_key(train, device)):
+    if record.get("key") != json_safe(_budget_key(train, device)):
+        return
+    # a budget the first steps' compilation alone made too short is measured again
+    steps = int(60.0 * train.budget_minutes / max(float(record.get("step_seconds", 0)), 1e-9))
+    if steps <= train.warmup_steps + 1:
         raise TrainError(
             f"{record['line']} (measured by an earlier run in this workdir on {device}; change "
             f"a budget field, or delete {path} to measure again)"
