@@ -67,8 +67,18 @@ def model_config(size: str, dtype: str, variant: str, interpret: bool) -> models
     return models.ModelConfig(
         type="hyperrhn", vocab_size=bench.VOCAB, embed_dim=bench.EMBED, hidden=hidden,
         hyper_hidden=hyper, depth=depth, impl=persistent.NAME, dtype=dtype, keep=0.65,
-        pallas_mode="interpret" if interpret else "auto", persistent_variant=variant,
+        pallas_mode="interpret" if interpret else "auto",
+        persistent=persistent.parse_variant(variant),
     )  # fmt: skip
+
+
+def config_flags(text: str) -> str:
+    """A variant's text as train.py's flags (its fields not at their defaults)."""
+    variant, default = persistent.parse_variant(text), persistent.PersistentVariant()
+    names = [f.name for f in dataclasses.fields(variant)]
+    changed = [n for n in names if getattr(variant, n) != getattr(default, n)]
+    flags = [f"--config.model.persistent.{n}={getattr(variant, n)}" for n in changed]
+    return " ".join(flags) or "the default (no flag)"
 
 
 def describe(plans: tuple) -> str:
@@ -302,7 +312,7 @@ def main(argv: list[str]) -> int:
     write(args.out, rows, args, winners)
     print(table(rows))
     for key, text in winners.items():
-        print(f"winner {key}: model.persistent_variant={text!r}")
+        print(f"winner {key}: {config_flags(text)}")
     return finish(0 if winners else 1)
 
 

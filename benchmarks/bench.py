@@ -75,7 +75,7 @@ def _define_flags() -> None:
     flags.DEFINE_string(
         "persistent_variant",
         persistent.DEFAULT_TEXT,
-        "The persistent rows' model.persistent_variant, e.g. layout=grid,stages=2.",
+        "The persistent rows' model.persistent fields as text, e.g. layout=grid,stages=2.",
     )
 
 
@@ -118,7 +118,7 @@ def model_config(model: str, size: str, impl: str, dtype: str, rank: int = 0) ->
         dtype=dtype,
         keep=0.65,
         hyper_rank=rank if model == "hyperrhn" else 0,
-        persistent_variant=variant,
+        persistent=persistent.parse_variant(variant),
     )
 
 

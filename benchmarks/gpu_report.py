@@ -415,7 +415,7 @@ def write_json(path: str, rows: list[dict], opts: Options, jax) -> None:
         "source_tree": str(Path(rhhjax.__file__).resolve().parents[1]),
         "git_commit": _git_commit(Path(rhhjax.__file__).resolve().parents[1]),
         "overrides": opts.overrides,
-        "persistent_variant": persistent.default_variant().text(),
+        "persistent_variant": persistent.PersistentVariant().text(),
         "cost_model_parameters": dataclasses.asdict(opts.cost),
         "assumptions": ASSUMPTIONS,
         "definitions": DEFINITIONS,

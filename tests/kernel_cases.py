@@ -128,7 +128,7 @@ for dtype in {dtypes!r}:
     text = compiled.as_text()
     rows.append(dict(dtype=dtype, impl=mc.impl, mode=mc.pallas_mode, batch=batch,
                      seq_len=seq_len, hidden=mc.hidden, depth=mc.depth,
-                     variant=mc.persistent_variant,
+                     variant=mc.persistent.text(),
                      kernels={{name: text.count(name) for name in {kernels!r}}}))
 print(json.dumps(rows))
 """
@@ -196,7 +196,7 @@ def compile_paper_step(
     """configs/ptb.py's HyperRHN training step (the trainer's jitted step, batch 256 x 100)
     with ``impl``, compiled for an H100 without a GPU in a fresh process (the CUDA plugin's
     venv), once per dtype, after the Python lines ``setup`` (e.g. a module switch), with the
-    config ``overrides`` ({"model.persistent_variant": ...}). Returns
+    config ``overrides`` ({"model.persistent.stages": 6, ...}). Returns
     (one row per dtype: its sizes and how often each name of ``kernels`` occurs in the
     compiled HLO, the ptxas report of every Mosaic GPU kernel)."""
     body = _PAPER_STEP.format(

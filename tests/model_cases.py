@@ -159,8 +159,11 @@ class KernelModelMatchesScan(MosaicGpuMode):
         return model
 
     def test_loss_and_gradients_match_scan(self, model_case):
-        case = model_case
-        config, scan_config = kernel_and_scan_configs(case, self.IMPL)
+        self.check_loss_and_gradients(model_case)
+
+    def check_loss_and_gradients(self, case: str, **overrides):
+        """The KERNEL_CASES ``case`` at ``IMPL`` (and the model config's ``overrides``)."""
+        config, scan_config = kernel_and_scan_configs(case, self.IMPL, **overrides)
         _, dtype, *_, batch, length, _ = KERNEL_CASES[case]
         scan = models.build_model(scan_config)
         seed = sum(map(ord, case + self.IMPL))

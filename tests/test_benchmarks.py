@@ -15,6 +15,7 @@ import pytest
 from benchmark_scripts import load
 
 from rhhjax import models
+from rhhjax.ops import persistent
 from rhhjax.train import step as train_step
 
 bench = load("bench")
@@ -116,11 +117,12 @@ def test_the_retired_pallas_impl_is_one_line_before_any_compile():
 
 
 def test_the_persistent_rows_run_and_record_the_variant_asked_for(monkeypatch):
-    winner = "layout=rowgroup,multicast=1"
+    winner = "layout=rowgroup,sharing=multicast"
     monkeypatch.setattr(bench, "PERSISTENT_VARIANT", winner)
     config = bench.model_config("hyperrhn", "paper", "persistent", "bfloat16")
     fused = bench.model_config("hyperrhn", "paper", "fused", "bfloat16")
-    assert (config.persistent_variant, fused.persistent_variant) == (winner, "default")
+    assert config.persistent == persistent.PersistentVariant(sharing="multicast")
+    assert fused.persistent == persistent.PersistentVariant()
     facts = bench.persistent_row_facts(config)
     assert facts == dict(persistent_layout="rowgroup", persistent_variant=winner)
     assert set(facts) <= {field.name for field in dataclasses.fields(bench.Row)}

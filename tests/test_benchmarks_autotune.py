@@ -24,7 +24,7 @@ def test_the_paper_candidates_are_the_libraries_today_first_each_with_its_plans(
     texts = [text for text, _ in rows]
     expected = persistent.variant_candidates(256, 1000, 128, dtype)
     assert texts == [v.text() for v in expected] and len(set(texts)) == len(texts)
-    assert texts[0] == "layout=rowgroup" and texts[1] == "layout=grid"
+    assert texts[0] == "layout=rowgroup" and texts[1] == "layout=rowgroup,sharing=multicast"
     assert rows[0][1].startswith("rowgroup: main 4x")
 
 
@@ -34,9 +34,9 @@ def _fake_steps(monkeypatch, tune, seconds_per_step: dict, compiled: list | None
     compile sleeps); ``compiled`` gets each variant compiled, in order."""
 
     def compile_step(config, batch, length):
-        value = seconds_per_step[config.persistent_variant]
+        value = seconds_per_step[config.persistent.text()]
         if compiled is not None:
-            compiled.append(config.persistent_variant)
+            compiled.append(config.persistent.text())
         if isinstance(value, Exception):
             raise value
         if value == "compile_hang":
@@ -85,7 +85,7 @@ def test_past_the_budget_the_rest_are_skipped_rows(tune, monkeypatch):
 
 
 def test_compile_workers_compile_a_group_at_once_and_time_it_in_order(tune, monkeypatch):
-    texts = [f"v{i}" for i in range(6)]  # v0 alone, then groups of 3
+    texts = [f"layout=grid,stages={i + 1}" for i in range(6)]  # the first alone, then 3s
     steps = [0.05, 0.03, "compile_hang", 0.01, RuntimeError("x"), 0.02]
     steps = dict(zip(texts, steps, strict=True))
     compiled, started = [], []
@@ -101,11 +101,11 @@ def test_compile_workers_compile_a_group_at_once_and_time_it_in_order(tune, monk
     begin = time.perf_counter()
     rows = tune.run(tune.parse_args(["--compile_workers=3", "--limit=0.5", "--repeats=2"]))
     assert [r.status for r in rows] == ["ok", "ok", "timeout", "ok", "failed", "ok"]
-    assert compiled[0] == "v0" and sorted(compiled[1:4]) == texts[1:4]
+    assert compiled[0] == texts[0] and sorted(compiled[1:4]) == texts[1:4]
     assert sorted(compiled[4:]) == texts[4:]
     assert max(started[1:4]) - begin < 0.4  # a group's 3 compile at once
     assert time.perf_counter() - begin < 2.5  # the hung compile held up no later group
-    assert tune.mark_winners(rows) == {"paper bfloat16": "v3"}
+    assert tune.mark_winners(rows) == {"paper bfloat16": texts[3]}
 
 
 def test_list_prints_the_candidates_without_a_gpu(tune, capsys):

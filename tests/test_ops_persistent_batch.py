@@ -28,9 +28,9 @@ from rhhjax.kernels.mosaic import rowgroup_layout
 from rhhjax.kernels.mosaic.plan import PersistentPlan, PlanError
 
 from rhhjax import models
-from rhhjax.ops import persistent, persistent_cost
+from rhhjax.ops import persistent
 
-ROWGROUP = persistent.PersistentVariant("rowgroup")
+ROWGROUP = persistent.PersistentVariant("rowgroup")  # the default
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
@@ -42,7 +42,7 @@ def test_a_paper_width_batch_plans_a_cluster_of_16_per_64_rows(batch, dtype):
     plan = persistent.plan_for(batch, 1000, dtype, "rowgroup")
     fields = (plan.row_blocks, plan.col_blocks, plan.rows_per_block, plan.units_per_block)
     assert fields == (batch // 64, 16, 64, 64)
-    assert persistent_cost.waves(plan) == (2 if batch == 1024 else 1)  # 8 clusters at a time
+    assert plan.grid == batch // 4 and (plan.grid > H100.sms) == (batch == 1024)
     assert max(plan.smem_bytes(), pb.backward_smem_bytes(plan)) <= H100.smem_per_block_optin
     rowgroup_layout.check(plan, "rowgroup", None)
     assert persistent.variant_candidates(batch, 1000, 128, dtype)[0] == ROWGROUP
@@ -82,7 +82,6 @@ class RowGroupsInTurn(MosaicGpuMode):
     turn."""
 
     IMPL = "persistent"
-    VARIANT = "layout=rowgroup"
     NPROC = None  # interpreted: XLA's pool as this size would hold it, for the plans' checks
     model = KernelModelMatchesScan.model
 
@@ -96,7 +95,7 @@ class RowGroupsInTurn(MosaicGpuMode):
             depth=depth, dropout="gate", keep=0.7, dtype=dtype,
         )  # fmt: skip
         model = self.model(
-            models.ModelConfig(**base, impl=self.IMPL, persistent_variant=self.VARIANT)
+            models.ModelConfig(**base, impl=self.IMPL, persistent=ROWGROUP)
         )
         plan = persistent._plan_of(model.spec, batch, hidden)
         assert (plan.row_blocks, plan.col_blocks) == shape
@@ -180,7 +179,7 @@ def test_the_paper_step_at_a_chip_filling_batch_compiles_for_an_h100_without_a_g
     an SM's; no spill."""
     dtypes = ["bfloat16", "float32"]
     kernels = ["persistent_highway_forward", "persistent_highway_backward", "rowgroup"]
-    overrides = {"train.batch_size": batch, "model.persistent_variant": ROWGROUP.text()}
+    overrides = {"train.batch_size": batch, "model.persistent.layout": "rowgroup"}
     rows, reports = compile_paper_step(
         "persistent", dtypes, kernels, tmp_path, _SMEM_COUNTER, overrides
     )

@@ -1,5 +1,6 @@
-"""`rhhjax.ops.persistent_variant`: a variant's text parses to one variant or one error line
-before anything is built, and `PersistentVariant.planned` puts each option on the plan."""
+"""`rhhjax.ops.persistent_variant`: ``model.persistent``'s fields make one variant or one error
+line before anything is built, its text form round-trips (recorded texts read as today's), the
+tuning space is a small product, and `PersistentVariant.planned` puts each field on the plan."""
 
 import dataclasses
 
@@ -7,74 +8,147 @@ import pytest
 from rhhjax.kernels.mosaic.plan import PlanError
 
 from rhhjax import models
-from rhhjax.ops import persistent_cost
+from rhhjax.ops import persistent_plans
+from rhhjax.ops import persistent_variant as pv
 from rhhjax.ops.persistent_variant import PersistentVariant, parse_variant
+from rhhjax.train import config as train_config
+
+
+@pytest.mark.parametrize(
+    ("fields", "words"),
+    [
+        ({"layout": "diagonal"}, "layout='diagonal' is not one of"),
+        ({"stages": "two"}, "stages='two' is not a whole number"),
+        ({"stages": -3}, "stages=-3 must be 0 or >= 1"),
+        ({"k_chunk": 12}, "k_chunk=12 must be 0 or >= 8, a multiple of 8"),
+        ({"units": 6}, "units=6 must be 0 or >= 4, a multiple of 4"),
+        ({"sharing": "both"}, "sharing='both' is not one of"),
+        ({"hyper_inside": 1}, "field 'hyper_inside' was removed: .* \\+6.3 ms"),
+        ({"in_flight": 1}, "field 'in_flight' was removed: .* \\+1.9 to \\+3.4 ms"),
+        ({"depth": 3}, "field 'depth' is not one of k_chunk, layout, sharing, stages, units"),
+    ],
+)
+def test_a_bad_field_is_one_config_error_line_before_anything_is_built(fields, words):
+    with pytest.raises(models.ConfigError, match=words) as error:
+        models.ModelConfig.from_config({"impl": "persistent", "persistent": fields})
+    line = str(error.value)
+    assert line.startswith("model.persistent: ") and "\n" not in line
+
+
+def test_the_config_sets_each_field_like_any_other():
+    """``--config.model.persistent.stages=6`` sets one field; the others stay at default."""
+    config = train_config.default_config()
+    assert dict(config.model.persistent) == dataclasses.asdict(PersistentVariant())
+    config.model.persistent.stages = 6
+    config.model.persistent.sharing = "multicast"
+    model = models.ModelConfig.from_config(config.model)
+    assert model.persistent == PersistentVariant(stages=6, sharing="multicast")
+    assert hash(model) == hash(dataclasses.replace(model))
 
 
 @pytest.mark.parametrize(
     ("text", "words"),
     [
-        ("layout=diagonal", "is not one of"),
-        ("stages=two", "is not a whole number >= 0"),
         ("hyper_inside=1", "was removed: .* \\+6.3 ms"),  # the GPU measured it slower
-        ("k_chunk=12", "multiple of 8"),
-        ("in_flight=1", "was removed: .* \\+1.9 to \\+3.4 ms"),
         ("prefetch=1", "was removed: .* \\+1.2 ms"),
-        ("units=6", "must be >= 4 and a multiple of 4"),
         ("hyper_blocks=own", "was removed"),
         ("status=later", "was removed: .* checked on the device in training"),
-        ("split_k=2", "must be 0 or 1"),
-        ("split_k=1,layout=rowgroup,multicast=1", "runs without multicast"),
-        ("depth=3", "key one of"),
         ("fast", "key one of"),
         ("", "is empty"),
         ("stages=-3", "stages='-3' is not a whole number >= 0"),
         ("stages=2,stages=3", "gives stages twice: keep one stages=..."),
     ],
 )
-def test_a_bad_variant_is_one_config_error_line_before_anything_is_built(text, words):
-    with pytest.raises(models.ConfigError, match=words) as error:
-        models.ModelConfig.from_config({"impl": "persistent", "persistent_variant": text})
-    line = str(error.value)
-    assert line.startswith(f"model.persistent_variant={text!r} ") and "\n" not in line
+def test_a_bad_text_is_one_variant_error_line(text, words):
+    with pytest.raises(pv.VariantError, match=words) as error:
+        parse_variant(text)
+    assert "\n" not in str(error.value)
 
 
 def test_a_text_round_trips_and_keys_left_out_are_defaults():
-    variant = parse_variant(" stages=2 , layout=rowgroup,units=32")
-    assert variant == PersistentVariant(layout="rowgroup", stages=2, units=32)
+    variant = parse_variant(" stages=2 , layout=grid,units=32")
+    assert variant == PersistentVariant(layout="grid", stages=2, units=32)
+    assert variant.text() == "layout=grid,stages=2,units=32"
     assert parse_variant(variant.text()) == variant
-    split = parse_variant("split_k=1,k_chunk=32")
-    assert split == PersistentVariant(k_chunk=32, split_k=1)
-    assert split.text() == "layout=grid,k_chunk=32,split_k=1"
-    assert parse_variant(split.text()) == split
-    assert parse_variant("default") is None and parse_variant("auto") is None
+    assert parse_variant("default") == PersistentVariant() == parse_variant("layout=rowgroup")
+    for variant in pv.tuning_space():
+        assert parse_variant(variant.text()) == variant
 
 
-@pytest.mark.parametrize("layout", ["grid", "rowgroup"])
-@pytest.mark.parametrize("status", ["host", "poison"])
-def test_the_status_texts_of_recorded_runs_name_todays_variant(layout, status):
-    """The 2026-11-28 runs and tables wrote ``status=host|poison``; the grid's give-up is
-    now always checked on the device in training, so both name the variant without it."""
-    recorded = parse_variant(f"layout={layout},status={status}")
-    assert recorded == PersistentVariant(layout) and recorded.text() == f"layout={layout}"
+@pytest.mark.parametrize(
+    ("recorded", "today"),
+    [
+        ("layout=grid,status=poison", PersistentVariant("grid")),
+        ("layout=rowgroup,status=host", PersistentVariant()),
+        ("hyper_inside=0,layout=rowgroup", PersistentVariant()),
+        ("layout=rowgroup,multicast=1", PersistentVariant(sharing="multicast")),
+        ("layout=grid,k_chunk=32,split_k=1",
+         PersistentVariant("grid", k_chunk=32, sharing="split_k")),
+    ],
+)  # fmt: skip
+def test_the_texts_of_recorded_runs_name_todays_variant(recorded, today):
+    """The 2026-11-28 runs and tables wrote ``status=``, ``hyper_inside=0``, ``multicast=1``
+    and ``split_k=1``; each reads as the variant that runs the same kernels today."""
+    assert parse_variant(recorded) == today
+
+
+@pytest.mark.parametrize(
+    ("text", "fields"),
+    [
+        ("default", {}),
+        ("auto", {}),
+        ("stages=2", {"layout": "grid", "stages": 2}),  # the grid was the default then
+        ("layout=rowgroup,multicast=1", {"sharing": "multicast"}),
+    ],
+)
+def test_an_older_configs_variant_text_becomes_the_fields(text, fields):
+    config = train_config.default_config().to_dict()
+    del config["model"]["persistent"]
+    config["model"]["persistent_variant"] = text
+    prepared = train_config.prepare_config(config)
+    assert "persistent_variant" not in prepared.model
+    model = models.ModelConfig.from_config(prepared.model)
+    assert model.persistent == PersistentVariant(**fields)
+
+
+def test_the_tuning_space_is_a_product_of_at_most_12_the_default_first():
+    space = pv.tuning_space()
+    assert space[0] == PersistentVariant()
+    assert len(space) == len(set(space)) <= 12
+    sizes = [len(values) for values in pv.TUNING.values()]
+    assert len(space) == sizes[0] * sizes[1] and len(pv.TUNING) == 2
+    assert len(dataclasses.fields(PersistentVariant)) <= 5
+    assert [v.tested_on_a_gpu() for v in space] == [v.sharing == "none" for v in space]
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
-def test_planned_puts_each_option_on_the_paper_plan(dtype):
-    grid = persistent_cost.plan_for(256, 1000, dtype)
-    rowgroup = persistent_cost.plan_for(256, 1000, dtype, "rowgroup")
-    assert PersistentVariant().planned(grid) is grid
-    multicast = parse_variant("layout=rowgroup,multicast=1").planned(rowgroup)
+def test_planned_puts_each_field_on_the_paper_plan(dtype):
+    grid = persistent_plans.plan_for(256, 1000, dtype)
+    rowgroup = persistent_plans.plan_for(256, 1000, dtype, "rowgroup")
+    assert PersistentVariant().planned(rowgroup) is rowgroup
+    multicast = PersistentVariant(sharing="multicast").planned(rowgroup)
     assert multicast == dataclasses.replace(rowgroup, multicast_a=True)
-    shared_weights = parse_variant("multicast=1").planned(grid)
+    shared_weights = PersistentVariant("grid", sharing="multicast").planned(grid)
     assert shared_weights == dataclasses.replace(grid, multicast_b=True)
-    one_row_block = persistent_cost.plan_for(64, 1000, dtype)  # nothing to share: as it is
+    one_row_block = persistent_plans.plan_for(64, 1000, dtype)  # nothing to share: as it is
     assert one_row_block.row_blocks == 1
-    assert parse_variant("multicast=1").planned(one_row_block) == one_row_block
-    wide = parse_variant("units=32,stages=2").planned(grid)
+    assert PersistentVariant("grid", sharing="multicast").planned(one_row_block) == one_row_block
+    wide = PersistentVariant("grid", stages=2, units=32).planned(grid)
     assert (wide.units_per_block, wide.col_blocks, wide.row_blocks) == (32, 32, 4)
     assert (wide.stages, wide.k_chunk) == (2, grid.k_chunk)
-    split = parse_variant("split_k=1,k_chunk=32,stages=2").planned(grid)
+    split = PersistentVariant("grid", stages=2, k_chunk=32, sharing="split_k").planned(grid)
     assert split == dataclasses.replace(grid, split_k=True, k_chunk=32, stages=2)
     with pytest.raises(PlanError, match="shared memory"):  # two warpgroups' stages at its own
-        parse_variant("split_k=1").planned(grid)
+        PersistentVariant("grid", sharing="split_k").planned(grid)
+
+
+def test_stages_alone_take_the_widest_k_chunk_that_fits():
+    """bf16's paper plan runs 3 stages of 64; 4 and 6 stages fit only at 32."""
+    plan = persistent_plans.plan_for(256, 1000, "bfloat16", "rowgroup")
+    assert (plan.stages, plan.k_chunk) == (3, 64)
+    for stages in (4, 6):
+        deeper = PersistentVariant(stages=stages).planned(plan)
+        assert (deeper.stages, deeper.k_chunk) == (stages, 32)
+    with pytest.raises(PlanError, match="stages=4, k_chunk=64") as error:
+        PersistentVariant(stages=4, k_chunk=64).planned(plan)
+    assert "\n" not in str(error.value)

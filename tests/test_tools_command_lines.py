@@ -84,6 +84,11 @@ BAD = {
         "--config.model.depth=abc",
     ),
     "stray argument": (lambda tmp, tf: tmp / "w", ["extra"], "unexpected arguments: extra"),
+    "persistent field": (
+        lambda tmp, tf: tmp / "w",
+        ["--config.model.persistent.sharing=both"],
+        "model.persistent: sharing='both' is not one of",
+    ),
 }
 
 

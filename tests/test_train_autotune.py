@@ -32,7 +32,7 @@ class FakeTimer:
         return self.now
 
     def __call__(self, mc, oc, args):
-        label = autotune.Candidate(mc.impl, mc.persistent_variant).label()
+        label = autotune.Candidate(mc.impl, mc.persistent.text()).label()
         self.calls.append(label)
         self.now += self.seconds
         if label not in self.ms:
@@ -47,16 +47,15 @@ def fused_and_persistent(count: int = 3) -> list[autotune.Candidate]:
 def test_candidates_start_with_autos_pick_then_every_persistent_variant():
     found = autotune.candidates(PAPER_BF16, 256)
     assert found[0] == autotune.Candidate("fused")
-    assert found[1] == autotune.Candidate("persistent", "layout=rowgroup")  # today's
-    assert found[2] == autotune.Candidate("persistent", "layout=grid")
-    assert len(found) == len(set(found)) > 3  # no twins; the count: the test below
+    assert found[1] == autotune.Candidate("persistent", "layout=rowgroup")  # the default
+    assert found[2] == autotune.Candidate("persistent", "layout=rowgroup,stages=4")
+    assert len(found) == len(set(found)) == 4  # no twins; the count: the test below
 
 
 def test_candidates_leave_out_the_variants_no_gpu_has_tested():
-    """`persistent.UNTESTED_ON_A_GPU` (multicast=1, split_k=1): timed by `gpu_suite.sh tune`,
-    not in a user's run."""
+    """sharing multicast and split_k: timed by `gpu_suite.sh tune`, not in a user's run."""
     variants = persistent.variant_candidates(256, 1000, 128, "bfloat16")
-    untested = [v.text() for v in variants if v.multicast or v.split_k]
+    untested = [v.text() for v in variants if v.sharing != "none"]
     found = [c.variant for c in autotune.candidates(PAPER_BF16, 256)]
     assert untested and not set(untested) & set(found)
     assert len(found) == 1 + len(variants) - len(untested)
@@ -67,7 +66,7 @@ def test_models_persistent_cannot_run_have_autos_pick_alone():
     rank_d = dataclasses.replace(PAPER_BF16, hyper_rank=2)
     assert autotune.candidates(lstm, 256) == [autotune.Candidate("scan")]
     assert autotune.candidates(rank_d, 256) == [autotune.Candidate("fused")]
-    assert len(autotune.candidates(dataclasses.replace(PAPER_BF16, type="rhn"), 256)) > 4
+    assert len(autotune.candidates(dataclasses.replace(PAPER_BF16, type="rhn"), 256)) == 4
 
 
 def test_the_fastest_candidate_that_agrees_wins_and_is_cached(tmp_path):
@@ -125,22 +124,6 @@ def test_real_steps_of_scan_and_fused_agree_and_are_timed():
     assert all(r.step_ms > 0 for r in rows)
     assert rows[1].loss == pytest.approx(rows[0].loss, rel=1e-5)
     assert rows[1].grad_norm == pytest.approx(rows[0].grad_norm, rel=1e-4)
-
-
-def test_persistent_variant_auto_times_the_variants_against_fused_as_reference_only(tmp_path):
-    asked = dataclasses.replace(TINY, impl="persistent", persistent_variant="auto")
-    found = autotune.candidates(asked, 4)
-    assert found[0] == autotune.Candidate("fused", may_win=False) and len(found) > 2
-    labels = [c.label() for c in found[:3]]
-    timer = FakeTimer(dict(zip(labels, (10.0, 40.0, 30.0), strict=True)))
-    path = tmp_path / "a.json"
-    choice = autotune.choose(asked, OC, 4, 5, 60.0, path=path, measure_fn=timer, clock=timer.clock)
-    # fused was fastest, but persistent was asked for: the fastest variant runs
-    assert (choice.impl, choice.variant) == ("persistent", found[2].variant)
-    assert "fused 10.00 ms (reference)" in choice.line
-    assert autotune.off_reason(asked, 60.0, 1, "gpu") is None
-    auto_key = autotune.cache_key(TINY, 4, 5, "cpu")
-    assert auto_key != autotune.cache_key(asked, 4, 5, "cpu")  # its own cache entry
 
 
 def test_autotune_is_off_unless_auto_on_one_gpu_with_seconds():

@@ -22,6 +22,7 @@ from train_cases import (
 )
 
 from rhhjax import authors, models
+from rhhjax.ops import persistent_variant
 from rhhjax.train import checkpoint as ckpt_lib
 from rhhjax.train import loop as train_loop
 from rhhjax.train import trainer
@@ -226,7 +227,8 @@ def test_a_nonfinite_loss_says_what_else_the_implementation_may_mean_by_it(
 def test_the_nonfinite_hint_names_the_barrier_only_where_a_grid_barrier_runs(
     impl, variant, hidden, named
 ):
-    mc = models.ModelConfig(impl=impl, persistent_variant=variant, hidden=hidden, dtype="bfloat16")
+    variant = persistent_variant.parse_variant(variant)
+    mc = models.ModelConfig(impl=impl, persistent=variant, hidden=hidden, dtype="bfloat16")
     hint = trainer.nonfinite_hint(mc, 256)
     assert bool(hint) == named
     if named:

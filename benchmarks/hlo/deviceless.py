@@ -172,9 +172,12 @@ def build_configs(case: Case, overrides: dict):
     config.model.impl = case.impl
     config.model.dtype = case.dtype
     config.model.hyper_rank = case.rank
-    for key, value in overrides.items():
-        section, name = key.split(".")
-        config[section][name] = value
+    for key, value in overrides.items():  # "model.persistent.stages": 6
+        *path, name = key.split(".")
+        section = config
+        for part in path:
+            section = section[part]
+        section[name] = value
     if "pallas_mode" in {f.name for f in dataclasses.fields(models.ModelConfig)}:
         config.model.pallas_mode = "compiled"
     cfg = train_config.prepare_config(config)

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 
 from rhhjax.errors import UserError
 from rhhjax.ops import cells, lowrank, persistent, spec
+from rhhjax.ops.persistent_variant import PersistentVariant, VariantError, from_fields
 
 MODEL_TYPES = ("hyperrhn", "rhn", "lstm")
 DROPOUT_MODES = ("gate", "variational", "none")
@@ -45,7 +46,7 @@ class ModelConfig:
     hyper_input: str = "x"  # x (paper) | x_and_state (HyperLSTM: also the main state)
     impl: str = "auto"  # how the recurrence runs (IMPLS); changes speed, not results
     pallas_mode: str = "auto"  # auto | compiled (lowered for a GPU) | interpret
-    persistent_variant: str = persistent.DEFAULT_TEXT  # impl=persistent: its text, or auto
+    persistent: PersistentVariant = PersistentVariant()  # impl=persistent: how it runs
     dtype: str = "float32"  # matmul inputs: float32 | bfloat16 (the carry stays float32)
     hyper_rank: int = 0  # 0: the paper's column scaling; d > 0: rank-d W o sum u_i v_i^T
     lowrank_op: str = "custom_vjp"  # hyper_rank > 0 with scan: custom_vjp | factored | materialized
@@ -59,6 +60,8 @@ class ModelConfig:
         names = {f.name for f in dataclasses.fields(cls)}
         kwargs = {k: v for k, v in items.items() if k in names}
         kwargs.update(overrides)
+        if not isinstance(kwargs.get("persistent", PersistentVariant()), PersistentVariant):
+            kwargs["persistent"] = _variant_of_fields(kwargs["persistent"])
         config = cls(**kwargs)
         config.validate()
         return config
@@ -142,17 +145,24 @@ def sequence_spec(
     )
     if execute:
         spec.check_executable(resolved, c.pallas_mode, platform)
-    if resolved.impl == persistent.NAME:
-        variant = persistent.parse_variant(c.persistent_variant)
-        resolved = dataclasses.replace(resolved, variant=variant)
+    if resolved.impl == persistent.NAME and c.persistent != PersistentVariant():
+        resolved = dataclasses.replace(resolved, variant=c.persistent)
     return resolved
 
 
-def _check_variant(c: ModelConfig) -> None:
+def _variant_of_fields(fields: Any) -> PersistentVariant:
+    """``model.persistent`` as a mapping of its fields -> the variant, else ConfigError."""
+    if not hasattr(fields, "items"):
+        raise ConfigError(f"model.persistent={fields!r} must be a section of fields")
     try:
-        persistent.parse_variant(c.persistent_variant)
-    except persistent.VariantError as error:
-        raise ConfigError(f"model.persistent_variant={c.persistent_variant!r} {error}") from None
+        return from_fields(dict(fields.items()))
+    except VariantError as error:
+        raise ConfigError(f"model.persistent: {error}") from None
+
+
+def _check_variant(c: ModelConfig) -> None:
+    if not isinstance(c.persistent, PersistentVariant):
+        _variant_of_fields(c.persistent)
 
 
 def _check_rank(c: ModelConfig) -> None:

@@ -1,8 +1,6 @@
-"""`persistent`: the RHN recurrence as two persistent Mosaic GPU kernels, one launch for the
-whole forward time loop and one for the whole backward (`kernels.mosaic.plan.PersistentPlan`:
-at most one block per SM, a barrier after each of the T * L phases); weight gradients are
-XLA GEMMs. `PersistentVariant` picks the layout and pipeline. States [T, L, Bp, Np] (padded
-to the plan). Design: docs/design.md and docs/persistent_design.md."""
+"""`persistent`: the RHN recurrence as one persistent Mosaic GPU kernel for the whole forward
+and one for the whole backward (a barrier after each of the T * L phases), `PersistentVariant`
+their layout and pipeline; weight gradients are XLA GEMMs. docs/persistent_design.md."""
 
 from __future__ import annotations
 
@@ -20,17 +18,16 @@ from rhhjax.kernels.mosaic import persistent_backward as pb
 from rhhjax.kernels.mosaic import persistent_forward as pf
 from rhhjax.kernels.mosaic.plan import PersistentPlan, PlanError, scales_width
 from rhhjax.ops import cells, fused, loops
-from rhhjax.ops.persistent_cost import candidates, plan_for, predicted_phase_us
+from rhhjax.ops.persistent_plans import candidates, plan_for
 from rhhjax.ops.persistent_variant import (  # noqa: F401 (the op's variant API, re-exported)
-    AUTO_TEXT,
     DEFAULT_TEXT,
-    OPTIONS,
-    PIPELINES,
     REMOVED,
-    UNTESTED_ON_A_GPU,
+    TUNING,
     PersistentVariant,
     VariantError,
+    from_fields,
     parse_variant,
+    tuning_space,
 )
 
 if TYPE_CHECKING:
@@ -43,20 +40,14 @@ INTERPRETABLE = True
 KEEP_DTYPE = jnp.uint8
 # With `SequenceSpec.last_layer_only` the backward reads layer L - 1's cotangent alone.
 LAST_LAYER_COTANGENT = True
-# The default layout where its plan runs (`variant_at`); -2.3 ms a bf16 step on an H200.
-LAYOUT = "rowgroup"
-
-
-def default_variant() -> PersistentVariant:
-    return PersistentVariant(LAYOUT)
 
 
 def variant_of(spec: SequenceSpec) -> PersistentVariant:
-    return getattr(spec, "variant", None) or default_variant()
+    return getattr(spec, "variant", None) or PersistentVariant()
 
 
 def variant_at(spec: SequenceSpec, batch: int, width: int) -> PersistentVariant:
-    """A [batch, width] cell's: the spec's, else `default_variant` where it runs, else grid."""
+    """A [batch, width] cell's: the spec's, else the default where it runs, else the grid."""
     variant = variant_of(spec)
     if getattr(spec, "variant", None) is not None or variant.layout == "grid":
         return variant
@@ -74,8 +65,8 @@ def variant_plans(
     variant: PersistentVariant, batch: int, width: int, hyper_width: int, dtype_name: str,
     interpret: bool = False,
 ) -> tuple:  # fmt: skip
-    """(layout, main plan, hyper plan or None) of [batch, width] and [batch, hyper_width]
-    cells (an RHN: 0) at ``variant``; PlanError (one line) unless their checks accept them."""
+    """(layout, main plan, hyper plan or None: an RHN's hyper_width 0) at ``variant``;
+    PlanError (one line) unless their checks accept them."""
     from rhhjax.ops.sequence_spec import SequenceSpec
 
     spec = SequenceSpec(NAME, 1.0, jnp.dtype(dtype_name), interpret=interpret, variant=variant)
@@ -89,32 +80,16 @@ def variant_plans(
 def variant_candidates(
     batch: int, width: int, hyper_width: int, dtype_name: str, interpret: bool = False
 ) -> list[PersistentVariant]:
-    """The variants `variant_plans` accepts: today's, the grid, it with `OPTIONS`, the rest."""
+    """`tuning_space` where `variant_plans` runs it (else in the grid), one a distinct plan."""
     args = (batch, width, hyper_width, dtype_name, interpret)
-    grid = PersistentVariant("grid")
-    today = default_variant() if _plans_or_none(default_variant(), *args) else grid
-    seen, found = set(), [today, grid]
-    for stages, k_chunk in PIPELINES:
-        for layout in rowgroup_layout.LAYOUTS:
-            variant = PersistentVariant(layout, stages, k_chunk)
-            plans = _plans_or_none(variant, *args)
-            if plans is not None and plans not in seen:
-                seen.add(plans)
-                found.append(variant)
-    optioned = [v for v in map(_with_option, [grid] * len(OPTIONS), OPTIONS) if v]
+    layout = "rowgroup" if _plans_or_none(PersistentVariant(), *args) else "grid"
     runs = {}
-    for variant in found[:2] + optioned + found[2:]:
+    for variant in tuning_space():
+        variant = dataclasses.replace(variant, layout=layout)
         plans = _plans_or_none(variant, *args)
         if plans is not None:
             runs.setdefault(plans, variant)
     return list(runs.values())
-
-
-def _with_option(variant: PersistentVariant, option: dict) -> PersistentVariant | None:
-    try:
-        return dataclasses.replace(variant, **option)
-    except VariantError:  # split_k with multicast
-        return None
 
 
 def _plans_or_none(variant: PersistentVariant, *args) -> tuple | None:
@@ -131,11 +106,7 @@ def interpret_plan(batch: int, width: int, dtype_name: str, layout: str = "grid"
     if not plans:
         return plan_for(batch, width, dtype_name, layout)
 
-    def cost(plan):
-        forward, backward = predicted_phase_us(plan), predicted_phase_us(plan, backward=True)
-        return plan.grid, forward + backward, plan.n_pad
-
-    plan = min(plans, key=cost)
+    plan = min(plans, key=lambda plan: (plan.grid, plan.n_pad))
     at_once = plan.grid if layout == "grid" else plan.col_blocks  # row groups: one at a time
     reason = gpu_interpret.cluster_too_large(at_once)
     if reason is not None and "NPROC" not in reason:
@@ -225,8 +196,7 @@ def _run_forward(spec, variant: PersistentVariant, save: bool, *args) -> tuple:
 
 
 def _checked(variant: PersistentVariant, outs, gave_up_nan: str | None, name: str):
-    """``outs`` with ``gave_up_nan`` NaN if a grid block gave up (training), else the status
-    checked on the host; row-group launches cannot give up."""
+    """``outs``, ``gave_up_nan`` NaN where a grid block gave up (training; else host-checked)."""
     if variant.layout == "rowgroup":
         return outs
     if gave_up_nan is None:
@@ -236,11 +206,14 @@ def _checked(variant: PersistentVariant, outs, gave_up_nan: str | None, name: st
     return outs._replace(**{gave_up_nan: out})
 
 
-def grid_barrier_runs(text: str, batch: int, width: int, hyper_width: int, dtype: str) -> bool:
-    """Whether a step at ``model.persistent_variant`` ``text`` runs a grid barrier."""
+def grid_barrier_runs(
+    variant: PersistentVariant, batch: int, width: int, hyper_width: int, dtype: str
+) -> bool:
+    """Whether a step at ``model.persistent`` ``variant`` runs a grid barrier."""
     from rhhjax.ops.sequence_spec import SequenceSpec
 
-    spec = SequenceSpec(NAME, 1.0, jnp.dtype(dtype), variant=parse_variant(text))
+    asked = None if variant == PersistentVariant() else variant
+    spec = SequenceSpec(NAME, 1.0, jnp.dtype(dtype), variant=asked)
     widths = (width, hyper_width) if hyper_width else (width,)
     return any(variant_at(spec, batch, w).layout == "grid" for w in widths)
 
@@ -328,17 +301,15 @@ def record_timeline(path, variant: PersistentVariant | None = None, batch: int =
                     width: int = 1000, steps: int = 100, depth: int = 7,
                     dtype: str = "bfloat16", *, interpret=None, keep: float = 0.75,
                     seed: int = 0) -> dict:  # fmt: skip
-    """Runs the paper HyperRHN's main cell's persistent forward and backward once (random
-    operands at its sizes, hyper scales z and gate dropout on; ``variant`` as training runs
-    it by default) with the phase timeline on; saves the raw stamps to ``path`` (npz) and
-    returns them. Not on the training path."""
+    """The paper main cell's forward and backward once, timeline on (random operands, z and
+    dropout on): the raw stamps, also saved to ``path`` (npz)."""
     import numpy as np
 
     from rhhjax.kernels.mosaic import phase_timeline
 
-    variant = variant or default_variant()
+    variant = variant or PersistentVariant()
     args = (batch, width, 0, dtype, interpret is not None)
-    if variant == default_variant() and _plans_or_none(variant, *args) is None:
+    if variant == PersistentVariant() and _plans_or_none(variant, *args) is None:
         variant = PersistentVariant("grid")
     _, plan, _ = variant_plans(variant, *args)
     keys = iter(jax.random.split(jax.random.key(seed), 8))

@@ -32,14 +32,14 @@ TOLERANCE = {"float32": 1e-2, "bfloat16": 5e-2}
 @dataclasses.dataclass(frozen=True)
 class Candidate:
     impl: str
-    variant: str = persistent.DEFAULT_TEXT
-    may_win: bool = True  # False: timed as the reference of the others only
+    variant: str = persistent.DEFAULT_TEXT  # `persistent.parse_variant`'s text
 
     def label(self) -> str:
         return self.impl if self.impl != persistent.NAME else f"{self.impl}[{self.variant}]"
 
     def applied(self, mc: models.ModelConfig) -> models.ModelConfig:
-        return dataclasses.replace(mc, impl=self.impl, persistent_variant=self.variant)
+        variant = persistent.parse_variant(self.variant)
+        return dataclasses.replace(mc, impl=self.impl, persistent=variant)
 
 
 @dataclasses.dataclass
@@ -49,7 +49,6 @@ class Row:
     label: str
     impl: str
     variant: str
-    may_win: bool = True
     status: str = "ok"
     step_ms: float | None = None
     loss: float | None = None
@@ -77,10 +76,10 @@ def cache_key(mc: models.ModelConfig, batch: int, length: int, device: str) -> s
 
 
 def candidates(mc: models.ModelConfig, batch: int, platform: str = "gpu") -> list[Candidate]:
-    """`auto`'s measured pick first (with ``model.impl=persistent``, as the reference only),
-    then every `persistent` variant that runs ``mc`` and has passed its tests on a GPU."""
+    """`auto`'s measured pick first, then every `persistent` variant of the tuning space that
+    runs ``mc`` and has passed its tests on a GPU."""
     first = models.sequence_spec(dataclasses.replace(mc, impl=spec.AUTO), platform).impl
-    found = [Candidate(first, may_win=mc.impl == spec.AUTO)]
+    found = [Candidate(first)]
     facts = model_facts(mc)
     if spec.unsupported(persistent.NAME, facts) or spec.substitute(persistent.NAME, facts):
         return found
@@ -118,7 +117,7 @@ def time_candidates(
     start = clock()
     args = step_lib.step_inputs(found[0].applied(mc), oc, batch, length)  # the same params
     dtype, slowest, first = jnp.dtype(mc.compute_dtype).name, 0.0, None
-    rows = [Row(c.label(), c.impl, c.variant, c.may_win) for c in found]
+    rows = [Row(c.label(), c.impl, c.variant) for c in found]
     for candidate, row in zip(found, rows, strict=True):
         began = clock()
         if began - start + slowest > budget_s:
@@ -139,7 +138,7 @@ def time_candidates(
 
 
 def _winner(rows: list[Row]) -> Row | None:
-    timed = [r for r in rows if r.status == "ok" and r.may_win]
+    timed = [r for r in rows if r.status == "ok"]
     return min(timed, key=lambda r: r.step_ms) if timed else None
 
 
@@ -188,9 +187,8 @@ def choose(
     rows = time_candidates(mc, oc, batch, length, found, budget_s, **timing)
     best = _winner(rows)
     if best is None:  # what was asked for, untimed
-        fallback = found[0] if found[0].may_win else Candidate(mc.impl)
         line = "autotune: no candidate ran; " + _summary(rows)
-        return Choice(fallback.impl, fallback.variant, line)
+        return Choice(found[0].impl, found[0].variant, line)
     line = f"the training step runs {best.label} at {best.step_ms:.2f} ms; {_summary(rows)}"
     rows_json = [dataclasses.asdict(r) for r in rows]
     entries[key] = dict(impl=best.impl, variant=best.variant, line=line, rows=rows_json)
@@ -198,11 +196,7 @@ def choose(
 
 
 def _summary(rows: list[Row]) -> str:
-    timed = ", ".join(
-        f"{r.label} {r.step_ms:.2f} ms" + ("" if r.may_win else " (reference)")
-        for r in rows
-        if r.status == "ok"
-    )
+    timed = ", ".join(f"{r.label} {r.step_ms:.2f} ms" for r in rows if r.status == "ok")
     counts = {s: sum(r.status == s for r in rows) for s in ("mismatch", "failed", "skipped")}
     others = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
     return f"timed {timed or 'none'}" + (f" ({others})" if others else "")
@@ -210,11 +204,8 @@ def _summary(rows: list[Row]) -> str:
 
 def off_reason(mc: models.ModelConfig, budget_s: float, devices: int, platform: str) -> str | None:
     """Why the trainer does not autotune ``mc`` (None: it does)."""
-    tunes_variant = mc.impl == persistent.NAME and mc.persistent_variant == persistent.AUTO_TEXT
-    if mc.impl != spec.AUTO and not tunes_variant:
-        return (
-            f"model.impl={mc.impl!r} was asked for (persistent_variant={mc.persistent_variant!r})"
-        )
+    if mc.impl != spec.AUTO:
+        return f"model.impl={mc.impl!r} was asked for"
     if not budget_s:
         return "train.autotune_seconds=0"
     if platform != "gpu":

@@ -17,6 +17,7 @@ from rhhjax import data as data_lib
 from rhhjax import evaluation as eval_lib
 from rhhjax import models
 from rhhjax.errors import UserError
+from rhhjax.ops import persistent_variant
 
 
 def default_config() -> ml_collections.ConfigDict:
@@ -109,8 +110,7 @@ RESUME_FIELDS = (
 )
 # May change on resume: how the recurrence runs, not what it computes.
 MODEL_FIELDS_FREE = (
-    "impl", "pallas_mode", "dtype", "lowrank_op", "lowrank_remat", "vocab_size",
-    "persistent_variant",
+    "impl", "pallas_mode", "dtype", "lowrank_op", "lowrank_remat", "vocab_size", "persistent",
 )  # fmt: skip
 
 
@@ -127,10 +127,28 @@ def prepare_config(config: Any) -> ml_collections.ConfigDict:
     for section in ("data", "model", "train", "eval"):
         if not isinstance(items.get(section), Mapping):
             raise TrainError(f"config has no {section!r} section")
+    _variant_fields_of_text(items["model"])
     fill_defaults(items, defaults())
     cfg = ml_collections.ConfigDict(items)
     validate_config(cfg)
     return cfg
+
+
+def _variant_fields_of_text(model: dict) -> None:
+    """An older config's ``persistent_variant`` text (its default layout the grid; "auto" the
+    default) -> ``model.persistent``'s fields, in place."""
+    if "persistent_variant" not in model:
+        return
+    text = str(model.pop("persistent_variant")).strip()
+    if text in ("default", "auto"):
+        return
+    if "layout=" not in text:
+        text = "layout=grid," + text
+    try:
+        variant = persistent_variant.parse_variant(text)
+    except persistent_variant.VariantError as error:
+        raise TrainError(f"model.persistent_variant={text!r} {error}") from None
+    model.setdefault("persistent", dataclasses.asdict(variant))
 
 
 def bound_reached(

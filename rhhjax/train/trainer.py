@@ -136,6 +136,7 @@ def _autotuned(run: Run, oc) -> Any:
 
     import jax
 
+    from rhhjax.ops import persistent
     from rhhjax.train import autotune
 
     seconds = run.cfg.train.autotune_seconds
@@ -144,7 +145,8 @@ def _autotuned(run: Run, oc) -> Any:
     t = run.cfg.train
     choice = autotune.choose(run.model, oc, t.batch_size, t.seq_len, seconds)
     run.log(choice.line)
-    return dataclasses.replace(run.model, impl=choice.impl, persistent_variant=choice.variant)
+    variant = persistent.parse_variant(choice.variant)
+    return dataclasses.replace(run.model, impl=choice.impl, persistent=variant)
 
 
 def nonfinite_hint(mc, batch: int) -> str:
@@ -156,7 +158,7 @@ def nonfinite_hint(mc, batch: int) -> str:
     if mc.impl != persistent.NAME:
         return ""
     hyper = mc.hyper_hidden if mc.type == "hyperrhn" else 0
-    if not persistent.grid_barrier_runs(mc.persistent_variant, batch, mc.hidden, hyper, mc.dtype):
+    if not persistent.grid_barrier_runs(mc.persistent, batch, mc.hidden, hyper, mc.dtype):
         return ""
     return " (or a grid barrier of persistent's grid layout that gave up: it shows as this)"
 
