@@ -20,12 +20,10 @@ def _align(nbytes: int) -> int:
     return -(-nbytes // H100.smem_alignment) * H100.smem_alignment
 
 
-def backward_smem_bytes(
-    plan: PersistentPlan, has_z: bool = True, has_mask: bool = True, depth: int = 7
-) -> int:
-    """Shared memory per block of `persistent_backward` (defaults: z, mask, L = 7): the
-    GEMM pipeline, the staged f32 epilogue tiles, mask, carry, accumulator, d_scaled, the
-    column sums and mbarriers, each rounded to 1 KiB."""
+def backward_smem_bytes(plan: PersistentPlan, has_z: bool = True, has_mask: bool = True) -> int:
+    """Shared memory per block of `persistent_backward` (defaults: z, mask): the GEMM
+    pipeline, the staged f32 epilogue tiles, mask, carry, accumulator, d_scaled, the column
+    sums and mbarriers, each rounded to 1 KiB."""
     rows, u, item = plan.rows_per_block, plan.units_per_block, plan.itemsize
     k_steps = 2 * plan.n_pad // plan.k_chunk
     stages = min(plan.stages, max(k_steps, 1))
@@ -49,14 +47,11 @@ def backward_smem_bytes(
         2 * rows * u * item,
         rows * u * has_mask,
         2 * bias_row_group(plan) * u * 4,
-        depth * bias_row_group(plan) * u * 4 * has_z,
     )
     return sum(map(_align, allocations)) + _align(n_in * tile) + MBARRIER_BYTES * barriers
 
 
-def check_plan(
-    plan: PersistentPlan, has_z: bool = True, has_mask: bool = True, depth: int = 7
-) -> None:
+def check_plan(plan: PersistentPlan, has_z: bool = True, has_mask: bool = True) -> None:
     """PlanError unless the backward kernel can run ``plan``'s blocks (co-residency is the
     layout's): rows <= 256, ``u % 8 == 0``, K in whole chunks, shared memory within the limit."""
     if plan.rows_per_block > MAX_TMA_ROWS:
@@ -74,7 +69,7 @@ def check_plan(
         keep_mask.check_plan(plan, "backward")
     if plan.split_k:
         _check_split(plan)
-    need = backward_smem_bytes(plan, has_z, has_mask, depth)
+    need = backward_smem_bytes(plan, has_z, has_mask)
     if need > plan.smem_limit:
         raise PlanError(
             f"persistent backward needs {need} B of shared memory per block, over the "
