@@ -95,7 +95,7 @@ def persistent_backward(
     """All backward phases in one Mosaic GPU launch: `GradientsZ` with z, else `Gradients`;
     with ``timeline`` (gradients, `phase_timeline.Stamps`)."""
     depth = operands.check_operands(plan, wt, g, packed, z, mask, bias, s_mm)
-    check_plan(plan, z is not None, mask is not None)
+    check_plan(plan, z is not None, mask is not None, layout)
     rowgroup_layout.check(plan, layout, interpret)
     launch, block_index, make_barrier = rowgroup_layout.functions(layout, interpret, plan)
     phases = packed.shape[0]
