@@ -166,7 +166,7 @@ def test_reference_matches_the_persistent_schedule(
     mm = jnp.dtype(dtype)
     wt, outs = backward_reference(plan, case, mm)
     d_x, d_mm_slots, ds_carry0, parts = outs[:4]
-    assert len(outs) == 5 + 2 * z_on
+    assert len(outs) == 5 + z_on
     d_mm = _phase_order(d_mm_slots, steps, depth)
     b_pad, n_pad, phases = plan.b_pad, plan.n_pad, steps * depth
     by_step = lambda x: None if x is None else x.reshape(steps, depth, *x.shape[1:])  # noqa: E731
@@ -194,8 +194,6 @@ def test_reference_matches_the_persistent_schedule(
         want_dz = dz.reshape(steps, depth, b_pad, n_pad)[..., : plan.z_width]
         close(jnp.swapaxes(outs[4], 0, 1), want_dz)
         assert not np.asarray(dz.reshape(steps, depth, b_pad, n_pad)[..., plan.z_width :]).any()
-        # the column sums of dz add up to the gradient of z's bias, per layer
-        close(pb.scale_bias_gradient(outs[5]), want_dz.sum(axis=(0, 2))[..., :n_pad])
     w0 = wt[:n_pad]
     close(ds_carry0 + jnp.matmul(d_mm[:b_pad], w0.T, preferred_element_type=F32), ds0)
 
@@ -212,7 +210,7 @@ def test_reference_takes_the_last_layers_cotangent_alone_as_the_dense_one():
     dense = jnp.zeros_like(case["g"]).at[depth - 1 :: depth].set(g_last)
     alone = pb.persistent_backward_reference(plan, wt, g_last, *rest, keep=KEEP)
     whole = pb.persistent_backward_reference(plan, wt, dense, *rest, keep=KEEP)
-    assert len(alone) == 7  # with z: dz and its column sums too
+    assert len(alone) == 6  # with z: dz too
     for a, e in zip(alone, whole, strict=True):
         np.testing.assert_array_equal(a, e)
     with pytest.raises(PlanError, match=r"g \(2, 64, 48\) is not \[9, 64, 48\]") as e:
@@ -266,8 +264,8 @@ def test_reference_rejects_mismatched_operands_in_one_line():
 def test_paper_plans_fit_the_h100_shared_memory():
     """`plan_for`'s plans (bf16 4 x 16, f32 4 x 32) and the 4 x 33 split run z and the mask
     within 227 KiB; the 132-block plans (8 units: rows of 8 B, too short for a uint8 TMA
-    tile) run without the mask, bf16 at 4 stages and f32 (TF32) at 2, there with z at most 4
-    layers deep (dz's column sums per layer: [32, 8] f32 each)."""
+    tile) run without the mask, bf16 at 4 stages and f32 (TF32) at 2 (at any depth: nothing
+    in shared memory grows with the layers)."""
     chosen = (
         PersistentPlan(256, 1000, "bfloat16", col_blocks=16, row_blocks=4, stages=3),
         PersistentPlan(256, 1000, "float32", col_blocks=32, row_blocks=4, stages=4),
@@ -276,32 +274,29 @@ def test_paper_plans_fit_the_h100_shared_memory():
     for plan in chosen:
         pb.check_plan(plan)
         assert pb.backward_smem_bytes(plan) <= plan.smem_limit
-    for plan, depth in ((paper_plan("bfloat16"), 7), (paper_plan("float32", stages=2), 4)):
-        pb.check_plan(plan, has_mask=False, depth=depth)
+    for plan in (paper_plan("bfloat16"), paper_plan("float32", stages=2)):
+        pb.check_plan(plan, has_mask=False)
         with pytest.raises(PlanError, match="multiple of 16"):
-            pb.check_plan(plan, depth=depth)
-    with pytest.raises(PlanError, match="shared memory"):
-        pb.check_plan(paper_plan("float32", stages=2), has_mask=False, depth=5)
-    with pytest.raises(PlanError, match="shared memory"):
-        pb.check_plan(paper_plan("float32"), has_mask=False)
+            pb.check_plan(plan)
+    for stages in (3, 4):
+        with pytest.raises(PlanError, match="shared memory"):
+            pb.check_plan(paper_plan("float32", stages=stages), has_mask=False)
 
 
 def test_smem_bytes_count_each_allocation_rounded_to_a_kib():
     """The paper bf16 plan: A 4 x 256 x 64 x 2, B 4 x 8 x 64 x 2, seven f32 input tiles (g,
     s_prev, full's halves, z, the bias halves), the uint8 mask tile [256, 8], carry and
-    accumulator [256, 8] f32, two bf16 d_scaled tiles, the bias column sums [2, 32, 8] f32
-    (32 rows of 8 units: 256 elements) and dz's per layer [7, 32, 8] (7 KiB); twelve
-    mbarriers. Without z and mask four input tiles (g, s_prev, h, tg): three f32 tiles, the
-    uint8 tile, dz's sums and four mbarriers fewer."""
+    accumulator [256, 8] f32, two bf16 d_scaled tiles and the bias column sums [2, 32, 8]
+    f32 (32 rows of 8 units: 256 elements); twelve mbarriers. Without z and mask four input
+    tiles (g, s_prev, h, tg): three f32 tiles, the uint8 tile and four mbarriers fewer."""
     plan = paper_plan("bfloat16")
     tile, mask_tile = 256 * 8 * 4, 256 * 8
     assert pb.bias_row_group(plan) == 32
     full = (4 * 256 * 64 * 2 + 4 * 8 * 64 * 2 + 7 * tile + mask_tile + 2 * tile
-            + 2 * 256 * 8 * 2 + 2 * 32 * 8 * 4 + 7 * 32 * 8 * 4 + 8 * 12)  # fmt: skip
+            + 2 * 256 * 8 * 2 + 2 * 32 * 8 * 4 + 8 * 12)  # fmt: skip
     assert pb.backward_smem_bytes(plan) == full
-    assert pb.backward_smem_bytes(plan, depth=3) == full - 4 * 1024
     without = pb.backward_smem_bytes(plan, has_z=False, has_mask=False)
-    assert without == full - 3 * tile - mask_tile - 7 * 1024 - 32
+    assert without == full - 3 * tile - mask_tile - 32
     # Each allocation rounds up to 1 KiB: A 8 KiB, B 2 x 8 x 16 x 4 = 1 KiB, the four input
     # tiles [64, 8] f32 8 KiB, carry and accumulator 2 KiB each, the f32 d_scaled pair 4 KiB,
     # the bias column sums 2 KiB.
@@ -372,7 +367,7 @@ for plan_args, steps, depth, z_on, mask_on in {cases!r}:
         mosaic="mosaic_gpu" in text,
         barrier=all(k in text for k in ("red.release.gpu", "fence.proxy.async.global")),
         smem=list(smem),
-        predicted=[pb.backward_smem_bytes(plan, z_on, mask_on, depth)]))
+        predicted=[pb.backward_smem_bytes(plan, z_on, mask_on)]))
 print(json.dumps(rows))
 """
 

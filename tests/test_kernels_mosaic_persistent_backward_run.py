@@ -84,7 +84,7 @@ class TestCompiled(MosaicGpuMode):
         )  # fmt: skip
         actual = jax.jit(kernel)(wt, case["g"], backward_packed(case), *backward_rest(case))
         assert not np.asarray(actual[-1]).any(), "grid barrier timed out"
-        assert len(actual) == len(expected) == 5 + 2 * z_on  # with z: dz and its sums
+        assert len(actual) == len(expected) == 5 + z_on  # with z: dz
         tol = self.TOL[plan.dtype]
         for a, e in zip(actual[:-1], expected[:-1], strict=True):
             a, e = np.asarray(a, np.float32), np.asarray(e, np.float32)
@@ -214,10 +214,10 @@ class TestInterpret(TestCompiled):
 def test_every_kernel_case_is_a_plan_the_kernel_accepts(mode):
     """Checked on a CPU, where the cases of more blocks than interpret mode runs never
     reach the kernel (the forward's 66-block case was first found invalid on a GPU)."""
-    for plan_args, _, depth, z_on, mask_on in mode.CASES["case"] + mode.CASES["largest_case"]:
-        pb.check_plan(PersistentPlan(*plan_args), z_on, mask_on, depth)
-    for plan_args, _, depth, z_on, mask_on in mode.CASES["split_case"]:
-        pb.check_plan(PersistentPlan(*plan_args, split_k=True), z_on, mask_on, depth)
-    for plan_args, _, depth, z_on, mask_on in mode.CASES["multicast_case"]:
+    for plan_args, _, _, z_on, mask_on in mode.CASES["case"] + mode.CASES["largest_case"]:
+        pb.check_plan(PersistentPlan(*plan_args), z_on, mask_on)
+    for plan_args, _, _, z_on, mask_on in mode.CASES["split_case"]:
+        pb.check_plan(PersistentPlan(*plan_args, split_k=True), z_on, mask_on)
+    for plan_args, _, _, z_on, mask_on in mode.CASES["multicast_case"]:
         plan = PersistentPlan(*plan_args, multicast_b=True)
-        pb.check_plan(plan, z_on, mask_on, depth)
+        pb.check_plan(plan, z_on, mask_on)

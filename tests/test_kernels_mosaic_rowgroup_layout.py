@@ -191,3 +191,48 @@ def test_the_rowgroup_plan_is_a_runnable_one_of_at_most_16_column_blocks(batch, 
     assert (plan == grid) == (grid.col_blocks <= rowgroup_layout.MAX_CLUSTER)
     if (width, dtype) == (1000, "float32"):  # 64 units need k_chunk 32 in f32
         assert (plan.col_blocks, plan.row_blocks, plan.k_chunk) == (16, 4, 32)
+
+
+def test_the_row_group_layouts_cluster_barriers_count_in_both_kernels_shared_memory():
+    """`launch`'s cluster barriers (2 mbarriers of 8 B a block; the compiled grid allocates
+    none) are in both kernels' counts in the row-group layout: a plan whose limit is exactly
+    the grid's count passes the grid's checks and is refused in row groups, at the kernels'
+    entry too (before anything is traced)."""
+    import dataclasses
+
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from rhhjax.kernels.mosaic import persistent_backward as pb
+    from rhhjax.kernels.mosaic import persistent_forward as pf
+    from rhhjax.kernels.mosaic import plan as pp
+
+    plan = PersistentPlan(256, 1000, "bfloat16", 16, 4, 64, 3)  # the paper's bf16 row groups
+    bar = rowgroup_layout.launch((4, 16), ("r", "g"), None)[1]["phase_bar"]
+    assert np.prod(bar.num_barriers) * pp.MBARRIER_BYTES == pp.layout_smem_bytes("rowgroup") == 16
+    assert rowgroup_layout.functions("grid", None)[0]((4, 16), ("r", "g"), None)[1] == {}
+    assert pp.layout_smem_bytes("grid") == 0
+    assert plan.smem_bytes(layout="rowgroup") == plan.smem_bytes() + 16
+    assert pb.backward_smem_bytes(plan, layout="rowgroup") == pb.backward_smem_bytes(plan) + 16
+
+    steps, depth = 2, 2
+    phases, b, n, mm = steps * depth, plan.b_pad, plan.n_pad, jnp.bfloat16
+    sds = jax.ShapeDtypeStruct
+    z, bias = sds((depth, steps, b, plan.z_width), jnp.float32), sds((depth, b, 2, n), jnp.float32)
+    mask = sds((phases, b, n), jnp.uint8)
+    forward = (sds((depth * 2 * n, plan.k_pad), mm), sds((b, n), jnp.float32),
+               sds((steps, b, 2, plan.z_width), jnp.float32), bias, z, mask)  # fmt: skip
+    backward = (sds((depth * n, 2 * n), mm), sds((phases, b, n), jnp.float32),
+                sds((phases, b, plan.packed_rows, n), jnp.float32), z, mask, bias)  # fmt: skip
+    full = dataclasses.replace(plan, smem_limit=plan.smem_bytes())
+    full.check()
+    with pytest.raises(PlanError, match=f"needs {full.smem_limit + 16} B of shared memory"):
+        full.check("rowgroup")
+    with pytest.raises(PlanError, match=f"needs {full.smem_limit + 16} B of shared memory"):
+        pf.persistent_forward(full, *forward, save=True, layout="rowgroup")
+    full = dataclasses.replace(plan, smem_limit=pb.backward_smem_bytes(plan))
+    pb.check_plan(full)
+    with pytest.raises(PlanError, match=f"needs {full.smem_limit + 16} B of shared memory"):
+        pb.check_plan(full, layout="rowgroup")
+    with pytest.raises(PlanError, match=f"needs {full.smem_limit + 16} B of shared memory"):
+        pb.persistent_backward(full, *backward, layout="rowgroup")

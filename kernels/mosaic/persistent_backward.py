@@ -50,14 +50,13 @@ class Gradients(NamedTuple):
 
 
 class GradientsZ(NamedTuple):
-    """`Gradients` with z: also dz [L, T, b_pad, z_width] and dz_sums [L, R, group, n_pad]."""
+    """`Gradients` with z: also dz [L, T, b_pad, z_width]."""
 
     d_x: Array
     d_mm: Array
     ds_carry0: Array
     bias_parts: Array
     dz: Array
-    dz_sums: Array
     status: Array
 
 
@@ -66,11 +65,6 @@ def bias_gradient(bias_parts: Array, depth: int) -> Array:
     phases = bias_parts.shape[0]
     parts = bias_parts.reshape(phases // depth, depth, *bias_parts.shape[1:])
     return parts.sum(axis=(0, 2, 4))
-
-
-def scale_bias_gradient(dz_sums: Array) -> Array:
-    """dz_sums [L, R, group, n_pad] -> [L, n_pad]: the gradient of p in z = s P + p."""
-    return dz_sums.sum(axis=(1, 2))
 
 
 def _bias_parts_reference(plan: PersistentPlan, da: Array) -> Array:
@@ -101,7 +95,7 @@ def persistent_backward(
     """All backward phases in one Mosaic GPU launch: `GradientsZ` with z, else `Gradients`;
     with ``timeline`` (gradients, `phase_timeline.Stamps`)."""
     depth = operands.check_operands(plan, wt, g, packed, z, mask, bias, s_mm)
-    check_plan(plan, z is not None, mask is not None, depth)
+    check_plan(plan, z is not None, mask is not None, layout)
     rowgroup_layout.check(plan, layout, interpret)
     launch, block_index, make_barrier = rowgroup_layout.functions(layout, interpret, plan)
     phases = packed.shape[0]
@@ -170,7 +164,7 @@ def persistent_backward(
             return jnp.where(passed, fail_at, i + 2)
 
         fail_at = jax.lax.fori_loop(0, phases, body, fail_at)
-        main.finish(outs[2], outs[5] if has_z else None)
+        main.finish(outs[2])
         status_g[r * n_c + c] = fail_at
 
     out_type = (
@@ -179,7 +173,6 @@ def persistent_backward(
         jax.ShapeDtypeStruct((b_pad, n_pad), F32),
         jax.ShapeDtypeStruct((phases, n_r, 2, group, n_pad), F32),
         *[jax.ShapeDtypeStruct((depth, steps, b_pad, plan.z_width), F32)] * has_z,
-        *[jax.ShapeDtypeStruct((depth, n_r, group, n_pad), F32)] * has_z,
         jax.ShapeDtypeStruct((n_r * n_c,), jnp.int32),
         *(timeline_.out_types(phases, n_r * n_c) if timeline else []),
     )
@@ -195,7 +188,6 @@ def persistent_backward(
             bias_part=plgpu.SMEM((2, group, u), F32),
             bar=plgpu.Barrier(num_barriers=len(names) + has_mask),
             **({"mask_tile": plgpu.SMEM((rows, u), keep_mask.DTYPE)} if has_mask else {}),
-            **({"dz_acc": plgpu.SMEM((depth, group, u), F32)} if has_z else {}),
             **staged_scratch(plan, u, 2 * n_pad // plan.k_chunk, mm_dtype, interpret),
             **_split_scratch(plan, u, 2 * n_pad // plan.k_chunk, mm_dtype, interpret),
             **phase_bar,
@@ -287,6 +279,4 @@ def persistent_backward_reference(
     dz_pm = jnp.sum(da * packed[:, :, 1:3], axis=2)  # [P, b_pad, n_pad]
     dz = dz_pm.reshape(phases // depth, depth, b_pad, n_pad)
     dz = jnp.swapaxes(dz, 0, 1)[..., : plan.z_width]
-    dz_parts = _bias_parts_reference(plan, dz_pm)  # [P, R, group, n_pad]
-    dz_sums = dz_parts.reshape(phases // depth, depth, *dz_parts.shape[1:]).sum(axis=0)
-    return GradientsZ(d_x, d_mm, ds_carry0, bias_parts, dz, dz_sums, status)
+    return GradientsZ(d_x, d_mm, ds_carry0, bias_parts, dz, status)

@@ -100,20 +100,15 @@ class BackwardCell:
         return pl.ds(self.r * rows, rows), pl.ds(self.c * u, u)
 
     def prologue(self) -> None:
-        """Zeroes the carry (and dz's sums)."""
+        """Zeroes the carry."""
         rows, u = self.plan.rows_per_block, self.plan.units_per_block
         self.sc["carry"][...] = jnp.zeros((rows, u), F32)
-        if self.has_z:
-            for layer in range(self.depth):
-                self.sc["dz_acc"][layer] = jnp.zeros((bias_row_group(self.plan), u), F32)
         plgpu.commit_smem()
 
-    def finish(self, ds_carry0, dz_sums) -> None:
-        """Writes the carry after phase 0 (and dz's sums); waits for every store."""
+    def finish(self, ds_carry0) -> None:
+        """Writes the carry after phase 0; waits for every store."""
         row_sl, unit_sl = self.slices()
         plgpu.copy_smem_to_gmem(self.sc["carry"], ds_carry0.at[row_sl, unit_sl])
-        if self.has_z:
-            plgpu.copy_smem_to_gmem(self.sc["dz_acc"], dz_sums.at[:, self.r, :, unit_sl])
         plgpu.wait_smem_to_gmem(0)
 
     def _load_inputs(self, p, t, layer) -> None:
@@ -238,7 +233,7 @@ class BackwardCell:
 
         if has_z:  # units past z_width: dropped by TMA
             plgpu.copy_smem_to_gmem(epi.at[2], refs["dz"].at[layer, t, row_sl, unit_sl])
-        self._column_sums(p, layer)  # its store last
+        self._column_sums(p)  # its store last
         wait_for_all_but(has_z + 1)
         self.timeline.stamp("stores_done")
 
@@ -274,8 +269,8 @@ class BackwardCell:
         sc["dsc"].at[0, chunk][...] = tiles["d_h"].astype(mm_dtype)
         sc["dsc"].at[1, chunk][...] = tiles["d_t"].astype(mm_dtype)
 
-    def _column_sums(self, p, layer) -> None:
-        """Column sums of da's halves (and dz) from their staged tiles."""
+    def _column_sums(self, p) -> None:
+        """Column sums of da's halves from their staged tiles."""
         plan, epi, sc = self.plan, self.sc["epi"], self.sc
         rows, group = plan.rows_per_block, bias_row_group(plan)
         _, unit_sl = self.slices()
@@ -288,8 +283,6 @@ class BackwardCell:
 
         for half in range(2):
             sc["bias_part"][half] = column_sums(epi.at[half])
-        if self.has_z:
-            sc["dz_acc"][layer] = sc["dz_acc"][layer] + column_sums(epi.at[2])
         plgpu.commit_smem()
         dst = self.refs["bias_parts"].at[p, self.r, :, :, unit_sl]
         plgpu.copy_smem_to_gmem(sc["bias_part"], dst)

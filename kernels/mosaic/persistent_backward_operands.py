@@ -9,10 +9,9 @@ from rhhjax.kernels.hardware import H100
 from rhhjax.kernels.layout import F32
 from rhhjax.kernels.mosaic import gemm, keep_mask
 from rhhjax.kernels.mosaic.persistent_backward_cell import bias_row_group, input_names
-from rhhjax.kernels.mosaic.plan import PersistentPlan, PlanError
+from rhhjax.kernels.mosaic.plan import MBARRIER_BYTES, PersistentPlan, PlanError, layout_smem_bytes
 
 Array = jax.Array
-MBARRIER_BYTES = 8
 MAX_TMA_ROWS = 256  # the most elements a TMA copy moves along a dimension
 
 
@@ -21,11 +20,11 @@ def _align(nbytes: int) -> int:
 
 
 def backward_smem_bytes(
-    plan: PersistentPlan, has_z: bool = True, has_mask: bool = True, depth: int = 7
+    plan: PersistentPlan, has_z: bool = True, has_mask: bool = True, layout: str = "grid"
 ) -> int:
-    """Shared memory per block of `persistent_backward` (defaults: z, mask, L = 7): the
-    GEMM pipeline, the staged f32 epilogue tiles, mask, carry, accumulator, d_scaled, the
-    column sums and mbarriers, each rounded to 1 KiB."""
+    """Shared memory per block of `persistent_backward` in ``layout`` (defaults: z, mask):
+    the GEMM pipeline, the staged f32 epilogue tiles, mask, carry, accumulator, d_scaled, the
+    column sums, each rounded to 1 KiB, and the mbarriers (the layout's too)."""
     rows, u, item = plan.rows_per_block, plan.units_per_block, plan.itemsize
     k_steps = 2 * plan.n_pad // plan.k_chunk
     stages = min(plan.stages, max(k_steps, 1))
@@ -49,13 +48,13 @@ def backward_smem_bytes(
         2 * rows * u * item,
         rows * u * has_mask,
         2 * bias_row_group(plan) * u * 4,
-        depth * bias_row_group(plan) * u * 4 * has_z,
     )
-    return sum(map(_align, allocations)) + _align(n_in * tile) + MBARRIER_BYTES * barriers
+    tiles = sum(map(_align, allocations)) + _align(n_in * tile)
+    return tiles + MBARRIER_BYTES * barriers + layout_smem_bytes(layout)
 
 
 def check_plan(
-    plan: PersistentPlan, has_z: bool = True, has_mask: bool = True, depth: int = 7
+    plan: PersistentPlan, has_z: bool = True, has_mask: bool = True, layout: str = "grid"
 ) -> None:
     """PlanError unless the backward kernel can run ``plan``'s blocks (co-residency is the
     layout's): rows <= 256, ``u % 8 == 0``, K in whole chunks, shared memory within the limit."""
@@ -74,7 +73,7 @@ def check_plan(
         keep_mask.check_plan(plan, "backward")
     if plan.split_k:
         _check_split(plan)
-    need = backward_smem_bytes(plan, has_z, has_mask, depth)
+    need = backward_smem_bytes(plan, has_z, has_mask, layout)
     if need > plan.smem_limit:
         raise PlanError(
             f"persistent backward needs {need} B of shared memory per block, over the "

@@ -54,9 +54,9 @@ def forward_weights(plan: PersistentPlan, kernel_s: Array, dtype) -> Array:
     return jnp.concatenate(blocks, axis=0)
 
 
-def check_operands(plan, w_blk, s0, xproj, bias, z, mask) -> tuple[int, int]:
+def check_operands(plan, w_blk, s0, xproj, bias, z, mask, layout="grid") -> tuple[int, int]:
     """One-line PlanError unless the operands have the plan's padded shapes; (T, L)."""
-    plan.check()
+    plan.check(layout)
     if mask is not None:
         keep_mask.check_plan(plan, "forward")
     if (plan.units_per_block * plan.itemsize) % 16:
@@ -105,7 +105,7 @@ def persistent_forward(
 ):
     """All T * L forward phases in one Mosaic GPU launch: `Saved` with ``save``, else
     `States`; with ``timeline`` (outputs, `phase_timeline.Stamps`)."""
-    steps, depth = check_operands(plan, w_blk, s0, xproj, bias, z, mask)
+    steps, depth = check_operands(plan, w_blk, s0, xproj, bias, z, mask, layout)
     rowgroup_layout.check(plan, layout, interpret)
     launch, block_index, make_barrier = rowgroup_layout.functions(layout, interpret, plan)
     phases = steps * depth

@@ -19,6 +19,8 @@ from rhhjax.errors import UserError
 WGMMA_M = 64
 UNIT_MULTIPLE = 4  # 2 * units must be a multiple of 8 (wgmma N)
 DTYPES = ("float32", "bfloat16")
+MBARRIER_BYTES = 8
+PHASE_BARRIERS = 2  # the row-group layout's cluster barriers, one per phase parity
 
 
 class PlanError(UserError):
@@ -49,6 +51,11 @@ def forward_staging_slots(has_z: bool, save: bool) -> tuple[int, tuple]:
     outs = forward_saved_rows(save, has_z)
     where = tuple(i if i < reused else len(ins) + i - reused for i in range(len(outs)))
     return len(ins) + max(0, len(outs) - reused), where
+
+
+def layout_smem_bytes(layout: str) -> int:
+    """The shared memory ``layout`` adds to a block: row groups' `PHASE_BARRIERS` mbarriers."""
+    return MBARRIER_BYTES * PHASE_BARRIERS * (layout == "rowgroup")
 
 
 def check_arrays(expected: dict, what: str) -> None:
@@ -189,8 +196,10 @@ class PersistentPlan:
         backward = self.k2_pad * self.units_per_block
         return max(forward, backward) * self.itemsize
 
-    def smem_bytes(self, has_z: bool = True, has_mask: bool = True, save: bool = True) -> int:
-        """Shared memory per block of the forward kernel, by default with every option."""
+    def smem_bytes(
+        self, has_z: bool = True, has_mask: bool = True, save: bool = True, layout: str = "grid"
+    ) -> int:
+        """Shared memory per block of the forward kernel in ``layout``, every option by default."""
         rows, units, item = self.rows_per_block, self.units_per_block, self.itemsize
         slots, _ = forward_staging_slots(has_z, save)
         pipeline = [
@@ -202,7 +211,8 @@ class PersistentPlan:
         barriers = self.stages * (1 + self.staged + self.multicast)
         barriers += len(forward_inputs(has_z)) + has_mask
         sizes = [b * item for b in pipeline] + [pre, *buffers]
-        return sum(map(self._aligned, sizes)) + 8 * barriers
+        tiles = sum(map(self._aligned, sizes))
+        return tiles + MBARRIER_BYTES * barriers + layout_smem_bytes(layout)
 
     @staticmethod
     def _aligned(nbytes: int) -> int:
@@ -230,8 +240,8 @@ class PersistentPlan:
         a, b = self._operand_elems(backward)
         return 2 * a * b // (self.k2_pad if backward else self.k_pad)
 
-    def check(self) -> None:
-        """PlanError unless a block fits shared memory and K suits the kernels (no co-residency)."""
+    def check(self, layout: str = "grid") -> None:
+        """PlanError unless K suits the kernels and a block fits the shared memory in ``layout``."""
         if self.k_pad > self.n_pad:
             raise PlanError(
                 f"persistent plan has k_pad {self.k_pad} > n_pad {self.n_pad} (width "
@@ -239,7 +249,7 @@ class PersistentPlan:
                 "the forward would read unwritten state columns; lower k_chunk."
             )
         self.check_backward_k()
-        need = self.smem_bytes()
+        need = self.smem_bytes(layout=layout)
         if need > self.smem_limit:
             raise PlanError(
                 f"persistent plan needs {need} B of shared memory per block, over the "

@@ -8,7 +8,7 @@ from typing import Any
 
 import jax
 from rhhjax.kernels.mosaic import grid_barrier
-from rhhjax.kernels.mosaic.plan import PersistentPlan, PlanError
+from rhhjax.kernels.mosaic.plan import PHASE_BARRIERS, PersistentPlan, PlanError
 
 LAYOUTS = ("grid", "rowgroup")
 MAX_CLUSTER = 16  # an H100's largest (non-portable) cluster
@@ -55,7 +55,7 @@ def launch(grid: tuple[int, int], names: tuple[str, str], interpret: Any) -> tup
 
     del interpret
     n_r, n_c = grid
-    bar = plgpu.ClusterBarrier(collective_axes=(names[1],), num_barriers=2)
+    bar = plgpu.ClusterBarrier(collective_axes=(names[1],), num_barriers=PHASE_BARRIERS)
     layout = dict(grid=(n_r,), grid_names=(names[0],), cluster=(n_c,), cluster_names=(names[1],))
     return layout, dict(phase_bar=bar)
 
