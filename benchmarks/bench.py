@@ -39,7 +39,7 @@ from absl import app, flags
 from rhhjax import configs, models
 from rhhjax.ops import persistent, spec
 from rhhjax.train.optim import OptimizerConfig
-from rhhjax.train.step import make_train_step, step_inputs, timed_call
+from rhhjax.train.step import make_train_step, peak_bytes, step_inputs, timed_call
 
 SIZES = {
     # name: (hidden, hyper_hidden, depth, batch, seq_len)
@@ -145,19 +145,6 @@ def paper_optimizer() -> OptimizerConfig:
     return OptimizerConfig.from_config(configs.load("ptb").train, batches_per_epoch=1)
 
 
-def peak_bytes(compiled) -> int | None:
-    """Arguments + outputs - aliased + temporaries of a compiled program (None if unknown)."""
-    mem = compiled.memory_analysis()
-    if mem is None:
-        return None
-    return int(
-        mem.argument_size_in_bytes
-        + mem.output_size_in_bytes
-        - mem.alias_size_in_bytes
-        + mem.temp_size_in_bytes
-    )
-
-
 def compile_step(config: models.ModelConfig, batch: int, length: int, stats=None):
     """(the training step compiled for its inputs' shapes, compile seconds); with a dict
     ``stats``, ``stats["peak_bytes"]`` gets its memory. Runs no kernel: the autotune compiles
@@ -169,7 +156,8 @@ def compile_step(config: models.ModelConfig, batch: int, length: int, stats=None
     compiled = step.lower(*shapes).compile()
     compile_s = time.perf_counter() - start
     if stats is not None:
-        stats["peak_bytes"] = peak_bytes(compiled)
+        mem = compiled.memory_analysis()
+        stats["peak_bytes"] = None if mem is None else int(peak_bytes(mem))
     return compiled, compile_s
 
 

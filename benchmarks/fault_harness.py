@@ -44,17 +44,23 @@ class Context:
         self.base: Path | None = None
         self.install: Path | None = None
 
-    def train(self, *extra: str, workdir: Path | None = None, variant: str = "tiny") -> list[str]:
-        """train.py on the tiny text corpus (30,000 characters, 3,000 each valid and test)."""
-        args = [
-            self.python,
-            str(self.checkout / "train.py"),
-            f"--config={self.checkout / 'configs' / 'ptb.py'}:{variant}",
-            "--config.data.format=text",
-            f"--config.data.text_files={self.text}",
-            "--config.data.hutter_holdout=3000",
-            *extra,
-        ]
+    def config(self, variant: str = "tiny") -> str:
+        return f"--config={self.checkout / 'configs' / 'ptb.py'}:{variant}"
+
+    def data(self, text: Path | str | None = None, holdout: bool = True) -> list[str]:
+        """The flags of a text corpus: ``text`` (default the tiny one), with ``holdout`` 3,000
+        characters each of valid and test."""
+        flags = ["--config.data.format=text", f"--config.data.text_files={text or self.text}"]
+        return flags + (["--config.data.hutter_holdout=3000"] if holdout else [])
+
+    def train(
+        self, *extra: str, workdir: Path | None = None, variant: str = "tiny",
+        text: Path | str | None = None, holdout: bool = True,
+    ) -> list[str]:  # fmt: skip
+        """train.py on a text corpus (default the tiny one: 30,000 characters, 3,000 each
+        valid and test)."""
+        args = [self.python, str(self.checkout / "train.py"), self.config(variant)]
+        args += [*self.data(text, holdout), *extra]
         return args + ([f"--workdir={workdir}"] if workdir else [])
 
     def tool(self, name: str, *args: str) -> list[str]:
@@ -65,10 +71,15 @@ class Context:
         if self.base is None:
             self.base = self.tmp / "base"
             run(self.train(workdir=self.base), self)
-        copy = self.tmp / name
-        shutil.rmtree(copy, ignore_errors=True)
+        copy = self.fresh(name)
         shutil.copytree(self.base, copy)
         return copy
+
+    def fresh(self, name: str) -> Path:
+        """``tmp/name``, removed if it was there (a case's own workdir or folder)."""
+        path = self.tmp / name
+        shutil.rmtree(path, ignore_errors=True)
+        return path
 
     def installed(self) -> Path:
         """The checkout installed with ``pip install --no-deps --no-build-isolation --target``."""

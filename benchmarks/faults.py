@@ -54,20 +54,15 @@ def memory_cases(ctx: Context) -> dict[str, Callable[[], dict]]:
             ctx.train(*extra, workdir=ctx.tmp / name), ctx, memory_limit=MEMORY_LIMIT
         )
 
-    return {
-        "memory: --config.eval.seq_len=100000000": train(
-            "--config.eval.seq_len=100000000", name="m1"
-        ),
-        "memory: --config.eval.batch_size=100000000": train(
-            "--config.eval.batch_size=100000000", name="m2"
-        ),
-        "memory: --config.train.batch_size=100000000": train(
-            "--config.train.batch_size=100000000", name="m3"
-        ),
-        "memory: an out-of-memory at run time (check off, eval.batch_size=3000000)": train(
-            "--config.train.check_memory=False", "--config.eval.batch_size=3000000", name="m4"
-        ),
+    huge = ("eval.seq_len", "eval.batch_size", "train.batch_size")  # each 100,000,000
+    cases = {
+        f"memory: --config.{field}=100000000": train(f"--config.{field}=100000000", name=f"m{i}")
+        for i, field in enumerate(huge, 1)
     }
+    cases["memory: an out-of-memory at run time (check off, eval.batch_size=3000000)"] = train(
+        "--config.train.check_memory=False", "--config.eval.batch_size=3000000", name="m4"
+    )
+    return cases
 
 
 def output_cases(ctx: Context) -> dict[str, Callable[[], dict]]:
@@ -87,14 +82,7 @@ def output_cases(ctx: Context) -> dict[str, Callable[[], dict]]:
     def with_file(make: Callable[[Path], list[str]], name: str) -> Callable[[], dict]:
         return lambda: run(make(ctx.workdir(name)), ctx)
 
-    ablate = [
-        f"--config={ctx.checkout / 'configs' / 'ptb.py'}:tiny",
-        "--config.data.format=text",
-        f"--config.data.text_files={ctx.text}",
-        "--config.data.hutter_holdout=3000",
-        "--sweep=model.depth=1",
-        "--max_steps=2",
-    ]
+    ablate = [ctx.config(), *ctx.data(), "--sweep=model.depth=1", "--max_steps=2"]
     analyze = ["--analyses=weights", "--impl="]
     return {
         "output: analyze --out=A_FILE": with_file(
@@ -132,13 +120,7 @@ def text_case(ctx: Context) -> dict[str, Callable[[], dict]]:
         folder = ctx.tmp / "own_text"
         folder.mkdir(exist_ok=True)
         shutil.copy(SHAKESPEARE, folder / "input.txt")
-        args = [
-            ctx.python,
-            str(ctx.checkout / "train.py"),
-            f"--config={ctx.checkout / 'configs' / 'ptb.py'}:cpu",
-            "--config.data.format=text",
-            "--config.data.text_files=input.txt",
-        ]
+        args = ctx.train(variant="cpu", text="input.txt", holdout=False)
         result = run(args, ctx, cwd=folder, stop_after=150)
         out = (folder / "workdirs" / "ptb_cpu" / "metrics.jsonl").is_file()
         result["trained"] = out
@@ -241,12 +223,7 @@ def install_cases(ctx: Context) -> dict[str, Callable[[], dict]]:
 
         return case
 
-    tiny = [
-        "--config.data.format=text",
-        f"--config.data.text_files={ctx.text}",
-        "--config.data.hutter_holdout=3000",
-        "--workdir=w",
-    ]
+    tiny = [*ctx.data(), "--workdir=w"]
     return {
         "installed: python -m rhhjax.tools.summary --config=configs/ptb.py": outside(
             lambda t: [ctx.python, "-m", "rhhjax.tools.summary", "--config=configs/ptb.py"]
@@ -271,8 +248,7 @@ def install_cases(ctx: Context) -> dict[str, Callable[[], dict]]:
 
 def new_user_cases(ctx: Context) -> dict[str, Callable[[], dict]]:
     """What a new user met on the programs: help, ablate, signals, locks, memory, text."""
-    tiny = [f"--config={ctx.checkout / 'configs' / 'ptb.py'}:tiny", "--config.data.format=text"]
-    text = [*tiny, f"--config.data.text_files={ctx.text}", "--config.data.hutter_holdout=3000"]
+    text = [ctx.config(), *ctx.data()]
 
     def helps() -> dict:
         """Row 2: the flags each console command's --help lists (installed commands)."""
@@ -320,10 +296,9 @@ def new_user_cases(ctx: Context) -> dict[str, Callable[[], dict]]:
         def case() -> dict:
             corpus = ctx.tmp / f"i43_{name}.txt"
             corpus.write_text(ctx.text.read_text()[:size] if size is not None else "")
-            workdir = ctx.tmp / f"i43_{name}"
-            shutil.rmtree(workdir, ignore_errors=True)
-            args = [*tiny, f"--config.data.text_files={corpus}", *extra, f"--workdir={workdir}"]
-            return run([ctx.python, str(ctx.checkout / "train.py"), *args], ctx, pick=pick)
+            workdir = ctx.fresh(f"i43_{name}")
+            return run(ctx.train(*extra, workdir=workdir, text=corpus, holdout=False), ctx,
+                       pick=pick)  # fmt: skip
 
         return case
 
@@ -331,11 +306,9 @@ def new_user_cases(ctx: Context) -> dict[str, Callable[[], dict]]:
         """Row 12: evaluate a run whose text file has moved since training."""
         corpus = ctx.tmp / "i43_moved.txt"
         shutil.copy(ctx.text, corpus)
-        workdir = ctx.tmp / "i43_moved"
-        shutil.rmtree(workdir, ignore_errors=True)
-        args = [*tiny, f"--config.data.text_files={corpus}", "--config.data.hutter_holdout=3000"]
-        run([ctx.python, str(ctx.checkout / "train.py"), *args, f"--workdir={workdir}",
-             "--config.train.max_steps=1", "--config.eval.final_protocols="], ctx)  # fmt: skip
+        workdir = ctx.fresh("i43_moved")
+        run(ctx.train("--config.train.max_steps=1", "--config.eval.final_protocols=",
+                      workdir=workdir, text=corpus), ctx)  # fmt: skip
         corpus.unlink()
         return run(ctx.tool("evaluate", f"--workdir={workdir}"), ctx)
 
@@ -344,8 +317,7 @@ def new_user_cases(ctx: Context) -> dict[str, Callable[[], dict]]:
         (``python -S``: no editable finder; site-packages on PYTHONPATH for absl & co)."""
         import sysconfig
 
-        copy = ctx.tmp / "i43_checkout"
-        shutil.rmtree(copy, ignore_errors=True)
+        copy = ctx.fresh("i43_checkout")
         skip = shutil.ignore_patterns("__pycache__", "configs", "kernels")  # a before-tree's links
         shutil.copytree(ctx.checkout / "rhhjax", copy / "rhhjax", ignore=skip)
         shutil.copytree(ctx.checkout / "configs", copy / "configs")
@@ -401,8 +373,7 @@ def turn6_cases(ctx: Context) -> dict[str, Callable[[], dict]]:
 
     def train(name: str, *extra: str, pick: str | None = None, twice: bool = False):
         def case() -> dict:
-            workdir = ctx.tmp / name
-            shutil.rmtree(workdir, ignore_errors=True)
+            workdir = ctx.fresh(name)
             if twice:
                 run(ctx.train(*extra, workdir=workdir), ctx)
             row = run(ctx.train(*extra, workdir=workdir), ctx, pick=pick)
@@ -414,8 +385,7 @@ def turn6_cases(ctx: Context) -> dict[str, Callable[[], dict]]:
 
     def resumed(name: str, first: list[str], then: list[str], pick: str) -> Callable[[], dict]:
         def case() -> dict:
-            workdir = ctx.tmp / name
-            shutil.rmtree(workdir, ignore_errors=True)
+            workdir = ctx.fresh(name)
             run(ctx.train(*first, workdir=workdir), ctx)
             return run(ctx.train(*then, workdir=workdir), ctx, pick=pick)
 
@@ -424,8 +394,7 @@ def turn6_cases(ctx: Context) -> dict[str, Callable[[], dict]]:
     def params(name: str, swap: bool) -> Callable[[], dict]:
         def case() -> dict:
             script = [ctx.python, str(ctx.checkout / "benchmarks" / "params_files.py")]
-            out = ctx.tmp / f"{name}_out"
-            shutil.rmtree(out, ignore_errors=True)
+            out = ctx.fresh(f"{name}_out")
             if not swap:
                 return run([*script, "import", str(ctx.tmp / "no_such_folder"), str(out)], ctx)
             run([*script, "export", str(ctx.workdir(name)), str(out), "--parts=2"], ctx)
@@ -439,8 +408,7 @@ def turn6_cases(ctx: Context) -> dict[str, Callable[[], dict]]:
 
     def two_runs() -> dict:
         """Row 10: a second train on an existing workdir, a second after the first started."""
-        workdir = ctx.tmp / "t6_two"
-        shutil.rmtree(workdir, ignore_errors=True)
+        workdir = ctx.fresh("t6_two")
         workdir.mkdir()
         first = subprocess.Popen(ctx.train(workdir=workdir), cwd=ctx.tmp, env=ctx.env,
                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
@@ -499,11 +467,11 @@ def turn6_cases(ctx: Context) -> dict[str, Callable[[], dict]]:
             pick=r"^resum",
         ),
         "turn 6, row 10: a second train on an existing workdir, 1 s after the first": two_runs,
-        "turn 6, row 11: persistent_variant=stages=-3": train(
-            "t6_r11a", variant, "--config.model.persistent_variant=stages=-3"
+        "turn 6, row 11: model.persistent.stages=-3": train(
+            "t6_r11a", variant, "--config.model.persistent.stages=-3"
         ),
-        "turn 6, row 11: persistent_variant=stages=2,stages=3": train(
-            "t6_r11b", variant, "--config.model.persistent_variant=stages=2,stages=3"
+        "turn 6, row 11: model.persistent.sharing=both": train(
+            "t6_r11b", variant, "--config.model.persistent.sharing=both"
         ),
         "turn 6, row 11: evaluate --impl=persistent on a CPU": evaluate_persistent,
     }

@@ -108,12 +108,9 @@ def run_case(case: Case, mesh, opts: Options) -> dict:
         shutil.rmtree(dump_root, ignore_errors=True)
     peak = None
     if mem is not None:
-        peak = getattr(mem, "peak_memory_in_bytes", None) or (
-            mem.argument_size_in_bytes
-            + mem.output_size_in_bytes
-            - mem.alias_size_in_bytes
-            + mem.temp_size_in_bytes
-        )
+        from rhhjax.train.step import peak_bytes  # jax is initialised by now
+
+        peak = getattr(mem, "peak_memory_in_bytes", None) or peak_bytes(mem)
     return {
         **row,
         "status": "ok",
@@ -136,15 +133,12 @@ def run_case(case: Case, mesh, opts: Options) -> dict:
 def format_table(rows: list[dict]) -> str:
     """One line per row: launches per time step (total; hyper fwd / hyper bwd / main fwd /
     main bwd), in-loop launches that only pad / convert / copy, launches containing a pad,
-    launches that pad / convert a weight-sized array, MB moved per time step, the Pallas
-    kernels' max registers / spill stores / shared memory, compiled peak memory, predicted
-    step time."""
+    launches that pad / convert a weight-sized array, MB moved per time step, GB per training
+    step (old / corrected rule), compiled peak memory, predicted step time."""
     head = (
         f"{'config':<28} {'status':<13} {'launch/step':>11} {'hf/hb/mf/mb':>15} "
         f"{'pad/cvt/copy':>12} {'w/pad':>5} {'W pad/cvt':>9} {'MB/step':>8} "
-        f"{'GB/train step':>15} "
-        f"{'kernels regs/spill/smem':<26} "
-        f"{'peak GB':>7} {'pred ms':>8}"
+        f"{'GB/train step':>15} {'peak GB':>7} {'pred ms':>8}"
     )
     lines = [head, "-" * len(head)]
     for r in rows:
@@ -161,76 +155,23 @@ def format_table(rows: list[dict]) -> str:
         moves = f"{mv.get('pad', 0)}/{mv.get('convert', 0)}/{mv.get('copy', 0)}"
         wo = r.get("weight_sized_ops_per_step", {})
         wmoves = f"{wo.get('pad', 0)}/{wo.get('convert', 0)}"
-        ks = r.get("pallas_kernels") or []  # rows of the retired Triton backend (dated reports)
-        kern = ""
-        if ks:
-            regs = max(k.get("registers", 0) for k in ks)
-            spill = max(k.get("spill_stores", 0) for k in ks)
-            smem = max(k["shared_memory"] for k in ks)
-            kern = f"max {regs}/{spill}B/{smem // 1024}KiB"
         peak = (r.get("memory") or {}).get("peak_bytes")
         peak_gb = f"{peak / 1e9:.2f}" if peak else "?"
-        step_gb = "?"
-        if "bytes_per_train_step_read" in r:  # reports before the corrected rule lack it
-            step_gb = (
-                f"{r['bytes_per_train_step'] / 1e9:.1f}/{r['bytes_per_train_step_read'] / 1e9:.1f}"
-            )
+        step_gb = (
+            f"{r['bytes_per_train_step'] / 1e9:.1f}/{r['bytes_per_train_step_read'] / 1e9:.1f}"
+        )
         lines.append(
             f"{label:<28} {r['status']:<13} {r['launches_per_step']:>11} {split:>15} "
             f"{moves:>12} {r['launches_with_op_per_step'].get('pad', 0):>5} {wmoves:>9} "
-            f"{r['bytes_per_step'] / 1e6:>8.1f} {step_gb:>15} {kern:<26} {peak_gb:>7} "
+            f"{r['bytes_per_step'] / 1e6:>8.1f} {step_gb:>15} {peak_gb:>7} "
             f"{r['predicted_step_ms']:>8.2f}"
         )
     return "\n".join(lines)
 
 
-ASSUMPTIONS = {
-    "cost_model": "per launch max(flops / rate, bytes / hbm_bandwidth) + launch_s; "
-    "in-loop launches x seq_len + out-of-loop launches; no overlap between launches, "
-    "every byte from HBM (none from L2), peak datasheet rates",
-    "flops": "dots / cuBLAS gemms: 2*M*N*K from HLO shapes; other custom calls (Mosaic GPU "
-    "kernels): 0; elementwise work: 0 FLOPs (bandwidth bound)",
-    "rates": "launches with bf16/f16 matmul inputs at bf16_matmul_flops; f32 XLA gemms at "
-    "f32_matmul_flops (TF32, XLA's default f32 dot precision); other launches at "
-    "f32_simt_flops",
-}
-
+# The summary's fields (hlo_cost.DEFINITIONS), then the report's own.
 DEFINITIONS = {
-    "launches_per_step": "GPU-work instructions (fusions, custom calls incl. cuBLAS and "
-    "Mosaic GPU, copies, ...; not parameter/tuple/get-tuple-element/bitcast/constant) in the "
-    "bodies of the while loops whose trip count is seq_len, summed over those loops",
-    "launches_split": "per loop part_role: part = main if the loop carries an array with two "
-    "dims >= hidden (the main W), else hyper (the scan HyperRHN runs both cells in one main "
-    "loop); role = forward for the first loop of a part in schedule order, backward after",
-    "movement_per_step": "in-loop launches that only move or reformat data (pad, convert, "
-    "copy, transpose, slice, concatenate, broadcast; fusions of only those ops and "
-    "indexing ops count as their most specific kind; store = a slice written into a loop "
-    "buffer with dynamic-update-slice, e.g. stacked residuals)",
-    "launches_with_op_per_step": "in-loop launches that contain a pad / convert / copy / "
-    "transpose op (fused with other work or alone)",
-    "weight_sized_ops_per_step": "of those, the launches that write a weight-sized array (an "
-    "array with two dims >= hidden: W [n, 2n] or a padded / cast copy of it)",
-    "bytes_per_step": "sum over in-loop launches of operand + result bytes from HLO shapes; "
-    "a fused dynamic-slice / slice of an operand counts as the slice, a fused "
-    "dynamic-update-slice as the update; a buffer passed twice counts once (the old rule, "
-    "unchanged: an operand whose first fused use is not a slice counts whole, e.g. one read "
-    "through a reshape and then a slice)",
-    "bytes_per_step_read": "bytes_per_step under the corrected rule (launches.read_fraction): "
-    "a fused operand counts the fraction of its elements the fusion reads, followed through "
-    "index-only ops (bitcast, reshape, transpose, copy, pad, reverse) and converts (fraction "
-    "unchanged) to "
-    "slices and dynamic-slices, strided or not (each keeps its share, elements out / "
-    "elements in); any other use reads it whole; an unfused slice counts its result read "
-    "and written; custom calls (Mosaic GPU kernels) still count whole operands",
-    "bytes_outside_loops": "operand + result bytes (old rule) of the launches outside the "
-    "time loops, once per training step (for impl=persistent: everything, kernels included)",
-    "bytes_outside_loops_read": "the same under the corrected rule",
-    "bytes_per_train_step": "bytes_per_step x seq_len + bytes_outside_loops (old rule): HLO "
-    "bytes of one training step; the table's 'GB/train step' is old/corrected",
-    "bytes_per_train_step_read": "bytes_per_step_read x seq_len + bytes_outside_loops_read",
-    "largest_launches": "the 16 launches of a training step with the most bytes (old rule, in-"
-    "loop ones x multiplicity x seq_len), each with bytes (old rule) and bytes_read "
-    "(corrected), largest first",
+    **hlo_cost.DEFINITIONS,
     "thunks": "cross-check from XLA's dumped thunk sequence (after thunk passes): thunks "
     "per iteration in each time loop's body (what the GPU runs; matched = equal to the HLO "
     "count) and whether the body is a command buffer (CUDA graph)",
@@ -278,7 +219,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="",
         metavar="JSON",
         help="recompute the HLO figures of a report's rows from the HLO texts in --save-hlo "
-        "(no compile; compile time, memory and kernel figures are kept)",
+        "(no compile; compile time, memory and thunk figures are kept)",
     )
     args = p.parse_args(argv)
     explicit = {a.split("=")[0] for a in (argv if argv is not None else sys.argv[1:])}
@@ -361,8 +302,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.out:
             write_json(args.out, rows, opts, jax)
     print(format_table(rows))
-    if args.out:
-        write_json(args.out, rows, opts, jax)
+    if args.out:  # written after each row
         print(f"wrote {args.out}")
     return 0
 
@@ -393,7 +333,7 @@ def reanalyze(report_json: str, opts: Options, out: str) -> int:
         row.update(hlo_cost.summarize(text, row["seq_len"], row["hidden"], opts.cost))
     meta = report["meta"]
     meta["cost_model_parameters"] = dataclasses.asdict(opts.cost)
-    meta["assumptions"], meta["definitions"] = ASSUMPTIONS, DEFINITIONS
+    meta["assumptions"], meta["definitions"] = hlo_cost.ASSUMPTIONS, DEFINITIONS
     meta["reanalyzed"] = " ".join([Path(sys.executable).name, *sys.argv])
     print(format_table(report["rows"]))
     if out:
@@ -417,7 +357,7 @@ def write_json(path: str, rows: list[dict], opts: Options, jax) -> None:
         "overrides": opts.overrides,
         "persistent_variant": persistent.PersistentVariant().text(),
         "cost_model_parameters": dataclasses.asdict(opts.cost),
-        "assumptions": ASSUMPTIONS,
+        "assumptions": hlo_cost.ASSUMPTIONS,
         "definitions": DEFINITIONS,
     }
     Path(path).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")

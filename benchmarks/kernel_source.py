@@ -21,6 +21,8 @@ import re
 import sys
 from pathlib import Path
 
+from rhhjax.train.checksums import sha256
+
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = ("kernels", "rhhjax/ops")  # the kernels and every op that calls them
 
@@ -33,13 +35,9 @@ def source_files(root: Path = ROOT) -> list[Path]:
 
 def source_hash(root: Path = ROOT) -> dict[str, str]:
     """{"sha256": the whole source's hash, "files": {path: its own hash}}."""
-    files = {p.relative_to(root).as_posix(): _sha256(p.read_bytes()) for p in source_files(root)}
-    whole = _sha256("".join(f"{path}\0{digest}\n" for path, digest in files.items()).encode())
-    return {"sha256": whole, "files": files}
-
-
-def _sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
+    files = {p.relative_to(root).as_posix(): sha256(p) for p in source_files(root)}
+    listing = "".join(f"{path}\0{digest}\n" for path, digest in files.items())
+    return {"sha256": hashlib.sha256(listing.encode()).hexdigest(), "files": files}
 
 
 def changed_files(record: dict, now: dict) -> list[str]:

@@ -50,16 +50,14 @@ def test_cost_model_takes_the_max_of_compute_and_bandwidth():
 
 
 def test_cost_model_rates_by_matmul_input_dtype_and_kind():
-    model = hlo_cost.CostModel(
-        bf16_matmul_flops=4.0, f32_matmul_flops=3.0, f32_pallas_flops=2.0, f32_simt_flops=1.0
-    )
+    model = hlo_cost.CostModel(bf16_matmul_flops=4.0, f32_matmul_flops=3.0, f32_simt_flops=1.0)
 
     def launch(kind, input_dtype):
         return hl.Launch("x", "custom-call", kind, 0, 1, "f32", input_dtype=input_dtype)
 
-    assert model.rate(launch("__gpu$xla.gpu.triton", "bf16")) == 4.0  # f32 out, bf16 in
+    assert model.rate(launch("mosaic_gpu", "bf16")) == 4.0  # f32 out, bf16 in
     assert model.rate(launch("__cublas$gemm", "f32")) == 3.0
-    assert model.rate(launch("__gpu$xla.gpu.triton", "f32")) == 2.0
+    assert model.rate(launch("mosaic_gpu", "f32")) == 1.0
     assert model.rate(launch("kLoop", "f32")) == 1.0
 
 

@@ -44,7 +44,7 @@ def test_time_loops_are_classified_by_carried_shapes_and_order(comps):
 
 def test_launches_per_step_count_work_not_plumbing(comps):
     loops = _loops(comps)
-    # hyper: triton call + counter fusion (tuple / get-tuple-element are not launches)
+    # hyper: kernel call + counter fusion (tuple / get-tuple-element are not launches)
     assert hl.per_step(loops["while.hyper"].launches) == 2
     # main fwd: pad, convert, gemm, 2 x (layer tanh + counter) from the nested loop,
     # the call's tanh, copy, dynamic-update-slice, counter = 11
@@ -88,7 +88,7 @@ def test_bytes_count_operands_and_results_with_in_place_slices(comps):
     # dynamic-slice of the buffer: the slice read, the index, the slice written
     ds = _launch(comps, "while.bwd", "loop_dynamic_slice_fusion")
     assert ds.bytes == 4 * 64 * F32 + 4 + 4 * 64 * F32
-    # a buffer passed twice (the triton call's s) is read once
+    # a buffer passed twice (the kernel call's s) is read once
     tri = _launch(comps, "while.hyper", "pallas_call.1")
     assert tri.bytes == 4 * 8 * F32 + (4 * 8 + 4 * 2 * 8) * F32
 
@@ -139,23 +139,6 @@ def test_flops_of_dots_gemm_custom_calls_and_elementwise(comps):
     assert _launch(comps, "while.fwd", "loop_pad_fusion").flops == 0
 
 
-def test_triton_flops_find_the_weight_and_state_operands():
-    table = {
-        "s": hl.parse_instr("  %s = f32[256,1024]{1,0} parameter(0)"),
-        "w": hl.parse_instr("  %w = f32[1024,2,1024]{2,1,0} parameter(1)"),
-        "x": hl.parse_instr("  %x = f32[256,2,1024]{2,1,0} parameter(2)"),
-    }
-    call = hl.parse_instr(
-        "  %k = (f32[256,1024]{1,0}) custom-call(%s, %w, %w, %x), "
-        'custom_call_target="__gpu$xla.gpu.triton"'
-    )
-    assert hl.triton_flops(call, table) == 2 * 256 * 1024 * 2048
-    elementwise = hl.parse_instr(
-        '  %e = f32[256,1024]{1,0} custom-call(%s, %x), custom_call_target="__gpu$xla.gpu.triton"'
-    )
-    assert hl.triton_flops(elementwise, table) == 0
-
-
 def test_input_dtype_reads_the_fused_dot_operands():
     comps = hl.parse_module(HLO)
     fwd = {lc.name: lc for lc in _loops(comps)["while.fwd"].launches}
@@ -169,32 +152,6 @@ def test_input_dtype_reads_the_fused_dot_operands():
     assert bf16 != HLO
     fwd = {lc.name: lc for lc in _loops(hl.parse_module(bf16))["while.fwd"].launches}
     assert fwd["gemm_fusion_dot"].input_dtype == "bf16"
-
-
-def test_stacked_kernels_count_only_the_time_step_slice_of_whole_sequence_arrays():
-    line = (
-        "%pallas_call.1 = (f32[8,16]{1,0}, f32[4,3,8,3,16]{4,3,2,1,0}) custom-call("
-        "s32[1]{0} %t, f32[8,16]{1,0} %s, bf16[16,2,16]{2,1,0} %w, bf16[16,2,16]{2,1,0} %w, "
-        "f32[4,3,8,16]{3,2,1,0} %z, f32[4,3,8,3,16]{4,3,2,1,0} %packed), "
-        'custom_call_target="__gpu$xla.gpu.triton", output_to_operand_aliasing={{1}: (5, {})}, '
-        'backend_config={name = "highway_forward_stacked"}'
-    )
-    instr = hl.parse_instr(line)
-    step = 4 * (1 + 8 * 16 + 8 * 16 + 8 * 3 * 16) + 2 * 16 * 2 * 16  # t, s, z, packed; w once
-    assert hl.launch_bytes(instr, {}, {}) == step + 4 * (8 * 16 + 8 * 3 * 16)  # + results
-    # The same call under another kernel name counts whole operands (and w twice).
-    plain = hl.parse_instr(line.replace("highway_forward_stacked", "highway_forward"))
-    assert hl.launch_bytes(plain, {}, {}) > 4 * 4 * 3 * 8 * 3 * 16
-
-
-def test_backward_kernel_flops_contract_both_halves_of_the_transposed_weight():
-    line = (
-        "%pallas_call.2 = f32[8,16]{1,0} custom-call(f32[8,16]{1,0} %ds, "
-        "bf16[2,16,16]{2,1,0} %w_t, f32[8,2,16]{2,1,0} %d), "
-        'custom_call_target="__gpu$xla.gpu.triton"'
-    )
-    instr = hl.parse_instr(line)
-    assert hl.triton_flops(instr, {}) == 2 * 8 * (2 * 16) * 16
 
 
 # ----------------------------------------------------------------------------- bytes read

@@ -196,21 +196,3 @@ def test_a_budget_run_resumed_mid_schedule_equals_the_uninterrupted_one(tmp_path
     lrs = {r["step"]: r["lr"] for r in records(straight, ("train",))}
     assert lrs[12] == pytest.approx(1e-3 * 0.1, rel=1e-6)  # the floor, reached at the end
     assert lrs[3] == pytest.approx(1e-3 * 2 / 3, rel=1e-6)  # step index 2 of a 3-step warm-up
-
-
-def test_a_measured_budget_is_fixed_after_the_probe_and_stops_the_run(tmp_path, text_file):
-    lines: list[str] = []
-    config = _budget_config(
-        text_file,
-        train__budget_minutes=0.02,  # spent by the first steps: the run ends after the probe
-        train__budget_step_seconds=0.0,
-        train__budget_probe_steps=2,
-        train__schedule="constant",
-        train__eval_every_steps=0,
-        train__log_every_steps=50,
-    )
-    results = trainer.train_and_evaluate(config, tmp_path / "run", log=lines.append)
-    budget = [line for line in lines if line.startswith("budget: 0.02 minutes = ")]
-    assert len(budget) == 1, lines
-    _, meta = latest_params(tmp_path / "run")
-    assert results["stop_reason"] == "budget" and results["step"] == meta["budget_steps"] >= 3

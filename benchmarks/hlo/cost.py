@@ -9,14 +9,15 @@ Pure Python (no JAX import).
 
 from __future__ import annotations
 
+import collections
 import dataclasses
-import json
 from collections.abc import Iterable
 
 from rhhjax.kernels.hardware import H100
 
 from .launches import (
     Launch,
+    Loop,
     category_counts,
     classify_loops,
     computation_launches,
@@ -40,14 +41,11 @@ class CostModel:
 
     Rates: launches with bf16 / f16 matmul inputs at ``bf16_matmul_flops``; f32 XLA gemms
     (cuBLAS / Triton gemm fusions) at ``f32_matmul_flops`` (TF32: XLA's default f32 dot
-    precision); f32 kernels of the retired Pallas Triton backend (custom calls of dated HLO)
-    at ``f32_pallas_flops`` (their exact f32 dots: FMA loops on the CUDA cores); everything
-    else at ``f32_simt_flops``."""
+    precision); everything else at ``f32_simt_flops``."""
 
     bf16_matmul_flops: float = 989e12  # H100 SXM dense bf16 tensor core (datasheet)
     f32_matmul_flops: float = 494.7e12  # TF32 tensor core: XLA's default f32 dot precision
     f32_simt_flops: float = round(_SIMT_FLOPS, -11)  # 66.9e12: the CUDA cores' FMA rate
-    f32_pallas_flops: float = round(_SIMT_FLOPS, -11)  # exact-f32 Pallas dots: CUDA cores
     hbm_bytes_per_s: float = round(H100.hbm_bytes_per_s, -10)  # 3.35e12
     launch_s: float = 4e-6  # fixed cost per launch (launch latency + tail)
 
@@ -56,8 +54,6 @@ class CostModel:
             return self.bf16_matmul_flops
         if launch.category == "gemm":
             return self.f32_matmul_flops
-        if launch.category == "triton":
-            return self.f32_pallas_flops
         return self.f32_simt_flops
 
     def seconds(self, launch: Launch) -> float:
@@ -65,77 +61,79 @@ class CostModel:
         return max(compute, launch.bytes / self.hbm_bytes_per_s) + self.launch_s
 
 
+# The cost model's assumptions, as the report's JSON states them (meta.assumptions).
+ASSUMPTIONS = {
+    "cost_model": "per launch max(flops / rate, bytes / hbm_bandwidth) + launch_s; "
+    "in-loop launches x seq_len + out-of-loop launches; no overlap between launches, "
+    "every byte from HBM (none from L2), peak datasheet rates",
+    "flops": "dots / cuBLAS gemms: 2*M*N*K from HLO shapes; other custom calls (Mosaic GPU "
+    "kernels): 0; elementwise work: 0 FLOPs (bandwidth bound)",
+    "rates": "launches with bf16/f16 matmul inputs at bf16_matmul_flops; f32 XLA gemms at "
+    "f32_matmul_flops (TF32, XLA's default f32 dot precision); other launches at "
+    "f32_simt_flops",
+}
+
+
 def predict_seconds(launches: Iterable[Launch], model: CostModel) -> float:
     return sum(model.seconds(lc) * lc.multiplicity for lc in launches)
 
 
+def _bytes(launches: Iterable[Launch], read: bool = False) -> int:
+    """Bytes of ``launches`` per execution, by the old rule or (``read``) the corrected one."""
+    return sum((lc.bytes_read if read else lc.bytes) * lc.multiplicity for lc in launches)
+
+
+def _merged(counts: Iterable[dict[str, int]]) -> dict[str, int]:
+    """The sum of several ``{kind: count}``, sorted by kind."""
+    total: collections.Counter = collections.Counter()
+    for c in counts:
+        total.update(c)
+    return dict(sorted(total.items()))
+
+
+def loop_row(lp: Loop, hidden: int, model: CostModel) -> dict:
+    """One time loop's figures per time step (JSON-ready)."""
+    return {
+        "name": lp.name,
+        "part": lp.part,
+        "role": lp.role,
+        "launches_per_step": per_step(lp.launches),
+        "cond_launches": lp.cond_launches,
+        "categories": category_counts(lp.launches),
+        "movement": movement_counts(lp.launches),
+        "launches_with_op": watched_op_counts(lp.launches),
+        "weight_sized_ops": weight_op_counts(lp.launches, hidden),
+        "bytes_per_step": _bytes(lp.launches),
+        "bytes_per_step_read": _bytes(lp.launches, read=True),
+        "flops_per_step": sum(lc.flops * lc.multiplicity for lc in lp.launches),
+        "predicted_us_per_step": predict_seconds(lp.launches, model) * 1e6,
+        "movement_launches": [
+            {"name": lc.name, "kind": movement_kind(lc), "bytes": lc.bytes}
+            for lc in lp.launches
+            if movement_kind(lc)
+        ],
+    }
+
+
 def summarize(text: str, seq_len: int, hidden: int, model: CostModel | None = None) -> dict:
-    """Everything the report needs from one optimised HLO module (JSON-ready)."""
+    """Everything the report needs from one optimised HLO module (JSON-ready; its fields are
+    defined in ``DEFINITIONS``)."""
     model = model or CostModel()
     comps = parse_module(text)
-    entry = entry_name(comps)
     loops = find_loops(comps)
     time_loops = classify_loops(loops, seq_len, hidden)
-    time_bodies = {lp.body for lp in time_loops}
-    # out-of-loop launches: the entry's own launches (and calls), time loops excluded
-    outside = []
-    for lc in computation_launches(entry, comps):
-        outside.append(lc)
-    in_loop_names = set()
-    for lp in time_loops:
-        in_loop_names.update(lc.name for lc in lp.launches)
-    # computation_launches(entry) already expanded time-loop bodies x trips: remove them
-    outside = [lc for lc in outside if lc.name not in in_loop_names]
-    loops_out = []
-    split: dict[str, int] = {}
-    moves: dict[str, int] = {}
-    with_ops: dict[str, int] = {}
-    weight_ops: dict[str, int] = {}
-    in_loop_bytes = 0
-    in_loop_bytes_read = 0
-    in_loop_seconds = 0.0
-    for lp in time_loops:
-        key = f"{lp.part}_{lp.role}"
-        n = per_step(lp.launches)
-        split[key] = split.get(key, 0) + n
-        for k, v in movement_counts(lp.launches).items():
-            moves[k] = moves.get(k, 0) + v
-        for k, v in watched_op_counts(lp.launches).items():
-            with_ops[k] = with_ops.get(k, 0) + v
-        for k, v in weight_op_counts(lp.launches, hidden).items():
-            weight_ops[k] = weight_ops.get(k, 0) + v
-        b = sum(lc.bytes * lc.multiplicity for lc in lp.launches)
-        b_read = sum(lc.bytes_read * lc.multiplicity for lc in lp.launches)
-        in_loop_bytes += b
-        in_loop_bytes_read += b_read
-        secs = predict_seconds(lp.launches, model)
-        in_loop_seconds += secs
-        loops_out.append(
-            {
-                "name": lp.name,
-                "part": lp.part,
-                "role": lp.role,
-                "launches_per_step": n,
-                "cond_launches": lp.cond_launches,
-                "categories": category_counts(lp.launches),
-                "movement": movement_counts(lp.launches),
-                "launches_with_op": watched_op_counts(lp.launches),
-                "weight_sized_ops": weight_op_counts(lp.launches, hidden),
-                "bytes_per_step": b,
-                "bytes_per_step_read": b_read,
-                "flops_per_step": sum(lc.flops * lc.multiplicity for lc in lp.launches),
-                "predicted_us_per_step": secs * 1e6,
-                "movement_launches": [
-                    {"name": lc.name, "kind": movement_kind(lc), "bytes": lc.bytes}
-                    for lc in lp.launches
-                    if movement_kind(lc)
-                ],
-            }
-        )
-    del time_bodies
+    # the entry's launches expand the time loops' bodies x trips: those are left out here
+    in_loop = {lc.name for lp in time_loops for lc in lp.launches}
+    outside = [
+        lc for lc in computation_launches(entry_name(comps), comps) if lc.name not in in_loop
+    ]
+    rows = [loop_row(lp, hidden, model) for lp in time_loops]
+    in_loop_seconds = sum(predict_seconds(lp.launches, model) for lp in time_loops)
     outside_seconds = predict_seconds(outside, model)
+    in_loop_bytes = sum(r["bytes_per_step"] for r in rows)
+    in_loop_bytes_read = sum(r["bytes_per_step_read"] for r in rows)
     return {
-        "time_loops": loops_out,
+        "time_loops": rows,
         "other_loops": [
             {
                 "name": lp.name,
@@ -146,25 +144,65 @@ def summarize(text: str, seq_len: int, hidden: int, model: CostModel | None = No
             for lp in loops
             if lp not in time_loops
         ],
-        "launches_per_step": sum(split.values()),
-        "launches_split": dict(sorted(split.items())),
-        "movement_per_step": dict(sorted(moves.items())),
-        "launches_with_op_per_step": dict(sorted(with_ops.items())),
-        "weight_sized_ops_per_step": dict(sorted(weight_ops.items())),
+        "launches_per_step": sum(r["launches_per_step"] for r in rows),
+        "launches_split": _merged(
+            {f"{r['part']}_{r['role']}": r["launches_per_step"]} for r in rows
+        ),
+        "movement_per_step": _merged(r["movement"] for r in rows),
+        "launches_with_op_per_step": _merged(r["launches_with_op"] for r in rows),
+        "weight_sized_ops_per_step": _merged(r["weight_sized_ops"] for r in rows),
         "bytes_per_step": in_loop_bytes,
         "bytes_per_step_read": in_loop_bytes_read,
         "launches_outside_loops": per_step(outside),
-        "bytes_outside_loops": sum(lc.bytes * lc.multiplicity for lc in outside),
-        "bytes_outside_loops_read": sum(lc.bytes_read * lc.multiplicity for lc in outside),
-        "bytes_per_train_step": in_loop_bytes * seq_len
-        + sum(lc.bytes * lc.multiplicity for lc in outside),
-        "bytes_per_train_step_read": in_loop_bytes_read * seq_len
-        + sum(lc.bytes_read * lc.multiplicity for lc in outside),
+        "bytes_outside_loops": _bytes(outside),
+        "bytes_outside_loops_read": _bytes(outside, read=True),
+        "bytes_per_train_step": in_loop_bytes * seq_len + _bytes(outside),
+        "bytes_per_train_step_read": in_loop_bytes_read * seq_len + _bytes(outside, read=True),
         "largest_launches": largest_launches(time_loops, outside, seq_len),
         "predicted_step_ms": (in_loop_seconds * seq_len + outside_seconds) * 1e3,
         "predicted_in_loop_ms": in_loop_seconds * seq_len * 1e3,
         "predicted_outside_ms": outside_seconds * 1e3,
     }
+
+
+# The summary's fields, as the report's JSON defines them (meta.definitions).
+DEFINITIONS = {
+    "launches_per_step": "GPU-work instructions (fusions, custom calls incl. cuBLAS and "
+    "Mosaic GPU, copies, ...; not parameter/tuple/get-tuple-element/bitcast/constant) in the "
+    "bodies of the while loops whose trip count is seq_len, summed over those loops",
+    "launches_split": "per loop part_role: part = main if the loop carries an array with two "
+    "dims >= hidden (the main W), else hyper (the scan HyperRHN runs both cells in one main "
+    "loop); role = forward for the first loop of a part in schedule order, backward after",
+    "movement_per_step": "in-loop launches that only move or reformat data (pad, convert, "
+    "copy, transpose, slice, concatenate, broadcast; fusions of only those ops and "
+    "indexing ops count as their most specific kind; store = a slice written into a loop "
+    "buffer with dynamic-update-slice, e.g. stacked residuals)",
+    "launches_with_op_per_step": "in-loop launches that contain a pad / convert / copy / "
+    "transpose op (fused with other work or alone)",
+    "weight_sized_ops_per_step": "of those, the launches that write a weight-sized array (an "
+    "array with two dims >= hidden: W [n, 2n] or a padded / cast copy of it)",
+    "bytes_per_step": "sum over in-loop launches of operand + result bytes from HLO shapes; "
+    "a fused dynamic-slice / slice of an operand counts as the slice, a fused "
+    "dynamic-update-slice as the update; a buffer passed twice counts once (the old rule, "
+    "unchanged: an operand whose first fused use is not a slice counts whole, e.g. one read "
+    "through a reshape and then a slice)",
+    "bytes_per_step_read": "bytes_per_step under the corrected rule (launches.read_fraction): "
+    "a fused operand counts the fraction of its elements the fusion reads, followed through "
+    "index-only ops (bitcast, reshape, transpose, copy, pad, reverse) and converts (fraction "
+    "unchanged) to "
+    "slices and dynamic-slices, strided or not (each keeps its share, elements out / "
+    "elements in); any other use reads it whole; an unfused slice counts its result read "
+    "and written; custom calls (Mosaic GPU kernels) still count whole operands",
+    "bytes_outside_loops": "operand + result bytes (old rule) of the launches outside the "
+    "time loops, once per training step (for impl=persistent: everything, kernels included)",
+    "bytes_outside_loops_read": "the same under the corrected rule",
+    "bytes_per_train_step": "bytes_per_step x seq_len + bytes_outside_loops (old rule): HLO "
+    "bytes of one training step; the table's 'GB/train step' is old/corrected",
+    "bytes_per_train_step_read": "bytes_per_step_read x seq_len + bytes_outside_loops_read",
+    "largest_launches": "the 16 launches of a training step with the most bytes (old rule, in-"
+    "loop ones x multiplicity x seq_len), each with bytes (old rule) and bytes_read "
+    "(corrected), largest first",
+}
 
 
 def largest_launches(time_loops, outside: list[Launch], seq_len: int, count: int = 16) -> list:
@@ -185,7 +223,3 @@ def largest_launches(time_loops, outside: list[Launch], seq_len: int, count: int
         }
         for lc, where, times in rows[:count]
     ]
-
-
-def dumps(obj) -> str:
-    return json.dumps(obj, indent=2, sort_keys=True)

@@ -164,11 +164,11 @@ def build_configs(case: Case, overrides: dict):
 
     Raises models.ConfigError / train.config.TrainError (one line) for an invalid combination.
     """
-    from rhhjax import models
+    from rhhjax import configs, models
     from rhhjax.train import config as train_config
     from rhhjax.train import optim
 
-    config = load_ptb_config("rhn" if case.model == "rhn" else "")
+    config = configs.load("ptb:rhn" if case.model == "rhn" else "ptb:")
     config.model.impl = case.impl
     config.model.dtype = case.dtype
     config.model.hyper_rank = case.rank
@@ -178,56 +178,23 @@ def build_configs(case: Case, overrides: dict):
         for part in path:
             section = section[part]
         section[name] = value
-    if "pallas_mode" in {f.name for f in dataclasses.fields(models.ModelConfig)}:
-        config.model.pallas_mode = "compiled"
+    config.model.pallas_mode = "compiled"
     cfg = train_config.prepare_config(config)
     mc = models.ModelConfig.from_config(cfg.model, vocab_size=VOCAB)
     oc = optim.OptimizerConfig.from_config(cfg.train, 1)
     return mc, oc, int(cfg.seed), int(cfg.train.batch_size), int(cfg.train.seq_len)
 
 
-def load_ptb_config(variant: str):
-    """``configs/ptb.py``'s ``get_config(variant)`` (the paper HyperRHN for "")."""
-    from rhhjax import configs
-
-    return configs.load(f"ptb:{variant}")
-
-
-def pallas_context(mc):
-    """Traces Pallas kernels compiled, not interpreted: the config field if the model has it,
-    else ``recurrence.pallas_target("gpu")`` (an older checkout's switch)."""
-    if hasattr(mc, "pallas_mode"):
-        return contextlib.nullcontext()
-    from rhhjax.ops import recurrence
-
-    if hasattr(recurrence, "pallas_target"):
-        return recurrence.pallas_target("gpu")
-    return contextlib.nullcontext()
-
-
 def abstract_args(mc, oc, batch: int, seq_len: int, mesh):
-    """ShapeDtypeStructs of the train step's arguments, replicated on ``mesh``."""
+    """ShapeDtypeStructs of the train step's arguments (``step_inputs``), replicated on
+    ``mesh``."""
     import jax
-    import jax.numpy as jnp
 
-    from rhhjax import evaluation as evaluate
-    from rhhjax.train import optim
-    from rhhjax.train import step as train_step
+    from rhhjax.train.step import step_inputs
 
     rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-    params = jax.eval_shape(train_step.make_init(mc), jax.random.key(0))
-    opt_state = jax.eval_shape(optim.make_optimizer(oc).init, params)
-    carry = jax.eval_shape(lambda p: evaluate.zero_carry(mc, p, batch), params)
-
-    def place(x):
-        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=rep)
-
-    tokens = jax.ShapeDtypeStruct((batch, seq_len), jnp.int32, sharding=rep)
-    scalars = [
-        jax.ShapeDtypeStruct((), dt, sharding=rep) for dt in (jnp.bool_, jnp.int32, jnp.int32)
-    ]
-    tree = jax.tree.map(place, (params, opt_state, carry))
-    return (*tree, tokens, tokens, *scalars)
+    args = step_inputs(mc, oc, batch, seq_len, abstract=True)
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=rep), args)
 
 
 def compile_step(mc, oc, seed: int, batch: int, seq_len: int, mesh, options=None):
@@ -239,7 +206,7 @@ def compile_step(mc, oc, seed: int, batch: int, seq_len: int, mesh, options=None
     step = train_step.make_train_step(mc, oc, seed)
     args = abstract_args(mc, oc, batch, seq_len, mesh)
     t0 = time.perf_counter()
-    with pallas_context(mc), lowering_device(mesh):
+    with lowering_device(mesh):
         lowered = step.trace(*args).lower(lowering_platforms=("cuda",))
     compiled = lowered.compile(compiler_options=options or {})
     return compiled, time.perf_counter() - t0

@@ -2,7 +2,7 @@
 and FLOPs per launch.
 
 Pure Python (no JAX import), so the parser is tested everywhere on small HLO text
-(``tests/test_hlo_launches.py``). ``benchmarks/gpu_report.py`` feeds it
+(``tests/test_benchmarks_hlo_launches.py``). ``benchmarks/gpu_report.py`` feeds it
 ``compiled.as_text()`` of the training step compiled for an H100; ``cost`` summarises
 and predicts from it.
 
@@ -21,29 +21,10 @@ Definitions (documented in the report's JSON under ``"definitions"``):
 * *Launches per time step* of a time loop are the launches of its body, with a nested loop's
   body counted trip-count times. The condition computation's launches are reported apart
   (``cond_launches``): with a known trip count XLA's while thunk does not need them.
-* *Bytes* of a launch: the sizes of its operands plus the size of its result, from the HLO
-  shapes, with corrections for in-place loop buffers: a fusion operand that the fused
-  computation only reads through ``dynamic-slice`` / ``slice`` (and bitcasts / reshapes
-  between them) counts as the elements finally used, a fused ``dynamic-update-slice`` into
-  an operand counts as the update it writes (not as the whole buffer), and a buffer passed
-  twice counts once. This is the report's ``bytes_per_step`` rule, kept unchanged.
-* *Bytes read* of a launch (``bytes_read``, the corrected rule; ``launch_bytes(...,
-  read_rule=True)``): as *bytes*, but a fused operand counts the elements its computation
-  finally reads whichever index-only ops lie between the parameter and a slice:
-  ``bitcast``, ``reshape``, ``transpose``, ``copy``, ``pad`` and ``reverse`` keep the
-  fraction of the operand read (so does ``convert``: one element in for each element
-  out, computed only where a later slice needs it), each ``slice`` / ``dynamic-slice``
-  (strided or not) keeps its share of its input (elements out / elements in), any other
-  use reads the whole array, and several uses add up to at most the whole. So a read
-  through a reshape and then
-  a (strided) slice counts the slice, where *bytes* counts the whole array whenever the
-  parameter's first use is not itself a slice. An unfused ``slice`` counts its result read
-  and written. A custom call (a Mosaic GPU or Triton kernel) still counts whole operands:
-  which parts a kernel reads is not in the HLO.
-* *FLOPs* of a launch: ``2 * M * N * K`` (times batch dims) of every ``dot`` / ``convolution``
-  in it (fused computations included) and of cuBLAS gemm custom calls; the retired Pallas
-  Triton kernels' custom calls (dated HLO) are given FLOPs by ``triton_flops``;
-  everything else counts as 0 FLOPs (bandwidth bound).
+* *Bytes* of a launch (``launch_bytes``, the old rule) and *bytes read* (``read_rule=True``,
+  the corrected rule, ``read_fraction``) are defined in ``cost.DEFINITIONS``
+  (``bytes_per_step``, ``bytes_per_step_read``), *FLOPs* (``launch_flops``) in
+  ``cost.ASSUMPTIONS``.
 """
 
 from __future__ import annotations
@@ -51,11 +32,10 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 # The parser, re-exported: callers use launches alone.
 from .parse import (  # noqa: F401
-    DTYPE_BYTES,
     Computation,
     Instr,
     array_shapes,
@@ -104,9 +84,6 @@ WATCHED_OPS = ("pad", "convert", "copy", "transpose")
 
 SLICES = ("dynamic-slice", "slice")
 GEMM_TARGETS = ("__cublas$gemm", "__cublas$lt$matmul", "__cudnn$matmul")
-# The custom calls of the retired Pallas Triton kernels: still read in dated HLO
-# (`gpu_report.py --reanalyze` of old reports); no current implementation emits them.
-TRITON_TARGETS = ("__gpu$xla.gpu.triton", "triton_kernel_call")
 
 _TRIP_RE = re.compile(r'"known_trip_count"\s*:\s*\{\s*"n"\s*:\s*"?(\d+)"?')
 
@@ -157,11 +134,9 @@ class Launch:
 
     @property
     def category(self) -> str:
-        """gemm | triton | pad | convert | copy | transpose | ... | fusion | other."""
+        """gemm | pad | convert | copy | transpose | ... | fusion | other."""
         if self.kind in GEMM_TARGETS or self.kind == "triton_gemm":
             return "gemm"
-        if self.kind in TRITON_TARGETS:
-            return "triton"
         movement = movement_kind(self)
         if movement:
             return movement
@@ -201,40 +176,15 @@ def _operand_shape(instr: Instr, k: int, table: dict[str, Instr]) -> str:
     return src.shape if src is not None else ""
 
 
-_STACKED_KERNEL_RE = re.compile(r'name\s*=\s*\\*"(\w+_stacked)\\*"')
-
-
-def _stacked_slice_bytes(instr: Instr, table: dict[str, Instr]) -> int:
-    """Bytes of a Pallas kernel that reads and writes whole-sequence [T, L, ...] arrays at
-    one time step (`kernels/stacked.py` ``*_stacked``): of every operand and result only the
-    step's slice counts, the trailing dims from the one that equals the batch rows of the
-    kernel's rank-2 state operand [B, n] (whole arrays otherwise, e.g. the weight)."""
-    shapes = [array_shapes(_operand_shape(instr, k, table)) for k in range(len(instr.operands))]
-    states = [s[0][1] for s in shapes if s and len(s[0][1]) == 2]
-    if not states:
-        return sum(shape_bytes(_operand_shape(instr, k, table)) for k in range(len(shapes)))
-    rows, width = max(states, key=math.prod)
-    unique = [s for k, s in enumerate(shapes) if instr.operands[k] not in instr.operands[:k]]
-    total = 0
-    for dtype, dims in [a for s in unique for a in s] + array_shapes(instr.shape):
-        sliced = dims
-        if len(dims) > 2 and dims[-1] == width and rows in dims[:-1]:
-            sliced = dims[dims.index(rows) :]
-        total += DTYPE_BYTES.get(dtype, 4) * math.prod(sliced)
-    return total
-
-
 def launch_bytes(
     instr: Instr,
     table: dict[str, Instr],
     comps: dict[str, Computation],
     read_rule: bool = False,
 ) -> int:
-    """Bytes a launch reads and writes (see the module docstring for the in-place rules);
+    """Bytes a launch reads and writes (the rules: ``cost.DEFINITIONS``);
     ``read_rule``: the corrected rule (*bytes read*), which follows reads through reshapes,
     transposes and pads to the slice that selects the elements actually read."""
-    if instr.opcode == "custom-call" and _STACKED_KERNEL_RE.search(instr.attrs):
-        return _stacked_slice_bytes(instr, table)
     operand_bytes = [
         shape_bytes(_operand_shape(instr, k, table)) for k in range(len(instr.operands))
     ]
@@ -363,29 +313,6 @@ def dot_flops(instr: Instr, table: dict[str, Instr]) -> int:
     return 2 * out_elems * k
 
 
-def triton_flops(instr: Instr, table: dict[str, Instr]) -> int:
-    """Model of a Pallas kernel's FLOPs: ``2 * M * K * N`` with ``[K, ...]`` the largest
-    operand of rank >= 2 that has a partner (the weight; ``N`` the product of its other dims;
-    a backward weight ``[2, K, N]`` contracts both halves: ``2 * M * 2K * N``) and ``M`` the
-    rows of the partner, another rank-2 operand ``[M, K]`` (the state); 0 if there is no
-    such pair (an elementwise kernel). A stated assumption of the report."""
-    mats = []
-    for k, name in enumerate(instr.operands):
-        shapes = array_shapes(_operand_shape(instr, k, table))
-        if shapes and len(shapes[0][1]) >= 2 and name not in instr.operands[:k]:
-            mats.append((shapes[0][1], k))
-    if not mats:
-        return 0
-    for wdims, wk in sorted(mats, key=lambda m: -math.prod(m[0])):
-        kdim, ndim = wdims[0], math.prod(wdims[1:])
-        if len(wdims) == 3 and wdims[0] == 2:  # the backward's W^T [2, K, N]: K = 2 halves
-            kdim, ndim = wdims[1], 2 * wdims[2]
-        for dims, k in mats:
-            if k != wk and len(dims) == 2 and dims[-1] == kdim:
-                return 2 * dims[0] * kdim * ndim
-    return 0
-
-
 def launch_flops(instr: Instr, table: dict[str, Instr], comps: dict[str, Computation]) -> int:
     if instr.opcode in ("dot", "convolution"):
         return dot_flops(instr, table)
@@ -393,8 +320,6 @@ def launch_flops(instr: Instr, table: dict[str, Instr], comps: dict[str, Computa
         target = instr.custom_call_target
         if target in GEMM_TARGETS:
             return dot_flops(instr, table)
-        if target in TRITON_TARGETS:
-            return triton_flops(instr, table)
         return 0
     if instr.opcode == "fusion":
         fused = _fused_computation(instr, comps)
@@ -466,27 +391,24 @@ def computation_launches(
     return out
 
 
-def input_dtype(instr: Instr, table: dict[str, Instr], fused: Computation | None) -> str:
-    """``bf16`` if the launch multiplies bf16 / f16 inputs (a fused dot's operands, else any
-    operand of the launch), else ``f32``: what decides the tensor-core rate."""
-    half = ("bf16", "f16")
-    if fused is not None:
-        ftable = fused.by_name()
-        dots = [i for i in fused.instrs if i.opcode in ("dot", "convolution")]
-        if dots:
-            found = {
-                d
-                for i in dots
-                for k in range(len(i.operands))
-                for d, _ in array_shapes(_operand_shape(i, k, ftable))
-            }
-            return "bf16" if found & set(half) else "f32"
-    found = {
+def _operand_dtypes(instr: Instr, table: dict[str, Instr]) -> set[str]:
+    return {
         d
         for k in range(len(instr.operands))
         for d, _ in array_shapes(_operand_shape(instr, k, table))
     }
-    return "bf16" if found & set(half) else "f32"
+
+
+def input_dtype(instr: Instr, table: dict[str, Instr], fused: Computation | None) -> str:
+    """``bf16`` if the launch multiplies bf16 / f16 inputs (a fused dot's operands, else any
+    operand of the launch), else ``f32``: what decides the tensor-core rate."""
+    dots = [i for i in fused.instrs if i.opcode in ("dot", "convolution")] if fused else []
+    if dots:
+        ftable = fused.by_name()
+        found = set().union(*(_operand_dtypes(i, ftable) for i in dots))
+    else:
+        found = _operand_dtypes(instr, table)
+    return "bf16" if found & {"bf16", "f16"} else "f32"
 
 
 @dataclasses.dataclass
@@ -495,8 +417,6 @@ class Loop:
 
     name: str
     computation: str  # where the while instruction is
-    body: str
-    condition: str
     trips: int | None
     carried: list[tuple[str, tuple[int, ...]]]
     launches: list[Launch]
@@ -521,8 +441,6 @@ def find_loops(comps: dict[str, Computation]) -> list[Loop]:
                 Loop(
                     name=instr.name,
                     computation=cname,
-                    body=body,
-                    condition=cond,
                     trips=trip_count(instr, comps),
                     carried=array_shapes(instr.shape),
                     launches=launches,
@@ -560,25 +478,23 @@ def per_step(launches: Iterable[Launch]) -> int:
     return sum(lc.multiplicity for lc in launches)
 
 
-def movement_counts(launches: Iterable[Launch]) -> dict[str, int]:
-    """{pad: k, convert: k, copy: k, ...} of the data-movement launches, per iteration."""
+def _tally(launches: Iterable[Launch], keys: Callable[[Launch], Iterable[str]]) -> dict[str, int]:
+    """{key: launches per iteration} of the keys ``keys(launch)`` names for each launch."""
     out: dict[str, int] = {}
     for lc in launches:
-        kind = movement_kind(lc)
-        if kind:
-            out[kind] = out.get(kind, 0) + lc.multiplicity
+        for key in keys(lc):
+            out[key] = out.get(key, 0) + lc.multiplicity
     return out
+
+
+def movement_counts(launches: Iterable[Launch]) -> dict[str, int]:
+    """{pad: k, convert: k, copy: k, ...} of the data-movement launches, per iteration."""
+    return _tally(launches, lambda lc: [movement_kind(lc)] if movement_kind(lc) else [])
 
 
 def watched_op_counts(launches: Iterable[Launch]) -> dict[str, int]:
     """{pad: k, ...}: launches per iteration that contain the op (fused or alone)."""
-    out: dict[str, int] = {}
-    for lc in launches:
-        ops = set(lc.fused_ops) | {lc.opcode}
-        for op in WATCHED_OPS:
-            if op in ops:
-                out[op] = out.get(op, 0) + lc.multiplicity
-    return out
+    return _tally(launches, lambda lc: [o for o in WATCHED_OPS if o in {*lc.fused_ops, lc.opcode}])
 
 
 def weight_sized(launch: Launch, hidden: int) -> bool:
@@ -594,7 +510,4 @@ def weight_op_counts(launches: Iterable[Launch], hidden: int) -> dict[str, int]:
 
 
 def category_counts(launches: Iterable[Launch]) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for lc in launches:
-        out[lc.category] = out.get(lc.category, 0) + lc.multiplicity
-    return dict(sorted(out.items()))
+    return dict(sorted(_tally(launches, lambda lc: [lc.category]).items()))

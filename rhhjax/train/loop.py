@@ -1,7 +1,7 @@
 """The loop of a run: ``Loop.train`` steps, logs, validates, checkpoints and stops; its
 ``final_evaluation`` scores the best checkpoint and ``finish`` writes ``results.json``.
 ``rhhjax.train.trainer`` sets it up (config, data, workdir, resume) and calls it; the stop
-rules and files are described there.
+rules and files are described there, the time budget in ``rhhjax.train.budget``.
 ``epoch_estimate`` is the start-up line on what an epoch takes on this machine."""
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import numpy as np
 from rhhjax import authors as authors_lib
 from rhhjax import evaluation as eval_lib
 from rhhjax import memory, parallel
+from rhhjax.train import budget, optim
 from rhhjax.train import config as train_config
-from rhhjax.train import optim
 from rhhjax.train import workdir as workdir_lib
 from rhhjax.train.config import TrainError
 from rhhjax.train.optim import OptimizerConfig
@@ -140,78 +140,6 @@ class Loop:
             self.run.cfg.train, self.bpe, s.step, s.evals_since_best, seconds, s.budget_steps
         )
 
-    # -- the time budget and the schedule ----------------------------------------------------
-
-    def _schedule_length(self, s: LoopState) -> int:
-        """The steps the schedule decays over: the nearest step bound (0: budget not fixed)."""
-        if self.run.cfg.train.budget_minutes and not s.budget_steps:
-            return 0
-        return self._step_bound(s)
-
-    def _step_bound(self, s: LoopState) -> int:
-        """The nearest step bound: the budget's (once fixed), max_steps, max_epochs' (0: none)."""
-        t = self.run.cfg.train
-        bounds = [b for b in (s.budget_steps, t.max_steps, t.max_epochs * self.bpe) if b]
-        return min(bounds) if bounds else 0
-
-    def _start_schedule(self, s: LoopState) -> None:
-        """Fix the budget and schedule length known before the first step (a resumed state
-        keeps its own)."""
-        t = self.run.cfg.train
-        if t.budget_minutes and t.budget_step_seconds and not s.budget_steps:
-            self._fix_budget(s, 0.0, float(t.budget_step_seconds))
-        length = self._schedule_length(s)
-        if self.oc.scheduled and length and not optim.total_steps_of(s.opt_state):
-            s.opt_state = optim.set_total_steps(s.opt_state, length)
-
-    def _fix_budget(self, s: LoopState, elapsed: float, step_seconds: float) -> None:
-        """Turn ``train.budget_minutes`` into ``s.budget_steps`` (process 0's figure on every
-        process) and give the schedule that length."""
-        t = self.run.cfg.train
-        steps = train_config.budget_steps_for(t, elapsed, s.step, step_seconds)
-        if jax.process_count() > 1:
-            from jax.experimental import multihost_utils
-
-            steps = int(multihost_utils.broadcast_one_to_all(np.int32(steps)))
-        self._checked_budget(steps, step_seconds, elapsed)
-        s.budget_steps = steps
-        (self.run.workdir / workdir_lib.BUDGET_REFUSED_FILE).unlink(missing_ok=True)
-        if self.oc.scheduled:
-            s.opt_state = optim.set_total_steps(s.opt_state, self._schedule_length(s))
-        self.run.log(
-            f"budget: {t.budget_minutes:g} minutes = {steps:,} steps "
-            f"({step_seconds:.4g} s a step{', given' if t.budget_step_seconds else ''}; "
-            f"epoch {steps / self.bpe:.2f} at the end)"
-        )
-
-    def _budget_fix(self) -> str:
-        """What to do about a budget too short for the warm-up (on a CPU: the CPU recipe)."""
-        fix = "raise budget_minutes or lower warmup_steps"
-        if jax.default_backend() == "cpu":
-            fix += ", or train a model sized for a CPU: --config=configs/ptb.py:cpu"
-        return fix
-
-    def _check_budget_early(self, s: LoopState, step_seconds: float) -> None:
-        """Refuse at step 2 a measured budget that buys under half its warm-up."""
-        t = self.run.cfg.train
-        if not (self.oc.scheduled and t.budget_minutes) or s.budget_steps:
-            return
-        steps = train_config.budget_steps_for(t, s.train_seconds, s.step, step_seconds)
-        if 2 * steps <= t.warmup_steps + 1:
-            self._checked_budget(steps, step_seconds, s.train_seconds)
-
-    def _checked_budget(self, steps: int, step_seconds: float, elapsed: float) -> None:
-        """`check_budget_steps`, its refusal kept in the workdir for a rerun."""
-        t = self.run.cfg.train
-        try:
-            train_config.check_budget_steps(t, steps, step_seconds, elapsed, self._budget_fix())
-        except TrainError as refused:
-            if self.run.primary:
-                device = jax.devices()[0].device_kind
-                line = str(refused)
-                workdir_lib.record_budget_refusal(self.run.workdir, t, device, line, step_seconds)
-            raise
-
     def _eta(self, s: LoopState, sec_per_step: float) -> float:
         """Seconds of training left (inf: unknown), by the nearest bound."""
         t = self.run.cfg.train
@@ -225,7 +153,7 @@ class Loop:
                 remaining.append((t.max_epochs * self.bpe - s.step) * sec_per_step)
         if t.max_minutes:
             remaining.append(60.0 * t.max_minutes - s.train_seconds)
-        if t.budget_minutes and not s.budget_steps:  # the probe: the budget's own clock
+        if budget.unfixed(t, s):  # the probe: the budget's own clock
             remaining.append(60.0 * t.budget_minutes - s.train_seconds)
         return max(0.0, min(remaining)) if remaining else math.inf
 
@@ -254,9 +182,8 @@ class Loop:
         interval_start, interval_steps = timer, 0
         sec_per_step = math.nan
         steps_run = 0
-        self._start_schedule(s)
-        probe_end = 1 + t.budget_probe_steps if t.budget_minutes and not s.budget_steps else 0
-        probe_start_seconds = 0.0
+        budget.start(self.run, self.oc, s)
+        probe = budget.Probe.for_run(t, s)
         previous_loss = None  # the loss of the step before the one just dispatched
         while (reason := self.stop_reason(s)) is None:
             loss = self._dispatch(s)
@@ -265,15 +192,11 @@ class Loop:
             if previous_loss is not None:
                 jax.block_until_ready(previous_loss)  # do not run ahead of the device
             previous_loss = loss
-            if steps_run <= 2 or steps_run == probe_end:
+            if steps_run <= 2 or probe.ends_at(steps_run):
                 jax.block_until_ready(loss)
             now = time.time()
             s.train_seconds += now - timer  # training time on every step, for max_minutes
-            if steps_run == 1:
-                probe_start_seconds = s.train_seconds
-            elif steps_run == probe_end:  # the budget's steps, from the steps since the first
-                step_seconds = (s.train_seconds - probe_start_seconds) / (probe_end - 1)
-                self._fix_budget(s, s.train_seconds, step_seconds)
+            probe.timed(self.run, self.oc, s, steps_run)
             if steps_run == 1:  # exclude compilation from the throughput
                 self.run.log(
                     f"first step done in {now - timer:.1f}s (compilation included); a progress "
@@ -282,10 +205,10 @@ class Loop:
                 interval_start, interval_steps = now, 0
             elif steps_run == 2:
                 self.run.log(epoch_estimate(now - timer, self.bpe, s.step, jax.default_backend()))
-                self._check_budget_early(s, now - timer)
+                budget.check_early(self.run, self.oc, s, now - timer)
             timer = now
             log_due = s.step % t.log_every_steps == 0
-            probing = bool(t.budget_minutes) and not s.budget_steps
+            probing = budget.unfixed(t, s)
             eval_due = s.step % eval_every == 0 and not probing
             host_reason, time_due = self._agreed_host_state(s)
             every = t.checkpoint_every_steps
@@ -417,9 +340,9 @@ class Loop:
     def _total_steps(self, s: LoopState) -> int:
         """The step training ends at when a step bound decides it (0: unknown)."""
         t = self.run.cfg.train
-        if t.max_minutes or (t.budget_minutes and not s.budget_steps):
+        if t.max_minutes or budget.unfixed(t, s):
             return 0
-        return self._step_bound(s)
+        return budget.step_bound(t, s, self.bpe)
 
     def _validate(self, s: LoopState) -> None:
         e = self.run.cfg.eval
