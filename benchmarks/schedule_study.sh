@@ -7,7 +7,8 @@
 #   CPU_FINALIST=NAME:FIELD=V,... bash benchmarks/schedule_study.sh cpu
 #   bash benchmarks/schedule_study.sh table   # the markdown table of every run
 #   bash benchmarks/schedule_study.sh batch   # equal steps at batch 64, 128, 256, peak scaled
-#   bash benchmarks/schedule_study.sh batch_table PNG  # its table (mean of the seeds) and plot
+#   bash benchmarks/schedule_study.sh cpu_batch  # the same on the :cpu model: batch 64 and 128
+#   [STUDY=cpubatch] bash benchmarks/schedule_study.sh batch_table PNG  # table and plot
 # PTB: $RHHJAX_PTB (default ../shared/data/ptb). Workdirs and tables: $OUT (default
 # workdirs/fast_recipe).
 set -euo pipefail
@@ -78,13 +79,24 @@ case ${1:-} in
       > "$OUT.batch_linear.log" 2>&1 &
     wait
     ;;
-  batch_table)  # the batch study's valid BPC at each step, mean of its seeds, and its plot
-    python - "$OUT" "${2:?give the plot file}" << 'PYEOF'
+  cpu_batch)  # the :cpu model at equal steps: batch 64 (peak 8e-3) and 128 (16e-3), a seed a core
+    CPU_BATCH=(--config.train.max_steps=300 --config.train.schedule=cosine
+      --config.train.warmup_steps=20 --config.train.clip_type=l2 --config.train.clip_norm=1.0
+      --config.train.eval_every_steps=100 --config.eval.final_protocols= --at_steps=100,200,300
+      --variant=b64:train.batch_size=64,train.learning_rate=8e-3
+      --variant=b128_linear:train.batch_size=128,train.learning_rate=1.6e-2)
+    ablate cpubatch_s0 "${CPU_BATCH[@]}" --seeds=0 > "$OUT.cpubatch_s0.log" 2>&1 &
+    ablate cpubatch_s1 "${CPU_BATCH[@]}" --seeds=1 > "$OUT.cpubatch_s1.log" 2>&1 &
+    wait
+    ;;
+  batch_table)  # a batch study's valid BPC at each step, mean of its seeds, and its plot
+    # (STUDY=batch: the small model's; STUDY=cpubatch: the :cpu model's)
+    python - "$OUT" "${2:?give the plot file}" "${STUDY:-batch}" << 'PYEOF'
 import glob, json, statistics, sys
 import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
-rows = [r for p in sorted(glob.glob(f"{sys.argv[1]}/batch_*/results.json"))
+rows = [r for p in sorted(glob.glob(f"{sys.argv[1]}/{sys.argv[3]}_*/results.json"))
         for r in json.load(open(p))["rows"]]
 groups = {}
 for r in rows:
@@ -123,7 +135,7 @@ for path in sorted(glob.glob(f"{sys.argv[1]}/*/results.json")):
 PYEOF
     ;;
   *)
-    echo "usage: bash benchmarks/schedule_study.sh small|small2|cpu|batch|batch_table PNG|table" >&2
+    echo "usage: bash benchmarks/schedule_study.sh small|small2|cpu|batch|cpu_batch|batch_table PNG|table" >&2
     exit 2
     ;;
 esac

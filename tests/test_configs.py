@@ -162,6 +162,7 @@ def test_the_fast_variant_changes_only_the_optimisation_recipe_of_the_paper_mode
         "train.budget_minutes",
         "train.max_epochs",
         "train.patience",
+        "train.batch_size",
         "train.schedule",
         "train.warmup_steps",
         "train.learning_rate",
@@ -169,6 +170,8 @@ def test_the_fast_variant_changes_only_the_optimisation_recipe_of_the_paper_mode
         "train.clip_norm",
         "train.eval_every_steps",
     }
-    assert fast["train.batch_size"] == 256 and fast["model.keep"] == paper["model.keep"] == 0.65
+    assert fast["train.batch_size"] == 2 * paper["train.batch_size"] == 512
+    assert fast["train.learning_rate"] == 8 * paper["train.learning_rate"]
+    assert fast["model.keep"] == paper["model.keep"] == 0.65
     prepared = train_config.prepare_config(configs.load("ptb:fast"))  # a valid budget run
     assert prepared.train.warmup_steps > prepared.train.budget_probe_steps + 1

@@ -101,12 +101,13 @@ def _plans_or_none(variant: PersistentVariant, *args) -> tuple | None:
 
 @functools.cache
 def interpret_plan(batch: int, width: int, dtype_name: str, layout: str = "grid") -> PersistentPlan:
-    """The plan of GPU interpret mode: the candidate of the fewest blocks."""
+    """The plan of GPU interpret mode: the candidate of the fewest blocks, then the most row
+    blocks (as `plan_for`)."""
     plans = list(candidates(batch, width, dtype_name, layout))
     if not plans:
         return plan_for(batch, width, dtype_name, layout)
 
-    plan = min(plans, key=lambda plan: (plan.grid, plan.n_pad))
+    plan = min(plans, key=lambda plan: (plan.grid, -plan.row_blocks, plan.n_pad))
     at_once = plan.grid if layout == "grid" else plan.col_blocks  # row groups: one at a time
     reason = gpu_interpret.cluster_too_large(at_once)
     if reason is not None and "NPROC" not in reason:

@@ -51,7 +51,7 @@ def candidates(batch: int, width: int, dtype_name: str, layout: str = "grid"):
     for row_blocks in range(1, -(-batch // 64) + 1):
         for units in UNITS:
             for k_chunk in k_chunks:
-                plan = _deepest(batch, width, dtype_name, row_blocks, units, k_chunk)
+                plan = _deepest(batch, width, dtype_name, row_blocks, units, k_chunk, layout)
                 if plan is not None and _runs_in(plan, layout):
                     yield plan
                     break
@@ -65,19 +65,20 @@ def _runs_in(plan: PersistentPlan, layout: str) -> bool:
     return True
 
 
-def check_runnable(plan: PersistentPlan) -> None:
+def check_runnable(plan: PersistentPlan, layout: str = "grid") -> None:
     """PlanError (one line) unless both kernels accept ``plan``'s blocks (not co-residency:
     `rowgroup_layout.check`)."""
-    plan.check()
-    pb.check_plan(plan)
+    plan.check(layout)
+    pb.check_plan(plan, layout=layout)
 
 
-def plan_with_units(plan: PersistentPlan, units: int) -> PersistentPlan | None:
+def plan_with_units(plan: PersistentPlan, units: int, layout: str) -> PersistentPlan | None:
     """``plan``'s rows and K chunk at ``units`` units per block (`_deepest`), or None."""
-    return _deepest(plan.batch, plan.width, plan.dtype, plan.row_blocks, units, plan.k_chunk)
+    args = (plan.batch, plan.width, plan.dtype, plan.row_blocks, units, plan.k_chunk, layout)
+    return _deepest(*args)
 
 
-def _deepest(batch, width, dtype_name, row_blocks, units, k_chunk) -> PersistentPlan | None:
+def _deepest(batch, width, dtype_name, row_blocks, units, k_chunk, layout) -> PersistentPlan | None:
     """The fewest column blocks for ``units`` that keep the K extents on written columns
     (forward ``k_pad <= n_pad``; backward ``2 * n_pad`` whole chunks), at the deepest STAGES
     both kernels accept, or None."""
@@ -92,7 +93,7 @@ def _deepest(batch, width, dtype_name, row_blocks, units, k_chunk) -> Persistent
             k_chunk=k_chunk, stages=stages, units=units,
         )  # fmt: skip
         try:
-            check_runnable(plan)
+            check_runnable(plan, layout)
         except PlanError:
             continue
         return plan

@@ -79,13 +79,14 @@ class PersistentVariant:
         """``plan`` at this variant's units and pipeline; PlanError (one line) unless both
         kernels run it."""
         if self.units and self.units != plan.units_per_block:
-            plan = _with_units(plan, self.units)
+            plan = _with_units(plan, self.units, self.layout)
         if (self.stages, self.k_chunk, self.sharing) == (0, 0, "none"):
             return plan
         shared = ""
         if self.sharing == "multicast":
             shared = "a" if self.layout == "rowgroup" else "b"
-        return _pipelined(plan, self.stages, self.k_chunk, shared, self.sharing == "split_k")
+        split_k = self.sharing == "split_k"
+        return _pipelined(plan, self.stages, self.k_chunk, shared, split_k, self.layout)
 
 
 def tuning_space() -> list[PersistentVariant]:
@@ -98,8 +99,8 @@ def tuning_space() -> list[PersistentVariant]:
 
 
 @functools.cache
-def _with_units(plan: PersistentPlan, units: int) -> PersistentPlan:
-    replanned = plan_with_units(plan, units)
+def _with_units(plan: PersistentPlan, units: int, layout: str) -> PersistentPlan:
+    replanned = plan_with_units(plan, units, layout)
     if replanned is None:
         raise PlanError(
             f"persistent variant units={units}: neither kernel runs {plan.row_blocks} row blocks "
@@ -110,7 +111,7 @@ def _with_units(plan: PersistentPlan, units: int) -> PersistentPlan:
 
 @functools.cache
 def _pipelined(
-    plan: PersistentPlan, stages: int, k_chunk: int, shared: str, split_k: bool
+    plan: PersistentPlan, stages: int, k_chunk: int, shared: str, split_k: bool, layout: str
 ) -> PersistentPlan:
     """``plan`` at ``stages`` of ``k_chunk`` (0: its own; with ``stages``, the widest that
     fits); ``shared``: the multicast operand, "a" (state rows), "b" (weights) or ""."""
@@ -125,7 +126,7 @@ def _pipelined(
                 plan, stages=stages or plan.stages, k_chunk=chunk, multicast_a=shared == "a",
                 multicast_b=shared == "b" and plan.row_blocks > 1, split_k=split_k,
             )  # fmt: skip
-            check_runnable(replanned)
+            check_runnable(replanned, layout)
             return replanned
         except PlanError as err:
             error = error or err
