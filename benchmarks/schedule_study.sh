@@ -7,7 +7,7 @@
 #   CPU_FINALIST=NAME:FIELD=V,... bash benchmarks/schedule_study.sh cpu
 #   bash benchmarks/schedule_study.sh table   # the markdown table of every run
 #   bash benchmarks/schedule_study.sh batch   # equal steps at batch 64, 128, 256, peak scaled
-#   bash benchmarks/schedule_study.sh cpu_batch  # the same on the :cpu model: batch 64 and 128
+#   bash benchmarks/schedule_study.sh cpu_batch  # the :cpu model: batch 64, 128, 256, linear
 #   [STUDY=cpubatch] bash benchmarks/schedule_study.sh batch_table PNG  # table and plot
 # PTB: $RHHJAX_PTB (default ../shared/data/ptb). Workdirs and tables: $OUT (default
 # workdirs/fast_recipe).
@@ -79,12 +79,13 @@ case ${1:-} in
       > "$OUT.batch_linear.log" 2>&1 &
     wait
     ;;
-  cpu_batch)  # the :cpu model at equal steps: batch 64 (peak 8e-3) and 128 (16e-3), a seed a core
+  cpu_batch)  # the :cpu model at equal steps: batch 64, 128, 256, the peak scaled linearly
     CPU_BATCH=(--config.train.max_steps=300 --config.train.schedule=cosine
       --config.train.warmup_steps=20 --config.train.clip_type=l2 --config.train.clip_norm=1.0
       --config.train.eval_every_steps=100 --config.eval.final_protocols= --at_steps=100,200,300
       --variant=b64:train.batch_size=64,train.learning_rate=8e-3
-      --variant=b128_linear:train.batch_size=128,train.learning_rate=1.6e-2)
+      --variant=b128_linear:train.batch_size=128,train.learning_rate=1.6e-2
+      --variant=b256_linear:train.batch_size=256,train.learning_rate=3.2e-2)
     ablate cpubatch_s0 "${CPU_BATCH[@]}" --seeds=0 > "$OUT.cpubatch_s0.log" 2>&1 &
     ablate cpubatch_s1 "${CPU_BATCH[@]}" --seeds=1 > "$OUT.cpubatch_s1.log" 2>&1 &
     wait

@@ -1,5 +1,5 @@
-"""Static plan of the persistent highway kernels: ownership, padding, shared memory,
-co-residency and L2 traffic (the time prediction is `rhhjax.ops.persistent_cost`).
+"""Static plan of the persistent highway kernels: ownership, padding, shared memory and
+co-residency (which plan a shape runs: `rhhjax.ops.persistent_plans`).
 
 Grid row_blocks x col_blocks, one block per SM while resident (all, or a cluster's: the
 layout's). Block (r, g) owns rows ``r * rows_per_block ..`` (a multiple of 64, the wgmma M),
@@ -56,16 +56,6 @@ def forward_staging_slots(has_z: bool, save: bool) -> tuple[int, tuple]:
 def layout_smem_bytes(layout: str) -> int:
     """The shared memory ``layout`` adds to a block: row groups' `PHASE_BARRIERS` mbarriers."""
     return MBARRIER_BYTES * PHASE_BARRIERS * (layout == "rowgroup")
-
-
-def check_arrays(expected: dict, what: str) -> None:
-    """PlanError unless each ``expected`` name -> (array, shape, dtype name) matches."""
-    for name, (array, shape, dtype) in expected.items():
-        if tuple(array.shape) != tuple(shape) or jnp.dtype(array.dtype).name != dtype:
-            raise PlanError(
-                f"{what} {name} is {jnp.dtype(array.dtype).name}{list(array.shape)}, "
-                f"expected {dtype}{list(shape)}."
-            )
 
 
 def scales_width(width: int, units: int, n_pad: int) -> int:
@@ -190,12 +180,6 @@ class PersistentPlan:
         """Stages of `gemm.StagedOperands` for a K loop of ``k_steps`` chunks."""
         return max(min(self.stages, k_steps), 1)
 
-    def weight_slice_bytes(self) -> int:
-        """One block's slice of one layer's weight, forward or backward, the larger."""
-        forward = self.k_pad * self.cols_per_block
-        backward = self.k2_pad * self.units_per_block
-        return max(forward, backward) * self.itemsize
-
     def smem_bytes(
         self, has_z: bool = True, has_mask: bool = True, save: bool = True, layout: str = "grid"
     ) -> int:
@@ -217,28 +201,6 @@ class PersistentPlan:
     @staticmethod
     def _aligned(nbytes: int) -> int:
         return _round_up(nbytes, H100.smem_alignment)
-
-    def accumulator_registers(self, warpgroups: int = 1) -> int:
-        return self.rows_per_block * self.cols_per_block // (128 * warpgroups)
-
-    def _operand_elems(self, backward: bool) -> tuple[int, int]:
-        """(A elements, B elements) one block reads per phase."""
-        if backward:
-            return self.rows_per_block * self.k2_pad, self.k2_pad * self.units_per_block
-        return self.rows_per_block * self.k_pad, self.k_pad * self.cols_per_block
-
-    def l2_bytes_per_phase(self, multicast: int = 1, backward: bool = False) -> int:
-        """Bytes all blocks read per phase; ``multicast`` blocks read A once."""
-        a, b = self._operand_elems(backward)
-        blocks_reading_a = -(-self.grid // multicast)
-        return (blocks_reading_a * a + self.grid * b) * self.itemsize
-
-    def ingest_bytes_per_block(self, backward: bool = False) -> int:
-        return sum(self._operand_elems(backward)) * self.itemsize
-
-    def flops_per_block(self, backward: bool = False) -> int:
-        a, b = self._operand_elems(backward)
-        return 2 * a * b // (self.k2_pad if backward else self.k_pad)
 
     def check(self, layout: str = "grid") -> None:
         """PlanError unless K suits the kernels and a block fits the shared memory in ``layout``."""
@@ -285,20 +247,6 @@ class PersistentPlan:
                 "blocks would not be co-resident and the grid barrier would deadlock; use "
                 "layout 'rowgroup' (clusters of at most 16 blocks) or fewer row blocks."
             )
-
-    def summary(self) -> dict:
-        return {
-            "grid": self.grid,
-            "units_per_block": self.units_per_block,
-            "cols_per_block": self.cols_per_block,
-            "b_pad": self.b_pad,
-            "n_pad": self.n_pad,
-            "k_pad": self.k_pad,
-            "smem_bytes": self.smem_bytes(),
-            "weight_slice_bytes": self.weight_slice_bytes(),
-            "accumulator_registers": self.accumulator_registers(),
-            "l2_bytes_per_phase": self.l2_bytes_per_phase(),
-        }
 
 
 def paper_plan(dtype: str = "bfloat16", **overrides) -> PersistentPlan:
