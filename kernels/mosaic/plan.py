@@ -1,11 +1,6 @@
 """Static plan of the persistent highway kernels: ownership, padding, shared memory and
-co-residency (which plan a shape runs: `rhhjax.ops.persistent_plans`).
-
-Grid row_blocks x col_blocks, one block per SM while resident (all, or a cluster's: the
-layout's). Block (r, g) owns rows ``r * rows_per_block ..`` (a multiple of 64, the wgmma M),
-units ``g * units_per_block ..`` (h- and t-columns). n_pad = col_blocks * units_per_block;
-k_pad = n in k_chunk chunks; b_pad = row_blocks * rows_per_block. Design: docs/design.md.
-"""
+co-residency. Block (r, g) of row_blocks x col_blocks owns rows ``r * rows_per_block ..``
+and units ``g * units_per_block ..`` (h- and t-columns). docs/design.md."""
 
 from __future__ import annotations
 
@@ -67,12 +62,9 @@ def scales_width(width: int, units: int, n_pad: int) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class PersistentPlan:
-    """Configuration of one persistent-kernel call (hashable: a static argument).
-    ``units``: units per block, or None for the fewest covering ``width``. ``multicast_a``:
-    each main-GEMM A chunk loaded once per row-group cluster (row groups only);
-    ``multicast_b``: each weight chunk once per cluster of a column's row blocks (the grid
-    only); ``split_k``: the backward's main GEMM split between two warpgroups (`gemm.SplitK`).
-    """
+    """One persistent-kernel call's configuration (hashable). ``units``: per block (None:
+    the fewest covering ``width``); ``multicast_a`` / ``_b``: each A chunk once per row group
+    / each weight chunk once per column's cluster; ``split_k``: `gemm.SplitK` (backward)."""
 
     batch: int
     width: int

@@ -1,5 +1,4 @@
-"""Which `PersistentPlan` a [batch, width] recurrence runs: the plans both persistent kernels
-accept on an H100 (`candidates`) and the rule that picks one (`plan_for`)."""
+"""Which `PersistentPlan` a [batch, width] recurrence runs on an H100 (`plan_for`)."""
 
 from __future__ import annotations
 
