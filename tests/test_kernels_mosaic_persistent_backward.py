@@ -2,20 +2,18 @@
 its reference, plan and compile.
 
 On a CPU: its reference against ``jax.vjp`` of a plain-JAX forward on the same padded
-operands (f32) and against `persistent_schedule.backward_loop` (f32, bf16; with
-and without z and mask; odd sizes; depth 1 and 3); the weight layout; the shared-memory
+operands (f32; with and without z and mask; odd sizes; depth 1 to 3; in bf16 the model
+against `scan`, tests/test_ops_persistent.py); the weight layout; the shared-memory
 count; one-line plan errors. ``gpu_compile``: the kernel lowers and compiles for an H100
 without a GPU, and allocates exactly `backward_smem_bytes`. The kernel run against its
 reference (compiled on a GPU, interpreted on a CPU):
 tests/test_kernels_mosaic_persistent_backward_run.py."""
 
 import dataclasses
-import types
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import persistent_schedule as ps
 import pytest
 from kernel_cases import (
     KEEP,
@@ -23,7 +21,6 @@ from kernel_cases import (
     backward_a_buffer,
     backward_case,
     backward_packed,
-    backward_reference,
     backward_rest,
     compile_deviceless,
     needs_cuda,
@@ -38,23 +35,17 @@ from rhhjax.kernels.mosaic.plan import PersistentPlan, PlanError, paper_plan
 
 
 def test_backward_weights_are_each_layer_padded_and_stacked_on_rows():
-    """wt[l * n_pad + j, h * n_pad + i] = W_l[j, h * n + i], zero where padded; and the
-    block (l, g) rows are what `persistent_schedule.backward_weights` gives block g."""
+    """wt[l * n_pad + j, h * n_pad + i] = W_l[j, h * n + i], zero where padded."""
     plan = PersistentPlan(64, 21, "float32", col_blocks=3, k_chunk=16)  # u 8, n_pad 24
     kernel_s = jnp.asarray(np.random.default_rng(0).normal(size=(2, 21, 42)), F32)
     wt = np.asarray(pb.backward_weights(plan, kernel_s, F32))
-    n, n_pad, u = 21, plan.n_pad, plan.units_per_block
+    n, n_pad = 21, plan.n_pad
     assert wt.shape == (2 * n_pad, 2 * n_pad)
     for layer in range(2):
         block = wt[layer * n_pad : (layer + 1) * n_pad].reshape(n_pad, 2, n_pad)
         w = np.asarray(kernel_s[layer]).reshape(n, 2, n)
         np.testing.assert_array_equal(block[:n, :, :n], w)
         assert not block[n:].any() and not block[:, :, n:].any()
-    sched = np.asarray(ps.backward_weights(plan, kernel_s, F32))  # [L, C, K2c, k_chunk, u]
-    for layer in range(2):
-        for g in range(plan.col_blocks):
-            rows = wt[(layer * plan.col_blocks + g) * u : (layer * plan.col_blocks + g + 1) * u]
-            np.testing.assert_array_equal(rows, sched[layer, g].reshape(-1, u).T)
 
 
 def test_backward_weights_cast_to_the_matmul_dtype():
@@ -94,8 +85,8 @@ def test_reference_is_the_vjp_of_a_plain_forward_f32(
 ):
     """Run the plain forward from s0 to get s_prev, h, tg, full; the reference's bias parts
     are each row block's sums of the cotangent of the pre-activations a (da), d_mm's rows
-    and d_x (layer 0, f32) are that of ``full`` (da * z) and ``ds_carry0 + d_scaled_0 @
-    W_0^T`` that of s0; padded rows and units stay zero."""
+    and d_x (layer 0, f32) are that of ``full`` (da * z), dz that of z, and ``ds_carry0 +
+    d_scaled_0 @ W_0^T`` that of s0; padded rows and units stay zero."""
     plan = PersistentPlan(batch, width, "float32", col_blocks=col_blocks, k_chunk=16)
     case = backward_case(batch + width, plan, steps, depth, z_on, mask_on)
     n_pad, b_pad, phases = plan.n_pad, plan.b_pad, steps * depth
@@ -105,8 +96,11 @@ def test_reference_is_the_vjp_of_a_plain_forward_f32(
         plan, jnp.asarray(np.random.default_rng(1).normal(size=(batch, width)), F32)
     )
     zeros = jnp.zeros((phases, b_pad, 2, n_pad), F32)
-    forward = lambda s, ef, ea: _plain_forward(plan, w_layers, s, case, ef, ea, depth)  # noqa: E731
-    states = forward(s0, zeros, zeros)
+
+    def forward(s, ef, ea, z):
+        return _plain_forward(plan, w_layers, s, dict(case, z=z), ef, ea, depth)
+
+    states = forward(s0, zeros, zeros, case["z"])
     s_prev = jnp.concatenate([s0[None], states[:-1]])
     a_full = jnp.einsum("pbk,pkc->pbc", s_prev, w_layers[jnp.arange(phases) % depth])
     full = a_full.reshape(phases, b_pad, 2, n_pad)
@@ -114,12 +108,14 @@ def test_reference_is_the_vjp_of_a_plain_forward_f32(
     if case["z"] is not None:
         a = full * case["z"][:, :, None] + case["bias"][jnp.arange(phases) % depth]
     case.update(s_prev=s_prev, h=jnp.tanh(a[:, :, 0]), tg=jax.nn.sigmoid(a[:, :, 1]), full=full)
-    d_x, d_mm, ds_carry0, parts, *_, status = pb.persistent_backward_reference(
+    outs = pb.persistent_backward_reference(
         plan, wt, case["g"], backward_packed(case), *backward_rest(case), keep=KEEP
     )
+    d_x, d_mm, ds_carry0, parts = outs.d_x, outs.d_mm, outs.ds_carry0, outs.bias_parts
+    status = outs.status
     d_mm = _phase_order(d_mm, steps, depth)
-    _, vjp = jax.vjp(forward, s0, zeros, zeros)
-    ds0, d_full, d_a = vjp(case["g"])
+    _, vjp = jax.vjp(forward, s0, zeros, zeros, case["z"])
+    ds0, d_full, d_a, dz = vjp(case["g"])
     tol = dict(rtol=1e-5, atol=1e-5)
     rows = plan.rows_per_block  # parts [P, R, 2, group, n_pad]: sum the group -> row blocks
     by_block = d_a.reshape(phases, plan.row_blocks, rows, 2, n_pad).sum(axis=2)
@@ -133,6 +129,9 @@ def test_reference_is_the_vjp_of_a_plain_forward_f32(
     assert not np.asarray(d_x[:, batch:]).any() and not np.asarray(d_x[..., width:]).any()
     assert not np.asarray(parts[..., width:]).any()
     assert status.shape == (plan.grid,) and not np.asarray(status).any()
+    if z_on:  # dz, layer-major [L, T, b_pad, z_width]: the kernels' layout
+        got = jnp.swapaxes(outs.dz, 0, 1).reshape(phases, b_pad, plan.z_width)
+        np.testing.assert_allclose(got, dz[..., : plan.z_width], **tol)
     # The check can fail: another outside cotangent gives another da.
     other = pb.persistent_backward_reference(
         plan, wt, case["g"] * 2, backward_packed(case), *backward_rest(case), keep=KEEP
@@ -144,58 +143,6 @@ def _phase_order(d_mm, steps: int, depth: int):
     """d_mm [P * b_pad, C] in the kernels' layer-major slots -> the same in phase order."""
     blocks = d_mm.reshape(steps * depth, -1, d_mm.shape[-1])
     return slots.from_slots(blocks, steps, depth).reshape(d_mm.shape)
-
-
-@pytest.mark.pure_jax
-@pytest.mark.parametrize(
-    ("dtype", "batch", "width", "col_blocks", "steps", "depth", "z_on", "mask_on"),
-    [("float32", 37, 21, 3, 2, 3, True, True), ("bfloat16", 37, 21, 3, 2, 3, True, True),
-     ("bfloat16", 64, 30, 4, 3, 1, False, False), ("float32", 100, 13, 1, 2, 3, False, True),
-     ("bfloat16", 65, 45, 3, 2, 2, True, False)],
-)  # fmt: skip
-def test_reference_matches_the_persistent_schedule(
-    dtype, batch, width, col_blocks, steps, depth, z_on, mask_on
-):
-    """Against `persistent_schedule.backward_loop` on the same saved values (its h, tg saved,
-    the reference's recomputed from full with z): d_mm is its d_scaled in the matmul dtype,
-    d_x its d_scaled of layer 0 in f32, the bias parts add up to its bias gradient (and with
-    z dz is its dz), and ds_carry0 + d_scaled_0 @ W_0^T its gradient of s0."""
-    schedule = ps.Schedule(col_blocks=col_blocks, k_chunk=16)
-    plan = schedule.plan(batch, width, dtype)
-    case = backward_case(batch * width, plan, steps, depth, z_on, mask_on)
-    mm = jnp.dtype(dtype)
-    wt, outs = backward_reference(plan, case, mm)
-    d_x, d_mm_slots, ds_carry0, parts = outs[:4]
-    assert len(outs) == 5 + z_on
-    d_mm = _phase_order(d_mm_slots, steps, depth)
-    b_pad, n_pad, phases = plan.b_pad, plan.n_pad, steps * depth
-    by_step = lambda x: None if x is None else x.reshape(steps, depth, *x.shape[1:])  # noqa: E731
-    saved = {"h": by_step(case["h"]), "t": by_step(case["tg"])}
-    if z_on:
-        saved["u"] = by_step(case["full"])
-    ops = ps._Operands(None, jnp.zeros((b_pad, n_pad), F32), None, by_step(case["z"]),
-                       by_step(case["keep"]))  # fmt: skip
-    spec = types.SimpleNamespace(keep=KEEP, dtype=mm)
-    wt_blocks = ps.backward_weights(plan, case["kernel_s"], mm)
-    ds0, d_scaled, dz, dbias = ps.backward_loop(
-        spec, plan, wt_blocks, ops, by_step(case["s_prev"]), saved, by_step(case["g"])
-    )
-    tol = {"float32": 2e-5, "bfloat16": 2e-2}[dtype]
-
-    def close(actual, expected):
-        actual, expected = np.asarray(actual, np.float32), np.asarray(expected, np.float32)
-        np.testing.assert_allclose(actual, expected, rtol=tol, atol=tol * np.abs(expected).max())
-
-    d_scaled_mm = d_scaled.astype(mm).reshape(phases * b_pad, 2 * n_pad)
-    close(d_mm[: phases * b_pad], d_scaled_mm)
-    close(pb.bias_gradient(parts, depth), dbias)
-    close(d_x, d_scaled.reshape(steps, depth, b_pad, 2, n_pad)[:, 0, ..., : plan.z_width])
-    if z_on:  # dz, layer-major [L, T, b_pad, z_width]: the kernels' layout
-        want_dz = dz.reshape(steps, depth, b_pad, n_pad)[..., : plan.z_width]
-        close(jnp.swapaxes(outs[4], 0, 1), want_dz)
-        assert not np.asarray(dz.reshape(steps, depth, b_pad, n_pad)[..., plan.z_width :]).any()
-    w0 = wt[:n_pad]
-    close(ds_carry0 + jnp.matmul(d_mm[:b_pad], w0.T, preferred_element_type=F32), ds0)
 
 
 @pytest.mark.pure_jax

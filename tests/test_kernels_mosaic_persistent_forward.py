@@ -1,17 +1,15 @@
 """The persistent whole-sequence forward kernel (`kernels/mosaic/persistent_forward.py`):
 its reference, plan and compile.
 
-On a CPU: its reference against the highway recurrence of `ops.cells` and against the
-schedule emulation tests/persistent_schedule.py (states and the saved rows in
-`loops.pack`'s layout), the A buffer and status outputs, the weight layout, the plan's new
-checks and its shared-memory count, one-line errors. ``gpu_compile``: the kernel lowers and
-compiles for an H100 without a GPU, allocating exactly ``plan.smem_bytes(...)`` (needs the
-JAX CUDA plugin). The kernel run against its reference (compiled on a GPU, interpreted on a
-CPU): tests/test_kernels_mosaic_persistent_forward_run.py."""
+On a CPU: its reference against the highway recurrence of `ops.cells` (states and the
+saved rows in `loops.pack`'s layout), the A buffer and status outputs, the weight layout,
+the plan's new checks and its shared-memory count, one-line errors. ``gpu_compile``: the
+kernel lowers and compiles for an H100 without a GPU, allocating exactly
+``plan.smem_bytes(...)`` (needs the JAX CUDA plugin). The kernel run against its reference
+(compiled on a GPU, interpreted on a CPU): tests/test_kernels_mosaic_persistent_forward_run.py."""
 
 import jax.numpy as jnp
 import numpy as np
-import persistent_schedule
 import pytest
 from kernel_cases import (
     KEEP,
@@ -22,10 +20,8 @@ from kernel_cases import (
     forward_operands,
     forward_problem,
     needs_cuda,
-    pad_units,
 )
 from rhhjax.kernels.hardware import H100
-from rhhjax.kernels.mosaic import forward as mf
 from rhhjax.kernels.mosaic import persistent_forward as pf
 from rhhjax.kernels.mosaic import persistent_slots as slots
 from rhhjax.kernels.mosaic import plan as pp
@@ -108,39 +104,6 @@ def test_reference_is_the_highway_recurrence_with_the_ops_saved_rows(case, has_z
     assert status.shape == (plan.grid,) and not np.asarray(status).any()
     # Without save: the same A buffer.
     np.testing.assert_array_equal(unsaved[1], s_mm)
-
-
-@pytest.mark.pure_jax
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_reference_phases_match_the_schedule_emulation(dtype):
-    """Every phase gives the same state and saved full as `persistent_schedule`'s
-    `forward_phase` (which sums the K chunks one by one) from the same input state, on the
-    same plan, with z and gate dropout; the gates recomputed from full (`mosaic_forward.gates`,
-    as the backward kernel does) are its gates."""
-    batch, width, steps, depth = 64, 96, 3, 2
-    plan = pp.PersistentPlan(batch, width, dtype, col_blocks=6, k_chunk=32)
-    prob = forward_problem(3, batch, width, steps, depth)
-    w_blk, s0, xproj, bias, z_lt, mask = forward_operands(plan, prob, True, True)
-    ops = (plan, w_blk, s0, xproj, bias, z_lt, mask)
-    z = slots.scales_to_phase_major(z_lt, plan.n_pad)
-    _, packed, s_mm, _ = pf.persistent_forward_reference(*ops, save=True, keep=KEEP)
-    inputs = forward_inputs(plan, packed, s_mm, steps, depth)
-    states = pf.persistent_forward_reference(*ops, save=False, keep=KEEP)[0]
-    w_blocks = persistent_schedule.forward_weights(plan, prob["w"], jnp.dtype(dtype))
-    tol = 1e-5
-    for p in range(steps * depth):
-        t, layer = divmod(p, depth)
-        s_new, saved = persistent_schedule.forward_phase(
-            plan, KEEP, jnp.dtype(dtype), inputs[p], w_blocks[layer], z[p],
-            bias[layer, 0], pad_units(plan, xproj[t]) if layer == 0 else None, mask[p] > 0,
-        )  # fmt: skip
-        np.testing.assert_allclose(states[p], s_new, rtol=tol, atol=tol)
-        full = forward_gate_rows(plan, packed[p])
-        np.testing.assert_allclose(full, saved["u"], rtol=tol, atol=tol)
-        b = dict(z=z[p], b_h=bias[layer, :, 0], b_t=bias[layer, :, 1])
-        h, tg = mf.gates(full[:, 0], full[:, 1], b)
-        np.testing.assert_allclose(h, saved["h"], rtol=tol, atol=tol)
-        np.testing.assert_allclose(tg, saved["t"], rtol=tol, atol=tol)
 
 
 def test_forward_weights_are_each_layers_block_major_transpose():
