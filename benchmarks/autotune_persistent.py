@@ -74,10 +74,8 @@ def model_config(size: str, dtype: str, variant: str, interpret: bool) -> models
 
 def config_flags(text: str) -> str:
     """A variant's text as train.py's flags (its fields not at their defaults)."""
-    variant, default = persistent.parse_variant(text), persistent.PersistentVariant()
-    names = [f.name for f in dataclasses.fields(variant)]
-    changed = [n for n in names if getattr(variant, n) != getattr(default, n)]
-    flags = [f"--config.model.persistent.{n}={getattr(variant, n)}" for n in changed]
+    changed = persistent.parse_variant(text).changed().items()
+    flags = [f"--config.model.persistent.{name}={value}" for name, value in changed]
     return " ".join(flags) or "the default (no flag)"
 
 

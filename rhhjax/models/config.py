@@ -53,6 +53,10 @@ class ModelConfig:
     lowrank_remat: bool = True  # hyper_rank > 0 with scan: recompute u, v, X_u W in the backward
     original_first_step: bool = False  # True: the paper code's skipped b_0 on the first step
 
+    def __post_init__(self):
+        if not isinstance(self.persistent, PersistentVariant):  # a config section's fields
+            object.__setattr__(self, "persistent", _variant_of_fields(self.persistent))
+
     @classmethod
     def from_config(cls, cfg: Any, **overrides: Any) -> ModelConfig:
         """Builds from a ConfigDict / mapping (unknown keys ignored), then validates."""
@@ -60,8 +64,6 @@ class ModelConfig:
         names = {f.name for f in dataclasses.fields(cls)}
         kwargs = {k: v for k, v in items.items() if k in names}
         kwargs.update(overrides)
-        if not isinstance(kwargs.get("persistent", PersistentVariant()), PersistentVariant):
-            kwargs["persistent"] = _variant_of_fields(kwargs["persistent"])
         config = cls(**kwargs)
         config.validate()
         return config
@@ -72,7 +74,6 @@ class ModelConfig:
         _check_numbers(self)
         _check_rank(self)
         _check_combinations(self)
-        _check_variant(self)
         for name in ("lowrank_remat", "original_first_step"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"model.{name}={getattr(self, name)!r} must be True or False")
@@ -158,11 +159,6 @@ def _variant_of_fields(fields: Any) -> PersistentVariant:
         return from_fields(dict(fields.items()))
     except VariantError as error:
         raise ConfigError(f"model.persistent: {error}") from None
-
-
-def _check_variant(c: ModelConfig) -> None:
-    if not isinstance(c.persistent, PersistentVariant):
-        _variant_of_fields(c.persistent)
 
 
 def _check_rank(c: ModelConfig) -> None:

@@ -47,9 +47,9 @@ def variant_of(spec: SequenceSpec) -> PersistentVariant:
 
 
 def variant_at(spec: SequenceSpec, batch: int, width: int) -> PersistentVariant:
-    """A [batch, width] cell's: the spec's, else the default where it runs, else the grid."""
+    """A cell's: the spec's if not the default, else the default where it runs, else grid."""
     variant = variant_of(spec)
-    if getattr(spec, "variant", None) is not None or variant.layout == "grid":
+    if variant != PersistentVariant():
         return variant
     interpret = bool(spec.interpret and not spec.references)
     choose = interpret_plan if interpret else plan_for
@@ -65,8 +65,7 @@ def variant_plans(
     variant: PersistentVariant, batch: int, width: int, hyper_width: int, dtype_name: str,
     interpret: bool = False,
 ) -> tuple:  # fmt: skip
-    """(layout, main plan, hyper plan or None: an RHN's hyper_width 0) at ``variant``;
-    PlanError (one line) unless their checks accept them."""
+    """(layout, main plan, hyper plan or None: hyper_width 0) at ``variant``, else PlanError."""
     from rhhjax.ops.sequence_spec import SequenceSpec
 
     spec = SequenceSpec(NAME, 1.0, jnp.dtype(dtype_name), interpret=interpret, variant=variant)
@@ -213,8 +212,7 @@ def grid_barrier_runs(
     """Whether a step at ``model.persistent`` ``variant`` runs a grid barrier."""
     from rhhjax.ops.sequence_spec import SequenceSpec
 
-    asked = None if variant == PersistentVariant() else variant
-    spec = SequenceSpec(NAME, 1.0, jnp.dtype(dtype), variant=asked)
+    spec = SequenceSpec(NAME, 1.0, jnp.dtype(dtype), variant=variant)
     widths = (width, hyper_width) if hyper_width else (width,)
     return any(variant_at(spec, batch, w).layout == "grid" for w in widths)
 
@@ -307,12 +305,11 @@ def record_timeline(path, variant: PersistentVariant | None = None, batch: int =
     import numpy as np
 
     from rhhjax.kernels.mosaic import phase_timeline
+    from rhhjax.ops.sequence_spec import SequenceSpec
 
-    variant = variant or PersistentVariant()
-    args = (batch, width, 0, dtype, interpret is not None)
-    if variant == PersistentVariant() and _plans_or_none(variant, *args) is None:
-        variant = PersistentVariant("grid")
-    _, plan, _ = variant_plans(variant, *args)
+    spec = SequenceSpec(NAME, 1.0, jnp.dtype(dtype), interpret=interpret is not None)
+    variant = variant_at(dataclasses.replace(spec, variant=variant), batch, width)
+    _, plan, _ = variant_plans(variant, batch, width, 0, dtype, interpret is not None)
     keys = iter(jax.random.split(jax.random.key(seed), 8))
     normal = lambda *shape: 0.3 * jax.random.normal(next(keys), shape)  # noqa: E731
     b, n, zw, phases = plan.b_pad, plan.n_pad, plan.z_width, steps * depth

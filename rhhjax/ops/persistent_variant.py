@@ -63,14 +63,15 @@ class PersistentVariant:
                     f"{name}={value} must be 0 or >= {low}, a multiple of {multiple}"
                 )
 
+    def changed(self) -> dict:
+        """The fields not at their defaults, name -> value."""
+        default = dataclasses.asdict(PersistentVariant())
+        return {k: v for k, v in dataclasses.asdict(self).items() if v != default[k]}
+
     def text(self) -> str:
         """``layout=L[,stages=S,k_chunk=K,units=U,sharing=X]``: the fields not at default."""
-        default = PersistentVariant()
-        parts = [f"layout={self.layout}"]
-        for field in dataclasses.fields(self)[1:]:
-            if getattr(self, field.name) != getattr(default, field.name):
-                parts.append(f"{field.name}={getattr(self, field.name)}")
-        return ",".join(parts)
+        others = [f"{k}={v}" for k, v in self.changed().items() if k != "layout"]
+        return ",".join([f"layout={self.layout}", *others])
 
     def tested_on_a_gpu(self) -> bool:
         return self.sharing not in UNTESTED_ON_A_GPU
@@ -113,8 +114,8 @@ def _with_units(plan: PersistentPlan, units: int, layout: str) -> PersistentPlan
 def _pipelined(
     plan: PersistentPlan, stages: int, k_chunk: int, shared: str, split_k: bool, layout: str
 ) -> PersistentPlan:
-    """``plan`` at ``stages`` of ``k_chunk`` (0: its own; with ``stages``, the widest that
-    fits); ``shared``: the multicast operand, "a" (state rows), "b" (weights) or ""."""
+    """``plan`` at ``stages`` of ``k_chunk`` (0: its own, or the widest that fits ``stages``);
+    ``shared``: the multicast operand, "a" (state rows), "b" (weights) or ""."""
     what = f"persistent variant stages={stages}, k_chunk={k_chunk}, shared={shared or 'none'}"
     chunks = [k_chunk] if k_chunk else [plan.k_chunk]
     if stages and not k_chunk:

@@ -144,13 +144,9 @@ class Loop:
         """Seconds of training left (inf: unknown), by the nearest bound."""
         t = self.run.cfg.train
         remaining = []
-        if math.isfinite(sec_per_step):
-            if s.budget_steps:
-                remaining.append((s.budget_steps - s.step) * sec_per_step)
-            if t.max_steps:
-                remaining.append((t.max_steps - s.step) * sec_per_step)
-            if t.max_epochs:
-                remaining.append((t.max_epochs * self.bpe - s.step) * sec_per_step)
+        bound = budget.step_bound(t, s, self.bpe)
+        if math.isfinite(sec_per_step) and bound:
+            remaining.append((bound - s.step) * sec_per_step)
         if t.max_minutes:
             remaining.append(60.0 * t.max_minutes - s.train_seconds)
         if budget.unfixed(t, s):  # the probe: the budget's own clock
