@@ -297,7 +297,8 @@ def counting_launch(*args, **kwargs):
 mcore._launch = counting_launch
 rows = []
 for plan_args, steps, depth, z_on, mask_on in {cases!r}:
-    plan = PersistentPlan(*plan_args, split_k={split_k})
+    *fields, named = plan_args if isinstance(plan_args[-1], dict) else (*plan_args, {{}})
+    plan = PersistentPlan(*fields, split_k={split_k}, **named)
     phases, b, n = steps * depth, plan.b_pad, plan.n_pad
     mm = jnp.dtype(plan.dtype)
     args = (sds((depth * n, 2 * n), mm), sds((phases, b, n)),
@@ -341,14 +342,39 @@ def test_kernel_lowers_and_compiles_for_an_h100_without_a_gpu(tmp_path):
 
 @pytest.mark.gpu_compile
 @needs_cuda
+def test_the_epilogue_in_registers_compiles_for_an_h100_without_a_gpu(tmp_path):
+    """`PersistentPlan.in_registers` (the accumulator read in registers, the whole tile at
+    once, no f32 tile in shared memory) at the paper's bf16 blocks, 4 stages of 64 (also
+    with the weights multicast) and 8 of 32, and f32's 4 x 32 blocks: the predicted shared
+    memory, no register spilled."""
+    registers = {"in_registers": True}
+    cases = [
+        ((256, 1000, "bfloat16", 16, 4, 64, 4, registers), 3, 7, True, True),
+        (
+            (256, 1000, "bfloat16", 16, 4, 64, 4, registers | {"multicast_b": True}),
+            3,
+            2,
+            True,
+            True,
+        ),
+        ((256, 1000, "bfloat16", 16, 4, 32, 8, registers), 3, 2, True, True),
+        ((256, 1000, "float32", 32, 4, 64, 4, registers), 3, 2, True, True),
+    ]
+    _compiles_at_the_predicted_shared_memory(cases, tmp_path)
+
+
+@pytest.mark.gpu_compile
+@needs_cuda
 def test_the_gemm_split_between_two_warpgroups_compiles_for_an_h100_without_a_gpu(tmp_path):
     """`PersistentPlan.split_k` at the paper's blocks, at the pipelines that fit two
-    warpgroups' stages (bf16: K chunks of 32, 2 stages each; f32: 64 and 2, or 32 and 4):
-    the predicted shared memory, no register spilled with the block's 256 threads."""
+    warpgroups' stages (bf16: K chunks of 32, 2 stages each, 3 with the epilogue in
+    registers; f32: 64 and 2, or 32 and 4): the predicted shared memory, no register spilled
+    with the block's 256 threads."""
     cases = [
         ((256, 1000, "bfloat16", 16, 4, 32, 2), 3, 7, True, True),
         ((256, 1000, "float32", 32, 4, 64, 2), 3, 7, True, True),
         ((256, 1000, "float32", 32, 4, 32, 4), 3, 2, True, True),
+        ((256, 1000, "bfloat16", 16, 4, 32, 3, {"in_registers": True}), 3, 7, True, True),
     ]
     _compiles_at_the_predicted_shared_memory(cases, tmp_path, split_k=True)
 

@@ -57,25 +57,30 @@ class TestCompiled(MosaicGpuMode):
             ((256, 1000, "bfloat16", 16, 4, 64, 3), 3, 2, True, True),
             ((100, 37, "float32", 3, 2, 32), 2, 3, False, True),
         ],
+        # the paper bf16 blocks at 4 stages; 2 x 2 (f32)
+        "registers_case": [
+            ((256, 1000, "bfloat16", 16, 4, 64, 4), 3, 2, True, True),
+            ((100, 60, "float32", 2, 2, 32), 2, 3, False, True),
+        ],
     }
     TOL = {"bfloat16": 3e-2, "float32": 3e-3}
     LAYOUT = "grid"  # the kernels' launch layout (`kernels/mosaic/rowgroup_layout.py`)
 
-    def runnable_plan(self, plan_args, multicast="", split_k=False) -> PersistentPlan:
+    def runnable_plan(self, plan_args, multicast="", split_k=False, in_registers=False):
         """The case's plan; skipped where this mode cannot run its blocks at once.
         ``multicast``: the layout whose shared operand is multicast (rowgroup: A, grid: B)."""
         plan = PersistentPlan(
             *plan_args, multicast_a=multicast == "rowgroup", multicast_b=multicast == "grid",
-            split_k=split_k,
+            split_k=split_k, in_registers=in_registers,
         )  # fmt: skip
         cluster = plan.grid if self.LAYOUT == "grid" else plan.col_blocks
         if self.INTERPRET and gpu_interpret.cluster_too_large(cluster):
             pytest.skip(gpu_interpret.cluster_too_large(cluster))
         return plan
 
-    def test_matches_reference(self, case, multicast="", split_k=False):
+    def test_matches_reference(self, case, multicast="", split_k=False, in_registers=False):
         plan_args, steps, depth, z_on, mask_on = case
-        plan = self.runnable_plan(plan_args, multicast, split_k)
+        plan = self.runnable_plan(plan_args, multicast, split_k, in_registers)
         case = backward_case(plan.batch + steps, plan, steps, depth, z_on, mask_on)
         wt, expected = backward_reference(plan, case, jnp.dtype(plan.dtype))
         kernel = functools.partial(
@@ -104,6 +109,16 @@ class TestCompiled(MosaicGpuMode):
         """`PersistentPlan.split_k` (warpgroup 1 runs the second half of each phase's K
         chunks on its own stages, warpgroup 0 adds it): the same outputs."""
         self.test_matches_reference(split_case, split_k=True)
+
+    @pytest.mark.parametrize("sharing", ["none", "multicast", "split_k"])
+    def test_the_epilogue_in_registers_matches_reference(self, registers_case, sharing):
+        """`PersistentPlan.in_registers` (the gate backward reads the accumulator in
+        registers and sums da's columns there), alone, with the shared operand multicast
+        (row blocks to share it) and with the GEMM split: the same outputs."""
+        if sharing == "multicast" and registers_case[0][4:5] in ((), (1,)):
+            pytest.skip("one row block: nothing to multicast")
+        multicast = self.LAYOUT if sharing == "multicast" else ""
+        self.test_matches_reference(registers_case, multicast, sharing == "split_k", True)
 
     def test_the_last_layers_cotangent_alone_is_the_dense_one(self, case):
         """g [T, b_pad, n_pad] (layer L - 1's, the others zero: a model that reads the last
@@ -147,6 +162,11 @@ class TestInterpret(TestCompiled):
         "multicast_case": [
             ((100, 37, "float32", 3, 2, 32), 2, 3, False, True),  # 2 x 3
             ((150, 64, "bfloat16", 2, 3, 32), 3, 2, True, True),  # 3 x 2, dz too
+        ],
+        # one block with z (bf16); 2 x 2 (f32)
+        "registers_case": [
+            ((64, 64, "bfloat16", 1, 1, 32, 2), 3, 2, True, True),
+            ((100, 60, "float32", 2, 2, 32, 2), 2, 3, False, True),
         ],
     }  # fmt: skip
     TOL = {"bfloat16": 3e-2, "float32": 2e-5}

@@ -235,7 +235,8 @@ _COMPILE = (
     _SMEM_COUNTER
     + """
 for fields, steps, depth, has_z, has_mask, save in {cases!r}:
-    plan = PersistentPlan(*fields)
+    *fields, named = fields if isinstance(fields[-1], dict) else (*fields, {{}})
+    plan = PersistentPlan(*fields, **named)
     phases, b, n, k = steps * depth, plan.b_pad, plan.n_pad, plan.k_pad
     opt = lambda on, dtype=jnp.float32: sds((phases, b, n), dtype) if on else None
     args = (sds((depth * 2 * n, k), jnp.dtype(plan.dtype)), sds((b, n), jnp.float32),
@@ -269,6 +270,22 @@ def test_kernel_lowers_and_compiles_for_an_h100_without_a_gpu(tmp_path):
         ((256, 1000, "float32", 132, 1, 64, 2), 3, 2, False, False, False),
         ((256, 1000, "bfloat16", 33, 4), 3, 2, True, False, True),
         ((100, 37, "float32", 3, 2, 16, 2), 3, 3, False, True, True),
+    ]
+    _compiles_at_the_plans_shared_memory(cases, tmp_path)
+
+
+@pytest.mark.gpu_compile
+@needs_cuda
+def test_the_epilogue_in_registers_compiles_for_an_h100_without_a_gpu(tmp_path):
+    """`PersistentPlan.in_registers` (each gate's accumulator read in registers, no f32
+    GEMM tile in shared memory) at the paper's bf16 blocks, 4 stages of 64 and 8 of 32, and
+    f32's 4 x 32 blocks: the plan's shared memory, no register spilled."""
+    registers = {"in_registers": True}
+    cases = [
+        ((256, 1000, "bfloat16", 16, 4, 64, 4, registers), 3, 7, True, True, True),
+        ((256, 1000, "bfloat16", 16, 4, 32, 8, registers), 3, 2, True, True, True),
+        ((256, 1000, "float32", 32, 4, 64, 4, registers), 3, 2, True, True, True),
+        ((256, 1000, "bfloat16", 16, 4, 64, 4, registers), 3, 2, False, False, False),
     ]
     _compiles_at_the_plans_shared_memory(cases, tmp_path)
 

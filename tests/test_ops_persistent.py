@@ -183,19 +183,21 @@ VARIANT_CASES = [(64, 32, 3, 4, 3, True), (96, 20, 2, 5, 4, False)]
 def test_the_paper_candidates_are_the_tuning_space_that_runs_the_default_first(dtype):
     """`variant_candidates`: the tuning space's variants (`persistent.TUNING`) in the row-group
     layout that both kernels and the layout accept, each running plans of its own, the
-    default first: bf16 7 of its 9 (split_k fits at 4 stages of 32 only), f32 4 (no 6 stages,
-    no second warpgroup's stages)."""
+    default first: bf16 9 of its 12 (a second warpgroup's stages fit only at 6 stages of 16
+    with the epilogue in registers), f32 6 (6 stages and split_k not with the f32 tiles in
+    shared memory)."""
     found = persistent.variant_candidates(256, 1000, 128, dtype)
     space = persistent.tuning_space()
     assert found[0] == persistent.PersistentVariant() == space[0]
     assert found == [v for v in space if v in found]
     plans = [persistent.variant_plans(v, 256, 1000, 128, dtype) for v in found]
-    assert len(set(plans)) == len(found) == (7 if dtype == "bfloat16" else 4)
+    assert len(set(plans)) == len(found) == (9 if dtype == "bfloat16" else 6)
     default = plans[0][1]
     for variant, (layout, main, hyper) in zip(found, plans, strict=True):
         assert layout == "rowgroup" and main.multicast_a == (variant.sharing == "multicast")
         assert main.split_k == (variant.sharing == "split_k") and not main.multicast_b
-        assert main.stages == (variant.stages or default.stages)
+        assert main.in_registers == hyper.in_registers == (variant.epilogue == "registers")
+        assert main.stages == (variant.stages or default.stages + main.in_registers)
         for plan in (main, hyper):
             persistent_plans.check_runnable(plan)
 
@@ -243,11 +245,11 @@ def test_a_variant_of_too_many_blocks_is_one_plan_error_line():
 
 
 def test_a_variant_whose_pipeline_does_not_fit_is_one_plan_error_line():
-    """bf16 at 4 stages of 64: over a block's shared memory (the plan's own check)."""
-    variant = persistent.PersistentVariant(stages=4, k_chunk=64)
+    """bf16 at 32 stages, even of 16: over a block's shared memory (the plan's own check)."""
+    variant = persistent.PersistentVariant(stages=32)
     with pytest.raises(PlanError, match="shared memory") as error:
         persistent.variant_plans(variant, 256, 1000, 128, "bfloat16")
-    assert "\n" not in str(error.value) and "stages=4, k_chunk=64" in str(error.value)
+    assert "\n" not in str(error.value) and "stages=32" in str(error.value)
 
 
 def test_a_grid_barrier_that_gave_up_is_nan_in_training_and_one_host_line_elsewhere(
@@ -303,8 +305,9 @@ def test_a_grid_barrier_runs_where_the_variant_or_its_fallback_is_the_grid(
 SMALL = ("hyperrhn-f32-dropout-odd", "hyperrhn-bf16-dropout-first-step")
 TUNED_CASES = [
     *[("sharing=multicast", case) for case in SMALL],
-    *[("layout=grid,stages=2,k_chunk=32,sharing=split_k", case) for case in SMALL],
+    *[("layout=grid,stages=2,sharing=split_k", case) for case in SMALL],
     *[("layout=grid,sharing=multicast", case) for case in TWO_ROW_BLOCKS],
+    *[("epilogue=registers,units=32", case) for case in SMALL],
 ]
 
 

@@ -20,12 +20,13 @@ from rhhjax.train import config as train_config
         ({"layout": "diagonal"}, "layout='diagonal' is not one of"),
         ({"stages": "two"}, "stages='two' is not a whole number"),
         ({"stages": -3}, "stages=-3 must be 0 or >= 1"),
-        ({"k_chunk": 12}, "k_chunk=12 must be 0 or >= 8, a multiple of 8"),
+        ({"k_chunk": 32}, "field 'k_chunk' was removed: the K chunk is the plan's"),
+        ({"epilogue": "l2"}, "epilogue='l2' is not one of"),
         ({"units": 6}, "units=6 must be 0 or >= 4, a multiple of 4"),
         ({"sharing": "both"}, "sharing='both' is not one of"),
         ({"hyper_inside": 1}, "field 'hyper_inside' was removed: .* \\+6.3 ms"),
         ({"in_flight": 1}, "field 'in_flight' was removed: .* \\+1.9 to \\+3.4 ms"),
-        ({"depth": 3}, "field 'depth' is not one of k_chunk, layout, sharing, stages, units"),
+        ({"depth": 3}, "field 'depth' is not one of epilogue, layout, sharing, stages, units"),
     ],
 )
 def test_a_bad_field_is_one_config_error_line_before_anything_is_built(fields, words):
@@ -82,13 +83,14 @@ def test_a_text_round_trips_and_keys_left_out_are_defaults():
         ("layout=rowgroup,status=host", PersistentVariant()),
         ("hyper_inside=0,layout=rowgroup", PersistentVariant()),
         ("layout=rowgroup,multicast=1", PersistentVariant(sharing="multicast")),
-        ("layout=grid,k_chunk=32,split_k=1",
-         PersistentVariant("grid", k_chunk=32, sharing="split_k")),
+        ("layout=grid,stages=4,k_chunk=32,split_k=1",
+         PersistentVariant("grid", stages=4, sharing="split_k")),
     ],
 )  # fmt: skip
 def test_the_texts_of_recorded_runs_name_todays_variant(recorded, today):
-    """The 2026-11-28 runs and tables wrote ``status=``, ``hyper_inside=0``, ``multicast=1``
-    and ``split_k=1``; each reads as the variant that runs the same kernels today."""
+    """The 2026-11-28 runs and tables wrote ``status=``, ``hyper_inside=0``, ``multicast=1``,
+    ``split_k=1`` and ``k_chunk=32`` (beside stages 4 or 6: the widest K chunk that fits);
+    each reads as the variant that runs the same kernels today."""
     assert parse_variant(recorded) == today
 
 
@@ -116,9 +118,10 @@ def test_the_tuning_space_is_a_product_of_at_most_12_the_default_first():
     assert space[0] == PersistentVariant()
     assert len(space) == len(set(space)) <= 12
     sizes = [len(values) for values in pv.TUNING.values()]
-    assert len(space) == sizes[0] * sizes[1] and len(pv.TUNING) == 2
+    assert len(space) == sizes[0] * sizes[1] * sizes[2] and len(pv.TUNING) == 3
     assert len(dataclasses.fields(PersistentVariant)) <= 5
-    assert [v.tested_on_a_gpu() for v in space] == [v.sharing == "none" for v in space]
+    tested = [v.sharing == "none" and v.epilogue == "shared_memory" for v in space]
+    assert [v.tested_on_a_gpu() for v in space] == tested
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
@@ -136,8 +139,11 @@ def test_planned_puts_each_field_on_the_paper_plan(dtype):
     wide = PersistentVariant("grid", stages=2, units=32).planned(grid)
     assert (wide.units_per_block, wide.col_blocks, wide.row_blocks) == (32, 32, 4)
     assert (wide.stages, wide.k_chunk) == (2, grid.k_chunk)
-    split = PersistentVariant("grid", stages=2, k_chunk=32, sharing="split_k").planned(grid)
-    assert split == dataclasses.replace(grid, split_k=True, k_chunk=32, stages=2)
+    split = PersistentVariant("grid", stages=2, sharing="split_k").planned(grid)
+    chunk = 32 if dtype == "bfloat16" else 64  # the widest at which two warpgroups' stages fit
+    assert split == dataclasses.replace(grid, split_k=True, k_chunk=chunk, stages=2)
+    registers = PersistentVariant(epilogue="registers").planned(rowgroup)
+    assert registers.in_registers and registers.stages >= rowgroup.stages
     with pytest.raises(PlanError, match="shared memory"):  # two warpgroups' stages at its own
         PersistentVariant("grid", sharing="split_k").planned(grid)
 
@@ -149,6 +155,19 @@ def test_stages_alone_take_the_widest_k_chunk_that_fits():
     for stages in (4, 6):
         deeper = PersistentVariant(stages=stages).planned(plan)
         assert (deeper.stages, deeper.k_chunk) == (stages, 32)
-    with pytest.raises(PlanError, match="stages=4, k_chunk=64") as error:
-        PersistentVariant(stages=4, k_chunk=64).planned(plan)
+    with pytest.raises(PlanError, match="stages=32, shared=none: .* shared memory") as error:
+        PersistentVariant(stages=32).planned(plan)
     assert "\n" not in str(error.value)
+
+
+def test_the_epilogue_in_registers_runs_deeper_where_its_tile_left_shared_memory():
+    """Without the f32 GEMM tile in shared memory the paper bf16 plan holds 4 stages of 64
+    (3 with it), 8 of 32 (16 with it); a config of the former field ``k_chunk=0`` reads."""
+    plan = persistent_plans.plan_for(256, 1000, "bfloat16", "rowgroup")
+    deepest = PersistentVariant(epilogue="registers").planned(plan)
+    assert deepest == dataclasses.replace(plan, in_registers=True, stages=4)
+    assert plan.smem_bytes() - deepest.smem_bytes() == 32_768 - 24_576 - 8  # tile; stage, mbarrier
+    eight = PersistentVariant(stages=8, epilogue="registers").planned(plan)
+    assert (eight.stages, eight.k_chunk) == (8, 32)
+    assert PersistentVariant(stages=8).planned(plan).k_chunk == 16  # with the tile
+    assert pv.from_fields({"k_chunk": 0, "epilogue": "registers"}).epilogue == "registers"

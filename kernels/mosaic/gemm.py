@@ -1,5 +1,6 @@
 """The K loop every Mosaic GPU kernel here shares: one block's f32 tile of ``A @ B^T``
-through a ``stages``-deep TMA pipeline into a wgmma accumulator, no wgmma left in flight.
+through a ``stages``-deep TMA pipeline into wgmma accumulators, no wgmma left in flight; the
+tile goes to shared memory or, with ``consume``, to the caller's epilogue in registers.
 The staged form runs on the caller's buffers and can multicast A's or B's chunks to the
 blocks along a cluster axis, or split them between two warpgroups."""
 
@@ -25,6 +26,49 @@ def wgmma_transforms(cols: int, dtype) -> tuple:
     return (plgpu.TilingTransform((8, elems)), plgpu.SwizzleTransform(swizzle))
 
 
+@dataclasses.dataclass(frozen=True)
+class Tile:
+    """A GEMM's f32 tile: into ``out`` (shared memory), or ``consume(*values)`` of
+    ``halves`` accumulators (B's rows split evenly) in registers."""
+
+    rows: int
+    cols: int
+    out: Any = None
+    consume: Callable[..., None] | None = None
+    halves: int = 1
+
+    @staticmethod
+    def of(out=None, *, shape=None, consume=None, halves: int = 1) -> Tile:
+        rows, cols = out.shape if consume is None else shape
+        return Tile(rows, cols, out, consume, halves if consume is not None else 1)
+
+
+def _accumulate(tile: Tile, body: Callable, addend: Callable | None = None) -> None:
+    """``body(accs)``, then the values (plus ``addend(halves)``'s) stored or consumed."""
+    n = tile.cols // tile.halves
+
+    def scoped(*accs):
+        body(accs)
+        values = [acc[...] for acc in accs]
+        if addend is not None:
+            values = [v + a for v, a in zip(values, addend(tile.halves), strict=True)]
+        if tile.consume is not None:
+            tile.consume(*values)
+        else:
+            tile.out[...] = values[0]
+
+    pl.run_scoped(scoped, *[plgpu.ACC((tile.rows, n), F32)] * tile.halves)
+    if tile.consume is None:
+        plgpu.commit_smem()  # a warpgroup barrier: others read `out` in another layout
+
+
+def _wgmma(accs, a_smem, b_smem) -> None:
+    n = b_smem.shape[0] // len(accs)
+    for i, acc in enumerate(accs):
+        b = b_smem if len(accs) == 1 else b_smem.at[pl.ds(i * n, n)]
+        plgpu.wgmma(acc, a_smem, b.transpose((1, 0)))
+
+
 def gemm_nt_to_smem(
     out,
     a_gmem,
@@ -37,33 +81,31 @@ def gemm_nt_to_smem(
     stages: int,
     first_ready: Callable[[], None] | None = None,
 ) -> None:
-    """``out [rows, cols] f32 (shared memory) = A[a_block] @ B[b_block]^T``, K =
-    ``k_steps * tile_k``; A and B are K minor. ``first_ready()`` runs once the first K
+    """``out [rows, cols] f32 (shared memory, or a `Tile`) = A[a_block] @ B[b_block]^T``,
+    K = ``k_steps * tile_k``; A and B are K minor. ``first_ready()`` runs once the first K
     chunk has landed."""
-    rows, cols = out.shape
+    tile = out if isinstance(out, Tile) else Tile.of(out)
     layout = wgmma_transforms(tile_k, a_gmem.dtype)
     spec = functools.partial(plgpu.BlockSpec, transforms=layout)
 
-    def accumulate(acc):
+    def body(accs):
         def k_step(indices, a_smem, b_smem):
             if first_ready is not None:
                 pl.when(indices[0] == 0)(first_ready)
-            plgpu.wgmma(acc, a_smem, b_smem.transpose((1, 0)))
+            _wgmma(accs, a_smem, b_smem)
             plgpu.wgmma_wait(0)
 
         plgpu.emit_pipeline(
             k_step,
             grid=(k_steps,),
             in_specs=[
-                spec((rows, tile_k), lambda k: (a_block, k)),
-                spec((cols, tile_k), lambda k: (b_block, k)),
+                spec((tile.rows, tile_k), lambda k: (a_block, k)),
+                spec((tile.cols, tile_k), lambda k: (b_block, k)),
             ],
             max_concurrent_steps=stages,
         )(a_gmem, b_gmem)
-        out[...] = acc[...]
 
-    pl.run_scoped(accumulate, plgpu.ACC((rows, cols), F32))
-    plgpu.commit_smem()  # a warpgroup barrier: others read `out` in another layout
+    _accumulate(tile, body)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,28 +184,30 @@ def gemm_nt_staged(
     *,
     k_steps: int,
     k_first: int = 0,
-    addend: Callable[[], jax.Array] | None = None,
+    addend: Callable[[int], list] | None = None,
     first_ready: Callable[[], None] | None = None,
 ) -> None:
-    """`gemm_nt_to_smem` of K chunks ``k_first .. k_first + k_steps - 1`` on ``staged``.
-    With ``staged.a_axis`` (``b_axis``) every block along that cluster axis runs this GEMM
-    with the same A (B) block, and each of its chunks is loaded once for all of them: a
-    stage is refilled once every block has read it (`_free`). The cluster must not reuse the
-    stages between two such GEMMs without a barrier of its blocks. ``addend()`` is added
-    before the store."""
+    """`gemm_nt_to_smem` of K chunks ``k_first .. k_first + k_steps - 1`` on ``staged``
+    (``out`` a ref or a `Tile`).
+        With ``staged.a_axis`` (``b_axis``) every block along that cluster axis runs this GEMM
+        with the same A (B) block, and each of its chunks is loaded once for all of them: a
+        stage is refilled once every block has read it (`_free`). The cluster must not reuse the
+        stages between two such GEMMs without a barrier of its blocks. ``addend``: see
+        `_accumulate`."""
     stages = staged.stages
+    tile = out if isinstance(out, Tile) else Tile.of(out)
     load_b_chunks(staged, b_gmem, b_block, k_steps, k_first)
     for k in range(min(stages, k_steps)):
         _load(staged, "a", a_gmem, a_block, k, k_first)
 
-    def accumulate(acc):
+    def body(accs):
         def k_step(k, carry):
             slot = jax.lax.rem(k, stages)
             plgpu.barrier_wait(staged.a_bar.at[slot])
             plgpu.barrier_wait(staged.b_bar.at[slot])
             if first_ready is not None:
                 pl.when(k == 0)(first_ready)
-            plgpu.wgmma(acc, staged.a.at[slot], staged.b.at[slot].transpose((1, 0)))
+            _wgmma(accs, staged.a.at[slot], staged.b.at[slot])
             plgpu.wgmma_wait(0)
             refill = k + stages  # the chunk for the stage just read
 
@@ -177,10 +221,8 @@ def gemm_nt_staged(
             return carry
 
         jax.lax.fori_loop(0, k_steps, k_step, None)
-        out[...] = acc[...] if addend is None else acc[...] + addend()
 
-    pl.run_scoped(accumulate, plgpu.ACC(out.shape, F32))
-    plgpu.commit_smem()
+    _accumulate(tile, body, addend)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -212,9 +254,11 @@ def lead_gemm(out, staged: StagedOperands, split: SplitK, a_gmem, b_gmem, a_bloc
     """Warpgroup 0: the first half of the K chunks, plus the helper's ``partial``."""
     lead, _ = SplitK.halves(k_steps)
 
-    def partial():
+    def partial(halves: int):
         plgpu.barrier_wait(split.done)
-        return keep_mask.load(split.partial, plgpu.Layout.WGMMA)
+        n = split.partial.shape[1] // halves
+        parts = [split.partial.at[:, pl.ds(i * n, n)] for i in range(halves)]
+        return [keep_mask.load(part, plgpu.Layout.WGMMA) for part in parts]
 
     plgpu.barrier_arrive(split.go)
     gemm_nt_staged(

@@ -50,9 +50,10 @@ def load_strided(smem_ref) -> Array:
     return load(smem_ref, plgpu.Layout.WG_STRIDED(tuple(smem_ref.shape), vec_size=_F32_VEC))
 
 
-def load_values(mask_smem, keep: float) -> Array:
-    """A uint8 [rows, u] shared-memory tile -> f32 mask values, inside a kernel."""
-    return load_strided(mask_smem).astype(jnp.float32) * mask_scale(keep)
+def load_values(mask_smem, keep: float, layout=None) -> Array:
+    """A uint8 [rows, u] shared-memory tile -> f32 mask values in ``layout`` (or strided)."""
+    tile = load_strided(mask_smem) if layout is None else load(mask_smem, layout)
+    return tile.astype(jnp.float32) * mask_scale(keep)
 
 
 def check_plan(plan: PersistentPlan, kernel: str) -> None:

@@ -26,8 +26,14 @@ from rhhjax.kernels.mosaic.persistent_backward_cell import (
     BackwardCell,
     bias_row_group,
     input_names,
+    register_halves,
 )
-from rhhjax.kernels.mosaic.persistent_cell import stage_buffers, staged_operands, staged_scratch
+from rhhjax.kernels.mosaic.persistent_cell import (
+    epilogue_tile,
+    stage_buffers,
+    staged_operands,
+    staged_scratch,
+)
 from rhhjax.kernels.mosaic.plan import PersistentPlan
 
 Array = jax.Array
@@ -177,17 +183,18 @@ def persistent_backward(
         *(timeline_.out_types(phases, n_r * n_c) if timeline else []),
     )
     launch_args, phase_bar = launch((n_r, n_c), ("r", "g"), interpret)
+    tile = functools.partial(epilogue_tile, plan, halves=register_halves(plan))
     outs = plgpu.kernel(
         kernel,
         out_type=out_type,
         scratch_types=dict(
-            epi=plgpu.SMEM((len(names), rows, u), F32),
-            carry=plgpu.SMEM((rows, u), F32),
-            acc=plgpu.SMEM((rows, u), F32),
-            dsc=plgpu.SMEM((2, rows, u), mm_dtype),
+            epi=tile((len(names), rows, u), F32),
+            carry=tile((rows, u), F32),
+            **({} if plan.in_registers else {"acc": plgpu.SMEM((rows, u), F32)}),
+            dsc=tile((2, rows, u), mm_dtype),
             bias_part=plgpu.SMEM((2, group, u), F32),
             bar=plgpu.Barrier(num_barriers=len(names) + has_mask),
-            **({"mask_tile": plgpu.SMEM((rows, u), keep_mask.DTYPE)} if has_mask else {}),
+            **({"mask_tile": tile((rows, u), keep_mask.DTYPE)} if has_mask else {}),
             **staged_scratch(plan, u, 2 * n_pad // plan.k_chunk, mm_dtype, interpret),
             **_split_scratch(plan, u, 2 * n_pad // plan.k_chunk, mm_dtype, interpret),
             **phase_bar,

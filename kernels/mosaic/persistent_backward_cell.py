@@ -18,13 +18,18 @@ from rhhjax.kernels.mosaic import gemm, keep_mask, phase_timeline
 from rhhjax.kernels.mosaic import persistent_slots as slots
 from rhhjax.kernels.mosaic.backward import _gate_backward
 from rhhjax.kernels.mosaic.persistent_cell import staged_operands, wait_for_all_but
-from rhhjax.kernels.mosaic.plan import PersistentPlan
+from rhhjax.kernels.mosaic.plan import REGISTER_UNITS, PersistentPlan
 
 
 def bias_row_group(plan: PersistentPlan) -> int:
     """Rows of a block's da tile whose column sums stay apart: sums are slice loads and
-    adds in the strided layout, no reduction across threads."""
-    return 256 // math.gcd(plan.units_per_block, 256)
+    adds in the strided layout, no reduction across threads; in registers 1."""
+    return 1 if plan.in_registers else 256 // math.gcd(plan.units_per_block, 256)
+
+
+def register_halves(plan: PersistentPlan) -> int:
+    """``in_registers``: the tile's column halves, each's epilogue apart (registers)."""
+    return 2 if plan.units_per_block % (2 * REGISTER_UNITS) == 0 else 1
 
 
 def input_names(has_z: bool) -> tuple[str, ...]:
@@ -101,8 +106,7 @@ class BackwardCell:
 
     def prologue(self) -> None:
         """Zeroes the carry."""
-        rows, u = self.plan.rows_per_block, self.plan.units_per_block
-        self.sc["carry"][...] = jnp.zeros((rows, u), F32)
+        self.sc["carry"][...] = self._zeros()
         plgpu.commit_smem()
 
     def finish(self, ds_carry0) -> None:
@@ -110,6 +114,10 @@ class BackwardCell:
         row_sl, unit_sl = self.slices()
         plgpu.copy_smem_to_gmem(self.sc["carry"], ds_carry0.at[row_sl, unit_sl])
         plgpu.wait_smem_to_gmem(0)
+
+    def _zeros(self):
+        zeros = jnp.zeros((self.plan.rows_per_block, self.plan.units_per_block), F32)
+        return plgpu.layout_cast(zeros, plgpu.Layout.WGMMA) if self.plan.in_registers else zeros
 
     def _load_inputs(self, p, t, layer) -> None:
         """TMA loads of the phase's staged inputs (zeroing absent ones)."""
@@ -126,7 +134,7 @@ class BackwardCell:
 
                 @pl.when(layer != self.depth - 1)
                 def _(slot=slot):
-                    epi[slot] = jnp.zeros((rows, u), F32)
+                    epi[slot] = self._zeros()
 
                 continue
             if name == "s_prev" and not plan.state_in_packed:  # f32: from the A buffer
@@ -139,7 +147,7 @@ class BackwardCell:
 
                 @pl.when(self.c * u >= plan.k_pad)
                 def _(slot=slot):
-                    epi[slot] = jnp.zeros((rows, u), F32)
+                    epi[slot] = self._zeros()
 
                 continue
             row = saved_row(name, self.has_z, plan.state_in_packed)
@@ -168,11 +176,10 @@ class BackwardCell:
             else:
                 plgpu.barrier_wait(bar.at[slot])
 
-    def _gemm(self, p) -> None:
-        """acc = d_mm[p + 1] @ wt[l_above]^T on the block's tile; zero at the last phase."""
-        plan, acc = self.plan, self.sc["acc"]
+    def _gemm(self, p, tile) -> None:
+        """``tile`` (`acc` or a `gemm.Tile`) = d_mm[p + 1] @ wt[l_above]^T; 0 at the last."""
+        plan = self.plan
         last = p == self.phases - 1
-
         staged, w_block = self.staged, self._weight_block(p)
         first_ready = phase_timeline.first_ready(self.timeline)
 
@@ -181,27 +188,29 @@ class BackwardCell:
             a_block, a_mm, w = self._a_block(p), self.refs["d_mm"], self.refs["wt"]
             if self.split is not None:
                 gemm.lead_gemm(
-                    acc, staged, self.split, a_mm, w, a_block, w_block, k_steps=self.k_steps,
+                    tile, staged, self.split, a_mm, w, a_block, w_block, k_steps=self.k_steps,
                     first_ready=first_ready,
                 )  # fmt: skip
             elif staged is None:
                 gemm.gemm_nt_to_smem(
-                    acc, a_mm, w, a_block, w_block, tile_k=plan.k_chunk, k_steps=self.k_steps,
+                    tile, a_mm, w, a_block, w_block, tile_k=plan.k_chunk, k_steps=self.k_steps,
                     stages=plan.stages, first_ready=first_ready,
                 )  # fmt: skip
             else:
                 gemm.gemm_nt_staged(
-                    acc, staged, a_mm, w, a_block, w_block, k_steps=self.k_steps,
+                    tile, staged, a_mm, w, a_block, w_block, k_steps=self.k_steps,
                     first_ready=first_ready,
                 )  # fmt: skip
 
         @pl.when(last)
         def _():
             self.timeline.stamp("operands_ready")  # no GEMM: acc = 0
-            acc[...] = jnp.zeros(acc.shape, F32)
-            plgpu.commit_smem()
-
-        self.timeline.stamp("gemm_done")
+            if isinstance(tile, gemm.Tile):
+                zero = jnp.zeros((plan.rows_per_block, plan.units_per_block // tile.halves), F32)
+                tile.consume(*[zero] * tile.halves)
+            else:
+                tile[...] = jnp.zeros(tile.shape, F32)
+                plgpu.commit_smem()
 
     def phase(self, p) -> None:
         """Phase ``p``: loads, GEMM, epilogue, stores."""
@@ -212,12 +221,27 @@ class BackwardCell:
         t, layer = jax.lax.div(p, self.depth), jax.lax.rem(p, self.depth)
         has_z = self.has_z
         self._load_inputs(p, t, layer)
-        self._gemm(p)
-        self._wait_inputs(layer)
-        plgpu.commit_smem()  # every thread's acc (and zero g, s) write before a read
-        for chunk in self._row_chunks():
-            self._epilogue(chunk, mm_dtype)
-        plgpu.commit_smem()
+
+        def epilogue(parts):
+            self.timeline.stamp("gemm_done")
+            self._wait_inputs(layer)
+            plgpu.commit_smem()  # every thread's acc (and zero g, s) write before a read
+            for index, acc in parts:
+                self._epilogue(index, mm_dtype, acc)
+            plgpu.commit_smem()
+
+        if plan.in_registers:
+            halves = register_halves(plan)
+            width = u // halves
+
+            def consume(*accs):
+                index = [(pl.ds(0, rows), pl.ds(i * width, width)) for i in range(halves)]
+                epilogue([(at, lambda acc=acc: acc) for at, acc in zip(index, accs, strict=True)])
+
+            self._gemm(p, gemm.Tile.of(shape=(rows, u), consume=consume, halves=halves))
+        else:
+            self._gemm(p, sc["acc"])
+            epilogue([((c,), lambda c=c: sc["acc"][c]) for c in self._row_chunks()])
         self.timeline.stamp("epilogue_done")
         # First the stores the next phase reads; the phase waits for those alone.
         first = slots.slot(p, self.steps, self.depth) * plan.b_pad + self.r * rows
@@ -245,29 +269,37 @@ class BackwardCell:
             return [pl.ds(0, rows // 2), pl.ds(rows // 2, rows // 2)]
         return [pl.ds(0, rows)]
 
-    def _epilogue(self, chunk, mm_dtype) -> None:
-        """The gate backward on rows ``chunk``: da, dz, d_scaled and the new carry, written
-        over the inputs once every thread has read them."""
+    def _epilogue(self, index: tuple, mm_dtype, acc: Callable) -> None:
+        """The gate backward on the tiles at ``index`` from ``acc()``: da, dz, d_scaled and
+        the new carry, written over the inputs once every thread has read them."""
         sc, names, epi, has_z = self.sc, self.names, self.sc["epi"], self.has_z
-        ins = {name: keep_mask.load_strided(epi.at[slot, chunk]) for slot, name in enumerate(names)}
+        layout = plgpu.Layout.WGMMA if self.plan.in_registers else None
+
+        def load(tile):
+            return keep_mask.load_strided(tile) if layout is None else keep_mask.load(tile, layout)
+
+        ins = {name: load(epi.at[(slot, *index)]) for slot, name in enumerate(names)}
         if self.refs["mask"] is not None:
-            ins["mask"] = keep_mask.load_values(sc["mask_tile"].at[chunk], self.keep)
-        ins["ds_carry"] = keep_mask.load_strided(sc["carry"].at[chunk])
+            ins["mask"] = keep_mask.load_values(sc["mask_tile"].at[index], self.keep, layout)
+        ins["ds_carry"] = load(sc["carry"].at[index])
         if has_z:  # the gates as the forward computed them, from full
             ins["h"], ins["t"] = mf.gates(ins["full_h"], ins["full_t"], ins)
-        tiles = _gate_backward(sc["acc"][chunk], ins)
+        tiles = _gate_backward(acc(), ins)
         if has_z:
             dz = tiles["da_h"] * ins["full_h"] + tiles["da_t"] * ins["full_t"]
         plgpu.commit_smem()  # every read of the inputs before their slots are overwritten
-        epi.at[0, chunk][...] = tiles["da_h"]  # over g_out
-        epi.at[1, chunk][...] = tiles["da_t"]  # over s_prev
+        epi.at[(0, *index)][...] = tiles["da_h"]  # over g_out
+        epi.at[(1, *index)][...] = tiles["da_t"]  # over s_prev
         if has_z:
-            epi.at[2, chunk][...] = dz  # over full_h
-            epi.at[3, chunk][...] = tiles["d_h"]  # over full_t: d_scaled in f32 (d_x)
-            epi.at[4, chunk][...] = tiles["d_t"]  # over z
-        sc["carry"].at[chunk][...] = tiles["ds_carry"]
-        sc["dsc"].at[0, chunk][...] = tiles["d_h"].astype(mm_dtype)
-        sc["dsc"].at[1, chunk][...] = tiles["d_t"].astype(mm_dtype)
+            epi.at[(2, *index)][...] = dz  # over full_h
+            epi.at[(3, *index)][...] = tiles["d_h"]  # over full_t: d_scaled in f32 (d_x)
+            epi.at[(4, *index)][...] = tiles["d_t"]  # over z
+        sc["carry"].at[index][...] = tiles["ds_carry"]
+        sc["dsc"].at[(0, *index)][...] = tiles["d_h"].astype(mm_dtype)
+        sc["dsc"].at[(1, *index)][...] = tiles["d_t"].astype(mm_dtype)
+        if layout is not None:  # the bias gradients' column sums
+            for half, name in enumerate(("da_h", "da_t")):
+                sc["bias_part"].at[(half, 0, *index[1:])][...] = jnp.sum(tiles[name], axis=0)
 
     def _column_sums(self, p) -> None:
         """Column sums of da's halves from their staged tiles."""
@@ -281,8 +313,9 @@ class BackwardCell:
                 total = total + keep_mask.load_strided(tile.at[pl.ds(j * group, group)])
             return total
 
-        for half in range(2):
-            sc["bias_part"][half] = column_sums(epi.at[half])
-        plgpu.commit_smem()
+        if not plan.in_registers:  # else summed in the epilogue
+            for half in range(2):
+                sc["bias_part"][half] = column_sums(epi.at[half])
+            plgpu.commit_smem()
         dst = self.refs["bias_parts"].at[p, self.r, :, :, unit_sl]
         plgpu.copy_smem_to_gmem(sc["bias_part"], dst)

@@ -13,6 +13,7 @@ from rhhjax.kernels.mosaic.plan import MBARRIER_BYTES, PersistentPlan, PlanError
 
 Array = jax.Array
 MAX_TMA_ROWS = 256  # the most elements a TMA copy moves along a dimension
+REDUCTION_SCRATCH_BYTES = 2048  # Mosaic GPU's default scratch for a reduction across warps
 
 
 def _align(nbytes: int) -> int:
@@ -43,13 +44,15 @@ def backward_smem_bytes(
         stages * rows * plan.k_chunk * item,
         stages * u * plan.k_chunk * item,
         *split_alloc,
-        tile,
+        0 if plan.in_registers else tile,
         tile,
         2 * rows * u * item,
         rows * u * has_mask,
         2 * bias_row_group(plan) * u * 4,
     )
     tiles = sum(map(_align, allocations)) + _align(n_in * tile)
+    if plan.in_registers and (plan.staged or plan.split_k):  # else under the scoped stages
+        tiles += REDUCTION_SCRATCH_BYTES
     return tiles + MBARRIER_BYTES * barriers + layout_smem_bytes(layout)
 
 

@@ -127,38 +127,47 @@ class Cell:
 
         a_row, w_row = slots.slot(p, steps, depth) * n_r + self.r, layer * plan.col_blocks + self.g
         first_ready = phase_timeline.first_ready(self.timeline)
+
+        def epilogue(pre_h, pre_t):
+            self.timeline.stamp("gemm_done")
+            each_input(lambda slot, name: plgpu.barrier_wait(bar.at[slot]))
+            if has_mask:
+                plgpu.barrier_wait(bar.at[mask_bar])
+            x_scale = jnp.where(first, jnp.float32(1.0), jnp.float32(0.0))
+            tiles_in = {name: self._load(epi.at[slot]) for slot, name in enumerate(ins)}
+            tiles_in["x_h"] = tiles_in["x_h"] * x_scale
+            tiles_in["x_t"] = tiles_in["x_t"] * x_scale
+            tiles_in["s"] = self._load(self.state)
+            if has_mask:
+                tiles_in["mask"] = keep_mask.load_values(self.mask_tile, self.keep, self._layout)
+            tiles = mf._epilogue(pre_h, pre_t, tiles_in)
+            if save_state:  # the state's store to packed row 0 has read it
+                plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+            # Every thread has read the tiles the stores below overwrite.
+            plgpu.commit_smem()
+            self.state[...] = tiles["s_new"]
+            self.cast[...] = tiles["s_new"].astype(jnp.dtype(self.plan.dtype))
+            for name, slot in zip(outs, out_slot, strict=True):
+                epi[slot] = tiles[name]
+            plgpu.commit_smem()
+
+        tile = self.pre
+        if plan.in_registers:
+            shape = (plan.rows_per_block, plan.cols_per_block)
+            tile = gemm.Tile.of(shape=shape, consume=epilogue, halves=2)
         if self.staged is None:
             gemm.gemm_nt_to_smem(
-                self.pre, refs["s_mm"], refs["w"], a_row, w_row,
+                tile, refs["s_mm"], refs["w"], a_row, w_row,
                 tile_k=plan.k_chunk, k_steps=self.k_steps, stages=plan.stages,
                 first_ready=first_ready,
             )  # fmt: skip
         else:
             gemm.gemm_nt_staged(
-                self.pre, self.staged, refs["s_mm"], refs["w"], a_row, w_row,
+                tile, self.staged, refs["s_mm"], refs["w"], a_row, w_row,
                 k_steps=self.k_steps, first_ready=first_ready,
             )  # fmt: skip
-        self.timeline.stamp("gemm_done")
-        each_input(lambda slot, name: plgpu.barrier_wait(bar.at[slot]))
-        if has_mask:
-            plgpu.barrier_wait(bar.at[mask_bar])
-        x_scale = jnp.where(first, jnp.float32(1.0), jnp.float32(0.0))
-        tiles_in = {name: keep_mask.load_strided(epi.at[slot]) for slot, name in enumerate(ins)}
-        tiles_in["x_h"] = tiles_in["x_h"] * x_scale
-        tiles_in["x_t"] = tiles_in["x_t"] * x_scale
-        tiles_in["s"] = self.state[...]
-        if has_mask:
-            tiles_in["mask"] = keep_mask.load_values(self.mask_tile, self.keep)
-        tiles = mf._epilogue(self.pre[:, pl.ds(0, u)], self.pre[:, pl.ds(u, u)], tiles_in)
-        if save_state:  # the state's store to packed row 0 has read it
-            plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-        # Every thread has read the tiles the stores below overwrite.
-        plgpu.commit_smem()
-        self.state[...] = tiles["s_new"]
-        self.cast[...] = tiles["s_new"].astype(jnp.dtype(self.plan.dtype))
-        for name, slot in zip(outs, out_slot, strict=True):
-            epi[slot] = tiles[name]
-        plgpu.commit_smem()
+        if not plan.in_registers:
+            epilogue(self.pre[:, pl.ds(0, u)], self.pre[:, pl.ds(u, u)])
         self.timeline.stamp("epilogue_done")
 
         @pl.when(jnp.logical_and(self.in_a(), p < phases - 1))  # the next phase's A rows
@@ -176,6 +185,15 @@ class Cell:
         late = self._late_stores(p, out_slot, save_state)
         wait_for_all_but(late)
         self.timeline.stamp("stores_done")
+
+    @property
+    def _layout(self):
+        """The epilogue's register layout: the accumulators' in registers, else strided."""
+        return plgpu.Layout.WGMMA if self.plan.in_registers else None
+
+    def _load(self, tile):
+        layout = self._layout
+        return keep_mask.load_strided(tile) if layout is None else keep_mask.load(tile, layout)
 
     def _late_stores(self, p, out_slot, save_state: bool) -> int:
         """Issues the stores no later phase reads, after those one does; returns how many."""
@@ -239,17 +257,27 @@ def wait_for_every_store() -> None:
     plgpu.wait_smem_to_gmem(0)
 
 
+def epilogue_tile(plan: PersistentPlan, shape: tuple[int, ...], dtype, halves: int = 1):
+    """Epilogue tiles in shared memory; in registers swizzled by column ``halves`` (no bank
+    conflicts in the accumulators' layout)."""
+    if not plan.in_registers:
+        return plgpu.SMEM(shape, dtype)
+    transforms = gemm.wgmma_transforms(shape[-1] // halves, dtype)
+    return plgpu.SMEM(shape, dtype, transforms=transforms)
+
+
 def scratch(
     plan: PersistentPlan, mm_dtype, has_z: bool, has_mask: bool, save: bool, interpret: Any = None
 ) -> dict:
-    """The cell's shared memory but its GEMM tile ``pre``."""
+    """The cell's shared memory but its GEMM tile ``pre`` (none ``in_registers``)."""
     rows, u = plan.rows_per_block, plan.units_per_block
     n_slots, _ = forward_staging_slots(has_z, save)
+    tile = functools.partial(epilogue_tile, plan)
     scratch = dict(
-        state=plgpu.SMEM((rows, u), F32),
-        epi=plgpu.SMEM((n_slots, rows, u), F32),
+        state=tile((rows, u), F32),
+        epi=tile((n_slots, rows, u), F32),
         cast_or_mask=plgpu.RefUnion(
-            (plgpu.SMEM((rows, u), mm_dtype),), (plgpu.SMEM((rows, u), keep_mask.DTYPE),)
+            (tile((rows, u), mm_dtype),), (tile((rows, u), keep_mask.DTYPE),)
         ),
         bar=plgpu.Barrier(num_barriers=len(forward_inputs(has_z)) + has_mask),
         **staged_scratch(

@@ -144,7 +144,7 @@ def persistent_forward(
         (cast,), (mask_tile,) = sc["cast_or_mask"]
         main = persistent_cell.Cell(
             plan=plan, steps=steps, depth=depth, keep=keep, save=save, has_z=has_z,
-            refs=cell_refs(ins_g, outs_g[:-1]), state=sc["state"], pre=sc["pre"], epi=sc["epi"],
+            refs=cell_refs(ins_g, outs_g[:-1]), state=sc["state"], pre=sc.get("pre"), epi=sc["epi"],
             cast=cast, mask_tile=mask_tile, bar=sc["bar"], r=r, g=g,
             staged=persistent_cell.staged_operands(sc, plan, interpret), timeline=clocks,
         )  # fmt: skip
@@ -168,7 +168,8 @@ def persistent_forward(
 
     has_mask = mask is not None
     scratch_types = persistent_cell.scratch(plan, mm_dtype, has_z, has_mask, save, interpret)
-    scratch_types["pre"] = plgpu.SMEM((plan.rows_per_block, plan.cols_per_block), F32)
+    if not plan.in_registers:
+        scratch_types["pre"] = plgpu.SMEM((plan.rows_per_block, plan.cols_per_block), F32)
     scratch_types |= timeline_.scratch() if timeline else {}
     launch_args, phase_bar = launch((n_r, n_c), ("r", "g"), interpret)
     outs = plgpu.kernel(

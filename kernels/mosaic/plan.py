@@ -13,6 +13,7 @@ from rhhjax.errors import UserError
 
 WGMMA_M = 64
 UNIT_MULTIPLE = 4  # 2 * units must be a multiple of 8 (wgmma N)
+REGISTER_UNITS = 32  # `in_registers`: the swizzled epilogue tiles' rows, 32 B and up
 DTYPES = ("float32", "bfloat16")
 MBARRIER_BYTES = 8
 PHASE_BARRIERS = 2  # the row-group layout's cluster barriers, one per phase parity
@@ -53,10 +54,10 @@ def layout_smem_bytes(layout: str) -> int:
     return MBARRIER_BYTES * PHASE_BARRIERS * (layout == "rowgroup")
 
 
-def scales_width(width: int, units: int, n_pad: int) -> int:
+def scales_width(width: int, units: int, n_pad: int, multiple: int = 4) -> int:
     """`PersistentPlan.z_width`: never exactly one block's units when there are several
     (a whole-row box would be a bulk copy not clipped at z_width)."""
-    z_width = min(n_pad, max(_round_up(width, 4), units))
+    z_width = min(n_pad, max(_round_up(width, multiple), units))
     return n_pad if z_width == units else z_width
 
 
@@ -64,7 +65,9 @@ def scales_width(width: int, units: int, n_pad: int) -> int:
 class PersistentPlan:
     """One persistent-kernel call's configuration (hashable). ``units``: per block (None:
     the fewest covering ``width``); ``multicast_a`` / ``_b``: each A chunk once per row group
-    / each weight chunk once per column's cluster; ``split_k``: `gemm.SplitK` (backward)."""
+    / each weight chunk once per column's cluster; ``split_k``: `gemm.SplitK` (backward);
+    ``in_registers``: the GEMM tile's epilogue reads its accumulators in registers (no f32
+    tile in shared memory, `gemm.Tile`)."""
 
     batch: int
     width: int
@@ -79,6 +82,7 @@ class PersistentPlan:
     multicast_a: bool = False
     multicast_b: bool = False
     split_k: bool = False
+    in_registers: bool = False
 
     def __post_init__(self):
         for name in ("batch", "width", "col_blocks", "row_blocks", "k_chunk", "stages"):
@@ -120,7 +124,8 @@ class PersistentPlan:
     @property
     def z_width(self) -> int:
         """Units of z [L, T, b_pad, z_width] and dz; TMA reads past it as zero."""
-        return scales_width(self.width, self.units_per_block, self.n_pad)
+        multiple = 32 if self.in_registers else 4  # swizzled f32 TMA boxes
+        return scales_width(self.width, self.units_per_block, self.n_pad, multiple)
 
     @property
     def state_in_packed(self) -> bool:
@@ -182,7 +187,7 @@ class PersistentPlan:
             self.stages * rows * self.k_chunk,
             self.stages * self.cols_per_block * self.k_chunk,
         ]
-        pre = rows * self.cols_per_block * 4
+        pre = 0 if self.in_registers else rows * self.cols_per_block * 4
         buffers = [rows * units * 4, slots * rows * units * 4, rows * units * item]
         barriers = self.stages * (1 + self.staged + self.multicast)
         barriers += len(forward_inputs(has_z)) + has_mask
@@ -203,6 +208,12 @@ class PersistentPlan:
                 "the forward would read unwritten state columns; lower k_chunk."
             )
         self.check_backward_k()
+        if self.in_registers and self.units_per_block % REGISTER_UNITS:
+            raise PlanError(
+                f"persistent plan in_registers needs units_per_block a multiple of "
+                f"{REGISTER_UNITS} (the uint8 mask tile's 32-byte swizzle), got "
+                f"{self.units_per_block}: choose units so it is."
+            )
         need = self.smem_bytes(layout=layout)
         if need > self.smem_limit:
             raise PlanError(

@@ -182,7 +182,14 @@ def forward_loop(spec, geo, w, bias, s0, xproj, z, keep, hidden, save: bool):
 def _kernel_operands(plan, geo, stacked, s0, xproj, bias, z, keep) -> tuple:
     rows = _bias_rows(geo, bias)
     mask = keep_mask.decisions(_phase_major(keep))
-    return plan, stacked, s0, xproj[..., : plan.z_width], rows, z, mask
+    return plan, stacked, s0, xproj[..., : plan.z_width], rows, _scales_at(plan, z), mask
+
+
+def _scales_at(plan: PersistentPlan, z: Array | None) -> Array | None:
+    """`scales_operand`'s z [L, T, Bp, w] widened with zeros to the plan's z_width."""
+    if z is None or z.shape[-1] == plan.z_width:
+        return z
+    return jnp.pad(z, [(0, 0)] * 3 + [(0, plan.z_width - z.shape[-1])])
 
 
 def _run_forward(spec, variant: PersistentVariant, save: bool, *args) -> tuple:
@@ -262,6 +269,7 @@ def backward_loop(spec, geo, w, bias, s0, xproj, z, keep, hidden, saved, g_state
     rows = None if z is None else _bias_rows(geo, bias)
     s_prev = None if plan.state_in_packed else s_mm
     variant = variant_at(spec, geo.batch, geo.n)
+    z = _scales_at(plan, z)
     outs = _run_backward(spec, variant, plan, stacked, g, packed, z, mask, rows, s_prev)
     return _gradients(spec, geo, stacked, depth, outs, s_mm, z is not None)
 

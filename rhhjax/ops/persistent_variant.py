@@ -10,13 +10,15 @@ import itertools
 from rhhjax.errors import UserError
 from rhhjax.kernels.mosaic import rowgroup_layout
 from rhhjax.kernels.mosaic.plan import PersistentPlan, PlanError
-from rhhjax.ops.persistent_plans import K_CHUNK, check_runnable, plan_with_units
+from rhhjax.ops.persistent_plans import K_CHUNK, STAGES, check_runnable, plan_with_units
 
 SHARING = ("none", "multicast", "split_k")
+EPILOGUES = ("shared_memory", "registers")
 # The fields the autotunes time, as a product (the layout: the default where it runs).
-TUNING = dict(stages=(0, 4, 6), sharing=SHARING)
+TUNING = dict(stages=(0, 6), epilogue=EPILOGUES, sharing=SHARING)
 DEFAULT_TEXT = "default"  # `parse_variant`: the default `PersistentVariant()`
-UNTESTED_ON_A_GPU = ("multicast", "split_k")  # sharings no GPU has tested: the trainer skips them
+# Values no GPU has tested: the trainer's autotune skips them.
+UNTESTED_ON_A_GPU = dict(sharing=("multicast", "split_k"), epilogue=("registers",))
 
 REMOVED = {
     "hyper_inside": "the hyper cell inside the main kernels measured +6.3 ms (bf16) and "
@@ -26,12 +28,14 @@ REMOVED = {
     "prefetch": "the weights loaded before the barrier measured +1.2 ms a step (H200)",
     "status": "a grid barrier's give-up is checked on the device in training since the host "
     "check measured 0.8-1.6 ms slower a step (H200)",
+    "k_chunk": "the K chunk is the plan's: the widest of 64, 32, 16 that fits the stages",
 }
 # Texts of earlier releases -> today's field and value (None: today's default).
 RECORDED = {
     ("hyper_inside", "0"): None, ("hyper_inside", "false"): None, ("status", "host"): None,
     ("status", "poison"): None, ("multicast", "0"): None, ("split_k", "0"): None,
     ("multicast", "1"): ("sharing", "multicast"), ("split_k", "1"): ("sharing", "split_k"),
+    ("k_chunk", "32"): None,  # the widest that fits the recorded stages 4 and 6
 }  # fmt: skip
 
 
@@ -44,17 +48,19 @@ class PersistentVariant:
     """How `persistent` runs (speed, not values); 0: the plan's own."""
 
     layout: str = "rowgroup"  # rowgroup (one cluster a row group; the grid where it cannot) | grid
-    stages: int = 0  # K pipeline depth
-    k_chunk: int = 0  # K per stage (0 with stages: the widest of 64, 32, 16 that fits)
+    stages: int = 0  # K pipeline depth, each stage the widest K chunk of 64, 32, 16 that fits
     units: int = 0  # units per block
     sharing: str = "none"  # none | multicast (a cluster's operand loads) | split_k (backward K)
+    epilogue: str = "shared_memory"  # shared_memory (the GEMM tile's round trip) | registers
 
     def __post_init__(self):
         if self.layout not in rowgroup_layout.LAYOUTS:
             raise VariantError(f"layout={self.layout!r} is not one of {rowgroup_layout.LAYOUTS}")
         if self.sharing not in SHARING:
             raise VariantError(f"sharing={self.sharing!r} is not one of {SHARING}")
-        for name, low, multiple in (("stages", 1, 1), ("k_chunk", 8, 8), ("units", 4, 4)):
+        if self.epilogue not in EPILOGUES:
+            raise VariantError(f"epilogue={self.epilogue!r} is not one of {EPILOGUES}")
+        for name, low, multiple in (("stages", 1, 1), ("units", 4, 4)):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool):
                 raise VariantError(f"{name}={value!r} is not a whole number")
@@ -69,25 +75,26 @@ class PersistentVariant:
         return {k: v for k, v in dataclasses.asdict(self).items() if v != default[k]}
 
     def text(self) -> str:
-        """``layout=L[,stages=S,k_chunk=K,units=U,sharing=X]``: the fields not at default."""
+        """``layout=L[,stages=S,units=U,sharing=X,epilogue=E]``: the fields not at default."""
         others = [f"{k}={v}" for k, v in self.changed().items() if k != "layout"]
         return ",".join([f"layout={self.layout}", *others])
 
     def tested_on_a_gpu(self) -> bool:
-        return self.sharing not in UNTESTED_ON_A_GPU
+        return all(getattr(self, k) not in v for k, v in UNTESTED_ON_A_GPU.items())
 
     def planned(self, plan: PersistentPlan) -> PersistentPlan:
         """``plan`` at this variant's units and pipeline; PlanError (one line) unless both
         kernels run it."""
         if self.units and self.units != plan.units_per_block:
             plan = _with_units(plan, self.units, self.layout)
-        if (self.stages, self.k_chunk, self.sharing) == (0, 0, "none"):
+        registers = self.epilogue == "registers"
+        if (self.stages, self.sharing, registers) == (0, "none", False):
             return plan
         shared = ""
         if self.sharing == "multicast":
             shared = "a" if self.layout == "rowgroup" else "b"
         split_k = self.sharing == "split_k"
-        return _pipelined(plan, self.stages, self.k_chunk, shared, split_k, self.layout)
+        return _pipelined(plan, self.stages, shared, split_k, registers, self.layout)
 
 
 def tuning_space() -> list[PersistentVariant]:
@@ -112,20 +119,23 @@ def _with_units(plan: PersistentPlan, units: int, layout: str) -> PersistentPlan
 
 @functools.cache
 def _pipelined(
-    plan: PersistentPlan, stages: int, k_chunk: int, shared: str, split_k: bool, layout: str
+    plan: PersistentPlan, stages: int, shared: str, split_k: bool, registers: bool, layout: str
 ) -> PersistentPlan:
-    """``plan`` at ``stages`` of ``k_chunk`` (0: its own, or the widest that fits ``stages``);
-    ``shared``: the multicast operand, "a" (state rows), "b" (weights) or ""."""
-    what = f"persistent variant stages={stages}, k_chunk={k_chunk}, shared={shared or 'none'}"
-    chunks = [k_chunk] if k_chunk else [plan.k_chunk]
-    if stages and not k_chunk:
-        chunks = [k for k in (K_CHUNK, K_CHUNK // 2, K_CHUNK // 4) if k <= plan.k_chunk]
+    """``plan`` at ``stages`` (0: its own; in ``registers`` the deepest of `STAGES` that fits)
+    of the widest K chunk that fits; ``shared``: the multicast operand, "a" (state rows),
+    "b" (weights) or ""."""
+    what = f"persistent variant stages={stages}, shared={shared or 'none'}"
+    what += ", epilogue=registers" * registers
+    depths, chunks = [stages], [k for k in (K_CHUNK, K_CHUNK // 2, K_CHUNK // 4)]
+    if not stages:
+        depths, chunks = (STAGES if registers else [plan.stages]), [plan.k_chunk]
     error = None
-    for chunk in chunks:
+    for depth, chunk in itertools.product(depths, [k for k in chunks if k <= plan.k_chunk]):
         try:
             replanned = dataclasses.replace(
-                plan, stages=stages or plan.stages, k_chunk=chunk, multicast_a=shared == "a",
+                plan, stages=depth, k_chunk=chunk, multicast_a=shared == "a",
                 multicast_b=shared == "b" and plan.row_blocks > 1, split_k=split_k,
+                in_registers=registers,
             )  # fmt: skip
             check_runnable(replanned, layout)
             return replanned
@@ -158,13 +168,15 @@ def parse_variant(text: str) -> PersistentVariant:
             raise VariantError(f"{item!r} is not key=value with key one of {', '.join(fields)}")
         if key in values:
             raise VariantError(f"gives {key} twice: keep one {key}=...")
-        values[key] = value if key in ("layout", "sharing") else _whole_number(key, value)
+        words = ("layout", "sharing", "epilogue")
+        values[key] = value if key in words else _whole_number(key, value)
     return PersistentVariant(**values)
 
 
 def from_fields(fields) -> PersistentVariant:
     """``model.persistent``'s field -> value mapping -> the variant, else VariantError."""
     known = {f.name for f in dataclasses.fields(PersistentVariant)}
+    fields = {k: v for k, v in dict(fields).items() if (k, v) != ("k_chunk", 0)}  # its default
     unknown = sorted(set(fields) - known)
     if unknown:
         why = REMOVED.get(unknown[0])
