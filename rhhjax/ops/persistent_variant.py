@@ -17,7 +17,6 @@ EPILOGUES = ("shared_memory", "registers")
 # The fields the autotunes time, as a product (the layout: the default where it runs).
 TUNING = dict(stages=(0, 6), epilogue=EPILOGUES, sharing=SHARING)
 DEFAULT_TEXT = "default"  # `parse_variant`: the default `PersistentVariant()`
-# Values no GPU has tested: the trainer's autotune skips them.
 UNTESTED_ON_A_GPU = dict(sharing=("multicast", "split_k"), epilogue=("registers",))
 
 REMOVED = {
@@ -121,9 +120,8 @@ def _with_units(plan: PersistentPlan, units: int, layout: str) -> PersistentPlan
 def _pipelined(
     plan: PersistentPlan, stages: int, shared: str, split_k: bool, registers: bool, layout: str
 ) -> PersistentPlan:
-    """``plan`` at ``stages`` (0: its own; in ``registers`` the deepest of `STAGES` that fits)
-    of the widest K chunk that fits; ``shared``: the multicast operand, "a" (state rows),
-    "b" (weights) or ""."""
+    """``plan`` at ``stages`` (0: its own, in ``registers`` the deepest that fits) of the widest
+    K chunk that fits; ``shared``: the multicast operand, "a" (A rows), "b" (weights) or ""."""
     what = f"persistent variant stages={stages}, shared={shared or 'none'}"
     what += ", epilogue=registers" * registers
     depths, chunks = [stages], [k for k in (K_CHUNK, K_CHUNK // 2, K_CHUNK // 4)]
@@ -174,9 +172,10 @@ def parse_variant(text: str) -> PersistentVariant:
 
 
 def from_fields(fields) -> PersistentVariant:
-    """``model.persistent``'s field -> value mapping -> the variant, else VariantError."""
+    """``model.persistent``'s fields (a former ``k_chunk=0`` dropped) -> the variant, or
+    VariantError."""
     known = {f.name for f in dataclasses.fields(PersistentVariant)}
-    fields = {k: v for k, v in dict(fields).items() if (k, v) != ("k_chunk", 0)}  # its default
+    fields = {k: v for k, v in dict(fields).items() if (k, v) != ("k_chunk", 0)}
     unknown = sorted(set(fields) - known)
     if unknown:
         why = REMOVED.get(unknown[0])
