@@ -66,21 +66,25 @@ class TestCompiled(MosaicGpuMode):
     TOL = {"bfloat16": 3e-2, "float32": 3e-3}
     LAYOUT = "grid"  # the kernels' launch layout (`kernels/mosaic/rowgroup_layout.py`)
 
-    def runnable_plan(self, plan_args, multicast="", split_k=False, in_registers=False):
+    def runnable_plan(
+        self, plan_args, multicast="", split_k=False, in_registers=False, producer=False
+    ):
         """The case's plan; skipped where this mode cannot run its blocks at once.
         ``multicast``: the layout whose shared operand is multicast (rowgroup: A, grid: B)."""
         plan = PersistentPlan(
             *plan_args, multicast_a=multicast == "rowgroup", multicast_b=multicast == "grid",
-            split_k=split_k, in_registers=in_registers,
+            split_k=split_k, in_registers=in_registers, producer=producer,
         )  # fmt: skip
         cluster = plan.grid if self.LAYOUT == "grid" else plan.col_blocks
         if self.INTERPRET and gpu_interpret.cluster_too_large(cluster):
             pytest.skip(gpu_interpret.cluster_too_large(cluster))
         return plan
 
-    def test_matches_reference(self, case, multicast="", split_k=False, in_registers=False):
+    def test_matches_reference(
+        self, case, multicast="", split_k=False, in_registers=False, producer=False
+    ):
         plan_args, steps, depth, z_on, mask_on = case
-        plan = self.runnable_plan(plan_args, multicast, split_k, in_registers)
+        plan = self.runnable_plan(plan_args, multicast, split_k, in_registers, producer)
         case = backward_case(plan.batch + steps, plan, steps, depth, z_on, mask_on)
         wt, expected = backward_reference(plan, case, jnp.dtype(plan.dtype))
         kernel = functools.partial(
@@ -119,6 +123,12 @@ class TestCompiled(MosaicGpuMode):
             pytest.skip("one row block: nothing to multicast")
         multicast = self.LAYOUT if sharing == "multicast" else ""
         self.test_matches_reference(registers_case, multicast, sharing == "split_k", True)
+
+    @pytest.mark.parametrize("in_registers", [False, True])
+    def test_a_producer_warpgroups_loads_match_reference(self, registers_case, in_registers):
+        """`PersistentPlan.producer` (warpgroup 1 issues the K loop's loads, each phase's
+        weights before its barrier), with either epilogue: the same outputs."""
+        self.test_matches_reference(registers_case, in_registers=in_registers, producer=True)
 
     def test_the_last_layers_cotangent_alone_is_the_dense_one(self, case):
         """g [T, b_pad, n_pad] (layer L - 1's, the others zero: a model that reads the last

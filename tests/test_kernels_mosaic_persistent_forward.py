@@ -290,6 +290,22 @@ def test_the_epilogue_in_registers_compiles_for_an_h100_without_a_gpu(tmp_path):
     _compiles_at_the_plans_shared_memory(cases, tmp_path)
 
 
+@pytest.mark.gpu_compile
+@needs_cuda
+def test_a_producer_warpgroup_compiles_for_an_h100_without_a_gpu(tmp_path):
+    """`PersistentPlan.producer` (warpgroup 1 issues the loads) at the paper's bf16 blocks,
+    3 stages with the f32 tile in shared memory, 4 with the epilogue in registers, and
+    f32's 4 x 32 blocks: the plan's shared memory, no register spilled."""
+    producer = {"producer": True}
+    registers = producer | {"in_registers": True}
+    cases = [
+        ((256, 1000, "bfloat16", 16, 4, 64, 3, producer), 3, 7, True, True, True),
+        ((256, 1000, "bfloat16", 16, 4, 64, 4, registers), 3, 7, True, True, True),
+        ((256, 1000, "float32", 32, 4, 64, 3, registers), 3, 2, True, True, False),
+    ]
+    _compiles_at_the_plans_shared_memory(cases, tmp_path)
+
+
 def _compiles_at_the_plans_shared_memory(cases, tmp_path) -> None:
     code = _COMPILE.format(cases=cases)
     rows, reports = compile_deviceless(code, tmp_path, log_ptxas=False)

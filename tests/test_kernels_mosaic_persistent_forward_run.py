@@ -52,7 +52,9 @@ def _teacher_forced(plan, ops, inputs, save_z: bool):
     return outs
 
 
-def _case_plan(case, multicast: str = "", in_registers: bool = False) -> pp.PersistentPlan:
+def _case_plan(
+    case, multicast: str = "", in_registers: bool = False, producer: bool = False
+) -> pp.PersistentPlan:
     """A `TestCompiled` "case"'s plan: f32 at 2 pipeline stages, bf16 at the most of 4, 3, 2
     whose shared memory fits (a block of 256 rows needs fewer than 4); ``multicast`` the
     layout whose shared operand is multicast (rowgroup: A, grid: the weights)."""
@@ -61,7 +63,7 @@ def _case_plan(case, multicast: str = "", in_registers: bool = False) -> pp.Pers
         plan = pp.PersistentPlan(
             batch, width, dtype, cols, row_blocks, k_chunk, stages,
             multicast_a=multicast == "rowgroup", multicast_b=multicast == "grid",
-            in_registers=in_registers,
+            in_registers=in_registers, producer=producer,
         )  # fmt: skip
         if plan.smem_bytes() <= plan.smem_limit:
             break
@@ -86,6 +88,8 @@ class TestCompiled(MosaicGpuMode):
                            ("float32", 100, 37, 3, 2, 16, 3, 2)],
         "registers_case": [("bfloat16", 256, 1000, 16, 4, 64, 3, 3),
                            ("float32", 100, 60, 2, 2, 32, 3, 2)],
+        "producer_case": [("bfloat16", 256, 1000, 16, 4, 64, 3, 3),
+                          ("float32", 100, 60, 2, 2, 32, 3, 2)],
     }  # fmt: skip
     # Compiled, wgmma sums in another order than XLA's reference (and f32 runs as TF32): on
     # an H100 (2026-11-26) some cases missed 1e-4 / 3e-3 by a few elements
@@ -108,9 +112,11 @@ class TestCompiled(MosaicGpuMode):
         return jax.block_until_ready(jax.jit(kernel)(*ops))
 
     @pytest.mark.parametrize(("has_z", "has_mask"), [(True, True), (False, False)])
-    def test_matches_reference(self, case, has_z, has_mask, multicast="", in_registers=False):
+    def test_matches_reference(
+        self, case, has_z, has_mask, multicast="", in_registers=False, producer=False
+    ):
         dtype, batch, width, cols, row_blocks, k_chunk, steps, depth = case
-        plan = _case_plan(case, multicast, in_registers)
+        plan = _case_plan(case, multicast, in_registers, producer)
         ops = forward_operands(
             plan, forward_problem(5, batch, width, steps, depth), has_z, has_mask
         )
@@ -140,6 +146,12 @@ class TestCompiled(MosaicGpuMode):
         multicast where there are row blocks to share it: the same outputs."""
         multicast = self.LAYOUT if registers_case[4] > 1 else ""
         self.test_matches_reference(registers_case, True, True, multicast, in_registers=True)
+
+    @pytest.mark.parametrize("in_registers", [False, True])
+    def test_a_producer_warpgroups_loads_match_reference(self, producer_case, in_registers):
+        """`PersistentPlan.producer` (warpgroup 1 issues the K loop's loads, each phase's
+        weights before its barrier), with either epilogue: the same outputs."""
+        self.test_matches_reference(producer_case, True, True, "", in_registers, producer=True)
 
     def check_saved_chain(self, plan, ops, s_last, packed, s_mm, steps, depth):
         """The saved outputs against the reference phase by phase (teacher-forced from the
@@ -185,6 +197,8 @@ class TestInterpret(TestCompiled):
                            ("bfloat16", 150, 64, 2, 3, 32, 2, 2)],
         "registers_case": [("bfloat16", 64, 64, 1, 1, 32, 3, 2),
                            ("float32", 100, 60, 2, 2, 32, 3, 2)],
+        "producer_case": [("bfloat16", 64, 64, 1, 1, 32, 3, 2),
+                          ("float32", 100, 60, 2, 2, 32, 3, 2)],
     }  # fmt: skip
     TOL = {"bfloat16": 1e-4, "float32": 2e-5}
 

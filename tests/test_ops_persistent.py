@@ -183,19 +183,20 @@ VARIANT_CASES = [(64, 32, 3, 4, 3, True), (96, 20, 2, 5, 4, False)]
 def test_the_paper_candidates_are_the_tuning_space_that_runs_the_default_first(dtype):
     """`variant_candidates`: the tuning space's variants (`persistent.TUNING`) in the row-group
     layout that both kernels and the layout accept, each running plans of its own, the
-    default first: bf16 9 of its 12 (a second warpgroup's stages fit only at 6 stages of 16
-    with the epilogue in registers), f32 6 (6 stages and split_k not with the f32 tiles in
+    default first: bf16 13 of its 16 (a second warpgroup's stages fit only at 6 stages of
+    16 with the epilogue in registers), f32 9 (6 stages and split_k not with the f32 tiles in
     shared memory)."""
     found = persistent.variant_candidates(256, 1000, 128, dtype)
     space = persistent.tuning_space()
     assert found[0] == persistent.PersistentVariant() == space[0]
     assert found == [v for v in space if v in found]
     plans = [persistent.variant_plans(v, 256, 1000, 128, dtype) for v in found]
-    assert len(set(plans)) == len(found) == (9 if dtype == "bfloat16" else 6)
+    assert len(set(plans)) == len(found) == (13 if dtype == "bfloat16" else 9)
     default = plans[0][1]
     for variant, (layout, main, hyper) in zip(found, plans, strict=True):
         assert layout == "rowgroup" and main.multicast_a == (variant.sharing == "multicast")
         assert main.split_k == (variant.sharing == "split_k") and not main.multicast_b
+        assert main.producer == hyper.producer == (variant.sharing == "producer")
         assert main.in_registers == hyper.in_registers == (variant.epilogue == "registers")
         assert main.stages == (variant.stages or default.stages + main.in_registers)
         for plan in (main, hyper):
@@ -300,7 +301,8 @@ def test_a_grid_barrier_runs_where_the_variant_or_its_fallback_is_the_grid(
 
 # (variant, KERNEL_CASES case): the tuning space's kernels that differ from the default's
 # (the A chunk multicast to a row group's cluster, interpret mode copies it to each block;
-# the backward's GEMM split between two warpgroups) and the grid with the weights multicast
+# the backward's GEMM split between two warpgroups; the epilogue in registers, at 32 units a
+# block; a producer warpgroup, alone and with it) and the grid with the weights multicast
 # to a column's row blocks (two row blocks).
 SMALL = ("hyperrhn-f32-dropout-odd", "hyperrhn-bf16-dropout-first-step")
 TUNED_CASES = [
@@ -308,6 +310,8 @@ TUNED_CASES = [
     *[("layout=grid,stages=2,sharing=split_k", case) for case in SMALL],
     *[("layout=grid,sharing=multicast", case) for case in TWO_ROW_BLOCKS],
     *[("epilogue=registers,units=32", case) for case in SMALL],
+    *[("sharing=producer", case) for case in SMALL],
+    *[("sharing=producer,epilogue=registers,units=32", case) for case in SMALL[:1]],
 ]
 
 

@@ -113,10 +113,10 @@ def test_an_older_configs_variant_text_becomes_the_fields(text, fields):
     assert model.persistent == PersistentVariant(**fields)
 
 
-def test_the_tuning_space_is_a_product_of_at_most_12_the_default_first():
+def test_the_tuning_space_is_a_product_of_at_most_16_the_default_first():
     space = pv.tuning_space()
     assert space[0] == PersistentVariant()
-    assert len(space) == len(set(space)) <= 12
+    assert len(space) == len(set(space)) <= 16
     sizes = [len(values) for values in pv.TUNING.values()]
     assert len(space) == sizes[0] * sizes[1] * sizes[2] and len(pv.TUNING) == 3
     assert len(dataclasses.fields(PersistentVariant)) <= 5
@@ -129,6 +129,8 @@ def test_planned_puts_each_field_on_the_paper_plan(dtype):
     grid = persistent_plans.plan_for(256, 1000, dtype)
     rowgroup = persistent_plans.plan_for(256, 1000, dtype, "rowgroup")
     assert PersistentVariant().planned(rowgroup) is rowgroup
+    producer = PersistentVariant(sharing="producer").planned(rowgroup)
+    assert producer == dataclasses.replace(rowgroup, producer=True)
     multicast = PersistentVariant(sharing="multicast").planned(rowgroup)
     assert multicast == dataclasses.replace(rowgroup, multicast_a=True)
     shared_weights = PersistentVariant("grid", sharing="multicast").planned(grid)

@@ -285,3 +285,103 @@ def skip_split(split: SplitK) -> None:
     """Warpgroup 0's `lead_gemm` of no GEMM: the helper runs its half on stale operands."""
     plgpu.barrier_arrive(split.go)
     plgpu.barrier_wait(split.done)
+
+
+@dataclasses.dataclass(frozen=True)
+class Producer:
+    """A K loop whose loads warpgroup 1 issues (`produce`) while warpgroup 0 runs the wgmmas
+    (`consume_gemm`): chunk ``n`` of the block's sequence of GEMMs is stage ``n % stages``,
+    refilled once warpgroup 0 has read it (``free``); ``go``: warpgroup 0 passed the phase
+    barrier, so its A rows may be read."""
+
+    staged: StagedOperands
+    free: Any  # [stages] mbarriers
+    go: Any  # mbarrier
+
+
+def producer_scratch(stages: int) -> dict:
+    """The scratch types of `Producer`'s fields but ``staged`` (`staged_scratch`'s)."""
+    return dict(free=plgpu.Barrier(num_barriers=stages), go=plgpu.Barrier(num_barriers=1))
+
+
+def produce(producer: Producer, a_gmem, b_gmem, a_block, b_block, *, gemm: jax.Array,
+            k_steps: int, after_go: Callable | None = None) -> None:  # fmt: skip
+    """Warpgroup 1: GEMM number ``gemm``'s loads. B (no dependence on the recurrence) fills
+    the first stages as they free up, before ``go``; then A, then the rest chunk by chunk."""
+    staged, stages = producer.staged, producer.staged.stages
+    first = gemm * k_steps
+
+    def free(k):
+        n = first + k
+
+        @pl.when(n >= stages)
+        def _():
+            plgpu.barrier_wait(producer.free.at[jax.lax.rem(n, stages)])
+
+    head = min(stages, k_steps)
+    for k in range(head):
+        free(k)
+        _load_at(staged, "b", b_gmem, b_block, k, first + k)
+    plgpu.barrier_wait(producer.go)
+    if after_go is not None:
+        after_go()
+    for k in range(head):
+        _load_at(staged, "a", a_gmem, a_block, k, first + k)
+
+    def rest(k, carry):
+        free(k)
+        _load_at(staged, "b", b_gmem, b_block, k, first + k)
+        _load_at(staged, "a", a_gmem, a_block, k, first + k)
+        return carry
+
+    jax.lax.fori_loop(head, k_steps, rest, None)
+
+
+def _load_at(staged: StagedOperands, operand: str, gmem, block, k, n) -> None:
+    """Chunk ``k`` of ``operand``'s block into stage ``n % stages``."""
+    tiles, bars = getattr(staged, operand), getattr(staged, f"{operand}_bar")
+    slot = jax.lax.rem(n, staged.stages)
+    src = _chunk(gmem, block, k, tiles.at[0])
+    plgpu.copy_gmem_to_smem(src, tiles.at[slot], bars.at[slot])
+
+
+def consume_gemm(out, producer: Producer, *, gemm: jax.Array, k_steps: int,
+                 first_ready: Callable | None = None) -> None:  # fmt: skip
+    """Warpgroup 0: `gemm_nt_to_smem` of GEMM number ``gemm`` on the stages `produce` fills;
+    opens its A loads (``go``) first."""
+    staged, stages = producer.staged, producer.staged.stages
+    tile = out if isinstance(out, Tile) else Tile.of(out)
+    first = gemm * k_steps
+    plgpu.barrier_arrive(producer.go)
+
+    def body(accs):
+        def k_step(k, carry):
+            slot = jax.lax.rem(first + k, stages)
+            plgpu.barrier_wait(staged.a_bar.at[slot])
+            plgpu.barrier_wait(staged.b_bar.at[slot])
+            if first_ready is not None:
+                pl.when(k == 0)(first_ready)
+            _wgmma(accs, staged.a.at[slot], staged.b.at[slot])
+            plgpu.wgmma_wait(0)
+            plgpu.barrier_arrive(producer.free.at[slot])
+            return carry
+
+        jax.lax.fori_loop(0, k_steps, k_step, None)
+
+    _accumulate(tile, body)
+
+
+def skip_gemm(producer: Producer, *, gemm: jax.Array, k_steps: int) -> None:
+    """Warpgroup 0's `consume_gemm` of a phase it does not run (a grid barrier gave up):
+    takes each chunk `produce` loads, so that it never waits."""
+    staged, stages = producer.staged, producer.staged.stages
+    plgpu.barrier_arrive(producer.go)
+
+    def k_step(k, carry):
+        slot = jax.lax.rem(gemm * k_steps + k, stages)
+        plgpu.barrier_wait(staged.a_bar.at[slot])
+        plgpu.barrier_wait(staged.b_bar.at[slot])
+        plgpu.barrier_arrive(producer.free.at[slot])
+        return carry
+
+    jax.lax.fori_loop(0, k_steps, k_step, None)

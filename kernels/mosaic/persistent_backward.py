@@ -29,15 +29,17 @@ from rhhjax.kernels.mosaic.persistent_backward_cell import (
     register_halves,
 )
 from rhhjax.kernels.mosaic.persistent_cell import (
+    WARPGROUPS,
     epilogue_tile,
+    producer_of,
     stage_buffers,
     staged_operands,
     staged_scratch,
+    warpgroups,
 )
 from rhhjax.kernels.mosaic.plan import PersistentPlan
 
 Array = jax.Array
-WARPGROUPS = "warpgroup"
 # Re-exported from `persistent_backward_operands`.
 backward_weights = operands.backward_weights
 backward_smem_bytes, check_plan = operands.backward_smem_bytes, operands.check_plan
@@ -132,9 +134,10 @@ def persistent_backward(
         main = BackwardCell(
             plan=plan, steps=steps, depth=depth, keep=keep, names=names, g_last=g_last,
             refs=named, sc=sc, r=r, c=c, interpret=interpret, split=split, timeline=clocks,
+            producer=producer_of(sc, plan, interpret),
         )  # fmt: skip
         run = functools.partial(_phases, main, r, c, phase_bar, outs)
-        if split is None:
+        if split is None and main.producer is None:
             return run()
         warpgroup = jax.lax.axis_index(WARPGROUPS)
         pl.when(warpgroup == 0)(run)
@@ -142,7 +145,7 @@ def persistent_backward(
         pl.when(warpgroup == 1)(lambda: main.help(after_go))
 
     def _phases(main, r, c, phase_bar, outs) -> None:
-        """The block's phases (warpgroup 0's: ``plan.split_k`` splits the block), its status."""
+        """The block's phases (warpgroup 0's where the block has two), its status."""
         status_g, split = outs[-1], main.split
         barrier = make_barrier(n_r * n_c, jnp.logical_and(r == 0, c == 0), spin_limit, phase_bar)
         main.timeline.start()
@@ -159,9 +162,12 @@ def persistent_backward(
                 main.timeline.stamp("barrier_arrived")
                 main.timeline.flush(phases - 1 - i)
 
-            if split is not None:  # the helper runs every phase's half but the last's
-                skipped = jnp.logical_and(jnp.logical_not(main_runs), i >= 1)
+            skipped = jnp.logical_and(jnp.logical_not(main_runs), i >= 1)  # warpgroup 1 runs
+            if split is not None:  # every phase's half but the last's
                 pl.when(skipped)(lambda: gemm.skip_split(split))
+            if main.producer is not None:  # every phase's loads but the last's
+                k_steps = main.k_steps
+                pl.when(skipped)(lambda: gemm.skip_gemm(main.producer, gemm=i - 1, k_steps=k_steps))
             passed = jax.lax.cond(
                 jnp.logical_and(main_runs, i < phases - 1),
                 lambda: barrier(i + 1),
@@ -201,7 +207,7 @@ def persistent_backward(
             **(timeline_.scratch() if timeline else {}),
         ),
         **launch_args,
-        **(dict(num_threads=2, thread_name=WARPGROUPS) if plan.split_k else {}),
+        **warpgroups(plan),
         kernel_name="persistent_highway_backward",
         interpret=interpret,
     )(wt, g, packed, *extras)

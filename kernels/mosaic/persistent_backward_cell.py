@@ -61,6 +61,7 @@ class BackwardCell:
     c: Any
     interpret: Any = None  # the kernel's: the cluster axes of a multicast
     split: gemm.SplitK | None = None  # plan.split_k: warpgroup 1's half of the main GEMM
+    producer: gemm.Producer | None = None  # plan.producer: warpgroup 1 issues its loads
     timeline: Any = phase_timeline.OFF
 
     @property
@@ -88,14 +89,18 @@ class BackwardCell:
         return slots.slot(p + 1, self.steps, self.depth) * self.plan.row_blocks + self.r
 
     def help(self, after_go: Callable | None = None) -> None:
-        """Warpgroup 1 (``plan.split_k``): `gemm.helper_gemm` of phases P - 2 .. 0."""
+        """Warpgroup 1 of phases P - 2 .. 0: `gemm.helper_gemm` (``plan.split_k``) or
+        `gemm.produce` (``plan.producer``), GEMM number i - 1 at step i."""
 
         def one_phase(i, carry):
             p = self.phases - 1 - i
-            gemm.helper_gemm(
-                self.split, self.refs["d_mm"], self.refs["wt"], self._a_block(p),
-                self._weight_block(p), k_steps=self.k_steps, after_go=after_go,
-            )  # fmt: skip
+            blocks = (self.refs["d_mm"], self.refs["wt"], self._a_block(p), self._weight_block(p))
+            if self.producer is not None:
+                gemm.produce(
+                    self.producer, *blocks, gemm=i - 1, k_steps=self.k_steps, after_go=after_go
+                )
+            else:
+                gemm.helper_gemm(self.split, *blocks, k_steps=self.k_steps, after_go=after_go)
             return carry
 
         jax.lax.fori_loop(1, self.phases, one_phase, None)
@@ -186,7 +191,12 @@ class BackwardCell:
         @pl.when(jnp.logical_not(last))
         def _():
             a_block, a_mm, w = self._a_block(p), self.refs["d_mm"], self.refs["wt"]
-            if self.split is not None:
+            if self.producer is not None:
+                gemm.consume_gemm(
+                    tile, self.producer, gemm=self.phases - 2 - p, k_steps=self.k_steps,
+                    first_ready=first_ready,
+                )  # fmt: skip
+            elif self.split is not None:
                 gemm.lead_gemm(
                     tile, staged, self.split, a_mm, w, a_block, w_block, k_steps=self.k_steps,
                     first_ready=first_ready,

@@ -39,7 +39,8 @@ def backward_smem_bytes(
         stages, split_barriers = lead, lead + 2 * rest + 2
     n_in = len(input_names(has_z))
     tile = rows * u * 4
-    barriers = n_in + has_mask + stages * (1 + plan.staged + plan.multicast) + split_barriers
+    barriers = n_in + has_mask + stages * (1 + plan.staged + plan.multicast + plan.producer)
+    barriers += split_barriers + plan.producer
     allocations = (
         stages * rows * plan.k_chunk * item,
         stages * u * plan.k_chunk * item,

@@ -22,6 +22,8 @@ from rhhjax.kernels.mosaic.plan import (
     forward_staging_slots,
 )
 
+WARPGROUPS = "warpgroup"  # the kernel's thread axis where a block runs two warpgroups
+
 
 @dataclasses.dataclass(kw_only=True)
 class Cell:
@@ -44,6 +46,7 @@ class Cell:
     r: Any
     g: Any
     staged: gemm.StagedOperands | None = None
+    producer: gemm.Producer | None = None
     timeline: Any = phase_timeline.OFF
 
     @property
@@ -61,6 +64,23 @@ class Cell:
     def slices(self):
         rows, u = self.plan.rows_per_block, self.plan.units_per_block
         return pl.ds(self.r * rows, rows), pl.ds(self.g * u, u)
+
+    def blocks(self, p):
+        """(A row block, weight row block) of phase ``p``'s GEMM."""
+        t_layer = slots.slot(p, self.steps, self.depth) * self.plan.row_blocks + self.r
+        return t_layer, jax.lax.rem(p, self.depth) * self.plan.col_blocks + self.g
+
+    def produce(self, after_go=None) -> None:
+        """Warpgroup 1: every phase's K loop loads (`gemm.produce`)."""
+
+        def one_phase(p, carry):
+            gemm.produce(
+                self.producer, self.refs["s_mm"], self.refs["w"], *self.blocks(p), gemm=p,
+                k_steps=self.k_steps, after_go=after_go,
+            )  # fmt: skip
+            return carry
+
+        jax.lax.fori_loop(0, self.phases, one_phase, None)
 
     def in_a(self):
         """Whether the block's units are among the A buffer's K columns."""
@@ -98,7 +118,7 @@ class Cell:
         plan, refs, epi, bar = self.plan, self.refs, self.epi, self.bar
         steps, depth, phases = self.steps, self.depth, self.phases
         row_sl, unit_sl = self.slices()
-        u, n_r = plan.units_per_block, plan.row_blocks
+        u = plan.units_per_block
         has_mask = refs["mask"] is not None
         ins = self.ins
         outs = forward_saved_rows(self.save, self.has_z)
@@ -125,7 +145,7 @@ class Cell:
         if save_state:  # packed row 0: the phase's input state, before it is overwritten
             plgpu.copy_smem_to_gmem(self.state, refs["packed"].at[p, row_sl, 0, unit_sl])
 
-        a_row, w_row = slots.slot(p, steps, depth) * n_r + self.r, layer * plan.col_blocks + self.g
+        a_row, w_row = self.blocks(p)
         first_ready = phase_timeline.first_ready(self.timeline)
 
         def epilogue(pre_h, pre_t):
@@ -155,7 +175,11 @@ class Cell:
         if plan.in_registers:
             shape = (plan.rows_per_block, plan.cols_per_block)
             tile = gemm.Tile.of(shape=shape, consume=epilogue, halves=2)
-        if self.staged is None:
+        if self.producer is not None:
+            gemm.consume_gemm(
+                tile, self.producer, gemm=p, k_steps=self.k_steps, first_ready=first_ready
+            )
+        elif self.staged is None:
             gemm.gemm_nt_to_smem(
                 tile, refs["s_mm"], refs["w"], a_row, w_row,
                 tile_k=plan.k_chunk, k_steps=self.k_steps, stages=plan.stages,
@@ -230,8 +254,26 @@ def stage_buffers(
 
 
 def staged_scratch(plan: PersistentPlan, cols: int, k_steps: int, mm_dtype, interpret) -> dict:
-    """With ``plan.staged`` the main GEMM's `stage_buffers`; else none."""
-    return stage_buffers(plan, cols, k_steps, mm_dtype, interpret) if plan.staged else {}
+    """With ``plan.staged`` the main GEMM's `stage_buffers` (and a producer's barriers)."""
+    if not plan.staged:
+        return {}
+    producer = gemm.producer_scratch(plan.staged_stages(k_steps)) if plan.producer else {}
+    buffers = stage_buffers(plan, cols, k_steps, mm_dtype, interpret)
+    return buffers | {f"producer_{name}": barrier for name, barrier in producer.items()}
+
+
+def producer_of(sc: dict, plan: PersistentPlan, interpret) -> gemm.Producer | None:
+    """With ``plan.producer`` the `gemm.Producer` of `staged_scratch`'s buffers; else None."""
+    if not plan.producer:
+        return None
+    staged = staged_operands(sc, plan, interpret)
+    return gemm.Producer(staged, sc["producer_free"], sc["producer_go"])
+
+
+def warpgroups(plan: PersistentPlan) -> dict:
+    """`plgpu.kernel`'s arguments for a block of two warpgroups (a producer, split_k)."""
+    two = plan.producer or plan.split_k
+    return dict(num_threads=2, thread_name=WARPGROUPS) if two else {}
 
 
 def staged_operands(

@@ -6,14 +6,16 @@ z_width] or None, mask [P, b_pad, n_pad] uint8 or None. Design: docs/design.md."
 
 from __future__ import annotations
 
+import functools
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 from rhhjax.kernels.layout import F32
 from rhhjax.kernels.mosaic import forward as mf
-from rhhjax.kernels.mosaic import grid_barrier, keep_mask, persistent_cell, rowgroup_layout
+from rhhjax.kernels.mosaic import gemm, grid_barrier, keep_mask, persistent_cell, rowgroup_layout
 from rhhjax.kernels.mosaic import persistent_slots as slots
 from rhhjax.kernels.mosaic import phase_timeline as timeline_
 from rhhjax.kernels.mosaic.plan import PersistentPlan, PlanError
@@ -147,24 +149,15 @@ def persistent_forward(
             refs=cell_refs(ins_g, outs_g[:-1]), state=sc["state"], pre=sc.get("pre"), epi=sc["epi"],
             cast=cast, mask_tile=mask_tile, bar=sc["bar"], r=r, g=g,
             staged=persistent_cell.staged_operands(sc, plan, interpret), timeline=clocks,
+            producer=persistent_cell.producer_of(sc, plan, interpret),
         )  # fmt: skip
-
-        main.prologue()
-        code = jnp.where(barrier(jnp.int32(0)), jnp.int32(0), jnp.int32(1))
-
-        def phase(p, code):
-            def work(code):
-                clocks.stamp("barrier_passed")
-                main.phase(p)
-                clocks.stamp("barrier_arrived")
-                clocks.flush(p)
-                return jnp.where(barrier(p + 1), code, p + 2)
-
-            return jax.lax.cond(code == 0, work, lambda c: c, code)
-
-        code = jax.lax.fori_loop(0, phases, phase, code)
-        persistent_cell.wait_for_every_store()
-        status_g[block] = code
+        run = functools.partial(_phases, main, barrier, status_g, block)
+        if main.producer is None:
+            return run()
+        warpgroup = jax.lax.axis_index(persistent_cell.WARPGROUPS)
+        pl.when(warpgroup == 0)(run)
+        after_go = grid_barrier.fence_proxy_async_global if interpret is None else None
+        pl.when(warpgroup == 1)(lambda: main.produce(after_go))
 
     has_mask = mask is not None
     scratch_types = persistent_cell.scratch(plan, mm_dtype, has_z, has_mask, save, interpret)
@@ -177,12 +170,39 @@ def persistent_forward(
         out_type=tuple(out_type),
         scratch_types=dict(**scratch_types, **phase_bar),
         **launch_args,
+        **persistent_cell.warpgroups(plan),
         kernel_name="persistent_highway_forward",
         interpret=interpret,
     )(*operands)
     stamps = timeline_.Stamps(*outs[len(outs) - n_time :]) if timeline else None
     outs = Saved(*outs[: len(outs) - n_time]) if save else States(*outs[: len(outs) - n_time])
     return (outs, stamps) if timeline else outs
+
+
+def _phases(main: persistent_cell.Cell, barrier, status_g, block) -> None:
+    """The block's phases (warpgroup 0's with a `gemm.Producer`) and its status."""
+    clocks = main.timeline
+    main.prologue()
+    code = jnp.where(barrier(jnp.int32(0)), jnp.int32(0), jnp.int32(1))
+
+    def phase(p, code):
+        def work(code):
+            clocks.stamp("barrier_passed")
+            main.phase(p)
+            clocks.stamp("barrier_arrived")
+            clocks.flush(p)
+            return jnp.where(barrier(p + 1), code, p + 2)
+
+        def skip(code):  # a grid barrier gave up: the producer's loads are taken all the same
+            if main.producer is not None:
+                gemm.skip_gemm(main.producer, gemm=p, k_steps=main.k_steps)
+            return code
+
+        return jax.lax.cond(code == 0, work, skip, code)
+
+    code = jax.lax.fori_loop(0, main.phases, phase, code)
+    persistent_cell.wait_for_every_store()
+    status_g[block] = code
 
 
 def persistent_forward_reference(

@@ -67,7 +67,8 @@ class PersistentPlan:
     the fewest covering ``width``); ``multicast_a`` / ``_b``: each A chunk once per row group
     / each weight chunk once per column's cluster; ``split_k``: `gemm.SplitK` (backward);
     ``in_registers``: the GEMM tile's epilogue reads its accumulators in registers (no f32
-    tile in shared memory, `gemm.Tile`)."""
+    tile in shared memory, `gemm.Tile`); ``producer``: a second warpgroup issues the K
+    loop's loads (`gemm.Producer`)."""
 
     batch: int
     width: int
@@ -83,6 +84,7 @@ class PersistentPlan:
     multicast_b: bool = False
     split_k: bool = False
     in_registers: bool = False
+    producer: bool = False
 
     def __post_init__(self):
         for name in ("batch", "width", "col_blocks", "row_blocks", "k_chunk", "stages"):
@@ -161,8 +163,9 @@ class PersistentPlan:
 
     @property
     def staged(self) -> bool:
-        """Whether the main GEMM runs `gemm.gemm_nt_staged` (not `gemm.gemm_nt_to_smem`)."""
-        return self.multicast
+        """Whether the main GEMM's stages are the kernel's own buffers (`gemm.gemm_nt_staged`
+        or the `gemm.Producer`'s), not `gemm.gemm_nt_to_smem`'s."""
+        return self.multicast or self.producer
 
     @property
     def multicast(self) -> bool:
@@ -170,7 +173,7 @@ class PersistentPlan:
 
     def staged_options(self) -> str:
         """The fields that make it `staged`, for an error line."""
-        fields = ("multicast_a", "multicast_b")
+        fields = ("multicast_a", "multicast_b", "producer")
         return " and ".join(f for f in fields if getattr(self, f))
 
     def staged_stages(self, k_steps: int) -> int:
@@ -189,7 +192,8 @@ class PersistentPlan:
         ]
         pre = 0 if self.in_registers else rows * self.cols_per_block * 4
         buffers = [rows * units * 4, slots * rows * units * 4, rows * units * item]
-        barriers = self.stages * (1 + self.staged + self.multicast)
+        barriers = self.stages * (1 + self.staged + self.multicast + self.producer)
+        barriers += self.producer  # go
         barriers += len(forward_inputs(has_z)) + has_mask
         sizes = [b * item for b in pipeline] + [pre, *buffers]
         tiles = sum(map(self._aligned, sizes))
@@ -214,6 +218,8 @@ class PersistentPlan:
                 f"{REGISTER_UNITS} (the uint8 mask tile's 32-byte swizzle), got "
                 f"{self.units_per_block}: choose units so it is."
             )
+        if self.producer and (self.multicast or self.split_k):
+            raise PlanError("persistent plan: producer runs without multicast and split_k.")
         need = self.smem_bytes(layout=layout)
         if need > self.smem_limit:
             raise PlanError(

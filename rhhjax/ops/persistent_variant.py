@@ -12,12 +12,12 @@ from rhhjax.kernels.mosaic import rowgroup_layout
 from rhhjax.kernels.mosaic.plan import PersistentPlan, PlanError
 from rhhjax.ops.persistent_plans import K_CHUNK, STAGES, check_runnable, plan_with_units
 
-SHARING = ("none", "multicast", "split_k")
+SHARING = ("none", "producer", "multicast", "split_k")
 EPILOGUES = ("shared_memory", "registers")
 # The fields the autotunes time, as a product (the layout: the default where it runs).
-TUNING = dict(stages=(0, 6), epilogue=EPILOGUES, sharing=SHARING)
+TUNING = dict(stages=(0, 6), sharing=SHARING, epilogue=EPILOGUES)  # the second design early
 DEFAULT_TEXT = "default"  # `parse_variant`: the default `PersistentVariant()`
-UNTESTED_ON_A_GPU = dict(sharing=("multicast", "split_k"), epilogue=("registers",))
+UNTESTED_ON_A_GPU = dict(sharing=SHARING[1:], epilogue=("registers",))
 
 REMOVED = {
     "hyper_inside": "the hyper cell inside the main kernels measured +6.3 ms (bf16) and "
@@ -49,7 +49,8 @@ class PersistentVariant:
     layout: str = "rowgroup"  # rowgroup (one cluster a row group; the grid where it cannot) | grid
     stages: int = 0  # K pipeline depth, each stage the widest K chunk of 64, 32, 16 that fits
     units: int = 0  # units per block
-    sharing: str = "none"  # none | multicast (a cluster's operand loads) | split_k (backward K)
+    # none | producer (a warpgroup issues the loads) | multicast | split_k (backward K)
+    sharing: str = "none"
     epilogue: str = "shared_memory"  # shared_memory (the GEMM tile's round trip) | registers
 
     def __post_init__(self):
@@ -92,8 +93,8 @@ class PersistentVariant:
         shared = ""
         if self.sharing == "multicast":
             shared = "a" if self.layout == "rowgroup" else "b"
-        split_k = self.sharing == "split_k"
-        return _pipelined(plan, self.stages, shared, split_k, registers, self.layout)
+        split_k, producer = self.sharing == "split_k", self.sharing == "producer"
+        return _pipelined(plan, self.stages, shared, split_k, producer, registers, self.layout)
 
 
 def tuning_space() -> list[PersistentVariant]:
@@ -118,11 +119,13 @@ def _with_units(plan: PersistentPlan, units: int, layout: str) -> PersistentPlan
 
 @functools.cache
 def _pipelined(
-    plan: PersistentPlan, stages: int, shared: str, split_k: bool, registers: bool, layout: str
-) -> PersistentPlan:
+    plan: PersistentPlan, stages: int, shared: str, split_k: bool, producer: bool,
+    registers: bool, layout: str,
+) -> PersistentPlan:  # fmt: skip
     """``plan`` at ``stages`` (0: its own, in ``registers`` the deepest that fits) of the widest
     K chunk that fits; ``shared``: the multicast operand, "a" (A rows), "b" (weights) or ""."""
     what = f"persistent variant stages={stages}, shared={shared or 'none'}"
+    what += ", producer" * producer
     what += ", epilogue=registers" * registers
     depths, chunks = [stages], [k for k in (K_CHUNK, K_CHUNK // 2, K_CHUNK // 4)]
     if not stages:
@@ -133,7 +136,7 @@ def _pipelined(
             replanned = dataclasses.replace(
                 plan, stages=depth, k_chunk=chunk, multicast_a=shared == "a",
                 multicast_b=shared == "b" and plan.row_blocks > 1, split_k=split_k,
-                in_registers=registers,
+                producer=producer, in_registers=registers,
             )  # fmt: skip
             check_runnable(replanned, layout)
             return replanned
