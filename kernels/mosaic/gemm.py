@@ -232,7 +232,7 @@ class SplitK:
 
     stages: StagedOperands  # the helper's
     partial: Any  # [rows, cols] f32
-    go: Any  # mbarrier
+    go: Any
     done: Any
 
     @staticmethod
@@ -295,8 +295,8 @@ class Producer:
     barrier, so its A rows may be read."""
 
     staged: StagedOperands
-    free: Any  # [stages] mbarriers
-    go: Any  # mbarrier
+    free: Any
+    go: Any
 
 
 def producer_scratch(stages: int) -> dict:
@@ -338,7 +338,6 @@ def produce(producer: Producer, a_gmem, b_gmem, a_block, b_block, *, gemm: jax.A
 
 
 def _load_at(staged: StagedOperands, operand: str, gmem, block, k, n) -> None:
-    """Chunk ``k`` of ``operand``'s block into stage ``n % stages``."""
     tiles, bars = getattr(staged, operand), getattr(staged, f"{operand}_bar")
     slot = jax.lax.rem(n, staged.stages)
     src = _chunk(gmem, block, k, tiles.at[0])

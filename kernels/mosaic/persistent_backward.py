@@ -162,7 +162,7 @@ def persistent_backward(
                 main.timeline.stamp("barrier_arrived")
                 main.timeline.flush(phases - 1 - i)
 
-            skipped = jnp.logical_and(jnp.logical_not(main_runs), i >= 1)  # warpgroup 1 runs
+            skipped = jnp.logical_and(jnp.logical_not(main_runs), i >= 1)
             if split is not None:  # every phase's half but the last's
                 pl.when(skipped)(lambda: gemm.skip_split(split))
             if main.producer is not None:  # every phase's loads but the last's

@@ -22,7 +22,7 @@ from rhhjax.kernels.mosaic.plan import (
     forward_staging_slots,
 )
 
-WARPGROUPS = "warpgroup"  # the kernel's thread axis where a block runs two warpgroups
+WARPGROUPS = "warpgroup"
 
 
 @dataclasses.dataclass(kw_only=True)

@@ -193,7 +193,7 @@ class PersistentPlan:
         pre = 0 if self.in_registers else rows * self.cols_per_block * 4
         buffers = [rows * units * 4, slots * rows * units * 4, rows * units * item]
         barriers = self.stages * (1 + self.staged + self.multicast + self.producer)
-        barriers += self.producer  # go
+        barriers += self.producer
         barriers += len(forward_inputs(has_z)) + has_mask
         sizes = [b * item for b in pipeline] + [pre, *buffers]
         tiles = sum(map(self._aligned, sizes))
