@@ -1,9 +1,10 @@
 """Where a persistent kernel's phases go: the stamps `rhhjax.ops.persistent.record_timeline`
 saves (npz), summarized per direction.
 
-    python benchmarks/phase_timeline.py STAMPS [--out=DIR] [--top=5] [--record]
+    python benchmarks/phase_timeline.py STAMPS [--out=DIR] [--top=5] [--record] [--variant=V]
 
---record (a GPU) first runs the paper plan's kernels and saves STAMPS.
+--record (a GPU) first runs the paper plan's kernels at ``model.persistent`` variant V (its
+text form, default the default) and saves STAMPS.
 
 Per event: the median and p90, over phases and blocks, of the cycles since the phase's
 barrier passed; the whole phase (barrier passed to the next phase's, ``%globaltimer`` ns);
@@ -93,11 +94,12 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--top", type=int, default=5)
     parser.add_argument("--record", action="store_true")
+    parser.add_argument("--variant", default="default")
     args = parser.parse_args(argv)
     if args.record:
         from rhhjax.ops import persistent
 
-        persistent.record_timeline(args.stamps)
+        persistent.record_timeline(args.stamps, persistent.parse_variant(args.variant))
     data = dict(np.load(args.stamps))
     summaries = {
         d: summarize(data[f"{d}_stamps"], data[f"{d}_sm"], args.top)

@@ -451,18 +451,21 @@ def _runs(variant, dtype: str) -> bool:
     return True
 
 
-def test_record_timeline_saves_both_directions_stamps_of_every_phase_and_block(tmp_path):
-    """Interpreted (a GPU runs the paper plan: benchmarks/phase_timeline.py's input)."""
+@pytest.mark.parametrize("text", ["default", "sharing=producer,epilogue=registers"])
+def test_record_timeline_saves_both_directions_stamps_of_every_phase_and_block(tmp_path, text):
+    """Interpreted (a GPU runs the paper plan: benchmarks/phase_timeline.py's input), at the
+    default and at the second design's variant."""
     if (reason := mosaic_mode_skip(interpret=True)) is not None:
         pytest.skip(reason)
     from rhhjax.kernels.mosaic import interpret as gpu_interpret
     from rhhjax.kernels.mosaic import phase_timeline
 
     path = tmp_path / "stamps.npz"
-    persistent.record_timeline(path, None, 64, 64, 2, 2, interpret=gpu_interpret.params())
+    variant = persistent.parse_variant(text)
+    persistent.record_timeline(path, variant, 64, 64, 2, 2, interpret=gpu_interpret.params())
     saved = np.load(path)
-    plan = persistent.interpret_plan(64, 64, "bfloat16", "rowgroup")
-    assert str(saved["variant"]) == "layout=rowgroup" and str(saved["plan"]) == str(plan)
+    plan = variant.planned(persistent.interpret_plan(64, 64, "bfloat16", "rowgroup"))
+    assert str(saved["variant"]) == variant.text() and str(saved["plan"]) == str(plan)
     for direction in ("forward", "backward"):
         assert saved[f"{direction}_stamps"].shape == (4, plan.grid, phase_timeline.WORDS)
         assert list(saved[f"{direction}_sm"]) == list(range(plan.grid))

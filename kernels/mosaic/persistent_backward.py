@@ -207,7 +207,7 @@ def persistent_backward(
             **(timeline_.scratch() if timeline else {}),
         ),
         **launch_args,
-        **warpgroups(plan),
+        **warpgroups(plan.producer or plan.split_k),
         kernel_name="persistent_highway_backward",
         interpret=interpret,
     )(wt, g, packed, *extras)

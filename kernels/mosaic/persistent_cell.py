@@ -270,9 +270,8 @@ def producer_of(sc: dict, plan: PersistentPlan, interpret) -> gemm.Producer | No
     return gemm.Producer(staged, sc["producer_free"], sc["producer_go"])
 
 
-def warpgroups(plan: PersistentPlan) -> dict:
-    """`plgpu.kernel`'s arguments for a block of two warpgroups (a producer, split_k)."""
-    two = plan.producer or plan.split_k
+def warpgroups(two: bool) -> dict:
+    """`plgpu.kernel`'s arguments for blocks of one warpgroup or ``two``."""
     return dict(num_threads=2, thread_name=WARPGROUPS) if two else {}
 
 

@@ -141,7 +141,6 @@ def persistent_forward(
         clocks = timeline_.OFF
         if timeline:
             clocks = timeline_.Timeline(sc["timeline_row"], *refs[-2:], block, interpret)
-        clocks.start()
         barrier = make_barrier(n_r * n_c, block == 0, spin_limit, phase_bar)
         (cast,), (mask_tile,) = sc["cast_or_mask"]
         main = persistent_cell.Cell(
@@ -170,7 +169,7 @@ def persistent_forward(
         out_type=tuple(out_type),
         scratch_types=dict(**scratch_types, **phase_bar),
         **launch_args,
-        **persistent_cell.warpgroups(plan),
+        **persistent_cell.warpgroups(plan.producer),
         kernel_name="persistent_highway_forward",
         interpret=interpret,
     )(*operands)
@@ -182,6 +181,7 @@ def persistent_forward(
 def _phases(main: persistent_cell.Cell, barrier, status_g, block) -> None:
     """The block's phases (warpgroup 0's with a `gemm.Producer`) and its status."""
     clocks = main.timeline
+    clocks.start()
     main.prologue()
     code = jnp.where(barrier(jnp.int32(0)), jnp.int32(0), jnp.int32(1))
 
