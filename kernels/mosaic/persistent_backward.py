@@ -25,6 +25,7 @@ from rhhjax.kernels.mosaic.backward import highway_backward_reference
 from rhhjax.kernels.mosaic.persistent_backward_cell import (
     BackwardCell,
     bias_row_group,
+    bias_rows,
     input_names,
     register_halves,
 )
@@ -37,7 +38,7 @@ from rhhjax.kernels.mosaic.persistent_cell import (
     staged_scratch,
     warpgroups,
 )
-from rhhjax.kernels.mosaic.plan import PersistentPlan
+from rhhjax.kernels.mosaic.plan import BIAS_ROWS, PersistentPlan
 
 Array = jax.Array
 # Re-exported from `persistent_backward_operands`.
@@ -113,7 +114,7 @@ def persistent_backward(
     n_r, n_c, n_pad, b_pad = plan.row_blocks, plan.col_blocks, plan.n_pad, plan.b_pad
     mm_dtype = wt.dtype
     has_z, has_mask = z is not None, mask is not None
-    names = input_names(has_z)
+    names = input_names(has_z, plan.in_registers)
     optional = (("z", z), ("mask", mask), ("bias", bias), ("s_mm", s_mm))
     extra_names = [name for name, x in optional if x is not None]
     extras = [x for _, x in optional if x is not None]
@@ -199,7 +200,8 @@ def persistent_backward(
             **({} if plan.in_registers else {"acc": plgpu.SMEM((rows, u), F32)}),
             dsc=tile((2, rows, u), mm_dtype),
             bias_part=plgpu.SMEM((2, group, u), F32),
-            bar=plgpu.Barrier(num_barriers=len(names) + has_mask),
+            bar=plgpu.Barrier(num_barriers=len(names) + has_mask + bias_rows(plan, has_z)),
+            **({"bias_rows": plgpu.SMEM((BIAS_ROWS, u), F32)} if bias_rows(plan, has_z) else {}),
             **({"mask_tile": tile((rows, u), keep_mask.DTYPE)} if has_mask else {}),
             **staged_scratch(plan, u, 2 * n_pad // plan.k_chunk, mm_dtype, interpret),
             **_split_scratch(plan, u, 2 * n_pad // plan.k_chunk, mm_dtype, interpret),

@@ -17,7 +17,7 @@ from rhhjax.kernels.mosaic import forward as mf
 from rhhjax.kernels.mosaic import gemm, keep_mask, phase_timeline
 from rhhjax.kernels.mosaic import persistent_slots as slots
 from rhhjax.kernels.mosaic.backward import _gate_backward
-from rhhjax.kernels.mosaic.persistent_cell import staged_operands, wait_for_all_but
+from rhhjax.kernels.mosaic.persistent_cell import bias_tiles, staged_operands, wait_for_all_but
 from rhhjax.kernels.mosaic.plan import REGISTER_UNITS, PersistentPlan
 
 
@@ -32,11 +32,17 @@ def register_halves(plan: PersistentPlan) -> int:
     return 2 if plan.units_per_block % (2 * REGISTER_UNITS) == 0 else 1
 
 
-def input_names(has_z: bool) -> tuple[str, ...]:
-    """The per-phase f32 epilogue input tiles, in slot order."""
+def input_names(has_z: bool, in_registers: bool = False) -> tuple[str, ...]:
+    """The per-phase f32 epilogue input tiles, in slot order (in registers the bias is one
+    row, `bias_rows`)."""
     if has_z:
-        return ("g_out", "s_prev", "full_h", "full_t", "z", "b_h", "b_t")
+        return ("g_out", "s_prev", "full_h", "full_t", "z") + ("b_h", "b_t") * (not in_registers)
     return ("g_out", "s_prev", "h", "t")
+
+
+def bias_rows(plan: PersistentPlan, has_z: bool) -> bool:
+    """Whether the backward stages the bias as one row (in registers, with z)."""
+    return plan.in_registers and has_z
 
 
 def saved_row(name: str, has_z: bool, state_in_packed: bool) -> int | None:
@@ -165,13 +171,19 @@ class BackwardCell:
             else:
                 src = refs["g"].at[p, row_sl, unit_sl]
             plgpu.copy_gmem_to_smem(src, epi.at[slot], bar.at[slot])
-        if refs["mask"] is not None:
+        has_mask = refs["mask"] is not None
+        if has_mask:
             mask_src = refs["mask"].at[p, row_sl, unit_sl]
             plgpu.copy_gmem_to_smem(mask_src, self.sc["mask_tile"], bar.at[len(self.names)])
+        if bias_rows(plan, self.has_z):
+            bias_src = refs["bias"].at[layer, self.r * rows, :, unit_sl]
+            bias_bar = bar.at[len(self.names) + has_mask]
+            plgpu.copy_gmem_to_smem(bias_src, self.sc["bias_rows"], bias_bar)
 
     def _wait_inputs(self, layer) -> None:
         plan, bar, names = self.plan, self.sc["bar"], self.names
-        for slot in range(len(names) + (self.refs["mask"] is not None)):
+        extra = (self.refs["mask"] is not None) + bias_rows(plan, self.has_z)
+        for slot in range(len(names) + extra):
             name = names[slot] if slot < len(names) else "mask"
             if name == "g_out" and self.g_last:
                 pl.when(layer == self.depth - 1)(lambda slot=slot: plgpu.barrier_wait(bar.at[slot]))
@@ -292,6 +304,9 @@ class BackwardCell:
         if self.refs["mask"] is not None:
             ins["mask"] = keep_mask.load_values(sc["mask_tile"].at[index], self.keep, layout)
         ins["ds_carry"] = load(sc["carry"].at[index])
+        if bias_rows(self.plan, has_z):
+            rows = sc["bias_rows"].at[(slice(None), *index[1:])]
+            ins["b_h"], ins["b_t"] = bias_tiles(rows, ins["z"].shape)
         if has_z:  # the gates as the forward computed them, from full
             ins["h"], ins["t"] = mf.gates(ins["full_h"], ins["full_t"], ins)
         tiles = _gate_backward(acc(), ins)

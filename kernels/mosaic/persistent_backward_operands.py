@@ -8,8 +8,14 @@ import jax.numpy as jnp
 from rhhjax.kernels.hardware import H100
 from rhhjax.kernels.layout import F32
 from rhhjax.kernels.mosaic import gemm, keep_mask
-from rhhjax.kernels.mosaic.persistent_backward_cell import bias_row_group, input_names
-from rhhjax.kernels.mosaic.plan import MBARRIER_BYTES, PersistentPlan, PlanError, layout_smem_bytes
+from rhhjax.kernels.mosaic.persistent_backward_cell import bias_row_group, bias_rows, input_names
+from rhhjax.kernels.mosaic.plan import (
+    BIAS_ROWS,
+    MBARRIER_BYTES,
+    PersistentPlan,
+    PlanError,
+    layout_smem_bytes,
+)
 
 Array = jax.Array
 MAX_TMA_ROWS = 256  # the most elements a TMA copy moves along a dimension
@@ -37,9 +43,11 @@ def backward_smem_bytes(
         split_alloc = [rest * rows * plan.k_chunk * item, rest * u * plan.k_chunk * item]
         split_alloc.append(rows * u * 4)
         stages, split_barriers = lead, lead + 2 * rest + 2
-    n_in = len(input_names(has_z))
+    n_in, bias_row = len(input_names(has_z, plan.in_registers)), bias_rows(plan, has_z)
     tile = rows * u * 4
-    barriers = n_in + has_mask + stages * (1 + plan.staged + plan.multicast + plan.producer)
+    barriers = (
+        n_in + has_mask + bias_row + stages * (1 + plan.staged + plan.multicast + plan.producer)
+    )
     barriers += split_barriers + plan.producer
     allocations = (
         stages * rows * plan.k_chunk * item,
@@ -50,6 +58,7 @@ def backward_smem_bytes(
         2 * rows * u * item,
         rows * u * has_mask,
         2 * bias_row_group(plan) * u * 4,
+        BIAS_ROWS * u * 4 * bias_row,
     )
     tiles = sum(map(_align, allocations)) + _align(n_in * tile)
     if plan.in_registers and (plan.staged or plan.split_k):  # else under the scoped stages

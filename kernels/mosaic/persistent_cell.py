@@ -16,6 +16,7 @@ from rhhjax.kernels.mosaic import forward as mf
 from rhhjax.kernels.mosaic import gemm, grid_barrier, keep_mask, phase_timeline, rowgroup_layout
 from rhhjax.kernels.mosaic import persistent_slots as slots
 from rhhjax.kernels.mosaic.plan import (
+    BIAS_ROWS,
     PersistentPlan,
     forward_inputs,
     forward_saved_rows,
@@ -47,6 +48,7 @@ class Cell:
     g: Any
     staged: gemm.StagedOperands | None = None
     producer: gemm.Producer | None = None
+    bias_rows: Any = None  # in registers: [BIAS_ROWS, u] f32, the block's bias
     timeline: Any = phase_timeline.OFF
 
     @property
@@ -59,7 +61,7 @@ class Cell:
 
     @property
     def ins(self) -> tuple[str, ...]:
-        return forward_inputs(self.has_z)
+        return forward_inputs(self.has_z, self.plan.in_registers)
 
     def slices(self):
         rows, u = self.plan.rows_per_block, self.plan.units_per_block
@@ -122,7 +124,7 @@ class Cell:
         has_mask = refs["mask"] is not None
         ins = self.ins
         outs = forward_saved_rows(self.save, self.has_z)
-        _, out_slot = forward_staging_slots(self.has_z, self.save)
+        _, out_slot = forward_staging_slots(self.has_z, self.save, plan.in_registers)
         save_state = self.save and plan.state_in_packed  # f32: s_mm holds the input states
         mask_bar = len(ins)
         t, layer = jax.lax.div(p, depth), jax.lax.rem(p, depth)
@@ -142,6 +144,9 @@ class Cell:
         if has_mask:  # the cast's last store has completed (waited at the phase's end)
             mask_src = refs["mask"].at[p, row_sl, unit_sl]
             plgpu.copy_gmem_to_smem(mask_src, self.mask_tile, bar.at[mask_bar])
+        if plan.in_registers:  # the bias: the block's first row, the same in every row
+            bias_src = refs["bias"].at[layer, self.r * plan.rows_per_block, :, unit_sl]
+            plgpu.copy_gmem_to_smem(bias_src, self.bias_rows, bar.at[mask_bar + has_mask])
         if save_state:  # packed row 0: the phase's input state, before it is overwritten
             plgpu.copy_smem_to_gmem(self.state, refs["packed"].at[p, row_sl, 0, unit_sl])
 
@@ -153,11 +158,15 @@ class Cell:
             each_input(lambda slot, name: plgpu.barrier_wait(bar.at[slot]))
             if has_mask:
                 plgpu.barrier_wait(bar.at[mask_bar])
+            if plan.in_registers:
+                plgpu.barrier_wait(bar.at[mask_bar + has_mask])
             x_scale = jnp.where(first, jnp.float32(1.0), jnp.float32(0.0))
             tiles_in = {name: self._load(epi.at[slot]) for slot, name in enumerate(ins)}
             tiles_in["x_h"] = tiles_in["x_h"] * x_scale
             tiles_in["x_t"] = tiles_in["x_t"] * x_scale
             tiles_in["s"] = self._load(self.state)
+            if plan.in_registers:
+                tiles_in["b_h"], tiles_in["b_t"] = bias_tiles(self.bias_rows, pre_h.shape)
             if has_mask:
                 tiles_in["mask"] = keep_mask.load_values(self.mask_tile, self.keep, self._layout)
             tiles = mf._epilogue(pre_h, pre_t, tiles_in)
@@ -298,6 +307,14 @@ def wait_for_every_store() -> None:
     plgpu.wait_smem_to_gmem(0)
 
 
+def bias_tiles(bias_rows, shape: tuple[int, int]) -> tuple:
+    """The h and t gates' bias rows [2, u] (shared memory) as [rows, u] tiles in the
+    accumulators' layout."""
+    layout = plgpu.Layout.WGMMA.reduce(0)
+    rows = [keep_mask.load(bias_rows.at[gate], layout) for gate in range(BIAS_ROWS)]
+    return tuple(jax.lax.broadcast_in_dim(row, shape, (1,)) for row in rows)
+
+
 def epilogue_tile(plan: PersistentPlan, shape: tuple[int, ...], dtype, halves: int = 1):
     """Epilogue tiles in shared memory; in registers swizzled by column ``halves`` (no bank
     conflicts in the accumulators' layout)."""
@@ -312,7 +329,8 @@ def scratch(
 ) -> dict:
     """The cell's shared memory but its GEMM tile ``pre`` (none ``in_registers``)."""
     rows, u = plan.rows_per_block, plan.units_per_block
-    n_slots, _ = forward_staging_slots(has_z, save)
+    n_slots, _ = forward_staging_slots(has_z, save, plan.in_registers)
+    ins = forward_inputs(has_z, plan.in_registers)
     tile = functools.partial(epilogue_tile, plan)
     scratch = dict(
         state=tile((rows, u), F32),
@@ -320,7 +338,8 @@ def scratch(
         cast_or_mask=plgpu.RefUnion(
             (tile((rows, u), mm_dtype),), (tile((rows, u), keep_mask.DTYPE),)
         ),
-        bar=plgpu.Barrier(num_barriers=len(forward_inputs(has_z)) + has_mask),
+        bar=plgpu.Barrier(num_barriers=len(ins) + has_mask + plan.in_registers),
+        **({"bias_rows": plgpu.SMEM((BIAS_ROWS, u), F32)} if plan.in_registers else {}),
         **staged_scratch(
             plan, plan.cols_per_block, plan.k_pad // plan.k_chunk, mm_dtype, interpret
         ),

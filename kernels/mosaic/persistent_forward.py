@@ -146,7 +146,7 @@ def persistent_forward(
         main = persistent_cell.Cell(
             plan=plan, steps=steps, depth=depth, keep=keep, save=save, has_z=has_z,
             refs=cell_refs(ins_g, outs_g[:-1]), state=sc["state"], pre=sc.get("pre"), epi=sc["epi"],
-            cast=cast, mask_tile=mask_tile, bar=sc["bar"], r=r, g=g,
+            cast=cast, mask_tile=mask_tile, bar=sc["bar"], r=r, g=g, bias_rows=sc.get("bias_rows"),
             staged=persistent_cell.staged_operands(sc, plan, interpret), timeline=clocks,
             producer=persistent_cell.producer_of(sc, plan, interpret),
         )  # fmt: skip

@@ -14,6 +14,7 @@ from rhhjax.errors import UserError
 WGMMA_M = 64
 UNIT_MULTIPLE = 4  # 2 * units must be a multiple of 8 (wgmma N)
 REGISTER_UNITS = 32  # `in_registers`: the swizzled epilogue tiles' rows, 32 B and up
+BIAS_ROWS = 2  # `in_registers`: a block's bias, the h and t gates' rows
 DTYPES = ("float32", "bfloat16")
 MBARRIER_BYTES = 8
 PHASE_BARRIERS = 2  # the row-group layout's cluster barriers, one per phase parity
@@ -27,9 +28,10 @@ def _round_up(x: int, m: int) -> int:
     return -(-x // m) * m
 
 
-def forward_inputs(has_z: bool) -> tuple[str, ...]:
-    """The forward's staged f32 [rows, u] epilogue inputs, in slot order."""
-    return ("b_h", "b_t", *("z",) * has_z, "x_h", "x_t")
+def forward_inputs(has_z: bool, in_registers: bool = False) -> tuple[str, ...]:
+    """The forward's staged f32 [rows, u] epilogue inputs, in slot order; in registers the
+    bias is one row (`BIAS_ROWS`), not tiles."""
+    return ("b_h", "b_t") * (not in_registers) + ("z",) * has_z + ("x_h", "x_t")
 
 
 def forward_saved_rows(save: bool, has_z: bool) -> tuple[str, ...]:
@@ -40,9 +42,9 @@ def forward_saved_rows(save: bool, has_z: bool) -> tuple[str, ...]:
     return ("full_h", "full_t") if has_z else ("h", "t")
 
 
-def forward_staging_slots(has_z: bool, save: bool) -> tuple[int, tuple]:
+def forward_staging_slots(has_z: bool, save: bool, in_registers: bool = False) -> tuple[int, tuple]:
     """(number of f32 [rows, u] staging slots, the slot of each saved row)."""
-    ins = forward_inputs(has_z)
+    ins = forward_inputs(has_z, in_registers)
     reused = len(ins) - 2
     outs = forward_saved_rows(save, has_z)
     where = tuple(i if i < reused else len(ins) + i - reused for i in range(len(outs)))
@@ -185,16 +187,17 @@ class PersistentPlan:
     ) -> int:
         """Shared memory per block of the forward kernel in ``layout``, every option by default."""
         rows, units, item = self.rows_per_block, self.units_per_block, self.itemsize
-        slots, _ = forward_staging_slots(has_z, save)
+        slots, _ = forward_staging_slots(has_z, save, self.in_registers)
         pipeline = [
             self.stages * rows * self.k_chunk,
             self.stages * self.cols_per_block * self.k_chunk,
         ]
         pre = 0 if self.in_registers else rows * self.cols_per_block * 4
         buffers = [rows * units * 4, slots * rows * units * 4, rows * units * item]
+        buffers.append(BIAS_ROWS * units * 4 * self.in_registers)
         barriers = self.stages * (1 + self.staged + self.multicast + self.producer)
         barriers += self.producer
-        barriers += len(forward_inputs(has_z)) + has_mask
+        barriers += len(forward_inputs(has_z, self.in_registers)) + has_mask + self.in_registers
         sizes = [b * item for b in pipeline] + [pre, *buffers]
         tiles = sum(map(self._aligned, sizes))
         return tiles + MBARRIER_BYTES * barriers + layout_smem_bytes(layout)

@@ -10,7 +10,7 @@ import itertools
 from rhhjax.errors import UserError
 from rhhjax.kernels.mosaic import rowgroup_layout
 from rhhjax.kernels.mosaic.plan import PersistentPlan, PlanError
-from rhhjax.ops.persistent_plans import K_CHUNK, STAGES, check_runnable, plan_with_units
+from rhhjax.ops.persistent_plans import K_CHUNK, check_runnable, plan_with_units
 
 SHARING = ("none", "producer", "multicast", "split_k")
 EPILOGUES = ("shared_memory", "registers")
@@ -129,7 +129,7 @@ def _pipelined(
     what += ", epilogue=registers" * registers
     depths, chunks = [stages], [k for k in (K_CHUNK, K_CHUNK // 2, K_CHUNK // 4)]
     if not stages:
-        depths, chunks = (STAGES if registers else [plan.stages]), [plan.k_chunk]
+        depths, chunks = (range(8, 1, -1) if registers else [plan.stages]), [plan.k_chunk]
     error = None
     for depth, chunk in itertools.product(depths, [k for k in chunks if k <= plan.k_chunk]):
         try:
