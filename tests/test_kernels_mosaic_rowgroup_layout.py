@@ -24,6 +24,9 @@ class TestForwardCompiled(tf.TestCompiled):
         # the paper bf16 plan's shape; 2 row groups of 3 (f32)
         "multicast_case": [("bfloat16", 256, 1000, 16, 4, 64, 3, 3),
                            ("float32", 100, 37, 3, 2, 16, 3, 2)],
+        # the paper bf16 plan's shape, the epilogue in registers, a producer warpgroup
+        "registers_case": [("bfloat16", 256, 1000, 16, 4, 64, 3, 3)],
+        "producer_case": [("bfloat16", 256, 1000, 16, 4, 64, 3, 3)],
     }  # fmt: skip
 
 
@@ -37,6 +40,9 @@ class TestForwardInterpret(tf.TestInterpret):
         # 2 row groups of 3 (f32); 3 row groups of 2 (bf16)
         "multicast_case": [("float32", 100, 37, 3, 2, 16, 3, 2),
                            ("bfloat16", 150, 64, 2, 3, 32, 2, 2)],
+        # 3 row groups of 2 blocks of 32 units
+        "registers_case": [("bfloat16", 150, 64, 2, 3, 32, 2, 2)],
+        "producer_case": [("bfloat16", 150, 64, 2, 3, 32, 2, 2)],
     }  # fmt: skip
 
 
@@ -53,6 +59,7 @@ class TestBackwardCompiled(tb.TestCompiled):
             ((256, 1000, "bfloat16", 16, 4, 64, 3), 3, 2, True, True),  # the paper bf16 plan
             ((100, 37, "float32", 3, 2, 32), 2, 3, False, True),
         ],
+        "registers_case": [((256, 1000, "bfloat16", 16, 4, 64, 4), 3, 2, True, True)],
     }
 
 
@@ -69,6 +76,7 @@ class TestBackwardInterpret(tb.TestInterpret):
             ((100, 37, "float32", 3, 2, 32), 2, 3, False, True),  # 2 row groups of 3
             ((150, 64, "bfloat16", 2, 3, 32), 3, 2, True, True),  # 3 row groups of 2, dz too
         ],
+        "registers_case": [((150, 64, "bfloat16", 2, 3, 32, 2), 3, 2, True, True)],
     }  # fmt: skip
 
 

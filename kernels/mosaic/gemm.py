@@ -187,13 +187,11 @@ def gemm_nt_staged(
     addend: Callable[[int], list] | None = None,
     first_ready: Callable[[], None] | None = None,
 ) -> None:
-    """`gemm_nt_to_smem` of K chunks ``k_first .. k_first + k_steps - 1`` on ``staged``
-    (``out`` a ref or a `Tile`).
-        With ``staged.a_axis`` (``b_axis``) every block along that cluster axis runs this GEMM
-        with the same A (B) block, and each of its chunks is loaded once for all of them: a
-        stage is refilled once every block has read it (`_free`). The cluster must not reuse the
-        stages between two such GEMMs without a barrier of its blocks. ``addend``: see
-        `_accumulate`."""
+    """`gemm_nt_to_smem` of K chunks ``k_first .. k_first + k_steps - 1`` on ``staged``.
+    With ``staged.a_axis`` (``b_axis``) every block along that cluster axis runs this GEMM
+    with the same A (B) block, and each of its chunks is loaded once for all of them: a
+    stage is refilled once every block has read it (`_free`). The cluster must not reuse the
+    stages between two such GEMMs without a barrier of its blocks. ``addend``: `_accumulate`."""
     stages = staged.stages
     tile = out if isinstance(out, Tile) else Tile.of(out)
     load_b_chunks(staged, b_gmem, b_block, k_steps, k_first)

@@ -164,7 +164,7 @@ class Cell:
             tiles_in = {name: self._load(epi.at[slot]) for slot, name in enumerate(ins)}
             tiles_in["x_h"] = tiles_in["x_h"] * x_scale
             tiles_in["x_t"] = tiles_in["x_t"] * x_scale
-            tiles_in["s"] = self._load(self.state)
+            tiles_in["s"] = self.state[...] if self._layout is None else self._load(self.state)
             if plan.in_registers:
                 tiles_in["b_h"], tiles_in["b_t"] = bias_tiles(self.bias_rows, pre_h.shape)
             if has_mask:
