@@ -278,14 +278,14 @@ def test_kernel_lowers_and_compiles_for_an_h100_without_a_gpu(tmp_path):
 @needs_cuda
 def test_the_epilogue_in_registers_compiles_for_an_h100_without_a_gpu(tmp_path):
     """`PersistentPlan.in_registers` (each gate's accumulator read in registers, no f32
-    GEMM tile in shared memory) at the paper's bf16 blocks, 4 stages of 64 and 8 of 32, and
+    GEMM tile in shared memory) at the paper's bf16 blocks, 5 stages of 64 and 8 of 32, and
     f32's 4 x 32 blocks: the plan's shared memory, no register spilled."""
     registers = {"in_registers": True}
     cases = [
-        ((256, 1000, "bfloat16", 16, 4, 64, 4, registers), 3, 7, True, True, True),
+        ((256, 1000, "bfloat16", 16, 4, 64, 5, registers), 3, 7, True, True, True),
         ((256, 1000, "bfloat16", 16, 4, 32, 8, registers), 3, 2, True, True, True),
         ((256, 1000, "float32", 32, 4, 64, 4, registers), 3, 2, True, True, True),
-        ((256, 1000, "bfloat16", 16, 4, 64, 4, registers), 3, 2, False, False, False),
+        ((256, 1000, "bfloat16", 16, 4, 64, 5, registers), 3, 2, False, False, False),
     ]
     _compiles_at_the_plans_shared_memory(cases, tmp_path)
 
@@ -294,13 +294,13 @@ def test_the_epilogue_in_registers_compiles_for_an_h100_without_a_gpu(tmp_path):
 @needs_cuda
 def test_a_producer_warpgroup_compiles_for_an_h100_without_a_gpu(tmp_path):
     """`PersistentPlan.producer` (warpgroup 1 issues the loads) at the paper's bf16 blocks,
-    3 stages with the f32 tile in shared memory, 4 with the epilogue in registers, and
+    3 stages with the f32 tile in shared memory, 5 with the epilogue in registers, and
     f32's 4 x 32 blocks: the plan's shared memory, no register spilled."""
     producer = {"producer": True}
     registers = producer | {"in_registers": True}
     cases = [
         ((256, 1000, "bfloat16", 16, 4, 64, 3, producer), 3, 7, True, True, True),
-        ((256, 1000, "bfloat16", 16, 4, 64, 4, registers), 3, 7, True, True, True),
+        ((256, 1000, "bfloat16", 16, 4, 64, 5, registers), 3, 7, True, True, True),
         ((256, 1000, "float32", 32, 4, 64, 3, registers), 3, 2, True, True, False),
     ]
     _compiles_at_the_plans_shared_memory(cases, tmp_path)

@@ -59,7 +59,7 @@ class TestBackwardCompiled(tb.TestCompiled):
             ((256, 1000, "bfloat16", 16, 4, 64, 3), 3, 2, True, True),  # the paper bf16 plan
             ((100, 37, "float32", 3, 2, 32), 2, 3, False, True),
         ],
-        "registers_case": [((256, 1000, "bfloat16", 16, 4, 64, 4), 3, 2, True, True)],
+        "registers_case": [((256, 1000, "bfloat16", 16, 4, 64, 5), 3, 2, True, True)],
     }
 
 
