@@ -145,6 +145,20 @@ def staged_scratch(
     return types
 
 
+def _landed(staged: StagedOperands, slot) -> None:
+    plgpu.barrier_wait(staged.a_bar.at[slot])
+    plgpu.barrier_wait(staged.b_bar.at[slot])
+
+
+def _multiply(staged: StagedOperands, accs, slot, k, first_ready: Callable | None) -> None:
+    """Stage ``slot`` (chunk ``k`` of the GEMM), once landed, into the accumulators."""
+    _landed(staged, slot)
+    if first_ready is not None:
+        pl.when(k == 0)(first_ready)
+    _wgmma(accs, staged.a.at[slot], staged.b.at[slot])
+    plgpu.wgmma_wait(0)
+
+
 def _chunk(gmem, block: jax.Array | int, k: jax.Array | int, tile):
     rows, tile_k = tile.shape
     return gmem.at[pl.ds(block * rows, rows), pl.ds(k * tile_k, tile_k)]
@@ -200,13 +214,7 @@ def gemm_nt_staged(
 
     def body(accs):
         def k_step(k, carry):
-            slot = jax.lax.rem(k, stages)
-            plgpu.barrier_wait(staged.a_bar.at[slot])
-            plgpu.barrier_wait(staged.b_bar.at[slot])
-            if first_ready is not None:
-                pl.when(k == 0)(first_ready)
-            _wgmma(accs, staged.a.at[slot], staged.b.at[slot])
-            plgpu.wgmma_wait(0)
+            _multiply(staged, accs, jax.lax.rem(k, stages), k, first_ready)
             refill = k + stages  # the chunk for the stage just read
 
             @pl.when(refill < k_steps)
@@ -354,12 +362,7 @@ def consume_gemm(out, producer: Producer, *, gemm: jax.Array, k_steps: int,
     def body(accs):
         def k_step(k, carry):
             slot = jax.lax.rem(first + k, stages)
-            plgpu.barrier_wait(staged.a_bar.at[slot])
-            plgpu.barrier_wait(staged.b_bar.at[slot])
-            if first_ready is not None:
-                pl.when(k == 0)(first_ready)
-            _wgmma(accs, staged.a.at[slot], staged.b.at[slot])
-            plgpu.wgmma_wait(0)
+            _multiply(staged, accs, slot, k, first_ready)
             plgpu.barrier_arrive(producer.free.at[slot])
             return carry
 
@@ -376,8 +379,7 @@ def skip_gemm(producer: Producer, *, gemm: jax.Array, k_steps: int) -> None:
 
     def k_step(k, carry):
         slot = jax.lax.rem(gemm * k_steps + k, stages)
-        plgpu.barrier_wait(staged.a_bar.at[slot])
-        plgpu.barrier_wait(staged.b_bar.at[slot])
+        _landed(staged, slot)
         plgpu.barrier_arrive(producer.free.at[slot])
         return carry
 
