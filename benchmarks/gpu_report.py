@@ -256,7 +256,7 @@ def resolve(args: argparse.Namespace) -> tuple[list[Case], Options]:
     overrides = {}
     for item in args.set:
         key, sep, value = item.partition("=")
-        if not sep or key.count(".") != 1 or key.split(".")[0] not in ("model", "train"):
+        if not sep or "." not in key or key.split(".")[0] not in ("model", "train"):
             raise ReportError(f"--set={item!r} must be model.KEY=VALUE or train.KEY=VALUE")
         overrides[key] = _override_value(value)
     rates = ("bf16_tflops", "f32_mm_tflops", "f32_simt_tflops")

@@ -55,6 +55,8 @@ def test_quick_mode_and_cases():
     # rhn: 2 impls x 2 dtypes; hyperrhn: 2 ranks x 2 impls x 2 dtypes
     assert {c.impl for c in full} == {"scan", "fused"} and len(full) == 4 + 8
     assert opts.cost.launch_s == pytest.approx(4e-6)
+    _, nested = report.resolve(report.parse_args(["--set=model.persistent.epilogue=registers"]))
+    assert nested.overrides == {"model.persistent.epilogue": "registers"}  # a section's field
 
 
 def test_table_has_one_row_per_config():

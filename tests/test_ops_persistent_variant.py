@@ -177,3 +177,6 @@ def test_the_epilogue_in_registers_runs_deeper_where_its_tile_left_shared_memory
     assert (eight.stages, eight.k_chunk) == (8, 32)
     assert PersistentVariant(stages=8).planned(plan).k_chunk == 16  # with the tile
     assert pv.from_fields({"k_chunk": 0, "epilogue": "registers"}).epilogue == "registers"
+    hyper = persistent_plans.plan_for(128, 128, "bfloat16", "rowgroup")  # batch 128's
+    assert hyper.units_per_block == 16  # less than a swizzled tile's row: 32 units a block
+    assert PersistentVariant(epilogue="registers").planned(hyper).units_per_block == 32

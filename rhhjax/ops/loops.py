@@ -19,8 +19,9 @@ Array = jax.Array
 Fields = tuple[tuple[str, int], ...]  # (name, rows of Np) saved per micro-layer
 
 
-def padded_scales(geo: Geometry, z: Array | None) -> Array | None:
+def padded_scales(spec, geo: Geometry, z: Array | None) -> Array | None:
     """A `scales_operand` that pads: z [T, L, B, n] -> [T, L, Bp, Np], or None."""
+    del spec
     return geo.pad_rows(z)
 
 

@@ -16,7 +16,7 @@ from rhhjax.kernels.mosaic import grid_barrier, keep_mask, rowgroup_layout
 from rhhjax.kernels.mosaic import interpret as gpu_interpret
 from rhhjax.kernels.mosaic import persistent_backward as pb
 from rhhjax.kernels.mosaic import persistent_forward as pf
-from rhhjax.kernels.mosaic.plan import PersistentPlan, PlanError, scales_width
+from rhhjax.kernels.mosaic.plan import PersistentPlan, PlanError
 from rhhjax.ops import cells, fused, loops
 from rhhjax.ops.persistent_plans import candidates, plan_for
 from rhhjax.ops.persistent_variant import (  # noqa: F401 (the op's variant API, re-exported)
@@ -143,11 +143,11 @@ def prepare_weights(spec, geo, kernel_s: Array, transposed: bool = False) -> tup
     return (pf.forward_weights(plan, kernel_s, spec.dtype),)
 
 
-def scales_operand(geo: Geometry, z: Array | None) -> Array | None:
-    """z [T, L, B, n] -> [L, T, Bp, z_width], or None."""
+def scales_operand(spec: SequenceSpec, geo: Geometry, z: Array | None) -> Array | None:
+    """z [T, L, B, n] -> [L, T, Bp, z_width] (the plan's), or None."""
     if z is None:
         return None
-    z_width = scales_width(geo.n, geo.block_n, geo.n_pad)
+    z_width = _plan(spec, geo).z_width
     z_lt = jnp.swapaxes(z, 0, 1)
     pads = [(0, 0), (0, 0), (0, geo.b_pad - geo.batch), (0, z_width - geo.n)]
     return jnp.pad(z_lt, pads)
@@ -182,14 +182,7 @@ def forward_loop(spec, geo, w, bias, s0, xproj, z, keep, hidden, save: bool):
 def _kernel_operands(plan, geo, stacked, s0, xproj, bias, z, keep) -> tuple:
     rows = _bias_rows(geo, bias)
     mask = keep_mask.decisions(_phase_major(keep))
-    return plan, stacked, s0, xproj[..., : plan.z_width], rows, _scales_at(plan, z), mask
-
-
-def _scales_at(plan: PersistentPlan, z: Array | None) -> Array | None:
-    """`scales_operand`'s z [L, T, Bp, w] widened with zeros to the plan's z_width."""
-    if z is None or z.shape[-1] == plan.z_width:
-        return z
-    return jnp.pad(z, [(0, 0)] * 3 + [(0, plan.z_width - z.shape[-1])])
+    return plan, stacked, s0, xproj[..., : plan.z_width], rows, z, mask
 
 
 def _run_forward(spec, variant: PersistentVariant, save: bool, *args) -> tuple:
@@ -269,7 +262,6 @@ def backward_loop(spec, geo, w, bias, s0, xproj, z, keep, hidden, saved, g_state
     rows = None if z is None else _bias_rows(geo, bias)
     s_prev = None if plan.state_in_packed else s_mm
     variant = variant_at(spec, geo.batch, geo.n)
-    z = _scales_at(plan, z)
     outs = _run_backward(spec, variant, plan, stacked, g, packed, z, mask, rows, s_prev)
     return _gradients(spec, geo, stacked, depth, outs, s_mm, z is not None)
 

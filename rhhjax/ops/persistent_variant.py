@@ -9,7 +9,7 @@ import itertools
 
 from rhhjax.errors import UserError
 from rhhjax.kernels.mosaic import rowgroup_layout
-from rhhjax.kernels.mosaic.plan import PersistentPlan, PlanError
+from rhhjax.kernels.mosaic.plan import REGISTER_UNITS, PersistentPlan, PlanError
 from rhhjax.ops.persistent_plans import K_CHUNK, check_runnable, plan_with_units
 
 SHARING = ("none", "producer", "multicast", "split_k")
@@ -88,6 +88,9 @@ class PersistentVariant:
         if self.units and self.units != plan.units_per_block:
             plan = _with_units(plan, self.units, self.layout)
         registers = self.epilogue == "registers"
+        if registers and not self.units and plan.units_per_block % REGISTER_UNITS:
+            units = -(-plan.units_per_block // REGISTER_UNITS) * REGISTER_UNITS
+            plan = _with_units(plan, units, self.layout)
         if (self.stages, self.sharing, registers) == (0, "none", False):
             return plan
         shared = ""

@@ -35,7 +35,7 @@ def _padded_operands(spec, impl, geo, weights, s0, xproj, z, key_data, hidden_ma
         bias,
         geo.pad_rows(s0),
         geo.pad_halves(xproj),
-        impl.scales_operand(geo, z),
+        impl.scales_operand(spec, geo, z),
         keep,
         geo.pad_rows(hidden_masks),
     )

@@ -36,7 +36,9 @@ class Implementation(Protocol):
     def geometry(self, spec: SequenceSpec, batch: int, width: int) -> Geometry:
         """The padded layout of a [batch, width] state."""
 
-    def scales_operand(self, geo: Geometry, z: jax.Array | None) -> jax.Array | None:
+    def scales_operand(
+        self, spec: SequenceSpec, geo: Geometry, z: jax.Array | None
+    ) -> jax.Array | None:
         """z [T, L, B, n] (or None) in the layout its loops read, once per call."""
 
     def prepare_weights(
