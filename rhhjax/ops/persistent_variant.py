@@ -1,5 +1,5 @@
 """`PersistentVariant` (``model.persistent``): how `persistent` runs, its tuning space, its
-text form and the options REMOVED as slower on a GPU. docs/persistent_design.md, "Tuning"."""
+text form and the options REMOVED (slower on a GPU, or the plan's). docs/persistent_design.md."""
 
 from __future__ import annotations
 
