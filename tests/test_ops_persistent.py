@@ -302,17 +302,17 @@ def test_a_grid_barrier_runs_where_the_variant_or_its_fallback_is_the_grid(
 
 # (variant, KERNEL_CASES case): the tuning space's kernels that differ from the default's
 # (the A chunk multicast to a row group's cluster, interpret mode copies it to each block;
-# the backward's GEMM split between two warpgroups; the epilogue in registers, at 32 units a
-# block; a producer warpgroup, alone and with it) and the grid with the weights multicast
-# to a column's row blocks (two row blocks).
+# the backward's GEMM split between two warpgroups; the epilogue in registers, whose
+# variant rounds the plan's 16 units a block up to 32; a producer warpgroup, alone and
+# with it) and the grid with the weights multicast to a column's row blocks (two row blocks).
 SMALL = ("hyperrhn-f32-dropout-odd", "hyperrhn-bf16-dropout-first-step")
 TUNED_CASES = [
     *[("sharing=multicast", case) for case in SMALL],
     *[("layout=grid,stages=2,sharing=split_k", case) for case in SMALL],
     *[("layout=grid,sharing=multicast", case) for case in TWO_ROW_BLOCKS],
-    *[("epilogue=registers,units=32", case) for case in SMALL],
+    *[("epilogue=registers", case) for case in SMALL],
     *[("sharing=producer", case) for case in SMALL],
-    *[("sharing=producer,epilogue=registers,units=32", case) for case in SMALL[:1]],
+    *[("sharing=producer,epilogue=registers", case) for case in SMALL[:1]],
 ]
 
 

@@ -164,10 +164,11 @@ def _chunk(gmem, block: jax.Array | int, k: jax.Array | int, tile):
     return gmem.at[pl.ds(block * rows, rows), pl.ds(k * tile_k, tile_k)]
 
 
-def _load(staged: StagedOperands, operand: str, gmem, block, k, k_first=0) -> None:
+def _load(staged: StagedOperands, operand: str, gmem, block, chunk, n) -> None:
+    """K chunk ``chunk`` of ``operand``'s block into stage ``n % stages``."""
     tiles, bars = getattr(staged, operand), getattr(staged, f"{operand}_bar")
-    slot, axis = jax.lax.rem(k, staged.stages), getattr(staged, f"{operand}_axis")
-    src = _chunk(gmem, block, k_first + k, tiles.at[0])
+    slot, axis = jax.lax.rem(n, staged.stages), getattr(staged, f"{operand}_axis")
+    src = _chunk(gmem, block, chunk, tiles.at[0])
     plgpu.copy_gmem_to_smem(src, tiles.at[slot], bars.at[slot], collective_axes=axis)
 
 
@@ -185,7 +186,7 @@ def load_b_chunks(
 ) -> None:
     """Issues the copies of B[b_block]'s first ``min(stages, k_steps)`` K chunks."""
     for k in range(min(staged.stages, k_steps)):
-        _load(staged, "b", b_gmem, b_block, k, k_first)
+        _load(staged, "b", b_gmem, b_block, k_first + k, k)
 
 
 def gemm_nt_staged(
@@ -210,7 +211,7 @@ def gemm_nt_staged(
     tile = out if isinstance(out, Tile) else Tile.of(out)
     load_b_chunks(staged, b_gmem, b_block, k_steps, k_first)
     for k in range(min(stages, k_steps)):
-        _load(staged, "a", a_gmem, a_block, k, k_first)
+        _load(staged, "a", a_gmem, a_block, k_first + k, k)
 
     def body(accs):
         def k_step(k, carry):
@@ -221,8 +222,8 @@ def gemm_nt_staged(
             def _():
                 _free(staged, "a", refill)
                 _free(staged, "b", refill)
-                _load(staged, "a", a_gmem, a_block, refill, k_first)
-                _load(staged, "b", b_gmem, b_block, refill, k_first)
+                _load(staged, "a", a_gmem, a_block, k_first + refill, refill)
+                _load(staged, "b", b_gmem, b_block, k_first + refill, refill)
 
             return carry
 
@@ -327,27 +328,20 @@ def produce(producer: Producer, a_gmem, b_gmem, a_block, b_block, *, gemm: jax.A
     head = min(stages, k_steps)
     for k in range(head):
         free(k)
-        _load_at(staged, "b", b_gmem, b_block, k, first + k)
+        _load(staged, "b", b_gmem, b_block, k, first + k)
     plgpu.barrier_wait(producer.go)
     if after_go is not None:
         after_go()
     for k in range(head):
-        _load_at(staged, "a", a_gmem, a_block, k, first + k)
+        _load(staged, "a", a_gmem, a_block, k, first + k)
 
     def rest(k, carry):
         free(k)
-        _load_at(staged, "b", b_gmem, b_block, k, first + k)
-        _load_at(staged, "a", a_gmem, a_block, k, first + k)
+        _load(staged, "b", b_gmem, b_block, k, first + k)
+        _load(staged, "a", a_gmem, a_block, k, first + k)
         return carry
 
     jax.lax.fori_loop(head, k_steps, rest, None)
-
-
-def _load_at(staged: StagedOperands, operand: str, gmem, block, k, n) -> None:
-    tiles, bars = getattr(staged, operand), getattr(staged, f"{operand}_bar")
-    slot = jax.lax.rem(n, staged.stages)
-    src = _chunk(gmem, block, k, tiles.at[0])
-    plgpu.copy_gmem_to_smem(src, tiles.at[slot], bars.at[slot])
 
 
 def consume_gemm(out, producer: Producer, *, gemm: jax.Array, k_steps: int,

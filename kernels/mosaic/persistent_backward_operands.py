@@ -45,10 +45,7 @@ def backward_smem_bytes(
         stages, split_barriers = lead, lead + 2 * rest + 2
     n_in, bias_row = len(input_names(has_z, plan.in_registers)), bias_rows(plan, has_z)
     tile = rows * u * 4
-    barriers = (
-        n_in + has_mask + bias_row + stages * (1 + plan.staged + plan.multicast + plan.producer)
-    )
-    barriers += split_barriers + plan.producer
+    barriers = n_in + has_mask + bias_row + plan.pipeline_barriers(stages) + split_barriers
     allocations = (
         stages * rows * plan.k_chunk * item,
         stages * u * plan.k_chunk * item,

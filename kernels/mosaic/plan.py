@@ -182,6 +182,11 @@ class PersistentPlan:
         """Stages of `gemm.StagedOperands` for a K loop of ``k_steps`` chunks."""
         return max(min(self.stages, k_steps), 1)
 
+    def pipeline_barriers(self, stages: int) -> int:
+        """mbarriers of a K pipeline of ``stages``: a stage's (A and B apart in the kernel's own
+        buffers), a multicast's free one, a producer's free one, and its go."""
+        return stages * (1 + self.staged + self.multicast + self.producer) + self.producer
+
     def smem_bytes(
         self, has_z: bool = True, has_mask: bool = True, save: bool = True, layout: str = "grid"
     ) -> int:
@@ -195,8 +200,7 @@ class PersistentPlan:
         pre = 0 if self.in_registers else rows * self.cols_per_block * 4
         buffers = [rows * units * 4, slots * rows * units * 4, rows * units * item]
         buffers.append(BIAS_ROWS * units * 4 * self.in_registers)
-        barriers = self.stages * (1 + self.staged + self.multicast + self.producer)
-        barriers += self.producer
+        barriers = self.pipeline_barriers(self.stages)
         barriers += len(forward_inputs(has_z, self.in_registers)) + has_mask + self.in_registers
         sizes = [b * item for b in pipeline] + [pre, *buffers]
         tiles = sum(map(self._aligned, sizes))
