@@ -28,6 +28,7 @@ from model_cases import (
     assert_interpret_mode_runs_or_names_the_jax,
     assert_off_gpu_refusal_advises_what_runs,
     assert_trees_close,
+    kernel_and_scan_configs,
     loss_and_grads,
 )
 from rhhjax.kernels.hardware import H100
@@ -183,17 +184,21 @@ VARIANT_CASES = [(64, 32, 3, 4, 3, True), (96, 20, 2, 5, 4, False)]
 def test_the_paper_candidates_are_the_tuning_space_that_runs_the_default_first(dtype):
     """`variant_candidates`: the tuning space's variants (`persistent.TUNING`) in the row-group
     layout that both kernels and the layout accept, each running plans of its own, the
-    default first: bf16 14 of its 16 (split_k's second warpgroup's stages fit only with the
+    default first: bf16 16 of its 18 (split_k's second warpgroup's stages fit only with the
     epilogue in registers), f32 10 (6 stages and split_k not with the f32 tiles in shared
-    memory); in registers stages 0 is the deepest that fits."""
+    memory; the paired layout's 132 + 16 blocks not on 132 SMs); in registers stages 0 is
+    the deepest that fits."""
     found = persistent.variant_candidates(256, 1000, 128, dtype)
     space = persistent.tuning_space()
     assert found[0] == persistent.PersistentVariant() == space[0]
     assert found == [v for v in space if v in found]
     plans = [persistent.variant_plans(v, 256, 1000, 128, dtype) for v in found]
-    assert len(set(plans)) == len(found) == (14 if dtype == "bfloat16" else 10)
+    assert len(set(plans)) == len(found) == (16 if dtype == "bfloat16" else 10)
     default = plans[0][1]
     for variant, (layout, main, hyper) in zip(found, plans, strict=True):
+        if layout == "paired":
+            assert variant.layout == "paired" and dtype == "bfloat16"
+            continue
         assert layout == "rowgroup" and main.multicast_a == (variant.sharing == "multicast")
         assert main.split_k == (variant.sharing == "split_k") and not main.multicast_b
         assert main.producer == hyper.producer == (variant.sharing == "producer")
@@ -208,7 +213,7 @@ def test_where_the_row_group_layout_cannot_run_the_candidates_are_the_grids():
     """1,200 bf16 units need more column blocks than a cluster holds."""
     found = persistent.variant_candidates(256, 1200, 128, "bfloat16")
     assert found[0] == persistent.PersistentVariant("grid") and len(found) > 1
-    assert {v.layout for v in found} == {"grid"}
+    assert {v.layout for v in found} == {"grid", "paired"}
 
 
 def test_a_variant_round_trips_through_the_config_into_the_spec():
@@ -313,6 +318,8 @@ TUNED_CASES = [
     *[("epilogue=registers", case) for case in SMALL],
     *[("sharing=producer", case) for case in SMALL],
     *[("sharing=producer,epilogue=registers", case) for case in SMALL[:1]],
+    *[("layout=paired", case) for case in (*SMALL, *TWO_ROW_BLOCKS)],
+    ("layout=paired,sharing=producer,epilogue=registers", SMALL[0]),
 ]
 
 
@@ -352,6 +359,34 @@ class VariantMatchesScan(KernelModelMatchesScan):
         text, case = tuned_case
         variant = persistent.parse_variant(text)
         self.check_loss_and_gradients(case, persistent=variant)
+
+    def test_the_paired_layout_runs_both_forwards_in_one_op(self, monkeypatch):
+        """``layout=paired``: training's forward (saved) and evaluation's (not saved) each go
+        through `persistent.pair_forward_loop` once, with the model's values; the gradients
+        are `test_a_tuned_variant_matches_scan`'s."""
+        calls = []
+        loop = persistent.pair_forward_loop
+        monkeypatch.setattr(
+            persistent,
+            "pair_forward_loop",
+            lambda *a, **k: calls.append(k["save"]) or loop(*a, **k),
+        )
+        self.check_loss_and_gradients(
+            SMALL[0], persistent=persistent.parse_variant("layout=paired")
+        )
+        assert calls == [True]
+        config, scan_config = kernel_and_scan_configs(
+            SMALL[0], self.IMPL, persistent=persistent.parse_variant("layout=paired")
+        )
+        params = models.init_params(models.build_model(scan_config), jax.random.key(2))
+        tokens = jnp.asarray(np.random.default_rng(2).integers(0, 11, (5, 6)))
+
+        def logits(model):
+            return jax.jit(lambda p: model.apply({"params": p}, tokens, train=False)[0])(params)
+
+        expected = logits(models.build_model(scan_config))
+        np.testing.assert_allclose(logits(self.model(config)), expected, rtol=1e-4, atol=1e-4)
+        assert calls == [True, False]
 
     def _matches_scan(self, case, variant: persistent.PersistentVariant):
         hidden, hyper_hidden, depth, batch, length, first = case
@@ -441,6 +476,30 @@ def test_the_tuning_spaces_kernels_compile_the_paper_step_for_an_h100_without_a_
         assert (row["dtype"], row["variant"]) == (dtype, variant.text())
         assert min(row["kernels"].values()) >= 1, row
     assert len(reports) >= 4 * len(dtypes)  # each cell's forward and backward
+    assert_no_spills(reports)
+
+
+@pytest.mark.gpu_compile
+@needs_cuda
+def test_the_paired_layout_compiles_the_paper_step_with_one_forward_launch(tmp_path):
+    """``layout=paired`` (bf16; f32's 132-block main plan leaves no SM for the hyper cell):
+    the two cells' forwards are one launch, no forward of a cell alone remains, each cell's
+    backward its own kernel; no register spill."""
+    variant = persistent.parse_variant("layout=paired")
+    assert not _runs(variant, "float32")
+    kernels = [
+        "persistent_pair_forward",
+        "persistent_highway_forward",
+        "persistent_highway_backward",
+    ]
+    overrides = {"model.persistent.layout": "paired"}
+    rows, reports = compile_paper_step("persistent", ["bfloat16"], kernels, tmp_path, "", overrides)
+    (row,) = rows
+    assert row["variant"] == variant.text()
+    counts = row["kernels"]
+    assert counts["persistent_pair_forward"] >= 1 and counts["persistent_highway_backward"] >= 1
+    assert counts["persistent_highway_forward"] == 0, counts
+    assert len(reports) >= 3  # the pair's forward, each cell's backward
     assert_no_spills(reports)
 
 

@@ -114,14 +114,22 @@ def test_an_older_configs_variant_text_becomes_the_fields(text, fields):
     assert model.persistent == PersistentVariant(**fields)
 
 
-def test_the_tuning_space_is_a_product_of_at_most_16_the_default_first():
+def test_the_tuning_space_is_a_product_and_two_paired_variants_the_default_first():
+    """TUNING's product (16), the second design's right after the default, then the paired
+    layout at the default's fields and the second design's."""
     space = pv.tuning_space()
     assert space[0] == PersistentVariant()
-    assert len(space) == len(set(space)) <= 16
+    assert len(space) == len(set(space)) <= 18
     sizes = [len(values) for values in pv.TUNING.values()]
-    assert len(space) == sizes[0] * sizes[1] * sizes[2] and len(pv.TUNING) == 3
+    product = [v for v in space if v.layout != pv.PAIRED]
+    assert len(product) == sizes[0] * sizes[1] * sizes[2] and len(pv.TUNING) == 3
+    second = PersistentVariant(sharing="producer", epilogue="registers")
+    assert space[3] == second
+    paired = [PersistentVariant(pv.PAIRED), dataclasses.replace(second, layout=pv.PAIRED)]
+    assert space[4:6] == paired
     assert len(dataclasses.fields(PersistentVariant)) <= 5
-    tested = [v.sharing == "none" and v.epilogue == "shared_memory" for v in space]
+    tested = [v == dataclasses.replace(v, layout="rowgroup", sharing="none",
+              epilogue="shared_memory") for v in space]  # fmt: skip
     assert [v.tested_on_a_gpu() for v in space] == tested
 
 

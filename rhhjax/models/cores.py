@@ -215,6 +215,11 @@ class HyperRHNCore(nn.Module):
         hyper_xproj, main_xproj = xprojs
         hyper_key, main_key = (None, None) if keys is None else keys
         spec = dataclasses.replace(self.spec, gate_dropout=keys is not None)
+        batch = s_main.shape[0]
+        paired = c.hyper_rank == 0 and not hidden_masks
+        if paired and recurrence.pairs(spec, batch, c.hidden, c.hyper_hidden):
+            hyper_last, main_states = self._paired(spec, carry, xprojs, keys)
+            return (hyper_last, main_states[-1]), main_states
         hyper_states = _highway_states(
             c, spec, cell.hyper.weights(), s_hyper, hyper_xproj, None, hyper_key,
             hidden_masks.get("hyper_hidden"),
@@ -230,6 +235,33 @@ class HyperRHNCore(nn.Module):
                 s_main, main_xproj, cell.scales(hyper_states), main_key, main_hidden,
             )  # fmt: skip
         return (hyper_states[-1, -1], main_states[-1]), main_states
+
+    def _paired(self, spec, carry, xprojs, keys) -> tuple[Array, Array]:
+        """(last hyper state [B, h], main states [T, B, n]) of the op running both forwards in
+        one launch (`recurrence.hyper_highway_sequence`); step 0 apart if asked."""
+        c, cell = self.config, self.cell
+        weights = (cell.hyper.weights(), cell.main.weights())
+        proj = (cell.proj_kernel, cell.proj_bias)
+        keys = (None, None) if keys is None else keys
+
+        def run(first_step, s0s, xs):
+            spec_t = dataclasses.replace(spec, first_step=first_step)
+            return recurrence.hyper_highway_sequence(spec_t, weights, proj, s0s, xs, keys)
+
+        if not c.original_first_step:
+            return run(0, carry, xprojs)
+
+        def step0(w, s0, xproj, key, z):
+            masks0 = _step_masks(key, spec.keep, c.depth, s0)
+            bias0 = cells.first_step_bias0_scale(s0)
+            return cells.highway_step(w, s0, xproj[0], z, masks0, None, spec.dtype, bias0)
+
+        s_h1, hyper0, _ = step0(weights[0], carry[0], xprojs[0], keys[0], None)
+        s_m1, main0, _ = step0(weights[1], carry[1], xprojs[1], keys[1], cell.scales(hyper0))
+        if xprojs[0].shape[0] == 1:
+            return hyper0[-1], main0[-1][None]
+        hyper_last, main_rest = run(1, (s_h1, s_m1), tuple(x[1:] for x in xprojs))
+        return hyper_last, jnp.concatenate([main0[-1][None], main_rest])
 
     def _lowrank_states(self, spec, s0, x, hyper_states, gate_key, hidden_masks) -> Array:
         c, weights, scales = self.config, self.cell.main.weights(), self.cell.lowrank_scales

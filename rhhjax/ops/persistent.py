@@ -16,11 +16,13 @@ from rhhjax.kernels.mosaic import grid_barrier, keep_mask, rowgroup_layout
 from rhhjax.kernels.mosaic import interpret as gpu_interpret
 from rhhjax.kernels.mosaic import persistent_backward as pb
 from rhhjax.kernels.mosaic import persistent_forward as pf
+from rhhjax.kernels.mosaic import persistent_pair as pair
 from rhhjax.kernels.mosaic.plan import PersistentPlan, PlanError
 from rhhjax.ops import cells, fused, loops
 from rhhjax.ops.persistent_plans import candidates, plan_for
 from rhhjax.ops.persistent_variant import (  # noqa: F401 (the op's variant API, re-exported)
     DEFAULT_TEXT,
+    PAIRED,
     REMOVED,
     TUNING,
     PersistentVariant,
@@ -54,8 +56,8 @@ def variant_at(spec: SequenceSpec, batch: int, width: int) -> PersistentVariant:
     interpret = bool(spec.interpret and not spec.references)
     choose = interpret_plan if interpret else plan_for
     try:
-        plan = choose(batch, width, jnp.dtype(spec.dtype).name, variant.layout)
-        rowgroup_layout.check(plan, variant.layout, True if interpret else None)
+        plan = choose(batch, width, jnp.dtype(spec.dtype).name, variant.kernel_layout)
+        rowgroup_layout.check(plan, variant.kernel_layout, True if interpret else None)
     except PlanError:
         return dataclasses.replace(variant, layout="grid")
     return variant
@@ -72,7 +74,10 @@ def variant_plans(
     main = _plan_of(spec, batch, width)
     hyper = _plan_of(spec, batch, hyper_width) if hyper_width else None
     for plan in filter(None, (main, hyper)):
-        rowgroup_layout.check(plan, variant.layout, True if interpret else None)
+        rowgroup_layout.check(plan, variant.kernel_layout, True if interpret else None)
+    if variant.layout == PAIRED and hyper is not None:
+        main, hyper = pair.fit_plans(main, hyper)
+        pair.check_pair(main, hyper, True if interpret else None)
     return variant.layout, main, hyper
 
 
@@ -84,7 +89,8 @@ def variant_candidates(
     layout = "rowgroup" if _plans_or_none(PersistentVariant(), *args) else "grid"
     runs = {}
     for variant in tuning_space():
-        variant = dataclasses.replace(variant, layout=layout)
+        if variant.layout != PAIRED:
+            variant = dataclasses.replace(variant, layout=layout)
         plans = _plans_or_none(variant, *args)
         if plans is not None:
             runs.setdefault(plans, variant)
@@ -119,7 +125,8 @@ def interpret_plan(batch: int, width: int, dtype_name: str, layout: str = "grid"
 def _plan_of(spec: SequenceSpec, batch: int, width: int) -> PersistentPlan:
     variant = variant_at(spec, batch, width)
     choose = interpret_plan if spec.interpret and not spec.references else plan_for
-    return variant.planned(choose(batch, width, jnp.dtype(spec.dtype).name, variant.layout))
+    layout = variant.kernel_layout
+    return variant.planned(choose(batch, width, jnp.dtype(spec.dtype).name, layout))
 
 
 def _plan(spec: SequenceSpec, geo: Geometry) -> PersistentPlan:
@@ -190,14 +197,14 @@ def _run_forward(spec, variant: PersistentVariant, save: bool, *args) -> tuple:
     if spec.references:
         return pf.persistent_forward_reference(*args, **options)
     interpret = loops.kernel_interpret(spec)
-    options |= dict(interpret=interpret, layout=variant.layout)
+    options |= dict(interpret=interpret, layout=variant.kernel_layout)
     outs = pf.persistent_forward(*args, **options)
     return _checked(variant, outs, "s_last" if save else None, "persistent forward")
 
 
 def _checked(variant: PersistentVariant, outs, gave_up_nan: str | None, name: str):
     """``outs``, ``gave_up_nan`` NaN where a grid block gave up (training; else host-checked)."""
-    if variant.layout == "rowgroup":
+    if variant.kernel_layout == "rowgroup":
         return outs
     if gave_up_nan is None:
         grid_barrier.check_status(outs.status, name)
@@ -214,7 +221,7 @@ def grid_barrier_runs(
 
     spec = SequenceSpec(NAME, 1.0, jnp.dtype(dtype), variant=variant)
     widths = (width, hyper_width) if hyper_width else (width,)
-    return any(variant_at(spec, batch, w).layout == "grid" for w in widths)
+    return any(variant_at(spec, batch, w).kernel_layout == "grid" for w in widths)
 
 
 def _cell_results(plan: PersistentPlan, outs, save: bool, length: int, depth: int):
@@ -270,7 +277,8 @@ def _run_backward(spec, variant: PersistentVariant, *args) -> tuple:
     if spec.references:
         return pb.persistent_backward_reference(*args, keep=spec.keep)
     interpret = loops.kernel_interpret(spec)
-    outs = pb.persistent_backward(*args, keep=spec.keep, interpret=interpret, layout=variant.layout)
+    layout = variant.kernel_layout
+    outs = pb.persistent_backward(*args, keep=spec.keep, interpret=interpret, layout=layout)
     return _checked(variant, outs, "bias_parts", "persistent backward")
 
 
@@ -308,6 +316,8 @@ def record_timeline(path, variant: PersistentVariant | None = None, batch: int =
     from rhhjax.ops.sequence_spec import SequenceSpec
 
     spec = SequenceSpec(NAME, 1.0, jnp.dtype(dtype), interpret=interpret is not None)
+    if variant is not None and variant.layout == PAIRED:
+        raise VariantError("the timeline records the main cell alone: layout=paired has none")
     variant = variant_at(dataclasses.replace(spec, variant=variant), batch, width)
     _, plan, _ = variant_plans(variant, batch, width, 0, dtype, interpret is not None)
     keys = iter(jax.random.split(jax.random.key(seed), 8))
@@ -316,7 +326,7 @@ def record_timeline(path, variant: PersistentVariant | None = None, batch: int =
     kernel_s = normal(depth, width, 2 * width)
     bias, z = normal(depth, b, 2, n), 1.0 + normal(depth, steps, b, zw)
     mask = keep_mask.decisions(jax.random.bernoulli(next(keys), keep, (phases, b, n)))
-    options = dict(keep=keep, interpret=interpret, layout=variant.layout, timeline=True)
+    options = dict(keep=keep, interpret=interpret, layout=variant.kernel_layout, timeline=True)
     forward = jax.jit(functools.partial(pf.persistent_forward, plan, save=True, **options))
     w_blk = pf.forward_weights(plan, kernel_s, plan.dtype)
     saved, fwd = forward(w_blk, normal(b, n), normal(steps, b, 2, zw), bias, z, mask)
@@ -331,3 +341,48 @@ def record_timeline(path, variant: PersistentVariant | None = None, batch: int =
                 variant=np.array(variant.text()))  # fmt: skip
     np.savez(path, **out)
     return out
+
+
+def pair_plans(spec: SequenceSpec, batch: int, width: int, hyper_width: int):
+    """(main, hyper) forward plans of a HyperRHN's two cells in one launch (``layout=paired``),
+    or None at another layout; PlanError (one line) where they cannot run so."""
+    if variant_of(spec).layout != PAIRED:
+        return None
+    main, hyper = _plan_of(spec, batch, width), _plan_of(spec, batch, hyper_width)
+    main, hyper = pair.fit_plans(main, hyper)
+    interpret = spec.interpret and not spec.references
+    pair.check_pair(main, hyper, True if interpret else None)
+    return main, hyper
+
+
+def pair_forward_loop(spec, geos, kernels, operands, proj_kernel, proj_bias, save: bool):
+    """Both cells' forward in one launch: geos, kernels (W [L, n, 2n]) and operands (as
+    `forward_loop` takes them) are (hyper, main) pairs. Returns (hyper (states, saved), main
+    (states, saved), z [L, T, Bp, z_width] for the main cell's backward)."""
+    geo_h, geo_m = geos
+    plan, hyper_plan = pair_plans(spec, geo_m.batch, geo_m.n, geo_h.n)
+    if operands[0][5] is not None or operands[1][5] is not None:
+        raise ValueError(f"impl {NAME!r} has no variational dropout")
+    length, depth = operands[1][2].shape[0], operands[1][0].shape[0]
+
+    def cell(cell_plan, geo, kernel_s, ops):
+        bias, s0, xproj, _, keep, _ = ops
+        stacked = pf.forward_weights(cell_plan, kernel_s, spec.dtype)
+        args = _kernel_operands(cell_plan, geo, stacked, s0, xproj, bias, None, keep)
+        return pair.CellOperands(*args[1:5], args[6])
+
+    cells_in = (
+        cell(plan, geo_m, kernels[1], operands[1]),
+        cell(hyper_plan, geo_h, *kernels[:1], operands[0]),
+    )
+    proj = pair.projection_weights(plan, hyper_plan, proj_kernel, spec.dtype)
+    args = (plan, hyper_plan, *cells_in, proj, pair.projection_bias(plan, proj_bias))
+    if spec.references:
+        outs = pair.persistent_pair_forward_reference(*args, save=save, keep=spec.keep)
+    else:
+        interpret = loops.kernel_interpret(spec)
+        outs = pair.persistent_pair_forward(*args, save=save, keep=spec.keep, interpret=interpret)
+        main = _checked(variant_of(spec), outs.main, "s_last" if save else None, "persistent pair")
+        outs = outs._replace(main=main)
+    hyper = _cell_results(hyper_plan, outs.hyper, save, length, depth)
+    return hyper, _cell_results(plan, outs.main, save, length, depth), outs.z

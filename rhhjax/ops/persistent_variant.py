@@ -13,11 +13,13 @@ from rhhjax.kernels.mosaic.plan import REGISTER_UNITS, PersistentPlan, PlanError
 from rhhjax.ops.persistent_plans import K_CHUNK, check_runnable, plan_with_units
 
 SHARING = ("none", "producer", "multicast", "split_k")
+PAIRED = "paired"  # the grid, the hyper cell's forward on blocks of its own in the main's launch
+LAYOUTS = (*rowgroup_layout.LAYOUTS, PAIRED)
 EPILOGUES = ("shared_memory", "registers")
 # The fields the autotunes time, as a product (the layout: the default where it runs).
 TUNING = dict(stages=(0, 6), sharing=SHARING, epilogue=EPILOGUES)  # the second design early
 DEFAULT_TEXT = "default"  # `parse_variant`: the default `PersistentVariant()`
-UNTESTED_ON_A_GPU = dict(sharing=SHARING[1:], epilogue=("registers",))
+UNTESTED_ON_A_GPU = dict(layout=(PAIRED,), sharing=SHARING[1:], epilogue=("registers",))
 
 REMOVED = {
     "hyper_inside": "the hyper cell inside the main kernels measured +6.3 ms (bf16) and "
@@ -46,7 +48,9 @@ class VariantError(UserError):
 class PersistentVariant:
     """How `persistent` runs (speed, not values); 0: the plan's own."""
 
-    layout: str = "rowgroup"  # rowgroup (one cluster a row group; the grid where it cannot) | grid
+    # rowgroup (one cluster a row group; the grid where it cannot) | grid | paired (the grid,
+    # the HyperRHN's two forwards in one launch)
+    layout: str = "rowgroup"
     stages: int = 0  # K pipeline depth, each stage the widest K chunk of 64, 32, 16 that fits
     units: int = 0  # units per block
     # none | producer (a warpgroup issues the loads) | multicast | split_k (backward K)
@@ -54,8 +58,8 @@ class PersistentVariant:
     epilogue: str = "shared_memory"  # shared_memory (the GEMM tile's round trip) | registers
 
     def __post_init__(self):
-        if self.layout not in rowgroup_layout.LAYOUTS:
-            raise VariantError(f"layout={self.layout!r} is not one of {rowgroup_layout.LAYOUTS}")
+        if self.layout not in LAYOUTS:
+            raise VariantError(f"layout={self.layout!r} is not one of {LAYOUTS}")
         if self.sharing not in SHARING:
             raise VariantError(f"sharing={self.sharing!r} is not one of {SHARING}")
         if self.epilogue not in EPILOGUES:
@@ -79,6 +83,11 @@ class PersistentVariant:
         others = [f"{k}={v}" for k, v in self.changed().items() if k != "layout"]
         return ",".join([f"layout={self.layout}", *others])
 
+    @property
+    def kernel_layout(self) -> str:
+        """The kernels' launch layout (`rowgroup_layout.LAYOUTS`): paired is the grid's."""
+        return "grid" if self.layout == PAIRED else self.layout
+
     def tested_on_a_gpu(self) -> bool:
         return all(getattr(self, k) not in v for k, v in UNTESTED_ON_A_GPU.items())
 
@@ -86,27 +95,32 @@ class PersistentVariant:
         """``plan`` at this variant's units and pipeline; PlanError (one line) unless both
         kernels run it."""
         if self.units and self.units != plan.units_per_block:
-            plan = _with_units(plan, self.units, self.layout)
+            plan = _with_units(plan, self.units, self.kernel_layout)
         registers = self.epilogue == "registers"
         if registers and not self.units and plan.units_per_block % REGISTER_UNITS:
             units = -(-plan.units_per_block // REGISTER_UNITS) * REGISTER_UNITS
-            plan = _with_units(plan, units, self.layout)
+            plan = _with_units(plan, units, self.kernel_layout)
         if (self.stages, self.sharing, registers) == (0, "none", False):
             return plan
         shared = ""
         if self.sharing == "multicast":
-            shared = "a" if self.layout == "rowgroup" else "b"
+            shared = "a" if self.kernel_layout == "rowgroup" else "b"
         split_k, producer = self.sharing == "split_k", self.sharing == "producer"
-        return _pipelined(plan, self.stages, shared, split_k, producer, registers, self.layout)
+        args = (plan, self.stages, shared, split_k, producer, registers, self.kernel_layout)
+        return _pipelined(*args)
 
 
 def tuning_space() -> list[PersistentVariant]:
-    """`TUNING`'s product at the default layout, the default first."""
+    """`TUNING`'s product at the default layout, the default first, the second design's
+    (`PAIRED` with it) after it."""
     names = list(TUNING)
-    return [
+    product = [
         PersistentVariant(**dict(zip(names, values, strict=True)))
         for values in itertools.product(*TUNING.values())
     ]
+    second = product[: len(EPILOGUES) * 2]
+    paired = [dataclasses.replace(v, layout=PAIRED) for v in (second[0], second[-1])]
+    return [*second, *paired, *product[len(second) :]]
 
 
 @functools.cache

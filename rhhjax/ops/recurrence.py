@@ -5,10 +5,12 @@ implementation `spec.impl` names (`rhhjax.ops.spec.IMPLEMENTATIONS`). This modul
 per call (B -> Bp rows, n -> Np units), draws every step's gate-dropout decisions and unpads
 the gradients. Padded units and rows stay zero and add nothing to any gradient. Inside:
 s [Bp, Np], xproj [T, Bp, 2, Np], bias [L, 2, Np], z and keep [T, L, Bp, Np].
+`hyper_highway_sequence` runs a HyperRHN's two forwards in one launch (`persistent`, paired).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -133,3 +135,92 @@ def highway_sequence(
     if spec.gate_dropout and key_data is None:
         raise ValueError("gate dropout needs a key")
     return _sequence(spec, weights, s0, xproj, z, key_data, hidden_masks)
+
+
+def pairs(spec: SequenceSpec, batch: int, width: int, hyper_width: int) -> bool:
+    """Whether `hyper_highway_sequence` runs this HyperRHN (its impl pairs the cells)."""
+    plans = getattr(IMPLEMENTATIONS[spec.impl], "pair_plans", None)
+    return plans is not None and plans(spec, batch, width, hyper_width) is not None
+
+
+def _pair_specs(spec: SequenceSpec) -> tuple[SequenceSpec, SequenceSpec]:
+    hyper = dataclasses.replace(spec, last_layer_only=False)
+    return hyper, dataclasses.replace(spec, last_layer_only=True)
+
+
+def _pair_forward(spec, weights, proj, s0s, xprojs, keys, save: bool):
+    """Pads both cells and runs their forwards in one launch: [(geo, operands, states,
+    saved)] of the hyper cell and the main cell, the main's z the launch's."""
+    impl = IMPLEMENTATIONS[spec.impl]
+    geos, operands = [], []
+    for cell_spec, w, s0, xproj, key_data in zip(
+        _pair_specs(spec), weights, s0s, xprojs, keys, strict=True
+    ):
+        geo = impl.geometry(cell_spec, *s0.shape)
+        geos.append(geo)
+        operands.append(_padded_operands(cell_spec, impl, geo, w, s0, xproj, None, key_data, None))
+    kernels = tuple(w.kernel_s for w in weights)
+    hyper, main, z = impl.pair_forward_loop(spec, geos, kernels, operands, *proj, save=save)
+    operands[1] = (*operands[1][:3], z, *operands[1][4:])
+    return [(geo, ops, *out) for geo, ops, out in zip(geos, operands, (hyper, main), strict=True)]
+
+
+def _pair_returned(spec, runs) -> tuple[Array, Array]:
+    """(last hyper state [B, h], main states [T, B, n]), unpadded."""
+    (geo_h, _, states_h, _), (geo_m, _, states_m, _) = runs
+    return geo_h.unpad_rows(states_h[-1, -1]), geo_m.unpad_rows(
+        _returned(_pair_specs(spec)[1], states_m)
+    )
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _pair_sequence(spec, weights, proj, s0s, xprojs, keys):
+    return _pair_returned(spec, _pair_forward(spec, weights, proj, s0s, xprojs, keys, save=False))
+
+
+def _pair_sequence_fwd(spec, weights, proj, s0s, xprojs, keys):
+    runs = _pair_forward(spec, weights, proj, s0s, xprojs, keys, save=True)
+    residuals = []
+    for (_, operands, _, saved), w, key_data in zip(runs, weights, keys, strict=True):
+        key_zero = None if key_data is None else jnp.zeros(key_data.shape, jax.dtypes.float0)
+        residuals.append((operands, saved, key_zero, w))
+    geo_h, _, states_h, _ = runs[0]
+    return _pair_returned(spec, runs), (tuple(residuals), proj, geo_h.unpad_rows(states_h))
+
+
+def _pair_sequence_bwd(spec, residuals, g):
+    """The main cell's backward, z's VJP, then the hyper cell's (each its own kernel)."""
+    (res_h, res_m), (proj_kernel, proj_bias), hyper_states = residuals
+    g_last, g_main = g
+    spec_h, spec_m = _pair_specs(spec)
+    d_main = _cell_backward(spec_m, res_m, g_main)
+
+    def scales(kernel, bias, states):
+        return cells.hyper_scales(kernel, bias, states, spec.dtype)
+
+    _, scales_vjp = jax.vjp(scales, proj_kernel, proj_bias, hyper_states)
+    d_kernel, d_bias, d_states = scales_vjp(d_main[3])
+    g_every = jnp.zeros_like(hyper_states).at[-1, -1].set(g_last)
+    d_hyper = _cell_backward(spec_h, res_h, g_every + d_states)
+    pair = lambda i: (d_hyper[i], d_main[i])  # noqa: E731
+    return pair(0), (d_kernel, d_bias), pair(1), pair(2), pair(4)
+
+
+_pair_sequence.defvjp(_pair_sequence_fwd, _pair_sequence_bwd)
+
+
+def hyper_highway_sequence(
+    spec: SequenceSpec,
+    weights: tuple[cells.HighwayWeights, cells.HighwayWeights],
+    proj: tuple[Array, Array],
+    s0s: tuple[Array, Array],
+    xprojs: tuple[Array, Array],
+    gate_keys: tuple[Array | None, Array | None],
+) -> tuple[Array, Array]:
+    """A HyperRHN's two recurrences as one op whose forward runs both cells in one launch:
+    (hyper, main) pairs, proj (P [L, h, n], p [L, n]) -> (last hyper state [B, h], main
+    states [T, B, n])."""
+    if spec.gate_dropout and None in gate_keys:
+        raise ValueError("gate dropout needs a key")
+    keys = tuple(None if k is None else jax.random.key_data(k) for k in gate_keys)
+    return _pair_sequence(spec, tuple(weights), tuple(proj), tuple(s0s), tuple(xprojs), keys)
