@@ -110,15 +110,13 @@ def persistent_backward(
     phases = packed.shape[0]
     steps = phases // depth
     g_last = g.shape[0] != phases  # layer L - 1's cotangent only: zero at the other layers
-    rows, u = plan.rows_per_block, plan.units_per_block
-    n_r, n_c, n_pad, b_pad = plan.row_blocks, plan.col_blocks, plan.n_pad, plan.b_pad
+    n_r, n_c = plan.row_blocks, plan.col_blocks
     mm_dtype = wt.dtype
     has_z, has_mask = z is not None, mask is not None
     names = input_names(has_z, plan.in_registers)
     optional = (("z", z), ("mask", mask), ("bias", bias), ("s_mm", s_mm))
     extra_names = [name for name, x in optional if x is not None]
     extras = [x for _, x in optional if x is not None]
-    group = bias_row_group(plan)
     n_time = 2 * timeline
 
     def kernel(wt_g, g_g, packed_g, *refs, phase_bar=None, **sc):
@@ -131,7 +129,7 @@ def persistent_backward(
         named = dict(z=None, mask=None, bias=None, s_mm=None) | extra_g
         named |= dict(wt=wt_g, g=g_g, packed=packed_g, d_x=outs[0], d_mm=outs[1])
         named |= dict(bias_parts=outs[3], dz=outs[4] if has_z else None)
-        split = _split_operands(sc, plan, interpret)
+        split = split_operands(sc, plan, interpret)
         main = BackwardCell(
             plan=plan, steps=steps, depth=depth, keep=keep, names=names, g_last=g_last,
             refs=named, sc=sc, r=r, c=c, interpret=interpret, split=split, timeline=clocks,
@@ -181,30 +179,16 @@ def persistent_backward(
         status_g[r * n_c + c] = fail_at
 
     out_type = (
-        jax.ShapeDtypeStruct((steps, b_pad, 2, plan.z_width), F32),
-        jax.ShapeDtypeStruct((phases * b_pad, 2 * n_pad), mm_dtype),
-        jax.ShapeDtypeStruct((b_pad, n_pad), F32),
-        jax.ShapeDtypeStruct((phases, n_r, 2, group, n_pad), F32),
-        *[jax.ShapeDtypeStruct((depth, steps, b_pad, plan.z_width), F32)] * has_z,
+        *out_types(plan, steps, depth, has_z, mm_dtype),
         jax.ShapeDtypeStruct((n_r * n_c,), jnp.int32),
         *(timeline_.out_types(phases, n_r * n_c) if timeline else []),
     )
     launch_args, phase_bar = launch((n_r, n_c), ("r", "g"), interpret)
-    tile = functools.partial(epilogue_tile, plan, halves=register_halves(plan))
     outs = plgpu.kernel(
         kernel,
         out_type=out_type,
         scratch_types=dict(
-            epi=tile((len(names), rows, u), F32),
-            carry=tile((rows, u), F32),
-            **({} if plan.in_registers else {"acc": plgpu.SMEM((rows, u), F32)}),
-            dsc=tile((2, rows, u), mm_dtype),
-            bias_part=plgpu.SMEM((2, group, u), F32),
-            bar=plgpu.Barrier(num_barriers=len(names) + has_mask + bias_rows(plan, has_z)),
-            **({"bias_rows": plgpu.SMEM((BIAS_ROWS, u), F32)} if bias_rows(plan, has_z) else {}),
-            **({"mask_tile": tile((rows, u), keep_mask.DTYPE)} if has_mask else {}),
-            **staged_scratch(plan, u, 2 * n_pad // plan.k_chunk, mm_dtype, interpret),
-            **_split_scratch(plan, u, 2 * n_pad // plan.k_chunk, mm_dtype, interpret),
+            **scratch(plan, has_z, has_mask, mm_dtype, interpret),
             **phase_bar,
             **(timeline_.scratch() if timeline else {}),
         ),
@@ -219,6 +203,37 @@ def persistent_backward(
     return (outs, stamps) if timeline else outs
 
 
+def scratch(plan: PersistentPlan, has_z: bool, has_mask: bool, mm_dtype, interpret) -> dict:
+    """A backward block's shared memory and mbarriers (`BackwardCell.sc`)."""
+    rows, u, n_pad = plan.rows_per_block, plan.units_per_block, plan.n_pad
+    names, group = input_names(has_z, plan.in_registers), bias_row_group(plan)
+    tile = functools.partial(epilogue_tile, plan, halves=register_halves(plan))
+    return dict(
+        epi=tile((len(names), rows, u), F32),
+        carry=tile((rows, u), F32),
+        **({} if plan.in_registers else {"acc": plgpu.SMEM((rows, u), F32)}),
+        dsc=tile((2, rows, u), mm_dtype),
+        bias_part=plgpu.SMEM((2, group, u), F32),
+        bar=plgpu.Barrier(num_barriers=len(names) + has_mask + bias_rows(plan, has_z)),
+        **({"bias_rows": plgpu.SMEM((BIAS_ROWS, u), F32)} if bias_rows(plan, has_z) else {}),
+        **({"mask_tile": tile((rows, u), keep_mask.DTYPE)} if has_mask else {}),
+        **staged_scratch(plan, u, 2 * n_pad // plan.k_chunk, mm_dtype, interpret),
+        **_split_scratch(plan, u, 2 * n_pad // plan.k_chunk, mm_dtype, interpret),
+    )
+
+
+def out_types(plan: PersistentPlan, steps: int, depth: int, has_z: bool, mm_dtype) -> list:
+    """`Gradients` (with z `GradientsZ`) but status: d_x, d_mm, ds_carry0, bias_parts(, dz)."""
+    phases, b_pad, n_pad = steps * depth, plan.b_pad, plan.n_pad
+    return [
+        jax.ShapeDtypeStruct((steps, b_pad, 2, plan.z_width), F32),
+        jax.ShapeDtypeStruct((phases * b_pad, 2 * n_pad), mm_dtype),
+        jax.ShapeDtypeStruct((b_pad, n_pad), F32),
+        jax.ShapeDtypeStruct((phases, plan.row_blocks, 2, bias_row_group(plan), n_pad), F32),
+        *[jax.ShapeDtypeStruct((depth, steps, b_pad, plan.z_width), F32)] * has_z,
+    ]
+
+
 def _split_scratch(plan: PersistentPlan, u: int, k_steps: int, mm_dtype, interpret) -> dict:
     """``plan.split_k``'s scratch: the lead's stages, the helper's, `gemm.split_scratch`."""
     if not plan.split_k:
@@ -229,7 +244,7 @@ def _split_scratch(plan: PersistentPlan, u: int, k_steps: int, mm_dtype, interpr
     return stage_buffers(plan, u, lead, mm_dtype, interpret) | helper | split
 
 
-def _split_operands(sc: dict, plan: PersistentPlan, interpret) -> gemm.SplitK | None:
+def split_operands(sc: dict, plan: PersistentPlan, interpret) -> gemm.SplitK | None:
     """`_split_scratch`'s buffers as a `gemm.SplitK`, or None."""
     if "split_go" not in sc:
         return None

@@ -109,7 +109,18 @@ def fit_plans(plan: PersistentPlan, hyper_plan: PersistentPlan) -> tuple:
 
 
 def check_pair(plan: PersistentPlan, hyper_plan: PersistentPlan, interpret: Any) -> None:
-    """PlanError (one line) unless both plans run as one grid's blocks."""
+    """PlanError (one line) unless both plans run as one grid's blocks, in a block's shared
+    memory (the forward's; `check_blocks` for either direction's blocks)."""
+    check_blocks(plan, hyper_plan, interpret)
+    if smem_bytes(plan, hyper_plan) > plan.smem_limit:
+        raise PlanError(
+            f"persistent pair: {smem_bytes(plan, hyper_plan)} B of shared memory a block "
+            f"exceed {plan.smem_limit} B: use fit_plans."
+        )
+
+
+def check_blocks(plan: PersistentPlan, hyper_plan: PersistentPlan, interpret: Any) -> None:
+    """PlanError (one line) unless the plans' blocks can share one grid and its barrier."""
     hp = hyper_plan
     if (hp.rows_per_block, hp.row_blocks, hp.dtype) != (
         plan.rows_per_block, plan.row_blocks, plan.dtype,
@@ -118,8 +129,8 @@ def check_pair(plan: PersistentPlan, hyper_plan: PersistentPlan, interpret: Any)
             f"persistent pair: the hyper plan {hp} needs the main plan's rows per block, row "
             f"blocks and dtype ({plan})."
         )
-    if hp.producer != plan.producer:
-        raise PlanError("persistent pair: both cells' plans need the same sharing=producer.")
+    if (hp.producer, hp.split_k) != (plan.producer, plan.split_k):
+        raise PlanError("persistent pair: both cells' plans need the same sharing.")
     if plan.multicast or hp.multicast:
         raise PlanError("persistent pair: sharing=multicast runs in layouts 'rowgroup', 'grid'.")
     blocks = plan.row_blocks * (plan.col_blocks + hp.col_blocks)
@@ -127,11 +138,6 @@ def check_pair(plan: PersistentPlan, hyper_plan: PersistentPlan, interpret: Any)
         raise PlanError(
             f"persistent pair: {blocks} blocks exceed the {plan.sm_count} SMs (the grid "
             "barrier needs every block resident): use layout 'rowgroup' or 'grid'."
-        )
-    if smem_bytes(plan, hp) > plan.smem_limit:
-        raise PlanError(
-            f"persistent pair: {smem_bytes(plan, hp)} B of shared memory a block "
-            f"exceed {plan.smem_limit} B: use fit_plans."
         )
     if interpret is not None:
         from rhhjax.kernels.mosaic import interpret as gpu_interpret
@@ -158,7 +164,7 @@ def _check_operands(plan, hyper_plan, main, hyper, proj, proj_bias) -> tuple[int
     return steps, depth
 
 
-def _union_part(types: dict, flatten: bool) -> tuple[dict, dict]:
+def union_part(types: dict, flatten: bool) -> tuple[dict, dict]:
     """Scratch types -> (the shared memory for a union, the rest): barriers, and unions unless
     ``flatten`` (then their refs apart, the same tree)."""
     group, rest = {}, {}
@@ -270,7 +276,7 @@ def persistent_pair_forward(
     types_m = _cell_scratch(plan, mm_dtype, True, has_masks[0], save, interpret)
     types_h = _cell_scratch(hyper_plan, mm_dtype, False, has_masks[1], save, interpret)
     types_h |= _scales_scratch(plan, hyper_plan, mm_dtype)
-    (smem_m, bars_m), (smem_h, bars_h) = _union_part(types_m, False), _union_part(types_h, True)
+    (smem_m, bars_m), (smem_h, bars_h) = union_part(types_m, False), union_part(types_h, True)
     scratch_types = dict(cells=plgpu.RefUnion(smem_m, smem_h))
     scratch_types |= {f"m_{k}": v for k, v in bars_m.items()}
     scratch_types |= {f"h_{k}": v for k, v in bars_h.items()}

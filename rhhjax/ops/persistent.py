@@ -17,6 +17,7 @@ from rhhjax.kernels.mosaic import interpret as gpu_interpret
 from rhhjax.kernels.mosaic import persistent_backward as pb
 from rhhjax.kernels.mosaic import persistent_forward as pf
 from rhhjax.kernels.mosaic import persistent_pair as pair
+from rhhjax.kernels.mosaic import persistent_pair_backward as ppb
 from rhhjax.kernels.mosaic.plan import PersistentPlan, PlanError
 from rhhjax.ops import cells, fused, loops
 from rhhjax.ops.persistent_plans import candidates, plan_for
@@ -386,3 +387,34 @@ def pair_forward_loop(spec, geos, kernels, operands, proj_kernel, proj_bias, sav
         outs = outs._replace(main=main)
     hyper = _cell_results(hyper_plan, outs.hyper, save, length, depth)
     return hyper, _cell_results(plan, outs.main, save, length, depth), outs.z
+
+
+def pair_backward_loop(spec, args_h, args_m, proj_kernel) -> tuple:
+    """Both cells' backward in one launch: args_h and args_m as `backward_loop` takes them
+    (the hyper cell's g every phase's, dz @ P_l still to add). Returns (hyper's, main's)
+    `backward_loop` results."""
+    cells_in = []
+    for (cell_spec, geo, w, bias, _, _, z, keep, _, saved, g_states), has_z in (
+        (args_m, True), (args_h, False)
+    ):  # fmt: skip
+        plan = _plan(cell_spec, geo)
+        (stacked,) = w
+        mask = keep_mask.decisions(_phase_major(keep))
+        s_prev = None if plan.state_in_packed else saved[1]
+        rows = _bias_rows(geo, bias) if has_z else None
+        g = _cotangent_rows(g_states)
+        ops = ppb.BackwardOperands(stacked, g, saved[0], z, mask, rows, s_prev)
+        cells_in.append((plan, geo, stacked, ops, saved[1]))
+    (plan, geo_m, w_m, main, s_mm_m), (hyper_plan, geo_h, w_h, hyper, s_mm_h) = cells_in
+    plan, hyper_plan = ppb.fit_plans(plan, hyper_plan)
+    args = (plan, hyper_plan, main, hyper, ppb.projection(plan, hyper_plan, proj_kernel))
+    if spec.references:
+        outs = ppb.persistent_pair_backward_reference(*args, keep=spec.keep)
+    else:
+        interpret = loops.kernel_interpret(spec)
+        outs = ppb.persistent_pair_backward(*args, keep=spec.keep, interpret=interpret)
+        main_out = _checked(variant_of(spec), outs.main, "bias_parts", "persistent pair backward")
+        outs = outs._replace(main=main_out)
+    depth = args_m[3].shape[0]
+    hyper_grads = _gradients(spec, geo_h, w_h, depth, outs.hyper, s_mm_h, False)
+    return hyper_grads, _gradients(spec, geo_m, w_m, depth, outs.main, s_mm_m, True)

@@ -5,7 +5,8 @@ implementation `spec.impl` names (`rhhjax.ops.spec.IMPLEMENTATIONS`). This modul
 per call (B -> Bp rows, n -> Np units), draws every step's gate-dropout decisions and unpads
 the gradients. Padded units and rows stay zero and add nothing to any gradient. Inside:
 s [Bp, Np], xproj [T, Bp, 2, Np], bias [L, 2, Np], z and keep [T, L, Bp, Np].
-`hyper_highway_sequence` runs a HyperRHN's two forwards in one launch (`persistent`, paired).
+`hyper_highway_sequence` runs a HyperRHN's two cells in one launch each way (`persistent`,
+paired).
 """
 
 from __future__ import annotations
@@ -189,19 +190,23 @@ def _pair_sequence_fwd(spec, weights, proj, s0s, xprojs, keys):
 
 
 def _pair_sequence_bwd(spec, residuals, g):
-    """The main cell's backward, z's VJP, then the hyper cell's (each its own kernel)."""
+    """Both cells' backward in one launch (the hyper cell's cotangent gains dz @ P_l inside
+    it), then z's weight gradients (XLA)."""
     (res_h, res_m), (proj_kernel, proj_bias), hyper_states = residuals
     g_last, g_main = g
     spec_h, spec_m = _pair_specs(spec)
-    d_main = _cell_backward(spec_m, res_m, g_main)
-
-    def scales(kernel, bias, states):
-        return cells.hyper_scales(kernel, bias, states, spec.dtype)
-
-    _, scales_vjp = jax.vjp(scales, proj_kernel, proj_bias, hyper_states)
-    d_kernel, d_bias, d_states = scales_vjp(d_main[3])
     g_every = jnp.zeros_like(hyper_states).at[-1, -1].set(g_last)
-    d_hyper = _cell_backward(spec_h, res_h, g_every + d_states)
+    args_m = _backward_args(spec_m, res_m, g_main)
+    args_h = _backward_args(spec_h, res_h, g_every)
+    out_h, out_m = IMPLEMENTATIONS[spec.impl].pair_backward_loop(spec, args_h, args_m, proj_kernel)
+    d_main = _cell_cotangents(res_m, args_m[1], g_main, out_m)
+    d_hyper = _cell_cotangents(res_h, args_h[1], g_every, out_h)
+
+    def scales(kernel, bias):
+        return cells.hyper_scales(kernel, bias, hyper_states, spec.dtype)
+
+    _, scales_vjp = jax.vjp(scales, proj_kernel, proj_bias)
+    d_kernel, d_bias = scales_vjp(d_main[3])
     pair = lambda i: (d_hyper[i], d_main[i])  # noqa: E731
     return pair(0), (d_kernel, d_bias), pair(1), pair(2), pair(4)
 
