@@ -133,7 +133,7 @@ def test_plans_of_other_rows_or_too_many_blocks_are_one_line_errors():
         pair.check_pair(f32, PersistentPlan(256, 128, "float32", 4, 4, 64, 2), None)
     with pytest.raises(PlanError, match="B of shared memory a block exceed"):
         pair.check_pair(main, PersistentPlan(256, 128, "bfloat16", 4, 4, 64, 8, units=32), None)
-    with pytest.raises(PlanError, match="same sharing=producer"):
+    with pytest.raises(PlanError, match="need the same sharing"):
         producer = dataclasses.replace(main, producer=True)
         pair.check_pair(producer, PersistentPlan(256, 128, "bfloat16", 4, 4, 64, 3), None)
     with pytest.raises(PlanError, match="sharing=multicast runs in"):

@@ -107,8 +107,8 @@ class TestInterpret(TestCompiled):
 
 
 def test_the_reference_adds_dz_times_p_to_the_hyper_cells_cotangent():
-    """g_hyper = the hyper's own g + dz_l @ P_l^T, dz the main cell's reference's; the hyper
-    cell's gradients are its reference's at that g."""
+    """g_hyper = the hyper's own g + dz_l @ P_l^T, dz the main cell's reference's (returned
+    in 32s); the hyper cell's gradients are its reference's at that g."""
     plans = _plans(("float32", 20, 30, 16, 2, 1, 1, 16))
     (main, hyper, proj), kernel = _problem(8, plans, 3, 2, True)
     out = ppb.persistent_pair_backward_reference(*plans, main, hyper, proj, keep=KEEP)
@@ -119,6 +119,15 @@ def test_the_reference_adds_dz_times_p_to_the_hyper_cells_cotangent():
     np.testing.assert_allclose(out.g_hyper[:, :, :16], hyper.g[:, :, :16] + added, atol=1e-5)
     alone = pb.persistent_backward_reference(plans[1], *hyper._replace(g=out.g_hyper), keep=KEEP)
     np.testing.assert_array_equal(out.hyper.d_mm, alone.d_mm)
+
+    # z_width 60: dz 64 wide, the main cell's then zeros
+    plans = _plans(("float32", 100, 60, 32, 2, 1, 2, 32))
+    (main, hyper, proj), _ = _problem(8, plans, 2, 2, True)
+    out = ppb.persistent_pair_backward_reference(*plans, main, hyper, proj, keep=KEEP)
+    dz = pb.persistent_backward_reference(plans[0], *main, keep=KEEP).dz
+    assert (plans[0].z_width, ppb.dz_width(plans[0]), out.main.dz.shape[-1]) == (60, 64, 64)
+    np.testing.assert_array_equal(out.main.dz[..., :60], dz)
+    assert not np.asarray(out.main.dz[..., 60:]).any()
 
 
 def test_operands_the_pair_cannot_run_are_one_line_errors():

@@ -314,18 +314,10 @@ class _Scales:
     main column block c = g_h, g_h + C_hyper, ... (one f32 tile at a time)."""
 
     def __init__(self, hyper_cell, proj_g, pbias_g, z_g, tail_g, sc_h):
-        self.cell, self.proj, self.pbias, self.z, self.tail = (
-            hyper_cell,
-            proj_g,
-            pbias_g,
-            z_g,
-            tail_g,
-        )
-        self.tile, self.bias_tile, self.bar = (
-            sc_h["project"],
-            sc_h["project_bias"],
-            sc_h["project_bar"],
-        )
+        self.cell, self.proj, self.pbias = hyper_cell, proj_g, pbias_g
+        self.z, self.tail = z_g, tail_g
+        self.tile, self.bias_tile = sc_h["project"], sc_h["project_bias"]
+        self.bar = sc_h["project_bar"]
         self.staged = gemm.StagedOperands(
             **{name: sc_h[f"project_{name}"] for name in ("a", "b", "a_bar", "b_bar")}
         )

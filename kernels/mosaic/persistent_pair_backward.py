@@ -42,13 +42,20 @@ class BackwardOperands(NamedTuple):
 
 
 class PairGradients(NamedTuple):
-    """`persistent_backward`'s outputs of each cell (status apart), g_hyper [P, b_pad,
-    nh_pad] (the hyper cell's cotangent, dz @ P_l added), status [R * (C + C_hyper)]."""
+    """`persistent_backward`'s outputs of each cell (status apart; the main's dz
+    `dz_width` wide), g_hyper [P, b_pad, nh_pad] (the hyper cell's cotangent, dz @ P_l
+    added), status [R * (C + C_hyper)]."""
 
     main: tuple
     hyper: tuple
     g_hyper: Array
     status: Array
+
+
+def dz_width(plan: PersistentPlan) -> int:
+    """dz's units: z_width in 32s, the hyper blocks' swizzled f32 chunks of it (past z_width
+    0, the main cell's padded units)."""
+    return -(-plan.z_width // 32) * 32
 
 
 def projection(plan: PersistentPlan, hyper_plan: PersistentPlan, kernel: Array) -> Array:
@@ -151,9 +158,7 @@ def persistent_pair_backward(
     ]
     operands = [v for cell in cells_in for _, v in cell] + [proj]
     out_m = pb.out_types(plan, steps, depth, True, mm_dtype)
-    # dz 32-wide multiples: the hyper blocks' swizzled f32 chunks of it need them (units past
-    # z_width are 0: the main cell's padded units).
-    out_m[4] = jax.ShapeDtypeStruct((*out_m[4].shape[:3], -(-plan.z_width // 32) * 32), F32)
+    out_m[4] = jax.ShapeDtypeStruct((*out_m[4].shape[:3], dz_width(plan)), F32)
     out_h = pb.out_types(hyper_plan, steps, depth, False, mm_dtype)
     g_type = jax.ShapeDtypeStruct(hyper.g.shape, F32)
     out_type = [*out_m, *out_h, g_type, jax.ShapeDtypeStruct((n_r * n_c,), jnp.int32)]
@@ -234,9 +239,7 @@ def persistent_pair_backward(
         interpret=interpret,
     )(*operands)
     status = outs[-1]
-    main_out = pb.GradientsZ(
-        *outs[: len(out_m) - 1], outs[len(out_m) - 1][..., : plan.z_width], status
-    )
+    main_out = pb.GradientsZ(*outs[: len(out_m)], status)
     hyper_out = pb.Gradients(*outs[len(out_m) : len(out_m) + len(out_h)], status)
     return PairGradients(main_out, hyper_out, outs[-2], status)
 
@@ -246,14 +249,10 @@ class _Cotangent:
     (K = the main cell's units), written to g_total[q] for its phase to read."""
 
     def __init__(self, cell, dz_g, proj_g, g_direct, g_total, sc_h):
-        self.cell, self.dz, self.proj, self.g_direct, self.g_total = (
-            cell,
-            dz_g,
-            proj_g,
-            g_direct,
-            g_total,
-        )
-        self.tile, self.direct, self.bar = sc_h["dz_proj"], sc_h["dz_proj_g"], sc_h["dz_proj_bar"]
+        self.cell, self.dz, self.proj = cell, dz_g, proj_g
+        self.g_direct, self.g_total = g_direct, g_total
+        self.tile, self.direct = sc_h["dz_proj"], sc_h["dz_proj_g"]
+        self.bar = sc_h["dz_proj_bar"]
         self.staged = gemm.StagedOperands(
             **{name: sc_h[f"dz_proj_{name}"] for name in ("a", "b", "a_bar", "b_bar")}
         )
@@ -337,6 +336,8 @@ def persistent_pair_backward_reference(
     depth = operands.check_operands(plan, *main)
     main_out = pb.persistent_backward_reference(plan, *main, keep=keep)
     dz = slots.scales_to_phase_major(main_out.dz, plan.n_pad)  # [P, b_pad, n_pad]
+    pads = [(0, 0)] * 3 + [(0, dz_width(plan) - plan.z_width)]
+    main_out = main_out._replace(dz=jnp.pad(main_out.dz, pads))
     proj_l = proj.reshape(depth, hyper_plan.n_pad, plan.n_pad)
     layers = jnp.arange(dz.shape[0]) % depth
     g_total = hyper.g + jnp.einsum("pbn,phn->pbh", dz, proj_l[layers], preferred_element_type=F32)
