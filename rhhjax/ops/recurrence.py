@@ -201,12 +201,17 @@ def _pair_sequence_bwd(spec, residuals, g):
     out_h, out_m = IMPLEMENTATIONS[spec.impl].pair_backward_loop(spec, args_h, args_m, proj_kernel)
     d_main = _cell_cotangents(res_m, args_m[1], g_main, out_m)
     d_hyper = _cell_cotangents(res_h, args_h[1], g_every, out_h)
+    # z's weight gradients from dz [T, L, Bp, Np] as the kernel left it: P and p padded to
+    # Np units, not dz sliced to n (a copy of it).
+    geo_m, batch = args_m[1], hyper_states.shape[2]
+    pad = lambda x: jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, geo_m.n_pad - geo_m.n)])  # noqa: E731
+    padded = (pad(proj_kernel), pad(proj_bias))
 
     def scales(kernel, bias):
         return cells.hyper_scales(kernel, bias, hyper_states, spec.dtype)
 
-    _, scales_vjp = jax.vjp(scales, proj_kernel, proj_bias)
-    d_kernel, d_bias = scales_vjp(d_main[3])
+    _, scales_vjp = jax.vjp(scales, *padded)
+    d_kernel, d_bias = (d[..., : geo_m.n] for d in scales_vjp(out_m[2][..., :batch, :]))
     pair = lambda i: (d_hyper[i], d_main[i])  # noqa: E731
     return pair(0), (d_kernel, d_bias), pair(1), pair(2), pair(4)
 
