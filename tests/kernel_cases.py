@@ -153,6 +153,20 @@ def lower_and_compile(f, *args):
 """
 
 
+# A compile script's lines that record every shared-memory allocation Mosaic GPU sizes (in
+# ``allocated``, a list) and start ``rows``, its results.
+SMEM_COUNTER = """
+from jax.experimental.mosaic.gpu import core as mosaic_core
+allocated = []
+_size = mosaic_core._smem_tree_size
+def _counted(tree):
+    allocated.append(_size(tree))
+    return allocated[-1]
+mosaic_core._smem_tree_size = _counted
+rows = []
+"""
+
+
 def compile_deviceless(
     body: str, cwd, dump_dir=None, log_ptxas: bool = True
 ) -> tuple[object, list[str]]:
@@ -358,3 +372,17 @@ def backward_reference(plan, case, dtype):
         plan, wt, case["g"], backward_packed(case), *backward_rest(case), keep=KEEP
     )
     return wt, outs
+
+
+def assert_pair_matches(outs, expected, names, tol: float, blocks: int) -> None:
+    """A pair kernel's outputs (persistent_pair{,_backward}.py) against its reference's: no
+    block gave up, one status a block, every array of each field in ``names`` close."""
+    assert not np.asarray(outs.status).any(), outs.status
+    assert outs.status.shape == (blocks,)
+    for name in names:
+        got_all, want_all = (jax.tree.leaves(getattr(o, name)) for o in (outs, expected))
+        for got, want in zip(got_all, want_all, strict=True):
+            np.testing.assert_allclose(
+                np.asarray(got, np.float32), np.asarray(want, np.float32), atol=tol, rtol=tol,
+                err_msg=name,
+            )  # fmt: skip

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from kernel_cases import (
     KEEP,
+    SMEM_COUNTER,
     assert_no_spills,
     compile_deviceless,
     forward_gate_rows,
@@ -218,18 +219,13 @@ def test_paper_plan_shared_memory_fits_at_four_stages():
 
 
 # The compile scripts' prelude: imports, and every shared-memory allocation Mosaic GPU sizes.
-_SMEM_COUNTER = """
-from jax.experimental.mosaic.gpu import core as mosaic_core
+_SMEM_COUNTER = (
+    SMEM_COUNTER
+    + """
 from rhhjax.kernels.mosaic import persistent_forward as pf
 from rhhjax.kernels.mosaic.plan import PersistentPlan
-allocated = []
-_size = mosaic_core._smem_tree_size
-def _counted(tree):
-    allocated.append(_size(tree))
-    return allocated[-1]
-mosaic_core._smem_tree_size = _counted
-rows = []
 """
+)
 
 _COMPILE = (
     _SMEM_COUNTER

@@ -12,8 +12,10 @@ import numpy as np
 import pytest
 from kernel_cases import (
     KEEP,
+    SMEM_COUNTER,
     MosaicGpuMode,
     assert_no_spills,
+    assert_pair_matches,
     compile_deviceless,
     forward_operands,
     forward_problem,
@@ -75,16 +77,8 @@ class TestCompiled(MosaicGpuMode):
         operands, _ = _problem(3, *plans, steps, depth, has_mask)
         outs = self.run(plans, operands, save)
         expected = pair.persistent_pair_forward_reference(*plans, *operands, save=save, keep=KEEP)
-        assert not np.asarray(outs.status).any(), outs.status
-        assert outs.status.shape == (plans[0].row_blocks * (case[4] + case[5]),)
-        tol = self.TOL[case[0]]
-        for name in ("z", "main", "hyper"):
-            got_all, want_all = (jax.tree.leaves(getattr(o, name)) for o in (outs, expected))
-            for got, want in zip(got_all, want_all, strict=True):
-                np.testing.assert_allclose(
-                    np.asarray(got, np.float32), np.asarray(want, np.float32), atol=tol, rtol=tol,
-                    err_msg=name,
-                )  # fmt: skip
+        blocks = plans[0].row_blocks * (case[4] + case[5])
+        assert_pair_matches(outs, expected, ("z", "main", "hyper"), self.TOL[case[0]], blocks)
 
     @pytest.mark.parametrize(
         "options",
@@ -158,18 +152,12 @@ def test_fitting_lowers_the_hyper_cells_stages_before_the_main_cells():
     assert pair.smem_bytes(main, dataclasses.replace(hyper, stages=1)) > main.smem_limit
 
 
-_COMPILE = """
-from jax.experimental.mosaic.gpu import core as mosaic_core
+_COMPILE = (
+    SMEM_COUNTER
+    + """
 from rhhjax.kernels.mosaic import persistent_pair as pair
 from rhhjax.ops.persistent_plans import plan_for
 from rhhjax.ops.persistent_variant import PersistentVariant
-allocated = []
-_size = mosaic_core._smem_tree_size
-def _counted(tree):
-    allocated.append(_size(tree))
-    return allocated[-1]
-mosaic_core._smem_tree_size = _counted
-rows = []
 for fields in {cases!r}:
     variant = PersistentVariant("paired", **fields)
     plans = [variant.planned(plan_for(256, n, "bfloat16", "grid")) for n in (1000, 128)]
@@ -193,6 +181,7 @@ for fields in {cases!r}:
                          marks=["persistent_pair_forward" in text, "red.release.gpu" in text]))
 print(json.dumps(rows))
 """
+)
 
 
 @pytest.mark.gpu_compile

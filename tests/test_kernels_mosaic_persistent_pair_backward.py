@@ -11,8 +11,10 @@ import numpy as np
 import pytest
 from kernel_cases import (
     KEEP,
+    SMEM_COUNTER,
     MosaicGpuMode,
     assert_no_spills,
+    assert_pair_matches,
     backward_case,
     backward_packed,
     backward_rest,
@@ -72,16 +74,8 @@ class TestCompiled(MosaicGpuMode):
         operands, _ = _problem(7, plans, *case[8:], last_layer_only)
         outs = self.run(plans, operands)
         expected = ppb.persistent_pair_backward_reference(*plans, *operands, keep=KEEP)
-        assert not np.asarray(outs.status).any(), outs.status
-        assert outs.status.shape == (plans[0].row_blocks * (case[4] + case[5]),)
-        tol = self.TOL[case[0]]
-        for name in ("main", "hyper", "g_hyper"):
-            got_all, want_all = (jax.tree.leaves(getattr(o, name)) for o in (outs, expected))
-            for got, want in zip(got_all, want_all, strict=True):
-                np.testing.assert_allclose(
-                    np.asarray(got, np.float32), np.asarray(want, np.float32), atol=tol, rtol=tol,
-                    err_msg=name,
-                )  # fmt: skip
+        blocks = plans[0].row_blocks * (case[4] + case[5])
+        assert_pair_matches(outs, expected, ("main", "hyper", "g_hyper"), self.TOL[case[0]], blocks)
 
     @pytest.mark.parametrize(
         "options",
@@ -152,18 +146,12 @@ def test_fitting_keeps_the_paper_plans_and_lowers_stages_where_the_pair_does_not
     assert ppb.smem_bytes(*fitted) <= main.smem_limit < ppb.smem_bytes(deeper, hyper)
 
 
-_COMPILE = """
-from jax.experimental.mosaic.gpu import core as mosaic_core
+_COMPILE = (
+    SMEM_COUNTER
+    + """
 from rhhjax.kernels.mosaic import persistent_pair_backward as ppb
 from rhhjax.ops.persistent_plans import plan_for
 from rhhjax.ops.persistent_variant import PersistentVariant
-allocated = []
-_size = mosaic_core._smem_tree_size
-def _counted(tree):
-    allocated.append(_size(tree))
-    return allocated[-1]
-mosaic_core._smem_tree_size = _counted
-rows = []
 for fields in {cases!r}:
     variant = PersistentVariant("paired", **fields)
     plans = [variant.planned(plan_for(256, n, "bfloat16", "grid")) for n in (1000, 128)]
@@ -185,6 +173,7 @@ for fields in {cases!r}:
                      marks=["persistent_pair_backward" in text, "red.release.gpu" in text]))
 print(json.dumps(rows))
 """
+)
 
 
 @pytest.mark.gpu_compile

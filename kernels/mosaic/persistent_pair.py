@@ -93,14 +93,16 @@ def smem_bytes(
     return max(main, hyper) + cast + pipelines + barriers + ALIGNMENT_SLACK
 
 
-def fit_plans(plan: PersistentPlan, hyper_plan: PersistentPlan) -> tuple:
-    """(main, hyper) plans whose pair fits a block: the main cell's stages kept while some
-    hyper depth fits (the deepest), else one fewer; PlanError where none fits."""
+def fit_plans(plan: PersistentPlan, hyper_plan: PersistentPlan, count=None) -> tuple:
+    """(main, hyper) plans whose pair fits a block by ``count`` (the forward's `smem_bytes`,
+    its z pipeline at 1 stage): the main cell's stages kept while some hyper depth fits (the
+    deepest), else one fewer; PlanError where none fits."""
+    count = count or functools.partial(smem_bytes, scales_stages=1)
     for main_stages in range(plan.stages, 0, -1):
         main = dataclasses.replace(plan, stages=main_stages)
         for stages in range(hyper_plan.stages, 0, -1):
             hyper = dataclasses.replace(hyper_plan, stages=stages)
-            if smem_bytes(main, hyper, scales_stages=1) <= plan.smem_limit:
+            if count(main, hyper) <= plan.smem_limit:
                 return main, hyper
     raise PlanError(
         f"persistent pair: the hyper cell's blocks do not fit {plan.smem_limit} B of shared "
@@ -164,7 +166,7 @@ def _check_operands(plan, hyper_plan, main, hyper, proj, proj_bias) -> tuple[int
     return steps, depth
 
 
-def union_part(types: dict, flatten: bool) -> tuple[dict, dict]:
+def _union_part(types: dict, flatten: bool) -> tuple[dict, dict]:
     """Scratch types -> (the shared memory for a union, the rest): barriers, and unions unless
     ``flatten`` (then their refs apart, the same tree)."""
     group, rest = {}, {}
@@ -176,6 +178,29 @@ def union_part(types: dict, flatten: bool) -> tuple[dict, dict]:
         else:
             group[name] = value
     return group, rest
+
+
+def launch(kernel, grid: tuple[int, int], scratch: tuple[dict, dict], *, interpret, **options):
+    """``plgpu.kernel`` of ``kernel`` over the pair's grid (R, C + C_hyper) with the two cells'
+    ``scratch`` (main, hyper) as one shared-memory union; in the body `cell_scratch` splits
+    it again. ``options``: out_type, kernel_name and the warpgroups."""
+    (smem_m, bars_m), (smem_h, bars_h) = (
+        _union_part(scratch[0], False),
+        _union_part(scratch[1], True),
+    )
+    types = dict(cells=plgpu.RefUnion(smem_m, smem_h))
+    types |= {f"m_{k}": v for k, v in bars_m.items()} | {f"h_{k}": v for k, v in bars_h.items()}
+    launch_args, phase_bar = grid_barrier.launch(grid, ("r", "g"), interpret)
+    return plgpu.kernel(
+        kernel, scratch_types=types | phase_bar, **launch_args, interpret=interpret, **options
+    )
+
+
+def cell_scratch(sc: dict) -> tuple[dict, dict]:
+    """The kernel body's scratch (`launch`'s) -> (main's, hyper's), by the cells' names."""
+    smem_m, smem_h = sc.pop("cells")
+    main = smem_m | {k[2:]: v for k, v in sc.items() if k.startswith("m_")}
+    return main, smem_h | {k[2:]: v for k, v in sc.items() if k.startswith("h_")}
 
 
 def _cell_scratch(plan, mm_dtype, has_z, has_mask, save, interpret) -> dict:
@@ -242,9 +267,7 @@ def persistent_pair_forward(
         r, g = grid_barrier.block_index((n_r, n_c), ("r", "g"), phase_bar)
         block = r * n_c + g
         barrier = grid_barrier.make_barrier(n_r * n_c, block == 0, spin_limit, phase_bar)
-        smem_m, smem_h = sc.pop("cells")
-        sc_m = smem_m | {k[2:]: v for k, v in sc.items() if k.startswith("m_")}
-        sc_h = smem_h | {k[2:]: v for k, v in sc.items() if k.startswith("h_")}
+        sc_m, sc_h = cell_scratch(sc)
         main_cell = make_cell(
             plan, cell_refs(ins_m, outs[:n_cell_out], z_g, main.mask is not None), sc_m, r,
             jnp.minimum(g, n_main - 1), True,
@@ -276,20 +299,10 @@ def persistent_pair_forward(
     types_m = _cell_scratch(plan, mm_dtype, True, has_masks[0], save, interpret)
     types_h = _cell_scratch(hyper_plan, mm_dtype, False, has_masks[1], save, interpret)
     types_h |= _scales_scratch(plan, hyper_plan, mm_dtype)
-    (smem_m, bars_m), (smem_h, bars_h) = union_part(types_m, False), union_part(types_h, True)
-    scratch_types = dict(cells=plgpu.RefUnion(smem_m, smem_h))
-    scratch_types |= {f"m_{k}": v for k, v in bars_m.items()}
-    scratch_types |= {f"h_{k}": v for k, v in bars_h.items()}
-    launch_args, phase_bar = grid_barrier.launch((n_r, n_c), ("r", "g"), interpret)
-    outs = plgpu.kernel(
-        kernel,
-        out_type=tuple(out_type),
-        scratch_types=dict(**scratch_types, **phase_bar),
-        **launch_args,
-        **persistent_cell.warpgroups(plan.producer),
-        kernel_name="persistent_pair_forward",
-        interpret=interpret,
-    )(*operands)
+    outs = launch(
+        kernel, (n_r, n_c), (types_m, types_h), interpret=interpret, out_type=tuple(out_type),
+        kernel_name="persistent_pair_forward", **persistent_cell.warpgroups(plan.producer),
+    )(*operands)  # fmt: skip
     return _pair_outputs(outs, save, n_cell_out)
 
 

@@ -6,7 +6,6 @@ n_pad] f32 (P_l). Design: docs/persistent_design.md."""
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from typing import Any, NamedTuple
 
@@ -87,17 +86,8 @@ def smem_bytes(plan: PersistentPlan, hyper_plan: PersistentPlan) -> int:
 
 
 def fit_plans(plan: PersistentPlan, hyper_plan: PersistentPlan) -> tuple:
-    """`persistent_pair.fit_plans` for the backward's shared memory."""
-    for main_stages in range(plan.stages, 0, -1):
-        main = dataclasses.replace(plan, stages=main_stages)
-        for stages in range(hyper_plan.stages, 0, -1):
-            hyper = dataclasses.replace(hyper_plan, stages=stages)
-            if smem_bytes(main, hyper) <= plan.smem_limit:
-                return main, hyper
-    raise PlanError(
-        f"persistent pair backward: the hyper cell's blocks do not fit {plan.smem_limit} B of "
-        f"shared memory beside the main cell's ({plan}, {hyper_plan})."
-    )
+    """`persistent_pair.fit_plans` by the backward's `smem_bytes`."""
+    return pair.fit_plans(plan, hyper_plan, smem_bytes)
 
 
 def _check(plan, hyper_plan, main, hyper, proj, interpret) -> int:
@@ -184,9 +174,7 @@ def persistent_pair_backward(
         r, g = grid_barrier.block_index((n_r, n_c), ("r", "g"), phase_bar)
         block = r * n_c + g
         barrier = grid_barrier.make_barrier(n_r * n_c, block == 0, spin_limit, phase_bar)
-        smem_m, smem_h = sc.pop("cells")
-        sc_m = smem_m | {k[2:]: v for k, v in sc.items() if k.startswith("m_")}
-        sc_h = smem_h | {k[2:]: v for k, v in sc.items() if k.startswith("h_")}
+        sc_m, sc_h = pair.cell_scratch(sc)
         names_m, names_h = ([k for k, _ in cell] for cell in cells_in)
         refs_m = cell_refs(names_m, refs[:n_m], outs_m, True)
         refs_h = cell_refs(names_h, refs[n_m : n_m + n_h], outs_h, False)
@@ -221,23 +209,11 @@ def persistent_pair_backward(
     types_m = pb.scratch(plan, True, has_masks[0], mm_dtype, interpret)
     types_h = pb.scratch(hyper_plan, False, has_masks[1], mm_dtype, interpret)
     types_h |= _cotangent_scratch(plan, hyper_plan)
-    (smem_m, bars_m), (smem_h, bars_h) = (
-        pair.union_part(types_m, False),
-        pair.union_part(types_h, True),
-    )
-    scratch_types = dict(cells=plgpu.RefUnion(smem_m, smem_h))
-    scratch_types |= {f"m_{k}": v for k, v in bars_m.items()}
-    scratch_types |= {f"h_{k}": v for k, v in bars_h.items()}
-    launch_args, phase_bar = grid_barrier.launch((n_r, n_c), ("r", "g"), interpret)
-    outs = plgpu.kernel(
-        kernel,
-        out_type=tuple(out_type),
-        scratch_types=dict(**scratch_types, **phase_bar),
-        **launch_args,
-        **persistent_cell.warpgroups(plan.producer or plan.split_k),
+    outs = pair.launch(
+        kernel, (n_r, n_c), (types_m, types_h), interpret=interpret, out_type=tuple(out_type),
         kernel_name="persistent_pair_backward",
-        interpret=interpret,
-    )(*operands)
+        **persistent_cell.warpgroups(plan.producer or plan.split_k),
+    )(*operands)  # fmt: skip
     status = outs[-1]
     main_out = pb.GradientsZ(*outs[: len(out_m)], status)
     hyper_out = pb.Gradients(*outs[len(out_m) : len(out_m) + len(out_h)], status)
