@@ -237,8 +237,8 @@ class HyperRHNCore(nn.Module):
         return (hyper_states[-1, -1], main_states[-1]), main_states
 
     def _paired(self, spec, carry, xprojs, keys) -> tuple[Array, Array]:
-        """(last hyper state [B, h], main states [T, B, n]) of the op running both forwards in
-        one launch (`recurrence.hyper_highway_sequence`); step 0 apart if asked."""
+        """(last hyper state [B, h], main states [T, B, n]) of the op running both cells in one
+        launch each way (`recurrence.hyper_highway_sequence`); step 0 apart if asked."""
         c, cell = self.config, self.cell
         weights = (cell.hyper.weights(), cell.main.weights())
         proj = (cell.proj_kernel, cell.proj_bias)

@@ -372,10 +372,8 @@ def pair_forward_loop(spec, geos, kernels, operands, proj_kernel, proj_bias, sav
         args = _kernel_operands(cell_plan, geo, stacked, s0, xproj, bias, None, keep)
         return pair.CellOperands(*args[1:5], args[6])
 
-    cells_in = (
-        cell(plan, geo_m, kernels[1], operands[1]),
-        cell(hyper_plan, geo_h, *kernels[:1], operands[0]),
-    )
+    main = cell(plan, geo_m, kernels[1], operands[1])
+    cells_in = (main, cell(hyper_plan, geo_h, kernels[0], operands[0]))
     proj = pair.projection_weights(plan, hyper_plan, proj_kernel, spec.dtype)
     args = (plan, hyper_plan, *cells_in, proj, pair.projection_bias(plan, proj_bias))
     if spec.references:

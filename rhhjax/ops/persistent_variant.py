@@ -13,7 +13,7 @@ from rhhjax.kernels.mosaic.plan import REGISTER_UNITS, PersistentPlan, PlanError
 from rhhjax.ops.persistent_plans import K_CHUNK, check_runnable, plan_with_units
 
 SHARING = ("none", "producer", "multicast", "split_k")
-PAIRED = "paired"  # the grid, the hyper cell's forward on blocks of its own in the main's launch
+PAIRED = "paired"  # the grid, the hyper cell on blocks of its own in the main cell's launches
 LAYOUTS = (*rowgroup_layout.LAYOUTS, PAIRED)
 EPILOGUES = ("shared_memory", "registers")
 # The fields the autotunes time, as a product (the layout: the default where it runs).
@@ -49,7 +49,7 @@ class PersistentVariant:
     """How `persistent` runs (speed, not values); 0: the plan's own."""
 
     # rowgroup (one cluster a row group; the grid where it cannot) | grid | paired (the grid,
-    # the HyperRHN's two forwards in one launch)
+    # the HyperRHN's two cells in one launch each way)
     layout: str = "rowgroup"
     stages: int = 0  # K pipeline depth, each stage the widest K chunk of 64, 32, 16 that fits
     units: int = 0  # units per block

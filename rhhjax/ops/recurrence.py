@@ -169,9 +169,8 @@ def _pair_forward(spec, weights, proj, s0s, xprojs, keys, save: bool):
 def _pair_returned(spec, runs) -> tuple[Array, Array]:
     """(last hyper state [B, h], main states [T, B, n]), unpadded."""
     (geo_h, _, states_h, _), (geo_m, _, states_m, _) = runs
-    return geo_h.unpad_rows(states_h[-1, -1]), geo_m.unpad_rows(
-        _returned(_pair_specs(spec)[1], states_m)
-    )
+    main_states = _returned(_pair_specs(spec)[1], states_m)
+    return geo_h.unpad_rows(states_h[-1, -1]), geo_m.unpad_rows(main_states)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
@@ -227,7 +226,7 @@ def hyper_highway_sequence(
     xprojs: tuple[Array, Array],
     gate_keys: tuple[Array | None, Array | None],
 ) -> tuple[Array, Array]:
-    """A HyperRHN's two recurrences as one op whose forward runs both cells in one launch:
+    """A HyperRHN's two recurrences as one op running both cells in one launch each way:
     (hyper, main) pairs, proj (P [L, h, n], p [L, n]) -> (last hyper state [B, h], main
     states [T, B, n])."""
     if spec.gate_dropout and None in gate_keys:
