@@ -374,6 +374,18 @@ def backward_reference(plan, case, dtype):
     return wt, outs
 
 
+def pair_plans(case, **options) -> list:
+    """A pair kernel test's case (dtype, batch, width, hyper_width, cols, hyper_cols,
+    row_blocks, k_chunk, ...) -> the [main, hyper] plans at 2 stages with ``options``."""
+    from rhhjax.kernels.mosaic.plan import PersistentPlan
+
+    dtype, batch, width, hyper_width, cols, hyper_cols, row_blocks, k_chunk = case[:8]
+    return [
+        PersistentPlan(batch, n, dtype, c, row_blocks, k_chunk, 2, **options)
+        for n, c in ((width, cols), (hyper_width, hyper_cols))
+    ]
+
+
 def assert_pair_matches(outs, expected, names, tol: float, blocks: int) -> None:
     """A pair kernel's outputs (persistent_pair{,_backward}.py) against its reference's: no
     block gave up, one status a block, every array of each field in ``names`` close."""

@@ -20,6 +20,7 @@ from kernel_cases import (
     forward_operands,
     forward_problem,
     needs_cuda,
+    pair_plans,
 )
 from rhhjax.kernels.mosaic import persistent_forward as pf
 from rhhjax.kernels.mosaic import persistent_pair as pair
@@ -40,14 +41,6 @@ def _problem(seed, main_plan, hyper_plan, steps, depth, has_mask):
     bias = jnp.asarray(1.0 + rng.normal(size=(depth, main_plan.width)) * 0.2)
     proj = pair.projection_weights(main_plan, hyper_plan, kernel, jnp.dtype(main_plan.dtype))
     return (*cell_ops, proj, pair.projection_bias(main_plan, bias)), (kernel, bias)
-
-
-def _plans(case, **options):
-    dtype, batch, width, hyper_width, cols, hyper_cols, row_blocks, k_chunk = case[:8]
-    return [
-        PersistentPlan(batch, n, dtype, c, row_blocks, k_chunk, 2, **options)
-        for n, c in ((width, cols), (hyper_width, hyper_cols))
-    ]
 
 
 class TestCompiled(MosaicGpuMode):
@@ -72,7 +65,7 @@ class TestCompiled(MosaicGpuMode):
 
     @pytest.mark.parametrize(("save", "has_mask"), [(True, True), (False, False)])
     def test_matches_reference(self, case, save, has_mask, **options):
-        plans = _plans(case, **options)
+        plans = pair_plans(case, **options)
         steps, depth = case[8:]
         operands, _ = _problem(3, *plans, steps, depth, has_mask)
         outs = self.run(plans, operands, save)
@@ -103,7 +96,7 @@ class TestInterpret(TestCompiled):
 def test_the_reference_is_the_hyper_cell_its_z_and_the_main_cell():
     """z equals the model's projection (`cells.hyper_scales`) of the hyper cell's states, and
     the main cell is `persistent_forward_reference` with that z."""
-    plans = _plans(("float32", 20, 30, 16, 2, 1, 1, 16))
+    plans = pair_plans(("float32", 20, 30, 16, 2, 1, 1, 16))
     operands, (kernel, bias) = _problem(4, *plans, 3, 2, True)
     main, hyper = operands[:2]
     out = pair.persistent_pair_forward_reference(*plans, *operands, save=False, keep=KEEP)

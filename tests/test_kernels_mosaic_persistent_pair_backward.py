@@ -20,6 +20,7 @@ from kernel_cases import (
     backward_rest,
     compile_deviceless,
     needs_cuda,
+    pair_plans,
 )
 from rhhjax.kernels.mosaic import persistent_backward as pb
 from rhhjax.kernels.mosaic import persistent_pair_backward as ppb
@@ -38,14 +39,6 @@ def _problem(seed, plans, steps, depth, last_layer_only):
     rng = np.random.default_rng(seed + 2)
     kernel = jnp.asarray(rng.normal(size=(depth, plans[1].width, plans[0].width)) * 0.3)
     return (*cells, ppb.projection(*plans, kernel)), kernel
-
-
-def _plans(case, **options):
-    dtype, batch, width, hyper_width, cols, hyper_cols, row_blocks, k_chunk = case[:8]
-    return [
-        PersistentPlan(batch, n, dtype, c, row_blocks, k_chunk, 2, **options)
-        for n, c in ((width, cols), (hyper_width, hyper_cols))
-    ]
 
 
 class TestCompiled(MosaicGpuMode):
@@ -70,7 +63,7 @@ class TestCompiled(MosaicGpuMode):
 
     @pytest.mark.parametrize("last_layer_only", [True, False])
     def test_matches_reference(self, case, last_layer_only, **options):
-        plans = _plans(case, **options)
+        plans = pair_plans(case, **options)
         operands, _ = _problem(7, plans, *case[8:], last_layer_only)
         outs = self.run(plans, operands)
         expected = ppb.persistent_pair_backward_reference(*plans, *operands, keep=KEEP)
@@ -103,7 +96,7 @@ class TestInterpret(TestCompiled):
 def test_the_reference_adds_dz_times_p_to_the_hyper_cells_cotangent():
     """g_hyper = the hyper's own g + dz_l @ P_l^T, dz the main cell's reference's (returned
     in 32s); the hyper cell's gradients are its reference's at that g."""
-    plans = _plans(("float32", 20, 30, 16, 2, 1, 1, 16))
+    plans = pair_plans(("float32", 20, 30, 16, 2, 1, 1, 16))
     (main, hyper, proj), kernel = _problem(8, plans, 3, 2, True)
     out = ppb.persistent_pair_backward_reference(*plans, main, hyper, proj, keep=KEEP)
     dz = pb.persistent_backward_reference(plans[0], *main, keep=KEEP).dz
@@ -115,7 +108,7 @@ def test_the_reference_adds_dz_times_p_to_the_hyper_cells_cotangent():
     np.testing.assert_array_equal(out.hyper.d_mm, alone.d_mm)
 
     # z_width 60: dz 64 wide, the main cell's then zeros
-    plans = _plans(("float32", 100, 60, 32, 2, 1, 2, 32))
+    plans = pair_plans(("float32", 100, 60, 32, 2, 1, 2, 32))
     (main, hyper, proj), _ = _problem(8, plans, 2, 2, True)
     out = ppb.persistent_pair_backward_reference(*plans, main, hyper, proj, keep=KEEP)
     dz = pb.persistent_backward_reference(plans[0], *main, keep=KEEP).dz
@@ -125,7 +118,7 @@ def test_the_reference_adds_dz_times_p_to_the_hyper_cells_cotangent():
 
 
 def test_operands_the_pair_cannot_run_are_one_line_errors():
-    plans = _plans(("float32", 20, 30, 16, 2, 1, 1, 16))
+    plans = pair_plans(("float32", 20, 30, 16, 2, 1, 1, 16))
     (main, hyper, proj), _ = _problem(9, plans, 2, 2, False)
     with pytest.raises(PlanError, match="the main cell with z, the hyper's g per phase"):
         ppb.persistent_pair_backward(*plans, main, hyper._replace(g=hyper.g[1::2]), proj)

@@ -67,18 +67,19 @@ def projection_bias(plan: PersistentPlan, bias: Array) -> Array:
 def scales_stages(plan: PersistentPlan, hyper_plan: PersistentPlan) -> int:
     """The z GEMM's K pipeline: 2 stages where the block fits them, else 1."""
     k_steps = hyper_plan.k_pad // hyper_plan.k_chunk
-    fits = smem_bytes(plan, hyper_plan, scales_stages=2) <= plan.smem_limit
+    fits = smem_bytes(plan, hyper_plan, z_stages=2) <= plan.smem_limit
     return min(2 if fits else 1, k_steps)
 
 
 def smem_bytes(
-    plan: PersistentPlan, hyper_plan: PersistentPlan, save: bool = True, scales_stages: int = 0
+    plan: PersistentPlan, hyper_plan: PersistentPlan, save: bool = True, z_stages: int = 0
 ) -> int:
     """Shared memory of a block, at most (every option on): the larger of the cells' scratch
     (the hyper's with its z tiles and pipeline), the main cell's cast beside it, the larger
-    of their K pipelines where those are `gemm.gemm_nt_to_smem`'s own, every mbarrier."""
+    of their K pipelines where those are `gemm.gemm_nt_to_smem`'s own, every mbarrier;
+    ``z_stages`` 0: `scales_stages`."""
     rows, u, hp = plan.rows_per_block, plan.units_per_block, hyper_plan
-    stages = scales_stages or globals()["scales_stages"](plan, hp)
+    stages = z_stages or scales_stages(plan, hp)
     scales = 2 * rows * u * 4 + stages * (rows + u) * hp.k_chunk * hp.itemsize
 
     def own_pipeline(cell: PersistentPlan) -> int:
@@ -97,7 +98,7 @@ def fit_plans(plan: PersistentPlan, hyper_plan: PersistentPlan, count=None) -> t
     """(main, hyper) plans whose pair fits a block by ``count`` (the forward's `smem_bytes`,
     its z pipeline at 1 stage): the main cell's stages kept while some hyper depth fits (the
     deepest), else one fewer; PlanError where none fits."""
-    count = count or functools.partial(smem_bytes, scales_stages=1)
+    count = count or functools.partial(smem_bytes, z_stages=1)
     for main_stages in range(plan.stages, 0, -1):
         main = dataclasses.replace(plan, stages=main_stages)
         for stages in range(hyper_plan.stages, 0, -1):
@@ -114,10 +115,11 @@ def check_pair(plan: PersistentPlan, hyper_plan: PersistentPlan, interpret: Any)
     """PlanError (one line) unless both plans run as one grid's blocks, in a block's shared
     memory (the forward's; `check_blocks` for either direction's blocks)."""
     check_blocks(plan, hyper_plan, interpret)
-    if smem_bytes(plan, hyper_plan) > plan.smem_limit:
+    need = smem_bytes(plan, hyper_plan)
+    if need > plan.smem_limit:
         raise PlanError(
-            f"persistent pair: {smem_bytes(plan, hyper_plan)} B of shared memory a block "
-            f"exceed {plan.smem_limit} B: use fit_plans."
+            f"persistent pair: {need} B of shared memory a block exceed {plan.smem_limit} B: "
+            "use fit_plans."
         )
 
 

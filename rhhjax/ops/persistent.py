@@ -347,12 +347,12 @@ def record_timeline(path, variant: PersistentVariant | None = None, batch: int =
 def pair_plans(spec: SequenceSpec, batch: int, width: int, hyper_width: int):
     """(main, hyper) forward plans of a HyperRHN's two cells in one launch (``layout=paired``),
     or None at another layout; PlanError (one line) where they cannot run so."""
-    if variant_of(spec).layout != PAIRED:
+    variant = variant_of(spec)
+    if variant.layout != PAIRED:
         return None
-    main, hyper = _plan_of(spec, batch, width), _plan_of(spec, batch, hyper_width)
-    main, hyper = pair.fit_plans(main, hyper)
-    interpret = spec.interpret and not spec.references
-    pair.check_pair(main, hyper, True if interpret else None)
+    interpret = bool(spec.interpret and not spec.references)
+    dtype_name = jnp.dtype(spec.dtype).name
+    _, main, hyper = variant_plans(variant, batch, width, hyper_width, dtype_name, interpret)
     return main, hyper
 
 
